@@ -1,0 +1,104 @@
+package heraldpb
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// ErrBadBatch marks a record batch that is not a valid encoded RecordBatch.
+var ErrBadBatch = errors.New("herald: bad record batch")
+
+// BatchInfo is what the broker needs to know of a batch without decoding it.
+type BatchInfo struct {
+	Count        int
+	MinTimestamp int64 // smallest non-zero record timestamp, 0 if none
+	MaxTimestamp int64 // largest record timestamp, 0 if none
+	MaxRecord    int   // size of the largest encoded record
+	FirstKey     []byte
+}
+
+// ScanBatch validates an encoded RecordBatch in one pass with no allocation
+// beyond the result, and reports its record count and timestamps. FirstKey
+// aliases b. It never panics on any input.
+func ScanBatch(b []byte) (BatchInfo, error) {
+	var info BatchInfo
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return info, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(n))
+		}
+		b = b[n:]
+		if num != 1 || typ != protowire.BytesType {
+			m := protowire.ConsumeFieldValue(num, typ, b)
+			if m < 0 {
+				return info, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
+			}
+			b = b[m:]
+			continue
+		}
+		rec, m := protowire.ConsumeBytes(b)
+		if m < 0 {
+			return info, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
+		}
+		b = b[m:]
+		key, ts, err := scanRecord(rec)
+		if err != nil {
+			return info, err
+		}
+		if info.Count == 0 {
+			info.FirstKey = key
+		}
+		info.Count++
+		if len(rec) > info.MaxRecord {
+			info.MaxRecord = len(rec)
+		}
+		if ts != 0 {
+			if info.MinTimestamp == 0 || ts < info.MinTimestamp {
+				info.MinTimestamp = ts
+			}
+			if ts > info.MaxTimestamp {
+				info.MaxTimestamp = ts
+			}
+		}
+	}
+	return info, nil
+}
+
+// scanRecord checks one encoded Record and returns its key and timestamp.
+func scanRecord(b []byte) (key []byte, ts int64, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, 0, fmt.Errorf("%w: record: %v", ErrBadBatch, protowire.ParseError(n))
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return nil, 0, fmt.Errorf("%w: record key: %v", ErrBadBatch, protowire.ParseError(m))
+			}
+			key, b = v, b[m:]
+		case num == 4 && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return nil, 0, fmt.Errorf("%w: record timestamp: %v", ErrBadBatch, protowire.ParseError(m))
+			}
+			ts, b = int64(v), b[m:]
+		case (num == 2 || num == 3 || num == 5) && typ != protowire.BytesType:
+			return nil, 0, fmt.Errorf("%w: record field %d has wire type %d", ErrBadBatch, num, typ)
+		default:
+			m := protowire.ConsumeFieldValue(num, typ, b)
+			if m < 0 {
+				return nil, 0, fmt.Errorf("%w: record: %v", ErrBadBatch, protowire.ParseError(m))
+			}
+			b = b[m:]
+		}
+	}
+	if ts < 0 {
+		return nil, 0, fmt.Errorf("%w: negative record timestamp %d", ErrBadBatch, ts)
+	}
+	return key, ts, nil
+}

@@ -1,0 +1,6 @@
+// Package heraldpb holds Herald's protobuf schemas and generated Go: the client
+// wire protocol (herald.proto) and internal log and actor messages (log.proto),
+// plus hand-written framing and batch scanning helpers.
+package heraldpb
+
+//go:generate protoc --go_out=. --go_opt=paths=source_relative herald.proto log.proto
