@@ -1,0 +1,368 @@
+// Package client is Herald's Go SDK: admin calls, a batching producer and
+// pull consumers over Herald's framed protobuf protocol.
+//
+// A Client holds one pipelined connection per broker address and is safe for
+// concurrent use. Every call takes a context; a call whose context ends
+// returns ctx.Err() promptly. Failures reported by the broker are *Error
+// values (switch on Code); IsRetryable says which failures are worth
+// retrying.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// Client is a connection pool to a Herald cluster. Create it with Dial and
+// release it with Close.
+type Client struct {
+	cfg   clientConfig
+	addrs []string // bootstrap addresses, in the order given
+
+	mu      sync.Mutex
+	conns   map[string]*conn // live connection per broker address
+	dialing map[string]*dialCall
+	meta    map[string]*topicMeta
+	brokers map[uint32]string // node id -> address, from Metadata
+	closed  bool
+	ctx     context.Context // cancelled by Close
+	cancel  context.CancelFunc
+}
+
+type dialCall struct {
+	done chan struct{}
+	c    *conn
+	err  error
+}
+
+type topicMeta struct {
+	info    *heraldpb.TopicInfo
+	fetched time.Time
+}
+
+// Dial connects to the first reachable broker of addrs, a comma-separated
+// list of host:port, and performs Hello. Other brokers are dialled when a
+// request needs them. A connection that breaks is redialled on its next use.
+func Dial(ctx context.Context, addrs string, opts ...Option) (*Client, error) {
+	cfg := defaultClientConfig()
+	for _, o := range opts {
+		o.applyClient(&cfg)
+	}
+	var list []string
+	for _, a := range strings.Split(addrs, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			list = append(list, a)
+		}
+	}
+	if len(list) == 0 {
+		return nil, fmt.Errorf("herald: no broker address given")
+	}
+	c := &Client{
+		cfg:     cfg,
+		addrs:   list,
+		conns:   make(map[string]*conn),
+		dialing: make(map[string]*dialCall),
+		meta:    make(map[string]*topicMeta),
+		brokers: make(map[uint32]string),
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if _, err := c.anyConn(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close closes every connection. Outstanding requests fail with ErrClosed.
+// Producers and consumers of the client stop working; close them first.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.cancel()
+	conns := c.conns
+	c.conns = map[string]*conn{}
+	c.mu.Unlock()
+	for _, cn := range conns {
+		cn.close()
+	}
+	return nil
+}
+
+// connTo returns the live connection to addr, dialling it if needed. Only
+// one dial per address runs at a time; concurrent callers share it.
+func (c *Client) connTo(ctx context.Context, addr string) (*conn, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if cn := c.conns[addr]; cn != nil {
+		if cn.alive() {
+			c.mu.Unlock()
+			return cn, nil
+		}
+		delete(c.conns, addr)
+	}
+	dc := c.dialing[addr]
+	if dc == nil {
+		dc = &dialCall{done: make(chan struct{})}
+		c.dialing[addr] = dc
+		go c.dial(addr, dc)
+	}
+	c.mu.Unlock()
+	select {
+	case <-dc.done:
+		return dc.c, dc.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// dial runs detached from any one caller's context, bounded by the dial
+// timeout, so a caller that gives up does not fail the others waiting.
+func (c *Client) dial(addr string, dc *dialCall) {
+	cn, err := dialConn(c.ctx, addr, &c.cfg)
+	c.mu.Lock()
+	delete(c.dialing, addr)
+	if err == nil {
+		if c.closed {
+			cn.close()
+			cn, err = nil, ErrClosed
+		} else {
+			c.conns[addr] = cn
+		}
+	}
+	c.mu.Unlock()
+	if err != nil {
+		c.cfg.logger.Debug("herald: dial failed", "addr", addr, "err", err)
+		if !errors.Is(err, ErrClosed) {
+			var he *Error
+			if !errors.As(err, &he) {
+				err = fmt.Errorf("%w: dial %s: %v", ErrConnectionLost, addr, err)
+			}
+		}
+	}
+	dc.c, dc.err = cn, err
+	close(dc.done)
+}
+
+// anyConn returns a live connection to any broker: an existing one if there
+// is one, else the first bootstrap address that can be dialled.
+func (c *Client) anyConn(ctx context.Context) (*conn, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	for _, a := range c.addrs {
+		if cn := c.conns[a]; cn != nil && cn.alive() {
+			c.mu.Unlock()
+			return cn, nil
+		}
+	}
+	for _, cn := range c.conns {
+		if cn.alive() {
+			c.mu.Unlock()
+			return cn, nil
+		}
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, a := range c.addrs {
+		cn, err := c.connTo(ctx, a)
+		if err == nil {
+			return cn, nil
+		}
+		if ctx.Err() != nil || errors.Is(err, ErrClosed) {
+			return nil, err
+		}
+		var he *Error
+		if errors.As(err, &he) && !he.Retriable {
+			return nil, err // e.g. UNSUPPORTED_VERSION: another broker will say the same
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("%w: %w", ErrNoBrokers, errors.Join(errs...))
+}
+
+// leaderConn returns the connection to the leader of topic/partition when
+// metadata names one on another known broker, else any connection.
+func (c *Client) leaderConn(ctx context.Context, topic string, partition int32) (*conn, error) {
+	if partition >= 0 {
+		c.mu.Lock()
+		var addr string
+		// Route by leader only in a multi-broker cluster: a single node may
+		// advertise an address other than the one we bootstrapped from.
+		if tm := c.meta[topic]; tm != nil && len(c.brokers) > 1 {
+			for _, p := range tm.info.GetPartitions() {
+				if int32(p.GetId()) == partition {
+					addr = c.brokers[p.GetLeader()]
+				}
+			}
+		}
+		c.mu.Unlock()
+		if addr != "" {
+			if cn, err := c.connTo(ctx, addr); err == nil {
+				return cn, nil
+			}
+		}
+	}
+	return c.anyConn(ctx)
+}
+
+// call sends one request to cn's broker, bounded by the request timeout plus
+// extra (a long poll's wait).
+func (c *Client) call(ctx context.Context, cn *conn, req *heraldpb.Frame, extra time.Duration) (*heraldpb.Frame, error) {
+	timeout := c.cfg.requestTimeout
+	if timeout > 0 {
+		timeout += extra
+	}
+	return cn.roundTrip(ctx, req, timeout)
+}
+
+// callAny sends one request to any broker.
+func (c *Client) callAny(ctx context.Context, req *heraldpb.Frame) (*heraldpb.Frame, error) {
+	cn, err := c.anyConn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.call(ctx, cn, req, 0)
+}
+
+func unexpected(f *heraldpb.Frame, want string) error {
+	return fmt.Errorf("%w: expected %s, got %T", ErrProtocol, want, f.GetBody())
+}
+
+// Metadata returns the brokers and the named topics (all topics when none
+// are named) and refreshes the client's metadata cache with them.
+func (c *Client) Metadata(ctx context.Context, topics ...string) (*heraldpb.MetadataResponse, error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_Metadata{Metadata: &heraldpb.MetadataRequest{Topics: topics}}})
+	if err != nil {
+		return nil, err
+	}
+	r := f.GetMetadataResponse()
+	if r == nil {
+		return nil, unexpected(f, "MetadataResponse")
+	}
+	now := time.Now()
+	c.mu.Lock()
+	for _, b := range r.GetBrokers() {
+		if b.GetAddr() != "" {
+			c.brokers[b.GetNodeId()] = b.GetAddr()
+		}
+	}
+	for _, t := range r.GetTopics() {
+		c.meta[t.GetName()] = &topicMeta{info: t, fetched: now}
+	}
+	c.mu.Unlock()
+	return r, nil
+}
+
+// topicInfo returns cached metadata for topic, fetching it when missing,
+// older than the metadata max age, or when refresh is set. A topic the
+// broker does not know fails with a TOPIC_NOT_FOUND *Error.
+func (c *Client) topicInfo(ctx context.Context, topic string, refresh bool) (*heraldpb.TopicInfo, error) {
+	c.mu.Lock()
+	tm := c.meta[topic]
+	c.mu.Unlock()
+	if tm != nil && !refresh && time.Since(tm.fetched) < c.cfg.metadataMaxAge {
+		return tm.info, nil
+	}
+	r, err := c.Metadata(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range r.GetTopics() {
+		if t.GetName() == topic {
+			return t, nil
+		}
+	}
+	c.mu.Lock()
+	delete(c.meta, topic)
+	c.mu.Unlock()
+	return nil, &Error{Code: heraldpb.ErrorCode_TOPIC_NOT_FOUND, Message: fmt.Sprintf("topic %q not in metadata", topic)}
+}
+
+// invalidate drops cached metadata of topic, after NOT_LEADER and the like.
+func (c *Client) invalidate(topic string) {
+	c.mu.Lock()
+	delete(c.meta, topic)
+	c.mu.Unlock()
+}
+
+// CreateTopic creates a topic. cfg.Partitions must be at least 1; zero
+// fields of cfg take the broker's defaults.
+func (c *Client) CreateTopic(ctx context.Context, name string, cfg *heraldpb.TopicConfig) (*heraldpb.TopicInfo, error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_CreateTopic{CreateTopic: &heraldpb.CreateTopicRequest{Name: name, Config: cfg}}})
+	if err != nil {
+		return nil, err
+	}
+	r := f.GetCreateTopicResponse()
+	if r == nil {
+		return nil, unexpected(f, "CreateTopicResponse")
+	}
+	c.invalidate(name)
+	return r.GetTopic(), nil
+}
+
+// DeleteTopic deletes a topic and its data.
+func (c *Client) DeleteTopic(ctx context.Context, name string) error {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_DeleteTopic{DeleteTopic: &heraldpb.DeleteTopicRequest{Name: name}}})
+	if err != nil {
+		return err
+	}
+	if f.GetDeleteTopicResponse() == nil {
+		return unexpected(f, "DeleteTopicResponse")
+	}
+	c.invalidate(name)
+	return nil
+}
+
+// ListTopics lists every topic.
+func (c *Client) ListTopics(ctx context.Context) ([]*heraldpb.TopicInfo, error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ListTopics{ListTopics: &heraldpb.ListTopicsRequest{}}})
+	if err != nil {
+		return nil, err
+	}
+	r := f.GetListTopicsResponse()
+	if r == nil {
+		return nil, unexpected(f, "ListTopicsResponse")
+	}
+	return r.GetTopics(), nil
+}
+
+// DescribeTopic returns one topic's config and partitions.
+func (c *Client) DescribeTopic(ctx context.Context, name string) (*heraldpb.TopicInfo, error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_DescribeTopic{DescribeTopic: &heraldpb.DescribeTopicRequest{Name: name}}})
+	if err != nil {
+		return nil, err
+	}
+	r := f.GetDescribeTopicResponse()
+	if r == nil {
+		return nil, unexpected(f, "DescribeTopicResponse")
+	}
+	return r.GetTopic(), nil
+}
+
+// Partitions returns the topic's partition count from cached metadata.
+func (c *Client) Partitions(ctx context.Context, topic string) (int, error) {
+	ti, err := c.topicInfo(ctx, topic, false)
+	if err != nil {
+		return 0, err
+	}
+	n := len(ti.GetPartitions())
+	if n == 0 {
+		n = int(ti.GetConfig().GetPartitions())
+	}
+	return n, nil
+}

@@ -1,0 +1,312 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// conn is one connection to one broker. Requests are pipelined: a caller
+// takes a slot of the in-flight window, registers its id, queues its encoded
+// frame for the writer goroutine and waits for the reader goroutine to hand
+// it the response with the same id.
+//
+// A window slot is released when the response arrives (or the connection
+// dies), not when the caller gives up, so the broker never sees more than
+// the negotiated window outstanding even when callers cancel.
+type conn struct {
+	addr     string
+	nc       net.Conn
+	log      logger
+	maxFrame int    // negotiated
+	window   int    // negotiated
+	nodeID   uint32 // from HelloResponse
+	server   string
+
+	slots  chan struct{} // in-flight semaphore: a send takes, a response returns
+	nextID atomic.Uint64
+
+	mu      sync.Mutex
+	pending map[uint64]chan *heraldpb.Frame
+	wbuf    []byte // frames queued for the writer
+	err     error  // why the connection died; set once
+
+	wake chan struct{} // signals the writer, capacity 1
+	dead chan struct{} // closed when the connection dies
+}
+
+type logger interface {
+	Debug(msg string, args ...any)
+	Warn(msg string, args ...any)
+}
+
+// dialConn connects to addr and performs Hello within ctx.
+func dialConn(ctx context.Context, addr string, cfg *clientConfig) (*conn, error) {
+	if cfg.dialTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.dialTimeout)
+		defer cancel()
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	c := &conn{
+		addr:    addr,
+		nc:      nc,
+		log:     cfg.logger,
+		pending: make(map[uint64]chan *heraldpb.Frame),
+		wake:    make(chan struct{}, 1),
+		dead:    make(chan struct{}),
+	}
+	br := bufio.NewReaderSize(nc, 64<<10)
+	if err := c.hello(ctx, br, cfg); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c.slots = make(chan struct{}, c.window)
+	go c.readLoop(br)
+	go c.writeLoop()
+	return c, nil
+}
+
+// hello runs the Hello exchange synchronously, before the reader and writer
+// start, so nothing else can be sent first.
+func (c *conn) hello(ctx context.Context, br *bufio.Reader, cfg *clientConfig) error {
+	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	id := c.nextID.Add(1)
+	req := &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_Hello{Hello: &heraldpb.HelloRequest{
+		ClientId:        cfg.clientID,
+		ProtocolVersion: heraldpb.ProtocolVersion,
+		MaxFrameBytes:   cfg.maxFrameBytes,
+		MaxInFlight:     cfg.maxInFlight,
+	}}}
+	b, err := heraldpb.AppendFrame(nil, req)
+	if err != nil {
+		return err
+	}
+	if _, err := c.nc.Write(b); err != nil {
+		return ctxErr(ctx, err)
+	}
+	f, err := readFrame(br, heraldpb.DefaultMaxFrameBytes)
+	if err != nil {
+		return ctxErr(ctx, err)
+	}
+	if e := f.GetError(); e != nil {
+		return fromWire(e)
+	}
+	hr := f.GetHelloResponse()
+	if hr == nil || f.GetId() != id {
+		return fmt.Errorf("%w: hello answered with %T id %d", ErrProtocol, f.GetBody(), f.GetId())
+	}
+	c.maxFrame = int(hr.GetMaxFrameBytes())
+	if c.maxFrame <= 0 || c.maxFrame > int(cfg.maxFrameBytes) {
+		c.maxFrame = int(cfg.maxFrameBytes)
+	}
+	c.window = int(hr.GetMaxInFlight())
+	if c.window <= 0 || c.window > int(cfg.maxInFlight) {
+		c.window = int(cfg.maxInFlight)
+	}
+	c.nodeID = hr.GetNodeId()
+	c.server = hr.GetServerVersion()
+	_ = c.nc.SetDeadline(time.Time{})
+	return nil
+}
+
+// ctxErr prefers the context's error over the I/O error it caused.
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+func readFrame(br *bufio.Reader, max int) (*heraldpb.Frame, error) {
+	var hdr [heraldpb.HeaderLen]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if uint64(n) > uint64(max) {
+		return nil, fmt.Errorf("%w: %d bytes, limit %d", heraldpb.ErrFrameTooLarge, n, max)
+	}
+	payload := make([]byte, n)
+	if _, err := io.ReadFull(br, payload); err != nil {
+		return nil, err
+	}
+	return heraldpb.DecodeFrame(payload)
+}
+
+func (c *conn) readLoop(br *bufio.Reader) {
+	for {
+		f, err := readFrame(br, c.maxFrame)
+		if err != nil && !errors.Is(err, heraldpb.ErrUnknownBody) {
+			c.fail(err)
+			return
+		}
+		c.mu.Lock()
+		ch, ok := c.pending[f.GetId()]
+		if ok {
+			delete(c.pending, f.GetId())
+		}
+		c.mu.Unlock()
+		if !ok {
+			if e := f.GetError(); e != nil {
+				// An error frame for no request (id 0) precedes a close.
+				c.fail(fromWire(e))
+				return
+			}
+			c.log.Debug("herald: response for unknown id", "addr", c.addr, "id", f.GetId())
+			continue
+		}
+		<-c.slots
+		ch <- f // buffered 1, never blocks
+	}
+}
+
+func (c *conn) writeLoop() {
+	var buf []byte
+	for {
+		select {
+		case <-c.wake:
+		case <-c.dead:
+			return
+		}
+		c.mu.Lock()
+		buf, c.wbuf = c.wbuf, buf[:0]
+		c.mu.Unlock()
+		if len(buf) == 0 {
+			continue
+		}
+		if _, err := c.nc.Write(buf); err != nil {
+			c.fail(err)
+			return
+		}
+		if cap(buf) > 4<<20 {
+			buf = nil // do not pin a huge buffer after a burst
+		}
+	}
+}
+
+// fail kills the connection once and fails every pending request with a
+// retryable error wrapping ErrConnectionLost and the cause.
+func (c *conn) fail(cause error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	if errors.Is(cause, ErrClosed) {
+		c.err = ErrClosed
+	} else {
+		c.err = fmt.Errorf("%w: %s: %v", ErrConnectionLost, c.addr, cause)
+	}
+	pending := c.pending
+	c.pending = nil
+	c.wbuf = nil
+	c.mu.Unlock()
+	close(c.dead)
+	c.nc.Close()
+	for _, ch := range pending {
+		ch <- nil
+	}
+	c.log.Debug("herald: connection closed", "addr", c.addr, "cause", cause)
+}
+
+func (c *conn) deadErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+func (c *conn) alive() bool {
+	select {
+	case <-c.dead:
+		return false
+	default:
+		return true
+	}
+}
+
+// roundTrip sends req (its Id is assigned here) and waits for the response.
+// A broker Error response is returned as *Error. ctx bounds the wait for a
+// window slot and for the response; timeout (if > 0) additionally bounds the
+// wait for the response and yields ErrRequestTimeout.
+func (c *conn) roundTrip(ctx context.Context, req *heraldpb.Frame, timeout time.Duration) (*heraldpb.Frame, error) {
+	select {
+	case c.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-c.dead:
+		return nil, c.deadErr()
+	}
+	id := c.nextID.Add(1)
+	req.Id = id
+	ch := make(chan *heraldpb.Frame, 1)
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		<-c.slots
+		return nil, err
+	}
+	start := len(c.wbuf)
+	wbuf, err := heraldpb.AppendFrame(c.wbuf, req)
+	if err == nil && len(wbuf)-start-heraldpb.HeaderLen > c.maxFrame {
+		err = fmt.Errorf("%w: request frame of %d bytes exceeds the negotiated %d", ErrRecordTooLarge, len(wbuf)-start, c.maxFrame)
+		wbuf = wbuf[:start]
+	}
+	c.wbuf = wbuf
+	if err != nil {
+		c.mu.Unlock()
+		<-c.slots
+		return nil, err
+	}
+	c.pending[id] = ch
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case f := <-ch:
+		if f == nil {
+			return nil, c.deadErr()
+		}
+		if e := f.GetError(); e != nil {
+			return nil, fromWire(e)
+		}
+		return f, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-timer:
+		// A broker that does not answer in time is presumed broken: closing
+		// the connection frees the window and makes the next use redial.
+		err := fmt.Errorf("%w after %s (%s)", ErrRequestTimeout, timeout, c.addr)
+		c.fail(err)
+		return nil, err
+	}
+}
+
+func (c *conn) close() { c.fail(ErrClosed) }

@@ -1,0 +1,108 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// Sentinel errors returned by the client. Check them with errors.Is.
+var (
+	// ErrClosed is returned by every call on a Client or Producer after
+	// Close, and by requests that were outstanding when Close ran.
+	ErrClosed = errors.New("herald: client closed")
+	// ErrConnectionLost is wrapped by errors of requests that were
+	// outstanding on a connection that broke. The request may or may not
+	// have been executed by the broker. Retryable.
+	ErrConnectionLost = errors.New("herald: connection lost")
+	// ErrRequestTimeout means the broker did not answer within the client's
+	// request timeout (WithRequestTimeout). Retryable.
+	ErrRequestTimeout = errors.New("herald: request timed out")
+	// ErrBufferFull is returned by SendAsync of a producer built with
+	// WithNonBlocking when its buffer (WithBufferBytes) is full.
+	ErrBufferFull = errors.New("herald: producer buffer full")
+	// ErrNoBrokers means no address in the bootstrap list could be dialled.
+	ErrNoBrokers = errors.New("herald: no broker reachable")
+	// ErrRecordTooLarge means a single record does not fit the producer's
+	// batch size or the connection's negotiated frame size.
+	ErrRecordTooLarge = errors.New("herald: record too large")
+	// ErrProtocol means the broker sent something this client cannot
+	// understand (an unexpected response body, an undecodable batch).
+	ErrProtocol = errors.New("herald: protocol violation")
+)
+
+// Error is a failure reported by the broker: one wire heraldpb.Error. Callers
+// switch on Code:
+//
+//	var he *client.Error
+//	if errors.As(err, &he) && he.Code == heraldpb.ErrorCode_TOPIC_NOT_FOUND { ... }
+type Error struct {
+	Code       heraldpb.ErrorCode
+	Retriable  bool          // as the broker said; see IsRetryable
+	Message    string        // the broker's one-line reason
+	RetryAfter time.Duration // wait at least this long before retrying; 0 = no hint
+}
+
+func (e *Error) Error() string {
+	if e.RetryAfter > 0 {
+		return fmt.Sprintf("herald %s: %s (retry after %s)", e.Code, e.Message, e.RetryAfter)
+	}
+	return fmt.Sprintf("herald %s: %s", e.Code, e.Message)
+}
+
+// fromWire converts a wire error. A broker that omits the retriable flag on a
+// code the registry lists as retriable is still treated as retriable.
+func fromWire(e *heraldpb.Error) *Error {
+	return &Error{
+		Code:       e.GetCode(),
+		Retriable:  e.GetRetriable() || heraldpb.IsRetriableCode(e.GetCode()),
+		Message:    e.GetMessage(),
+		RetryAfter: time.Duration(e.GetRetryAfterMs()) * time.Millisecond,
+	}
+}
+
+// IsCode reports whether err is (or wraps) a broker Error with code.
+func IsCode(err error, code heraldpb.ErrorCode) bool {
+	var he *Error
+	return errors.As(err, &he) && he.Code == code
+}
+
+// IsRetryable reports whether an operation that failed with err may succeed
+// if retried unchanged. It is true for broker errors marked retriable
+// (THROTTLED, NOT_LEADER, TIMEOUT, ...), for ErrConnectionLost, for
+// ErrRequestTimeout and for network timeouts. It is false for nil, for
+// ErrClosed, and for context.Canceled and context.DeadlineExceeded: those
+// mean the caller gave up, and retrying with the same context cannot help.
+//
+// A retried produce after ErrConnectionLost or ErrRequestTimeout may write the
+// batch twice: the first attempt may have been executed.
+func IsRetryable(err error) bool {
+	switch {
+	case err == nil, errors.Is(err, ErrClosed):
+		return false
+	case errors.Is(err, ErrConnectionLost), errors.Is(err, ErrRequestTimeout):
+		return true
+	}
+	var he *Error
+	if errors.As(err, &he) {
+		return he.Retriable
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// retryAfter returns the broker's retry hint carried by err, or 0.
+func retryAfter(err error) time.Duration {
+	var he *Error
+	if errors.As(err, &he) {
+		return he.RetryAfter
+	}
+	return 0
+}

@@ -1,0 +1,275 @@
+package client
+
+import (
+	"log/slog"
+	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// Option configures a Client (Dial). Producer and consumer settings have
+// their own option types, ProducerOpt and ConsumerOpt, so that one cannot be
+// passed where the other is expected.
+type Option interface{ applyClient(*clientConfig) }
+
+// ProducerOpt configures a Producer (Client.NewProducer).
+type ProducerOpt interface{ applyProducer(*producerConfig) }
+
+// ConsumerOpt configures a PartitionConsumer or Consumer.
+type ConsumerOpt interface{ applyConsumer(*consumerConfig) }
+
+type clientOpt func(*clientConfig)
+
+func (f clientOpt) applyClient(c *clientConfig) { f(c) }
+
+type producerOpt func(*producerConfig)
+
+func (f producerOpt) applyProducer(c *producerConfig) { f(c) }
+
+type consumerOpt func(*consumerConfig)
+
+func (f consumerOpt) applyConsumer(c *consumerConfig) { f(c) }
+
+// Client defaults.
+const (
+	DefaultDialTimeout    = 10 * time.Second
+	DefaultRequestTimeout = 30 * time.Second
+	// DefaultMaxInFlight is the in-flight window the client asks for in
+	// Hello. The broker may negotiate it down.
+	DefaultMaxInFlight = 256
+	// DefaultMetadataMaxAge is how long cached topic metadata (partition
+	// counts, leaders) is trusted before it is fetched again.
+	DefaultMetadataMaxAge = 30 * time.Second
+)
+
+type clientConfig struct {
+	clientID       string
+	dialTimeout    time.Duration
+	requestTimeout time.Duration
+	maxInFlight    uint32
+	maxFrameBytes  uint32
+	metadataMaxAge time.Duration
+	logger         *slog.Logger
+}
+
+func defaultClientConfig() clientConfig {
+	return clientConfig{
+		clientID:       "herald-go",
+		dialTimeout:    DefaultDialTimeout,
+		requestTimeout: DefaultRequestTimeout,
+		maxInFlight:    DefaultMaxInFlight,
+		maxFrameBytes:  heraldpb.DefaultMaxFrameBytes,
+		metadataMaxAge: DefaultMetadataMaxAge,
+		logger:         slog.New(slog.DiscardHandler),
+	}
+}
+
+// WithClientID names the client in Hello (for broker logs and metrics).
+func WithClientID(id string) Option { return clientOpt(func(c *clientConfig) { c.clientID = id }) }
+
+// WithDialTimeout bounds a TCP dial plus the Hello exchange. Default 10s.
+func WithDialTimeout(d time.Duration) Option {
+	return clientOpt(func(c *clientConfig) { c.dialTimeout = d })
+}
+
+// WithRequestTimeout bounds each request's wait for its response, on top of
+// any deadline of the caller's context (a Fetch adds its long-poll wait).
+// A request that times out fails with ErrRequestTimeout. Default 30s; zero or
+// negative means no client-side timeout.
+func WithRequestTimeout(d time.Duration) Option {
+	return clientOpt(func(c *clientConfig) { c.requestTimeout = d })
+}
+
+// WithMaxInFlight sets the in-flight window the client asks for per
+// connection (default 256). The broker answers with the negotiated window and
+// the client never has more requests outstanding on a connection than that.
+func WithMaxInFlight(n int) Option {
+	return clientOpt(func(c *clientConfig) {
+		if n > 0 {
+			c.maxInFlight = uint32(n)
+		}
+	})
+}
+
+// WithMaxFrameBytes sets the largest frame the client asks to send or
+// receive (default heraldpb.DefaultMaxFrameBytes). The broker may lower it.
+func WithMaxFrameBytes(n int) Option {
+	return clientOpt(func(c *clientConfig) {
+		if n > 0 {
+			c.maxFrameBytes = uint32(n)
+		}
+	})
+}
+
+// WithMetadataMaxAge sets how long cached metadata is used. Default 30s.
+func WithMetadataMaxAge(d time.Duration) Option {
+	return clientOpt(func(c *clientConfig) { c.metadataMaxAge = d })
+}
+
+// WithLogger sets the logger for connection events. Default: discard.
+func WithLogger(l *slog.Logger) Option {
+	return clientOpt(func(c *clientConfig) {
+		if l != nil {
+			c.logger = l
+		}
+	})
+}
+
+// Producer defaults.
+const (
+	DefaultLinger          = 5 * time.Millisecond
+	DefaultBatchBytes      = 256 << 10
+	DefaultBufferBytes     = 32 << 20
+	DefaultMaxRetries      = 10
+	DefaultRetryBackoffMin = 10 * time.Millisecond
+	DefaultRetryBackoffMax = time.Second
+	// DefaultMaxInFlightUnpartitioned is how many batches without an
+	// explicit partition (no key, Partition -1) may be in flight per topic.
+	DefaultMaxInFlightUnpartitioned = 4
+)
+
+type producerConfig struct {
+	acks        heraldpb.Acks
+	linger      time.Duration
+	batchBytes  int
+	bufferBytes int64
+	nonBlocking bool
+	maxRetries  int
+	backoffMin  time.Duration
+	backoffMax  time.Duration
+	anyInFlight int
+}
+
+func defaultProducerConfig() producerConfig {
+	return producerConfig{
+		acks:        heraldpb.Acks_ACKS_ALL,
+		linger:      DefaultLinger,
+		batchBytes:  DefaultBatchBytes,
+		bufferBytes: DefaultBufferBytes,
+		maxRetries:  DefaultMaxRetries,
+		backoffMin:  DefaultRetryBackoffMin,
+		backoffMax:  DefaultRetryBackoffMax,
+		anyInFlight: DefaultMaxInFlightUnpartitioned,
+	}
+}
+
+// WithAcks sets when the broker acknowledges a batch: heraldpb.Acks_ACKS_ALL
+// (default, after quorum commit), Acks_ACKS_LEADER (after the leader's write)
+// or Acks_ACKS_NONE (on receipt; results carry Offset -1).
+func WithAcks(a heraldpb.Acks) ProducerOpt {
+	return producerOpt(func(c *producerConfig) { c.acks = a })
+}
+
+// WithLinger sets how long a batch waits for more records before it is sent
+// (default 5ms). Zero sends as soon as the partition has no batch in flight.
+func WithLinger(d time.Duration) ProducerOpt {
+	return producerOpt(func(c *producerConfig) {
+		if d >= 0 {
+			c.linger = d
+		}
+	})
+}
+
+// WithBatchBytes caps the encoded size of one produce batch (default
+// 256 KiB). A full batch is sent without waiting for the linger. It is also
+// capped by the connection's negotiated frame size.
+func WithBatchBytes(n int) ProducerOpt {
+	return producerOpt(func(c *producerConfig) {
+		if n > 0 {
+			c.batchBytes = n
+		}
+	})
+}
+
+// WithBufferBytes bounds the bytes of records buffered or in flight (default
+// 32 MiB). When it is full SendAsync blocks until space frees up or its
+// context ends, or fails at once with ErrBufferFull under WithNonBlocking.
+func WithBufferBytes(n int64) ProducerOpt {
+	return producerOpt(func(c *producerConfig) {
+		if n > 0 {
+			c.bufferBytes = n
+		}
+	})
+}
+
+// WithNonBlocking makes SendAsync fail with ErrBufferFull instead of
+// blocking when the buffer is full.
+func WithNonBlocking() ProducerOpt {
+	return producerOpt(func(c *producerConfig) { c.nonBlocking = true })
+}
+
+// WithMaxRetries sets how many times a batch is retried after a retryable
+// error before its records fail (default 10; 0 = never retry).
+func WithMaxRetries(n int) ProducerOpt {
+	return producerOpt(func(c *producerConfig) {
+		if n >= 0 {
+			c.maxRetries = n
+		}
+	})
+}
+
+// WithRetryBackoff sets the exponential backoff between retries: min, 2*min,
+// ... up to max (default 10ms to 1s). A THROTTLED error's retry-after is
+// honoured when it is longer.
+func WithRetryBackoff(min, max time.Duration) ProducerOpt {
+	return producerOpt(func(c *producerConfig) {
+		if min > 0 {
+			c.backoffMin = min
+		}
+		if max >= c.backoffMin {
+			c.backoffMax = max
+		}
+	})
+}
+
+// WithUnpartitionedInFlight sets how many batches of records with no key and
+// no partition may be in flight per topic at once (default 4). Such records
+// have no order to keep, as the broker spreads them round-robin.
+func WithUnpartitionedInFlight(n int) ProducerOpt {
+	return producerOpt(func(c *producerConfig) {
+		if n > 0 {
+			c.anyInFlight = n
+		}
+	})
+}
+
+// Consumer defaults.
+const (
+	DefaultFetchMaxBytes = 1 << 20
+	DefaultFetchMaxWait  = 500 * time.Millisecond
+)
+
+type consumerConfig struct {
+	maxBytes   int
+	maxWait    time.Duration
+	backoffMin time.Duration
+	backoffMax time.Duration
+}
+
+func defaultConsumerConfig() consumerConfig {
+	return consumerConfig{
+		maxBytes:   DefaultFetchMaxBytes,
+		maxWait:    DefaultFetchMaxWait,
+		backoffMin: DefaultRetryBackoffMin,
+		backoffMax: DefaultRetryBackoffMax,
+	}
+}
+
+// WithFetchMaxBytes caps the bytes of one fetch response (default 1 MiB; the
+// broker returns at least one batch).
+func WithFetchMaxBytes(n int) ConsumerOpt {
+	return consumerOpt(func(c *consumerConfig) {
+		if n > 0 {
+			c.maxBytes = n
+		}
+	})
+}
+
+// WithFetchMaxWait sets the long-poll wait of each fetch (default 500ms).
+func WithFetchMaxWait(d time.Duration) ConsumerOpt {
+	return consumerOpt(func(c *consumerConfig) {
+		if d >= 0 {
+			c.maxWait = d
+		}
+	})
+}

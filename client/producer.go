@@ -1,0 +1,452 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// Producer batches messages per (topic, partition) and sends them with
+// retries. It is safe for concurrent use. Create it with Client.NewProducer;
+// Close it before closing the Client.
+//
+// Batching: a batch is sent when it reaches WithBatchBytes, when its linger
+// (WithLinger) has passed, on Flush, or at once for a synchronous Send.
+//
+// Ordering: messages to one explicit partition (Partition >= 0, or a key)
+// are written in the order SendAsync accepted them, also across retries,
+// because each partition has at most one batch in flight; the next batch
+// waits until the previous one succeeded or finally failed. Messages with
+// neither key nor partition go to the broker without a partition (it picks
+// one round-robin); up to WithUnpartitionedInFlight such batches per topic
+// are in flight, in no particular order.
+//
+// Delivery is at least once: a batch retried after a lost connection or a
+// timeout may be written twice.
+//
+// Memory is bounded by WithBufferBytes: SendAsync blocks (on its context)
+// while the buffer is full, or fails with ErrBufferFull under
+// WithNonBlocking.
+type Producer struct {
+	c   *Client
+	cfg producerConfig
+
+	ctx    context.Context // cancelled when Close gives up on flushing
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	batchers map[batchKey]*batcher
+	buffered int64         // estimated bytes of accepted, unfinished records
+	records  int           // accepted, unfinished records
+	freed    chan struct{} // closed (and replaced) whenever records finish
+	flushing int           // Flush calls in progress: linger is ignored
+	closed   bool
+}
+
+type batchKey struct {
+	topic     string
+	partition int32 // -1: let the broker choose
+}
+
+type pendingRecord struct {
+	size int64
+	cb   func(Result, error)
+}
+
+type batch struct {
+	data []byte // encoded RecordBatch
+	recs []pendingRecord
+}
+
+// batcher queues the batches of one (topic, partition). All fields are
+// guarded by Producer.mu.
+type batcher struct {
+	key         batchKey
+	maxInFlight int
+	inFlight    int
+	ready       []*batch // sealed batches, sent in order
+	cur         *batch   // open batch, still taking records
+	lingerDue   bool     // cur may be sent now
+	timer       *time.Timer
+}
+
+// NewProducer returns a producer sending through c.
+func (c *Client) NewProducer(opts ...ProducerOpt) *Producer {
+	cfg := defaultProducerConfig()
+	for _, o := range opts {
+		o.applyProducer(&cfg)
+	}
+	p := &Producer{
+		c:        c,
+		cfg:      cfg,
+		batchers: make(map[batchKey]*batcher),
+		freed:    make(chan struct{}),
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	return p
+}
+
+// Send produces m and waits for the broker's acknowledgement. It does not
+// wait for the linger. On success it sets m.Partition and m.Offset and
+// returns them. If ctx ends first Send returns ctx.Err(), and m may still be
+// written.
+func (p *Producer) Send(ctx context.Context, m *Message) (Result, error) {
+	type outcome struct {
+		r   Result
+		err error
+	}
+	ch := make(chan outcome, 1)
+	p.send(ctx, m, func(r Result, err error) { ch <- outcome{r, err} }, true)
+	select {
+	case o := <-ch:
+		if o.err == nil {
+			m.Partition, m.Offset = o.r.Partition, o.r.Offset
+		}
+		return o.r, o.err
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+}
+
+// SendAsync buffers m for sending and calls cb exactly once with the
+// outcome. cb runs on a producer goroutine (or, when m is rejected at once,
+// on the caller's); callbacks of one partition run in order, and the
+// partition's next batch is not sent until they return, so keep them short.
+//
+// SendAsync blocks while the producer's buffer is full, until space frees
+// up or ctx ends (then cb gets ctx.Err()); with WithNonBlocking it fails
+// with ErrBufferFull instead. A keyed message with Partition -1 may also
+// wait on ctx for the topic's metadata. Once buffered, m is no longer tied
+// to ctx: it is delivered or fails after the producer's retries. The
+// producer does not modify m; do not modify m until cb runs.
+func (p *Producer) SendAsync(ctx context.Context, m *Message, cb func(Result, error)) {
+	if cb == nil {
+		cb = func(Result, error) {}
+	}
+	p.send(ctx, m, cb, false)
+}
+
+func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error), urgent bool) {
+	if m == nil || m.Topic == "" {
+		cb(Result{}, errors.New("herald: message without topic"))
+		return
+	}
+	part := m.Partition
+	if part < 0 {
+		part = -1
+		if len(m.Key) > 0 {
+			n, err := p.c.Partitions(ctx, m.Topic)
+			if err != nil {
+				cb(Result{}, err)
+				return
+			}
+			if n == 0 {
+				cb(Result{}, &Error{Code: heraldpb.ErrorCode_PARTITION_NOT_FOUND, Message: fmt.Sprintf("topic %q has no partitions", m.Topic)})
+				return
+			}
+			part = int32(PartitionForKey(m.Key, uint32(n)))
+		}
+	}
+	size := estimateSize(m)
+	if err := p.reserve(ctx, size); err != nil {
+		cb(Result{}, err)
+		return
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		p.releaseLocked(size, 1)
+		p.mu.Unlock()
+		cb(Result{}, ErrClosed)
+		p.mu.Lock()
+		return
+	}
+	key := batchKey{m.Topic, part}
+	b := p.batchers[key]
+	if b == nil {
+		b = &batcher{key: key, maxInFlight: 1}
+		if part < 0 {
+			b.maxInFlight = p.cfg.anyInFlight
+		}
+		p.batchers[key] = b
+	}
+	if b.cur == nil {
+		p.openLocked(b)
+	}
+	start := len(b.cur.data)
+	data, err := encodeRecord(b.cur.data, m)
+	if err != nil {
+		b.cur.data = data[:start]
+		p.releaseLocked(size, 1)
+		p.mu.Unlock()
+		cb(Result{}, err)
+		p.mu.Lock()
+		return
+	}
+	b.cur.data = data
+	rec := pendingRecord{size: size, cb: cb}
+	if len(b.cur.data) > p.cfg.batchBytes && start > 0 {
+		// The record overflows the open batch: seal the batch without it
+		// and start the next batch with it.
+		tail := append([]byte(nil), b.cur.data[start:]...)
+		b.cur.data = b.cur.data[:start]
+		p.sealLocked(b)
+		p.openLocked(b)
+		b.cur.data = tail
+	}
+	b.cur.recs = append(b.cur.recs, rec)
+	if len(b.cur.data) >= p.cfg.batchBytes {
+		p.sealLocked(b)
+	} else if urgent {
+		b.lingerDue = true
+	}
+	p.drainLocked(b)
+}
+
+func estimateSize(m *Message) int64 {
+	n := len(m.Key) + len(m.Value) + 16
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value) + 4
+	}
+	for _, t := range m.Tags {
+		n += len(t) + 2
+	}
+	return int64(n)
+}
+
+// reserve takes size bytes of the buffer, waiting while it is full. A record
+// larger than the whole buffer is admitted when the buffer is empty.
+func (p *Producer) reserve(ctx context.Context, size int64) error {
+	p.mu.Lock()
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			return ErrClosed
+		}
+		if p.buffered == 0 || p.buffered+size <= p.cfg.bufferBytes {
+			p.buffered += size
+			p.records++
+			p.mu.Unlock()
+			return nil
+		}
+		if p.cfg.nonBlocking {
+			p.mu.Unlock()
+			return ErrBufferFull
+		}
+		freed := p.freed
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-freed:
+		}
+		p.mu.Lock()
+	}
+}
+
+func (p *Producer) releaseLocked(size int64, records int) {
+	p.buffered -= size
+	p.records -= records
+	close(p.freed)
+	p.freed = make(chan struct{})
+}
+
+// openLocked starts a new open batch in b and arms its linger timer.
+func (p *Producer) openLocked(b *batcher) {
+	bt := &batch{}
+	b.cur = bt
+	b.lingerDue = p.cfg.linger <= 0
+	if p.cfg.linger > 0 {
+		b.timer = time.AfterFunc(p.cfg.linger, func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if b.cur == bt {
+				b.lingerDue = true
+				p.drainLocked(b)
+			}
+		})
+	}
+}
+
+// sealLocked moves the open batch to the ready queue.
+func (p *Producer) sealLocked(b *batcher) {
+	if b.timer != nil {
+		b.timer.Stop()
+		b.timer = nil
+	}
+	if b.cur != nil && len(b.cur.recs) > 0 {
+		b.ready = append(b.ready, b.cur)
+	}
+	b.cur = nil
+	b.lingerDue = false
+}
+
+// drainLocked starts sending b's batches while its in-flight limit allows.
+func (p *Producer) drainLocked(b *batcher) {
+	for b.inFlight < b.maxInFlight {
+		if len(b.ready) == 0 {
+			if b.cur == nil || len(b.cur.recs) == 0 || !(b.lingerDue || p.flushing > 0) {
+				return
+			}
+			p.sealLocked(b)
+			if len(b.ready) == 0 {
+				return
+			}
+		}
+		bt := b.ready[0]
+		b.ready[0] = nil
+		b.ready = b.ready[1:]
+		b.inFlight++
+		go p.run(b, bt)
+	}
+}
+
+// run sends one batch with retries, completes its records in order, then
+// lets the batcher send its next batch.
+func (p *Producer) run(b *batcher, bt *batch) {
+	resp, err := p.produce(b.key, bt)
+	var size int64
+	for i, r := range bt.recs {
+		size += r.size
+		if err != nil {
+			r.cb(Result{}, err)
+			continue
+		}
+		off := int64(-1)
+		if resp.GetBaseOffset() >= 0 && p.cfg.acks != heraldpb.Acks_ACKS_NONE {
+			off = resp.GetBaseOffset() + int64(i)
+		}
+		r.cb(Result{Partition: int32(resp.GetPartition()), Offset: off}, nil)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b.inFlight--
+	p.releaseLocked(size, len(bt.recs))
+	p.drainLocked(b)
+	if b.inFlight == 0 && b.cur == nil && len(b.ready) == 0 && p.batchers[b.key] == b {
+		delete(p.batchers, b.key)
+	}
+}
+
+// produce sends one batch, retrying retryable errors with exponential
+// backoff (at least the broker's retry-after) up to MaxRetries times.
+func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, error) {
+	req := &heraldpb.ProduceRequest{
+		Topic:   key.topic,
+		Acks:    p.cfg.acks,
+		Records: bt.data,
+	}
+	if key.partition >= 0 {
+		part := uint32(key.partition)
+		req.Partition = &part
+	}
+	if t := p.c.cfg.requestTimeout; t > 0 {
+		req.TimeoutMs = uint32(t / time.Millisecond)
+	}
+	backoff := p.cfg.backoffMin
+	for attempt := 0; ; attempt++ {
+		resp, err := p.produceOnce(req, key)
+		if err == nil {
+			return resp, nil
+		}
+		if p.ctx.Err() != nil {
+			return nil, ErrClosed
+		}
+		if !IsRetryable(err) || attempt >= p.cfg.maxRetries {
+			return nil, err
+		}
+		if IsCode(err, heraldpb.ErrorCode_NOT_LEADER) {
+			p.c.invalidate(key.topic)
+		}
+		wait := backoff
+		if ra := retryAfter(err); ra > wait {
+			wait = ra
+		}
+		p.c.cfg.logger.Debug("herald: produce retry", "topic", key.topic, "partition", key.partition, "attempt", attempt+1, "wait", wait, "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-p.ctx.Done():
+			t.Stop()
+			return nil, ErrClosed
+		}
+		backoff = min(2*backoff, p.cfg.backoffMax)
+	}
+}
+
+func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey) (*heraldpb.ProduceResponse, error) {
+	cn, err := p.c.leaderConn(p.ctx, key.topic, key.partition)
+	if err != nil {
+		return nil, err
+	}
+	f, err := p.c.call(p.ctx, cn, &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}, 0)
+	if err != nil {
+		return nil, err
+	}
+	r := f.GetProduceResponse()
+	if r == nil {
+		return nil, unexpected(f, "ProduceResponse")
+	}
+	return r, nil
+}
+
+// Flush sends every buffered message at once and waits until all messages
+// accepted before the call have completed (their callbacks have returned),
+// or ctx ends. Messages accepted during Flush are waited for too.
+func (p *Producer) Flush(ctx context.Context) error {
+	p.mu.Lock()
+	p.flushing++
+	for _, b := range p.batchers {
+		p.drainLocked(b)
+	}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.flushing--
+		p.mu.Unlock()
+	}()
+	for {
+		p.mu.Lock()
+		if p.records == 0 {
+			p.mu.Unlock()
+			return nil
+		}
+		freed := p.freed
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-freed:
+		}
+	}
+}
+
+// Close stops accepting messages (SendAsync then fails with ErrClosed),
+// flushes, and returns when every buffered message has completed. If ctx
+// ends first, the messages still buffered or in flight fail with ErrClosed
+// (in-flight batches may nevertheless be written) and Close returns
+// ctx.Err(). Close does not close the Client.
+func (p *Producer) Close(ctx context.Context) error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	err := p.Flush(ctx)
+	if err != nil {
+		p.cancel()
+		_ = p.Flush(context.Background()) // bounded: every send now fails fast
+	}
+	p.cancel()
+	return err
+}
+
+// Buffered returns the number of messages accepted and not yet completed.
+func (p *Producer) Buffered() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.records
+}
