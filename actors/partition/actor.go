@@ -1,0 +1,715 @@
+package partition
+
+import (
+	"errors"
+	"log/slog"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/mailbox"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Stats is a partition's state published for admin requests and metrics.
+// The actor writes it; anyone may read it.
+type Stats struct {
+	StartOffset   atomic.Int64
+	HighWatermark atomic.Int64
+	EndOffset     atomic.Int64
+	SizeBytes     atomic.Int64
+	Leader        atomic.Uint64
+	Term          atomic.Uint64
+}
+
+// Messages the actor sends itself. They never leave the node.
+type (
+	readyMsg      struct{}
+	fetchDeadline struct{ seq uint64 }
+)
+
+// Actor is one replica of one partition. Create it with Props.
+type Actor struct {
+	cfg   Config
+	sys   *actor.ActorSystem
+	stats *Stats
+	mb    *mailbox.Shedding
+	m     *partMetrics
+	log   *slog.Logger
+
+	self  *actor.PID
+	store Storage
+	rn    *raft.RawNode
+
+	isLeader bool
+	leader   uint64
+	term     uint64 // the term this replica leads in, while isLeader
+	tail     int64  // offset after the last entry in the raft log, proposals included
+	hw       int64  // offset after the last applied (committed) record
+	applied  uint64
+
+	pending map[proposalKey]proposal
+	win     window
+	park    parking
+
+	readyQueued bool
+	tickQueued  atomic.Bool
+	stopTick    chan struct{}
+	ticks       int
+
+	failure      error // last storage failure while store == nil
+	reopenAt     time.Time
+	reopenBackup time.Duration
+}
+
+// Props returns the props of a partition replica actor. sys answers shed
+// requests; stats receives the published state (it may be shared across
+// restarts, and is never nil).
+func Props(sys *actor.ActorSystem, cfg Config, stats *Stats) (*actor.Props, error) {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Readers == nil {
+		cfg.Readers = NewReaderPool(sys, 2, 256)
+	}
+	m := newPartMetrics(cfg.Topic, cfg.Partition)
+	retry := uint32(cfg.ThrottleRetryAfter / time.Millisecond)
+	mb := mailbox.New(cfg.MailboxLimit, func(msg interface{}) bool {
+		env, ok := msg.(*actor.MessageEnvelope)
+		if !ok || env.Sender == nil {
+			return false
+		}
+		f, ok := env.Message.(*heraldpb.Frame)
+		if !ok {
+			return false
+		}
+		switch f.Body.(type) {
+		case *heraldpb.Frame_Produce, *heraldpb.Frame_Fetch, *heraldpb.Frame_ListOffsets:
+		default:
+			return false
+		}
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d is saturated", cfg.Topic, cfg.Partition)
+		e.RetryAfterMs = retry
+		sys.Root.Send(env.Sender, heraldpb.ErrorFrame(f.Id, e))
+		m.throttled.Inc()
+		return true
+	})
+	producer := func() actor.Actor {
+		return &Actor{cfg: cfg, sys: sys, stats: stats, mb: mb, m: m,
+			log: cfg.Logger.With("topic", cfg.Topic, "partition", cfg.Partition, "replica", cfg.ReplicaID)}
+	}
+	return actor.PropsFromProducer(producer, actor.WithMailbox(mb.Producer())), nil
+}
+
+// Receive is the actor's one entry point.
+func (a *Actor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		a.onStarted(ctx)
+	case *actor.Stopping:
+		a.onStopping(ctx, heraldpb.NewError(heraldpb.ErrorCode_SHUTTING_DOWN, "partition %s-%d is stopping", a.cfg.Topic, a.cfg.Partition))
+	case *actor.Restarting:
+		a.onStopping(ctx, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "partition %s-%d is restarting after a failure", a.cfg.Topic, a.cfg.Partition))
+	case *heraldpb.Tick:
+		a.onTick(ctx)
+	case *heraldpb.RaftMessage:
+		a.onRaftMessage(m)
+	case readyMsg:
+		a.onReady(ctx)
+	case fetchDeadline:
+		a.onFetchDeadline(ctx, m)
+	case *heraldpb.Frame:
+		switch m.Body.(type) {
+		case *heraldpb.Frame_Produce:
+			a.onProduce(ctx, m)
+		case *heraldpb.Frame_Fetch:
+			a.onFetch(ctx, m)
+		case *heraldpb.Frame_ListOffsets:
+			a.onListOffsets(ctx, m)
+		default:
+			a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(m.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "partition actors do not handle %T", m.Body)))
+		}
+	}
+	if a.rn != nil && !a.readyQueued && a.rn.HasReady() {
+		// Handle Ready after the messages already queued: every produce that
+		// arrived meanwhile joins the same Ready and so the same fsync.
+		a.readyQueued = true
+		ctx.Send(ctx.Self(), readyMsg{})
+	}
+}
+
+func (a *Actor) onStarted(ctx actor.Context) {
+	a.self = ctx.Self()
+	a.pending = make(map[proposalKey]proposal)
+	a.win = window{limit: a.cfg.WindowBytes}
+	a.park = parking{limit: a.cfg.MaxParkedFetches}
+	a.startTicker()
+	if err := a.open(); err != nil {
+		a.storageFailed(ctx, err)
+	}
+}
+
+// open opens the log and starts a raft node on it.
+func (a *Actor) open() error {
+	store, err := a.cfg.Open()
+	if err != nil {
+		return err
+	}
+	hs, cs, err := store.InitialState()
+	if err != nil {
+		store.Close()
+		return err
+	}
+	first, err := store.FirstIndex()
+	if err != nil {
+		store.Close()
+		return err
+	}
+	last, err := store.LastIndex()
+	if err != nil {
+		store.Close()
+		return err
+	}
+	applied := hs.Commit
+	if applied < first-1 {
+		applied = first - 1
+	}
+	rc := &raft.Config{
+		ID:                        a.cfg.ReplicaID,
+		ElectionTick:              a.cfg.ElectionTicks,
+		HeartbeatTick:             a.cfg.HeartbeatTicks,
+		Storage:                   store,
+		Applied:                   applied,
+		MaxSizePerMsg:             1 << 20,
+		MaxCommittedSizePerReady:  16 << 20,
+		MaxUncommittedEntriesSize: a.cfg.MaxUncommittedBytes,
+		MaxInflightMsgs:           256,
+		CheckQuorum:               true,
+		PreVote:                   true,
+		StepDownOnRemoval:         true,
+		Logger:                    raftLogger{a.log},
+	}
+	rn, err := raft.NewRawNode(rc)
+	if err != nil {
+		store.Close()
+		return err
+	}
+	voters := cs.Voters
+	if last == 0 && len(cs.Voters) == 0 {
+		peers := make([]raft.Peer, 0, len(a.cfg.Peers))
+		voters = voters[:0]
+		for id := range a.cfg.Peers {
+			peers = append(peers, raft.Peer{ID: id})
+			voters = append(voters, id)
+		}
+		sort.Slice(peers, func(i, j int) bool { return peers[i].ID < peers[j].ID })
+		if err := rn.Bootstrap(peers); err != nil {
+			store.Close()
+			return err
+		}
+	}
+	a.store, a.rn = store, rn
+	a.applied = applied
+	a.hw = a.endOffsetAt(applied)
+	a.tail = store.EndOffset()
+	a.isLeader, a.leader = false, 0
+	a.win.reset()
+	a.failure = nil
+	a.reopenBackup = 0
+	if len(voters) == 1 && voters[0] == a.cfg.ReplicaID {
+		// A lone voter need not wait out an election timeout.
+		if err := rn.Campaign(); err != nil {
+			a.log.Warn("campaign failed", "err", err)
+		}
+	}
+	a.publish()
+	return nil
+}
+
+// endOffsetAt is the offset after the last record in entries up to index.
+func (a *Actor) endOffsetAt(index uint64) int64 {
+	first, _ := a.store.FirstIndex()
+	for i := index; i >= first && i > 0; i-- {
+		ents, err := a.store.Entries(i, i+1, 1<<62)
+		if err != nil || len(ents) == 0 {
+			break
+		}
+		if base, count, ok := entryOffsets(ents[0]); ok {
+			return base + int64(count)
+		}
+	}
+	return a.store.StartOffset()
+}
+
+func (a *Actor) onStopping(ctx actor.Context, why *heraldpb.Error) {
+	if a.stopTick != nil {
+		close(a.stopTick)
+		a.stopTick = nil
+	}
+	a.failPending(ctx, why)
+	for _, f := range a.park.drain() {
+		a.answerFetch(ctx, f.replyTo, f.frameID, nil)
+	}
+	if a.store != nil {
+		if err := a.store.Close(); err != nil {
+			a.log.Error("closing log", "err", err)
+		}
+		a.store, a.rn = nil, nil
+	}
+}
+
+func (a *Actor) startTicker() {
+	stop := make(chan struct{})
+	a.stopTick = stop
+	self, sys, every := a.self, a.sys, a.cfg.TickInterval
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				// At most one tick queued: a stalled actor does not pile them up.
+				if a.tickQueued.CompareAndSwap(false, true) {
+					sys.Root.Send(self, &heraldpb.Tick{})
+				}
+			case <-stop:
+				return
+			}
+		}
+	}()
+}
+
+func (a *Actor) onTick(ctx actor.Context) {
+	a.tickQueued.Store(false)
+	a.ticks++
+	a.m.mailbox.Set(float64(a.mb.Depth()))
+	if a.rn == nil {
+		if a.cfg.Clock.Now().After(a.reopenAt) {
+			if err := a.open(); err != nil {
+				a.storageFailed(ctx, err)
+			} else {
+				a.log.Info("log reopened after storage failure")
+			}
+		}
+		return
+	}
+	a.rn.Tick()
+	if every := int(a.cfg.RetentionCheck / a.cfg.TickInterval); every > 0 && a.ticks%every == 0 {
+		a.retain()
+	}
+	a.publish()
+}
+
+func (a *Actor) retain() {
+	if a.cfg.RetentionAge == 0 && a.cfg.RetentionBytes == 0 {
+		return
+	}
+	n, err := a.store.Retain(a.cfg.Clock.Now(), a.cfg.RetentionAge, a.cfg.RetentionBytes, a.applied)
+	if err != nil {
+		a.log.Error("retention", "err", err)
+		return
+	}
+	if n > 0 {
+		a.log.Info("retention removed records", "records", n, "log_start", a.store.StartOffset())
+		if s := a.store.StartOffset(); a.win.start() >= 0 && a.win.start() < s {
+			a.win.reset()
+		}
+	}
+}
+
+// RetainNow asks the actor to apply its retention policy at once.
+type RetainNow struct{}
+
+func (a *Actor) onRaftMessage(m *heraldpb.RaftMessage) {
+	if a.rn == nil {
+		return
+	}
+	var msg raftpb.Message
+	if err := msg.Unmarshal(m.Message); err != nil {
+		a.log.Warn("dropping undecodable raft message", "err", err)
+		return
+	}
+	if err := a.rn.Step(msg); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) {
+		a.log.Debug("raft step", "err", err)
+	}
+}
+
+func (a *Actor) onReady(ctx actor.Context) {
+	a.readyQueued = false
+	for a.rn != nil && a.rn.HasReady() {
+		rd := a.rn.Ready()
+		becameLeader := false
+		if rd.SoftState != nil {
+			becameLeader = a.onSoftState(ctx, rd.SoftState)
+		}
+		if !raft.IsEmptySnap(rd.Snapshot) {
+			if err := a.store.ApplySnapshot(rd.Snapshot); err != nil {
+				a.storageFailed(ctx, err)
+				return
+			}
+			var sd heraldpb.SnapshotData
+			if err := proto.Unmarshal(rd.Snapshot.Data, &sd); err == nil {
+				a.hw = sd.NextOffset
+			}
+			a.applied = rd.Snapshot.Metadata.Index
+			a.win.reset()
+		}
+		if err := a.store.Save(rd.HardState, rd.Entries); err != nil {
+			a.storageFailed(ctx, err)
+			return
+		}
+		if becameLeader || !a.isLeader {
+			a.tail = a.store.EndOffset()
+		}
+		if len(rd.Entries) > 0 && a.isLeader {
+			a.ackPersisted(ctx, rd.Entries)
+		}
+		a.send(ctx, rd.Messages)
+		a.apply(ctx, rd.CommittedEntries)
+		a.rn.Advance(rd)
+	}
+	a.serveParked(ctx)
+	a.publish()
+}
+
+// onSoftState tracks leadership; it reports whether this replica just
+// became leader.
+func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) bool {
+	was := a.isLeader
+	a.leader = ss.Lead
+	a.isLeader = ss.RaftState == raft.StateLeader
+	if a.isLeader {
+		a.m.leader.Set(1)
+	} else {
+		a.m.leader.Set(0)
+	}
+	if was && !a.isLeader {
+		a.log.Info("lost leadership", "leader", ss.Lead)
+		a.failPending(ctx, notLeader(a.cfg.Topic, a.cfg.Partition, ss.Lead))
+	}
+	if a.isLeader && !was {
+		a.term = a.rn.BasicStatus().Term
+		a.log.Info("became leader", "term", a.term)
+		return true
+	}
+	return false
+}
+
+// send delivers raft messages to the other replicas' actors.
+func (a *Actor) send(ctx actor.Context, msgs []raftpb.Message) {
+	for i := range msgs {
+		pid := a.cfg.Peers[msgs[i].To]
+		if pid == nil {
+			continue
+		}
+		data, err := msgs[i].Marshal()
+		if err != nil {
+			a.log.Error("encoding raft message", "err", err)
+			continue
+		}
+		ctx.Send(pid, &heraldpb.RaftMessage{Group: Name(a.cfg.Topic, a.cfg.Partition), Message: data})
+	}
+}
+
+// ackPersisted answers acks=leader producers whose entries are now on disk.
+func (a *Actor) ackPersisted(ctx actor.Context, ents []raftpb.Entry) {
+	for _, e := range ents {
+		if e.Term != a.term {
+			continue
+		}
+		base, _, ok := entryOffsets(e)
+		if !ok {
+			continue
+		}
+		k := proposalKey{term: e.Term, base: base}
+		if p, ok := a.pending[k]; ok && p.acks == heraldpb.Acks_ACKS_LEADER {
+			delete(a.pending, k)
+			a.reply(ctx, p.replyTo, produced(p.frameID, a.cfg.Partition, base, p))
+		}
+	}
+}
+
+func (a *Actor) apply(ctx actor.Context, ents []raftpb.Entry) {
+	for _, e := range ents {
+		switch e.Type {
+		case raftpb.EntryConfChange:
+			var cc raftpb.ConfChange
+			if err := cc.Unmarshal(e.Data); err == nil {
+				a.applyConfState(a.rn.ApplyConfChange(cc))
+			}
+		case raftpb.EntryConfChangeV2:
+			var cc raftpb.ConfChangeV2
+			if err := cc.Unmarshal(e.Data); err == nil {
+				a.applyConfState(a.rn.ApplyConfChange(cc))
+			}
+		case raftpb.EntryNormal:
+			if len(e.Data) > 0 {
+				a.applyBatch(ctx, e)
+			}
+		}
+		a.applied = e.Index
+	}
+}
+
+func (a *Actor) applyConfState(cs *raftpb.ConfState) {
+	if err := a.store.SetConfState(*cs); err != nil {
+		a.log.Error("saving conf state", "err", err)
+	}
+}
+
+func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
+	var le heraldpb.LogEntry
+	if err := proto.Unmarshal(e.Data, &le); err != nil {
+		a.log.Error("undecodable committed entry", "index", e.Index, "err", err)
+		return
+	}
+	if le.BaseOffset != a.hw {
+		a.log.Error("committed entry's base offset does not follow the high watermark",
+			"index", e.Index, "base", le.BaseOffset, "hw", a.hw)
+	}
+	a.hw = le.BaseOffset + int64(le.Count)
+	a.win.add(&heraldpb.StoredBatch{BaseOffset: le.BaseOffset, Count: le.Count, AppendTimeMs: le.AppendTimeMs, Records: le.Records})
+	a.m.produceRecords.Add(float64(le.Count))
+	a.m.produceBytes.Add(float64(len(le.Records)))
+	k := proposalKey{term: e.Term, base: le.BaseOffset}
+	if p, ok := a.pending[k]; ok {
+		delete(a.pending, k)
+		a.reply(ctx, p.replyTo, produced(p.frameID, a.cfg.Partition, le.BaseOffset, p))
+	}
+}
+
+func produced(id uint64, part uint32, base int64, p proposal) *heraldpb.Frame {
+	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
+		Partition: part, BaseOffset: base, Count: p.count, AppendTimeMs: p.appendTime,
+	}}}
+}
+
+func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
+	req := f.GetProduce()
+	replyTo := ctx.Sender()
+	fail := func(e *heraldpb.Error) { a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e)) }
+	if a.rn == nil {
+		fail(storageError(a.failure))
+		return
+	}
+	if !a.isLeader {
+		fail(notLeader(a.cfg.Topic, a.cfg.Partition, a.leader))
+		return
+	}
+	if len(req.Records) > a.cfg.MaxMessageBytes {
+		fail(heraldpb.NewError(heraldpb.ErrorCode_MESSAGE_TOO_LARGE, "batch of %d bytes exceeds max message size %d", len(req.Records), a.cfg.MaxMessageBytes))
+		return
+	}
+	info, err := heraldpb.ScanBatch(req.Records)
+	if err != nil {
+		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "%v", err))
+		return
+	}
+	if info.Count == 0 {
+		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "empty record batch"))
+		return
+	}
+	now := a.cfg.Clock.Now().UnixMilli()
+	maxTs := info.MaxTimestamp
+	if maxTs == 0 {
+		maxTs = now
+	}
+	base := a.tail
+	data, err := proto.Marshal(&heraldpb.LogEntry{
+		BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: now, MaxTimestampMs: maxTs, Records: req.Records,
+	})
+	if err != nil {
+		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err))
+		return
+	}
+	if err := a.rn.Propose(data); err != nil {
+		if errors.Is(err, raft.ErrProposalDropped) && a.isLeader {
+			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d has too many uncommitted bytes", a.cfg.Topic, a.cfg.Partition)
+			e.RetryAfterMs = uint32(a.cfg.ThrottleRetryAfter / time.Millisecond)
+			a.m.throttled.Inc()
+			fail(e)
+			return
+		}
+		fail(notLeader(a.cfg.Topic, a.cfg.Partition, a.leader))
+		return
+	}
+	a.tail = base + int64(info.Count)
+	p := proposal{replyTo: replyTo, frameID: f.Id, acks: req.Acks, count: uint32(info.Count), appendTime: now, bytes: len(req.Records)}
+	if req.Acks == heraldpb.Acks_ACKS_NONE {
+		a.reply(ctx, replyTo, produced(f.Id, a.cfg.Partition, -1, p))
+		return
+	}
+	a.pending[proposalKey{term: a.term, base: base}] = p
+}
+
+func (a *Actor) onFetch(ctx actor.Context, f *heraldpb.Frame) {
+	req := f.GetFetch()
+	replyTo := ctx.Sender()
+	if a.rn == nil {
+		a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, storageError(a.failure)))
+		return
+	}
+	start := a.store.StartOffset()
+	if req.Offset < start || req.Offset > a.hw {
+		a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE,
+			"offset %d is outside [%d, %d] of %s-%d", req.Offset, start, a.hw, a.cfg.Topic, a.cfg.Partition)))
+		return
+	}
+	maxBytes := int(req.MaxBytes)
+	if maxBytes <= 0 || maxBytes > 16<<20 {
+		maxBytes = 1 << 20
+	}
+	switch {
+	case req.Offset == a.hw:
+		if req.MaxWaitMs == 0 {
+			a.answerFetch(ctx, replyTo, f.Id, nil)
+			return
+		}
+		seq, ok := a.park.park(parkedFetch{replyTo: replyTo, frameID: f.Id, offset: req.Offset, maxBytes: maxBytes})
+		if !ok {
+			a.answerFetch(ctx, replyTo, f.Id, nil)
+			return
+		}
+		a.m.parked.Set(float64(len(a.park.fetches)))
+		self, sys := a.self, a.sys
+		time.AfterFunc(time.Duration(req.MaxWaitMs)*time.Millisecond, func() { sys.Root.Send(self, fetchDeadline{seq: seq}) })
+	case a.win.covers(req.Offset):
+		a.answerFetch(ctx, replyTo, f.Id, a.win.read(req.Offset, maxBytes))
+	default:
+		m := a.m
+		err := a.cfg.Readers.Submit(readJob{
+			store: a.store, replyTo: replyTo, frameID: f.Id, part: a.cfg.Partition,
+			offset: req.Offset, maxBytes: maxBytes, hw: a.hw, start: start,
+			done: func(recs, bytes int) { m.fetchRecords.Add(float64(recs)); m.fetchBytes.Add(float64(bytes)) },
+		})
+		if err != nil {
+			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "log readers are busy")
+			e.RetryAfterMs = uint32(a.cfg.ThrottleRetryAfter / time.Millisecond)
+			a.m.throttled.Inc()
+			a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e))
+		}
+	}
+}
+
+func (a *Actor) answerFetch(ctx actor.Context, replyTo *actor.PID, id uint64, batches []*heraldpb.StoredBatch) {
+	recs, bytes := 0, 0
+	for _, b := range batches {
+		recs += int(b.Count)
+		bytes += len(b.Records)
+	}
+	a.m.fetchRecords.Add(float64(recs))
+	a.m.fetchBytes.Add(float64(bytes))
+	var start int64
+	if a.store != nil {
+		start = a.store.StartOffset()
+	}
+	a.reply(ctx, replyTo, &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_FetchResponse{FetchResponse: &heraldpb.FetchResponse{
+		Partition: a.cfg.Partition, HighWatermark: a.hw, LogStartOffset: start, Batches: batches,
+	}}})
+}
+
+// serveParked answers the long polls that new committed data satisfies.
+func (a *Actor) serveParked(ctx actor.Context) {
+	if len(a.park.fetches) == 0 {
+		return
+	}
+	for _, f := range a.park.ready(a.hw) {
+		if a.win.covers(f.offset) {
+			a.answerFetch(ctx, f.replyTo, f.frameID, a.win.read(f.offset, f.maxBytes))
+		} else {
+			// The window moved past it (a huge burst): let the client fetch again.
+			a.answerFetch(ctx, f.replyTo, f.frameID, nil)
+		}
+	}
+	a.m.parked.Set(float64(len(a.park.fetches)))
+}
+
+func (a *Actor) onFetchDeadline(ctx actor.Context, m fetchDeadline) {
+	if f, ok := a.park.take(m.seq); ok {
+		a.answerFetch(ctx, f.replyTo, f.frameID, nil)
+		a.m.parked.Set(float64(len(a.park.fetches)))
+	}
+}
+
+func (a *Actor) onListOffsets(ctx actor.Context, f *heraldpb.Frame) {
+	req := f.GetListOffsets()
+	if a.rn == nil {
+		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, storageError(a.failure)))
+		return
+	}
+	start := a.store.StartOffset()
+	var off int64
+	switch req.Spec {
+	case heraldpb.OffsetSpec_OFFSET_SPEC_EARLIEST:
+		off = start
+	case heraldpb.OffsetSpec_OFFSET_SPEC_LATEST:
+		off = a.hw
+	case heraldpb.OffsetSpec_OFFSET_SPEC_TIMESTAMP:
+		off = a.store.OffsetForTime(req.TimestampMs)
+		off = max(start, min(off, a.hw))
+	default:
+		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "unknown offset spec %d", req.Spec)))
+		return
+	}
+	a.reply(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListOffsetsResponse{ListOffsetsResponse: &heraldpb.ListOffsetsResponse{
+		Partition: a.cfg.Partition, Offset: off, LogStartOffset: start, HighWatermark: a.hw,
+	}}})
+}
+
+// storageFailed drops the raft node and the log after a storage error,
+// answers everything waiting, and schedules a reopen from durable state.
+func (a *Actor) storageFailed(ctx actor.Context, err error) {
+	a.log.Error("partition storage failed; will reopen", "err", err)
+	a.m.storageFailures.Inc()
+	a.failure = err
+	a.failPending(ctx, storageError(err))
+	for _, f := range a.park.drain() {
+		a.answerFetch(ctx, f.replyTo, f.frameID, nil)
+	}
+	if a.store != nil {
+		a.store.Close()
+	}
+	a.store, a.rn = nil, nil
+	a.isLeader = false
+	a.m.leader.Set(0)
+	if a.reopenBackup == 0 {
+		a.reopenBackup = 500 * time.Millisecond
+	} else if a.reopenBackup < 10*time.Second {
+		a.reopenBackup *= 2
+	}
+	a.reopenAt = a.cfg.Clock.Now().Add(a.reopenBackup)
+}
+
+func (a *Actor) failPending(ctx actor.Context, why *heraldpb.Error) {
+	for k, p := range a.pending {
+		a.reply(ctx, p.replyTo, heraldpb.ErrorFrame(p.frameID, why))
+		delete(a.pending, k)
+	}
+}
+
+func (a *Actor) reply(ctx actor.Context, to *actor.PID, f *heraldpb.Frame) {
+	if to != nil {
+		ctx.Send(to, f)
+	}
+}
+
+// publish copies the replica's state into Stats and the gauges.
+func (a *Actor) publish() {
+	if a.store == nil {
+		return
+	}
+	start, end := a.store.StartOffset(), a.store.EndOffset()
+	a.stats.StartOffset.Store(start)
+	a.stats.HighWatermark.Store(a.hw)
+	a.stats.EndOffset.Store(end)
+	a.stats.SizeBytes.Store(a.store.Size())
+	a.stats.Leader.Store(a.leader)
+	a.m.start.Set(float64(start))
+	a.m.end.Set(float64(end))
+	a.m.hw.Set(float64(a.hw))
+}

@@ -1,0 +1,166 @@
+// Package partition implements the partition actor: one supervised actor per
+// replica of a partition, owning its raft node (go.etcd.io/raft/v3 RawNode)
+// and its durable log. The actor proposes produced batches to raft, persists
+// each Ready with one fsync (group commit), sends raft messages to the other
+// replicas through their PIDs, applies committed entries (advancing the high
+// watermark), answers producers according to their acks, and serves fetches
+// from an in-memory window of recent batches or, for catch-up readers, from
+// the log on a bounded reader pool outside its mailbox.
+package partition
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Storage is the durable raft log the actor owns. persistence.Log implements
+// it. Save and the other writers are called only from the actor; the readers
+// may be called from the reader pool concurrently.
+type Storage interface {
+	raft.Storage
+	Save(hs raftpb.HardState, entries []raftpb.Entry) error
+	SetConfState(cs raftpb.ConfState) error
+	ApplySnapshot(snap raftpb.Snapshot) error
+	StartOffset() int64
+	EndOffset() int64
+	ReadBatches(offset int64, maxBytes int, limit int64) ([]*heraldpb.StoredBatch, error)
+	OffsetForTime(tsMs int64) int64
+	Size() int64
+	Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo uint64) (int64, error)
+	Close() error
+}
+
+// Clock is the only way the actor reads time, so tests can move it.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// SystemClock reads the machine's clock.
+var SystemClock Clock = systemClock{}
+
+// Config configures one replica of one partition.
+type Config struct {
+	Topic     string
+	Partition uint32
+	// ReplicaID is this replica's raft id (the node id in a cluster); not 0.
+	ReplicaID uint64
+	// Peers maps every voter's raft id, this replica's included, to the PID
+	// of its partition actor. A fresh group bootstraps with these voters.
+	Peers map[uint64]*actor.PID
+	// Open opens (or re-opens after a storage failure) the replica's log.
+	Open func() (Storage, error)
+
+	// TickInterval is raft's logical clock period. Default 100ms.
+	TickInterval time.Duration
+	// ElectionTicks and HeartbeatTicks are raft's timeouts in ticks.
+	// Defaults 10 and 1.
+	ElectionTicks, HeartbeatTicks int
+
+	// MaxMessageBytes is the largest record batch accepted. Default 1 MiB.
+	MaxMessageBytes int
+	// Retention: data older than RetentionAge or beyond RetentionBytes per
+	// partition is deleted from the front of the log every RetentionCheck.
+	// Zero age or bytes means no limit. RetentionCheck default 30s.
+	RetentionAge   time.Duration
+	RetentionBytes int64
+	RetentionCheck time.Duration
+
+	// MailboxLimit bounds the client requests queued in the mailbox; past it
+	// produce and fetch requests are answered THROTTLED. Default 512.
+	MailboxLimit int
+	// ThrottleRetryAfter is the retry-after sent with THROTTLED. Default 5ms.
+	ThrottleRetryAfter time.Duration
+	// MaxUncommittedBytes bounds proposals not yet committed (raft's
+	// MaxUncommittedEntriesSize); past it produce gets THROTTLED. Default 64 MiB.
+	MaxUncommittedBytes uint64
+	// WindowBytes bounds the in-memory window of recent committed batches
+	// that tail readers are served from. Default 4 MiB.
+	WindowBytes int
+	// MaxParkedFetches bounds the long-poll fetches waiting for data; past it
+	// a fetch is answered at once, empty. Default 1024.
+	MaxParkedFetches int
+	// Readers serves fetches below the window from the log, off the mailbox.
+	// Nil means a private pool of 2 readers.
+	Readers *ReaderPool
+
+	Clock  Clock
+	Logger *slog.Logger
+}
+
+// Name is the deterministic actor name of a partition replica.
+func Name(topic string, partition uint32) string {
+	return fmt.Sprintf("p/%s-%d", topic, partition)
+}
+
+// EnsureDefaults fills zero fields with their defaults.
+func (c *Config) EnsureDefaults() {
+	if c.TickInterval == 0 {
+		c.TickInterval = 100 * time.Millisecond
+	}
+	if c.ElectionTicks == 0 {
+		c.ElectionTicks = 10
+	}
+	if c.HeartbeatTicks == 0 {
+		c.HeartbeatTicks = 1
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = 1 << 20
+	}
+	if c.RetentionCheck == 0 {
+		c.RetentionCheck = 30 * time.Second
+	}
+	if c.MailboxLimit == 0 {
+		c.MailboxLimit = 512
+	}
+	if c.ThrottleRetryAfter == 0 {
+		c.ThrottleRetryAfter = 5 * time.Millisecond
+	}
+	if c.MaxUncommittedBytes == 0 {
+		c.MaxUncommittedBytes = 64 << 20
+	}
+	if c.WindowBytes == 0 {
+		c.WindowBytes = 4 << 20
+	}
+	if c.MaxParkedFetches == 0 {
+		c.MaxParkedFetches = 1024
+	}
+	if c.Clock == nil {
+		c.Clock = SystemClock
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate reports every problem with the config at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Topic == "" {
+		errs = append(errs, errors.New("partition: Topic is empty"))
+	}
+	if c.ReplicaID == 0 {
+		errs = append(errs, errors.New("partition: ReplicaID must not be 0"))
+	}
+	if _, ok := c.Peers[c.ReplicaID]; !ok {
+		errs = append(errs, fmt.Errorf("partition: Peers lacks this replica (%d)", c.ReplicaID))
+	}
+	if c.Open == nil {
+		errs = append(errs, errors.New("partition: Open is nil"))
+	}
+	if c.HeartbeatTicks >= c.ElectionTicks {
+		errs = append(errs, fmt.Errorf("partition: HeartbeatTicks (%d) must be below ElectionTicks (%d)", c.HeartbeatTicks, c.ElectionTicks))
+	}
+	if c.WindowBytes < 0 || c.MailboxLimit < 0 || c.MaxParkedFetches < 0 || c.MaxMessageBytes < 0 {
+		errs = append(errs, errors.New("partition: limits must not be negative"))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,89 @@
+package partition
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+var (
+	labels = []string{"topic", "partition"}
+
+	produceRecords = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_produce_records_total", Help: "Records appended to the partition (committed).",
+	}, labels)
+	produceBytes = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_produce_bytes_total", Help: "Record batch bytes appended to the partition (committed).",
+	}, labels)
+	fetchRecords = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_fetch_records_total", Help: "Records returned by fetches.",
+	}, labels)
+	fetchBytes = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_fetch_bytes_total", Help: "Record batch bytes returned by fetches.",
+	}, labels)
+	logStartOffset = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_log_start_offset", Help: "First offset still in the partition log.",
+	}, labels)
+	logEndOffset = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_log_end_offset", Help: "Offset after the last record in the log, committed or not.",
+	}, labels)
+	highWatermark = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_high_watermark", Help: "Offset after the last committed record; consumers never read past it.",
+	}, labels)
+	mailboxDepth = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_partition_mailbox_depth", Help: "User messages waiting in the partition actor's mailbox.",
+	}, labels)
+	throttled = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_throttled_total", Help: "Requests answered THROTTLED (mailbox full, uncommitted bytes, readers busy).",
+	}, labels)
+	parkedFetches = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_parked_fetches", Help: "Long-poll fetches waiting for data.",
+	}, labels)
+	isLeader = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_partition_leader", Help: "1 when this replica leads the partition.",
+	}, labels)
+	storageFailures = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_partition_storage_failures_total", Help: "Times the partition's log failed and was reopened.",
+	}, labels)
+	readerQueueDepth = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_log_reader_queue_depth", Help: "Catch-up fetches queued for the log reader pool.",
+	})
+)
+
+// partMetrics caches one partition's label-bound metrics.
+type partMetrics struct {
+	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures prometheus.Counter
+	start, end, hw, mailbox, parked, leader                                            prometheus.Gauge
+	lv                                                                                 []string
+}
+
+func newPartMetrics(topic string, part uint32) *partMetrics {
+	lv := []string{topic, strconv.FormatUint(uint64(part), 10)}
+	return &partMetrics{
+		lv:              lv,
+		produceRecords:  produceRecords.WithLabelValues(lv...),
+		produceBytes:    produceBytes.WithLabelValues(lv...),
+		fetchRecords:    fetchRecords.WithLabelValues(lv...),
+		fetchBytes:      fetchBytes.WithLabelValues(lv...),
+		throttled:       throttled.WithLabelValues(lv...),
+		storageFailures: storageFailures.WithLabelValues(lv...),
+		start:           logStartOffset.WithLabelValues(lv...),
+		end:             logEndOffset.WithLabelValues(lv...),
+		hw:              highWatermark.WithLabelValues(lv...),
+		mailbox:         mailboxDepth.WithLabelValues(lv...),
+		parked:          parkedFetches.WithLabelValues(lv...),
+		leader:          isLeader.WithLabelValues(lv...),
+	}
+}
+
+// DeleteMetrics removes a deleted partition's series.
+func DeleteMetrics(topic string, part uint32) {
+	lv := []string{topic, strconv.FormatUint(uint64(part), 10)}
+	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures} {
+		v.DeleteLabelValues(lv...)
+	}
+	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader} {
+		v.DeleteLabelValues(lv...)
+	}
+}

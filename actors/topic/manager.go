@@ -1,0 +1,353 @@
+package topic
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/partition"
+	"github.com/heraldmq/herald/persistence"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// ManagerName is the manager's actor name.
+const ManagerName = "topics"
+
+var validName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
+
+// Manager is the node's topic manager actor. Create it with Spawn.
+type Manager struct {
+	cfg      Config
+	sys      *actor.ActorSystem
+	reg      *Registry
+	deleting map[string]bool
+}
+
+// Spawn starts the manager (which reopens every topic in the catalog) and
+// returns its PID and the registry it maintains.
+func Spawn(sys *actor.ActorSystem, cfg Config) (*actor.PID, *Registry, error) {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if cfg.Readers == nil {
+		cfg.Readers = partition.NewReaderPool(sys, 4, 1024)
+	}
+	if err := cfg.FS.MkdirAll(filepath.Join(cfg.DataDir, "topics"), 0o755); err != nil {
+		return nil, nil, fmt.Errorf("topic: creating data dir: %w", err)
+	}
+	topics, err := loadCatalog(cfg.FS, cfg.DataDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	reg := &Registry{}
+	sup := actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider)
+	props := actor.PropsFromProducer(func() actor.Actor {
+		return &Manager{cfg: cfg, sys: sys, reg: reg, deleting: map[string]bool{}}
+	}, actor.WithSupervisor(sup))
+	pid, err := sys.Root.SpawnNamed(props, ManagerName)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Reopen the catalog's topics before serving: the spawn requests queue
+	// ahead of any client request.
+	for _, t := range topics {
+		sys.Root.Send(pid, &reopenTopic{info: t})
+	}
+	res, err := sys.Root.RequestFuture(pid, &syncBarrier{}, 30*time.Second).Result()
+	if err != nil {
+		return nil, nil, fmt.Errorf("topic: starting manager: %w", err)
+	}
+	if e, ok := res.(error); ok && e != nil {
+		return nil, nil, e
+	}
+	return pid, reg, nil
+}
+
+type reopenTopic struct{ info *heraldpb.TopicInfo }
+type syncBarrier struct{}
+
+// Receive is the manager's entry point.
+func (m *Manager) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *reopenTopic:
+		if err := m.spawnTopic(ctx, msg.info.Name, msg.info.Config); err != nil {
+			m.cfg.Logger.Error("reopening topic", "topic", msg.info.Name, "err", err)
+		}
+	case *syncBarrier:
+		ctx.Respond(nil)
+	case *heraldpb.Frame:
+		m.onFrame(ctx, msg)
+	}
+}
+
+func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame) {
+	switch b := f.Body.(type) {
+	case *heraldpb.Frame_CreateTopic:
+		m.onCreate(ctx, f.Id, b.CreateTopic)
+	case *heraldpb.Frame_DeleteTopic:
+		m.onDelete(ctx, f.Id, b.DeleteTopic)
+	case *heraldpb.Frame_ListTopics:
+		resp := &heraldpb.ListTopicsResponse{}
+		for _, e := range m.reg.All() {
+			resp.Topics = append(resp.Topics, e.info(uint32(m.cfg.NodeID)))
+		}
+		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListTopicsResponse{ListTopicsResponse: resp}})
+	case *heraldpb.Frame_DescribeTopic:
+		e := m.reg.Get(b.DescribeTopic.Name)
+		if e == nil {
+			ctx.Respond(heraldpb.ErrorFrame(f.Id, topicNotFound(b.DescribeTopic.Name)))
+			return
+		}
+		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_DescribeTopicResponse{DescribeTopicResponse: &heraldpb.DescribeTopicResponse{Topic: e.info(uint32(m.cfg.NodeID))}}})
+	case *heraldpb.Frame_Metadata:
+		resp := &heraldpb.MetadataResponse{Brokers: []*heraldpb.BrokerInfo{{NodeId: uint32(m.cfg.NodeID), Addr: m.cfg.Advertise}}}
+		want := map[string]bool{}
+		for _, t := range b.Metadata.Topics {
+			want[t] = true
+		}
+		for _, e := range m.reg.All() {
+			if len(want) == 0 || want[e.Name] {
+				resp.Topics = append(resp.Topics, e.info(uint32(m.cfg.NodeID)))
+				delete(want, e.Name)
+			}
+		}
+		if len(want) > 0 {
+			var missing []string
+			for t := range want {
+				missing = append(missing, t)
+			}
+			sort.Strings(missing)
+			ctx.Respond(heraldpb.ErrorFrame(f.Id, topicNotFound(missing[0])))
+			return
+		}
+		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_MetadataResponse{MetadataResponse: resp}})
+	default:
+		ctx.Respond(heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "the topic manager does not handle %T", f.Body)))
+	}
+}
+
+// normalize validates a create request's config and fills its defaults.
+func (m *Manager) normalize(name string, in *heraldpb.TopicConfig) (*heraldpb.TopicConfig, *heraldpb.Error) {
+	bad := func(format string, args ...any) *heraldpb.Error {
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, format, args...)
+	}
+	if !validName.MatchString(name) || name == "." || name == ".." {
+		return nil, bad("topic name %q must be 1-200 characters of A-Z a-z 0-9 . _ -", name)
+	}
+	if len(name) >= 2 && name[:2] == "__" {
+		return nil, bad("topic name %q: names starting with __ are reserved for internal topics", name)
+	}
+	cfg := &heraldpb.TopicConfig{}
+	if in != nil {
+		cfg = &heraldpb.TopicConfig{Partitions: in.Partitions, ReplicationFactor: in.ReplicationFactor,
+			RetentionMs: in.RetentionMs, RetentionBytes: in.RetentionBytes, MaxMessageBytes: in.MaxMessageBytes}
+	}
+	if cfg.Partitions == 0 {
+		cfg.Partitions = m.cfg.DefaultPartitions
+	}
+	if cfg.Partitions > m.cfg.MaxPartitions {
+		return nil, bad("partitions %d exceeds the broker's max of %d", cfg.Partitions, m.cfg.MaxPartitions)
+	}
+	if cfg.ReplicationFactor == 0 {
+		cfg.ReplicationFactor = 1
+	}
+	if cfg.ReplicationFactor > 1 {
+		return nil, bad("replication factor %d needs %d nodes; this cluster has 1", cfg.ReplicationFactor, cfg.ReplicationFactor)
+	}
+	if cfg.RetentionMs < 0 || cfg.RetentionBytes < 0 {
+		return nil, bad("retention must not be negative")
+	}
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = m.cfg.MaxMessageBytes
+	}
+	if cfg.MaxMessageBytes > m.cfg.MaxMessageBytes {
+		return nil, bad("max message bytes %d exceeds the broker's max of %d", cfg.MaxMessageBytes, m.cfg.MaxMessageBytes)
+	}
+	return cfg, nil
+}
+
+func (m *Manager) onCreate(ctx actor.Context, id uint64, req *heraldpb.CreateTopicRequest) {
+	cfg, e := m.normalize(req.Name, req.Config)
+	if e != nil {
+		ctx.Respond(heraldpb.ErrorFrame(id, e))
+		return
+	}
+	if m.reg.Get(req.Name) != nil || m.deleting[req.Name] {
+		ctx.Respond(heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_ALREADY_EXISTS, "topic %q already exists", req.Name)))
+		return
+	}
+	if err := m.spawnTopic(ctx, req.Name, cfg); err != nil {
+		ctx.Respond(heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "creating topic %q: %v", req.Name, err)))
+		return
+	}
+	if err := m.saveCatalog(); err != nil {
+		ctx.Respond(heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_STORAGE_ERROR, "saving catalog: %v", err)))
+		return
+	}
+	e2 := m.reg.Get(req.Name)
+	ctx.Respond(&heraldpb.Frame{Id: id, Body: &heraldpb.Frame_CreateTopicResponse{CreateTopicResponse: &heraldpb.CreateTopicResponse{Topic: e2.info(uint32(m.cfg.NodeID))}}})
+}
+
+func (m *Manager) partitionDir(name string, p uint32) string {
+	return filepath.Join(m.cfg.DataDir, "topics", fmt.Sprintf("%s-%d", name, p))
+}
+
+// spawnTopic starts the partition actors and the topic actor of a topic and
+// registers them.
+func (m *Manager) spawnTopic(ctx actor.Context, name string, cfg *heraldpb.TopicConfig) error {
+	n := int(cfg.Partitions)
+	pids := make([]*actor.PID, 0, n)
+	stats := make([]*partition.Stats, 0, n)
+	stop := func() {
+		for _, p := range pids {
+			ctx.Stop(p)
+		}
+	}
+	for p := uint32(0); p < cfg.Partitions; p++ {
+		dir := m.partitionDir(name, p)
+		group := fmt.Sprintf("%s-%d", name, p)
+		pcfg := partition.Config{
+			Topic: name, Partition: p, ReplicaID: m.cfg.NodeID,
+			Open: func() (partition.Storage, error) {
+				return persistence.Open(persistence.Options{
+					Dir: dir, FS: m.cfg.FS, Flush: m.cfg.Flush, SegmentBytes: m.cfg.SegmentBytes,
+					Logger: m.cfg.Logger, Group: group,
+				})
+			},
+			MaxMessageBytes: int(cfg.MaxMessageBytes),
+			RetentionAge:    time.Duration(cfg.RetentionMs) * time.Millisecond,
+			RetentionBytes:  cfg.RetentionBytes,
+			RetentionCheck:  m.cfg.RetentionCheck,
+			TickInterval:    m.cfg.TickInterval,
+			MailboxLimit:    m.cfg.MailboxLimit,
+			WindowBytes:     m.cfg.WindowBytes,
+			Readers:         m.cfg.Readers,
+			Logger:          m.cfg.Logger,
+		}
+		// Single node: the only voter is this node, addressed by the
+		// deterministic name; the cluster replaces this with the replica set.
+		self := actor.NewPID(m.sys.Address(), ctx.Self().Id+"/"+partition.Name(name, p))
+		pcfg.Peers = map[uint64]*actor.PID{m.cfg.NodeID: self}
+		st := &partition.Stats{}
+		props, err := partition.Props(m.sys, pcfg, st)
+		if err != nil {
+			stop()
+			return err
+		}
+		pid, err := ctx.SpawnNamed(props, partition.Name(name, p))
+		if err != nil {
+			stop()
+			return err
+		}
+		pids = append(pids, pid)
+		stats = append(stats, st)
+	}
+	tpid, err := ctx.SpawnNamed(topicProps(name, pids), "t/"+name)
+	if err != nil {
+		stop()
+		return err
+	}
+	m.reg.update(func(reg map[string]*Entry) {
+		reg[name] = &Entry{Name: name, Config: cfg, Topic: tpid, Partitions: pids, Stats: stats}
+	})
+	return nil
+}
+
+func (m *Manager) onDelete(ctx actor.Context, id uint64, req *heraldpb.DeleteTopicRequest) {
+	e := m.reg.Get(req.Name)
+	if e == nil {
+		ctx.Respond(heraldpb.ErrorFrame(id, topicNotFound(req.Name)))
+		return
+	}
+	// Unregister first: new requests get TOPIC_NOT_FOUND while the actors stop.
+	m.reg.update(func(reg map[string]*Entry) { delete(reg, req.Name) })
+	m.deleting[req.Name] = true
+	replyTo := ctx.Sender()
+	pids := append([]*actor.PID{e.Topic}, e.Partitions...)
+	m.stopAll(ctx, pids, func() {
+		delete(m.deleting, req.Name)
+		var err error
+		for p := range e.Partitions {
+			partition.DeleteMetrics(req.Name, uint32(p))
+			if rerr := m.cfg.FS.RemoveAll(m.partitionDir(req.Name, uint32(p))); rerr != nil && err == nil {
+				err = rerr
+			}
+		}
+		if serr := m.saveCatalog(); serr != nil && err == nil {
+			err = serr
+		}
+		if err != nil {
+			ctx.Send(replyTo, heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_STORAGE_ERROR, "deleting topic %q: %v", req.Name, err)))
+			return
+		}
+		ctx.Send(replyTo, &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_DeleteTopicResponse{DeleteTopicResponse: &heraldpb.DeleteTopicResponse{}}})
+	})
+}
+
+// stopAll stops pids one after another without blocking the mailbox, then
+// runs done on the manager.
+func (m *Manager) stopAll(ctx actor.Context, pids []*actor.PID, done func()) {
+	if len(pids) == 0 {
+		done()
+		return
+	}
+	ctx.ReenterAfter(ctx.StopFuture(pids[0]), func(interface{}, error) {
+		m.stopAll(ctx, pids[1:], done)
+	})
+}
+
+// catalog is the file that lists topics and their configs. It is replaced
+// atomically (temp file, fsync, rename, fsync dir). The controller's raft
+// group takes its place when Herald becomes a cluster.
+const catalogFile = "catalog.json"
+
+type catalogDoc struct {
+	Topics []json.RawMessage `json:"topics"`
+}
+
+func loadCatalog(fs persistence.FS, dir string) ([]*heraldpb.TopicInfo, error) {
+	f, err := fs.OpenFile(filepath.Join(dir, catalogFile), os.O_RDONLY, 0)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("topic: opening catalog: %w", err)
+	}
+	defer f.Close()
+	var doc catalogDoc
+	if err := json.NewDecoder(f).Decode(&doc); err != nil {
+		return nil, fmt.Errorf("topic: catalog %s is damaged: %w", filepath.Join(dir, catalogFile), err)
+	}
+	var out []*heraldpb.TopicInfo
+	for _, raw := range doc.Topics {
+		ti := &heraldpb.TopicInfo{}
+		if err := protojson.Unmarshal(raw, ti); err != nil {
+			return nil, fmt.Errorf("topic: catalog entry: %w", err)
+		}
+		out = append(out, ti)
+	}
+	return out, nil
+}
+
+func (m *Manager) saveCatalog() error {
+	var doc catalogDoc
+	for _, e := range m.reg.All() {
+		raw, err := protojson.Marshal(&heraldpb.TopicInfo{Name: e.Name, Config: e.Config})
+		if err != nil {
+			return err
+		}
+		doc.Topics = append(doc.Topics, raw)
+	}
+	data, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	return persistence.WriteFileAtomic(m.cfg.FS, filepath.Join(m.cfg.DataDir, catalogFile), data)
+}

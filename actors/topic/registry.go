@@ -1,0 +1,75 @@
+package topic
+
+import (
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/partition"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// Entry is a live topic as the router and admin requests see it.
+type Entry struct {
+	Name       string
+	Config     *heraldpb.TopicConfig
+	Topic      *actor.PID
+	Partitions []*actor.PID
+	Stats      []*partition.Stats
+}
+
+// Registry maps topic names to their actors. The manager writes it
+// (copy-on-write); readers never lock.
+type Registry struct {
+	mu sync.Mutex // serialises writers
+	v  atomic.Pointer[map[string]*Entry]
+}
+
+// Get returns the live topic name, or nil.
+func (r *Registry) Get(name string) *Entry {
+	if m := r.v.Load(); m != nil {
+		return (*m)[name]
+	}
+	return nil
+}
+
+// All returns the live topics sorted by name.
+func (r *Registry) All() []*Entry {
+	m := r.v.Load()
+	if m == nil {
+		return nil
+	}
+	out := make([]*Entry, 0, len(*m))
+	for _, e := range *m {
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func (r *Registry) update(fn func(m map[string]*Entry)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	next := make(map[string]*Entry)
+	if m := r.v.Load(); m != nil {
+		for k, v := range *m {
+			next[k] = v
+		}
+	}
+	fn(next)
+	r.v.Store(&next)
+}
+
+// info renders an entry for Metadata and Describe.
+func (e *Entry) info(node uint32) *heraldpb.TopicInfo {
+	ti := &heraldpb.TopicInfo{Name: e.Name, Config: e.Config}
+	for i, s := range e.Stats {
+		leader := uint32(s.Leader.Load())
+		ti.Partitions = append(ti.Partitions, &heraldpb.PartitionInfo{
+			Id: uint32(i), Leader: leader, Replicas: []uint32{node},
+			LogStartOffset: s.StartOffset.Load(), HighWatermark: s.HighWatermark.Load(), SizeBytes: s.SizeBytes.Load(),
+		})
+	}
+	return ti
+}

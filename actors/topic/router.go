@@ -1,0 +1,66 @@
+package topic
+
+import (
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// Router hands decoded client requests to actors. It implements
+// netio.Router: Route runs on a network event loop and never blocks.
+type Router struct {
+	sys     *actor.ActorSystem
+	reg     *Registry
+	manager *actor.PID
+}
+
+// NewRouter routes through reg, sending admin requests to manager.
+func NewRouter(sys *actor.ActorSystem, reg *Registry, manager *actor.PID) *Router {
+	return &Router{sys: sys, reg: reg, manager: manager}
+}
+
+// Route sends f to the actor that serves it; that actor answers replyTo.
+func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
+	switch b := f.Body.(type) {
+	case *heraldpb.Frame_Produce:
+		e := r.reg.Get(b.Produce.Topic)
+		if e == nil {
+			r.fail(f, replyTo, topicNotFound(b.Produce.Topic))
+			return
+		}
+		r.sys.Root.RequestWithCustomSender(e.Topic, f, replyTo)
+	case *heraldpb.Frame_Fetch:
+		r.toPartition(f, replyTo, b.Fetch.Topic, b.Fetch.Partition)
+	case *heraldpb.Frame_ListOffsets:
+		r.toPartition(f, replyTo, b.ListOffsets.Topic, b.ListOffsets.Partition)
+	case *heraldpb.Frame_Metadata, *heraldpb.Frame_CreateTopic, *heraldpb.Frame_DeleteTopic,
+		*heraldpb.Frame_ListTopics, *heraldpb.Frame_DescribeTopic:
+		r.sys.Root.RequestWithCustomSender(r.manager, f, replyTo)
+	default:
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_UNKNOWN_REQUEST, "no handler for %T", f.Body))
+	}
+}
+
+func (r *Router) toPartition(f *heraldpb.Frame, replyTo *actor.PID, topic string, part uint32) {
+	e := r.reg.Get(topic)
+	if e == nil {
+		r.fail(f, replyTo, topicNotFound(topic))
+		return
+	}
+	if int(part) >= len(e.Partitions) {
+		r.fail(f, replyTo, partitionNotFound(topic, part, len(e.Partitions)))
+		return
+	}
+	r.sys.Root.RequestWithCustomSender(e.Partitions[part], f, replyTo)
+}
+
+func (r *Router) fail(f *heraldpb.Frame, replyTo *actor.PID, e *heraldpb.Error) {
+	r.sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, e))
+}
+
+func topicNotFound(name string) *heraldpb.Error {
+	return heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", name)
+}
+
+func partitionNotFound(topic string, part uint32, n int) *heraldpb.Error {
+	return heraldpb.NewError(heraldpb.ErrorCode_PARTITION_NOT_FOUND, "topic %q has %d partitions; there is no partition %d", topic, n, part)
+}

@@ -1,0 +1,59 @@
+package topic
+
+import (
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// topicActor routes produce requests of one topic to its partitions.
+type topicActor struct {
+	name       string
+	partitions []*actor.PID
+	next       uint32 // round-robin cursor
+}
+
+func topicProps(name string, partitions []*actor.PID) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &topicActor{name: name, partitions: partitions}
+	})
+}
+
+func (t *topicActor) Receive(ctx actor.Context) {
+	f, ok := ctx.Message().(*heraldpb.Frame)
+	if !ok {
+		return
+	}
+	req := f.GetProduce()
+	if req == nil {
+		ctx.Send(ctx.Sender(), heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic actors route produce requests only")))
+		return
+	}
+	part, err := t.route(req)
+	if err != nil {
+		ctx.Send(ctx.Sender(), heraldpb.ErrorFrame(f.Id, err))
+		return
+	}
+	req.Partition = &part
+	ctx.RequestWithCustomSender(t.partitions[part], f, ctx.Sender())
+}
+
+// route picks the partition of a produce request.
+func (t *topicActor) route(req *heraldpb.ProduceRequest) (uint32, *heraldpb.Error) {
+	n := uint32(len(t.partitions))
+	if req.Partition != nil {
+		if *req.Partition >= n {
+			return 0, partitionNotFound(t.name, *req.Partition, int(n))
+		}
+		return *req.Partition, nil
+	}
+	info, err := heraldpb.ScanBatch(req.Records)
+	if err != nil {
+		return 0, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "%v", err)
+	}
+	if len(info.FirstKey) > 0 {
+		return heraldpb.PartitionForKey(info.FirstKey, n), nil
+	}
+	p := t.next % n
+	t.next++
+	return p, nil
+}
