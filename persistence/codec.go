@@ -1,0 +1,229 @@
+package persistence
+
+import (
+	"encoding/binary"
+	"hash/crc32"
+	"math"
+
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// castagnoli is the CRC32C table used for WAL entries and the state file.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// crcLen is the size of the CRC32C prefix of every WAL entry.
+const crcLen = 4
+
+// entryMeta is what the indexes and retention need to know about one raft
+// entry, without its records.
+type entryMeta struct {
+	index, term uint64
+	hasRecords  bool  // a normal entry whose LogEntry has count > 0
+	base        int64 // LogEntry.base_offset
+	count       uint32
+	appendMs    int64
+	maxTsMs     int64
+	size        int64 // bytes the entry occupies in its WAL segment
+}
+
+// end is the offset after the entry's last record.
+func (m *entryMeta) end() int64 { return m.base + int64(m.count) }
+
+// logHeader is a decoded heraldpb.LogEntry without its records.
+type logHeader struct {
+	base     int64
+	count    uint32
+	appendMs int64
+	maxTsMs  int64
+}
+
+// framedSize is the number of bytes tidwall/wal's binary format uses for a
+// payload of n bytes: a uvarint length and the payload.
+func framedSize(n int) int64 {
+	var buf [binary.MaxVarintLen64]byte
+	return int64(binary.PutUvarint(buf[:], uint64(n)) + n)
+}
+
+// appendEncodedEntry appends the WAL payload of e to dst:
+// crc32c(u32 little-endian) of the marshalled entry, then raftpb.Entry.Marshal().
+func appendEncodedEntry(dst []byte, e *raftpb.Entry) []byte {
+	n := e.Size()
+	start := len(dst)
+	dst = append(dst, make([]byte, crcLen+n)...)
+	body := dst[start+crcLen:]
+	if _, err := e.MarshalToSizedBuffer(body); err != nil {
+		// MarshalToSizedBuffer only fails on a too-small buffer.
+		panic(err)
+	}
+	binary.LittleEndian.PutUint32(dst[start:], crc32.Checksum(body, castagnoli))
+	return dst
+}
+
+// decodeEntry decodes one WAL payload: it verifies the CRC32C, unmarshals
+// the raftpb.Entry and, for a normal entry with data, its heraldpb.LogEntry
+// header. records aliases e.Data. Every failure is marked ErrCorrupt. It
+// never panics.
+func decodeEntry(b []byte) (e raftpb.Entry, m entryMeta, records []byte, err error) {
+	if len(b) < crcLen {
+		return e, m, nil, corruptf("entry of %d bytes is shorter than its checksum", len(b))
+	}
+	body := b[crcLen:]
+	if want, got := binary.LittleEndian.Uint32(b), crc32.Checksum(body, castagnoli); want != got {
+		return e, m, nil, corruptf("entry checksum mismatch: stored %08x, computed %08x", want, got)
+	}
+	if err := e.Unmarshal(body); err != nil {
+		return raftpb.Entry{}, m, nil, corruptf("raft entry does not unmarshal: %v", err)
+	}
+	m, records, err = entryMetaOf(&e)
+	if err != nil {
+		return raftpb.Entry{}, m, nil, err
+	}
+	m.size = framedSize(len(b))
+	return e, m, records, nil
+}
+
+// entryMetaOf extracts the index metadata of e (size excluded). A normal
+// entry with non-empty Data must hold a valid LogEntry.
+func entryMetaOf(e *raftpb.Entry) (entryMeta, []byte, error) {
+	m := entryMeta{index: e.Index, term: e.Term}
+	if e.Type != raftpb.EntryNormal || len(e.Data) == 0 {
+		return m, nil, nil
+	}
+	h, records, err := decodeLogEntry(e.Data)
+	if err != nil {
+		return m, nil, err
+	}
+	m.base, m.count, m.appendMs, m.maxTsMs = h.base, h.count, h.appendMs, h.maxTsMs
+	m.hasRecords = h.count > 0
+	return m, records, nil
+}
+
+// decodeLogEntry decodes a marshalled heraldpb.LogEntry without copying its
+// records (the result aliases b). Unknown fields are skipped; a known field
+// with the wrong wire type, a negative base offset or an offset range that
+// overflows is an error marked ErrCorrupt. It never panics.
+func decodeLogEntry(b []byte) (h logHeader, records []byte, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return h, nil, corruptf("log entry: %v", protowire.ParseError(n))
+		}
+		b = b[n:]
+		switch {
+		case num >= 1 && num <= 4 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return h, nil, corruptf("log entry field %d: %v", num, protowire.ParseError(n))
+			}
+			b = b[n:]
+			switch num {
+			case 1:
+				h.base = int64(v)
+			case 2:
+				h.count = uint32(v)
+			case 3:
+				h.appendMs = int64(v)
+			case 4:
+				h.maxTsMs = int64(v)
+			}
+		case num == 5 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return h, nil, corruptf("log entry records: %v", protowire.ParseError(n))
+			}
+			b = b[n:]
+			records = v
+		case num >= 1 && num <= 5:
+			return h, nil, corruptf("log entry field %d has wire type %d", num, typ)
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return h, nil, corruptf("log entry field %d: %v", num, protowire.ParseError(n))
+			}
+			b = b[n:]
+		}
+	}
+	if h.base < 0 {
+		return h, nil, corruptf("log entry base offset %d is negative", h.base)
+	}
+	if h.base > math.MaxInt64-int64(h.count) {
+		return h, nil, corruptf("log entry offsets overflow: base %d count %d", h.base, h.count)
+	}
+	return h, records, nil
+}
+
+// diskState is the content of the state file.
+type diskState struct {
+	hs         raftpb.HardState
+	cs         raftpb.ConfState
+	snapIndex  uint64 // raft index just before FirstIndex
+	snapTerm   uint64 // its term
+	snapOffset int64  // offset at FirstIndex (heraldpb.SnapshotData.next_offset)
+	// resetting is set while ApplySnapshot replaces the WAL; Open finishes
+	// the reset if it finds it set.
+	resetting bool
+}
+
+const stateMagic = "HRLDST01"
+
+// encodeState returns the state file bytes: magic, flags, snapshot point,
+// HardState, ConfState, then a CRC32C (little-endian) of everything before.
+func encodeState(s *diskState) []byte {
+	b := []byte(stateMagic)
+	var flags byte
+	if s.resetting {
+		flags |= 1
+	}
+	b = append(b, flags)
+	b = binary.AppendUvarint(b, s.snapIndex)
+	b = binary.AppendUvarint(b, s.snapTerm)
+	b = binary.AppendVarint(b, s.snapOffset)
+	hs, _ := s.hs.Marshal()
+	cs, _ := s.cs.Marshal()
+	b = binary.AppendUvarint(b, uint64(len(hs)))
+	b = append(b, hs...)
+	b = binary.AppendUvarint(b, uint64(len(cs)))
+	b = append(b, cs...)
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// decodeState parses encodeState's output; failures are marked ErrCorrupt.
+func decodeState(b []byte) (diskState, error) {
+	var s diskState
+	if len(b) < len(stateMagic)+1+4 || string(b[:len(stateMagic)]) != stateMagic {
+		return s, corruptf("state file: bad magic or length %d", len(b))
+	}
+	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
+	if crc32.Checksum(body, castagnoli) != sum {
+		return s, corruptf("state file: checksum mismatch")
+	}
+	p := body[len(stateMagic):]
+	s.resetting = p[0]&1 != 0
+	p = p[1:]
+	var n int
+	fail := func(what string) (diskState, error) { return diskState{}, corruptf("state file: bad %s", what) }
+	if s.snapIndex, n = binary.Uvarint(p); n <= 0 {
+		return fail("snapshot index")
+	}
+	p = p[n:]
+	if s.snapTerm, n = binary.Uvarint(p); n <= 0 {
+		return fail("snapshot term")
+	}
+	p = p[n:]
+	if s.snapOffset, n = binary.Varint(p); n <= 0 {
+		return fail("snapshot offset")
+	}
+	p = p[n:]
+	for _, part := range []func([]byte) error{s.hs.Unmarshal, s.cs.Unmarshal} {
+		l, n := binary.Uvarint(p)
+		if n <= 0 || uint64(len(p)-n) < l {
+			return fail("section length")
+		}
+		if err := part(p[n : n+int(l)]); err != nil {
+			return fail("section: " + err.Error())
+		}
+		p = p[n+int(l):]
+	}
+	return s, nil
+}

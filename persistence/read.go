@@ -1,0 +1,229 @@
+package persistence
+
+import (
+	"fmt"
+	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// StartOffset is the offset of the first record still in the log (after
+// retention). Safe for concurrent use.
+func (l *Log) StartOffset() int64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.ix.startOffset
+}
+
+// EndOffset is the offset after the last record of the last entry in the log,
+// committed or not; the leader stamps new entries' base_offset from it. Safe
+// for concurrent use.
+func (l *Log) EndOffset() int64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.ix.endOffset
+}
+
+// Size is the number of WAL bytes the entries of the log occupy on disk (the
+// small state file excluded). Safe for concurrent use.
+func (l *Log) Size() int64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.ix.size
+}
+
+// ReadBatches returns, in order, the stored batches holding offsets in
+// [offset, limit), where limit is the caller's high watermark. The first
+// batch may start below offset. It stops adding batches once their records
+// total maxBytes, but returns at least one batch if one exists even if it is
+// larger. It never returns a record at or above limit: a batch that would
+// cross limit ends the result. Offsets in [EndOffset, limit] return no
+// batches. It returns ErrOffsetOutOfRange when offset < StartOffset or
+// offset > limit, ErrClosed after Close, and ErrStorage on a read failure.
+//
+// Safe for concurrent use with the owner's Save. The returned batches'
+// Records may alias the log's cache: callers must not modify them.
+func (l *Log) ReadBatches(offset int64, maxBytes int, limit int64) ([]*heraldpb.StoredBatch, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return nil, ErrClosed
+	}
+	if offset < l.ix.startOffset || offset > limit {
+		return nil, fmt.Errorf("%w: offset %d outside [%d, %d]", ErrOffsetOutOfRange, offset, l.ix.startOffset, limit)
+	}
+	limit = min(limit, l.ix.endOffset)
+	if offset >= limit {
+		return nil, nil
+	}
+	k := l.ix.pointForOffset(offset)
+	if k < 0 {
+		k = 0
+	}
+	var (
+		out   []*heraldpb.StoredBatch
+		bytes int
+	)
+	for i := l.ix.points[k].idx; i <= l.last; i++ {
+		ce, err := l.readEntry(i)
+		if err != nil {
+			return nil, err
+		}
+		m := &ce.m
+		if !m.hasRecords || m.end() <= offset {
+			continue
+		}
+		if m.end() > limit {
+			break
+		}
+		out = append(out, &heraldpb.StoredBatch{BaseOffset: m.base, Count: m.count, AppendTimeMs: m.appendMs, Records: ce.records})
+		bytes += len(ce.records)
+		if bytes >= maxBytes || m.end() >= limit {
+			break
+		}
+	}
+	return out, nil
+}
+
+// OffsetForTime returns the base offset of the first batch whose
+// max_timestamp_ms is >= tsMs, or EndOffset if there is none. It returns -1
+// if the log is closed or could not be read (the failure is logged). Safe
+// for concurrent use.
+func (l *Log) OffsetForTime(tsMs int64) int64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return -1
+	}
+	for k := range l.ix.points {
+		p := &l.ix.points[k]
+		if p.maxTs < tsMs {
+			continue
+		}
+		end := l.last + 1
+		if k+1 < len(l.ix.points) {
+			end = l.ix.points[k+1].idx
+		}
+		for i := p.idx; i < end; i++ {
+			ce, err := l.readEntry(i)
+			if err != nil {
+				l.log.Warn("persistence: OffsetForTime read failed", "group", l.opts.Group, "index", i, "err", err)
+				return -1
+			}
+			if ce.m.hasRecords && ce.m.maxTsMs >= tsMs {
+				return ce.m.base
+			}
+		}
+	}
+	return l.ix.endOffset
+}
+
+// Retain truncates the front of the log: whole entries whose append_time_ms
+// is older than now-maxAge (maxAge > 0), and then as many more of the oldest
+// entries as needed to bring Size to at most maxBytes (maxBytes > 0). It
+// never removes entry upTo (the applied index) or any later one. Entries
+// without records are removed with their neighbours. It writes the new
+// snapshot point to the state file before truncating the WAL, and returns
+// the number of records removed. Owner only; a disk failure returns
+// ErrStorage and fails the Log.
+func (l *Log) Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo uint64) (int64, error) {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.checkWritable(); err != nil {
+		return 0, err
+	}
+	ageOn, bytesOn := maxAge > 0, maxBytes > 0
+	if !ageOn && !bytesOn {
+		return 0, nil
+	}
+	cutoff := now.Add(-maxAge).UnixMilli()
+	limit := min(upTo, l.last+1)
+	var (
+		idx     = l.first
+		off     = l.ix.startOffset
+		removed int64 // WAL bytes
+	)
+	for idx < limit {
+		k := l.ix.pointFor(idx)
+		p := &l.ix.points[k]
+		end, endOff, endCum := l.last+1, l.ix.endOffset, l.ix.endCum
+		if k+1 < len(l.ix.points) {
+			end, endOff, endCum = l.ix.points[k+1].idx, l.ix.points[k+1].off, l.ix.points[k+1].cum
+		}
+		if idx == p.idx && end <= limit {
+			ib := endCum - p.cum
+			if (ageOn && p.maxAppend < cutoff) || (bytesOn && l.ix.size-removed-ib >= maxBytes) {
+				idx, off, removed = end, endOff, removed+ib
+				continue
+			}
+		}
+		ce, err := l.readEntry(idx)
+		if err != nil {
+			return 0, l.fail(err)
+		}
+		old := ageOn && (!ce.m.hasRecords || ce.m.appendMs < cutoff)
+		over := bytesOn && l.ix.size-removed > maxBytes
+		if !old && !over {
+			break
+		}
+		if ce.m.hasRecords {
+			off = ce.m.end()
+		}
+		removed += ce.m.size
+		idx++
+	}
+	if idx == l.first {
+		return 0, nil
+	}
+	records := off - l.ix.startOffset
+	if err := l.truncateFront(idx, off, removed); err != nil {
+		return 0, l.fail(err)
+	}
+	l.retained.Add(float64(records))
+	l.log.Info("persistence: retention truncated the log", "group", l.opts.Group, "first_index", idx,
+		"start_offset", off, "removed_records", records, "removed_bytes", removed)
+	return records, nil
+}
+
+// truncateFront makes f the first index, off the start offset, after
+// removing removed WAL bytes. It writes the state file first (so a crash
+// leaves a state that Open can finish), publishes, then truncates the WAL.
+func (l *Log) truncateFront(f uint64, off, removed int64) error {
+	st := l.currentState()
+	st.snapIndex, st.snapTerm, st.snapOffset = f-1, l.ix.term(f-1), off
+	st.hs.Commit = max(st.hs.Commit, f-1)
+	if err := l.writeState(st); err != nil {
+		return err
+	}
+	ix := l.ix.clone()
+	firstCum := ix.endCum - ix.size
+	ix.size -= removed
+	ix.startOffset = off
+	if f > l.last {
+		ix.points, ix.terms = nil, nil
+		ix.endOffset = off
+	} else {
+		k := ix.pointFor(f)
+		ix.points = ix.points[k:]
+		if p := &ix.points[0]; p.idx < f {
+			p.idx, p.off, p.cum = f, off, firstCum+removed
+		}
+		t := 0
+		for t+1 < len(ix.terms) && ix.terms[t+1].start <= f {
+			t++
+		}
+		ix.terms = ix.terms[t:]
+		ix.terms[0].start = max(ix.terms[0].start, f)
+	}
+	l.mu.Lock()
+	l.snap = st
+	l.hs.Commit = st.hs.Commit
+	l.first = f
+	l.ix = ix
+	l.cache.truncateFront(f)
+	l.mu.Unlock()
+	if err := l.wal.TruncateFront(f); err != nil {
+		return storageErr("wal truncate front", err)
+	}
+	return l.afterTruncate()
+}

@@ -1,0 +1,184 @@
+package persistence
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+
+	"github.com/tidwall/wal"
+)
+
+// walLog is the part of *wal.Log that Log uses. It exists so tests can wrap
+// the real tidwall log and inject a failed write or fsync (tidwall/wal does
+// its I/O through package os, out of reach of FS).
+type walLog interface {
+	WriteBatch(b *wal.Batch) error
+	Read(index uint64) ([]byte, error)
+	Sync() error
+	TruncateFront(index uint64) error
+	TruncateBack(index uint64) error
+	FirstIndex() (uint64, error)
+	LastIndex() (uint64, error)
+	ClearCache() error
+	Close() error
+}
+
+var _ walLog = (*wal.Log)(nil)
+
+// segmentName is tidwall's file name for a segment starting at index.
+func segmentName(index uint64) string { return fmt.Sprintf("%020d", index) }
+
+// segments lists the plain segment files of dir (ignoring .START, .END and
+// .TEMP leftovers that tidwall cleans up itself), ordered by first index.
+func segments(fs FS, dir string) ([]string, error) {
+	ents, err := fs.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range ents {
+		n := e.Name()
+		if e.IsDir() || len(n) != 20 {
+			continue
+		}
+		if idx, err := strconv.ParseUint(n, 10, 64); err != nil || idx == 0 {
+			continue
+		}
+		names = append(names, n)
+	}
+	sort.Strings(names) // zero-padded: lexical order is numeric order
+	return names, nil
+}
+
+// wholeEntriesLen returns the length of the longest prefix of a binary
+// tidwall segment that consists of whole entries (uvarint length + data).
+func wholeEntriesLen(b []byte) int {
+	pos := 0
+	for pos < len(b) {
+		size, n := binary.Uvarint(b[pos:])
+		if n <= 0 || uint64(len(b)-pos-n) < size {
+			break
+		}
+		pos += n + int(size)
+	}
+	return pos
+}
+
+// repairTail cuts the last segment file of dir back to its last whole entry,
+// the repair that lets wal.Open succeed after a torn write. It reports
+// whether it changed anything.
+func (l *Log) repairTail(dir string) (bool, error) {
+	names, err := segments(l.fs, dir)
+	if err != nil || len(names) == 0 {
+		return false, err
+	}
+	path := filepath.Join(dir, names[len(names)-1])
+	f, err := l.fs.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	buf := make([]byte, fi.Size())
+	if _, err := f.ReadAt(buf, 0); err != nil && !errors.Is(err, io.EOF) {
+		return false, err
+	}
+	keep := wholeEntriesLen(buf)
+	if keep == len(buf) {
+		return false, nil
+	}
+	l.log.Warn("persistence: cutting torn tail of WAL segment",
+		"group", l.opts.Group, "segment", path, "size", len(buf), "keep", keep, "dropped_bytes", len(buf)-keep)
+	if err := f.Truncate(int64(keep)); err != nil {
+		return false, err
+	}
+	if err := l.syncFile(f); err != nil {
+		return false, err
+	}
+	return true, f.Close()
+}
+
+// openWAL opens the tidwall log in l.walDir, repairing a torn tail segment
+// first if tidwall reports the log corrupt.
+func (l *Log) openWAL() (walLog, error) {
+	wo := &wal.Options{
+		NoSync:           true,
+		SegmentSize:      l.opts.SegmentBytes,
+		LogFormat:        wal.Binary,
+		SegmentCacheSize: l.opts.SegmentCacheSize,
+		AllowEmpty:       true,
+		DirPerms:         0o750,
+		FilePerms:        0o640,
+	}
+	w, err := wal.Open(l.walDir, wo)
+	if errors.Is(err, wal.ErrCorrupt) {
+		changed, rerr := l.repairTail(l.walDir)
+		if rerr != nil {
+			return nil, storageErr("repair wal tail", rerr)
+		}
+		if !changed {
+			return nil, fmt.Errorf("%w: wal open: %w", ErrCorrupt, err)
+		}
+		w, err = wal.Open(l.walDir, wo)
+	}
+	if err != nil {
+		if errors.Is(err, wal.ErrCorrupt) {
+			return nil, fmt.Errorf("%w: wal open: %w", ErrCorrupt, err)
+		}
+		return nil, storageErr("wal open", err)
+	}
+	var wl walLog = w
+	if l.opts.wrapWAL != nil {
+		wl = l.opts.wrapWAL(wl)
+	}
+	return wl, nil
+}
+
+// resetWALDir replaces the WAL directory with an empty log whose first
+// index is first: an empty segment named after first (the tidwall way to
+// start a log at N), made durable before returning.
+func (l *Log) resetWALDir(first uint64) error {
+	if err := l.fs.RemoveAll(l.walDir); err != nil {
+		return err
+	}
+	if err := l.fs.MkdirAll(l.walDir, 0o750); err != nil {
+		return err
+	}
+	f, err := l.fs.OpenFile(filepath.Join(l.walDir, segmentName(first)), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
+	if err != nil {
+		return err
+	}
+	if err := l.syncFile(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := l.syncDir(l.walDir); err != nil {
+		return err
+	}
+	return l.syncDir(l.opts.Dir)
+}
+
+// tailSegmentBytes returns the size of the last segment file, which tidwall
+// holds in memory; Log tracks it to notice segment rolls.
+func (l *Log) tailSegmentBytes() (int64, error) {
+	names, err := segments(l.fs, l.walDir)
+	if err != nil || len(names) == 0 {
+		return 0, err
+	}
+	fi, err := l.fs.Stat(filepath.Join(l.walDir, names[len(names)-1]))
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
