@@ -1,0 +1,255 @@
+package netio
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/panjf2000/gnet/v2"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// conn is one client connection. Fields marked "loop" are touched only on
+// the connection's gnet event loop; the rest are shared with the session
+// actor and the ticker and are atomic or guarded by mu.
+type conn struct {
+	s   *Server
+	gc  gnet.Conn
+	pid *actor.PID // the session actor; set before any frame is read
+
+	helloDone bool // loop
+
+	maxFrame    atomic.Int64 // negotiated largest payload, both directions
+	window      atomic.Int64 // negotiated in-flight window
+	lastActive  atomic.Int64 // unix nanos of the last frame in or out
+	final       atomic.Bool  // the final error frame is written or queued: send nothing more
+	closed      atomic.Bool  // OnClose ran
+	lingerUntil atomic.Int64 // unix nanos; non-zero once half-closed after the final frame
+
+	mu       sync.Mutex
+	pending  map[uint64]int // request ids routed and not yet answered, with multiplicity
+	inflight int            // routed requests whose response is not yet written
+
+	releaseCB gnet.AsyncCallback // releases one in-flight slot once a response is written
+}
+
+func newConn(s *Server, gc gnet.Conn) *conn {
+	c := &conn{s: s, gc: gc, pending: make(map[uint64]int)}
+	c.maxFrame.Store(int64(s.cfg.MaxFrameBytes))
+	c.window.Store(int64(s.cfg.MaxInFlight))
+	c.lastActive.Store(time.Now().UnixNano())
+	c.releaseCB = func(gnet.Conn, error) error {
+		c.release()
+		return nil
+	}
+	return c
+}
+
+// onFrame handles one decoded frame on the event loop. Answers netio gives
+// itself are appended to out; actionFinal means out ends with the final
+// error frame.
+func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error) ([]byte, gnet.Action) {
+	switch {
+	case errors.Is(derr, heraldpb.ErrUnknownBody):
+		mBadFrames.WithLabelValues(badUnknownBody).Inc()
+		return c.fail(gc, out, f.GetId(), heraldpb.NewError(heraldpb.ErrorCode_UNKNOWN_REQUEST, "frame has no body this broker knows"))
+	case derr != nil:
+		mBadFrames.WithLabelValues(badMalformed).Inc()
+		return c.fail(gc, out, 0, heraldpb.NewError(heraldpb.ErrorCode_MALFORMED_FRAME, "%v", derr))
+	}
+	c.lastActive.Store(time.Now().UnixNano())
+	name, isRequest := bodyKind(f)
+	if !isRequest {
+		mBadFrames.WithLabelValues(badNotRequest).Inc()
+		return c.fail(gc, out, f.Id, heraldpb.NewError(heraldpb.ErrorCode_UNKNOWN_REQUEST, "%s is not a request", name))
+	}
+	mRequests.WithLabelValues(name).Inc()
+	if h, ok := f.Body.(*heraldpb.Frame_Hello); ok {
+		return c.appendFrame(out, c.hello(f.Id, h.Hello)), gnet.None
+	}
+	if c.s.shutting.Load() {
+		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_SHUTTING_DOWN, "broker is shutting down"))), gnet.None
+	}
+	if !c.acquire(f.Id) {
+		e := heraldpb.NewError(heraldpb.ErrorCode_TOO_MANY_IN_FLIGHT, "connection has %d requests in flight", c.window.Load())
+		e.RetryAfterMs = retryAfterInFlightMs
+		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, e)), gnet.None
+	}
+	c.s.router.Route(f, c.pid)
+	return out, gnet.None
+}
+
+// hello negotiates the connection's limits (see the package doc).
+func (c *conn) hello(id uint64, req *heraldpb.HelloRequest) *heraldpb.Frame {
+	if c.helloDone {
+		return heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "hello was already negotiated on this connection"))
+	}
+	if v := req.GetProtocolVersion(); v != heraldpb.ProtocolVersion {
+		return heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_UNSUPPORTED_VERSION,
+			"protocol version %d is not supported; this broker speaks %d", v, heraldpb.ProtocolVersion))
+	}
+	c.helloDone = true
+	maxFrame := negotiate(req.GetMaxFrameBytes(), c.s.cfg.MaxFrameBytes)
+	window := negotiate(req.GetMaxInFlight(), c.s.cfg.MaxInFlight)
+	c.maxFrame.Store(int64(maxFrame))
+	c.window.Store(int64(window))
+	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_HelloResponse{HelloResponse: &heraldpb.HelloResponse{
+		ProtocolVersion: heraldpb.ProtocolVersion,
+		MaxFrameBytes:   maxFrame,
+		MaxInFlight:     window,
+		NodeId:          c.s.cfg.NodeID,
+		ServerVersion:   c.s.cfg.ServerVersion,
+	}}}
+}
+
+// negotiate is the smaller of the client's value (0 = no preference) and
+// the server's. Validate keeps server within uint32.
+func negotiate(client uint32, server int) uint32 {
+	if client == 0 || int64(client) > int64(server) {
+		return uint32(server)
+	}
+	return client
+}
+
+func (c *conn) appendFrame(out []byte, f *heraldpb.Frame) []byte {
+	b, err := heraldpb.AppendFrame(out, f)
+	if err != nil {
+		c.s.log.Error("encode frame", "err", err)
+		return out
+	}
+	return b
+}
+
+// fail appends the connection's one final error frame to out.
+func (c *conn) fail(gc gnet.Conn, out []byte, id uint64, e *heraldpb.Error) ([]byte, gnet.Action) {
+	if !c.final.CompareAndSwap(false, true) {
+		return out, gnet.Close
+	}
+	_, _ = gc.Discard(gc.InboundBuffered())
+	return c.appendFrame(out, heraldpb.ErrorFrame(id, e)), actionFinal
+}
+
+// finish runs on the event loop after the final frame was handed to gc. If
+// it is flushed, the socket is half-closed so the peer reads the frame and
+// then EOF (closing outright with unread input would reset the connection
+// and could destroy the frame), and the connection lingers until the peer
+// closes or lingerTimeout passes. Otherwise gnet flushes what it can on
+// Close.
+func (c *conn) finish(gc gnet.Conn) gnet.Action {
+	if gc.OutboundBuffered() > 0 || shutdownWrite(gc.Fd()) != nil {
+		return gnet.Close
+	}
+	c.lingerUntil.Store(time.Now().Add(lingerTimeout).UnixNano())
+	return gnet.None
+}
+
+// acquire takes an in-flight slot for request id, or reports the window full.
+func (c *conn) acquire(id uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if int64(c.inflight) >= c.window.Load() {
+		return false
+	}
+	c.inflight++
+	c.pending[id]++
+	c.s.inflight.Add(1)
+	mInflight.Inc()
+	return true
+}
+
+// answer reports whether f answers a pending request, and marks it answered.
+func (c *conn) answer(id uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.pending[id]
+	switch {
+	case n == 0:
+		return false
+	case n == 1:
+		delete(c.pending, id)
+	default:
+		c.pending[id] = n - 1
+	}
+	return true
+}
+
+// release frees one in-flight slot once its response is written (or can no
+// longer be). Safe after releaseAll: it never goes below zero.
+func (c *conn) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inflight == 0 {
+		return
+	}
+	c.inflight--
+	c.s.inflight.Add(-1)
+	mInflight.Dec()
+}
+
+// releaseAll frees every slot of a closed connection.
+func (c *conn) releaseAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.s.inflight.Add(-int64(c.inflight))
+	mInflight.Sub(float64(c.inflight))
+	c.inflight = 0
+	clear(c.pending)
+}
+
+func (c *conn) inflightCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.inflight
+}
+
+// session is the connection's actor. It owns nothing but the write path:
+// every *heraldpb.Frame it receives is encoded and written to the
+// connection, and a response to a pending request frees its in-flight slot
+// once written. Its mailbox holds at most the in-flight window of responses
+// (plus any server pushes, which their own credits bound).
+type session struct{ c *conn }
+
+func (a *session) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *heraldpb.Frame:
+		a.onFrame(m)
+	case *actor.Stopping:
+		a.c.releaseAll()
+	}
+}
+
+func (a *session) onFrame(f *heraldpb.Frame) {
+	c := a.c
+	isResponse := c.answer(f.Id)
+	if c.closed.Load() || c.final.Load() {
+		mFramesDropped.Inc()
+		if isResponse {
+			c.release()
+		}
+		return
+	}
+	buf, err := heraldpb.AppendFrame(nil, f)
+	if err != nil {
+		c.s.log.Error("encode response", "id", f.Id, "err", err)
+		buf = errorBytes(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "response could not be encoded"))
+	} else if max := c.maxFrame.Load(); int64(len(buf)-heraldpb.HeaderLen) > max {
+		c.s.log.Error("response exceeds max frame", "id", f.Id, "bytes", len(buf)-heraldpb.HeaderLen, "max", max)
+		buf = errorBytes(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL,
+			"response of %d bytes exceeds the negotiated max frame of %d", len(buf)-heraldpb.HeaderLen, max))
+	}
+	var cb gnet.AsyncCallback
+	if isResponse {
+		cb = c.releaseCB
+	}
+	if err := c.gc.AsyncWrite(buf, cb); err != nil {
+		mFramesDropped.Inc()
+		if isResponse {
+			c.release()
+		}
+		return
+	}
+	c.lastActive.Store(time.Now().UnixNano())
+}

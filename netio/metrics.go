@@ -1,0 +1,51 @@
+package netio
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Metrics live in the default registry and are shared by every Server in
+// the process.
+var (
+	mConnections = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_connections",
+		Help: "Open client connections.",
+	})
+	mConnectionsTotal = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_connections_total",
+		Help: "Client connections accepted.",
+	})
+	mConnectionsRejected = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_connections_rejected_total",
+		Help: "Client connections refused at open, by reason (max_connections, shutting_down).",
+	}, []string{"reason"})
+	mInflight = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_inflight_requests",
+		Help: "Requests handed to the actors whose response is not yet written.",
+	})
+	mRequests = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_requests_total",
+		Help: "Request frames received, by body type (the Frame oneof field name).",
+	}, []string{"type"})
+	mBadFrames = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_bad_frames_total",
+		Help: "Frames that closed their connection, by reason (malformed, too_large, unknown_body, not_a_request, truncated).",
+	}, []string{"reason"})
+	mFramesDropped = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_frames_dropped_total",
+		Help: "Outgoing frames dropped because their connection had closed or sent its final frame.",
+	})
+)
+
+// Rejection and bad-frame reasons, the label values used above.
+const (
+	reasonMaxConnections = "max_connections"
+	reasonShuttingDown   = "shutting_down"
+
+	badMalformed   = "malformed"
+	badTooLarge    = "too_large"
+	badUnknownBody = "unknown_body"
+	badNotRequest  = "not_a_request"
+	badTruncated   = "truncated"
+)

@@ -1,0 +1,431 @@
+package netio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/panjf2000/gnet/v2"
+	"github.com/panjf2000/gnet/v2/pkg/logging"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// Router hands a decoded request to the actors. It is called on a gnet event
+// loop and must not block. replyTo is the connection's session actor: the
+// actor that handles the request answers by sending a *heraldpb.Frame with
+// the same id to replyTo (ctx.Send, ctx.Respond or system.Root.Send). Every
+// routed request must be answered exactly once, or it holds a slot of the
+// connection's in-flight window until the connection closes.
+type Router interface {
+	Route(f *heraldpb.Frame, replyTo *actor.PID)
+}
+
+const (
+	// lingerTimeout bounds how long a connection that has sent its final
+	// error frame waits for the peer to close before it is closed anyway.
+	lingerTimeout = 2 * time.Second
+	// retryAfterInFlightMs is the retry hint of TOO_MANY_IN_FLIGHT.
+	retryAfterInFlightMs = 5
+	// shutdownPoll is how often Shutdown checks the in-flight count.
+	shutdownPoll = 5 * time.Millisecond
+)
+
+// Server is the client-protocol server. Create it with NewServer, then Start
+// it once and Shutdown it once. Its methods are safe for concurrent use.
+type Server struct {
+	cfg    Config
+	system *actor.ActorSystem
+	router Router
+	log    *slog.Logger
+
+	startMu  sync.Mutex
+	started  bool
+	eng      gnet.Engine // set in OnBoot, before booted is closed
+	addr     net.Addr    // set in OnBoot, before booted is closed
+	booted   chan struct{}
+	runDone  chan struct{}
+	runErr   error // valid after runDone is closed
+	shutting atomic.Bool
+
+	conns    atomic.Int64 // open accepted connections
+	inflight atomic.Int64 // routed requests whose response is not yet written
+
+	regMu    sync.Mutex
+	registry map[*conn]struct{}
+}
+
+// NewServer checks cfg (after EnsureDefaults) and returns a Server that is
+// not yet listening. system spawns the session actors; router receives the
+// requests.
+func NewServer(cfg Config, system *actor.ActorSystem, router Router) (*Server, error) {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if system == nil {
+		return nil, fmt.Errorf("%w: nil actor system", ErrInvalidConfig)
+	}
+	if router == nil {
+		return nil, fmt.Errorf("%w: nil router", ErrInvalidConfig)
+	}
+	return &Server{
+		cfg:      cfg,
+		system:   system,
+		router:   router,
+		log:      cfg.Logger.With("component", "netio"),
+		booted:   make(chan struct{}),
+		runDone:  make(chan struct{}),
+		registry: make(map[*conn]struct{}),
+	}, nil
+}
+
+// Start binds Listen and runs the gnet engine in the background. It returns
+// once the server accepts connections, or the bind error (for example when
+// the port is taken). It may be called once.
+func (s *Server) Start() error {
+	s.startMu.Lock()
+	defer s.startMu.Unlock()
+	if s.shutting.Load() {
+		return ErrServerClosed
+	}
+	if s.started {
+		return ErrAlreadyStarted
+	}
+	s.started = true
+	opts := []gnet.Option{
+		gnet.WithMulticore(s.cfg.Multicore),
+		gnet.WithNumEventLoop(s.cfg.EventLoops),
+		gnet.WithTicker(true),
+		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+		gnet.WithLogger(gnetLogger{s.log}),
+	}
+	h := &handler{s: s}
+	go func() {
+		s.runErr = gnet.Run(h, "tcp://"+s.cfg.Listen, opts...)
+		close(s.runDone)
+	}()
+	select {
+	case <-s.booted:
+		s.log.Info("listening", "addr", s.addr.String())
+		return nil
+	case <-s.runDone:
+		if s.runErr == nil {
+			s.runErr = errors.New("herald: gnet engine stopped before boot")
+		}
+		return fmt.Errorf("netio: listen %s: %w", s.cfg.Listen, s.runErr)
+	}
+}
+
+// Addr is the bound address, with the real port when Listen used port 0.
+// It is nil before Start returns successfully.
+func (s *Server) Addr() net.Addr {
+	select {
+	case <-s.booted:
+		return s.addr
+	default:
+		return nil
+	}
+}
+
+// Shutdown stops the server gracefully: new connections get a final
+// SHUTTING_DOWN frame and are closed, new requests are answered with
+// SHUTTING_DOWN, and it waits until every routed request has been answered
+// and its response written. Then it stops the gnet engine, which closes every
+// connection and stops their session actors. If ctx ends first, it stops the
+// engine anyway and returns ctx's error. Shutdown of a server that never
+// started returns nil.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.startMu.Lock()
+	s.shutting.Store(true)
+	started := s.started
+	s.startMu.Unlock()
+	if !started {
+		return nil
+	}
+	select {
+	case <-s.booted:
+	case <-s.runDone:
+		return nil
+	}
+
+	var ctxErr error
+	tick := time.NewTicker(shutdownPoll)
+	for s.inflight.Load() > 0 && ctxErr == nil {
+		select {
+		case <-ctx.Done():
+			ctxErr = ctx.Err()
+		case <-tick.C:
+		}
+	}
+	tick.Stop()
+
+	// Engine.Stop only signals and polls; the engine stops whatever ctx
+	// says, so give it its own bound when ctx is already spent.
+	stopCtx := ctx
+	if ctxErr != nil {
+		var cancel context.CancelFunc
+		stopCtx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+	}
+	if err := s.eng.Stop(stopCtx); err != nil && ctxErr == nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		s.log.Warn("gnet stop", "err", err)
+	}
+	select {
+	case <-s.runDone:
+	case <-stopCtx.Done():
+		if ctxErr == nil {
+			ctxErr = stopCtx.Err()
+		}
+	}
+	// OnClose stopped the session of every connection gnet closed; stop any
+	// that remain (the engine was cut short).
+	s.regMu.Lock()
+	for c := range s.registry {
+		s.system.Root.Stop(c.pid)
+	}
+	s.regMu.Unlock()
+	return ctxErr
+}
+
+// handler implements gnet.EventHandler. Its callbacks run on gnet event
+// loops (OnTick on the engine's ticker goroutine).
+type handler struct {
+	gnet.BuiltinEventEngine
+	s *Server
+}
+
+func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
+	s := h.s
+	s.eng = eng
+	addr, err := boundAddr(eng)
+	if err != nil {
+		s.log.Error("cannot read bound address", "err", err)
+		return gnet.Shutdown
+	}
+	s.addr = addr
+	close(s.booted)
+	return gnet.None
+}
+
+// boundAddr reads the listener's real address from a duplicate of its fd.
+func boundAddr(eng gnet.Engine) (net.Addr, error) {
+	fd, err := eng.Dup()
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "herald-listener")
+	defer f.Close()
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return nil, err
+	}
+	defer ln.Close()
+	return ln.Addr(), nil
+}
+
+func (h *handler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
+	s := h.s
+	if s.shutting.Load() {
+		mConnectionsRejected.WithLabelValues(reasonShuttingDown).Inc()
+		return errorBytes(0, heraldpb.NewError(heraldpb.ErrorCode_SHUTTING_DOWN, "broker is shutting down")), gnet.Close
+	}
+	if n := s.conns.Add(1); n > int64(s.cfg.MaxConnections) {
+		s.conns.Add(-1)
+		mConnectionsRejected.WithLabelValues(reasonMaxConnections).Inc()
+		return errorBytes(0, heraldpb.NewError(heraldpb.ErrorCode_TOO_MANY_CONNECTIONS,
+			"broker is at its limit of %d connections", s.cfg.MaxConnections)), gnet.Close
+	}
+	c := newConn(s, gc)
+	c.pid = s.system.Root.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor { return &session{c: c} }), "netio/session")
+	gc.SetContext(c)
+	s.regMu.Lock()
+	s.registry[c] = struct{}{}
+	s.regMu.Unlock()
+	mConnections.Inc()
+	mConnectionsTotal.Inc()
+	return nil, gnet.None
+}
+
+func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
+	c, ok := gc.Context().(*conn)
+	if !ok {
+		return gnet.None // refused in OnOpen
+	}
+	gc.SetContext(nil)
+	s := h.s
+	if gc.InboundBuffered() > 0 && !c.final.Load() {
+		mBadFrames.WithLabelValues(badTruncated).Inc()
+	}
+	c.closed.Store(true)
+	c.releaseAll()
+	s.regMu.Lock()
+	delete(s.registry, c)
+	s.regMu.Unlock()
+	s.conns.Add(-1)
+	mConnections.Dec()
+	// Poison, not Stop: responses already queued are processed (and
+	// dropped, counted) before the session stops.
+	s.system.Root.Poison(c.pid)
+	return gnet.None
+}
+
+// OnTraffic splits and decodes every whole frame buffered on gc and hands
+// each off. Answers netio gives itself are written with gc.Write.
+func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
+	c, ok := gc.Context().(*conn)
+	if !ok {
+		_, _ = gc.Discard(gc.InboundBuffered())
+		return gnet.None
+	}
+	if c.final.Load() {
+		// After the final frame: discard until the peer closes.
+		_, _ = gc.Discard(gc.InboundBuffered())
+		return gnet.None
+	}
+	var out []byte
+	action := gnet.None
+	for action == gnet.None {
+		hdr, err := gc.Peek(heraldpb.HeaderLen)
+		if err != nil {
+			break // fewer than HeaderLen bytes buffered
+		}
+		_, _, err = heraldpb.SplitFrame(hdr, int(c.maxFrame.Load()))
+		if errors.Is(err, heraldpb.ErrFrameTooLarge) {
+			mBadFrames.WithLabelValues(badTooLarge).Inc()
+			out, action = c.fail(gc, out, 0, heraldpb.NewError(heraldpb.ErrorCode_FRAME_TOO_LARGE, "%v", err))
+			break
+		}
+		total := heraldpb.HeaderLen + int(uint32(hdr[0])<<24|uint32(hdr[1])<<16|uint32(hdr[2])<<8|uint32(hdr[3]))
+		if gc.InboundBuffered() < total {
+			break
+		}
+		buf, err := gc.Peek(total)
+		if err != nil {
+			break
+		}
+		payload, n, err := heraldpb.SplitFrame(buf, int(c.maxFrame.Load()))
+		if err != nil {
+			break // cannot happen: the header was checked above
+		}
+		f, derr := heraldpb.DecodeFrame(payload)
+		_, _ = gc.Discard(n)
+		out, action = c.onFrame(gc, out, f, derr)
+	}
+	if len(out) > 0 {
+		_, _ = gc.Write(out)
+	}
+	if action == actionFinal {
+		return c.finish(gc)
+	}
+	return action
+}
+
+// actionFinal is an internal marker: the final error frame is in out, and
+// the connection must be finished (half-closed, lingered) once it is written.
+const actionFinal gnet.Action = -1
+
+// OnTick enforces the idle timeout and ends lingering connections. It runs
+// on the engine's ticker goroutine, so it touches connections only through
+// atomics and gnet's concurrency-safe calls.
+func (h *handler) OnTick() (time.Duration, gnet.Action) {
+	s := h.s
+	now := time.Now().UnixNano()
+	idle := s.cfg.IdleTimeout
+	s.regMu.Lock()
+	for c := range s.registry {
+		if until := c.lingerUntil.Load(); until != 0 {
+			if now > until {
+				_ = c.gc.Close()
+			}
+			continue
+		}
+		if idle <= 0 || c.final.Load() || now-c.lastActive.Load() < int64(idle) || c.inflightCount() > 0 {
+			continue
+		}
+		if !c.final.CompareAndSwap(false, true) {
+			continue
+		}
+		b := errorBytes(0, heraldpb.NewError(heraldpb.ErrorCode_IDLE_TIMEOUT, "no frame for %v", idle))
+		cc := c
+		if err := c.gc.AsyncWrite(b, func(gc gnet.Conn, err error) error {
+			if err != nil {
+				return nil
+			}
+			if cc.finish(gc) == gnet.Close {
+				return gc.Close()
+			}
+			return nil
+		}); err != nil {
+			_ = c.gc.Close()
+		}
+	}
+	s.regMu.Unlock()
+	return tickInterval(idle), gnet.None
+}
+
+// tickInterval checks idle connections about four times per timeout, at
+// most once per second and at least every 10ms.
+func tickInterval(idle time.Duration) time.Duration {
+	d := time.Second
+	if idle > 0 && idle/4 < d {
+		d = idle / 4
+	}
+	return max(d, 10*time.Millisecond)
+}
+
+// requestTypes maps each Frame body field whose message is named
+// "...Request" to its field name, the requests_total label.
+var (
+	bodyOneof    = (&heraldpb.Frame{}).ProtoReflect().Descriptor().Oneofs().ByName("body")
+	requestTypes = func() map[protoreflect.FieldNumber]string {
+		m := make(map[protoreflect.FieldNumber]string)
+		fields := bodyOneof.Fields()
+		for i := 0; i < fields.Len(); i++ {
+			fd := fields.Get(i)
+			if fd.Message() != nil && strings.HasSuffix(string(fd.Message().Name()), "Request") {
+				m[fd.Number()] = string(fd.Name())
+			}
+		}
+		return m
+	}()
+)
+
+// bodyKind returns the body's oneof field name and whether it is a request.
+func bodyKind(f *heraldpb.Frame) (name string, isRequest bool) {
+	fd := f.ProtoReflect().WhichOneof(bodyOneof)
+	if fd == nil {
+		return "", false
+	}
+	name, isRequest = requestTypes[fd.Number()]
+	if !isRequest {
+		name = string(fd.Name())
+	}
+	return name, isRequest
+}
+
+// errorBytes encodes an error frame. Encoding an Error cannot fail.
+func errorBytes(id uint64, e *heraldpb.Error) []byte {
+	b, _ := heraldpb.AppendFrame(nil, heraldpb.ErrorFrame(id, e))
+	return b
+}
+
+// gnetLogger routes gnet's logs to slog.
+type gnetLogger struct{ l *slog.Logger }
+
+func (g gnetLogger) Debugf(format string, args ...any) { g.l.Debug(fmt.Sprintf(format, args...)) }
+func (g gnetLogger) Infof(format string, args ...any)  { g.l.Debug(fmt.Sprintf(format, args...)) }
+func (g gnetLogger) Warnf(format string, args ...any)  { g.l.Warn(fmt.Sprintf(format, args...)) }
+func (g gnetLogger) Errorf(format string, args ...any) { g.l.Error(fmt.Sprintf(format, args...)) }
+func (g gnetLogger) Fatalf(format string, args ...any) { g.l.Error(fmt.Sprintf(format, args...)) }
+
+var _ logging.Logger = gnetLogger{}
