@@ -3,6 +3,7 @@ package heraldpb
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -89,6 +90,22 @@ func scanRecord(b []byte) (key []byte, ts int64, err error) {
 			ts, b = int64(v), b[m:]
 		case (num == 2 || num == 3 || num == 5) && typ != protowire.BytesType:
 			return nil, 0, fmt.Errorf("%w: record field %d has wire type %d", ErrBadBatch, num, typ)
+		case num == 3 || num == 5:
+			// A header must be a valid Header and a tag valid UTF-8, or
+			// consumers could not decode the stored batch.
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return nil, 0, fmt.Errorf("%w: record field %d: %v", ErrBadBatch, num, protowire.ParseError(m))
+			}
+			b = b[m:]
+			if num == 5 && !utf8.Valid(v) {
+				return nil, 0, fmt.Errorf("%w: record tag is not valid UTF-8", ErrBadBatch)
+			}
+			if num == 3 {
+				if err := scanHeader(v); err != nil {
+					return nil, 0, err
+				}
+			}
 		default:
 			m := protowire.ConsumeFieldValue(num, typ, b)
 			if m < 0 {
@@ -101,4 +118,27 @@ func scanRecord(b []byte) (key []byte, ts int64, err error) {
 		return nil, 0, fmt.Errorf("%w: negative record timestamp %d", ErrBadBatch, ts)
 	}
 	return key, ts, nil
+}
+
+// scanHeader checks one encoded Header: a UTF-8 key (field 1) and any value.
+func scanHeader(b []byte) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return fmt.Errorf("%w: record header: %v", ErrBadBatch, protowire.ParseError(n))
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return fmt.Errorf("%w: record header: %v", ErrBadBatch, protowire.ParseError(m))
+		}
+		if num == 1 && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b)
+			if !utf8.Valid(v) {
+				return fmt.Errorf("%w: record header key is not valid UTF-8", ErrBadBatch)
+			}
+		}
+		b = b[m:]
+	}
+	return nil
 }
