@@ -6,75 +6,79 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"os"
 	"sort"
 	"strings"
-	"time"
 
-	"github.com/heraldmq/herald/persistence"
+	"github.com/heraldmq/herald/broker"
 )
 
-// ServeConfig is the one configuration of `herald serve`. Flags, HERALD_*
-// environment variables and an optional JSON config file fill it, in that
-// order of precedence (flag over environment over file over default). Every
-// field is one setting; its flag name, environment variable, default and
-// meaning are in settings below and in README.md's configuration table.
-type ServeConfig struct {
-	DataDir          string
-	Listen           string
-	Admin            string
-	Advertise        string
-	NodeID           uint64
-	Flush            string
-	SegmentBytes     int
-	MaxFrameBytes    int
-	MaxConnections   int
-	IdleTimeout      time.Duration
-	MaxInFlight      int
-	EventLoops       int
-	DefaultParts     uint
-	MaxMessageBytes  uint
-	PartitionMailbox int
-	WindowBytes      int
-	RetentionCheck   time.Duration
-	ShutdownTimeout  time.Duration
-	LogLevel         string
-
-	flush persistence.FlushPolicy
-}
-
-// setting describes one configuration key: flag --name, env HERALD_NAME
+// setting describes one broker.Config field as a configuration key: flag --name, env HERALD_NAME
 // (upper case, - as _), JSON key name.
 type setting struct {
 	name, help string
-	bind       func(fs *flag.FlagSet, c *ServeConfig)
+	bind       func(fs *flag.FlagSet, c *broker.Config, d broker.Config)
 }
 
 func settings() []setting {
 	return []setting{
-		{"data", "data directory", func(fs *flag.FlagSet, c *ServeConfig) { fs.StringVar(&c.DataDir, "data", "./data", "") }},
-		{"listen", "client listener HOST:PORT", func(fs *flag.FlagSet, c *ServeConfig) { fs.StringVar(&c.Listen, "listen", "127.0.0.1:7420", "") }},
-		{"admin", "admin HTTP listener for /metrics, /healthz and /debug/pprof; empty disables", func(fs *flag.FlagSet, c *ServeConfig) {
-			fs.StringVar(&c.Admin, "admin", "127.0.0.1:7480", "")
+		{"data", "data directory", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.DataDir, "data", d.DataDir, "")
 		}},
-		{"advertise", "client address given to clients in metadata; empty = the listen address", func(fs *flag.FlagSet, c *ServeConfig) { fs.StringVar(&c.Advertise, "advertise", "", "") }},
-		{"node-id", "this node's stable id (kept in the data dir; 0 = the stored one, or 1)", func(fs *flag.FlagSet, c *ServeConfig) { fs.Uint64Var(&c.NodeID, "node-id", 0, "") }},
-		{"flush", "fsync policy: always (fsync before ack) or interval:<duration>", func(fs *flag.FlagSet, c *ServeConfig) { fs.StringVar(&c.Flush, "flush", "always", "") }},
-		{"segment-bytes", "log segment size in bytes (the tail segment is held in memory)", func(fs *flag.FlagSet, c *ServeConfig) { fs.IntVar(&c.SegmentBytes, "segment-bytes", 8<<20, "") }},
-		{"max-frame-bytes", "largest client frame in bytes", func(fs *flag.FlagSet, c *ServeConfig) { fs.IntVar(&c.MaxFrameBytes, "max-frame-bytes", 16<<20, "") }},
-		{"max-connections", "client connections at most; more are refused", func(fs *flag.FlagSet, c *ServeConfig) { fs.IntVar(&c.MaxConnections, "max-connections", 10000, "") }},
-		{"idle-timeout", "close client connections idle this long (0 = never)", func(fs *flag.FlagSet, c *ServeConfig) { fs.DurationVar(&c.IdleTimeout, "idle-timeout", 5*time.Minute, "") }},
-		{"max-in-flight", "requests a connection may have outstanding", func(fs *flag.FlagSet, c *ServeConfig) { fs.IntVar(&c.MaxInFlight, "max-in-flight", 1024, "") }},
-		{"event-loops", "network event loops (0 = one per core)", func(fs *flag.FlagSet, c *ServeConfig) { fs.IntVar(&c.EventLoops, "event-loops", 0, "") }},
-		{"default-partitions", "partitions of a topic created without a count", func(fs *flag.FlagSet, c *ServeConfig) { fs.UintVar(&c.DefaultParts, "default-partitions", 1, "") }},
-		{"max-message-bytes", "largest record batch a producer may send, bytes", func(fs *flag.FlagSet, c *ServeConfig) { fs.UintVar(&c.MaxMessageBytes, "max-message-bytes", 1<<20, "") }},
-		{"partition-mailbox", "client requests queued per partition before THROTTLED", func(fs *flag.FlagSet, c *ServeConfig) { fs.IntVar(&c.PartitionMailbox, "partition-mailbox", 512, "") }},
-		{"window-bytes", "recent committed bytes per partition kept in memory for tail readers", func(fs *flag.FlagSet, c *ServeConfig) { fs.IntVar(&c.WindowBytes, "window-bytes", 4<<20, "") }},
-		{"retention-check", "how often partitions apply their retention policy", func(fs *flag.FlagSet, c *ServeConfig) { fs.DurationVar(&c.RetentionCheck, "retention-check", 30*time.Second, "") }},
-		{"shutdown-timeout", "how long SIGTERM waits for in-flight requests", func(fs *flag.FlagSet, c *ServeConfig) { fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "") }},
-		{"log-level", "debug, info, warn or error", func(fs *flag.FlagSet, c *ServeConfig) { fs.StringVar(&c.LogLevel, "log-level", "info", "") }},
+		{"listen", "client listener HOST:PORT", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.Listen, "listen", d.Listen, "")
+		}},
+		{"admin", "admin HTTP listener for /metrics, /healthz and /debug/pprof; empty disables", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.Admin, "admin", d.Admin, "")
+		}},
+		{"advertise", "client address given to clients in metadata; empty = the listen address", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.Advertise, "advertise", d.Advertise, "")
+		}},
+		{"node-id", "this node's stable id (kept in the data dir; 0 = the stored one, or 1)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.Uint64Var(&c.NodeID, "node-id", d.NodeID, "")
+		}},
+		{"flush", "fsync policy: always (fsync before ack) or interval:<duration>", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.Flush, "flush", d.Flush, "")
+		}},
+		{"segment-bytes", "log segment size in bytes (the tail segment is held in memory)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.SegmentBytes, "segment-bytes", d.SegmentBytes, "")
+		}},
+		{"max-frame-bytes", "largest client frame in bytes", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.MaxFrameBytes, "max-frame-bytes", d.MaxFrameBytes, "")
+		}},
+		{"max-connections", "client connections at most; more are refused", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.MaxConnections, "max-connections", d.MaxConnections, "")
+		}},
+		{"idle-timeout", "close client connections idle this long (0 = never)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.IdleTimeout, "idle-timeout", d.IdleTimeout, "")
+		}},
+		{"max-in-flight", "requests a connection may have outstanding", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.MaxInFlight, "max-in-flight", d.MaxInFlight, "")
+		}},
+		{"event-loops", "network event loops (0 = one per core)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.EventLoops, "event-loops", d.EventLoops, "")
+		}},
+		{"default-partitions", "partitions of a topic created without a count", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.UintVar(&c.DefaultParts, "default-partitions", d.DefaultParts, "")
+		}},
+		{"max-message-bytes", "largest record batch a producer may send, bytes", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.UintVar(&c.MaxMessageBytes, "max-message-bytes", d.MaxMessageBytes, "")
+		}},
+		{"partition-mailbox", "client requests queued per partition before THROTTLED", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.PartitionMailbox, "partition-mailbox", d.PartitionMailbox, "")
+		}},
+		{"window-bytes", "recent committed bytes per partition kept in memory for tail readers", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.WindowBytes, "window-bytes", d.WindowBytes, "")
+		}},
+		{"retention-check", "how often partitions apply their retention policy", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.RetentionCheck, "retention-check", d.RetentionCheck, "")
+		}},
+		{"shutdown-timeout", "how long SIGTERM waits for in-flight requests", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "")
+		}},
+		{"log-level", "debug, info, warn or error", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.LogLevel, "log-level", d.LogLevel, "")
+		}},
 	}
 }
 
@@ -83,11 +87,12 @@ func envName(flagName string) string {
 }
 
 // newServeFlags binds every setting to c, with defaults, plus --config.
-func newServeFlags(c *ServeConfig, configFile *string) *flag.FlagSet {
+func newServeFlags(c *broker.Config, configFile *string) *flag.FlagSet {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	d := broker.Default()
 	for _, s := range settings() {
-		s.bind(fs, c)
+		s.bind(fs, c, d)
 		f := fs.Lookup(s.name)
 		f.Usage = fmt.Sprintf("%s (env %s)", s.help, envName(s.name))
 	}
@@ -95,11 +100,11 @@ func newServeFlags(c *ServeConfig, configFile *string) *flag.FlagSet {
 	return fs
 }
 
-// loadServeConfig fills a ServeConfig from defaults, the config file, the
+// loadServeConfig fills a broker.Config from defaults, the config file, the
 // environment and args, then validates it. Usage problems (unknown flags,
 // unparsable values) are usageErrors naming the setting.
-func loadServeConfig(args []string, getenv func(string) string) (*ServeConfig, error) {
-	c := &ServeConfig{}
+func loadServeConfig(args []string, getenv func(string) string) (*broker.Config, error) {
+	c := &broker.Config{}
 	var configFile string
 	fs := newServeFlags(c, &configFile)
 	// First pass: only to find --config; values are re-applied below.
@@ -116,7 +121,7 @@ func loadServeConfig(args []string, getenv func(string) string) (*ServeConfig, e
 	if configFile == "" {
 		configFile = getenv("HERALD_CONFIG")
 	}
-	c = &ServeConfig{}
+	c = &broker.Config{}
 	fs = newServeFlags(c, new(string))
 	if configFile != "" {
 		raw, err := os.ReadFile(configFile)
@@ -164,75 +169,4 @@ func printServeHelp(fs *flag.FlagSet) {
 	fs.SetOutput(os.Stderr)
 	fs.PrintDefaults()
 	fs.SetOutput(io.Discard)
-}
-
-// Validate checks every setting and reports all problems at once, each
-// naming its setting.
-func (c *ServeConfig) Validate() error {
-	var errs []error
-	bad := func(name, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("setting %q: %s", name, fmt.Sprintf(format, args...)))
-	}
-	if c.DataDir == "" {
-		bad("data", "must not be empty")
-	}
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		bad("listen", "%v", err)
-	}
-	if c.Admin != "" {
-		if _, _, err := net.SplitHostPort(c.Admin); err != nil {
-			bad("admin", "%v", err)
-		}
-	}
-	if p, err := persistence.ParseFlushPolicy(c.Flush); err != nil {
-		bad("flush", "%v", err)
-	} else {
-		c.flush = p
-	}
-	if c.SegmentBytes < 64<<10 || c.SegmentBytes > 1<<30 {
-		bad("segment-bytes", "%d is outside 64 KiB..1 GiB", c.SegmentBytes)
-	}
-	if c.MaxFrameBytes < 1<<10 || c.MaxFrameBytes > 256<<20 {
-		bad("max-frame-bytes", "%d is outside 1 KiB..256 MiB", c.MaxFrameBytes)
-	}
-	if c.MaxConnections < 1 {
-		bad("max-connections", "must be at least 1")
-	}
-	if c.IdleTimeout < 0 {
-		bad("idle-timeout", "must not be negative")
-	}
-	if c.MaxInFlight < 1 {
-		bad("max-in-flight", "must be at least 1")
-	}
-	if c.EventLoops < 0 {
-		bad("event-loops", "must not be negative")
-	}
-	if c.DefaultParts < 1 {
-		bad("default-partitions", "must be at least 1")
-	}
-	if c.MaxMessageBytes < 1 || int(c.MaxMessageBytes) > c.MaxFrameBytes-1024 {
-		bad("max-message-bytes", "%d must be between 1 and max-frame-bytes minus 1 KiB", c.MaxMessageBytes)
-	}
-	if c.PartitionMailbox < 1 {
-		bad("partition-mailbox", "must be at least 1")
-	}
-	if c.WindowBytes < 0 {
-		bad("window-bytes", "must not be negative")
-	}
-	if c.RetentionCheck <= 0 {
-		bad("retention-check", "must be positive")
-	}
-	if c.ShutdownTimeout <= 0 {
-		bad("shutdown-timeout", "must be positive")
-	}
-	if _, err := parseLevel(c.LogLevel); err != nil {
-		bad("log-level", "%v", err)
-	}
-	return errors.Join(errs...)
-}
-
-func parseLevel(s string) (slog.Level, error) {
-	var l slog.Level
-	err := l.UnmarshalText([]byte(s))
-	return l, err
 }

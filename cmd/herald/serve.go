@@ -1,31 +1,14 @@
 package main
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"sync/atomic"
 	"syscall"
-	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/actors/partition"
-	"github.com/heraldmq/herald/actors/topic"
-	"github.com/heraldmq/herald/netio"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/heraldmq/herald/broker"
 )
-
-// version is the build's version, set with -ldflags "-X main.version=...".
-var version = "dev"
 
 func init() { register("serve", runServe) }
 
@@ -37,11 +20,11 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	level, _ := parseLevel(cfg.LogLevel)
+	level, _ := broker.ParseLevel(cfg.LogLevel)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(logger)
 
-	b, err := startBroker(cfg, logger)
+	b, err := broker.Start(*cfg, logger)
 	if err != nil {
 		return err
 	}
@@ -49,189 +32,5 @@ func runServe(args []string) error {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	sig := <-sigs
 	logger.Info("shutting down", "signal", sig.String())
-	return b.shutdown()
+	return b.Shutdown()
 }
-
-// broker is a running `herald serve`.
-type broker struct {
-	cfg     *ServeConfig
-	log     *slog.Logger
-	sys     *actor.ActorSystem
-	manager *actor.PID
-	readers *partition.ReaderPool
-	server  *netio.Server
-	admin   *http.Server
-	adminLn net.Listener
-	lock    *os.File
-	closing atomic.Bool
-}
-
-func startBroker(cfg *ServeConfig, logger *slog.Logger) (*broker, error) {
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-		return nil, fmt.Errorf("data dir: %w", err)
-	}
-	lock, err := lockDataDir(cfg.DataDir)
-	if err != nil {
-		return nil, err
-	}
-	nodeID, err := resolveNodeID(cfg.DataDir, cfg.NodeID)
-	if err != nil {
-		lock.Close()
-		return nil, err
-	}
-	b := &broker{cfg: cfg, log: logger, lock: lock}
-	actorLog := logger.With("component", "actor")
-	b.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return slog.New(levelFloor{actorLog.Handler(), slog.LevelWarn})
-	}))
-	b.readers = partition.NewReaderPool(b.sys, 4, 1024)
-	advertise := cfg.Advertise
-	if advertise == "" {
-		advertise = cfg.Listen
-	}
-	var reg *topic.Registry
-	b.manager, reg, err = topic.Spawn(b.sys, topic.Config{
-		DataDir: cfg.DataDir, NodeID: nodeID, Advertise: advertise,
-		Flush: cfg.flush, SegmentBytes: cfg.SegmentBytes,
-		DefaultPartitions: uint32(cfg.DefaultParts), MaxMessageBytes: uint32(cfg.MaxMessageBytes),
-		RetentionCheck: cfg.RetentionCheck, MailboxLimit: cfg.PartitionMailbox, WindowBytes: cfg.WindowBytes,
-		Readers: b.readers, Logger: logger,
-	})
-	if err != nil {
-		lock.Close()
-		return nil, err
-	}
-	b.server, err = netio.NewServer(netio.Config{
-		Listen: cfg.Listen, Multicore: true, EventLoops: cfg.EventLoops,
-		MaxFrameBytes: cfg.MaxFrameBytes, MaxConnections: cfg.MaxConnections,
-		IdleTimeout: cfg.IdleTimeout, MaxInFlight: cfg.MaxInFlight,
-		NodeID: uint32(nodeID), ServerVersion: version, Logger: logger,
-	}, b.sys, topic.NewRouter(b.sys, reg, b.manager))
-	if err != nil {
-		b.stopActors()
-		return nil, err
-	}
-	if err := b.server.Start(); err != nil {
-		b.stopActors()
-		return nil, fmt.Errorf("client listener %s: %w", cfg.Listen, err)
-	}
-	if cfg.Admin != "" {
-		if err := b.startAdmin(); err != nil {
-			b.server.Shutdown(context.Background())
-			b.stopActors()
-			return nil, fmt.Errorf("admin listener %s: %w", cfg.Admin, err)
-		}
-	}
-	logger.Info("herald serving", "version", version, "node", nodeID, "clients", b.server.Addr().String(),
-		"admin", cfg.Admin, "data", cfg.DataDir, "flush", cfg.flush.String())
-	return b, nil
-}
-
-func (b *broker) startAdmin() error {
-	ln, err := net.Listen("tcp", b.cfg.Admin)
-	if err != nil {
-		return err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.Handler())
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		if b.closing.Load() {
-			http.Error(w, "shutting down", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	b.adminLn = ln
-	b.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go b.admin.Serve(ln)
-	return nil
-}
-
-// shutdown is the graceful stop: refuse new work, finish in-flight
-// requests, stop the actors (each partition fsyncs and closes its log).
-func (b *broker) shutdown() error {
-	b.closing.Store(true)
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ShutdownTimeout)
-	defer cancel()
-	err := b.server.Shutdown(ctx)
-	if err != nil {
-		b.log.Warn("in-flight requests did not finish before the shutdown timeout", "err", err)
-	}
-	b.stopActors()
-	if b.admin != nil {
-		b.admin.Shutdown(ctx)
-	}
-	b.lock.Close()
-	b.log.Info("herald stopped")
-	return nil
-}
-
-func (b *broker) stopActors() {
-	if _, err := b.sys.Root.StopFuture(b.manager).Result(); err != nil {
-		b.log.Error("stopping topic actors", "err", err)
-	}
-	b.readers.Close()
-	b.sys.Shutdown()
-}
-
-// lockDataDir takes an exclusive lock so two brokers never share a data dir.
-func lockDataDir(dir string) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "LOCK"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("data dir lock: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("data dir %s is in use by another herald (lock: %v)", dir, err)
-	}
-	return f, nil
-}
-
-// resolveNodeID returns the node id kept in the data dir, storing the
-// configured one (or 1) the first time. A configured id that differs from
-// the stored one is an error: a data dir belongs to one node.
-func resolveNodeID(dir string, configured uint64) (uint64, error) {
-	path := filepath.Join(dir, "node-id")
-	raw, err := os.ReadFile(path)
-	if err == nil {
-		stored, perr := strconv.ParseUint(strings.TrimSpace(string(raw)), 10, 64)
-		if perr != nil || stored == 0 {
-			return 0, fmt.Errorf("node id file %s is damaged: %q", path, raw)
-		}
-		if configured != 0 && configured != stored {
-			return 0, fmt.Errorf("setting \"node-id\": %d, but data dir %s belongs to node %d", configured, dir, stored)
-		}
-		return stored, nil
-	}
-	if !os.IsNotExist(err) {
-		return 0, fmt.Errorf("node id: %w", err)
-	}
-	id := configured
-	if id == 0 {
-		id = 1
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strconv.FormatUint(id, 10)+"\n"), 0o644); err != nil {
-		return 0, fmt.Errorf("node id: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return 0, fmt.Errorf("node id: %w", err)
-	}
-	return id, nil
-}
-
-// levelFloor drops records below min; protoactor logs chattily at Info.
-type levelFloor struct {
-	slog.Handler
-	min slog.Level
-}
-
-func (h levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= h.min && h.Handler.Enabled(ctx, l)
-}
-func (h levelFloor) WithAttrs(a []slog.Attr) slog.Handler { return levelFloor{h.Handler.WithAttrs(a), h.min} }
-func (h levelFloor) WithGroup(n string) slog.Handler      { return levelFloor{h.Handler.WithGroup(n), h.min} }

@@ -1,0 +1,127 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/heraldmq/herald/persistence"
+)
+
+// Config is the one configuration of a Herald node. `herald serve` fills it
+// from flags, HERALD_* environment variables and an optional JSON config
+// file (flag over environment over file over default); each field is one
+// setting, named in Validate's messages by its flag name, and documented in
+// README.md's configuration table. Default returns the embedded defaults.
+// Config is the one configuration of `herald serve`. Flags, HERALD_*
+// environment variables and an optional JSON config file fill it, in that
+// order of precedence (flag over environment over file over default). Every
+// field is one setting; its flag name, environment variable, default and
+// meaning are in settings below and in README.md's configuration table.
+type Config struct {
+	DataDir          string
+	Listen           string
+	Admin            string
+	Advertise        string
+	NodeID           uint64
+	Flush            string
+	SegmentBytes     int
+	MaxFrameBytes    int
+	MaxConnections   int
+	IdleTimeout      time.Duration
+	MaxInFlight      int
+	EventLoops       int
+	DefaultParts     uint
+	MaxMessageBytes  uint
+	PartitionMailbox int
+	WindowBytes      int
+	RetentionCheck   time.Duration
+	ShutdownTimeout  time.Duration
+	LogLevel         string
+
+	flush persistence.FlushPolicy // parsed by Validate
+}
+
+// Default returns the embedded defaults of `herald serve`.
+func Default() Config {
+	return Config{
+		DataDir: "./data", Listen: "127.0.0.1:7420", Admin: "127.0.0.1:7480", Flush: "always",
+		SegmentBytes: 8 << 20, MaxFrameBytes: 16 << 20, MaxConnections: 10000, IdleTimeout: 5 * time.Minute,
+		MaxInFlight: 1024, DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
+		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second, ShutdownTimeout: 10 * time.Second, LogLevel: "info",
+	}
+}
+
+// Validate checks every setting and reports all problems at once, each
+// naming its setting.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("setting %q: %s", name, fmt.Sprintf(format, args...)))
+	}
+	if c.DataDir == "" {
+		bad("data", "must not be empty")
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("listen", "%v", err)
+	}
+	if c.Admin != "" {
+		if _, _, err := net.SplitHostPort(c.Admin); err != nil {
+			bad("admin", "%v", err)
+		}
+	}
+	if p, err := persistence.ParseFlushPolicy(c.Flush); err != nil {
+		bad("flush", "%v", err)
+	} else {
+		c.flush = p
+	}
+	if c.SegmentBytes < 64<<10 || c.SegmentBytes > 1<<30 {
+		bad("segment-bytes", "%d is outside 64 KiB..1 GiB", c.SegmentBytes)
+	}
+	if c.MaxFrameBytes < 1<<10 || c.MaxFrameBytes > 256<<20 {
+		bad("max-frame-bytes", "%d is outside 1 KiB..256 MiB", c.MaxFrameBytes)
+	}
+	if c.MaxConnections < 1 {
+		bad("max-connections", "must be at least 1")
+	}
+	if c.IdleTimeout < 0 {
+		bad("idle-timeout", "must not be negative")
+	}
+	if c.MaxInFlight < 1 {
+		bad("max-in-flight", "must be at least 1")
+	}
+	if c.EventLoops < 0 {
+		bad("event-loops", "must not be negative")
+	}
+	if c.DefaultParts < 1 {
+		bad("default-partitions", "must be at least 1")
+	}
+	if c.MaxMessageBytes < 1 || int(c.MaxMessageBytes) > c.MaxFrameBytes-1024 {
+		bad("max-message-bytes", "%d must be between 1 and max-frame-bytes minus 1 KiB", c.MaxMessageBytes)
+	}
+	if c.PartitionMailbox < 1 {
+		bad("partition-mailbox", "must be at least 1")
+	}
+	if c.WindowBytes < 0 {
+		bad("window-bytes", "must not be negative")
+	}
+	if c.RetentionCheck <= 0 {
+		bad("retention-check", "must be positive")
+	}
+	if c.ShutdownTimeout <= 0 {
+		bad("shutdown-timeout", "must be positive")
+	}
+	if _, err := ParseLevel(c.LogLevel); err != nil {
+		bad("log-level", "%v", err)
+	}
+	return errors.Join(errs...)
+}
+
+// ParseLevel parses a log level name.
+func ParseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(s))
+	return l, err
+}
