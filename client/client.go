@@ -192,7 +192,11 @@ func (c *Client) anyConn(ctx context.Context) (*conn, error) {
 		}
 		errs = append(errs, err)
 	}
-	return nil, fmt.Errorf("%w: %w", ErrNoBrokers, errors.Join(errs...))
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return nil, fmt.Errorf("%w: %s", ErrNoBrokers, strings.Join(msgs, "; "))
 }
 
 // leaderConn returns the connection to the leader of topic/partition when

@@ -357,6 +357,9 @@ func (cs *Consumer) loop(pc *PartitionConsumer) {
 // partition by partition in offset order. It returns when ctx ends (with
 // ctx.Err()) and fails with ErrClosed after Close.
 func (cs *Consumer) Poll(ctx context.Context) ([]*Message, error) {
+	if cs.ctx.Err() != nil {
+		return nil, ErrClosed
+	}
 	if err := cs.start(ctx); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/heraldmq/herald/client"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// cliDefaultAddr is the broker address client commands use without --addr or
+// HERALD_ADDR.
+const cliDefaultAddr = "127.0.0.1:7420"
+
+// cliIO is where a client command reads and writes, so tests can run
+// commands in-process.
+type cliIO struct {
+	in       io.Reader
+	out, err io.Writer
+}
+
+func cliOSIO() cliIO { return cliIO{os.Stdin, os.Stdout, os.Stderr} }
+
+// cliErrHelp means -h was given: usage is printed and the command succeeds.
+var cliErrHelp = errors.New("help requested")
+
+// cliFlags are the flags every client command takes.
+type cliFlags struct {
+	addr    string
+	timeout time.Duration
+}
+
+// newCLIFlagSet returns a flag set with the common client flags.
+func newCLIFlagSet(name string, w io.Writer) (*flag.FlagSet, *cliFlags) {
+	fs := flag.NewFlagSet("herald "+name, flag.ContinueOnError)
+	fs.SetOutput(w)
+	cf := &cliFlags{}
+	addr := os.Getenv("HERALD_ADDR")
+	if addr == "" {
+		addr = cliDefaultAddr
+	}
+	fs.StringVar(&cf.addr, "addr", addr, "broker `HOST:PORT[,HOST:PORT...]` (env HERALD_ADDR)")
+	fs.DurationVar(&cf.timeout, "timeout", client.DefaultRequestTimeout, "per-request timeout")
+	return fs, cf
+}
+
+// parseCLIArgs parses args allowing flags and positional arguments in any
+// order (herald topic create NAME --partitions 3), and returns the
+// positional ones. Parse errors become usage errors.
+func parseCLIArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, cliErrHelp
+			}
+			return nil, usagef("%v", err)
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if rest[0] == "--" {
+			return append(pos, rest[1:]...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// cliUnsupported declares flags that belong to the CLI surface but are not
+// implemented yet; reject reports a usage error when one was given.
+type cliUnsupported struct {
+	fs    *flag.FlagSet
+	names map[string]string // name -> what it needs
+}
+
+func declareCLIUnsupported(fs *flag.FlagSet, names map[string]string) *cliUnsupported {
+	for n, why := range names {
+		fs.String(n, "", "not supported yet ("+why+")")
+	}
+	return &cliUnsupported{fs: fs, names: names}
+}
+
+func (u *cliUnsupported) reject() error {
+	var err error
+	u.fs.Visit(func(f *flag.Flag) {
+		if why, ok := u.names[f.Name]; ok && err == nil {
+			err = usagef("--%s is not supported yet (%s)", f.Name, why)
+		}
+	})
+	return err
+}
+
+// dial connects to the brokers named by --addr.
+func (cf *cliFlags) dial(ctx context.Context) (*client.Client, error) {
+	if strings.TrimSpace(cf.addr) == "" {
+		return nil, usagef("--addr is empty")
+	}
+	return client.Dial(ctx, cf.addr, client.WithClientID("herald-cli"), client.WithRequestTimeout(cf.timeout))
+}
+
+// cliRunner runs fn with a context cancelled by SIGINT or SIGTERM and
+// the process's standard streams, and maps cliErrHelp to success.
+func cliRunner(fn func(ctx context.Context, args []string, io cliIO) error) func([]string) error {
+	return func(args []string) error {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		err := fn(ctx, args, cliOSIO())
+		if errors.Is(err, cliErrHelp) {
+			return nil
+		}
+		return err
+	}
+}
+
+// cliOneLine flattens an error message to one line for stderr.
+func cliOneLine(err error) error {
+	if err == nil {
+		return nil
+	}
+	s := err.Error()
+	if !strings.ContainsAny(s, "\r\n") {
+		return err
+	}
+	return errors.New(strings.Join(strings.Fields(s), " "))
+}
+
+// parseCLIAcks maps --acks to the wire value.
+func parseCLIAcks(s string) (cliAcks, error) {
+	switch s {
+	case "all", "":
+		return cliAcksAll, nil
+	case "leader":
+		return cliAcksLeader, nil
+	case "none":
+		return cliAcksNone, nil
+	}
+	return 0, usagef("--acks must be none, leader or all, not %q", s)
+}
+
+func cliBytes(n float64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", n/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", n/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", n/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", n)
+}
+
+type cliAcks = heraldpb.Acks
+
+const (
+	cliAcksAll    = heraldpb.Acks_ACKS_ALL
+	cliAcksLeader = heraldpb.Acks_ACKS_LEADER
+	cliAcksNone   = heraldpb.Acks_ACKS_NONE
+)

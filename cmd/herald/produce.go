@@ -1,0 +1,130 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/heraldmq/herald/client"
+)
+
+func init() { register("produce", cliRunner(produceCmd)) }
+
+// produceCmd runs "herald produce": one record per stdin line, or --count
+// synthetic records. It reports the acknowledged count on stderr and fails
+// when any record failed.
+func produceCmd(ctx context.Context, args []string, io cliIO) error {
+	fs, cf := newCLIFlagSet("produce", io.err)
+	topic := fs.String("topic", "", "topic to produce to (required)")
+	key := fs.String("key", "", "record key (records with a key go to PartitionForKey(key))")
+	partition := fs.Int("partition", -1, "partition (-1 = by key, or round-robin)")
+	acks := fs.String("acks", "all", "acknowledgement: none, leader or all")
+	count := fs.Int("count", 0, "produce N synthetic records instead of reading stdin")
+	size := fs.Int("size", 100, "value size in bytes of synthetic records (--count)")
+	linger := fs.Duration("linger", client.DefaultLinger, "how long a batch waits for more records")
+	batchBytes := fs.Int("batch-bytes", client.DefaultBatchBytes, "largest batch in bytes")
+	maxLine := fs.Int("max-line-bytes", 1<<20, "longest stdin line accepted")
+	un := declareCLIUnsupported(fs, map[string]string{
+		"delay":    "delayed messages come with the scheduler",
+		"at":       "scheduled messages come with the scheduler",
+		"priority": "priorities come with queues",
+	})
+	pos, err := parseCLIArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := un.reject(); err != nil {
+		return err
+	}
+	switch {
+	case len(pos) > 0:
+		return usagef("unexpected argument %q", pos[0])
+	case *topic == "":
+		return usagef("--topic is required")
+	case *count < 0:
+		return usagef("--count must not be negative")
+	case *size < 0:
+		return usagef("--size must not be negative")
+	case *partition < -1:
+		return usagef("--partition must be >= 0 (or -1 for any)")
+	}
+	ack, err := parseCLIAcks(*acks)
+	if err != nil {
+		return err
+	}
+	c, err := cf.dial(ctx)
+	if err != nil {
+		return cliOneLine(err)
+	}
+	defer c.Close()
+	p := c.NewProducer(client.WithAcks(ack), client.WithLinger(*linger), client.WithBatchBytes(*batchBytes))
+
+	var (
+		sent, acked atomic.Int64
+		mu          sync.Mutex
+		firstErr    error
+	)
+	send := func(value []byte) {
+		m := &client.Message{Topic: *topic, Partition: int32(*partition), Value: value}
+		if *key != "" {
+			m.Key = []byte(*key)
+		}
+		sent.Add(1)
+		p.SendAsync(ctx, m, func(_ client.Result, err error) {
+			if err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+				return
+			}
+			acked.Add(1)
+		})
+	}
+	var readErr error
+	if *count > 0 {
+		for i := 0; i < *count && ctx.Err() == nil; i++ {
+			send(syntheticValue(i, *size))
+		}
+	} else {
+		sc := bufio.NewScanner(io.in)
+		sc.Buffer(make([]byte, 64<<10), *maxLine)
+		for sc.Scan() && ctx.Err() == nil {
+			send(append([]byte(nil), sc.Bytes()...))
+		}
+		readErr = sc.Err()
+	}
+	closeErr := p.Close(ctx)
+	fmt.Fprintf(io.err, "%d of %d records acknowledged\n", acked.Load(), sent.Load())
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case readErr != nil:
+		return fmt.Errorf("reading stdin: %v", readErr)
+	case firstErr != nil:
+		return cliOneLine(fmt.Errorf("%d records failed, first: %w", sent.Load()-acked.Load(), firstErr))
+	case closeErr != nil:
+		return cliOneLine(closeErr)
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return nil
+}
+
+// syntheticValue is record i of a --count run: its sequence number, then
+// filler up to size bytes. Values are unique per record (a value shorter
+// than the number is just the number).
+func syntheticValue(i, size int) []byte {
+	v := strconv.AppendInt(make([]byte, 0, max(size, 20)), int64(i), 10)
+	if len(v) < size {
+		v = append(v, ' ')
+	}
+	for len(v) < size {
+		v = append(v, byte('a'+len(v)%26))
+	}
+	return v
+}
