@@ -49,7 +49,10 @@ func testOptions(t testing.TB, dir string) (Options, *logSink) {
 
 type testWriter struct{ t testing.TB }
 
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(bytes.TrimRight(p, "\n"))); return len(p), nil }
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}
 
 func mustOpen(t testing.TB, opts Options) *Log {
 	t.Helper()
@@ -180,4 +183,3 @@ type wrappedErrno struct {
 
 func (e *wrappedErrno) Error() string { return e.op + ": " + e.errno.Error() }
 func (e *wrappedErrno) Unwrap() error { return e.errno }
-
