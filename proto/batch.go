@@ -26,7 +26,7 @@ type BatchInfo struct {
 func ScanBatch(b []byte) (BatchInfo, error) {
 	var info BatchInfo
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return info, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(n))
 		}
@@ -70,7 +70,7 @@ func ScanBatch(b []byte) (BatchInfo, error) {
 // scanRecord checks one encoded Record and returns its key and timestamp.
 func scanRecord(b []byte) (key []byte, ts int64, err error) {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return nil, 0, fmt.Errorf("%w: record: %v", ErrBadBatch, protowire.ParseError(n))
 		}
@@ -123,7 +123,7 @@ func scanRecord(b []byte) (key []byte, ts int64, err error) {
 // scanHeader checks one encoded Header: a UTF-8 key (field 1) and any value.
 func scanHeader(b []byte) error {
 	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
+		num, typ, n := consumeTag(b)
 		if n < 0 {
 			return fmt.Errorf("%w: record header: %v", ErrBadBatch, protowire.ParseError(n))
 		}
@@ -141,4 +141,14 @@ func scanHeader(b []byte) error {
 		b = b[m:]
 	}
 	return nil
+}
+
+// consumeTag is protowire.ConsumeTag that also rejects field numbers above
+// protowire.MaxValidNumber, as proto.Unmarshal does.
+func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n >= 0 && num > protowire.MaxValidNumber {
+		return 0, 0, -1
+	}
+	return num, typ, n
 }
