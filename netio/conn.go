@@ -92,7 +92,9 @@ func (c *conn) hello(id uint64, req *heraldpb.HelloRequest) *heraldpb.Frame {
 			"protocol version %d is not supported; this broker speaks %d", v, heraldpb.ProtocolVersion))
 	}
 	c.helloDone = true
-	maxFrame := negotiate(req.GetMaxFrameBytes(), c.s.cfg.MaxFrameBytes)
+	// A frame limit too small for an error frame would make the connection
+	// unusable: the floor is minNegotiatedFrame (or the server's, if lower).
+	maxFrame := max(negotiate(req.GetMaxFrameBytes(), c.s.cfg.MaxFrameBytes), uint32(min(minNegotiatedFrame, c.s.cfg.MaxFrameBytes)))
 	window := negotiate(req.GetMaxInFlight(), c.s.cfg.MaxInFlight)
 	c.maxFrame.Store(int64(maxFrame))
 	c.window.Store(int64(window))
@@ -104,6 +106,9 @@ func (c *conn) hello(id uint64, req *heraldpb.HelloRequest) *heraldpb.Frame {
 		ServerVersion:   c.s.cfg.ServerVersion,
 	}}}
 }
+
+// minNegotiatedFrame is the smallest frame limit Hello can negotiate.
+const minNegotiatedFrame = 1024
 
 // negotiate is the smaller of the client's value (0 = no preference) and
 // the server's. Validate keeps server within uint32.
