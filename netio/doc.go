@@ -39,5 +39,9 @@
 // each get exactly one final error frame. The server then half-closes the
 // socket once the frame is flushed (so the peer reads the frame, then EOF,
 // rather than a reset), discards whatever else the peer sends, and closes
-// fully when the peer closes or after a short linger.
+// fully when the peer closes or after a short linger. Responses to requests
+// still in flight when the final frame goes out are dropped (and counted in
+// herald_frames_dropped_total): the client must treat those requests as
+// having an unknown outcome, as on any lost connection, and the final frame
+// is always the last one it reads.
 package netio
