@@ -148,7 +148,7 @@ func (c *Client) dial(addr string, dc *dialCall) {
 		if !errors.Is(err, ErrClosed) {
 			var he *Error
 			if !errors.As(err, &he) {
-				err = fmt.Errorf("%w: dial %s: %v", ErrConnectionLost, addr, err)
+				err = fmt.Errorf("%w: %v", ErrConnectionLost, err)
 			}
 		}
 	}

@@ -29,6 +29,7 @@ type benchConfig struct {
 	size           int
 	acks           heraldpb.Acks
 	batchBytes     int
+	bufferBytes    int64
 	linger         time.Duration
 	rate           float64
 	duration       time.Duration
@@ -51,6 +52,7 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.IntVar(&bc.size, "size", 1024, "record value size in bytes (at least 16)")
 	acks := fs.String("acks", "all", "acknowledgement: none, leader or all")
 	fs.IntVar(&bc.batchBytes, "batch-bytes", client.DefaultBatchBytes, "producer batch size in bytes")
+	fs.Int64Var(&bc.bufferBytes, "buffer-bytes", client.DefaultBufferBytes, "producer buffer; without --rate, latency includes the time records wait in it")
 	fs.DurationVar(&bc.linger, "linger", client.DefaultLinger, "producer linger")
 	fs.Float64Var(&bc.rate, "rate", 0, "aggregate produce rate in records/s, open loop (0 = as fast as possible)")
 	fs.DurationVar(&bc.duration, "duration", 10*time.Second, "how long to produce (ignored with --count)")
@@ -370,7 +372,7 @@ wait:
 // were sent, then flushes within ctx. Under --rate it paces to its share of
 // the rate, open loop: each record is stamped with its intended send time.
 func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfig, id int, n int64, start time.Time, stats *benchStats) error {
-	p := c.NewProducer(client.WithAcks(bc.acks), client.WithLinger(bc.linger), client.WithBatchBytes(bc.batchBytes))
+	p := c.NewProducer(client.WithAcks(bc.acks), client.WithLinger(bc.linger), client.WithBatchBytes(bc.batchBytes), client.WithBufferBytes(bc.bufferBytes))
 	var interval time.Duration
 	if bc.rate > 0 {
 		interval = time.Duration(float64(time.Second) * float64(bc.producers) / bc.rate)
