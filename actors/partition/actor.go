@@ -56,10 +56,11 @@ type Actor struct {
 	win     window
 	park    parking
 
-	readyQueued bool
-	tickQueued  atomic.Bool
-	stopTick    chan struct{}
-	ticks       int
+	readyQueued  bool
+	campaignSoon bool
+	tickQueued   atomic.Bool
+	stopTick     chan struct{}
+	ticks        int
 
 	failure      error // last storage failure while store == nil
 	reopenAt     time.Time
@@ -221,12 +222,10 @@ func (a *Actor) open() error {
 	a.win.reset()
 	a.failure = nil
 	a.reopenBackup = 0
-	if len(voters) == 1 && voters[0] == a.cfg.ReplicaID {
-		// A lone voter need not wait out an election timeout.
-		if err := rn.Campaign(); err != nil {
-			a.log.Warn("campaign failed", "err", err)
-		}
-	}
+	// A lone voter need not wait out an election timeout: it campaigns once
+	// its first Ready (which applies a fresh group's bootstrap conf change)
+	// has been handled.
+	a.campaignSoon = len(voters) == 1 && voters[0] == a.cfg.ReplicaID
 	a.publish()
 	return nil
 }
@@ -299,7 +298,7 @@ func (a *Actor) onTick(ctx actor.Context) {
 		return
 	}
 	a.rn.Tick()
-	if every := int(a.cfg.RetentionCheck / a.cfg.TickInterval); every > 0 && a.ticks%every == 0 {
+	if every := max(1, int(a.cfg.RetentionCheck/a.cfg.TickInterval)); a.ticks%every == 0 {
 		a.retain()
 	}
 	a.publish()
@@ -372,6 +371,12 @@ func (a *Actor) onReady(ctx actor.Context) {
 		a.send(ctx, rd.Messages)
 		a.apply(ctx, rd.CommittedEntries)
 		a.rn.Advance(rd)
+		if a.campaignSoon {
+			a.campaignSoon = false
+			if err := a.rn.Campaign(); err != nil {
+				a.log.Warn("campaign failed", "err", err)
+			}
+		}
 	}
 	a.serveParked(ctx)
 	a.publish()
