@@ -227,3 +227,6 @@ func decodeState(b []byte) (diskState, error) {
 	}
 	return s, nil
 }
+
+// crc32c returns the CRC32C of b.
+func crc32c(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
