@@ -9,16 +9,12 @@
 package errorfs
 
 import (
-	"fmt"
 	"os"
 	"sync"
 	"syscall"
 
 	"github.com/heraldmq/herald/persistence/vfs"
 )
-
-// ErrInjected is the default error of an injected fault that names no errno.
-var ErrInjected = fmt.Errorf("errorfs: injected fault")
 
 // FS is a fault-injecting vfs.FS. The zero value is not usable; call Wrap.
 type FS struct {
