@@ -176,6 +176,14 @@ func (a *Actor) open() error {
 		store.Close()
 		return err
 	}
+	var storage raft.Storage = store
+	if len(cs.Voters) == 1 && cs.Voters[0] == a.cfg.ReplicaID && hs.Commit < last {
+		// A lone voter's persisted entries are all committed (its quorum is
+		// itself), but the log persists commit lazily: restore it now so
+		// the high watermark does not step back across a restart.
+		hs.Commit = last
+		storage = committedStorage{Storage: store, hs: hs}
+	}
 	applied := hs.Commit
 	if applied < first-1 {
 		applied = first - 1
@@ -184,7 +192,7 @@ func (a *Actor) open() error {
 		ID:                        a.cfg.ReplicaID,
 		ElectionTick:              a.cfg.ElectionTicks,
 		HeartbeatTick:             a.cfg.HeartbeatTicks,
-		Storage:                   store,
+		Storage:                   storage,
 		Applied:                   applied,
 		MaxSizePerMsg:             1 << 20,
 		MaxCommittedSizePerReady:  16 << 20,
@@ -717,4 +725,15 @@ func (a *Actor) publish() {
 	a.m.start.Set(float64(start))
 	a.m.end.Set(float64(end))
 	a.m.hw.Set(float64(a.hw))
+}
+
+// committedStorage reports a raised commit index in InitialState.
+type committedStorage struct {
+	Storage
+	hs raftpb.HardState
+}
+
+func (s committedStorage) InitialState() (raftpb.HardState, raftpb.ConfState, error) {
+	_, cs, err := s.Storage.InitialState()
+	return s.hs, cs, err
 }
