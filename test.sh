@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The test command: every package under the race detector, real brokers on
+# loopback included. Long chaos and soak runs are not part of it.
+set -euo pipefail
+cd "$(dirname "$0")"
+go test -race -timeout 25m -count=1 ./...
