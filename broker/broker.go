@@ -106,7 +106,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		}
 	}
 	logger.Info("herald serving", "version", Version, "node", nodeID, "clients", b.server.Addr().String(),
-		"admin", cfg.Admin, "data", cfg.DataDir, "flush", cfg.flush.String())
+		"admin", b.AdminAddr(), "data", cfg.DataDir, "flush", cfg.flush.String())
 	return b, nil
 }
 

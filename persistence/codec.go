@@ -2,11 +2,11 @@ package persistence
 
 import (
 	"encoding/binary"
+	"fmt"
+	heraldpb "github.com/heraldmq/herald/proto"
 	"hash/crc32"
-	"math"
 
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // castagnoli is the CRC32C table used for WAL entries and the state file.
@@ -99,58 +99,13 @@ func entryMetaOf(e *raftpb.Entry) (entryMeta, []byte, error) {
 	return m, records, nil
 }
 
-// decodeLogEntry decodes a marshalled heraldpb.LogEntry without copying its
-// records (the result aliases b). Unknown fields are skipped; a known field
-// with the wrong wire type, a negative base offset or an offset range that
-// overflows is an error marked ErrCorrupt. It never panics.
+// decodeLogEntry is heraldpb.ScanLogEntry with its errors marked ErrCorrupt.
 func decodeLogEntry(b []byte) (h logHeader, records []byte, err error) {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return h, nil, corruptf("log entry: %v", protowire.ParseError(n))
-		}
-		b = b[n:]
-		switch {
-		case num >= 1 && num <= 4 && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return h, nil, corruptf("log entry field %d: %v", num, protowire.ParseError(n))
-			}
-			b = b[n:]
-			switch num {
-			case 1:
-				h.base = int64(v)
-			case 2:
-				h.count = uint32(v)
-			case 3:
-				h.appendMs = int64(v)
-			case 4:
-				h.maxTsMs = int64(v)
-			}
-		case num == 5 && typ == protowire.BytesType:
-			v, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return h, nil, corruptf("log entry records: %v", protowire.ParseError(n))
-			}
-			b = b[n:]
-			records = v
-		case num >= 1 && num <= 5:
-			return h, nil, corruptf("log entry field %d has wire type %d", num, typ)
-		default:
-			n := protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return h, nil, corruptf("log entry field %d: %v", num, protowire.ParseError(n))
-			}
-			b = b[n:]
-		}
+	ph, records, err := heraldpb.ScanLogEntry(b)
+	if err != nil {
+		return h, nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	if h.base < 0 {
-		return h, nil, corruptf("log entry base offset %d is negative", h.base)
-	}
-	if h.base > math.MaxInt64-int64(h.count) {
-		return h, nil, corruptf("log entry offsets overflow: base %d count %d", h.base, h.count)
-	}
-	return h, records, nil
+	return logHeader{base: ph.BaseOffset, count: ph.Count, appendMs: ph.AppendTimeMs, maxTsMs: ph.MaxTimestampMs}, records, nil
 }
 
 // diskState is the content of the state file.

@@ -476,23 +476,25 @@ func (a *Actor) applyConfState(cs *raftpb.ConfState) {
 }
 
 func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
-	var le heraldpb.LogEntry
-	if err := proto.Unmarshal(e.Data, &le); err != nil {
+	// The window aliases the entry's data (immutable once saved) instead of
+	// copying the records.
+	h, records, err := heraldpb.ScanLogEntry(e.Data)
+	if err != nil {
 		a.log.Error("undecodable committed entry", "index", e.Index, "err", err)
 		return
 	}
-	if le.BaseOffset != a.hw {
+	if h.BaseOffset != a.hw {
 		a.log.Error("committed entry's base offset does not follow the high watermark",
-			"index", e.Index, "base", le.BaseOffset, "hw", a.hw)
+			"index", e.Index, "base", h.BaseOffset, "hw", a.hw)
 	}
-	a.hw = le.BaseOffset + int64(le.Count)
-	a.win.add(&heraldpb.StoredBatch{BaseOffset: le.BaseOffset, Count: le.Count, AppendTimeMs: le.AppendTimeMs, Records: le.Records})
-	a.m.produceRecords.Add(float64(le.Count))
-	a.m.produceBytes.Add(float64(len(le.Records)))
-	k := proposalKey{term: e.Term, base: le.BaseOffset}
+	a.hw = h.BaseOffset + int64(h.Count)
+	a.win.add(&heraldpb.StoredBatch{BaseOffset: h.BaseOffset, Count: h.Count, AppendTimeMs: h.AppendTimeMs, Records: records})
+	a.m.produceRecords.Add(float64(h.Count))
+	a.m.produceBytes.Add(float64(len(records)))
+	k := proposalKey{term: e.Term, base: h.BaseOffset}
 	if p, ok := a.pending[k]; ok {
 		delete(a.pending, k)
-		a.reply(ctx, p.replyTo, produced(p.frameID, a.cfg.Partition, le.BaseOffset, p))
+		a.reply(ctx, p.replyTo, produced(p.frameID, a.cfg.Partition, h.BaseOffset, p))
 	}
 }
 

@@ -1,0 +1,78 @@
+package heraldpb
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// ErrBadLogEntry marks data that is not a valid encoded LogEntry.
+var ErrBadLogEntry = errors.New("herald: bad log entry")
+
+func badEntry(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadLogEntry, fmt.Sprintf(format, args...))
+}
+
+// LogEntryHeader is a LogEntry without its records.
+type LogEntryHeader struct {
+	BaseOffset     int64
+	Count          uint32
+	AppendTimeMs   int64
+	MaxTimestampMs int64
+}
+
+// ScanLogEntry decodes a marshalled heraldpb.LogEntry without copying its
+// records (the result aliases b). Unknown fields are skipped; a known field
+// with the wrong wire type, a negative base offset or an offset range that
+// overflows is an error wrapping ErrBadLogEntry. It never panics.
+func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return h, nil, badEntry("log entry: %v", protowire.ParseError(n))
+		}
+		b = b[n:]
+		switch {
+		case num >= 1 && num <= 4 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
+			}
+			b = b[n:]
+			switch num {
+			case 1:
+				h.BaseOffset = int64(v)
+			case 2:
+				h.Count = uint32(v)
+			case 3:
+				h.AppendTimeMs = int64(v)
+			case 4:
+				h.MaxTimestampMs = int64(v)
+			}
+		case num == 5 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return h, nil, badEntry("log entry records: %v", protowire.ParseError(n))
+			}
+			b = b[n:]
+			records = v
+		case num >= 1 && num <= 5:
+			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
+			}
+			b = b[n:]
+		}
+	}
+	if h.BaseOffset < 0 {
+		return h, nil, badEntry("log entry base offset %d is negative", h.BaseOffset)
+	}
+	if h.BaseOffset > math.MaxInt64-int64(h.Count) {
+		return h, nil, badEntry("log entry offsets overflow: base %d count %d", h.BaseOffset, h.Count)
+	}
+	return h, records, nil
+}
