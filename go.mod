@@ -49,3 +49,5 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 )
+
+replace github.com/tidwall/wal => ./third_party/tidwall-wal

@@ -138,18 +138,22 @@ type producerConfig struct {
 	backoffMin  time.Duration
 	backoffMax  time.Duration
 	anyInFlight int
+	// partInFlight is the batches in flight per partition (1 keeps order
+	// across retries).
+	partInFlight int
 }
 
 func defaultProducerConfig() producerConfig {
 	return producerConfig{
-		acks:        heraldpb.Acks_ACKS_ALL,
-		linger:      DefaultLinger,
-		batchBytes:  DefaultBatchBytes,
-		bufferBytes: DefaultBufferBytes,
-		maxRetries:  DefaultMaxRetries,
-		backoffMin:  DefaultRetryBackoffMin,
-		backoffMax:  DefaultRetryBackoffMax,
-		anyInFlight: DefaultMaxInFlightUnpartitioned,
+		acks:         heraldpb.Acks_ACKS_ALL,
+		linger:       DefaultLinger,
+		batchBytes:   DefaultBatchBytes,
+		bufferBytes:  DefaultBufferBytes,
+		maxRetries:   DefaultMaxRetries,
+		backoffMin:   DefaultRetryBackoffMin,
+		backoffMax:   DefaultRetryBackoffMax,
+		anyInFlight:  DefaultMaxInFlightUnpartitioned,
+		partInFlight: 1,
 	}
 }
 
@@ -229,6 +233,20 @@ func WithUnpartitionedInFlight(n int) ProducerOpt {
 	return producerOpt(func(c *producerConfig) {
 		if n > 0 {
 			c.anyInFlight = n
+		}
+	})
+}
+
+// WithPartitionInFlight sets how many batches per partition may be in flight
+// at once (default 1). Above 1 the producer pipelines batches to the same
+// partition for throughput: they are written in the order sent unless one
+// fails with a retriable error and is retried after a later batch succeeded,
+// which reorders them (as Kafka's max.in.flight.requests.per.connection > 1
+// without idempotence). Keep 1 where per-key order must survive retries.
+func WithPartitionInFlight(n int) ProducerOpt {
+	return producerOpt(func(c *producerConfig) {
+		if n > 0 {
+			c.partInFlight = n
 		}
 	})
 }

@@ -169,7 +169,7 @@ func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error),
 	key := batchKey{m.Topic, part}
 	b := p.batchers[key]
 	if b == nil {
-		b = &batcher{key: key, maxInFlight: 1}
+		b = &batcher{key: key, maxInFlight: p.cfg.partInFlight}
 		if part < 0 {
 			b.maxInFlight = p.cfg.anyInFlight
 		}

@@ -31,6 +31,7 @@ type benchConfig struct {
 	batchBytes     int
 	bufferBytes    int64
 	linger         time.Duration
+	inFlight       int
 	rate           float64
 	duration       time.Duration
 	count          int64
@@ -54,6 +55,7 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.IntVar(&bc.batchBytes, "batch-bytes", client.DefaultBatchBytes, "producer batch size in bytes")
 	fs.Int64Var(&bc.bufferBytes, "buffer-bytes", client.DefaultBufferBytes, "producer buffer; without --rate, latency includes the time records wait in it")
 	fs.DurationVar(&bc.linger, "linger", client.DefaultLinger, "producer linger")
+	fs.IntVar(&bc.inFlight, "in-flight", 4, "batches each producer keeps in flight per partition (records carry no key)")
 	fs.Float64Var(&bc.rate, "rate", 0, "aggregate produce rate in records/s, open loop (0 = as fast as possible)")
 	fs.DurationVar(&bc.duration, "duration", 10*time.Second, "how long to produce (ignored with --count)")
 	fs.Int64Var(&bc.count, "count", 0, "produce this many records in total instead of running for --duration")
@@ -372,7 +374,8 @@ wait:
 // were sent, then flushes within ctx. Under --rate it paces to its share of
 // the rate, open loop: each record is stamped with its intended send time.
 func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfig, id int, n int64, start time.Time, stats *benchStats) error {
-	p := c.NewProducer(client.WithAcks(bc.acks), client.WithLinger(bc.linger), client.WithBatchBytes(bc.batchBytes), client.WithBufferBytes(bc.bufferBytes))
+	p := c.NewProducer(client.WithAcks(bc.acks), client.WithLinger(bc.linger), client.WithBatchBytes(bc.batchBytes), client.WithBufferBytes(bc.bufferBytes),
+		client.WithUnpartitionedInFlight(bc.inFlight*max(bc.partitions, 1)), client.WithPartitionInFlight(bc.inFlight))
 	var interval time.Duration
 	if bc.rate > 0 {
 		interval = time.Duration(float64(time.Second) * float64(bc.producers) / bc.rate)
