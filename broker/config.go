@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/heraldmq/herald/persistence"
@@ -116,7 +117,14 @@ func (c *Config) Validate() error {
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		bad("log-level", "%v", err)
 	}
-	return errors.Join(errs...)
+	if len(errs) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return errors.New(strings.Join(msgs, "; "))
 }
 
 // ParseLevel parses a log level name.

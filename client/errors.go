@@ -26,6 +26,7 @@ var (
 	// WithNonBlocking when its buffer (WithBufferBytes) is full.
 	ErrBufferFull = errors.New("herald: producer buffer full")
 	// ErrNoBrokers means no address in the bootstrap list could be dialled.
+	// Retryable: brokers restart.
 	ErrNoBrokers = errors.New("herald: no broker reachable")
 	// ErrRecordTooLarge means a single record does not fit the producer's
 	// batch size or the connection's negotiated frame size.
@@ -84,7 +85,9 @@ func IsRetryable(err error) bool {
 	switch {
 	case err == nil, errors.Is(err, ErrClosed):
 		return false
-	case errors.Is(err, ErrConnectionLost), errors.Is(err, ErrRequestTimeout):
+	case errors.Is(err, ErrConnectionLost), errors.Is(err, ErrRequestTimeout), errors.Is(err, ErrNoBrokers):
+		// No broker reachable is transient too: a broker restarting, a
+		// leader moving.
 		return true
 	}
 	var he *Error

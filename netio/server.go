@@ -106,6 +106,9 @@ func (s *Server) Start() error {
 		gnet.WithMulticore(s.cfg.Multicore),
 		gnet.WithNumEventLoop(s.cfg.EventLoops),
 		gnet.WithTicker(true),
+		// A restarted broker rebinds its port while the old connections
+		// are still in TIME_WAIT.
+		gnet.WithReuseAddr(true),
 		gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 		gnet.WithLogger(gnetLogger{s.log}),
 	}

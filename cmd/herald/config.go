@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -129,7 +130,9 @@ func loadServeConfig(args []string, getenv func(string) string) (*broker.Config,
 			return nil, fmt.Errorf("config file: %w", err)
 		}
 		var kv map[string]any
-		if err := json.Unmarshal(raw, &kv); err != nil {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.UseNumber() // 16777216 stays 16777216, not 1.6777216e+07
+		if err := dec.Decode(&kv); err != nil {
 			return nil, fmt.Errorf("config file %s: %w", configFile, err)
 		}
 		keys := make([]string, 0, len(kv))
@@ -139,17 +142,17 @@ func loadServeConfig(args []string, getenv func(string) string) (*broker.Config,
 		sort.Strings(keys)
 		for _, k := range keys {
 			if fs.Lookup(k) == nil || k == "config" {
-				return nil, fmt.Errorf("config file %s: unknown setting %q", configFile, k)
+				return nil, usagef("config file %s: unknown setting %q", configFile, k)
 			}
 			if err := fs.Set(k, fmt.Sprint(kv[k])); err != nil {
-				return nil, fmt.Errorf("config file %s: setting %q: %v", configFile, k, err)
+				return nil, usagef("config file %s: setting %q: value %v: %v", configFile, k, kv[k], err)
 			}
 		}
 	}
 	for _, s := range settings() {
 		if v := getenv(envName(s.name)); v != "" {
 			if err := fs.Set(s.name, v); err != nil {
-				return nil, fmt.Errorf("environment %s: %v", envName(s.name), err)
+				return nil, usagef("environment %s=%q: %v", envName(s.name), v, err)
 			}
 		}
 	}
@@ -157,7 +160,7 @@ func loadServeConfig(args []string, getenv func(string) string) (*broker.Config,
 		return nil, usagef("%v", err)
 	}
 	if err := c.Validate(); err != nil {
-		return nil, err
+		return nil, usagef("%v", err)
 	}
 	return c, nil
 }
