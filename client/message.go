@@ -52,15 +52,7 @@ type Result struct {
 // explicit partition (on the batch's first key), so the producer and the
 // broker agree. It returns 0 when n is 0.
 func PartitionForKey(key []byte, n uint32) uint32 {
-	if n == 0 {
-		return 0
-	}
-	h := uint32(2166136261)
-	for _, b := range key {
-		h ^= uint32(b)
-		h *= 16777619
-	}
-	return h % n
+	return heraldpb.PartitionForKey(key, n)
 }
 
 // encodeRecord appends m as a RecordBatch element (field 1, length

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -460,12 +459,20 @@ func TestBadFrames(t *testing.T) {
 	})
 }
 
-// sortedKeys is a helper for stable failure messages.
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
+// metricPresent reports whether /metrics has a sample of name.
+func metricPresent(t testing.TB, n node, name string) bool {
+	t.Helper()
+	resp, err := http.Get("http://" + n.AdminAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
 	}
-	sort.Strings(out)
-	return out
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			return true
+		}
+	}
+	return false
 }
