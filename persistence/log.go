@@ -402,20 +402,24 @@ func (l *Log) Save(hs raftpb.HardState, entries []raftpb.Entry) error {
 	if err := l.checkWritable(); err != nil {
 		return err
 	}
+	// A new term or vote is made durable before the entries: a crash in
+	// between leaves a term with no entries of it (safe), never entries of
+	// a term this node has no durable record of being in, nor a vote it
+	// could cast twice. A commit index ahead of the saved entries is
+	// clamped to LastIndex by InitialState.
+	if !raft.IsEmptyHardState(hs) {
+		l.mu.Lock()
+		l.hs = hs
+		l.mu.Unlock()
+		if hs.Term != l.persisted.hs.Term || hs.Vote != l.persisted.hs.Vote {
+			if err := l.writeState(l.currentState()); err != nil {
+				return l.fail(err)
+			}
+		}
+	}
 	if len(entries) > 0 {
 		if err := l.saveEntries(entries); err != nil {
 			return err
-		}
-	}
-	if raft.IsEmptyHardState(hs) {
-		return nil
-	}
-	l.mu.Lock()
-	l.hs = hs
-	l.mu.Unlock()
-	if hs.Term != l.persisted.hs.Term || hs.Vote != l.persisted.hs.Vote {
-		if err := l.writeState(l.currentState()); err != nil {
-			return l.fail(err)
 		}
 	}
 	return nil
