@@ -69,15 +69,17 @@ type Log struct {
 	cache  entryCache
 
 	// Owner-only state (under wmu).
-	persisted   diskState // what the state file holds
-	dirty       bool      // WAL written since the last fsync (interval policy)
-	dirDirty    bool      // a segment was created since the last directory sync
-	tailBytes   int64     // bytes of the tail segment, mirrors tidwall's roll rule
-	batch       wal.Batch
-	buf         []byte
-	stopFlusher chan struct{}
-	flusherDone chan struct{}
-	stopOnce    sync.Once
+	persisted       diskState // what the state file holds
+	dirty           bool      // WAL written since the last fsync
+	unsyncedEntries int       // entries written since the last fsync (batch-size metric)
+	unsyncedBytes   int64     // their WAL bytes
+	dirDirty        bool      // a segment was created since the last directory sync
+	tailBytes       int64     // bytes of the tail segment, mirrors tidwall's roll rule
+	batch           wal.Batch
+	buf             []byte
+	stopFlusher     chan struct{}
+	flusherDone     chan struct{}
+	stopOnce        sync.Once
 }
 
 // Open opens (creating if missing) the log in opts.Dir and recovers it:
@@ -326,6 +328,10 @@ func (l *Log) syncWAL() error {
 	if err != nil {
 		return storageErr("wal sync", err)
 	}
+	// One group commit: everything written since the last fsync.
+	saveBatchEntries.Observe(float64(l.unsyncedEntries))
+	saveBatchBytes.Observe(float64(l.unsyncedBytes))
+	l.unsyncedEntries, l.unsyncedBytes = 0, 0
 	l.dirty = false
 	if l.dirDirty {
 		if err := l.syncDir(l.walDir); err != nil {
@@ -397,6 +403,18 @@ func (l *Log) flusher(every time.Duration) {
 // OS error; the Log is then failed and every later Save returns ErrStorage
 // until the owner Closes and re-Opens it.
 func (l *Log) Save(hs raftpb.HardState, entries []raftpb.Entry) error {
+	if err := l.Write(hs, entries); err != nil {
+		return err
+	}
+	return l.Flush()
+}
+
+// Write is Save without the fsync: the entries and hard state are written
+// (the hard state made durable at once when its term or vote changed) but
+// the WAL is synced only by a later Flush, Sync or the interval flusher.
+// A writer that has several raft Readies to persist Writes each and then
+// Flushes once: group commit across Readies. Owner only.
+func (l *Log) Write(hs raftpb.HardState, entries []raftpb.Entry) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	if err := l.checkWritable(); err != nil {
@@ -421,6 +439,27 @@ func (l *Log) Save(hs raftpb.HardState, entries []raftpb.Entry) error {
 		if err := l.saveEntries(entries); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// Flush makes everything written so far durable under the flush policy:
+// an fsync under "always", nothing under "interval" (the background
+// flusher syncs). Owner only.
+func (l *Log) Flush() error {
+	if l.opts.Flush.Interval > 0 {
+		return nil
+	}
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.checkWritable(); err != nil {
+		return err
+	}
+	if !l.dirty {
+		return nil
+	}
+	if err := l.syncWAL(); err != nil {
+		return l.fail(err)
 	}
 	return nil
 }
@@ -472,13 +511,8 @@ func (l *Log) saveEntries(entries []raftpb.Entry) error {
 	}
 	l.dirty = true
 	l.dirDirty = l.dirDirty || rolled
-	if l.opts.Flush.Interval <= 0 {
-		if err := l.syncWAL(); err != nil {
-			return l.fail(err)
-		}
-	}
-	saveBatchEntries.Observe(float64(len(entries)))
-	saveBatchBytes.Observe(float64(bytes))
+	l.unsyncedEntries += len(entries)
+	l.unsyncedBytes += bytes
 
 	interval := int64(l.opts.IndexIntervalBytes)
 	l.mu.Lock()

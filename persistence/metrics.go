@@ -15,12 +15,12 @@ var (
 	})
 	saveBatchEntries = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "herald_save_batch_entries",
-		Help:    "Raft entries written per Save (one fsync each under flush=always).",
+		Help:    "Raft entries made durable per WAL fsync (the group-commit batch).",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 	})
 	saveBatchBytes = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "herald_save_batch_bytes",
-		Help:    "WAL bytes written per Save.",
+		Help:    "WAL bytes made durable per WAL fsync.",
 		Buckets: prometheus.ExponentialBuckets(256, 4, 10),
 	})
 	storageErrors = promauto.NewCounterVec(prometheus.CounterOpts{

@@ -41,9 +41,14 @@ type Actor struct {
 	m     *partMetrics
 	log   *slog.Logger
 
-	self  *actor.PID
-	store Storage
-	rn    *raft.RawNode
+	self   *actor.PID
+	store  Storage
+	rn     *raft.RawNode
+	writer *logWriter
+	gen    uint64 // writer generation: bumped on every (re)open
+
+	appendsQueued int  // MsgStorageAppend messages the writer has not reported
+	stampReady    bool // leader's tail is known: its whole log is written
 
 	isLeader bool
 	leader   uint64
@@ -122,6 +127,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.onRaftMessage(m)
 	case readyMsg:
 		a.onReady(ctx)
+	case appendDone:
+		a.onAppended(ctx, m)
 	case fetchDeadline:
 		a.onFetchDeadline(ctx, m)
 	case *heraldpb.Frame:
@@ -202,6 +209,7 @@ func (a *Actor) open() error {
 		PreVote:                   true,
 		StepDownOnRemoval:         true,
 		Logger:                    raftLogger{a.log},
+		AsyncStorageWrites:        true,
 	}
 	rn, err := raft.NewRawNode(rc)
 	if err != nil {
@@ -223,6 +231,10 @@ func (a *Actor) open() error {
 		}
 	}
 	a.store, a.rn = store, rn
+	a.gen++
+	gen, sys, self := a.gen, a.sys, a.self
+	a.writer = startWriter(store, gen, a.cfg.WriterQueue, a.m.writerQueue, func(d appendDone) { sys.Root.Send(self, d) })
+	a.appendsQueued, a.stampReady = 0, false
 	a.applied = applied
 	a.hw = a.endOffsetAt(applied)
 	a.tail = store.EndOffset()
@@ -262,11 +274,20 @@ func (a *Actor) onStopping(ctx actor.Context, why *heraldpb.Error) {
 	for _, f := range a.park.drain() {
 		a.answerFetch(ctx, f.replyTo, f.frameID, nil)
 	}
+	a.stopWriter()
 	if a.store != nil {
 		if err := a.store.Close(); err != nil {
 			a.log.Error("closing log", "err", err)
 		}
 		a.store, a.rn = nil, nil
+	}
+}
+
+// stopWriter lets the log writer finish what is queued and exit.
+func (a *Actor) stopWriter() {
+	if a.writer != nil {
+		a.writer.stop()
+		a.writer = nil
 	}
 }
 
@@ -350,49 +371,106 @@ func (a *Actor) onReady(ctx actor.Context) {
 	a.readyQueued = false
 	for a.rn != nil && a.rn.HasReady() {
 		rd := a.rn.Ready()
-		becameLeader := false
 		if rd.SoftState != nil {
-			becameLeader = a.onSoftState(ctx, rd.SoftState)
+			a.onSoftState(ctx, rd.SoftState)
 		}
-		if !raft.IsEmptySnap(rd.Snapshot) {
-			if err := a.store.ApplySnapshot(rd.Snapshot); err != nil {
-				a.storageFailed(ctx, err)
-				return
+		// With AsyncStorageWrites the Ready's work arrives as messages:
+		// appends go to the log writer, applies are done here, in order.
+		for i := range rd.Messages {
+			m := rd.Messages[i]
+			switch m.To {
+			case raft.LocalAppendThread:
+				a.appendsQueued++
+				a.writer.submit(m)
+			case raft.LocalApplyThread:
+				a.applyMsg(ctx, m)
+			default:
+				a.send(ctx, m)
 			}
-			var sd heraldpb.SnapshotData
-			if err := proto.Unmarshal(rd.Snapshot.Data, &sd); err == nil {
-				a.hw = sd.NextOffset
-			}
-			a.applied = rd.Snapshot.Metadata.Index
-			a.win.reset()
 		}
-		if err := a.store.Save(rd.HardState, rd.Entries); err != nil {
-			a.storageFailed(ctx, err)
-			return
-		}
-		if becameLeader || !a.isLeader {
-			a.tail = a.store.EndOffset()
-		}
-		if len(rd.Entries) > 0 && a.isLeader {
-			a.ackPersisted(ctx, rd.Entries)
-		}
-		a.send(ctx, rd.Messages)
-		a.apply(ctx, rd.CommittedEntries)
-		a.rn.Advance(rd)
-		if a.campaignSoon {
-			a.campaignSoon = false
-			if err := a.rn.Campaign(); err != nil {
-				a.log.Warn("campaign failed", "err", err)
-			}
+		if a.rn == nil {
+			return // storage failed while applying
 		}
 	}
+	a.maybeCampaign()
+	a.maybeStampReady()
 	a.serveParked(ctx)
 	a.publish()
 }
 
-// onSoftState tracks leadership; it reports whether this replica just
-// became leader.
-func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) bool {
+// maybeCampaign starts a lone voter's election as soon as raft allows one:
+// once every committed entry (a fresh group's bootstrap conf change) is
+// applied.
+func (a *Actor) maybeCampaign() {
+	if !a.campaignSoon || a.rn == nil {
+		return
+	}
+	if st := a.rn.BasicStatus(); st.Applied < st.Commit {
+		return
+	}
+	a.campaignSoon = false
+	if err := a.rn.Campaign(); err != nil {
+		a.log.Warn("campaign failed", "err", err)
+	}
+}
+
+// onAppended delivers the responses of writes the log writer made durable.
+func (a *Actor) onAppended(ctx actor.Context, d appendDone) {
+	if d.gen != a.gen || a.rn == nil {
+		return // from a writer of a log since closed
+	}
+	a.appendsQueued -= d.n
+	if d.err != nil {
+		a.storageFailed(ctx, d.err)
+		return
+	}
+	for _, r := range d.responses {
+		if r.To == a.cfg.ReplicaID {
+			if err := a.rn.Step(r); err != nil {
+				a.log.Debug("raft step (local)", "err", err)
+			}
+		} else {
+			a.send(ctx, r)
+		}
+	}
+	if a.isLeader {
+		a.ackPersisted(ctx, d.entries)
+	}
+	a.maybeCampaign()
+	a.maybeStampReady()
+}
+
+// maybeStampReady lets a new leader accept produce requests once every
+// append queued before its election is written: only then is the offset
+// after its last entry known.
+func (a *Actor) maybeStampReady() {
+	if a.isLeader && !a.stampReady && a.appendsQueued == 0 && a.store != nil {
+		a.tail = a.store.EndOffset()
+		a.stampReady = true
+	}
+}
+
+// applyMsg applies a MsgStorageApply: committed entries (or a snapshot),
+// then steps its responses.
+func (a *Actor) applyMsg(ctx actor.Context, m raftpb.Message) {
+	if m.Snapshot != nil && !raft.IsEmptySnap(*m.Snapshot) {
+		var sd heraldpb.SnapshotData
+		if err := proto.Unmarshal(m.Snapshot.Data, &sd); err == nil {
+			a.hw = sd.NextOffset
+		}
+		a.applied = m.Snapshot.Metadata.Index
+		a.win.reset()
+	}
+	a.apply(ctx, m.Entries)
+	for _, r := range m.Responses {
+		if err := a.rn.Step(r); err != nil {
+			a.log.Debug("raft step (apply)", "err", err)
+		}
+	}
+}
+
+// onSoftState tracks leadership.
+func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) {
 	was := a.isLeader
 	a.leader = ss.Lead
 	a.isLeader = ss.RaftState == raft.StateLeader
@@ -405,28 +483,27 @@ func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) bool {
 		a.log.Info("lost leadership", "leader", ss.Lead)
 		a.failPending(ctx, notLeader(a.cfg.Topic, a.cfg.Partition, ss.Lead))
 	}
+	if a.isLeader != was {
+		a.stampReady = false
+	}
 	if a.isLeader && !was {
 		a.term = a.rn.BasicStatus().Term
 		a.log.Info("became leader", "term", a.term)
-		return true
 	}
-	return false
 }
 
-// send delivers raft messages to the other replicas' actors.
-func (a *Actor) send(ctx actor.Context, msgs []raftpb.Message) {
-	for i := range msgs {
-		pid := a.cfg.Peers[msgs[i].To]
-		if pid == nil {
-			continue
-		}
-		data, err := msgs[i].Marshal()
-		if err != nil {
-			a.log.Error("encoding raft message", "err", err)
-			continue
-		}
-		ctx.Send(pid, &heraldpb.RaftMessage{Group: Name(a.cfg.Topic, a.cfg.Partition), Message: data})
+// send delivers a raft message to another replica's actor.
+func (a *Actor) send(ctx actor.Context, m raftpb.Message) {
+	pid := a.cfg.Peers[m.To]
+	if pid == nil {
+		return
 	}
+	data, err := m.Marshal()
+	if err != nil {
+		a.log.Error("encoding raft message", "err", err)
+		return
+	}
+	ctx.Send(pid, &heraldpb.RaftMessage{Group: Name(a.cfg.Topic, a.cfg.Partition), Message: data})
 }
 
 // ackPersisted answers acks=leader producers whose entries are now on disk.
@@ -514,6 +591,12 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	}
 	if !a.isLeader {
 		fail(notLeader(a.cfg.Topic, a.cfg.Partition, a.leader))
+		return
+	}
+	if !a.stampReady {
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d: new leader is still writing its log", a.cfg.Topic, a.cfg.Partition)
+		e.RetryAfterMs = uint32(a.cfg.ThrottleRetryAfter / time.Millisecond)
+		fail(e)
 		return
 	}
 	if len(req.Records) > a.cfg.MaxMessageBytes {
@@ -686,11 +769,12 @@ func (a *Actor) storageFailed(ctx actor.Context, err error) {
 	for _, f := range a.park.drain() {
 		a.answerFetch(ctx, f.replyTo, f.frameID, nil)
 	}
+	a.stopWriter()
 	if a.store != nil {
 		a.store.Close()
 	}
 	a.store, a.rn = nil, nil
-	a.isLeader = false
+	a.isLeader, a.stampReady = false, false
 	a.m.leader.Set(0)
 	if a.reopenBackup == 0 {
 		a.reopenBackup = 500 * time.Millisecond

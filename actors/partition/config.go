@@ -25,7 +25,11 @@ import (
 // may be called from the reader pool concurrently.
 type Storage interface {
 	raft.Storage
-	Save(hs raftpb.HardState, entries []raftpb.Entry) error
+	// Write persists a raft Ready's hard state and entries (truncating a
+	// conflicting suffix) without the WAL fsync; Flush makes all writes so
+	// far durable under the flush policy. Called by the log writer only.
+	Write(hs raftpb.HardState, entries []raftpb.Entry) error
+	Flush() error
 	SetConfState(cs raftpb.ConfState) error
 	ApplySnapshot(snap raftpb.Snapshot) error
 	StartOffset() int64
@@ -85,6 +89,9 @@ type Config struct {
 	// WindowBytes bounds the in-memory window of recent committed batches
 	// that tail readers are served from. Default 4 MiB.
 	WindowBytes int
+	// WriterQueue bounds the raft append messages waiting for the log
+	// writer. Default 1024.
+	WriterQueue int
 	// MaxParkedFetches bounds the long-poll fetches waiting for data; past it
 	// a fetch is answered at once, empty. Default 1024.
 	MaxParkedFetches int
@@ -129,6 +136,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.WindowBytes == 0 {
 		c.WindowBytes = 4 << 20
+	}
+	if c.WriterQueue == 0 {
+		c.WriterQueue = 1024
 	}
 	if c.MaxParkedFetches == 0 {
 		c.MaxParkedFetches = 1024

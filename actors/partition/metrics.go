@@ -54,7 +54,7 @@ var (
 // partMetrics caches one partition's label-bound metrics.
 type partMetrics struct {
 	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures prometheus.Counter
-	start, end, hw, mailbox, parked, leader                                            prometheus.Gauge
+	start, end, hw, mailbox, parked, leader, writerQueue                               prometheus.Gauge
 	lv                                                                                 []string
 }
 
@@ -74,6 +74,7 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		mailbox:         mailboxDepth.WithLabelValues(lv...),
 		parked:          parkedFetches.WithLabelValues(lv...),
 		leader:          isLeader.WithLabelValues(lv...),
+		writerQueue:     writerQueueDepth.WithLabelValues(lv...),
 	}
 }
 
@@ -83,7 +84,7 @@ func DeleteMetrics(topic string, part uint32) {
 	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures} {
 		v.DeleteLabelValues(lv...)
 	}
-	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader} {
+	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, writerQueueDepth} {
 		v.DeleteLabelValues(lv...)
 	}
 }

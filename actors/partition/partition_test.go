@@ -66,6 +66,25 @@ func batchOf(values ...string) []byte {
 	return raw
 }
 
+// produceRetrying sends a produce to pid until it is not answered with a
+// retriable error (a new leader may answer THROTTLED until its log is
+// written), as a client would.
+func produceRetrying(t *testing.T, sys *actor.ActorSystem, pid *actor.PID, in *inbox, acks heraldpb.Acks, values ...string) *heraldpb.ProduceResponse {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		sys.Root.RequestWithCustomSender(pid, produceFrame("t", acks, values...), in.pid)
+		f := in.next(t)
+		if r := f.GetProduceResponse(); r != nil {
+			return r
+		}
+		if !f.GetError().GetRetriable() || time.Now().After(deadline) {
+			t.Fatalf("produce %v: %v", values, f.GetError())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func produceFrame(topic string, acks heraldpb.Acks, values ...string) *heraldpb.Frame {
 	return &heraldpb.Frame{Id: frameIDs.Add(1), Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
 		Topic: topic, Acks: acks, Records: batchOf(values...),
@@ -196,12 +215,7 @@ func TestReplicatedGroupSurvivesLeaderLoss(t *testing.T) {
 	produce := func(to *replica, round string, n int) {
 		for i := 0; i < n; i++ {
 			v := fmt.Sprintf("%s-%d", round, i)
-			sys.Root.RequestWithCustomSender(to.pid, produceFrame("t", heraldpb.Acks_ACKS_ALL, v), in.pid)
-			f := in.next(t)
-			r := f.GetProduceResponse()
-			if r == nil {
-				t.Fatalf("produce %s: %v", v, f.GetError())
-			}
+			r := produceRetrying(t, sys, to.pid, in, heraldpb.Acks_ACKS_ALL, v)
 			acked[r.BaseOffset] = v
 		}
 	}
@@ -245,11 +259,7 @@ func TestProduceFetchSingleReplica(t *testing.T) {
 	sys.Root.RequestWithCustomSender(leader.pid, fetchFrame("t", 0, 10_000), poller.pid)
 
 	for i, acks := range []heraldpb.Acks{heraldpb.Acks_ACKS_ALL, heraldpb.Acks_ACKS_LEADER, heraldpb.Acks_ACKS_NONE} {
-		sys.Root.RequestWithCustomSender(leader.pid, produceFrame("t", acks, fmt.Sprintf("a%d", i), fmt.Sprintf("b%d", i)), in.pid)
-		r := in.next(t).GetProduceResponse()
-		if r == nil {
-			t.Fatalf("acks %v: no produce response", acks)
-		}
+		r := produceRetrying(t, sys, leader.pid, in, acks, fmt.Sprintf("a%d", i), fmt.Sprintf("b%d", i))
 		if acks != heraldpb.Acks_ACKS_NONE && r.BaseOffset != int64(2*i) {
 			t.Fatalf("acks %v: base offset %d, want %d", acks, r.BaseOffset, 2*i)
 		}
@@ -292,8 +302,7 @@ func TestProduceFetchSingleReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	leaderOf(t, reps, map[uint64]bool{1: true})
-	sys.Root.RequestWithCustomSender(leader.pid, produceFrame("t", heraldpb.Acks_ACKS_ALL, "c"), in.pid)
-	if r := in.next(t).GetProduceResponse(); r == nil || r.BaseOffset != 6 {
+	if r := produceRetrying(t, sys, leader.pid, in, heraldpb.Acks_ACKS_ALL, "c"); r.BaseOffset != 6 {
 		t.Fatalf("produce after restart: %v", r)
 	}
 	checkFor(t, 5*time.Second, "hw 7", func() bool { return leader.stats.HighWatermark.Load() == 7 })
