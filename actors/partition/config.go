@@ -84,7 +84,9 @@ type Config struct {
 	// ThrottleRetryAfter is the retry-after sent with THROTTLED. Default 5ms.
 	ThrottleRetryAfter time.Duration
 	// MaxUncommittedBytes bounds proposals not yet committed (raft's
-	// MaxUncommittedEntriesSize); past it produce gets THROTTLED. Default 64 MiB.
+	// MaxUncommittedEntriesSize); past it produce gets THROTTLED. It bounds
+	// the memory a producer faster than the disk can pin per partition.
+	// Default 8 MiB.
 	MaxUncommittedBytes uint64
 	// WindowBytes bounds the in-memory window of recent committed batches
 	// that tail readers are served from. Default 4 MiB.
@@ -132,7 +134,7 @@ func (c *Config) EnsureDefaults() {
 		c.ThrottleRetryAfter = 5 * time.Millisecond
 	}
 	if c.MaxUncommittedBytes == 0 {
-		c.MaxUncommittedBytes = 64 << 20
+		c.MaxUncommittedBytes = 8 << 20
 	}
 	if c.WindowBytes == 0 {
 		c.WindowBytes = 4 << 20
