@@ -66,6 +66,8 @@ type Actor struct {
 	tickQueued   atomic.Bool
 	stopTick     chan struct{}
 	ticks        int
+	lastActive   int  // tick of the last produce, fetch or raft message
+	released     bool // caches dropped while idle
 
 	failure      error // last storage failure while store == nil
 	reopenAt     time.Time
@@ -124,6 +126,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case *heraldpb.Tick:
 		a.onTick(ctx)
 	case *heraldpb.RaftMessage:
+		a.active()
 		a.onRaftMessage(m)
 	case readyMsg:
 		a.onReady(ctx)
@@ -132,6 +135,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 	case fetchDeadline:
 		a.onFetchDeadline(ctx, m)
 	case *heraldpb.Frame:
+		a.active()
 		switch m.Body.(type) {
 		case *heraldpb.Frame_Produce:
 			a.onProduce(ctx, m)
@@ -330,6 +334,9 @@ func (a *Actor) onTick(ctx actor.Context) {
 	if every := max(1, int(a.cfg.RetentionCheck/a.cfg.TickInterval)); a.ticks%every == 0 {
 		a.retain()
 	}
+	if idle := max(1, int(a.cfg.IdleRelease/a.cfg.TickInterval)); !a.released && a.ticks-a.lastActive >= idle {
+		a.release()
+	}
 	a.publish()
 }
 
@@ -350,8 +357,20 @@ func (a *Actor) retain() {
 	}
 }
 
-// RetainNow asks the actor to apply its retention policy at once.
-type RetainNow struct{}
+func (a *Actor) active() {
+	a.lastActive = a.ticks
+	a.released = false
+}
+
+// release drops an idle partition's in-memory window and log caches; tail
+// readers are then served from the log until new data arrives.
+func (a *Actor) release() {
+	a.released = true
+	a.win.reset()
+	if err := a.store.ClearCache(); err != nil {
+		a.log.Warn("clearing log caches", "err", err)
+	}
+}
 
 func (a *Actor) onRaftMessage(m *heraldpb.RaftMessage) {
 	if a.rn == nil {

@@ -38,6 +38,8 @@ type Storage interface {
 	OffsetForTime(tsMs int64) int64
 	Size() int64
 	Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo uint64) (int64, error)
+	// ClearCache drops the log's read caches (an idle partition).
+	ClearCache() error
 	Close() error
 }
 
@@ -97,6 +99,10 @@ type Config struct {
 	// MaxParkedFetches bounds the long-poll fetches waiting for data; past it
 	// a fetch is answered at once, empty. Default 1024.
 	MaxParkedFetches int
+	// IdleRelease: a partition with no produce, fetch or raft traffic for
+	// this long drops its in-memory window and log caches, so idle
+	// partitions cost little memory. Default 30s.
+	IdleRelease time.Duration
 	// Readers serves fetches below the window from the log, off the mailbox.
 	// Nil means a private pool of 2 readers.
 	Readers *ReaderPool
@@ -141,6 +147,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.WriterQueue == 0 {
 		c.WriterQueue = 1024
+	}
+	if c.IdleRelease == 0 {
+		c.IdleRelease = 30 * time.Second
 	}
 	if c.MaxParkedFetches == 0 {
 		c.MaxParkedFetches = 1024

@@ -141,6 +141,10 @@ func (s *benchSummary) print(w io.Writer) {
 	fmt.Fprintf(w, "produced %d records in %.2fs: %.0f msg/s, %.2f MB/s (%d errors)\n",
 		s.Produced, s.Seconds, s.ProducedPerSec, s.ProducedMBPerSec, s.ProduceErrors)
 	fmt.Fprintf(w, "consumed %d records: %.0f msg/s, %.2f MB/s\n", s.Consumed, s.ConsumedPerSec, s.ConsumedMBPerSec)
+	if s.Consumed == 0 {
+		fmt.Fprintln(w, "latency produce-to-consume: none measured (nothing consumed)")
+		return
+	}
 	fmt.Fprintf(w, "latency produce-to-consume: p50 %.3fms p99 %.3fms p99.9 %.3fms max %.3fms\n",
 		s.LatencyP50Ms, s.LatencyP99Ms, s.LatencyP999Ms, s.LatencyMaxMs)
 }
