@@ -24,6 +24,9 @@ type Stats struct {
 	SizeBytes     atomic.Int64
 	Leader        atomic.Uint64
 	Term          atomic.Uint64
+	// Writable is true while this replica leads and accepts produce
+	// requests (its log is written up to its election).
+	Writable atomic.Bool
 }
 
 // Messages the actor sends itself. They never leave the node.
@@ -467,6 +470,7 @@ func (a *Actor) maybeStampReady() {
 		a.tail = a.store.EndOffset()
 		a.stampReady = true
 	}
+	a.stats.Writable.Store(a.isLeader && a.stampReady)
 }
 
 // applyMsg applies a MsgStorageApply: committed entries (or a snapshot),
@@ -504,6 +508,7 @@ func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) {
 	}
 	if a.isLeader != was {
 		a.stampReady = false
+		a.stats.Writable.Store(false)
 	}
 	if a.isLeader && !was {
 		a.term = a.rn.BasicStatus().Term
@@ -794,6 +799,7 @@ func (a *Actor) storageFailed(ctx actor.Context, err error) {
 	}
 	a.store, a.rn = nil, nil
 	a.isLeader, a.stampReady = false, false
+	a.stats.Writable.Store(false)
 	a.m.leader.Set(0)
 	if a.reopenBackup == 0 {
 		a.reopenBackup = 500 * time.Millisecond

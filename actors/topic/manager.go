@@ -82,6 +82,8 @@ func (m *Manager) Receive(ctx actor.Context) {
 		}
 	case *syncBarrier:
 		ctx.Respond(nil)
+	case *awaitCreated:
+		m.awaitWritable(ctx, msg)
 	case *heraldpb.Frame:
 		m.onFrame(ctx, msg)
 	}
@@ -191,8 +193,42 @@ func (m *Manager) onCreate(ctx actor.Context, id uint64, req *heraldpb.CreateTop
 		ctx.Respond(heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_STORAGE_ERROR, "saving catalog: %v", err)))
 		return
 	}
-	e2 := m.reg.Get(req.Name)
-	ctx.Respond(&heraldpb.Frame{Id: id, Body: &heraldpb.Frame_CreateTopicResponse{CreateTopicResponse: &heraldpb.CreateTopicResponse{Topic: e2.info(uint32(m.cfg.NodeID))}}})
+	m.awaitWritable(ctx, &awaitCreated{name: req.Name, frameID: id, replyTo: ctx.Sender(), deadline: time.Now().Add(createWait)})
+}
+
+// createWait bounds how long CreateTopic waits for the new partitions to
+// elect leaders; after it the topic is returned as it is and producers
+// retry (THROTTLED or NOT_LEADER) until the partitions are writable.
+const createWait = 10 * time.Second
+
+// awaitCreated is a CreateTopic answer waiting for its partitions to
+// become writable, so a producer that creates a topic can use it at once.
+type awaitCreated struct {
+	name     string
+	frameID  uint64
+	replyTo  *actor.PID
+	deadline time.Time
+}
+
+// awaitWritable answers a create once every partition accepts writes, or
+// at the deadline; meanwhile it re-checks every few milliseconds without
+// blocking the mailbox.
+func (m *Manager) awaitWritable(ctx actor.Context, w *awaitCreated) {
+	e := m.reg.Get(w.name)
+	if e == nil {
+		ctx.Send(w.replyTo, heraldpb.ErrorFrame(w.frameID, topicNotFound(w.name)))
+		return
+	}
+	ready := true
+	for _, st := range e.Stats {
+		ready = ready && st.Writable.Load()
+	}
+	if !ready && time.Now().Before(w.deadline) {
+		self, sys := ctx.Self(), m.sys
+		time.AfterFunc(2*time.Millisecond, func() { sys.Root.Send(self, w) })
+		return
+	}
+	ctx.Send(w.replyTo, &heraldpb.Frame{Id: w.frameID, Body: &heraldpb.Frame_CreateTopicResponse{CreateTopicResponse: &heraldpb.CreateTopicResponse{Topic: e.info(uint32(m.cfg.NodeID))}}})
 }
 
 func (m *Manager) partitionDir(name string, p uint32) string {
