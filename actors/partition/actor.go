@@ -29,6 +29,9 @@ type Stats struct {
 	Writable atomic.Bool
 }
 
+// writerGens numbers log writers process-wide.
+var writerGens atomic.Uint64
+
 // Messages the actor sends itself. They never leave the node.
 type (
 	readyMsg      struct{}
@@ -238,7 +241,9 @@ func (a *Actor) open() error {
 		}
 	}
 	a.store, a.rn = store, rn
-	a.gen++
+	// Generations are unique across actor restarts too: a restarted actor
+	// keeps its mailbox, which may still hold its predecessor's reports.
+	a.gen = writerGens.Add(1)
 	gen, sys, self := a.gen, a.sys, a.self
 	a.writer = startWriter(store, gen, a.cfg.WriterQueue, a.m.writerQueue, func(d appendDone) { sys.Root.Send(self, d) })
 	a.appendsQueued, a.stampReady = 0, false
