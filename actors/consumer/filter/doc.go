@@ -86,6 +86,8 @@
 // was found; errors.Is(err, ErrTooLong) and errors.Is(err, ErrTooDeep) tell the
 // limits apart from malformed input.
 //
-// Match does not allocate for records that implement Record without
-// allocating (FromProto does).
+// Match does not allocate as long as the Record's methods do not; the
+// FromProto adapter does not. Numeric comparisons parse the header on each
+// call (integers without strconv; values with a fraction through
+// strconv.ParseFloat, the bulk of Match's cost).
 package filter

@@ -85,12 +85,12 @@ func TestSQLMatch(t *testing.T) {
 		{"s = 100", std, false},
 		{"zero = 007", hdr("zero=x"), false},
 		{"v = 007", hdr("v=007"), true},
-		{"v > 5", hdr("v=5 "), true}, // "5 " is not a number; "5 " > "5"
+		{"v > 5", hdr("v=5 "), true},         // "5 " is not a number; "5 " > "5"
 		{"v = 1e308", hdr("v=1e999"), false}, // out of range: not a number
 		{"v = 9223372036854775807", hdr("v=9223372036854775807"), true},
 		{"v = -9223372036854775808", hdr("v=-9223372036854775808"), true},
 		{"v > 9223372036854775807", hdr("v=10000000000000000000"), true}, // overflows to float
-		{"v < 9223372036854775807", hdr("v=9223372036854775806"), true}, // exact as int64
+		{"v < 9223372036854775807", hdr("v=9223372036854775806"), true},  // exact as int64
 		// header against header
 		{"amount > price", std, true},
 		{"region = s", std, false},
