@@ -1,6 +1,7 @@
 // Package heraldpb holds Herald's protobuf schemas and generated Go: the client
-// wire protocol (herald.proto) and internal log and actor messages (log.proto),
+// wire protocol (herald.proto), internal log and actor messages (log.proto) and
+// consumer-group state (group.proto),
 // plus hand-written framing and batch scanning helpers.
 package heraldpb
 
-//go:generate protoc --go_out=. --go_opt=paths=source_relative herald.proto log.proto
+//go:generate protoc --go_out=. --go_opt=paths=source_relative herald.proto log.proto group.proto
