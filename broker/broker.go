@@ -11,8 +11,10 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -39,6 +41,7 @@ type Broker struct {
 	adminLn net.Listener
 	lock    *os.File
 	closing atomic.Bool
+	reclaim *reclaimer
 }
 
 // Start opens the data dir, reopens every topic and starts serving. The
@@ -62,7 +65,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		lock.Close()
 		return nil, err
 	}
-	b := &Broker{cfg: &cfg, log: logger, lock: lock}
+	b := &Broker{cfg: &cfg, log: logger, lock: lock, reclaim: startReclaimer(time.Minute)}
 	actorLog := logger.With("component", "actor")
 	b.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(levelFloor{actorLog.Handler(), slog.LevelWarn})
@@ -78,7 +81,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		Flush: cfg.flush, SegmentBytes: cfg.SegmentBytes,
 		DefaultPartitions: uint32(cfg.DefaultParts), MaxMessageBytes: uint32(cfg.MaxMessageBytes),
 		RetentionCheck: cfg.RetentionCheck, MailboxLimit: cfg.PartitionMailbox, WindowBytes: cfg.WindowBytes,
-		Readers: b.readers, Logger: logger,
+		Readers: b.readers, Logger: logger, OnIdleRelease: b.reclaim.request,
 	})
 	if err != nil {
 		lock.Close()
@@ -159,7 +162,42 @@ func (b *Broker) stopActors() {
 	}
 	b.readers.Close()
 	b.sys.Shutdown()
+	b.reclaim.stop()
 }
+
+// reclaimer hands memory freed by idle partitions back to the OS. An idle
+// broker allocates nothing, so no GC would run to notice the released
+// caches; at most once per period after a release it forces one
+// (debug.FreeOSMemory), so RSS follows the live set down.
+type reclaimer struct {
+	pending atomic.Bool
+	done    chan struct{}
+	once    sync.Once
+}
+
+func startReclaimer(period time.Duration) *reclaimer {
+	r := &reclaimer{done: make(chan struct{})}
+	go func() {
+		t := time.NewTicker(period)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				if r.pending.Swap(false) {
+					debug.FreeOSMemory()
+				}
+			case <-r.done:
+				return
+			}
+		}
+	}()
+	return r
+}
+
+// request asks for a reclaim at the next period; cheap and non-blocking.
+func (r *reclaimer) request() { r.pending.Store(true) }
+
+func (r *reclaimer) stop() { r.once.Do(func() { close(r.done) }) }
 
 // lockDataDir takes an exclusive lock so two brokers never share a data dir.
 func lockDataDir(dir string) (*os.File, error) {

@@ -378,6 +378,9 @@ func (a *Actor) release() {
 	if err := a.store.ClearCache(); err != nil {
 		a.log.Warn("clearing log caches", "err", err)
 	}
+	if a.cfg.OnRelease != nil {
+		a.cfg.OnRelease()
+	}
 }
 
 func (a *Actor) onRaftMessage(m *heraldpb.RaftMessage) {

@@ -103,6 +103,9 @@ type Config struct {
 	// this long drops its in-memory window and log caches, so idle
 	// partitions cost little memory. Default 30s.
 	IdleRelease time.Duration
+	// OnRelease, if set, is called (from the actor) after an idle release,
+	// so the node can hand the freed memory back to the OS.
+	OnRelease func()
 	// Readers serves fetches below the window from the log, off the mailbox.
 	// Nil means a private pool of 2 readers.
 	Readers *ReaderPool

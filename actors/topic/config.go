@@ -48,6 +48,9 @@ type Config struct {
 	MailboxLimit   int
 	WindowBytes    int
 
+	// OnIdleRelease is passed to every partition (partition.Config.OnRelease).
+	OnIdleRelease func()
+
 	// Readers serve catch-up fetches for every partition of the node.
 	Readers *partition.ReaderPool
 

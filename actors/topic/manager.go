@@ -265,6 +265,7 @@ func (m *Manager) spawnTopic(ctx actor.Context, name string, cfg *heraldpb.Topic
 			MailboxLimit:    m.cfg.MailboxLimit,
 			WindowBytes:     m.cfg.WindowBytes,
 			Readers:         m.cfg.Readers,
+			OnRelease:       m.cfg.OnIdleRelease,
 			Logger:          m.cfg.Logger,
 		}
 		// Single node: the only voter is this node, addressed by the

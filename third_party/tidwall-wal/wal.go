@@ -473,7 +473,7 @@ func (l *Log) writeBatch(b *Batch) error {
 	datas := b.datas
 	for i := 0; i < len(b.entries); i++ {
 		data := datas[:b.entries[i].size]
-		reserve(s, len(data)+binary.MaxVarintLen64, l.opts.SegmentSize)
+		reserve(s, len(data)+binary.MaxVarintLen64, l.opts.SegmentSize, len(l.segments) > 1)
 		var epos bpos
 		s.ebuf, epos = l.appendEntry(s.ebuf, b.entries[i].index, data)
 		s.epos = append(s.epos, epos)
@@ -991,13 +991,13 @@ func (l *Log) IsEmpty() (bool, error) {
 		l.firstIndex > l.lastIndex, nil
 }
 
-// reserve makes room for n more bytes in the tail segment's buffer,
-// doubling its capacity (from 64 KiB, up to a whole segment) instead of
-// letting append grow it by ~1.25x at a time. (Herald patch: the 1.25x
-// steps copied each byte about four more times and cost a third of the
-// broker's CPU under load; doubling copies it about once, and an idle log
-// does not hold a whole segment's buffer.)
-func reserve(s *segment, n, segmentSize int) {
+// reserve makes room for n more bytes in the tail segment's buffer. A log
+// that has filled a segment before (busy) gets room for a whole segment at
+// once; a young log doubles its buffer from 64 KiB, so an idle log holds a
+// buffer the size of its tail. (Herald patch: letting append grow the
+// buffer by ~1.25x at a time copied each byte about four more times and
+// cost a third of the broker's CPU under load.)
+func reserve(s *segment, n, segmentSize int, busy bool) {
 	if cap(s.ebuf)-len(s.ebuf) >= n {
 		return
 	}
@@ -1005,7 +1005,8 @@ func reserve(s *segment, n, segmentSize int) {
 	if want < 64<<10 {
 		want = 64 << 10
 	}
-	if full := segmentSize + n; want > full {
+	full := segmentSize + n
+	if busy || want > full {
 		want = full
 	}
 	if need := len(s.ebuf) + n; want < need {

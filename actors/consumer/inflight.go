@@ -1,0 +1,414 @@
+package consumer
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Message is a committed record offered to a subscription by the actor that
+// reads the partition log.
+type Message struct {
+	Partition uint32
+	Offset    int64
+	// Key routes the message in key-shared mode; empty keys all go to one
+	// member.
+	Key string
+	// Skip marks a record the subscription's filter rejected: it is done
+	// (advances progress) without being delivered.
+	Skip bool
+}
+
+// Delivery is one message to push to a member (or, from Tick, one whose ack
+// timed out at that member).
+type Delivery struct {
+	Member    MemberID
+	Partition uint32
+	Offset    int64
+	Key       string
+	// Count is how many times the message has been delivered, this one
+	// included: 1 on first delivery.
+	Count int
+}
+
+// msgID names a message within a subscription: broadcast views (one per
+// member) deliver the same offset independently.
+type msgID struct {
+	view MemberID
+	part uint32
+	off  int64
+}
+
+func (a msgID) compare(b msgID) int {
+	return cmp.Or(cmp.Compare(a.view, b.view), cmp.Compare(a.part, b.part), cmp.Compare(a.off, b.off))
+}
+
+// flight is a message delivered to member and not yet acked.
+type flight struct {
+	id       msgID
+	key      string
+	member   MemberID
+	count    int
+	deadline time.Time
+}
+
+// retryEntry is a message to deliver again: nacked, timed out, or released
+// by a member that left or gave up its partition.
+type retryEntry struct {
+	id        msgID
+	key       string
+	count     int
+	notBefore time.Time
+	avoid     MemberID // prefer another member than this one
+}
+
+type keyHold struct {
+	member MemberID
+	n      int
+}
+
+// inflight tracks a subscription's unacked messages. Sub owns it.
+type inflight struct {
+	flights   map[msgID]*flight
+	retry     []*retryEntry // sorted by id
+	perMember map[MemberID]int
+	perPart   map[msgID]int      // key {view, part, 0}: in flight per partition
+	perKey    map[string]keyHold // key-shared: in flight per key, and to whom
+}
+
+func newInflight() inflight {
+	return inflight{
+		flights:   map[msgID]*flight{},
+		perMember: map[MemberID]int{},
+		perPart:   map[msgID]int{},
+		perKey:    map[string]keyHold{},
+	}
+}
+
+func partKey(id msgID) msgID { return msgID{view: id.view, part: id.part} }
+
+func (fl *inflight) add(f *flight) {
+	fl.flights[f.id] = f
+	fl.perMember[f.member]++
+	fl.perPart[partKey(f.id)]++
+	h := fl.perKey[f.key]
+	fl.perKey[f.key] = keyHold{member: f.member, n: h.n + 1}
+}
+
+// remove drops the flight id and returns it, or nil.
+func (fl *inflight) remove(id msgID) *flight {
+	f := fl.flights[id]
+	if f == nil {
+		return nil
+	}
+	delete(fl.flights, id)
+	decr(fl.perMember, f.member)
+	decr(fl.perPart, partKey(id))
+	if h := fl.perKey[f.key]; h.n <= 1 {
+		delete(fl.perKey, f.key)
+	} else {
+		fl.perKey[f.key] = keyHold{member: h.member, n: h.n - 1}
+	}
+	return f
+}
+
+func decr[K comparable](m map[K]int, k K) {
+	if m[k] <= 1 {
+		delete(m, k)
+	} else {
+		m[k]--
+	}
+}
+
+func (fl *inflight) findRetry(id msgID) int {
+	i, ok := slices.BinarySearchFunc(fl.retry, id, func(r *retryEntry, id msgID) int { return r.id.compare(id) })
+	if !ok {
+		return -1
+	}
+	return i
+}
+
+func (fl *inflight) addRetry(r *retryEntry) {
+	i, _ := slices.BinarySearchFunc(fl.retry, r.id, func(r *retryEntry, id msgID) int { return r.id.compare(id) })
+	fl.retry = slices.Insert(fl.retry, i, r)
+}
+
+// sorted returns the flights matching keep, ordered by id.
+func (fl *inflight) sorted(keep func(*flight) bool) []*flight {
+	var fs []*flight
+	for _, f := range fl.flights {
+		if keep(f) {
+			fs = append(fs, f)
+		}
+	}
+	slices.SortFunc(fs, func(a, b *flight) int { return a.id.compare(b.id) })
+	return fs
+}
+
+// release moves flights to the retry queue, to go out again at once,
+// preferably not to avoid.
+func (fl *inflight) release(fs []*flight, avoid MemberID, notBefore time.Time) {
+	for _, f := range fs {
+		fl.remove(f.id)
+		fl.addRetry(&retryEntry{id: f.id, key: f.key, count: f.count, notBefore: notBefore, avoid: avoid})
+	}
+}
+
+// Request grants m n more credits (reactive streams' request(n)): the
+// number of further messages the subscription may deliver to it. Each
+// delivery, first or redelivery, uses one credit; acks, nacks and timeouts
+// return none (the client grants more as its handler completes). Credits are
+// capped at Config.MaxCredits; n <= 0 is ignored. Hence a member never has
+// more messages in flight than it has granted.
+func (s *Sub) Request(m MemberID, n int) error {
+	ms := s.members[m]
+	if ms == nil {
+		return fmt.Errorf("%w: %s", ErrUnknownMember, m)
+	}
+	if n > 0 {
+		ms.credits = min(ms.credits+min(n, s.cfg.MaxCredits), s.cfg.MaxCredits)
+	}
+	return nil
+}
+
+// Credits is m's unused credit.
+func (s *Sub) Credits(m MemberID) int {
+	if ms := s.members[m]; ms != nil {
+		return ms.credits
+	}
+	return 0
+}
+
+// InFlight is the number of messages delivered to m and not yet acked.
+func (s *Sub) InFlight(m MemberID) int { return s.fl.perMember[m] }
+
+// Deliver chooses up to max (0: no limit) messages for m, within its
+// credits, and records them in flight with an ack deadline of
+// now+AckTimeout (or, with AutoAck, as done at once: at-most-once).
+//
+// Redeliveries due by now come first, in (partition, offset) order, then new
+// messages, one partition at a time in rotation. What m may take depends on
+// the mode: in clustering only partitions it owns and is not revoking; in
+// broadcast its own view; in shared anything, except that a redelivery
+// avoiding m waits while another member has credit; in key-shared the keys
+// it holds in flight, and otherwise those the ring gives it (for a
+// redelivery, the ring skipping the avoided member). With Orderly, at most
+// one message per partition (per key in key-shared) is in flight, and a
+// message never overtakes an earlier one of its partition (key) that is
+// waiting to be redelivered, even one delayed by a nack.
+func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
+	ms := s.members[m]
+	if ms == nil {
+		return nil, fmt.Errorf("%w: %s", ErrUnknownMember, m)
+	}
+	budget := ms.credits
+	if max > 0 {
+		budget = min(budget, max)
+	}
+	var out []Delivery
+	if budget == 0 {
+		return nil, nil
+	}
+	blocked := map[lockKey]bool{}
+	// orderlyPass reports whether a message under lk may go now, and blocks
+	// lk for the rest of this call either way.
+	orderlyPass := func(id msgID, key string) bool {
+		if !s.cfg.Orderly {
+			return true
+		}
+		lk := s.lockOf(id, key)
+		ok := !blocked[lk] && !s.locked(id, key)
+		blocked[lk] = true
+		return ok
+	}
+
+	kept := s.fl.retry[:0]
+	for _, r := range s.fl.retry {
+		if len(out) < budget && r.id.view == ms.view && orderlyPass(r.id, r.key) &&
+			!r.notBefore.After(now) && s.eligible(m, r.id, r.key, r.avoid) {
+			out = append(out, s.send(m, r.id, r.key, r.count+1, now))
+			continue
+		}
+		kept = append(kept, r)
+	}
+	clear(s.fl.retry[len(kept):])
+	s.fl.retry = kept
+
+	v := s.views[ms.view]
+	n := s.cfg.Partitions
+	pos := make([]int, n)
+	for moved := true; moved && len(out) < budget; {
+		moved = false
+		for j := 0; j < n && len(out) < budget; j++ {
+			p := (s.rr + j) % n
+			q := v.pending[p]
+			for pos[p] < len(q) {
+				msg := &q[pos[p]]
+				pos[p]++
+				if msg.Offset < 0 {
+					continue // taken earlier in this call
+				}
+				id := msgID{view: ms.view, part: uint32(p), off: msg.Offset}
+				if !orderlyPass(id, msg.Key) {
+					continue
+				}
+				if !s.eligible(m, id, msg.Key, "") {
+					if s.cfg.Mode != KeyShared {
+						pos[p] = len(q) // the whole partition is someone else's
+					}
+					continue
+				}
+				out = append(out, s.send(m, id, msg.Key, 1, now))
+				msg.Offset = -1
+				moved = true
+				break
+			}
+		}
+	}
+	if n > 0 {
+		s.rr = (s.rr + 1) % n
+	}
+	for p, q := range v.pending {
+		v.pending[p] = slices.DeleteFunc(q, func(m Message) bool { return m.Offset < 0 })
+	}
+	return out, nil
+}
+
+// lockKey is what Orderly serialises on: a partition of a view, or a key.
+type lockKey struct {
+	id    msgID
+	key   string
+	byKey bool
+}
+
+func (s *Sub) lockOf(id msgID, key string) lockKey {
+	if s.cfg.Mode == KeyShared {
+		return lockKey{key: key, byKey: true}
+	}
+	return lockKey{id: partKey(id)}
+}
+
+func (s *Sub) locked(id msgID, key string) bool {
+	if s.cfg.Mode == KeyShared {
+		return s.fl.perKey[key].n > 0
+	}
+	return s.fl.perPart[partKey(id)] > 0
+}
+
+// eligible reports whether m may take the message now (see Deliver).
+func (s *Sub) eligible(m MemberID, id msgID, key string, avoid MemberID) bool {
+	switch s.cfg.Mode {
+	case Clustering:
+		o, ok := s.asg.Owner(id.part)
+		return ok && o == m
+	case Broadcast:
+		return id.view == m
+	case KeyShared:
+		if h, ok := s.fl.perKey[key]; ok {
+			return h.member == m
+		}
+		return s.ring.PickExcept([]byte(key), avoid) == m
+	default: // Shared
+		if avoid == m {
+			for _, o := range s.order {
+				if o != m && s.members[o].credits > 0 {
+					return false
+				}
+			}
+		}
+		return true
+	}
+}
+
+// send uses one of m's credits to deliver id.
+func (s *Sub) send(m MemberID, id msgID, key string, count int, now time.Time) Delivery {
+	s.members[m].credits--
+	if s.cfg.AutoAck {
+		s.views[id.view].prog[id.part].Ack(id.off)
+	} else {
+		s.fl.add(&flight{id: id, key: key, member: m, count: count, deadline: now.Add(s.cfg.AckTimeout)})
+	}
+	return Delivery{Member: m, Partition: id.part, Offset: id.off, Key: key, Count: count}
+}
+
+// Ack marks a delivered message done and advances the progress floor. An ack
+// from m is accepted for any message of its view that is in flight (to m or,
+// after m's ack timed out, to another member) or waiting for redelivery: the
+// work was done. Acking a message already done is a no-op. Errors:
+// ErrUnknownMember, ErrNotDelivered (never delivered, or out of range).
+func (s *Sub) Ack(m MemberID, p uint32, off int64) error {
+	id, prog, err := s.lookup(m, p, off)
+	if err != nil {
+		return err
+	}
+	if s.fl.remove(id) == nil {
+		i := s.fl.findRetry(id)
+		if i < 0 {
+			if prog.Done(off) {
+				return nil
+			}
+			return fmt.Errorf("%w: partition %d offset %d", ErrNotDelivered, p, off)
+		}
+		s.fl.retry = slices.Delete(s.fl.retry, i, i+1)
+	}
+	return prog.Ack(off)
+}
+
+// Nack gives back a message in flight to m, to be redelivered (preferably
+// to another member) no earlier than now+delay. Errors: ErrUnknownMember,
+// ErrNotInFlight.
+func (s *Sub) Nack(m MemberID, p uint32, off int64, delay time.Duration, now time.Time) error {
+	id, _, err := s.lookup(m, p, off)
+	if err != nil {
+		return err
+	}
+	f := s.fl.flights[id]
+	if f == nil || f.member != m {
+		return fmt.Errorf("%w: %s partition %d offset %d", ErrNotInFlight, m, p, off)
+	}
+	s.fl.release([]*flight{f}, m, now.Add(max(delay, 0)))
+	return nil
+}
+
+func (s *Sub) lookup(m MemberID, p uint32, off int64) (msgID, *Progress, error) {
+	ms := s.members[m]
+	if ms == nil {
+		return msgID{}, nil, fmt.Errorf("%w: %s", ErrUnknownMember, m)
+	}
+	if int(p) >= s.cfg.Partitions {
+		return msgID{}, nil, fmt.Errorf("%w: no partition %d", ErrNotDelivered, p)
+	}
+	return msgID{view: ms.view, part: p, off: off}, s.views[ms.view].prog[p], nil
+}
+
+// Tick expires every flight whose ack deadline is at or before now: each
+// goes back for redelivery at once, preferably to another member. It returns
+// the expired messages (for metrics and the circuit breaker), ordered by
+// partition and offset. Its cost is linear in the messages in flight.
+func (s *Sub) Tick(now time.Time) []Delivery {
+	fs := s.fl.sorted(func(f *flight) bool { return !f.deadline.After(now) })
+	var out []Delivery
+	for _, f := range fs {
+		out = append(out, Delivery{Member: f.member, Partition: f.id.part, Offset: f.id.off, Key: f.key, Count: f.count})
+		s.fl.release([]*flight{f}, f.member, now)
+	}
+	return out
+}
+
+// NextDeadline is the earliest time at which Tick or Deliver would do
+// something new by time alone: an ack deadline or a nack delay ending. ok is
+// false when nothing waits on time. The actor arms one timer for it.
+func (s *Sub) NextDeadline() (t time.Time, ok bool) {
+	for _, f := range s.fl.flights {
+		if !ok || f.deadline.Before(t) {
+			t, ok = f.deadline, true
+		}
+	}
+	for _, r := range s.fl.retry {
+		if !ok || r.notBefore.Before(t) {
+			t, ok = r.notBefore, true
+		}
+	}
+	return t, ok
+}
