@@ -3,6 +3,7 @@ package consumer
 import (
 	"flag"
 	"fmt"
+	heraldpb "github.com/heraldmq/herald/proto"
 	"os"
 	"path/filepath"
 	"slices"
@@ -258,7 +259,7 @@ func (sc *scenario) run(t *testing.T, line string) string {
 		}
 		for _, v := range old.Views() {
 			rec := old.Encode("g", "t", v)
-			fmt.Fprintf(&b, "stored %v\n", rec)
+			fmt.Fprintf(&b, "stored %s\n", fmtRecord(rec))
 			if err := ns.Restore(rec); err != nil {
 				t.Fatal(err)
 			}
@@ -404,4 +405,18 @@ func viewPrefix(v MemberID) string {
 		return ""
 	}
 	return "[" + string(v) + "] "
+}
+
+// fmtRecord renders a stored progress record stably (prototext output is
+// deliberately unstable, so it cannot be used in golden files).
+func fmtRecord(r *heraldpb.GroupProgress) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "group=%s topic=%s", r.GetGroup(), r.GetTopic())
+	if r.GetSubscriber() != "" {
+		fmt.Fprintf(&b, " subscriber=%s", r.GetSubscriber())
+	}
+	for _, p := range r.GetPartitions() {
+		fmt.Fprintf(&b, " p%d{floor=%d runs=%v}", p.GetPartition(), p.GetAckFloor(), p.GetAckedRuns())
+	}
+	return b.String()
 }
