@@ -1,12 +1,14 @@
 package client
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"time"
+	"unicode/utf8"
 
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 )
 
 // Header is one record header. Order and duplicates are kept.
@@ -16,6 +18,14 @@ type Header struct {
 }
 
 // Message is one record, as produced or consumed.
+//
+// The Key, Value and header Value byte slices of a consumed message alias
+// the fetch response it came in (one buffer per fetched batch, shared by the
+// batch's messages) instead of being copied. The client never reuses or
+// modifies that buffer, so they stay valid for as long as the caller keeps
+// them; keeping any one of them keeps the whole batch's buffer in memory
+// (copy the bytes to retain a small part of a large batch for long). The
+// slices are capped, so appending to one never overwrites another.
 type Message struct {
 	Topic string
 	// Partition to produce to; -1 means any: the producer picks
@@ -55,60 +65,111 @@ func PartitionForKey(key []byte, n uint32) uint32 {
 	return heraldpb.PartitionForKey(key, n)
 }
 
+// Wire tags (field number << 3 | wire type) of the fields encodeRecord
+// writes: RecordBatch.records; Record.key, value, headers, timestamp_ms,
+// tags; Header.key, value.
+const (
+	tagBatchRecord  = 1<<3 | byte(protowire.BytesType)
+	tagRecordKey    = 1<<3 | byte(protowire.BytesType)
+	tagRecordValue  = 2<<3 | byte(protowire.BytesType)
+	tagRecordHeader = 3<<3 | byte(protowire.BytesType)
+	tagRecordTime   = 4<<3 | byte(protowire.VarintType)
+	tagRecordTag    = 5<<3 | byte(protowire.BytesType)
+	tagHeaderKey    = 1<<3 | byte(protowire.BytesType)
+	tagHeaderValue  = 2<<3 | byte(protowire.BytesType)
+)
+
+var (
+	errHeaderUTF8 = errors.New("herald: header key: string field contains invalid UTF-8")
+	errTagUTF8    = errors.New("herald: tag: string field contains invalid UTF-8")
+)
+
+// headerSize is the encoded size of h as a Header message.
+func headerSize(h *Header) int {
+	n := 0
+	if len(h.Key) > 0 {
+		n += 1 + protowire.SizeBytes(len(h.Key))
+	}
+	if len(h.Value) > 0 {
+		n += 1 + protowire.SizeBytes(len(h.Value))
+	}
+	return n
+}
+
 // encodeRecord appends m as a RecordBatch element (field 1, length
-// delimited) to dst, so that a batch is built by concatenation.
+// delimited) to dst, so that a batch is built by concatenation. The bytes
+// are those proto.Marshal gives for the equivalent heraldpb.Record (fields
+// in number order, proto3 defaults omitted); they are written straight into
+// dst after sizing the record, without building a heraldpb.Record. On error
+// dst is returned unchanged.
 func encodeRecord(dst []byte, m *Message) ([]byte, error) {
-	r := &heraldpb.Record{Key: m.Key, Value: m.Value, Tags: m.Tags}
+	var ts int64
 	if !m.Timestamp.IsZero() {
-		r.TimestampMs = m.Timestamp.UnixMilli()
-		if r.TimestampMs < 0 {
+		ts = m.Timestamp.UnixMilli()
+		if ts < 0 {
 			return dst, fmt.Errorf("herald: timestamp %v before 1970", m.Timestamp)
 		}
 	}
-	if len(m.Headers) > 0 {
-		r.Headers = make([]*heraldpb.Header, len(m.Headers))
-		for i, h := range m.Headers {
-			r.Headers[i] = &heraldpb.Header{Key: h.Key, Value: h.Value}
-		}
+	size := 0
+	if len(m.Key) > 0 {
+		size += 1 + protowire.SizeBytes(len(m.Key))
 	}
-	size := proto.Size(r)
-	dst = protowire.AppendTag(dst, 1, protowire.BytesType)
-	dst = protowire.AppendVarint(dst, uint64(size))
-	return proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(dst, r)
-}
+	if len(m.Value) > 0 {
+		size += 1 + protowire.SizeBytes(len(m.Value))
+	}
+	for i := range m.Headers {
+		h := &m.Headers[i]
+		if !utf8.ValidString(h.Key) {
+			return dst, errHeaderUTF8
+		}
+		size += 1 + protowire.SizeBytes(headerSize(h))
+	}
+	if ts != 0 {
+		size += 1 + protowire.SizeVarint(uint64(ts))
+	}
+	for _, t := range m.Tags {
+		if !utf8.ValidString(t) {
+			return dst, errTagUTF8
+		}
+		size += 1 + protowire.SizeBytes(len(t))
+	}
 
-// decodeBatch turns a stored batch into messages, skipping offsets below
-// from. A record with timestamp 0 takes the batch's append time.
-func decodeBatch(topic string, partition int32, b *heraldpb.StoredBatch, from int64, out []*Message) ([]*Message, error) {
-	var rb heraldpb.RecordBatch
-	if err := proto.Unmarshal(b.GetRecords(), &rb); err != nil {
-		return out, fmt.Errorf("%w: batch at offset %d: %v", ErrProtocol, b.GetBaseOffset(), err)
+	dst = slices.Grow(dst, 1+protowire.SizeVarint(uint64(size))+size)
+	dst = append(dst, tagBatchRecord)
+	dst = protowire.AppendVarint(dst, uint64(size))
+	if len(m.Key) > 0 {
+		dst = append(dst, tagRecordKey)
+		dst = protowire.AppendVarint(dst, uint64(len(m.Key)))
+		dst = append(dst, m.Key...)
 	}
-	for i, r := range rb.GetRecords() {
-		off := b.GetBaseOffset() + int64(i)
-		if off < from {
-			continue
-		}
-		ts := r.GetTimestampMs()
-		if ts == 0 {
-			ts = b.GetAppendTimeMs()
-		}
-		m := &Message{
-			Topic:     topic,
-			Partition: partition,
-			Key:       r.GetKey(),
-			Value:     r.GetValue(),
-			Timestamp: time.UnixMilli(ts),
-			Tags:      r.GetTags(),
-			Offset:    off,
-		}
-		if hs := r.GetHeaders(); len(hs) > 0 {
-			m.Headers = make([]Header, len(hs))
-			for j, h := range hs {
-				m.Headers[j] = Header{Key: h.GetKey(), Value: h.GetValue()}
-			}
-		}
-		out = append(out, m)
+	if len(m.Value) > 0 {
+		dst = append(dst, tagRecordValue)
+		dst = protowire.AppendVarint(dst, uint64(len(m.Value)))
+		dst = append(dst, m.Value...)
 	}
-	return out, nil
+	for i := range m.Headers {
+		h := &m.Headers[i]
+		dst = append(dst, tagRecordHeader)
+		dst = protowire.AppendVarint(dst, uint64(headerSize(h)))
+		if len(h.Key) > 0 {
+			dst = append(dst, tagHeaderKey)
+			dst = protowire.AppendVarint(dst, uint64(len(h.Key)))
+			dst = append(dst, h.Key...)
+		}
+		if len(h.Value) > 0 {
+			dst = append(dst, tagHeaderValue)
+			dst = protowire.AppendVarint(dst, uint64(len(h.Value)))
+			dst = append(dst, h.Value...)
+		}
+	}
+	if ts != 0 {
+		dst = append(dst, tagRecordTime)
+		dst = protowire.AppendVarint(dst, uint64(ts))
+	}
+	for _, t := range m.Tags {
+		dst = append(dst, tagRecordTag)
+		dst = protowire.AppendVarint(dst, uint64(len(t)))
+		dst = append(dst, t...)
+	}
+	return dst, nil
 }

@@ -1,0 +1,310 @@
+package client
+
+import (
+	"fmt"
+	"slices"
+	"time"
+	"unicode/utf8"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// decodeBatch turns a stored batch into messages, skipping offsets below
+// from. A record with timestamp 0 takes the batch's append time.
+//
+// It walks the encoded RecordBatch with protowire instead of unmarshalling
+// it into heraldpb.Records, and gives exactly what proto.Unmarshal-based
+// decoding gave: the same records, headers in order with duplicates, tags,
+// last-wins scalar fields, unknown fields skipped, and an ErrProtocol error
+// for any input proto.Unmarshal rejects (bad wire format, invalid UTF-8 in
+// a header key or tag). Key, Value and header values alias b.Records (see
+// Message); empty ones are nil. The messages of one batch are allocated
+// together, as are their headers and tags. On error out is returned as it
+// was passed.
+func decodeBatch(topic string, partition int32, b *heraldpb.StoredBatch, from int64, out []*Message) ([]*Message, error) {
+	n0 := len(out)
+	d := batchDecoder{topic: topic, partition: partition, appendTime: b.GetAppendTimeMs()}
+	out, err := d.decode(b.GetRecords(), b.GetBaseOffset(), from, out)
+	if err != nil {
+		clear(out[n0:])
+		return out[:n0], fmt.Errorf("%w: batch at offset %d: %v", ErrProtocol, b.GetBaseOffset(), err)
+	}
+	return out, nil
+}
+
+
+// errCodeFieldNumber is the protowire error code of an invalid field
+// number (protowire.ParseError(errCodeFieldNumber) describes it).
+const errCodeFieldNumber = -2
+
+type batchDecoder struct {
+	topic      string
+	partition  int32
+	appendTime int64
+
+	remaining int // records still to be kept, the current one included
+
+	lastTS   int64
+	lastTime time.Time
+	haveTime bool
+
+	hdrs   []Header // slab of the headers of kept records
+	hstart int      // first header of the current record in hdrs
+	tags   []string // slab of the tags of kept records
+	tstart int      // first tag of the current record in tags
+
+	strs  [8]string // recently decoded header keys and tags
+	nstrs int
+}
+
+// countRecords counts the records of an encoded RecordBatch, stopping at
+// the first malformed field (decode reports it).
+func countRecords(b []byte) int {
+	n := 0
+	for len(b) > 0 {
+		num, typ, k := consumeTag(b)
+		if k < 0 {
+			return n
+		}
+		b = b[k:]
+		if num == 1 && typ == protowire.BytesType {
+			_, k = protowire.ConsumeBytes(b)
+			n++
+		} else {
+			k = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if k < 0 {
+			return n
+		}
+		b = b[k:]
+	}
+	return n
+}
+
+func (d *batchDecoder) decode(buf []byte, base, from int64, out []*Message) ([]*Message, error) {
+	total := countRecords(buf)
+	skip := total
+	if from <= base {
+		skip = 0
+	} else if diff := uint64(from) - uint64(base); diff < uint64(total) {
+		skip = int(diff)
+	}
+	d.remaining = total - skip
+	var slab []Message
+	if d.remaining > 0 {
+		slab = make([]Message, d.remaining)
+		out = slices.Grow(out, d.remaining)
+	}
+	off := base
+	for len(buf) > 0 {
+		num, typ, n := consumeTag(buf)
+		if n < 0 {
+			return out, protowire.ParseError(n)
+		}
+		buf = buf[n:]
+		if num != 1 || typ != protowire.BytesType {
+			n = protowire.ConsumeFieldValue(num, typ, buf)
+			if n < 0 {
+				return out, protowire.ParseError(n)
+			}
+			buf = buf[n:]
+			continue
+		}
+		rec, n := protowire.ConsumeBytes(buf)
+		if n < 0 {
+			return out, protowire.ParseError(n)
+		}
+		buf = buf[n:]
+		var m *Message
+		if off >= from {
+			if len(slab) > 0 {
+				m, slab = &slab[0], slab[1:]
+			} else {
+				m = new(Message)
+			}
+		}
+		if err := d.record(rec, m); err != nil {
+			return out, fmt.Errorf("record %d: %w", off-base, err)
+		}
+		if m != nil {
+			m.Offset = off
+			out = append(out, m)
+			d.remaining--
+		}
+		off++
+	}
+	return out, nil
+}
+
+// record decodes one encoded Record into m, or only checks it when m is
+// nil (a record below the fetch offset).
+func (d *batchDecoder) record(b []byte, m *Message) error {
+	var key, value []byte
+	var ts int64
+	d.hstart, d.tstart = len(d.hdrs), len(d.tags)
+	for len(b) > 0 {
+		num, typ, n := consumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case typ == protowire.BytesType && num >= 1 && num <= 5 && num != 4:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+			switch num {
+			case 1:
+				key = v
+			case 2:
+				value = v
+			case 3:
+				hk, hv, err := parseHeader(v)
+				if err != nil {
+					return err
+				}
+				if m != nil {
+					d.addHeader(Header{Key: d.intern(hk), Value: capped(hv)})
+				}
+			case 5:
+				if !utf8.Valid(v) {
+					return errTagUTF8
+				}
+				if m != nil {
+					d.addTag(d.intern(v))
+				}
+			}
+		case num == 4 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+			ts = int64(v)
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+		}
+	}
+	if m == nil {
+		return nil
+	}
+	if ts == 0 {
+		ts = d.appendTime
+	}
+	if !d.haveTime || ts != d.lastTS {
+		d.lastTS, d.lastTime, d.haveTime = ts, time.UnixMilli(ts), true
+	}
+	m.Topic = d.topic
+	m.Partition = d.partition
+	m.Key = capped(key)
+	m.Value = capped(value)
+	m.Timestamp = d.lastTime
+	if n := len(d.hdrs); n > d.hstart {
+		m.Headers = d.hdrs[d.hstart:n:n]
+	}
+	if n := len(d.tags); n > d.tstart {
+		m.Tags = d.tags[d.tstart:n:n]
+	}
+	return nil
+}
+
+// parseHeader decodes one encoded Header: its key (valid UTF-8) and value,
+// the last of each if repeated.
+func parseHeader(b []byte) (key, value []byte, err error) {
+	for len(b) > 0 {
+		num, typ, n := consumeTag(b)
+		if n < 0 {
+			return nil, nil, fmt.Errorf("header: %w", protowire.ParseError(n))
+		}
+		b = b[n:]
+		if typ == protowire.BytesType && (num == 1 || num == 2) {
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return nil, nil, fmt.Errorf("header: %w", protowire.ParseError(n))
+			}
+			b = b[n:]
+			if num == 1 {
+				if !utf8.Valid(v) {
+					return nil, nil, errHeaderUTF8
+				}
+				key = v
+			} else {
+				value = v
+			}
+			continue
+		}
+		n = protowire.ConsumeFieldValue(num, typ, b)
+		if n < 0 {
+			return nil, nil, fmt.Errorf("header: %w", protowire.ParseError(n))
+		}
+		b = b[n:]
+	}
+	return key, value, nil
+}
+
+// capped returns b with its capacity cut to its length, so that appending
+// to it cannot overwrite the bytes that follow in the batch; nil if empty.
+func capped(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b[:len(b):len(b)]
+}
+
+// intern returns b as a string, reusing a recently decoded equal string:
+// header keys and tags tend to repeat from record to record.
+func (d *batchDecoder) intern(b []byte) string {
+	for i := range min(d.nstrs, len(d.strs)) {
+		if d.strs[i] == string(b) {
+			return d.strs[i]
+		}
+	}
+	s := string(b)
+	d.strs[d.nstrs%len(d.strs)] = s
+	d.nstrs++
+	return s
+}
+
+// slabCap is the capacity of a new header or tag slab when the current
+// record has n of them so far: room for twice that, or an estimate for
+// the records still to come, up to 1024.
+func (d *batchDecoder) slabCap(n int) int {
+	return max(2*n, min(1024, n*max(d.remaining, 1)))
+}
+
+func (d *batchDecoder) addHeader(h Header) {
+	if len(d.hdrs) == cap(d.hdrs) {
+		cur := d.hdrs[d.hstart:]
+		nh := make([]Header, len(cur), d.slabCap(len(cur)+1))
+		copy(nh, cur)
+		d.hdrs, d.hstart = nh, 0
+	}
+	d.hdrs = append(d.hdrs, h)
+}
+
+func (d *batchDecoder) addTag(t string) {
+	if len(d.tags) == cap(d.tags) {
+		cur := d.tags[d.tstart:]
+		nt := make([]string, len(cur), d.slabCap(len(cur)+1))
+		copy(nt, cur)
+		d.tags, d.tstart = nt, 0
+	}
+	d.tags = append(d.tags, t)
+}
+
+// consumeTag is protowire.ConsumeTag that also rejects field numbers above
+// protowire.MaxValidNumber, as proto.Unmarshal does.
+func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n >= 0 && num > protowire.MaxValidNumber {
+		return 0, 0, errCodeFieldNumber
+	}
+	return num, typ, n
+}
