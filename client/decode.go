@@ -33,7 +33,6 @@ func decodeBatch(topic string, partition int32, b *heraldpb.StoredBatch, from in
 	return out, nil
 }
 
-
 // errCodeFieldNumber is the protowire error code of an invalid field
 // number (protowire.ParseError(errCodeFieldNumber) describes it).
 const errCodeFieldNumber = -2

@@ -45,6 +45,12 @@ type Producer struct {
 	freed    chan struct{} // closed (and replaced) whenever records finish
 	flushing int           // Flush calls in progress: linger is ignored
 	closed   bool
+
+	// bufs holds *[]byte batch buffers (length 0) of finished batches for
+	// reuse: a batch buffer is not referenced any more once its produce
+	// request has completed, since sending copies it into the connection's
+	// write buffer.
+	bufs sync.Pool
 }
 
 type batchKey struct {
@@ -72,6 +78,10 @@ type batcher struct {
 	cur         *batch   // open batch, still taking records
 	lingerDue   bool     // cur may be sent now
 	timer       *time.Timer
+	// Bytes and records of the last sealed batch: a new batch starts with
+	// about that much room, so that steady full batches do not grow their
+	// buffers record by record.
+	lastBytes, lastRecs int
 }
 
 // NewProducer returns a producer sending through c.
@@ -193,11 +203,14 @@ func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error),
 	if len(b.cur.data) > p.cfg.batchBytes && start > 0 {
 		// The record overflows the open batch: seal the batch without it
 		// and start the next batch with it.
-		tail := append([]byte(nil), b.cur.data[start:]...)
+		// The record's bytes stay in the sealed batch's buffer, past its
+		// length, until they are copied: nothing writes there before the
+		// batch is sent, and that needs p.mu.
+		tail := b.cur.data[start:]
 		b.cur.data = b.cur.data[:start]
 		p.sealLocked(b)
 		p.openLocked(b)
-		b.cur.data = tail
+		b.cur.data = append(b.cur.data, tail...)
 	}
 	b.cur.recs = append(b.cur.recs, rec)
 	if len(b.cur.data) >= p.cfg.batchBytes {
@@ -256,9 +269,34 @@ func (p *Producer) releaseLocked(size int64, records int) {
 	p.freed = make(chan struct{})
 }
 
+// getBuf returns an empty batch buffer, reused when one is available, or
+// else new with room for about hint bytes.
+func (p *Producer) getBuf(hint int) []byte {
+	if bp, ok := p.bufs.Get().(*[]byte); ok {
+		return (*bp)[:0]
+	}
+	if hint <= 0 {
+		return nil
+	}
+	return make([]byte, 0, hint+hint/8)
+}
+
+// putBuf makes buf, no longer referenced, available to later batches. A
+// buffer grown far beyond the batch size by a large record is dropped.
+func (p *Producer) putBuf(buf []byte) {
+	if buf == nil || cap(buf) > 2*p.cfg.batchBytes+64<<10 {
+		return
+	}
+	buf = buf[:0]
+	p.bufs.Put(&buf)
+}
+
 // openLocked starts a new open batch in b and arms its linger timer.
 func (p *Producer) openLocked(b *batcher) {
-	bt := &batch{}
+	bt := &batch{data: p.getBuf(b.lastBytes)}
+	if b.lastRecs > 0 {
+		bt.recs = make([]pendingRecord, 0, b.lastRecs+b.lastRecs/8)
+	}
 	b.cur = bt
 	b.lingerDue = p.cfg.linger <= 0
 	if p.cfg.linger > 0 {
@@ -281,6 +319,7 @@ func (p *Producer) sealLocked(b *batcher) {
 	}
 	if b.cur != nil && len(b.cur.recs) > 0 {
 		b.ready = append(b.ready, b.cur)
+		b.lastBytes, b.lastRecs = len(b.cur.data), len(b.cur.recs)
 	}
 	b.cur = nil
 	b.lingerDue = false
@@ -323,6 +362,8 @@ func (p *Producer) run(b *batcher, bt *batch) {
 		}
 		r.cb(Result{Partition: int32(resp.GetPartition()), Offset: off}, nil)
 	}
+	p.putBuf(bt.data)
+	bt.data = nil
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	b.inFlight--

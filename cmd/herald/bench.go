@@ -22,6 +22,13 @@ func init() { register("bench", cliRunner(benchCmd)) }
 // includes queueing) and the producer's sequence number.
 const benchHeader = 16
 
+// A bench producer allocates record values and messages benchChunk at a
+// time, fewer for large records (about benchChunkBytes of values).
+const (
+	benchChunk      = 64
+	benchChunkBytes = 64 << 10
+)
+
 type benchConfig struct {
 	cf             *cliFlags
 	producers      int
@@ -174,17 +181,36 @@ func (s *benchStats) fail(err error) {
 	s.errOnce.Do(func() { s.firstErr.Store(err.Error()) })
 }
 
-// record notes the latency of consumed messages, all received at now.
-func (s *benchStats) record(now time.Time, ms []*client.Message) {
+// benchClock reads Unix nanoseconds as the run's start time plus the
+// monotonic time since: one monotonic clock read (time.Since) per call
+// instead of time.Now's wall and monotonic reads, and immune to wall clock
+// steps during the run. Producers stamp records and consumers measure with
+// the same clock.
+type benchClock struct {
+	base   time.Time
+	baseNs int64
+}
+
+func newBenchClock() benchClock {
+	t := time.Now()
+	return benchClock{base: t, baseNs: t.UnixNano()}
+}
+
+func (c benchClock) now() int64 { return c.baseNs + int64(time.Since(c.base)) }
+
+// record notes the latency of consumed messages, all received at nowNs
+// (Unix nanoseconds). The send time is read from the value in place.
+func (s *benchStats) record(nowNs int64, ms []*client.Message) {
 	var n, bytes int64
+	maxUs := s.total.HighestTrackableValue()
 	s.mu.Lock()
 	for _, m := range ms {
 		if len(m.Value) < benchHeader {
 			continue
 		}
 		sent := int64(binary.BigEndian.Uint64(m.Value))
-		us := max(now.UnixNano()-sent, 0) / int64(time.Microsecond)
-		us = min(max(us, 1), s.total.HighestTrackableValue())
+		us := max(nowNs-sent, 0) / int64(time.Microsecond)
+		us = min(max(us, 1), maxUs)
 		_ = s.total.RecordValue(us)
 		_ = s.interval.RecordValue(us)
 		n++
@@ -222,6 +248,7 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 	}
 	bc.partitions = nparts
 	stats := newBenchStats()
+	clock := newBenchClock()
 
 	// Consumers: consumer j reads partitions j, j+C, j+2C, ...; each
 	// partition starts at its high watermark, resolved before producing.
@@ -257,7 +284,7 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 						}
 						continue
 					}
-					stats.record(time.Now(), ms)
+					stats.record(clock.now(), ms)
 				}
 			}()
 		}
@@ -290,7 +317,7 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 		prodWG.Add(1)
 		go func() {
 			defer prodWG.Done()
-			errs <- benchProduce(prodCtx, ctx, c, bc, i, n, start, stats)
+			errs <- benchProduce(prodCtx, ctx, c, bc, i, n, start, clock, stats)
 		}()
 	}
 
@@ -377,7 +404,7 @@ wait:
 // benchProduce runs one producer until prodCtx ends or n records (n >= 0)
 // were sent, then flushes within ctx. Under --rate it paces to its share of
 // the rate, open loop: each record is stamped with its intended send time.
-func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfig, id int, n int64, start time.Time, stats *benchStats) error {
+func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfig, id int, n int64, start time.Time, clock benchClock, stats *benchStats) error {
 	p := c.NewProducer(client.WithAcks(bc.acks), client.WithLinger(bc.linger), client.WithBatchBytes(bc.batchBytes), client.WithBufferBytes(bc.bufferBytes),
 		client.WithUnpartitionedInFlight(bc.inFlight*max(bc.partitions, 1)), client.WithPartitionInFlight(bc.inFlight))
 	var interval time.Duration
@@ -398,14 +425,22 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 		stats.produced.Add(1)
 		stats.producedBytes.Add(int64(bc.size))
 	}
+	// Values and messages are allocated benchChunk at a time; each record
+	// gets its own (capacity-capped) value and message, never modified
+	// after SendAsync.
+	chunk := max(1, min(benchChunk, benchChunkBytes/bc.size))
+	var values []byte
+	var msgs []client.Message
+	startNs := start.UnixNano()
 	for seq := int64(0); n < 0 || seq < n; seq++ {
 		if prodCtx.Err() != nil {
 			break
 		}
-		stamp := time.Now()
+		var stamp int64
 		if interval > 0 {
-			stamp = start.Add(time.Duration(seq) * interval)
-			if d := time.Until(stamp); d > time.Millisecond {
+			due := time.Duration(seq) * interval
+			stamp = startNs + int64(due)
+			if d := due - time.Since(start); d > time.Millisecond {
 				t := time.NewTimer(d)
 				select {
 				case <-t.C:
@@ -416,12 +451,22 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 					break
 				}
 			}
+		} else {
+			stamp = clock.now()
 		}
-		v := make([]byte, bc.size)
-		binary.BigEndian.PutUint64(v, uint64(stamp.UnixNano()))
+		if len(msgs) == 0 {
+			values = make([]byte, chunk*bc.size)
+			msgs = make([]client.Message, chunk)
+		}
+		v := values[:bc.size:bc.size]
+		values = values[bc.size:]
+		m := &msgs[0]
+		msgs = msgs[1:]
+		binary.BigEndian.PutUint64(v, uint64(stamp))
 		binary.BigEndian.PutUint64(v[8:], uint64(id)<<40|uint64(seq))
 		copy(v[benchHeader:], filler)
-		p.SendAsync(prodCtx, &client.Message{Topic: bc.topic, Partition: int32((int(seq) + id) % bc.partitions), Value: v}, cb)
+		*m = client.Message{Topic: bc.topic, Partition: int32((int(seq) + id) % bc.partitions), Value: v}
+		p.SendAsync(prodCtx, m, cb)
 	}
 	// Flush what was accepted even after SIGINT, but not forever.
 	closeCtx, cancel := context.WithTimeout(context.Background(), bc.drainTimeout)
