@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,10 +20,11 @@ type ackedRecord struct {
 	off  int64
 }
 
-// loadUntilKilled produces from several goroutines with acks=all until
-// kill() returns, recording every acknowledged record. It returns the
-// acknowledged records by value.
-func loadUntilKilled(t *testing.T, n *proc, topic string, minAcked int) map[string]ackedRecord {
+// loadUntilKilled produces from several goroutines with acks=all until at
+// least minAcked records are acknowledged, then SIGKILLs the broker. Values
+// are "w<writer>-r<round>-<seq>", unique across rounds and increasing per
+// writer. It returns the acknowledged records by value.
+func loadUntilKilled(t *testing.T, n *proc, topic string, round, minAcked int) map[string]ackedRecord {
 	t.Helper()
 	var mu sync.Mutex
 	acked := map[string]ackedRecord{}
@@ -39,7 +41,7 @@ func loadUntilKilled(t *testing.T, n *proc, topic string, minAcked int) map[stri
 			defer c.Close()
 			p := c.NewProducer(client.WithLinger(time.Millisecond), client.WithMaxRetries(0))
 			for i := 0; ctx.Err() == nil; i++ {
-				v := fmt.Sprintf("w%d-%08d", w, i)
+				v := fmt.Sprintf("w%d-r%03d-%08d", w, round, i)
 				p.SendAsync(ctx, &client.Message{Topic: topic, Partition: -1, Key: []byte(fmt.Sprintf("w%d", w)), Value: []byte(v)},
 					func(r client.Result, err error) {
 						if err == nil {
@@ -77,7 +79,8 @@ func loadUntilKilled(t *testing.T, n *proc, topic string, minAcked int) map[stri
 // verifyAcked reads the whole topic and checks every acknowledged record is
 // at the partition and offset it was acknowledged with, that offsets are
 // dense, that no record is stored twice, and that each writer's records
-// are in the order it sent them.
+// are in the order it sent them (values of one writer sort in send order;
+// the writer is the part before the first '-').
 func verifyAcked(t *testing.T, c *client.Client, topic string, parts int32, acked map[string]ackedRecord) {
 	t.Helper()
 	found := map[string]ackedRecord{}
@@ -89,7 +92,7 @@ func verifyAcked(t *testing.T, c *client.Client, topic string, parts int32, acke
 				t.Fatalf("%s stored twice", v)
 			}
 			found[v] = ackedRecord{part, m.Offset}
-			w := v[:2]
+			w, _, _ := strings.Cut(v, "-")
 			if prev, ok := last[w]; ok && v <= prev {
 				t.Fatalf("partition %d: %s stored after %s", part, v, prev)
 			}
@@ -125,7 +128,7 @@ func TestKillMidLoad(t *testing.T) {
 	c.Close()
 	all := map[string]ackedRecord{}
 	for round := 0; round < 2; round++ {
-		for v, a := range loadUntilKilled(t, n, "crash", 2000*(round+1)) {
+		for v, a := range loadUntilKilled(t, n, "crash", round, 2000) {
 			all[v] = a
 		}
 		n.Start(t)
