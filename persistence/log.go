@@ -279,27 +279,8 @@ func (l *Log) readState() (st diskState, found bool, err error) {
 // writeState replaces the state file atomically: temp file, fsync, rename,
 // fsync of the directory.
 func (l *Log) writeState(st diskState) error {
-	tmp := l.statePath + ".tmp"
-	f, err := l.fs.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
-	if err != nil {
-		return storageErr("create state", err)
-	}
-	if _, err := f.Write(encodeState(&st)); err != nil {
-		f.Close()
+	if err := WriteFileAtomic(l.fs, l.statePath, encodeState(&st), 0o640); err != nil {
 		return storageErr("write state", err)
-	}
-	if err := l.syncFile(f); err != nil {
-		f.Close()
-		return storageErr("sync state", err)
-	}
-	if err := f.Close(); err != nil {
-		return storageErr("close state", err)
-	}
-	if err := l.fs.Rename(tmp, l.statePath); err != nil {
-		return storageErr("rename state", err)
-	}
-	if err := l.syncDir(l.opts.Dir); err != nil {
-		return storageErr("sync dir", err)
 	}
 	l.persisted = st
 	return nil

@@ -386,29 +386,5 @@ func (m *Manager) saveCatalog() error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(m.cfg.FS, filepath.Join(m.cfg.DataDir, catalogFile), data)
-}
-
-// writeFileAtomic replaces path with data: temp file, fsync, rename, fsync dir.
-func writeFileAtomic(fs persistence.FS, path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := fs.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := fs.Rename(tmp, path); err != nil {
-		return err
-	}
-	return fs.SyncDir(filepath.Dir(path))
+	return persistence.WriteFileAtomic(m.cfg.FS, filepath.Join(m.cfg.DataDir, catalogFile), data, 0o644)
 }
