@@ -63,7 +63,7 @@ func TestSliceBatch(t *testing.T) {
 	}
 	// Interleaved unknown fields are dropped, records kept in order.
 	odd := append(append([]byte{}, b...), 0x10, 0x07) // field 2 varint
-	odd = append(odd, encodeValues(t, 1)...)           // one more record "v0"
+	odd = append(odd, encodeValues(t, 1)...)          // one more record "v0"
 	got, total, err := SliceBatch(odd, 4, 2)
 	if err != nil || total != 6 || fmt.Sprint(values(t, got)) != "[v4 v0]" {
 		t.Fatalf("interleaved: %v %d %v", values(t, got), total, err)
