@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"sync"
-	"syscall"
 	"testing"
 
 	"github.com/tidwall/wal"
@@ -173,13 +172,3 @@ func withFaultWAL(opts *Options) func() *faultWAL {
 		return cur
 	}
 }
-
-var errENOSPC = &wrappedErrno{op: "write", errno: syscall.ENOSPC}
-
-type wrappedErrno struct {
-	op    string
-	errno syscall.Errno
-}
-
-func (e *wrappedErrno) Error() string { return e.op + ": " + e.errno.Error() }
-func (e *wrappedErrno) Unwrap() error { return e.errno }

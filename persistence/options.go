@@ -120,7 +120,7 @@ func (o *Options) EnsureDefaults() {
 func (o *Options) Validate() error {
 	var errs []error
 	if o.Dir == "" {
-		errs = append(errs, errors.New("Dir is required"))
+		errs = append(errs, errors.New("persistence: Options.Dir is required"))
 	}
 	if o.SegmentBytes < 0 {
 		errs = append(errs, fmt.Errorf("SegmentBytes %d is negative", o.SegmentBytes))

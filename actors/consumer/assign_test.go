@@ -67,7 +67,6 @@ func TestAssignorRandom(t *testing.T) {
 		a := NewAssignor(1 + r.IntN(20))
 		var live []MemberID
 		next := 0
-		var pending Plan
 		for step := 0; step < 60; step++ {
 			var pl Plan
 			var err error
@@ -95,7 +94,6 @@ func TestAssignorRandom(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			pending = append(pending, pl...)
 			// A partition is never added while another member owns it.
 			for _, c := range pl {
 				for _, p := range c.Add {

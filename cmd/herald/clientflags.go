@@ -29,8 +29,8 @@ type cliIO struct {
 
 func cliOSIO() cliIO { return cliIO{os.Stdin, os.Stdout, os.Stderr} }
 
-// cliErrHelp means -h was given: usage is printed and the command succeeds.
-var cliErrHelp = errors.New("help requested")
+// errCLIHelp means -h was given: usage is printed and the command succeeds.
+var errCLIHelp = errors.New("help requested")
 
 // cliFlags are the flags every client command takes.
 type cliFlags struct {
@@ -60,7 +60,7 @@ func parseCLIArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				return nil, cliErrHelp
+				return nil, errCLIHelp
 			}
 			return nil, usagef("%v", err)
 		}
@@ -109,13 +109,13 @@ func (cf *cliFlags) dial(ctx context.Context) (*client.Client, error) {
 }
 
 // cliRunner runs fn with a context cancelled by SIGINT or SIGTERM and
-// the process's standard streams, and maps cliErrHelp to success.
+// the process's standard streams, and maps errCLIHelp to success.
 func cliRunner(fn func(ctx context.Context, args []string, io cliIO) error) func([]string) error {
 	return func(args []string) error {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		err := fn(ctx, args, cliOSIO())
-		if errors.Is(err, cliErrHelp) {
+		if errors.Is(err, errCLIHelp) {
 			return nil
 		}
 		return err
