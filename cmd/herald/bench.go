@@ -72,13 +72,10 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.DurationVar(&bc.reportInterval, "report-interval", time.Second, "progress line interval (0 = none)")
 	fs.DurationVar(&bc.drainTimeout, "drain-timeout", 10*time.Second, "how long consumers may lag behind once producing stops")
 	fs.BoolVar(&bc.json, "json", false, "print the final summary as JSON on stdout (progress goes to stderr)")
-	pos, err := parseCLIArgs(fs, args)
-	if err != nil {
+	if err := parseCLIFlags(fs, args, nil); err != nil {
 		return err
 	}
 	switch {
-	case len(pos) > 0:
-		return usagef("unexpected argument %q", pos[0])
 	case bc.producers < 1:
 		return usagef("--producers must be at least 1")
 	case bc.consumers < 0:
@@ -92,6 +89,7 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	case bc.topic == "":
 		return usagef("--topic must not be empty")
 	}
+	var err error
 	if bc.acks, err = parseCLIAcks(*acks); err != nil {
 		return err
 	}

@@ -78,6 +78,25 @@ func parseCLIArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // cliUnsupported declares flags that belong to the CLI surface but are not
 // implemented yet; reject reports a usage error when one was given.
+// parseCLIFlags parses a command that takes flags only: it refuses
+// positional arguments and, when un is not nil, the flags un declares as not
+// supported yet. Every failure is a usage error.
+func parseCLIFlags(fs *flag.FlagSet, args []string, un *cliUnsupported) error {
+	pos, err := parseCLIArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if un != nil {
+		if err := un.reject(); err != nil {
+			return err
+		}
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	return nil
+}
+
 type cliUnsupported struct {
 	fs    *flag.FlagSet
 	names map[string]string // name -> what it needs

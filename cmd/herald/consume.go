@@ -32,16 +32,10 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 		"filter": "broker-side filters come in a later release",
 		"ack":    "acknowledgements come with consumer groups",
 	})
-	pos, err := parseCLIArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if err := un.reject(); err != nil {
+	if err := parseCLIFlags(fs, args, un); err != nil {
 		return err
 	}
 	switch {
-	case len(pos) > 0:
-		return usagef("unexpected argument %q", pos[0])
 	case *topic == "":
 		return usagef("--topic is required")
 	case *maxN < 0:
