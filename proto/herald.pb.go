@@ -76,6 +76,22 @@ const (
 	ErrorCode_HELLO_REQUIRED ErrorCode = 20
 	// The connection was idle longer than the idle timeout. Final: the connection is closed.
 	ErrorCode_IDLE_TIMEOUT ErrorCode = 21
+	// The consumer group does not exist (never subscribed, or nothing stored).
+	ErrorCode_GROUP_NOT_FOUND ErrorCode = 22
+	// The subscription conflicts with the group's: another mode, filter, or
+	// topic than its live members use.
+	ErrorCode_GROUP_CONFLICT ErrorCode = 23
+	// The group has live members; reset needs force.
+	ErrorCode_GROUP_HAS_MEMBERS ErrorCode = 24
+	// The subscription id is unknown on this connection (unsubscribed, or the
+	// group was reset with force).
+	ErrorCode_SUBSCRIPTION_NOT_FOUND ErrorCode = 25
+	// The filter expression does not parse; the message points at the position.
+	ErrorCode_INVALID_FILTER ErrorCode = 26
+	// No responder is subscribed to the request's topic.
+	ErrorCode_NO_RESPONDERS ErrorCode = 27
+	// The reply's inbox is gone (the requester disconnected).
+	ErrorCode_INBOX_NOT_FOUND ErrorCode = 28
 )
 
 // Enum value maps for ErrorCode.
@@ -103,6 +119,13 @@ var (
 		19: "INTERNAL",
 		20: "HELLO_REQUIRED",
 		21: "IDLE_TIMEOUT",
+		22: "GROUP_NOT_FOUND",
+		23: "GROUP_CONFLICT",
+		24: "GROUP_HAS_MEMBERS",
+		25: "SUBSCRIPTION_NOT_FOUND",
+		26: "INVALID_FILTER",
+		27: "NO_RESPONDERS",
+		28: "INBOX_NOT_FOUND",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED": 0,
@@ -127,6 +150,13 @@ var (
 		"INTERNAL":               19,
 		"HELLO_REQUIRED":         20,
 		"IDLE_TIMEOUT":           21,
+		"GROUP_NOT_FOUND":        22,
+		"GROUP_CONFLICT":         23,
+		"GROUP_HAS_MEMBERS":      24,
+		"SUBSCRIPTION_NOT_FOUND": 25,
+		"INVALID_FILTER":         26,
+		"NO_RESPONDERS":          27,
+		"INBOX_NOT_FOUND":        28,
 	}
 )
 
@@ -259,6 +289,163 @@ func (OffsetSpec) EnumDescriptor() ([]byte, []int) {
 	return file_herald_proto_rawDescGZIP(), []int{2}
 }
 
+type SubscriptionMode int32
+
+const (
+	// Partitions are assigned across members; each message goes to one member,
+	// in partition order.
+	SubscriptionMode_MODE_CLUSTERING SubscriptionMode = 0
+	// Every member receives every message; progress is tracked per member.
+	SubscriptionMode_MODE_BROADCAST SubscriptionMode = 1
+	// Any member takes any message; per-message acks; any number of members.
+	SubscriptionMode_MODE_SHARED SubscriptionMode = 2
+	// Like shared, but one key goes to one member at a time.
+	SubscriptionMode_MODE_KEY_SHARED SubscriptionMode = 3
+)
+
+// Enum value maps for SubscriptionMode.
+var (
+	SubscriptionMode_name = map[int32]string{
+		0: "MODE_CLUSTERING",
+		1: "MODE_BROADCAST",
+		2: "MODE_SHARED",
+		3: "MODE_KEY_SHARED",
+	}
+	SubscriptionMode_value = map[string]int32{
+		"MODE_CLUSTERING": 0,
+		"MODE_BROADCAST":  1,
+		"MODE_SHARED":     2,
+		"MODE_KEY_SHARED": 3,
+	}
+)
+
+func (x SubscriptionMode) Enum() *SubscriptionMode {
+	p := new(SubscriptionMode)
+	*p = x
+	return p
+}
+
+func (x SubscriptionMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SubscriptionMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_herald_proto_enumTypes[3].Descriptor()
+}
+
+func (SubscriptionMode) Type() protoreflect.EnumType {
+	return &file_herald_proto_enumTypes[3]
+}
+
+func (x SubscriptionMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SubscriptionMode.Descriptor instead.
+func (SubscriptionMode) EnumDescriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{3}
+}
+
+type FilterType int32
+
+const (
+	FilterType_FILTER_NONE FilterType = 0
+	// RocketMQ-style tags: "tagA || tagB", "*" for all.
+	FilterType_FILTER_TAG FilterType = 1
+	// SQL-92-style expression over headers, e.g. "region = 'eu' AND price > 10".
+	FilterType_FILTER_SQL FilterType = 2
+)
+
+// Enum value maps for FilterType.
+var (
+	FilterType_name = map[int32]string{
+		0: "FILTER_NONE",
+		1: "FILTER_TAG",
+		2: "FILTER_SQL",
+	}
+	FilterType_value = map[string]int32{
+		"FILTER_NONE": 0,
+		"FILTER_TAG":  1,
+		"FILTER_SQL":  2,
+	}
+)
+
+func (x FilterType) Enum() *FilterType {
+	p := new(FilterType)
+	*p = x
+	return p
+}
+
+func (x FilterType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FilterType) Descriptor() protoreflect.EnumDescriptor {
+	return file_herald_proto_enumTypes[4].Descriptor()
+}
+
+func (FilterType) Type() protoreflect.EnumType {
+	return &file_herald_proto_enumTypes[4]
+}
+
+func (x FilterType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FilterType.Descriptor instead.
+func (FilterType) EnumDescriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{4}
+}
+
+type BreakerState int32
+
+const (
+	BreakerState_BREAKER_CLOSED    BreakerState = 0
+	BreakerState_BREAKER_HALF_OPEN BreakerState = 1
+	BreakerState_BREAKER_OPEN      BreakerState = 2
+)
+
+// Enum value maps for BreakerState.
+var (
+	BreakerState_name = map[int32]string{
+		0: "BREAKER_CLOSED",
+		1: "BREAKER_HALF_OPEN",
+		2: "BREAKER_OPEN",
+	}
+	BreakerState_value = map[string]int32{
+		"BREAKER_CLOSED":    0,
+		"BREAKER_HALF_OPEN": 1,
+		"BREAKER_OPEN":      2,
+	}
+)
+
+func (x BreakerState) Enum() *BreakerState {
+	p := new(BreakerState)
+	*p = x
+	return p
+}
+
+func (x BreakerState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BreakerState) Descriptor() protoreflect.EnumDescriptor {
+	return file_herald_proto_enumTypes[5].Descriptor()
+}
+
+func (BreakerState) Type() protoreflect.EnumType {
+	return &file_herald_proto_enumTypes[5]
+}
+
+func (x BreakerState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BreakerState.Descriptor instead.
+func (BreakerState) EnumDescriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{5}
+}
+
 type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Code          ErrorCode              `protobuf:"varint,1,opt,name=code,proto3,enum=herald.v1.ErrorCode" json:"code,omitempty"`
@@ -350,6 +537,29 @@ type Frame struct {
 	//	*Frame_FetchResponse
 	//	*Frame_ListOffsets
 	//	*Frame_ListOffsetsResponse
+	//	*Frame_Subscribe
+	//	*Frame_SubscribeResponse
+	//	*Frame_Ack
+	//	*Frame_AckResponse
+	//	*Frame_Nack
+	//	*Frame_NackResponse
+	//	*Frame_Commit
+	//	*Frame_CommitResponse
+	//	*Frame_Unsubscribe
+	//	*Frame_UnsubscribeResponse
+	//	*Frame_ListGroups
+	//	*Frame_ListGroupsResponse
+	//	*Frame_DescribeGroup
+	//	*Frame_DescribeGroupResponse
+	//	*Frame_ResetGroup
+	//	*Frame_ResetGroupResponse
+	//	*Frame_Call
+	//	*Frame_CallResponse
+	//	*Frame_Reply
+	//	*Frame_ReplyResponse
+	//	*Frame_Delivery
+	//	*Frame_Assignment
+	//	*Frame_ReplyDelivery
 	//	*Frame_Error
 	Body          isFrame_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
@@ -562,6 +772,213 @@ func (x *Frame) GetListOffsetsResponse() *ListOffsetsResponse {
 	return nil
 }
 
+func (x *Frame) GetSubscribe() *SubscribeRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Subscribe); ok {
+			return x.Subscribe
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetSubscribeResponse() *SubscribeResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_SubscribeResponse); ok {
+			return x.SubscribeResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetAck() *AckRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Ack); ok {
+			return x.Ack
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetAckResponse() *AckResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_AckResponse); ok {
+			return x.AckResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetNack() *NackRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Nack); ok {
+			return x.Nack
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetNackResponse() *NackResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_NackResponse); ok {
+			return x.NackResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetCommit() *CommitRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Commit); ok {
+			return x.Commit
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetCommitResponse() *CommitResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_CommitResponse); ok {
+			return x.CommitResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetUnsubscribe() *UnsubscribeRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Unsubscribe); ok {
+			return x.Unsubscribe
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetUnsubscribeResponse() *UnsubscribeResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_UnsubscribeResponse); ok {
+			return x.UnsubscribeResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListGroups() *ListGroupsRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListGroups); ok {
+			return x.ListGroups
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListGroupsResponse() *ListGroupsResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListGroupsResponse); ok {
+			return x.ListGroupsResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetDescribeGroup() *DescribeGroupRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_DescribeGroup); ok {
+			return x.DescribeGroup
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetDescribeGroupResponse() *DescribeGroupResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_DescribeGroupResponse); ok {
+			return x.DescribeGroupResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetResetGroup() *ResetGroupRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ResetGroup); ok {
+			return x.ResetGroup
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetResetGroupResponse() *ResetGroupResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ResetGroupResponse); ok {
+			return x.ResetGroupResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetCall() *CallRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Call); ok {
+			return x.Call
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetCallResponse() *CallResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_CallResponse); ok {
+			return x.CallResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetReply() *ReplyRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Reply); ok {
+			return x.Reply
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetReplyResponse() *ReplyResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ReplyResponse); ok {
+			return x.ReplyResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetDelivery() *Delivery {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Delivery); ok {
+			return x.Delivery
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetAssignment() *AssignmentChange {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Assignment); ok {
+			return x.Assignment
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetReplyDelivery() *ReplyDelivery {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ReplyDelivery); ok {
+			return x.ReplyDelivery
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetError() *Error {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Error); ok {
@@ -647,6 +1064,99 @@ type Frame_ListOffsetsResponse struct {
 	ListOffsetsResponse *ListOffsetsResponse `protobuf:"bytes,27,opt,name=list_offsets_response,json=listOffsetsResponse,proto3,oneof"`
 }
 
+type Frame_Subscribe struct {
+	Subscribe *SubscribeRequest `protobuf:"bytes,28,opt,name=subscribe,proto3,oneof"`
+}
+
+type Frame_SubscribeResponse struct {
+	SubscribeResponse *SubscribeResponse `protobuf:"bytes,29,opt,name=subscribe_response,json=subscribeResponse,proto3,oneof"`
+}
+
+type Frame_Ack struct {
+	Ack *AckRequest `protobuf:"bytes,30,opt,name=ack,proto3,oneof"`
+}
+
+type Frame_AckResponse struct {
+	AckResponse *AckResponse `protobuf:"bytes,31,opt,name=ack_response,json=ackResponse,proto3,oneof"`
+}
+
+type Frame_Nack struct {
+	Nack *NackRequest `protobuf:"bytes,32,opt,name=nack,proto3,oneof"`
+}
+
+type Frame_NackResponse struct {
+	NackResponse *NackResponse `protobuf:"bytes,33,opt,name=nack_response,json=nackResponse,proto3,oneof"`
+}
+
+type Frame_Commit struct {
+	Commit *CommitRequest `protobuf:"bytes,34,opt,name=commit,proto3,oneof"`
+}
+
+type Frame_CommitResponse struct {
+	CommitResponse *CommitResponse `protobuf:"bytes,35,opt,name=commit_response,json=commitResponse,proto3,oneof"`
+}
+
+type Frame_Unsubscribe struct {
+	Unsubscribe *UnsubscribeRequest `protobuf:"bytes,36,opt,name=unsubscribe,proto3,oneof"`
+}
+
+type Frame_UnsubscribeResponse struct {
+	UnsubscribeResponse *UnsubscribeResponse `protobuf:"bytes,37,opt,name=unsubscribe_response,json=unsubscribeResponse,proto3,oneof"`
+}
+
+type Frame_ListGroups struct {
+	ListGroups *ListGroupsRequest `protobuf:"bytes,38,opt,name=list_groups,json=listGroups,proto3,oneof"`
+}
+
+type Frame_ListGroupsResponse struct {
+	ListGroupsResponse *ListGroupsResponse `protobuf:"bytes,39,opt,name=list_groups_response,json=listGroupsResponse,proto3,oneof"`
+}
+
+type Frame_DescribeGroup struct {
+	DescribeGroup *DescribeGroupRequest `protobuf:"bytes,40,opt,name=describe_group,json=describeGroup,proto3,oneof"`
+}
+
+type Frame_DescribeGroupResponse struct {
+	DescribeGroupResponse *DescribeGroupResponse `protobuf:"bytes,41,opt,name=describe_group_response,json=describeGroupResponse,proto3,oneof"`
+}
+
+type Frame_ResetGroup struct {
+	ResetGroup *ResetGroupRequest `protobuf:"bytes,42,opt,name=reset_group,json=resetGroup,proto3,oneof"`
+}
+
+type Frame_ResetGroupResponse struct {
+	ResetGroupResponse *ResetGroupResponse `protobuf:"bytes,43,opt,name=reset_group_response,json=resetGroupResponse,proto3,oneof"`
+}
+
+type Frame_Call struct {
+	Call *CallRequest `protobuf:"bytes,44,opt,name=call,proto3,oneof"`
+}
+
+type Frame_CallResponse struct {
+	CallResponse *CallResponse `protobuf:"bytes,45,opt,name=call_response,json=callResponse,proto3,oneof"`
+}
+
+type Frame_Reply struct {
+	Reply *ReplyRequest `protobuf:"bytes,46,opt,name=reply,proto3,oneof"`
+}
+
+type Frame_ReplyResponse struct {
+	ReplyResponse *ReplyResponse `protobuf:"bytes,47,opt,name=reply_response,json=replyResponse,proto3,oneof"`
+}
+
+type Frame_Delivery struct {
+	// Server pushes (frame id 0): never requests, never answered.
+	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
+}
+
+type Frame_Assignment struct {
+	Assignment *AssignmentChange `protobuf:"bytes,61,opt,name=assignment,proto3,oneof"`
+}
+
+type Frame_ReplyDelivery struct {
+	ReplyDelivery *ReplyDelivery `protobuf:"bytes,62,opt,name=reply_delivery,json=replyDelivery,proto3,oneof"`
+}
+
 type Frame_Error struct {
 	Error *Error `protobuf:"bytes,100,opt,name=error,proto3,oneof"`
 }
@@ -686,6 +1196,52 @@ func (*Frame_FetchResponse) isFrame_Body() {}
 func (*Frame_ListOffsets) isFrame_Body() {}
 
 func (*Frame_ListOffsetsResponse) isFrame_Body() {}
+
+func (*Frame_Subscribe) isFrame_Body() {}
+
+func (*Frame_SubscribeResponse) isFrame_Body() {}
+
+func (*Frame_Ack) isFrame_Body() {}
+
+func (*Frame_AckResponse) isFrame_Body() {}
+
+func (*Frame_Nack) isFrame_Body() {}
+
+func (*Frame_NackResponse) isFrame_Body() {}
+
+func (*Frame_Commit) isFrame_Body() {}
+
+func (*Frame_CommitResponse) isFrame_Body() {}
+
+func (*Frame_Unsubscribe) isFrame_Body() {}
+
+func (*Frame_UnsubscribeResponse) isFrame_Body() {}
+
+func (*Frame_ListGroups) isFrame_Body() {}
+
+func (*Frame_ListGroupsResponse) isFrame_Body() {}
+
+func (*Frame_DescribeGroup) isFrame_Body() {}
+
+func (*Frame_DescribeGroupResponse) isFrame_Body() {}
+
+func (*Frame_ResetGroup) isFrame_Body() {}
+
+func (*Frame_ResetGroupResponse) isFrame_Body() {}
+
+func (*Frame_Call) isFrame_Body() {}
+
+func (*Frame_CallResponse) isFrame_Body() {}
+
+func (*Frame_Reply) isFrame_Body() {}
+
+func (*Frame_ReplyResponse) isFrame_Body() {}
+
+func (*Frame_Delivery) isFrame_Body() {}
+
+func (*Frame_Assignment) isFrame_Body() {}
+
+func (*Frame_ReplyDelivery) isFrame_Body() {}
 
 func (*Frame_Error) isFrame_Body() {}
 
@@ -2230,6 +2786,1874 @@ func (x *ListOffsetsResponse) GetHighWatermark() int64 {
 	return 0
 }
 
+// Where a group with no stored progress starts. Ignored once the group has
+// progress (use ResetGroup to move it).
+type StartPosition struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to At:
+	//
+	//	*StartPosition_Earliest
+	//	*StartPosition_Latest
+	//	*StartPosition_Offset
+	//	*StartPosition_TimestampMs
+	At            isStartPosition_At `protobuf_oneof:"at"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartPosition) Reset() {
+	*x = StartPosition{}
+	mi := &file_herald_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartPosition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartPosition) ProtoMessage() {}
+
+func (x *StartPosition) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartPosition.ProtoReflect.Descriptor instead.
+func (*StartPosition) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *StartPosition) GetAt() isStartPosition_At {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *StartPosition) GetEarliest() bool {
+	if x != nil {
+		if x, ok := x.At.(*StartPosition_Earliest); ok {
+			return x.Earliest
+		}
+	}
+	return false
+}
+
+func (x *StartPosition) GetLatest() bool {
+	if x != nil {
+		if x, ok := x.At.(*StartPosition_Latest); ok {
+			return x.Latest
+		}
+	}
+	return false
+}
+
+func (x *StartPosition) GetOffset() int64 {
+	if x != nil {
+		if x, ok := x.At.(*StartPosition_Offset); ok {
+			return x.Offset
+		}
+	}
+	return 0
+}
+
+func (x *StartPosition) GetTimestampMs() int64 {
+	if x != nil {
+		if x, ok := x.At.(*StartPosition_TimestampMs); ok {
+			return x.TimestampMs
+		}
+	}
+	return 0
+}
+
+type isStartPosition_At interface {
+	isStartPosition_At()
+}
+
+type StartPosition_Earliest struct {
+	Earliest bool `protobuf:"varint,1,opt,name=earliest,proto3,oneof"`
+}
+
+type StartPosition_Latest struct {
+	Latest bool `protobuf:"varint,2,opt,name=latest,proto3,oneof"`
+}
+
+type StartPosition_Offset struct {
+	Offset int64 `protobuf:"varint,3,opt,name=offset,proto3,oneof"`
+}
+
+type StartPosition_TimestampMs struct {
+	TimestampMs int64 `protobuf:"varint,4,opt,name=timestamp_ms,json=timestampMs,proto3,oneof"`
+}
+
+func (*StartPosition_Earliest) isStartPosition_At() {}
+
+func (*StartPosition_Latest) isStartPosition_At() {}
+
+func (*StartPosition_Offset) isStartPosition_At() {}
+
+func (*StartPosition_TimestampMs) isStartPosition_At() {}
+
+type SubscribeRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Group      string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Topic      string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Mode       SubscriptionMode       `protobuf:"varint,3,opt,name=mode,proto3,enum=herald.v1.SubscriptionMode" json:"mode,omitempty"`
+	FilterType FilterType             `protobuf:"varint,4,opt,name=filter_type,json=filterType,proto3,enum=herald.v1.FilterType" json:"filter_type,omitempty"`
+	Filter     string                 `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Acknowledge each message as it is delivered: at-most-once.
+	AutoAck bool `protobuf:"varint,6,opt,name=auto_ack,json=autoAck,proto3" json:"auto_ack,omitempty"`
+	// At most one message in flight per partition (per key in key-shared).
+	Orderly bool `protobuf:"varint,7,opt,name=orderly,proto3" json:"orderly,omitempty"`
+	// Redeliver a message not acked within this; 0 = broker default (30 s).
+	AckTimeoutMs uint32 `protobuf:"varint,8,opt,name=ack_timeout_ms,json=ackTimeoutMs,proto3" json:"ack_timeout_ms,omitempty"`
+	// Initial credits: how many messages the broker may push now.
+	Credits uint32 `protobuf:"varint,9,opt,name=credits,proto3" json:"credits,omitempty"`
+	// Absent = latest.
+	Start *StartPosition `protobuf:"bytes,10,opt,name=start,proto3" json:"start,omitempty"`
+	// This member also answers CallRequests sent to the topic (request-reply).
+	Responder bool `protobuf:"varint,11,opt,name=responder,proto3" json:"responder,omitempty"`
+	// Shown by DescribeGroup; defaults to the connection's client id.
+	MemberName    string `protobuf:"bytes,12,opt,name=member_name,json=memberName,proto3" json:"member_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeRequest) Reset() {
+	*x = SubscribeRequest{}
+	mi := &file_herald_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeRequest) ProtoMessage() {}
+
+func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
+func (*SubscribeRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SubscribeRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *SubscribeRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *SubscribeRequest) GetMode() SubscriptionMode {
+	if x != nil {
+		return x.Mode
+	}
+	return SubscriptionMode_MODE_CLUSTERING
+}
+
+func (x *SubscribeRequest) GetFilterType() FilterType {
+	if x != nil {
+		return x.FilterType
+	}
+	return FilterType_FILTER_NONE
+}
+
+func (x *SubscribeRequest) GetFilter() string {
+	if x != nil {
+		return x.Filter
+	}
+	return ""
+}
+
+func (x *SubscribeRequest) GetAutoAck() bool {
+	if x != nil {
+		return x.AutoAck
+	}
+	return false
+}
+
+func (x *SubscribeRequest) GetOrderly() bool {
+	if x != nil {
+		return x.Orderly
+	}
+	return false
+}
+
+func (x *SubscribeRequest) GetAckTimeoutMs() uint32 {
+	if x != nil {
+		return x.AckTimeoutMs
+	}
+	return 0
+}
+
+func (x *SubscribeRequest) GetCredits() uint32 {
+	if x != nil {
+		return x.Credits
+	}
+	return 0
+}
+
+func (x *SubscribeRequest) GetStart() *StartPosition {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetResponder() bool {
+	if x != nil {
+		return x.Responder
+	}
+	return false
+}
+
+func (x *SubscribeRequest) GetMemberName() string {
+	if x != nil {
+		return x.MemberName
+	}
+	return ""
+}
+
+type SubscribeResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SubscriptionId uint64                 `protobuf:"varint,1,opt,name=subscription_id,json=subscriptionId,proto3" json:"subscription_id,omitempty"`
+	MemberId       string                 `protobuf:"bytes,2,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	Partitions     uint32                 `protobuf:"varint,3,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SubscribeResponse) Reset() {
+	*x = SubscribeResponse{}
+	mi := &file_herald_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeResponse) ProtoMessage() {}
+
+func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
+func (*SubscribeResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SubscribeResponse) GetSubscriptionId() uint64 {
+	if x != nil {
+		return x.SubscriptionId
+	}
+	return 0
+}
+
+func (x *SubscribeResponse) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *SubscribeResponse) GetPartitions() uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
+// Acknowledges messages (parallel arrays: partitions[i], offsets[i]) and
+// grants more credits. Answered once the acks are durable in `__groups`;
+// acks of messages that are already done or were never delivered to the
+// group are ignored (counted in herald_consumer_stale_acks_total).
+type AckRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SubscriptionId uint64                 `protobuf:"varint,1,opt,name=subscription_id,json=subscriptionId,proto3" json:"subscription_id,omitempty"`
+	Partitions     []uint32               `protobuf:"varint,2,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	Offsets        []int64                `protobuf:"varint,3,rep,packed,name=offsets,proto3" json:"offsets,omitempty"`
+	Credits        uint32                 `protobuf:"varint,4,opt,name=credits,proto3" json:"credits,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *AckRequest) Reset() {
+	*x = AckRequest{}
+	mi := &file_herald_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AckRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AckRequest) ProtoMessage() {}
+
+func (x *AckRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
+func (*AckRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *AckRequest) GetSubscriptionId() uint64 {
+	if x != nil {
+		return x.SubscriptionId
+	}
+	return 0
+}
+
+func (x *AckRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *AckRequest) GetOffsets() []int64 {
+	if x != nil {
+		return x.Offsets
+	}
+	return nil
+}
+
+func (x *AckRequest) GetCredits() uint32 {
+	if x != nil {
+		return x.Credits
+	}
+	return 0
+}
+
+type AckResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AckResponse) Reset() {
+	*x = AckResponse{}
+	mi := &file_herald_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AckResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AckResponse) ProtoMessage() {}
+
+func (x *AckResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
+func (*AckResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{32}
+}
+
+// Gives messages back for redelivery, no earlier than delay_ms from now and
+// preferably to another member.
+type NackRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SubscriptionId uint64                 `protobuf:"varint,1,opt,name=subscription_id,json=subscriptionId,proto3" json:"subscription_id,omitempty"`
+	Partitions     []uint32               `protobuf:"varint,2,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	Offsets        []int64                `protobuf:"varint,3,rep,packed,name=offsets,proto3" json:"offsets,omitempty"`
+	DelayMs        uint32                 `protobuf:"varint,4,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
+	Credits        uint32                 `protobuf:"varint,5,opt,name=credits,proto3" json:"credits,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *NackRequest) Reset() {
+	*x = NackRequest{}
+	mi := &file_herald_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NackRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NackRequest) ProtoMessage() {}
+
+func (x *NackRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
+func (*NackRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *NackRequest) GetSubscriptionId() uint64 {
+	if x != nil {
+		return x.SubscriptionId
+	}
+	return 0
+}
+
+func (x *NackRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *NackRequest) GetOffsets() []int64 {
+	if x != nil {
+		return x.Offsets
+	}
+	return nil
+}
+
+func (x *NackRequest) GetDelayMs() uint32 {
+	if x != nil {
+		return x.DelayMs
+	}
+	return 0
+}
+
+func (x *NackRequest) GetCredits() uint32 {
+	if x != nil {
+		return x.Credits
+	}
+	return 0
+}
+
+type NackResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NackResponse) Reset() {
+	*x = NackResponse{}
+	mi := &file_herald_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NackResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NackResponse) ProtoMessage() {}
+
+func (x *NackResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
+func (*NackResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{34}
+}
+
+// Kafka-style commit (clustering mode): every offset below `offset` of a
+// partition the member owns is done. Answered once durable.
+type CommitRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SubscriptionId uint64                 `protobuf:"varint,1,opt,name=subscription_id,json=subscriptionId,proto3" json:"subscription_id,omitempty"`
+	Partition      uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	Offset         int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CommitRequest) Reset() {
+	*x = CommitRequest{}
+	mi := &file_herald_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitRequest) ProtoMessage() {}
+
+func (x *CommitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
+func (*CommitRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *CommitRequest) GetSubscriptionId() uint64 {
+	if x != nil {
+		return x.SubscriptionId
+	}
+	return 0
+}
+
+func (x *CommitRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *CommitRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+type CommitResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitResponse) Reset() {
+	*x = CommitResponse{}
+	mi := &file_herald_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitResponse) ProtoMessage() {}
+
+func (x *CommitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
+func (*CommitResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{36}
+}
+
+// Leaves the group; unacked messages are redelivered to other members.
+type UnsubscribeRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SubscriptionId uint64                 `protobuf:"varint,1,opt,name=subscription_id,json=subscriptionId,proto3" json:"subscription_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *UnsubscribeRequest) Reset() {
+	*x = UnsubscribeRequest{}
+	mi := &file_herald_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnsubscribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnsubscribeRequest) ProtoMessage() {}
+
+func (x *UnsubscribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnsubscribeRequest.ProtoReflect.Descriptor instead.
+func (*UnsubscribeRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *UnsubscribeRequest) GetSubscriptionId() uint64 {
+	if x != nil {
+		return x.SubscriptionId
+	}
+	return 0
+}
+
+type UnsubscribeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnsubscribeResponse) Reset() {
+	*x = UnsubscribeResponse{}
+	mi := &file_herald_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnsubscribeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnsubscribeResponse) ProtoMessage() {}
+
+func (x *UnsubscribeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnsubscribeResponse.ProtoReflect.Descriptor instead.
+func (*UnsubscribeResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{38}
+}
+
+// DeliveredMessage is one pushed message. `record` is the Record exactly as
+// the producer encoded it. Request-reply calls arrive with partition and
+// offset -1 and reply_inbox set.
+type DeliveredMessage struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	Offset    int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// 1 on first delivery.
+	DeliveryCount uint32  `protobuf:"varint,3,opt,name=delivery_count,json=deliveryCount,proto3" json:"delivery_count,omitempty"`
+	AppendTimeMs  int64   `protobuf:"varint,4,opt,name=append_time_ms,json=appendTimeMs,proto3" json:"append_time_ms,omitempty"`
+	Record        *Record `protobuf:"bytes,5,opt,name=record,proto3" json:"record,omitempty"`
+	ReplyInbox    string  `protobuf:"bytes,6,opt,name=reply_inbox,json=replyInbox,proto3" json:"reply_inbox,omitempty"`
+	CorrelationId uint64  `protobuf:"varint,7,opt,name=correlation_id,json=correlationId,proto3" json:"correlation_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeliveredMessage) Reset() {
+	*x = DeliveredMessage{}
+	mi := &file_herald_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeliveredMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeliveredMessage) ProtoMessage() {}
+
+func (x *DeliveredMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeliveredMessage.ProtoReflect.Descriptor instead.
+func (*DeliveredMessage) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DeliveredMessage) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *DeliveredMessage) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *DeliveredMessage) GetDeliveryCount() uint32 {
+	if x != nil {
+		return x.DeliveryCount
+	}
+	return 0
+}
+
+func (x *DeliveredMessage) GetAppendTimeMs() int64 {
+	if x != nil {
+		return x.AppendTimeMs
+	}
+	return 0
+}
+
+func (x *DeliveredMessage) GetRecord() *Record {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+func (x *DeliveredMessage) GetReplyInbox() string {
+	if x != nil {
+		return x.ReplyInbox
+	}
+	return ""
+}
+
+func (x *DeliveredMessage) GetCorrelationId() uint64 {
+	if x != nil {
+		return x.CorrelationId
+	}
+	return 0
+}
+
+// Push: messages for a subscription.
+type Delivery struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SubscriptionId uint64                 `protobuf:"varint,1,opt,name=subscription_id,json=subscriptionId,proto3" json:"subscription_id,omitempty"`
+	Messages       []*DeliveredMessage    `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Delivery) Reset() {
+	*x = Delivery{}
+	mi := &file_herald_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Delivery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Delivery) ProtoMessage() {}
+
+func (x *Delivery) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
+func (*Delivery) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *Delivery) GetSubscriptionId() uint64 {
+	if x != nil {
+		return x.SubscriptionId
+	}
+	return 0
+}
+
+func (x *Delivery) GetMessages() []*DeliveredMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+// Push (clustering mode): the member's partitions changed. Deliveries of a
+// revoked partition stop; unacked ones are redelivered to the new owner once
+// the ack timeout passes, or at once when acked or nacked.
+type AssignmentChange struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SubscriptionId uint64                 `protobuf:"varint,1,opt,name=subscription_id,json=subscriptionId,proto3" json:"subscription_id,omitempty"`
+	Added          []uint32               `protobuf:"varint,2,rep,packed,name=added,proto3" json:"added,omitempty"`
+	Revoked        []uint32               `protobuf:"varint,3,rep,packed,name=revoked,proto3" json:"revoked,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *AssignmentChange) Reset() {
+	*x = AssignmentChange{}
+	mi := &file_herald_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AssignmentChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AssignmentChange) ProtoMessage() {}
+
+func (x *AssignmentChange) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AssignmentChange.ProtoReflect.Descriptor instead.
+func (*AssignmentChange) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *AssignmentChange) GetSubscriptionId() uint64 {
+	if x != nil {
+		return x.SubscriptionId
+	}
+	return 0
+}
+
+func (x *AssignmentChange) GetAdded() []uint32 {
+	if x != nil {
+		return x.Added
+	}
+	return nil
+}
+
+func (x *AssignmentChange) GetRevoked() []uint32 {
+	if x != nil {
+		return x.Revoked
+	}
+	return nil
+}
+
+type ListGroupsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListGroupsRequest) Reset() {
+	*x = ListGroupsRequest{}
+	mi := &file_herald_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListGroupsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListGroupsRequest) ProtoMessage() {}
+
+func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
+func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{42}
+}
+
+type GroupSummary struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Mode          SubscriptionMode       `protobuf:"varint,3,opt,name=mode,proto3,enum=herald.v1.SubscriptionMode" json:"mode,omitempty"`
+	Members       uint32                 `protobuf:"varint,4,opt,name=members,proto3" json:"members,omitempty"`
+	Lag           int64                  `protobuf:"varint,5,opt,name=lag,proto3" json:"lag,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupSummary) Reset() {
+	*x = GroupSummary{}
+	mi := &file_herald_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupSummary) ProtoMessage() {}
+
+func (x *GroupSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupSummary.ProtoReflect.Descriptor instead.
+func (*GroupSummary) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *GroupSummary) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupSummary) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *GroupSummary) GetMode() SubscriptionMode {
+	if x != nil {
+		return x.Mode
+	}
+	return SubscriptionMode_MODE_CLUSTERING
+}
+
+func (x *GroupSummary) GetMembers() uint32 {
+	if x != nil {
+		return x.Members
+	}
+	return 0
+}
+
+func (x *GroupSummary) GetLag() int64 {
+	if x != nil {
+		return x.Lag
+	}
+	return 0
+}
+
+type ListGroupsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Groups        []*GroupSummary        `protobuf:"bytes,1,rep,name=groups,proto3" json:"groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListGroupsResponse) Reset() {
+	*x = ListGroupsResponse{}
+	mi := &file_herald_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListGroupsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListGroupsResponse) ProtoMessage() {}
+
+func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListGroupsResponse.ProtoReflect.Descriptor instead.
+func (*ListGroupsResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ListGroupsResponse) GetGroups() []*GroupSummary {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+type DescribeGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeGroupRequest) Reset() {
+	*x = DescribeGroupRequest{}
+	mi := &file_herald_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeGroupRequest) ProtoMessage() {}
+
+func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeGroupRequest.ProtoReflect.Descriptor instead.
+func (*DescribeGroupRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *DescribeGroupRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+type MemberInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MemberId      string                 `protobuf:"bytes,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Address       string                 `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Partitions    []uint32               `protobuf:"varint,4,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	InFlight      uint32                 `protobuf:"varint,5,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	Credits       uint32                 `protobuf:"varint,6,opt,name=credits,proto3" json:"credits,omitempty"`
+	Delivered     uint64                 `protobuf:"varint,7,opt,name=delivered,proto3" json:"delivered,omitempty"`
+	Redelivered   uint64                 `protobuf:"varint,8,opt,name=redelivered,proto3" json:"redelivered,omitempty"`
+	Breaker       BreakerState           `protobuf:"varint,9,opt,name=breaker,proto3,enum=herald.v1.BreakerState" json:"breaker,omitempty"`
+	Responder     bool                   `protobuf:"varint,10,opt,name=responder,proto3" json:"responder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberInfo) Reset() {
+	*x = MemberInfo{}
+	mi := &file_herald_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberInfo) ProtoMessage() {}
+
+func (x *MemberInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberInfo.ProtoReflect.Descriptor instead.
+func (*MemberInfo) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *MemberInfo) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *MemberInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MemberInfo) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *MemberInfo) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *MemberInfo) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *MemberInfo) GetCredits() uint32 {
+	if x != nil {
+		return x.Credits
+	}
+	return 0
+}
+
+func (x *MemberInfo) GetDelivered() uint64 {
+	if x != nil {
+		return x.Delivered
+	}
+	return 0
+}
+
+func (x *MemberInfo) GetRedelivered() uint64 {
+	if x != nil {
+		return x.Redelivered
+	}
+	return 0
+}
+
+func (x *MemberInfo) GetBreaker() BreakerState {
+	if x != nil {
+		return x.Breaker
+	}
+	return BreakerState_BREAKER_CLOSED
+}
+
+func (x *MemberInfo) GetResponder() bool {
+	if x != nil {
+		return x.Responder
+	}
+	return false
+}
+
+type PartitionLag struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// For broadcast groups: the member whose progress this is.
+	Subscriber string `protobuf:"bytes,2,opt,name=subscriber,proto3" json:"subscriber,omitempty"`
+	AckFloor   int64  `protobuf:"varint,3,opt,name=ack_floor,json=ackFloor,proto3" json:"ack_floor,omitempty"`
+	// Offsets acked above the floor.
+	AckedAbove    uint32 `protobuf:"varint,4,opt,name=acked_above,json=ackedAbove,proto3" json:"acked_above,omitempty"`
+	HighWatermark int64  `protobuf:"varint,5,opt,name=high_watermark,json=highWatermark,proto3" json:"high_watermark,omitempty"`
+	// high_watermark - ack_floor - acked_above.
+	Lag           int64  `protobuf:"varint,6,opt,name=lag,proto3" json:"lag,omitempty"`
+	Owner         string `protobuf:"bytes,7,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionLag) Reset() {
+	*x = PartitionLag{}
+	mi := &file_herald_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionLag) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionLag) ProtoMessage() {}
+
+func (x *PartitionLag) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionLag.ProtoReflect.Descriptor instead.
+func (*PartitionLag) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *PartitionLag) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionLag) GetSubscriber() string {
+	if x != nil {
+		return x.Subscriber
+	}
+	return ""
+}
+
+func (x *PartitionLag) GetAckFloor() int64 {
+	if x != nil {
+		return x.AckFloor
+	}
+	return 0
+}
+
+func (x *PartitionLag) GetAckedAbove() uint32 {
+	if x != nil {
+		return x.AckedAbove
+	}
+	return 0
+}
+
+func (x *PartitionLag) GetHighWatermark() int64 {
+	if x != nil {
+		return x.HighWatermark
+	}
+	return 0
+}
+
+func (x *PartitionLag) GetLag() int64 {
+	if x != nil {
+		return x.Lag
+	}
+	return 0
+}
+
+func (x *PartitionLag) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+type GroupInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Mode          SubscriptionMode       `protobuf:"varint,3,opt,name=mode,proto3,enum=herald.v1.SubscriptionMode" json:"mode,omitempty"`
+	FilterType    FilterType             `protobuf:"varint,4,opt,name=filter_type,json=filterType,proto3,enum=herald.v1.FilterType" json:"filter_type,omitempty"`
+	Filter        string                 `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`
+	Members       []*MemberInfo          `protobuf:"bytes,6,rep,name=members,proto3" json:"members,omitempty"`
+	Partitions    []*PartitionLag        `protobuf:"bytes,7,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	InFlight      uint32                 `protobuf:"varint,8,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	Redelivered   uint64                 `protobuf:"varint,9,opt,name=redelivered,proto3" json:"redelivered,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupInfo) Reset() {
+	*x = GroupInfo{}
+	mi := &file_herald_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupInfo) ProtoMessage() {}
+
+func (x *GroupInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupInfo.ProtoReflect.Descriptor instead.
+func (*GroupInfo) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *GroupInfo) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupInfo) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *GroupInfo) GetMode() SubscriptionMode {
+	if x != nil {
+		return x.Mode
+	}
+	return SubscriptionMode_MODE_CLUSTERING
+}
+
+func (x *GroupInfo) GetFilterType() FilterType {
+	if x != nil {
+		return x.FilterType
+	}
+	return FilterType_FILTER_NONE
+}
+
+func (x *GroupInfo) GetFilter() string {
+	if x != nil {
+		return x.Filter
+	}
+	return ""
+}
+
+func (x *GroupInfo) GetMembers() []*MemberInfo {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *GroupInfo) GetPartitions() []*PartitionLag {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *GroupInfo) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *GroupInfo) GetRedelivered() uint64 {
+	if x != nil {
+		return x.Redelivered
+	}
+	return 0
+}
+
+type DescribeGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         *GroupInfo             `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeGroupResponse) Reset() {
+	*x = DescribeGroupResponse{}
+	mi := &file_herald_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeGroupResponse) ProtoMessage() {}
+
+func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeGroupResponse.ProtoReflect.Descriptor instead.
+func (*DescribeGroupResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *DescribeGroupResponse) GetGroup() *GroupInfo {
+	if x != nil {
+		return x.Group
+	}
+	return nil
+}
+
+// Moves the group's position in every partition (or those listed) to `to`.
+// Refused with GROUP_HAS_MEMBERS while members are connected unless force,
+// which first ends their subscriptions.
+type ResetGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	To            *StartPosition         `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	Force         bool                   `protobuf:"varint,3,opt,name=force,proto3" json:"force,omitempty"`
+	Partitions    []uint32               `protobuf:"varint,4,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetGroupRequest) Reset() {
+	*x = ResetGroupRequest{}
+	mi := &file_herald_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetGroupRequest) ProtoMessage() {}
+
+func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetGroupRequest.ProtoReflect.Descriptor instead.
+func (*ResetGroupRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *ResetGroupRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *ResetGroupRequest) GetTo() *StartPosition {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+func (x *ResetGroupRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+func (x *ResetGroupRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+type ResetGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         *GroupInfo             `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetGroupResponse) Reset() {
+	*x = ResetGroupResponse{}
+	mi := &file_herald_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetGroupResponse) ProtoMessage() {}
+
+func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetGroupResponse.ProtoReflect.Descriptor instead.
+func (*ResetGroupResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ResetGroupResponse) GetGroup() *GroupInfo {
+	if x != nil {
+		return x.Group
+	}
+	return nil
+}
+
+type CallRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Record        *Record                `protobuf:"bytes,2,opt,name=record,proto3" json:"record,omitempty"`
+	CorrelationId uint64                 `protobuf:"varint,3,opt,name=correlation_id,json=correlationId,proto3" json:"correlation_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallRequest) Reset() {
+	*x = CallRequest{}
+	mi := &file_herald_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallRequest) ProtoMessage() {}
+
+func (x *CallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
+func (*CallRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *CallRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *CallRequest) GetRecord() *Record {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+func (x *CallRequest) GetCorrelationId() uint64 {
+	if x != nil {
+		return x.CorrelationId
+	}
+	return 0
+}
+
+type CallResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caller's inbox: the connection the reply will be pushed to.
+	Inbox         string `protobuf:"bytes,1,opt,name=inbox,proto3" json:"inbox,omitempty"`
+	Responders    uint32 `protobuf:"varint,2,opt,name=responders,proto3" json:"responders,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallResponse) Reset() {
+	*x = CallResponse{}
+	mi := &file_herald_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallResponse) ProtoMessage() {}
+
+func (x *CallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
+func (*CallResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *CallResponse) GetInbox() string {
+	if x != nil {
+		return x.Inbox
+	}
+	return ""
+}
+
+func (x *CallResponse) GetResponders() uint32 {
+	if x != nil {
+		return x.Responders
+	}
+	return 0
+}
+
+type ReplyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Inbox         string                 `protobuf:"bytes,1,opt,name=inbox,proto3" json:"inbox,omitempty"`
+	CorrelationId uint64                 `protobuf:"varint,2,opt,name=correlation_id,json=correlationId,proto3" json:"correlation_id,omitempty"`
+	Record        *Record                `protobuf:"bytes,3,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyRequest) Reset() {
+	*x = ReplyRequest{}
+	mi := &file_herald_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyRequest) ProtoMessage() {}
+
+func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyRequest.ProtoReflect.Descriptor instead.
+func (*ReplyRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *ReplyRequest) GetInbox() string {
+	if x != nil {
+		return x.Inbox
+	}
+	return ""
+}
+
+func (x *ReplyRequest) GetCorrelationId() uint64 {
+	if x != nil {
+		return x.CorrelationId
+	}
+	return 0
+}
+
+func (x *ReplyRequest) GetRecord() *Record {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+type ReplyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyResponse) Reset() {
+	*x = ReplyResponse{}
+	mi := &file_herald_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyResponse) ProtoMessage() {}
+
+func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyResponse.ProtoReflect.Descriptor instead.
+func (*ReplyResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{55}
+}
+
+// Push: a reply to an earlier CallRequest of this connection.
+type ReplyDelivery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CorrelationId uint64                 `protobuf:"varint,1,opt,name=correlation_id,json=correlationId,proto3" json:"correlation_id,omitempty"`
+	Record        *Record                `protobuf:"bytes,2,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyDelivery) Reset() {
+	*x = ReplyDelivery{}
+	mi := &file_herald_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyDelivery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyDelivery) ProtoMessage() {}
+
+func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyDelivery.ProtoReflect.Descriptor instead.
+func (*ReplyDelivery) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *ReplyDelivery) GetCorrelationId() uint64 {
+	if x != nil {
+		return x.CorrelationId
+	}
+	return 0
+}
+
+func (x *ReplyDelivery) GetRecord() *Record {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
 var File_herald_proto protoreflect.FileDescriptor
 
 const file_herald_proto_rawDesc = "" +
@@ -2239,8 +4663,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.herald.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12$\n" +
-	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\"\xbf\n" +
-	"\n" +
+	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\"\x98\x16\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -2262,7 +4685,34 @@ const file_herald_proto_rawDesc = "" +
 	"\x05fetch\x18\x18 \x01(\v2\x17.herald.v1.FetchRequestH\x00R\x05fetch\x12A\n" +
 	"\x0efetch_response\x18\x19 \x01(\v2\x18.herald.v1.FetchResponseH\x00R\rfetchResponse\x12B\n" +
 	"\flist_offsets\x18\x1a \x01(\v2\x1d.herald.v1.ListOffsetsRequestH\x00R\vlistOffsets\x12T\n" +
-	"\x15list_offsets_response\x18\x1b \x01(\v2\x1e.herald.v1.ListOffsetsResponseH\x00R\x13listOffsetsResponse\x12(\n" +
+	"\x15list_offsets_response\x18\x1b \x01(\v2\x1e.herald.v1.ListOffsetsResponseH\x00R\x13listOffsetsResponse\x12;\n" +
+	"\tsubscribe\x18\x1c \x01(\v2\x1b.herald.v1.SubscribeRequestH\x00R\tsubscribe\x12M\n" +
+	"\x12subscribe_response\x18\x1d \x01(\v2\x1c.herald.v1.SubscribeResponseH\x00R\x11subscribeResponse\x12)\n" +
+	"\x03ack\x18\x1e \x01(\v2\x15.herald.v1.AckRequestH\x00R\x03ack\x12;\n" +
+	"\fack_response\x18\x1f \x01(\v2\x16.herald.v1.AckResponseH\x00R\vackResponse\x12,\n" +
+	"\x04nack\x18  \x01(\v2\x16.herald.v1.NackRequestH\x00R\x04nack\x12>\n" +
+	"\rnack_response\x18! \x01(\v2\x17.herald.v1.NackResponseH\x00R\fnackResponse\x122\n" +
+	"\x06commit\x18\" \x01(\v2\x18.herald.v1.CommitRequestH\x00R\x06commit\x12D\n" +
+	"\x0fcommit_response\x18# \x01(\v2\x19.herald.v1.CommitResponseH\x00R\x0ecommitResponse\x12A\n" +
+	"\vunsubscribe\x18$ \x01(\v2\x1d.herald.v1.UnsubscribeRequestH\x00R\vunsubscribe\x12S\n" +
+	"\x14unsubscribe_response\x18% \x01(\v2\x1e.herald.v1.UnsubscribeResponseH\x00R\x13unsubscribeResponse\x12?\n" +
+	"\vlist_groups\x18& \x01(\v2\x1c.herald.v1.ListGroupsRequestH\x00R\n" +
+	"listGroups\x12Q\n" +
+	"\x14list_groups_response\x18' \x01(\v2\x1d.herald.v1.ListGroupsResponseH\x00R\x12listGroupsResponse\x12H\n" +
+	"\x0edescribe_group\x18( \x01(\v2\x1f.herald.v1.DescribeGroupRequestH\x00R\rdescribeGroup\x12Z\n" +
+	"\x17describe_group_response\x18) \x01(\v2 .herald.v1.DescribeGroupResponseH\x00R\x15describeGroupResponse\x12?\n" +
+	"\vreset_group\x18* \x01(\v2\x1c.herald.v1.ResetGroupRequestH\x00R\n" +
+	"resetGroup\x12Q\n" +
+	"\x14reset_group_response\x18+ \x01(\v2\x1d.herald.v1.ResetGroupResponseH\x00R\x12resetGroupResponse\x12,\n" +
+	"\x04call\x18, \x01(\v2\x16.herald.v1.CallRequestH\x00R\x04call\x12>\n" +
+	"\rcall_response\x18- \x01(\v2\x17.herald.v1.CallResponseH\x00R\fcallResponse\x12/\n" +
+	"\x05reply\x18. \x01(\v2\x17.herald.v1.ReplyRequestH\x00R\x05reply\x12A\n" +
+	"\x0ereply_response\x18/ \x01(\v2\x18.herald.v1.ReplyResponseH\x00R\rreplyResponse\x121\n" +
+	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
+	"\n" +
+	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
+	"assignment\x12A\n" +
+	"\x0ereply_delivery\x18> \x01(\v2\x18.herald.v1.ReplyDeliveryH\x00R\rreplyDelivery\x12(\n" +
 	"\x05error\x18d \x01(\v2\x10.herald.v1.ErrorH\x00R\x05errorB\x06\n" +
 	"\x04body\"\xa2\x01\n" +
 	"\fHelloRequest\x12\x1b\n" +
@@ -2374,7 +4824,155 @@ const file_herald_proto_rawDesc = "" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12(\n" +
 	"\x10log_start_offset\x18\x03 \x01(\x03R\x0elogStartOffset\x12%\n" +
-	"\x0ehigh_watermark\x18\x04 \x01(\x03R\rhighWatermark*\xdd\x03\n" +
+	"\x0ehigh_watermark\x18\x04 \x01(\x03R\rhighWatermark\"\x8c\x01\n" +
+	"\rStartPosition\x12\x1c\n" +
+	"\bearliest\x18\x01 \x01(\bH\x00R\bearliest\x12\x18\n" +
+	"\x06latest\x18\x02 \x01(\bH\x00R\x06latest\x12\x18\n" +
+	"\x06offset\x18\x03 \x01(\x03H\x00R\x06offset\x12#\n" +
+	"\ftimestamp_ms\x18\x04 \x01(\x03H\x00R\vtimestampMsB\x04\n" +
+	"\x02at\"\xa3\x03\n" +
+	"\x10SubscribeRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12/\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x1b.herald.v1.SubscriptionModeR\x04mode\x126\n" +
+	"\vfilter_type\x18\x04 \x01(\x0e2\x15.herald.v1.FilterTypeR\n" +
+	"filterType\x12\x16\n" +
+	"\x06filter\x18\x05 \x01(\tR\x06filter\x12\x19\n" +
+	"\bauto_ack\x18\x06 \x01(\bR\aautoAck\x12\x18\n" +
+	"\aorderly\x18\a \x01(\bR\aorderly\x12$\n" +
+	"\x0eack_timeout_ms\x18\b \x01(\rR\fackTimeoutMs\x12\x18\n" +
+	"\acredits\x18\t \x01(\rR\acredits\x12.\n" +
+	"\x05start\x18\n" +
+	" \x01(\v2\x18.herald.v1.StartPositionR\x05start\x12\x1c\n" +
+	"\tresponder\x18\v \x01(\bR\tresponder\x12\x1f\n" +
+	"\vmember_name\x18\f \x01(\tR\n" +
+	"memberName\"y\n" +
+	"\x11SubscribeResponse\x12'\n" +
+	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\x12\x1b\n" +
+	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x03 \x01(\rR\n" +
+	"partitions\"\x89\x01\n" +
+	"\n" +
+	"AckRequest\x12'\n" +
+	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x02 \x03(\rR\n" +
+	"partitions\x12\x18\n" +
+	"\aoffsets\x18\x03 \x03(\x03R\aoffsets\x12\x18\n" +
+	"\acredits\x18\x04 \x01(\rR\acredits\"\r\n" +
+	"\vAckResponse\"\xa5\x01\n" +
+	"\vNackRequest\x12'\n" +
+	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x02 \x03(\rR\n" +
+	"partitions\x12\x18\n" +
+	"\aoffsets\x18\x03 \x03(\x03R\aoffsets\x12\x19\n" +
+	"\bdelay_ms\x18\x04 \x01(\rR\adelayMs\x12\x18\n" +
+	"\acredits\x18\x05 \x01(\rR\acredits\"\x0e\n" +
+	"\fNackResponse\"n\n" +
+	"\rCommitRequest\x12'\n" +
+	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\"\x10\n" +
+	"\x0eCommitResponse\"=\n" +
+	"\x12UnsubscribeRequest\x12'\n" +
+	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\"\x15\n" +
+	"\x13UnsubscribeResponse\"\x88\x02\n" +
+	"\x10DeliveredMessage\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12%\n" +
+	"\x0edelivery_count\x18\x03 \x01(\rR\rdeliveryCount\x12$\n" +
+	"\x0eappend_time_ms\x18\x04 \x01(\x03R\fappendTimeMs\x12)\n" +
+	"\x06record\x18\x05 \x01(\v2\x11.herald.v1.RecordR\x06record\x12\x1f\n" +
+	"\vreply_inbox\x18\x06 \x01(\tR\n" +
+	"replyInbox\x12%\n" +
+	"\x0ecorrelation_id\x18\a \x01(\x04R\rcorrelationId\"l\n" +
+	"\bDelivery\x12'\n" +
+	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\x127\n" +
+	"\bmessages\x18\x02 \x03(\v2\x1b.herald.v1.DeliveredMessageR\bmessages\"k\n" +
+	"\x10AssignmentChange\x12'\n" +
+	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\x12\x14\n" +
+	"\x05added\x18\x02 \x03(\rR\x05added\x12\x18\n" +
+	"\arevoked\x18\x03 \x03(\rR\arevoked\"\x13\n" +
+	"\x11ListGroupsRequest\"\x97\x01\n" +
+	"\fGroupSummary\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12/\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x1b.herald.v1.SubscriptionModeR\x04mode\x12\x18\n" +
+	"\amembers\x18\x04 \x01(\rR\amembers\x12\x10\n" +
+	"\x03lag\x18\x05 \x01(\x03R\x03lag\"E\n" +
+	"\x12ListGroupsResponse\x12/\n" +
+	"\x06groups\x18\x01 \x03(\v2\x17.herald.v1.GroupSummaryR\x06groups\",\n" +
+	"\x14DescribeGroupRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\"\xbf\x02\n" +
+	"\n" +
+	"MemberInfo\x12\x1b\n" +
+	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x04 \x03(\rR\n" +
+	"partitions\x12\x1b\n" +
+	"\tin_flight\x18\x05 \x01(\rR\binFlight\x12\x18\n" +
+	"\acredits\x18\x06 \x01(\rR\acredits\x12\x1c\n" +
+	"\tdelivered\x18\a \x01(\x04R\tdelivered\x12 \n" +
+	"\vredelivered\x18\b \x01(\x04R\vredelivered\x121\n" +
+	"\abreaker\x18\t \x01(\x0e2\x17.herald.v1.BreakerStateR\abreaker\x12\x1c\n" +
+	"\tresponder\x18\n" +
+	" \x01(\bR\tresponder\"\xd9\x01\n" +
+	"\fPartitionLag\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1e\n" +
+	"\n" +
+	"subscriber\x18\x02 \x01(\tR\n" +
+	"subscriber\x12\x1b\n" +
+	"\tack_floor\x18\x03 \x01(\x03R\backFloor\x12\x1f\n" +
+	"\vacked_above\x18\x04 \x01(\rR\n" +
+	"ackedAbove\x12%\n" +
+	"\x0ehigh_watermark\x18\x05 \x01(\x03R\rhighWatermark\x12\x10\n" +
+	"\x03lag\x18\x06 \x01(\x03R\x03lag\x12\x14\n" +
+	"\x05owner\x18\a \x01(\tR\x05owner\"\xe1\x02\n" +
+	"\tGroupInfo\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12/\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x1b.herald.v1.SubscriptionModeR\x04mode\x126\n" +
+	"\vfilter_type\x18\x04 \x01(\x0e2\x15.herald.v1.FilterTypeR\n" +
+	"filterType\x12\x16\n" +
+	"\x06filter\x18\x05 \x01(\tR\x06filter\x12/\n" +
+	"\amembers\x18\x06 \x03(\v2\x15.herald.v1.MemberInfoR\amembers\x127\n" +
+	"\n" +
+	"partitions\x18\a \x03(\v2\x17.herald.v1.PartitionLagR\n" +
+	"partitions\x12\x1b\n" +
+	"\tin_flight\x18\b \x01(\rR\binFlight\x12 \n" +
+	"\vredelivered\x18\t \x01(\x04R\vredelivered\"C\n" +
+	"\x15DescribeGroupResponse\x12*\n" +
+	"\x05group\x18\x01 \x01(\v2\x14.herald.v1.GroupInfoR\x05group\"\x89\x01\n" +
+	"\x11ResetGroupRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12(\n" +
+	"\x02to\x18\x02 \x01(\v2\x18.herald.v1.StartPositionR\x02to\x12\x14\n" +
+	"\x05force\x18\x03 \x01(\bR\x05force\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x04 \x03(\rR\n" +
+	"partitions\"@\n" +
+	"\x12ResetGroupResponse\x12*\n" +
+	"\x05group\x18\x01 \x01(\v2\x14.herald.v1.GroupInfoR\x05group\"u\n" +
+	"\vCallRequest\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12)\n" +
+	"\x06record\x18\x02 \x01(\v2\x11.herald.v1.RecordR\x06record\x12%\n" +
+	"\x0ecorrelation_id\x18\x03 \x01(\x04R\rcorrelationId\"D\n" +
+	"\fCallResponse\x12\x14\n" +
+	"\x05inbox\x18\x01 \x01(\tR\x05inbox\x12\x1e\n" +
+	"\n" +
+	"responders\x18\x02 \x01(\rR\n" +
+	"responders\"v\n" +
+	"\fReplyRequest\x12\x14\n" +
+	"\x05inbox\x18\x01 \x01(\tR\x05inbox\x12%\n" +
+	"\x0ecorrelation_id\x18\x02 \x01(\x04R\rcorrelationId\x12)\n" +
+	"\x06record\x18\x03 \x01(\v2\x11.herald.v1.RecordR\x06record\"\x0f\n" +
+	"\rReplyResponse\"a\n" +
+	"\rReplyDelivery\x12%\n" +
+	"\x0ecorrelation_id\x18\x01 \x01(\x04R\rcorrelationId\x12)\n" +
+	"\x06record\x18\x02 \x01(\v2\x11.herald.v1.RecordR\x06record*\xf5\x04\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -2399,7 +4997,14 @@ const file_herald_proto_rawDesc = "" +
 	"\x13NOT_ENOUGH_REPLICAS\x10\x12\x12\f\n" +
 	"\bINTERNAL\x10\x13\x12\x12\n" +
 	"\x0eHELLO_REQUIRED\x10\x14\x12\x10\n" +
-	"\fIDLE_TIMEOUT\x10\x15*4\n" +
+	"\fIDLE_TIMEOUT\x10\x15\x12\x13\n" +
+	"\x0fGROUP_NOT_FOUND\x10\x16\x12\x12\n" +
+	"\x0eGROUP_CONFLICT\x10\x17\x12\x15\n" +
+	"\x11GROUP_HAS_MEMBERS\x10\x18\x12\x1a\n" +
+	"\x16SUBSCRIPTION_NOT_FOUND\x10\x19\x12\x12\n" +
+	"\x0eINVALID_FILTER\x10\x1a\x12\x11\n" +
+	"\rNO_RESPONDERS\x10\x1b\x12\x13\n" +
+	"\x0fINBOX_NOT_FOUND\x10\x1c*4\n" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +
@@ -2408,7 +5013,23 @@ const file_herald_proto_rawDesc = "" +
 	"OffsetSpec\x12\x16\n" +
 	"\x12OFFSET_SPEC_LATEST\x10\x00\x12\x18\n" +
 	"\x14OFFSET_SPEC_EARLIEST\x10\x01\x12\x19\n" +
-	"\x15OFFSET_SPEC_TIMESTAMP\x10\x02B+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"\x15OFFSET_SPEC_TIMESTAMP\x10\x02*a\n" +
+	"\x10SubscriptionMode\x12\x13\n" +
+	"\x0fMODE_CLUSTERING\x10\x00\x12\x12\n" +
+	"\x0eMODE_BROADCAST\x10\x01\x12\x0f\n" +
+	"\vMODE_SHARED\x10\x02\x12\x13\n" +
+	"\x0fMODE_KEY_SHARED\x10\x03*=\n" +
+	"\n" +
+	"FilterType\x12\x0f\n" +
+	"\vFILTER_NONE\x10\x00\x12\x0e\n" +
+	"\n" +
+	"FILTER_TAG\x10\x01\x12\x0e\n" +
+	"\n" +
+	"FILTER_SQL\x10\x02*K\n" +
+	"\fBreakerState\x12\x12\n" +
+	"\x0eBREAKER_CLOSED\x10\x00\x12\x15\n" +
+	"\x11BREAKER_HALF_OPEN\x10\x01\x12\x10\n" +
+	"\fBREAKER_OPEN\x10\x02B+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_herald_proto_rawDescOnce sync.Once
@@ -2422,80 +5043,153 @@ func file_herald_proto_rawDescGZIP() []byte {
 	return file_herald_proto_rawDescData
 }
 
-var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                // 0: herald.v1.ErrorCode
 	(Acks)(0),                     // 1: herald.v1.Acks
 	(OffsetSpec)(0),               // 2: herald.v1.OffsetSpec
-	(*Error)(nil),                 // 3: herald.v1.Error
-	(*Frame)(nil),                 // 4: herald.v1.Frame
-	(*HelloRequest)(nil),          // 5: herald.v1.HelloRequest
-	(*HelloResponse)(nil),         // 6: herald.v1.HelloResponse
-	(*TopicConfig)(nil),           // 7: herald.v1.TopicConfig
-	(*PartitionInfo)(nil),         // 8: herald.v1.PartitionInfo
-	(*TopicInfo)(nil),             // 9: herald.v1.TopicInfo
-	(*BrokerInfo)(nil),            // 10: herald.v1.BrokerInfo
-	(*MetadataRequest)(nil),       // 11: herald.v1.MetadataRequest
-	(*MetadataResponse)(nil),      // 12: herald.v1.MetadataResponse
-	(*CreateTopicRequest)(nil),    // 13: herald.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),   // 14: herald.v1.CreateTopicResponse
-	(*DeleteTopicRequest)(nil),    // 15: herald.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil),   // 16: herald.v1.DeleteTopicResponse
-	(*ListTopicsRequest)(nil),     // 17: herald.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),    // 18: herald.v1.ListTopicsResponse
-	(*DescribeTopicRequest)(nil),  // 19: herald.v1.DescribeTopicRequest
-	(*DescribeTopicResponse)(nil), // 20: herald.v1.DescribeTopicResponse
-	(*Header)(nil),                // 21: herald.v1.Header
-	(*Record)(nil),                // 22: herald.v1.Record
-	(*RecordBatch)(nil),           // 23: herald.v1.RecordBatch
-	(*StoredBatch)(nil),           // 24: herald.v1.StoredBatch
-	(*ProduceRequest)(nil),        // 25: herald.v1.ProduceRequest
-	(*ProduceResponse)(nil),       // 26: herald.v1.ProduceResponse
-	(*FetchRequest)(nil),          // 27: herald.v1.FetchRequest
-	(*FetchResponse)(nil),         // 28: herald.v1.FetchResponse
-	(*ListOffsetsRequest)(nil),    // 29: herald.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),   // 30: herald.v1.ListOffsetsResponse
+	(SubscriptionMode)(0),         // 3: herald.v1.SubscriptionMode
+	(FilterType)(0),               // 4: herald.v1.FilterType
+	(BreakerState)(0),             // 5: herald.v1.BreakerState
+	(*Error)(nil),                 // 6: herald.v1.Error
+	(*Frame)(nil),                 // 7: herald.v1.Frame
+	(*HelloRequest)(nil),          // 8: herald.v1.HelloRequest
+	(*HelloResponse)(nil),         // 9: herald.v1.HelloResponse
+	(*TopicConfig)(nil),           // 10: herald.v1.TopicConfig
+	(*PartitionInfo)(nil),         // 11: herald.v1.PartitionInfo
+	(*TopicInfo)(nil),             // 12: herald.v1.TopicInfo
+	(*BrokerInfo)(nil),            // 13: herald.v1.BrokerInfo
+	(*MetadataRequest)(nil),       // 14: herald.v1.MetadataRequest
+	(*MetadataResponse)(nil),      // 15: herald.v1.MetadataResponse
+	(*CreateTopicRequest)(nil),    // 16: herald.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),   // 17: herald.v1.CreateTopicResponse
+	(*DeleteTopicRequest)(nil),    // 18: herald.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),   // 19: herald.v1.DeleteTopicResponse
+	(*ListTopicsRequest)(nil),     // 20: herald.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),    // 21: herald.v1.ListTopicsResponse
+	(*DescribeTopicRequest)(nil),  // 22: herald.v1.DescribeTopicRequest
+	(*DescribeTopicResponse)(nil), // 23: herald.v1.DescribeTopicResponse
+	(*Header)(nil),                // 24: herald.v1.Header
+	(*Record)(nil),                // 25: herald.v1.Record
+	(*RecordBatch)(nil),           // 26: herald.v1.RecordBatch
+	(*StoredBatch)(nil),           // 27: herald.v1.StoredBatch
+	(*ProduceRequest)(nil),        // 28: herald.v1.ProduceRequest
+	(*ProduceResponse)(nil),       // 29: herald.v1.ProduceResponse
+	(*FetchRequest)(nil),          // 30: herald.v1.FetchRequest
+	(*FetchResponse)(nil),         // 31: herald.v1.FetchResponse
+	(*ListOffsetsRequest)(nil),    // 32: herald.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),   // 33: herald.v1.ListOffsetsResponse
+	(*StartPosition)(nil),         // 34: herald.v1.StartPosition
+	(*SubscribeRequest)(nil),      // 35: herald.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),     // 36: herald.v1.SubscribeResponse
+	(*AckRequest)(nil),            // 37: herald.v1.AckRequest
+	(*AckResponse)(nil),           // 38: herald.v1.AckResponse
+	(*NackRequest)(nil),           // 39: herald.v1.NackRequest
+	(*NackResponse)(nil),          // 40: herald.v1.NackResponse
+	(*CommitRequest)(nil),         // 41: herald.v1.CommitRequest
+	(*CommitResponse)(nil),        // 42: herald.v1.CommitResponse
+	(*UnsubscribeRequest)(nil),    // 43: herald.v1.UnsubscribeRequest
+	(*UnsubscribeResponse)(nil),   // 44: herald.v1.UnsubscribeResponse
+	(*DeliveredMessage)(nil),      // 45: herald.v1.DeliveredMessage
+	(*Delivery)(nil),              // 46: herald.v1.Delivery
+	(*AssignmentChange)(nil),      // 47: herald.v1.AssignmentChange
+	(*ListGroupsRequest)(nil),     // 48: herald.v1.ListGroupsRequest
+	(*GroupSummary)(nil),          // 49: herald.v1.GroupSummary
+	(*ListGroupsResponse)(nil),    // 50: herald.v1.ListGroupsResponse
+	(*DescribeGroupRequest)(nil),  // 51: herald.v1.DescribeGroupRequest
+	(*MemberInfo)(nil),            // 52: herald.v1.MemberInfo
+	(*PartitionLag)(nil),          // 53: herald.v1.PartitionLag
+	(*GroupInfo)(nil),             // 54: herald.v1.GroupInfo
+	(*DescribeGroupResponse)(nil), // 55: herald.v1.DescribeGroupResponse
+	(*ResetGroupRequest)(nil),     // 56: herald.v1.ResetGroupRequest
+	(*ResetGroupResponse)(nil),    // 57: herald.v1.ResetGroupResponse
+	(*CallRequest)(nil),           // 58: herald.v1.CallRequest
+	(*CallResponse)(nil),          // 59: herald.v1.CallResponse
+	(*ReplyRequest)(nil),          // 60: herald.v1.ReplyRequest
+	(*ReplyResponse)(nil),         // 61: herald.v1.ReplyResponse
+	(*ReplyDelivery)(nil),         // 62: herald.v1.ReplyDelivery
 }
 var file_herald_proto_depIdxs = []int32{
 	0,  // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
-	5,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
-	6,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
-	11, // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
-	12, // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
-	13, // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
-	14, // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
-	15, // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
-	16, // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
-	17, // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
-	18, // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
-	19, // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
-	20, // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
-	25, // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
-	26, // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
-	27, // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
-	28, // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
-	29, // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
-	30, // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
-	3,  // 19: herald.v1.Frame.error:type_name -> herald.v1.Error
-	7,  // 20: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	8,  // 21: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	10, // 22: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	9,  // 23: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	7,  // 24: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	9,  // 25: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	9,  // 26: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	9,  // 27: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	21, // 28: herald.v1.Record.headers:type_name -> herald.v1.Header
-	22, // 29: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	1,  // 30: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	24, // 31: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	2,  // 32: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	33, // [33:33] is the sub-list for method output_type
-	33, // [33:33] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	8,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
+	9,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
+	14, // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
+	15, // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
+	16, // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
+	17, // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
+	18, // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
+	19, // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
+	20, // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
+	21, // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
+	22, // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
+	23, // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
+	28, // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
+	29, // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
+	30, // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
+	31, // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
+	32, // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
+	33, // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
+	35, // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
+	36, // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
+	37, // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
+	38, // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
+	39, // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
+	40, // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
+	41, // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
+	42, // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
+	43, // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
+	44, // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
+	48, // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
+	50, // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
+	51, // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
+	55, // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
+	56, // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
+	57, // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
+	58, // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
+	59, // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
+	60, // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
+	61, // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
+	46, // 39: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	47, // 40: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	62, // 41: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	6,  // 42: herald.v1.Frame.error:type_name -> herald.v1.Error
+	10, // 43: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	11, // 44: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	13, // 45: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	12, // 46: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	10, // 47: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	12, // 48: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	12, // 49: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	12, // 50: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	24, // 51: herald.v1.Record.headers:type_name -> herald.v1.Header
+	25, // 52: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	1,  // 53: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	27, // 54: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	2,  // 55: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	3,  // 56: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	4,  // 57: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	34, // 58: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	25, // 59: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	45, // 60: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	3,  // 61: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	49, // 62: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	5,  // 63: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	3,  // 64: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	4,  // 65: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	52, // 66: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	53, // 67: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	54, // 68: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	34, // 69: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	54, // 70: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	25, // 71: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	25, // 72: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	25, // 73: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	74, // [74:74] is the sub-list for method output_type
+	74, // [74:74] is the sub-list for method input_type
+	74, // [74:74] is the sub-list for extension type_name
+	74, // [74:74] is the sub-list for extension extendee
+	0,  // [0:74] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -2522,16 +5216,45 @@ func file_herald_proto_init() {
 		(*Frame_FetchResponse)(nil),
 		(*Frame_ListOffsets)(nil),
 		(*Frame_ListOffsetsResponse)(nil),
+		(*Frame_Subscribe)(nil),
+		(*Frame_SubscribeResponse)(nil),
+		(*Frame_Ack)(nil),
+		(*Frame_AckResponse)(nil),
+		(*Frame_Nack)(nil),
+		(*Frame_NackResponse)(nil),
+		(*Frame_Commit)(nil),
+		(*Frame_CommitResponse)(nil),
+		(*Frame_Unsubscribe)(nil),
+		(*Frame_UnsubscribeResponse)(nil),
+		(*Frame_ListGroups)(nil),
+		(*Frame_ListGroupsResponse)(nil),
+		(*Frame_DescribeGroup)(nil),
+		(*Frame_DescribeGroupResponse)(nil),
+		(*Frame_ResetGroup)(nil),
+		(*Frame_ResetGroupResponse)(nil),
+		(*Frame_Call)(nil),
+		(*Frame_CallResponse)(nil),
+		(*Frame_Reply)(nil),
+		(*Frame_ReplyResponse)(nil),
+		(*Frame_Delivery)(nil),
+		(*Frame_Assignment)(nil),
+		(*Frame_ReplyDelivery)(nil),
 		(*Frame_Error)(nil),
 	}
 	file_herald_proto_msgTypes[22].OneofWrappers = []any{}
+	file_herald_proto_msgTypes[28].OneofWrappers = []any{
+		(*StartPosition_Earliest)(nil),
+		(*StartPosition_Latest)(nil),
+		(*StartPosition_Offset)(nil),
+		(*StartPosition_TimestampMs)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   28,
+			NumEnums:      6,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
