@@ -20,9 +20,11 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/consumer"
 	"github.com/heraldmq/herald/actors/partition"
 	"github.com/heraldmq/herald/actors/topic"
 	"github.com/heraldmq/herald/netio"
+	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -35,6 +37,7 @@ type Broker struct {
 	log     *slog.Logger
 	sys     *actor.ActorSystem
 	manager *actor.PID
+	groups  *actor.PID
 	readers *partition.ReaderPool
 	server  *netio.Server
 	admin   *http.Server
@@ -87,16 +90,31 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		lock.Close()
 		return nil, err
 	}
+	if res, ferr := b.sys.Root.RequestFuture(b.manager, &topic.EnsureInternal{Name: consumer.GroupsTopic, Partitions: 1}, 30*time.Second).Result(); ferr != nil || res.(*topic.EnsureInternalResult).Err != nil {
+		if ferr == nil {
+			ferr = res.(*topic.EnsureInternalResult).Err
+		}
+		b.stopActors()
+		return nil, fmt.Errorf("internal topic %s: %w", consumer.GroupsTopic, ferr)
+	}
+	dir := consumer.NewDirectory()
+	b.groups, err = b.sys.Root.SpawnNamed(consumer.Props(consumer.Options{Topics: reg, Dir: dir, Logger: logger}), consumer.ManagerName)
+	if err != nil {
+		b.stopActors()
+		return nil, fmt.Errorf("groups manager: %w", err)
+	}
+	groupRouter := consumer.NewRouter(b.sys, dir, b.groups)
 	b.server, err = netio.NewServer(netio.Config{
 		Listen: cfg.Listen, Multicore: true, EventLoops: cfg.EventLoops,
 		MaxFrameBytes: cfg.MaxFrameBytes, MaxConnections: cfg.MaxConnections,
 		IdleTimeout: cfg.IdleTimeout, MaxInFlight: cfg.MaxInFlight,
 		NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
-	}, b.sys, topic.NewRouter(b.sys, reg, b.manager))
+	}, b.sys, router{groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager)})
 	if err != nil {
 		b.stopActors()
 		return nil, err
 	}
+	groupRouter.SetLookup(b.server.Session)
 	if err := b.server.Start(); err != nil {
 		b.stopActors()
 		return nil, fmt.Errorf("client listener %s: %w", cfg.Listen, err)
@@ -157,12 +175,30 @@ func (b *Broker) Shutdown() error {
 }
 
 func (b *Broker) stopActors() {
+	if b.groups != nil {
+		if _, err := b.sys.Root.StopFuture(b.groups).Result(); err != nil {
+			b.log.Error("stopping group actors", "err", err)
+		}
+	}
 	if _, err := b.sys.Root.StopFuture(b.manager).Result(); err != nil {
 		b.log.Error("stopping topic actors", "err", err)
 	}
 	b.readers.Close()
 	b.sys.Shutdown()
 	b.reclaim.stop()
+}
+
+// router sends consumer-group and request-reply requests to the groups
+// side and everything else to the topics side.
+type router struct {
+	groups *consumer.Router
+	topics *topic.Router
+}
+
+func (r router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
+	if !r.groups.Route(f, replyTo) {
+		r.topics.Route(f, replyTo)
+	}
 }
 
 // reclaimer hands memory freed by idle partitions back to the OS. An idle

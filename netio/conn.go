@@ -221,9 +221,31 @@ func (a *session) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *heraldpb.Frame:
 		a.onFrame(m)
+	case RawPush:
+		a.onRaw(m)
 	case *actor.Stopping:
 		a.c.releaseAll()
 	}
+}
+
+// RawPush is a server push already encoded as a whole frame (length prefix
+// included), written as it is. Senders build it with heraldpb's encoders and
+// keep it within the connection's max frame (Server.Session tells it); a
+// bigger one is dropped and counted. Pushes are never responses: their
+// frame id must be 0.
+type RawPush []byte
+
+func (a *session) onRaw(b RawPush) {
+	c := a.c
+	if c.closed.Load() || c.final.Load() || int64(len(b)-heraldpb.HeaderLen) > c.maxFrame.Load() {
+		mFramesDropped.Inc()
+		return
+	}
+	if err := c.gc.AsyncWrite(b, nil); err != nil {
+		mFramesDropped.Inc()
+		return
+	}
+	c.lastActive.Store(time.Now().UnixNano())
 }
 
 func (a *session) onFrame(f *heraldpb.Frame) {

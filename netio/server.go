@@ -62,6 +62,22 @@ type Server struct {
 
 	regMu    sync.Mutex
 	registry map[*conn]struct{}
+	sessions sync.Map // session actor id -> *conn, for Session
+}
+
+// Session finds a live connection by its session actor's id (the id of the
+// replyTo PID given to the Router). It returns the session PID and the
+// connection's negotiated max frame payload.
+func (s *Server) Session(id string) (pid *actor.PID, maxFrame int, ok bool) {
+	v, ok := s.sessions.Load(id)
+	if !ok {
+		return nil, 0, false
+	}
+	c := v.(*conn)
+	if c.closed.Load() || c.final.Load() {
+		return nil, 0, false
+	}
+	return c.pid, int(c.maxFrame.Load()), true
 }
 
 // NewServer checks cfg (after EnsureDefaults) and returns a Server that is
@@ -254,6 +270,7 @@ func (h *handler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 	s.regMu.Lock()
 	s.registry[c] = struct{}{}
 	s.regMu.Unlock()
+	s.sessions.Store(c.pid.Id, c)
 	mConnections.Inc()
 	mConnectionsTotal.Inc()
 	return nil, gnet.None
@@ -274,6 +291,7 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	s.regMu.Lock()
 	delete(s.registry, c)
 	s.regMu.Unlock()
+	s.sessions.Delete(c.pid.Id)
 	s.conns.Add(-1)
 	mConnections.Dec()
 	// Poison, not Stop: responses already queued are processed (and

@@ -103,8 +103,11 @@ type GroupProgress struct {
 	Topic string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
 	// Broadcast mode tracks each member separately: the member's id. Empty in
 	// the other modes, where the group has one progress per partition.
-	Subscriber    string               `protobuf:"bytes,3,opt,name=subscriber,proto3" json:"subscriber,omitempty"`
-	Partitions    []*PartitionProgress `protobuf:"bytes,4,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	Subscriber string               `protobuf:"bytes,3,opt,name=subscriber,proto3" json:"subscriber,omitempty"`
+	Partitions []*PartitionProgress `protobuf:"bytes,4,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	// The group's SubscriptionMode (herald.proto) when this was written, so
+	// that `herald group list` can show groups with no live members.
+	Mode          int32 `protobuf:"varint,5,opt,name=mode,proto3" json:"mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -167,6 +170,13 @@ func (x *GroupProgress) GetPartitions() []*PartitionProgress {
 	return nil
 }
 
+func (x *GroupProgress) GetMode() int32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
 var File_group_proto protoreflect.FileDescriptor
 
 const file_group_proto_rawDesc = "" +
@@ -176,7 +186,7 @@ const file_group_proto_rawDesc = "" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1b\n" +
 	"\tack_floor\x18\x02 \x01(\x03R\backFloor\x12\x1d\n" +
 	"\n" +
-	"acked_runs\x18\x03 \x03(\rR\tackedRuns\"\x99\x01\n" +
+	"acked_runs\x18\x03 \x03(\rR\tackedRuns\"\xad\x01\n" +
 	"\rGroupProgress\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1e\n" +
@@ -185,7 +195,8 @@ const file_group_proto_rawDesc = "" +
 	"subscriber\x12<\n" +
 	"\n" +
 	"partitions\x18\x04 \x03(\v2\x1c.herald.v1.PartitionProgressR\n" +
-	"partitionsB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"partitions\x12\x12\n" +
+	"\x04mode\x18\x05 \x01(\x05R\x04modeB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_group_proto_rawDescOnce sync.Once

@@ -412,3 +412,36 @@ func (s *Sub) NextDeadline() (t time.Time, ok bool) {
 	}
 	return t, ok
 }
+
+// InFlightIn is the number of messages of partition p in flight to m.
+// Its cost is linear in the messages in flight.
+func (s *Sub) InFlightIn(m MemberID, p uint32) int {
+	n := 0
+	for _, f := range s.fl.flights {
+		if f.member == m && f.id.part == p {
+			n++
+		}
+	}
+	return n
+}
+
+// TakeCredit uses one of m's credits for something other than a log
+// message (a request-reply call), reporting whether m had one.
+func (s *Sub) TakeCredit(m MemberID) bool {
+	ms := s.members[m]
+	if ms == nil || ms.credits == 0 {
+		return false
+	}
+	ms.credits--
+	return true
+}
+
+// Flights lists the messages in flight to m as (partition, offset) pairs,
+// ordered.
+func (s *Sub) Flights(m MemberID) []Delivery {
+	var out []Delivery
+	for _, f := range s.fl.sorted(func(f *flight) bool { return f.member == m }) {
+		out = append(out, Delivery{Member: m, Partition: f.id.part, Offset: f.id.off, Key: f.key, Count: f.count})
+	}
+	return out
+}

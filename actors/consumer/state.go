@@ -404,3 +404,30 @@ func (s *Sub) Restore(g *heraldpb.GroupProgress) error {
 	s.views[v] = w
 	return nil
 }
+
+// Seek moves view v's position in partition p to off: the progress restarts
+// there with nothing acked above it, offered messages are dropped, and
+// flights and redeliveries of p are forgotten (their acks become stale).
+// The coordinator uses it when retention removed the records at the floor.
+func (s *Sub) Seek(v MemberID, p uint32, off int64) {
+	w := s.views[v]
+	if w == nil || int(p) >= len(w.prog) {
+		return
+	}
+	w.prog[p] = NewProgress(off, s.cfg.MaxSpan)
+	w.next[p] = w.prog[p].Floor()
+	w.pending[p] = nil
+	for _, f := range s.fl.sorted(func(f *flight) bool { return f.id.view == v && f.id.part == p }) {
+		s.fl.remove(f.id)
+	}
+	s.fl.retry = slices.DeleteFunc(s.fl.retry, func(r *retryEntry) bool { return r.id.view == v && r.id.part == p })
+}
+
+// ViewOf is the progress view m's deliveries belong to: m itself in
+// broadcast mode, else "" (the group's).
+func (s *Sub) ViewOf(m MemberID) MemberID {
+	if s.cfg.Mode == Broadcast {
+		return m
+	}
+	return ""
+}

@@ -82,6 +82,8 @@ func (m *Manager) Receive(ctx actor.Context) {
 		}
 	case *syncBarrier:
 		ctx.Respond(nil)
+	case *EnsureInternal:
+		m.onEnsureInternal(ctx, msg)
 	case *awaitCreated:
 		m.awaitWritable(ctx, msg)
 	case *heraldpb.Frame:
@@ -143,7 +145,7 @@ func (m *Manager) normalize(name string, in *heraldpb.TopicConfig) (*heraldpb.To
 	if !validName.MatchString(name) || name == "." || name == ".." {
 		return nil, bad("topic name %q must be 1-200 characters of A-Z a-z 0-9 . _ -", name)
 	}
-	if len(name) >= 2 && name[:2] == "__" {
+	if IsInternal(name) {
 		return nil, bad("topic name %q: names starting with __ are reserved for internal topics", name)
 	}
 	cfg := &heraldpb.TopicConfig{}
@@ -208,6 +210,7 @@ type awaitCreated struct {
 	frameID  uint64
 	replyTo  *actor.PID
 	deadline time.Time
+	internal bool // answer with EnsureInternalResult
 }
 
 // awaitWritable answers a create once every partition accepts writes, or
@@ -216,6 +219,10 @@ type awaitCreated struct {
 func (m *Manager) awaitWritable(ctx actor.Context, w *awaitCreated) {
 	e := m.reg.Get(w.name)
 	if e == nil {
+		if w.internal {
+			ctx.Send(w.replyTo, &EnsureInternalResult{Err: fmt.Errorf("topic: internal topic %q vanished", w.name)})
+			return
+		}
 		ctx.Send(w.replyTo, heraldpb.ErrorFrame(w.frameID, topicNotFound(w.name)))
 		return
 	}
@@ -226,6 +233,14 @@ func (m *Manager) awaitWritable(ctx actor.Context, w *awaitCreated) {
 	if !ready && time.Now().Before(w.deadline) {
 		self, sys := ctx.Self(), m.sys
 		time.AfterFunc(2*time.Millisecond, func() { sys.Root.Send(self, w) })
+		return
+	}
+	if w.internal {
+		var err error
+		if !ready {
+			err = fmt.Errorf("topic: internal topic %q is not writable after %v", w.name, createWait)
+		}
+		ctx.Send(w.replyTo, &EnsureInternalResult{Err: err})
 		return
 	}
 	ctx.Send(w.replyTo, &heraldpb.Frame{Id: w.frameID, Body: &heraldpb.Frame_CreateTopicResponse{CreateTopicResponse: &heraldpb.CreateTopicResponse{Topic: e.info(uint32(m.cfg.NodeID))}}})
@@ -297,7 +312,45 @@ func (m *Manager) spawnTopic(ctx actor.Context, name string, cfg *heraldpb.Topic
 	return nil
 }
 
+// EnsureInternal asks the manager for an internal topic (a name starting
+// with "__", which clients cannot create, delete or produce to), created
+// with Partitions partitions and no retention if it does not exist. The
+// answer is an EnsureInternalResult, once every partition is writable.
+type EnsureInternal struct {
+	Name       string
+	Partitions uint32
+}
+
+// EnsureInternalResult answers EnsureInternal.
+type EnsureInternalResult struct{ Err error }
+
+// IsInternal reports whether name is reserved for internal topics.
+func IsInternal(name string) bool { return len(name) >= 2 && name[:2] == "__" }
+
+func (m *Manager) onEnsureInternal(ctx actor.Context, req *EnsureInternal) {
+	if !IsInternal(req.Name) || req.Partitions == 0 {
+		ctx.Respond(&EnsureInternalResult{Err: fmt.Errorf("topic: %q is not an internal topic name, or has no partitions", req.Name)})
+		return
+	}
+	if m.reg.Get(req.Name) == nil {
+		cfg := &heraldpb.TopicConfig{Partitions: req.Partitions, ReplicationFactor: 1, MaxMessageBytes: m.cfg.MaxMessageBytes}
+		if err := m.spawnTopic(ctx, req.Name, cfg); err != nil {
+			ctx.Respond(&EnsureInternalResult{Err: err})
+			return
+		}
+		if err := m.saveCatalog(); err != nil {
+			ctx.Respond(&EnsureInternalResult{Err: err})
+			return
+		}
+	}
+	m.awaitWritable(ctx, &awaitCreated{name: req.Name, replyTo: ctx.Sender(), deadline: time.Now().Add(createWait), internal: true})
+}
+
 func (m *Manager) onDelete(ctx actor.Context, id uint64, req *heraldpb.DeleteTopicRequest) {
+	if IsInternal(req.Name) {
+		ctx.Respond(heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic %q is internal and cannot be deleted", req.Name)))
+		return
+	}
 	e := m.reg.Get(req.Name)
 	if e == nil {
 		ctx.Respond(heraldpb.ErrorFrame(id, topicNotFound(req.Name)))

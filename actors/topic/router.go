@@ -22,6 +22,10 @@ func NewRouter(sys *actor.ActorSystem, reg *Registry, manager *actor.PID) *Route
 func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_Produce:
+		if IsInternal(b.Produce.Topic) {
+			r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic %q is internal: clients cannot produce to it", b.Produce.Topic))
+			return
+		}
 		e := r.reg.Get(b.Produce.Topic)
 		if e == nil {
 			r.fail(f, replyTo, topicNotFound(b.Produce.Topic))

@@ -1,0 +1,1416 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/consumer/filter"
+	"github.com/heraldmq/herald/actors/topic"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/proto"
+)
+
+// GroupsTopic is the internal topic that holds every group's progress.
+const GroupsTopic = "__groups"
+
+// Options configure the groups manager and its coordinators.
+type Options struct {
+	Topics *topic.Registry
+	Dir    *Directory
+	Logger *slog.Logger
+	// Breaker configures every member's circuit breaker.
+	Breaker BreakerConfig
+	// FetchMaxBytes bounds one read of a partition for a group; 0 = 1 MiB.
+	FetchMaxBytes int
+	// FetchWait is the long-poll wait of a group caught up with a
+	// partition; 0 = 5 s.
+	FetchWait time.Duration
+	// FlushDelay is how long progress that no client waits for (auto-ack,
+	// filtered messages, timeouts) may stay unwritten; 0 = 100 ms.
+	FlushDelay time.Duration
+	// MaxCallQueue bounds the request-reply calls a group holds while no
+	// responder has credit; 0 = 4096. Beyond it calls are dropped.
+	MaxCallQueue int
+	// MaxQueued bounds the requests the manager holds while it loads
+	// __groups, and the subscribes a coordinator holds while it resolves
+	// start positions; 0 = 4096. Beyond it they get THROTTLED.
+	MaxQueued int
+	// DefaultAckTimeout applies when a subscription gives none; 0 = 30 s.
+	DefaultAckTimeout time.Duration
+}
+
+func (o *Options) ensureDefaults() {
+	if o.FetchMaxBytes == 0 {
+		o.FetchMaxBytes = 1 << 20
+	}
+	if o.FetchWait == 0 {
+		o.FetchWait = 5 * time.Second
+	}
+	if o.FlushDelay == 0 {
+		o.FlushDelay = 100 * time.Millisecond
+	}
+	if o.MaxCallQueue == 0 {
+		o.MaxCallQueue = 4096
+	}
+	if o.MaxQueued == 0 {
+		o.MaxQueued = 4096
+	}
+	if o.DefaultAckTimeout == 0 {
+		o.DefaultAckTimeout = DefaultAckTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// storeKey names one progress record: a view of a group's subscription.
+type storeKey struct{ topic, subscriber string }
+
+func keyOf(g *heraldpb.GroupProgress) storeKey {
+	return storeKey{topic: g.GetTopic(), subscriber: g.GetSubscriber()}
+}
+
+// groupStore is what survives a coordinator restart: the durable progress
+// records and the summary the manager lists.
+type groupStore struct {
+	stored  map[storeKey]*heraldpb.GroupProgress
+	lastTop string // the topic of the latest record
+	summary atomic.Pointer[heraldpb.GroupSummary]
+}
+
+// member is one live subscription in the group.
+type member struct {
+	id          MemberID
+	subID       uint64
+	conn        *actor.PID // the connection's netio session
+	session     *actor.PID // our memberSession child
+	name        string
+	responder   bool
+	breaker     *Breaker
+	delivered   uint64
+	redelivered uint64
+}
+
+// held is a message the coordinator keeps for (re)delivery.
+type held struct {
+	rec      []byte
+	appendMs int64
+}
+
+// tokEntry is the breaker token of a message in flight.
+type tokEntry struct {
+	tok    BreakerToken
+	member MemberID
+	sent   time.Time
+}
+
+type fetchKey struct {
+	view MemberID
+	part uint32
+}
+
+// live is the group's subscription while it has members.
+type live struct {
+	topic      string
+	entry      *topic.Entry
+	mode       Mode
+	filterType heraldpb.FilterType
+	filterText string
+	filt       *filter.Filter
+	autoAck    bool
+	orderly    bool
+	ackTimeout time.Duration
+
+	sub        *Sub
+	members    map[MemberID]*member
+	bySub      map[uint64]*member
+	msgs       map[msgID]held
+	toks       map[msgID]tokEntry
+	fetching   map[fetchKey]bool
+	responders int
+	rr         int
+	calls      []*callMsg
+}
+
+// waiter is a client request answered once the progress write in flight
+// (or the next one) is durable.
+type waiter struct {
+	to *actor.PID
+	f  *heraldpb.Frame
+}
+
+// resolveOp turns a StartPosition into an offset per partition, asking the
+// partition actors for timestamps.
+type resolveOp struct {
+	start   []int64
+	waiting int
+	failed  *heraldpb.Error
+	done    func(start []int64, e *heraldpb.Error)
+}
+
+// Timer messages a coordinator sends itself.
+type (
+	deadlineMsg struct{}
+	flushMsg    struct{}
+	statsMsg    struct{}
+	pumpMsg     struct{}
+	breakerMsg  struct{ change BreakerChange }
+)
+
+// coordinator is the group-coordinator actor of one consumer group.
+type coordinator struct {
+	o     *Options
+	group string
+	st    *groupStore
+	sys   *actor.ActorSystem
+	self  *actor.PID
+	log   *slog.Logger
+
+	live        *live
+	resolving   bool
+	pendingSubs []*subscribeMsg
+
+	nextID    uint64
+	fetchByID map[uint64]fetchKey
+	listByID  map[uint64]struct {
+		op   *resolveOp
+		part int
+	}
+
+	// progress writes to __groups
+	waiters      []waiter
+	toWrite      []*heraldpb.GroupProgress
+	dirty        map[MemberID]bool
+	writing      bool
+	writeID      uint64
+	writeRecs    []*heraldpb.GroupProgress
+	writeWaiters []waiter
+	flushArmed   bool
+
+	deadlineAt  time.Time
+	statsArmed  bool
+	pumpArmed   bool
+	groupsLog   *actor.PID
+	lastSummary time.Time
+}
+
+func newCoordinator(o *Options, group string, st *groupStore) *coordinator {
+	return &coordinator{
+		o: o, group: group, st: st, log: o.Logger.With("group", group),
+		fetchByID: map[uint64]fetchKey{},
+		listByID: map[uint64]struct {
+			op   *resolveOp
+			part int
+		}{},
+		dirty: map[MemberID]bool{},
+	}
+}
+
+func (c *coordinator) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		c.sys, c.self = ctx.ActorSystem(), ctx.Self()
+		c.o.Dir.forgetCoordinator(c.self)
+		c.updateSummary()
+	case *subscribeMsg:
+		c.onSubscribe(ctx, m)
+	case *heraldpb.Frame:
+		c.onFrame(ctx, m)
+	case *memberGone:
+		if c.live != nil {
+			if mb := c.live.bySub[m.subID]; mb != nil && mb.id == m.member {
+				c.leave(ctx, mb, time.Now())
+			}
+		}
+	case *callMsg:
+		c.onCall(ctx, m)
+	case *deadlineMsg:
+		c.deadlineAt = time.Time{}
+		c.onDeadline(ctx)
+	case *flushMsg:
+		c.flushArmed = false
+		c.flush(ctx)
+	case *statsMsg:
+		c.statsArmed = false
+		c.onStats(ctx)
+	case *pumpMsg:
+		c.pumpArmed = false
+		c.pump(ctx)
+	case *breakerMsg:
+		if m.change.To != BreakerOpen {
+			c.dispatch(ctx)
+		}
+	case *actor.Stopping:
+		if c.live != nil {
+			for _, mb := range c.live.members {
+				mb.breaker.Close()
+				c.o.Dir.removeSub(mb.subID)
+			}
+		}
+		c.o.Dir.forgetCoordinator(c.self)
+		ForgetBreakerGroup(c.group)
+		deleteGroupMetrics(c.group)
+	}
+}
+
+func (c *coordinator) after(d time.Duration, msg any) {
+	sys, self := c.sys, c.self
+	time.AfterFunc(d, func() { sys.Root.Send(self, msg) })
+}
+
+func (c *coordinator) id() uint64 {
+	c.nextID++
+	return c.nextID
+}
+
+func respond(ctx actor.Context, to *actor.PID, f *heraldpb.Frame) {
+	if to != nil {
+		ctx.Send(to, f)
+	}
+}
+
+func errFrame(id uint64, code heraldpb.ErrorCode, format string, args ...any) *heraldpb.Frame {
+	return heraldpb.ErrorFrame(id, heraldpb.NewError(code, format, args...))
+}
+
+func (c *coordinator) onFrame(ctx actor.Context, f *heraldpb.Frame) {
+	switch b := f.Body.(type) {
+	case *heraldpb.Frame_Ack:
+		c.onAck(ctx, f, b.Ack)
+	case *heraldpb.Frame_Nack:
+		c.onNack(ctx, f, b.Nack)
+	case *heraldpb.Frame_Commit:
+		c.onCommit(ctx, f, b.Commit)
+	case *heraldpb.Frame_Unsubscribe:
+		mb := c.memberOf(b.Unsubscribe.SubscriptionId)
+		if mb == nil {
+			respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "subscription %d is not active", b.Unsubscribe.SubscriptionId))
+			return
+		}
+		c.leave(ctx, mb, time.Now())
+		respond(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_UnsubscribeResponse{UnsubscribeResponse: &heraldpb.UnsubscribeResponse{}}})
+	case *heraldpb.Frame_DescribeGroup:
+		respond(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_DescribeGroupResponse{DescribeGroupResponse: &heraldpb.DescribeGroupResponse{Group: c.describe()}}})
+	case *heraldpb.Frame_ResetGroup:
+		c.onReset(ctx, f, b.ResetGroup)
+	case *heraldpb.Frame_FetchResponse:
+		c.onFetched(ctx, f.Id, b.FetchResponse, nil)
+	case *heraldpb.Frame_ProduceResponse:
+		c.onWritten(ctx, f.Id, nil)
+	case *heraldpb.Frame_ListOffsetsResponse:
+		c.onListed(ctx, f.Id, b.ListOffsetsResponse.Offset, nil)
+	case *heraldpb.Frame_Error:
+		switch {
+		case f.Id == c.writeID && c.writing:
+			c.onWritten(ctx, f.Id, b.Error)
+		default:
+			if _, ok := c.fetchByID[f.Id]; ok {
+				c.onFetched(ctx, f.Id, nil, b.Error)
+			} else if _, ok := c.listByID[f.Id]; ok {
+				c.onListed(ctx, f.Id, 0, b.Error)
+			}
+		}
+	default:
+		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "group coordinators do not handle %T", f.Body))
+	}
+}
+
+func (c *coordinator) memberOf(subID uint64) *member {
+	if c.live == nil {
+		return nil
+	}
+	return c.live.bySub[subID]
+}
+
+// ---- subscribe -----------------------------------------------------------
+
+var wireModes = map[heraldpb.SubscriptionMode]Mode{
+	heraldpb.SubscriptionMode_MODE_CLUSTERING: Clustering,
+	heraldpb.SubscriptionMode_MODE_BROADCAST:  Broadcast,
+	heraldpb.SubscriptionMode_MODE_SHARED:     Shared,
+	heraldpb.SubscriptionMode_MODE_KEY_SHARED: KeyShared,
+}
+
+func wireMode(m Mode) heraldpb.SubscriptionMode {
+	for w, mm := range wireModes {
+		if mm == m {
+			return w
+		}
+	}
+	return heraldpb.SubscriptionMode_MODE_CLUSTERING
+}
+
+// compileFilter parses a subscription's filter; a bad one gets
+// INVALID_FILTER with the position and a caret under it.
+func compileFilter(typ heraldpb.FilterType, expr string) (*filter.Filter, *heraldpb.Error) {
+	var f *filter.Filter
+	var err error
+	switch typ {
+	case heraldpb.FilterType_FILTER_NONE:
+		if expr != "" {
+			return nil, heraldpb.NewError(heraldpb.ErrorCode_INVALID_FILTER, "filter %q given without a filter type (tag or sql)", expr)
+		}
+		return nil, nil
+	case heraldpb.FilterType_FILTER_TAG:
+		f, err = filter.ParseTags(expr)
+	case heraldpb.FilterType_FILTER_SQL:
+		f, err = filter.ParseSQL(expr)
+	default:
+		return nil, heraldpb.NewError(heraldpb.ErrorCode_INVALID_FILTER, "unknown filter type %d", typ)
+	}
+	if err != nil {
+		msg := err.Error()
+		var se *filter.SyntaxError
+		if errors.As(err, &se) {
+			msg += "\n" + se.Caret(expr)
+		}
+		return nil, heraldpb.NewError(heraldpb.ErrorCode_INVALID_FILTER, "%s", msg)
+	}
+	if f.MatchesAll() {
+		f = nil
+	}
+	return f, nil
+}
+
+func (c *coordinator) onSubscribe(ctx actor.Context, m *subscribeMsg) {
+	req := m.f.GetSubscribe()
+	fail := func(code heraldpb.ErrorCode, format string, args ...any) {
+		respond(ctx, m.replyTo, errFrame(m.f.Id, code, format, args...))
+	}
+	mode, ok := wireModes[req.Mode]
+	if !ok {
+		fail(heraldpb.ErrorCode_INVALID_REQUEST, "unknown subscription mode %d", req.Mode)
+		return
+	}
+	entry := c.o.Topics.Get(req.Topic)
+	if entry == nil || topic.IsInternal(req.Topic) {
+		fail(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", req.Topic)
+		return
+	}
+	filt, ferr := compileFilter(req.FilterType, req.Filter)
+	if ferr != nil {
+		respond(ctx, m.replyTo, heraldpb.ErrorFrame(m.f.Id, ferr))
+		return
+	}
+	if c.resolving {
+		if len(c.pendingSubs) >= c.o.MaxQueued {
+			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "group %q has too many subscribes waiting", c.group)
+			e.RetryAfterMs = 50
+			respond(ctx, m.replyTo, heraldpb.ErrorFrame(m.f.Id, e))
+			return
+		}
+		c.pendingSubs = append(c.pendingSubs, m)
+		return
+	}
+	ackTimeout := time.Duration(req.AckTimeoutMs) * time.Millisecond
+	if ackTimeout == 0 {
+		ackTimeout = c.o.DefaultAckTimeout
+	}
+	if l := c.live; l != nil {
+		var diffs []string
+		if l.topic != req.Topic {
+			diffs = append(diffs, fmt.Sprintf("topic %q (group uses %q)", req.Topic, l.topic))
+		}
+		if l.mode != mode {
+			diffs = append(diffs, fmt.Sprintf("mode %s (group uses %s)", mode, l.mode))
+		}
+		if l.filterType != req.FilterType || l.filt.String() != filt.String() {
+			diffs = append(diffs, fmt.Sprintf("filter %q (group uses %q)", req.Filter, l.filterText))
+		}
+		if l.autoAck != req.AutoAck || l.orderly != req.Orderly {
+			diffs = append(diffs, fmt.Sprintf("auto-ack %v orderly %v (group uses %v, %v)", req.AutoAck, req.Orderly, l.autoAck, l.orderly))
+		}
+		if len(diffs) > 0 {
+			fail(heraldpb.ErrorCode_GROUP_CONFLICT, "group %q has live members with other settings: %v", c.group, diffs)
+			return
+		}
+		c.join(ctx, m)
+		return
+	}
+	// First member: build the subscription from the stored progress and
+	// the start position.
+	c.resolving = true
+	c.pendingSubs = append(c.pendingSubs, m)
+	start := req.Start
+	if start == nil {
+		start = &heraldpb.StartPosition{At: &heraldpb.StartPosition_Latest{Latest: true}}
+	}
+	c.resolve(ctx, entry, start, func(offs []int64, e *heraldpb.Error) {
+		c.resolving = false
+		pend := c.pendingSubs
+		c.pendingSubs = nil
+		if e == nil {
+			c.live, e = c.newLive(entry, req, mode, filt, ackTimeout, offs)
+		}
+		if e != nil {
+			for _, p := range pend {
+				respond(ctx, p.replyTo, heraldpb.ErrorFrame(p.f.Id, e))
+			}
+			return
+		}
+		for _, p := range pend {
+			c.onSubscribe(ctx, p)
+		}
+		c.updateSummary()
+	})
+}
+
+func (c *coordinator) newLive(entry *topic.Entry, req *heraldpb.SubscribeRequest, mode Mode, filt *filter.Filter, ackTimeout time.Duration, start []int64) (*live, *heraldpb.Error) {
+	cfg := Config{Mode: mode, Partitions: len(entry.Partitions), AckTimeout: ackTimeout, AutoAck: req.AutoAck, Orderly: req.Orderly}
+	sub, err := NewSub(cfg, start)
+	if err != nil {
+		return nil, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "%v", err)
+	}
+	for _, rec := range c.latestRecords(req.Topic) {
+		if (mode == Broadcast) != (rec.GetSubscriber() != "") {
+			continue // progress of another mode family: start afresh
+		}
+		if err := sub.Restore(rec); err != nil {
+			c.log.Warn("ignoring stored progress", "topic", req.Topic, "subscriber", rec.GetSubscriber(), "err", err)
+		}
+	}
+	return &live{
+		topic: req.Topic, entry: entry, mode: mode, filterType: req.FilterType, filterText: req.Filter, filt: filt,
+		autoAck: req.AutoAck, orderly: req.Orderly, ackTimeout: ackTimeout,
+		sub: sub, members: map[MemberID]*member{}, bySub: map[uint64]*member{},
+		msgs: map[msgID]held{}, toks: map[msgID]tokEntry{}, fetching: map[fetchKey]bool{},
+	}, nil
+}
+
+// latestRecords is the newest progress of each view of topic: stored,
+// overlaid with writes in flight and queued.
+func (c *coordinator) latestRecords(topicName string) []*heraldpb.GroupProgress {
+	all := map[storeKey]*heraldpb.GroupProgress{}
+	for k, r := range c.st.stored {
+		all[k] = r
+	}
+	for _, r := range c.writeRecs {
+		all[keyOf(r)] = r
+	}
+	for _, r := range c.toWrite {
+		all[keyOf(r)] = r
+	}
+	var out []*heraldpb.GroupProgress
+	for k, r := range all {
+		if k.topic == topicName {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b *heraldpb.GroupProgress) int {
+		if a.Subscriber < b.Subscriber {
+			return -1
+		}
+		if a.Subscriber > b.Subscriber {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func (c *coordinator) join(ctx actor.Context, m *subscribeMsg) {
+	l := c.live
+	req := m.f.GetSubscribe()
+	subID := c.o.Dir.newSubID()
+	name := req.MemberName
+	if name == "" {
+		name = m.replyTo.Id
+	}
+	mid := MemberID(fmt.Sprintf("%s#%d", name, subID))
+	if l.mode == Broadcast {
+		mid = MemberID(name) // a broadcast member resumes its own progress
+	}
+	pl, err := l.sub.Join(mid)
+	if err != nil {
+		respond(ctx, m.replyTo, errFrame(m.f.Id, heraldpb.ErrorCode_GROUP_CONFLICT, "member %q is already connected to group %q", mid, c.group))
+		return
+	}
+	bcfg := c.o.Breaker
+	bcfg.MaxInFlight = l.sub.Config().MaxCredits
+	self, sys := c.self, c.sys
+	br, err := NewBreaker(c.group, mid, bcfg, func(ch BreakerChange) { sys.Root.Send(self, &breakerMsg{change: ch}) })
+	if err != nil {
+		_, _ = l.sub.Leave(mid, time.Now())
+		respond(ctx, m.replyTo, errFrame(m.f.Id, heraldpb.ErrorCode_INTERNAL, "breaker: %v", err))
+		return
+	}
+	mb := &member{id: mid, subID: subID, conn: m.replyTo, name: name, responder: req.Responder, breaker: br}
+	hello := &heraldpb.Frame{Id: m.f.Id, Body: &heraldpb.Frame_SubscribeResponse{SubscribeResponse: &heraldpb.SubscribeResponse{
+		SubscriptionId: subID, MemberId: string(mid), Partitions: uint32(len(l.entry.Partitions)),
+	}}}
+	maxFrame := m.maxFrame
+	mb.session = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
+		return &memberSession{member: mid, subID: subID, conn: m.replyTo, maxFrame: maxFrame, hello: hello}
+	}), "m")
+	l.members[mid] = mb
+	l.bySub[subID] = mb
+	c.o.Dir.addSub(subID, c.self, m.replyTo.Id)
+	_ = l.sub.Request(mid, int(req.Credits))
+	if mb.responder {
+		l.responders++
+		if l.responders == 1 {
+			c.o.Dir.setResponder(l.topic, c.self, true)
+		}
+	}
+	mMembers.WithLabelValues(c.group).Set(float64(len(l.members)))
+	c.applyPlan(ctx, pl)
+	c.updateSummary()
+	c.armStats()
+	c.pump(ctx)
+	c.dispatch(ctx)
+}
+
+// applyPlan tells members of their partition changes and confirms the
+// revocations that need no wait.
+func (c *coordinator) applyPlan(ctx actor.Context, pl Plan) {
+	l := c.live
+	for _, ch := range pl {
+		mb := l.members[ch.Member]
+		if mb == nil {
+			continue
+		}
+		ctx.Send(mb.session, &pushFrame{f: &heraldpb.Frame{Body: &heraldpb.Frame_Assignment{Assignment: &heraldpb.AssignmentChange{
+			SubscriptionId: mb.subID, Added: ch.Add, Revoked: ch.Revoke,
+		}}}})
+	}
+	if len(pl) > 0 {
+		c.checkRevocations(ctx)
+	}
+}
+
+// checkRevocations confirms every revoked partition whose member has
+// nothing of it in flight any more, so the new owner starts after the old
+// one's last ack: per-partition order holds across a rebalance.
+func (c *coordinator) checkRevocations(ctx actor.Context) {
+	l := c.live
+	if l == nil || l.mode != Clustering {
+		return
+	}
+	for _, mid := range l.sub.Members() {
+		for _, p := range l.sub.Assignor().Revoking(mid) {
+			if l.sub.InFlightIn(mid, p) > 0 {
+				continue
+			}
+			pl, err := l.sub.Revoked(mid, p, time.Now())
+			if err == nil {
+				c.applyPlan(ctx, pl)
+			}
+		}
+	}
+}
+
+// leave ends member mb: its unacked messages go back for redelivery.
+func (c *coordinator) leave(ctx actor.Context, mb *member, now time.Time) {
+	l := c.live
+	for id, te := range l.toks {
+		if te.member == mb.id {
+			_ = mb.breaker.Forget(te.tok)
+			delete(l.toks, id)
+		}
+	}
+	pl, _ := l.sub.Leave(mb.id, now)
+	mb.breaker.Close()
+	ctx.Stop(mb.session)
+	c.o.Dir.removeSub(mb.subID)
+	delete(l.members, mb.id)
+	delete(l.bySub, mb.subID)
+	if mb.responder {
+		l.responders--
+		if l.responders == 0 {
+			c.o.Dir.setResponder(l.topic, c.self, false)
+			mCallQueue.WithLabelValues(c.group).Set(0)
+			l.calls = nil
+		}
+	}
+	mMembers.WithLabelValues(c.group).Set(float64(len(l.members)))
+	if len(l.members) == 0 {
+		c.dropLive(ctx)
+		return
+	}
+	c.applyPlan(ctx, pl)
+	c.updateSummary()
+	c.dispatch(ctx)
+}
+
+// dropLive ends the subscription once its last member left: its progress
+// is written, in-flight state is forgotten (unacked messages are
+// redelivered from the stored progress to the next member), and the next
+// subscriber may choose another mode or filter.
+func (c *coordinator) dropLive(ctx actor.Context) {
+	l := c.live
+	for _, v := range l.sub.Views() {
+		c.toWrite = append(c.toWrite, c.encode(v))
+		delete(c.dirty, v)
+	}
+	for id := range c.fetchByID {
+		delete(c.fetchByID, id)
+	}
+	c.live = nil
+	mInFlight.WithLabelValues(c.group).Set(0)
+	c.flush(ctx)
+	c.updateSummary()
+}
+
+func (c *coordinator) encode(v MemberID) *heraldpb.GroupProgress {
+	l := c.live
+	g := l.sub.Encode(c.group, l.topic, v)
+	g.Mode = int32(wireMode(l.mode))
+	return g
+}
+
+// ---- reading the log -------------------------------------------------------
+
+// pump starts a read of every partition, for every view with a live
+// member, that has room and no read outstanding.
+func (c *coordinator) pump(ctx actor.Context) {
+	l := c.live
+	if l == nil {
+		return
+	}
+	for _, v := range l.sub.Views() {
+		if v != "" && l.members[v] == nil {
+			continue // a broadcast member that left: its view waits
+		}
+		for p := range l.entry.Partitions {
+			k := fetchKey{view: v, part: uint32(p)}
+			if l.fetching[k] {
+				continue
+			}
+			off, room := l.sub.ReadFrom(v, uint32(p))
+			if room == 0 {
+				continue
+			}
+			var wait uint32
+			if off >= l.entry.Stats[p].HighWatermark.Load() {
+				wait = uint32(c.o.FetchWait / time.Millisecond)
+			}
+			id := c.id()
+			c.fetchByID[id] = k
+			l.fetching[k] = true
+			ctx.Request(l.entry.Partitions[p], &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+				Topic: l.topic, Partition: uint32(p), Offset: off, MaxBytes: uint32(c.o.FetchMaxBytes), MaxWaitMs: wait,
+			}}})
+		}
+	}
+}
+
+func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.FetchResponse, ferr *heraldpb.Error) {
+	k, ok := c.fetchByID[id]
+	delete(c.fetchByID, id)
+	l := c.live
+	if !ok || l == nil {
+		return
+	}
+	delete(l.fetching, k)
+	if ferr != nil {
+		switch ferr.Code {
+		case heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE:
+			// Retention removed records below the floor: skip to the log
+			// start (they can never be delivered).
+			start := l.entry.Stats[k.part].StartOffset.Load()
+			if off, _ := l.sub.ReadFrom(k.view, k.part); off < start {
+				c.log.Warn("records removed by retention before the group consumed them", "partition", k.part, "from", off, "to", start)
+				l.sub.Seek(k.view, k.part, start)
+				c.markDirty(k.view)
+			}
+			c.pump(ctx)
+		default:
+			c.armPump(time.Duration(max(ferr.RetryAfterMs, 100)) * time.Millisecond)
+		}
+		return
+	}
+	off, room := l.sub.ReadFrom(k.view, k.part)
+	prog := l.sub.Progress(k.view, k.part)
+	var msgs []Message
+	var recs []held
+	filtered := 0
+	for _, b := range resp.Batches {
+		if len(msgs) >= room {
+			break
+		}
+		err := heraldpb.ForEachRecord(b.Records, func(i int, rec, key []byte) bool {
+			o := b.BaseOffset + int64(i)
+			if o < off {
+				return true
+			}
+			if len(msgs) >= room {
+				return false
+			}
+			skip := false
+			if l.filt != nil && !prog.Done(o) {
+				var r heraldpb.Record
+				if proto.Unmarshal(rec, &r) == nil && !l.filt.Match(filter.FromProto(&r)) {
+					skip = true
+					filtered++
+				}
+			}
+			msgs = append(msgs, Message{Partition: k.part, Offset: o, Key: string(key), Skip: skip})
+			recs = append(recs, held{rec: rec, appendMs: b.AppendTimeMs})
+			return true
+		})
+		if err != nil {
+			c.log.Error("unreadable batch in log", "partition", k.part, "offset", b.BaseOffset, "err", err)
+			break
+		}
+	}
+	for i, m := range msgs {
+		if !m.Skip && !prog.Done(m.Offset) {
+			l.msgs[msgID{view: k.view, part: k.part, off: m.Offset}] = recs[i]
+		}
+	}
+	n := l.sub.Append(k.view, msgs...)
+	for _, m := range msgs[n:] {
+		delete(l.msgs, msgID{view: k.view, part: k.part, off: m.Offset})
+	}
+	if filtered > 0 {
+		mFiltered.WithLabelValues(c.group).Add(float64(filtered))
+		c.markDirty(k.view)
+	}
+	c.dispatch(ctx)
+	c.pump(ctx)
+}
+
+func (c *coordinator) armPump(d time.Duration) {
+	if !c.pumpArmed {
+		c.pumpArmed = true
+		c.after(d, &pumpMsg{})
+	}
+}
+
+// ---- delivery ----------------------------------------------------------------
+
+// maxPushBatch bounds the messages one dispatch round hands one member.
+const maxPushBatch = 4096
+
+// dispatch pushes to every member with credits what the subscription
+// gives it, calls first.
+func (c *coordinator) dispatch(ctx actor.Context) {
+	l := c.live
+	if l == nil {
+		return
+	}
+	order := l.sub.Members()
+	if len(order) == 0 {
+		return
+	}
+	now := time.Now()
+	delivered := 0
+	for i := range order {
+		mb := l.members[order[(l.rr+i)%len(order)]]
+		if mb == nil {
+			continue
+		}
+		delivered += c.deliverTo(ctx, mb, now)
+	}
+	l.rr++
+	if delivered > 0 {
+		c.pump(ctx)
+		c.armDeadline(now)
+		if l.autoAck {
+			c.scheduleFlush()
+		}
+	}
+}
+
+func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) int {
+	l := c.live
+	credits := l.sub.Credits(mb.id)
+	if credits == 0 {
+		return 0
+	}
+	var out []heraldpb.PushMessage
+	for mb.responder && len(l.calls) > 0 && l.sub.TakeCredit(mb.id) {
+		call := l.calls[0]
+		l.calls = l.calls[1:]
+		out = append(out, heraldpb.PushMessage{Offset: -1, DeliveryCount: 1, Record: call.record, ReplyInbox: call.inbox, CorrelationID: call.corr})
+		credits--
+	}
+	if len(l.calls) == 0 {
+		l.calls = nil
+	}
+	var toks []BreakerToken
+	for len(toks) < min(credits, maxPushBatch) {
+		tok, ok := mb.breaker.Allow()
+		if !ok {
+			break
+		}
+		toks = append(toks, tok)
+	}
+	var ds []Delivery
+	if len(toks) > 0 {
+		ds, _ = l.sub.Deliver(mb.id, now, len(toks))
+	}
+	for _, t := range toks[len(ds):] {
+		_ = mb.breaker.Forget(t)
+	}
+	view := l.sub.ViewOf(mb.id)
+	for j, d := range ds {
+		id := msgID{view: view, part: d.Partition, off: d.Offset}
+		h, ok := l.msgs[id]
+		if !ok {
+			// Cannot happen: every offered message is held until done.
+			c.log.Error("no record held for delivery", "partition", d.Partition, "offset", d.Offset)
+			_ = mb.breaker.Forget(toks[j])
+			continue
+		}
+		out = append(out, heraldpb.PushMessage{Partition: d.Partition, Offset: d.Offset, DeliveryCount: uint32(d.Count), AppendTimeMs: h.appendMs, Record: h.rec})
+		if l.autoAck {
+			_ = mb.breaker.Forget(toks[j])
+			delete(l.msgs, id)
+		} else {
+			l.toks[id] = tokEntry{tok: toks[j], member: mb.id, sent: now}
+		}
+		if d.Count > 1 {
+			mb.redelivered++
+			mRedelivered.WithLabelValues(c.group).Inc()
+		}
+	}
+	if len(ds) > 0 {
+		mb.delivered += uint64(len(ds))
+		mDelivered.WithLabelValues(c.group).Add(float64(len(ds)))
+		if l.autoAck {
+			c.markDirty(view)
+		}
+	}
+	if len(out) > 0 {
+		ctx.Send(mb.session, &pushBatch{msgs: out})
+	}
+	return len(ds)
+}
+
+func (c *coordinator) onCall(ctx actor.Context, m *callMsg) {
+	l := c.live
+	if l == nil || l.responders == 0 || l.topic != m.topic {
+		return
+	}
+	if len(l.calls) >= c.o.MaxCallQueue {
+		mCallsDropped.WithLabelValues(c.group).Inc()
+		return
+	}
+	l.calls = append(l.calls, m)
+	c.dispatch(ctx)
+	mCallQueue.WithLabelValues(c.group).Set(float64(len(l.calls)))
+}
+
+// ---- acks ------------------------------------------------------------------
+
+func (c *coordinator) pairs(f *heraldpb.Frame, parts []uint32, offs []int64) bool {
+	return len(parts) == len(offs)
+}
+
+func (c *coordinator) onAck(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.AckRequest) {
+	mb := c.memberOf(req.SubscriptionId)
+	if mb == nil {
+		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "subscription %d is not active", req.SubscriptionId))
+		return
+	}
+	if !c.pairs(f, req.Partitions, req.Offsets) {
+		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "ack has %d partitions and %d offsets", len(req.Partitions), len(req.Offsets)))
+		return
+	}
+	l := c.live
+	now := time.Now()
+	view := l.sub.ViewOf(mb.id)
+	acked, stale := 0, 0
+	for i, p := range req.Partitions {
+		off := req.Offsets[i]
+		if err := l.sub.Ack(mb.id, p, off); err != nil {
+			stale++
+			continue
+		}
+		id := msgID{view: view, part: p, off: off}
+		if te, ok := l.toks[id]; ok {
+			if owner := l.members[te.member]; owner != nil {
+				_ = owner.breaker.Success(te.tok)
+			}
+			mAckLatency.WithLabelValues(c.group).Observe(now.Sub(te.sent).Seconds())
+			delete(l.toks, id)
+		}
+		delete(l.msgs, id)
+		acked++
+	}
+	if stale > 0 {
+		mStaleAcks.WithLabelValues(c.group).Add(float64(stale))
+	}
+	if acked > 0 {
+		mAcked.WithLabelValues(c.group).Add(float64(acked))
+	}
+	_ = l.sub.Request(mb.id, int(req.Credits))
+	ok := &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_AckResponse{AckResponse: &heraldpb.AckResponse{}}}
+	if acked == 0 {
+		respond(ctx, ctx.Sender(), ok)
+	} else {
+		c.markDirty(view)
+		c.waiters = append(c.waiters, waiter{to: ctx.Sender(), f: ok})
+	}
+	c.checkRevocations(ctx)
+	c.dispatch(ctx)
+	c.pump(ctx)
+	c.flush(ctx)
+}
+
+func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.NackRequest) {
+	mb := c.memberOf(req.SubscriptionId)
+	if mb == nil {
+		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "subscription %d is not active", req.SubscriptionId))
+		return
+	}
+	if !c.pairs(f, req.Partitions, req.Offsets) {
+		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "nack has %d partitions and %d offsets", len(req.Partitions), len(req.Offsets)))
+		return
+	}
+	l := c.live
+	now := time.Now()
+	view := l.sub.ViewOf(mb.id)
+	delay := time.Duration(req.DelayMs) * time.Millisecond
+	stale := 0
+	for i, p := range req.Partitions {
+		if err := l.sub.Nack(mb.id, p, req.Offsets[i], delay, now); err != nil {
+			stale++
+			continue
+		}
+		id := msgID{view: view, part: p, off: req.Offsets[i]}
+		if te, ok := l.toks[id]; ok {
+			_ = mb.breaker.Failure(te.tok, FailNack)
+			delete(l.toks, id)
+		}
+		mNacked.WithLabelValues(c.group).Inc()
+	}
+	if stale > 0 {
+		mStaleAcks.WithLabelValues(c.group).Add(float64(stale))
+	}
+	_ = l.sub.Request(mb.id, int(req.Credits))
+	respond(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_NackResponse{NackResponse: &heraldpb.NackResponse{}}})
+	c.checkRevocations(ctx)
+	c.dispatch(ctx)
+	c.armDeadline(now)
+}
+
+func (c *coordinator) onCommit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.CommitRequest) {
+	mb := c.memberOf(req.SubscriptionId)
+	if mb == nil {
+		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "subscription %d is not active", req.SubscriptionId))
+		return
+	}
+	l := c.live
+	if err := l.sub.Commit(mb.id, req.Partition, req.Offset); err != nil {
+		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "commit: %v", err))
+		return
+	}
+	floor := l.sub.Progress("", req.Partition).Floor()
+	for id, te := range l.toks {
+		if id.part == req.Partition && id.off < floor {
+			if owner := l.members[te.member]; owner != nil {
+				_ = owner.breaker.Success(te.tok)
+			}
+			delete(l.toks, id)
+		}
+	}
+	for id := range l.msgs {
+		if id.part == req.Partition && id.off < floor {
+			delete(l.msgs, id)
+		}
+	}
+	c.markDirty("")
+	c.waiters = append(c.waiters, waiter{to: ctx.Sender(), f: &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CommitResponse{CommitResponse: &heraldpb.CommitResponse{}}}})
+	c.checkRevocations(ctx)
+	c.dispatch(ctx)
+	c.pump(ctx)
+	c.flush(ctx)
+}
+
+// ---- time ------------------------------------------------------------------
+
+func (c *coordinator) armDeadline(now time.Time) {
+	l := c.live
+	if l == nil {
+		return
+	}
+	t, ok := l.sub.NextDeadline()
+	if !ok || (!c.deadlineAt.IsZero() && !t.Before(c.deadlineAt)) {
+		return
+	}
+	c.deadlineAt = t
+	c.after(max(t.Sub(now), time.Millisecond), &deadlineMsg{})
+}
+
+func (c *coordinator) onDeadline(ctx actor.Context) {
+	l := c.live
+	if l == nil {
+		return
+	}
+	now := time.Now()
+	expired := l.sub.Tick(now)
+	for _, d := range expired {
+		id := msgID{view: l.sub.ViewOf(d.Member), part: d.Partition, off: d.Offset}
+		if te, ok := l.toks[id]; ok {
+			if owner := l.members[te.member]; owner != nil {
+				_ = owner.breaker.Failure(te.tok, FailAckTimeout)
+			}
+			delete(l.toks, id)
+		}
+	}
+	if len(expired) > 0 {
+		mAckTimeouts.WithLabelValues(c.group).Add(float64(len(expired)))
+		c.checkRevocations(ctx)
+	}
+	c.dispatch(ctx)
+	c.armDeadline(now)
+}
+
+func (c *coordinator) armStats() {
+	if !c.statsArmed {
+		c.statsArmed = true
+		c.after(time.Second, &statsMsg{})
+	}
+}
+
+// onStats refreshes the gauges and the summary, and polls the breakers so
+// that an open one half-opens (gobreaker moves lazily) and delivery resumes.
+func (c *coordinator) onStats(ctx actor.Context) {
+	l := c.live
+	if l == nil {
+		return
+	}
+	resume := false
+	for _, mb := range l.members {
+		if mb.breaker.State() != BreakerOpen {
+			resume = true
+		}
+	}
+	if resume {
+		c.dispatch(ctx)
+	}
+	c.updateSummary()
+	c.armStats()
+}
+
+// ---- progress writes ---------------------------------------------------------
+
+func (c *coordinator) markDirty(v MemberID) {
+	c.dirty[v] = true
+	c.scheduleFlush()
+}
+
+func (c *coordinator) scheduleFlush() {
+	if !c.flushArmed {
+		c.flushArmed = true
+		c.after(c.o.FlushDelay, &flushMsg{})
+	}
+}
+
+// maxWriteBytes bounds one progress write (a batch of GroupProgress
+// records), well under the broker's max message size.
+const maxWriteBytes = 256 << 10
+
+// flush writes the dirty progress to __groups unless a write is in flight;
+// the acks waiting are answered when it is durable. One write at a time
+// keeps the records in order and batches the acks that arrive meanwhile.
+func (c *coordinator) flush(ctx actor.Context) {
+	if c.writing {
+		return
+	}
+	if c.live != nil {
+		for _, v := range slices.Sorted(maps.Keys(c.dirty)) {
+			if c.live.sub.Progress(v, 0) != nil {
+				c.toWrite = append(c.toWrite, c.encode(v))
+			}
+		}
+	}
+	clear(c.dirty)
+	if len(c.toWrite) == 0 {
+		for _, w := range c.waiters {
+			respond(ctx, w.to, w.f)
+		}
+		c.waiters = nil
+		return
+	}
+	if c.groupsLog == nil {
+		e := c.o.Topics.Get(GroupsTopic)
+		if e == nil {
+			c.failWaiters(ctx, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "internal topic %s is missing", GroupsTopic))
+			return
+		}
+		c.groupsLog = e.Partitions[0]
+	}
+	batch := &heraldpb.RecordBatch{}
+	size, n := 0, 0
+	for _, r := range c.toWrite {
+		v, err := proto.Marshal(r)
+		if err != nil {
+			c.log.Error("encoding progress", "err", err)
+			n++
+			continue
+		}
+		if n > 0 && size+len(v) > maxWriteBytes {
+			break
+		}
+		batch.Records = append(batch.Records, &heraldpb.Record{Key: []byte(c.group), Value: v})
+		size += len(v)
+		n++
+	}
+	c.writeRecs = c.toWrite[:n:n]
+	c.toWrite = slices.Clone(c.toWrite[n:])
+	if len(c.toWrite) == 0 {
+		c.writeWaiters, c.waiters = c.waiters, nil
+	}
+	recs, err := proto.Marshal(batch)
+	if err != nil || len(batch.Records) == 0 {
+		c.log.Error("encoding progress batch", "err", err)
+		c.writeRecs = nil
+		return
+	}
+	c.writing = true
+	c.writeID = c.id()
+	ctx.Request(c.groupsLog, &heraldpb.Frame{Id: c.writeID, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: GroupsTopic, Partition: proto.Uint32(0), Acks: heraldpb.Acks_ACKS_ALL, Records: recs,
+	}}})
+}
+
+func (c *coordinator) onWritten(ctx actor.Context, id uint64, e *heraldpb.Error) {
+	if !c.writing || id != c.writeID {
+		return
+	}
+	c.writing = false
+	if e != nil {
+		mProgressWrites.WithLabelValues("failed").Inc()
+		c.log.Warn("writing group progress", "err", e.Message)
+		c.toWrite = append(c.writeRecs, c.toWrite...)
+		c.waiters = append(c.writeWaiters, c.waiters...)
+		c.writeRecs, c.writeWaiters = nil, nil
+		if !e.Retriable {
+			c.failWaiters(ctx, e)
+		}
+		c.after(time.Duration(max(e.RetryAfterMs, 50))*time.Millisecond, &flushMsg{})
+		c.flushArmed = true
+		return
+	}
+	mProgressWrites.WithLabelValues("ok").Add(float64(len(c.writeRecs)))
+	for _, r := range c.writeRecs {
+		c.st.stored[keyOf(r)] = r
+		c.st.lastTop = r.Topic
+	}
+	for _, w := range c.writeWaiters {
+		respond(ctx, w.to, w.f)
+	}
+	c.writeRecs, c.writeWaiters = nil, nil
+	if len(c.toWrite) > 0 || len(c.waiters) > 0 {
+		c.flush(ctx)
+	}
+}
+
+func (c *coordinator) failWaiters(ctx actor.Context, e *heraldpb.Error) {
+	for _, w := range c.waiters {
+		respond(ctx, w.to, heraldpb.ErrorFrame(w.f.Id, e))
+	}
+	c.waiters = nil
+}
+
+// ---- start positions and reset ---------------------------------------------
+
+// resolve computes an offset per partition of entry for pos and calls done
+// on the coordinator.
+func (c *coordinator) resolve(ctx actor.Context, entry *topic.Entry, pos *heraldpb.StartPosition, done func([]int64, *heraldpb.Error)) {
+	n := len(entry.Partitions)
+	op := &resolveOp{start: make([]int64, n), done: done}
+	for p := 0; p < n; p++ {
+		st := entry.Stats[p]
+		lo, hi := st.StartOffset.Load(), st.HighWatermark.Load()
+		switch at := pos.At.(type) {
+		case *heraldpb.StartPosition_Earliest:
+			op.start[p] = lo
+		case *heraldpb.StartPosition_Offset:
+			op.start[p] = min(max(at.Offset, lo), hi)
+		case *heraldpb.StartPosition_TimestampMs:
+			id := c.id()
+			c.listByID[id] = struct {
+				op   *resolveOp
+				part int
+			}{op, p}
+			op.waiting++
+			ctx.Request(entry.Partitions[p], &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ListOffsets{ListOffsets: &heraldpb.ListOffsetsRequest{
+				Topic: entry.Name, Partition: uint32(p), Spec: heraldpb.OffsetSpec_OFFSET_SPEC_TIMESTAMP, TimestampMs: at.TimestampMs,
+			}}})
+		default: // latest
+			op.start[p] = hi
+		}
+	}
+	if op.waiting == 0 {
+		done(op.start, nil)
+	}
+}
+
+func (c *coordinator) onListed(ctx actor.Context, id uint64, off int64, e *heraldpb.Error) {
+	w, ok := c.listByID[id]
+	if !ok {
+		return
+	}
+	delete(c.listByID, id)
+	if e != nil && w.op.failed == nil {
+		w.op.failed = e
+	}
+	w.op.start[w.part] = off
+	w.op.waiting--
+	if w.op.waiting == 0 {
+		w.op.done(w.op.start, w.op.failed)
+	}
+}
+
+func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.ResetGroupRequest) {
+	replyTo := ctx.Sender()
+	if req.To == nil || req.To.At == nil {
+		respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "reset needs a position (earliest, latest, offset or timestamp)"))
+		return
+	}
+	if c.resolving {
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "group %q is starting a subscription", c.group)
+		e.RetryAfterMs = 50
+		respond(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e))
+		return
+	}
+	if l := c.live; l != nil {
+		if !req.Force {
+			respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_GROUP_HAS_MEMBERS, "group %q has %d live members; stop them or reset with force", c.group, len(l.members)))
+			return
+		}
+		for _, mb := range l.members {
+			c.leave(ctx, mb, time.Now())
+		}
+	}
+	topicName := c.st.lastTop
+	for _, r := range c.toWrite {
+		topicName = r.Topic
+	}
+	if topicName == "" {
+		respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_GROUP_NOT_FOUND, "group %q has no stored progress", c.group))
+		return
+	}
+	entry := c.o.Topics.Get(topicName)
+	if entry == nil {
+		respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q of group %q does not exist", topicName, c.group))
+		return
+	}
+	for _, p := range req.Partitions {
+		if int(p) >= len(entry.Partitions) {
+			respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_PARTITION_NOT_FOUND, "topic %q has no partition %d", topicName, p))
+			return
+		}
+	}
+	c.resolving = true
+	c.resolve(ctx, entry, req.To, func(start []int64, e *heraldpb.Error) {
+		c.resolving = false
+		defer func() {
+			for _, p := range c.pendingSubs {
+				c.onSubscribe(ctx, p)
+			}
+			c.pendingSubs = nil
+		}()
+		if e != nil {
+			respond(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e))
+			return
+		}
+		recs := c.latestRecords(topicName)
+		if len(recs) == 0 {
+			recs = []*heraldpb.GroupProgress{{Group: c.group, Topic: topicName}}
+		}
+		for _, old := range recs {
+			rec := &heraldpb.GroupProgress{Group: c.group, Topic: topicName, Subscriber: old.Subscriber, Mode: old.Mode}
+			for p := range start {
+				if len(req.Partitions) > 0 && !slices.Contains(req.Partitions, uint32(p)) {
+					for _, op := range old.Partitions {
+						if op.Partition == uint32(p) {
+							rec.Partitions = append(rec.Partitions, op)
+						}
+					}
+					continue
+				}
+				rec.Partitions = append(rec.Partitions, &heraldpb.PartitionProgress{Partition: uint32(p), AckFloor: start[p]})
+			}
+			c.toWrite = append(c.toWrite, rec)
+		}
+		c.waiters = append(c.waiters, waiter{to: replyTo, f: &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ResetGroupResponse{ResetGroupResponse: &heraldpb.ResetGroupResponse{}}}})
+		c.flush(ctx)
+	})
+}
+
+// ---- describe ----------------------------------------------------------------
+
+func (c *coordinator) describe() *heraldpb.GroupInfo {
+	gi := &heraldpb.GroupInfo{Group: c.group}
+	l := c.live
+	if l == nil {
+		topicName := c.st.lastTop
+		gi.Topic = topicName
+		var entry *topic.Entry
+		if topicName != "" {
+			entry = c.o.Topics.Get(topicName)
+		}
+		for _, r := range c.latestRecords(topicName) {
+			gi.Mode = heraldpb.SubscriptionMode(r.Mode)
+			for _, pp := range r.Partitions {
+				prog, err := DecodeProgress(pp, 0)
+				if err != nil {
+					continue
+				}
+				gi.Partitions = append(gi.Partitions, lagOf(pp.Partition, r.Subscriber, prog, entry, ""))
+			}
+		}
+		return gi
+	}
+	gi.Topic, gi.Mode, gi.FilterType, gi.Filter = l.topic, wireMode(l.mode), l.filterType, l.filterText
+	for _, mid := range l.sub.Members() {
+		mb := l.members[mid]
+		mi := &heraldpb.MemberInfo{
+			MemberId: string(mid), Name: mb.name, Address: mb.conn.Id,
+			InFlight: uint32(l.sub.InFlight(mid)), Credits: uint32(l.sub.Credits(mid)),
+			Delivered: mb.delivered, Redelivered: mb.redelivered,
+			Breaker: heraldpb.BreakerState(mb.breaker.State()), Responder: mb.responder,
+		}
+		if l.mode == Clustering {
+			mi.Partitions = l.sub.Assignor().Owned(mid)
+		}
+		gi.Members = append(gi.Members, mi)
+		gi.InFlight += mi.InFlight
+		gi.Redelivered += mb.redelivered
+	}
+	for _, v := range l.sub.Views() {
+		for p := range l.entry.Partitions {
+			owner := ""
+			if l.mode == Clustering {
+				if o, ok := l.sub.Assignor().Owner(uint32(p)); ok {
+					owner = string(o)
+				}
+			}
+			gi.Partitions = append(gi.Partitions, lagOf(uint32(p), string(v), l.sub.Progress(v, uint32(p)), l.entry, owner))
+		}
+	}
+	return gi
+}
+
+func lagOf(p uint32, subscriber string, prog *Progress, entry *topic.Entry, owner string) *heraldpb.PartitionLag {
+	pl := &heraldpb.PartitionLag{Partition: p, Subscriber: subscriber, AckFloor: prog.Floor(), AckedAbove: uint32(prog.Pending()), Owner: owner}
+	if entry != nil && int(p) < len(entry.Stats) {
+		pl.HighWatermark = entry.Stats[p].HighWatermark.Load()
+		pl.Lag = max(pl.HighWatermark-pl.AckFloor-int64(pl.AckedAbove), 0)
+	}
+	return pl
+}
+
+// updateSummary publishes the group's line of ListGroups and its lag
+// gauges.
+func (c *coordinator) updateSummary() {
+	gi := c.describe()
+	s := &heraldpb.GroupSummary{Group: c.group, Topic: gi.Topic, Mode: gi.Mode, Members: uint32(len(gi.Members))}
+	for _, pl := range gi.Partitions {
+		s.Lag += pl.Lag
+		mLag.WithLabelValues(c.group, gi.Topic, fmt.Sprint(pl.Partition)).Set(float64(pl.Lag))
+	}
+	mInFlight.WithLabelValues(c.group).Set(float64(gi.InFlight))
+	c.st.summary.Store(s)
+}

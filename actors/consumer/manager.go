@@ -1,0 +1,250 @@
+package consumer
+
+import (
+	"maps"
+	"regexp"
+	"slices"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/proto"
+)
+
+// ManagerName is the groups manager's actor name.
+const ManagerName = "groups"
+
+var validGroup = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
+
+// Manager is the groups actor: it rebuilds every group's progress from
+// `__groups` when it starts, then spawns one coordinator per group and
+// routes subscriptions and group admin requests to them. Requests that
+// arrive while it loads wait (up to Options.MaxQueued, then THROTTLED).
+type Manager struct {
+	o      *Options
+	loaded bool
+	queue  []queued
+	groups map[string]*groupHandle
+
+	// loading state
+	loadID   uint64
+	loadHW   int64
+	loadNext int64
+	recs     map[string]map[storeKey]*heraldpb.GroupProgress
+	lastTop  map[string]string
+	started  time.Time
+	records  int
+}
+
+type groupHandle struct {
+	pid *actor.PID
+	st  *groupStore
+}
+
+type queued struct {
+	msg    any
+	sender *actor.PID
+}
+
+// loadRetry asks the manager to read __groups again after a failure.
+type loadRetry struct{}
+
+// Props returns the groups manager's props. The internal topic
+// GroupsTopic must exist and be writable before it starts.
+func Props(o Options) *actor.Props {
+	o.ensureDefaults()
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &Manager{o: &o, groups: map[string]*groupHandle{}}
+	})
+}
+
+// Receive is the manager's entry point.
+func (m *Manager) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *actor.Started:
+		m.started = time.Now()
+		m.recs = map[string]map[storeKey]*heraldpb.GroupProgress{}
+		m.lastTop = map[string]string{}
+		m.load(ctx)
+	case *loadRetry:
+		m.load(ctx)
+	case *heraldpb.Frame:
+		if !m.loaded {
+			if fr := msg.GetFetchResponse(); fr != nil && msg.Id == m.loadID {
+				m.onLoaded(ctx, fr)
+				return
+			}
+			if e := msg.GetError(); e != nil && msg.Id == m.loadID {
+				m.o.Logger.Warn("reading __groups", "err", e.Message)
+				self, sys := ctx.Self(), ctx.ActorSystem()
+				time.AfterFunc(100*time.Millisecond, func() { sys.Root.Send(self, &loadRetry{}) })
+				return
+			}
+			m.hold(ctx, msg, ctx.Sender())
+			return
+		}
+		m.onFrame(ctx, msg, ctx.Sender())
+	case *subscribeMsg:
+		if !m.loaded {
+			m.hold(ctx, msg, nil)
+			return
+		}
+		m.onSubscribe(ctx, msg)
+	}
+}
+
+func (m *Manager) hold(ctx actor.Context, msg any, sender *actor.PID) {
+	if len(m.queue) >= m.o.MaxQueued {
+		var f *heraldpb.Frame
+		to := sender
+		switch x := msg.(type) {
+		case *heraldpb.Frame:
+			f = x
+		case *subscribeMsg:
+			f, to = x.f, x.replyTo
+		}
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "consumer groups are still loading")
+		e.RetryAfterMs = 100
+		respond(ctx, to, heraldpb.ErrorFrame(f.GetId(), e))
+		return
+	}
+	m.queue = append(m.queue, queued{msg: msg, sender: sender})
+	mGroupQueue.Set(float64(len(m.queue)))
+}
+
+// load reads __groups from its start to the high watermark it has now:
+// nothing else writes it before the coordinators exist.
+func (m *Manager) load(ctx actor.Context) {
+	e := m.o.Topics.Get(GroupsTopic)
+	if e == nil {
+		m.o.Logger.Error("internal topic is missing; consumer groups start empty", "topic", GroupsTopic)
+		m.finishLoad(ctx)
+		return
+	}
+	st := e.Stats[0]
+	if m.loadHW == 0 {
+		m.loadHW = st.HighWatermark.Load()
+		m.loadNext = st.StartOffset.Load()
+	}
+	if m.loadNext >= m.loadHW {
+		m.finishLoad(ctx)
+		return
+	}
+	m.loadID++
+	ctx.Request(e.Partitions[0], &heraldpb.Frame{Id: m.loadID, Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+		Topic: GroupsTopic, Partition: 0, Offset: m.loadNext, MaxBytes: 4 << 20,
+	}}})
+}
+
+func (m *Manager) onLoaded(ctx actor.Context, fr *heraldpb.FetchResponse) {
+	for _, b := range fr.Batches {
+		_ = heraldpb.ForEachRecord(b.Records, func(i int, rec, _ []byte) bool {
+			off := b.BaseOffset + int64(i)
+			if off < m.loadNext {
+				return true
+			}
+			m.loadNext = off + 1
+			var r heraldpb.Record
+			var g heraldpb.GroupProgress
+			if proto.Unmarshal(rec, &r) != nil || proto.Unmarshal(r.Value, &g) != nil || g.Group == "" {
+				m.o.Logger.Warn("skipping unreadable __groups record", "offset", off)
+				return true
+			}
+			k := keyOf(&g)
+			if m.recs[g.Group] == nil {
+				m.recs[g.Group] = map[storeKey]*heraldpb.GroupProgress{}
+			}
+			m.recs[g.Group][k] = &g
+			m.lastTop[g.Group] = g.Topic
+			m.records++
+			return true
+		})
+	}
+	if len(fr.Batches) == 0 && m.loadNext < m.loadHW {
+		m.loadNext = max(m.loadNext, fr.LogStartOffset)
+		if fr.HighWatermark <= m.loadNext {
+			m.loadHW = m.loadNext
+		}
+	}
+	m.load(ctx)
+}
+
+func (m *Manager) finishLoad(ctx actor.Context) {
+	m.loaded = true
+	for g, recs := range m.recs {
+		m.spawn(ctx, g, recs, m.lastTop[g])
+	}
+	m.o.Logger.Info("consumer groups loaded", "groups", len(m.recs), "records", m.records, "took", time.Since(m.started).Round(time.Millisecond))
+	m.recs, m.lastTop = nil, nil
+	q := m.queue
+	m.queue = nil
+	mGroupQueue.Set(0)
+	for _, x := range q {
+		switch msg := x.msg.(type) {
+		case *subscribeMsg:
+			m.onSubscribe(ctx, msg)
+		case *heraldpb.Frame:
+			m.onFrame(ctx, msg, x.sender)
+		}
+	}
+}
+
+func (m *Manager) spawn(ctx actor.Context, group string, recs map[storeKey]*heraldpb.GroupProgress, lastTop string) *groupHandle {
+	st := &groupStore{stored: recs, lastTop: lastTop}
+	if st.stored == nil {
+		st.stored = map[storeKey]*heraldpb.GroupProgress{}
+	}
+	o := m.o
+	pid, err := ctx.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return newCoordinator(o, group, st) }), "g/"+group)
+	if err != nil {
+		m.o.Logger.Error("spawning group coordinator", "group", group, "err", err)
+		return nil
+	}
+	h := &groupHandle{pid: pid, st: st}
+	m.groups[group] = h
+	return h
+}
+
+func (m *Manager) onSubscribe(ctx actor.Context, msg *subscribeMsg) {
+	req := msg.f.GetSubscribe()
+	if !validGroup.MatchString(req.Group) {
+		respond(ctx, msg.replyTo, errFrame(msg.f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "group name %q must be 1-200 characters of A-Z a-z 0-9 . _ -", req.Group))
+		return
+	}
+	h := m.groups[req.Group]
+	if h == nil {
+		if h = m.spawn(ctx, req.Group, nil, ""); h == nil {
+			respond(ctx, msg.replyTo, errFrame(msg.f.Id, heraldpb.ErrorCode_INTERNAL, "cannot start group %q", req.Group))
+			return
+		}
+	}
+	ctx.Send(h.pid, msg)
+}
+
+func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame, sender *actor.PID) {
+	var group string
+	switch b := f.Body.(type) {
+	case *heraldpb.Frame_ListGroups:
+		resp := &heraldpb.ListGroupsResponse{}
+		for _, name := range slices.Sorted(maps.Keys(m.groups)) {
+			if s := m.groups[name].st.summary.Load(); s != nil && (s.Members > 0 || s.Topic != "") {
+				resp.Groups = append(resp.Groups, s)
+			}
+		}
+		respond(ctx, sender, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListGroupsResponse{ListGroupsResponse: resp}})
+		return
+	case *heraldpb.Frame_DescribeGroup:
+		group = b.DescribeGroup.Group
+	case *heraldpb.Frame_ResetGroup:
+		group = b.ResetGroup.Group
+	default:
+		respond(ctx, sender, errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "the groups manager does not handle %T", f.Body))
+		return
+	}
+	h := m.groups[group]
+	if h == nil {
+		respond(ctx, sender, errFrame(f.Id, heraldpb.ErrorCode_GROUP_NOT_FOUND, "group %q does not exist", group))
+		return
+	}
+	ctx.RequestWithCustomSender(h.pid, f, sender)
+}

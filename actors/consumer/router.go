@@ -1,0 +1,138 @@
+package consumer
+
+import (
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/netio"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/proto"
+)
+
+// SessionLookup finds a live client connection by its session actor id: its
+// session PID and negotiated max frame (netio.Server.Session).
+type SessionLookup func(id string) (pid *actor.PID, maxFrame int, ok bool)
+
+// Router routes the consumer-group and request-reply requests. It runs on
+// the network event loops and never blocks.
+type Router struct {
+	sys     *actor.ActorSystem
+	dir     *Directory
+	manager *actor.PID
+	lookup  SessionLookup
+}
+
+// NewRouter routes to the groups manager and the coordinators in dir.
+// lookup may be set later with SetLookup, before the first request.
+func NewRouter(sys *actor.ActorSystem, dir *Directory, manager *actor.PID) *Router {
+	return &Router{sys: sys, dir: dir, manager: manager}
+}
+
+// SetLookup sets how the router finds client connections.
+func (r *Router) SetLookup(l SessionLookup) { r.lookup = l }
+
+// subscribeMsg is a SubscribeRequest with what the coordinator needs to
+// know of the subscribing connection.
+type subscribeMsg struct {
+	f        *heraldpb.Frame
+	replyTo  *actor.PID
+	maxFrame int
+}
+
+// callMsg is a CallRequest for a coordinator with responders.
+type callMsg struct {
+	topic  string
+	record []byte
+	inbox  string
+	corr   uint64
+}
+
+// Route handles f if it is a consumer-group or request-reply request and
+// reports whether it did.
+func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) bool {
+	switch b := f.Body.(type) {
+	case *heraldpb.Frame_Subscribe:
+		maxFrame := heraldpb.DefaultMaxFrameBytes
+		if r.lookup != nil {
+			if _, mf, ok := r.lookup(replyTo.Id); ok {
+				maxFrame = mf
+			}
+		}
+		r.sys.Root.Send(r.manager, &subscribeMsg{f: f, replyTo: replyTo, maxFrame: maxFrame})
+	case *heraldpb.Frame_Ack:
+		r.toSub(f, replyTo, b.Ack.SubscriptionId)
+	case *heraldpb.Frame_Nack:
+		r.toSub(f, replyTo, b.Nack.SubscriptionId)
+	case *heraldpb.Frame_Commit:
+		r.toSub(f, replyTo, b.Commit.SubscriptionId)
+	case *heraldpb.Frame_Unsubscribe:
+		r.toSub(f, replyTo, b.Unsubscribe.SubscriptionId)
+	case *heraldpb.Frame_ListGroups, *heraldpb.Frame_DescribeGroup, *heraldpb.Frame_ResetGroup:
+		r.sys.Root.RequestWithCustomSender(r.manager, f, replyTo)
+	case *heraldpb.Frame_Call:
+		r.call(f, b.Call, replyTo)
+	case *heraldpb.Frame_Reply:
+		r.reply(f, b.Reply, replyTo)
+	default:
+		return false
+	}
+	return true
+}
+
+func (r *Router) toSub(f *heraldpb.Frame, replyTo *actor.PID, id uint64) {
+	coord, ok := r.dir.lookup(id, replyTo.Id)
+	if !ok {
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "subscription %d is not active on this connection", id))
+		return
+	}
+	r.sys.Root.RequestWithCustomSender(coord, f, replyTo)
+}
+
+func (r *Router) call(f *heraldpb.Frame, req *heraldpb.CallRequest, replyTo *actor.PID) {
+	coords := r.dir.Responders(req.Topic)
+	if len(coords) == 0 {
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_NO_RESPONDERS, "no responder subscribes to topic %q", req.Topic))
+		return
+	}
+	rec, err := proto.Marshal(req.GetRecord())
+	if err != nil {
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "call record: %v", err))
+		return
+	}
+	m := &callMsg{topic: req.Topic, record: rec, inbox: replyTo.Id, corr: req.CorrelationId}
+	for _, c := range coords {
+		r.sys.Root.Send(c, m)
+	}
+	mCalls.Inc()
+	r.sys.Root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CallResponse{CallResponse: &heraldpb.CallResponse{
+		Inbox: replyTo.Id, Responders: uint32(len(coords)),
+	}}})
+}
+
+func (r *Router) reply(f *heraldpb.Frame, req *heraldpb.ReplyRequest, replyTo *actor.PID) {
+	var pid *actor.PID
+	maxFrame, ok := 0, false
+	if r.lookup != nil {
+		pid, maxFrame, ok = r.lookup(req.Inbox)
+	}
+	if !ok {
+		mReplies.WithLabelValues("no_inbox").Inc()
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INBOX_NOT_FOUND, "inbox %q is gone (the caller disconnected)", req.Inbox))
+		return
+	}
+	rec, err := proto.Marshal(req.GetRecord())
+	if err != nil {
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "reply record: %v", err))
+		return
+	}
+	push := heraldpb.AppendReplyDelivery(nil, req.CorrelationId, rec)
+	if len(push)-heraldpb.HeaderLen > maxFrame {
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_MESSAGE_TOO_LARGE, "reply of %d bytes exceeds the caller's max frame %d", len(push), maxFrame))
+		return
+	}
+	r.sys.Root.Send(pid, netio.RawPush(push))
+	mReplies.WithLabelValues("ok").Inc()
+	r.sys.Root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ReplyResponse{ReplyResponse: &heraldpb.ReplyResponse{}}})
+}
+
+func (r *Router) fail(f *heraldpb.Frame, replyTo *actor.PID, e *heraldpb.Error) {
+	r.sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, e))
+}
