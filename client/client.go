@@ -1,5 +1,6 @@
-// Package client is Herald's Go SDK: admin calls, a batching producer and
-// pull consumers over Herald's framed protobuf protocol.
+// Package client is Herald's Go SDK: admin calls, a batching producer, pull
+// consumers, push consumers in consumer groups (Subscribe) and
+// request-reply (Request, Respond) over Herald's framed protobuf protocol.
 //
 // A Client holds one pipelined connection per broker address and is safe for
 // concurrent use. Every call takes a context; a call whose context ends
@@ -14,6 +15,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -33,6 +35,8 @@ type Client struct {
 	closed  bool
 	ctx     context.Context // cancelled by Close
 	cancel  context.CancelFunc
+
+	corrID atomic.Uint64 // correlation ids of Requests
 }
 
 type dialCall struct {

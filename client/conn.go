@@ -37,8 +37,15 @@ type conn struct {
 
 	mu      sync.Mutex
 	pending map[uint64]chan *heraldpb.Frame
-	wbuf    []byte // frames queued for the writer
-	err     error  // why the connection died; set once
+	// hooks run on the reader goroutine when the response with their id
+	// arrives, before the reader reads the next frame: Subscribe registers
+	// its subscription id there, so a Delivery pushed right after the
+	// SubscribeResponse finds it.
+	hooks map[uint64]func(*heraldpb.Frame)
+	subs  map[uint64]*subSession // push targets: subscription id -> session
+	calls map[uint64]*callWaiter // pending Requests: correlation id -> waiter
+	wbuf  []byte                 // frames queued for the writer
+	err   error                  // why the connection died; set once
 
 	wake chan struct{} // signals the writer, capacity 1
 	dead chan struct{} // closed when the connection dies
@@ -69,6 +76,8 @@ func dialConn(ctx context.Context, addr string, cfg *clientConfig) (*conn, error
 		nc:      nc,
 		log:     cfg.logger,
 		pending: make(map[uint64]chan *heraldpb.Frame),
+		subs:    make(map[uint64]*subSession),
+		calls:   make(map[uint64]*callWaiter),
 		wake:    make(chan struct{}, 1),
 		dead:    make(chan struct{}),
 	}
@@ -151,6 +160,10 @@ func readFrame(br *bufio.Reader, max int) (*heraldpb.Frame, error) {
 	return heraldpb.DecodeFrame(payload)
 }
 
+// readLoop reads frames until the connection dies. Responses go to their
+// waiting request; pushes (frame id 0: Delivery, AssignmentChange,
+// ReplyDelivery) go to their subscription or pending Request without
+// blocking (see push).
 func (c *conn) readLoop(br *bufio.Reader) {
 	for {
 		f, err := readFrame(br, c.maxFrame)
@@ -158,12 +171,24 @@ func (c *conn) readLoop(br *bufio.Reader) {
 			c.fail(err)
 			return
 		}
+		if f.GetId() == 0 && c.push(f) {
+			continue
+		}
+		var hook func(*heraldpb.Frame)
 		c.mu.Lock()
 		ch, ok := c.pending[f.GetId()]
 		if ok {
 			delete(c.pending, f.GetId())
+			if len(c.hooks) > 0 {
+				if hook = c.hooks[f.GetId()]; hook != nil {
+					delete(c.hooks, f.GetId())
+				}
+			}
 		}
 		c.mu.Unlock()
+		if hook != nil {
+			hook(f)
+		}
 		if !ok {
 			if e := f.GetError(); e != nil {
 				// An error frame for no request (id 0) precedes a close.
@@ -215,8 +240,11 @@ func (c *conn) fail(cause error) {
 	} else {
 		c.err = fmt.Errorf("%w: %s: %v", ErrConnectionLost, c.addr, cause)
 	}
+	for _, w := range c.calls {
+		w.ch <- nil // buffered 1 and empty while registered; under the lock, see push
+	}
 	pending := c.pending
-	c.pending = nil
+	c.pending, c.hooks, c.subs, c.calls = nil, nil, nil, nil
 	c.wbuf = nil
 	c.mu.Unlock()
 	close(c.dead)
@@ -247,6 +275,49 @@ func (c *conn) alive() bool {
 // window slot and for the response; timeout (if > 0) additionally bounds the
 // wait for the response and yields ErrRequestTimeout.
 func (c *conn) roundTrip(ctx context.Context, req *heraldpb.Frame, timeout time.Duration) (*heraldpb.Frame, error) {
+	return c.roundTripHook(ctx, req, timeout, nil)
+}
+
+// roundTripHook is roundTrip with a hook that the reader goroutine runs on
+// the response (not on a connection failure) before it reads the next
+// frame. The hook must not block; it runs even when the caller has given
+// up waiting.
+func (c *conn) roundTripHook(ctx context.Context, req *heraldpb.Frame, timeout time.Duration, hook func(*heraldpb.Frame)) (*heraldpb.Frame, error) {
+	return c.exchange(ctx, func(dst []byte, id uint64) ([]byte, error) {
+		req.Id = id
+		return heraldpb.AppendFrame(dst, req)
+	}, timeout, hook)
+}
+
+// exchange sends the frame that enc appends to dst (a whole length-prefixed
+// frame with the given id; on error dst unchanged) and waits for the
+// response, as roundTrip does.
+func (c *conn) exchange(ctx context.Context, enc func(dst []byte, id uint64) ([]byte, error), timeout time.Duration, hook func(*heraldpb.Frame)) (*heraldpb.Frame, error) {
+	ch, err := c.send(ctx, enc, hook)
+	if err != nil {
+		return nil, err
+	}
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case f := <-ch:
+		return c.response(ch, f)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-timer:
+		return nil, c.timedOut(timeout)
+	}
+}
+
+// send takes a window slot, queues the frame enc appends (under the
+// connection's lock: enc must not block) and returns the channel its
+// response (or nil when the connection dies) will arrive on. Pass the
+// received frame to response.
+func (c *conn) send(ctx context.Context, enc func(dst []byte, id uint64) ([]byte, error), hook func(*heraldpb.Frame)) (chan *heraldpb.Frame, error) {
 	select {
 	case c.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -255,8 +326,6 @@ func (c *conn) roundTrip(ctx context.Context, req *heraldpb.Frame, timeout time.
 		return nil, c.deadErr()
 	}
 	id := c.nextID.Add(1)
-	req.Id = id
-	ch := make(chan *heraldpb.Frame, 1)
 	c.mu.Lock()
 	if c.err != nil {
 		err := c.err
@@ -265,7 +334,7 @@ func (c *conn) roundTrip(ctx context.Context, req *heraldpb.Frame, timeout time.
 		return nil, err
 	}
 	start := len(c.wbuf)
-	wbuf, err := heraldpb.AppendFrame(c.wbuf, req)
+	wbuf, err := enc(c.wbuf, id)
 	if err == nil && len(wbuf)-start-heraldpb.HeaderLen > c.maxFrame {
 		err = fmt.Errorf("%w: request frame of %d bytes exceeds the negotiated %d", ErrRecordTooLarge, len(wbuf)-start, c.maxFrame)
 		wbuf = wbuf[:start]
@@ -276,37 +345,136 @@ func (c *conn) roundTrip(ctx context.Context, req *heraldpb.Frame, timeout time.
 		<-c.slots
 		return nil, err
 	}
+	ch := getRespChan()
 	c.pending[id] = ch
+	if hook != nil {
+		if c.hooks == nil {
+			c.hooks = make(map[uint64]func(*heraldpb.Frame))
+		}
+		c.hooks[id] = hook
+	}
 	c.mu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
+	return ch, nil
+}
 
-	var timer <-chan time.Time
-	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		timer = t.C
+// response turns what arrived on a send channel into the result: the frame,
+// the broker's *Error, or the connection's death.
+func (c *conn) response(ch chan *heraldpb.Frame, f *heraldpb.Frame) (*heraldpb.Frame, error) {
+	putRespChan(ch) // empty again, and no longer registered
+	if f == nil {
+		return nil, c.deadErr()
 	}
-	select {
-	case f := <-ch:
-		if f == nil {
-			return nil, c.deadErr()
-		}
-		if e := f.GetError(); e != nil {
-			return nil, fromWire(e)
-		}
-		return f, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-timer:
-		// A broker that does not answer in time is presumed broken: closing
-		// the connection frees the window and makes the next use redial.
-		err := fmt.Errorf("%w after %s (%s)", ErrRequestTimeout, timeout, c.addr)
-		c.fail(err)
-		return nil, err
+	if e := f.GetError(); e != nil {
+		return nil, fromWire(e)
 	}
+	return f, nil
+}
+
+// timedOut fails the connection after a request got no response within
+// timeout: a broker that does not answer in time is presumed broken, and
+// closing the connection frees the window and makes the next use redial.
+func (c *conn) timedOut(timeout time.Duration) error {
+	err := fmt.Errorf("%w after %s (%s)", ErrRequestTimeout, timeout, c.addr)
+	c.fail(err)
+	return err
 }
 
 func (c *conn) close() { c.fail(ErrClosed) }
+
+// respChans recycles the response channels of completed requests. A channel
+// is only put back after its one response was received, so it is empty and
+// nothing else refers to it.
+var respChans = sync.Pool{New: func() any { return make(chan *heraldpb.Frame, 1) }}
+
+func getRespChan() chan *heraldpb.Frame   { return respChans.Get().(chan *heraldpb.Frame) }
+func putRespChan(ch chan *heraldpb.Frame) { respChans.Put(ch) }
+
+// push hands a frame with id 0 to its push target and reports whether it
+// was a push. It runs on the reader goroutine and never blocks: a
+// subscription buffers at most its credit window (see
+// Subscription.deliver), and a pending Request's channel has room for its
+// one reply. Pushes for unknown subscriptions or calls (ended, cancelled)
+// are dropped.
+func (c *conn) push(f *heraldpb.Frame) bool {
+	switch body := f.GetBody().(type) {
+	case *heraldpb.Frame_Delivery:
+		d := body.Delivery
+		if ss := c.session(d.GetSubscriptionId()); ss != nil {
+			ss.sub.deliver(ss, d.GetMessages())
+		} else {
+			c.log.Debug("herald: delivery for unknown subscription", "addr", c.addr, "subscription", d.GetSubscriptionId(), "messages", len(d.GetMessages()))
+		}
+	case *heraldpb.Frame_Assignment:
+		a := body.Assignment
+		if ss := c.session(a.GetSubscriptionId()); ss != nil {
+			ss.sub.assign(ss, a.GetAdded(), a.GetRevoked())
+		}
+	case *heraldpb.Frame_ReplyDelivery:
+		rd := body.ReplyDelivery
+		c.mu.Lock()
+		w := c.calls[rd.GetCorrelationId()]
+		if w != nil {
+			// Sent under the lock, so that once removeCall returns no
+			// reply can reach the waiter any more.
+			delete(c.calls, rd.GetCorrelationId())
+			w.ch <- rd // buffered 1 and empty while registered
+		}
+		c.mu.Unlock()
+		if w == nil {
+			c.log.Debug("herald: reply for no pending request (late or duplicate)", "addr", c.addr, "correlation", rd.GetCorrelationId())
+		}
+	default:
+		return false
+	}
+	return true
+}
+
+func (c *conn) session(id uint64) *subSession {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.subs[id]
+}
+
+// addSession makes ss the push target of subscription id; false if the
+// connection is dead.
+func (c *conn) addSession(id uint64, ss *subSession) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return false
+	}
+	c.subs[id] = ss
+	return true
+}
+
+func (c *conn) removeSession(id uint64, ss *subSession) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.subs[id] == ss {
+		delete(c.subs, id)
+	}
+}
+
+// addCall registers w for the reply with correlation id corr; false if the
+// connection is dead.
+func (c *conn) addCall(corr uint64, w *callWaiter) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return false
+	}
+	c.calls[corr] = w
+	return true
+}
+
+// removeCall unregisters corr. Once it returns, no reply is sent to its
+// waiter any more.
+func (c *conn) removeCall(corr uint64) {
+	c.mu.Lock()
+	delete(c.calls, corr)
+	c.mu.Unlock()
+}

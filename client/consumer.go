@@ -93,7 +93,9 @@ func (c *Client) Fetch(ctx context.Context, topic string, partition int32, offse
 	return res, nil
 }
 
-// StartPosition says where a consumer starts reading a partition.
+// StartPosition says where a consumer starts reading a partition. The zero
+// StartPosition means "the default of whatever takes it": Earliest for the
+// pull consumers (NewConsumer, NewPartitionConsumer), Latest for Subscribe.
 type StartPosition struct {
 	kind   int
 	offset int64
@@ -101,11 +103,15 @@ type StartPosition struct {
 }
 
 const (
-	startEarliest = iota
+	startDefault = iota
+	startEarliest
 	startLatest
 	startOffset
 	startTime
 )
+
+// IsZero reports whether s is the zero StartPosition (no position chosen).
+func (s StartPosition) IsZero() bool { return s.kind == startDefault }
 
 // Earliest starts at the oldest stored record.
 func Earliest() StartPosition { return StartPosition{kind: startEarliest} }
@@ -122,6 +128,8 @@ func AtTime(t time.Time) StartPosition { return StartPosition{kind: startTime, t
 
 func (s StartPosition) String() string {
 	switch s.kind {
+	case startDefault:
+		return "default"
 	case startEarliest:
 		return "earliest"
 	case startLatest:
@@ -179,7 +187,7 @@ func (pc *PartitionConsumer) Resolve(ctx context.Context) error {
 		err error
 	)
 	switch pc.from.kind {
-	case startEarliest:
+	case startEarliest, startDefault:
 		o, err = pc.c.ListOffsets(ctx, pc.topic, pc.partition, heraldpb.OffsetSpec_OFFSET_SPEC_EARLIEST, time.Time{})
 	case startLatest:
 		o, err = pc.c.ListOffsets(ctx, pc.topic, pc.partition, heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, time.Time{})

@@ -34,6 +34,14 @@ var (
 	// ErrProtocol means the broker sent something this client cannot
 	// understand (an unexpected response body, an undecodable batch).
 	ErrProtocol = errors.New("herald: protocol violation")
+	// ErrAcksLost is returned by Subscription.Flush and Close when acks or
+	// nacks could not be confirmed: their session ended first (the
+	// connection died) or the broker refused them. The broker redelivers
+	// those messages. Not retryable: acking again cannot help.
+	ErrAcksLost = errors.New("herald: acks lost")
+	// ErrNotRequest is returned by Reply for a message that is not a
+	// request (it has no reply inbox).
+	ErrNotRequest = errors.New("herald: message is not a request")
 )
 
 // Error is a failure reported by the broker: one wire heraldpb.Error. Callers
