@@ -98,7 +98,10 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		return nil, fmt.Errorf("internal topic %s: %w", consumer.GroupsTopic, ferr)
 	}
 	dir := consumer.NewDirectory()
-	b.groups, err = b.sys.Root.SpawnNamed(consumer.Props(consumer.Options{Topics: reg, Dir: dir, Logger: logger}), consumer.ManagerName)
+	b.groups, err = b.sys.Root.SpawnNamed(consumer.Props(consumer.Options{
+		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout,
+		Breaker: consumer.BreakerConfig{ConsecutiveFailures: cfg.BreakerFailures, CoolDown: cfg.BreakerCoolDown},
+	}), consumer.ManagerName)
 	if err != nil {
 		b.stopActors()
 		return nil, fmt.Errorf("groups manager: %w", err)

@@ -39,6 +39,9 @@ type Config struct {
 	PartitionMailbox int
 	WindowBytes      int
 	RetentionCheck   time.Duration
+	AckTimeout       time.Duration
+	BreakerFailures  int
+	BreakerCoolDown  time.Duration
 	ShutdownTimeout  time.Duration
 	LogLevel         string
 
@@ -51,7 +54,8 @@ func Default() Config {
 		DataDir: "./data", Listen: "127.0.0.1:7420", Admin: "127.0.0.1:7480", Flush: "always",
 		SegmentBytes: 4 << 20, MaxFrameBytes: 16 << 20, MaxConnections: 10000, IdleTimeout: 5 * time.Minute,
 		MaxInFlight: 1024, DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
-		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second, ShutdownTimeout: 10 * time.Second, LogLevel: "info",
+		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
+		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second, ShutdownTimeout: 10 * time.Second, LogLevel: "info",
 	}
 }
 
@@ -110,6 +114,15 @@ func (c *Config) Validate() error {
 	}
 	if c.RetentionCheck <= 0 {
 		bad("retention-check", "must be positive")
+	}
+	if c.AckTimeout < time.Millisecond {
+		bad("ack-timeout", "must be at least 1ms")
+	}
+	if c.BreakerFailures < 1 {
+		bad("breaker-failures", "must be at least 1")
+	}
+	if c.BreakerCoolDown < time.Millisecond {
+		bad("breaker-cooldown", "must be at least 1ms")
 	}
 	if c.ShutdownTimeout <= 0 {
 		bad("shutdown-timeout", "must be positive")

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -210,4 +211,304 @@ func TestGroupSharedCreditsAcksRestart(t *testing.T) {
 	if extra := w.deliveries(1, 100*time.Millisecond); len(extra) > 0 {
 		t.Fatalf("acked messages redelivered after restart: %v", extra)
 	}
+}
+
+func subscribe(t *testing.T, w *wire, req *heraldpb.SubscribeRequest) uint64 {
+	t.Helper()
+	if req.Start == nil {
+		req.Start = &heraldpb.StartPosition{At: &heraldpb.StartPosition_Earliest{Earliest: true}}
+	}
+	return w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: req}}).GetSubscribeResponse().SubscriptionId
+}
+
+func ackAll(t *testing.T, w *wire, subID uint64, ds []*heraldpb.DeliveredMessage, credits uint32) {
+	t.Helper()
+	ack := &heraldpb.AckRequest{SubscriptionId: subID, Credits: credits}
+	for _, d := range ds {
+		ack.Partitions = append(ack.Partitions, d.Partition)
+		ack.Offsets = append(ack.Offsets, d.Offset)
+	}
+	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: ack}})
+}
+
+func ids(ds []*heraldpb.DeliveredMessage) map[string]uint32 {
+	m := map[string]uint32{}
+	for _, d := range ds {
+		m[fmt.Sprintf("%d/%d", d.Partition, d.Offset)] = d.DeliveryCount
+	}
+	return m
+}
+
+func describe(t *testing.T, w *wire, group string) *heraldpb.GroupInfo {
+	t.Helper()
+	return w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_DescribeGroup{DescribeGroup: &heraldpb.DescribeGroupRequest{Group: group}}}).GetDescribeGroupResponse().Group
+}
+
+func newTopic(t *testing.T, w *wire, name string, parts uint32) {
+	t.Helper()
+	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CreateTopic{CreateTopic: &heraldpb.CreateTopicRequest{Name: name, Config: &heraldpb.TopicConfig{Partitions: parts}}}})
+}
+
+// A shared member that disconnects with messages unacked: they go to the
+// other member, with delivery count 2.
+func TestGroupDisconnectRedelivers(t *testing.T) {
+	b := startTestBroker(t, t.TempDir())
+	defer b.Shutdown()
+	a, c := dialWire(t, b.ClientAddr()), dialWire(t, b.ClientAddr())
+	newTopic(t, a, "t", 1)
+	produce(t, a, "t", 0, 6)
+	subA := subscribe(t, a, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: 4})
+	got := a.deliveries(4, 5*time.Second)
+	if len(got) != 4 {
+		t.Fatalf("a got %d", len(got))
+	}
+	ackAll(t, a, subA, got[:1], 0) // one acked, three held
+	subscribe(t, c, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: 10})
+	first := c.deliveries(2, 5*time.Second) // the two A had no credit for
+	a.c.Close()
+	rest := c.deliveries(3, 5*time.Second)
+	all := ids(append(first, rest...))
+	if len(all) != 5 {
+		t.Fatalf("c got %v, want the 5 not acked by a", all)
+	}
+	if _, dup := all[fmt.Sprintf("0/%d", got[0].Offset)]; dup {
+		t.Fatalf("acked message redelivered: %v", all)
+	}
+	for _, d := range got[1:] {
+		if n := all[fmt.Sprintf("%d/%d", d.Partition, d.Offset)]; n != 2 {
+			t.Fatalf("message %d/%d redelivered with count %d, want 2 (%v)", d.Partition, d.Offset, n, all)
+		}
+	}
+}
+
+// Clustering: members' deliveries are disjoint and cover everything; a
+// joining member takes partitions over; a leaving one's go back.
+func TestGroupClusteringRebalance(t *testing.T) {
+	b := startTestBroker(t, t.TempDir())
+	defer b.Shutdown()
+	a, c := dialWire(t, b.ClientAddr()), dialWire(t, b.ClientAddr())
+	newTopic(t, a, "t", 4)
+	for p := uint32(0); p < 4; p++ {
+		produce(t, a, "t", p, 5)
+	}
+	req := func() *heraldpb.SubscribeRequest {
+		return &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_CLUSTERING, Credits: 1000}
+	}
+	subA := subscribe(t, a, req())
+	gotA := a.deliveries(20, 5*time.Second)
+	if len(gotA) != 20 {
+		t.Fatalf("a got %d of 20", len(gotA))
+	}
+	ackAll(t, a, subA, gotA, 0)
+	subC := subscribe(t, c, req())
+	d := describe(t, a, "g")
+	checkFor(t, func() error {
+		d = describe(t, a, "g")
+		if len(d.Members) != 2 || len(d.Members[0].Partitions) != 2 || len(d.Members[1].Partitions) != 2 {
+			return fmt.Errorf("assignment %v", d.Members)
+		}
+		return nil
+	})
+	for p := uint32(0); p < 4; p++ {
+		produce(t, a, "t", p, 5)
+	}
+	newA, newC := a.deliveries(10, 5*time.Second), c.deliveries(10, 5*time.Second)
+	ia, ic := ids(newA), ids(newC)
+	if len(ia) != 10 || len(ic) != 10 {
+		t.Fatalf("a got %d, c got %d, want 10 each", len(ia), len(ic))
+	}
+	for k := range ia {
+		if _, ok := ic[k]; ok {
+			t.Fatalf("%s delivered to both members", k)
+		}
+	}
+	ackAll(t, a, subA, newA, 0)
+	// c leaves with its 10 unacked: a gets them.
+	_ = subC
+	c.c.Close()
+	again := ids(a.deliveries(10, 5*time.Second))
+	for k := range ic {
+		if again[k] != 2 {
+			t.Fatalf("c's %s not redelivered to a (%v)", k, again)
+		}
+	}
+}
+
+func checkFor(t *testing.T, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestGroupNackTimeoutFilterErrors(t *testing.T) {
+	b := startTestBroker(t, t.TempDir())
+	defer b.Shutdown()
+	w := dialWire(t, b.ClientAddr())
+	newTopic(t, w, "t", 1)
+	produce(t, w, "t", 0, 6) // tags alternate red, blue; header n = index
+
+	// A bad filter is refused with the position.
+	r := w.call(&heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{
+		Group: "bad", Topic: "t", FilterType: heraldpb.FilterType_FILTER_SQL, Filter: "n > AND 3"}}})
+	if e := r.GetError(); e == nil || e.Code != heraldpb.ErrorCode_INVALID_FILTER || !containsAll(e.Message, "at 4", "^") {
+		t.Fatalf("bad filter: %v", r)
+	}
+	r = w.call(&heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{Group: "g2", Topic: "nope"}}})
+	if e := r.GetError(); e == nil || e.Code != heraldpb.ErrorCode_TOPIC_NOT_FOUND {
+		t.Fatalf("missing topic: %v", r)
+	}
+	r = w.call(&heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: &heraldpb.AckRequest{SubscriptionId: 999}}})
+	if e := r.GetError(); e == nil || e.Code != heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND {
+		t.Fatalf("unknown subscription: %v", r)
+	}
+
+	// SQL filter: n >= 2 AND tag red -> offsets 2, 4 only; the rest still
+	// advance progress.
+	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "f", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: 10,
+		FilterType: heraldpb.FilterType_FILTER_SQL, Filter: "n >= 2 AND n IN (2, 4, 5) AND n <> 5", AckTimeoutMs: 300})
+	ds := w.deliveries(2, 5*time.Second)
+	if got := ids(ds); len(got) != 2 || got["0/2"] != 1 || got["0/4"] != 1 {
+		t.Fatalf("filtered deliveries %v", got)
+	}
+	// Nack 2 with a delay; let 4 time out (300 ms): both come back, count 2.
+	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: &heraldpb.NackRequest{SubscriptionId: sub, Partitions: []uint32{0}, Offsets: []int64{2}, DelayMs: 200}}})
+	again := ids(w.deliveries(2, 5*time.Second))
+	if again["0/2"] != 2 || again["0/4"] != 2 {
+		t.Fatalf("redeliveries %v", again)
+	}
+	ackAll(t, w, sub, []*heraldpb.DeliveredMessage{{Partition: 0, Offset: 2}, {Partition: 0, Offset: 4}}, 0)
+	checkFor(t, func() error {
+		if d := describe(t, w, "f"); d.Partitions[0].AckFloor != 6 || d.Redelivered != 2 {
+			return fmt.Errorf("describe %v", d)
+		}
+		return nil
+	})
+	// Tag filter in another group.
+	subscribe(t, w, &heraldpb.SubscribeRequest{Group: "tags", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: 10,
+		FilterType: heraldpb.FilterType_FILTER_TAG, Filter: "blue || green"})
+	if got := ids(w.deliveries(3, 5*time.Second)); len(got) != 3 || got["0/1"] == 0 || got["0/3"] == 0 || got["0/5"] == 0 {
+		t.Fatalf("tag deliveries %v", got)
+	}
+	// Conflicting settings while members are live.
+	r = w.call(&heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{Group: "tags", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_CLUSTERING}}})
+	if e := r.GetError(); e == nil || e.Code != heraldpb.ErrorCode_GROUP_CONFLICT {
+		t.Fatalf("conflict: %v", r)
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, x := range subs {
+		if !strings.Contains(s, x) {
+			return false
+		}
+	}
+	return true
+}
+
+func TestGroupResetAndReplay(t *testing.T) {
+	b := startTestBroker(t, t.TempDir())
+	defer b.Shutdown()
+	w := dialWire(t, b.ClientAddr())
+	newTopic(t, w, "t", 1)
+	produce(t, w, "t", 0, 5)
+	before := time.Now()
+	produce(t, w, "t", 0, 5)
+	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Credits: 100})
+	ackAll(t, w, sub, w.deliveries(10, 5*time.Second), 0)
+	reset := func(to *heraldpb.StartPosition, force bool) *heraldpb.Frame {
+		return w.call(&heraldpb.Frame{Body: &heraldpb.Frame_ResetGroup{ResetGroup: &heraldpb.ResetGroupRequest{Group: "g", To: to, Force: force}}})
+	}
+	if e := reset(&heraldpb.StartPosition{At: &heraldpb.StartPosition_Offset{Offset: 3}}, false).GetError(); e == nil || e.Code != heraldpb.ErrorCode_GROUP_HAS_MEMBERS {
+		t.Fatalf("reset with members: %v", e)
+	}
+	if e := reset(&heraldpb.StartPosition{At: &heraldpb.StartPosition_Offset{Offset: 3}}, true).GetError(); e != nil {
+		t.Fatal(e)
+	}
+	if d := describe(t, w, "g"); len(d.Members) != 0 || d.Partitions[0].AckFloor != 3 {
+		t.Fatalf("after reset: %v", d)
+	}
+	r := w.call(&heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: &heraldpb.AckRequest{SubscriptionId: sub}}})
+	if e := r.GetError(); e == nil || e.Code != heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND {
+		t.Fatalf("ack on a subscription ended by reset: %v", r)
+	}
+	sub = subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Credits: 100})
+	ds := w.deliveries(7, 5*time.Second)
+	if len(ds) != 7 || ds[0].Offset != 3 {
+		t.Fatalf("replay from offset 3: %v", ids(ds))
+	}
+	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Unsubscribe{Unsubscribe: &heraldpb.UnsubscribeRequest{SubscriptionId: sub}}})
+	// By time: the first record at or after `before` is offset 5.
+	if e := reset(&heraldpb.StartPosition{At: &heraldpb.StartPosition_TimestampMs{TimestampMs: before.UnixMilli()}}, false).GetError(); e != nil {
+		t.Fatal(e)
+	}
+	if d := describe(t, w, "g"); d.Partitions[0].AckFloor != 5 {
+		t.Fatalf("reset by time: floor %d", d.Partitions[0].AckFloor)
+	}
+	r = w.call(&heraldpb.Frame{Body: &heraldpb.Frame_ResetGroup{ResetGroup: &heraldpb.ResetGroupRequest{Group: "nobody", To: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Earliest{Earliest: true}}}}})
+	if e := r.GetError(); e == nil || e.Code != heraldpb.ErrorCode_GROUP_NOT_FOUND {
+		t.Fatalf("reset unknown group: %v", r)
+	}
+	lg := w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListGroups{ListGroups: &heraldpb.ListGroupsRequest{}}}).GetListGroupsResponse()
+	if len(lg.Groups) != 1 || lg.Groups[0].Group != "g" || lg.Groups[0].Lag != 5 {
+		t.Fatalf("list groups: %v", lg)
+	}
+}
+
+func TestRequestReplyWire(t *testing.T) {
+	b := startTestBroker(t, t.TempDir())
+	defer b.Shutdown()
+	caller, resp := dialWire(t, b.ClientAddr()), dialWire(t, b.ClientAddr())
+	newTopic(t, caller, "svc", 1)
+	call := func(corr uint64) *heraldpb.Frame {
+		return caller.call(&heraldpb.Frame{Body: &heraldpb.Frame_Call{Call: &heraldpb.CallRequest{Topic: "svc", CorrelationId: corr, Record: &heraldpb.Record{Value: []byte("ping")}}}})
+	}
+	if e := call(1).GetError(); e == nil || e.Code != heraldpb.ErrorCode_NO_RESPONDERS {
+		t.Fatalf("call without responders: %v", e)
+	}
+	sub := subscribe(t, resp, &heraldpb.SubscribeRequest{Group: "svc-workers", Topic: "svc", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Responder: true, AutoAck: true, Credits: 1})
+	cr := call(7)
+	if e := cr.GetError(); e != nil || cr.GetCallResponse().Responders != 1 {
+		t.Fatalf("call: %v", cr)
+	}
+	ds := resp.deliveries(1, 5*time.Second)
+	if len(ds) != 1 || ds[0].Offset != -1 || ds[0].CorrelationId != 7 || string(ds[0].Record.Value) != "ping" || ds[0].ReplyInbox != cr.GetCallResponse().Inbox {
+		t.Fatalf("responder got %v", ds)
+	}
+	resp.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Reply{Reply: &heraldpb.ReplyRequest{Inbox: ds[0].ReplyInbox, CorrelationId: 7, Record: &heraldpb.Record{Value: []byte("pong")}}}})
+	select {
+	case f := <-caller.pushes:
+		if rd := f.GetReplyDelivery(); rd == nil || rd.CorrelationId != 7 || string(rd.Record.Value) != "pong" {
+			t.Fatalf("caller got %v", f)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no reply pushed")
+	}
+	// The responder used its one credit: the next call waits for a grant.
+	call(8)
+	if got := resp.deliveries(1, 100*time.Millisecond); len(got) != 0 {
+		t.Fatalf("call delivered without credit: %v", got)
+	}
+	resp.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: &heraldpb.AckRequest{SubscriptionId: sub, Credits: 1}}})
+	if got := resp.deliveries(1, 5*time.Second); len(got) != 1 || got[0].CorrelationId != 8 {
+		t.Fatalf("after credit: %v", got)
+	}
+	// A reply to a caller that left.
+	inbox := ds[0].ReplyInbox
+	caller.c.Close()
+	checkFor(t, func() error {
+		r := resp.call(&heraldpb.Frame{Body: &heraldpb.Frame_Reply{Reply: &heraldpb.ReplyRequest{Inbox: inbox, CorrelationId: 8}}})
+		if e := r.GetError(); e == nil || e.Code != heraldpb.ErrorCode_INBOX_NOT_FOUND {
+			return fmt.Errorf("reply to a gone caller: %v", r)
+		}
+		return nil
+	})
 }

@@ -1200,6 +1200,9 @@ func (c *coordinator) onWritten(ctx actor.Context, id uint64, e *heraldpb.Error)
 		respond(ctx, w.to, w.f)
 	}
 	c.writeRecs, c.writeWaiters = nil, nil
+	if c.live == nil {
+		c.updateSummary()
+	}
 	if len(c.toWrite) > 0 || len(c.waiters) > 0 {
 		c.flush(ctx)
 	}

@@ -56,6 +56,15 @@ func settings() []setting {
 		{"max-in-flight", "requests a connection may have outstanding", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.IntVar(&c.MaxInFlight, "max-in-flight", d.MaxInFlight, "")
 		}},
+		{"ack-timeout", "redeliver a pushed message not acked within this, when the subscription sets none", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.AckTimeout, "ack-timeout", d.AckTimeout, "")
+		}},
+		{"breaker-failures", "failed deliveries in a row (nacks, ack timeouts) that open a subscriber's circuit breaker", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.BreakerFailures, "breaker-failures", d.BreakerFailures, "")
+		}},
+		{"breaker-cooldown", "how long an open breaker pauses delivery before half-open probes", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.BreakerCoolDown, "breaker-cooldown", d.BreakerCoolDown, "")
+		}},
 		{"event-loops", "network event loops (0 = one per core)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.IntVar(&c.EventLoops, "event-loops", d.EventLoops, "")
 		}},
