@@ -512,3 +512,134 @@ func TestRequestReplyWire(t *testing.T) {
 		return nil
 	})
 }
+
+// A member that keeps nacking trips its breaker: delivery to it pauses for
+// the cool-down, then one probe goes out; acking it closes the breaker.
+func TestGroupBreakerOpensAndCloses(t *testing.T) {
+	cfg := Default()
+	cfg.DataDir, cfg.Listen, cfg.Admin = t.TempDir(), "127.0.0.1:0", ""
+	cfg.BreakerFailures, cfg.BreakerCoolDown = 3, 1500*time.Millisecond
+	b, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown()
+	w := dialWire(t, b.ClientAddr())
+	newTopic(t, w, "t", 1)
+	produce(t, w, "t", 0, 10)
+	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: 3})
+	ds := w.deliveries(3, 5*time.Second)
+	nack := &heraldpb.NackRequest{SubscriptionId: sub, Credits: 5}
+	for _, d := range ds {
+		nack.Partitions = append(nack.Partitions, d.Partition)
+		nack.Offsets = append(nack.Offsets, d.Offset)
+	}
+	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: nack}})
+	opened := time.Now()
+	if d := describe(t, w, "g"); d.Members[0].Breaker != heraldpb.BreakerState_BREAKER_OPEN {
+		t.Fatalf("breaker after 3 nacks: %v", d.Members[0])
+	}
+	// Open: nothing is delivered despite 5 credits, until the cool-down.
+	probe := w.deliveries(1, 5*time.Second)
+	if len(probe) != 1 {
+		t.Fatal("no half-open probe after the cool-down")
+	}
+	if since := time.Since(opened); since < 1400*time.Millisecond {
+		t.Fatalf("delivery resumed after %v, inside the 1.5s cool-down", since)
+	}
+	if d := describe(t, w, "g"); d.Members[0].Breaker != heraldpb.BreakerState_BREAKER_HALF_OPEN {
+		t.Fatalf("breaker during the probe: %v", d.Members[0])
+	}
+	if more := w.deliveries(1, 200*time.Millisecond); len(more) != 0 {
+		t.Fatalf("half-open breaker let more than one probe through: %v", more)
+	}
+	ackAll(t, w, sub, probe, 0)
+	if d := describe(t, w, "g"); d.Members[0].Breaker != heraldpb.BreakerState_BREAKER_CLOSED {
+		t.Fatalf("breaker after the probe's ack: %v", d.Members[0])
+	}
+	if rest := w.deliveries(4, 5*time.Second); len(rest) != 4 {
+		t.Fatalf("closed breaker: %d deliveries, want 4 (the remaining credits)", len(rest))
+	}
+}
+
+// Key-shared with more members than partitions: one key is with one member
+// at a time, and every message is delivered once.
+func TestGroupKeySharedAndBroadcast(t *testing.T) {
+	b := startTestBroker(t, t.TempDir())
+	defer b.Shutdown()
+	ws := []*wire{dialWire(t, b.ClientAddr()), dialWire(t, b.ClientAddr()), dialWire(t, b.ClientAddr())}
+	newTopic(t, ws[0], "t", 1)
+	produce(t, ws[0], "t", 0, 30) // keys k0, k1, k2
+	var subs []uint64
+	for _, w := range ws {
+		subs = append(subs, subscribe(t, w, &heraldpb.SubscribeRequest{Group: "ks", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_KEY_SHARED, Credits: 100}))
+	}
+	owner := map[string]int{}
+	total := 0
+	checkFor(t, func() error {
+		for i, w := range ws {
+			ds := w.deliveries(1000, 20*time.Millisecond)
+			for _, d := range ds {
+				k := string(d.Record.Key)
+				if o, ok := owner[k]; ok && o != i {
+					return fmt.Errorf("key %s went to members %d and %d", k, o, i)
+				}
+				owner[k] = i
+			}
+			total += len(ds)
+			ackAll(t, w, subs[i], ds, uint32(len(ds)))
+		}
+		if total != 30 {
+			return fmt.Errorf("%d of 30 delivered", total)
+		}
+		return nil
+	})
+	// Broadcast: every member gets everything, with its own progress.
+	for i, w := range ws[:2] {
+		subscribe(t, w, &heraldpb.SubscribeRequest{Group: "bc", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_BROADCAST, Credits: 100, AutoAck: true,
+			MemberName: fmt.Sprintf("node-%d", i)})
+	}
+	for i, w := range ws[:2] {
+		if got := ids(w.deliveries(30, 5*time.Second)); len(got) != 30 {
+			t.Fatalf("broadcast member %d got %d of 30", i, len(got))
+		}
+	}
+	checkFor(t, func() error {
+		d := describe(t, ws[0], "bc")
+		if len(d.Partitions) != 2 || d.Partitions[0].AckFloor != 30 || d.Partitions[1].AckFloor != 30 {
+			return fmt.Errorf("broadcast progress %v", d.Partitions)
+		}
+		return nil
+	})
+}
+
+// Orderly: at most one message per partition in flight.
+func TestGroupOrderly(t *testing.T) {
+	b := startTestBroker(t, t.TempDir())
+	defer b.Shutdown()
+	w := dialWire(t, b.ClientAddr())
+	newTopic(t, w, "t", 2)
+	produce(t, w, "t", 0, 3)
+	produce(t, w, "t", 1, 3)
+	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "o", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_CLUSTERING, Orderly: true, Credits: 100})
+	next := map[uint32]int64{}
+	for got := 0; got < 6; {
+		ds := w.deliveries(2, 5*time.Second)
+		if len(ds) == 0 {
+			t.Fatalf("stalled after %d", got)
+		}
+		perPart := map[uint32]int{}
+		for _, d := range ds {
+			perPart[d.Partition]++
+			if perPart[d.Partition] > 1 || d.Offset != next[d.Partition] {
+				t.Fatalf("orderly delivered %v", ids(ds))
+			}
+			next[d.Partition]++
+		}
+		if extra := w.deliveries(1, 30*time.Millisecond); len(extra) > 0 {
+			t.Fatalf("second message in flight on a partition: %v", ids(extra))
+		}
+		got += len(ds)
+		ackAll(t, w, sub, ds, 0)
+	}
+}
