@@ -1,9 +1,11 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -313,8 +315,8 @@ type Subscription struct {
 	credits   uint32 // finished since the last grant
 	acks      []ackEntry
 	nacks     []ackEntry
-	seqQueued uint64 // acks and nacks queued, ever
-	seqTaken  uint64 // of those, taken into a flush or dropped
+	seqQueued uint64    // acks and nacks queued, ever (the last one's seq)
+	since     time.Time // when the oldest unsent ack, nack or credit queued
 	units     []*ackUnit
 	flushing  int           // Flush calls waiting: no linger
 	progress  chan struct{} // closed and replaced when acks resolve
@@ -324,6 +326,7 @@ type Subscription struct {
 }
 
 type ackEntry struct {
+	seq       uint64
 	partition uint32
 	offset    int64
 	delayMs   uint32
@@ -349,20 +352,18 @@ const (
 
 func (ss *subSession) end() { ss.endMu.Do(func() { close(ss.ended) }) }
 
-// ackUnit is one flush: the acks and nacks with sequence numbers lo..hi
-// (none if lo > hi) plus credits, in one or more requests.
+// ackUnit is one flush: acks, nacks and credits, in one or more requests.
+// lo is the lowest sequence number of its acks and nacks (MaxUint64 when
+// it has none).
 type ackUnit struct {
-	sess   *subSession
-	lo, hi uint64
-	reqs   []ackReq
+	sess *subSession
+	lo   uint64
+	reqs []ackReq
 }
 
 type ackReq struct {
-	frame          *heraldpb.Frame
-	acks, nacks    int
-	credits        uint32
-	nackReq        bool
-	subscriptionID uint64
+	frame       *heraldpb.Frame
+	acks, nacks int
 }
 
 // Subscribe joins opts.Group and calls h for every message the broker
@@ -616,7 +617,6 @@ func (s *Subscription) endSession(ss *subSession) {
 		n := len(s.acks) + len(s.nacks)
 		s.stats.Lost += uint64(n)
 		s.acks, s.nacks = s.acks[:0], s.nacks[:0]
-		s.seqTaken = s.seqQueued
 		s.credits = 0
 		s.assigned = nil
 		s.progressLocked()
@@ -798,11 +798,23 @@ func (s *Subscription) handle(d *Delivered) {
 	s.mu.Lock()
 	s.held--
 	if !s.isClosing {
+		s.markPendingLocked()
 		s.credits++
 	}
 	urgent := s.credits >= uint32(max(s.opts.Window/2, 1))
 	s.mu.Unlock()
 	s.wakeAcks(urgent)
+}
+
+func (s *Subscription) pendingLocked() bool {
+	return len(s.acks) > 0 || len(s.nacks) > 0 || s.credits > 0
+}
+
+// markPendingLocked starts the linger when the queue was empty.
+func (s *Subscription) markPendingLocked() {
+	if !s.pendingLocked() {
+		s.since = time.Now()
+	}
 }
 
 // settle queues an ack or nack of d for the next flush.
@@ -817,13 +829,15 @@ func (s *Subscription) settle(d *Delivered, nack bool, delay time.Duration) {
 		s.mu.Unlock()
 		return
 	}
+	s.markPendingLocked()
+	s.seqQueued++
+	e.seq = s.seqQueued
 	if nack {
 		e.delayMs = uint32(min(max(delay, 0)/time.Millisecond, 1<<32-1))
 		s.nacks = append(s.nacks, e)
 	} else {
 		s.acks = append(s.acks, e)
 	}
-	s.seqQueued++
 	urgent := len(s.acks)+len(s.nacks) >= s.urgentN
 	s.mu.Unlock()
 	s.wakeAcks(urgent)
@@ -840,23 +854,46 @@ func (s *Subscription) wakeAcks(urgent bool) {
 	}
 }
 
-// ackLoop sends queued acks, nacks and credits: after the linger, or at
-// once when a batch is full, on Flush, or in Orderly mode. Up to
+// ackLoop sends queued acks, nacks and credits: once the oldest has waited
+// the linger, or at once on Flush, in Orderly mode, or when the credits to
+// return reach half the window. When AckBatch acks are queued it sends
+// whole batches at once and lets the rest wait for their linger. Up to
 // ackUnitsInFlight flushes are in flight; what queues meanwhile goes in the
 // next one.
 func (s *Subscription) ackLoop() {
 	defer close(s.ackDone)
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	for {
+	idle := func() bool { // waits for news; false when stopping
 		select {
 		case <-s.ackWake:
-			if s.opts.AckLinger > 0 && !s.urgent() {
-				t.Reset(s.opts.AckLinger)
+		case <-s.ackUrgent:
+		case <-s.ackStop:
+			return false
+		case <-s.ctx.Done():
+			return false
+		}
+		return true
+	}
+	for {
+		s.mu.Lock()
+		pending, since := s.pendingLocked(), s.since
+		full, byCount := s.urgentLocked()
+		s.mu.Unlock()
+		if !pending {
+			if !idle() {
+				return
+			}
+			continue
+		}
+		if !full && !byCount {
+			if wait := time.Until(since.Add(s.opts.AckLinger)); wait > 0 {
+				t.Reset(wait)
 				select {
 				case <-t.C:
 				case <-s.ackUrgent:
 					t.Stop()
+					continue
 				case <-s.ackStop:
 					t.Stop()
 					return
@@ -865,62 +902,68 @@ func (s *Subscription) ackLoop() {
 					return
 				}
 			}
-		case <-s.ackUrgent:
+			full = true // the linger is over
+		}
+		select {
+		case s.unitSlots <- struct{}{}:
 		case <-s.ackStop:
 			return
 		case <-s.ctx.Done():
 			return
 		}
-		for {
-			select {
-			case s.unitSlots <- struct{}{}:
-			case <-s.ackStop:
-				return
-			case <-s.ctx.Done():
+		u := s.takeUnit(full)
+		if u == nil { // no active session yet: wait for one
+			<-s.unitSlots
+			if !idle() {
 				return
 			}
-			u := s.takeUnit()
-			if u == nil {
-				<-s.unitSlots
-				break
-			}
-			go s.sendUnit(u)
+			continue
 		}
+		go s.sendUnit(u)
 	}
 }
 
-func (s *Subscription) urgent() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.flushing > 0 || len(s.acks)+len(s.nacks) >= s.urgentN ||
-		s.credits >= uint32(max(s.opts.Window/2, 1))
+// urgentLocked says whether to send now: everything (full: Flush,
+// Orderly, no linger, half the window's credits to return), or whole
+// batches of acks (byCount).
+func (s *Subscription) urgentLocked() (full, byCount bool) {
+	n := len(s.acks) + len(s.nacks)
+	full = s.flushing > 0 || s.isClosing || (s.urgentN == 1 && n > 0) || s.credits >= uint32(max(s.opts.Window/2, 1))
+	return full, n >= s.urgentN
 }
 
-// takeUnit takes everything queued into one flush, or returns nil when
-// there is nothing to send or no active session to send it on.
-func (s *Subscription) takeUnit() *ackUnit {
+// takeUnit takes queued acks, nacks and credits into one flush: all of
+// them when full, else whole AckBatches of acks plus the nacks and credits.
+// It returns nil when there is nothing to send or no active session to send
+// it on.
+func (s *Subscription) takeUnit(full bool) *ackUnit {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ss := s.cur
-	if ss == nil || ss.state != sessActive || (len(s.acks) == 0 && len(s.nacks) == 0 && s.credits == 0) {
+	if ss == nil || ss.state != sessActive || !s.pendingLocked() {
 		return nil
 	}
-	u := &ackUnit{sess: ss, lo: s.seqTaken + 1, hi: s.seqQueued}
+	nAcks := len(s.acks)
+	if !full {
+		nAcks -= nAcks % AckBatch
+	}
+	u := &ackUnit{sess: ss, lo: math.MaxUint64}
 	credits := s.credits
 	s.credits = 0
-	for i := 0; i < len(s.acks); i += AckBatch {
-		chunk := s.acks[i:min(i+AckBatch, len(s.acks))]
+	for i := 0; i < nAcks; i += AckBatch {
+		chunk := s.acks[i:min(i+AckBatch, nAcks)]
 		r := &heraldpb.AckRequest{SubscriptionId: ss.id, Credits: credits,
 			Partitions: make([]uint32, len(chunk)), Offsets: make([]int64, len(chunk))}
 		for j, e := range chunk {
 			r.Partitions[j], r.Offsets[j] = e.partition, e.offset
+			u.lo = min(u.lo, e.seq)
 		}
-		u.reqs = append(u.reqs, ackReq{frame: &heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: r}}, acks: len(chunk), credits: credits})
+		u.reqs = append(u.reqs, ackReq{frame: &heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: r}}, acks: len(chunk)})
 		credits = 0
 	}
 	if len(s.nacks) > 0 {
 		// One NackRequest per distinct delay.
-		slices.SortStableFunc(s.nacks, func(a, b ackEntry) int { return int(int64(a.delayMs) - int64(b.delayMs)) })
+		slices.SortStableFunc(s.nacks, func(a, b ackEntry) int { return cmp.Compare(a.delayMs, b.delayMs) })
 		for i := 0; i < len(s.nacks); {
 			j := i
 			for j < len(s.nacks) && s.nacks[j].delayMs == s.nacks[i].delayMs && j-i < AckBatch {
@@ -930,26 +973,53 @@ func (s *Subscription) takeUnit() *ackUnit {
 				Partitions: make([]uint32, j-i), Offsets: make([]int64, j-i)}
 			for k, e := range s.nacks[i:j] {
 				r.Partitions[k], r.Offsets[k] = e.partition, e.offset
+				u.lo = min(u.lo, e.seq)
 			}
-			u.reqs = append(u.reqs, ackReq{frame: &heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: r}}, nacks: j - i, credits: credits, nackReq: true})
+			u.reqs = append(u.reqs, ackReq{frame: &heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: r}}, nacks: j - i})
 			credits = 0
 			i = j
 		}
 	}
 	if credits > 0 {
 		r := &heraldpb.AckRequest{SubscriptionId: ss.id, Credits: credits}
-		u.reqs = append(u.reqs, ackReq{frame: &heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: r}}, credits: credits})
+		u.reqs = append(u.reqs, ackReq{frame: &heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: r}}})
 	}
-	s.acks, s.nacks = s.acks[:0], s.nacks[:0]
-	s.seqTaken = s.seqQueued
+	if len(u.reqs) == 0 {
+		return nil
+	}
+	s.acks = append(s.acks[:0], s.acks[nAcks:]...)
+	s.nacks = s.nacks[:0]
 	s.units = append(s.units, u)
+	if len(s.acks) > 0 {
+		s.since = time.Now() // the rest lingers from now
+	}
 	return u
 }
 
+// doneLocked is the highest sequence number up to which every ack and nack
+// has been resolved: confirmed, refused or dropped.
+func (s *Subscription) doneLocked() uint64 {
+	done := s.seqQueued
+	if len(s.acks) > 0 {
+		done = min(done, s.acks[0].seq-1)
+	}
+	for _, e := range s.nacks {
+		done = min(done, e.seq-1)
+	}
+	for _, u := range s.units {
+		if u.lo != math.MaxUint64 {
+			done = min(done, u.lo-1)
+		}
+	}
+	return done
+}
+
 // sendUnit sends one flush's requests in order and records the outcome.
-// A request the broker refused did not grant its credits (the broker
-// applies an AckRequest or NackRequest whole or not at all), so they are
-// queued again while the session lasts.
+// Credits are never sent twice: a request failing with a retriable error
+// (TOO_MANY_IN_FLIGHT, THROTTLED: not applied) is retried as it is by
+// sendAck, and one failing otherwise may have granted its credits before
+// failing, so they are not granted again. Under-granting costs throughput
+// until the next session; over-granting would break the window.
 func (s *Subscription) sendUnit(u *ackUnit) {
 	defer func() { <-s.unitSlots }()
 	var acked, nacked, lost int
@@ -963,12 +1033,6 @@ func (s *Subscription) sendUnit(u *ackUnit) {
 		lost += r.acks + r.nacks
 		if IsCode(err, heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND) {
 			u.sess.end()
-		} else if r.credits > 0 && u.sess.cn.alive() {
-			s.mu.Lock()
-			if s.cur == u.sess && !s.isClosing {
-				s.credits += r.credits
-			}
-			s.mu.Unlock()
 		}
 		if u.sess.cn.alive() {
 			s.report(fmt.Errorf("herald: acks of %s/%s refused: %w", s.opts.Group, s.opts.Topic, err))
@@ -1021,11 +1085,7 @@ func (s *Subscription) Flush(ctx context.Context) error {
 	s.wakeAcks(true)
 	for {
 		s.mu.Lock()
-		done := s.seqTaken
-		for _, u := range s.units {
-			done = min(done, u.lo-1)
-		}
-		if done >= target {
+		if s.doneLocked() >= target {
 			lost := s.stats.Lost - s.lostSeen
 			s.lostSeen = s.stats.Lost
 			s.mu.Unlock()

@@ -4,6 +4,9 @@
 // intercept any request (reply with an error, delay, drop, or cut the
 // connection) in the style of franz-go's kfake.
 //
+// It also runs consumer groups (push with credits, acks, nacks, group
+// admin) and request-reply in a simplified form: see groups.go.
+//
 // It is not the broker: it has no durability, replication or real flow
 // control. End-to-end tests must use the real broker.
 package fakebroker
@@ -62,6 +65,14 @@ type Broker struct {
 	produced []ProduceLog
 	closed   bool
 
+	sessions map[int]*session // live connections, for pushes and inboxes
+	manual   bool             // AutoDeliver(false)
+	groups   map[string]*group
+	subs     map[uint64]*fakeSub
+	nextSub  uint64
+	subReqs  []*heraldpb.SubscribeRequest
+	ackLog   []AckLog
+
 	maxSeen    atomic.Int64 // most requests seen outstanding on one connection
 	violations atomic.Int64 // requests past the window
 	wg         sync.WaitGroup
@@ -74,8 +85,10 @@ type topic struct {
 }
 
 type partition struct {
-	batches []*heraldpb.StoredBatch
-	hw      int64
+	batches  []*heraldpb.StoredBatch
+	hw       int64
+	recs     []*heraldpb.Record // decoded, by offset (for push delivery)
+	appendMs []int64            // by offset
 }
 
 // Opt configures a Broker.
@@ -105,6 +118,9 @@ func New(opts ...Opt) (*Broker, error) {
 		topics:   map[string]*topic{},
 		changed:  make(chan struct{}),
 		conns:    map[int]net.Conn{},
+		sessions: map[int]*session{},
+		groups:   map[string]*group{},
+		subs:     map[uint64]*fakeSub{},
 	}
 	for _, o := range opts {
 		o(b)
@@ -226,9 +242,14 @@ func (b *Broker) serve(id int, nc net.Conn) {
 		handlers.Wait()
 		b.mu.Lock()
 		delete(b.conns, id)
+		delete(b.sessions, id)
+		b.dropConnLocked(id)
 		b.mu.Unlock()
 	}()
 	s := &session{b: b, id: id, nc: nc, ctx: ctx}
+	b.mu.Lock()
+	b.sessions[id] = s
+	b.mu.Unlock()
 	br := bufio.NewReader(nc)
 	helloDone := false
 	for {
@@ -445,7 +466,9 @@ func (s *session) handle(f *heraldpb.Frame) {
 	case *heraldpb.Frame_ListOffsets:
 		s.reply(b.listOffsets(id, body.ListOffsets))
 	default:
-		s.reply(errFrame(id, heraldpb.ErrorCode_UNKNOWN_REQUEST, "unexpected %T", body))
+		if !s.handleGroups(f) {
+			s.reply(errFrame(id, heraldpb.ErrorCode_UNKNOWN_REQUEST, "unexpected %T", body))
+		}
 	}
 }
 
@@ -506,9 +529,16 @@ func (b *Broker) produce(conn int, id uint64, req *heraldpb.ProduceRequest) *her
 	sb := &heraldpb.StoredBatch{BaseOffset: p.hw, Count: uint32(info.Count), AppendTimeMs: now, Records: append([]byte(nil), req.GetRecords()...)}
 	p.batches = append(p.batches, sb)
 	p.hw += int64(info.Count)
+	var rb heraldpb.RecordBatch
+	_ = proto.Unmarshal(sb.Records, &rb)
+	for _, r := range rb.GetRecords() {
+		p.recs = append(p.recs, r)
+		p.appendMs = append(p.appendMs, now)
+	}
 	b.produced = append(b.produced, ProduceLog{Conn: conn, Topic: req.GetTopic(), Partition: part, Explicit: req.Partition != nil, Count: info.Count, Records: sb.Records})
 	close(b.changed)
 	b.changed = make(chan struct{})
+	b.pumpLocked()
 	base := sb.BaseOffset
 	if req.GetAcks() == heraldpb.Acks_ACKS_NONE {
 		base = -1
