@@ -730,6 +730,8 @@ func (s *Subscription) route(d *Delivered) chan *Delivered {
 	return s.queues[h%uint32(n)]
 }
 
+// assign applies an AssignmentChange of session ss: revocations first,
+// then additions.
 func (s *Subscription) assign(ss *subSession, added, revoked []uint32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -808,3 +808,120 @@ func (c *collectorErr) all() []error {
 	defer c.mu.Unlock()
 	return slices.Clone(c.errs)
 }
+
+// pushTarget is a connection with no network and one subscription (id 7,
+// KeyShared, three queues) and one pending call (correlation id 9), for
+// feeding pushes straight to conn.push.
+func pushTarget(window int) (*conn, *Subscription) {
+	c := &Client{cfg: defaultClientConfig()}
+	s := &Subscription{c: c, opts: SubscribeOptions{Group: "g", Topic: "t", Mode: KeyShared, Window: window, Concurrency: 3},
+		progress: make(chan struct{})}
+	for range 3 {
+		s.queues = append(s.queues, make(chan *Delivered, window))
+	}
+	cn := &conn{log: c.cfg.logger, pending: map[uint64]chan *heraldpb.Frame{}, subs: map[uint64]*subSession{}, calls: map[uint64]*callWaiter{}}
+	ss := &subSession{sub: s, cn: cn, id: 7, state: sessActive, ended: make(chan struct{})}
+	s.cur = ss
+	cn.subs[7] = ss
+	cn.calls[9] = &callWaiter{ch: make(chan *heraldpb.ReplyDelivery, 1)}
+	return cn, s
+}
+
+func pushSeeds() [][]byte {
+	var msgs []*heraldpb.DeliveredMessage
+	for i := range 6 {
+		msgs = append(msgs, &heraldpb.DeliveredMessage{Partition: uint32(i % 2), Offset: int64(i), DeliveryCount: 1, AppendTimeMs: 1,
+			Record: &heraldpb.Record{Key: []byte{byte(i)}, Value: []byte("v"), Headers: []*heraldpb.Header{{Key: "h"}}, Tags: []string{"t"}}})
+	}
+	msgs = append(msgs, &heraldpb.DeliveredMessage{Offset: -1, ReplyInbox: "in", CorrelationId: 3, Record: &heraldpb.Record{}})
+	frames := []*heraldpb.Frame{
+		{Body: &heraldpb.Frame_Delivery{Delivery: &heraldpb.Delivery{SubscriptionId: 7, Messages: msgs}}},
+		{Body: &heraldpb.Frame_Delivery{Delivery: &heraldpb.Delivery{SubscriptionId: 8, Messages: msgs}}},
+		{Body: &heraldpb.Frame_Assignment{Assignment: &heraldpb.AssignmentChange{SubscriptionId: 7, Added: []uint32{1, 2}, Revoked: []uint32{2}}}},
+		{Body: &heraldpb.Frame_ReplyDelivery{ReplyDelivery: &heraldpb.ReplyDelivery{CorrelationId: 9, Record: &heraldpb.Record{Value: []byte("r")}}}},
+		{Body: &heraldpb.Frame_ReplyDelivery{ReplyDelivery: &heraldpb.ReplyDelivery{CorrelationId: 10}}},
+		{Id: 5, Body: &heraldpb.Frame_AckResponse{AckResponse: &heraldpb.AckResponse{}}},
+	}
+	var out [][]byte
+	for _, f := range frames {
+		b, err := heraldpb.AppendFrame(nil, f)
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, b[heraldpb.HeaderLen:])
+	}
+	return out
+}
+
+// FuzzPushFrame feeds decoded frames to the reader's push dispatch. It
+// checks that dispatch never panics and never blocks, that a subscription
+// never holds more than its window (the excess is dropped and counted),
+// and that a pending call gets at most its one reply.
+func FuzzPushFrame(f *testing.F) {
+	for _, s := range pushSeeds() {
+		f.Add(s, s)
+	}
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		const window = 4
+		cn, s := pushTarget(window)
+		for _, payload := range [][]byte{a, b} {
+			fr, err := heraldpb.DecodeFrame(payload)
+			if err != nil && fr == nil {
+				continue
+			}
+			if fr.GetId() == 0 {
+				cn.push(fr)
+			}
+		}
+		queued := 0
+		for _, q := range s.queues {
+			queued += len(q)
+		}
+		st := s.Stats()
+		if st.InFlight > window || queued != st.InFlight || uint64(queued) != st.Delivered {
+			t.Fatalf("held %d, queued %d, stats %+v", st.InFlight, queued, st)
+		}
+	})
+}
+
+func TestPushDispatch(t *testing.T) {
+	cn, s := pushTarget(4)
+	w := cn.calls[9]
+	seeds := pushSeeds()
+	for _, p := range seeds {
+		f, err := heraldpb.DecodeFrame(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if isPush := cn.push(f); isPush != (f.GetId() == 0) {
+			t.Fatalf("push(%T) = %v", f.GetBody(), isPush)
+		}
+	}
+	if st := s.Stats(); st.Delivered != 4 || st.Dropped != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+	if got := s.Assigned(); !slices.Equal(got, []int32{1, 2}) { // revoked before added
+
+		t.Fatalf("assigned %v", got)
+	}
+	select {
+	case rd := <-w.ch:
+		if string(rd.GetRecord().GetValue()) != "r" {
+			t.Fatalf("reply %v", rd)
+		}
+	default:
+		t.Fatal("call 9 got no reply")
+	}
+	if len(cn.calls) != 0 {
+		t.Fatalf("calls %v", cn.calls)
+	}
+	// Messages of one key go to one queue.
+	for _, q := range s.queues {
+		for len(q) > 0 {
+			d := <-q
+			if s.route(d) != q {
+				t.Fatalf("message with key %x in the wrong queue", d.Key)
+			}
+		}
+	}
+}
