@@ -278,7 +278,7 @@ func requestFrameCases() []struct {
 		{1, 1, "rpc", &Message{Value: []byte("v")}},
 		{0, 0, "", &Message{}},
 		{1 << 40, 1<<64 - 1, "a-topic-with-a-longer-name", &Message{Key: []byte("k"), Value: bytes.Repeat([]byte("x"), 300),
-			Headers: []Header{{Key: "h1", Value: []byte("1")}, {Key: "", Value: nil}, {Key: "h1", Value: []byte("2")}},
+			Headers:   []Header{{Key: "h1", Value: []byte("1")}, {Key: "", Value: nil}, {Key: "h1", Value: []byte("2")}},
 			Timestamp: ts, Tags: []string{"a", "b"}}},
 		{7, 9, strings.Repeat("t", 200), &Message{Value: bytes.Repeat([]byte("y"), 70000)}},
 	}
