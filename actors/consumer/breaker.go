@@ -398,6 +398,37 @@ func (b *Breaker) report(tok BreakerToken, reason FailReason, err error) error {
 	return nil
 }
 
+// Record counts one outcome that has no token, if the breaker is closed:
+// success when reason is 0, else a failure for reason. The push path uses
+// tokens only for half-open probes; while closed it reports each failure
+// (nack, ack timeout) with Record and each ack request that acked anything
+// as one success, which is what the consecutive-failures rule needs and
+// costs one call per ack batch instead of two per message. (The ratio rule
+// then sees ack batches, not messages, as its successes.) It reports
+// whether the outcome was counted.
+func (b *Breaker) Record(reason FailReason) bool {
+	b.mu.Lock()
+	defer b.unlock()
+	if b.closed || b.cb.State() != gobreaker.StateClosed {
+		return false
+	}
+	done, err := b.cb.Allow()
+	if err != nil {
+		return false
+	}
+	switch reason {
+	case 0:
+		done(nil)
+	case FailAckTimeout:
+		b.last = reason
+		done(errBreakerAckTimeout)
+	default:
+		b.last = reason
+		done(errBreakerNack)
+	}
+	return true
+}
+
 // State returns the breaker's state, first moving it from open to half-open
 // if the cool-down has passed (which updates the gauge and runs the hook).
 func (b *Breaker) State() BreakerState {

@@ -494,3 +494,33 @@ func TestBreakerStateString(t *testing.T) {
 		}
 	}
 }
+
+func TestBreakerRecord(t *testing.T) {
+	b, l := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 3, CoolDown: 50 * time.Millisecond})
+	if !b.Record(FailNack) || !b.Record(FailNack) || !b.Record(0) {
+		t.Fatal("closed breaker refused an outcome")
+	}
+	b.Record(FailAckTimeout)
+	b.Record(FailNack)
+	if s := b.State(); s != BreakerClosed {
+		t.Fatalf("success did not reset the run: %v", s)
+	}
+	b.Record(FailNack)
+	if s := b.State(); s != BreakerOpen {
+		t.Fatalf("after 3 recorded failures: %v", s)
+	}
+	if b.Record(0) {
+		t.Fatal("open breaker counted an outcome")
+	}
+	waitState(t, b, BreakerHalfOpen)
+	if b.Record(0) {
+		t.Fatal("half-open breaker counted a tokenless outcome (only probes count)")
+	}
+	must(t, b.Success(allow(t, b)))
+	if s := b.State(); s != BreakerClosed {
+		t.Fatalf("after the probe's ack: %v", s)
+	}
+	if p := l.path(); p != "closed > open > half-open > closed" {
+		t.Errorf("hook saw %q", p)
+	}
+}

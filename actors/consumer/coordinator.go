@@ -110,6 +110,15 @@ type tokEntry struct {
 	sent   time.Time
 }
 
+// spilled holds records read from a partition that the subscription had
+// no room for yet (Sub.Append took fewer): they are offered again as room
+// frees instead of being read again. At most one read's worth per view
+// and partition.
+type spilled struct {
+	msgs []Message
+	recs []held
+}
+
 type fetchKey struct {
 	view MemberID
 	part uint32
@@ -133,6 +142,7 @@ type live struct {
 	msgs       map[msgID]held
 	toks       map[msgID]tokEntry
 	fetching   map[fetchKey]bool
+	spill      map[fetchKey]*spilled
 	responders int
 	rr         int
 	calls      []*callMsg
@@ -479,7 +489,7 @@ func (c *coordinator) newLive(entry *topic.Entry, req *heraldpb.SubscribeRequest
 		topic: req.Topic, entry: entry, mode: mode, filterType: req.FilterType, filterText: req.Filter, filt: filt,
 		autoAck: req.AutoAck, orderly: req.Orderly, ackTimeout: ackTimeout,
 		sub: sub, members: map[MemberID]*member{}, bySub: map[uint64]*member{},
-		msgs: map[msgID]held{}, toks: map[msgID]tokEntry{}, fetching: map[fetchKey]bool{},
+		msgs: map[msgID]held{}, toks: map[msgID]tokEntry{}, fetching: map[fetchKey]bool{}, spill: map[fetchKey]*spilled{},
 	}, nil
 }
 
@@ -610,7 +620,9 @@ func (c *coordinator) leave(ctx actor.Context, mb *member, now time.Time) {
 	l := c.live
 	for id, te := range l.toks {
 		if te.member == mb.id {
-			_ = mb.breaker.Forget(te.tok)
+			if te.tok != 0 {
+				_ = mb.breaker.Forget(te.tok)
+			}
 			delete(l.toks, id)
 		}
 	}
@@ -682,6 +694,9 @@ func (c *coordinator) pump(ctx actor.Context) {
 			if l.fetching[k] {
 				continue
 			}
+			if l.spill[k] != nil {
+				continue // offered as room frees (dispatch)
+			}
 			off, room := l.sub.ReadFrom(v, uint32(p))
 			if room == 0 {
 				continue
@@ -725,22 +740,16 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 		}
 		return
 	}
-	off, room := l.sub.ReadFrom(k.view, k.part)
+	off, _ := l.sub.ReadFrom(k.view, k.part)
 	prog := l.sub.Progress(k.view, k.part)
 	var msgs []Message
 	var recs []held
 	filtered := 0
 	for _, b := range resp.Batches {
-		if len(msgs) >= room {
-			break
-		}
 		err := heraldpb.ForEachRecord(b.Records, func(i int, rec, key []byte) bool {
 			o := b.BaseOffset + int64(i)
 			if o < off {
 				return true
-			}
-			if len(msgs) >= room {
-				return false
 			}
 			skip := false
 			if l.filt != nil && !prog.Done(o) {
@@ -759,21 +768,31 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 			break
 		}
 	}
-	for i, m := range msgs {
-		if !m.Skip && !prog.Done(m.Offset) {
-			l.msgs[msgID{view: k.view, part: k.part, off: m.Offset}] = recs[i]
-		}
-	}
-	n := l.sub.Append(k.view, msgs...)
-	for _, m := range msgs[n:] {
-		delete(l.msgs, msgID{view: k.view, part: k.part, off: m.Offset})
-	}
+	c.offer(k, msgs, recs)
 	if filtered > 0 {
 		mFiltered.WithLabelValues(c.group).Add(float64(filtered))
 		c.markDirty(k.view)
 	}
 	c.dispatch(ctx)
 	c.pump(ctx)
+}
+
+// offer appends read records to the subscription as far as it has room,
+// holding the records of messages to deliver, and spills the rest.
+func (c *coordinator) offer(k fetchKey, msgs []Message, recs []held) {
+	l := c.live
+	prog := l.sub.Progress(k.view, k.part)
+	n := l.sub.Append(k.view, msgs...)
+	for i, m := range msgs[:n] {
+		if !m.Skip && !prog.Done(m.Offset) {
+			l.msgs[msgID{view: k.view, part: k.part, off: m.Offset}] = recs[i]
+		}
+	}
+	if n < len(msgs) {
+		l.spill[k] = &spilled{msgs: msgs[n:], recs: recs[n:]}
+	} else {
+		delete(l.spill, k)
+	}
 }
 
 func (c *coordinator) armPump(d time.Duration) {
@@ -784,6 +803,11 @@ func (c *coordinator) armPump(d time.Duration) {
 }
 
 // ---- delivery ----------------------------------------------------------------
+
+// ackLatencySample: the ack latency histogram samples one offset in this
+// many (a power of two), to keep the push path free of per-message
+// bookkeeping.
+const ackLatencySample = 32
 
 // maxPushBatch bounds the messages one dispatch round hands one member.
 const maxPushBatch = 4096
@@ -801,21 +825,48 @@ func (c *coordinator) dispatch(ctx actor.Context) {
 	}
 	now := time.Now()
 	delivered := 0
-	for i := range order {
-		mb := l.members[order[(l.rr+i)%len(order)]]
-		if mb == nil {
-			continue
+	// Refill from the spilled reads (acks may have made room), deliver,
+	// refill and deliver again while both make progress; then read more.
+	c.offerSpills()
+	for round := 0; round < 64; round++ {
+		n := 0
+		for i := range order {
+			mb := l.members[order[(l.rr+i)%len(order)]]
+			if mb == nil {
+				continue
+			}
+			n += c.deliverTo(ctx, mb, now)
 		}
-		delivered += c.deliverTo(ctx, mb, now)
+		l.rr++
+		delivered += n
+		if n == 0 || !c.offerSpills() {
+			break
+		}
 	}
-	l.rr++
 	if delivered > 0 {
 		c.pump(ctx)
-		c.armDeadline(now)
+		if !l.autoAck {
+			c.armDeadlineAt(now, now.Add(l.ackTimeout))
+		}
 		if l.autoAck {
 			c.scheduleFlush()
 		}
 	}
+}
+
+// offerSpills offers every spilled read again and reports whether the
+// subscription took any of it.
+func (c *coordinator) offerSpills() bool {
+	l := c.live
+	took := false
+	for k, sp := range l.spill {
+		n := len(sp.msgs)
+		c.offer(k, sp.msgs, sp.recs)
+		if sp2 := l.spill[k]; sp2 == nil || len(sp2.msgs) < n {
+			took = true
+		}
+	}
+	return took
 }
 
 func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) int {
@@ -834,20 +885,32 @@ func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) in
 	if len(l.calls) == 0 {
 		l.calls = nil
 	}
+	// The breaker gates delivery: nothing while open, probes only (each
+	// with a token for its outcome) while half-open; while closed outcomes
+	// are recorded without tokens (Breaker.Record).
 	var toks []BreakerToken
-	for len(toks) < min(credits, maxPushBatch) {
-		tok, ok := mb.breaker.Allow()
-		if !ok {
-			break
+	budget := min(credits, maxPushBatch)
+	switch mb.breaker.State() {
+	case BreakerOpen:
+		budget = 0
+	case BreakerHalfOpen:
+		for len(toks) < budget {
+			tok, ok := mb.breaker.Allow()
+			if !ok {
+				break
+			}
+			toks = append(toks, tok)
 		}
-		toks = append(toks, tok)
+		budget = len(toks)
 	}
 	var ds []Delivery
-	if len(toks) > 0 {
-		ds, _ = l.sub.Deliver(mb.id, now, len(toks))
+	if budget > 0 {
+		ds, _ = l.sub.Deliver(mb.id, now, budget)
 	}
-	for _, t := range toks[len(ds):] {
-		_ = mb.breaker.Forget(t)
+	if len(toks) > len(ds) {
+		for _, t := range toks[len(ds):] {
+			_ = mb.breaker.Forget(t)
+		}
 	}
 	view := l.sub.ViewOf(mb.id)
 	for j, d := range ds {
@@ -856,15 +919,16 @@ func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) in
 		if !ok {
 			// Cannot happen: every offered message is held until done.
 			c.log.Error("no record held for delivery", "partition", d.Partition, "offset", d.Offset)
-			_ = mb.breaker.Forget(toks[j])
 			continue
 		}
 		out = append(out, heraldpb.PushMessage{Partition: d.Partition, Offset: d.Offset, DeliveryCount: uint32(d.Count), AppendTimeMs: h.appendMs, Record: h.rec})
-		if l.autoAck {
-			_ = mb.breaker.Forget(toks[j])
+		switch {
+		case l.autoAck:
 			delete(l.msgs, id)
-		} else {
+		case j < len(toks):
 			l.toks[id] = tokEntry{tok: toks[j], member: mb.id, sent: now}
+		case d.Offset&(ackLatencySample-1) == 0:
+			l.toks[id] = tokEntry{member: mb.id, sent: now}
 		}
 		if d.Count > 1 {
 			mb.redelivered++
@@ -926,7 +990,7 @@ func (c *coordinator) onAck(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.
 		}
 		id := msgID{view: view, part: p, off: off}
 		if te, ok := l.toks[id]; ok {
-			if owner := l.members[te.member]; owner != nil {
+			if owner := l.members[te.member]; owner != nil && te.tok != 0 {
 				_ = owner.breaker.Success(te.tok)
 			}
 			mAckLatency.WithLabelValues(c.group).Observe(now.Sub(te.sent).Seconds())
@@ -934,6 +998,9 @@ func (c *coordinator) onAck(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.
 		}
 		delete(l.msgs, id)
 		acked++
+	}
+	if acked > 0 {
+		mb.breaker.Record(0)
 	}
 	if stale > 0 {
 		mStaleAcks.WithLabelValues(c.group).Add(float64(stale))
@@ -976,10 +1043,12 @@ func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 			continue
 		}
 		id := msgID{view: view, part: p, off: req.Offsets[i]}
-		if te, ok := l.toks[id]; ok {
+		if te, ok := l.toks[id]; ok && te.tok != 0 {
 			_ = mb.breaker.Failure(te.tok, FailNack)
-			delete(l.toks, id)
+		} else {
+			mb.breaker.Record(FailNack)
 		}
+		delete(l.toks, id)
 		mNacked.WithLabelValues(c.group).Inc()
 	}
 	if stale > 0 {
@@ -989,7 +1058,7 @@ func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	respond(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_NackResponse{NackResponse: &heraldpb.NackResponse{}}})
 	c.checkRevocations(ctx)
 	c.dispatch(ctx)
-	c.armDeadline(now)
+	c.armDeadlineAt(now, now.Add(delay))
 }
 
 func (c *coordinator) onCommit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.CommitRequest) {
@@ -1006,7 +1075,7 @@ func (c *coordinator) onCommit(ctx actor.Context, f *heraldpb.Frame, req *herald
 	floor := l.sub.Progress("", req.Partition).Floor()
 	for id, te := range l.toks {
 		if id.part == req.Partition && id.off < floor {
-			if owner := l.members[te.member]; owner != nil {
+			if owner := l.members[te.member]; owner != nil && te.tok != 0 {
 				_ = owner.breaker.Success(te.tok)
 			}
 			delete(l.toks, id)
@@ -1027,13 +1096,21 @@ func (c *coordinator) onCommit(ctx actor.Context, f *heraldpb.Frame, req *herald
 
 // ---- time ------------------------------------------------------------------
 
+// armDeadline arms the timer for the subscription's next deadline (a full
+// scan of the flights: after the timer fires).
 func (c *coordinator) armDeadline(now time.Time) {
-	l := c.live
-	if l == nil {
-		return
+	if l := c.live; l != nil {
+		if t, ok := l.sub.NextDeadline(); ok {
+			c.armDeadlineAt(now, t)
+		}
 	}
-	t, ok := l.sub.NextDeadline()
-	if !ok || (!c.deadlineAt.IsZero() && !t.Before(c.deadlineAt)) {
+}
+
+// armDeadlineAt makes sure the timer fires no later than t. Deliveries
+// call it with now+ack timeout, which is never earlier than a deadline
+// already pending, so the push path never scans the flights.
+func (c *coordinator) armDeadlineAt(now, t time.Time) {
+	if !c.deadlineAt.IsZero() && !t.Before(c.deadlineAt) {
 		return
 	}
 	c.deadlineAt = t
@@ -1049,11 +1126,14 @@ func (c *coordinator) onDeadline(ctx actor.Context) {
 	expired := l.sub.Tick(now)
 	for _, d := range expired {
 		id := msgID{view: l.sub.ViewOf(d.Member), part: d.Partition, off: d.Offset}
-		if te, ok := l.toks[id]; ok {
-			if owner := l.members[te.member]; owner != nil {
-				_ = owner.breaker.Failure(te.tok, FailAckTimeout)
-			}
-			delete(l.toks, id)
+		te, ok := l.toks[id]
+		delete(l.toks, id)
+		switch owner := l.members[d.Member]; {
+		case owner == nil:
+		case ok && te.tok != 0:
+			_ = owner.breaker.Failure(te.tok, FailAckTimeout)
+		default:
+			owner.breaker.Record(FailAckTimeout)
 		}
 	}
 	if len(expired) > 0 {

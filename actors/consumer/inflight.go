@@ -73,12 +73,18 @@ type inflight struct {
 	flights   map[msgID]*flight
 	retry     []*retryEntry // sorted by id
 	perMember map[MemberID]int
-	perPart   map[msgID]int      // key {view, part, 0}: in flight per partition
-	perKey    map[string]keyHold // key-shared: in flight per key, and to whom
+	perPart   map[msgID]int      // key {view, part, 0}: in flight per partition (Orderly only)
+	perKey    map[string]keyHold // key-shared: in flight per key, and to whom (KeyShared only)
+	byPart    bool               // maintain perPart
+	byKey     bool               // maintain perKey
 }
 
-func newInflight() inflight {
+// newInflight tracks flights; the per-partition and per-key counts cost a
+// map update per delivery and ack, so only the modes that read them keep
+// them.
+func newInflight(byPart, byKey bool) inflight {
 	return inflight{
+		byPart: byPart, byKey: byKey,
 		flights:   map[msgID]*flight{},
 		perMember: map[MemberID]int{},
 		perPart:   map[msgID]int{},
@@ -91,9 +97,13 @@ func partKey(id msgID) msgID { return msgID{view: id.view, part: id.part} }
 func (fl *inflight) add(f *flight) {
 	fl.flights[f.id] = f
 	fl.perMember[f.member]++
-	fl.perPart[partKey(f.id)]++
-	h := fl.perKey[f.key]
-	fl.perKey[f.key] = keyHold{member: f.member, n: h.n + 1}
+	if fl.byPart {
+		fl.perPart[partKey(f.id)]++
+	}
+	if fl.byKey {
+		h := fl.perKey[f.key]
+		fl.perKey[f.key] = keyHold{member: f.member, n: h.n + 1}
+	}
 }
 
 // remove drops the flight id and returns it, or nil.
@@ -104,7 +114,12 @@ func (fl *inflight) remove(id msgID) *flight {
 	}
 	delete(fl.flights, id)
 	decr(fl.perMember, f.member)
-	decr(fl.perPart, partKey(id))
+	if fl.byPart {
+		decr(fl.perPart, partKey(id))
+	}
+	if !fl.byKey {
+		return f
+	}
 	if h := fl.perKey[f.key]; h.n <= 1 {
 		delete(fl.perKey, f.key)
 	} else {

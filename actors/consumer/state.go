@@ -174,7 +174,7 @@ func NewSub(cfg Config, start []int64) (*Sub, error) {
 		start:   resizeSlice(slices.Clone(start), cfg.Partitions),
 		members: map[MemberID]*memberState{},
 		views:   map[MemberID]*view{},
-		fl:      newInflight(),
+		fl:      newInflight(cfg.Orderly && cfg.Mode != KeyShared, cfg.Mode == KeyShared),
 	}
 	if cfg.Mode == Clustering {
 		s.asg = NewAssignor(cfg.Partitions)

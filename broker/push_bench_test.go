@@ -1,0 +1,129 @@
+package broker
+
+import (
+	"strconv"
+	"os"
+	"path/filepath"
+	"fmt"
+	"testing"
+	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// countDelivery counts the messages of a Delivery push and appends their
+// (partition, offset) without decoding records.
+func countDelivery(f []byte, parts []uint32, offs []int64) ([]uint32, []int64, int) {
+	n := 0
+	for len(f) > 0 {
+		num, typ, l := protowire.ConsumeTag(f)
+		f = f[l:]
+		if num != 60 || typ != protowire.BytesType {
+			l = protowire.ConsumeFieldValue(num, typ, f)
+			f = f[l:]
+			continue
+		}
+		body, l := protowire.ConsumeBytes(f)
+		f = f[l:]
+		for len(body) > 0 {
+			num, typ, l := protowire.ConsumeTag(body)
+			body = body[l:]
+			if num != 2 {
+				l = protowire.ConsumeFieldValue(num, typ, body)
+				body = body[l:]
+				continue
+			}
+			m, l := protowire.ConsumeBytes(body)
+			body = body[l:]
+			var p uint32
+			var o int64
+			for len(m) > 0 {
+				num, typ, l := protowire.ConsumeTag(m)
+				m = m[l:]
+				switch {
+				case num == 1 && typ == protowire.VarintType:
+					v, l := protowire.ConsumeVarint(m)
+					p, m = uint32(v), m[l:]
+				case num == 2 && typ == protowire.VarintType:
+					v, l := protowire.ConsumeVarint(m)
+					o, m = int64(v), m[l:]
+				default:
+					l = protowire.ConsumeFieldValue(num, typ, m)
+					m = m[l:]
+				}
+			}
+			parts, offs = append(parts, p), append(offs, o)
+			n++
+		}
+	}
+	return parts, offs, n
+}
+
+// BenchmarkPush measures push delivery from a pre-filled partition to one
+// raw-protocol subscriber that acks (or, autoack, only grants credits) in
+// batches: b.N messages of 100 bytes.
+func BenchmarkPush(b *testing.B) {
+	for _, autoAck := range []bool{true, false} {
+		b.Run(fmt.Sprintf("autoack=%v", autoAck), func(b *testing.B) { benchPush(b, autoAck) })
+	}
+}
+
+func benchPush(b *testing.B, autoAck bool) {
+	cfg := Default()
+	cfg.DataDir, cfg.Listen, cfg.Admin = b.TempDir(), "127.0.0.1:0", ""
+	br, err := Start(cfg, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer br.Shutdown()
+	w := dialWireRaw(b, br.ClientAddr(), true)
+	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CreateTopic{CreateTopic: &heraldpb.CreateTopicRequest{Name: "t", Config: &heraldpb.TopicConfig{Partitions: 1}}}})
+	val := make([]byte, 100)
+	for left := b.N; left > 0; {
+		n := min(left, 2000)
+		batch := &heraldpb.RecordBatch{}
+		for i := 0; i < n; i++ {
+			batch.Records = append(batch.Records, &heraldpb.Record{Value: val})
+		}
+		recs, _ := proto.Marshal(batch)
+		w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Partition: proto.Uint32(0), Records: recs}}})
+		left -= n
+	}
+	window := 8192
+	if v, err := strconv.Atoi(os.Getenv("PUSH_WINDOW")); err == nil {
+		window = v
+	}
+	if os.Getenv("DEBUGSEG") != "" {
+		filepath.Walk(cfg.DataDir, func(p string, fi os.FileInfo, err error) error { fmt.Println(p, fi.Size()); return nil })
+	}
+	b.ResetTimer()
+	start := time.Now()
+	sub := w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{
+		Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: uint32(window), AutoAck: autoAck,
+		Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Earliest{Earliest: true}},
+	}}}).GetSubscribeResponse().SubscriptionId
+	got := 0
+	var parts []uint32
+	var offs []int64
+	for got < b.N {
+		raw, ok := <-w.raw
+		if !ok {
+			b.Fatal("connection closed")
+		}
+		var n int
+		parts, offs, n = countDelivery(raw, parts, offs)
+		got += n
+		if len(parts) >= window/4 {
+			ack := &heraldpb.AckRequest{SubscriptionId: sub, Credits: uint32(len(parts))}
+			if !autoAck {
+				ack.Partitions, ack.Offsets = parts, offs
+			}
+			w.send(&heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: ack}})
+			parts, offs = nil, nil
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+}
