@@ -165,3 +165,44 @@ func appendVarintField(dst []byte, num protowire.Number, v uint64) []byte {
 	dst = protowire.AppendTag(dst, num, protowire.VarintType)
 	return protowire.AppendVarint(dst, v)
 }
+
+// ForEachRawRecord is ForEachRecord for batches already validated (every
+// batch in the log passed ScanBatch): it splits the batch into record
+// encodings without looking inside them. A malformed batch still returns
+// ErrBadBatch rather than panicking.
+func ForEachRawRecord(b []byte, fn func(i int, rec []byte) bool) error {
+	for i := 0; len(b) > 0; {
+		num, typ, n := consumeTag(b)
+		if n < 0 {
+			return fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(n))
+		}
+		b = b[n:]
+		if num != 1 || typ != protowire.BytesType {
+			m := protowire.ConsumeFieldValue(num, typ, b)
+			if m < 0 {
+				return fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
+			}
+			b = b[m:]
+			continue
+		}
+		rec, m := protowire.ConsumeBytes(b)
+		if m < 0 {
+			return fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
+		}
+		b = b[m:]
+		if !fn(i, rec) {
+			return nil
+		}
+		i++
+	}
+	return nil
+}
+
+// RecordKey returns the key of an encoded Record (aliasing rec), or nil.
+func RecordKey(rec []byte) []byte {
+	key, _, err := scanRecord(rec)
+	if err != nil {
+		return nil
+	}
+	return key
+}

@@ -95,3 +95,17 @@ func TestForEachRecord(t *testing.T) {
 		t.Fatal("truncated batch accepted")
 	}
 }
+
+func TestForEachRawRecord(t *testing.T) {
+	batch, _ := proto.Marshal(&RecordBatch{Records: []*Record{{Key: []byte("a"), Value: []byte("1")}, {Value: []byte("2")}}})
+	var keys []string
+	if err := ForEachRawRecord(batch, func(i int, rec []byte) bool {
+		keys = append(keys, string(RecordKey(rec)))
+		return true
+	}); err != nil || len(keys) != 2 || keys[0] != "a" || keys[1] != "" {
+		t.Fatalf("keys %q err %v", keys, err)
+	}
+	if err := ForEachRawRecord([]byte{0x0a, 0x05, 0x01}, func(int, []byte) bool { return true }); err == nil {
+		t.Fatal("truncated batch accepted")
+	}
+}

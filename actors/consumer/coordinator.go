@@ -139,13 +139,36 @@ type live struct {
 	sub        *Sub
 	members    map[MemberID]*member
 	bySub      map[uint64]*member
-	msgs       map[msgID]held
+	heldG      []*heldLog            // the group view's held records per partition
+	heldV      map[fetchKey]*heldLog // broadcast views'
 	toks       map[msgID]tokEntry
 	fetching   map[fetchKey]bool
 	spill      map[fetchKey]*spilled
 	responders int
 	rr         int
 	calls      []*callMsg
+}
+
+func newHeldLogs(n int) []*heldLog {
+	hs := make([]*heldLog, n)
+	for i := range hs {
+		hs[i] = &heldLog{}
+	}
+	return hs
+}
+
+// held returns the held records of view's partition p.
+func (l *live) held(view MemberID, p uint32) *heldLog {
+	if view == "" {
+		return l.heldG[p]
+	}
+	k := fetchKey{view: view, part: p}
+	h := l.heldV[k]
+	if h == nil {
+		h = &heldLog{}
+		l.heldV[k] = h
+	}
+	return h
 }
 
 // waiter is a client request answered once the progress write in flight
@@ -489,7 +512,7 @@ func (c *coordinator) newLive(entry *topic.Entry, req *heraldpb.SubscribeRequest
 		topic: req.Topic, entry: entry, mode: mode, filterType: req.FilterType, filterText: req.Filter, filt: filt,
 		autoAck: req.AutoAck, orderly: req.Orderly, ackTimeout: ackTimeout,
 		sub: sub, members: map[MemberID]*member{}, bySub: map[uint64]*member{},
-		msgs: map[msgID]held{}, toks: map[msgID]tokEntry{}, fetching: map[fetchKey]bool{}, spill: map[fetchKey]*spilled{},
+		heldG: newHeldLogs(len(entry.Partitions)), heldV: map[fetchKey]*heldLog{}, toks: map[msgID]tokEntry{}, fetching: map[fetchKey]bool{}, spill: map[fetchKey]*spilled{},
 	}, nil
 }
 
@@ -732,6 +755,7 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 			if off, _ := l.sub.ReadFrom(k.view, k.part); off < start {
 				c.log.Warn("records removed by retention before the group consumed them", "partition", k.part, "from", off, "to", start)
 				l.sub.Seek(k.view, k.part, start)
+				l.held(k.view, k.part).trim(start)
 				c.markDirty(k.view)
 			}
 			c.pump(ctx)
@@ -746,20 +770,23 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 	var recs []held
 	filtered := 0
 	for _, b := range resp.Batches {
-		err := heraldpb.ForEachRecord(b.Records, func(i int, rec, key []byte) bool {
+		err := heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
 			o := b.BaseOffset + int64(i)
 			if o < off {
 				return true
 			}
-			skip := false
+			m := Message{Partition: k.part, Offset: o}
+			if l.mode == KeyShared {
+				m.Key = string(heraldpb.RecordKey(rec))
+			}
 			if l.filt != nil && !prog.Done(o) {
 				var r heraldpb.Record
 				if proto.Unmarshal(rec, &r) == nil && !l.filt.Match(filter.FromProto(&r)) {
-					skip = true
+					m.Skip = true
 					filtered++
 				}
 			}
-			msgs = append(msgs, Message{Partition: k.part, Offset: o, Key: string(key), Skip: skip})
+			msgs = append(msgs, m)
 			recs = append(recs, held{rec: rec, appendMs: b.AppendTimeMs})
 			return true
 		})
@@ -783,9 +810,10 @@ func (c *coordinator) offer(k fetchKey, msgs []Message, recs []held) {
 	l := c.live
 	prog := l.sub.Progress(k.view, k.part)
 	n := l.sub.Append(k.view, msgs...)
+	hl := l.held(k.view, k.part)
 	for i, m := range msgs[:n] {
 		if !m.Skip && !prog.Done(m.Offset) {
-			l.msgs[msgID{view: k.view, part: k.part, off: m.Offset}] = recs[i]
+			hl.put(m.Offset, recs[i])
 		}
 	}
 	if n < len(msgs) {
@@ -915,7 +943,8 @@ func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) in
 	view := l.sub.ViewOf(mb.id)
 	for j, d := range ds {
 		id := msgID{view: view, part: d.Partition, off: d.Offset}
-		h, ok := l.msgs[id]
+		hl := l.held(view, d.Partition)
+		h, ok := hl.get(d.Offset)
 		if !ok {
 			// Cannot happen: every offered message is held until done.
 			c.log.Error("no record held for delivery", "partition", d.Partition, "offset", d.Offset)
@@ -924,7 +953,7 @@ func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) in
 		out = append(out, heraldpb.PushMessage{Partition: d.Partition, Offset: d.Offset, DeliveryCount: uint32(d.Count), AppendTimeMs: h.appendMs, Record: h.rec})
 		switch {
 		case l.autoAck:
-			delete(l.msgs, id)
+			hl.del(d.Offset)
 		case j < len(toks):
 			l.toks[id] = tokEntry{tok: toks[j], member: mb.id, sent: now}
 		case d.Offset&(ackLatencySample-1) == 0:
@@ -996,7 +1025,7 @@ func (c *coordinator) onAck(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.
 			mAckLatency.WithLabelValues(c.group).Observe(now.Sub(te.sent).Seconds())
 			delete(l.toks, id)
 		}
-		delete(l.msgs, id)
+		l.held(view, p).del(off)
 		acked++
 	}
 	if acked > 0 {
@@ -1081,11 +1110,7 @@ func (c *coordinator) onCommit(ctx actor.Context, f *heraldpb.Frame, req *herald
 			delete(l.toks, id)
 		}
 	}
-	for id := range l.msgs {
-		if id.part == req.Partition && id.off < floor {
-			delete(l.msgs, id)
-		}
-	}
+	l.held("", req.Partition).trim(floor)
 	c.markDirty("")
 	c.waiters = append(c.waiters, waiter{to: ctx.Sender(), f: &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CommitResponse{CommitResponse: &heraldpb.CommitResponse{}}}})
 	c.checkRevocations(ctx)
