@@ -131,7 +131,8 @@ type SubscribeOptions struct {
 	// session, a failed attempt to subscribe again (non-retryable ones such
 	// as GROUP_CONFLICT too; the subscription keeps trying until Close),
 	// acks the broker refused. It may be called from several goroutines at
-	// once and must not block for long.
+	// once and must not block for long. It is not called once Close has
+	// returned.
 	OnError func(error)
 }
 
@@ -307,6 +308,7 @@ type Subscription struct {
 	closeOnce sync.Once
 	closeErr  error
 	closed    chan struct{}
+	quiet     atomic.Bool // set when Close returns: OnError is not called any more
 
 	mu        sync.Mutex
 	cur       *subSession // nil while resubscribing
@@ -562,7 +564,7 @@ func (s *Subscription) requestCtx() (context.Context, context.CancelFunc) {
 }
 
 func (s *Subscription) report(err error) {
-	if s.opts.OnError != nil && err != nil {
+	if s.opts.OnError != nil && err != nil && !s.quiet.Load() {
 		s.opts.OnError(err)
 	}
 }
@@ -1189,6 +1191,14 @@ func (s *Subscription) close(ctx context.Context) error {
 	}
 	close(s.ackStop)
 	<-s.ackDone
+	// Wait for flushes still in flight (credits only, or all of them when
+	// ctx ended), so none fails after the unsubscribe.
+	for range ackUnitsInFlight {
+		select {
+		case s.unitSlots <- struct{}{}:
+		case <-ctx.Done():
+		}
+	}
 
 	s.mu.Lock()
 	ss := s.cur
@@ -1207,6 +1217,7 @@ func (s *Subscription) close(ctx context.Context) error {
 		}
 		ss.cn.removeSession(ss.id, ss)
 	}
+	s.quiet.Store(true)
 	s.cancel()
 	return errors.Join(errs...)
 }

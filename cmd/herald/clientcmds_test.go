@@ -124,7 +124,7 @@ func TestProduceAndConsume(t *testing.T) {
 		t.Fatalf("consume --from time: %q %v", out, err)
 	}
 	for _, args := range [][]string{
-		{"--topic", "t", "--group", "g"}, {"--topic", "t", "--mode", "shared"}, {"--topic", "t", "--filter", "x"},
+		{"--topic", "t", "--group", "g", "--partition", "1"}, {"--topic", "t", "--mode", "shared"}, {"--topic", "t", "--filter", "x"},
 		{"--topic", "t", "--ack", "manual"}, {}, {"--topic", "t", "--from", "yesterday"},
 	} {
 		if _, _, err := runCLI(t, ctx, consumeCmd, b.Addr(), "", args...); !isUsage(err) {

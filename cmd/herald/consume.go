@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/heraldmq/herald/client"
@@ -14,27 +16,38 @@ import (
 
 func init() { register("consume", cliRunner(consumeCmd)) }
 
+// groupOnlyFlags are the consume flags that need --group.
+var groupOnlyFlags = []string{"mode", "tags", "filter", "ack", "window", "orderly", "ack-timeout", "name"}
+
 // consumeCmd runs "herald consume": it prints one value per line. Without
-// --follow it stops at the high watermarks seen at start; with --follow it
-// long-polls until interrupted or --max messages.
+// --group it reads partitions: without --follow it stops at the high
+// watermarks seen at start; with --follow it long-polls until interrupted
+// or --max messages. With --group it joins the consumer group (push, see
+// consumeGroup) until interrupted or --max messages.
 func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 	fs, cf := newCLIFlagSet("consume", io.err)
 	topic := fs.String("topic", "", "topic to read (required)")
-	partition := fs.Int("partition", -1, "read only this partition (-1 = all)")
-	from := fs.String("from", "earliest", "start at earliest, latest, an OFFSET or an RFC3339 time")
-	follow := fs.Bool("follow", false, "keep waiting for new records")
+	partition := fs.Int("partition", -1, "read only this partition (-1 = all; not with --group)")
+	from := fs.String("from", "earliest", "start at earliest, latest, an OFFSET or an RFC3339 time (with --group: where a group without progress starts, default latest)")
+	follow := fs.Bool("follow", false, "keep waiting for new records (always so with --group)")
 	maxN := fs.Int("max", 0, "stop after N records (0 = no limit)")
-	verbose := fs.Bool("verbose", false, "print partition, offset, timestamp and key before each value")
-	maxWait := fs.Duration("max-wait", client.DefaultFetchMaxWait, "long-poll wait of each fetch")
-	un := declareCLIUnsupported(fs, map[string]string{
-		"group":  "consumer groups come in a later release",
-		"mode":   "consumer group modes come in a later release",
-		"filter": "broker-side filters come in a later release",
-		"ack":    "acknowledgements come with consumer groups",
-	})
-	if err := parseCLIFlags(fs, args, un); err != nil {
+	verbose := fs.Bool("verbose", false, "print partition, offset, timestamp and key (and delivery count with --group) before each value")
+	maxWait := fs.Duration("max-wait", client.DefaultFetchMaxWait, "long-poll wait of each fetch (not with --group)")
+	var g groupFlags
+	fs.StringVar(&g.group, "group", "", "consume as a member of this consumer group (push delivery with acks)")
+	fs.StringVar(&g.mode, "mode", "clustering", "group mode: clustering, broadcast, shared or key-shared (with --group)")
+	fs.StringVar(&g.tags, "tags", "", "broker-side tag filter, e.g. 'tagA || tagB' (with --group)")
+	fs.StringVar(&g.filter, "filter", "", "broker-side SQL-92 filter over headers, e.g. \"region = 'eu'\" (with --group)")
+	fs.StringVar(&g.ack, "ack", "manual", "manual: ack each record after printing it (at least once); auto: the broker acks on delivery (at most once) (with --group)")
+	fs.IntVar(&g.window, "window", client.DefaultWindow, "credit window: records delivered and not yet printed, at most (with --group)")
+	fs.BoolVar(&g.orderly, "orderly", false, "at most one record in flight per partition (with --group)")
+	fs.DurationVar(&g.ackTimeout, "ack-timeout", 0, "redeliver a record not acked within this (with --group; 0 = broker default)")
+	fs.StringVar(&g.name, "name", "", "member name shown by 'herald group describe' (with --group)")
+	if err := parseCLIFlags(fs, args, nil); err != nil {
 		return err
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch {
 	case *topic == "":
 		return usagef("--topic is required")
@@ -43,7 +56,28 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 	case *partition < -1:
 		return usagef("--partition must be >= 0 (or -1 for all)")
 	}
-	start, err := parseStart(*from)
+	if g.group == "" {
+		for _, n := range groupOnlyFlags {
+			if set[n] {
+				return usagef("--%s needs --group", n)
+			}
+		}
+	} else {
+		if set["partition"] || set["max-wait"] {
+			return usagef("--partition and --max-wait do not apply with --group (the group assigns partitions)")
+		}
+		opts, err := g.options(*topic)
+		if err != nil {
+			return err
+		}
+		if set["from"] {
+			if opts.From, err = parseStart("--from", *from); err != nil {
+				return err
+			}
+		}
+		return consumeGroup(ctx, cf, opts, *maxN, *verbose, io)
+	}
+	start, err := parseStart("--from", *from)
 	if err != nil {
 		return err
 	}
@@ -140,8 +174,8 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 	}
 }
 
-// parseStart parses --from.
-func parseStart(s string) (client.StartPosition, error) {
+// parseStart parses a start position given as flag (--from, --to).
+func parseStart(flag, s string) (client.StartPosition, error) {
 	switch s {
 	case "earliest":
 		return client.Earliest(), nil
@@ -150,12 +184,125 @@ func parseStart(s string) (client.StartPosition, error) {
 	}
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
 		if n < 0 {
-			return client.StartPosition{}, usagef("--from offset must not be negative")
+			return client.StartPosition{}, usagef("%s offset must not be negative", flag)
 		}
 		return client.AtOffset(n), nil
 	}
 	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
 		return client.AtTime(t), nil
 	}
-	return client.StartPosition{}, usagef("--from must be earliest, latest, an offset or an RFC3339 time, not %q", s)
+	return client.StartPosition{}, usagef("%s must be earliest, latest, an offset or an RFC3339 time, not %q", flag, s)
+}
+
+// groupFlags are consume's consumer-group flags.
+type groupFlags struct {
+	group, mode, tags, filter, ack, name string
+	window                               int
+	orderly                              bool
+	ackTimeout                           time.Duration
+}
+
+// parseMode maps --mode to the SDK's mode.
+func parseMode(s string) (client.SubscriptionMode, error) {
+	for _, m := range []client.SubscriptionMode{client.Clustering, client.Broadcast, client.Shared, client.KeyShared} {
+		if s == m.String() {
+			return m, nil
+		}
+	}
+	return 0, usagef("--mode must be clustering, broadcast, shared or key-shared, not %q", s)
+}
+
+// options checks the group flags and turns them into SubscribeOptions.
+func (g *groupFlags) options(topic string) (client.SubscribeOptions, error) {
+	mode, err := parseMode(g.mode)
+	if err != nil {
+		return client.SubscribeOptions{}, err
+	}
+	switch {
+	case g.tags != "" && g.filter != "":
+		return client.SubscribeOptions{}, usagef("use --tags or --filter, not both")
+	case g.ack != "auto" && g.ack != "manual":
+		return client.SubscribeOptions{}, usagef("--ack must be auto or manual, not %q", g.ack)
+	case g.window < 1 || g.window > client.MaxWindow:
+		return client.SubscribeOptions{}, usagef("--window must be between 1 and %d", client.MaxWindow)
+	case g.ackTimeout < 0:
+		return client.SubscribeOptions{}, usagef("--ack-timeout must not be negative")
+	}
+	o := client.SubscribeOptions{Group: g.group, Topic: topic, Mode: mode, Tags: g.tags, SQL: g.filter,
+		AutoAck: g.ack == "auto", Orderly: g.orderly, AckTimeout: g.ackTimeout, Window: g.window, Name: g.name}
+	if err := o.Validate(); err != nil {
+		return client.SubscribeOptions{}, usagef("%v", cliOneLine(err))
+	}
+	return o, nil
+}
+
+// consumeGroup subscribes with opts and prints each record (acking it after
+// printing unless auto-ack) until ctx ends (SIGINT, SIGTERM) or maxN records
+// were printed. Then it closes the subscription, which waits for the record
+// being printed, flushes the acks and leaves the group; records received
+// and not printed are redelivered. Background failures (a lost connection:
+// the subscription resubscribes) are warned about on stderr.
+func consumeGroup(ctx context.Context, cf *cliFlags, opts client.SubscribeOptions, maxN int, verbose bool, io cliIO) error {
+	var errMu sync.Mutex
+	opts.OnError = func(err error) {
+		errMu.Lock()
+		defer errMu.Unlock()
+		fmt.Fprintf(io.err, "herald consume: warning: %v\n", cliOneLine(err))
+	}
+	c, err := cf.dial(ctx)
+	if err != nil {
+		return cliOneLine(err)
+	}
+	defer c.Close()
+
+	w := bufio.NewWriterSize(io.out, 64<<10)
+	var mu sync.Mutex // one record printed at a time
+	printed := 0
+	done := make(chan error, 1)
+	finish := func(err error) {
+		select {
+		case done <- err:
+		default:
+		}
+	}
+	sub, err := c.Subscribe(ctx, opts, func(_ context.Context, m *client.Delivered) {
+		mu.Lock()
+		defer mu.Unlock()
+		if maxN > 0 && printed >= maxN {
+			m.Nack(0) // past --max: give it back
+			return
+		}
+		if verbose {
+			fmt.Fprintf(w, "partition=%d offset=%d delivery=%d timestamp=%s key=%q\t", m.Partition, m.Offset, m.DeliveryCount,
+				m.Timestamp.UTC().Format(time.RFC3339Nano), m.Key)
+		}
+		w.Write(m.Value)
+		w.WriteByte('\n')
+		if err := w.Flush(); err != nil { // printed before acked
+			m.Nack(0)
+			finish(err)
+			return
+		}
+		m.Ack()
+		if printed++; maxN > 0 && printed >= maxN {
+			finish(nil)
+		}
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // interrupted while subscribing
+		}
+		return cliOneLine(err)
+	}
+	var runErr error
+	select {
+	case <-ctx.Done(): // SIGINT or SIGTERM: a normal end
+	case runErr = <-done:
+	}
+	closeCtx, cancel := context.WithTimeout(context.Background(), max(cf.timeout, time.Second))
+	defer cancel()
+	if err := sub.Close(closeCtx); err != nil && runErr == nil {
+		runErr = err
+	}
+	return cliOneLine(runErr)
 }
