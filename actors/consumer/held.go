@@ -1,71 +1,99 @@
 package consumer
 
-// heldLog holds the records of one view's partition that the coordinator
-// may still have to push: offered, in flight or waiting for redelivery. It
-// is a window of offsets [base, base+len) with holes for offsets that need
-// nothing (done, filtered out, acked), so lookups are by index, not hash.
-// Its size is bounded by the progress span (Config.MaxSpan): nothing below
-// the ack floor is kept once trim runs.
-type heldLog struct {
+// offWin is a window of values keyed by offset, [base, base+len), with
+// holes: lookups are by index, not hash. The coordinator keeps held records
+// in one per view and partition, and inflight keeps flights in one per view
+// and partition. Their size is bounded by the progress span (Config.MaxSpan):
+// everything kept lies between the ack floor and the next offset to offer.
+type offWin[T any] struct {
 	base int64 // offset of buf[head]
 	head int
-	buf  []held
-	n    int // entries held
+	buf  []slot[T]
+	n    int // values held
 }
 
-func (h *heldLog) put(off int64, x held) {
-	if h.n == 0 {
-		h.base, h.head, h.buf = off, 0, h.buf[:0]
-	}
-	if off < h.base {
-		return // below the window: already done
-	}
-	i := h.head + int(off-h.base)
-	for len(h.buf) <= i {
-		h.buf = append(h.buf, held{})
-	}
-	if h.buf[i].rec == nil {
-		h.n++
-	}
-	h.buf[i] = x
+type slot[T any] struct {
+	v  T
+	ok bool
 }
 
-func (h *heldLog) get(off int64) (held, bool) {
-	i := h.head + int(off-h.base)
-	if off < h.base || i >= len(h.buf) || h.buf[i].rec == nil {
-		return held{}, false
+func (w *offWin[T]) put(off int64, v T) {
+	if w.n == 0 {
+		w.base, w.head, w.buf = off, 0, w.buf[:0]
 	}
-	return h.buf[i], true
+	if off < w.base {
+		need := int(w.base - off)
+		if need > w.head {
+			grown := make([]slot[T], need+len(w.buf)-w.head, need+2*(len(w.buf)-w.head))
+			copy(grown[need:], w.buf[w.head:])
+			w.buf, w.head = grown, need
+		}
+		w.head -= need
+		w.base = off
+	}
+	i := w.head + int(off-w.base)
+	for len(w.buf) <= i {
+		w.buf = append(w.buf, slot[T]{})
+	}
+	if !w.buf[i].ok {
+		w.n++
+	}
+	w.buf[i] = slot[T]{v: v, ok: true}
 }
 
-func (h *heldLog) del(off int64) {
-	i := h.head + int(off-h.base)
-	if off < h.base || i >= len(h.buf) || h.buf[i].rec == nil {
-		return
+func (w *offWin[T]) get(off int64) (T, bool) {
+	i := w.head + int(off-w.base)
+	if off < w.base || i >= len(w.buf) || !w.buf[i].ok {
+		var zero T
+		return zero, false
 	}
-	h.buf[i] = held{}
-	h.n--
-	h.trim(h.base)
+	return w.buf[i].v, true
+}
+
+func (w *offWin[T]) del(off int64) (T, bool) {
+	i := w.head + int(off-w.base)
+	if off < w.base || i >= len(w.buf) || !w.buf[i].ok {
+		var zero T
+		return zero, false
+	}
+	v := w.buf[i].v
+	w.buf[i] = slot[T]{}
+	w.n--
+	w.trim(w.base)
+	return v, true
 }
 
 // trim drops everything below floor, and the holes at the front.
-func (h *heldLog) trim(floor int64) {
-	for h.head < len(h.buf) && (h.base < floor || h.buf[h.head].rec == nil) {
-		if h.buf[h.head].rec != nil {
-			h.buf[h.head] = held{}
-			h.n--
+func (w *offWin[T]) trim(floor int64) {
+	for w.head < len(w.buf) && (w.base < floor || !w.buf[w.head].ok) {
+		if w.buf[w.head].ok {
+			w.buf[w.head] = slot[T]{}
+			w.n--
 		}
-		h.head++
-		h.base++
+		w.head++
+		w.base++
 	}
-	if h.head == len(h.buf) {
-		h.head, h.buf = 0, h.buf[:0]
-		h.base = max(h.base, floor)
+	if w.head == len(w.buf) {
+		w.head, w.buf = 0, w.buf[:0]
+		w.base = max(w.base, floor)
 		return
 	}
-	if h.head > 1024 && h.head > len(h.buf)/2 {
-		m := copy(h.buf, h.buf[h.head:])
-		clear(h.buf[m:])
-		h.buf, h.head = h.buf[:m], 0
+	if w.head > 1024 && w.head > len(w.buf)/2 {
+		m := copy(w.buf, w.buf[w.head:])
+		clear(w.buf[m:])
+		w.buf, w.head = w.buf[:m], 0
 	}
 }
+
+// each calls fn for every value in offset order.
+func (w *offWin[T]) each(fn func(off int64, v T)) {
+	for i := w.head; i < len(w.buf); i++ {
+		if w.buf[i].ok {
+			fn(w.base+int64(i-w.head), w.buf[i].v)
+		}
+	}
+}
+
+// heldLog holds the records of one view's partition that the coordinator
+// may still have to push: offered, in flight or waiting for redelivery.
+type heldLog = offWin[held]

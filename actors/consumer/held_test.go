@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -22,11 +23,16 @@ func TestHeldLogModel(t *testing.T) {
 				}
 				next++
 			}
-		case 2: // ack a random held one
+		case 2: // ack a random held one, or put back an earlier one
 			if next > floor {
 				off := floor + r.Int64N(next-floor)
-				h.del(off)
-				delete(model, off)
+				if r.IntN(3) == 0 {
+					h.put(off, rec(off))
+					model[off] = rec(off)
+				} else {
+					h.del(off)
+					delete(model, off)
+				}
 			}
 		case 3: // the floor advances
 			if next > floor && r.IntN(8) == 0 {
@@ -48,6 +54,11 @@ func TestHeldLogModel(t *testing.T) {
 		if ok != wok || got.appendMs != want.appendMs {
 			t.Fatalf("step %d: get(%d) = %v %v, want %v %v", step, off, got, ok, want, wok)
 		}
+	}
+	var offs []int64
+	h.each(func(off int64, _ held) { offs = append(offs, off) })
+	if len(offs) != len(model) || !slices.IsSorted(offs) {
+		t.Fatalf("each visited %d (sorted %v), model %d", len(offs), slices.IsSorted(offs), len(model))
 	}
 	if len(h.buf) > 4096 {
 		t.Fatalf("window grew to %d entries", len(h.buf))

@@ -70,7 +70,8 @@ type keyHold struct {
 
 // inflight tracks a subscription's unacked messages. Sub owns it.
 type inflight struct {
-	flights   map[msgID]*flight
+	flights   map[msgID]*offWin[*flight] // by partKey: flights of a view's partition
+	nflights  int
 	retry     []*retryEntry // sorted by id
 	perMember map[MemberID]int
 	perPart   map[msgID]int      // key {view, part, 0}: in flight per partition (Orderly only)
@@ -85,7 +86,7 @@ type inflight struct {
 func newInflight(byPart, byKey bool) inflight {
 	return inflight{
 		byPart: byPart, byKey: byKey,
-		flights:   map[msgID]*flight{},
+		flights:   map[msgID]*offWin[*flight]{},
 		perMember: map[MemberID]int{},
 		perPart:   map[msgID]int{},
 		perKey:    map[string]keyHold{},
@@ -95,7 +96,16 @@ func newInflight(byPart, byKey bool) inflight {
 func partKey(id msgID) msgID { return msgID{view: id.view, part: id.part} }
 
 func (fl *inflight) add(f *flight) {
-	fl.flights[f.id] = f
+	k := partKey(f.id)
+	w := fl.flights[k]
+	if w == nil {
+		w = &offWin[*flight]{}
+		fl.flights[k] = w
+	}
+	if _, dup := w.get(f.id.off); !dup {
+		fl.nflights++
+	}
+	w.put(f.id.off, f)
 	fl.perMember[f.member]++
 	if fl.byPart {
 		fl.perPart[partKey(f.id)]++
@@ -108,11 +118,15 @@ func (fl *inflight) add(f *flight) {
 
 // remove drops the flight id and returns it, or nil.
 func (fl *inflight) remove(id msgID) *flight {
-	f := fl.flights[id]
-	if f == nil {
+	w := fl.flights[partKey(id)]
+	if w == nil {
 		return nil
 	}
-	delete(fl.flights, id)
+	f, ok := w.del(id.off)
+	if !ok {
+		return nil
+	}
+	fl.nflights--
 	decr(fl.perMember, f.member)
 	if fl.byPart {
 		decr(fl.perPart, partKey(id))
@@ -149,14 +163,30 @@ func (fl *inflight) addRetry(r *retryEntry) {
 	fl.retry = slices.Insert(fl.retry, i, r)
 }
 
+// get returns the flight id, or nil.
+func (fl *inflight) get(id msgID) *flight {
+	if w := fl.flights[partKey(id)]; w != nil {
+		f, _ := w.get(id.off)
+		return f
+	}
+	return nil
+}
+
+// each calls fn for every flight, in no particular order.
+func (fl *inflight) each(fn func(*flight)) {
+	for _, w := range fl.flights {
+		w.each(func(_ int64, f *flight) { fn(f) })
+	}
+}
+
 // sorted returns the flights matching keep, ordered by id.
 func (fl *inflight) sorted(keep func(*flight) bool) []*flight {
 	var fs []*flight
-	for _, f := range fl.flights {
+	fl.each(func(f *flight) {
 		if keep(f) {
 			fs = append(fs, f)
 		}
-	}
+	})
 	slices.SortFunc(fs, func(a, b *flight) int { return a.id.compare(b.id) })
 	return fs
 }
@@ -378,7 +408,7 @@ func (s *Sub) Nack(m MemberID, p uint32, off int64, delay time.Duration, now tim
 	if err != nil {
 		return err
 	}
-	f := s.fl.flights[id]
+	f := s.fl.get(id)
 	if f == nil || f.member != m {
 		return fmt.Errorf("%w: %s partition %d offset %d", ErrNotInFlight, m, p, off)
 	}
@@ -415,11 +445,11 @@ func (s *Sub) Tick(now time.Time) []Delivery {
 // something new by time alone: an ack deadline or a nack delay ending. ok is
 // false when nothing waits on time. The actor arms one timer for it.
 func (s *Sub) NextDeadline() (t time.Time, ok bool) {
-	for _, f := range s.fl.flights {
+	s.fl.each(func(f *flight) {
 		if !ok || f.deadline.Before(t) {
 			t, ok = f.deadline, true
 		}
-	}
+	})
 	for _, r := range s.fl.retry {
 		if !ok || r.notBefore.Before(t) {
 			t, ok = r.notBefore, true
@@ -432,10 +462,12 @@ func (s *Sub) NextDeadline() (t time.Time, ok bool) {
 // Its cost is linear in the messages in flight.
 func (s *Sub) InFlightIn(m MemberID, p uint32) int {
 	n := 0
-	for _, f := range s.fl.flights {
-		if f.member == m && f.id.part == p {
-			n++
-		}
+	if w := s.fl.flights[msgID{view: s.ViewOf(m), part: p}]; w != nil {
+		w.each(func(_ int64, f *flight) {
+			if f.member == m {
+				n++
+			}
+		})
 	}
 	return n
 }
