@@ -766,8 +766,12 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 	}
 	off, _ := l.sub.ReadFrom(k.view, k.part)
 	prog := l.sub.Progress(k.view, k.part)
-	var msgs []Message
-	var recs []held
+	total := 0
+	for _, b := range resp.Batches {
+		total += int(b.Count)
+	}
+	msgs := make([]Message, 0, total)
+	recs := make([]held, 0, total)
 	filtered := 0
 	for _, b := range resp.Batches {
 		err := heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
@@ -905,6 +909,9 @@ func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) in
 	}
 	var out []heraldpb.PushMessage
 	for mb.responder && len(l.calls) > 0 && l.sub.TakeCredit(mb.id) {
+		if out == nil {
+			out = make([]heraldpb.PushMessage, 0, min(len(l.calls), credits))
+		}
 		call := l.calls[0]
 		l.calls = l.calls[1:]
 		out = append(out, heraldpb.PushMessage{Offset: -1, DeliveryCount: 1, Record: call.record, ReplyInbox: call.inbox, CorrelationID: call.corr})
@@ -941,6 +948,9 @@ func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) in
 		}
 	}
 	view := l.sub.ViewOf(mb.id)
+	if len(ds) > 0 {
+		out = slices.Grow(out, len(ds))
+	}
 	for j, d := range ds {
 		id := msgID{view: view, part: d.Partition, off: d.Offset}
 		hl := l.held(view, d.Partition)
