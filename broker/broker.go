@@ -168,6 +168,7 @@ func (b *Broker) Shutdown() error {
 	if err != nil {
 		b.log.Warn("in-flight requests did not finish before the shutdown timeout", "err", err)
 	}
+	b.flushGroups(ctx)
 	b.stopActors()
 	if b.admin != nil {
 		b.admin.Shutdown(ctx)
@@ -175,6 +176,29 @@ func (b *Broker) Shutdown() error {
 	b.lock.Close()
 	b.log.Info("herald stopped")
 	return nil
+}
+
+// flushGroups writes every group's unwritten progress (auto-acked and
+// filtered messages, whose progress is written lazily) before the logs
+// close, so a graceful restart does not redeliver them.
+func (b *Broker) flushGroups(ctx context.Context) {
+	res, err := b.sys.Root.RequestFuture(b.groups, &consumer.Coordinators{}, b.cfg.ShutdownTimeout).Result()
+	if err != nil {
+		b.log.Warn("listing consumer groups for the final flush", "err", err)
+		return
+	}
+	var futures []*actor.Future
+	for _, pid := range res.(*consumer.CoordinatorsList).PIDs {
+		futures = append(futures, b.sys.Root.RequestFuture(pid, &consumer.FlushGroup{}, b.cfg.ShutdownTimeout))
+	}
+	for _, f := range futures {
+		if _, err := f.Result(); err != nil {
+			b.log.Warn("flushing consumer group progress", "err", err)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
 }
 
 func (b *Broker) stopActors() {

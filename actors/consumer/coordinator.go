@@ -225,6 +225,7 @@ type coordinator struct {
 	writeRecs    []*heraldpb.GroupProgress
 	writeWaiters []waiter
 	flushArmed   bool
+	flushDone    []*actor.PID // FlushGroup callers waiting for the writes to finish
 
 	deadlineAt  time.Time
 	statsArmed  bool
@@ -275,6 +276,15 @@ func (c *coordinator) Receive(ctx actor.Context) {
 	case *pumpMsg:
 		c.pumpArmed = false
 		c.pump(ctx)
+	case *FlushGroup:
+		if c.live != nil {
+			for _, v := range c.live.sub.Views() {
+				c.dirty[v] = true
+			}
+		}
+		c.flushDone = append(c.flushDone, ctx.Sender())
+		c.flush(ctx)
+		c.answerFlushed(ctx)
 	case *breakerMsg:
 		if m.change.To != BreakerOpen {
 			c.dispatch(ctx)
@@ -1321,6 +1331,24 @@ func (c *coordinator) onWritten(ctx actor.Context, id uint64, e *heraldpb.Error)
 	if len(c.toWrite) > 0 || len(c.waiters) > 0 {
 		c.flush(ctx)
 	}
+	c.answerFlushed(ctx)
+}
+
+// FlushGroup asks a coordinator to write all its progress; it answers
+// FlushGroupDone once nothing is left unwritten. Graceful shutdown uses it.
+type FlushGroup struct{}
+
+// FlushGroupDone answers FlushGroup.
+type FlushGroupDone struct{}
+
+func (c *coordinator) answerFlushed(ctx actor.Context) {
+	if c.writing || len(c.toWrite) > 0 || len(c.dirty) > 0 {
+		return
+	}
+	for _, p := range c.flushDone {
+		ctx.Send(p, &FlushGroupDone{})
+	}
+	c.flushDone = nil
 }
 
 func (c *coordinator) failWaiters(ctx actor.Context, e *heraldpb.Error) {

@@ -46,6 +46,13 @@ type queued struct {
 	sender *actor.PID
 }
 
+// Coordinators asks the manager for its coordinators' PIDs; the answer is
+// a CoordinatorsList.
+type Coordinators struct{}
+
+// CoordinatorsList answers Coordinators.
+type CoordinatorsList struct{ PIDs []*actor.PID }
+
 // loadRetry asks the manager to read __groups again after a failure.
 type loadRetry struct{}
 
@@ -84,6 +91,12 @@ func (m *Manager) Receive(ctx actor.Context) {
 			return
 		}
 		m.onFrame(ctx, msg, ctx.Sender())
+	case *Coordinators:
+		var pids []*actor.PID
+		for _, h := range m.groups {
+			pids = append(pids, h.pid)
+		}
+		ctx.Respond(&CoordinatorsList{PIDs: pids})
 	case *subscribeMsg:
 		if !m.loaded {
 			m.hold(ctx, msg, nil)
