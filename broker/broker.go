@@ -100,6 +100,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 	dir := consumer.NewDirectory()
 	b.groups, err = b.sys.Root.SpawnNamed(consumer.Props(consumer.Options{
 		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout,
+		CompactBytes: cfg.groupsCompactBytes, CompactCheck: cfg.groupsCompactCheck,
 		Breaker: consumer.BreakerConfig{ConsecutiveFailures: cfg.BreakerFailures, CoolDown: cfg.BreakerCoolDown},
 	}), consumer.ManagerName)
 	if err != nil {

@@ -46,6 +46,10 @@ type Config struct {
 	LogLevel         string
 
 	flush persistence.FlushPolicy // parsed by Validate
+
+	// Test hooks (not settings): compaction of __groups; 0 = defaults.
+	groupsCompactBytes int64
+	groupsCompactCheck time.Duration
 }
 
 // Default returns the embedded defaults of `herald serve`.

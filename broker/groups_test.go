@@ -676,3 +676,51 @@ func TestGroupAutoAckSurvivesGracefulRestart(t *testing.T) {
 		t.Fatalf("auto-acked progress after a graceful restart: floor %d, want 8", d.Partitions[0].AckFloor)
 	}
 }
+
+// __groups is compacted: after many progress writes the log shrinks to
+// about one record per view, and the progress survives a restart.
+func TestGroupsCompaction(t *testing.T) {
+	dir := t.TempDir()
+	start := func() *Broker {
+		cfg := Default()
+		cfg.DataDir, cfg.Listen, cfg.Admin = dir, "127.0.0.1:0", ""
+		cfg.groupsCompactBytes, cfg.groupsCompactCheck = 4<<10, 50*time.Millisecond
+		b, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	b := start()
+	w := dialWire(t, b.ClientAddr())
+	newTopic(t, w, "t", 2)
+	produce(t, w, "t", 0, 300)
+	produce(t, w, "t", 1, 300)
+	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Credits: 1})
+	for i := 0; i < 600; i++ { // one ack per write: 600 progress records
+		ds := w.deliveries(1, 5*time.Second)
+		if len(ds) != 1 {
+			t.Fatalf("delivery %d missing", i)
+		}
+		ackAll(t, w, sub, ds, 1)
+	}
+	st := func() (int64, int64) {
+		e := w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_DescribeTopic{DescribeTopic: &heraldpb.DescribeTopicRequest{Name: "__groups"}}}).GetDescribeTopicResponse().Topic
+		return e.Partitions[0].LogStartOffset, e.Partitions[0].HighWatermark
+	}
+	checkFor(t, func() error {
+		if lo, hi := st(); hi < 300 || hi-lo > 50 {
+			return fmt.Errorf("__groups holds offsets [%d, %d): not compacted", lo, hi)
+		}
+		return nil
+	})
+	if err := b.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	b = start()
+	defer b.Shutdown()
+	w = dialWire(t, b.ClientAddr())
+	if d := describe(t, w, "g"); d.Partitions[0].AckFloor != 300 || d.Partitions[1].AckFloor != 300 {
+		t.Fatalf("progress after compaction and restart: %v", d.Partitions)
+	}
+}

@@ -185,6 +185,48 @@ func (l *Log) Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo u
 	return records, nil
 }
 
+// DeleteBefore truncates the front of the log up to offset: every entry
+// whose records all lie below offset is removed (with the record-less
+// entries among them), never entry upTo (the applied index) or a later one.
+// An entry holding offset or a later record stays whole. It returns the
+// number of records removed. Compaction of internal topics uses it (records
+// before offset are superseded). Owner only; a disk failure returns
+// ErrStorage and fails the Log.
+func (l *Log) DeleteBefore(offset int64, upTo uint64) (int64, error) {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.checkWritable(); err != nil {
+		return 0, err
+	}
+	limit := min(upTo, l.last+1)
+	idx, off, removed := l.first, l.ix.startOffset, int64(0)
+	for idx < limit {
+		ce, err := l.readEntry(idx)
+		if err != nil {
+			return 0, l.fail(err)
+		}
+		if ce.m.hasRecords {
+			if ce.m.end() > offset {
+				break
+			}
+			off = ce.m.end()
+		}
+		removed += ce.m.size
+		idx++
+	}
+	if idx == l.first {
+		return 0, nil
+	}
+	records := off - l.ix.startOffset
+	if err := l.truncateFront(idx, off, removed); err != nil {
+		return 0, l.fail(err)
+	}
+	l.retained.Add(float64(records))
+	l.log.Info("persistence: truncated the log before an offset", "group", l.opts.Group, "first_index", idx,
+		"start_offset", off, "removed_records", records, "removed_bytes", removed)
+	return records, nil
+}
+
 // truncateFront makes f the first index, off the start offset, after
 // removing removed WAL bytes. It writes the state file first (so a crash
 // leaves a state that Open can finish), publishes, then truncates the WAL.

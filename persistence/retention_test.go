@@ -243,3 +243,27 @@ func TestInterruptedRetentionIsFinished(t *testing.T) {
 	defer l.Close()
 	checkRetained(t, l, 10, 18)
 }
+
+func TestDeleteBefore(t *testing.T) {
+	opts, _ := testOptions(t, t.TempDir())
+	l := mustOpen(t, opts)
+	defer func() { l.Close() }()
+	fillTimed(t, l, 20) // entry i holds offsets 2(i-1), 2(i-1)+1
+	// Offset 7 is in entry 4 (offsets 6, 7): entries 1-3 go.
+	if removed, err := l.DeleteBefore(7, 21); err != nil || removed != 6 {
+		t.Fatalf("DeleteBefore(7) removed %d, %v", removed, err)
+	}
+	checkRetained(t, l, 4, 6)
+	// upTo wins.
+	if removed, _ := l.DeleteBefore(30, 6); removed != 4 {
+		t.Fatalf("removed %d with upTo 6", removed)
+	}
+	checkRetained(t, l, 6, 10)
+	if removed, _ := l.DeleteBefore(5, 21); removed != 0 {
+		t.Fatalf("DeleteBefore below the start removed %d", removed)
+	}
+	// It survives a reopen.
+	l.Close()
+	l = mustOpen(t, opts)
+	checkRetained(t, l, 6, 10)
+}

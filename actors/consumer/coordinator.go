@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -43,6 +44,10 @@ type Options struct {
 	MaxQueued int
 	// DefaultAckTimeout applies when a subscription gives none; 0 = 30 s.
 	DefaultAckTimeout time.Duration
+	// CompactBytes is the size of __groups above which the manager
+	// compacts it; 0 = 64 MiB. CompactCheck is how often it looks; 0 = 30 s.
+	CompactBytes int64
+	CompactCheck time.Duration
 }
 
 func (o *Options) ensureDefaults() {
@@ -66,6 +71,12 @@ func (o *Options) ensureDefaults() {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.CompactBytes == 0 {
+		o.CompactBytes = 64 << 20
+	}
+	if o.CompactCheck == 0 {
+		o.CompactCheck = 30 * time.Second
 	}
 }
 
@@ -276,15 +287,26 @@ func (c *coordinator) Receive(ctx actor.Context) {
 	case *pumpMsg:
 		c.pumpArmed = false
 		c.pump(ctx)
-	case *FlushGroup:
-		if c.live != nil {
-			for _, v := range c.live.sub.Views() {
-				c.dirty[v] = true
+	case *checkpoint:
+		// Write the latest record of every view again, so that every
+		// older record of the group is superseded (compaction).
+		pending := map[storeKey]bool{}
+		for _, r := range c.writeRecs {
+			pending[keyOf(r)] = true
+		}
+		for _, r := range c.toWrite {
+			pending[keyOf(r)] = true
+		}
+		for _, k := range slices.SortedFunc(maps.Keys(c.st.stored), func(a, b storeKey) int {
+			return strings.Compare(a.topic+"\x00"+a.subscriber, b.topic+"\x00"+b.subscriber)
+		}) {
+			if !pending[k] {
+				c.toWrite = append(c.toWrite, c.st.stored[k])
 			}
 		}
-		c.flushDone = append(c.flushDone, ctx.Sender())
-		c.flush(ctx)
-		c.answerFlushed(ctx)
+		c.flushAll(ctx)
+	case *FlushGroup:
+		c.flushAll(ctx)
 	case *breakerMsg:
 		if m.change.To != BreakerOpen {
 			c.dispatch(ctx)
@@ -1334,12 +1356,29 @@ func (c *coordinator) onWritten(ctx actor.Context, id uint64, e *heraldpb.Error)
 	c.answerFlushed(ctx)
 }
 
+// checkpoint asks a coordinator to rewrite all its records (compaction);
+// it answers FlushGroupDone like FlushGroup.
+type checkpoint struct{}
+
 // FlushGroup asks a coordinator to write all its progress; it answers
 // FlushGroupDone once nothing is left unwritten. Graceful shutdown uses it.
 type FlushGroup struct{}
 
 // FlushGroupDone answers FlushGroup.
 type FlushGroupDone struct{}
+
+// flushAll writes every view's progress and answers the sender with
+// FlushGroupDone once nothing is left unwritten.
+func (c *coordinator) flushAll(ctx actor.Context) {
+	if c.live != nil {
+		for _, v := range c.live.sub.Views() {
+			c.dirty[v] = true
+		}
+	}
+	c.flushDone = append(c.flushDone, ctx.Sender())
+	c.flush(ctx)
+	c.answerFlushed(ctx)
+}
 
 func (c *coordinator) answerFlushed(ctx actor.Context) {
 	if c.writing || len(c.toWrite) > 0 || len(c.dirty) > 0 {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -34,7 +35,19 @@ type Manager struct {
 	lastTop  map[string]string
 	started  time.Time
 	records  int
+
+	// compaction of __groups
+	compacting  bool
+	compactGen  int
+	compactFrom int64 // records below this are superseded once all answered
+	compactWait int   // coordinators yet to answer
 }
+
+// compactTick and compactTimeout drive the compaction of __groups.
+type (
+	compactTick    struct{}
+	compactTimeout struct{ gen int }
+)
 
 type groupHandle struct {
 	pid *actor.PID
@@ -75,6 +88,30 @@ func (m *Manager) Receive(ctx actor.Context) {
 		m.load(ctx)
 	case *loadRetry:
 		m.load(ctx)
+	case *compactTick:
+		m.maybeCompact(ctx)
+	case *compactTimeout:
+		if m.compacting && msg.gen == m.compactGen {
+			m.o.Logger.Warn("compaction of __groups timed out; will retry", "waiting", m.compactWait)
+			m.compacting = false
+			m.armCompact(ctx)
+		}
+	case *FlushGroupDone:
+		if m.compacting {
+			m.compactWait--
+			if m.compactWait == 0 {
+				m.truncate(ctx)
+			}
+		}
+	case *partition.DeleteBeforeResult:
+		if msg.Err != nil {
+			m.o.Logger.Error("compacting __groups", "err", msg.Err)
+		} else if msg.Removed > 0 {
+			m.o.Logger.Info("compacted __groups", "removed_records", msg.Removed)
+			mCompactions.Inc()
+		}
+		m.compacting = false
+		m.armCompact(ctx)
 	case *heraldpb.Frame:
 		if !m.loaded {
 			if fr := msg.GetFetchResponse(); fr != nil && msg.Id == m.loadID {
@@ -187,6 +224,7 @@ func (m *Manager) finishLoad(ctx actor.Context) {
 	for g, recs := range m.recs {
 		m.spawn(ctx, g, recs, m.lastTop[g])
 	}
+	m.armCompact(ctx)
 	m.o.Logger.Info("consumer groups loaded", "groups", len(m.recs), "records", m.records, "took", time.Since(m.started).Round(time.Millisecond))
 	m.recs, m.lastTop = nil, nil
 	q := m.queue
@@ -200,6 +238,44 @@ func (m *Manager) finishLoad(ctx actor.Context) {
 			m.onFrame(ctx, msg, x.sender)
 		}
 	}
+}
+
+func (m *Manager) armCompact(ctx actor.Context) {
+	self, sys := ctx.Self(), ctx.ActorSystem()
+	time.AfterFunc(m.o.CompactCheck, func() { sys.Root.Send(self, &compactTick{}) })
+}
+
+// maybeCompact starts a compaction of __groups once it holds more than
+// CompactBytes: every coordinator rewrites its latest records, after which
+// everything below the high watermark seen at the start is superseded and
+// removed. The log then holds about one record per view.
+func (m *Manager) maybeCompact(ctx actor.Context) {
+	e := m.o.Topics.Get(GroupsTopic)
+	if m.compacting || e == nil || e.Stats[0].SizeBytes.Load() < m.o.CompactBytes {
+		m.armCompact(ctx)
+		return
+	}
+	m.compacting = true
+	m.compactGen++
+	m.compactFrom = e.Stats[0].HighWatermark.Load()
+	m.compactWait = len(m.groups)
+	for _, h := range m.groups {
+		ctx.Request(h.pid, &checkpoint{})
+	}
+	gen, self, sys := m.compactGen, ctx.Self(), ctx.ActorSystem()
+	time.AfterFunc(time.Minute, func() { sys.Root.Send(self, &compactTimeout{gen: gen}) })
+	if m.compactWait == 0 {
+		m.truncate(ctx)
+	}
+}
+
+func (m *Manager) truncate(ctx actor.Context) {
+	e := m.o.Topics.Get(GroupsTopic)
+	if e == nil {
+		m.compacting = false
+		return
+	}
+	ctx.Request(e.Partitions[0], &partition.DeleteBefore{Offset: m.compactFrom})
 }
 
 func (m *Manager) spawn(ctx actor.Context, group string, recs map[storeKey]*heraldpb.GroupProgress, lastTop string) *groupHandle {

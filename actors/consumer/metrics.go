@@ -73,6 +73,10 @@ var (
 		Name: "herald_replies_total",
 		Help: "Request-reply replies, by outcome (ok, no_inbox).",
 	}, []string{"outcome"})
+	mCompactions = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_groups_compactions_total",
+		Help: "Compactions of __groups that removed superseded progress records.",
+	})
 	mGroupQueue = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_groups_queued_requests",
 		Help: "Group requests held while the groups manager loads __groups.",

@@ -2,6 +2,7 @@ package partition
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"sort"
 	"sync/atomic"
@@ -140,6 +141,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.onAppended(ctx, m)
 	case fetchDeadline:
 		a.onFetchDeadline(ctx, m)
+	case *DeleteBefore:
+		a.onDeleteBefore(ctx, m)
 	case *heraldpb.Frame:
 		a.active()
 		switch m.Body.(type) {
@@ -363,6 +366,33 @@ func (a *Actor) retain() {
 			a.win.reset()
 		}
 	}
+}
+
+// DeleteBefore asks a partition actor to remove the records below Offset
+// (whole log entries; see persistence.Log.DeleteBefore), as compaction of an
+// internal topic does once they are superseded. The answer is a
+// DeleteBeforeResult.
+type DeleteBefore struct{ Offset int64 }
+
+// DeleteBeforeResult answers DeleteBefore.
+type DeleteBeforeResult struct {
+	Removed int64
+	Err     error
+}
+
+func (a *Actor) onDeleteBefore(ctx actor.Context, m *DeleteBefore) {
+	if a.store == nil {
+		ctx.Respond(&DeleteBeforeResult{Err: fmt.Errorf("partition %s-%d: storage unavailable", a.cfg.Topic, a.cfg.Partition)})
+		return
+	}
+	n, err := a.store.DeleteBefore(min(m.Offset, a.hw), a.applied)
+	if err == nil && n > 0 {
+		if s := a.store.StartOffset(); a.win.start() >= 0 && a.win.start() < s {
+			a.win.reset()
+		}
+		a.publish()
+	}
+	ctx.Respond(&DeleteBeforeResult{Removed: n, Err: err})
 }
 
 func (a *Actor) active() {

@@ -38,6 +38,7 @@ type Storage interface {
 	OffsetForTime(tsMs int64) int64
 	Size() int64
 	Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo uint64) (int64, error)
+	DeleteBefore(offset int64, upTo uint64) (int64, error)
 	// ClearCache drops the log's read caches (an idle partition).
 	ClearCache() error
 	Close() error
