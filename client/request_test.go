@@ -101,7 +101,9 @@ func TestRequestReply(t *testing.T) {
 	if n := pendingCalls(caller); n != 0 {
 		t.Fatalf("%d calls still registered", n)
 	}
-	// Calls use credits and give them back; they are never acked.
+	// Calls use credits and give them back; they are never acked. (The
+	// caller can have its reply before the handler has returned.)
+	waitFor(t, 5*time.Second, "the handlers", func() bool { return s.Stats().InFlight == 0 })
 	if err := s.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}

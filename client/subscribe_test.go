@@ -13,6 +13,7 @@ import (
 
 	"github.com/heraldmq/herald/client/fakebroker"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/proto"
 )
 
 // produceN writes n records to topic: value "v<i>", key "k<i%keys>" (no
@@ -922,6 +923,47 @@ func TestPushDispatch(t *testing.T) {
 			if s.route(d) != q {
 				t.Fatalf("message with key %x in the wrong queue", d.Key)
 			}
+		}
+	}
+}
+
+func TestOrderlyAcksWithoutLinger(t *testing.T) {
+	b := newBroker(t, fakebroker.Topic("t", 1))
+	c := dial(t, b)
+	s := subscribe(t, c, SubscribeOptions{Group: "g", Topic: "t", Mode: Shared, Orderly: true, AckLinger: time.Hour},
+		func(context.Context, *Delivered) {})
+	produceN(t, c, "t", 3, 0)
+	waitFor(t, 5*time.Second, "acks despite the hour-long linger", func() bool { return s.Stats().Acked == 3 })
+	if !b.SubscribeRequests()[0].GetOrderly() {
+		t.Fatal("orderly not requested")
+	}
+}
+
+func TestSubscribeRequestFields(t *testing.T) {
+	at := time.UnixMilli(1_700_000_000_000)
+	for _, tc := range []struct {
+		o    SubscribeOptions
+		want *heraldpb.SubscribeRequest
+	}{
+		{SubscribeOptions{Mode: Clustering, From: Latest()},
+			&heraldpb.SubscribeRequest{Mode: heraldpb.SubscriptionMode_MODE_CLUSTERING, Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Latest{Latest: true}}}},
+		{SubscribeOptions{Mode: Broadcast, From: AtOffset(42), Tags: "a || b", AckTimeout: 1500 * time.Millisecond},
+			&heraldpb.SubscribeRequest{Mode: heraldpb.SubscriptionMode_MODE_BROADCAST, Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Offset{Offset: 42}},
+				FilterType: heraldpb.FilterType_FILTER_TAG, Filter: "a || b", AckTimeoutMs: 1500}},
+		{SubscribeOptions{Mode: Shared, From: AtTime(at), SQL: "x > 1", Responder: true, AutoAck: true, Name: "n"},
+			&heraldpb.SubscribeRequest{Mode: heraldpb.SubscriptionMode_MODE_SHARED, Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_TimestampMs{TimestampMs: at.UnixMilli()}},
+				FilterType: heraldpb.FilterType_FILTER_SQL, Filter: "x > 1", Responder: true, AutoAck: true, MemberName: "n"}},
+		{SubscribeOptions{Mode: KeyShared, From: Earliest(), Orderly: true},
+			&heraldpb.SubscribeRequest{Mode: heraldpb.SubscriptionMode_MODE_KEY_SHARED, Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Earliest{Earliest: true}}, Orderly: true}},
+	} {
+		tc.o.Group, tc.o.Topic = "g", "t"
+		tc.want.Group, tc.want.Topic, tc.want.Credits = "g", "t", 7
+		s := &Subscription{opts: tc.o}
+		if got := s.subscribeRequest(7).GetSubscribe(); !proto.Equal(got, tc.want) {
+			t.Errorf("%v:\n got %v\nwant %v", tc.o.Mode, got, tc.want)
+		}
+		if tc.o.Mode.String() == "" || strings.HasPrefix(tc.o.Mode.String(), "SubscriptionMode(") {
+			t.Errorf("mode %d has no name", tc.o.Mode)
 		}
 	}
 }
