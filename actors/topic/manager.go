@@ -100,7 +100,9 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame) {
 	case *heraldpb.Frame_ListTopics:
 		resp := &heraldpb.ListTopicsResponse{}
 		for _, e := range m.reg.All() {
-			resp.Topics = append(resp.Topics, e.info(uint32(m.cfg.NodeID)))
+			if !IsInternal(e.Name) { // internal topics: DescribeTopic by name
+				resp.Topics = append(resp.Topics, e.info(uint32(m.cfg.NodeID)))
+			}
 		}
 		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListTopicsResponse{ListTopicsResponse: resp}})
 	case *heraldpb.Frame_DescribeTopic:
@@ -117,7 +119,7 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame) {
 			want[t] = true
 		}
 		for _, e := range m.reg.All() {
-			if len(want) == 0 || want[e.Name] {
+			if (len(want) == 0 && !IsInternal(e.Name)) || want[e.Name] {
 				resp.Topics = append(resp.Topics, e.info(uint32(m.cfg.NodeID)))
 				delete(want, e.Name)
 			}
