@@ -1,10 +1,10 @@
 package broker
 
 import (
-	"strconv"
+	"fmt"
 	"os"
 	"path/filepath"
-	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
