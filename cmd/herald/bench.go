@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"sync"
@@ -19,8 +20,12 @@ func init() { register("bench", cliRunner(benchCmd)) }
 
 // benchHeader is the prefix of every bench record value: the send time in
 // Unix nanoseconds (the intended send time under --rate, so latency
-// includes queueing) and the producer's sequence number.
-const benchHeader = 16
+// includes queueing), then the producer's id (high 24 bits) and sequence
+// number (low benchSeqBits bits).
+const (
+	benchHeader  = 16
+	benchSeqBits = 40
+)
 
 // A bench producer allocates record values and messages benchChunk at a
 // time, fewer for large records (about benchChunkBytes of values).
@@ -29,11 +34,23 @@ const (
 	benchChunkBytes = 64 << 10
 )
 
+// Push consumer defaults of herald bench.
+const (
+	benchDefaultWindow = 1024
+	// benchMaxFillProducers bounds the producer ids counted with
+	// --producers 0 (the run that filled the topic is not known).
+	benchMaxFillProducers = 1 << 12
+)
+
+// benchGroupFlags are the bench flags that need --group.
+var benchGroupFlags = []string{"mode", "window", "auto-ack", "concurrency", "from"}
+
 type benchConfig struct {
 	cf             *cliFlags
 	producers      int
 	consumers      int
 	size           int
+	keys           int
 	acks           heraldpb.Acks
 	batchBytes     int
 	bufferBytes    int64
@@ -48,40 +65,72 @@ type benchConfig struct {
 	reportInterval time.Duration
 	drainTimeout   time.Duration
 	json           bool
+
+	// Push consumers (--group); pull consumers when group is empty.
+	group       string
+	mode        client.SubscriptionMode
+	window      int
+	autoAck     bool
+	concurrency int
+	from        client.StartPosition
 }
 
 // benchCmd runs "herald bench": producers and consumers against one topic,
-// reporting throughput and produce-to-consume latency.
+// reporting throughput and produce-to-consume latency. "herald bench rr"
+// runs the request-reply benchmark instead (benchRRCmd).
 func benchCmd(ctx context.Context, args []string, io cliIO) error {
+	if len(args) > 0 && args[0] == "rr" {
+		return benchRRCmd(ctx, args[1:], io)
+	}
 	fs, cf := newCLIFlagSet("bench", io.err)
+	benchUsage(fs, "herald bench [flags]\n  (herald bench rr [flags]: the request-reply benchmark)")
 	bc := benchConfig{cf: cf}
-	fs.IntVar(&bc.producers, "producers", 1, "producers, each with its own connection")
-	fs.IntVar(&bc.consumers, "consumers", 1, "consumers, each with its own connection, sharing the partitions (0 = produce only)")
+	fs.IntVar(&bc.producers, "producers", 1, "producers, each with its own connection (0 = consume only: needs --group, --from and --count)")
+	fs.IntVar(&bc.consumers, "consumers", 1, "consumers, each with its own connection (0 = produce only); pull consumers share the partitions, push consumers are members of --group")
 	fs.IntVar(&bc.size, "size", 1024, "record value size in bytes (at least 16)")
+	fs.IntVar(&bc.keys, "keys", 0, "give records a 4-byte key, one of N values (0 = no key; --mode key-shared needs keys)")
 	acks := fs.String("acks", "all", "acknowledgement: none, leader or all")
 	fs.IntVar(&bc.batchBytes, "batch-bytes", client.DefaultBatchBytes, "producer batch size in bytes")
 	fs.Int64Var(&bc.bufferBytes, "buffer-bytes", client.DefaultBufferBytes, "producer buffer; without --rate, latency includes the time records wait in it")
 	fs.DurationVar(&bc.linger, "linger", client.DefaultLinger, "producer linger")
-	fs.IntVar(&bc.inFlight, "in-flight", 4, "batches each producer keeps in flight per partition (records carry no key)")
+	fs.IntVar(&bc.inFlight, "in-flight", 4, "batches each producer keeps in flight per partition")
 	fs.Float64Var(&bc.rate, "rate", 0, "aggregate produce rate in records/s, open loop (0 = as fast as possible)")
 	fs.DurationVar(&bc.duration, "duration", 10*time.Second, "how long to produce (ignored with --count)")
-	fs.Int64Var(&bc.count, "count", 0, "produce this many records in total instead of running for --duration")
+	fs.Int64Var(&bc.count, "count", 0, "produce this many records in total instead of running for --duration (with --producers 0: consume this many)")
 	fs.StringVar(&bc.topic, "topic", "herald-bench", "topic (created if missing)")
 	fs.IntVar(&bc.partitions, "partitions", 4, "partitions when the topic is created")
 	fs.IntVar(&bc.replication, "replication", 0, "replication factor when the topic is created (0 = broker default)")
 	fs.DurationVar(&bc.reportInterval, "report-interval", time.Second, "progress line interval (0 = none)")
-	fs.DurationVar(&bc.drainTimeout, "drain-timeout", 10*time.Second, "how long consumers may lag behind once producing stops")
+	fs.DurationVar(&bc.drainTimeout, "drain-timeout", 10*time.Second, "once producing stopped, consumers give up after this long without a new record")
 	fs.BoolVar(&bc.json, "json", false, "print the final summary as JSON on stdout (progress goes to stderr)")
-	if err := parseCLIFlags(fs, args, nil); err != nil {
-		return err
-	}
+	fs.StringVar(&bc.group, "group", "", "consume by push, as members of this consumer group (default: pull, fetching each partition)")
+	mode := fs.String("mode", "shared", "group mode: shared, clustering or key-shared (with --group)")
+	fs.IntVar(&bc.window, "window", benchDefaultWindow, "credits per consumer: records pushed and not yet handled, at most (with --group)")
+	fs.BoolVar(&bc.autoAck, "auto-ack", false, "the broker counts a record done when it pushes it (with --group; default: one Ack per record)")
+	fs.IntVar(&bc.concurrency, "concurrency", 1, "handler goroutines per consumer (with --group)")
+	from := fs.String("from", "latest", "where a group without progress starts: earliest, latest, an OFFSET or an RFC3339 time (with --group)")
+	pos, err := parseCLIArgs(fs, args)
 	switch {
-	case bc.producers < 1:
-		return usagef("--producers must be at least 1")
+	case err != nil:
+		return err
+	case len(pos) > 0 && pos[0] == "rr":
+		return usagef("rr comes first: herald bench rr [flags]")
+	case len(pos) > 0:
+		return usagef("unexpected argument %q", pos[0])
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch {
+	case bc.producers < 0:
+		return usagef("--producers must not be negative")
 	case bc.consumers < 0:
 		return usagef("--consumers must not be negative")
+	case bc.producers == 0 && bc.consumers == 0:
+		return usagef("--producers 0 and --consumers 0: nothing to run")
 	case bc.size < benchHeader:
 		return usagef("--size must be at least %d (the timestamp and sequence header)", benchHeader)
+	case bc.keys < 0 || bc.keys > 1<<31:
+		return usagef("--keys must be between 0 and %d", 1<<31)
 	case bc.rate < 0, bc.count < 0, bc.duration <= 0 && bc.count == 0:
 		return usagef("--rate and --count must not be negative, and --duration must be positive without --count")
 	case bc.partitions < 1:
@@ -89,7 +138,39 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	case bc.topic == "":
 		return usagef("--topic must not be empty")
 	}
-	var err error
+	if bc.group == "" {
+		for _, n := range benchGroupFlags {
+			if set[n] {
+				return usagef("--%s needs --group", n)
+			}
+		}
+		if bc.producers == 0 {
+			return usagef("--producers 0 needs --group (push consumers reading a filled topic)")
+		}
+	} else {
+		if bc.mode, err = parseMode(*mode); err != nil {
+			return err
+		}
+		if bc.from, err = parseStart("--from", *from); err != nil {
+			return err
+		}
+		switch {
+		case bc.mode == client.Broadcast:
+			return usagef("--mode must be shared, clustering or key-shared (broadcast gives every consumer every record)")
+		case bc.consumers < 1:
+			return usagef("--group needs --consumers 1 or more")
+		case bc.window < 1 || bc.window > client.MaxWindow:
+			return usagef("--window must be between 1 and %d", client.MaxWindow)
+		case bc.concurrency < 1 || bc.concurrency > client.MaxWindow:
+			return usagef("--concurrency must be between 1 and %d", client.MaxWindow)
+		case bc.producers == 0 && bc.count == 0:
+			return usagef("--producers 0 needs --count: how many records to consume")
+		case bc.producers == 0 && (!set["from"] || *from == "latest"):
+			return usagef("--producers 0 needs --from earliest (or an offset or a time): a new group at latest gets nothing")
+		case bc.mode == client.KeyShared && bc.producers > 0 && bc.keys == 0:
+			return usagef("--mode key-shared needs --keys N: records without a key all go to one consumer")
+		}
+	}
 	if bc.acks, err = parseCLIAcks(*acks); err != nil {
 		return err
 	}
@@ -113,7 +194,50 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	if sum.ProduceErrors > 0 {
 		return fmt.Errorf("%d records failed to produce, first: %s", sum.ProduceErrors, sum.FirstError)
 	}
+	if ctx.Err() != nil {
+		return nil // interrupted: what was done is reported
+	}
+	if sum.Missing > 0 {
+		hint := ""
+		if sum.Consumed == 0 && bc.group != "" {
+			hint = "; a group with stored progress ignores --from: use a new --group, or herald group reset"
+		}
+		return fmt.Errorf("%d of %d records were not consumed (none new for --drain-timeout %s%s)", sum.Missing, sum.Expected, bc.drainTimeout, hint)
+	}
+	if sum.UnexpectedDuplicates > 0 {
+		return fmt.Errorf("%d records were consumed twice without a redelivery (stored twice by a producer retry, or delivered twice)", sum.UnexpectedDuplicates)
+	}
 	return nil
+}
+
+// benchUsage makes -h print usage before the flags.
+func benchUsage(fs *flag.FlagSet, usage string) {
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: %s\n", usage)
+		fs.PrintDefaults()
+	}
+}
+
+// benchTopic creates topic if it is missing and returns its partition count.
+func benchTopic(ctx context.Context, admin *client.Client, topic string, partitions, replication int) (int, error) {
+	ok, err := topicExists(ctx, admin, topic)
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		_, err := admin.CreateTopic(ctx, topic, &heraldpb.TopicConfig{Partitions: uint32(partitions), ReplicationFactor: uint32(replication)})
+		if err != nil && !client.IsCode(err, heraldpb.ErrorCode_TOPIC_ALREADY_EXISTS) {
+			return 0, err
+		}
+	}
+	n, err := admin.Partitions(ctx, topic)
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("topic %s has no partitions", topic)
+	}
+	return n, nil
 }
 
 // benchSummary is the final report (--json prints it as is).
@@ -122,6 +246,11 @@ type benchSummary struct {
 	Partitions       int     `json:"partitions"`
 	Producers        int     `json:"producers"`
 	Consumers        int     `json:"consumers"`
+	ConsumeMode      string  `json:"consume_mode"` // pull, or the group mode
+	Group            string  `json:"group,omitempty"`
+	Window           int     `json:"window,omitempty"`
+	AutoAck          bool    `json:"auto_ack,omitempty"`
+	Concurrency      int     `json:"concurrency,omitempty"`
 	Size             int     `json:"size_bytes"`
 	Acks             string  `json:"acks"`
 	Rate             float64 `json:"target_rate"`
@@ -131,52 +260,283 @@ type benchSummary struct {
 	FirstError       string  `json:"first_error,omitempty"`
 	ProducedPerSec   float64 `json:"produced_msgs_per_sec"`
 	ProducedMBPerSec float64 `json:"produced_mb_per_sec"`
+	// Expected is what the consumers should see: the records produced, or
+	// --count with --producers 0. Consumed counts distinct records (by
+	// producer and sequence number) of this run; Missing is Expected minus
+	// Consumed when positive.
+	Expected         int64   `json:"expected"`
 	Consumed         int64   `json:"consumed"`
+	Missing          int64   `json:"missing"`
+	ConsumeSeconds   float64 `json:"consume_seconds"`
 	ConsumedPerSec   float64 `json:"consumed_msgs_per_sec"`
 	ConsumedMBPerSec float64 `json:"consumed_mb_per_sec"`
-	LatencyP50Ms     float64 `json:"latency_p50_ms"`
-	LatencyP99Ms     float64 `json:"latency_p99_ms"`
-	LatencyP999Ms    float64 `json:"latency_p999_ms"`
-	LatencyMaxMs     float64 `json:"latency_max_ms"`
+	// Duplicates counts deliveries of records already consumed;
+	// UnexpectedDuplicates the records delivered more than once without a
+	// redelivery mark (DeliveryCount 1), which should not happen.
+	Duplicates           int64 `json:"duplicates"`
+	UnexpectedDuplicates int64 `json:"unexpected_duplicates"`
+	// Redelivered counts push deliveries with DeliveryCount > 1; Ignored
+	// the records consumed that this run does not count (written before
+	// it, or not bench records).
+	Redelivered       int64   `json:"redelivered"`
+	Ignored           int64   `json:"ignored"`
+	ConsumeErrors     int64   `json:"consume_errors"`
+	FirstConsumeError string  `json:"first_consume_error,omitempty"`
+	LatencyP50Ms      float64 `json:"latency_p50_ms"`
+	LatencyP90Ms      float64 `json:"latency_p90_ms"`
+	LatencyP99Ms      float64 `json:"latency_p99_ms"`
+	LatencyP999Ms     float64 `json:"latency_p999_ms"`
+	LatencyMaxMs      float64 `json:"latency_max_ms"`
 }
 
 func (s *benchSummary) print(w io.Writer) {
-	fmt.Fprintf(w, "topic %s: %d partitions, %d producers, %d consumers, %d-byte records, acks %s\n",
-		s.Topic, s.Partitions, s.Producers, s.Consumers, s.Size, s.Acks)
-	fmt.Fprintf(w, "produced %d records in %.2fs: %.0f msg/s, %.2f MB/s (%d errors)\n",
-		s.Produced, s.Seconds, s.ProducedPerSec, s.ProducedMBPerSec, s.ProduceErrors)
-	fmt.Fprintf(w, "consumed %d records: %.0f msg/s, %.2f MB/s\n", s.Consumed, s.ConsumedPerSec, s.ConsumedMBPerSec)
-	if s.Consumed == 0 {
-		fmt.Fprintln(w, "latency produce-to-consume: none measured (nothing consumed)")
+	cons := "pull"
+	if s.Group != "" {
+		ack := "manual acks"
+		if s.AutoAck {
+			ack = "auto-ack"
+		}
+		cons = fmt.Sprintf("push: group %s, %s, window %d, %s, concurrency %d", s.Group, s.ConsumeMode, s.Window, ack, s.Concurrency)
+	}
+	if s.Producers == 0 {
+		fmt.Fprintf(w, "topic %s: %d partitions, %d consumers (%s), records written before this run\n",
+			s.Topic, s.Partitions, s.Consumers, cons)
+	} else {
+		fmt.Fprintf(w, "topic %s: %d partitions, %d producers, %d consumers (%s), %d-byte records, acks %s\n",
+			s.Topic, s.Partitions, s.Producers, s.Consumers, cons, s.Size, s.Acks)
+		fmt.Fprintf(w, "produced %d records in %.2fs: %.0f msg/s, %.2f MB/s (%d errors)\n",
+			s.Produced, s.Seconds, s.ProducedPerSec, s.ProducedMBPerSec, s.ProduceErrors)
+	}
+	if s.Consumers == 0 {
 		return
 	}
-	fmt.Fprintf(w, "latency produce-to-consume: p50 %.3fms p99 %.3fms p99.9 %.3fms max %.3fms\n",
-		s.LatencyP50Ms, s.LatencyP99Ms, s.LatencyP999Ms, s.LatencyMaxMs)
-}
-
-// benchStats is shared by the producer and consumer goroutines.
-type benchStats struct {
-	produced, producedBytes atomic.Int64
-	consumed, consumedBytes atomic.Int64
-	errors                  atomic.Int64
-	errOnce                 sync.Once
-	firstErr                atomic.Value // string
-
-	mu       sync.Mutex
-	total    *hdrhistogram.Histogram // microseconds, whole run
-	interval *hdrhistogram.Histogram // microseconds, since the last report
-}
-
-func newBenchStats() *benchStats {
-	return &benchStats{
-		total:    hdrhistogram.New(1, int64(5*time.Minute/time.Microsecond), 3),
-		interval: hdrhistogram.New(1, int64(5*time.Minute/time.Microsecond), 3),
+	fmt.Fprintf(w, "consumed %d of %d records in %.2fs: %.0f msg/s, %.2f MB/s; %d missing, %d duplicates (%d unexpected), %d redelivered, %d ignored\n",
+		s.Consumed, s.Expected, s.ConsumeSeconds, s.ConsumedPerSec, s.ConsumedMBPerSec, s.Missing, s.Duplicates, s.UnexpectedDuplicates, s.Redelivered, s.Ignored)
+	if s.ConsumeErrors > 0 {
+		fmt.Fprintf(w, "consumer errors: %d, first: %s\n", s.ConsumeErrors, s.FirstConsumeError)
+	}
+	switch {
+	case s.Producers == 0:
+		fmt.Fprintln(w, "latency produce-to-consume: not measured (--producers 0: the records were written before this run)")
+	case s.Consumed == 0:
+		fmt.Fprintln(w, "latency produce-to-consume: none measured (nothing consumed)")
+	default:
+		fmt.Fprintf(w, "latency produce-to-consume: p50 %.3fms p90 %.3fms p99 %.3fms p99.9 %.3fms max %.3fms\n",
+			s.LatencyP50Ms, s.LatencyP90Ms, s.LatencyP99Ms, s.LatencyP999Ms, s.LatencyMaxMs)
 	}
 }
 
-func (s *benchStats) fail(err error) {
-	s.errors.Add(1)
-	s.errOnce.Do(func() { s.firstErr.Store(err.Error()) })
+// newBenchHistogram returns a histogram of microseconds up to 5 minutes.
+func newBenchHistogram() *hdrhistogram.Histogram {
+	return hdrhistogram.New(1, int64(5*time.Minute/time.Microsecond), 3)
+}
+
+// benchErrors counts errors and keeps the first one's text.
+type benchErrors struct {
+	n     atomic.Int64
+	once  sync.Once
+	first atomic.Value // string
+}
+
+func (e *benchErrors) add(err error) {
+	e.n.Add(1)
+	e.once.Do(func() { e.first.Store(cliOneLine(err).Error()) })
+}
+
+func (e *benchErrors) firstText() string {
+	s, _ := e.first.Load().(string)
+	return s
+}
+
+// benchStats is shared by the producer and consumer goroutines. Each
+// consumer goroutine (pull: one per partition; push: one subscription)
+// records into its own benchSink, so consumers do not contend on one lock;
+// collect merges the sinks.
+type benchStats struct {
+	produced, producedBytes atomic.Int64
+	produceErrs             benchErrors
+	consumeErrs             benchErrors
+	ignored                 atomic.Int64
+
+	valid   benchValid
+	seen    benchSeen
+	latency bool // record latencies (not with --producers 0)
+
+	mu      sync.Mutex
+	sinks   []*benchSink
+	total   *hdrhistogram.Histogram // whole run, merged from the sinks by collect
+	scratch *hdrhistogram.Histogram // the interval being collected
+}
+
+func newBenchStats(valid benchValid, latency bool) *benchStats {
+	return &benchStats{valid: valid, latency: latency, total: newBenchHistogram(), scratch: newBenchHistogram()}
+}
+
+func (s *benchStats) newSink() *benchSink {
+	k := &benchSink{hist: newBenchHistogram()}
+	s.mu.Lock()
+	s.sinks = append(s.sinks, k)
+	s.mu.Unlock()
+	return k
+}
+
+// benchInterval is what the consumers did: totals, the latency quantiles
+// since the previous collect (in microseconds) and the time of the last
+// record counted.
+type benchInterval struct {
+	consumed, bytes           int64
+	lastNs                    int64
+	p50, p90, p99, p999, maxV int64
+}
+
+// collect sums the sinks and moves their latencies into the run's total.
+func (s *benchStats) collect() benchInterval {
+	var iv benchInterval
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.scratch.Reset()
+	for _, k := range s.sinks {
+		k.mu.Lock()
+		iv.consumed += k.n
+		iv.bytes += k.bytes
+		iv.lastNs = max(iv.lastNs, k.lastNs)
+		s.scratch.Merge(k.hist)
+		k.hist.Reset()
+		k.mu.Unlock()
+	}
+	s.total.Merge(s.scratch)
+	h := s.scratch
+	iv.p50, iv.p90, iv.p99, iv.p999, iv.maxV = h.ValueAtQuantile(50), h.ValueAtQuantile(90), h.ValueAtQuantile(99), h.ValueAtQuantile(99.9), h.Max()
+	return iv
+}
+
+// benchSink is one consumer goroutine's counters, guarded by mu.
+type benchSink struct {
+	mu       sync.Mutex
+	n, bytes int64 // records counted (first receipt of a record of this run)
+	lastNs   int64 // when the last one was received
+	hist     *hdrhistogram.Histogram
+}
+
+// takeLocked counts the record whose value is v, received at nowNs (Unix
+// nanoseconds, benchClock); redelivered says the broker marked it so. The
+// caller holds k.mu.
+func (s *benchStats) takeLocked(k *benchSink, nowNs int64, v []byte, redelivered bool) {
+	sent, id, seq, ok := s.valid.parse(v)
+	if !ok {
+		s.ignored.Add(1)
+		return
+	}
+	if !s.seen.add(id, seq, redelivered) {
+		return
+	}
+	k.n++
+	k.bytes += int64(len(v))
+	k.lastNs = nowNs
+	if s.latency {
+		us := max(nowNs-sent, 0) / int64(time.Microsecond)
+		_ = k.hist.RecordValue(min(max(us, 1), k.hist.HighestTrackableValue()))
+	}
+}
+
+// benchValid says which record values a run counts: bench records (a full
+// header) sent at or after minNs (Unix nanoseconds) by a producer id below
+// ids with a sequence number below seqs. The bounds keep records of other
+// runs and other writers out of the counts and bound benchSeen's memory.
+type benchValid struct {
+	minNs     int64
+	ids, seqs uint64
+}
+
+func (b benchValid) parse(v []byte) (sentNs int64, id, seq uint64, ok bool) {
+	if len(v) < benchHeader {
+		return 0, 0, 0, false
+	}
+	sentNs = int64(binary.BigEndian.Uint64(v))
+	w := binary.BigEndian.Uint64(v[8:])
+	id, seq = w>>benchSeqBits, w&(1<<benchSeqBits-1)
+	return sentNs, id, seq, sentNs >= b.minNs && id < b.ids && seq < b.seqs
+}
+
+// benchSeenShards spreads benchSeen over locks by sequence number. A
+// producer sends sequence s to partition (s+id) mod partitions, so with a
+// shard count that is a multiple of the partition count the consumers of
+// different partitions use different shards.
+const benchSeenShards = 64
+
+// benchSeen records which (producer, sequence) pairs were consumed, to count
+// distinct records, duplicates, and duplicates without a redelivery mark.
+// It needs two bits per sequence number up to the highest seen.
+type benchSeen struct {
+	shards [benchSeenShards]benchSeenShard
+}
+
+type benchSeenShard struct {
+	mu         sync.Mutex
+	producers  []benchBits // by producer id
+	dups       int64       // deliveries of pairs already seen
+	unexpected int64       // pairs seen again without a redelivery mark
+	distinct   atomic.Int64
+	_          [64]byte // keep shards' hot fields on separate cache lines
+}
+
+// benchBits are one producer's bitsets in one shard, indexed by
+// sequence/benchSeenShards: any delivery, and a delivery not marked as a
+// redelivery.
+type benchBits struct{ any, first []uint64 }
+
+// add notes a delivery and reports whether the pair is new.
+func (s *benchSeen) add(id, seq uint64, redelivered bool) bool {
+	sh := &s.shards[seq%benchSeenShards]
+	k := seq / benchSeenShards
+	w, bit := k/64, uint64(1)<<(k%64)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if id >= uint64(len(sh.producers)) {
+		sh.producers = append(sh.producers, make([]benchBits, id+1-uint64(len(sh.producers)))...)
+	}
+	b := &sh.producers[id]
+	if w >= uint64(len(b.any)) {
+		n := max(int(w)+1, 2*len(b.any))
+		b.any = append(b.any, make([]uint64, n-len(b.any))...)
+		b.first = append(b.first, make([]uint64, n-len(b.first))...)
+	}
+	fresh := b.any[w]&bit == 0
+	if fresh {
+		b.any[w] |= bit
+		sh.distinct.Add(1)
+	} else {
+		sh.dups++
+	}
+	if !redelivered {
+		if b.first[w]&bit != 0 {
+			sh.unexpected++
+		}
+		b.first[w] |= bit
+	}
+	return fresh
+}
+
+// distinct returns the number of distinct pairs seen; safe at any time.
+func (s *benchSeen) distinct() int64 {
+	var n int64
+	for i := range s.shards {
+		n += s.shards[i].distinct.Load()
+	}
+	return n
+}
+
+// dups returns the duplicate deliveries and the pairs seen again without a
+// redelivery mark.
+func (s *benchSeen) dups() (dups, unexpected int64) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		dups += sh.dups
+		unexpected += sh.unexpected
+		sh.mu.Unlock()
+	}
+	return dups, unexpected
 }
 
 // benchClock reads Unix nanoseconds as the run's start time plus the
@@ -196,30 +556,20 @@ func newBenchClock() benchClock {
 
 func (c benchClock) now() int64 { return c.baseNs + int64(time.Since(c.base)) }
 
-// record notes the latency of consumed messages, all received at nowNs
-// (Unix nanoseconds). The send time is read from the value in place.
-func (s *benchStats) record(nowNs int64, ms []*client.Message) {
-	var n, bytes int64
-	maxUs := s.total.HighestTrackableValue()
-	s.mu.Lock()
-	for _, m := range ms {
-		if len(m.Value) < benchHeader {
-			continue
-		}
-		sent := int64(binary.BigEndian.Uint64(m.Value))
-		us := max(nowNs-sent, 0) / int64(time.Microsecond)
-		us = min(max(us, 1), maxUs)
-		_ = s.total.RecordValue(us)
-		_ = s.interval.RecordValue(us)
-		n++
-		bytes += int64(len(m.Value))
+func usToMs(v int64) float64 { return float64(v) / 1000 }
+
+// perSec divides n by sec, 0 when sec is not positive (JSON has no Inf).
+func perSec(n, sec float64) float64 {
+	if sec <= 0 {
+		return 0
 	}
-	s.mu.Unlock()
-	s.consumed.Add(n)
-	s.consumedBytes.Add(bytes)
+	return n / sec
 }
 
-func usToMs(v int64) float64 { return float64(v) / 1000 }
+// benchConsumers is a running set of consumers; stop ends them and waits.
+type benchConsumers interface {
+	stop()
+}
 
 func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchSummary, error) {
 	admin, err := bc.cf.dial(ctx)
@@ -227,65 +577,51 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 		return nil, err
 	}
 	defer admin.Close()
-	ok, err := topicExists(ctx, admin, bc.topic)
+	nparts, err := benchTopic(ctx, admin, bc.topic, bc.partitions, bc.replication)
 	if err != nil {
 		return nil, err
-	}
-	if !ok {
-		_, err := admin.CreateTopic(ctx, bc.topic, &heraldpb.TopicConfig{Partitions: uint32(bc.partitions), ReplicationFactor: uint32(bc.replication)})
-		if err != nil && !client.IsCode(err, heraldpb.ErrorCode_TOPIC_ALREADY_EXISTS) {
-			return nil, err
-		}
-	}
-	nparts, err := admin.Partitions(ctx, bc.topic)
-	if err != nil {
-		return nil, err
-	}
-	if nparts == 0 {
-		return nil, fmt.Errorf("topic %s has no partitions", bc.topic)
 	}
 	bc.partitions = nparts
-	stats := newBenchStats()
 	clock := newBenchClock()
+	valid := benchValid{minNs: clock.baseNs, ids: uint64(bc.producers), seqs: 1 << benchSeqBits}
+	if bc.count > 0 {
+		valid.seqs = uint64(bc.count) // no producer has more
+	}
+	if bc.producers == 0 {
+		valid = benchValid{ids: benchMaxFillProducers, seqs: uint64(bc.count)}
+	}
+	stats := newBenchStats(valid, bc.producers > 0)
 
-	// Consumers: consumer j reads partitions j, j+C, j+2C, ...; each
-	// partition starts at its high watermark, resolved before producing.
-	consCtx, stopConsumers := context.WithCancel(ctx)
-	defer stopConsumers()
-	var consWG sync.WaitGroup
 	var clients []*client.Client
 	defer func() {
 		for _, c := range clients {
 			c.Close()
 		}
 	}()
-	for j := 0; j < bc.consumers && j < nparts; j++ {
+	dial := func() (*client.Client, error) {
 		c, err := bc.cf.dial(ctx)
+		if err == nil {
+			clients = append(clients, c)
+		}
+		return c, err
+	}
+
+	// Consumers start (pull: at each partition's high watermark; push: as
+	// --from says for a new group) before anything is produced.
+	start := time.Now()
+	var cons benchConsumers
+	var push *benchPush
+	if bc.consumers > 0 {
+		if bc.group == "" {
+			cons, err = startBenchPull(ctx, bc, dial, clock, stats)
+		} else {
+			push, err = startBenchPush(ctx, bc, dial, clock, stats)
+			cons = push
+		}
 		if err != nil {
 			return nil, err
 		}
-		clients = append(clients, c)
-		for p := j; p < nparts; p += bc.consumers {
-			pc := c.NewPartitionConsumer(bc.topic, int32(p), client.Latest(), client.WithFetchMaxWait(100*time.Millisecond))
-			if err := pc.Resolve(ctx); err != nil {
-				return nil, err
-			}
-			consWG.Add(1)
-			go func() {
-				defer consWG.Done()
-				for consCtx.Err() == nil {
-					ms, err := pc.Poll(consCtx)
-					if err != nil {
-						if consCtx.Err() == nil && !client.IsRetryable(err) {
-							stats.fail(fmt.Errorf("consume partition %d: %w", pc.Partition(), err))
-							return
-						}
-						continue
-					}
-					stats.record(clock.now(), ms)
-				}
-			}()
-		}
+		defer cons.stop()
 	}
 
 	// Producers.
@@ -297,14 +633,15 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 		defer cancel()
 	}
 	var prodWG sync.WaitGroup
-	start := time.Now()
+	if bc.producers > 0 {
+		start = time.Now()
+	}
 	var errs = make(chan error, bc.producers)
 	for i := 0; i < bc.producers; i++ {
-		c, err := bc.cf.dial(ctx)
+		c, err := dial()
 		if err != nil {
 			return nil, err
 		}
-		clients = append(clients, c)
 		n := int64(-1)
 		if bc.count > 0 {
 			n = bc.count / int64(bc.producers)
@@ -333,16 +670,22 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 	report := func() {
 		now := time.Now()
 		el := now.Sub(last).Seconds()
-		p, pb, c, cb := stats.produced.Load(), stats.producedBytes.Load(), stats.consumed.Load(), stats.consumedBytes.Load()
-		stats.mu.Lock()
-		h := stats.interval
-		line := fmt.Sprintf("%6.1fs  produced %8.0f msg/s %8.2f MB/s  consumed %8.0f msg/s %8.2f MB/s  latency p50 %.2fms p99 %.2fms p99.9 %.2fms max %.2fms  errors %d",
-			now.Sub(start).Seconds(), float64(p-lastP)/el, float64(pb-lastPB)/el/1e6, float64(c-lastC)/el, float64(cb-lastCB)/el/1e6,
-			usToMs(h.ValueAtQuantile(50)), usToMs(h.ValueAtQuantile(99)), usToMs(h.ValueAtQuantile(99.9)), usToMs(h.Max()), stats.errors.Load())
-		h.Reset()
-		stats.mu.Unlock()
+		p, pb := stats.produced.Load(), stats.producedBytes.Load()
+		iv := stats.collect()
+		line := fmt.Sprintf("%6.1fs", now.Sub(start).Seconds())
+		if bc.producers > 0 {
+			line += fmt.Sprintf("  produced %8.0f msg/s %8.2f MB/s", float64(p-lastP)/el, float64(pb-lastPB)/el/1e6)
+		}
+		if bc.consumers > 0 {
+			line += fmt.Sprintf("  consumed %8.0f msg/s %8.2f MB/s", float64(iv.consumed-lastC)/el, float64(iv.bytes-lastCB)/el/1e6)
+		}
+		if bc.consumers > 0 && stats.latency {
+			line += fmt.Sprintf("  latency p50 %.2fms p99 %.2fms p99.9 %.2fms max %.2fms",
+				usToMs(iv.p50), usToMs(iv.p99), usToMs(iv.p999), usToMs(iv.maxV))
+		}
+		line += fmt.Sprintf("  errors %d", stats.produceErrs.n.Load()+stats.consumeErrs.n.Load())
 		fmt.Fprintln(progress, line)
-		last, lastP, lastPB, lastC, lastCB = now, p, pb, c, cb
+		last, lastP, lastPB, lastC, lastCB = now, p, pb, iv.consumed, iv.bytes
 	}
 wait:
 	for {
@@ -360,43 +703,203 @@ wait:
 			return nil, err
 		}
 	}
-	// Let consumers catch up with what was acknowledged.
+
+	// Let consumers catch up with what was acknowledged (or read --count
+	// records with --producers 0), as long as they make progress.
+	expected := stats.produced.Load()
+	if bc.producers == 0 {
+		expected = bc.count
+	}
 	if bc.consumers > 0 {
-		deadline := time.Now().Add(bc.drainTimeout)
-		for stats.consumed.Load() < stats.produced.Load() && time.Now().Before(deadline) && ctx.Err() == nil {
+		poll := time.NewTicker(5 * time.Millisecond)
+		defer poll.Stop()
+		seen, progressAt := stats.seen.distinct(), time.Now()
+		for ctx.Err() == nil {
+			n := stats.seen.distinct()
+			if n >= expected {
+				break
+			}
+			if n != seen {
+				seen, progressAt = n, time.Now()
+			} else if time.Since(progressAt) >= bc.drainTimeout {
+				break
+			}
 			select {
 			case <-tick:
 				report()
-			case <-time.After(10 * time.Millisecond):
+			case <-poll.C:
+			case <-ctx.Done():
 			}
 		}
+		cons.stop()
 	}
-	consumeTime := time.Since(start)
-	stopConsumers()
-	consWG.Wait()
 
 	sec := produceTime.Seconds()
 	sum := &benchSummary{
-		Topic: bc.topic, Partitions: nparts, Producers: bc.producers, Consumers: min(bc.consumers, nparts),
+		Topic: bc.topic, Partitions: nparts, Producers: bc.producers, Consumers: min(bc.consumers, nparts), ConsumeMode: "pull",
 		Size: bc.size, Acks: map[heraldpb.Acks]string{cliAcksAll: "all", cliAcksLeader: "leader", cliAcksNone: "none"}[bc.acks],
 		Rate: bc.rate, Seconds: sec,
-		Produced: stats.produced.Load(), ProduceErrors: stats.errors.Load(),
-		Consumed: stats.consumed.Load(),
+		Produced: stats.produced.Load(), ProduceErrors: stats.produceErrs.n.Load(), FirstError: stats.produceErrs.firstText(),
+		ConsumeErrors: stats.consumeErrs.n.Load(), FirstConsumeError: stats.consumeErrs.firstText(),
+		Ignored: stats.ignored.Load(),
 	}
-	if s, ok := stats.firstErr.Load().(string); ok {
-		sum.FirstError = s
+	if bc.producers == 0 {
+		sum.Seconds = 0
 	}
-	sum.ProducedPerSec = float64(sum.Produced) / sec
-	sum.ProducedMBPerSec = float64(stats.producedBytes.Load()) / sec / 1e6
-	sum.ConsumedPerSec = float64(sum.Consumed) / consumeTime.Seconds()
-	sum.ConsumedMBPerSec = float64(stats.consumedBytes.Load()) / consumeTime.Seconds() / 1e6
-	stats.mu.Lock()
-	sum.LatencyP50Ms = usToMs(stats.total.ValueAtQuantile(50))
-	sum.LatencyP99Ms = usToMs(stats.total.ValueAtQuantile(99))
-	sum.LatencyP999Ms = usToMs(stats.total.ValueAtQuantile(99.9))
-	sum.LatencyMaxMs = usToMs(stats.total.Max())
-	stats.mu.Unlock()
+	if bc.group != "" {
+		sum.Consumers, sum.ConsumeMode, sum.Group, sum.Window, sum.AutoAck, sum.Concurrency =
+			bc.consumers, bc.mode.String(), bc.group, bc.window, bc.autoAck, bc.concurrency
+		sum.Redelivered = push.redelivered
+	}
+	sum.ProducedPerSec = perSec(float64(sum.Produced), sec)
+	sum.ProducedMBPerSec = perSec(float64(stats.producedBytes.Load())/1e6, sec)
+	if bc.consumers > 0 {
+		iv := stats.collect()
+		sum.Expected, sum.Consumed = expected, iv.consumed
+		sum.Missing = max(expected-iv.consumed, 0)
+		sum.Duplicates, sum.UnexpectedDuplicates = stats.seen.dups()
+		if iv.lastNs > 0 {
+			sum.ConsumeSeconds = time.Duration(iv.lastNs - start.UnixNano()).Seconds()
+		}
+		sum.ConsumedPerSec = perSec(float64(iv.consumed), sum.ConsumeSeconds)
+		sum.ConsumedMBPerSec = perSec(float64(iv.bytes)/1e6, sum.ConsumeSeconds)
+		if stats.latency {
+			stats.mu.Lock()
+			h := stats.total
+			sum.LatencyP50Ms, sum.LatencyP90Ms = usToMs(h.ValueAtQuantile(50)), usToMs(h.ValueAtQuantile(90))
+			sum.LatencyP99Ms, sum.LatencyP999Ms = usToMs(h.ValueAtQuantile(99)), usToMs(h.ValueAtQuantile(99.9))
+			sum.LatencyMaxMs = usToMs(h.Max())
+			stats.mu.Unlock()
+		}
+	}
 	return sum, nil
+}
+
+// benchPull is the pull consumers: consumer j reads partitions j, j+C,
+// j+2C, ... on its own connection, one goroutine and benchSink per
+// partition, each partition from the high watermark resolved at start.
+type benchPull struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func startBenchPull(ctx context.Context, bc *benchConfig, dial func() (*client.Client, error), clock benchClock, stats *benchStats) (*benchPull, error) {
+	consCtx, cancel := context.WithCancel(ctx)
+	bp := &benchPull{cancel: cancel}
+	for j := 0; j < bc.consumers && j < bc.partitions; j++ {
+		c, err := dial()
+		if err != nil {
+			bp.stop()
+			return nil, err
+		}
+		for p := j; p < bc.partitions; p += bc.consumers {
+			pc := c.NewPartitionConsumer(bc.topic, int32(p), client.Latest(), client.WithFetchMaxWait(100*time.Millisecond))
+			if err := pc.Resolve(ctx); err != nil {
+				bp.stop()
+				return nil, err
+			}
+			k := stats.newSink()
+			bp.wg.Add(1)
+			go func() {
+				defer bp.wg.Done()
+				for consCtx.Err() == nil {
+					ms, err := pc.Poll(consCtx)
+					if err != nil {
+						if consCtx.Err() == nil && !client.IsRetryable(err) {
+							stats.consumeErrs.add(fmt.Errorf("consume partition %d: %w", pc.Partition(), err))
+							return
+						}
+						continue
+					}
+					now := clock.now()
+					k.mu.Lock()
+					for _, m := range ms {
+						stats.takeLocked(k, now, m.Value, false)
+					}
+					k.mu.Unlock()
+				}
+			}()
+		}
+	}
+	return bp, nil
+}
+
+func (bp *benchPull) stop() {
+	bp.cancel()
+	bp.wg.Wait()
+}
+
+// benchPush is the push consumers: --consumers members of --group, each
+// with its own connection and benchSink. Once the run has what it expects
+// (stopped), handlers nack what still arrives, and stop closes the
+// subscriptions, which flushes their acks.
+type benchPush struct {
+	subs        []*client.Subscription
+	stopped     atomic.Bool
+	once        sync.Once
+	closeWait   time.Duration
+	stats       *benchStats
+	redelivered int64 // set by stop
+}
+
+func startBenchPush(ctx context.Context, bc *benchConfig, dial func() (*client.Client, error), clock benchClock, stats *benchStats) (*benchPush, error) {
+	bp := &benchPush{stats: stats, closeWait: max(bc.cf.timeout, 5*time.Second)}
+	for j := 0; j < bc.consumers; j++ {
+		c, err := dial()
+		if err != nil {
+			bp.stop()
+			return nil, err
+		}
+		k := stats.newSink()
+		opts := client.SubscribeOptions{
+			Group: bc.group, Topic: bc.topic, Mode: bc.mode, Window: bc.window, AutoAck: bc.autoAck,
+			Concurrency: bc.concurrency, From: bc.from, Name: fmt.Sprintf("herald-bench-%d", j),
+			OnError: func(err error) { stats.consumeErrs.add(fmt.Errorf("consumer %d: %w", j, err)) },
+		}
+		sub, err := c.Subscribe(ctx, opts, func(_ context.Context, d *client.Delivered) {
+			now := clock.now()
+			if bp.stopped.Load() {
+				d.Nack(time.Second) // not ours to count: leave it to the group (no-op with auto-ack)
+				return
+			}
+			k.mu.Lock()
+			stats.takeLocked(k, now, d.Value, d.DeliveryCount > 1)
+			k.mu.Unlock()
+			d.Ack() // no-op with auto-ack
+		})
+		if err != nil {
+			bp.stop()
+			return nil, fmt.Errorf("subscribe consumer %d: %w", j, err)
+		}
+		bp.subs = append(bp.subs, sub)
+	}
+	return bp, nil
+}
+
+// stop closes the subscriptions in parallel; failures (acks lost) count as
+// consumer errors. Calls after the first do nothing.
+func (bp *benchPush) stop() {
+	bp.once.Do(func() {
+		bp.stopped.Store(true)
+		ctx, cancel := context.WithTimeout(context.Background(), bp.closeWait)
+		defer cancel()
+		var wg sync.WaitGroup
+		errs := make([]error, len(bp.subs))
+		for j, sub := range bp.subs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[j] = sub.Close(ctx)
+			}()
+		}
+		wg.Wait()
+		for j, sub := range bp.subs {
+			if errs[j] != nil {
+				bp.stats.consumeErrs.add(fmt.Errorf("close consumer %d: %w", j, errs[j]))
+			}
+			bp.redelivered += int64(sub.Stats().Redelivered)
+		}
+	})
 }
 
 // benchProduce runs one producer until prodCtx ends or n records (n >= 0)
@@ -416,7 +919,7 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 	cb := func(_ client.Result, err error) {
 		if err != nil {
 			if prodCtx.Err() == nil || !(err == context.Canceled || err == context.DeadlineExceeded) {
-				stats.fail(err)
+				stats.produceErrs.add(err)
 			}
 			return
 		}
@@ -427,7 +930,7 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 	// gets its own (capacity-capped) value and message, never modified
 	// after SendAsync.
 	chunk := max(1, min(benchChunk, benchChunkBytes/bc.size))
-	var values []byte
+	var values, keys []byte
 	var msgs []client.Message
 	startNs := start.UnixNano()
 	for seq := int64(0); n < 0 || seq < n; seq++ {
@@ -455,15 +958,23 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 		if len(msgs) == 0 {
 			values = make([]byte, chunk*bc.size)
 			msgs = make([]client.Message, chunk)
+			if bc.keys > 0 {
+				keys = make([]byte, chunk*4)
+			}
 		}
 		v := values[:bc.size:bc.size]
 		values = values[bc.size:]
 		m := &msgs[0]
 		msgs = msgs[1:]
 		binary.BigEndian.PutUint64(v, uint64(stamp))
-		binary.BigEndian.PutUint64(v[8:], uint64(id)<<40|uint64(seq))
+		binary.BigEndian.PutUint64(v[8:], uint64(id)<<benchSeqBits|uint64(seq))
 		copy(v[benchHeader:], filler)
 		*m = client.Message{Topic: bc.topic, Partition: int32((int(seq) + id) % bc.partitions), Value: v}
+		if bc.keys > 0 {
+			m.Key = keys[:4:4]
+			keys = keys[4:]
+			binary.BigEndian.PutUint32(m.Key, uint32(seq%int64(bc.keys)))
+		}
 		p.SendAsync(prodCtx, m, cb)
 	}
 	// Flush what was accepted even after SIGINT, but not forever.
