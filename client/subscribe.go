@@ -70,7 +70,7 @@ const (
 	// reaches it is sent without waiting for the linger.
 	AckBatch = 256
 	// ackUnitsInFlight is how many ack flushes a subscription pipelines.
-	ackUnitsInFlight = 4
+	ackUnitsInFlight = 16
 	// ackRetries bounds the retries of an ack request failing with a
 	// retriable broker error (THROTTLED, STORAGE_ERROR, ...).
 	ackRetries = 5
@@ -1027,8 +1027,21 @@ func (s *Subscription) doneLocked() uint64 {
 func (s *Subscription) sendUnit(u *ackUnit) {
 	defer func() { <-s.unitSlots }()
 	var acked, nacked, lost int
-	for _, r := range u.reqs {
-		err := s.sendAck(u.sess, r.frame)
+	// The requests of a unit are pipelined: an AckResponse waits for the
+	// progress write (an fsync), and credits ride on the first request.
+	errs := make([]error, len(u.reqs))
+	var wg sync.WaitGroup
+	for i, r := range u.reqs[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i+1] = s.sendAck(u.sess, r.frame)
+		}()
+	}
+	errs[0] = s.sendAck(u.sess, u.reqs[0].frame)
+	wg.Wait()
+	for i, r := range u.reqs {
+		err := errs[i]
 		if err == nil {
 			acked += r.acks
 			nacked += r.nacks

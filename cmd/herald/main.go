@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"sort"
 )
 
@@ -26,7 +27,29 @@ var commands = map[string]func(args []string) error{}
 func register(name string, run func(args []string) error) { commands[name] = run }
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(profiled(func() int { return run(os.Args[1:]) }))
+}
+
+// profiled runs fn under a CPU profile written to $HERALD_CPUPROFILE, if
+// set: a diagnostic for the client side of `herald bench` (the broker's
+// profile is on its admin listener, /debug/pprof/profile).
+func profiled(fn func() int) int {
+	path := os.Getenv("HERALD_CPUPROFILE")
+	if path == "" {
+		return fn()
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "herald: HERALD_CPUPROFILE: %v\n", err)
+		return 1
+	}
+	defer f.Close()
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "herald: HERALD_CPUPROFILE: %v\n", err)
+		return 1
+	}
+	defer pprof.StopCPUProfile()
+	return fn()
 }
 
 func run(args []string) int {
