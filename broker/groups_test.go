@@ -443,6 +443,18 @@ func TestGroupResetAndReplay(t *testing.T) {
 	if e := reset(&heraldpb.StartPosition{At: &heraldpb.StartPosition_Offset{Offset: 3}}, true).GetError(); e != nil {
 		t.Fatal(e)
 	}
+	checkFor(t, func() error {
+		for {
+			select {
+			case f := <-w.pushes:
+				if e := f.GetSubscriptionEnded(); e != nil && e.SubscriptionId == sub {
+					return nil
+				}
+			default:
+				return fmt.Errorf("no SubscriptionEnded push for %d", sub)
+			}
+		}
+	})
 	if d := describe(t, w, "g"); len(d.Members) != 0 || d.Partitions[0].AckFloor != 3 {
 		t.Fatalf("after reset: %v", d)
 	}

@@ -560,6 +560,7 @@ type Frame struct {
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
+	//	*Frame_SubscriptionEnded
 	//	*Frame_Error
 	Body          isFrame_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
@@ -979,6 +980,15 @@ func (x *Frame) GetReplyDelivery() *ReplyDelivery {
 	return nil
 }
 
+func (x *Frame) GetSubscriptionEnded() *SubscriptionEnded {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_SubscriptionEnded); ok {
+			return x.SubscriptionEnded
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetError() *Error {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Error); ok {
@@ -1157,6 +1167,10 @@ type Frame_ReplyDelivery struct {
 	ReplyDelivery *ReplyDelivery `protobuf:"bytes,62,opt,name=reply_delivery,json=replyDelivery,proto3,oneof"`
 }
 
+type Frame_SubscriptionEnded struct {
+	SubscriptionEnded *SubscriptionEnded `protobuf:"bytes,63,opt,name=subscription_ended,json=subscriptionEnded,proto3,oneof"`
+}
+
 type Frame_Error struct {
 	Error *Error `protobuf:"bytes,100,opt,name=error,proto3,oneof"`
 }
@@ -1242,6 +1256,8 @@ func (*Frame_Delivery) isFrame_Body() {}
 func (*Frame_Assignment) isFrame_Body() {}
 
 func (*Frame_ReplyDelivery) isFrame_Body() {}
+
+func (*Frame_SubscriptionEnded) isFrame_Body() {}
 
 func (*Frame_Error) isFrame_Body() {}
 
@@ -3714,6 +3730,60 @@ func (x *AssignmentChange) GetRevoked() []uint32 {
 	return nil
 }
 
+// Push: the broker ended the subscription (a forced group reset). The
+// client may subscribe again; unacked messages are redelivered.
+type SubscriptionEnded struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SubscriptionId uint64                 `protobuf:"varint,1,opt,name=subscription_id,json=subscriptionId,proto3" json:"subscription_id,omitempty"`
+	Reason         *Error                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SubscriptionEnded) Reset() {
+	*x = SubscriptionEnded{}
+	mi := &file_herald_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscriptionEnded) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscriptionEnded) ProtoMessage() {}
+
+func (x *SubscriptionEnded) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscriptionEnded.ProtoReflect.Descriptor instead.
+func (*SubscriptionEnded) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *SubscriptionEnded) GetSubscriptionId() uint64 {
+	if x != nil {
+		return x.SubscriptionId
+	}
+	return 0
+}
+
+func (x *SubscriptionEnded) GetReason() *Error {
+	if x != nil {
+		return x.Reason
+	}
+	return nil
+}
+
 type ListGroupsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3722,7 +3792,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3734,7 +3804,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3747,7 +3817,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{42}
+	return file_herald_proto_rawDescGZIP(), []int{43}
 }
 
 type GroupSummary struct {
@@ -3763,7 +3833,7 @@ type GroupSummary struct {
 
 func (x *GroupSummary) Reset() {
 	*x = GroupSummary{}
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3775,7 +3845,7 @@ func (x *GroupSummary) String() string {
 func (*GroupSummary) ProtoMessage() {}
 
 func (x *GroupSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3788,7 +3858,7 @@ func (x *GroupSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupSummary.ProtoReflect.Descriptor instead.
 func (*GroupSummary) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{43}
+	return file_herald_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GroupSummary) GetGroup() string {
@@ -3835,7 +3905,7 @@ type ListGroupsResponse struct {
 
 func (x *ListGroupsResponse) Reset() {
 	*x = ListGroupsResponse{}
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3847,7 +3917,7 @@ func (x *ListGroupsResponse) String() string {
 func (*ListGroupsResponse) ProtoMessage() {}
 
 func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3860,7 +3930,7 @@ func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{44}
+	return file_herald_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListGroupsResponse) GetGroups() []*GroupSummary {
@@ -3879,7 +3949,7 @@ type DescribeGroupRequest struct {
 
 func (x *DescribeGroupRequest) Reset() {
 	*x = DescribeGroupRequest{}
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3891,7 +3961,7 @@ func (x *DescribeGroupRequest) String() string {
 func (*DescribeGroupRequest) ProtoMessage() {}
 
 func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3904,7 +3974,7 @@ func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupRequest.ProtoReflect.Descriptor instead.
 func (*DescribeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{45}
+	return file_herald_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DescribeGroupRequest) GetGroup() string {
@@ -3932,7 +4002,7 @@ type MemberInfo struct {
 
 func (x *MemberInfo) Reset() {
 	*x = MemberInfo{}
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3944,7 +4014,7 @@ func (x *MemberInfo) String() string {
 func (*MemberInfo) ProtoMessage() {}
 
 func (x *MemberInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3957,7 +4027,7 @@ func (x *MemberInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberInfo.ProtoReflect.Descriptor instead.
 func (*MemberInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{46}
+	return file_herald_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MemberInfo) GetMemberId() string {
@@ -4048,7 +4118,7 @@ type PartitionLag struct {
 
 func (x *PartitionLag) Reset() {
 	*x = PartitionLag{}
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4060,7 +4130,7 @@ func (x *PartitionLag) String() string {
 func (*PartitionLag) ProtoMessage() {}
 
 func (x *PartitionLag) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4073,7 +4143,7 @@ func (x *PartitionLag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionLag.ProtoReflect.Descriptor instead.
 func (*PartitionLag) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{47}
+	return file_herald_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *PartitionLag) GetPartition() uint32 {
@@ -4142,7 +4212,7 @@ type GroupInfo struct {
 
 func (x *GroupInfo) Reset() {
 	*x = GroupInfo{}
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4154,7 +4224,7 @@ func (x *GroupInfo) String() string {
 func (*GroupInfo) ProtoMessage() {}
 
 func (x *GroupInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4167,7 +4237,7 @@ func (x *GroupInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupInfo.ProtoReflect.Descriptor instead.
 func (*GroupInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{48}
+	return file_herald_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GroupInfo) GetGroup() string {
@@ -4242,7 +4312,7 @@ type DescribeGroupResponse struct {
 
 func (x *DescribeGroupResponse) Reset() {
 	*x = DescribeGroupResponse{}
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4254,7 +4324,7 @@ func (x *DescribeGroupResponse) String() string {
 func (*DescribeGroupResponse) ProtoMessage() {}
 
 func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4267,7 +4337,7 @@ func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupResponse.ProtoReflect.Descriptor instead.
 func (*DescribeGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{49}
+	return file_herald_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DescribeGroupResponse) GetGroup() *GroupInfo {
@@ -4292,7 +4362,7 @@ type ResetGroupRequest struct {
 
 func (x *ResetGroupRequest) Reset() {
 	*x = ResetGroupRequest{}
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4304,7 +4374,7 @@ func (x *ResetGroupRequest) String() string {
 func (*ResetGroupRequest) ProtoMessage() {}
 
 func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4317,7 +4387,7 @@ func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupRequest.ProtoReflect.Descriptor instead.
 func (*ResetGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{50}
+	return file_herald_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ResetGroupRequest) GetGroup() string {
@@ -4357,7 +4427,7 @@ type ResetGroupResponse struct {
 
 func (x *ResetGroupResponse) Reset() {
 	*x = ResetGroupResponse{}
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4369,7 +4439,7 @@ func (x *ResetGroupResponse) String() string {
 func (*ResetGroupResponse) ProtoMessage() {}
 
 func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4382,7 +4452,7 @@ func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupResponse.ProtoReflect.Descriptor instead.
 func (*ResetGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{51}
+	return file_herald_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ResetGroupResponse) GetGroup() *GroupInfo {
@@ -4403,7 +4473,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4415,7 +4485,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4428,7 +4498,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{52}
+	return file_herald_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CallRequest) GetTopic() string {
@@ -4463,7 +4533,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4475,7 +4545,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4488,7 +4558,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{53}
+	return file_herald_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CallResponse) GetInbox() string {
@@ -4516,7 +4586,7 @@ type ReplyRequest struct {
 
 func (x *ReplyRequest) Reset() {
 	*x = ReplyRequest{}
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4528,7 +4598,7 @@ func (x *ReplyRequest) String() string {
 func (*ReplyRequest) ProtoMessage() {}
 
 func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4541,7 +4611,7 @@ func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyRequest.ProtoReflect.Descriptor instead.
 func (*ReplyRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{54}
+	return file_herald_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReplyRequest) GetInbox() string {
@@ -4573,7 +4643,7 @@ type ReplyResponse struct {
 
 func (x *ReplyResponse) Reset() {
 	*x = ReplyResponse{}
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4585,7 +4655,7 @@ func (x *ReplyResponse) String() string {
 func (*ReplyResponse) ProtoMessage() {}
 
 func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4598,7 +4668,7 @@ func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyResponse.ProtoReflect.Descriptor instead.
 func (*ReplyResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{55}
+	return file_herald_proto_rawDescGZIP(), []int{56}
 }
 
 // Push: a reply to an earlier CallRequest of this connection.
@@ -4612,7 +4682,7 @@ type ReplyDelivery struct {
 
 func (x *ReplyDelivery) Reset() {
 	*x = ReplyDelivery{}
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4624,7 +4694,7 @@ func (x *ReplyDelivery) String() string {
 func (*ReplyDelivery) ProtoMessage() {}
 
 func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4637,7 +4707,7 @@ func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyDelivery.ProtoReflect.Descriptor instead.
 func (*ReplyDelivery) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{56}
+	return file_herald_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ReplyDelivery) GetCorrelationId() uint64 {
@@ -4663,7 +4733,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.herald.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12$\n" +
-	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\"\x98\x16\n" +
+	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\"\xe7\x16\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -4712,7 +4782,8 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
 	"assignment\x12A\n" +
-	"\x0ereply_delivery\x18> \x01(\v2\x18.herald.v1.ReplyDeliveryH\x00R\rreplyDelivery\x12(\n" +
+	"\x0ereply_delivery\x18> \x01(\v2\x18.herald.v1.ReplyDeliveryH\x00R\rreplyDelivery\x12M\n" +
+	"\x12subscription_ended\x18? \x01(\v2\x1c.herald.v1.SubscriptionEndedH\x00R\x11subscriptionEnded\x12(\n" +
 	"\x05error\x18d \x01(\v2\x10.herald.v1.ErrorH\x00R\x05errorB\x06\n" +
 	"\x04body\"\xa2\x01\n" +
 	"\fHelloRequest\x12\x1b\n" +
@@ -4894,7 +4965,10 @@ const file_herald_proto_rawDesc = "" +
 	"\x10AssignmentChange\x12'\n" +
 	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\x12\x14\n" +
 	"\x05added\x18\x02 \x03(\rR\x05added\x12\x18\n" +
-	"\arevoked\x18\x03 \x03(\rR\arevoked\"\x13\n" +
+	"\arevoked\x18\x03 \x03(\rR\arevoked\"f\n" +
+	"\x11SubscriptionEnded\x12'\n" +
+	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\x12(\n" +
+	"\x06reason\x18\x02 \x01(\v2\x10.herald.v1.ErrorR\x06reason\"\x13\n" +
 	"\x11ListGroupsRequest\"\x97\x01\n" +
 	"\fGroupSummary\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
@@ -5044,7 +5118,7 @@ func file_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                // 0: herald.v1.ErrorCode
 	(Acks)(0),                     // 1: herald.v1.Acks
@@ -5094,21 +5168,22 @@ var file_herald_proto_goTypes = []any{
 	(*DeliveredMessage)(nil),      // 45: herald.v1.DeliveredMessage
 	(*Delivery)(nil),              // 46: herald.v1.Delivery
 	(*AssignmentChange)(nil),      // 47: herald.v1.AssignmentChange
-	(*ListGroupsRequest)(nil),     // 48: herald.v1.ListGroupsRequest
-	(*GroupSummary)(nil),          // 49: herald.v1.GroupSummary
-	(*ListGroupsResponse)(nil),    // 50: herald.v1.ListGroupsResponse
-	(*DescribeGroupRequest)(nil),  // 51: herald.v1.DescribeGroupRequest
-	(*MemberInfo)(nil),            // 52: herald.v1.MemberInfo
-	(*PartitionLag)(nil),          // 53: herald.v1.PartitionLag
-	(*GroupInfo)(nil),             // 54: herald.v1.GroupInfo
-	(*DescribeGroupResponse)(nil), // 55: herald.v1.DescribeGroupResponse
-	(*ResetGroupRequest)(nil),     // 56: herald.v1.ResetGroupRequest
-	(*ResetGroupResponse)(nil),    // 57: herald.v1.ResetGroupResponse
-	(*CallRequest)(nil),           // 58: herald.v1.CallRequest
-	(*CallResponse)(nil),          // 59: herald.v1.CallResponse
-	(*ReplyRequest)(nil),          // 60: herald.v1.ReplyRequest
-	(*ReplyResponse)(nil),         // 61: herald.v1.ReplyResponse
-	(*ReplyDelivery)(nil),         // 62: herald.v1.ReplyDelivery
+	(*SubscriptionEnded)(nil),     // 48: herald.v1.SubscriptionEnded
+	(*ListGroupsRequest)(nil),     // 49: herald.v1.ListGroupsRequest
+	(*GroupSummary)(nil),          // 50: herald.v1.GroupSummary
+	(*ListGroupsResponse)(nil),    // 51: herald.v1.ListGroupsResponse
+	(*DescribeGroupRequest)(nil),  // 52: herald.v1.DescribeGroupRequest
+	(*MemberInfo)(nil),            // 53: herald.v1.MemberInfo
+	(*PartitionLag)(nil),          // 54: herald.v1.PartitionLag
+	(*GroupInfo)(nil),             // 55: herald.v1.GroupInfo
+	(*DescribeGroupResponse)(nil), // 56: herald.v1.DescribeGroupResponse
+	(*ResetGroupRequest)(nil),     // 57: herald.v1.ResetGroupRequest
+	(*ResetGroupResponse)(nil),    // 58: herald.v1.ResetGroupResponse
+	(*CallRequest)(nil),           // 59: herald.v1.CallRequest
+	(*CallResponse)(nil),          // 60: herald.v1.CallResponse
+	(*ReplyRequest)(nil),          // 61: herald.v1.ReplyRequest
+	(*ReplyResponse)(nil),         // 62: herald.v1.ReplyResponse
+	(*ReplyDelivery)(nil),         // 63: herald.v1.ReplyDelivery
 }
 var file_herald_proto_depIdxs = []int32{
 	0,  // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
@@ -5140,56 +5215,58 @@ var file_herald_proto_depIdxs = []int32{
 	42, // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
 	43, // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
 	44, // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
-	48, // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
-	50, // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
-	51, // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
-	55, // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
-	56, // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
-	57, // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
-	58, // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
-	59, // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
-	60, // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
-	61, // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
+	49, // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
+	51, // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
+	52, // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
+	56, // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
+	57, // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
+	58, // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
+	59, // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
+	60, // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
+	61, // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
+	62, // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
 	46, // 39: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
 	47, // 40: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	62, // 41: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	6,  // 42: herald.v1.Frame.error:type_name -> herald.v1.Error
-	10, // 43: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	11, // 44: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	13, // 45: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	12, // 46: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	10, // 47: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	12, // 48: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	12, // 49: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	12, // 50: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	24, // 51: herald.v1.Record.headers:type_name -> herald.v1.Header
-	25, // 52: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	1,  // 53: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	27, // 54: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	2,  // 55: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	3,  // 56: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	4,  // 57: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	34, // 58: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	25, // 59: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	45, // 60: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	3,  // 61: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	49, // 62: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	5,  // 63: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	3,  // 64: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	4,  // 65: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	52, // 66: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	53, // 67: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	54, // 68: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	34, // 69: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	54, // 70: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	25, // 71: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	25, // 72: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	25, // 73: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	74, // [74:74] is the sub-list for method output_type
-	74, // [74:74] is the sub-list for method input_type
-	74, // [74:74] is the sub-list for extension type_name
-	74, // [74:74] is the sub-list for extension extendee
-	0,  // [0:74] is the sub-list for field type_name
+	63, // 41: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	48, // 42: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	6,  // 43: herald.v1.Frame.error:type_name -> herald.v1.Error
+	10, // 44: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	11, // 45: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	13, // 46: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	12, // 47: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	10, // 48: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	12, // 49: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	12, // 50: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	12, // 51: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	24, // 52: herald.v1.Record.headers:type_name -> herald.v1.Header
+	25, // 53: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	1,  // 54: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	27, // 55: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	2,  // 56: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	3,  // 57: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	4,  // 58: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	34, // 59: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	25, // 60: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	45, // 61: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	6,  // 62: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	3,  // 63: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	50, // 64: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	5,  // 65: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	3,  // 66: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	4,  // 67: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	53, // 68: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	54, // 69: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	55, // 70: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	34, // 71: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	55, // 72: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	25, // 73: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	25, // 74: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	25, // 75: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	76, // [76:76] is the sub-list for method output_type
+	76, // [76:76] is the sub-list for method input_type
+	76, // [76:76] is the sub-list for extension type_name
+	76, // [76:76] is the sub-list for extension extendee
+	0,  // [0:76] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -5239,6 +5316,7 @@ func file_herald_proto_init() {
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),
+		(*Frame_SubscriptionEnded)(nil),
 		(*Frame_Error)(nil),
 	}
 	file_herald_proto_msgTypes[22].OneofWrappers = []any{}
@@ -5254,7 +5332,7 @@ func file_herald_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   57,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -683,7 +683,7 @@ func (c *coordinator) leave(ctx actor.Context, mb *member, now time.Time) {
 	}
 	pl, _ := l.sub.Leave(mb.id, now)
 	mb.breaker.Close()
-	ctx.Stop(mb.session)
+	ctx.Poison(mb.session) // after the pushes already queued to it
 	c.o.Dir.removeSub(mb.subID)
 	delete(l.members, mb.id)
 	delete(l.bySub, mb.subID)
@@ -1465,6 +1465,10 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 			return
 		}
 		for _, mb := range l.members {
+			ctx.Send(mb.session, &pushFrame{f: &heraldpb.Frame{Body: &heraldpb.Frame_SubscriptionEnded{SubscriptionEnded: &heraldpb.SubscriptionEnded{
+				SubscriptionId: mb.subID,
+				Reason:         heraldpb.NewError(heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "group %q was reset with force", c.group),
+			}}}})
 			c.leave(ctx, mb, time.Now())
 		}
 	}
