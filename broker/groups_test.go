@@ -156,7 +156,18 @@ func produce(t *testing.T, w *wire, topicName string, part uint32, n int) {
 			Tags: []string{[]string{"red", "blue"}[i%2]}, Headers: []*heraldpb.Header{{Key: "n", Value: []byte(fmt.Sprint(i))}}})
 	}
 	recs, _ := proto.Marshal(batch)
-	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: topicName, Partition: proto.Uint32(part), Records: recs}}})
+	// Retriable errors (a partition still electing itself after a restart)
+	// are retried.
+	checkFor(t, func() error {
+		r := w.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: topicName, Partition: proto.Uint32(part), Records: recs}}})
+		if e := r.GetError(); e != nil {
+			if !e.Retriable {
+				t.Fatalf("produce: %v", e)
+			}
+			return e
+		}
+		return nil
+	})
 }
 
 func TestGroupSharedCreditsAcksRestart(t *testing.T) {
@@ -344,7 +355,7 @@ func TestGroupClusteringRebalance(t *testing.T) {
 	}
 }
 
-func checkFor(t *testing.T, cond func() error) {
+func checkFor(t testing.TB, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
