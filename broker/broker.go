@@ -98,8 +98,15 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		return nil, fmt.Errorf("internal topic %s: %w", consumer.GroupsTopic, ferr)
 	}
 	dir := consumer.NewDirectory()
+	var srv atomic.Pointer[netio.Server] // set once the server exists, before it serves
+	push := func(id string, frame []byte) bool {
+		if s := srv.Load(); s != nil {
+			return s.Push(id, frame)
+		}
+		return false
+	}
 	b.groups, err = b.sys.Root.SpawnNamed(consumer.Props(consumer.Options{
-		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout,
+		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout, Push: push,
 		CompactBytes: cfg.groupsCompactBytes, CompactCheck: cfg.groupsCompactCheck,
 		Breaker: consumer.BreakerConfig{ConsecutiveFailures: cfg.BreakerFailures, CoolDown: cfg.BreakerCoolDown},
 	}), consumer.ManagerName)
@@ -118,7 +125,8 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		b.stopActors()
 		return nil, err
 	}
-	groupRouter.SetLookup(b.server.Session)
+	srv.Store(b.server)
+	groupRouter.SetLookup(b.server.Session, b.server.Push)
 	if err := b.server.Start(); err != nil {
 		b.stopActors()
 		return nil, fmt.Errorf("client listener %s: %w", cfg.Listen, err)

@@ -223,10 +223,24 @@ func (a *session) Receive(ctx actor.Context) {
 		a.onFrame(m)
 	case RawPush:
 		a.onRaw(m)
+	case *WriteThen:
+		a.onFrame(m.Frame)
+		ctx.Send(m.Notify, &Written{})
 	case *actor.Stopping:
 		a.c.releaseAll()
 	}
 }
+
+// WriteThen asks the session actor to write Frame (a response or a push)
+// and then send Written to Notify: from then on, frames the notified actor
+// writes with Server.Push go out after Frame.
+type WriteThen struct {
+	Frame  *heraldpb.Frame
+	Notify *actor.PID
+}
+
+// Written answers WriteThen.
+type Written struct{}
 
 // RawPush is a server push already encoded as a whole frame (length prefix
 // included), written as it is. Senders build it with heraldpb's encoders and

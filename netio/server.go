@@ -65,6 +65,29 @@ type Server struct {
 	sessions sync.Map // session actor id -> *conn, for Session
 }
 
+// Push writes an encoded server push (length prefix included, frame id 0)
+// straight to connection id, skipping its session actor: for senders that
+// need no ordering with the connection's responses. It reports false when
+// the connection is gone or the frame exceeds its max frame (the frame is
+// then dropped and counted).
+func (s *Server) Push(id string, frame []byte) bool {
+	v, ok := s.sessions.Load(id)
+	if !ok {
+		return false
+	}
+	c := v.(*conn)
+	if c.closed.Load() || c.final.Load() || int64(len(frame)-heraldpb.HeaderLen) > c.maxFrame.Load() {
+		mFramesDropped.Inc()
+		return false
+	}
+	if err := c.gc.AsyncWrite(frame, nil); err != nil {
+		mFramesDropped.Inc()
+		return false
+	}
+	c.lastActive.Store(time.Now().UnixNano())
+	return true
+}
+
 // Session finds a live connection by its session actor's id (the id of the
 // replyTo PID given to the Router). It returns the session PID and the
 // connection's negotiated max frame payload.

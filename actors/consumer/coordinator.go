@@ -42,6 +42,10 @@ type Options struct {
 	// __groups, and the subscribes a coordinator holds while it resolves
 	// start positions; 0 = 4096. Beyond it they get THROTTLED.
 	MaxQueued int
+	// Push writes an encoded push straight to a connection by its session
+	// id (netio.Server.Push); nil sends pushes through the connection's
+	// session actor. Set it before the first subscription.
+	Push func(id string, frame []byte) bool
 	// DefaultAckTimeout applies when a subscription gives none; 0 = 30 s.
 	DefaultAckTimeout time.Duration
 	// CompactBytes is the size of __groups above which the manager
@@ -609,9 +613,9 @@ func (c *coordinator) join(ctx actor.Context, m *subscribeMsg) {
 	hello := &heraldpb.Frame{Id: m.f.Id, Body: &heraldpb.Frame_SubscribeResponse{SubscribeResponse: &heraldpb.SubscribeResponse{
 		SubscriptionId: subID, MemberId: string(mid), Partitions: uint32(len(l.entry.Partitions)),
 	}}}
-	maxFrame := m.maxFrame
+	maxFrame, push := m.maxFrame, c.o.Push
 	mb.session = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
-		return &memberSession{member: mid, subID: subID, conn: m.replyTo, maxFrame: maxFrame, hello: hello}
+		return &memberSession{member: mid, subID: subID, conn: m.replyTo, maxFrame: maxFrame, hello: hello, push: push}
 	}), "m")
 	l.members[mid] = mb
 	l.bySub[subID] = mb

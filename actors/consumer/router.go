@@ -18,6 +18,7 @@ type Router struct {
 	dir     *Directory
 	manager *actor.PID
 	lookup  SessionLookup
+	push    func(id string, frame []byte) bool
 }
 
 // NewRouter routes to the groups manager and the coordinators in dir.
@@ -26,8 +27,11 @@ func NewRouter(sys *actor.ActorSystem, dir *Directory, manager *actor.PID) *Rout
 	return &Router{sys: sys, dir: dir, manager: manager}
 }
 
-// SetLookup sets how the router finds client connections.
-func (r *Router) SetLookup(l SessionLookup) { r.lookup = l }
+// SetLookup sets how the router finds client connections and writes
+// pushes straight to them (netio.Server.Session and Push).
+func (r *Router) SetLookup(l SessionLookup, push func(id string, frame []byte) bool) {
+	r.lookup, r.push = l, push
+}
 
 // subscribeMsg is a SubscribeRequest with what the coordinator needs to
 // know of the subscribing connection.
@@ -128,7 +132,9 @@ func (r *Router) reply(f *heraldpb.Frame, req *heraldpb.ReplyRequest, replyTo *a
 		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_MESSAGE_TOO_LARGE, "reply of %d bytes exceeds the caller's max frame %d", len(push), maxFrame))
 		return
 	}
-	r.sys.Root.Send(pid, netio.RawPush(push))
+	if r.push == nil || !r.push(req.Inbox, push) {
+		r.sys.Root.Send(pid, netio.RawPush(push))
+	}
 	mReplies.WithLabelValues("ok").Inc()
 	r.sys.Root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ReplyResponse{ReplyResponse: &heraldpb.ReplyResponse{}}})
 }

@@ -21,6 +21,13 @@ type memberSession struct {
 	// hello is the SubscribeResponse, sent first: the client learns its
 	// subscription id before any push for it.
 	hello *heraldpb.Frame
+	// push writes a frame straight to the connection (netio.Server.Push),
+	// skipping the connection's session actor; nil: through it. It is used
+	// once the session actor has written hello; frames before that wait in
+	// early.
+	push  func(id string, frame []byte) bool
+	ready bool
+	early [][]byte
 }
 
 // Messages between the coordinator and its member sessions.
@@ -39,12 +46,21 @@ type (
 func (s *memberSession) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
-		ctx.Send(s.conn, s.hello)
+		ctx.Send(s.conn, &netio.WriteThen{Frame: s.hello, Notify: ctx.Self()})
 		ctx.Watch(s.conn)
+	case *netio.Written:
+		s.ready = true
+		for _, f := range s.early {
+			s.write(ctx, f)
+		}
+		s.early = nil
 	case *pushBatch:
-		s.push(ctx, m.msgs)
+		s.pushMsgs(ctx, m.msgs)
 	case *pushFrame:
-		ctx.Send(s.conn, m.f)
+		b, err := heraldpb.AppendFrame(nil, m.f)
+		if err == nil {
+			s.write(ctx, b)
+		}
 	case *actor.Terminated:
 		if m.Who.Equal(s.conn) {
 			ctx.Send(ctx.Parent(), &memberGone{member: s.member, subID: s.subID})
@@ -53,11 +69,23 @@ func (s *memberSession) Receive(ctx actor.Context) {
 	}
 }
 
+// write sends one encoded push frame, in order.
+func (s *memberSession) write(ctx actor.Context, frame []byte) {
+	switch {
+	case !s.ready:
+		s.early = append(s.early, frame)
+	case s.push != nil:
+		s.push(s.conn.Id, frame)
+	default:
+		ctx.Send(s.conn, netio.RawPush(frame))
+	}
+}
+
 // push writes msgs as Delivery frames within the max frame. A single
 // message too big for the frame cannot be delivered to this connection; it
 // goes alone and netio drops it (counted), and the ack timeout redelivers it
 // — to another member with a bigger frame, or never (see README: max frame).
-func (s *memberSession) push(ctx actor.Context, msgs []heraldpb.PushMessage) {
+func (s *memberSession) pushMsgs(ctx actor.Context, msgs []heraldpb.PushMessage) {
 	const overhead = 64
 	for len(msgs) > 0 {
 		n, size := 0, heraldpb.HeaderLen+16
@@ -69,8 +97,7 @@ func (s *memberSession) push(ctx actor.Context, msgs []heraldpb.PushMessage) {
 			size += ms
 			n++
 		}
-		frame := heraldpb.AppendDelivery(make([]byte, 0, size), s.subID, msgs[:n])
-		ctx.Send(s.conn, netio.RawPush(frame))
+		s.write(ctx, heraldpb.AppendDelivery(make([]byte, 0, size), s.subID, msgs[:n]))
 		msgs = msgs[n:]
 	}
 }
