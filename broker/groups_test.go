@@ -747,3 +747,32 @@ func TestGroupsCompaction(t *testing.T) {
 		t.Fatalf("progress after compaction and restart: %v", d.Partitions)
 	}
 }
+
+// Clustering mode's Kafka-style commit: everything below the committed
+// offset is done, acked or not, and durable when the commit is answered.
+func TestGroupCommit(t *testing.T) {
+	dir := t.TempDir()
+	b := startTestBroker(t, dir)
+	w := dialWire(t, b.ClientAddr())
+	newTopic(t, w, "t", 2)
+	produce(t, w, "t", 0, 10)
+	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_CLUSTERING, Credits: 100})
+	if got := w.deliveries(10, 5*time.Second); len(got) != 10 {
+		t.Fatalf("got %d of 10", len(got))
+	}
+	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Commit{Commit: &heraldpb.CommitRequest{SubscriptionId: sub, Partition: 0, Offset: 6}}})
+	if r := w.call(&heraldpb.Frame{Body: &heraldpb.Frame_Commit{Commit: &heraldpb.CommitRequest{SubscriptionId: sub, Partition: 7, Offset: 1}}}); r.GetError() == nil {
+		t.Fatal("commit of a partition the member does not own was accepted")
+	}
+	if d := describe(t, w, "g"); d.Partitions[0].AckFloor != 6 || d.Members[0].InFlight != 4 {
+		t.Fatalf("after commit 6: floor %d, in flight %d", d.Partitions[0].AckFloor, d.Members[0].InFlight)
+	}
+	b.Shutdown()
+	b = startTestBroker(t, dir)
+	defer b.Shutdown()
+	w = dialWire(t, b.ClientAddr())
+	subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_CLUSTERING, Credits: 100})
+	if got := w.deliveries(4, 5*time.Second); len(got) != 4 || got[0].Offset != 6 {
+		t.Fatalf("after restart: %v", ids(got))
+	}
+}
