@@ -109,3 +109,39 @@ func TestForEachRawRecord(t *testing.T) {
 		t.Fatal("truncated batch accepted")
 	}
 }
+
+// FuzzForEachRawRecord: never panics, and on a batch ScanBatch accepts it
+// yields the records ForEachRecord yields, with the same keys.
+func FuzzForEachRawRecord(f *testing.F) {
+	b1, _ := proto.Marshal(&RecordBatch{Records: []*Record{{Key: []byte("k"), Value: []byte("v"), Tags: []string{"t"}}, {Value: []byte("x")}}})
+	f.Add(b1)
+	f.Add([]byte{})
+	f.Add([]byte{0x0a, 0x02, 0x0a, 0x00})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var raw [][]byte
+		rawErr := ForEachRawRecord(b, func(i int, rec []byte) bool {
+			if i != len(raw) {
+				t.Fatalf("index %d after %d records", i, len(raw))
+			}
+			raw = append(raw, rec)
+			_ = RecordKey(rec)
+			return true
+		})
+		if _, err := ScanBatch(b); err != nil {
+			return
+		}
+		if rawErr != nil {
+			t.Fatalf("ScanBatch accepts what ForEachRawRecord rejects: %v", rawErr)
+		}
+		n := 0
+		if err := ForEachRecord(b, func(i int, rec, key []byte) bool {
+			if string(rec) != string(raw[i]) || string(key) != string(RecordKey(raw[i])) {
+				t.Fatalf("record %d differs", i)
+			}
+			n++
+			return true
+		}); err != nil || n != len(raw) {
+			t.Fatalf("ForEachRecord: %d records, %v; raw %d", n, err, len(raw))
+		}
+	})
+}
