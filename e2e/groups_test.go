@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -395,11 +397,21 @@ type consumerProc struct {
 }
 
 func startConsumer(t *testing.T, addr string, args ...string) *consumerProc {
+	return startConsumerOut(t, addr, nil, args...)
+}
+
+// startConsumerOut starts a consumer whose stdout is stdout (nil: a file
+// that lines reads).
+func startConsumerOut(t *testing.T, addr string, stdout *os.File, args ...string) *consumerProc {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "out")
-	f, err := os.Create(out)
-	if err != nil {
-		t.Fatal(err)
+	f := stdout
+	if f == nil {
+		var err error
+		if f, err = os.Create(out); err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
 	}
 	cmd := exec.Command(heraldBin, append([]string{"consume", "--addr", addr}, args...)...)
 	cmd.Stdout = f
@@ -408,7 +420,6 @@ func startConsumer(t *testing.T, addr string, args ...string) *consumerProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	f.Close()
 	p := &consumerProc{cmd: cmd, out: out, done: make(chan struct{})}
 	go func() { cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
@@ -435,17 +446,48 @@ func (p *consumerProc) lines(t *testing.T) []string {
 	return out
 }
 
-// Three `herald consume --mode shared` processes and one producer; one
-// consumer is SIGKILLed mid-stream: its unacked messages go to the others,
-// none is lost, and the group rebalances to two members.
-func TestSharedConsumerProcessKilled(t *testing.T) {
+// Three `herald consume --group` processes and one producer; one consumer
+// is SIGKILLed mid-stream: its unacked messages go to the others, none is
+// lost, and the group rebalances to two members (in clustering mode the
+// victim, the first to join, owns a partition, which moves).
+func TestConsumerProcessKilled(t *testing.T) {
+	for _, mode := range []string{"shared", "clustering"} {
+		t.Run(mode, func(t *testing.T) { consumerProcessKilled(t, mode) })
+	}
+}
+
+func consumerProcessKilled(t *testing.T, mode string) {
 	n := startProc(t, t.TempDir())
 	c := dial(t, n)
 	createTopic(t, c, "jobs", 2)
+	// The victim prints into a 4 KiB pipe nobody reads until it is killed:
+	// it gets stuck printing, holding its window of messages unacked, as a
+	// hung consumer does.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	if _, _, e := syscall.Syscall(syscall.SYS_FCNTL, pw.Fd(), 1031 /* F_SETPIPE_SZ */, 4096); e != 0 {
+		t.Fatalf("F_SETPIPE_SZ: %v", e)
+	}
 	var cons []*consumerProc
 	for i := 0; i < 3; i++ {
-		cons = append(cons, startConsumer(t, n.Addr(), "--topic", "jobs", "--group", "workers", "--mode", "shared",
-			"--window", "32", "--name", fmt.Sprintf("w%d", i), "--ack-timeout", "2s"))
+		args := []string{"--topic", "jobs", "--group", "workers", "--mode", mode, "--window", "32", "--name", fmt.Sprintf("w%d", i), "--ack-timeout", "30s"}
+		if i == 0 {
+			cons = append(cons, startConsumerOut(t, n.Addr(), pw, args...))
+			pw.Close()
+			// It joins first, so in clustering mode it keeps a partition.
+			checkFor(t, 20*time.Second, "the victim joined", func() error {
+				info, err := c.DescribeGroup(ctxT(t, 5*time.Second), "workers")
+				if err != nil || len(info.Members) != 1 {
+					return fmt.Errorf("%v %v", info, err)
+				}
+				return nil
+			})
+		} else {
+			cons = append(cons, startConsumer(t, n.Addr(), args...))
+		}
 	}
 	checkFor(t, 20*time.Second, "3 members", func() error {
 		info, err := c.DescribeGroup(ctxT(t, 5*time.Second), "workers")
@@ -455,16 +497,47 @@ func TestSharedConsumerProcessKilled(t *testing.T) {
 		return nil
 	})
 	const total = 6000
+	// Produce at a pace (60 batches over about a second), so the victim
+	// dies mid-stream with messages in flight.
 	produced := make(chan error, 1)
-	go func() { produced <- produceErr(c, "jobs", "job", total, 100) }()
-	checkFor(t, 30*time.Second, "the victim consuming", func() error {
-		if l := len(cons[0].lines(t)); l < 200 {
-			return fmt.Errorf("victim printed %d", l)
+	go func() {
+		for i := 0; i < total/100; i++ {
+			if err := produceErr(c, "jobs", fmt.Sprintf("job%02d", i), 100, 100); err != nil {
+				produced <- err
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		produced <- nil
+	}()
+	victimState := func() (inFlight uint32, delivered uint64) {
+		info, err := c.DescribeGroup(ctxT(t, 5*time.Second), "workers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range info.Members {
+			if m.Name == "w0" {
+				return m.InFlight, m.Delivered
+			}
+		}
+		return 0, 0
+	}
+	checkFor(t, 30*time.Second, "the victim stuck with its window unacked", func() error {
+		f1, d1 := victimState()
+		time.Sleep(50 * time.Millisecond) // no progress over this long: stuck
+		f2, d2 := victimState()
+		if f1 != 32 || f2 != 32 || d1 != d2 {
+			return fmt.Errorf("victim in flight %d then %d, delivered %d then %d", f1, f2, d1, d2)
 		}
 		return nil
 	})
 	cons[0].cmd.Process.Kill()
 	<-cons[0].done
+	victim, err := io.ReadAll(pr) // what it printed (and so acked) before it hung
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("victim printed %d lines", len(strings.Fields(string(victim))))
 	checkFor(t, 20*time.Second, "rebalance to 2 members", func() error {
 		info, err := c.DescribeGroup(ctxT(t, 5*time.Second), "workers")
 		if err != nil || len(info.Members) != 2 {
@@ -478,7 +551,10 @@ func TestSharedConsumerProcessKilled(t *testing.T) {
 	count := map[string]int{}
 	checkFor(t, 60*time.Second, "every job printed", func() error {
 		clear(count)
-		for _, p := range cons {
+		for _, l := range strings.Fields(string(victim)) {
+			count[l]++
+		}
+		for _, p := range cons[1:] {
 			for _, l := range p.lines(t) {
 				count[l]++
 			}
@@ -491,6 +567,9 @@ func TestSharedConsumerProcessKilled(t *testing.T) {
 	dups := 0
 	for _, k := range count {
 		dups += k - 1
+	}
+	if info, err := c.DescribeGroup(ctxT(t, 5*time.Second), "workers"); err != nil || info.Redelivered == 0 {
+		t.Fatalf("nothing the victim held was redelivered to the others: %v %v", info, err)
 	}
 	// Only what the victim printed but had not yet acked can come twice:
 	// at most its window.
