@@ -6,6 +6,7 @@ import (
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // benchRecords is the number of records per benchmarked batch.
@@ -99,4 +100,55 @@ func BenchmarkDecodeBatch(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkDecodeDelivery decodes a pushed Delivery frame of 256 messages
+// with 100-byte values, as the broker encodes it (heraldpb.AppendDelivery),
+// into Delivered values: "proto" is the generic path (heraldpb.DecodeFrame
+// and deliveredFromProto, what every push took before decodeDelivery),
+// "protowire" the one the reader takes (deliveryBody and decodeDelivery).
+func BenchmarkDecodeDelivery(b *testing.B) {
+	const n, size = 256, 100
+	msgs := make([]heraldpb.PushMessage, n)
+	for i := range msgs {
+		v := make([]byte, size)
+		for j := range v {
+			v[j] = byte('a' + (i+j)%26)
+		}
+		elem, err := encodeRecord(nil, &Message{Value: v})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rec, _ := protowire.ConsumeBytes(elem[1:]) // the Record inside the RecordBatch element
+		msgs[i] = heraldpb.PushMessage{Partition: uint32(i % 4), Offset: 1_000_000 + int64(i), DeliveryCount: 1,
+			AppendTimeMs: 1_700_000_000_000 + int64(i/16), Record: rec}
+	}
+	payload := heraldpb.AppendDelivery(nil, 7, msgs)[heraldpb.HeaderLen:]
+	b.Run("proto", func(b *testing.B) {
+		b.SetBytes(n * size)
+		b.ReportAllocs()
+		for b.Loop() {
+			f, err := heraldpb.DecodeFrame(payload)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if ds := deliveredFromProto(f.GetDelivery().GetMessages()); len(ds) != n {
+				b.Fatal(len(ds))
+			}
+		}
+	})
+	b.Run("protowire", func(b *testing.B) {
+		b.SetBytes(n * size)
+		b.ReportAllocs()
+		for b.Loop() {
+			body, ok := deliveryBody(payload)
+			if !ok {
+				b.Fatal("not a delivery")
+			}
+			_, ds, err := decodeDelivery(body)
+			if err != nil || len(ds) != n {
+				b.Fatal(len(ds), err)
+			}
+		}
+	})
 }

@@ -66,3 +66,17 @@ func decodeBatchProto(topic string, partition int32, b *heraldpb.StoredBatch, fr
 	}
 	return out, nil
 }
+
+// decodeDeliveryProto decodes a Delivery push frame payload the generic
+// way: heraldpb.DecodeFrame, then deliveredFromProto.
+func decodeDeliveryProto(payload []byte) (uint64, []Delivered, error) {
+	f, err := heraldpb.DecodeFrame(payload)
+	if err != nil {
+		return 0, nil, err
+	}
+	d := f.GetDelivery()
+	if d == nil {
+		return 0, nil, fmt.Errorf("frame body %T, not a Delivery", f.GetBody())
+	}
+	return d.GetSubscriptionId(), deliveredFromProto(d.GetMessages()), nil
+}

@@ -145,6 +145,17 @@ func ctxErr(ctx context.Context, err error) error {
 }
 
 func readFrame(br *bufio.Reader, max int) (*heraldpb.Frame, error) {
+	payload, err := readPayload(br, max)
+	if err != nil {
+		return nil, err
+	}
+	return heraldpb.DecodeFrame(payload)
+}
+
+// readPayload reads one frame and returns its payload in a new buffer that
+// nothing else refers to: pushed messages alias it (see decodeDelivery), so
+// it must never be reused.
+func readPayload(br *bufio.Reader, max int) ([]byte, error) {
 	var hdr [heraldpb.HeaderLen]byte
 	if _, err := io.ReadFull(br, hdr[:]); err != nil {
 		return nil, err
@@ -157,16 +168,27 @@ func readFrame(br *bufio.Reader, max int) (*heraldpb.Frame, error) {
 	if _, err := io.ReadFull(br, payload); err != nil {
 		return nil, err
 	}
-	return heraldpb.DecodeFrame(payload)
+	return payload, nil
 }
 
 // readLoop reads frames until the connection dies. Responses go to their
 // waiting request; pushes (frame id 0: Delivery, AssignmentChange,
 // ReplyDelivery) go to their subscription or pending Request without
-// blocking (see push).
+// blocking (see pushDelivery and push).
 func (c *conn) readLoop(br *bufio.Reader) {
 	for {
-		f, err := readFrame(br, c.maxFrame)
+		payload, err := readPayload(br, c.maxFrame)
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		if ok, err := c.pushDelivery(payload); err != nil {
+			c.fail(err)
+			return
+		} else if ok {
+			continue
+		}
+		f, err := heraldpb.DecodeFrame(payload)
 		if err != nil && !errors.Is(err, heraldpb.ErrUnknownBody) {
 			c.fail(err)
 			return
@@ -393,6 +415,37 @@ var respChans = sync.Pool{New: func() any { return make(chan *heraldpb.Frame, 1)
 func getRespChan() chan *heraldpb.Frame   { return respChans.Get().(chan *heraldpb.Frame) }
 func putRespChan(ch chan *heraldpb.Frame) { respChans.Put(ch) }
 
+// pushDelivery takes a frame payload that is a Delivery push in the shape
+// the broker sends (see deliveryBody): it decodes the messages with
+// decodeDelivery, aliasing payload, and hands them to their subscription
+// as push does, without building the heraldpb message tree. It reports
+// false for any other payload, which is then decoded with
+// heraldpb.DecodeFrame, and an error wrapping heraldpb.ErrMalformed for a
+// malformed Delivery (the connection then fails). It runs on the reader
+// goroutine and never blocks.
+func (c *conn) pushDelivery(payload []byte) (bool, error) {
+	body, ok := deliveryBody(payload)
+	if !ok {
+		return false, nil
+	}
+	subID, msgs, err := decodeDelivery(body)
+	if err != nil {
+		return true, err
+	}
+	c.deliver(subID, msgs)
+	return true, nil
+}
+
+// deliver hands pushed messages to subscription subID; they are dropped if
+// it is unknown here (ended, or cancelled).
+func (c *conn) deliver(subID uint64, msgs []Delivered) {
+	if ss := c.session(subID); ss != nil {
+		ss.sub.deliver(ss, msgs)
+	} else {
+		c.log.Debug("herald: delivery for unknown subscription", "addr", c.addr, "subscription", subID, "messages", len(msgs))
+	}
+}
+
 // push hands a frame with id 0 to its push target and reports whether it
 // was a push. It runs on the reader goroutine and never blocks: a
 // subscription buffers at most its credit window (see
@@ -402,12 +455,7 @@ func putRespChan(ch chan *heraldpb.Frame) { respChans.Put(ch) }
 func (c *conn) push(f *heraldpb.Frame) bool {
 	switch body := f.GetBody().(type) {
 	case *heraldpb.Frame_Delivery:
-		d := body.Delivery
-		if ss := c.session(d.GetSubscriptionId()); ss != nil {
-			ss.sub.deliver(ss, d.GetMessages())
-		} else {
-			c.log.Debug("herald: delivery for unknown subscription", "addr", c.addr, "subscription", d.GetSubscriptionId(), "messages", len(d.GetMessages()))
-		}
+		c.deliver(body.Delivery.GetSubscriptionId(), deliveredFromProto(body.Delivery.GetMessages()))
 	case *heraldpb.Frame_Assignment:
 		a := body.Assignment
 		if ss := c.session(a.GetSubscriptionId()); ss != nil {

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -123,10 +124,17 @@ func (d *batchDecoder) decode(buf []byte, base, from int64, out []*Message) ([]*
 				m = new(Message)
 			}
 		}
-		if err := d.record(rec, m); err != nil {
+		ts, err := d.record(rec, m)
+		if err != nil {
 			return out, fmt.Errorf("record %d: %w", off-base, err)
 		}
 		if m != nil {
+			if ts == 0 {
+				ts = d.appendTime
+			}
+			m.Topic = d.topic
+			m.Partition = d.partition
+			m.Timestamp = d.time(ts)
 			m.Offset = off
 			out = append(out, m)
 			d.remaining--
@@ -136,23 +144,24 @@ func (d *batchDecoder) decode(buf []byte, base, from int64, out []*Message) ([]*
 	return out, nil
 }
 
-// record decodes one encoded Record into m, or only checks it when m is
-// nil (a record below the fetch offset).
-func (d *batchDecoder) record(b []byte, m *Message) error {
+// record decodes one encoded Record into m's Key, Value, Headers and Tags,
+// or only checks it when m is nil (a record below the fetch offset), and
+// returns its timestamp_ms. The caller sets the other fields of m.
+func (d *batchDecoder) record(b []byte, m *Message) (int64, error) {
 	var key, value []byte
 	var ts int64
 	d.hstart, d.tstart = len(d.hdrs), len(d.tags)
 	for len(b) > 0 {
 		num, typ, n := consumeTag(b)
 		if n < 0 {
-			return protowire.ParseError(n)
+			return 0, protowire.ParseError(n)
 		}
 		b = b[n:]
 		switch {
 		case typ == protowire.BytesType && num >= 1 && num <= 5 && num != 4:
 			v, n := protowire.ConsumeBytes(b)
 			if n < 0 {
-				return protowire.ParseError(n)
+				return 0, protowire.ParseError(n)
 			}
 			b = b[n:]
 			switch num {
@@ -163,14 +172,14 @@ func (d *batchDecoder) record(b []byte, m *Message) error {
 			case 3:
 				hk, hv, err := parseHeader(v)
 				if err != nil {
-					return err
+					return 0, err
 				}
 				if m != nil {
 					d.addHeader(Header{Key: d.intern(hk), Value: capped(hv)})
 				}
 			case 5:
 				if !utf8.Valid(v) {
-					return errTagUTF8
+					return 0, errTagUTF8
 				}
 				if m != nil {
 					d.addTag(d.intern(v))
@@ -179,39 +188,39 @@ func (d *batchDecoder) record(b []byte, m *Message) error {
 		case num == 4 && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
-				return protowire.ParseError(n)
+				return 0, protowire.ParseError(n)
 			}
 			b = b[n:]
 			ts = int64(v)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
-				return protowire.ParseError(n)
+				return 0, protowire.ParseError(n)
 			}
 			b = b[n:]
 		}
 	}
 	if m == nil {
-		return nil
+		return ts, nil
 	}
-	if ts == 0 {
-		ts = d.appendTime
-	}
-	if !d.haveTime || ts != d.lastTS {
-		d.lastTS, d.lastTime, d.haveTime = ts, time.UnixMilli(ts), true
-	}
-	m.Topic = d.topic
-	m.Partition = d.partition
 	m.Key = capped(key)
 	m.Value = capped(value)
-	m.Timestamp = d.lastTime
 	if n := len(d.hdrs); n > d.hstart {
 		m.Headers = d.hdrs[d.hstart:n:n]
 	}
 	if n := len(d.tags); n > d.tstart {
 		m.Tags = d.tags[d.tstart:n:n]
 	}
-	return nil
+	return ts, nil
+}
+
+// time returns time.UnixMilli(ms), reusing the previous result when ms
+// repeats (records of a batch often share their timestamp).
+func (d *batchDecoder) time(ms int64) time.Time {
+	if !d.haveTime || ms != d.lastTS {
+		d.lastTS, d.lastTime, d.haveTime = ms, time.UnixMilli(ms), true
+	}
+	return d.lastTime
 }
 
 // parseHeader decodes one encoded Header: its key (valid UTF-8) and value,
@@ -299,11 +308,226 @@ func (d *batchDecoder) addTag(t string) {
 }
 
 // consumeTag is protowire.ConsumeTag that also rejects field numbers above
-// protowire.MaxValidNumber, as proto.Unmarshal does.
+// protowire.MaxValidNumber, as proto.Unmarshal does. A one-byte tag (field
+// numbers 1 to 15, all of Herald's hot fields) is decoded inline.
 func consumeTag(b []byte) (protowire.Number, protowire.Type, int) {
+	if len(b) > 0 && b[0] < 0x80 && b[0] >= 1<<3 {
+		return protowire.Number(b[0] >> 3), protowire.Type(b[0] & 7), 1
+	}
 	num, typ, n := protowire.ConsumeTag(b)
 	if n >= 0 && num > protowire.MaxValidNumber {
 		return 0, 0, errCodeFieldNumber
 	}
 	return num, typ, n
+}
+
+// Field numbers decodeDelivery and deliveryBody rely on;
+// TestDeliveryFieldNumbers checks them against the generated code.
+const (
+	frameDeliveryField = 60 // Frame.delivery
+
+	deliverySubscriptionField = 1 // Delivery.subscription_id
+	deliveryMessagesField     = 2 // Delivery.messages
+
+	dmPartitionField     = 1 // DeliveredMessage.partition
+	dmOffsetField        = 2 // DeliveredMessage.offset
+	dmDeliveryCountField = 3 // DeliveredMessage.delivery_count
+	dmAppendTimeField    = 4 // DeliveredMessage.append_time_ms
+	dmRecordField        = 5 // DeliveredMessage.record
+	dmReplyInboxField    = 6 // DeliveredMessage.reply_inbox
+	dmCorrelationField   = 7 // DeliveredMessage.correlation_id
+)
+
+var errReplyInboxUTF8 = errors.New("herald: reply inbox: string field contains invalid UTF-8")
+
+// deliveryBody reports whether a frame payload is a Delivery push as the
+// broker encodes it (heraldpb.AppendDelivery; proto.Marshal of such a
+// Frame gives the same shape): a Frame whose only field is its delivery
+// body. It returns that body, an encoded heraldpb.Delivery, aliasing
+// payload. Any other payload (a response, another push, or a Delivery
+// frame with more fields, which proto.Unmarshal would merge) is left to
+// heraldpb.DecodeFrame.
+func deliveryBody(payload []byte) ([]byte, bool) {
+	num, typ, n := protowire.ConsumeTag(payload)
+	if n < 0 || num != frameDeliveryField || typ != protowire.BytesType {
+		return nil, false
+	}
+	body, m := protowire.ConsumeBytes(payload[n:])
+	if m < 0 || n+m != len(payload) {
+		return nil, false
+	}
+	return body, true
+}
+
+// decodeDelivery decodes an encoded heraldpb.Delivery straight into
+// Delivered values, without building heraldpb messages: the subscription
+// id and the messages with every field that deliveredFromProto sets (not
+// Topic, sub and sess, which Subscription.deliver sets).
+//
+// It gives exactly what proto.Unmarshal followed by deliveredFromProto
+// gives: last-wins scalar fields, repeated record fields merged, unknown
+// fields and known field numbers with another wire type skipped, and an
+// error wrapping heraldpb.ErrMalformed for any input proto.Unmarshal
+// rejects (bad wire format, invalid UTF-8 in reply_inbox, a header key or
+// a tag); it never panics. Key, Value and header values alias b, which the
+// caller must never reuse or modify; empty ones are nil. All messages are
+// allocated in one slab, as are their headers and tags; a reply inbox,
+// header key or tag equal to a recent one shares its string.
+func decodeDelivery(b []byte) (uint64, []Delivered, error) {
+	subID, count, err := scanDelivery(b)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: delivery: %v", heraldpb.ErrMalformed, err)
+	}
+	if count == 0 {
+		return subID, nil, nil
+	}
+	msgs := make([]Delivered, count)
+	var d batchDecoder
+	i := 0
+	for len(b) > 0 && i < count {
+		// scanDelivery checked the framing; the checks here only keep a
+		// mistake from panicking.
+		num, typ, n := consumeTag(b)
+		if n < 0 {
+			break
+		}
+		b = b[n:]
+		isMsg := num == deliveryMessagesField && typ == protowire.BytesType
+		var v []byte
+		if isMsg {
+			v, n = protowire.ConsumeBytes(b)
+		} else {
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			break
+		}
+		b = b[n:]
+		if !isMsg {
+			continue
+		}
+		d.remaining = count - i
+		if err := d.delivered(v, &msgs[i]); err != nil {
+			return 0, nil, fmt.Errorf("%w: delivery: message %d: %v", heraldpb.ErrMalformed, i, err)
+		}
+		i++
+	}
+	if i != count {
+		return 0, nil, fmt.Errorf("%w: delivery: found %d of %d messages", heraldpb.ErrMalformed, i, count)
+	}
+	return subID, msgs, nil
+}
+
+// scanDelivery checks the top-level wire format of an encoded Delivery and
+// returns its subscription id (the last one) and the number of messages.
+func scanDelivery(b []byte) (subID uint64, count int, err error) {
+	for len(b) > 0 {
+		num, typ, n := consumeTag(b)
+		if n < 0 {
+			return 0, 0, protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case num == deliverySubscriptionField && typ == protowire.VarintType:
+			subID, n = protowire.ConsumeVarint(b)
+		case num == deliveryMessagesField && typ == protowire.BytesType:
+			_, n = protowire.ConsumeBytes(b)
+			count++
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return 0, 0, protowire.ParseError(n)
+		}
+		b = b[n:]
+	}
+	return subID, count, nil
+}
+
+// delivered decodes one encoded DeliveredMessage into m. The record is
+// decoded last, once the append time is known, whatever the field order.
+func (d *batchDecoder) delivered(b []byte, m *Delivered) error {
+	var rec []byte
+	var appendMs int64
+	var haveRec, merged bool
+	for len(b) > 0 {
+		num, typ, n := consumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case typ == protowire.VarintType && num >= dmPartitionField && num <= dmCorrelationField && num != dmRecordField && num != dmReplyInboxField:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+			switch num {
+			case dmPartitionField:
+				m.Partition = int32(uint32(v))
+			case dmOffsetField:
+				m.Offset = int64(v)
+			case dmDeliveryCountField:
+				m.DeliveryCount = int(uint32(v))
+			case dmAppendTimeField:
+				appendMs = int64(v)
+			case dmCorrelationField:
+				m.CorrelationID = v
+			}
+		case typ == protowire.BytesType && (num == dmRecordField || num == dmReplyInboxField):
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+			if num == dmReplyInboxField {
+				if !utf8.Valid(v) {
+					return errReplyInboxUTF8
+				}
+				m.ReplyInbox = ""
+				if len(v) > 0 {
+					m.ReplyInbox = d.intern(v)
+				}
+				continue
+			}
+			if !haveRec {
+				rec, haveRec = v, true
+				continue
+			}
+			// A repeated message field merges, which is decoding the
+			// concatenation of the occurrences once each is known to be
+			// well formed on its own (rare: the broker sends one).
+			if !merged {
+				if _, err := d.record(rec, nil); err != nil {
+					return fmt.Errorf("record: %w", err)
+				}
+				merged = true
+			}
+			if _, err := d.record(v, nil); err != nil {
+				return fmt.Errorf("record: %w", err)
+			}
+			rec = append(rec[:len(rec):len(rec)], v...)
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return protowire.ParseError(n)
+			}
+			b = b[n:]
+		}
+	}
+	if m.ReplyInbox != "" {
+		m.Partition, m.Offset = -1, -1
+	}
+	ts, err := d.record(rec, &m.Message)
+	if err != nil {
+		return fmt.Errorf("record: %w", err)
+	}
+	if ts == 0 {
+		ts = appendMs
+	}
+	if ts != 0 {
+		m.Timestamp = d.time(ts)
+	}
+	return nil
 }

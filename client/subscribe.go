@@ -215,7 +215,10 @@ type Handler func(ctx context.Context, m *Delivered)
 type Delivered struct {
 	// Message is the record: Topic, Partition, Offset, Key, Value, Headers,
 	// Tags and Timestamp (the append time when the producer set none). The
-	// byte slices are the client's own; the handler may keep them.
+	// byte slices may alias the buffer of the pushed frame, which the client
+	// never reuses or modifies: the handler may keep them (keeping one
+	// keeps that frame's buffer, shared by its messages, in memory). They
+	// are capped, so appending to one never overwrites another.
 	Message
 	// DeliveryCount is 1 on first delivery, more on redelivery.
 	DeliveryCount int
@@ -632,16 +635,19 @@ func (s *Subscription) progressLocked() {
 	s.progress = make(chan struct{})
 }
 
-// deliver takes pushed messages of session ss. It runs on the connection's
-// reader goroutine and never blocks: a message past the credit window (the
-// broker granted fewer) is dropped, counted and logged.
-func (s *Subscription) deliver(ss *subSession, msgs []*heraldpb.DeliveredMessage) {
-	if len(msgs) == 0 {
+// deliver takes messages pushed to session ss, decoded into slab by
+// decodeDelivery or deliveredFromProto; it sets their Topic and owner. It
+// runs on the connection's reader goroutine and never blocks: a message
+// past the credit window (the broker granted fewer) is dropped, counted and
+// logged.
+func (s *Subscription) deliver(ss *subSession, slab []Delivered) {
+	if len(slab) == 0 {
 		return
 	}
-	slab := make([]Delivered, len(msgs))
-	for i, dm := range msgs {
-		s.fill(&slab[i], ss, dm)
+	for i := range slab {
+		d := &slab[i]
+		d.sub, d.sess = s, ss
+		d.Topic = s.opts.Topic
 	}
 	var over, stale int
 	s.mu.Lock()
@@ -674,20 +680,28 @@ func (s *Subscription) deliver(ss *subSession, msgs []*heraldpb.DeliveredMessage
 	}
 }
 
-// fill converts one pushed message. A record without timestamp takes the
-// append time.
-func (s *Subscription) fill(d *Delivered, ss *subSession, dm *heraldpb.DeliveredMessage) {
-	d.sub, d.sess = s, ss
-	d.Topic = s.opts.Topic
-	d.Partition = int32(dm.GetPartition())
-	d.Offset = dm.GetOffset()
-	d.DeliveryCount = int(dm.GetDeliveryCount())
-	d.ReplyInbox = dm.GetReplyInbox()
-	d.CorrelationID = dm.GetCorrelationId()
-	if d.ReplyInbox != "" {
-		d.Partition, d.Offset = -1, -1
+// deliveredFromProto converts pushed messages that proto.Unmarshal decoded
+// (a Delivery frame in a shape decodeDelivery does not take, see
+// deliveryBody); decodeDelivery gives the same values. A record without
+// timestamp takes the append time. Topic and owner are left to deliver.
+func deliveredFromProto(msgs []*heraldpb.DeliveredMessage) []Delivered {
+	if len(msgs) == 0 {
+		return nil
 	}
-	recordToMessage(&d.Message, dm.GetRecord(), dm.GetAppendTimeMs())
+	slab := make([]Delivered, len(msgs))
+	for i, dm := range msgs {
+		d := &slab[i]
+		d.Partition = int32(dm.GetPartition())
+		d.Offset = dm.GetOffset()
+		d.DeliveryCount = int(dm.GetDeliveryCount())
+		d.ReplyInbox = dm.GetReplyInbox()
+		d.CorrelationID = dm.GetCorrelationId()
+		if d.ReplyInbox != "" {
+			d.Partition, d.Offset = -1, -1
+		}
+		recordToMessage(&d.Message, dm.GetRecord(), dm.GetAppendTimeMs())
+	}
+	return slab
 }
 
 // recordToMessage sets m's record fields from r. The byte slices and tags

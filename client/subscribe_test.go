@@ -854,7 +854,21 @@ func pushSeeds() [][]byte {
 	return out
 }
 
-// FuzzPushFrame feeds decoded frames to the reader's push dispatch. It
+// dispatchPush does with a frame payload what the reader does with one
+// that is a push: pushDelivery, else DecodeFrame and push. It reports
+// whether the frame was a push.
+func dispatchPush(cn *conn, payload []byte) bool {
+	if ok, err := cn.pushDelivery(payload); ok || err != nil {
+		return true
+	}
+	fr, err := heraldpb.DecodeFrame(payload)
+	if err != nil && fr == nil {
+		return false
+	}
+	return fr.GetId() == 0 && cn.push(fr)
+}
+
+// FuzzPushFrame feeds frame payloads to the reader's push dispatch. It
 // checks that dispatch never panics and never blocks, that a subscription
 // never holds more than its window (the excess is dropped and counted),
 // and that a pending call gets at most its one reply.
@@ -866,13 +880,7 @@ func FuzzPushFrame(f *testing.F) {
 		const window = 4
 		cn, s := pushTarget(window)
 		for _, payload := range [][]byte{a, b} {
-			fr, err := heraldpb.DecodeFrame(payload)
-			if err != nil && fr == nil {
-				continue
-			}
-			if fr.GetId() == 0 {
-				cn.push(fr)
-			}
+			dispatchPush(cn, payload)
 		}
 		queued := 0
 		for _, q := range s.queues {
@@ -894,7 +902,7 @@ func TestPushDispatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if isPush := cn.push(f); isPush != (f.GetId() == 0) {
+		if isPush := dispatchPush(cn, p); isPush != (f.GetId() == 0) {
 			t.Fatalf("push(%T) = %v", f.GetBody(), isPush)
 		}
 	}
