@@ -682,3 +682,48 @@ func TestBrokerKilledMidConsume(t *testing.T) {
 		}
 	}
 }
+
+// A forced reset ends live subscriptions with a SubscriptionEnded push; the
+// SDK subscribes again and continues from the reset position.
+func TestForcedResetResubscribes(t *testing.T) {
+	n := startInProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "re", 1)
+	produceN(t, c, "re", "r", 20, 1)
+	var mu sync.Mutex
+	var got []int64
+	sub := subscribeT(t, dial(t, n), client.SubscribeOptions{Group: "re", Topic: "re", Mode: client.Shared, From: client.Earliest()},
+		func(_ context.Context, m *client.Delivered) {
+			mu.Lock()
+			got = append(got, m.Offset)
+			mu.Unlock()
+		})
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got)
+	}
+	checkFor(t, 10*time.Second, "20 delivered", func() error {
+		if n := count(); n != 20 {
+			return fmt.Errorf("%d", n)
+		}
+		return sub.Flush(ctxT(t, 5*time.Second))
+	})
+	if _, err := c.ResetGroup(ctxT(t, 10*time.Second), "re", client.AtOffset(15), true); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, "offsets 15-19 again after the reset", func() error {
+		if n := count(); n != 25 {
+			return fmt.Errorf("%d delivered", n)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(got[20:]) != "[15 16 17 18 19]" {
+		t.Fatalf("after the reset: %v", got[20:])
+	}
+	if st := sub.Stats(); st.Resubscribes == 0 {
+		t.Fatalf("no resubscribe: %+v", st)
+	}
+}
