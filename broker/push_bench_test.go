@@ -2,8 +2,11 @@ package broker
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -126,4 +129,58 @@ func benchPush(b *testing.B, autoAck bool) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+}
+
+// BenchmarkCallReply measures request-reply round trips through the broker
+// with raw-protocol clients (no SDK) in this process: a caller sends
+// CallRequest and waits for the ReplyDelivery push; a responder answers each
+// call as it arrives. loops is the broker's network event loops.
+func BenchmarkCallReply(b *testing.B) {
+	for _, loops := range []int{1, 2} {
+		b.Run(fmt.Sprintf("loops=%d", loops), func(b *testing.B) { benchCallReply(b, loops) })
+	}
+}
+
+func benchCallReply(b *testing.B, loops int) {
+	cfg := Default()
+	cfg.DataDir, cfg.Listen, cfg.Admin, cfg.EventLoops = b.TempDir(), "127.0.0.1:0", "", loops
+	br, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer br.Shutdown()
+	caller, resp := dialWire(b, br.ClientAddr()), dialWire(b, br.ClientAddr())
+	caller.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CreateTopic{CreateTopic: &heraldpb.CreateTopicRequest{Name: "svc", Config: &heraldpb.TopicConfig{Partitions: 1}}}})
+	sub := resp.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{
+		Group: "svc", Topic: "svc", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Responder: true, AutoAck: true, Credits: 1 << 16,
+	}}}).GetSubscribeResponse().SubscriptionId
+	go func() {
+		n := 0
+		for f := range resp.pushes {
+			for _, m := range f.GetDelivery().GetMessages() {
+				resp.send(&heraldpb.Frame{Body: &heraldpb.Frame_Reply{Reply: &heraldpb.ReplyRequest{Inbox: m.ReplyInbox, CorrelationId: m.CorrelationId, Record: m.Record}}})
+				if n++; n%1000 == 0 {
+					resp.send(&heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: &heraldpb.AckRequest{SubscriptionId: sub, Credits: 1000}}})
+				}
+			}
+		}
+	}()
+	rec := &heraldpb.Record{Value: make([]byte, 100)}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		caller.send(&heraldpb.Frame{Body: &heraldpb.Frame_Call{Call: &heraldpb.CallRequest{Topic: "svc", CorrelationId: uint64(i + 1), Record: rec}}})
+		for {
+			f := <-caller.pushes
+			if rd := f.GetReplyDelivery(); rd != nil && rd.CorrelationId == uint64(i+1) {
+				break
+			}
+		}
+		lat = append(lat, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
