@@ -221,7 +221,7 @@ func TestGroupSharedCreditsAcksRestart(t *testing.T) {
 		t.Fatalf("describe after restart: %v", desc)
 	}
 	produce(t, w, "t", 1, 3)
-	r = w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{
+	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{
 		Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: 100,
 		Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Earliest{Earliest: true}},
 	}}})

@@ -497,8 +497,10 @@ func TestBreakerStateString(t *testing.T) {
 
 func TestBreakerRecord(t *testing.T) {
 	b, l := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 3, CoolDown: 50 * time.Millisecond})
-	if !b.Record(FailNack) || !b.Record(FailNack) || !b.Record(0) {
-		t.Fatal("closed breaker refused an outcome")
+	for _, r := range []FailReason{FailNack, FailNack, 0} {
+		if !b.Record(r) {
+			t.Fatalf("closed breaker refused outcome %v", r)
+		}
 	}
 	b.Record(FailAckTimeout)
 	b.Record(FailNack)

@@ -242,11 +242,10 @@ type coordinator struct {
 	flushArmed   bool
 	flushDone    []*actor.PID // FlushGroup callers waiting for the writes to finish
 
-	deadlineAt  time.Time
-	statsArmed  bool
-	pumpArmed   bool
-	groupsLog   *actor.PID
-	lastSummary time.Time
+	deadlineAt time.Time
+	statsArmed bool
+	pumpArmed  bool
+	groupsLog  *actor.PID
 }
 
 func newCoordinator(o *Options, group string, st *groupStore) *coordinator {
