@@ -196,6 +196,10 @@ func (c *Client) Respond(ctx context.Context, topic, group string, fn RespondFun
 	}
 	o.Mode, o.Responder, o.AutoAck = Shared, true, true
 	report := o.OnError
+	// Replies go out without the handler waiting for the broker's answer
+	// (one round trip per call would bound a responder to one call per
+	// RTT); at most respondAsyncMax are unanswered at once.
+	sem := make(chan struct{}, respondAsyncMax)
 	return c.Subscribe(ctx, o, func(ctx context.Context, d *Delivered) {
 		reply, err := fn(ctx, d)
 		if !d.IsRequest() {
@@ -209,11 +213,23 @@ func (c *Client) Respond(ctx context.Context, topic, group string, fn RespondFun
 			r.Headers = append(r.Headers[:len(r.Headers):len(r.Headers)], Header{Key: ErrorHeader, Value: []byte(err.Error())})
 			reply = &r
 		}
-		if err := c.Reply(ctx, d, reply); err != nil && report != nil {
-			report(fmt.Errorf("herald: reply on %s: %w", topic, err))
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
 		}
+		go func() {
+			defer func() { <-sem }()
+			if err := c.Reply(ctx, d, reply); err != nil && report != nil {
+				report(fmt.Errorf("herald: reply on %s: %w", topic, err))
+			}
+		}()
 	})
 }
+
+// respondAsyncMax bounds the replies a Respond subscription has sent and
+// not yet seen answered.
+const respondAsyncMax = 1024
 
 // Field numbers of the hand-encoded requests (proto/herald.proto).
 const (
