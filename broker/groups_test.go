@@ -451,8 +451,8 @@ func TestGroupResetAndReplay(t *testing.T) {
 	if e := reset(&heraldpb.StartPosition{At: &heraldpb.StartPosition_Offset{Offset: 3}}, false).GetError(); e == nil || e.Code != heraldpb.ErrorCode_GROUP_HAS_MEMBERS {
 		t.Fatalf("reset with members: %v", e)
 	}
-	if e := reset(&heraldpb.StartPosition{At: &heraldpb.StartPosition_Offset{Offset: 3}}, true).GetError(); e != nil {
-		t.Fatal(e)
+	if r := reset(&heraldpb.StartPosition{At: &heraldpb.StartPosition_Offset{Offset: 3}}, true); r.GetError() != nil || r.GetResetGroupResponse().GetGroup().GetPartitions()[0].GetAckFloor() != 3 {
+		t.Fatalf("forced reset: %v", r)
 	}
 	checkFor(t, func() error {
 		for {

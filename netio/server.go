@@ -92,15 +92,33 @@ func (s *Server) Push(id string, frame []byte) bool {
 // replyTo PID given to the Router). It returns the session PID and the
 // connection's negotiated max frame payload.
 func (s *Server) Session(id string) (pid *actor.PID, maxFrame int, ok bool) {
-	v, ok := s.sessions.Load(id)
-	if !ok {
-		return nil, 0, false
-	}
-	c := v.(*conn)
-	if c.closed.Load() || c.final.Load() {
+	c := s.liveConn(id)
+	if c == nil {
 		return nil, 0, false
 	}
 	return c.pid, int(c.maxFrame.Load()), true
+}
+
+// RemoteAddr is the peer address of live connection id, or "".
+func (s *Server) RemoteAddr(id string) string {
+	if c := s.liveConn(id); c != nil {
+		if a := c.gc.RemoteAddr(); a != nil {
+			return a.String()
+		}
+	}
+	return ""
+}
+
+func (s *Server) liveConn(id string) *conn {
+	v, ok := s.sessions.Load(id)
+	if !ok {
+		return nil
+	}
+	c := v.(*conn)
+	if c.closed.Load() || c.final.Load() {
+		return nil
+	}
+	return c
 }
 
 // NewServer checks cfg (after EnsureDefaults) and returns a Server that is

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -106,6 +107,7 @@ type member struct {
 	conn        *actor.PID // the connection's netio session
 	session     *actor.PID // our memberSession child
 	name        string
+	addr        string // the client's address
 	responder   bool
 	breaker     *Breaker
 	delivered   uint64
@@ -608,7 +610,7 @@ func (c *coordinator) join(ctx actor.Context, m *subscribeMsg) {
 		respond(ctx, m.replyTo, errFrame(m.f.Id, heraldpb.ErrorCode_INTERNAL, "breaker: %v", err))
 		return
 	}
-	mb := &member{id: mid, subID: subID, conn: m.replyTo, name: name, responder: req.Responder, breaker: br}
+	mb := &member{id: mid, subID: subID, conn: m.replyTo, name: name, addr: m.addr, responder: req.Responder, breaker: br}
 	hello := &heraldpb.Frame{Id: m.f.Id, Body: &heraldpb.Frame_SubscribeResponse{SubscribeResponse: &heraldpb.SubscribeResponse{
 		SubscriptionId: subID, MemberId: string(mid), Partitions: uint32(len(l.entry.Partitions)),
 	}}}
@@ -1526,7 +1528,8 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 			}
 			c.toWrite = append(c.toWrite, rec)
 		}
-		c.waiters = append(c.waiters, waiter{to: replyTo, f: &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ResetGroupResponse{ResetGroupResponse: &heraldpb.ResetGroupResponse{}}}})
+		// describe sees the queued records: the group as it will be.
+		c.waiters = append(c.waiters, waiter{to: replyTo, f: &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ResetGroupResponse{ResetGroupResponse: &heraldpb.ResetGroupResponse{Group: c.describe()}}}})
 		c.flush(ctx)
 	})
 }
@@ -1559,7 +1562,7 @@ func (c *coordinator) describe() *heraldpb.GroupInfo {
 	for _, mid := range l.sub.Members() {
 		mb := l.members[mid]
 		mi := &heraldpb.MemberInfo{
-			MemberId: string(mid), Name: mb.name, Address: mb.conn.Id,
+			MemberId: string(mid), Name: mb.name, Address: cmp.Or(mb.addr, mb.conn.Id),
 			InFlight: uint32(l.sub.InFlight(mid)), Credits: uint32(l.sub.Credits(mid)),
 			Delivered: mb.delivered, Redelivered: mb.redelivered,
 			Breaker: heraldpb.BreakerState(mb.breaker.State()), Responder: mb.responder,

@@ -19,6 +19,7 @@ type Router struct {
 	manager *actor.PID
 	lookup  SessionLookup
 	push    func(id string, frame []byte) bool
+	remote  func(id string) string
 }
 
 // NewRouter routes to the groups manager and the coordinators in dir.
@@ -27,10 +28,11 @@ func NewRouter(sys *actor.ActorSystem, dir *Directory, manager *actor.PID) *Rout
 	return &Router{sys: sys, dir: dir, manager: manager}
 }
 
-// SetLookup sets how the router finds client connections and writes
-// pushes straight to them (netio.Server.Session and Push).
-func (r *Router) SetLookup(l SessionLookup, push func(id string, frame []byte) bool) {
-	r.lookup, r.push = l, push
+// SetLookup sets how the router finds client connections, their peer
+// addresses, and writes pushes straight to them (netio.Server.Session,
+// RemoteAddr and Push).
+func (r *Router) SetLookup(l SessionLookup, remote func(id string) string, push func(id string, frame []byte) bool) {
+	r.lookup, r.remote, r.push = l, remote, push
 }
 
 // subscribeMsg is a SubscribeRequest with what the coordinator needs to
@@ -39,6 +41,7 @@ type subscribeMsg struct {
 	f        *heraldpb.Frame
 	replyTo  *actor.PID
 	maxFrame int
+	addr     string // the client's address, for describe
 }
 
 // callMsg is a CallRequest for a coordinator with responders.
@@ -60,7 +63,11 @@ func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) bool {
 				maxFrame = mf
 			}
 		}
-		r.sys.Root.Send(r.manager, &subscribeMsg{f: f, replyTo: replyTo, maxFrame: maxFrame})
+		addr := ""
+		if r.remote != nil {
+			addr = r.remote(replyTo.Id)
+		}
+		r.sys.Root.Send(r.manager, &subscribeMsg{f: f, replyTo: replyTo, maxFrame: maxFrame, addr: addr})
 	case *heraldpb.Frame_Ack:
 		r.toSub(f, replyTo, b.Ack.SubscriptionId)
 	case *heraldpb.Frame_Nack:
