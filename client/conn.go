@@ -31,6 +31,9 @@ type conn struct {
 	window   int    // negotiated
 	nodeID   uint32 // from HelloResponse
 	server   string
+	// idleTimeout is the broker's idle timeout from Hello (0 = never or
+	// unknown).
+	idleTimeout time.Duration
 
 	slots  chan struct{} // in-flight semaphore: a send takes, a response returns
 	nextID atomic.Uint64
@@ -162,6 +165,7 @@ func (c *conn) hello(ctx context.Context, br *bufio.Reader, cfg *clientConfig) e
 	}
 	c.nodeID = hr.GetNodeId()
 	c.server = hr.GetServerVersion()
+	c.idleTimeout = time.Duration(hr.GetIdleTimeoutMs()) * time.Millisecond
 	_ = c.nc.SetDeadline(time.Time{})
 	return nil
 }

@@ -69,6 +69,10 @@ const (
 	// AckBatch is the most acks one AckRequest carries; a batch that
 	// reaches it is sent without waiting for the linger.
 	AckBatch = 256
+	// keepAliveMax is the longest a subscription waits between empty
+	// AckRequests, which keep its connection inside the broker's idle
+	// timeout (a third of it, when Hello says it is shorter).
+	keepAliveMax = 30 * time.Second
 	// ackUnitsInFlight is how many ack flushes a subscription pipelines.
 	ackUnitsInFlight = 16
 	// ackRetries bounds the retries of an ack request failing with a
@@ -576,8 +580,21 @@ func (s *Subscription) report(err error) {
 // until Close or the client's Close.
 func (s *Subscription) run(ss *subSession) {
 	defer close(s.runDone)
+	keep := time.NewTicker(keepAlive(ss.cn.idleTimeout))
+	defer keep.Stop()
 	for {
 		select {
+		case <-keep.C:
+			// An idle subscription still talks to the broker, so that the
+			// broker's idle timeout (--idle-timeout, 5 min by default) does
+			// not close its connection and end its membership: an AckRequest
+			// with nothing in it is answered at once.
+			cur := ss
+			keep.Reset(keepAlive(cur.cn.idleTimeout))
+			go func() {
+				_ = s.sendAck(cur, &heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: &heraldpb.AckRequest{SubscriptionId: cur.id}}})
+			}()
+			continue
 		case <-ss.cn.dead:
 			s.endSession(ss)
 			s.report(fmt.Errorf("herald: subscription %s/%s: %w", s.opts.Group, s.opts.Topic, ss.cn.deadErr()))
@@ -610,6 +627,14 @@ func (s *Subscription) run(ss *subSession) {
 			backoff = min(2*backoff, s.opts.RetryBackoffMax)
 		}
 	}
+}
+
+// keepAlive is the keep-alive interval under a broker idle timeout.
+func keepAlive(idle time.Duration) time.Duration {
+	if idle > 0 {
+		return max(min(keepAliveMax, idle/3), 10*time.Millisecond)
+	}
+	return keepAliveMax
 }
 
 // endSession forgets a dead session: its queued acks are dropped (Lost),

@@ -727,3 +727,39 @@ func TestForcedResetResubscribes(t *testing.T) {
 		t.Fatalf("no resubscribe: %+v", st)
 	}
 }
+
+// An idle subscription keeps its connection inside the broker's idle
+// timeout (the SDK sends keep-alives at a third of it, from Hello): it
+// stays one member without resubscribing.
+func TestIdleSubscriptionKeptAlive(t *testing.T) {
+	n := startInProc(t, t.TempDir(), "--idle-timeout=600ms")
+	c := dial(t, n)
+	createTopic(t, c, "quiet", 1)
+	got := make(chan string, 10)
+	sub := subscribeT(t, dial(t, n), client.SubscribeOptions{Group: "quiet", Topic: "quiet", Mode: client.Shared},
+		func(_ context.Context, m *client.Delivered) { got <- string(m.Value) })
+	checkFor(t, 10*time.Second, "member", func() error {
+		info, err := c.DescribeGroup(ctxT(t, 5*time.Second), "quiet")
+		if err != nil || len(info.Members) != 1 {
+			return fmt.Errorf("%v %v", info, err)
+		}
+		return nil
+	})
+	deadline := time.Now().Add(2 * time.Second) // over three idle timeouts with no traffic
+	for time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	c2 := dial(t, n)
+	produceN(t, c2, "quiet", "late", 1, 1)
+	select {
+	case v := <-got:
+		if v != "late-000000" {
+			t.Fatalf("got %q", v)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing delivered after the idle period")
+	}
+	if st := sub.Stats(); st.Resubscribes != 0 {
+		t.Fatalf("the idle subscription lost its connection: %+v", st)
+	}
+}

@@ -128,6 +128,8 @@ func (n *inProc) config(t testing.TB) broker.Config {
 			cfg.Flush = val
 		case "max-in-flight":
 			_, err = fmt.Sscan(val, &cfg.MaxInFlight)
+		case "idle-timeout":
+			cfg.IdleTimeout, err = time.ParseDuration(val)
 		default:
 			t.Fatalf("inproc harness does not know flag %q", kv)
 		}

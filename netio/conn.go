@@ -2,6 +2,7 @@ package netio
 
 import (
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -104,6 +105,7 @@ func (c *conn) hello(id uint64, req *heraldpb.HelloRequest) *heraldpb.Frame {
 		MaxInFlight:     window,
 		NodeId:          c.s.cfg.NodeID,
 		ServerVersion:   c.s.cfg.ServerVersion,
+		IdleTimeoutMs:   uint32(min(c.s.cfg.IdleTimeout/time.Millisecond, math.MaxUint32)),
 	}}}
 }
 

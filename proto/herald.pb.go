@@ -1339,6 +1339,9 @@ type HelloResponse struct {
 	MaxInFlight   uint32 `protobuf:"varint,3,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	NodeId        uint32 `protobuf:"varint,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	ServerVersion string `protobuf:"bytes,5,opt,name=server_version,json=serverVersion,proto3" json:"server_version,omitempty"`
+	// The broker closes a connection idle this long (0 = never): clients that
+	// only wait (idle subscriptions) send something sooner.
+	IdleTimeoutMs uint32 `protobuf:"varint,6,opt,name=idle_timeout_ms,json=idleTimeoutMs,proto3" json:"idle_timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1406,6 +1409,13 @@ func (x *HelloResponse) GetServerVersion() string {
 		return x.ServerVersion
 	}
 	return ""
+}
+
+func (x *HelloResponse) GetIdleTimeoutMs() uint32 {
+	if x != nil {
+		return x.IdleTimeoutMs
+	}
+	return 0
 }
 
 type TopicConfig struct {
@@ -4790,13 +4800,14 @@ const file_herald_proto_rawDesc = "" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12&\n" +
 	"\x0fmax_frame_bytes\x18\x03 \x01(\rR\rmaxFrameBytes\x12\"\n" +
-	"\rmax_in_flight\x18\x04 \x01(\rR\vmaxInFlight\"\xc6\x01\n" +
+	"\rmax_in_flight\x18\x04 \x01(\rR\vmaxInFlight\"\xee\x01\n" +
 	"\rHelloResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12&\n" +
 	"\x0fmax_frame_bytes\x18\x02 \x01(\rR\rmaxFrameBytes\x12\"\n" +
 	"\rmax_in_flight\x18\x03 \x01(\rR\vmaxInFlight\x12\x17\n" +
 	"\anode_id\x18\x04 \x01(\rR\x06nodeId\x12%\n" +
-	"\x0eserver_version\x18\x05 \x01(\tR\rserverVersion\"\xd4\x01\n" +
+	"\x0eserver_version\x18\x05 \x01(\tR\rserverVersion\x12&\n" +
+	"\x0fidle_timeout_ms\x18\x06 \x01(\rR\ridleTimeoutMs\"\xd4\x01\n" +
 	"\vTopicConfig\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x01(\rR\n" +
