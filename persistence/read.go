@@ -175,12 +175,18 @@ func (l *Log) Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo u
 	if idx == l.first {
 		return 0, nil
 	}
+	return l.truncateLogged(idx, off, removed, "persistence: retention truncated the log")
+}
+
+// truncateLogged is truncateFront for Retain and DeleteBefore: it counts
+// and logs the records removed, and fails the Log on a disk error.
+func (l *Log) truncateLogged(idx uint64, off, removed int64, msg string) (int64, error) {
 	records := off - l.ix.startOffset
 	if err := l.truncateFront(idx, off, removed); err != nil {
 		return 0, l.fail(err)
 	}
 	l.retained.Add(float64(records))
-	l.log.Info("persistence: retention truncated the log", "group", l.opts.Group, "first_index", idx,
+	l.log.Info(msg, "group", l.opts.Group, "first_index", idx,
 		"start_offset", off, "removed_records", records, "removed_bytes", removed)
 	return records, nil
 }
@@ -217,14 +223,7 @@ func (l *Log) DeleteBefore(offset int64, upTo uint64) (int64, error) {
 	if idx == l.first {
 		return 0, nil
 	}
-	records := off - l.ix.startOffset
-	if err := l.truncateFront(idx, off, removed); err != nil {
-		return 0, l.fail(err)
-	}
-	l.retained.Add(float64(records))
-	l.log.Info("persistence: truncated the log before an offset", "group", l.opts.Group, "first_index", idx,
-		"start_offset", off, "removed_records", records, "removed_bytes", removed)
-	return records, nil
+	return l.truncateLogged(idx, off, removed, "persistence: truncated the log before an offset")
 }
 
 // truncateFront makes f the first index, off the start offset, after

@@ -13,35 +13,17 @@ import (
 // passed ScanBatch (the log only holds such batches); a malformed one
 // returns ErrBadBatch at the first bad record.
 func ForEachRecord(b []byte, fn func(i int, rec, key []byte) bool) error {
-	for i := 0; len(b) > 0; {
-		num, typ, n := consumeTag(b)
-		if n < 0 {
-			return fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(n))
+	var err error
+	if rerr := ForEachRawRecord(b, func(i int, rec []byte) bool {
+		var key []byte
+		if key, _, err = scanRecord(rec); err != nil {
+			return false
 		}
-		b = b[n:]
-		if num != 1 || typ != protowire.BytesType {
-			m := protowire.ConsumeFieldValue(num, typ, b)
-			if m < 0 {
-				return fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
-			}
-			b = b[m:]
-			continue
-		}
-		rec, m := protowire.ConsumeBytes(b)
-		if m < 0 {
-			return fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
-		}
-		b = b[m:]
-		key, _, err := scanRecord(rec)
-		if err != nil {
-			return err
-		}
-		if !fn(i, rec, key) {
-			return nil
-		}
-		i++
+		return fn(i, rec, key)
+	}); rerr != nil {
+		return rerr
 	}
-	return nil
+	return err
 }
 
 // PushMessage is one DeliveredMessage for AppendDelivery. Record is an

@@ -1040,18 +1040,24 @@ func (c *coordinator) onCall(ctx actor.Context, m *callMsg) {
 
 // ---- acks ------------------------------------------------------------------
 
-func (c *coordinator) pairs(f *heraldpb.Frame, parts []uint32, offs []int64) bool {
-	return len(parts) == len(offs)
+// ackTarget checks an ack or nack request (kind names it) and returns its
+// member, or answers the request with the error and returns nil.
+func (c *coordinator) ackTarget(ctx actor.Context, f *heraldpb.Frame, kind string, subID uint64, parts []uint32, offs []int64) *member {
+	mb := c.memberOf(subID)
+	if mb == nil {
+		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "subscription %d is not active", subID))
+		return nil
+	}
+	if len(parts) != len(offs) {
+		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "%s has %d partitions and %d offsets", kind, len(parts), len(offs)))
+		return nil
+	}
+	return mb
 }
 
 func (c *coordinator) onAck(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.AckRequest) {
-	mb := c.memberOf(req.SubscriptionId)
+	mb := c.ackTarget(ctx, f, "ack", req.SubscriptionId, req.Partitions, req.Offsets)
 	if mb == nil {
-		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "subscription %d is not active", req.SubscriptionId))
-		return
-	}
-	if !c.pairs(f, req.Partitions, req.Offsets) {
-		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "ack has %d partitions and %d offsets", len(req.Partitions), len(req.Offsets)))
 		return
 	}
 	l := c.live
@@ -1099,13 +1105,8 @@ func (c *coordinator) onAck(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.
 }
 
 func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.NackRequest) {
-	mb := c.memberOf(req.SubscriptionId)
+	mb := c.ackTarget(ctx, f, "nack", req.SubscriptionId, req.Partitions, req.Offsets)
 	if mb == nil {
-		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "subscription %d is not active", req.SubscriptionId))
-		return
-	}
-	if !c.pairs(f, req.Partitions, req.Offsets) {
-		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "nack has %d partitions and %d offsets", len(req.Partitions), len(req.Offsets)))
 		return
 	}
 	l := c.live
