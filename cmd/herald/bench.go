@@ -174,22 +174,9 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	if bc.acks, err = parseCLIAcks(*acks); err != nil {
 		return err
 	}
-	progress := io.out
-	if bc.json {
-		progress = io.err
-	}
-	sum, err := runBench(ctx, &bc, progress)
+	sum, err := runReported(io, bc.json, func(progress progressWriter) (*benchSummary, error) { return runBench(ctx, &bc, progress) })
 	if err != nil {
-		return cliOneLine(err)
-	}
-	if bc.json {
-		enc := json.NewEncoder(io.out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(sum); err != nil {
-			return err
-		}
-	} else {
-		sum.print(io.out)
+		return err
 	}
 	if sum.ProduceErrors > 0 {
 		return fmt.Errorf("%d records failed to produce, first: %s", sum.ProduceErrors, sum.FirstError)
@@ -986,3 +973,27 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 	}
 	return err
 }
+
+// runReported runs a benchmark with progress on stdout, or on stderr when
+// asJSON (the summary then goes to stdout as JSON), and writes its summary.
+func runReported[S interface{ print(io.Writer) }](cio cliIO, asJSON bool, run func(progress progressWriter) (S, error)) (S, error) {
+	progress := cio.out
+	if asJSON {
+		progress = cio.err
+	}
+	sum, err := run(progress)
+	if err != nil {
+		return sum, cliOneLine(err)
+	}
+	if asJSON {
+		enc := json.NewEncoder(cio.out)
+		enc.SetIndent("", "  ")
+		return sum, enc.Encode(sum)
+	}
+	sum.print(cio.out)
+	return sum, nil
+}
+
+// progressWriter is io.Writer under a name the commands' cliIO parameter
+// (called io) does not shadow.
+type progressWriter = io.Writer

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sync"
@@ -75,22 +74,9 @@ func benchRRCmd(ctx context.Context, args []string, io cliIO) error {
 	case rc.topic == "" || rc.group == "":
 		return usagef("--topic and --group must not be empty")
 	}
-	progress := io.out
-	if rc.json {
-		progress = io.err
-	}
-	sum, err := runBenchRR(ctx, &rc, progress)
+	sum, err := runReported(io, rc.json, func(progress progressWriter) (*benchRRSummary, error) { return runBenchRR(ctx, &rc, progress) })
 	if err != nil {
-		return cliOneLine(err)
-	}
-	if rc.json {
-		enc := json.NewEncoder(io.out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(sum); err != nil {
-			return err
-		}
-	} else {
-		sum.print(io.out)
+		return err
 	}
 	if sum.Errors > 0 && ctx.Err() == nil {
 		return fmt.Errorf("%d calls failed, first: %s", sum.Errors, sum.FirstError)
