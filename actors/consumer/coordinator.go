@@ -110,8 +110,17 @@ type member struct {
 	addr        string // the client's address
 	responder   bool
 	breaker     *Breaker
+	lane        *laneMember // responders, once ready: the router's direct call path
 	delivered   uint64
 	redelivered uint64
+}
+
+// callBudget is the credits mb holds for direct calls.
+func (mb *member) callBudget() int64 {
+	if mb.lane == nil {
+		return 0
+	}
+	return max(mb.lane.budget.Load(), 0)
 }
 
 // held is a message the coordinator keeps for (re)delivery.
@@ -162,6 +171,7 @@ type live struct {
 	fetching   map[fetchKey]bool
 	spill      map[fetchKey]*spilled
 	responders int
+	lane       *Responders // this group's entry in the directory's responders
 	rr         int
 	calls      []*callMsg
 }
@@ -280,6 +290,18 @@ func (c *coordinator) Receive(ctx actor.Context) {
 		}
 	case *callMsg:
 		c.onCall(ctx, m)
+	case *memberReady:
+		if mb := c.memberOf(m.subID); mb != nil && mb.id == m.member && mb.responder && mb.lane == nil {
+			mb.lane = &laneMember{member: mb.id, subID: mb.subID, conn: mb.conn.Id}
+			c.live.lane.lane.set(func(ms []*laneMember) []*laneMember { return append(ms, mb.lane) })
+			c.refill(mb)
+		}
+	case *refillMsg:
+		if c.live != nil {
+			if mb := c.live.members[m.lm.member]; mb != nil && mb.lane == m.lm {
+				c.refill(mb)
+			}
+		}
 	case *deadlineMsg:
 		c.deadlineAt = time.Time{}
 		c.onDeadline(ctx)
@@ -625,7 +647,8 @@ func (c *coordinator) join(ctx actor.Context, m *subscribeMsg) {
 	if mb.responder {
 		l.responders++
 		if l.responders == 1 {
-			c.o.Dir.setResponder(l.topic, c.self, true)
+			l.lane = &Responders{Coord: c.self, lane: &lane{}}
+			c.o.Dir.setResponder(l.topic, l.lane, true)
 		}
 	}
 	mMembers.WithLabelValues(c.group).Set(float64(len(l.members)))
@@ -692,10 +715,15 @@ func (c *coordinator) leave(ctx actor.Context, mb *member, now time.Time) {
 	c.o.Dir.removeSub(mb.subID)
 	delete(l.members, mb.id)
 	delete(l.bySub, mb.subID)
+	if mb.lane != nil {
+		l.lane.lane.set(func(ms []*laneMember) []*laneMember {
+			return slices.DeleteFunc(ms, func(x *laneMember) bool { return x == mb.lane })
+		})
+	}
 	if mb.responder {
 		l.responders--
 		if l.responders == 0 {
-			c.o.Dir.setResponder(l.topic, c.self, false)
+			c.o.Dir.setResponder(l.topic, l.lane, false)
 			mCallQueue.WithLabelValues(c.group).Set(0)
 			l.calls = nil
 		}
@@ -1024,6 +1052,24 @@ func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) in
 	return len(ds)
 }
 
+// refill tops up a responder's call budget from its subscription credits,
+// after any queued calls have had theirs.
+func (c *coordinator) refill(mb *member) {
+	lm := mb.lane
+	if lm == nil || c.live == nil {
+		return
+	}
+	lm.refilling.Store(false)
+	if len(c.live.calls) > 0 {
+		return // the queued calls take the credits first
+	}
+	n := int64(0)
+	for lm.budget.Load()+n < callBudget && c.live.sub.TakeCredit(mb.id) {
+		n++
+	}
+	lm.budget.Add(n)
+}
+
 func (c *coordinator) onCall(ctx actor.Context, m *callMsg) {
 	l := c.live
 	if l == nil || l.responders == 0 || l.topic != m.topic {
@@ -1091,6 +1137,7 @@ func (c *coordinator) onAck(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.
 		mAcked.WithLabelValues(c.group).Add(float64(acked))
 	}
 	_ = l.sub.Request(mb.id, int(req.Credits))
+	defer c.refill(mb) // after dispatch has served queued calls
 	ok := &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_AckResponse{AckResponse: &heraldpb.AckResponse{}}}
 	if acked == 0 {
 		respond(ctx, ctx.Sender(), ok)
@@ -1132,6 +1179,7 @@ func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		mStaleAcks.WithLabelValues(c.group).Add(float64(stale))
 	}
 	_ = l.sub.Request(mb.id, int(req.Credits))
+	defer c.refill(mb)
 	respond(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_NackResponse{NackResponse: &heraldpb.NackResponse{}}})
 	c.checkRevocations(ctx)
 	c.dispatch(ctx)
@@ -1564,7 +1612,7 @@ func (c *coordinator) describe() *heraldpb.GroupInfo {
 		mb := l.members[mid]
 		mi := &heraldpb.MemberInfo{
 			MemberId: string(mid), Name: mb.name, Address: cmp.Or(mb.addr, mb.conn.Id),
-			InFlight: uint32(l.sub.InFlight(mid)), Credits: uint32(l.sub.Credits(mid)),
+			InFlight: uint32(l.sub.InFlight(mid)), Credits: uint32(l.sub.Credits(mid) + int(mb.callBudget())),
 			Delivered: mb.delivered, Redelivered: mb.redelivered,
 			Breaker: heraldpb.BreakerState(mb.breaker.State()), Responder: mb.responder,
 		}

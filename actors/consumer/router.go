@@ -44,6 +44,9 @@ type subscribeMsg struct {
 	addr     string // the client's address, for describe
 }
 
+// refillMsg asks a coordinator to top up a responder's call budget.
+type refillMsg struct{ lm *laneMember }
+
 // callMsg is a CallRequest for a coordinator with responders.
 type callMsg struct {
 	topic  string
@@ -98,8 +101,8 @@ func (r *Router) toSub(f *heraldpb.Frame, replyTo *actor.PID, id uint64) {
 }
 
 func (r *Router) call(f *heraldpb.Frame, req *heraldpb.CallRequest, replyTo *actor.PID) {
-	coords := r.dir.Responders(req.Topic)
-	if len(coords) == 0 {
+	groups := r.dir.Responders(req.Topic)
+	if len(groups) == 0 {
 		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_NO_RESPONDERS, "no responder subscribes to topic %q", req.Topic))
 		return
 	}
@@ -109,13 +112,35 @@ func (r *Router) call(f *heraldpb.Frame, req *heraldpb.CallRequest, replyTo *act
 		return
 	}
 	m := &callMsg{topic: req.Topic, record: rec, inbox: replyTo.Id, corr: req.CorrelationId}
-	for _, c := range coords {
-		r.sys.Root.Send(c, m)
+	for _, g := range groups {
+		if !r.callDirect(g, m) {
+			r.sys.Root.Send(g.Coord, m) // queued by the coordinator until a responder has credit
+		}
 	}
 	mCalls.Inc()
 	r.sys.Root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CallResponse{CallResponse: &heraldpb.CallResponse{
-		Inbox: replyTo.Id, Responders: uint32(len(coords)),
+		Inbox: replyTo.Id, Responders: uint32(len(groups)),
 	}}})
+}
+
+// callDirect pushes call m straight from the network loop to a responder
+// of group g that has call budget (two actor hops fewer than through the
+// coordinator), and asks the coordinator for more budget when it runs low.
+func (r *Router) callDirect(g *Responders, m *callMsg) bool {
+	if r.push == nil || g.lane == nil {
+		return false
+	}
+	lm := g.lane.take()
+	if lm == nil {
+		return false
+	}
+	if lm.budget.Load() < callBudget/2 && lm.refilling.CompareAndSwap(false, true) {
+		r.sys.Root.Send(g.Coord, &refillMsg{lm: lm})
+	}
+	frame := heraldpb.AppendDelivery(nil, lm.subID, []heraldpb.PushMessage{{
+		Offset: -1, DeliveryCount: 1, Record: m.record, ReplyInbox: m.inbox, CorrelationID: m.corr,
+	}})
+	return r.push(lm.conn, frame) // false: the member's connection is gone
 }
 
 func (r *Router) reply(f *heraldpb.Frame, req *heraldpb.ReplyRequest, replyTo *actor.PID) {

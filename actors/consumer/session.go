@@ -36,6 +36,12 @@ type (
 	pushBatch struct{ msgs []heraldpb.PushMessage }
 	// pushFrame: a control push (AssignmentChange) to the member.
 	pushFrame struct{ f *heraldpb.Frame }
+	// memberReady: the member's SubscribeResponse is written; pushes may
+	// now go straight to its connection.
+	memberReady struct {
+		member MemberID
+		subID  uint64
+	}
 	// memberGone: the member's connection closed.
 	memberGone struct {
 		member MemberID
@@ -50,6 +56,7 @@ func (s *memberSession) Receive(ctx actor.Context) {
 		ctx.Watch(s.conn)
 	case *netio.Written:
 		s.ready = true
+		ctx.Send(ctx.Parent(), &memberReady{member: s.member, subID: s.subID})
 		for _, f := range s.early {
 			s.write(ctx, f)
 		}
