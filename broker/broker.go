@@ -126,7 +126,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		return nil, err
 	}
 	srv.Store(b.server)
-	groupRouter.SetLookup(b.server.Session, b.server.RemoteAddr, b.server.Push)
+	groupRouter.SetConnections(b.server)
 	if err := b.server.Start(); err != nil {
 		b.stopActors()
 		return nil, fmt.Errorf("client listener %s: %w", cfg.Listen, err)

@@ -525,6 +525,14 @@ func TestRequestReplyWire(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no reply pushed")
 	}
+	// A reply to a guessed inbox (the caller's session id without its
+	// random token, or a wrong token) reaches nobody.
+	for _, guess := range []string{strings.Split(ds[0].ReplyInbox, "~")[0], ds[0].ReplyInbox + "0"} {
+		r := resp.call(&heraldpb.Frame{Body: &heraldpb.Frame_Reply{Reply: &heraldpb.ReplyRequest{Inbox: guess, CorrelationId: 7}}})
+		if e := r.GetError(); e == nil || e.Code != heraldpb.ErrorCode_INBOX_NOT_FOUND {
+			t.Fatalf("reply to guessed inbox %q: %v", guess, r)
+		}
+	}
 	// The responder used its one credit: the next call waits for a grant.
 	call(8)
 	if got := resp.deliveries(1, 100*time.Millisecond); len(got) != 0 {

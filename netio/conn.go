@@ -1,6 +1,8 @@
 package netio
 
 import (
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"math"
 	"sync"
@@ -17,9 +19,10 @@ import (
 // the connection's gnet event loop; the rest are shared with the session
 // actor and the ticker and are atomic or guarded by mu.
 type conn struct {
-	s   *Server
-	gc  gnet.Conn
-	pid *actor.PID // the session actor; set before any frame is read
+	s     *Server
+	gc    gnet.Conn
+	pid   *actor.PID // the session actor; set before any frame is read
+	token uint64     // random, for the connection's request-reply inbox
 
 	helloDone bool // loop
 
@@ -38,7 +41,7 @@ type conn struct {
 }
 
 func newConn(s *Server, gc gnet.Conn) *conn {
-	c := &conn{s: s, gc: gc, pending: make(map[uint64]int)}
+	c := &conn{s: s, gc: gc, pending: make(map[uint64]int), token: randomToken()}
 	c.maxFrame.Store(int64(s.cfg.MaxFrameBytes))
 	c.window.Store(int64(s.cfg.MaxInFlight))
 	c.lastActive.Store(time.Now().UnixNano())
@@ -47,6 +50,13 @@ func newConn(s *Server, gc gnet.Conn) *conn {
 		return nil
 	}
 	return c
+}
+
+// randomToken is an unguessable connection token (crypto/rand).
+func randomToken() uint64 {
+	var b [8]byte
+	_, _ = crand.Read(b[:]) // never fails on Linux (Go 1.24+ panics instead)
+	return binary.LittleEndian.Uint64(b[:])
 }
 
 // onFrame handles one decoded frame on the event loop. Answers netio gives

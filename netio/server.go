@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,31 @@ func (s *Server) Session(id string) (pid *actor.PID, maxFrame int, ok bool) {
 		return nil, 0, false
 	}
 	return c.pid, int(c.maxFrame.Load()), true
+}
+
+// Inbox names live connection id for request-reply replies: its session
+// id and a random token, so that a client cannot push replies to another
+// client's connection by guessing its (sequential) session id. "" if gone.
+func (s *Server) Inbox(id string) string {
+	c := s.liveConn(id)
+	if c == nil {
+		return ""
+	}
+	return id + "~" + strconv.FormatUint(c.token, 36)
+}
+
+// InboxSession resolves an inbox from Inbox to its connection's session id,
+// if the connection is still open and the token matches.
+func (s *Server) InboxSession(inbox string) (id string, ok bool) {
+	id, tok, found := strings.Cut(inbox, "~")
+	if !found {
+		return "", false
+	}
+	c := s.liveConn(id)
+	if c == nil || strconv.FormatUint(c.token, 36) != tok {
+		return "", false
+	}
+	return id, true
 }
 
 // RemoteAddr is the peer address of live connection id, or "".

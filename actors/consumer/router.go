@@ -20,19 +20,31 @@ type Router struct {
 	lookup  SessionLookup
 	push    func(id string, frame []byte) bool
 	remote  func(id string) string
+	inbox   func(id string) string                  // a connection's inbox name
+	resolve func(inbox string) (id string, ok bool) // an inbox's connection
 }
 
 // NewRouter routes to the groups manager and the coordinators in dir.
-// lookup may be set later with SetLookup, before the first request.
+// SetConnections must be called before the first request.
 func NewRouter(sys *actor.ActorSystem, dir *Directory, manager *actor.PID) *Router {
 	return &Router{sys: sys, dir: dir, manager: manager}
 }
 
-// SetLookup sets how the router finds client connections, their peer
-// addresses, and writes pushes straight to them (netio.Server.Session,
-// RemoteAddr and Push).
-func (r *Router) SetLookup(l SessionLookup, remote func(id string) string, push func(id string, frame []byte) bool) {
-	r.lookup, r.remote, r.push = l, remote, push
+// Connections is what the router needs of the network server
+// (netio.Server): finding live connections, their peer addresses and
+// request-reply inboxes, and writing pushes straight to them.
+type Connections interface {
+	Session(id string) (pid *actor.PID, maxFrame int, ok bool)
+	RemoteAddr(id string) string
+	Inbox(id string) string
+	InboxSession(inbox string) (id string, ok bool)
+	Push(id string, frame []byte) bool
+}
+
+// SetConnections sets how the router reaches client connections; before
+// the first request.
+func (r *Router) SetConnections(cs Connections) {
+	r.lookup, r.remote, r.push, r.inbox, r.resolve = cs.Session, cs.RemoteAddr, cs.Push, cs.Inbox, cs.InboxSession
 }
 
 // subscribeMsg is a SubscribeRequest with what the coordinator needs to
@@ -111,7 +123,11 @@ func (r *Router) call(f *heraldpb.Frame, req *heraldpb.CallRequest, replyTo *act
 		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "call record: %v", err))
 		return
 	}
-	m := &callMsg{topic: req.Topic, record: rec, inbox: replyTo.Id, corr: req.CorrelationId}
+	inbox := replyTo.Id
+	if r.inbox != nil {
+		inbox = r.inbox(replyTo.Id)
+	}
+	m := &callMsg{topic: req.Topic, record: rec, inbox: inbox, corr: req.CorrelationId}
 	for _, g := range groups {
 		if !r.callDirect(g, m) {
 			r.sys.Root.Send(g.Coord, m) // queued by the coordinator until a responder has credit
@@ -119,7 +135,7 @@ func (r *Router) call(f *heraldpb.Frame, req *heraldpb.CallRequest, replyTo *act
 	}
 	mCalls.Inc()
 	r.sys.Root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CallResponse{CallResponse: &heraldpb.CallResponse{
-		Inbox: replyTo.Id, Responders: uint32(len(groups)),
+		Inbox: inbox, Responders: uint32(len(groups)),
 	}}})
 }
 
@@ -146,12 +162,15 @@ func (r *Router) callDirect(g *Responders, m *callMsg) bool {
 func (r *Router) reply(f *heraldpb.Frame, req *heraldpb.ReplyRequest, replyTo *actor.PID) {
 	var pid *actor.PID
 	maxFrame, ok := 0, false
-	if r.lookup != nil {
-		pid, maxFrame, ok = r.lookup(req.Inbox)
+	id := ""
+	if r.resolve != nil && r.lookup != nil {
+		if id, ok = r.resolve(req.Inbox); ok {
+			pid, maxFrame, ok = r.lookup(id)
+		}
 	}
 	if !ok {
 		mReplies.WithLabelValues("no_inbox").Inc()
-		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INBOX_NOT_FOUND, "inbox %q is gone (the caller disconnected)", req.Inbox))
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INBOX_NOT_FOUND, "inbox %q is gone (the caller disconnected) or unknown", req.Inbox))
 		return
 	}
 	rec, err := proto.Marshal(req.GetRecord())
@@ -164,7 +183,7 @@ func (r *Router) reply(f *heraldpb.Frame, req *heraldpb.ReplyRequest, replyTo *a
 		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_MESSAGE_TOO_LARGE, "reply of %d bytes exceeds the caller's max frame %d", len(push), maxFrame))
 		return
 	}
-	if r.push == nil || !r.push(req.Inbox, push) {
+	if r.push == nil || !r.push(id, push) {
 		r.sys.Root.Send(pid, netio.RawPush(push))
 	}
 	mReplies.WithLabelValues("ok").Inc()
