@@ -835,16 +835,23 @@ func (s *Subscription) handle(d *Delivered) {
 	s.mu.Unlock()
 	if live {
 		s.h(s.ctx, d)
-		d.Ack()
 	}
+	// A handler that left d open acks it: queued here, in the one locked
+	// section that also returns d's credit (an explicit Ack or Nack
+	// queued itself already).
+	ack := live && d.state.CompareAndSwap(settleOpen, settleAcked)
 	d.state.CompareAndSwap(settleOpen, settleDone) // later Acks and Nacks are no-ops
 	s.mu.Lock()
+	urgent := false
+	if ack {
+		urgent = s.queueSettleLocked(d, false, 0)
+	}
 	s.held--
 	if !s.isClosing {
 		s.markPendingLocked()
 		s.credits++
 	}
-	urgent := s.credits >= uint32(max(s.opts.Window/2, 1))
+	urgent = urgent || s.credits >= uint32(max(s.opts.Window/2, 1))
 	s.mu.Unlock()
 	s.wakeAcks(urgent)
 }
@@ -862,16 +869,23 @@ func (s *Subscription) markPendingLocked() {
 
 // settle queues an ack or nack of d for the next flush.
 func (s *Subscription) settle(d *Delivered, nack bool, delay time.Duration) {
-	if s.opts.AutoAck || d.IsRequest() {
-		return // done on the broker already; requests are not in the log
-	}
-	e := ackEntry{partition: uint32(d.Partition), offset: d.Offset}
 	s.mu.Lock()
+	urgent := s.queueSettleLocked(d, nack, delay)
+	s.mu.Unlock()
+	s.wakeAcks(urgent)
+}
+
+// queueSettleLocked queues d's ack or nack for the broker and reports
+// whether enough are queued to send at once. s.mu is held.
+func (s *Subscription) queueSettleLocked(d *Delivered, nack bool, delay time.Duration) bool {
+	if s.opts.AutoAck || d.IsRequest() {
+		return false // done on the broker already; requests are not in the log
+	}
 	if d.sess != s.cur {
 		s.stats.Lost++ // its session ended: the broker redelivers it
-		s.mu.Unlock()
-		return
+		return false
 	}
+	e := ackEntry{partition: uint32(d.Partition), offset: d.Offset}
 	s.markPendingLocked()
 	s.seqQueued++
 	e.seq = s.seqQueued
@@ -881,9 +895,7 @@ func (s *Subscription) settle(d *Delivered, nack bool, delay time.Duration) {
 	} else {
 		s.acks = append(s.acks, e)
 	}
-	urgent := len(s.acks)+len(s.nacks) >= s.urgentN
-	s.mu.Unlock()
-	s.wakeAcks(urgent)
+	return len(s.acks)+len(s.nacks) >= s.urgentN
 }
 
 func (s *Subscription) wakeAcks(urgent bool) {
