@@ -312,9 +312,7 @@ func (m *memFar) First() (int64, bool) {
 		if len(m.buckets[b]) > 0 {
 			return b, true
 		}
-		if _, ok := m.buckets[b]; ok {
-			delete(m.buckets, b) // emptied by Remove
-		}
+		delete(m.buckets, b) // emptied by Remove, or taken
 		heap.Pop(&m.order)
 	}
 	return 0, false
