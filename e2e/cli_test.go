@@ -145,3 +145,32 @@ func TestMetricsExposed(t *testing.T) {
 		return nil
 	})
 }
+
+// The consumer-group metrics move with a `herald consume --group` run.
+func TestConsumerMetricsExposed(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	addr := "--addr=" + n.Addr()
+	herald(t, "", "topic", "create", "cm", "--partitions", "2", addr)
+	herald(t, "", "produce", "--topic", "cm", "--count", "100", "--size", "100", addr)
+	if _, stderr, code := herald(t, "", "consume", "--topic", "cm", "--group", "gm", "--mode", "shared", "--from", "earliest", "--max", "100", addr); code != 0 {
+		t.Fatalf("consume --group: exit %d: %s", code, stderr)
+	}
+	for name, want := range map[string]float64{
+		"herald_consumer_delivered_total": 100, "herald_consumer_acked_total": 100, "herald_consumer_lag": 0,
+	} {
+		checkFor(t, 10*time.Second, "metric "+name, func() error {
+			if v := metricSum(t, n, name); v != want {
+				return fmt.Errorf("%s = %v, want %v", name, v, want)
+			}
+			return nil
+		})
+	}
+	for _, name := range []string{"herald_consumer_progress_writes_total", "herald_consumer_ack_latency_seconds_count"} {
+		if v := metricSum(t, n, name); v <= 0 {
+			t.Fatalf("%s = %v, want > 0", name, v)
+		}
+	}
+	if !metricPresent(t, n, "herald_consumer_members") || !metricPresent(t, n, "herald_consumer_in_flight") {
+		t.Fatal("member and in-flight gauges missing")
+	}
+}
