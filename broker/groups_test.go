@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"strings"
 	"sync"
@@ -782,5 +783,100 @@ func TestGroupCommit(t *testing.T) {
 	subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_CLUSTERING, Credits: 100})
 	if got := w.deliveries(4, 5*time.Second); len(got) != 4 || got[0].Offset != 6 {
 		t.Fatalf("after restart: %v", ids(got))
+	}
+}
+
+// A client sending consumer-group and request-reply requests with random
+// fields (unknown subscriptions, partitions and offsets out of range, huge
+// credits and delays, bad filters, replies to nowhere) gets answers, never
+// crashes or wedges the broker, and a well-behaved group works afterwards.
+func TestGroupRequestsWithGarbageFields(t *testing.T) {
+	b := startTestBroker(t, t.TempDir())
+	defer b.Shutdown()
+	w := dialWire(t, b.ClientAddr())
+	newTopic(t, w, "t", 3)
+	produce(t, w, "t", 0, 50)
+	r := rand.New(rand.NewPCG(11, 12))
+	var subs []uint64
+	pick := func() uint64 {
+		if len(subs) > 0 && r.IntN(3) > 0 {
+			return subs[r.IntN(len(subs))]
+		}
+		return r.Uint64()
+	}
+	parts := func() ([]uint32, []int64) {
+		n := r.IntN(40)
+		ps, os := make([]uint32, n), make([]int64, n)
+		for i := range ps {
+			ps[i] = uint32(r.IntN(5))
+			os[i] = r.Int64N(200) - 20
+		}
+		if r.IntN(5) == 0 && n > 0 {
+			os = os[1:] // mismatched lengths
+		}
+		return ps, os
+	}
+	modes := []heraldpb.SubscriptionMode{0, 1, 2, 3, 9}
+	filters := []string{"", "a || b", "n > ", "x IN (1,2", "'", "*"}
+	var pending []chan *heraldpb.Frame
+	for i := 0; i < 3000; i++ {
+		var f *heraldpb.Frame
+		switch r.IntN(9) {
+		case 0:
+			f = &heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{
+				Group: []string{"g1", "g2", "", "bad name!"}[r.IntN(4)], Topic: []string{"t", "nope", "__groups"}[r.IntN(3)],
+				Mode: modes[r.IntN(len(modes))], FilterType: heraldpb.FilterType(r.IntN(4)), Filter: filters[r.IntN(len(filters))],
+				Credits: r.Uint32(), AckTimeoutMs: uint32(r.IntN(100)), AutoAck: r.IntN(2) == 0, Orderly: r.IntN(2) == 0,
+				Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Offset{Offset: r.Int64N(1000) - 500}}, Responder: r.IntN(3) == 0,
+			}}}
+		case 1:
+			ps, os := parts()
+			f = &heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: &heraldpb.AckRequest{SubscriptionId: pick(), Partitions: ps, Offsets: os, Credits: r.Uint32()}}}
+		case 2:
+			ps, os := parts()
+			f = &heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: &heraldpb.NackRequest{SubscriptionId: pick(), Partitions: ps, Offsets: os, DelayMs: r.Uint32(), Credits: r.Uint32()}}}
+		case 3:
+			f = &heraldpb.Frame{Body: &heraldpb.Frame_Commit{Commit: &heraldpb.CommitRequest{SubscriptionId: pick(), Partition: uint32(r.IntN(5)), Offset: r.Int64N(1 << 62)}}}
+		case 4:
+			f = &heraldpb.Frame{Body: &heraldpb.Frame_Unsubscribe{Unsubscribe: &heraldpb.UnsubscribeRequest{SubscriptionId: pick()}}}
+		case 5:
+			f = &heraldpb.Frame{Body: &heraldpb.Frame_ResetGroup{ResetGroup: &heraldpb.ResetGroupRequest{Group: "g1", Force: r.IntN(2) == 0,
+				Partitions: []uint32{uint32(r.IntN(5))}, To: &heraldpb.StartPosition{At: &heraldpb.StartPosition_TimestampMs{TimestampMs: r.Int64N(1 << 45)}}}}}
+		case 6:
+			f = &heraldpb.Frame{Body: &heraldpb.Frame_DescribeGroup{DescribeGroup: &heraldpb.DescribeGroupRequest{Group: []string{"g1", "g2", "x"}[r.IntN(3)]}}}
+		case 7:
+			f = &heraldpb.Frame{Body: &heraldpb.Frame_Call{Call: &heraldpb.CallRequest{Topic: "t", CorrelationId: r.Uint64(), Record: &heraldpb.Record{Value: []byte("x")}}}}
+		default:
+			f = &heraldpb.Frame{Body: &heraldpb.Frame_Reply{Reply: &heraldpb.ReplyRequest{Inbox: fmt.Sprintf("netio/session$%d~%d", r.IntN(5), r.IntN(3)), CorrelationId: r.Uint64()}}}
+		}
+		pending = append(pending, w.send(f))
+		if len(pending) >= 64 { // stay inside the connection's in-flight window
+			for _, ch := range pending {
+				select {
+				case resp := <-ch:
+					if s := resp.GetSubscribeResponse(); s != nil {
+						subs = append(subs, s.SubscriptionId)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("request %d: no answer", i)
+				}
+			}
+			pending = pending[:0]
+		}
+	}
+	for _, ch := range pending {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no answer")
+		}
+	}
+	// A fresh, well-behaved group still works.
+	w2 := dialWire(t, b.ClientAddr())
+	sub := subscribe(t, w2, &heraldpb.SubscribeRequest{Group: "after", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: 100})
+	if got := w2.deliveries(50, 10*time.Second); len(got) != 50 {
+		t.Fatalf("after the garbage: %d of 50 delivered", len(got))
+	} else {
+		ackAll(t, w2, sub, got, 0)
 	}
 }
