@@ -147,8 +147,19 @@ func (c *Client) Request(ctx context.Context, topic string, msg *Message) (*Mess
 // while that lives. It returns once the broker has passed the reply on; an
 // INBOX_NOT_FOUND *Error means the caller is gone.
 func (c *Client) Reply(ctx context.Context, req *Delivered, reply *Message) error {
+	wait, err := c.sendReply(ctx, req, reply)
+	if err != nil {
+		return err
+	}
+	return wait()
+}
+
+// sendReply writes the ReplyRequest for req (on the calling goroutine when
+// the connection is idle: no handoff before the reply leaves) and returns
+// the function that waits for the broker's answer.
+func (c *Client) sendReply(ctx context.Context, req *Delivered, reply *Message) (wait func() error, err error) {
 	if req == nil || req.ReplyInbox == "" {
-		return ErrNotRequest
+		return nil, ErrNotRequest
 	}
 	if reply == nil {
 		reply = &Message{}
@@ -156,22 +167,40 @@ func (c *Client) Reply(ctx context.Context, req *Delivered, reply *Message) erro
 	var cn *conn
 	if req.sess != nil && req.sess.cn.alive() {
 		cn = req.sess.cn
-	} else {
-		var err error
-		if cn, err = c.anyConn(ctx); err != nil {
+	} else if cn, err = c.anyConn(ctx); err != nil {
+		return nil, err
+	}
+	ch, err := cn.send(ctx, func(dst []byte, id uint64) ([]byte, error) {
+		return appendReplyFrame(dst, id, req.ReplyInbox, req.CorrelationID, reply)
+	}, nil)
+	if err != nil {
+		return nil, err
+	}
+	timeout := c.cfg.requestTimeout
+	return func() error {
+		var timer <-chan time.Time
+		if timeout > 0 {
+			t := time.NewTimer(timeout)
+			defer t.Stop()
+			timer = t.C
+		}
+		var f *heraldpb.Frame
+		select {
+		case f = <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer:
+			return cn.timedOut(timeout)
+		}
+		f, err := cn.response(ch, f)
+		if err != nil {
 			return err
 		}
-	}
-	f, err := cn.exchange(ctx, func(dst []byte, id uint64) ([]byte, error) {
-		return appendReplyFrame(dst, id, req.ReplyInbox, req.CorrelationID, reply)
-	}, c.cfg.requestTimeout, nil)
-	if err != nil {
-		return err
-	}
-	if f.GetReplyResponse() == nil {
-		return unexpected(f, "ReplyResponse")
-	}
-	return nil
+		if f.GetReplyResponse() == nil {
+			return unexpected(f, "ReplyResponse")
+		}
+		return nil
+	}, nil
 }
 
 // RespondFunc answers one request. Its error is sent to the caller as an
@@ -218,9 +247,19 @@ func (c *Client) Respond(ctx context.Context, topic, group string, fn RespondFun
 		case <-ctx.Done():
 			return
 		}
+		// The reply leaves from this goroutine; its answer is awaited in
+		// another, off the call's path.
+		wait, err := c.sendReply(ctx, d, reply)
+		if err != nil {
+			<-sem
+			if report != nil {
+				report(fmt.Errorf("herald: reply on %s: %w", topic, err))
+			}
+			return
+		}
 		go func() {
 			defer func() { <-sem }()
-			if err := c.Reply(ctx, d, reply); err != nil && report != nil {
+			if err := wait(); err != nil && report != nil {
 				report(fmt.Errorf("herald: reply on %s: %w", topic, err))
 			}
 		}()
