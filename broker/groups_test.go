@@ -880,3 +880,34 @@ func TestGroupRequestsWithGarbageFields(t *testing.T) {
 		ackAll(t, w2, sub, got, 0)
 	}
 }
+
+// Requests the review found could wedge or spin a group are refused.
+func TestGroupRefusesUnsafeRequests(t *testing.T) {
+	b := startTestBroker(t, t.TempDir())
+	defer b.Shutdown()
+	w := dialWire(t, b.ClientAddr())
+	newTopic(t, w, "t", 1)
+	produce(t, w, "t", 0, 3)
+	code := func(f *heraldpb.Frame) heraldpb.ErrorCode { return w.call(f).GetError().GetCode() }
+	// A broadcast member without a name would get a new position per connection.
+	if c := code(&heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{Group: "b", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_BROADCAST}}}); c != heraldpb.ErrorCode_INVALID_REQUEST {
+		t.Fatalf("nameless broadcast member: %v", c)
+	}
+	// A name too long to store.
+	if c := code(&heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{Group: "b", Topic: "t", MemberName: strings.Repeat("n", 300)}}}); c != heraldpb.ErrorCode_INVALID_REQUEST {
+		t.Fatalf("long member name: %v", c)
+	}
+	// A commit past the end of the log.
+	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "c", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_CLUSTERING, Credits: 10})
+	w.deliveries(3, 5*time.Second)
+	if c := code(&heraldpb.Frame{Body: &heraldpb.Frame_Commit{Commit: &heraldpb.CommitRequest{SubscriptionId: sub, Partition: 0, Offset: 1000}}}); c != heraldpb.ErrorCode_INVALID_REQUEST {
+		t.Fatalf("commit beyond the high watermark: %v", c)
+	}
+	// A subscription to a missing topic leaves no group behind.
+	if c := code(&heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{Group: "ghost", Topic: "missing"}}}); c != heraldpb.ErrorCode_TOPIC_NOT_FOUND {
+		t.Fatalf("missing topic: %v", c)
+	}
+	if c := code(&heraldpb.Frame{Body: &heraldpb.Frame_DescribeGroup{DescribeGroup: &heraldpb.DescribeGroupRequest{Group: "ghost"}}}); c != heraldpb.ErrorCode_GROUP_NOT_FOUND {
+		t.Fatalf("describe of the ghost group: %v", c)
+	}
+}

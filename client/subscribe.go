@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -114,7 +115,11 @@ type SubscribeOptions struct {
 	// Responder makes this member answer Requests sent to the topic too
 	// (see Respond).
 	Responder bool
-	// Name is shown by DescribeGroup; default the client id.
+	// Name is shown by DescribeGroup. In Broadcast mode it also keys the
+	// member's own position, so a member that comes back under the same
+	// name resumes where it stopped (and two live members may not share
+	// it); the default there is "<client id>@<host name>". In the other
+	// modes the default is the broker's name for the connection.
 	Name string
 	// Concurrency is the number of handler goroutines (default 1). In
 	// Clustering and Broadcast mode, and with Orderly, messages of one
@@ -485,6 +490,10 @@ func (s *Subscription) subscribeRequest(credits int) *heraldpb.Frame {
 		Start:        o.From.wire(),
 		Responder:    o.Responder,
 		MemberName:   o.Name,
+	}
+	if req.MemberName == "" && o.Mode == Broadcast {
+		host, _ := os.Hostname()
+		req.MemberName = s.c.cfg.clientID + "@" + host
 	}
 	switch {
 	case o.Tags != "":

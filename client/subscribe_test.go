@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -957,7 +958,7 @@ func TestSubscribeRequestFields(t *testing.T) {
 			&heraldpb.SubscribeRequest{Mode: heraldpb.SubscriptionMode_MODE_CLUSTERING, Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Latest{Latest: true}}}},
 		{SubscribeOptions{Mode: Broadcast, From: AtOffset(42), Tags: "a || b", AckTimeout: 1500 * time.Millisecond},
 			&heraldpb.SubscribeRequest{Mode: heraldpb.SubscriptionMode_MODE_BROADCAST, Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Offset{Offset: 42}},
-				FilterType: heraldpb.FilterType_FILTER_TAG, Filter: "a || b", AckTimeoutMs: 1500}},
+				FilterType: heraldpb.FilterType_FILTER_TAG, Filter: "a || b", AckTimeoutMs: 1500, MemberName: "herald-go@" + hostname(t)}},
 		{SubscribeOptions{Mode: Shared, From: AtTime(at), SQL: "x > 1", Responder: true, AutoAck: true, Name: "n"},
 			&heraldpb.SubscribeRequest{Mode: heraldpb.SubscriptionMode_MODE_SHARED, Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_TimestampMs{TimestampMs: at.UnixMilli()}},
 				FilterType: heraldpb.FilterType_FILTER_SQL, Filter: "x > 1", Responder: true, AutoAck: true, MemberName: "n"}},
@@ -966,7 +967,7 @@ func TestSubscribeRequestFields(t *testing.T) {
 	} {
 		tc.o.Group, tc.o.Topic = "g", "t"
 		tc.want.Group, tc.want.Topic, tc.want.Credits = "g", "t", 7
-		s := &Subscription{opts: tc.o}
+		s := &Subscription{opts: tc.o, c: &Client{cfg: defaultClientConfig()}}
 		if got := s.subscribeRequest(7).GetSubscribe(); !proto.Equal(got, tc.want) {
 			t.Errorf("%v:\n got %v\nwant %v", tc.o.Mode, got, tc.want)
 		}
@@ -974,4 +975,12 @@ func TestSubscribeRequestFields(t *testing.T) {
 			t.Errorf("mode %d has no name", tc.o.Mode)
 		}
 	}
+}
+
+func hostname(t *testing.T) string {
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }

@@ -252,7 +252,7 @@ type coordinator struct {
 	writeRecs    []*heraldpb.GroupProgress
 	writeWaiters []waiter
 	flushArmed   bool
-	flushDone    []*actor.PID // FlushGroup callers waiting for the writes to finish
+	flushDone    []flushCaller // FlushGroup and checkpoint callers waiting for the writes to finish
 
 	deadlineAt time.Time
 	statsArmed bool
@@ -331,9 +331,9 @@ func (c *coordinator) Receive(ctx actor.Context) {
 				c.toWrite = append(c.toWrite, c.st.stored[k])
 			}
 		}
-		c.flushAll(ctx)
+		c.flushAll(ctx, m.round)
 	case *FlushGroup:
-		c.flushAll(ctx)
+		c.flushAll(ctx, 0)
 	case *breakerMsg:
 		if m.change.To != BreakerOpen {
 			c.dispatch(ctx)
@@ -478,6 +478,16 @@ func (c *coordinator) onSubscribe(ctx actor.Context, m *subscribeMsg) {
 	mode, ok := wireModes[req.Mode]
 	if !ok {
 		fail(heraldpb.ErrorCode_INVALID_REQUEST, "unknown subscription mode %d", req.Mode)
+		return
+	}
+	if len(req.MemberName) > maxMemberName {
+		fail(heraldpb.ErrorCode_INVALID_REQUEST, "member name of %d bytes exceeds %d", len(req.MemberName), maxMemberName)
+		return
+	}
+	if mode == Broadcast && req.MemberName == "" {
+		// A broadcast member's position is kept under its name, so it
+		// resumes on return; a connection id would make a new one each time.
+		fail(heraldpb.ErrorCode_INVALID_REQUEST, "broadcast members need a member name: their position is kept under it")
 		return
 	}
 	entry := c.o.Topics.Get(req.Topic)
@@ -814,16 +824,30 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 	if ferr != nil {
 		switch ferr.Code {
 		case heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE:
-			// Retention removed records below the floor: skip to the log
-			// start (they can never be delivered).
-			start := l.entry.Stats[k.part].StartOffset.Load()
-			if off, _ := l.sub.ReadFrom(k.view, k.part); off < start {
+			// Retention removed records below the position (they can never
+			// be delivered): skip to the log start. A position above the
+			// log's end (the topic was deleted and made again) moves back to
+			// the end.
+			st := l.entry.Stats[k.part]
+			start, hw := st.StartOffset.Load(), st.HighWatermark.Load()
+			off, _ := l.sub.ReadFrom(k.view, k.part)
+			to := off
+			switch {
+			case off < start:
 				c.log.Warn("records removed by retention before the group consumed them", "partition", k.part, "from", off, "to", start)
-				l.sub.Seek(k.view, k.part, start)
-				l.held(k.view, k.part).trim(start)
-				c.markDirty(k.view)
+				to = start
+			case off > hw:
+				c.log.Warn("group position beyond the end of the log; moved to the end", "partition", k.part, "position", off, "end", hw)
+				to = hw
 			}
-			c.pump(ctx)
+			if to != off {
+				l.sub.Seek(k.view, k.part, to)
+				l.held(k.view, k.part).trim(to)
+				delete(l.spill, k)
+				c.markDirty(k.view)
+				c.checkRevocations(ctx)
+			}
+			c.armPump(10 * time.Millisecond)
 		default:
 			c.armPump(time.Duration(max(ferr.RetryAfterMs, 100)) * time.Millisecond)
 		}
@@ -1063,8 +1087,10 @@ func (c *coordinator) refill(mb *member) {
 	if len(c.live.calls) > 0 {
 		return // the queued calls take the credits first
 	}
+	// At most half the member's credits: the rest stay for the topic's
+	// messages, which a responder receives too.
 	n := int64(0)
-	for lm.budget.Load()+n < callBudget && c.live.sub.TakeCredit(mb.id) {
+	for lm.budget.Load()+n < callBudget && int64(c.live.sub.Credits(mb.id)) > n+1 && c.live.sub.TakeCredit(mb.id) {
 		n++
 	}
 	lm.budget.Add(n)
@@ -1193,6 +1219,12 @@ func (c *coordinator) onCommit(ctx actor.Context, f *heraldpb.Frame, req *herald
 		return
 	}
 	l := c.live
+	if int(req.Partition) < len(l.entry.Stats) {
+		if hw := l.entry.Stats[req.Partition].HighWatermark.Load(); req.Offset > hw || req.Offset < 0 {
+			respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "commit offset %d is outside [0, %d] (the high watermark) of partition %d", req.Offset, hw, req.Partition))
+			return
+		}
+	}
 	if err := l.sub.Commit(mb.id, req.Partition, req.Offset); err != nil {
 		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "commit: %v", err))
 		return
@@ -1221,7 +1253,7 @@ func (c *coordinator) onCommit(ctx actor.Context, f *heraldpb.Frame, req *herald
 // scan of the flights: after the timer fires).
 func (c *coordinator) armDeadline(now time.Time) {
 	if l := c.live; l != nil {
-		if t, ok := l.sub.NextDeadline(); ok {
+		if t, ok := l.sub.NextDeadline(now); ok {
 			c.armDeadlineAt(now, t)
 		}
 	}
@@ -1306,6 +1338,10 @@ func (c *coordinator) scheduleFlush() {
 	}
 }
 
+// maxMemberName bounds a member's name (it is stored in `__groups` as a
+// broadcast member's position key).
+const maxMemberName = 256
+
 // maxWriteBytes bounds one progress write (a batch of GroupProgress
 // records), well under the broker's max message size.
 const maxWriteBytes = 256 << 10
@@ -1381,13 +1417,29 @@ func (c *coordinator) onWritten(ctx actor.Context, id uint64, e *heraldpb.Error)
 	c.writing = false
 	if e != nil {
 		mProgressWrites.WithLabelValues("failed").Inc()
+		if !e.Retriable {
+			// Retrying cannot help (say, a record over the log's max
+			// message size): the acks waiting for it fail, and the records
+			// are dropped rather than wedging every later write. The views'
+			// next records carry their progress again.
+			c.log.Error("dropping group progress records that cannot be written", "records", len(c.writeRecs), "err", e.Message)
+			for _, w := range c.writeWaiters {
+				respond(ctx, w.to, heraldpb.ErrorFrame(w.f.Id, e))
+			}
+			c.writeRecs, c.writeWaiters = nil, nil
+			if c.live != nil {
+				for _, v := range c.live.sub.Views() {
+					c.dirty[v] = true
+				}
+			}
+			c.scheduleFlush()
+			c.answerFlushed(ctx)
+			return
+		}
 		c.log.Warn("writing group progress", "err", e.Message)
 		c.toWrite = append(c.writeRecs, c.toWrite...)
 		c.waiters = append(c.writeWaiters, c.waiters...)
 		c.writeRecs, c.writeWaiters = nil, nil
-		if !e.Retriable {
-			c.failWaiters(ctx, e)
-		}
 		c.after(time.Duration(max(e.RetryAfterMs, 50))*time.Millisecond, &flushMsg{})
 		c.flushArmed = true
 		return
@@ -1404,32 +1456,38 @@ func (c *coordinator) onWritten(ctx actor.Context, id uint64, e *heraldpb.Error)
 	if c.live == nil {
 		c.updateSummary()
 	}
-	if len(c.toWrite) > 0 || len(c.waiters) > 0 {
+	if len(c.toWrite) > 0 || len(c.waiters) > 0 || len(c.dirty) > 0 {
 		c.flush(ctx)
 	}
 	c.answerFlushed(ctx)
 }
 
-// checkpoint asks a coordinator to rewrite all its records (compaction);
-// it answers FlushGroupDone like FlushGroup.
-type checkpoint struct{}
+// checkpoint asks a coordinator to rewrite all its records (compaction
+// round round); it answers FlushGroupDone{Round: round} like FlushGroup.
+type checkpoint struct{ round int }
 
 // FlushGroup asks a coordinator to write all its progress; it answers
 // FlushGroupDone once nothing is left unwritten. Graceful shutdown uses it.
 type FlushGroup struct{}
 
-// FlushGroupDone answers FlushGroup.
-type FlushGroupDone struct{}
+// FlushGroupDone answers FlushGroup (Round 0) and the compaction
+// checkpoints (their round).
+type FlushGroupDone struct{ Round int }
+
+type flushCaller struct {
+	pid   *actor.PID
+	round int
+}
 
 // flushAll writes every view's progress and answers the sender with
-// FlushGroupDone once nothing is left unwritten.
-func (c *coordinator) flushAll(ctx actor.Context) {
+// FlushGroupDone{Round: round} once nothing is left unwritten.
+func (c *coordinator) flushAll(ctx actor.Context, round int) {
 	if c.live != nil {
 		for _, v := range c.live.sub.Views() {
 			c.dirty[v] = true
 		}
 	}
-	c.flushDone = append(c.flushDone, ctx.Sender())
+	c.flushDone = append(c.flushDone, flushCaller{pid: ctx.Sender(), round: round})
 	c.flush(ctx)
 	c.answerFlushed(ctx)
 }
@@ -1439,7 +1497,7 @@ func (c *coordinator) answerFlushed(ctx actor.Context) {
 		return
 	}
 	for _, p := range c.flushDone {
-		ctx.Send(p, &FlushGroupDone{})
+		ctx.Send(p.pid, &FlushGroupDone{Round: p.round})
 	}
 	c.flushDone = nil
 }
@@ -1513,7 +1571,15 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 		respond(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e))
 		return
 	}
+	topicName := c.st.lastTop
+	for _, r := range c.writeRecs {
+		topicName = r.Topic
+	}
+	for _, r := range c.toWrite {
+		topicName = r.Topic
+	}
 	if l := c.live; l != nil {
+		topicName = l.topic
 		if !req.Force {
 			respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_GROUP_HAS_MEMBERS, "group %q has %d live members; stop them or reset with force", c.group, len(l.members)))
 			return
@@ -1525,10 +1591,6 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 			}}}})
 			c.leave(ctx, mb, time.Now())
 		}
-	}
-	topicName := c.st.lastTop
-	for _, r := range c.toWrite {
-		topicName = r.Topic
 	}
 	if topicName == "" {
 		respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_GROUP_NOT_FOUND, "group %q has no stored progress", c.group))

@@ -441,17 +441,20 @@ func (s *Sub) Tick(now time.Time) []Delivery {
 	return out
 }
 
-// NextDeadline is the earliest time at which Tick or Deliver would do
-// something new by time alone: an ack deadline or a nack delay ending. ok is
-// false when nothing waits on time. The actor arms one timer for it.
-func (s *Sub) NextDeadline() (t time.Time, ok bool) {
+// NextDeadline is the earliest time after now at which Tick or Deliver
+// would do something new by time alone: an ack deadline, or a nack delay
+// ending. Redeliveries already due are not counted: they wait for a member
+// that may take them (credits, a join), not for time, and the actor's next
+// Deliver picks them up. ok is false when nothing waits on time. The actor
+// arms one timer for it.
+func (s *Sub) NextDeadline(now time.Time) (t time.Time, ok bool) {
 	s.fl.each(func(f *flight) {
 		if !ok || f.deadline.Before(t) {
 			t, ok = f.deadline, true
 		}
 	})
 	for _, r := range s.fl.retry {
-		if !ok || r.notBefore.Before(t) {
+		if r.notBefore.After(now) && (!ok || r.notBefore.Before(t)) {
 			t, ok = r.notBefore, true
 		}
 	}

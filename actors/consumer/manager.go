@@ -8,6 +8,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
+	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -97,7 +98,7 @@ func (m *Manager) Receive(ctx actor.Context) {
 			m.armCompact(ctx)
 		}
 	case *FlushGroupDone:
-		if m.compacting {
+		if m.compacting && msg.Round == m.compactGen {
 			m.compactWait--
 			if m.compactWait == 0 {
 				m.truncate(ctx)
@@ -260,7 +261,7 @@ func (m *Manager) maybeCompact(ctx actor.Context) {
 	m.compactFrom = e.Stats[0].HighWatermark.Load()
 	m.compactWait = len(m.groups)
 	for _, h := range m.groups {
-		ctx.Request(h.pid, &checkpoint{})
+		ctx.Request(h.pid, &checkpoint{round: m.compactGen})
 	}
 	gen, self, sys := m.compactGen, ctx.Self(), ctx.ActorSystem()
 	time.AfterFunc(time.Minute, func() { sys.Root.Send(self, &compactTimeout{gen: gen}) })
@@ -302,6 +303,16 @@ func (m *Manager) onSubscribe(ctx actor.Context, msg *subscribeMsg) {
 	}
 	h := m.groups[req.Group]
 	if h == nil {
+		// A group that does not exist yet is only made for a subscription
+		// that can succeed, so that no client can pile up coordinators.
+		if e := m.o.Topics.Get(req.Topic); e == nil || topic.IsInternal(req.Topic) {
+			respond(ctx, msg.replyTo, errFrame(msg.f.Id, heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", req.Topic))
+			return
+		}
+		if _, ferr := compileFilter(req.FilterType, req.Filter); ferr != nil {
+			respond(ctx, msg.replyTo, heraldpb.ErrorFrame(msg.f.Id, ferr))
+			return
+		}
 		if h = m.spawn(ctx, req.Group, nil, ""); h == nil {
 			respond(ctx, msg.replyTo, errFrame(msg.f.Id, heraldpb.ErrorCode_INTERNAL, "cannot start group %q", req.Group))
 			return

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
@@ -199,4 +200,49 @@ func FuzzProgress(f *testing.F) {
 			t.Fatalf("bad progress after acks: %s", p)
 		}
 	})
+}
+
+// A partition whose stored progress does not decode keeps its start; the
+// others keep their progress.
+func TestRestoreSkipsBadPartition(t *testing.T) {
+	sub, err := NewSub(Config{Mode: Shared, Partitions: 3}, []int64{500, 500, 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &heraldpb.GroupProgress{Partitions: []*heraldpb.PartitionProgress{
+		{Partition: 0, AckFloor: 7},
+		{Partition: 1, AckFloor: 3, AckedRuns: []uint32{0}}, // zero-length run: not canonical
+		{Partition: 2, AckFloor: 200},
+	}}
+	if err := sub.Restore(g); !errors.Is(err, ErrBadProgress) {
+		t.Fatalf("Restore: %v, want ErrBadProgress", err)
+	}
+	for p, want := range []int64{7, 500, 200} {
+		if got := sub.Progress("", uint32(p)).Floor(); got != want {
+			t.Errorf("partition %d floor %d, want %d", p, got, want)
+		}
+	}
+}
+
+// Redeliveries already due do not wait on time: NextDeadline skips them
+// (else a due redelivery nobody can take would re-arm the timer every ms).
+func TestNextDeadlineSkipsDueRedeliveries(t *testing.T) {
+	now := time.Unix(1000, 0)
+	sub, _ := NewSub(Config{Mode: Shared, Partitions: 1, AckTimeout: time.Second}, nil)
+	sub.Join("a")
+	sub.Append("", Message{Offset: 0}, Message{Offset: 1})
+	sub.Request("a", 2)
+	sub.Deliver("a", now, 0)
+	if err := sub.Nack("a", 0, 0, 0, now); err != nil { // due at once
+		t.Fatal(err)
+	}
+	if err := sub.Nack("a", 0, 1, 5*time.Second, now); err != nil {
+		t.Fatal(err)
+	}
+	if at, ok := sub.NextDeadline(now); !ok || !at.Equal(now.Add(5*time.Second)) {
+		t.Fatalf("NextDeadline = %v %v, want the delayed nack's time", at, ok)
+	}
+	if _, ok := sub.NextDeadline(now.Add(10 * time.Second)); ok {
+		t.Fatal("a deadline although every redelivery is due")
+	}
 }

@@ -21,6 +21,7 @@
 package consumer
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -379,7 +380,9 @@ func (s *Sub) Encode(group, topic string, v MemberID) *heraldpb.GroupProgress {
 // Restore installs stored progress (the latest `__groups` record for the
 // view), before any Append or Join of that view's members: the actor then
 // reads from each floor, and already-acked offsets are not redelivered.
-// Partitions beyond the topic's count are ignored. Errors: ErrBadProgress.
+// Partitions beyond the topic's count are ignored. A partition whose
+// progress does not decode keeps the start position and is reported
+// (ErrBadProgress); the others are installed.
 func (s *Sub) Restore(g *heraldpb.GroupProgress) error {
 	v := MemberID(g.GetSubscriber())
 	if (s.cfg.Mode == Broadcast) != (v != "") {
@@ -389,20 +392,23 @@ func (s *Sub) Restore(g *heraldpb.GroupProgress) error {
 	if w == nil {
 		w = s.newView()
 	}
+	var bad error
 	for _, pp := range g.GetPartitions() {
 		if int(pp.GetPartition()) >= s.cfg.Partitions {
 			continue
 		}
 		prog, err := DecodeProgress(pp, s.cfg.MaxSpan)
 		if err != nil {
-			return fmt.Errorf("partition %d: %w", pp.GetPartition(), err)
+			// One bad partition does not cost the others their progress.
+			bad = errors.Join(bad, fmt.Errorf("partition %d: %w", pp.GetPartition(), err))
+			continue
 		}
 		w.prog[pp.GetPartition()] = prog
 		w.next[pp.GetPartition()] = prog.Floor()
 		w.pending[pp.GetPartition()] = nil
 	}
 	s.views[v] = w
-	return nil
+	return bad
 }
 
 // Seek moves view v's position in partition p to off: the progress restarts
