@@ -911,3 +911,31 @@ func TestGroupRefusesUnsafeRequests(t *testing.T) {
 		t.Fatalf("describe of the ghost group: %v", c)
 	}
 }
+
+// Deleting a group's topic ends its live subscriptions (their partition
+// actors are gone), with a SubscriptionEnded push saying why.
+func TestGroupTopicDeleted(t *testing.T) {
+	b := startTestBroker(t, t.TempDir())
+	defer b.Shutdown()
+	w := dialWire(t, b.ClientAddr())
+	newTopic(t, w, "t", 1)
+	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Credits: 10})
+	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_DeleteTopic{DeleteTopic: &heraldpb.DeleteTopicRequest{Name: "t"}}})
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case f := <-w.pushes:
+			if e := f.GetSubscriptionEnded(); e != nil {
+				if e.SubscriptionId != sub || e.Reason.GetCode() != heraldpb.ErrorCode_TOPIC_NOT_FOUND {
+					t.Fatalf("ended: %v", e)
+				}
+				if d := describe(t, w, "g"); len(d.Members) != 0 {
+					t.Fatalf("members after the topic was deleted: %v", d.Members)
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatal("no SubscriptionEnded after the topic was deleted")
+		}
+	}
+}

@@ -708,6 +708,20 @@ func (c *coordinator) checkRevocations(ctx actor.Context) {
 	}
 }
 
+// endAll ends every member's subscription with a SubscriptionEnded push
+// saying why.
+func (c *coordinator) endAll(ctx actor.Context, why *heraldpb.Error) {
+	for _, mb := range c.live.members {
+		ctx.Send(mb.session, &pushFrame{f: &heraldpb.Frame{Body: &heraldpb.Frame_SubscriptionEnded{SubscriptionEnded: &heraldpb.SubscriptionEnded{
+			SubscriptionId: mb.subID, Reason: why,
+		}}}})
+		c.leave(ctx, mb, time.Now())
+		if c.live == nil {
+			return // the last one left
+		}
+	}
+}
+
 // leave ends member mb: its unacked messages go back for redelivery.
 func (c *coordinator) leave(ctx actor.Context, mb *member, now time.Time) {
 	l := c.live
@@ -1311,6 +1325,14 @@ func (c *coordinator) onStats(ctx actor.Context) {
 	if l == nil {
 		return
 	}
+	if e := c.o.Topics.Get(l.topic); e != l.entry {
+		// The topic was deleted (and maybe made again): its partition
+		// actors are gone, so the subscription ends; members may subscribe
+		// again to the new topic.
+		c.log.Warn("the group's topic was deleted; ending its subscriptions", "topic", l.topic)
+		c.endAll(ctx, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q of group %q was deleted", l.topic, c.group))
+		return
+	}
 	resume := false
 	for _, mb := range l.members {
 		if mb.breaker.State() != BreakerOpen {
@@ -1584,13 +1606,7 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 			respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_GROUP_HAS_MEMBERS, "group %q has %d live members; stop them or reset with force", c.group, len(l.members)))
 			return
 		}
-		for _, mb := range l.members {
-			ctx.Send(mb.session, &pushFrame{f: &heraldpb.Frame{Body: &heraldpb.Frame_SubscriptionEnded{SubscriptionEnded: &heraldpb.SubscriptionEnded{
-				SubscriptionId: mb.subID,
-				Reason:         heraldpb.NewError(heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "group %q was reset with force", c.group),
-			}}}})
-			c.leave(ctx, mb, time.Now())
-		}
+		c.endAll(ctx, heraldpb.NewError(heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "group %q was reset with force", c.group))
 	}
 	if topicName == "" {
 		respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_GROUP_NOT_FOUND, "group %q has no stored progress", c.group))
