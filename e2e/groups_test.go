@@ -201,13 +201,7 @@ func TestSharedAndKeySharedMoreConsumersThanPartitions(t *testing.T) {
 					seen.add(name, m)
 				}))
 			}
-			checkFor(t, 10*time.Second, "5 members", func() error {
-				info, err := c.DescribeGroup(ctxT(t, 5*time.Second), group)
-				if err != nil || len(info.Members) != 5 {
-					return fmt.Errorf("%v %v", info, err)
-				}
-				return nil
-			})
+			waitMembers(t, c, group, 5, 10*time.Second)
 			produceN(t, c, "events", group, 3000, 40)
 			checkFor(t, 30*time.Second, "3000 delivered", func() error {
 				if d := seen.distinct(); d != 3000 {
@@ -333,13 +327,7 @@ func TestRequestReply(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	checkFor(t, 10*time.Second, "2 responders", func() error {
-		info, err := c.DescribeGroup(ctxT(t, 5*time.Second), "echo-service")
-		if err != nil || len(info.Members) != 2 {
-			return fmt.Errorf("%v %v", info, err)
-		}
-		return nil
-	})
+	waitMembers(t, c, "echo-service", 2, 10*time.Second)
 	var wg sync.WaitGroup
 	var bad atomic.Int64
 	for w := 0; w < 8; w++ {
@@ -478,24 +466,12 @@ func consumerProcessKilled(t *testing.T, mode string) {
 			cons = append(cons, startConsumerOut(t, n.Addr(), pw, args...))
 			pw.Close()
 			// It joins first, so in clustering mode it keeps a partition.
-			checkFor(t, 20*time.Second, "the victim joined", func() error {
-				info, err := c.DescribeGroup(ctxT(t, 5*time.Second), "workers")
-				if err != nil || len(info.Members) != 1 {
-					return fmt.Errorf("%v %v", info, err)
-				}
-				return nil
-			})
+			waitMembers(t, c, "workers", 1, 20*time.Second)
 		} else {
 			cons = append(cons, startConsumer(t, n.Addr(), args...))
 		}
 	}
-	checkFor(t, 20*time.Second, "3 members", func() error {
-		info, err := c.DescribeGroup(ctxT(t, 5*time.Second), "workers")
-		if err != nil || len(info.Members) != 3 {
-			return fmt.Errorf("%v %v", info, err)
-		}
-		return nil
-	})
+	waitMembers(t, c, "workers", 3, 20*time.Second)
 	const total = 6000
 	// Produce at a pace (60 batches over about a second), so the victim
 	// dies mid-stream with messages in flight.
@@ -538,13 +514,7 @@ func consumerProcessKilled(t *testing.T, mode string) {
 		t.Fatal(err)
 	}
 	t.Logf("victim printed %d lines", len(strings.Fields(string(victim))))
-	checkFor(t, 20*time.Second, "rebalance to 2 members", func() error {
-		info, err := c.DescribeGroup(ctxT(t, 5*time.Second), "workers")
-		if err != nil || len(info.Members) != 2 {
-			return fmt.Errorf("%v %v", info, err)
-		}
-		return nil
-	})
+	waitMembers(t, c, "workers", 2, 20*time.Second)
 	if err := <-produced; err != nil {
 		t.Fatal(err)
 	}
@@ -738,13 +708,7 @@ func TestIdleSubscriptionKeptAlive(t *testing.T) {
 	got := make(chan string, 10)
 	sub := subscribeT(t, dial(t, n), client.SubscribeOptions{Group: "quiet", Topic: "quiet", Mode: client.Shared},
 		func(_ context.Context, m *client.Delivered) { got <- string(m.Value) })
-	checkFor(t, 10*time.Second, "member", func() error {
-		info, err := c.DescribeGroup(ctxT(t, 5*time.Second), "quiet")
-		if err != nil || len(info.Members) != 1 {
-			return fmt.Errorf("%v %v", info, err)
-		}
-		return nil
-	})
+	waitMembers(t, c, "quiet", 1, 10*time.Second)
 	deadline := time.Now().Add(2 * time.Second) // over three idle timeouts with no traffic
 	for time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
@@ -762,4 +726,16 @@ func TestIdleSubscriptionKeptAlive(t *testing.T) {
 	if st := sub.Stats(); st.Resubscribes != 0 {
 		t.Fatalf("the idle subscription lost its connection: %+v", st)
 	}
+}
+
+// waitMembers polls until group has n live members.
+func waitMembers(t *testing.T, c *client.Client, group string, n int, d time.Duration) {
+	t.Helper()
+	checkFor(t, d, fmt.Sprintf("%d members in %s", n, group), func() error {
+		info, err := c.DescribeGroup(ctxT(t, 5*time.Second), group)
+		if err != nil || len(info.Members) != n {
+			return fmt.Errorf("%v %v", info, err)
+		}
+		return nil
+	})
 }
