@@ -402,7 +402,7 @@ func TestGroupNackTimeoutFilterErrors(t *testing.T) {
 		t.Fatalf("filtered deliveries %v", got)
 	}
 	// Nack 2 with a delay; let 4 time out (300 ms): both come back, count 2.
-	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: &heraldpb.NackRequest{SubscriptionId: sub, Partitions: []uint32{0}, Offsets: []int64{2}, DelayMs: 200}}})
+	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: &heraldpb.NackRequest{SubscriptionId: sub, Partitions: []uint32{0}, Offsets: []int64{2}, DelayMs: proto.Uint32(200)}}})
 	again := ids(w.deliveries(2, 5*time.Second))
 	if again["0/2"] != 2 || again["0/4"] != 2 {
 		t.Fatalf("redeliveries %v", again)
@@ -834,7 +834,7 @@ func TestGroupRequestsWithGarbageFields(t *testing.T) {
 			f = &heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: &heraldpb.AckRequest{SubscriptionId: pick(), Partitions: ps, Offsets: os, Credits: r.Uint32()}}}
 		case 2:
 			ps, os := parts()
-			f = &heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: &heraldpb.NackRequest{SubscriptionId: pick(), Partitions: ps, Offsets: os, DelayMs: r.Uint32(), Credits: r.Uint32()}}}
+			f = &heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: &heraldpb.NackRequest{SubscriptionId: pick(), Partitions: ps, Offsets: os, DelayMs: proto.Uint32(r.Uint32()), Credits: r.Uint32()}}}
 		case 3:
 			f = &heraldpb.Frame{Body: &heraldpb.Frame_Commit{Commit: &heraldpb.CommitRequest{SubscriptionId: pick(), Partition: uint32(r.IntN(5)), Offset: r.Int64N(1 << 62)}}}
 		case 4:

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/proto"
 )
 
 // SubscriptionMode says how a consumer group shares a topic among its
@@ -258,15 +259,26 @@ func (m *Delivered) IsRequest() bool { return m.ReplyInbox != "" }
 // only before its handler returns.
 func (m *Delivered) Ack() {
 	if m.sub != nil && m.state.CompareAndSwap(settleOpen, settleAcked) {
-		m.sub.settle(m, false, 0)
+		m.sub.settle(m, false, 0, "")
 	}
 }
 
 // Nack gives the message back for redelivery no earlier than delay from
-// now, preferably to another member.
+// now, preferably to another member. It counts as a delivery towards the
+// retry policy's max-deliveries, after which the message is dead-lettered.
 func (m *Delivered) Nack(delay time.Duration) {
 	if m.sub != nil && m.state.CompareAndSwap(settleOpen, settleNacked) {
-		m.sub.settle(m, true, delay)
+		m.sub.settle(m, true, max(delay, 0), "")
+	}
+}
+
+// Fail gives the message back for redelivery when the subscription's retry
+// policy says (SubscribeOptions.RetryPolicy), or dead-letters it once it
+// has been delivered max-deliveries times; reason travels with it (a dead
+// letter carries the last one in its herald-dlq-reason header).
+func (m *Delivered) Fail(reason string) {
+	if m.sub != nil && m.state.CompareAndSwap(settleOpen, settleNacked) {
+		m.sub.settle(m, true, -1, reason)
 	}
 }
 
@@ -343,7 +355,8 @@ type ackEntry struct {
 	seq       uint64
 	partition uint32
 	offset    int64
-	delayMs   uint32
+	delayMs   int64 // -1: the subscription's retry policy decides
+	reason    string
 }
 
 // subSession is one SubscribeRequest's life on one connection. Its fields
@@ -853,7 +866,7 @@ func (s *Subscription) handle(d *Delivered) {
 	s.mu.Lock()
 	urgent := false
 	if ack {
-		urgent = s.queueSettleLocked(d, false, 0)
+		urgent = s.queueSettleLocked(d, false, 0, "")
 	}
 	s.held--
 	if !s.isClosing {
@@ -877,16 +890,17 @@ func (s *Subscription) markPendingLocked() {
 }
 
 // settle queues an ack or nack of d for the next flush.
-func (s *Subscription) settle(d *Delivered, nack bool, delay time.Duration) {
+// A negative delay leaves it to the retry policy.
+func (s *Subscription) settle(d *Delivered, nack bool, delay time.Duration, reason string) {
 	s.mu.Lock()
-	urgent := s.queueSettleLocked(d, nack, delay)
+	urgent := s.queueSettleLocked(d, nack, delay, reason)
 	s.mu.Unlock()
 	s.wakeAcks(urgent)
 }
 
 // queueSettleLocked queues d's ack or nack for the broker and reports
 // whether enough are queued to send at once. s.mu is held.
-func (s *Subscription) queueSettleLocked(d *Delivered, nack bool, delay time.Duration) bool {
+func (s *Subscription) queueSettleLocked(d *Delivered, nack bool, delay time.Duration, reason string) bool {
 	if s.opts.AutoAck || d.IsRequest() {
 		return false // done on the broker already; requests are not in the log
 	}
@@ -899,7 +913,11 @@ func (s *Subscription) queueSettleLocked(d *Delivered, nack bool, delay time.Dur
 	s.seqQueued++
 	e.seq = s.seqQueued
 	if nack {
-		e.delayMs = uint32(min(max(delay, 0)/time.Millisecond, 1<<32-1))
+		e.delayMs = -1
+		if delay >= 0 {
+			e.delayMs = int64(min(delay/time.Millisecond, 1<<32-1))
+		}
+		e.reason = reason
 		s.nacks = append(s.nacks, e)
 	} else {
 		s.acks = append(s.acks, e)
@@ -1026,15 +1044,20 @@ func (s *Subscription) takeUnit(full bool) *ackUnit {
 		credits = 0
 	}
 	if len(s.nacks) > 0 {
-		// One NackRequest per distinct delay.
-		slices.SortStableFunc(s.nacks, func(a, b ackEntry) int { return cmp.Compare(a.delayMs, b.delayMs) })
+		// One NackRequest per distinct delay and reason.
+		slices.SortStableFunc(s.nacks, func(a, b ackEntry) int {
+			return cmp.Or(cmp.Compare(a.delayMs, b.delayMs), cmp.Compare(a.reason, b.reason))
+		})
 		for i := 0; i < len(s.nacks); {
 			j := i
-			for j < len(s.nacks) && s.nacks[j].delayMs == s.nacks[i].delayMs && j-i < AckBatch {
+			for j < len(s.nacks) && s.nacks[j].delayMs == s.nacks[i].delayMs && s.nacks[j].reason == s.nacks[i].reason && j-i < AckBatch {
 				j++
 			}
-			r := &heraldpb.NackRequest{SubscriptionId: ss.id, DelayMs: s.nacks[i].delayMs, Credits: credits,
+			r := &heraldpb.NackRequest{SubscriptionId: ss.id, Credits: credits, Reason: s.nacks[i].reason,
 				Partitions: make([]uint32, j-i), Offsets: make([]int64, j-i)}
+			if d := s.nacks[i].delayMs; d >= 0 {
+				r.DelayMs = proto.Uint32(uint32(d))
+			}
 			for k, e := range s.nacks[i:j] {
 				r.Partitions[k], r.Offsets[k] = e.partition, e.offset
 				u.lo = min(u.lo, e.seq)

@@ -8,6 +8,9 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
+// MaxPriority is the highest record priority (0 is the lowest).
+const MaxPriority = 9
+
 // ErrBadBatch marks a record batch that is not a valid encoded RecordBatch.
 var ErrBadBatch = errors.New("herald: bad record batch")
 
@@ -88,6 +91,20 @@ func scanRecord(b []byte) (key []byte, ts int64, err error) {
 				return nil, 0, fmt.Errorf("%w: record timestamp: %v", ErrBadBatch, protowire.ParseError(m))
 			}
 			ts, b = int64(v), b[m:]
+		case (num == 6 || num == 7) && typ != protowire.VarintType:
+			return nil, 0, fmt.Errorf("%w: record field %d has wire type %d", ErrBadBatch, num, typ)
+		case num == 6 || num == 7:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return nil, 0, fmt.Errorf("%w: record field %d: %v", ErrBadBatch, num, protowire.ParseError(m))
+			}
+			b = b[m:]
+			if num == 6 && v > MaxPriority {
+				return nil, 0, fmt.Errorf("%w: record priority %d is above %d", ErrBadBatch, v, MaxPriority)
+			}
+			if num == 7 && int64(v) < 0 {
+				return nil, 0, fmt.Errorf("%w: negative record ttl_ms %d", ErrBadBatch, int64(v))
+			}
 		case (num == 2 || num == 3 || num == 5) && typ != protowire.BytesType:
 			return nil, 0, fmt.Errorf("%w: record field %d has wire type %d", ErrBadBatch, num, typ)
 		case num == 3 || num == 5:

@@ -35,10 +35,13 @@ const (
 // ack_floor + the subscription's max span (64 Ki offsets by default).
 // Decoders reject anything else (consumer.DecodeProgress).
 type PartitionProgress struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Partition     uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
-	AckFloor      int64                  `protobuf:"varint,2,opt,name=ack_floor,json=ackFloor,proto3" json:"ack_floor,omitempty"`
-	AckedRuns     []uint32               `protobuf:"varint,3,rep,packed,name=acked_runs,json=ackedRuns,proto3" json:"acked_runs,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	AckFloor  int64                  `protobuf:"varint,2,opt,name=ack_floor,json=ackFloor,proto3" json:"ack_floor,omitempty"`
+	AckedRuns []uint32               `protobuf:"varint,3,rep,packed,name=acked_runs,json=ackedRuns,proto3" json:"acked_runs,omitempty"`
+	// Messages waiting to be delivered again (nacked or timed out), so that
+	// retry delays and delivery counts survive a restart.
+	Retries       []*PendingRetry `protobuf:"bytes,4,rep,name=retries,proto3" json:"retries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -94,6 +97,83 @@ func (x *PartitionProgress) GetAckedRuns() []uint32 {
 	return nil
 }
 
+func (x *PartitionProgress) GetRetries() []*PendingRetry {
+	if x != nil {
+		return x.Retries
+	}
+	return nil
+}
+
+type PendingRetry struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Offset int64                  `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Deliveries so far.
+	Deliveries uint32 `protobuf:"varint,2,opt,name=deliveries,proto3" json:"deliveries,omitempty"`
+	// Not delivered again before this (Unix ms).
+	NotBeforeMs   int64  `protobuf:"varint,3,opt,name=not_before_ms,json=notBeforeMs,proto3" json:"not_before_ms,omitempty"`
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PendingRetry) Reset() {
+	*x = PendingRetry{}
+	mi := &file_group_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PendingRetry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PendingRetry) ProtoMessage() {}
+
+func (x *PendingRetry) ProtoReflect() protoreflect.Message {
+	mi := &file_group_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PendingRetry.ProtoReflect.Descriptor instead.
+func (*PendingRetry) Descriptor() ([]byte, []int) {
+	return file_group_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PendingRetry) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *PendingRetry) GetDeliveries() uint32 {
+	if x != nil {
+		return x.Deliveries
+	}
+	return 0
+}
+
+func (x *PendingRetry) GetNotBeforeMs() int64 {
+	if x != nil {
+		return x.NotBeforeMs
+	}
+	return 0
+}
+
+func (x *PendingRetry) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // GroupProgress is one record of `__groups`: the progress of a group's
 // subscription to a topic. Later records for the same (group, topic,
 // subscriber, partition) replace earlier ones.
@@ -114,7 +194,7 @@ type GroupProgress struct {
 
 func (x *GroupProgress) Reset() {
 	*x = GroupProgress{}
-	mi := &file_group_proto_msgTypes[1]
+	mi := &file_group_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -126,7 +206,7 @@ func (x *GroupProgress) String() string {
 func (*GroupProgress) ProtoMessage() {}
 
 func (x *GroupProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_group_proto_msgTypes[1]
+	mi := &file_group_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -139,7 +219,7 @@ func (x *GroupProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupProgress.ProtoReflect.Descriptor instead.
 func (*GroupProgress) Descriptor() ([]byte, []int) {
-	return file_group_proto_rawDescGZIP(), []int{1}
+	return file_group_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *GroupProgress) GetGroup() string {
@@ -181,12 +261,20 @@ var File_group_proto protoreflect.FileDescriptor
 
 const file_group_proto_rawDesc = "" +
 	"\n" +
-	"\vgroup.proto\x12\therald.v1\"m\n" +
+	"\vgroup.proto\x12\therald.v1\"\xa0\x01\n" +
 	"\x11PartitionProgress\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1b\n" +
 	"\tack_floor\x18\x02 \x01(\x03R\backFloor\x12\x1d\n" +
 	"\n" +
-	"acked_runs\x18\x03 \x03(\rR\tackedRuns\"\xad\x01\n" +
+	"acked_runs\x18\x03 \x03(\rR\tackedRuns\x121\n" +
+	"\aretries\x18\x04 \x03(\v2\x17.herald.v1.PendingRetryR\aretries\"\x82\x01\n" +
+	"\fPendingRetry\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x1e\n" +
+	"\n" +
+	"deliveries\x18\x02 \x01(\rR\n" +
+	"deliveries\x12\"\n" +
+	"\rnot_before_ms\x18\x03 \x01(\x03R\vnotBeforeMs\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"\xad\x01\n" +
 	"\rGroupProgress\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1e\n" +
@@ -210,18 +298,20 @@ func file_group_proto_rawDescGZIP() []byte {
 	return file_group_proto_rawDescData
 }
 
-var file_group_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_group_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_group_proto_goTypes = []any{
 	(*PartitionProgress)(nil), // 0: herald.v1.PartitionProgress
-	(*GroupProgress)(nil),     // 1: herald.v1.GroupProgress
+	(*PendingRetry)(nil),      // 1: herald.v1.PendingRetry
+	(*GroupProgress)(nil),     // 2: herald.v1.GroupProgress
 }
 var file_group_proto_depIdxs = []int32{
-	0, // 0: herald.v1.GroupProgress.partitions:type_name -> herald.v1.PartitionProgress
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	1, // 0: herald.v1.PartitionProgress.retries:type_name -> herald.v1.PendingRetry
+	0, // 1: herald.v1.GroupProgress.partitions:type_name -> herald.v1.PartitionProgress
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_group_proto_init() }
@@ -235,7 +325,7 @@ func file_group_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_group_proto_rawDesc), len(file_group_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -92,6 +92,9 @@ const (
 	ErrorCode_NO_RESPONDERS ErrorCode = 27
 	// The reply's inbox is gone (the requester disconnected).
 	ErrorCode_INBOX_NOT_FOUND ErrorCode = 28
+	// The scheduled message is not pending: unknown id, already delivered, or
+	// already cancelled.
+	ErrorCode_SCHEDULE_NOT_FOUND ErrorCode = 29
 )
 
 // Enum value maps for ErrorCode.
@@ -126,6 +129,7 @@ var (
 		26: "INVALID_FILTER",
 		27: "NO_RESPONDERS",
 		28: "INBOX_NOT_FOUND",
+		29: "SCHEDULE_NOT_FOUND",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED": 0,
@@ -157,6 +161,7 @@ var (
 		"INVALID_FILTER":         26,
 		"NO_RESPONDERS":          27,
 		"INBOX_NOT_FOUND":        28,
+		"SCHEDULE_NOT_FOUND":     29,
 	}
 )
 
@@ -557,6 +562,10 @@ type Frame struct {
 	//	*Frame_CallResponse
 	//	*Frame_Reply
 	//	*Frame_ReplyResponse
+	//	*Frame_CancelScheduled
+	//	*Frame_CancelScheduledResponse
+	//	*Frame_ListScheduled
+	//	*Frame_ListScheduledResponse
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
@@ -953,6 +962,42 @@ func (x *Frame) GetReplyResponse() *ReplyResponse {
 	return nil
 }
 
+func (x *Frame) GetCancelScheduled() *CancelScheduledRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_CancelScheduled); ok {
+			return x.CancelScheduled
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetCancelScheduledResponse() *CancelScheduledResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_CancelScheduledResponse); ok {
+			return x.CancelScheduledResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListScheduled() *ListScheduledRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListScheduled); ok {
+			return x.ListScheduled
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListScheduledResponse() *ListScheduledResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListScheduledResponse); ok {
+			return x.ListScheduledResponse
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetDelivery() *Delivery {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Delivery); ok {
@@ -1154,6 +1199,22 @@ type Frame_ReplyResponse struct {
 	ReplyResponse *ReplyResponse `protobuf:"bytes,47,opt,name=reply_response,json=replyResponse,proto3,oneof"`
 }
 
+type Frame_CancelScheduled struct {
+	CancelScheduled *CancelScheduledRequest `protobuf:"bytes,48,opt,name=cancel_scheduled,json=cancelScheduled,proto3,oneof"`
+}
+
+type Frame_CancelScheduledResponse struct {
+	CancelScheduledResponse *CancelScheduledResponse `protobuf:"bytes,49,opt,name=cancel_scheduled_response,json=cancelScheduledResponse,proto3,oneof"`
+}
+
+type Frame_ListScheduled struct {
+	ListScheduled *ListScheduledRequest `protobuf:"bytes,50,opt,name=list_scheduled,json=listScheduled,proto3,oneof"`
+}
+
+type Frame_ListScheduledResponse struct {
+	ListScheduledResponse *ListScheduledResponse `protobuf:"bytes,51,opt,name=list_scheduled_response,json=listScheduledResponse,proto3,oneof"`
+}
+
 type Frame_Delivery struct {
 	// Server pushes (frame id 0): never requests, never answered.
 	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
@@ -1250,6 +1311,14 @@ func (*Frame_CallResponse) isFrame_Body() {}
 func (*Frame_Reply) isFrame_Body() {}
 
 func (*Frame_ReplyResponse) isFrame_Body() {}
+
+func (*Frame_CancelScheduled) isFrame_Body() {}
+
+func (*Frame_CancelScheduledResponse) isFrame_Body() {}
+
+func (*Frame_ListScheduled) isFrame_Body() {}
+
+func (*Frame_ListScheduledResponse) isFrame_Body() {}
 
 func (*Frame_Delivery) isFrame_Body() {}
 
@@ -1428,8 +1497,12 @@ type TopicConfig struct {
 	RetentionBytes int64 `protobuf:"varint,4,opt,name=retention_bytes,json=retentionBytes,proto3" json:"retention_bytes,omitempty"`
 	// Largest record batch accepted; 0 = broker default.
 	MaxMessageBytes uint32 `protobuf:"varint,5,opt,name=max_message_bytes,json=maxMessageBytes,proto3" json:"max_message_bytes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Time-to-live of the topic's messages, from their append time; 0 = none.
+	// A record's own ttl_ms, when set, takes precedence. Consumer groups never
+	// deliver an expired message (see SubscribeRequest.dead_letter_expired).
+	MessageTtlMs  int64 `protobuf:"varint,6,opt,name=message_ttl_ms,json=messageTtlMs,proto3" json:"message_ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TopicConfig) Reset() {
@@ -1493,6 +1566,13 @@ func (x *TopicConfig) GetRetentionBytes() int64 {
 func (x *TopicConfig) GetMaxMessageBytes() uint32 {
 	if x != nil {
 		return x.MaxMessageBytes
+	}
+	return 0
+}
+
+func (x *TopicConfig) GetMessageTtlMs() int64 {
+	if x != nil {
+		return x.MessageTtlMs
 	}
 	return 0
 }
@@ -2192,8 +2272,13 @@ type Record struct {
 	Value   []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	Headers []*Header              `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty"`
 	// Milliseconds since the Unix epoch; 0 = the batch's append time.
-	TimestampMs   int64    `protobuf:"varint,4,opt,name=timestamp_ms,json=timestampMs,proto3" json:"timestamp_ms,omitempty"`
-	Tags          []string `protobuf:"bytes,5,rep,name=tags,proto3" json:"tags,omitempty"`
+	TimestampMs int64    `protobuf:"varint,4,opt,name=timestamp_ms,json=timestampMs,proto3" json:"timestamp_ms,omitempty"`
+	Tags        []string `protobuf:"bytes,5,rep,name=tags,proto3" json:"tags,omitempty"`
+	// 0 (default, lowest) to 9. Consumer groups deliver the higher levels of a
+	// partition first, by weight (level p weighs p+1), never starving a level.
+	Priority uint32 `protobuf:"varint,6,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Time-to-live from the batch's append time; 0 = the topic's.
+	TtlMs         int64 `protobuf:"varint,7,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2261,6 +2346,20 @@ func (x *Record) GetTags() []string {
 		return x.Tags
 	}
 	return nil
+}
+
+func (x *Record) GetPriority() uint32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *Record) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
 }
 
 // RecordBatch is what a producer sends and what the log stores, byte for
@@ -2388,8 +2487,13 @@ type ProduceRequest struct {
 	Partition *uint32 `protobuf:"varint,2,opt,name=partition,proto3,oneof" json:"partition,omitempty"`
 	Acks      Acks    `protobuf:"varint,3,opt,name=acks,proto3,enum=herald.v1.Acks" json:"acks,omitempty"`
 	// An encoded RecordBatch.
-	Records       []byte `protobuf:"bytes,4,opt,name=records,proto3" json:"records,omitempty"`
-	TimeoutMs     uint32 `protobuf:"varint,5,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	Records   []byte `protobuf:"bytes,4,opt,name=records,proto3" json:"records,omitempty"`
+	TimeoutMs uint32 `protobuf:"varint,5,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// Delayed delivery: the batch is stored durably by the scheduler and
+	// appended to the topic at this time (Unix ms; a past time fires at once),
+	// or delay_ms from now. At most one of the two.
+	DeliverAtMs   int64  `protobuf:"varint,6,opt,name=deliver_at_ms,json=deliverAtMs,proto3" json:"deliver_at_ms,omitempty"`
+	DelayMs       uint64 `protobuf:"varint,7,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2459,13 +2563,31 @@ func (x *ProduceRequest) GetTimeoutMs() uint32 {
 	return 0
 }
 
+func (x *ProduceRequest) GetDeliverAtMs() int64 {
+	if x != nil {
+		return x.DeliverAtMs
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetDelayMs() uint64 {
+	if x != nil {
+		return x.DelayMs
+	}
+	return 0
+}
+
 type ProduceResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
 	// Offset of the batch's first record; -1 with ACKS_NONE.
-	BaseOffset    int64  `protobuf:"varint,2,opt,name=base_offset,json=baseOffset,proto3" json:"base_offset,omitempty"`
-	Count         uint32 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
-	AppendTimeMs  int64  `protobuf:"varint,4,opt,name=append_time_ms,json=appendTimeMs,proto3" json:"append_time_ms,omitempty"`
+	BaseOffset   int64  `protobuf:"varint,2,opt,name=base_offset,json=baseOffset,proto3" json:"base_offset,omitempty"`
+	Count        uint32 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	AppendTimeMs int64  `protobuf:"varint,4,opt,name=append_time_ms,json=appendTimeMs,proto3" json:"append_time_ms,omitempty"`
+	// Delayed batches: the id to cancel it by, and when it will be appended
+	// (partition is the one it will go to; base_offset is -1).
+	ScheduleId    string `protobuf:"bytes,5,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+	DeliverAtMs   int64  `protobuf:"varint,6,opt,name=deliver_at_ms,json=deliverAtMs,proto3" json:"deliver_at_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2524,6 +2646,20 @@ func (x *ProduceResponse) GetCount() uint32 {
 func (x *ProduceResponse) GetAppendTimeMs() int64 {
 	if x != nil {
 		return x.AppendTimeMs
+	}
+	return 0
+}
+
+func (x *ProduceResponse) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+func (x *ProduceResponse) GetDeliverAtMs() int64 {
+	if x != nil {
+		return x.DeliverAtMs
 	}
 	return 0
 }
@@ -2948,9 +3084,19 @@ type SubscribeRequest struct {
 	// This member also answers CallRequests sent to the topic (request-reply).
 	Responder bool `protobuf:"varint,11,opt,name=responder,proto3" json:"responder,omitempty"`
 	// Shown by DescribeGroup; defaults to the connection's client id.
-	MemberName    string `protobuf:"bytes,12,opt,name=member_name,json=memberName,proto3" json:"member_name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MemberName string `protobuf:"bytes,12,opt,name=member_name,json=memberName,proto3" json:"member_name,omitempty"`
+	// When a message nacked without a delay, or not acked in time, is
+	// delivered again, and after how many deliveries it is dead-lettered:
+	// "1s,5s,30s max-deliveries=5" or "exponential initial=100ms factor=2
+	// cap=10m jitter=0.2 max-deliveries=16". Empty = the broker default.
+	RetryPolicy string `protobuf:"bytes,13,opt,name=retry_policy,json=retryPolicy,proto3" json:"retry_policy,omitempty"`
+	// Where dead letters go; empty = "<group>.dlq" (created on first use).
+	DeadLetterTopic string `protobuf:"bytes,14,opt,name=dead_letter_topic,json=deadLetterTopic,proto3" json:"dead_letter_topic,omitempty"`
+	// Expired messages (TTL) go to the dead-letter topic instead of being
+	// dropped.
+	DeadLetterExpired bool `protobuf:"varint,15,opt,name=dead_letter_expired,json=deadLetterExpired,proto3" json:"dead_letter_expired,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *SubscribeRequest) Reset() {
@@ -3065,6 +3211,27 @@ func (x *SubscribeRequest) GetMemberName() string {
 		return x.MemberName
 	}
 	return ""
+}
+
+func (x *SubscribeRequest) GetRetryPolicy() string {
+	if x != nil {
+		return x.RetryPolicy
+	}
+	return ""
+}
+
+func (x *SubscribeRequest) GetDeadLetterTopic() string {
+	if x != nil {
+		return x.DeadLetterTopic
+	}
+	return ""
+}
+
+func (x *SubscribeRequest) GetDeadLetterExpired() bool {
+	if x != nil {
+		return x.DeadLetterExpired
+	}
+	return false
 }
 
 type SubscribeResponse struct {
@@ -3242,10 +3409,13 @@ type NackRequest struct {
 	SubscriptionId uint64                 `protobuf:"varint,1,opt,name=subscription_id,json=subscriptionId,proto3" json:"subscription_id,omitempty"`
 	Partitions     []uint32               `protobuf:"varint,2,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
 	Offsets        []int64                `protobuf:"varint,3,rep,packed,name=offsets,proto3" json:"offsets,omitempty"`
-	DelayMs        uint32                 `protobuf:"varint,4,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
-	Credits        uint32                 `protobuf:"varint,5,opt,name=credits,proto3" json:"credits,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Absent: the subscription's retry policy decides.
+	DelayMs *uint32 `protobuf:"varint,4,opt,name=delay_ms,json=delayMs,proto3,oneof" json:"delay_ms,omitempty"`
+	Credits uint32  `protobuf:"varint,5,opt,name=credits,proto3" json:"credits,omitempty"`
+	// Why the messages failed; a dead letter carries the last reason.
+	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NackRequest) Reset() {
@@ -3300,8 +3470,8 @@ func (x *NackRequest) GetOffsets() []int64 {
 }
 
 func (x *NackRequest) GetDelayMs() uint32 {
-	if x != nil {
-		return x.DelayMs
+	if x != nil && x.DelayMs != nil {
+		return *x.DelayMs
 	}
 	return 0
 }
@@ -3311,6 +3481,13 @@ func (x *NackRequest) GetCredits() uint32 {
 		return x.Credits
 	}
 	return 0
+}
+
+func (x *NackRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 type NackResponse struct {
@@ -4206,16 +4383,22 @@ func (x *PartitionLag) GetOwner() string {
 }
 
 type GroupInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
-	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
-	Mode          SubscriptionMode       `protobuf:"varint,3,opt,name=mode,proto3,enum=herald.v1.SubscriptionMode" json:"mode,omitempty"`
-	FilterType    FilterType             `protobuf:"varint,4,opt,name=filter_type,json=filterType,proto3,enum=herald.v1.FilterType" json:"filter_type,omitempty"`
-	Filter        string                 `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`
-	Members       []*MemberInfo          `protobuf:"bytes,6,rep,name=members,proto3" json:"members,omitempty"`
-	Partitions    []*PartitionLag        `protobuf:"bytes,7,rep,name=partitions,proto3" json:"partitions,omitempty"`
-	InFlight      uint32                 `protobuf:"varint,8,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
-	Redelivered   uint64                 `protobuf:"varint,9,opt,name=redelivered,proto3" json:"redelivered,omitempty"`
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Group           string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Topic           string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Mode            SubscriptionMode       `protobuf:"varint,3,opt,name=mode,proto3,enum=herald.v1.SubscriptionMode" json:"mode,omitempty"`
+	FilterType      FilterType             `protobuf:"varint,4,opt,name=filter_type,json=filterType,proto3,enum=herald.v1.FilterType" json:"filter_type,omitempty"`
+	Filter          string                 `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`
+	Members         []*MemberInfo          `protobuf:"bytes,6,rep,name=members,proto3" json:"members,omitempty"`
+	Partitions      []*PartitionLag        `protobuf:"bytes,7,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	InFlight        uint32                 `protobuf:"varint,8,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	Redelivered     uint64                 `protobuf:"varint,9,opt,name=redelivered,proto3" json:"redelivered,omitempty"`
+	RetryPolicy     string                 `protobuf:"bytes,10,opt,name=retry_policy,json=retryPolicy,proto3" json:"retry_policy,omitempty"`
+	DeadLetterTopic string                 `protobuf:"bytes,11,opt,name=dead_letter_topic,json=deadLetterTopic,proto3" json:"dead_letter_topic,omitempty"`
+	// Messages waiting for a retry (nacked or timed out, not yet due).
+	Retrying      uint32 `protobuf:"varint,12,opt,name=retrying,proto3" json:"retrying,omitempty"`
+	DeadLettered  uint64 `protobuf:"varint,13,opt,name=dead_lettered,json=deadLettered,proto3" json:"dead_lettered,omitempty"`
+	Expired       uint64 `protobuf:"varint,14,opt,name=expired,proto3" json:"expired,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4309,6 +4492,41 @@ func (x *GroupInfo) GetInFlight() uint32 {
 func (x *GroupInfo) GetRedelivered() uint64 {
 	if x != nil {
 		return x.Redelivered
+	}
+	return 0
+}
+
+func (x *GroupInfo) GetRetryPolicy() string {
+	if x != nil {
+		return x.RetryPolicy
+	}
+	return ""
+}
+
+func (x *GroupInfo) GetDeadLetterTopic() string {
+	if x != nil {
+		return x.DeadLetterTopic
+	}
+	return ""
+}
+
+func (x *GroupInfo) GetRetrying() uint32 {
+	if x != nil {
+		return x.Retrying
+	}
+	return 0
+}
+
+func (x *GroupInfo) GetDeadLettered() uint64 {
+	if x != nil {
+		return x.DeadLettered
+	}
+	return 0
+}
+
+func (x *GroupInfo) GetExpired() uint64 {
+	if x != nil {
+		return x.Expired
 	}
 	return 0
 }
@@ -4734,6 +4952,303 @@ func (x *ReplyDelivery) GetRecord() *Record {
 	return nil
 }
 
+// Cancels a delayed batch before it is appended to its topic.
+type CancelScheduledRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelScheduledRequest) Reset() {
+	*x = CancelScheduledRequest{}
+	mi := &file_herald_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelScheduledRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelScheduledRequest) ProtoMessage() {}
+
+func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelScheduledRequest.ProtoReflect.Descriptor instead.
+func (*CancelScheduledRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *CancelScheduledRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type CancelScheduledResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	DeliverAtMs   int64                  `protobuf:"varint,2,opt,name=deliver_at_ms,json=deliverAtMs,proto3" json:"deliver_at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelScheduledResponse) Reset() {
+	*x = CancelScheduledResponse{}
+	mi := &file_herald_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelScheduledResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelScheduledResponse) ProtoMessage() {}
+
+func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelScheduledResponse.ProtoReflect.Descriptor instead.
+func (*CancelScheduledResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *CancelScheduledResponse) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *CancelScheduledResponse) GetDeliverAtMs() int64 {
+	if x != nil {
+		return x.DeliverAtMs
+	}
+	return 0
+}
+
+// Lists pending delayed batches, earliest first.
+type ListScheduledRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty = every topic.
+	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// 0 = 100; at most 10000.
+	Limit         uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListScheduledRequest) Reset() {
+	*x = ListScheduledRequest{}
+	mi := &file_herald_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListScheduledRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListScheduledRequest) ProtoMessage() {}
+
+func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListScheduledRequest.ProtoReflect.Descriptor instead.
+func (*ListScheduledRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *ListScheduledRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ListScheduledRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ScheduledInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition     uint32                 `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
+	DeliverAtMs   int64                  `protobuf:"varint,4,opt,name=deliver_at_ms,json=deliverAtMs,proto3" json:"deliver_at_ms,omitempty"`
+	Count         uint32                 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	Bytes         uint32                 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	CreatedMs     int64                  `protobuf:"varint,7,opt,name=created_ms,json=createdMs,proto3" json:"created_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScheduledInfo) Reset() {
+	*x = ScheduledInfo{}
+	mi := &file_herald_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScheduledInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScheduledInfo) ProtoMessage() {}
+
+func (x *ScheduledInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScheduledInfo.ProtoReflect.Descriptor instead.
+func (*ScheduledInfo) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *ScheduledInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ScheduledInfo) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ScheduledInfo) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *ScheduledInfo) GetDeliverAtMs() int64 {
+	if x != nil {
+		return x.DeliverAtMs
+	}
+	return 0
+}
+
+func (x *ScheduledInfo) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ScheduledInfo) GetBytes() uint32 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ScheduledInfo) GetCreatedMs() int64 {
+	if x != nil {
+		return x.CreatedMs
+	}
+	return 0
+}
+
+type ListScheduledResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Scheduled []*ScheduledInfo       `protobuf:"bytes,1,rep,name=scheduled,proto3" json:"scheduled,omitempty"`
+	// Pending delayed batches in all.
+	Pending       uint64 `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListScheduledResponse) Reset() {
+	*x = ListScheduledResponse{}
+	mi := &file_herald_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListScheduledResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListScheduledResponse) ProtoMessage() {}
+
+func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListScheduledResponse.ProtoReflect.Descriptor instead.
+func (*ListScheduledResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ListScheduledResponse) GetScheduled() []*ScheduledInfo {
+	if x != nil {
+		return x.Scheduled
+	}
+	return nil
+}
+
+func (x *ListScheduledResponse) GetPending() uint64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
 var File_herald_proto protoreflect.FileDescriptor
 
 const file_herald_proto_rawDesc = "" +
@@ -4743,7 +5258,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.herald.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12$\n" +
-	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\"\xe7\x16\n" +
+	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\"\xbf\x19\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -4787,7 +5302,11 @@ const file_herald_proto_rawDesc = "" +
 	"\x04call\x18, \x01(\v2\x16.herald.v1.CallRequestH\x00R\x04call\x12>\n" +
 	"\rcall_response\x18- \x01(\v2\x17.herald.v1.CallResponseH\x00R\fcallResponse\x12/\n" +
 	"\x05reply\x18. \x01(\v2\x17.herald.v1.ReplyRequestH\x00R\x05reply\x12A\n" +
-	"\x0ereply_response\x18/ \x01(\v2\x18.herald.v1.ReplyResponseH\x00R\rreplyResponse\x121\n" +
+	"\x0ereply_response\x18/ \x01(\v2\x18.herald.v1.ReplyResponseH\x00R\rreplyResponse\x12N\n" +
+	"\x10cancel_scheduled\x180 \x01(\v2!.herald.v1.CancelScheduledRequestH\x00R\x0fcancelScheduled\x12`\n" +
+	"\x19cancel_scheduled_response\x181 \x01(\v2\".herald.v1.CancelScheduledResponseH\x00R\x17cancelScheduledResponse\x12H\n" +
+	"\x0elist_scheduled\x182 \x01(\v2\x1f.herald.v1.ListScheduledRequestH\x00R\rlistScheduled\x12Z\n" +
+	"\x17list_scheduled_response\x183 \x01(\v2 .herald.v1.ListScheduledResponseH\x00R\x15listScheduledResponse\x121\n" +
 	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
@@ -4807,7 +5326,7 @@ const file_herald_proto_rawDesc = "" +
 	"\rmax_in_flight\x18\x03 \x01(\rR\vmaxInFlight\x12\x17\n" +
 	"\anode_id\x18\x04 \x01(\rR\x06nodeId\x12%\n" +
 	"\x0eserver_version\x18\x05 \x01(\tR\rserverVersion\x12&\n" +
-	"\x0fidle_timeout_ms\x18\x06 \x01(\rR\ridleTimeoutMs\"\xd4\x01\n" +
+	"\x0fidle_timeout_ms\x18\x06 \x01(\rR\ridleTimeoutMs\"\xfa\x01\n" +
 	"\vTopicConfig\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x01(\rR\n" +
@@ -4815,7 +5334,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x12replication_factor\x18\x02 \x01(\rR\x11replicationFactor\x12!\n" +
 	"\fretention_ms\x18\x03 \x01(\x03R\vretentionMs\x12'\n" +
 	"\x0fretention_bytes\x18\x04 \x01(\x03R\x0eretentionBytes\x12*\n" +
-	"\x11max_message_bytes\x18\x05 \x01(\rR\x0fmaxMessageBytes\"\xc3\x01\n" +
+	"\x11max_message_bytes\x18\x05 \x01(\rR\x0fmaxMessageBytes\x12$\n" +
+	"\x0emessage_ttl_ms\x18\x06 \x01(\x03R\fmessageTtlMs\"\xc3\x01\n" +
 	"\rPartitionInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\rR\x06leader\x12\x1a\n" +
@@ -4856,13 +5376,15 @@ const file_herald_proto_rawDesc = "" +
 	"\x05topic\x18\x01 \x01(\v2\x14.herald.v1.TopicInfoR\x05topic\"0\n" +
 	"\x06Header\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\x94\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xc7\x01\n" +
 	"\x06Record\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12+\n" +
 	"\aheaders\x18\x03 \x03(\v2\x11.herald.v1.HeaderR\aheaders\x12!\n" +
 	"\ftimestamp_ms\x18\x04 \x01(\x03R\vtimestampMs\x12\x12\n" +
-	"\x04tags\x18\x05 \x03(\tR\x04tags\":\n" +
+	"\x04tags\x18\x05 \x03(\tR\x04tags\x12\x1a\n" +
+	"\bpriority\x18\x06 \x01(\rR\bpriority\x12\x15\n" +
+	"\x06ttl_ms\x18\a \x01(\x03R\x05ttlMs\":\n" +
 	"\vRecordBatch\x12+\n" +
 	"\arecords\x18\x01 \x03(\v2\x11.herald.v1.RecordR\arecords\"\x84\x01\n" +
 	"\vStoredBatch\x12\x1f\n" +
@@ -4870,22 +5392,27 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xb5\x01\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\xf4\x01\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
 	"\x04acks\x18\x03 \x01(\x0e2\x0f.herald.v1.AcksR\x04acks\x12\x18\n" +
 	"\arecords\x18\x04 \x01(\fR\arecords\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMsB\f\n" +
+	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\x12\"\n" +
+	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\x12\x19\n" +
+	"\bdelay_ms\x18\a \x01(\x04R\adelayMsB\f\n" +
 	"\n" +
-	"_partition\"\x8c\x01\n" +
+	"_partition\"\xd1\x01\n" +
 	"\x0fProduceResponse\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1f\n" +
 	"\vbase_offset\x18\x02 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x03 \x01(\rR\x05count\x12$\n" +
-	"\x0eappend_time_ms\x18\x04 \x01(\x03R\fappendTimeMs\"\x97\x01\n" +
+	"\x0eappend_time_ms\x18\x04 \x01(\x03R\fappendTimeMs\x12\x1f\n" +
+	"\vschedule_id\x18\x05 \x01(\tR\n" +
+	"scheduleId\x12\"\n" +
+	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\"\x97\x01\n" +
 	"\fFetchRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
@@ -4912,7 +5439,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x06latest\x18\x02 \x01(\bH\x00R\x06latest\x12\x18\n" +
 	"\x06offset\x18\x03 \x01(\x03H\x00R\x06offset\x12#\n" +
 	"\ftimestamp_ms\x18\x04 \x01(\x03H\x00R\vtimestampMsB\x04\n" +
-	"\x02at\"\xa3\x03\n" +
+	"\x02at\"\xa2\x04\n" +
 	"\x10SubscribeRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12/\n" +
@@ -4928,7 +5455,10 @@ const file_herald_proto_rawDesc = "" +
 	" \x01(\v2\x18.herald.v1.StartPositionR\x05start\x12\x1c\n" +
 	"\tresponder\x18\v \x01(\bR\tresponder\x12\x1f\n" +
 	"\vmember_name\x18\f \x01(\tR\n" +
-	"memberName\"y\n" +
+	"memberName\x12!\n" +
+	"\fretry_policy\x18\r \x01(\tR\vretryPolicy\x12*\n" +
+	"\x11dead_letter_topic\x18\x0e \x01(\tR\x0fdeadLetterTopic\x12.\n" +
+	"\x13dead_letter_expired\x18\x0f \x01(\bR\x11deadLetterExpired\"y\n" +
 	"\x11SubscribeResponse\x12'\n" +
 	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\x12\x1b\n" +
 	"\tmember_id\x18\x02 \x01(\tR\bmemberId\x12\x1e\n" +
@@ -4943,15 +5473,17 @@ const file_herald_proto_rawDesc = "" +
 	"partitions\x12\x18\n" +
 	"\aoffsets\x18\x03 \x03(\x03R\aoffsets\x12\x18\n" +
 	"\acredits\x18\x04 \x01(\rR\acredits\"\r\n" +
-	"\vAckResponse\"\xa5\x01\n" +
+	"\vAckResponse\"\xcf\x01\n" +
 	"\vNackRequest\x12'\n" +
 	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x02 \x03(\rR\n" +
 	"partitions\x12\x18\n" +
-	"\aoffsets\x18\x03 \x03(\x03R\aoffsets\x12\x19\n" +
-	"\bdelay_ms\x18\x04 \x01(\rR\adelayMs\x12\x18\n" +
-	"\acredits\x18\x05 \x01(\rR\acredits\"\x0e\n" +
+	"\aoffsets\x18\x03 \x03(\x03R\aoffsets\x12\x1e\n" +
+	"\bdelay_ms\x18\x04 \x01(\rH\x00R\adelayMs\x88\x01\x01\x12\x18\n" +
+	"\acredits\x18\x05 \x01(\rR\acredits\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reasonB\v\n" +
+	"\t_delay_ms\"\x0e\n" +
 	"\fNackResponse\"n\n" +
 	"\rCommitRequest\x12'\n" +
 	"\x0fsubscription_id\x18\x01 \x01(\x04R\x0esubscriptionId\x12\x1c\n" +
@@ -5016,7 +5548,7 @@ const file_herald_proto_rawDesc = "" +
 	"ackedAbove\x12%\n" +
 	"\x0ehigh_watermark\x18\x05 \x01(\x03R\rhighWatermark\x12\x10\n" +
 	"\x03lag\x18\x06 \x01(\x03R\x03lag\x12\x14\n" +
-	"\x05owner\x18\a \x01(\tR\x05owner\"\xe1\x02\n" +
+	"\x05owner\x18\a \x01(\tR\x05owner\"\x8b\x04\n" +
 	"\tGroupInfo\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12/\n" +
@@ -5029,7 +5561,13 @@ const file_herald_proto_rawDesc = "" +
 	"partitions\x18\a \x03(\v2\x17.herald.v1.PartitionLagR\n" +
 	"partitions\x12\x1b\n" +
 	"\tin_flight\x18\b \x01(\rR\binFlight\x12 \n" +
-	"\vredelivered\x18\t \x01(\x04R\vredelivered\"C\n" +
+	"\vredelivered\x18\t \x01(\x04R\vredelivered\x12!\n" +
+	"\fretry_policy\x18\n" +
+	" \x01(\tR\vretryPolicy\x12*\n" +
+	"\x11dead_letter_topic\x18\v \x01(\tR\x0fdeadLetterTopic\x12\x1a\n" +
+	"\bretrying\x18\f \x01(\rR\bretrying\x12#\n" +
+	"\rdead_lettered\x18\r \x01(\x04R\fdeadLettered\x12\x18\n" +
+	"\aexpired\x18\x0e \x01(\x04R\aexpired\"C\n" +
 	"\x15DescribeGroupResponse\x12*\n" +
 	"\x05group\x18\x01 \x01(\v2\x14.herald.v1.GroupInfoR\x05group\"\x89\x01\n" +
 	"\x11ResetGroupRequest\x12\x14\n" +
@@ -5057,7 +5595,27 @@ const file_herald_proto_rawDesc = "" +
 	"\rReplyResponse\"a\n" +
 	"\rReplyDelivery\x12%\n" +
 	"\x0ecorrelation_id\x18\x01 \x01(\x04R\rcorrelationId\x12)\n" +
-	"\x06record\x18\x02 \x01(\v2\x11.herald.v1.RecordR\x06record*\xf5\x04\n" +
+	"\x06record\x18\x02 \x01(\v2\x11.herald.v1.RecordR\x06record\"(\n" +
+	"\x16CancelScheduledRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"S\n" +
+	"\x17CancelScheduledResponse\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\"\n" +
+	"\rdeliver_at_ms\x18\x02 \x01(\x03R\vdeliverAtMs\"B\n" +
+	"\x14ListScheduledRequest\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\"\xc2\x01\n" +
+	"\rScheduledInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x03 \x01(\rR\tpartition\x12\"\n" +
+	"\rdeliver_at_ms\x18\x04 \x01(\x03R\vdeliverAtMs\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\rR\x05count\x12\x14\n" +
+	"\x05bytes\x18\x06 \x01(\rR\x05bytes\x12\x1d\n" +
+	"\n" +
+	"created_ms\x18\a \x01(\x03R\tcreatedMs\"i\n" +
+	"\x15ListScheduledResponse\x126\n" +
+	"\tscheduled\x18\x01 \x03(\v2\x18.herald.v1.ScheduledInfoR\tscheduled\x12\x18\n" +
+	"\apending\x18\x02 \x01(\x04R\apending*\x8d\x05\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -5089,7 +5647,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x16SUBSCRIPTION_NOT_FOUND\x10\x19\x12\x12\n" +
 	"\x0eINVALID_FILTER\x10\x1a\x12\x11\n" +
 	"\rNO_RESPONDERS\x10\x1b\x12\x13\n" +
-	"\x0fINBOX_NOT_FOUND\x10\x1c*4\n" +
+	"\x0fINBOX_NOT_FOUND\x10\x1c\x12\x16\n" +
+	"\x12SCHEDULE_NOT_FOUND\x10\x1d*4\n" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +
@@ -5129,72 +5688,77 @@ func file_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_herald_proto_goTypes = []any{
-	(ErrorCode)(0),                // 0: herald.v1.ErrorCode
-	(Acks)(0),                     // 1: herald.v1.Acks
-	(OffsetSpec)(0),               // 2: herald.v1.OffsetSpec
-	(SubscriptionMode)(0),         // 3: herald.v1.SubscriptionMode
-	(FilterType)(0),               // 4: herald.v1.FilterType
-	(BreakerState)(0),             // 5: herald.v1.BreakerState
-	(*Error)(nil),                 // 6: herald.v1.Error
-	(*Frame)(nil),                 // 7: herald.v1.Frame
-	(*HelloRequest)(nil),          // 8: herald.v1.HelloRequest
-	(*HelloResponse)(nil),         // 9: herald.v1.HelloResponse
-	(*TopicConfig)(nil),           // 10: herald.v1.TopicConfig
-	(*PartitionInfo)(nil),         // 11: herald.v1.PartitionInfo
-	(*TopicInfo)(nil),             // 12: herald.v1.TopicInfo
-	(*BrokerInfo)(nil),            // 13: herald.v1.BrokerInfo
-	(*MetadataRequest)(nil),       // 14: herald.v1.MetadataRequest
-	(*MetadataResponse)(nil),      // 15: herald.v1.MetadataResponse
-	(*CreateTopicRequest)(nil),    // 16: herald.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),   // 17: herald.v1.CreateTopicResponse
-	(*DeleteTopicRequest)(nil),    // 18: herald.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil),   // 19: herald.v1.DeleteTopicResponse
-	(*ListTopicsRequest)(nil),     // 20: herald.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),    // 21: herald.v1.ListTopicsResponse
-	(*DescribeTopicRequest)(nil),  // 22: herald.v1.DescribeTopicRequest
-	(*DescribeTopicResponse)(nil), // 23: herald.v1.DescribeTopicResponse
-	(*Header)(nil),                // 24: herald.v1.Header
-	(*Record)(nil),                // 25: herald.v1.Record
-	(*RecordBatch)(nil),           // 26: herald.v1.RecordBatch
-	(*StoredBatch)(nil),           // 27: herald.v1.StoredBatch
-	(*ProduceRequest)(nil),        // 28: herald.v1.ProduceRequest
-	(*ProduceResponse)(nil),       // 29: herald.v1.ProduceResponse
-	(*FetchRequest)(nil),          // 30: herald.v1.FetchRequest
-	(*FetchResponse)(nil),         // 31: herald.v1.FetchResponse
-	(*ListOffsetsRequest)(nil),    // 32: herald.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),   // 33: herald.v1.ListOffsetsResponse
-	(*StartPosition)(nil),         // 34: herald.v1.StartPosition
-	(*SubscribeRequest)(nil),      // 35: herald.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),     // 36: herald.v1.SubscribeResponse
-	(*AckRequest)(nil),            // 37: herald.v1.AckRequest
-	(*AckResponse)(nil),           // 38: herald.v1.AckResponse
-	(*NackRequest)(nil),           // 39: herald.v1.NackRequest
-	(*NackResponse)(nil),          // 40: herald.v1.NackResponse
-	(*CommitRequest)(nil),         // 41: herald.v1.CommitRequest
-	(*CommitResponse)(nil),        // 42: herald.v1.CommitResponse
-	(*UnsubscribeRequest)(nil),    // 43: herald.v1.UnsubscribeRequest
-	(*UnsubscribeResponse)(nil),   // 44: herald.v1.UnsubscribeResponse
-	(*DeliveredMessage)(nil),      // 45: herald.v1.DeliveredMessage
-	(*Delivery)(nil),              // 46: herald.v1.Delivery
-	(*AssignmentChange)(nil),      // 47: herald.v1.AssignmentChange
-	(*SubscriptionEnded)(nil),     // 48: herald.v1.SubscriptionEnded
-	(*ListGroupsRequest)(nil),     // 49: herald.v1.ListGroupsRequest
-	(*GroupSummary)(nil),          // 50: herald.v1.GroupSummary
-	(*ListGroupsResponse)(nil),    // 51: herald.v1.ListGroupsResponse
-	(*DescribeGroupRequest)(nil),  // 52: herald.v1.DescribeGroupRequest
-	(*MemberInfo)(nil),            // 53: herald.v1.MemberInfo
-	(*PartitionLag)(nil),          // 54: herald.v1.PartitionLag
-	(*GroupInfo)(nil),             // 55: herald.v1.GroupInfo
-	(*DescribeGroupResponse)(nil), // 56: herald.v1.DescribeGroupResponse
-	(*ResetGroupRequest)(nil),     // 57: herald.v1.ResetGroupRequest
-	(*ResetGroupResponse)(nil),    // 58: herald.v1.ResetGroupResponse
-	(*CallRequest)(nil),           // 59: herald.v1.CallRequest
-	(*CallResponse)(nil),          // 60: herald.v1.CallResponse
-	(*ReplyRequest)(nil),          // 61: herald.v1.ReplyRequest
-	(*ReplyResponse)(nil),         // 62: herald.v1.ReplyResponse
-	(*ReplyDelivery)(nil),         // 63: herald.v1.ReplyDelivery
+	(ErrorCode)(0),                  // 0: herald.v1.ErrorCode
+	(Acks)(0),                       // 1: herald.v1.Acks
+	(OffsetSpec)(0),                 // 2: herald.v1.OffsetSpec
+	(SubscriptionMode)(0),           // 3: herald.v1.SubscriptionMode
+	(FilterType)(0),                 // 4: herald.v1.FilterType
+	(BreakerState)(0),               // 5: herald.v1.BreakerState
+	(*Error)(nil),                   // 6: herald.v1.Error
+	(*Frame)(nil),                   // 7: herald.v1.Frame
+	(*HelloRequest)(nil),            // 8: herald.v1.HelloRequest
+	(*HelloResponse)(nil),           // 9: herald.v1.HelloResponse
+	(*TopicConfig)(nil),             // 10: herald.v1.TopicConfig
+	(*PartitionInfo)(nil),           // 11: herald.v1.PartitionInfo
+	(*TopicInfo)(nil),               // 12: herald.v1.TopicInfo
+	(*BrokerInfo)(nil),              // 13: herald.v1.BrokerInfo
+	(*MetadataRequest)(nil),         // 14: herald.v1.MetadataRequest
+	(*MetadataResponse)(nil),        // 15: herald.v1.MetadataResponse
+	(*CreateTopicRequest)(nil),      // 16: herald.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),     // 17: herald.v1.CreateTopicResponse
+	(*DeleteTopicRequest)(nil),      // 18: herald.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),     // 19: herald.v1.DeleteTopicResponse
+	(*ListTopicsRequest)(nil),       // 20: herald.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),      // 21: herald.v1.ListTopicsResponse
+	(*DescribeTopicRequest)(nil),    // 22: herald.v1.DescribeTopicRequest
+	(*DescribeTopicResponse)(nil),   // 23: herald.v1.DescribeTopicResponse
+	(*Header)(nil),                  // 24: herald.v1.Header
+	(*Record)(nil),                  // 25: herald.v1.Record
+	(*RecordBatch)(nil),             // 26: herald.v1.RecordBatch
+	(*StoredBatch)(nil),             // 27: herald.v1.StoredBatch
+	(*ProduceRequest)(nil),          // 28: herald.v1.ProduceRequest
+	(*ProduceResponse)(nil),         // 29: herald.v1.ProduceResponse
+	(*FetchRequest)(nil),            // 30: herald.v1.FetchRequest
+	(*FetchResponse)(nil),           // 31: herald.v1.FetchResponse
+	(*ListOffsetsRequest)(nil),      // 32: herald.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),     // 33: herald.v1.ListOffsetsResponse
+	(*StartPosition)(nil),           // 34: herald.v1.StartPosition
+	(*SubscribeRequest)(nil),        // 35: herald.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),       // 36: herald.v1.SubscribeResponse
+	(*AckRequest)(nil),              // 37: herald.v1.AckRequest
+	(*AckResponse)(nil),             // 38: herald.v1.AckResponse
+	(*NackRequest)(nil),             // 39: herald.v1.NackRequest
+	(*NackResponse)(nil),            // 40: herald.v1.NackResponse
+	(*CommitRequest)(nil),           // 41: herald.v1.CommitRequest
+	(*CommitResponse)(nil),          // 42: herald.v1.CommitResponse
+	(*UnsubscribeRequest)(nil),      // 43: herald.v1.UnsubscribeRequest
+	(*UnsubscribeResponse)(nil),     // 44: herald.v1.UnsubscribeResponse
+	(*DeliveredMessage)(nil),        // 45: herald.v1.DeliveredMessage
+	(*Delivery)(nil),                // 46: herald.v1.Delivery
+	(*AssignmentChange)(nil),        // 47: herald.v1.AssignmentChange
+	(*SubscriptionEnded)(nil),       // 48: herald.v1.SubscriptionEnded
+	(*ListGroupsRequest)(nil),       // 49: herald.v1.ListGroupsRequest
+	(*GroupSummary)(nil),            // 50: herald.v1.GroupSummary
+	(*ListGroupsResponse)(nil),      // 51: herald.v1.ListGroupsResponse
+	(*DescribeGroupRequest)(nil),    // 52: herald.v1.DescribeGroupRequest
+	(*MemberInfo)(nil),              // 53: herald.v1.MemberInfo
+	(*PartitionLag)(nil),            // 54: herald.v1.PartitionLag
+	(*GroupInfo)(nil),               // 55: herald.v1.GroupInfo
+	(*DescribeGroupResponse)(nil),   // 56: herald.v1.DescribeGroupResponse
+	(*ResetGroupRequest)(nil),       // 57: herald.v1.ResetGroupRequest
+	(*ResetGroupResponse)(nil),      // 58: herald.v1.ResetGroupResponse
+	(*CallRequest)(nil),             // 59: herald.v1.CallRequest
+	(*CallResponse)(nil),            // 60: herald.v1.CallResponse
+	(*ReplyRequest)(nil),            // 61: herald.v1.ReplyRequest
+	(*ReplyResponse)(nil),           // 62: herald.v1.ReplyResponse
+	(*ReplyDelivery)(nil),           // 63: herald.v1.ReplyDelivery
+	(*CancelScheduledRequest)(nil),  // 64: herald.v1.CancelScheduledRequest
+	(*CancelScheduledResponse)(nil), // 65: herald.v1.CancelScheduledResponse
+	(*ListScheduledRequest)(nil),    // 66: herald.v1.ListScheduledRequest
+	(*ScheduledInfo)(nil),           // 67: herald.v1.ScheduledInfo
+	(*ListScheduledResponse)(nil),   // 68: herald.v1.ListScheduledResponse
 }
 var file_herald_proto_depIdxs = []int32{
 	0,  // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
@@ -5236,48 +5800,53 @@ var file_herald_proto_depIdxs = []int32{
 	60, // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
 	61, // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
 	62, // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
-	46, // 39: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	47, // 40: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	63, // 41: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	48, // 42: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	6,  // 43: herald.v1.Frame.error:type_name -> herald.v1.Error
-	10, // 44: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	11, // 45: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	13, // 46: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	12, // 47: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	10, // 48: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	12, // 49: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	12, // 50: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	12, // 51: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	24, // 52: herald.v1.Record.headers:type_name -> herald.v1.Header
-	25, // 53: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	1,  // 54: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	27, // 55: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	2,  // 56: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	3,  // 57: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	4,  // 58: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	34, // 59: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	25, // 60: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	45, // 61: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	6,  // 62: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	3,  // 63: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	50, // 64: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	5,  // 65: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	3,  // 66: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	4,  // 67: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	53, // 68: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	54, // 69: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	55, // 70: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	34, // 71: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	55, // 72: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	25, // 73: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	25, // 74: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	25, // 75: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	76, // [76:76] is the sub-list for method output_type
-	76, // [76:76] is the sub-list for method input_type
-	76, // [76:76] is the sub-list for extension type_name
-	76, // [76:76] is the sub-list for extension extendee
-	0,  // [0:76] is the sub-list for field type_name
+	64, // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
+	65, // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
+	66, // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
+	68, // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
+	46, // 43: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	47, // 44: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	63, // 45: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	48, // 46: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	6,  // 47: herald.v1.Frame.error:type_name -> herald.v1.Error
+	10, // 48: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	11, // 49: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	13, // 50: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	12, // 51: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	10, // 52: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	12, // 53: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	12, // 54: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	12, // 55: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	24, // 56: herald.v1.Record.headers:type_name -> herald.v1.Header
+	25, // 57: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	1,  // 58: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	27, // 59: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	2,  // 60: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	3,  // 61: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	4,  // 62: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	34, // 63: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	25, // 64: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	45, // 65: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	6,  // 66: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	3,  // 67: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	50, // 68: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	5,  // 69: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	3,  // 70: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	4,  // 71: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	53, // 72: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	54, // 73: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	55, // 74: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	34, // 75: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	55, // 76: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	25, // 77: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	25, // 78: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	25, // 79: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	67, // 80: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	81, // [81:81] is the sub-list for method output_type
+	81, // [81:81] is the sub-list for method input_type
+	81, // [81:81] is the sub-list for extension type_name
+	81, // [81:81] is the sub-list for extension extendee
+	0,  // [0:81] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -5324,6 +5893,10 @@ func file_herald_proto_init() {
 		(*Frame_CallResponse)(nil),
 		(*Frame_Reply)(nil),
 		(*Frame_ReplyResponse)(nil),
+		(*Frame_CancelScheduled)(nil),
+		(*Frame_CancelScheduledResponse)(nil),
+		(*Frame_ListScheduled)(nil),
+		(*Frame_ListScheduledResponse)(nil),
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),
@@ -5337,13 +5910,14 @@ func file_herald_proto_init() {
 		(*StartPosition_Offset)(nil),
 		(*StartPosition_TimestampMs)(nil),
 	}
+	file_herald_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   58,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1199,7 +1199,7 @@ func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	l := c.live
 	now := time.Now()
 	view := l.sub.ViewOf(mb.id)
-	delay := time.Duration(req.DelayMs) * time.Millisecond
+	delay := time.Duration(req.GetDelayMs()) * time.Millisecond
 	stale := 0
 	for i, p := range req.Partitions {
 		if err := l.sub.Nack(mb.id, p, req.Offsets[i], delay, now); err != nil {
