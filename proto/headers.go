@@ -1,0 +1,103 @@
+package heraldpb
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// AppendBatchHeaders returns a copy of the encoded RecordBatch b in which
+// every record carries the headers hdrs (key, value pairs) after its own.
+// A record's headers are a repeated field, so appending encoded Header
+// fields to a record's bytes adds them without decoding or re-encoding
+// the rest. b must be valid (ScanBatch); an invalid b is an error, never a
+// panic.
+func AppendBatchHeaders(b []byte, hdrs ...[2]string) ([]byte, error) {
+	var extra []byte
+	for _, h := range hdrs {
+		var one []byte
+		one = protowire.AppendTag(one, 1, protowire.BytesType)
+		one = protowire.AppendString(one, h[0])
+		one = protowire.AppendTag(one, 2, protowire.BytesType)
+		one = protowire.AppendString(one, h[1])
+		extra = protowire.AppendTag(extra, 3, protowire.BytesType)
+		extra = protowire.AppendBytes(extra, one)
+	}
+	out := make([]byte, 0, len(b)+len(b)/8+len(extra)*4)
+	for len(b) > 0 {
+		num, typ, n := consumeTag(b)
+		if n < 0 {
+			return nil, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(n))
+		}
+		if num != 1 || typ != protowire.BytesType {
+			m := protowire.ConsumeFieldValue(num, typ, b[n:])
+			if m < 0 {
+				return nil, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
+			}
+			out = append(out, b[:n+m]...)
+			b = b[n+m:]
+			continue
+		}
+		rec, m := protowire.ConsumeBytes(b[n:])
+		if m < 0 {
+			return nil, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
+		}
+		out = protowire.AppendTag(out, 1, protowire.BytesType)
+		out = protowire.AppendVarint(out, uint64(len(rec)+len(extra)))
+		out = append(out, rec...)
+		out = append(out, extra...)
+		b = b[n+m:]
+	}
+	return out, nil
+}
+
+// RecordHeader returns the value of the last header named key in the
+// encoded Record rec, and whether it has one: headers the broker appends
+// (AppendBatchHeaders) win over any a producer set. It never panics.
+func RecordHeader(rec []byte, key string) (val []byte, found bool) {
+	for len(rec) > 0 {
+		num, typ, n := consumeTag(rec)
+		if n < 0 {
+			return val, found
+		}
+		rec = rec[n:]
+		if num != 3 || typ != protowire.BytesType {
+			m := protowire.ConsumeFieldValue(num, typ, rec)
+			if m < 0 {
+				return val, found
+			}
+			rec = rec[m:]
+			continue
+		}
+		h, m := protowire.ConsumeBytes(rec)
+		if m < 0 {
+			return val, found
+		}
+		rec = rec[m:]
+		var k, v []byte
+		for len(h) > 0 {
+			hn, ht, hl := consumeTag(h)
+			if hl < 0 {
+				return val, found
+			}
+			h = h[hl:]
+			hm := protowire.ConsumeFieldValue(hn, ht, h)
+			if hm < 0 {
+				return val, found
+			}
+			if ht == protowire.BytesType && (hn == 1 || hn == 2) {
+				x, _ := protowire.ConsumeBytes(h)
+				if hn == 1 {
+					k = x
+				} else {
+					v = x
+				}
+			}
+			h = h[hm:]
+		}
+		if string(k) == key {
+			val, found = v, true
+		}
+	}
+	return val, found
+}
