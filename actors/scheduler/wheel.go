@@ -151,6 +151,36 @@ func (w *Wheel) Cancel(e Entry) bool {
 	return ok
 }
 
+// NextAt is the earliest time at which Advance may have something to
+// fire, or something to move (a level-1 slot or a far bucket reaching the
+// wheel): Now when timers are due already; ok is false when nothing is
+// pending. It costs at most one pass over each level's 256 slots. A
+// scheduler arms one timer for it.
+func (w *Wheel) NextAt() (at int64, ok bool) {
+	if len(w.due) > 0 {
+		return w.now, true
+	}
+	if w.n0 > 0 {
+		for t := w.now + 1; t>>l1Shift == w.now>>l1Shift; t++ {
+			if len(w.l0[t&slotMask]) > 0 {
+				return t, true
+			}
+		}
+	}
+	if w.n1 > 0 {
+		base := w.now >> farShift << farShift
+		for s := (w.now>>l1Shift)&slotMask + 1; s < slotCount; s++ {
+			if len(w.l1[s]) > 0 {
+				return base + s<<l1Shift, true
+			}
+		}
+	}
+	if b, ok := w.far.First(); ok {
+		return max(b<<farShift, w.now+1), true
+	}
+	return 0, false
+}
+
 // Advance moves the clock to now (a time before Now is ignored) and
 // appends to out every timer that is due, in order of At (ties by Ref),
 // returning out.

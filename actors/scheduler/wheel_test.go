@@ -219,3 +219,48 @@ func BenchmarkWheelAddAdvance(b *testing.B) {
 		}
 	}
 }
+
+// TestWheelNextAt: advancing to NextAt repeatedly fires every timer at its
+// time, never early, and NextAt never skips past a pending timer.
+func TestWheelNextAt(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	const start = int64(1_000_000_000_000)
+	w := NewWheel(start, nil)
+	var want []Entry
+	for i := range 5000 {
+		d := r.Int64N(3 * FarBucketMs)
+		if i%10 == 0 {
+			d = r.Int64N(300)
+		}
+		e := Entry{At: start + d, Ref: uint64(i)}
+		want = append(want, e)
+		w.Add(e)
+	}
+	slices.SortFunc(want, Entry.compare)
+	var got []Entry
+	for steps := 0; ; steps++ {
+		at, ok := w.NextAt()
+		if !ok {
+			break
+		}
+		if at < w.Now() {
+			t.Fatalf("NextAt %d before Now %d", at, w.Now())
+		}
+		if len(want) > len(got) && at > want[len(got)].At {
+			t.Fatalf("NextAt %d skips pending timer %v", at, want[len(got)])
+		}
+		before := len(got)
+		got = w.Advance(at, got)
+		for _, e := range got[before:] {
+			if e.At > at {
+				t.Fatalf("fired %v early at %d", e, at)
+			}
+		}
+		if steps > 100000 {
+			t.Fatal("NextAt does not converge")
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("fired %d of %d, or out of order", len(got), len(want))
+	}
+}

@@ -1,0 +1,804 @@
+package scheduler
+
+import (
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/RoaringBitmap/roaring/v2/roaring64"
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/partition"
+	"github.com/heraldmq/herald/actors/topic"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// ScheduleTopic is the internal partition holding the scheduler's state:
+// every delayed batch (its id is the offset of its record here), every
+// cancel, and the fires.
+const ScheduleTopic = "__schedule"
+
+// ActorName is the scheduler actor's name.
+const ActorName = "scheduler"
+
+// Headers the scheduler adds to every record of a batch it appends to the
+// batch's topic.
+const (
+	HeaderScheduleID = "herald-schedule-id"
+	HeaderDeliverAt  = "herald-deliver-at" // Unix ms
+)
+
+// Options configure the scheduler actor.
+type Options struct {
+	Topics *topic.Registry
+	Logger *slog.Logger
+	// Far keeps the timers beyond the wheel's near window (65.536 s);
+	// nil keeps them in memory. The broker passes a DiskFar.
+	Far FarStore
+	// MaxDelay bounds delay_ms and deliver_at_ms - now. Default 366 days.
+	MaxDelay time.Duration
+	// MaxPending bounds the delayed batches waiting; more are refused with
+	// THROTTLED. Default 100M.
+	MaxPending uint64
+	// MaxQueued bounds the requests waiting for a write to __schedule (and,
+	// while the scheduler loads, for it to finish); more get THROTTLED.
+	// Default 65536.
+	MaxQueued int
+	// WriteBytes is the most one write to __schedule packs (one event
+	// alone may exceed it). Default 1 MiB.
+	WriteBytes int
+	// FireBatch is the most batches one fire round appends. Default 4096.
+	FireBatch int
+	// CompactCheck is how often the records of __schedule below the oldest
+	// pending batch are removed. Default 10 s.
+	CompactCheck time.Duration
+	// Now is the clock; nil = time.Now.
+	Now func() time.Time
+}
+
+func (o *Options) ensureDefaults() {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.MaxDelay == 0 {
+		o.MaxDelay = 366 * 24 * time.Hour
+	}
+	if o.MaxPending == 0 {
+		o.MaxPending = 100_000_000
+	}
+	if o.MaxQueued == 0 {
+		o.MaxQueued = 65536
+	}
+	if o.WriteBytes == 0 {
+		o.WriteBytes = 1 << 20
+	}
+	if o.FireBatch == 0 {
+		o.FireBatch = 4096
+	}
+	if o.CompactCheck == 0 {
+		o.CompactCheck = 10 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Props returns the scheduler actor's props. The internal topic
+// ScheduleTopic must exist and be writable before it starts.
+func Props(o Options) *actor.Props {
+	o.ensureDefaults()
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &Scheduler{o: &o, log: o.Logger.With("component", "scheduler")}
+	})
+}
+
+// Scheduler is the scheduler actor. It rebuilds the pending set and the
+// timing wheel from __schedule when it starts, then:
+//   - stores each delayed produce as a ScheduledBatch event and answers it
+//     once durable, with the event's offset as its id;
+//   - fires due batches in rounds: it writes a ScheduleFiring event naming
+//     where each target partition's log ended, appends the batches (each
+//     record tagged with herald-schedule-id), and records them fired with
+//     the next round's event. After a crash, a batch whose firing was
+//     written but not its fire is looked for on its partition from that
+//     offset, so it is appended once;
+//   - cancels by id; lists the pending batches;
+//   - removes the records of __schedule below the oldest pending batch.
+//
+// Pending batches cost a bit in a roaring bitmap of offsets plus a 16-byte
+// wheel entry while within the wheel's near window; later ones are in the
+// far store (on disk in the broker).
+type Scheduler struct {
+	o    *Options
+	log  *slog.Logger
+	self *actor.PID
+	sys  *actor.ActorSystem
+
+	loaded bool
+	queue  []stashed // requests that arrived while loading
+
+	wheel   *Wheel
+	pending *roaring64.Bitmap // batches scheduled and neither fired nor cancelled (durably)
+
+	// loading
+	loadNext, loadHW int64
+	intents          map[uint64]*heraldpb.FireIntent // firings without a fire, while loading
+	loadStart        time.Time
+	loadRecords      int
+
+	nextID uint64
+	calls  map[uint64]func(*heraldpb.Frame) // answers of our requests to partition actors
+	sched  *actor.PID                       // __schedule's partition actor
+
+	// writes to __schedule: one in flight; the rest queue and go together
+	wq      []writeOp
+	writing bool
+	queued  int // client requests in wq
+
+	// firing
+	timerGen   uint64
+	timerAt    int64 // when the armed timer fires, 0 if none
+	dueQ       []Entry
+	round      *fireRound
+	firedPrev  []uint64            // refs whose fire is not yet written
+	busy       map[uint64]struct{} // refs in the round or in firedPrev: cancel is too late
+	cancelling map[uint64]int64    // cancel being written: ref -> At if it came due meanwhile (0 if not)
+	rr         uint32
+
+	compactArmed bool
+	listing      int
+}
+
+type stashed struct {
+	f      *heraldpb.Frame
+	sender *actor.PID
+}
+
+// writeOp is one group of events for __schedule; done gets the offset of
+// its first event once the write is durable, or the error.
+type writeOp struct {
+	events [][]byte
+	client bool
+	done   func(base int64, e *heraldpb.Error)
+}
+
+// Timer and internal messages.
+type (
+	fireTick     struct{ gen uint64 }
+	compactTick  struct{}
+	retryWrite   struct{}
+	loadRetry    struct{}
+	resendFire   struct{ round *fireRound }
+	listFinished struct {
+		to   *actor.PID
+		f    *heraldpb.Frame
+		resp *heraldpb.ListScheduledResponse
+		err  *heraldpb.Error
+	}
+)
+
+// Receive is the scheduler's entry point.
+func (s *Scheduler) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *actor.Started:
+		s.self, s.sys = ctx.Self(), ctx.ActorSystem()
+		s.calls = map[uint64]func(*heraldpb.Frame){}
+		s.busy = map[uint64]struct{}{}
+		s.cancelling = map[uint64]int64{}
+		s.pending = roaring64.New()
+		s.intents = map[uint64]*heraldpb.FireIntent{}
+		s.loadStart = s.o.Now()
+		s.wheel = NewWheel(s.loadStart.UnixMilli(), s.o.Far)
+		s.load(ctx)
+	case *actor.Stopping:
+		s.timerGen++
+	case *loadRetry:
+		s.load(ctx)
+	case *fireTick:
+		if msg.gen == s.timerGen {
+			s.timerAt = 0
+			s.onTick(ctx)
+		}
+	case *retryWrite:
+		s.flushWrites(ctx)
+	case *resendFire:
+		s.sendFires(ctx, msg.round)
+	case *retryFiring:
+		s.writeFiring(ctx, msg.round)
+	case *retryRead:
+		s.readRound(ctx, msg.round)
+	case *retryFired:
+		if s.round == nil && len(s.firedPrev) > 0 {
+			s.writeFired(ctx)
+		}
+	case *compactTick:
+		s.compactArmed = false
+		s.compact(ctx)
+	case *partition.DeleteBeforeResult:
+		if msg.Err != nil {
+			s.log.Error("compacting __schedule", "err", msg.Err)
+		}
+		s.armCompact()
+	case *listFinished:
+		s.listing--
+		if msg.err != nil {
+			respond(ctx, msg.to, heraldpb.ErrorFrame(msg.f.Id, msg.err))
+		} else {
+			respond(ctx, msg.to, &heraldpb.Frame{Id: msg.f.Id, Body: &heraldpb.Frame_ListScheduledResponse{ListScheduledResponse: msg.resp}})
+		}
+	case *heraldpb.Frame:
+		if s.isInternalAnswer(msg) {
+			if fn, ok := s.calls[msg.Id]; ok {
+				delete(s.calls, msg.Id)
+				fn(msg)
+			}
+			return
+		}
+		if !s.loaded {
+			if len(s.queue) >= s.o.MaxQueued {
+				respond(ctx, ctx.Sender(), throttled(msg.Id, "the scheduler is still loading"))
+				return
+			}
+			s.queue = append(s.queue, stashed{f: msg, sender: ctx.Sender()})
+			return
+		}
+		s.onRequest(ctx, msg, ctx.Sender())
+	}
+}
+
+// isInternalAnswer tells an answer to one of our requests (a produce or
+// fetch response, or an error frame) from a client request: the router
+// forwards only requests here, so the two never mix up even when a
+// client's frame id equals one of ours.
+func (s *Scheduler) isInternalAnswer(f *heraldpb.Frame) bool {
+	switch f.Body.(type) {
+	case *heraldpb.Frame_ProduceResponse, *heraldpb.Frame_FetchResponse, *heraldpb.Frame_Error:
+		return true
+	}
+	return false
+}
+
+func respond(ctx actor.Context, to *actor.PID, f *heraldpb.Frame) {
+	if to != nil {
+		ctx.Send(to, f)
+	}
+}
+
+func throttled(id uint64, why string) *heraldpb.Frame {
+	e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "%s", why)
+	e.RetryAfterMs = 100
+	return heraldpb.ErrorFrame(id, e)
+}
+
+func (s *Scheduler) id() uint64 {
+	s.nextID++
+	return s.nextID
+}
+
+// call sends f (whose id it sets) to pid and runs fn with the answer.
+func (s *Scheduler) call(ctx actor.Context, pid *actor.PID, f *heraldpb.Frame, fn func(*heraldpb.Frame)) {
+	f.Id = s.id()
+	s.calls[f.Id] = fn
+	ctx.Request(pid, f)
+}
+
+func (s *Scheduler) nowMs() int64 { return s.o.Now().UnixMilli() }
+
+func (s *Scheduler) after(d time.Duration, msg any) {
+	self, sys := s.self, s.sys
+	time.AfterFunc(d, func() { sys.Root.Send(self, msg) })
+}
+
+// ---- loading -------------------------------------------------------------
+
+// load reads __schedule from its start to the high watermark it had when
+// the scheduler started: nothing else writes it.
+func (s *Scheduler) load(ctx actor.Context) {
+	e := s.o.Topics.Get(ScheduleTopic)
+	if e == nil {
+		s.log.Error("internal topic is missing; delayed messages are refused", "topic", ScheduleTopic)
+		return
+	}
+	s.sched = e.Partitions[0]
+	if s.loadHW == 0 {
+		s.loadHW = e.Stats[0].HighWatermark.Load()
+		s.loadNext = e.Stats[0].StartOffset.Load()
+	}
+	if s.loadNext >= s.loadHW {
+		s.recover(ctx)
+		return
+	}
+	s.call(ctx, s.sched, &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+		Topic: ScheduleTopic, Offset: s.loadNext, MaxBytes: 4 << 20,
+	}}}, func(f *heraldpb.Frame) {
+		fr := f.GetFetchResponse()
+		if fr == nil {
+			s.log.Warn("reading __schedule; retrying", "err", f.GetError().GetMessage())
+			s.after(100*time.Millisecond, &loadRetry{})
+			return
+		}
+		s.onLoaded(ctx, fr)
+	})
+}
+
+func (s *Scheduler) onLoaded(ctx actor.Context, fr *heraldpb.FetchResponse) {
+	for _, b := range fr.Batches {
+		_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
+			off := b.BaseOffset + int64(i)
+			if off < s.loadNext {
+				return true
+			}
+			s.loadNext = off + 1
+			s.loadRecords++
+			ev, err := decodeEvent(rec)
+			if err != nil {
+				s.log.Warn("skipping unreadable __schedule record", "offset", off, "err", err)
+				return true
+			}
+			s.apply(uint64(off), ev)
+			return true
+		})
+	}
+	if len(fr.Batches) == 0 {
+		s.loadNext = max(s.loadNext, fr.LogStartOffset)
+		if fr.HighWatermark <= s.loadNext {
+			s.loadHW = s.loadNext
+		}
+	}
+	s.load(ctx)
+}
+
+// decodeEvent reads the ScheduleEvent in a __schedule record.
+func decodeEvent(rec []byte) (*heraldpb.ScheduleEvent, error) {
+	var r heraldpb.Record
+	if err := proto.Unmarshal(rec, &r); err != nil {
+		return nil, err
+	}
+	var ev heraldpb.ScheduleEvent
+	if err := proto.Unmarshal(r.Value, &ev); err != nil {
+		return nil, err
+	}
+	return &ev, nil
+}
+
+// apply replays one event of __schedule at offset off.
+func (s *Scheduler) apply(off uint64, ev *heraldpb.ScheduleEvent) {
+	switch x := ev.Event.(type) {
+	case *heraldpb.ScheduleEvent_Schedule:
+		s.pending.Add(off)
+		s.wheel.Add(Entry{At: x.Schedule.DeliverAtMs, Ref: off})
+	case *heraldpb.ScheduleEvent_Cancel:
+		s.pending.Remove(x.Cancel.Ref)
+	case *heraldpb.ScheduleEvent_Firing:
+		for _, in := range x.Firing.Intents {
+			s.intents[in.Ref] = in
+		}
+	case *heraldpb.ScheduleEvent_Fired:
+		for _, r := range x.Fired.Refs {
+			s.pending.Remove(r)
+			delete(s.intents, r)
+		}
+	}
+}
+
+// recover settles the batches whose firing was written but not their
+// fire: each is looked for on its partition, from where the log ended
+// when the firing was written, by its herald-schedule-id header. Found
+// ones are recorded fired; the others fire again as due.
+func (s *Scheduler) recover(ctx actor.Context) {
+	type span struct {
+		topic string
+		part  uint32
+	}
+	byPart := map[span][]*heraldpb.FireIntent{}
+	for ref, in := range s.intents {
+		if s.pending.Contains(ref) {
+			k := span{in.Topic, in.Partition}
+			byPart[k] = append(byPart[k], in)
+		}
+	}
+	s.intents = nil
+	if len(byPart) == 0 {
+		s.finishLoad(ctx)
+		return
+	}
+	waiting := len(byPart)
+	var found []uint64
+	for k, ins := range byPart {
+		want := map[string]uint64{}
+		from := int64(-1)
+		for _, in := range ins {
+			want[strconv.FormatUint(in.Ref, 10)] = in.Ref
+			if from < 0 || in.FromOffset < from {
+				from = in.FromOffset
+			}
+		}
+		e := s.o.Topics.Get(k.topic)
+		if e == nil || int(k.part) >= len(e.Partitions) {
+			waiting--
+			continue // fires again; the topic is gone, so it is dropped then
+		}
+		s.scanFor(ctx, e, k.part, from, want, func(got []uint64) {
+			found = append(found, got...)
+			waiting--
+			if waiting == 0 {
+				s.settleRecovered(ctx, found)
+			}
+		})
+	}
+	if waiting == 0 {
+		s.settleRecovered(ctx, found)
+	}
+}
+
+// scanFor reads partition p of e from offset from to its end, collecting
+// the refs of want found in herald-schedule-id headers.
+func (s *Scheduler) scanFor(ctx actor.Context, e *topic.Entry, p uint32, from int64, want map[string]uint64, done func([]uint64)) {
+	var got []uint64
+	var step func(off int64)
+	step = func(off int64) {
+		if off >= e.Stats[p].HighWatermark.Load() || len(want) == 0 {
+			done(got)
+			return
+		}
+		s.call(ctx, e.Partitions[p], &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+			Topic: e.Name, Partition: p, Offset: off, MaxBytes: 4 << 20,
+		}}}, func(f *heraldpb.Frame) {
+			fr := f.GetFetchResponse()
+			if fr == nil {
+				if f.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE {
+					step(max(off+1, e.Stats[p].StartOffset.Load()))
+					return
+				}
+				s.log.Warn("recovering fires: reading the target partition; treating the rest as not appended", "topic", e.Name, "partition", p, "err", f.GetError().GetMessage())
+				done(got)
+				return
+			}
+			next := off
+			for _, b := range fr.Batches {
+				next = max(next, b.BaseOffset+int64(b.Count))
+				_ = heraldpb.ForEachRawRecord(b.Records, func(_ int, rec []byte) bool {
+					if v, ok := heraldpb.RecordHeader(rec, HeaderScheduleID); ok {
+						if ref, ok := want[string(v)]; ok {
+							got = append(got, ref)
+							delete(want, string(v))
+						}
+					}
+					return true
+				})
+			}
+			if next == off {
+				done(got)
+				return
+			}
+			step(next)
+		})
+	}
+	step(from)
+}
+
+func (s *Scheduler) settleRecovered(ctx actor.Context, found []uint64) {
+	if len(found) == 0 {
+		s.finishLoad(ctx)
+		return
+	}
+	s.log.Info("batches found appended after a crash; recorded as fired", "count", len(found))
+	for _, r := range found {
+		s.busy[r] = struct{}{}
+	}
+	s.write(ctx, writeOp{events: [][]byte{firedEvent(found)}, done: func(_ int64, e *heraldpb.Error) {
+		if e != nil {
+			s.log.Warn("recording recovered fires; retrying", "err", e.Message)
+			s.after(100*time.Millisecond, &loadRetry{})
+			return
+		}
+		for _, r := range found {
+			s.pending.Remove(r)
+			delete(s.busy, r)
+		}
+		s.finishLoad(ctx)
+	}})
+	s.flushWrites(ctx)
+}
+
+func (s *Scheduler) finishLoad(ctx actor.Context) {
+	if s.loaded {
+		return
+	}
+	s.loaded = true
+	mPending.Set(float64(s.pending.GetCardinality()))
+	s.log.Info("scheduler loaded", "pending", s.pending.GetCardinality(), "records", s.loadRecords,
+		"took", time.Since(s.loadStart).Round(time.Millisecond))
+	q := s.queue
+	s.queue = nil
+	for _, x := range q {
+		s.onRequest(ctx, x.f, x.sender)
+	}
+	s.onTick(ctx)
+	s.armCompact()
+}
+
+// ---- requests ------------------------------------------------------------
+
+func (s *Scheduler) onRequest(ctx actor.Context, f *heraldpb.Frame, to *actor.PID) {
+	switch b := f.Body.(type) {
+	case *heraldpb.Frame_Produce:
+		s.onSchedule(ctx, f, b.Produce, to)
+	case *heraldpb.Frame_CancelScheduled:
+		s.onCancel(ctx, f, b.CancelScheduled, to)
+	case *heraldpb.Frame_ListScheduled:
+		s.onList(ctx, f, b.ListScheduled, to)
+	default:
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "the scheduler does not handle %T", f.Body)))
+	}
+}
+
+func invalid(id uint64, format string, args ...any) *heraldpb.Frame {
+	return heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, format, args...))
+}
+
+// onSchedule stores a delayed batch.
+func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.ProduceRequest, to *actor.PID) {
+	now := s.o.Now()
+	if req.DeliverAtMs != 0 && req.DelayMs != 0 {
+		respond(ctx, to, invalid(f.Id, "set deliver_at_ms or delay_ms, not both"))
+		return
+	}
+	var at int64
+	switch {
+	case req.DelayMs != 0:
+		if req.DelayMs > uint64(s.o.MaxDelay/time.Millisecond) {
+			respond(ctx, to, invalid(f.Id, "delay_ms %d is longer than the broker's max delay %v", req.DelayMs, s.o.MaxDelay))
+			return
+		}
+		at = now.UnixMilli() + int64(req.DelayMs)
+	case req.DeliverAtMs < 0:
+		respond(ctx, to, invalid(f.Id, "deliver_at_ms %d is negative", req.DeliverAtMs))
+		return
+	default:
+		if req.DeliverAtMs > now.Add(s.o.MaxDelay).UnixMilli() {
+			respond(ctx, to, invalid(f.Id, "deliver_at_ms %d is more than the broker's max delay %v away", req.DeliverAtMs, s.o.MaxDelay))
+			return
+		}
+		at = req.DeliverAtMs
+	}
+	if topic.IsInternal(req.Topic) {
+		respond(ctx, to, invalid(f.Id, "topic %q is internal: clients cannot produce to it", req.Topic))
+		return
+	}
+	e := s.o.Topics.Get(req.Topic)
+	if e == nil {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", req.Topic)))
+		return
+	}
+	info, err := heraldpb.ScanBatch(req.Records)
+	if err != nil {
+		respond(ctx, to, invalid(f.Id, "%v", err))
+		return
+	}
+	if info.Count == 0 {
+		respond(ctx, to, invalid(f.Id, "the batch has no records"))
+		return
+	}
+	if limit := int(e.Config.GetMaxMessageBytes()); limit > 0 && len(req.Records) > limit {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_MESSAGE_TOO_LARGE,
+			"batch of %d bytes exceeds max message size %d", len(req.Records), limit)))
+		return
+	}
+	n := uint32(len(e.Partitions))
+	var part uint32
+	switch {
+	case req.Partition != nil:
+		if *req.Partition >= n {
+			respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_PARTITION_NOT_FOUND,
+				"topic %q has %d partitions; there is no partition %d", req.Topic, n, *req.Partition)))
+			return
+		}
+		part = *req.Partition
+	case len(info.FirstKey) > 0:
+		part = heraldpb.PartitionForKey(info.FirstKey, n)
+	default:
+		part = s.rr % n
+		s.rr++
+	}
+	if s.pending.GetCardinality()+uint64(s.queued) >= s.o.MaxPending {
+		mRefused.WithLabelValues("max_pending").Inc()
+		respond(ctx, to, throttled(f.Id, "the scheduler holds its maximum of pending delayed batches"))
+		return
+	}
+	if s.queued >= s.o.MaxQueued {
+		mRefused.WithLabelValues("queue_full").Inc()
+		respond(ctx, to, throttled(f.Id, "the scheduler's write queue is full"))
+		return
+	}
+	ev := &heraldpb.ScheduleEvent{Event: &heraldpb.ScheduleEvent_Schedule{Schedule: &heraldpb.ScheduledBatch{
+		Topic: req.Topic, Partition: part, DeliverAtMs: at, CreatedMs: now.UnixMilli(), Count: uint32(info.Count), Records: req.Records,
+	}}}
+	raw, merr := proto.Marshal(ev)
+	if merr != nil {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding: %v", merr)))
+		return
+	}
+	count := uint32(info.Count)
+	s.write(ctx, writeOp{events: [][]byte{raw}, client: true, done: func(base int64, werr *heraldpb.Error) {
+		if werr != nil {
+			respond(ctx, to, heraldpb.ErrorFrame(f.Id, werr))
+			return
+		}
+		ref := uint64(base)
+		s.pending.Add(ref)
+		s.wheel.Add(Entry{At: at, Ref: ref})
+		mScheduled.Inc()
+		mPending.Set(float64(s.pending.GetCardinality()))
+		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
+			Partition: part, BaseOffset: -1, Count: count, AppendTimeMs: now.UnixMilli(),
+			ScheduleId: strconv.FormatUint(ref, 10), DeliverAtMs: at,
+		}}})
+	}})
+	s.flushWrites(ctx)
+	s.armTimer()
+}
+
+// ParseID reads a schedule id.
+func ParseID(id string) (uint64, bool) {
+	ref, err := strconv.ParseUint(id, 10, 64)
+	return ref, err == nil
+}
+
+func (s *Scheduler) onCancel(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.CancelScheduledRequest, to *actor.PID) {
+	ref, ok := ParseID(req.Id)
+	if !ok {
+		respond(ctx, to, invalid(f.Id, "schedule id %q is not a number", req.Id))
+		return
+	}
+	notFound := func(why string) {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_SCHEDULE_NOT_FOUND, "scheduled batch %s %s", req.Id, why)))
+	}
+	if _, firing := s.busy[ref]; firing {
+		notFound("is being delivered")
+		return
+	}
+	if _, dup := s.cancelling[ref]; dup || !s.pending.Contains(ref) {
+		notFound("is not pending (unknown, delivered or cancelled)")
+		return
+	}
+	if s.queued >= s.o.MaxQueued {
+		respond(ctx, to, throttled(f.Id, "the scheduler's write queue is full"))
+		return
+	}
+	s.cancelling[ref] = 0
+	ev, _ := proto.Marshal(&heraldpb.ScheduleEvent{Event: &heraldpb.ScheduleEvent_Cancel{Cancel: &heraldpb.ScheduleCancel{Ref: ref}}})
+	s.write(ctx, writeOp{events: [][]byte{ev}, client: true, done: func(_ int64, werr *heraldpb.Error) {
+		at := s.cancelling[ref]
+		delete(s.cancelling, ref)
+		if werr != nil {
+			if at != 0 {
+				s.wheel.Add(Entry{At: at, Ref: ref}) // came due meanwhile: fire it after all
+				s.armTimer()
+			}
+			respond(ctx, to, heraldpb.ErrorFrame(f.Id, werr))
+			return
+		}
+		s.pending.Remove(ref)
+		mCancelled.Inc()
+		mPending.Set(float64(s.pending.GetCardinality()))
+		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CancelScheduledResponse{CancelScheduledResponse: &heraldpb.CancelScheduledResponse{}}})
+	}})
+	s.flushWrites(ctx)
+}
+
+// ---- writes to __schedule -------------------------------------------------
+
+func (s *Scheduler) write(_ actor.Context, op writeOp) {
+	s.wq = append(s.wq, op)
+	if op.client {
+		s.queued++
+	}
+	mWriteQueue.Set(float64(len(s.wq)))
+}
+
+// flushWrites sends the queued events as one batch unless a write is in
+// flight; its answer sends the next.
+func (s *Scheduler) flushWrites(ctx actor.Context) {
+	if s.writing || len(s.wq) == 0 || s.sched == nil {
+		return
+	}
+	var batch []byte
+	size, n, events := 0, 0, 0
+	for _, op := range s.wq {
+		opSize := 0
+		for _, ev := range op.events {
+			opSize += len(ev) + 16
+		}
+		if n > 0 && size+opSize > s.o.WriteBytes {
+			break
+		}
+		for _, ev := range op.events {
+			batch = appendEventRecord(batch, ev)
+		}
+		size += opSize
+		events += len(op.events)
+		n++
+	}
+	ops := s.wq[:n:n]
+	s.wq = s.wq[n:]
+	s.writing = true
+	s.call(ctx, s.sched, &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: ScheduleTopic, Partition: proto.Uint32(0), Acks: heraldpb.Acks_ACKS_ALL, Records: batch,
+	}}}, func(f *heraldpb.Frame) {
+		s.writing = false
+		pr := f.GetProduceResponse()
+		var e *heraldpb.Error
+		if pr == nil {
+			e = f.GetError()
+			if e == nil {
+				e = heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "unexpected answer %T from __schedule", f.Body)
+			}
+			s.log.Warn("writing __schedule", "err", e.Message, "events", events)
+		}
+		base := int64(-1)
+		if pr != nil {
+			base = pr.BaseOffset
+		}
+		for _, op := range ops {
+			if op.client {
+				s.queued--
+			}
+			op.done(base, e)
+			base += int64(len(op.events))
+		}
+		mWriteQueue.Set(float64(len(s.wq)))
+		if e != nil && len(s.wq) > 0 {
+			s.after(100*time.Millisecond, &retryWrite{})
+			return
+		}
+		s.flushWrites(ctx)
+	})
+}
+
+// appendEventRecord appends a RecordBatch field holding a Record whose
+// value is ev.
+func appendEventRecord(b, ev []byte) []byte {
+	recLen := protowire.SizeTag(2) + protowire.SizeBytes(len(ev))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(recLen))
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	return protowire.AppendBytes(b, ev)
+}
+
+func firedEvent(refs []uint64) []byte {
+	b, _ := proto.Marshal(&heraldpb.ScheduleEvent{Event: &heraldpb.ScheduleEvent_Fired{Fired: &heraldpb.ScheduleFired{Refs: refs}}})
+	return b
+}
+
+// ---- compaction ----------------------------------------------------------
+
+func (s *Scheduler) armCompact() {
+	if !s.compactArmed {
+		s.compactArmed = true
+		s.after(s.o.CompactCheck, &compactTick{})
+	}
+}
+
+// compact removes the records of __schedule below the oldest pending
+// batch: every event there concerns batches that are done. (A batch that
+// waits long keeps the records after it; they are removed once it fires.)
+func (s *Scheduler) compact(ctx actor.Context) {
+	e := s.o.Topics.Get(ScheduleTopic)
+	if e == nil {
+		return
+	}
+	cut := e.Stats[0].HighWatermark.Load()
+	if !s.pending.IsEmpty() {
+		cut = min(cut, int64(s.pending.Minimum()))
+	}
+	for r := range s.busy {
+		cut = min(cut, int64(r))
+	}
+	if cut <= e.Stats[0].StartOffset.Load() {
+		s.armCompact()
+		return
+	}
+	ctx.Request(e.Partitions[0], &partition.DeleteBefore{Offset: cut})
+}

@@ -1,0 +1,439 @@
+package scheduler
+
+import (
+	"container/heap"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/RoaringBitmap/roaring/v2/roaring64"
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/topic"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/proto"
+)
+
+// fireRound is one round of due batches: read from __schedule, announced
+// (ScheduleFiring), appended to their partitions, then recorded fired.
+type fireRound struct {
+	entries []Entry
+	batches map[uint64]*heraldpb.ScheduledBatch
+	chunks  []*fireChunk // appends still to send (or to send again)
+	waiting int
+	done    []uint64 // fired or dropped
+	backoff time.Duration
+}
+
+// fireChunk is one append: consecutive batches of a round for one
+// partition, concatenated (encoded RecordBatches concatenate).
+type fireChunk struct {
+	entry   *topic.Entry
+	part    uint32
+	refs    []uint64
+	ats     []int64
+	records []byte
+}
+
+type (
+	retryFiring struct{ round *fireRound }
+	retryFired  struct{}
+	retryRead   struct{ round *fireRound }
+)
+
+// armTimer arms one timer for the wheel's next time, unless one is armed
+// for that time or earlier.
+func (s *Scheduler) armTimer() {
+	mNear.Set(float64(s.wheel.Near()))
+	mFar.Set(float64(s.wheel.Len() - s.wheel.Near()))
+	if !s.loaded {
+		return
+	}
+	at, ok := s.wheel.NextAt()
+	if !ok || s.timerAt != 0 && s.timerAt <= at {
+		return
+	}
+	s.timerGen++
+	s.timerAt = at
+	gen := s.timerGen
+	s.after(max(time.UnixMilli(at).Sub(s.o.Now()), 0), &fireTick{gen: gen})
+}
+
+// onTick moves the wheel to now and starts a round with what is due.
+func (s *Scheduler) onTick(ctx actor.Context) {
+	before := len(s.dueQ)
+	s.dueQ = s.wheel.Advance(s.nowMs(), s.dueQ)
+	kept := s.dueQ[:before]
+	for _, e := range s.dueQ[before:] {
+		if !s.pending.Contains(e.Ref) {
+			continue // cancelled (the wheel keeps cancelled timers until due)
+		}
+		if _, ok := s.busy[e.Ref]; ok {
+			continue
+		}
+		if at, ok := s.cancelling[e.Ref]; ok {
+			if at == 0 {
+				s.cancelling[e.Ref] = e.At
+			}
+			continue
+		}
+		kept = append(kept, e)
+	}
+	s.dueQ = kept
+	mDue.Set(float64(len(s.dueQ)))
+	s.startRound(ctx)
+	s.armTimer()
+}
+
+// startRound takes the next due batches, unless a round is running. With
+// nothing due, it writes the fires of the last round on their own.
+func (s *Scheduler) startRound(ctx actor.Context) {
+	if s.round != nil {
+		return
+	}
+	if len(s.dueQ) == 0 {
+		if len(s.firedPrev) > 0 {
+			s.writeFired(ctx)
+		}
+		return
+	}
+	n := min(len(s.dueQ), s.o.FireBatch)
+	r := &fireRound{entries: slices.Clone(s.dueQ[:n]), batches: map[uint64]*heraldpb.ScheduledBatch{}, backoff: 50 * time.Millisecond}
+	s.dueQ = slices.Delete(s.dueQ, 0, n)
+	mDue.Set(float64(len(s.dueQ)))
+	for _, e := range r.entries {
+		s.busy[e.Ref] = struct{}{}
+	}
+	s.round = r
+	s.readRound(ctx, r)
+}
+
+// readRound reads the round's batches from __schedule, one fetch from the
+// smallest ref not yet read at a time.
+func (s *Scheduler) readRound(ctx actor.Context, r *fireRound) {
+	var next uint64
+	found := false
+	for _, e := range r.entries {
+		if _, ok := r.batches[e.Ref]; !ok && (!found || e.Ref < next) {
+			next, found = e.Ref, true
+		}
+	}
+	if !found {
+		s.writeFiring(ctx, r)
+		return
+	}
+	s.call(ctx, s.sched, &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+		Topic: ScheduleTopic, Offset: int64(next), MaxBytes: 1 << 20,
+	}}}, func(f *heraldpb.Frame) {
+		fr := f.GetFetchResponse()
+		if fr == nil && f.GetError().GetCode() != heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE {
+			s.log.Warn("reading due batches from __schedule; retrying", "err", f.GetError().GetMessage())
+			s.after(100*time.Millisecond, &retryRead{round: r})
+			return
+		}
+		want := map[uint64]bool{}
+		for _, e := range r.entries {
+			if _, ok := r.batches[e.Ref]; !ok {
+				want[e.Ref] = true
+			}
+		}
+		var got int
+		for _, b := range fr.GetBatches() {
+			_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
+				ref := uint64(b.BaseOffset + int64(i))
+				if !want[ref] {
+					return true
+				}
+				got++
+				ev, err := decodeEvent(rec)
+				if sb := ev.GetSchedule(); err == nil && sb != nil {
+					r.batches[ref] = sb
+				} else {
+					s.log.Error("unreadable delayed batch in __schedule; dropped", "id", ref, "err", err)
+					r.batches[ref] = nil
+					mDropped.WithLabelValues("unreadable").Inc()
+				}
+				return true
+			})
+		}
+		if _, ok := r.batches[next]; !ok {
+			// The fetch did not reach it: below the log start or past the
+			// end, which a pending batch never is. Drop it, loudly.
+			s.log.Error("delayed batch missing from __schedule; dropped", "id", next)
+			r.batches[next] = nil
+			mDropped.WithLabelValues("unreadable").Inc()
+		}
+		s.readRound(ctx, r)
+	})
+}
+
+// writeFiring announces the round's appends (with the last round's fires
+// in the same write), then sends them.
+func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
+	var intents []*heraldpb.FireIntent
+	var cur *fireChunk
+	r.chunks = r.chunks[:0]
+	for _, e := range r.entries {
+		b := r.batches[e.Ref]
+		if b == nil {
+			r.done = append(r.done, e.Ref)
+			continue
+		}
+		te := s.o.Topics.Get(b.Topic)
+		if te == nil || int(b.Partition) >= len(te.Partitions) {
+			s.log.Warn("the topic of a delayed batch is gone; dropped", "id", e.Ref, "topic", b.Topic, "partition", b.Partition)
+			mDropped.WithLabelValues("topic_gone").Inc()
+			r.done = append(r.done, e.Ref)
+			continue
+		}
+		recs, err := heraldpb.AppendBatchHeaders(b.Records,
+			[2]string{HeaderScheduleID, strconv.FormatUint(e.Ref, 10)}, [2]string{HeaderDeliverAt, strconv.FormatInt(b.DeliverAtMs, 10)})
+		if err != nil {
+			s.log.Error("unreadable delayed batch; dropped", "id", e.Ref, "err", err)
+			mDropped.WithLabelValues("unreadable").Inc()
+			r.done = append(r.done, e.Ref)
+			continue
+		}
+		limit := int(te.Config.GetMaxMessageBytes())
+		if limit == 0 {
+			limit = 1 << 20
+		}
+		if cur == nil || cur.entry != te || cur.part != b.Partition || len(cur.records)+len(recs) > limit {
+			cur = &fireChunk{entry: te, part: b.Partition}
+			r.chunks = append(r.chunks, cur)
+			intents = append(intents, &heraldpb.FireIntent{Ref: e.Ref, Topic: b.Topic, Partition: b.Partition,
+				FromOffset: te.Stats[b.Partition].HighWatermark.Load()})
+		} else {
+			in := intents[len(intents)-1]
+			intents = append(intents, &heraldpb.FireIntent{Ref: e.Ref, Topic: in.Topic, Partition: in.Partition, FromOffset: in.FromOffset})
+		}
+		cur.refs = append(cur.refs, e.Ref)
+		cur.ats = append(cur.ats, b.DeliverAtMs)
+		cur.records = append(cur.records, recs...)
+	}
+	r.batches = nil // the chunks hold what is needed
+	var events [][]byte
+	prev := s.firedPrev
+	s.firedPrev = nil
+	if len(prev) > 0 {
+		events = append(events, firedEvent(prev))
+	}
+	if len(intents) > 0 {
+		ev, _ := proto.Marshal(&heraldpb.ScheduleEvent{Event: &heraldpb.ScheduleEvent_Firing{Firing: &heraldpb.ScheduleFiring{Intents: intents}}})
+		events = append(events, ev)
+	}
+	if len(events) == 0 {
+		s.finishRound(ctx, r)
+		return
+	}
+	s.write(ctx, writeOp{events: events, done: func(_ int64, e *heraldpb.Error) {
+		if e != nil {
+			s.firedPrev = append(prev, s.firedPrev...)
+			s.after(100*time.Millisecond, &retryFiring{round: r})
+			return
+		}
+		s.settleFired(prev)
+		s.sendFires(ctx, r)
+	}})
+	s.flushWrites(ctx)
+}
+
+// sendFires appends the round's chunks that are not yet appended.
+func (s *Scheduler) sendFires(ctx actor.Context, r *fireRound) {
+	if len(r.chunks) == 0 {
+		s.finishRound(ctx, r)
+		return
+	}
+	chunks := r.chunks
+	r.chunks = nil
+	r.waiting = len(chunks)
+	for _, c := range chunks {
+		s.call(ctx, c.entry.Partitions[c.part], &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+			Topic: c.entry.Name, Partition: proto.Uint32(c.part), Acks: heraldpb.Acks_ACKS_ALL, Records: c.records,
+		}}}, func(f *heraldpb.Frame) {
+			r.waiting--
+			if f.GetProduceResponse() != nil {
+				now := s.nowMs()
+				for _, at := range c.ats {
+					mLateness.Observe(float64(max(now-at, 0)) / 1000)
+				}
+				mFired.Add(float64(len(c.refs)))
+				r.done = append(r.done, c.refs...)
+			} else if e := f.GetError(); retriable(e) {
+				r.chunks = append(r.chunks, c)
+			} else {
+				s.log.Warn("a topic refused delayed batches; dropped", "topic", c.entry.Name, "partition", c.part, "batches", len(c.refs), "err", e.GetMessage())
+				mDropped.WithLabelValues("refused").Add(float64(len(c.refs)))
+				r.done = append(r.done, c.refs...)
+			}
+			if r.waiting > 0 {
+				return
+			}
+			if len(r.chunks) > 0 {
+				s.after(r.backoff, &resendFire{round: r})
+				r.backoff = min(2*r.backoff, 2*time.Second)
+				return
+			}
+			s.finishRound(ctx, r)
+		})
+	}
+}
+
+// retriable reports whether an append may succeed later: a topic that is
+// throttled, short of disk, or moving leader. A deleted topic or a batch
+// it refuses is not.
+func retriable(e *heraldpb.Error) bool {
+	switch e.GetCode() {
+	case heraldpb.ErrorCode_TOPIC_NOT_FOUND, heraldpb.ErrorCode_PARTITION_NOT_FOUND,
+		heraldpb.ErrorCode_MESSAGE_TOO_LARGE, heraldpb.ErrorCode_INVALID_REQUEST:
+		return false
+	}
+	return true
+}
+
+func (s *Scheduler) finishRound(ctx actor.Context, r *fireRound) {
+	s.firedPrev = append(s.firedPrev, r.done...)
+	s.round = nil
+	s.startRound(ctx)
+}
+
+// writeFired records the last round's fires when no round follows.
+func (s *Scheduler) writeFired(ctx actor.Context) {
+	prev := s.firedPrev
+	s.firedPrev = nil
+	s.write(ctx, writeOp{events: [][]byte{firedEvent(prev)}, done: func(_ int64, e *heraldpb.Error) {
+		if e != nil {
+			s.firedPrev = append(prev, s.firedPrev...)
+			s.after(100*time.Millisecond, &retryFired{})
+			return
+		}
+		s.settleFired(prev)
+	}})
+	s.flushWrites(ctx)
+}
+
+// settleFired forgets batches whose fire is durable.
+func (s *Scheduler) settleFired(refs []uint64) {
+	for _, r := range refs {
+		s.pending.Remove(r)
+		delete(s.busy, r)
+	}
+	mPending.Set(float64(s.pending.GetCardinality()))
+}
+
+// ---- list ----------------------------------------------------------------
+
+// maxListing bounds concurrent list scans.
+const maxListing = 2
+
+// onList answers ListScheduled by reading __schedule in a goroutine
+// against a snapshot of the pending set: the earliest `limit` pending
+// batches (of the topic, if named). Its cost is a read of __schedule.
+func (s *Scheduler) onList(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.ListScheduledRequest, to *actor.PID) {
+	limit := int(req.Limit)
+	if limit == 0 {
+		limit = 100
+	}
+	if limit > 10000 {
+		respond(ctx, to, invalid(f.Id, "limit %d is above 10000", limit))
+		return
+	}
+	if s.listing >= maxListing {
+		respond(ctx, to, throttled(f.Id, "list scans are running"))
+		return
+	}
+	e := s.o.Topics.Get(ScheduleTopic)
+	if e == nil {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "internal topic %s is missing", ScheduleTopic)))
+		return
+	}
+	s.listing++
+	snap := s.pending.Clone()
+	for r := range s.busy {
+		snap.Remove(r)
+	}
+	for r := range s.cancelling {
+		snap.Remove(r)
+	}
+	from, hw := e.Stats[0].StartOffset.Load(), e.Stats[0].HighWatermark.Load()
+	pid, sys, self, st := e.Partitions[0], ctx.ActorSystem(), ctx.Self(), e.Stats[0]
+	go func() {
+		resp, err := scanPending(sys, pid, snap, from, hw, st.StartOffset.Load, req.Topic, limit)
+		sys.Root.Send(self, &listFinished{to: to, f: f, resp: resp, err: err})
+	}()
+}
+
+// scanPending reads __schedule [from, hw) and keeps the `limit` earliest
+// pending batches.
+func scanPending(sys *actor.ActorSystem, pid *actor.PID, pending *roaring64.Bitmap, from, hw int64, start func() int64, topicName string, limit int) (*heraldpb.ListScheduledResponse, *heraldpb.Error) {
+	h := &infoHeap{}
+	for off := from; off < hw; {
+		res, err := sys.Root.RequestFuture(pid, &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+			Topic: ScheduleTopic, Offset: off, MaxBytes: 4 << 20,
+		}}}, 30*time.Second).Result()
+		if err != nil {
+			return nil, heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "reading __schedule: %v", err)
+		}
+		f, _ := res.(*heraldpb.Frame)
+		fr := f.GetFetchResponse()
+		if fr == nil {
+			if f.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && off < start() {
+				off = start() // compacted meanwhile: what was below is done
+				continue
+			}
+			return nil, f.GetError()
+		}
+		next := off
+		for _, b := range fr.Batches {
+			next = max(next, b.BaseOffset+int64(b.Count))
+			_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
+				ref := uint64(b.BaseOffset + int64(i))
+				if int64(ref) < off || !pending.Contains(ref) {
+					return true
+				}
+				ev, err := decodeEvent(rec)
+				sb := ev.GetSchedule()
+				if err != nil || sb == nil || topicName != "" && sb.Topic != topicName {
+					return true
+				}
+				heap.Push(h, &heraldpb.ScheduledInfo{Id: strconv.FormatUint(ref, 10), Topic: sb.Topic, Partition: sb.Partition,
+					DeliverAtMs: sb.DeliverAtMs, Count: sb.Count, Bytes: uint32(len(sb.Records)), CreatedMs: sb.CreatedMs})
+				if h.Len() > limit {
+					heap.Pop(h) // the latest
+				}
+				return true
+			})
+		}
+		if next == off {
+			break
+		}
+		off = next
+	}
+	out := make([]*heraldpb.ScheduledInfo, h.Len())
+	for i := len(out) - 1; i >= 0; i-- {
+		out[i] = heap.Pop(h).(*heraldpb.ScheduledInfo)
+	}
+	return &heraldpb.ListScheduledResponse{Scheduled: out, Pending: pending.GetCardinality()}, nil
+}
+
+// infoHeap is a max-heap by (deliver time, id): its top is the latest kept.
+type infoHeap []*heraldpb.ScheduledInfo
+
+func later(a, b *heraldpb.ScheduledInfo) bool {
+	if a.DeliverAtMs != b.DeliverAtMs {
+		return a.DeliverAtMs > b.DeliverAtMs
+	}
+	x, _ := strconv.ParseUint(a.Id, 10, 64)
+	y, _ := strconv.ParseUint(b.Id, 10, 64)
+	return x > y
+}
+
+func (h infoHeap) Len() int           { return len(h) }
+func (h infoHeap) Less(i, j int) bool { return later(h[i], h[j]) }
+func (h infoHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *infoHeap) Push(x any)        { *h = append(*h, x.(*heraldpb.ScheduledInfo)) }
+func (h *infoHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}

@@ -1,0 +1,55 @@
+package scheduler
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
+
+// Metrics of the scheduler (delayed and scheduled delivery).
+var (
+	mPending = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_scheduler_pending",
+		Help: "Delayed batches waiting for their time (neither delivered nor cancelled).",
+	})
+	mScheduled = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_scheduler_scheduled_total",
+		Help: "Delayed batches stored.",
+	})
+	mCancelled = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_scheduler_cancelled_total",
+		Help: "Delayed batches cancelled before their time.",
+	})
+	mFired = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_scheduler_fired_total",
+		Help: "Delayed batches appended to their topics.",
+	})
+	mDropped = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_scheduler_dropped_total",
+		Help: "Delayed batches given up at their time: their topic or partition is gone (topic_gone), the topic refused them (refused), or their record in __schedule was unreadable (unreadable).",
+	}, []string{"reason"})
+	mLateness = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "herald_scheduler_fire_lateness_seconds",
+		Help:    "From a delayed batch's time to its append on its topic being durable.",
+		Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 10, 60},
+	})
+	mDue = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_scheduler_due",
+		Help: "Batches whose time has come, waiting for a fire round.",
+	})
+	mWriteQueue = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_scheduler_write_queue",
+		Help: "Writes waiting to go to __schedule (bounded by the scheduler's max queued; past it, THROTTLED).",
+	})
+	mRefused = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_scheduler_refused_total",
+		Help: "Delayed produce requests refused with THROTTLED, by reason (max_pending, queue_full).",
+	}, []string{"reason"})
+	mNear = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_scheduler_wheel_near",
+		Help: "Timers in memory: the wheel's near window (65.536 s) and those due.",
+	})
+	mFar = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_scheduler_wheel_far",
+		Help: "Timers beyond the near window, in the far store.",
+	})
+)
