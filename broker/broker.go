@@ -38,6 +38,7 @@ type Broker struct {
 	sys     *actor.ActorSystem
 	manager *actor.PID
 	groups  *actor.PID
+	sched   *actor.PID
 	readers *partition.ReaderPool
 	server  *netio.Server
 	admin   *http.Server
@@ -114,13 +115,17 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		b.stopActors()
 		return nil, fmt.Errorf("groups manager: %w", err)
 	}
+	if err := b.startScheduler(reg); err != nil {
+		b.stopActors()
+		return nil, err
+	}
 	groupRouter := consumer.NewRouter(b.sys, dir, b.groups)
 	b.server, err = netio.NewServer(netio.Config{
 		Listen: cfg.Listen, Multicore: true, EventLoops: cfg.EventLoops,
 		MaxFrameBytes: cfg.MaxFrameBytes, MaxConnections: cfg.MaxConnections,
 		IdleTimeout: cfg.IdleTimeout, MaxInFlight: cfg.MaxInFlight,
 		NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
-	}, b.sys, router{groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager)})
+	}, b.sys, router{groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager), sys: b.sys, sched: b.sched})
 	if err != nil {
 		b.stopActors()
 		return nil, err
@@ -211,6 +216,11 @@ func (b *Broker) flushGroups(ctx context.Context) {
 }
 
 func (b *Broker) stopActors() {
+	if b.sched != nil {
+		if _, err := b.sys.Root.StopFuture(b.sched).Result(); err != nil {
+			b.log.Error("stopping the scheduler", "err", err)
+		}
+	}
 	if b.groups != nil {
 		if _, err := b.sys.Root.StopFuture(b.groups).Result(); err != nil {
 			b.log.Error("stopping group actors", "err", err)
@@ -225,13 +235,20 @@ func (b *Broker) stopActors() {
 }
 
 // router sends consumer-group and request-reply requests to the groups
-// side and everything else to the topics side.
+// side, delayed produces and schedule requests to the scheduler, and
+// everything else to the topics side.
 type router struct {
 	groups *consumer.Router
 	topics *topic.Router
+	sys    *actor.ActorSystem
+	sched  *actor.PID
 }
 
 func (r router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
+	if toScheduler(f) {
+		routeScheduled(r.sys, r.sched, f, replyTo)
+		return
+	}
 	if !r.groups.Route(f, replyTo) {
 		r.topics.Route(f, replyTo)
 	}

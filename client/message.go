@@ -41,14 +41,30 @@ type Message struct {
 	Timestamp time.Time
 	Tags      []string
 	// Offset in the partition: set on consumed messages and, by Send, after
-	// a successful write (-1 with acks none).
+	// a successful write (-1 with acks none, and for a delayed message).
 	Offset int64
+	// Priority, 0 (default, lowest) to 9: consumer groups deliver higher
+	// priorities of a partition first.
+	Priority uint8
+	// TTL: consumer groups never deliver the message once TTL has passed
+	// since its append (0 = the topic's message TTL, if any).
+	TTL time.Duration
+	// Delayed delivery (produce only): the broker keeps the message and
+	// appends it to the topic at DeliverAt, or Delay after it receives it
+	// (the broker's clock). At most one of the two. A delayed message is
+	// sent alone, so that its ScheduleID names it alone.
+	DeliverAt time.Time
+	Delay     time.Duration
 }
 
 // Result is the outcome of producing one message.
 type Result struct {
 	Partition int32
-	Offset    int64 // -1 when produced with acks none
+	Offset    int64 // -1 when produced with acks none, or delayed
+	// Delayed messages: the id to cancel it by (Client.CancelScheduled)
+	// and when it will be appended.
+	ScheduleID string
+	DeliverAt  time.Time
 }
 
 // PartitionForKey is the partition of a keyed record in a topic of n
@@ -75,6 +91,8 @@ const (
 	tagRecordHeader = 3<<3 | byte(protowire.BytesType)
 	tagRecordTime   = 4<<3 | byte(protowire.VarintType)
 	tagRecordTag    = 5<<3 | byte(protowire.BytesType)
+	tagRecordPrio   = 6<<3 | byte(protowire.VarintType)
+	tagRecordTTL    = 7<<3 | byte(protowire.VarintType)
 	tagHeaderKey    = 1<<3 | byte(protowire.BytesType)
 	tagHeaderValue  = 2<<3 | byte(protowire.BytesType)
 )
@@ -110,9 +128,22 @@ func encodeRecord(dst []byte, m *Message) ([]byte, error) {
 			return dst, fmt.Errorf("herald: timestamp %v before 1970", m.Timestamp)
 		}
 	}
+	if m.Priority > heraldpb.MaxPriority {
+		return dst, fmt.Errorf("herald: priority %d is above %d", m.Priority, heraldpb.MaxPriority)
+	}
+	if m.TTL < 0 {
+		return dst, fmt.Errorf("herald: negative TTL %v", m.TTL)
+	}
+	ttl := int64((m.TTL + time.Millisecond - 1) / time.Millisecond)
 	size := 0
 	if len(m.Key) > 0 {
 		size += 1 + protowire.SizeBytes(len(m.Key))
+	}
+	if m.Priority > 0 {
+		size += 1 + protowire.SizeVarint(uint64(m.Priority))
+	}
+	if ttl > 0 {
+		size += 1 + protowire.SizeVarint(uint64(ttl))
 	}
 	if len(m.Value) > 0 {
 		size += 1 + protowire.SizeBytes(len(m.Value))
@@ -170,6 +201,14 @@ func encodeRecord(dst []byte, m *Message) ([]byte, error) {
 		dst = append(dst, tagRecordTag)
 		dst = protowire.AppendVarint(dst, uint64(len(t)))
 		dst = append(dst, t...)
+	}
+	if m.Priority > 0 {
+		dst = append(dst, tagRecordPrio)
+		dst = protowire.AppendVarint(dst, uint64(m.Priority))
+	}
+	if ttl > 0 {
+		dst = append(dst, tagRecordTTL)
+		dst = protowire.AppendVarint(dst, uint64(ttl))
 	}
 	return dst, nil
 }

@@ -56,7 +56,10 @@ type Producer struct {
 type batchKey struct {
 	topic     string
 	partition int32 // -1: let the broker choose
+	at, delay int64 // delayed delivery (ms): one record per batch
 }
+
+func (k batchKey) delayed() bool { return k.at != 0 || k.delay != 0 }
 
 type pendingRecord struct {
 	size int64
@@ -161,6 +164,22 @@ func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error),
 			part = int32(PartitionForKey(m.Key, uint32(n)))
 		}
 	}
+	var at, delay int64
+	switch {
+	case !m.DeliverAt.IsZero() && m.Delay != 0:
+		cb(Result{}, errors.New("herald: set DeliverAt or Delay, not both"))
+		return
+	case m.Delay < 0:
+		cb(Result{}, fmt.Errorf("herald: negative delay %v", m.Delay))
+		return
+	case m.Delay > 0:
+		delay = int64(max((m.Delay+time.Millisecond-1)/time.Millisecond, 1))
+	case !m.DeliverAt.IsZero():
+		if at = m.DeliverAt.UnixMilli(); at <= 0 {
+			cb(Result{}, fmt.Errorf("herald: DeliverAt %v before 1970", m.DeliverAt))
+			return
+		}
+	}
 	size := estimateSize(m)
 	if err := p.reserve(ctx, size); err != nil {
 		cb(Result{}, err)
@@ -176,7 +195,7 @@ func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error),
 		p.mu.Lock()
 		return
 	}
-	key := batchKey{m.Topic, part}
+	key := batchKey{topic: m.Topic, partition: part, at: at, delay: delay}
 	b := p.batchers[key]
 	if b == nil {
 		b = &batcher{key: key, maxInFlight: p.cfg.partInFlight}
@@ -213,7 +232,7 @@ func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error),
 		b.cur.data = append(b.cur.data, tail...)
 	}
 	b.cur.recs = append(b.cur.recs, rec)
-	if len(b.cur.data) >= p.cfg.batchBytes {
+	if len(b.cur.data) >= p.cfg.batchBytes || key.delayed() {
 		p.sealLocked(b)
 	} else if urgent {
 		b.lingerDue = true
@@ -360,7 +379,11 @@ func (p *Producer) run(b *batcher, bt *batch) {
 		if resp.GetBaseOffset() >= 0 && p.cfg.acks != heraldpb.Acks_ACKS_NONE {
 			off = resp.GetBaseOffset() + int64(i)
 		}
-		r.cb(Result{Partition: int32(resp.GetPartition()), Offset: off}, nil)
+		res := Result{Partition: int32(resp.GetPartition()), Offset: off, ScheduleID: resp.GetScheduleId()}
+		if resp.GetScheduleId() != "" {
+			res.DeliverAt = time.UnixMilli(resp.GetDeliverAtMs())
+		}
+		r.cb(res, nil)
 	}
 	p.putBuf(bt.data)
 	bt.data = nil
@@ -378,9 +401,11 @@ func (p *Producer) run(b *batcher, bt *batch) {
 // backoff (at least the broker's retry-after) up to MaxRetries times.
 func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, error) {
 	req := &heraldpb.ProduceRequest{
-		Topic:   key.topic,
-		Acks:    p.cfg.acks,
-		Records: bt.data,
+		Topic:       key.topic,
+		Acks:        p.cfg.acks,
+		Records:     bt.data,
+		DeliverAtMs: key.at,
+		DelayMs:     uint64(key.delay),
 	}
 	if key.partition >= 0 {
 		part := uint32(key.partition)

@@ -33,9 +33,10 @@ const (
 type Options struct {
 	Topics *topic.Registry
 	Logger *slog.Logger
-	// Far keeps the timers beyond the wheel's near window (65.536 s);
-	// nil keeps them in memory. The broker passes a DiskFar.
-	Far FarStore
+	// NewFar opens the store of the timers beyond the wheel's near window
+	// (65.536 s), empty, each time the actor (re)starts; nil keeps them in
+	// memory. The broker opens a DiskFar.
+	NewFar func() (FarStore, error)
 	// MaxDelay bounds delay_ms and deliver_at_ms - now. Default 366 days.
 	MaxDelay time.Duration
 	// MaxPending bounds the delayed batches waiting; more are refused with
@@ -55,6 +56,11 @@ type Options struct {
 	CompactCheck time.Duration
 	// Now is the clock; nil = time.Now.
 	Now func() time.Time
+
+	// crashAfterAppend (tests) is asked after a round's batches are
+	// appended and before their fire is recorded: true panics the actor,
+	// as a crash there would stop it.
+	crashAfterAppend func() bool
 }
 
 func (o *Options) ensureDefaults() {
@@ -119,6 +125,7 @@ type Scheduler struct {
 	queue  []stashed // requests that arrived while loading
 
 	wheel   *Wheel
+	far     FarStore
 	pending *roaring64.Bitmap // batches scheduled and neither fired nor cancelled (durably)
 
 	// loading
@@ -132,8 +139,9 @@ type Scheduler struct {
 	sched  *actor.PID                       // __schedule's partition actor
 
 	// writes to __schedule: one in flight; the rest queue and go together
-	wq      []writeOp
-	writing bool
+	wq       []writeOp
+	inflight []writeOp // the write in flight
+	writing  bool
 	queued  int // client requests in wq
 
 	// firing
@@ -189,10 +197,36 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		s.pending = roaring64.New()
 		s.intents = map[uint64]*heraldpb.FireIntent{}
 		s.loadStart = s.o.Now()
-		s.wheel = NewWheel(s.loadStart.UnixMilli(), s.o.Far)
+		// Ids unique across restarts of the actor: answers to an earlier
+		// incarnation's requests may still arrive.
+		s.nextID = uint64(s.loadStart.UnixNano())
+		var far FarStore
+		if s.o.NewFar != nil {
+			f, err := s.o.NewFar()
+			if err != nil {
+				s.log.Error("opening the far timer store; keeping far timers in memory", "err", err)
+			} else {
+				far = f
+			}
+		}
+		s.far = far
+		s.wheel = NewWheel(s.loadStart.UnixMilli(), far)
 		s.load(ctx)
-	case *actor.Stopping:
+	case *actor.Restarting, *actor.Stopping:
+		// Requests waiting for a write get an answer: TIMEOUT, as the
+		// write in flight may or may not have been stored.
+		e := heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "the scheduler restarted before the write finished; the request may or may not have taken effect")
+		e.Retriable = true
+		for _, op := range append(s.inflight, s.wq...) {
+			if op.client {
+				op.done(-1, e)
+			}
+		}
+		s.inflight, s.wq = nil, nil
 		s.timerGen++
+		if c, ok := s.far.(interface{ Close() error }); ok {
+			_ = c.Close()
+		}
 	case *loadRetry:
 		s.load(ctx)
 	case *fireTick:
@@ -629,6 +663,7 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 		ref := uint64(base)
 		s.pending.Add(ref)
 		s.wheel.Add(Entry{At: at, Ref: ref})
+		s.armTimer()
 		mScheduled.Inc()
 		mPending.Set(float64(s.pending.GetCardinality()))
 		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
@@ -637,7 +672,6 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 		}}})
 	}})
 	s.flushWrites(ctx)
-	s.armTimer()
 }
 
 // ParseID reads a schedule id.
@@ -723,11 +757,13 @@ func (s *Scheduler) flushWrites(ctx actor.Context) {
 	}
 	ops := s.wq[:n:n]
 	s.wq = s.wq[n:]
+	s.inflight = ops
 	s.writing = true
 	s.call(ctx, s.sched, &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
 		Topic: ScheduleTopic, Partition: proto.Uint32(0), Acks: heraldpb.Acks_ACKS_ALL, Records: batch,
 	}}}, func(f *heraldpb.Frame) {
 		s.writing = false
+		s.inflight = nil
 		pr := f.GetProduceResponse()
 		var e *heraldpb.Error
 		if pr == nil {

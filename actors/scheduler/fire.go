@@ -96,12 +96,21 @@ func (s *Scheduler) startRound(ctx actor.Context) {
 		}
 		return
 	}
-	n := min(len(s.dueQ), s.o.FireBatch)
-	r := &fireRound{entries: slices.Clone(s.dueQ[:n]), batches: map[uint64]*heraldpb.ScheduledBatch{}, backoff: 50 * time.Millisecond}
+	r := &fireRound{batches: map[uint64]*heraldpb.ScheduledBatch{}, backoff: 50 * time.Millisecond}
+	n := 0
+	for ; n < len(s.dueQ) && len(r.entries) < s.o.FireBatch; n++ {
+		e := s.dueQ[n]
+		if _, dup := s.busy[e.Ref]; dup {
+			continue // a timer added twice (a far store kept across a restart)
+		}
+		s.busy[e.Ref] = struct{}{}
+		r.entries = append(r.entries, e)
+	}
 	s.dueQ = slices.Delete(s.dueQ, 0, n)
 	mDue.Set(float64(len(s.dueQ)))
-	for _, e := range r.entries {
-		s.busy[e.Ref] = struct{}{}
+	if len(r.entries) == 0 {
+		s.startRound(ctx)
+		return
 	}
 	s.round = r
 	s.readRound(ctx, r)
@@ -272,6 +281,9 @@ func (s *Scheduler) sendFires(ctx actor.Context, r *fireRound) {
 				s.after(r.backoff, &resendFire{round: r})
 				r.backoff = min(2*r.backoff, 2*time.Second)
 				return
+			}
+			if s.o.crashAfterAppend != nil && s.o.crashAfterAppend() {
+				panic("scheduler: injected crash between append and fire record")
 			}
 			s.finishRound(ctx, r)
 		})

@@ -1,6 +1,7 @@
 package topic
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -153,7 +154,11 @@ func (m *Manager) normalize(name string, in *heraldpb.TopicConfig) (*heraldpb.To
 	cfg := &heraldpb.TopicConfig{}
 	if in != nil {
 		cfg = &heraldpb.TopicConfig{Partitions: in.Partitions, ReplicationFactor: in.ReplicationFactor,
-			RetentionMs: in.RetentionMs, RetentionBytes: in.RetentionBytes, MaxMessageBytes: in.MaxMessageBytes}
+			RetentionMs: in.RetentionMs, RetentionBytes: in.RetentionBytes, MaxMessageBytes: in.MaxMessageBytes,
+			MessageTtlMs: in.MessageTtlMs}
+	}
+	if p := ttlProblem(cfg); p != "" {
+		return nil, bad("%s", p)
 	}
 	if cfg.Partitions == 0 {
 		cfg.Partitions = m.cfg.DefaultPartitions
@@ -321,6 +326,10 @@ func (m *Manager) spawnTopic(ctx actor.Context, name string, cfg *heraldpb.Topic
 type EnsureInternal struct {
 	Name       string
 	Partitions uint32
+	// MaxMessageBytes is the largest batch it accepts; 0 = the broker's
+	// max message size. (Internal writers may need headroom above what
+	// clients may send: a delayed batch plus its envelope.)
+	MaxMessageBytes uint32
 }
 
 // EnsureInternalResult answers EnsureInternal.
@@ -335,7 +344,7 @@ func (m *Manager) onEnsureInternal(ctx actor.Context, req *EnsureInternal) {
 		return
 	}
 	if m.reg.Get(req.Name) == nil {
-		cfg := &heraldpb.TopicConfig{Partitions: req.Partitions, ReplicationFactor: 1, MaxMessageBytes: m.cfg.MaxMessageBytes}
+		cfg := &heraldpb.TopicConfig{Partitions: req.Partitions, ReplicationFactor: 1, MaxMessageBytes: cmp.Or(req.MaxMessageBytes, m.cfg.MaxMessageBytes)}
 		if err := m.spawnTopic(ctx, req.Name, cfg); err != nil {
 			ctx.Respond(&EnsureInternalResult{Err: err})
 			return

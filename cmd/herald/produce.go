@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/heraldmq/herald/client"
 )
@@ -27,14 +28,34 @@ func produceCmd(ctx context.Context, args []string, io cliIO) error {
 	linger := fs.Duration("linger", client.DefaultLinger, "how long a batch waits for more records")
 	batchBytes := fs.Int("batch-bytes", client.DefaultBatchBytes, "largest batch in bytes")
 	maxLine := fs.Int("max-line-bytes", 1<<20, "longest stdin line accepted")
-	un := declareCLIUnsupported(fs, map[string]string{
-		"delay":    "delayed messages come with the scheduler",
-		"at":       "scheduled messages come with the scheduler",
-		"priority": "priorities come with queues",
-	})
-	if err := parseCLIFlags(fs, args, un); err != nil {
+	delay := fs.Duration("delay", 0, "deliver each record this long after the broker receives it (1ms .. the broker's max delay); prints each record's schedule id")
+	at := fs.String("at", "", "deliver each record at this time (RFC 3339); prints each record's schedule id")
+	priority := fs.Int("priority", 0, "record priority, 0 (lowest) to 9")
+	ttl := fs.Duration("ttl", 0, "record time-to-live: consumer groups never deliver it after this (0 = the topic's)")
+	if err := parseCLIFlags(fs, args, nil); err != nil {
 		return err
 	}
+	var deliverAt time.Time
+	if *at != "" {
+		t, err := time.Parse(time.RFC3339Nano, *at)
+		if err != nil {
+			return usagef("--at %q is not an RFC 3339 time (like 2026-12-24T18:00:00Z): %v", *at, err)
+		}
+		deliverAt = t
+	}
+	switch {
+	case *delay < 0:
+		return usagef("--delay must not be negative")
+	case *delay > 0 && *delay < time.Millisecond:
+		return usagef("--delay must be at least 1ms")
+	case *delay > 0 && *at != "":
+		return usagef("--delay and --at are exclusive")
+	case *priority < 0 || *priority > 9:
+		return usagef("--priority must be 0..9")
+	case *ttl < 0:
+		return usagef("--ttl must not be negative")
+	}
+	scheduled := *delay > 0 || *at != ""
 	switch {
 	case *topic == "":
 		return usagef("--topic is required")
@@ -62,12 +83,18 @@ func produceCmd(ctx context.Context, args []string, io cliIO) error {
 		firstErr    error
 	)
 	send := func(value []byte) {
-		m := &client.Message{Topic: *topic, Partition: int32(*partition), Value: value}
+		m := &client.Message{Topic: *topic, Partition: int32(*partition), Value: value,
+			Priority: uint8(*priority), TTL: *ttl, Delay: *delay, DeliverAt: deliverAt}
 		if *key != "" {
 			m.Key = []byte(*key)
 		}
 		sent.Add(1)
-		p.SendAsync(ctx, m, func(_ client.Result, err error) {
+		p.SendAsync(ctx, m, func(r client.Result, err error) {
+			if err == nil && scheduled {
+				mu.Lock()
+				fmt.Fprintf(io.out, "scheduled %s for %s (partition %d)\n", r.ScheduleID, r.DeliverAt.UTC().Format(time.RFC3339Nano), r.Partition)
+				mu.Unlock()
+			}
 			if err != nil {
 				mu.Lock()
 				if firstErr == nil {
