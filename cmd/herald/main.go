@@ -1,5 +1,5 @@
 // Command herald is the one Herald binary: the broker (serve) and its
-// command-line clients (topic, produce, consume, group, bench).
+// command-line clients (topic, produce, consume, group, dlq, bench).
 //
 // Exit codes: 0 on success, 1 on failure with a one-line reason on stderr,
 // 2 on a usage error.
