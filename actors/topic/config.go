@@ -17,6 +17,7 @@ import (
 
 	"github.com/heraldmq/herald/actors/partition"
 	"github.com/heraldmq/herald/persistence"
+	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 // Config configures the node's topic manager.
@@ -89,4 +90,20 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("topic: DefaultPartitions %d exceeds MaxPartitions %d", c.DefaultPartitions, c.MaxPartitions))
 	}
 	return errors.Join(errs...)
+}
+
+// ValidName reports whether name may name a client topic: 1-200
+// characters of A-Z a-z 0-9 . _ -, not "." or "..", and not an internal
+// topic's (starting with __). CreateTopic refuses any other name.
+func ValidName(name string) bool {
+	return validName.MatchString(name) && name != "." && name != ".." && !IsInternal(name)
+}
+
+// ttlProblem checks a create request's message_ttl_ms (milliseconds from
+// a record's append time; 0 = none), or returns why it is invalid.
+func ttlProblem(cfg *heraldpb.TopicConfig) string {
+	if cfg.GetMessageTtlMs() < 0 {
+		return fmt.Sprintf("message ttl %d ms must not be negative", cfg.GetMessageTtlMs())
+	}
+	return ""
 }
