@@ -51,6 +51,12 @@ type Options struct {
 	WriteBytes int
 	// FireBatch is the most batches one fire round appends. Default 4096.
 	FireBatch int
+	// Lead is how far ahead of their time due batches are read and
+	// announced (the ScheduleFiring write), so that at their time only the
+	// append remains. Default 25 ms.
+	Lead time.Duration
+	// MaxRounds bounds the fire rounds in progress at once. Default 4.
+	MaxRounds int
 	// CompactCheck is how often the records of __schedule below the oldest
 	// pending batch are removed. Default 10 s.
 	CompactCheck time.Duration
@@ -82,6 +88,12 @@ func (o *Options) ensureDefaults() {
 	if o.FireBatch == 0 {
 		o.FireBatch = 4096
 	}
+	if o.Lead == 0 {
+		o.Lead = 25 * time.Millisecond
+	}
+	if o.MaxRounds == 0 {
+		o.MaxRounds = 4
+	}
 	if o.CompactCheck == 0 {
 		o.CompactCheck = 10 * time.Second
 	}
@@ -103,12 +115,13 @@ func Props(o Options) *actor.Props {
 // timing wheel from __schedule when it starts, then:
 //   - stores each delayed produce as a ScheduledBatch event and answers it
 //     once durable, with the event's offset as its id;
-//   - fires due batches in rounds: it writes a ScheduleFiring event naming
-//     where each target partition's log ended, appends the batches (each
-//     record tagged with herald-schedule-id), and records them fired with
-//     the next round's event. After a crash, a batch whose firing was
-//     written but not its fire is looked for on its partition from that
-//     offset, so it is appended once;
+//   - fires due batches in rounds, a few at once: Lead before their time
+//     it reads them and writes a ScheduleFiring event naming where each
+//     target partition's log ends; at their time it appends them (each
+//     record tagged with herald-schedule-id), and then records them fired.
+//     After a crash, a batch whose firing was written but not its fire is
+//     looked for on its partition from that offset, so it is appended
+//     once (and not before its time: one not found fires as usual);
 //   - cancels by id; lists the pending batches;
 //   - removes the records of __schedule below the oldest pending batch.
 //
@@ -142,15 +155,19 @@ type Scheduler struct {
 	wq       []writeOp
 	inflight []writeOp // the write in flight
 	writing  bool
-	queued  int // client requests in wq
+	queued   int // client requests in wq
 
 	// firing
 	timerGen   uint64
 	timerAt    int64 // when the armed timer fires, 0 if none
 	dueQ       []Entry
-	round      *fireRound
-	firedPrev  []uint64            // refs whose fire is not yet written
-	busy       map[uint64]struct{} // refs in the round or in firedPrev: cancel is too late
+	rounds     int          // rounds between their read and their last append
+	hold       []*fireChunk // announced appends waiting for their time, by time
+	sendGen    uint64
+	sendAt     int64
+	firedPrev  []uint64            // refs appended (or dropped) whose fire is not yet written
+	firedWrite bool                // a write of fires is queued or in flight
+	busy       map[uint64]struct{} // refs announced, appending or appended: cancel is too late
 	cancelling map[uint64]int64    // cancel being written: ref -> At if it came due meanwhile (0 if not)
 	rr         uint32
 
@@ -177,7 +194,6 @@ type (
 	compactTick  struct{}
 	retryWrite   struct{}
 	loadRetry    struct{}
-	resendFire   struct{ round *fireRound }
 	listFinished struct {
 		to   *actor.PID
 		f    *heraldpb.Frame
@@ -234,18 +250,22 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 			s.timerAt = 0
 			s.onTick(ctx)
 		}
+	case *sendTick:
+		if msg.gen == s.sendGen {
+			s.sendAt = 0
+			s.sendDue(ctx)
+		}
+	case *resendChunk:
+		s.sendChunk(ctx, msg.c)
 	case *retryWrite:
 		s.flushWrites(ctx)
-	case *resendFire:
-		s.sendFires(ctx, msg.round)
 	case *retryFiring:
 		s.writeFiring(ctx, msg.round)
 	case *retryRead:
 		s.readRound(ctx, msg.round)
 	case *retryFired:
-		if s.round == nil && len(s.firedPrev) > 0 {
-			s.writeFired(ctx)
-		}
+		s.firedWrite = false
+		s.writeFired(ctx)
 	case *compactTick:
 		s.compactArmed = false
 		s.compact(ctx)

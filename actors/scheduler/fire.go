@@ -13,43 +13,52 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// fireRound is one round of due batches: read from __schedule, announced
-// (ScheduleFiring), appended to their partitions, then recorded fired.
+// fireRound is one round of due batches: read from __schedule and
+// announced (ScheduleFiring) ahead of their time, then appended to their
+// partitions at their time.
 type fireRound struct {
 	entries []Entry
 	batches map[uint64]*heraldpb.ScheduledBatch
-	chunks  []*fireChunk // appends still to send (or to send again)
-	waiting int
-	done    []uint64 // fired or dropped
-	backoff time.Duration
+	chunks  []*fireChunk
+	unsent  int      // chunks not yet appended (or dropped)
+	done    []uint64 // appended or dropped
 }
 
-// fireChunk is one append: consecutive batches of a round for one
-// partition, concatenated (encoded RecordBatches concatenate).
+// fireChunk is one append: batches of a round due in the same millisecond
+// for one partition, concatenated (encoded RecordBatches concatenate).
 type fireChunk struct {
+	round   *fireRound
+	at      int64 // the latest time of its batches: never appended before it
 	entry   *topic.Entry
 	part    uint32
 	refs    []uint64
 	ats     []int64
 	records []byte
+	backoff time.Duration
 }
 
 type (
+	sendTick    struct{ gen uint64 }
+	resendChunk struct{ c *fireChunk }
 	retryFiring struct{ round *fireRound }
 	retryFired  struct{}
 	retryRead   struct{ round *fireRound }
 )
 
-// armTimer arms one timer for the wheel's next time, unless one is armed
-// for that time or earlier.
+// armTimer arms one timer for Lead before the wheel's next time, unless
+// one is armed for that time or earlier.
 func (s *Scheduler) armTimer() {
 	mNear.Set(float64(s.wheel.Near()))
 	mFar.Set(float64(s.wheel.Len() - s.wheel.Near()))
 	if !s.loaded {
 		return
 	}
-	at, ok := s.wheel.NextAt()
-	if !ok || s.timerAt != 0 && s.timerAt <= at {
+	next, ok := s.wheel.NextAt()
+	if !ok {
+		return
+	}
+	at := next - s.o.Lead.Milliseconds()
+	if s.timerAt != 0 && s.timerAt <= at {
 		return
 	}
 	s.timerGen++
@@ -58,10 +67,11 @@ func (s *Scheduler) armTimer() {
 	s.after(max(time.UnixMilli(at).Sub(s.o.Now()), 0), &fireTick{gen: gen})
 }
 
-// onTick moves the wheel to now and starts a round with what is due.
+// onTick moves the wheel to now + Lead and starts rounds with what is due
+// by then.
 func (s *Scheduler) onTick(ctx actor.Context) {
 	before := len(s.dueQ)
-	s.dueQ = s.wheel.Advance(s.nowMs(), s.dueQ)
+	s.dueQ = s.wheel.Advance(s.nowMs()+s.o.Lead.Milliseconds(), s.dueQ)
 	kept := s.dueQ[:before]
 	for _, e := range s.dueQ[before:] {
 		if !s.pending.Contains(e.Ref) {
@@ -80,40 +90,31 @@ func (s *Scheduler) onTick(ctx actor.Context) {
 	}
 	s.dueQ = kept
 	mDue.Set(float64(len(s.dueQ)))
-	s.startRound(ctx)
+	s.startRounds(ctx)
 	s.armTimer()
 }
 
-// startRound takes the next due batches, unless a round is running. With
-// nothing due, it writes the fires of the last round on their own.
-func (s *Scheduler) startRound(ctx actor.Context) {
-	if s.round != nil {
-		return
-	}
-	if len(s.dueQ) == 0 {
-		if len(s.firedPrev) > 0 {
-			s.writeFired(ctx)
+// startRounds starts rounds with the due batches while fewer than
+// MaxRounds are in progress.
+func (s *Scheduler) startRounds(ctx actor.Context) {
+	for s.rounds < s.o.MaxRounds && len(s.dueQ) > 0 {
+		r := &fireRound{batches: map[uint64]*heraldpb.ScheduledBatch{}}
+		n := 0
+		for ; n < len(s.dueQ) && len(r.entries) < s.o.FireBatch; n++ {
+			e := s.dueQ[n]
+			if _, dup := s.busy[e.Ref]; dup {
+				continue // a timer added twice (a far store kept across a restart)
+			}
+			s.busy[e.Ref] = struct{}{}
+			r.entries = append(r.entries, e)
 		}
-		return
-	}
-	r := &fireRound{batches: map[uint64]*heraldpb.ScheduledBatch{}, backoff: 50 * time.Millisecond}
-	n := 0
-	for ; n < len(s.dueQ) && len(r.entries) < s.o.FireBatch; n++ {
-		e := s.dueQ[n]
-		if _, dup := s.busy[e.Ref]; dup {
-			continue // a timer added twice (a far store kept across a restart)
+		s.dueQ = slices.Delete(s.dueQ, 0, n)
+		if len(r.entries) > 0 {
+			s.rounds++
+			s.readRound(ctx, r)
 		}
-		s.busy[e.Ref] = struct{}{}
-		r.entries = append(r.entries, e)
 	}
-	s.dueQ = slices.Delete(s.dueQ, 0, n)
 	mDue.Set(float64(len(s.dueQ)))
-	if len(r.entries) == 0 {
-		s.startRound(ctx)
-		return
-	}
-	s.round = r
-	s.readRound(ctx, r)
 }
 
 // readRound reads the round's batches from __schedule, one fetch from the
@@ -145,14 +146,12 @@ func (s *Scheduler) readRound(ctx actor.Context, r *fireRound) {
 				want[e.Ref] = true
 			}
 		}
-		var got int
 		for _, b := range fr.GetBatches() {
 			_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
 				ref := uint64(b.BaseOffset + int64(i))
 				if !want[ref] {
 					return true
 				}
-				got++
 				ev, err := decodeEvent(rec)
 				if sb := ev.GetSchedule(); err == nil && sb != nil {
 					r.batches[ref] = sb
@@ -175,12 +174,42 @@ func (s *Scheduler) readRound(ctx actor.Context, r *fireRound) {
 	})
 }
 
-// writeFiring announces the round's appends (with the last round's fires
-// in the same write), then sends them.
+// writeFiring announces the round's appends, then holds them for their
+// time.
 func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
+	if r.chunks == nil {
+		s.buildChunks(r)
+	}
 	var intents []*heraldpb.FireIntent
+	for _, c := range r.chunks {
+		from := c.entry.Stats[c.part].HighWatermark.Load()
+		for _, ref := range c.refs {
+			intents = append(intents, &heraldpb.FireIntent{Ref: ref, Topic: c.entry.Name, Partition: c.part, FromOffset: from})
+		}
+	}
+	if len(intents) == 0 {
+		s.finishRound(ctx, r)
+		return
+	}
+	ev, _ := proto.Marshal(&heraldpb.ScheduleEvent{Event: &heraldpb.ScheduleEvent_Firing{Firing: &heraldpb.ScheduleFiring{Intents: intents}}})
+	s.write(ctx, writeOp{events: [][]byte{ev}, done: func(_ int64, e *heraldpb.Error) {
+		if e != nil {
+			s.after(100*time.Millisecond, &retryFiring{round: r})
+			return
+		}
+		for _, c := range r.chunks {
+			i, _ := slices.BinarySearchFunc(s.hold, c.at, func(h *fireChunk, at int64) int { return cmpInt(h.at, at+1) })
+			s.hold = slices.Insert(s.hold, i, c)
+		}
+		s.sendDue(ctx)
+	}})
+	s.flushWrites(ctx)
+}
+
+// buildChunks groups the round's batches into appends: consecutive
+// batches due in the same millisecond for the same partition.
+func (s *Scheduler) buildChunks(r *fireRound) {
 	var cur *fireChunk
-	r.chunks = r.chunks[:0]
 	for _, e := range r.entries {
 		b := r.batches[e.Ref]
 		if b == nil {
@@ -206,88 +235,72 @@ func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
 		if limit == 0 {
 			limit = 1 << 20
 		}
-		if cur == nil || cur.entry != te || cur.part != b.Partition || len(cur.records)+len(recs) > limit {
-			cur = &fireChunk{entry: te, part: b.Partition}
+		if cur == nil || cur.entry != te || cur.part != b.Partition || cur.at != e.At || len(cur.records)+len(recs) > limit {
+			cur = &fireChunk{round: r, at: e.At, entry: te, part: b.Partition, backoff: 50 * time.Millisecond}
 			r.chunks = append(r.chunks, cur)
-			intents = append(intents, &heraldpb.FireIntent{Ref: e.Ref, Topic: b.Topic, Partition: b.Partition,
-				FromOffset: te.Stats[b.Partition].HighWatermark.Load()})
-		} else {
-			in := intents[len(intents)-1]
-			intents = append(intents, &heraldpb.FireIntent{Ref: e.Ref, Topic: in.Topic, Partition: in.Partition, FromOffset: in.FromOffset})
 		}
 		cur.refs = append(cur.refs, e.Ref)
 		cur.ats = append(cur.ats, b.DeliverAtMs)
 		cur.records = append(cur.records, recs...)
 	}
+	r.unsent = len(r.chunks)
 	r.batches = nil // the chunks hold what is needed
-	var events [][]byte
-	prev := s.firedPrev
-	s.firedPrev = nil
-	if len(prev) > 0 {
-		events = append(events, firedEvent(prev))
-	}
-	if len(intents) > 0 {
-		ev, _ := proto.Marshal(&heraldpb.ScheduleEvent{Event: &heraldpb.ScheduleEvent_Firing{Firing: &heraldpb.ScheduleFiring{Intents: intents}}})
-		events = append(events, ev)
-	}
-	if len(events) == 0 {
-		s.finishRound(ctx, r)
-		return
-	}
-	s.write(ctx, writeOp{events: events, done: func(_ int64, e *heraldpb.Error) {
-		if e != nil {
-			s.firedPrev = append(prev, s.firedPrev...)
-			s.after(100*time.Millisecond, &retryFiring{round: r})
-			return
-		}
-		s.settleFired(prev)
-		s.sendFires(ctx, r)
-	}})
-	s.flushWrites(ctx)
 }
 
-// sendFires appends the round's chunks that are not yet appended.
-func (s *Scheduler) sendFires(ctx actor.Context, r *fireRound) {
-	if len(r.chunks) == 0 {
-		s.finishRound(ctx, r)
+// sendDue appends the held chunks whose time has come and arms a timer
+// for the next.
+func (s *Scheduler) sendDue(ctx actor.Context) {
+	now := s.nowMs()
+	n := 0
+	for n < len(s.hold) && s.hold[n].at <= now {
+		s.sendChunk(ctx, s.hold[n])
+		n++
+	}
+	clear(s.hold[:n])
+	s.hold = s.hold[n:]
+	if len(s.hold) == 0 {
 		return
 	}
-	chunks := r.chunks
-	r.chunks = nil
-	r.waiting = len(chunks)
-	for _, c := range chunks {
-		s.call(ctx, c.entry.Partitions[c.part], &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
-			Topic: c.entry.Name, Partition: proto.Uint32(c.part), Acks: heraldpb.Acks_ACKS_ALL, Records: c.records,
-		}}}, func(f *heraldpb.Frame) {
-			r.waiting--
-			if f.GetProduceResponse() != nil {
-				now := s.nowMs()
-				for _, at := range c.ats {
-					mLateness.Observe(float64(max(now-at, 0)) / 1000)
-				}
-				mFired.Add(float64(len(c.refs)))
-				r.done = append(r.done, c.refs...)
-			} else if e := f.GetError(); retriable(e) {
-				r.chunks = append(r.chunks, c)
-			} else {
-				s.log.Warn("a topic refused delayed batches; dropped", "topic", c.entry.Name, "partition", c.part, "batches", len(c.refs), "err", e.GetMessage())
-				mDropped.WithLabelValues("refused").Add(float64(len(c.refs)))
-				r.done = append(r.done, c.refs...)
+	at := s.hold[0].at
+	if s.sendAt != 0 && s.sendAt <= at {
+		return
+	}
+	s.sendGen++
+	s.sendAt = at
+	s.after(max(time.UnixMilli(at).Sub(s.o.Now()), 0), &sendTick{gen: s.sendGen})
+}
+
+// sendChunk appends one chunk; a retriable refusal sends it again later.
+func (s *Scheduler) sendChunk(ctx actor.Context, c *fireChunk) {
+	s.call(ctx, c.entry.Partitions[c.part], &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: c.entry.Name, Partition: proto.Uint32(c.part), Acks: heraldpb.Acks_ACKS_ALL, Records: c.records,
+	}}}, func(f *heraldpb.Frame) {
+		r := c.round
+		switch e := f.GetError(); {
+		case f.GetProduceResponse() != nil:
+			now := s.nowMs()
+			for _, at := range c.ats {
+				mLateness.Observe(float64(max(now-at, 0)) / 1000)
 			}
-			if r.waiting > 0 {
-				return
-			}
-			if len(r.chunks) > 0 {
-				s.after(r.backoff, &resendFire{round: r})
-				r.backoff = min(2*r.backoff, 2*time.Second)
-				return
-			}
+			mFired.Add(float64(len(c.refs)))
+		case retriable(e):
+			s.after(c.backoff, &resendChunk{c: c})
+			c.backoff = min(2*c.backoff, 2*time.Second)
+			return
+		default:
+			s.log.Warn("a topic refused delayed batches; dropped", "topic", c.entry.Name, "partition", c.part, "batches", len(c.refs), "err", e.GetMessage())
+			mDropped.WithLabelValues("refused").Add(float64(len(c.refs)))
+		}
+		r.done = append(r.done, c.refs...)
+		c.records = nil
+		r.unsent--
+		if r.unsent == 0 {
 			if s.o.crashAfterAppend != nil && s.o.crashAfterAppend() {
 				panic("scheduler: injected crash between append and fire record")
 			}
 			s.finishRound(ctx, r)
-		})
-	}
+		}
+	})
 }
 
 // retriable reports whether an append may succeed later: a topic that is
@@ -304,21 +317,29 @@ func retriable(e *heraldpb.Error) bool {
 
 func (s *Scheduler) finishRound(ctx actor.Context, r *fireRound) {
 	s.firedPrev = append(s.firedPrev, r.done...)
-	s.round = nil
-	s.startRound(ctx)
+	s.rounds--
+	s.writeFired(ctx)
+	s.startRounds(ctx)
 }
 
-// writeFired records the last round's fires when no round follows.
+// writeFired records the fires not yet written, in one write queued with
+// whatever else goes to __schedule next.
 func (s *Scheduler) writeFired(ctx actor.Context) {
+	if s.firedWrite || len(s.firedPrev) == 0 {
+		return
+	}
 	prev := s.firedPrev
 	s.firedPrev = nil
+	s.firedWrite = true
 	s.write(ctx, writeOp{events: [][]byte{firedEvent(prev)}, done: func(_ int64, e *heraldpb.Error) {
 		if e != nil {
 			s.firedPrev = append(prev, s.firedPrev...)
 			s.after(100*time.Millisecond, &retryFired{})
 			return
 		}
+		s.firedWrite = false
 		s.settleFired(prev)
+		s.writeFired(ctx)
 	}})
 	s.flushWrites(ctx)
 }

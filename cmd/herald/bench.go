@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +66,9 @@ type benchConfig struct {
 	reportInterval time.Duration
 	drainTimeout   time.Duration
 	json           bool
+	delay          time.Duration // delayed messages: latency counts from send + delay
+	fireRate       float64       // delayed messages due at this aggregate rate...
+	fireAfter      time.Duration // ...from this long after the start
 
 	// Push consumers (--group); pull consumers when group is empty.
 	group       string
@@ -102,6 +106,9 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.IntVar(&bc.replication, "replication", 0, "replication factor when the topic is created (0 = broker default)")
 	fs.DurationVar(&bc.reportInterval, "report-interval", time.Second, "progress line interval (0 = none)")
 	fs.DurationVar(&bc.drainTimeout, "drain-timeout", 10*time.Second, "once producing stopped, consumers give up after this long without a new record")
+	fs.DurationVar(&bc.delay, "delay", 0, "produce delayed messages (each its own scheduled batch): latency is then from each record's time (its herald-deliver-at header) to its consumption: the scheduler's fire lateness plus delivery")
+	fs.Float64Var(&bc.fireRate, "fire-rate", 0, "produce --count delayed messages due at this aggregate rate (records/s), the first --fire-after from the start: measures the scheduler firing at a fixed rate")
+	fs.DurationVar(&bc.fireAfter, "fire-after", 20*time.Second, "with --fire-rate: when the first message is due (leave time to store them all)")
 	fs.BoolVar(&bc.json, "json", false, "print the final summary as JSON on stdout (progress goes to stderr)")
 	fs.StringVar(&bc.group, "group", "", "consume by push, as members of this consumer group (default: pull, fetching each partition)")
 	mode := fs.String("mode", "shared", "group mode: shared, clustering or key-shared (with --group)")
@@ -137,6 +144,10 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 		return usagef("--partitions must be at least 1")
 	case bc.topic == "":
 		return usagef("--topic must not be empty")
+	case bc.delay < 0 || bc.delay > 0 && bc.delay < time.Millisecond:
+		return usagef("--delay must be 0 or at least 1ms")
+	case bc.fireRate < 0 || bc.fireRate > 0 && (bc.count == 0 || bc.delay > 0 || bc.fireAfter <= 0):
+		return usagef("--fire-rate needs --count and a positive --fire-after, and excludes --delay")
 	}
 	if bc.group == "" {
 		for _, n := range benchGroupFlags {
@@ -347,7 +358,8 @@ type benchStats struct {
 
 	valid   benchValid
 	seen    benchSeen
-	latency bool // record latencies (not with --producers 0)
+	latency bool  // record latencies (not with --producers 0)
+	delayNs int64 // --delay: subtracted from latencies
 
 	mu      sync.Mutex
 	sinks   []*benchSink
@@ -408,7 +420,7 @@ type benchSink struct {
 // takeLocked counts the record whose value is v, received at nowNs (Unix
 // nanoseconds, benchClock); redelivered says the broker marked it so. The
 // caller holds k.mu.
-func (s *benchStats) takeLocked(k *benchSink, nowNs int64, v []byte, redelivered bool) {
+func (s *benchStats) takeLocked(k *benchSink, nowNs int64, v []byte, redelivered bool, hdrs []client.Header) {
 	sent, id, seq, ok := s.valid.parse(v)
 	if !ok {
 		s.ignored.Add(1)
@@ -421,7 +433,18 @@ func (s *benchStats) takeLocked(k *benchSink, nowNs int64, v []byte, redelivered
 	k.bytes += int64(len(v))
 	k.lastNs = nowNs
 	if s.latency {
-		us := max(nowNs-sent, 0) / int64(time.Microsecond)
+		from := sent + s.delayNs
+		if s.delayNs > 0 {
+			// A delayed record: from its time, as the broker set it.
+			for _, h := range hdrs {
+				if h.Key == "herald-deliver-at" {
+					if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+						from = ms * int64(time.Millisecond)
+					}
+				}
+			}
+		}
+		us := max(nowNs-from, 0) / int64(time.Microsecond)
 		_ = k.hist.RecordValue(min(max(us, 1), k.hist.HighestTrackableValue()))
 	}
 }
@@ -578,6 +601,10 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 		valid = benchValid{ids: benchMaxFillProducers, seqs: uint64(bc.count)}
 	}
 	stats := newBenchStats(valid, bc.producers > 0)
+	stats.delayNs = int64(bc.delay)
+	if bc.fireRate > 0 {
+		stats.delayNs = 1 // latency from herald-deliver-at
+	}
 
 	var clients []*client.Client
 	defer func() {
@@ -701,6 +728,10 @@ wait:
 		poll := time.NewTicker(5 * time.Millisecond)
 		defer poll.Stop()
 		seen, progressAt := stats.seen.distinct(), time.Now()
+		waitExtra := bc.delay // delayed records arrive that much later
+		if bc.fireRate > 0 {
+			waitExtra = bc.fireAfter
+		}
 		for ctx.Err() == nil {
 			n := stats.seen.distinct()
 			if n >= expected {
@@ -708,7 +739,7 @@ wait:
 			}
 			if n != seen {
 				seen, progressAt = n, time.Now()
-			} else if time.Since(progressAt) >= bc.drainTimeout {
+			} else if time.Since(progressAt) >= bc.drainTimeout+waitExtra {
 				break
 			}
 			select {
@@ -801,7 +832,7 @@ func startBenchPull(ctx context.Context, bc *benchConfig, dial func() (*client.C
 					now := clock.now()
 					k.mu.Lock()
 					for _, m := range ms {
-						stats.takeLocked(k, now, m.Value, false)
+						stats.takeLocked(k, now, m.Value, false, m.Headers)
 					}
 					k.mu.Unlock()
 				}
@@ -850,7 +881,7 @@ func startBenchPush(ctx context.Context, bc *benchConfig, dial func() (*client.C
 				return
 			}
 			k.mu.Lock()
-			stats.takeLocked(k, now, d.Value, d.DeliveryCount > 1)
+			stats.takeLocked(k, now, d.Value, d.DeliveryCount > 1, d.Headers)
 			k.mu.Unlock()
 			d.Ack() // no-op with auto-ack
 		})
@@ -956,7 +987,11 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 		binary.BigEndian.PutUint64(v, uint64(stamp))
 		binary.BigEndian.PutUint64(v[8:], uint64(id)<<benchSeqBits|uint64(seq))
 		copy(v[benchHeader:], filler)
-		*m = client.Message{Topic: bc.topic, Partition: int32((int(seq) + id) % bc.partitions), Value: v}
+		*m = client.Message{Topic: bc.topic, Partition: int32((int(seq) + id) % bc.partitions), Value: v, Delay: bc.delay}
+		if bc.fireRate > 0 {
+			i := seq*int64(bc.producers) + int64(id)
+			m.DeliverAt = start.Add(bc.fireAfter + time.Duration(float64(i)/bc.fireRate*float64(time.Second)))
+		}
 		if bc.keys > 0 {
 			m.Key = keys[:4:4]
 			keys = keys[4:]

@@ -212,7 +212,7 @@ func BenchmarkBenchTake(b *testing.B) {
 	k.mu.Lock()
 	for i := 0; i < b.N; i++ {
 		binary.BigEndian.PutUint64(v[8:], uint64(i))
-		stats.takeLocked(k, 1000, v, false)
+		stats.takeLocked(k, 1000, v, false, nil)
 	}
 	k.mu.Unlock()
 }
