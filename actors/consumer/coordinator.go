@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/consumer/filter"
+	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
@@ -53,6 +55,16 @@ type Options struct {
 	// compacts it; 0 = 64 MiB. CompactCheck is how often it looks; 0 = 30 s.
 	CompactBytes int64
 	CompactCheck time.Duration
+	// RetryPolicy applies to subscriptions that name none; the zero policy
+	// is scheduler.DefaultRetryPolicy().
+	RetryPolicy scheduler.RetryPolicy
+	// TopicManager is the topic manager, which creates a group's
+	// dead-letter topic on its first dead letter (CreateTopic). Without it
+	// dead letters wait until the topic exists.
+	TopicManager *actor.PID
+	// DeadLetterTimeout bounds the wait for the answer to a dead-letter
+	// append or topic creation, after which it is retried; 0 = 30 s.
+	DeadLetterTimeout time.Duration
 }
 
 func (o *Options) ensureDefaults() {
@@ -83,6 +95,10 @@ func (o *Options) ensureDefaults() {
 	if o.CompactCheck == 0 {
 		o.CompactCheck = 30 * time.Second
 	}
+	o.RetryPolicy = o.RetryPolicy.WithDefaults()
+	if o.DeadLetterTimeout == 0 {
+		o.DeadLetterTimeout = 30 * time.Second
+	}
 }
 
 // storeKey names one progress record: a view of a group's subscription.
@@ -98,6 +114,13 @@ type groupStore struct {
 	stored  map[storeKey]*heraldpb.GroupProgress
 	lastTop string // the topic of the latest record
 	summary atomic.Pointer[heraldpb.GroupSummary]
+
+	// Since the broker started, for DescribeGroup: messages appended to the
+	// dead-letter topic, and messages ended by their time-to-live.
+	deadLettered, expired uint64
+	// The retry policy and dead-letter topic of the latest live
+	// subscription, shown while the group has no members.
+	lastPolicy, lastDLQ string
 }
 
 // member is one live subscription in the group.
@@ -161,6 +184,9 @@ type live struct {
 	autoAck    bool
 	orderly    bool
 	ackTimeout time.Duration
+	retry      scheduler.RetryPolicy
+	dlqExpired bool
+	dlq        dlqState
 
 	sub        *Sub
 	members    map[MemberID]*member
@@ -254,10 +280,11 @@ type coordinator struct {
 	flushArmed   bool
 	flushDone    []flushCaller // FlushGroup and checkpoint callers waiting for the writes to finish
 
-	deadlineAt time.Time
-	statsArmed bool
-	pumpArmed  bool
-	groupsLog  *actor.PID
+	deadlineAt  time.Time
+	expiredSeen bool // dispatch met expired messages
+	statsArmed  bool
+	pumpArmed   bool
+	groupsLog   *actor.PID
 }
 
 func newCoordinator(o *Options, group string, st *groupStore) *coordinator {
@@ -314,6 +341,8 @@ func (c *coordinator) Receive(ctx actor.Context) {
 	case *pumpMsg:
 		c.pumpArmed = false
 		c.pump(ctx)
+	case *dlqRetryMsg, *dlqTimeoutMsg:
+		c.onDLQTimer(ctx, m)
 	case *checkpoint:
 		// Write the latest record of every view again, so that every
 		// older record of the group is superseded (compaction).
@@ -372,6 +401,10 @@ func errFrame(id uint64, code heraldpb.ErrorCode, format string, args ...any) *h
 }
 
 func (c *coordinator) onFrame(ctx actor.Context, f *heraldpb.Frame) {
+	if c.isDLQ(f) {
+		c.onDLQ(ctx, f)
+		return
+	}
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_Ack:
 		c.onAck(ctx, f, b.Ack)
@@ -397,6 +430,8 @@ func (c *coordinator) onFrame(ctx actor.Context, f *heraldpb.Frame) {
 		c.onWritten(ctx, f.Id, nil)
 	case *heraldpb.Frame_ListOffsetsResponse:
 		c.onListed(ctx, f.Id, b.ListOffsetsResponse.Offset, nil)
+	case *heraldpb.Frame_CreateTopicResponse:
+		// A dead-letter topic created after its request timed out.
 	case *heraldpb.Frame_Error:
 		switch {
 		case f.Id == c.writeID && c.writing:
@@ -500,6 +535,11 @@ func (c *coordinator) onSubscribe(ctx actor.Context, m *subscribeMsg) {
 		respond(ctx, m.replyTo, heraldpb.ErrorFrame(m.f.Id, ferr))
 		return
 	}
+	policy, dlqTopic, perr := c.retrySettings(req)
+	if perr != nil {
+		respond(ctx, m.replyTo, heraldpb.ErrorFrame(m.f.Id, perr))
+		return
+	}
 	if c.resolving {
 		if len(c.pendingSubs) >= c.o.MaxQueued {
 			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "group %q has too many subscribes waiting", c.group)
@@ -528,6 +568,12 @@ func (c *coordinator) onSubscribe(ctx actor.Context, m *subscribeMsg) {
 		if l.autoAck != req.AutoAck || l.orderly != req.Orderly {
 			diffs = append(diffs, fmt.Sprintf("auto-ack %v orderly %v (group uses %v, %v)", req.AutoAck, req.Orderly, l.autoAck, l.orderly))
 		}
+		if !l.retry.Equal(policy) {
+			diffs = append(diffs, fmt.Sprintf("retry policy %q (group uses %q)", policy, l.retry))
+		}
+		if l.dlq.topic != dlqTopic || l.dlqExpired != req.DeadLetterExpired {
+			diffs = append(diffs, fmt.Sprintf("dead-letter topic %q expired %v (group uses %q, %v)", dlqTopic, req.DeadLetterExpired, l.dlq.topic, l.dlqExpired))
+		}
 		if len(diffs) > 0 {
 			fail(heraldpb.ErrorCode_GROUP_CONFLICT, "group %q has live members with other settings: %v", c.group, diffs)
 			return
@@ -548,7 +594,7 @@ func (c *coordinator) onSubscribe(ctx actor.Context, m *subscribeMsg) {
 		pend := c.pendingSubs
 		c.pendingSubs = nil
 		if e == nil {
-			c.live, e = c.newLive(entry, req, mode, filt, ackTimeout, offs)
+			c.live, e = c.newLive(entry, req, mode, filt, ackTimeout, policy, dlqTopic, offs)
 		}
 		if e != nil {
 			for _, p := range pend {
@@ -563,8 +609,30 @@ func (c *coordinator) onSubscribe(ctx actor.Context, m *subscribeMsg) {
 	})
 }
 
-func (c *coordinator) newLive(entry *topic.Entry, req *heraldpb.SubscribeRequest, mode Mode, filt *filter.Filter, ackTimeout time.Duration, start []int64) (*live, *heraldpb.Error) {
-	cfg := Config{Mode: mode, Partitions: len(entry.Partitions), AckTimeout: ackTimeout, AutoAck: req.AutoAck, Orderly: req.Orderly}
+// retrySettings resolves a subscription's retry policy (empty: the broker's)
+// and dead-letter topic, or says why they are invalid (INVALID_REQUEST).
+func (c *coordinator) retrySettings(req *heraldpb.SubscribeRequest) (scheduler.RetryPolicy, string, *heraldpb.Error) {
+	policy := c.o.RetryPolicy
+	if req.RetryPolicy != "" {
+		p, err := scheduler.ParseRetryPolicy(req.RetryPolicy)
+		if err != nil {
+			return policy, "", heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "retry policy: %v", err)
+		}
+		policy = p
+	}
+	dlq := scheduler.DeadLetterTopic(c.group, req.DeadLetterTopic)
+	switch {
+	case dlq == req.Topic:
+		return policy, "", heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "dead-letter topic %q is the group's own topic", dlq)
+	case !topic.ValidName(dlq):
+		return policy, "", heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "dead-letter topic %q is not a valid topic name (1-200 characters of A-Z a-z 0-9 . _ -, not starting with __); set dead_letter_topic", dlq)
+	}
+	return policy, dlq, nil
+}
+
+func (c *coordinator) newLive(entry *topic.Entry, req *heraldpb.SubscribeRequest, mode Mode, filt *filter.Filter, ackTimeout time.Duration, policy scheduler.RetryPolicy, dlqTopic string, start []int64) (*live, *heraldpb.Error) {
+	cfg := Config{Mode: mode, Partitions: len(entry.Partitions), AckTimeout: ackTimeout, AutoAck: req.AutoAck, Orderly: req.Orderly,
+		Retry: policy, DeadLetterExpired: req.DeadLetterExpired}
 	sub, err := NewSub(cfg, start)
 	if err != nil {
 		return nil, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "%v", err)
@@ -577,9 +645,11 @@ func (c *coordinator) newLive(entry *topic.Entry, req *heraldpb.SubscribeRequest
 			c.log.Warn("ignoring stored progress", "topic", req.Topic, "subscriber", rec.GetSubscriber(), "err", err)
 		}
 	}
+	c.st.lastPolicy, c.st.lastDLQ = policy.String(), dlqTopic
 	return &live{
 		topic: req.Topic, entry: entry, mode: mode, filterType: req.FilterType, filterText: req.Filter, filt: filt,
 		autoAck: req.AutoAck, orderly: req.Orderly, ackTimeout: ackTimeout,
+		retry: policy, dlqExpired: req.DeadLetterExpired, dlq: dlqState{topic: dlqTopic},
 		sub: sub, members: map[MemberID]*member{}, bySub: map[uint64]*member{},
 		heldG: newHeldLogs(len(entry.Partitions)), heldV: map[fetchKey]*heldLog{}, toks: map[msgID]tokEntry{}, fetching: map[fetchKey]bool{}, spill: map[fetchKey]*spilled{},
 	}, nil
@@ -876,13 +946,14 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 	msgs := make([]Message, 0, total)
 	recs := make([]held, 0, total)
 	filtered := 0
+	topicTTL := l.entry.Config.GetMessageTtlMs()
 	for _, b := range resp.Batches {
 		err := heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
 			o := b.BaseOffset + int64(i)
 			if o < off {
 				return true
 			}
-			m := Message{Partition: k.part, Offset: o}
+			m := Message{Partition: k.part, Offset: o, Expires: expiresAt(b.AppendTimeMs, heraldpb.RecordTTL(rec), topicTTL)}
 			if l.mode == KeyShared {
 				m.Key = string(heraldpb.RecordKey(rec))
 			}
@@ -909,6 +980,22 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 	}
 	c.dispatch(ctx)
 	c.pump(ctx)
+}
+
+// expiresAt is when a record appended at appendMs expires (Unix ms; 0 =
+// never): its own ttl_ms wins over its topic's message_ttl_ms.
+func expiresAt(appendMs, recordTTL, topicTTL int64) int64 {
+	ttl := recordTTL
+	if ttl <= 0 {
+		ttl = topicTTL
+	}
+	if ttl <= 0 {
+		return 0
+	}
+	if appendMs > math.MaxInt64-ttl {
+		return 0 // beyond any clock: never
+	}
+	return max(appendMs+ttl, 1)
 }
 
 // offer appends read records to the subscription as far as it has room,
@@ -987,6 +1074,11 @@ func (c *coordinator) dispatch(ctx actor.Context) {
 			c.scheduleFlush()
 		}
 	}
+	if c.expiredSeen {
+		c.expiredSeen = false
+		c.pump(ctx) // expired messages made room
+	}
+	c.pumpDLQ(ctx) // nacks, timeouts, expiry and restored records make dead letters
 }
 
 // offerSpills offers every spilled read again and reports whether the
@@ -1044,6 +1136,7 @@ func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) in
 	var ds []Delivery
 	if budget > 0 {
 		ds, _ = l.sub.Deliver(mb.id, now, budget)
+		c.onExpired(l.sub.TakeExpired())
 	}
 	if len(toks) > len(ds) {
 		for _, t := range toks[len(ds):] {
@@ -1088,6 +1181,34 @@ func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) in
 		ctx.Send(mb.session, &pushBatch{msgs: out})
 	}
 	return len(ds)
+}
+
+// onExpired accounts for messages Deliver ended by their time-to-live:
+// dropped ones are done (their records go, their progress is written
+// lazily); dead-lettered ones wait for pumpDLQ.
+func (c *coordinator) onExpired(es []Expired) {
+	if len(es) == 0 {
+		return
+	}
+	l := c.live
+	dropped := 0
+	for _, e := range es {
+		delete(l.toks, msgID{view: e.View, part: e.Partition, off: e.Offset})
+		if !e.Dead {
+			l.held(e.View, e.Partition).del(e.Offset)
+			c.dirty[e.View] = true
+			dropped++
+		}
+	}
+	c.st.expired += uint64(len(es))
+	c.expiredSeen = true
+	if dropped > 0 {
+		mExpired.WithLabelValues(c.group, "drop").Add(float64(dropped))
+		c.scheduleFlush()
+	}
+	if n := len(es) - dropped; n > 0 {
+		mExpired.WithLabelValues(c.group, "dead_letter").Add(float64(n))
+	}
 }
 
 // refill tops up a responder's call budget from its subscription credits,
@@ -1191,6 +1312,11 @@ func (c *coordinator) onAck(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.
 	c.flush(ctx)
 }
 
+// onNack fails the named deliveries: each is retried after the request's
+// delay (absent: the retry policy's) or, after its last allowed delivery,
+// dead-lettered. The answer waits until the retries are durable in
+// `__groups`, as acks do, so a broker restart keeps their delays and
+// delivery counts.
 func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.NackRequest) {
 	mb := c.ackTarget(ctx, f, "nack", req.SubscriptionId, req.Partitions, req.Offsets)
 	if mb == nil {
@@ -1199,13 +1325,19 @@ func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	l := c.live
 	now := time.Now()
 	view := l.sub.ViewOf(mb.id)
-	delay := time.Duration(req.GetDelayMs()) * time.Millisecond
-	stale := 0
+	delay := PolicyDelay
+	if req.DelayMs != nil {
+		delay = time.Duration(*req.DelayMs) * time.Millisecond
+	}
+	stale, failed, dead := 0, 0, false
+	next := time.Time{}
 	for i, p := range req.Partitions {
-		if err := l.sub.Nack(mb.id, p, req.Offsets[i], delay, now); err != nil {
+		r, err := l.sub.Nack(mb.id, p, req.Offsets[i], delay, req.Reason, now)
+		if err != nil {
 			stale++
 			continue
 		}
+		failed++
 		id := msgID{view: view, part: p, off: req.Offsets[i]}
 		if te, ok := l.toks[id]; ok && te.tok != 0 {
 			_ = mb.breaker.Failure(te.tok, FailNack)
@@ -1214,16 +1346,36 @@ func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		}
 		delete(l.toks, id)
 		mNacked.WithLabelValues(c.group).Inc()
+		if r.Dead {
+			dead = true
+		} else {
+			mRetries.WithLabelValues(c.group, "nack").Inc()
+			if next.IsZero() || r.At.Before(next) {
+				next = r.At
+			}
+		}
 	}
 	if stale > 0 {
 		mStaleAcks.WithLabelValues(c.group).Add(float64(stale))
 	}
 	_ = l.sub.Request(mb.id, int(req.Credits))
 	defer c.refill(mb)
-	respond(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_NackResponse{NackResponse: &heraldpb.NackResponse{}}})
+	ok := &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_NackResponse{NackResponse: &heraldpb.NackResponse{}}}
+	if failed == 0 {
+		respond(ctx, ctx.Sender(), ok)
+	} else {
+		c.markDirty(view)
+		c.waiters = append(c.waiters, waiter{to: ctx.Sender(), f: ok})
+	}
 	c.checkRevocations(ctx)
+	if dead {
+		c.pumpDLQ(ctx)
+	}
 	c.dispatch(ctx)
-	c.armDeadlineAt(now, now.Add(delay))
+	if !next.IsZero() {
+		c.armDeadlineAt(now, next)
+	}
+	c.flush(ctx)
 }
 
 func (c *coordinator) onCommit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.CommitRequest) {
@@ -1291,8 +1443,15 @@ func (c *coordinator) onDeadline(ctx actor.Context) {
 	}
 	now := time.Now()
 	expired := l.sub.Tick(now)
+	dead := false
 	for _, d := range expired {
 		id := msgID{view: l.sub.ViewOf(d.Member), part: d.Partition, off: d.Offset}
+		c.dirty[id.view] = true // the retry's delay and count, written lazily
+		if d.Dead {
+			dead = true
+		} else {
+			mRetries.WithLabelValues(c.group, "timeout").Inc()
+		}
 		te, ok := l.toks[id]
 		delete(l.toks, id)
 		switch owner := l.members[d.Member]; {
@@ -1306,6 +1465,10 @@ func (c *coordinator) onDeadline(ctx actor.Context) {
 	if len(expired) > 0 {
 		mAckTimeouts.WithLabelValues(c.group).Add(float64(len(expired)))
 		c.checkRevocations(ctx)
+		c.scheduleFlush()
+	}
+	if dead {
+		c.pumpDLQ(ctx)
 	}
 	c.dispatch(ctx)
 	c.armDeadline(now)
@@ -1664,7 +1827,8 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 // ---- describe ----------------------------------------------------------------
 
 func (c *coordinator) describe() *heraldpb.GroupInfo {
-	gi := &heraldpb.GroupInfo{Group: c.group}
+	gi := &heraldpb.GroupInfo{Group: c.group, DeadLettered: c.st.deadLettered, Expired: c.st.expired,
+		RetryPolicy: c.st.lastPolicy, DeadLetterTopic: c.st.lastDLQ}
 	l := c.live
 	if l == nil {
 		topicName := c.st.lastTop
@@ -1680,12 +1844,14 @@ func (c *coordinator) describe() *heraldpb.GroupInfo {
 				if err != nil {
 					continue
 				}
+				gi.Retrying += uint32(len(pp.Retries))
 				gi.Partitions = append(gi.Partitions, lagOf(pp.Partition, r.Subscriber, prog, entry, ""))
 			}
 		}
 		return gi
 	}
 	gi.Topic, gi.Mode, gi.FilterType, gi.Filter = l.topic, wireMode(l.mode), l.filterType, l.filterText
+	gi.Retrying = uint32(l.sub.Retrying())
 	for _, mid := range l.sub.Members() {
 		mb := l.members[mid]
 		mi := &heraldpb.MemberInfo{

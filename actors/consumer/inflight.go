@@ -3,7 +3,9 @@ package consumer
 import (
 	"cmp"
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -18,6 +20,11 @@ type Message struct {
 	// Skip marks a record the subscription's filter rejected: it is done
 	// (advances progress) without being delivered.
 	Skip bool
+	// Expires is when the message's time-to-live runs out, in Unix
+	// milliseconds (its batch's append time plus the record's ttl_ms, else
+	// the topic's message_ttl_ms); 0 means never. Deliver never delivers an
+	// expired message (see Expired).
+	Expires int64
 }
 
 // Delivery is one message to push to a member (or, from Tick, one whose ack
@@ -30,6 +37,46 @@ type Delivery struct {
 	// Count is how many times the message has been delivered, this one
 	// included: 1 on first delivery.
 	Count int
+	// Dead, on a Delivery from Tick, means the timed-out delivery was the
+	// last the retry policy allows: the message waits for the dead-letter
+	// append (DeadLetters) instead of a retry.
+	Dead bool
+}
+
+// Reasons of dead letters that do not come from a nack.
+const (
+	ReasonAckTimeout = "ack timeout"
+	ReasonExpired    = "expired"
+)
+
+// MaxReason bounds the nack reason kept with a pending retry (and stored in
+// `__groups`); longer reasons are cut to it.
+const MaxReason = 256
+
+// PolicyDelay, as the delay of a Nack, lets the subscription's retry policy
+// choose the delay.
+const PolicyDelay time.Duration = -1
+
+// Expired is a message the subscription gave up because its time-to-live
+// ran out before it could be delivered (again): done at once, or, with
+// Config.DeadLetterExpired, waiting for the dead-letter append (Dead).
+type Expired struct {
+	View      MemberID
+	Partition uint32
+	Offset    int64
+	// Count is how many times it was delivered before it expired.
+	Count int
+	Dead  bool
+}
+
+// DeadLetter is a message waiting to be appended to the dead-letter topic:
+// its deliveries so far and why the last one failed.
+type DeadLetter struct {
+	View       MemberID
+	Partition  uint32
+	Offset     int64
+	Deliveries int
+	Reason     string
 }
 
 // msgID names a message within a subscription: broadcast views (one per
@@ -51,16 +98,25 @@ type flight struct {
 	member   MemberID
 	count    int
 	deadline time.Time
+	expires  int64 // Message.Expires
 }
 
 // retryEntry is a message to deliver again: nacked, timed out, or released
-// by a member that left or gave up its partition.
+// by a member that left or gave up its partition; or, in inflight.dead, one
+// waiting for its dead-letter append.
+//
+// An entry restored from `__groups` is not loaded until the actor's reads
+// reach its offset (its offset is at or past the view's next offset): only
+// then is its record held, and its key and expiry known. Deliver and
+// DeadLetters skip entries that are not loaded.
 type retryEntry struct {
 	id        msgID
 	key       string
-	count     int
+	count     int // deliveries so far
 	notBefore time.Time
 	avoid     MemberID // prefer another member than this one
+	reason    string   // why the last delivery failed
+	expires   int64    // Message.Expires
 }
 
 type keyHold struct {
@@ -73,6 +129,8 @@ type inflight struct {
 	flights   map[msgID]*offWin[*flight] // by partKey: flights of a view's partition
 	nflights  int
 	retry     []*retryEntry // sorted by id
+	dead      []*retryEntry // waiting for the dead-letter append, sorted by id
+	redeliv   map[msgID]int // by partKey: flights with count > 1 (stored with the progress)
 	perMember map[MemberID]int
 	perPart   map[msgID]int      // key {view, part, 0}: in flight per partition (Orderly only)
 	perKey    map[string]keyHold // key-shared: in flight per key, and to whom (KeyShared only)
@@ -87,6 +145,7 @@ func newInflight(byPart, byKey bool) inflight {
 	return inflight{
 		byPart: byPart, byKey: byKey,
 		flights:   map[msgID]*offWin[*flight]{},
+		redeliv:   map[msgID]int{},
 		perMember: map[MemberID]int{},
 		perPart:   map[msgID]int{},
 		perKey:    map[string]keyHold{},
@@ -106,6 +165,9 @@ func (fl *inflight) add(f *flight) {
 		fl.nflights++
 	}
 	w.put(f.id.off, f)
+	if f.count > 1 {
+		fl.redeliv[k]++
+	}
 	fl.perMember[f.member]++
 	if fl.byPart {
 		fl.perPart[partKey(f.id)]++
@@ -127,6 +189,9 @@ func (fl *inflight) remove(id msgID) *flight {
 		return nil
 	}
 	fl.nflights--
+	if f.count > 1 {
+		decr(fl.redeliv, partKey(id))
+	}
 	decr(fl.perMember, f.member)
 	if fl.byPart {
 		decr(fl.perPart, partKey(id))
@@ -150,17 +215,45 @@ func decr[K comparable](m map[K]int, k K) {
 	}
 }
 
-func (fl *inflight) findRetry(id msgID) int {
-	i, ok := slices.BinarySearchFunc(fl.retry, id, func(r *retryEntry, id msgID) int { return r.id.compare(id) })
+func cmpEntry(r *retryEntry, id msgID) int { return r.id.compare(id) }
+
+// findEntry returns the index of id in q (sorted by id), or -1.
+func findEntry(q []*retryEntry, id msgID) int {
+	i, ok := slices.BinarySearchFunc(q, id, cmpEntry)
 	if !ok {
 		return -1
 	}
 	return i
 }
 
-func (fl *inflight) addRetry(r *retryEntry) {
-	i, _ := slices.BinarySearchFunc(fl.retry, r.id, func(r *retryEntry, id msgID) int { return r.id.compare(id) })
-	fl.retry = slices.Insert(fl.retry, i, r)
+func (fl *inflight) findRetry(id msgID) int { return findEntry(fl.retry, id) }
+
+func insertEntry(q []*retryEntry, r *retryEntry) []*retryEntry {
+	i, found := slices.BinarySearchFunc(q, r.id, cmpEntry)
+	if found {
+		q[i] = r
+		return q
+	}
+	return slices.Insert(q, i, r)
+}
+
+func (fl *inflight) addRetry(r *retryEntry) { fl.retry = insertEntry(fl.retry, r) }
+
+func (fl *inflight) addDead(r *retryEntry) { fl.dead = insertEntry(fl.dead, r) }
+
+// entryRange is the index range of q's entries of view v, partition p, with
+// offsets in [lo, hi).
+func entryRange(q []*retryEntry, v MemberID, p uint32, lo, hi int64) (int, int) {
+	i, _ := slices.BinarySearchFunc(q, msgID{view: v, part: p, off: lo}, cmpEntry)
+	j, _ := slices.BinarySearchFunc(q, msgID{view: v, part: p, off: hi}, cmpEntry)
+	return i, j
+}
+
+// entries returns q's entries of view v, partition p, with offsets in
+// [lo, hi), aliasing q.
+func entries(q []*retryEntry, v MemberID, p uint32, lo, hi int64) []*retryEntry {
+	i, j := entryRange(q, v, p, lo, hi)
+	return q[i:j]
 }
 
 // get returns the flight id, or nil.
@@ -192,11 +285,12 @@ func (fl *inflight) sorted(keep func(*flight) bool) []*flight {
 }
 
 // release moves flights to the retry queue, to go out again at once,
-// preferably not to avoid.
+// preferably not to avoid. A release is not a failure: the retry policy
+// does not apply (the member left or gave its partition up).
 func (fl *inflight) release(fs []*flight, avoid MemberID, notBefore time.Time) {
 	for _, f := range fs {
 		fl.remove(f.id)
-		fl.addRetry(&retryEntry{id: f.id, key: f.key, count: f.count, notBefore: notBefore, avoid: avoid})
+		fl.addRetry(&retryEntry{id: f.id, key: f.key, count: f.count, notBefore: notBefore, avoid: avoid, expires: f.expires})
 	}
 }
 
@@ -242,6 +336,12 @@ func (s *Sub) InFlight(m MemberID) int { return s.fl.perMember[m] }
 // one message per partition (per key in key-shared) is in flight, and a
 // message never overtakes an earlier one of its partition (key) that is
 // waiting to be redelivered, even one delayed by a nack.
+//
+// A message whose time-to-live ran out by now (Message.Expires) is never
+// delivered: Deliver meets it as a candidate, due redeliveries included,
+// and ends it without using a credit: acked as done, or, with
+// Config.DeadLetterExpired, handed to the dead-letter queue. TakeExpired
+// lists them.
 func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 	ms := s.members[m]
 	if ms == nil {
@@ -255,6 +355,7 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 	if budget == 0 {
 		return nil, nil
 	}
+	nowMs := now.UnixMilli()
 	blocked := map[lockKey]bool{}
 	// orderlyPass reports whether a message under lk may go now, and blocks
 	// lk for the rest of this call either way.
@@ -268,11 +369,20 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 		return ok
 	}
 
+	v := s.views[ms.view]
 	kept := s.fl.retry[:0]
 	for _, r := range s.fl.retry {
-		if len(out) < budget && r.id.view == ms.view && orderlyPass(r.id, r.key) &&
+		// An entry whose record is not loaded yet (restored) neither goes
+		// nor holds back its partition: the reads that load it must not
+		// wait for messages it would block.
+		loaded := r.id.view == ms.view && r.id.off < v.next[r.id.part]
+		if loaded && !r.notBefore.After(now) && expiredBy(r.expires, nowMs) {
+			s.expire(r.id, r.key, r.count, now)
+			continue
+		}
+		if len(out) < budget && loaded && orderlyPass(r.id, r.key) &&
 			!r.notBefore.After(now) && s.eligible(m, r.id, r.key, r.avoid) {
-			out = append(out, s.send(m, r.id, r.key, r.count+1, now))
+			out = append(out, s.send(m, r.id, r.key, r.count+1, r.expires, now))
 			continue
 		}
 		kept = append(kept, r)
@@ -280,7 +390,6 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 	clear(s.fl.retry[len(kept):])
 	s.fl.retry = kept
 
-	v := s.views[ms.view]
 	n := s.cfg.Partitions
 	pos := make([]int, n)
 	for moved := true; moved && len(out) < budget; {
@@ -295,6 +404,11 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 					continue // taken earlier in this call
 				}
 				id := msgID{view: ms.view, part: uint32(p), off: msg.Offset}
+				if expiredBy(msg.Expires, nowMs) {
+					s.expire(id, msg.Key, 0, now)
+					msg.Offset = -1
+					continue
+				}
 				if !orderlyPass(id, msg.Key) {
 					continue
 				}
@@ -304,7 +418,7 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 					}
 					continue
 				}
-				out = append(out, s.send(m, id, msg.Key, 1, now))
+				out = append(out, s.send(m, id, msg.Key, 1, msg.Expires, now))
 				msg.Offset = -1
 				moved = true
 				break
@@ -318,6 +432,28 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 		v.pending[p] = slices.DeleteFunc(q, func(m Message) bool { return m.Offset < 0 })
 	}
 	return out, nil
+}
+
+func expiredBy(expires, nowMs int64) bool { return expires != 0 && nowMs >= expires }
+
+// expire ends a message whose time-to-live ran out instead of delivering
+// it (see Deliver).
+func (s *Sub) expire(id msgID, key string, count int, now time.Time) {
+	dead := s.cfg.DeadLetterExpired
+	s.expired = append(s.expired, Expired{View: id.view, Partition: id.part, Offset: id.off, Count: count, Dead: dead})
+	if dead {
+		s.fl.addDead(&retryEntry{id: id, key: key, count: count, notBefore: now, reason: ReasonExpired})
+		return
+	}
+	_ = s.views[id.view].prog[id.part].Ack(id.off)
+}
+
+// TakeExpired returns the messages ended by their time-to-live since the
+// last call (see Deliver), in the order they expired, and forgets them.
+func (s *Sub) TakeExpired() []Expired {
+	out := s.expired
+	s.expired = nil
+	return out
 }
 
 // lockKey is what Orderly serialises on: a partition of a view, or a key.
@@ -367,12 +503,12 @@ func (s *Sub) eligible(m MemberID, id msgID, key string, avoid MemberID) bool {
 }
 
 // send uses one of m's credits to deliver id.
-func (s *Sub) send(m MemberID, id msgID, key string, count int, now time.Time) Delivery {
+func (s *Sub) send(m MemberID, id msgID, key string, count int, expires int64, now time.Time) Delivery {
 	s.members[m].credits--
 	if s.cfg.AutoAck {
 		s.views[id.view].prog[id.part].Ack(id.off)
 	} else {
-		s.fl.add(&flight{id: id, key: key, member: m, count: count, deadline: now.Add(s.cfg.AckTimeout)})
+		s.fl.add(&flight{id: id, key: key, member: m, count: count, deadline: now.Add(s.cfg.AckTimeout), expires: expires})
 	}
 	return Delivery{Member: m, Partition: id.part, Offset: id.off, Key: key, Count: count}
 }
@@ -400,20 +536,65 @@ func (s *Sub) Ack(m MemberID, p uint32, off int64) error {
 	return prog.Ack(off)
 }
 
+// Retry is what became of a failed delivery (Nack, Tick).
+type Retry struct {
+	// Dead: the delivery was the last the retry policy allows; the message
+	// waits for its dead-letter append (DeadLetters).
+	Dead bool
+	// At is when the message may be delivered again (not Dead).
+	At time.Time
+}
+
 // Nack gives back a message in flight to m, to be redelivered (preferably
-// to another member) no earlier than now+delay. Errors: ErrUnknownMember,
-// ErrNotInFlight.
-func (s *Sub) Nack(m MemberID, p uint32, off int64, delay time.Duration, now time.Time) error {
+// to another member) no earlier than now+delay, or, with delay
+// PolicyDelay, after the retry policy's delay for its delivery count. An
+// explicit delay counts as a failed delivery like any other: when the
+// policy says the delivery was the last (RetryPolicy.DeadLetter), the
+// message goes to the dead-letter queue instead, with reason (cut to
+// MaxReason bytes). Errors: ErrUnknownMember, ErrNotInFlight.
+func (s *Sub) Nack(m MemberID, p uint32, off int64, delay time.Duration, reason string, now time.Time) (Retry, error) {
 	id, _, err := s.lookup(m, p, off)
 	if err != nil {
-		return err
+		return Retry{}, err
 	}
 	f := s.fl.get(id)
 	if f == nil || f.member != m {
-		return fmt.Errorf("%w: %s partition %d offset %d", ErrNotInFlight, m, p, off)
+		return Retry{}, fmt.Errorf("%w: %s partition %d offset %d", ErrNotInFlight, m, p, off)
 	}
-	s.fl.release([]*flight{f}, m, now.Add(max(delay, 0)))
-	return nil
+	return s.fail(f, delay, reason, now), nil
+}
+
+// fail ends flight f as failed: a retry after delay (PolicyDelay: the
+// policy's), preferably to another member, or a dead letter.
+func (s *Sub) fail(f *flight, delay time.Duration, reason string, now time.Time) Retry {
+	s.fl.remove(f.id)
+	r := &retryEntry{id: f.id, key: f.key, count: f.count, avoid: f.member, reason: cutReason(reason), expires: f.expires}
+	if s.cfg.Retry.DeadLetter(f.count) {
+		r.notBefore = now
+		s.fl.addDead(r)
+		return Retry{Dead: true}
+	}
+	if delay < 0 {
+		delay = s.cfg.Retry.Delay(f.count, s.rand())
+	}
+	r.notBefore = now.Add(delay)
+	s.fl.addRetry(r)
+	return Retry{At: r.notBefore}
+}
+
+func (s *Sub) rand() float64 {
+	if s.cfg.Rand != nil {
+		return s.cfg.Rand()
+	}
+	return rand.Float64()
+}
+
+// cutReason bounds a nack reason to MaxReason bytes of valid UTF-8.
+func cutReason(r string) string {
+	if len(r) <= MaxReason {
+		return r
+	}
+	return strings.ToValidUTF8(r[:MaxReason], "")
 }
 
 func (s *Sub) lookup(m MemberID, p uint32, off int64) (msgID, *Progress, error) {
@@ -427,16 +608,18 @@ func (s *Sub) lookup(m MemberID, p uint32, off int64) (msgID, *Progress, error) 
 	return msgID{view: ms.view, part: p, off: off}, s.views[ms.view].prog[p], nil
 }
 
-// Tick expires every flight whose ack deadline is at or before now: each
-// goes back for redelivery at once, preferably to another member. It returns
-// the expired messages (for metrics and the circuit breaker), ordered by
-// partition and offset. Its cost is linear in the messages in flight.
+// Tick expires every flight whose ack deadline is at or before now: a
+// failed delivery (reason ReasonAckTimeout), which the retry policy
+// redelivers after its delay, preferably to another member, or sends to
+// the dead-letter queue (Delivery.Dead). It returns the expired messages
+// (for metrics and the circuit breaker), ordered by partition and offset.
+// Its cost is linear in the messages in flight.
 func (s *Sub) Tick(now time.Time) []Delivery {
 	fs := s.fl.sorted(func(f *flight) bool { return !f.deadline.After(now) })
 	var out []Delivery
 	for _, f := range fs {
-		out = append(out, Delivery{Member: f.member, Partition: f.id.part, Offset: f.id.off, Key: f.key, Count: f.count})
-		s.fl.release([]*flight{f}, f.member, now)
+		r := s.fail(f, PolicyDelay, ReasonAckTimeout, now)
+		out = append(out, Delivery{Member: f.member, Partition: f.id.part, Offset: f.id.off, Key: f.key, Count: f.count, Dead: r.Dead})
 	}
 	return out
 }

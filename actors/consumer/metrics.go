@@ -44,6 +44,22 @@ var (
 		Name: "herald_consumer_stale_acks_total",
 		Help: "Acks and nacks of messages already done or not in flight (late acks after a timeout or rebalance), ignored.",
 	}, []string{"group"})
+	mRetries = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_consumer_retries_total",
+		Help: "Failed deliveries scheduled for a retry by the retry policy, by reason (nack, timeout).",
+	}, []string{"group", "reason"})
+	mDeadLettered = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_consumer_dead_lettered_total",
+		Help: "Messages appended (durably) to the group's dead-letter topic.",
+	}, []string{"group"})
+	mDeadLetterErrors = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_consumer_dead_letter_errors_total",
+		Help: "Failed attempts to create the dead-letter topic or append to it (each is retried with backoff).",
+	}, []string{"group"})
+	mExpired = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_consumer_expired_total",
+		Help: "Messages whose time-to-live ran out before delivery, by action (drop, dead_letter).",
+	}, []string{"group", "action"})
 	mFiltered = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_consumer_filtered_total",
 		Help: "Messages the group's filter skipped (they still advance progress).",
@@ -87,8 +103,12 @@ func deleteGroupMetrics(group string) {
 	for _, v := range []*prometheus.GaugeVec{mInFlight, mMembers, mCallQueue} {
 		v.DeleteLabelValues(group)
 	}
-	for _, v := range []*prometheus.CounterVec{mDelivered, mRedelivered, mAcked, mNacked, mAckTimeouts, mStaleAcks, mFiltered, mCallsDropped} {
+	for _, v := range []*prometheus.CounterVec{mDelivered, mRedelivered, mAcked, mNacked, mAckTimeouts, mStaleAcks, mFiltered, mCallsDropped,
+		mDeadLettered, mDeadLetterErrors} {
 		v.DeleteLabelValues(group)
+	}
+	for _, v := range []*prometheus.CounterVec{mRetries, mExpired} {
+		v.DeletePartialMatch(prometheus.Labels{"group": group})
 	}
 	mAckLatency.DeleteLabelValues(group)
 	mLag.DeletePartialMatch(prometheus.Labels{"group": group})

@@ -3,7 +3,6 @@ package consumer
 import (
 	"flag"
 	"fmt"
-	heraldpb "github.com/heraldmq/herald/proto"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/heraldmq/herald/actors/scheduler"
+	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/*.txt")
@@ -82,21 +84,34 @@ type scenario struct {
 	now time.Time
 }
 
-func (sc *scenario) rel(t time.Time) string { return t.Sub(sc.t0).String() }
+func (sc *scenario) rel(t time.Time) string {
+	if t.IsZero() {
+		return "any" // restored without a time: due at once
+	}
+	return t.Sub(sc.t0).String()
+}
 
 // run executes one command and returns its output. Commands:
 //
 //	sub mode=M partitions=N [start=O] [ack-timeout=D] [span=N] [pending=N] [orderly] [auto-ack]
+//	    [retry=POLICY] [draw=U] [dlq-expired]
+//	                                    POLICY is a retry policy with + for
+//	                                    spaces (1s,5s+max-deliveries=3); U is
+//	                                    every jitter draw (default 0)
 //	join M... | leave M | die M         membership; prints the plan
 //	revoked M [P...]                    confirm M's revokes (all when no P)
 //	assign                              current and target assignment
-//	produce p=P n=N [keys=a,b,...] [skip=I,J]  append to the fake log
+//	produce p=P n=N [keys=a,b,...] [skip=I,J] [ttl=D]  append to the fake log
+//	                                    (ttl: expires D after now)
 //	credits M N                         request(N)
-//	deliver M [n=N]                     offer the log, then deliver to M
+//	deliver M [n=N]                     offer the log, then deliver to M;
+//	                                    prints what expired too
 //	ack M O|P@O|P@O-O2...               acks; bare O means partition 0
-//	nack M O|P@O [delay=D]
+//	nack M O|P@O [delay=D] [reason=R]   no delay: the retry policy's
 //	commit M P@O
 //	tick D                              advance the clock, expire acks
+//	deadletters                         the dead letters waiting
+//	deadlettered P@O...                 their appends are durable
 //	restart                             encode, rebuild from the records
 //	state
 func (sc *scenario) run(t *testing.T, line string) string {
@@ -142,7 +157,20 @@ func (sc *scenario) run(t *testing.T, line string) string {
 			t.Fatal(err)
 		}
 		cfg := Config{Mode: mode, Partitions: num("partitions", 1), MaxSpan: num("span", 0),
-			MaxPending: num("pending", 0), Orderly: slices.Contains(pos, "orderly"), AutoAck: slices.Contains(pos, "auto-ack")}
+			MaxPending: num("pending", 0), Orderly: slices.Contains(pos, "orderly"), AutoAck: slices.Contains(pos, "auto-ack"),
+			DeadLetterExpired: slices.Contains(pos, "dlq-expired")}
+		if r, ok := kv["retry"]; ok {
+			if cfg.Retry, err = scheduler.ParseRetryPolicy(strings.ReplaceAll(r, "+", " ")); err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+		}
+		draw := 0.0
+		if u, ok := kv["draw"]; ok {
+			if draw, err = strconv.ParseFloat(u, 64); err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+		}
+		cfg.Rand = func() float64 { return draw }
 		if d, ok := kv["ack-timeout"]; ok {
 			cfg.AckTimeout = dur(d)
 		}
@@ -198,10 +226,14 @@ func (sc *scenario) run(t *testing.T, line string) string {
 				skip[n] = true
 			}
 		}
+		var expires int64
+		if d, ok := kv["ttl"]; ok {
+			expires = sc.now.Add(dur(d)).UnixMilli()
+		}
 		first := len(sc.log[p])
 		for i := 0; i < num("n", 1); i++ {
 			off := len(sc.log[p])
-			sc.log[p] = append(sc.log[p], Message{Partition: uint32(p), Offset: int64(off), Key: keys[i%len(keys)], Skip: skip[off]})
+			sc.log[p] = append(sc.log[p], Message{Partition: uint32(p), Offset: int64(off), Key: keys[i%len(keys)], Skip: skip[off], Expires: expires})
 		}
 		return fmt.Sprintf("p%d: %d-%d", p, first, len(sc.log[p])-1)
 	case "credits":
@@ -213,10 +245,17 @@ func (sc *scenario) run(t *testing.T, line string) string {
 		if err != nil {
 			return errs(err)
 		}
-		if len(ds) == 0 {
+		var b strings.Builder
+		for _, e := range sc.sub.TakeExpired() {
+			fmt.Fprintf(&b, "expired %sp%d@%d #%d", viewPrefix(e.View), e.Partition, e.Offset, e.Count)
+			if e.Dead {
+				b.WriteString(" dead")
+			}
+			b.WriteByte('\n')
+		}
+		if len(ds) == 0 && b.Len() == 0 {
 			return "none"
 		}
-		var b strings.Builder
 		for _, d := range ds {
 			fmt.Fprintf(&b, "%s\n", fmtDelivery(d))
 		}
@@ -232,7 +271,18 @@ func (sc *scenario) run(t *testing.T, line string) string {
 				case "ack":
 					err = sc.sub.Ack(m, p, off)
 				case "nack":
-					err = sc.sub.Nack(m, p, off, dur(orDefault(kv["delay"], "0s")), sc.now)
+					delay := PolicyDelay
+					if d, ok := kv["delay"]; ok {
+						delay = dur(d)
+					}
+					var r Retry
+					if r, err = sc.sub.Nack(m, p, off, delay, kv["reason"], sc.now); err == nil {
+						if r.Dead {
+							fmt.Fprintf(&b, "p%d@%d dead\n", p, off)
+						} else {
+							fmt.Fprintf(&b, "p%d@%d retry at=%s\n", p, off, sc.rel(r.At))
+						}
+					}
 				default:
 					err = sc.sub.Commit(m, p, off)
 				}
@@ -247,7 +297,29 @@ func (sc *scenario) run(t *testing.T, line string) string {
 		var b strings.Builder
 		fmt.Fprintf(&b, "now %s\n", sc.rel(sc.now))
 		for _, d := range sc.sub.Tick(sc.now) {
-			fmt.Fprintf(&b, "expired %s\n", fmtDelivery(d))
+			dead := ""
+			if d.Dead {
+				dead = " dead"
+			}
+			fmt.Fprintf(&b, "expired %s%s\n", fmtDelivery(d), dead)
+		}
+		return b.String()
+	case "deadletters":
+		var b strings.Builder
+		for _, d := range sc.sub.DeadLetters() {
+			fmt.Fprintf(&b, "%sp%d@%d deliveries=%d reason=%q\n", viewPrefix(d.View), d.Partition, d.Offset, d.Deliveries, d.Reason)
+		}
+		if b.Len() == 0 {
+			return "none"
+		}
+		return b.String()
+	case "deadlettered":
+		var b strings.Builder
+		for _, a := range pos {
+			p, off, _ := parseRef(t, a)
+			if !sc.sub.DeadLettered("", p, off) {
+				fmt.Fprintf(&b, "p%d@%d: not waiting\n", p, off)
+			}
 		}
 		return b.String()
 	case "restart":
@@ -395,6 +467,19 @@ func (sc *scenario) fmtState() string {
 		if r.avoid != "" {
 			fmt.Fprintf(&b, " avoid=%s", r.avoid)
 		}
+		if r.reason != "" {
+			fmt.Fprintf(&b, " reason=%q", r.reason)
+		}
+		if w := s.views[r.id.view]; r.id.off >= w.next[r.id.part] {
+			b.WriteString(" unloaded")
+		}
+		b.WriteByte('\n')
+	}
+	for _, r := range s.fl.dead {
+		fmt.Fprintf(&b, "dead %sp%d@%d #%d reason=%q", viewPrefix(r.id.view), r.id.part, r.id.off, r.count, r.reason)
+		if w := s.views[r.id.view]; r.id.off >= w.next[r.id.part] {
+			b.WriteString(" unloaded")
+		}
 		b.WriteByte('\n')
 	}
 	return b.String()
@@ -416,7 +501,17 @@ func fmtRecord(r *heraldpb.GroupProgress) string {
 		fmt.Fprintf(&b, " subscriber=%s", r.GetSubscriber())
 	}
 	for _, p := range r.GetPartitions() {
-		fmt.Fprintf(&b, " p%d{floor=%d runs=%v}", p.GetPartition(), p.GetAckFloor(), p.GetAckedRuns())
+		fmt.Fprintf(&b, " p%d{floor=%d runs=%v", p.GetPartition(), p.GetAckFloor(), p.GetAckedRuns())
+		for _, pr := range p.GetRetries() {
+			fmt.Fprintf(&b, " retry=%d#%d", pr.GetOffset(), pr.GetDeliveries())
+			if pr.GetNotBeforeMs() != 0 {
+				fmt.Fprintf(&b, "@%s", time.UnixMilli(pr.GetNotBeforeMs()).UTC().Format("15:04:05.000"))
+			}
+			if pr.GetReason() != "" {
+				fmt.Fprintf(&b, "(%s)", pr.GetReason())
+			}
+		}
+		b.WriteByte('}')
 	}
 	return b.String()
 }

@@ -21,11 +21,14 @@
 package consumer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
+	"github.com/heraldmq/herald/actors/scheduler"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -90,10 +93,23 @@ type Config struct {
 	Orderly bool
 	// MaxCredits caps a member's unused credits. 0 means DefaultMaxCredits.
 	MaxCredits int
-	// MaxPending caps, per partition and view, the messages offered by
-	// Append and not yet delivered; Append refuses more. 0 means
-	// DefaultMaxPending.
+	// MaxPending caps, per partition and view, the messages held for a
+	// (re)delivery that is not in flight: offered by Append and not yet
+	// delivered, waiting for a retry, or waiting for the dead-letter
+	// append. Append refuses more, so while retries fill it the actor reads
+	// no new records of that partition. 0 means DefaultMaxPending.
 	MaxPending int
+	// Retry decides when a failed delivery (a nack without a delay, an ack
+	// timeout) is delivered again, and after how many deliveries a message
+	// goes to the dead-letter queue instead. The zero policy is
+	// scheduler.DefaultRetryPolicy().
+	Retry scheduler.RetryPolicy
+	// DeadLetterExpired sends messages whose time-to-live ran out to the
+	// dead-letter queue (reason ReasonExpired) instead of dropping them.
+	DeadLetterExpired bool
+	// Rand draws the jitter of retry delays, uniformly in [0, 1); nil
+	// means math/rand/v2.
+	Rand func() float64
 }
 
 // Validate reports every problem with c at once, after defaults.
@@ -110,6 +126,9 @@ func (c Config) Validate() error {
 		if v < 0 {
 			errs = append(errs, fmt.Sprintf("%s %d < 0", name, v))
 		}
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, err.Error())
 	}
 	if len(errs) > 0 {
 		slices.Sort(errs)
@@ -131,6 +150,7 @@ func (c *Config) ensureDefaults() {
 	if c.MaxPending == 0 {
 		c.MaxPending = DefaultMaxPending
 	}
+	c.Retry = c.Retry.WithDefaults()
 }
 
 // Sub is one consumer group's subscription to one topic: the pure state the
@@ -145,7 +165,8 @@ type Sub struct {
 	asg     *Assignor // Clustering
 	ring    Ring      // KeyShared
 	fl      inflight
-	rr      int // partition Deliver starts with
+	rr      int       // partition Deliver starts with
+	expired []Expired // since the last TakeExpired
 }
 
 type memberState struct {
@@ -288,7 +309,9 @@ func (s *Sub) Commit(m MemberID, p uint32, off int64) error {
 	for _, f := range s.fl.sorted(func(f *flight) bool { return f.id.part == p && f.id.off < floor }) {
 		s.fl.remove(f.id)
 	}
-	s.fl.retry = slices.DeleteFunc(s.fl.retry, func(r *retryEntry) bool { return r.id.part == p && r.id.off < floor })
+	below := func(r *retryEntry) bool { return r.id.part == p && r.id.off < floor }
+	s.fl.retry = slices.DeleteFunc(s.fl.retry, below)
+	s.fl.dead = slices.DeleteFunc(s.fl.dead, below)
 	v.pending[p] = slices.DeleteFunc(v.pending[p], func(m Message) bool { return m.Offset < floor })
 	v.next[p] = max(v.next[p], floor)
 	return nil
@@ -315,23 +338,71 @@ func (s *Sub) Progress(v MemberID, p uint32) *Progress {
 
 // ReadFrom is the offset from which the actor should read p's log for
 // view, and how many messages Append would accept now (0: the view is
-// paused, by MaxPending or by the span bound).
+// paused, by MaxPending or by the span bound). Retries and dead letters
+// waiting count against MaxPending, except restored ones whose records
+// the reads have not reached yet: reading is what loads them.
 func (s *Sub) ReadFrom(v MemberID, p uint32) (off int64, room int) {
 	w := s.views[v]
 	if w == nil || int(p) >= len(w.prog) {
 		return 0, 0
 	}
 	off = w.next[p]
-	room = s.cfg.MaxPending - len(w.pending[p])
+	room = s.cfg.MaxPending - s.window(w, v, p)
 	room = int(min(int64(room), w.prog[p].Limit()-off))
 	return off, max(room, 0)
+}
+
+// window is how many messages of view v's partition p count against
+// MaxPending: offered and loaded retries and dead letters.
+func (s *Sub) window(w *view, v MemberID, p uint32) int {
+	n := len(w.pending[p])
+	for _, q := range [][]*retryEntry{s.fl.retry, s.fl.dead} {
+		i, j := entryRange(q, v, p, math.MinInt64, w.next[p])
+		n += j - i
+	}
+	return n
+}
+
+// restored returns the entry (a retry or a dead letter) waiting for the
+// record at id, restored from `__groups` and not loaded yet, or nil.
+func (s *Sub) restored(id msgID) *retryEntry {
+	for _, q := range [][]*retryEntry{s.fl.retry, s.fl.dead} {
+		if i := findEntry(q, id); i >= 0 {
+			return q[i]
+		}
+	}
+	return nil
+}
+
+// lastEntry is the highest offset of view v's partition p with a retry or a
+// dead letter, or -1.
+func (s *Sub) lastEntry(v MemberID, p uint32) int64 {
+	last := int64(-1)
+	for _, q := range [][]*retryEntry{s.fl.retry, s.fl.dead} {
+		if _, j := entryRange(q, v, p, math.MinInt64, math.MaxInt64); j > 0 && q[j-1].id.view == v && q[j-1].id.part == p {
+			last = max(last, q[j-1].id.off)
+		}
+	}
+	return last
+}
+
+// dropEntry removes the retry or dead letter id, if any.
+func (s *Sub) dropEntry(id msgID) {
+	if i := findEntry(s.fl.retry, id); i >= 0 {
+		s.fl.retry = slices.Delete(s.fl.retry, i, i+1)
+	}
+	if i := findEntry(s.fl.dead, id); i >= 0 {
+		s.fl.dead = slices.Delete(s.fl.dead, i, i+1)
+	}
 }
 
 // Append offers committed records of one partition to view, in offset
 // order from ReadFrom. It returns how many it took; it stops at the first
 // record at or beyond the progress limit (the span bound) or past
 // MaxPending. Records below ReadFrom, or already done (after Restore), are
-// taken and ignored; skipped (filtered) records are acked at once. Offsets
+// taken and ignored; skipped (filtered) records are acked at once. A record
+// with a restored retry or dead letter loads it (always taken: it was
+// counted before the restart) instead of being offered as new. Offsets
 // must be dense from ReadFrom: a missing offset holds the floor until Commit
 // or a reset moves it (the actor does so when retention removes records).
 func (s *Sub) Append(v MemberID, msgs ...Message) int {
@@ -339,6 +410,10 @@ func (s *Sub) Append(v MemberID, msgs ...Message) int {
 	if w == nil {
 		return 0
 	}
+	// Per partition, computed when Append meets it: the messages counted
+	// against MaxPending, and the last offset with a retry or dead letter
+	// (a record at or below it may load a restored one).
+	cur, held, last := -1, 0, int64(-1)
 	for i, msg := range msgs {
 		p := msg.Partition
 		if int(p) >= len(w.prog) {
@@ -348,16 +423,33 @@ func (s *Sub) Append(v MemberID, msgs ...Message) int {
 			continue
 		}
 		prog := w.prog[p]
-		if msg.Offset >= prog.Limit() || len(w.pending[p]) >= s.cfg.MaxPending {
+		if msg.Offset >= prog.Limit() {
+			return i
+		}
+		if int(p) != cur {
+			cur, held, last = int(p), s.window(w, v, p), s.lastEntry(v, p)
+		}
+		id := msgID{view: v, part: p, off: msg.Offset}
+		var r *retryEntry
+		if msg.Offset <= last {
+			r = s.restored(id)
+		}
+		if r == nil && held >= s.cfg.MaxPending {
 			return i
 		}
 		w.next[p] = msg.Offset + 1
 		switch {
-		case prog.Done(msg.Offset):
-		case msg.Skip:
-			prog.Ack(msg.Offset)
+		case prog.Done(msg.Offset) || msg.Skip:
+			if r != nil {
+				s.dropEntry(id)
+			}
+			_ = prog.Ack(msg.Offset)
+		case r != nil:
+			r.key, r.expires = msg.Key, msg.Expires
+			held++
 		default:
 			w.pending[p] = append(w.pending[p], msg)
+			held++
 		}
 	}
 	return len(msgs)
@@ -372,9 +464,41 @@ func (s *Sub) Encode(group, topic string, v MemberID) *heraldpb.GroupProgress {
 	}
 	g := &heraldpb.GroupProgress{Group: group, Topic: topic, Subscriber: string(v)}
 	for p, prog := range w.prog {
-		g.Partitions = append(g.Partitions, prog.Encode(uint32(p)))
+		pp := prog.Encode(uint32(p))
+		pp.Retries = s.encodeRetries(v, uint32(p))
+		g.Partitions = append(g.Partitions, pp)
 	}
 	return g
+}
+
+// encodeRetries lists, by offset, what a restart must not forget about
+// view v's partition p: retries waiting (their deliveries so far, not
+// before when, why the last failed), dead letters waiting for their append
+// (likewise), and redeliveries in flight (as retries due at once, with
+// the deliveries before the one in flight: if the broker dies, the one in
+// flight is as good as lost). First deliveries in flight are not listed:
+// they restart from the log with count 1.
+func (s *Sub) encodeRetries(v MemberID, p uint32) []*heraldpb.PendingRetry {
+	var out []*heraldpb.PendingRetry
+	for _, q := range [][]*retryEntry{s.fl.retry, s.fl.dead} {
+		for _, r := range entries(q, v, p, math.MinInt64, math.MaxInt64) {
+			pr := &heraldpb.PendingRetry{Offset: r.id.off, Deliveries: uint32(r.count), Reason: r.reason}
+			if !r.notBefore.IsZero() {
+				pr.NotBeforeMs = r.notBefore.UnixMilli()
+			}
+			out = append(out, pr)
+		}
+	}
+	k := msgID{view: v, part: p}
+	if w := s.fl.flights[k]; w != nil && s.fl.redeliv[k] > 0 {
+		w.each(func(off int64, f *flight) {
+			if f.count > 1 {
+				out = append(out, &heraldpb.PendingRetry{Offset: off, Deliveries: uint32(f.count - 1)})
+			}
+		})
+	}
+	slices.SortFunc(out, func(a, b *heraldpb.PendingRetry) int { return cmp.Compare(a.Offset, b.Offset) })
+	return out
 }
 
 // Restore installs stored progress (the latest `__groups` record for the
@@ -403,17 +527,85 @@ func (s *Sub) Restore(g *heraldpb.GroupProgress) error {
 			bad = errors.Join(bad, fmt.Errorf("partition %d: %w", pp.GetPartition(), err))
 			continue
 		}
-		w.prog[pp.GetPartition()] = prog
-		w.next[pp.GetPartition()] = prog.Floor()
-		w.pending[pp.GetPartition()] = nil
+		p := pp.GetPartition()
+		w.prog[p] = prog
+		w.next[p] = prog.Floor()
+		w.pending[p] = nil
+		s.dropEntries(v, p)
+		s.restoreRetries(v, p, prog, pp.GetRetries())
 	}
 	s.views[v] = w
 	return bad
 }
 
+// restoreRetries installs stored retries of view v's partition p, not
+// loaded until Append reaches them. An entry whose deliveries the retry
+// policy counts as the last goes back to the dead-letter queue; the others
+// wait for their not-before time, and their next delivery has count
+// deliveries+1. Entries below the floor, acknowledged, beyond the span or
+// repeated are ignored.
+func (s *Sub) restoreRetries(v MemberID, p uint32, prog *Progress, rs []*heraldpb.PendingRetry) {
+	for _, pr := range rs {
+		off := pr.GetOffset()
+		id := msgID{view: v, part: p, off: off}
+		if prog.Done(off) || off >= prog.Limit() || s.restored(id) != nil {
+			continue
+		}
+		r := &retryEntry{id: id, count: int(min(pr.GetDeliveries(), math.MaxInt32)), reason: cutReason(pr.GetReason())}
+		if pr.GetNotBeforeMs() != 0 {
+			r.notBefore = time.UnixMilli(pr.GetNotBeforeMs())
+		}
+		if r.count >= 1 && s.cfg.Retry.DeadLetter(r.count) {
+			s.fl.addDead(r)
+		} else {
+			s.fl.addRetry(r)
+		}
+	}
+}
+
+// dropEntries forgets the retries and dead letters of view v's partition p.
+func (s *Sub) dropEntries(v MemberID, p uint32) {
+	of := func(r *retryEntry) bool { return r.id.view == v && r.id.part == p }
+	s.fl.retry = slices.DeleteFunc(s.fl.retry, of)
+	s.fl.dead = slices.DeleteFunc(s.fl.dead, of)
+}
+
+// DeadLetters lists, by view, partition and offset, the messages waiting
+// for their dead-letter append whose records are loaded. They stay listed
+// until DeadLettered, Commit or Seek ends them: the actor appends them to
+// the dead-letter topic and calls DeadLettered once the append is durable.
+func (s *Sub) DeadLetters() []DeadLetter {
+	var out []DeadLetter
+	for _, r := range s.fl.dead {
+		if w := s.views[r.id.view]; w != nil && r.id.off < w.next[r.id.part] {
+			out = append(out, DeadLetter{View: r.id.view, Partition: r.id.part, Offset: r.id.off, Deliveries: r.count, Reason: r.reason})
+		}
+	}
+	return out
+}
+
+// DeadLettered marks a dead letter done: its append to the dead-letter
+// topic is durable. It reports whether the message was still waiting for
+// it (false: Commit, Seek or a reset ended it meanwhile).
+func (s *Sub) DeadLettered(v MemberID, p uint32, off int64) bool {
+	id := msgID{view: v, part: p, off: off}
+	i := findEntry(s.fl.dead, id)
+	if i < 0 {
+		return false
+	}
+	s.fl.dead = slices.Delete(s.fl.dead, i, i+1)
+	_ = s.views[v].prog[p].Ack(off)
+	return true
+}
+
+// Retrying is the number of messages waiting to be delivered again
+// (nacked, timed out or released, due or not), restored ones included.
+func (s *Sub) Retrying() int { return len(s.fl.retry) }
+
 // Seek moves view v's position in partition p to off: the progress restarts
 // there with nothing acked above it, offered messages are dropped, and
-// flights and redeliveries of p are forgotten (their acks become stale).
+// flights, redeliveries and dead letters of p are forgotten (their acks
+// become stale).
 // The coordinator uses it when retention removed the records at the floor.
 func (s *Sub) Seek(v MemberID, p uint32, off int64) {
 	w := s.views[v]
@@ -426,7 +618,7 @@ func (s *Sub) Seek(v MemberID, p uint32, off int64) {
 	for _, f := range s.fl.sorted(func(f *flight) bool { return f.id.view == v && f.id.part == p }) {
 		s.fl.remove(f.id)
 	}
-	s.fl.retry = slices.DeleteFunc(s.fl.retry, func(r *retryEntry) bool { return r.id.view == v && r.id.part == p })
+	s.dropEntries(v, p)
 }
 
 // ViewOf is the progress view m's deliveries belong to: m itself in

@@ -99,8 +99,9 @@ func OriginOf(rec *heraldpb.Record) (Origin, error) {
 	if o.Offset, err = strconv.ParseInt(get[HeaderDLQOffset], 10, 64); err != nil || o.Offset < 0 {
 		return bad(HeaderDLQOffset, cmpErr(err, "negative"))
 	}
-	if o.Deliveries, err = strconv.Atoi(get[HeaderDLQDeliveries]); err != nil || o.Deliveries < 1 {
-		return bad(HeaderDLQDeliveries, cmpErr(err, "below 1"))
+	// 0 is a message whose time-to-live ran out before its first delivery.
+	if o.Deliveries, err = strconv.Atoi(get[HeaderDLQDeliveries]); err != nil || o.Deliveries < 0 {
+		return bad(HeaderDLQDeliveries, cmpErr(err, "negative"))
 	}
 	o.Reason = get[HeaderDLQReason]
 	if o.Time, err = time.Parse(time.RFC3339Nano, get[HeaderDLQTime]); err != nil {

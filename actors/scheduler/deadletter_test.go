@@ -40,7 +40,7 @@ func TestOriginOfRejects(t *testing.T) {
 	good := DeadLetter(&heraldpb.Record{}, Origin{Topic: "t", Deliveries: 1, Time: time.Unix(0, 0)})
 	for _, tc := range []struct{ key, val string }{
 		{HeaderDLQTopic, ""}, {HeaderDLQPartition, "-1"}, {HeaderDLQPartition, "4294967296"},
-		{HeaderDLQOffset, "x"}, {HeaderDLQOffset, "-5"}, {HeaderDLQDeliveries, "0"}, {HeaderDLQTime, "yesterday"},
+		{HeaderDLQOffset, "x"}, {HeaderDLQOffset, "-5"}, {HeaderDLQDeliveries, "-1"}, {HeaderDLQTime, "yesterday"},
 	} {
 		r := proto.Clone(good).(*heraldpb.Record)
 		for _, h := range r.Headers {

@@ -1,0 +1,71 @@
+package consumer
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/heraldmq/herald/actors/scheduler"
+)
+
+// An exponential policy with jitter retries the n-th failure after a delay
+// in [d*(1-jitter), d], d = min(initial*factor^(n-1), cap), whatever the
+// draw; the clock is the test's.
+func TestSubRetryJitterBounds(t *testing.T) {
+	policy, err := scheduler.ParseRetryPolicy("exponential initial=100ms factor=2 cap=1s jitter=0.2 max-deliveries=100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	draws := []float64{0, 0.5, 0.999999}
+	i := 0
+	sub, err := NewSub(Config{Mode: Shared, Partitions: 1, Retry: policy, Rand: func() float64 {
+		i++
+		if i <= len(draws) {
+			return draws[i-1]
+		}
+		return rng.Float64()
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.Join("a")
+	sub.Append("", Message{Offset: 0})
+	now := time.Unix(1000, 0)
+	spread := map[time.Duration]bool{}
+	for n := 1; n <= 40; n++ {
+		sub.Request("a", 1)
+		ds, _ := sub.Deliver("a", now, 0)
+		if len(ds) != 1 || ds[0].Count != n {
+			t.Fatalf("delivery %d: %v", n, ds)
+		}
+		r, err := sub.Nack("a", 0, 0, PolicyDelay, "x", now)
+		if err != nil || r.Dead {
+			t.Fatalf("nack %d: %v %v", n, r, err)
+		}
+		d := min(100*time.Millisecond<<(n-1), time.Second)
+		if n > 5 {
+			d = time.Second
+		}
+		got := r.At.Sub(now)
+		if lo := time.Duration(float64(d) * 0.8); got < lo || got > d {
+			t.Fatalf("failure %d: delay %v outside [%v, %v]", n, got, lo, d)
+		}
+		if n > 5 {
+			spread[got] = true
+		}
+		now = r.At
+	}
+	if len(spread) < 10 {
+		t.Fatalf("jitter does not spread the capped delays: %v", spread)
+	}
+}
+
+// The policy is validated with the rest of the Config.
+func TestConfigValidatesRetryPolicy(t *testing.T) {
+	_, err := NewSub(Config{Mode: Shared, Partitions: 1, Retry: scheduler.RetryPolicy{Delays: []time.Duration{0}}}, nil)
+	if !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("NewSub with a zero delay: %v", err)
+	}
+}
