@@ -109,7 +109,8 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 	b.groups, err = b.sys.Root.SpawnNamed(consumer.Props(consumer.Options{
 		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout, Push: push,
 		CompactBytes: cfg.groupsCompactBytes, CompactCheck: cfg.groupsCompactCheck,
-		Breaker: consumer.BreakerConfig{ConsecutiveFailures: cfg.BreakerFailures, CoolDown: cfg.BreakerCoolDown},
+		Breaker:     consumer.BreakerConfig{ConsecutiveFailures: cfg.BreakerFailures, CoolDown: cfg.BreakerCoolDown},
+		RetryPolicy: cfg.retry, TopicManager: b.manager,
 	}), consumer.ManagerName)
 	if err != nil {
 		b.stopActors()

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/persistence"
 )
 
@@ -42,10 +43,14 @@ type Config struct {
 	AckTimeout       time.Duration
 	BreakerFailures  int
 	BreakerCoolDown  time.Duration
-	ShutdownTimeout  time.Duration
-	LogLevel         string
+	// RetryPolicy is the retry policy of subscriptions that name none
+	// (scheduler.ParseRetryPolicy syntax); empty means the default.
+	RetryPolicy     string
+	ShutdownTimeout time.Duration
+	LogLevel        string
 
 	flush persistence.FlushPolicy // parsed by Validate
+	retry scheduler.RetryPolicy   // parsed by Validate
 
 	// Test hooks (not settings): compaction of __groups; 0 = defaults.
 	groupsCompactBytes int64
@@ -59,7 +64,8 @@ func Default() Config {
 		SegmentBytes: 4 << 20, MaxFrameBytes: 16 << 20, MaxConnections: 10000, IdleTimeout: 5 * time.Minute,
 		MaxInFlight: 1024, DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
-		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second, ShutdownTimeout: 10 * time.Second, LogLevel: "info",
+		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second,
+		RetryPolicy: scheduler.DefaultRetryPolicy().String(), ShutdownTimeout: 10 * time.Second, LogLevel: "info",
 	}
 }
 
@@ -127,6 +133,14 @@ func (c *Config) Validate() error {
 	}
 	if c.BreakerCoolDown < time.Millisecond {
 		bad("breaker-cooldown", "must be at least 1ms")
+	}
+	c.retry = scheduler.DefaultRetryPolicy()
+	if c.RetryPolicy != "" {
+		if p, err := scheduler.ParseRetryPolicy(c.RetryPolicy); err != nil {
+			bad("retry-policy", "%v", err)
+		} else {
+			c.retry = p
+		}
 	}
 	if c.ShutdownTimeout <= 0 {
 		bad("shutdown-timeout", "must be positive")

@@ -65,6 +65,9 @@ func settings() []setting {
 		{"breaker-cooldown", "how long an open breaker pauses delivery before half-open probes", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.DurationVar(&c.BreakerCoolDown, "breaker-cooldown", d.BreakerCoolDown, "")
 		}},
+		{"retry-policy", "retry policy of subscriptions that set none: DELAYS[,...] or exponential [initial=D] [factor=F] [cap=D] [jitter=J], then [max-deliveries=N]", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.RetryPolicy, "retry-policy", d.RetryPolicy, "")
+		}},
 		{"event-loops", "network event loops (0 = one per core)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.IntVar(&c.EventLoops, "event-loops", d.EventLoops, "")
 		}},
