@@ -105,6 +105,21 @@ type SubscribeOptions struct {
 	// AckTimeout is how long the broker waits for an ack before it
 	// redelivers; 0 = the broker's default (30s).
 	AckTimeout time.Duration
+	// RetryPolicy says when the broker redelivers a message whose delivery
+	// failed (Fail, or no ack within AckTimeout) and after how many
+	// deliveries it dead-letters it instead: "1s,5s,30s max-deliveries=5"
+	// or "exponential initial=100ms factor=2 cap=10m jitter=0.2
+	// max-deliveries=16". Empty = the broker's --retry-policy.
+	// A policy that does not parse is refused with INVALID_REQUEST; all
+	// live members of a group must use the same (GROUP_CONFLICT).
+	RetryPolicy string
+	// DeadLetterTopic is where messages go after their last allowed
+	// delivery fails; empty = "<Group>.dlq". The broker creates it (one
+	// partition) on its first dead letter. It may not be Topic.
+	DeadLetterTopic string
+	// DeadLetterExpired sends messages whose TTL ran out to the dead-letter
+	// topic (reason "expired") instead of dropping them.
+	DeadLetterExpired bool
 	// Window is the credit window: the most messages pushed to this
 	// subscription and not yet finished by a handler (default
 	// DefaultWindow, at most MaxWindow). The client buffers at most Window
@@ -161,6 +176,9 @@ func (o *SubscribeOptions) Validate() error {
 	}
 	if o.Tags != "" && o.SQL != "" {
 		bad("herald: subscribe: set Tags or SQL, not both")
+	}
+	if o.DeadLetterTopic != "" && o.DeadLetterTopic == o.Topic {
+		bad("herald: subscribe: DeadLetterTopic is the subscription's own topic")
 	}
 	if o.AckTimeout < 0 || o.AckTimeout/time.Millisecond > 1<<32-1 {
 		bad("herald: subscribe: AckTimeout %s out of range", o.AckTimeout)
@@ -503,6 +521,10 @@ func (s *Subscription) subscribeRequest(credits int) *heraldpb.Frame {
 		Start:        o.From.wire(),
 		Responder:    o.Responder,
 		MemberName:   o.Name,
+
+		RetryPolicy:       o.RetryPolicy,
+		DeadLetterTopic:   o.DeadLetterTopic,
+		DeadLetterExpired: o.DeadLetterExpired,
 	}
 	if req.MemberName == "" && o.Mode == Broadcast {
 		host, _ := os.Hostname()

@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/heraldmq/herald/actors/scheduler"
+	"github.com/heraldmq/herald/client"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// failure is one delivery a handler failed.
+type failure struct {
+	count int
+	at    time.Time
+}
+
+// subscribeFailing subscribes a handler that fails every delivery with the
+// reason "fail <count>" and reports it on the returned channel.
+func subscribeFailing(t *testing.T, c *client.Client, policy string) (*client.Subscription, chan failure) {
+	t.Helper()
+	got := make(chan failure, 16)
+	sub, err := c.Subscribe(ctxT(t, 20*time.Second), client.SubscribeOptions{
+		Group: "billing", Topic: "invoices", Mode: client.Shared, From: client.Earliest(), RetryPolicy: policy,
+	}, func(ctx context.Context, m *client.Delivered) {
+		m.Fail(fmt.Sprintf("fail %d", m.DeliveryCount))
+		got <- failure{count: m.DeliveryCount, at: time.Now()}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sub, got
+}
+
+func nextFailure(t *testing.T, got chan failure) failure {
+	t.Helper()
+	select {
+	case f := <-got:
+		return f
+	case <-time.After(20 * time.Second):
+		t.Fatal("no delivery within 20s")
+		return failure{}
+	}
+}
+
+// A message that always fails, through the SDK against a broker process
+// that is SIGKILLed while a retry is pending: the retry keeps its delay and
+// its delivery count across the crash, and after max-deliveries the
+// message is in "<group>.dlq" with the last reason.
+func TestRetryAcrossSIGKILL(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	if _, err := c.CreateTopic(ctxT(t, 10*time.Second), "invoices", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Subscribe(ctxT(t, 10*time.Second), client.SubscribeOptions{Group: "billing", Topic: "invoices", RetryPolicy: "every 5s"},
+		func(context.Context, *client.Delivered) {})
+	if !client.IsCode(err, heraldpb.ErrorCode_INVALID_REQUEST) {
+		t.Fatalf("a bad retry policy: %v, want INVALID_REQUEST", err)
+	}
+	if _, err := c.NewProducer().Send(ctxT(t, 10*time.Second), &client.Message{Topic: "invoices", Partition: -1, Key: []byte("k"), Value: []byte("inv-1")}); err != nil {
+		t.Fatal(err)
+	}
+
+	const policy = "200ms,4s max-deliveries=3"
+	sub, got := subscribeFailing(t, c, policy)
+	f1 := nextFailure(t, got)
+	f2 := nextFailure(t, got)
+	if f1.count != 1 || f2.count != 2 || f2.at.Sub(f1.at) < 200*time.Millisecond {
+		t.Fatalf("deliveries %d then %d after %v, want 1 then 2 after at least 200ms", f1.count, f2.count, f2.at.Sub(f1.at))
+	}
+	// The second failure's nack is durable once Flush returns; its retry
+	// is due 4s later.
+	if err := sub.Flush(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	n.Kill(t)
+	n.Start(t)
+
+	c2 := dial(t, n)
+	_, got = subscribeFailing(t, c2, policy)
+	f3 := nextFailure(t, got)
+	if f3.count != 3 {
+		t.Fatalf("after the crash: delivery count %d, want 3", f3.count)
+	}
+	if d := f3.at.Sub(f2.at); d < 4*time.Second {
+		t.Fatalf("after the crash the retry came %v after its failure, before the policy's 4s", d)
+	}
+	// The third failure is the last: the message goes to billing.dlq.
+	var dl []*client.Message
+	checkFor(t, 20*time.Second, "the dead letter", func() error {
+		res, err := c2.Fetch(ctxT(t, 10*time.Second), "billing.dlq", 0, 0, 1<<20, 0)
+		if err != nil {
+			return err
+		}
+		if dl = res.Messages; len(dl) != 1 {
+			return fmt.Errorf("billing.dlq holds %d records", len(dl))
+		}
+		return nil
+	})
+	rec := &heraldpb.Record{Key: dl[0].Key, Value: dl[0].Value}
+	for _, h := range dl[0].Headers {
+		rec.Headers = append(rec.Headers, &heraldpb.Header{Key: h.Key, Value: h.Value})
+	}
+	o, err := scheduler.OriginOf(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(dl[0].Value) != "inv-1" || o.Topic != "invoices" || o.Offset != 0 || o.Deliveries != 3 || o.Reason != "fail 3" {
+		t.Fatalf("dead letter %q from %+v", dl[0].Value, o)
+	}
+	checkFor(t, 20*time.Second, "the group's lag to reach 0", func() error {
+		gi, err := c2.DescribeGroup(ctxT(t, 5*time.Second), "billing")
+		if err != nil {
+			return err
+		}
+		if gi.Partitions[0].Lag != 0 || gi.DeadLettered != 1 || gi.RetryPolicy != policy {
+			return fmt.Errorf("lag %d, dead-lettered %d, policy %q", gi.Partitions[0].Lag, gi.DeadLettered, gi.RetryPolicy)
+		}
+		return nil
+	})
+	select {
+	case f := <-got:
+		t.Fatalf("delivered again after the dead letter: %+v", f)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
