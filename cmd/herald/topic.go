@@ -14,7 +14,7 @@ import (
 
 func init() { register("topic", cliRunner(topicCmd)) }
 
-const topicUsage = "usage: herald topic create NAME --partitions N [--replication R] [--retention D] [--retention-bytes B] [--max-message-bytes B] | list | describe NAME | delete NAME"
+const topicUsage = "usage: herald topic create NAME --partitions N [--replication R] [--retention D] [--retention-bytes B] [--max-message-bytes B] [--message-ttl D] | list | describe NAME | delete NAME"
 
 // topicCmd runs "herald topic SUBCOMMAND ...".
 func topicCmd(ctx context.Context, args []string, io cliIO) error {
@@ -24,6 +24,7 @@ func topicCmd(ctx context.Context, args []string, io cliIO) error {
 	retention := fs.Duration("retention", 0, "delete records older than this (create; 0 = keep forever)")
 	retentionBytes := fs.Int64("retention-bytes", 0, "keep at most this many bytes per partition (create; 0 = unlimited)")
 	maxMessage := fs.Uint("max-message-bytes", 0, "largest record batch accepted (create; 0 = broker default)")
+	messageTTL := fs.Duration("message-ttl", 0, "consumer groups never deliver a message this long after its append (create; 0 = no TTL; a record's own TTL wins)")
 	fs.Usage = func() {
 		fmt.Fprintln(io.err, topicUsage)
 		fs.PrintDefaults()
@@ -54,6 +55,9 @@ func topicCmd(ctx context.Context, args []string, io cliIO) error {
 		if *retention < 0 || *retentionBytes < 0 {
 			return usagef("--retention and --retention-bytes must not be negative")
 		}
+		if *messageTTL < 0 || (*messageTTL > 0 && *messageTTL < time.Millisecond) {
+			return usagef("--message-ttl must be 0 or at least 1ms")
+		}
 	}
 	c, err := cf.dial(ctx)
 	if err != nil {
@@ -68,6 +72,7 @@ func topicCmd(ctx context.Context, args []string, io cliIO) error {
 			RetentionMs:       retention.Milliseconds(),
 			RetentionBytes:    *retentionBytes,
 			MaxMessageBytes:   uint32(*maxMessage),
+			MessageTtlMs:      messageTTL.Milliseconds(),
 		}
 		ti, err := c.CreateTopic(ctx, rest[0], cfg)
 		if err != nil {
@@ -135,7 +140,11 @@ func printTopic(io cliIO, t *heraldpb.TopicInfo) {
 	fmt.Fprintf(io.out, "replication:       %d\n", cfg.GetReplicationFactor())
 	fmt.Fprintf(io.out, "retention:         %s\n", fmtRetention(cfg.GetRetentionMs()))
 	fmt.Fprintf(io.out, "retention-bytes:   %s\n", fmtLimit(cfg.GetRetentionBytes()))
-	fmt.Fprintf(io.out, "max-message-bytes: %s\n\n", fmtLimit(int64(cfg.GetMaxMessageBytes())))
+	fmt.Fprintf(io.out, "max-message-bytes: %s\n", fmtLimit(int64(cfg.GetMaxMessageBytes())))
+	if ttl := cfg.GetMessageTtlMs(); ttl > 0 {
+		fmt.Fprintf(io.out, "message-ttl:       %s\n", time.Duration(ttl)*time.Millisecond)
+	}
+	fmt.Fprintln(io.out)
 	tw := tabwriter.NewWriter(io.out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PARTITION\tLEADER\tREPLICAS\tLOG-START\tHIGH-WATERMARK\tSIZE")
 	for _, p := range t.GetPartitions() {
