@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -23,8 +24,12 @@ func (b *Broker) startScheduler(reg *topic.Registry) error {
 	if err != nil {
 		return fmt.Errorf("internal topic %s: %w", scheduler.ScheduleTopic, err)
 	}
+	farDir := filepath.Join(b.cfg.DataDir, "scheduler-far")
 	b.sched, err = b.sys.Root.SpawnNamed(scheduler.Props(scheduler.Options{
 		Topics: reg, Logger: b.log,
+		// Timers beyond the wheel's 65 s window wait on disk, one file per
+		// 65 s bucket, rebuilt from __schedule at every start.
+		NewFar: func() (scheduler.FarStore, error) { return scheduler.OpenDiskFar(farDir, scheduler.DiskFarOptions{}) },
 	}), scheduler.ActorName)
 	if err != nil {
 		return fmt.Errorf("scheduler: %w", err)

@@ -106,10 +106,23 @@ func (o *Options) ensureDefaults() {
 // ScheduleTopic must exist and be writable before it starts.
 func Props(o Options) *actor.Props {
 	o.ensureDefaults()
+	sh := &incarnations{}
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Scheduler{o: &o, log: o.Logger.With("component", "scheduler")}
+		return &Scheduler{o: &o, sh: sh, log: o.Logger.With("component", "scheduler")}
 	})
 }
+
+// incarnations is what one incarnation of the actor leaves the next when
+// it restarts (after a panic): the requests it had in flight. Their
+// answers still come, to the same PID; until they all have (or
+// orphanWait passed), the new incarnation does not read __schedule, so it
+// sees every write and append the old one made.
+type incarnations struct {
+	orphans map[uint64]bool
+}
+
+// orphanWait bounds the wait for a previous incarnation's requests.
+const orphanWait = 30 * time.Second
 
 // Scheduler is the scheduler actor. It rebuilds the pending set and the
 // timing wheel from __schedule when it starts, then:
@@ -130,6 +143,7 @@ func Props(o Options) *actor.Props {
 // far store (on disk in the broker).
 type Scheduler struct {
 	o    *Options
+	sh   *incarnations
 	log  *slog.Logger
 	self *actor.PID
 	sys  *actor.ActorSystem
@@ -190,11 +204,13 @@ type writeOp struct {
 
 // Timer and internal messages.
 type (
-	fireTick     struct{ gen uint64 }
-	compactTick  struct{}
-	retryWrite   struct{}
-	loadRetry    struct{}
-	listFinished struct {
+	fireTick       struct{ gen uint64 }
+	compactTick    struct{}
+	retryWrite     struct{}
+	loadRetry      struct{}
+	pokeMsg        struct{} // tests with a clock that jumps: look at the time now
+	orphansTimeout struct{}
+	listFinished   struct {
 		to   *actor.PID
 		f    *heraldpb.Frame
 		resp *heraldpb.ListScheduledResponse
@@ -227,8 +243,25 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		}
 		s.far = far
 		s.wheel = NewWheel(s.loadStart.UnixMilli(), far)
+		if len(s.sh.orphans) > 0 {
+			s.log.Info("waiting for the previous incarnation's requests before loading", "requests", len(s.sh.orphans))
+			s.after(orphanWait, &orphansTimeout{})
+			return
+		}
 		s.load(ctx)
+	case *orphansTimeout:
+		if len(s.sh.orphans) > 0 {
+			s.log.Warn("requests of the previous incarnation never answered; loading anyway", "requests", len(s.sh.orphans))
+			clear(s.sh.orphans)
+			s.load(ctx)
+		}
 	case *actor.Restarting, *actor.Stopping:
+		if s.sh.orphans == nil {
+			s.sh.orphans = map[uint64]bool{}
+		}
+		for id := range s.calls {
+			s.sh.orphans[id] = true
+		}
 		// Requests waiting for a write get an answer: TIMEOUT, as the
 		// write in flight may or may not have been stored.
 		e := heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "the scheduler restarted before the write finished; the request may or may not have taken effect")
@@ -250,6 +283,10 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 			s.timerAt = 0
 			s.onTick(ctx)
 		}
+	case *pokeMsg:
+		s.timerAt, s.sendAt = 0, 0 // a clock that jumped: timers armed earlier are too late
+		s.onTick(ctx)
+		s.sendDue(ctx)
 	case *sendTick:
 		if msg.gen == s.sendGen {
 			s.sendAt = 0
@@ -286,6 +323,11 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 			if fn, ok := s.calls[msg.Id]; ok {
 				delete(s.calls, msg.Id)
 				fn(msg)
+			} else if s.sh.orphans[msg.Id] {
+				delete(s.sh.orphans, msg.Id)
+				if len(s.sh.orphans) == 0 && s.sched == nil && !s.loaded {
+					s.load(ctx) // the previous incarnation's requests are all answered
+				}
 			}
 			return
 		}
@@ -492,7 +534,7 @@ func (s *Scheduler) scanFor(ctx actor.Context, e *topic.Entry, p uint32, from in
 	var got []uint64
 	var step func(off int64)
 	step = func(off int64) {
-		if off >= e.Stats[p].HighWatermark.Load() || len(want) == 0 {
+		if len(want) == 0 {
 			done(got)
 			return
 		}
@@ -501,8 +543,8 @@ func (s *Scheduler) scanFor(ctx actor.Context, e *topic.Entry, p uint32, from in
 		}}}, func(f *heraldpb.Frame) {
 			fr := f.GetFetchResponse()
 			if fr == nil {
-				if f.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE {
-					step(max(off+1, e.Stats[p].StartOffset.Load()))
+				if start := e.Stats[p].StartOffset.Load(); f.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && off < start {
+					step(start) // retention removed the start: what it removed was appended before
 					return
 				}
 				s.log.Warn("recovering fires: reading the target partition; treating the rest as not appended", "topic", e.Name, "partition", p, "err", f.GetError().GetMessage())
@@ -522,7 +564,9 @@ func (s *Scheduler) scanFor(ctx actor.Context, e *topic.Entry, p uint32, from in
 					return true
 				})
 			}
-			if next == off {
+			if next == off || next >= fr.HighWatermark {
+				// The partition's own high watermark, not Stats': an answer
+				// may come before Stats is updated.
 				done(got)
 				return
 			}

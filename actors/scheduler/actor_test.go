@@ -162,3 +162,60 @@ func TestSchedulerCrashBetweenAppendAndRecord(t *testing.T) {
 		t.Fatalf("only %d crashes injected", crashes.Load())
 	}
 }
+
+// jumpClock is the real clock plus an offset a test moves forward.
+type jumpClock struct{ off atomic.Int64 }
+
+func (c *jumpClock) now() time.Time      { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *jumpClock) jump(d time.Duration) { c.off.Add(int64(d)) }
+
+// Far timers (minutes to 90 days) wait in the disk-backed far store, are
+// rebuilt from __schedule after a restart, fire once each in order of
+// their time when the clock reaches them, and a cancelled one never fires.
+func TestSchedulerFarTimersAcrossRestart(t *testing.T) {
+	dir := t.TempDir()
+	clk := &jumpClock{}
+	opts := func() Options {
+		return Options{Now: clk.now, NewFar: func() (FarStore, error) { return OpenDiskFar(dir+"/far", DiskFarOptions{MaxBuffered: 2}) }}
+	}
+	r := newRig(t, dir+"/data", opts())
+	delays := map[string]time.Duration{
+		"2m": 2 * time.Minute, "1h": time.Hour, "1h-b": time.Hour + 5*time.Second, "3d": 72 * time.Hour,
+		"90d": 90 * 24 * time.Hour, "cancelled": 2 * time.Hour, "near": 30 * time.Second,
+	}
+	ids := map[string]string{}
+	for v, d := range delays {
+		ids[v] = r.schedule(0, d, v)
+	}
+	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CancelScheduled{CancelScheduled: &heraldpb.CancelScheduledRequest{Id: ids["cancelled"]}}}, r.sched)
+	// Restart: the scheduler rebuilds its wheel and far store from the log.
+	r.stop()
+	r = newRig(t, dir+"/data", opts())
+	defer r.stop()
+	list := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListScheduled{ListScheduled: &heraldpb.ListScheduledRequest{Limit: 100}}}, r.sched).GetListScheduledResponse()
+	if list.Pending != 6 || len(list.Scheduled) != 6 || list.Scheduled[0].Id != ids["near"] || list.Scheduled[5].Id != ids["90d"] {
+		t.Fatalf("after restart: %v", list)
+	}
+	want := []string{"near", "2m", "1h", "1h-b", "3d", "90d"}
+	var moved time.Duration
+	for i, v := range want {
+		clk.jump(delays[v] - moved) // just past v's time (real time has passed too)
+		moved = delays[v]
+		r.sys.Root.Send(r.sched, &pokeMsg{})
+		waitFor(t, v, func() bool { vals, _ := r.read(0); return len(vals) > i })
+		vals, idOf := r.read(0)
+		if len(vals) != i+1 || vals[i] != v || idOf[v] != ids[v] {
+			t.Fatalf("after the clock reached %s: %v", v, vals)
+		}
+	}
+	clk.jump(100 * 24 * time.Hour)
+	r.sys.Root.Send(r.sched, &pokeMsg{})
+	// The list is empty once the last fire is recorded; nothing more came.
+	waitFor(t, "no pending", func() bool {
+		l := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListScheduled{ListScheduled: &heraldpb.ListScheduledRequest{}}}, r.sched).GetListScheduledResponse()
+		return l.Pending == 0
+	})
+	if vals, _ := r.read(0); len(vals) != len(want) {
+		t.Fatalf("topic holds %v", vals)
+	}
+}

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"container/heap"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -72,6 +73,17 @@ func (s *Scheduler) armTimer() {
 func (s *Scheduler) onTick(ctx actor.Context) {
 	before := len(s.dueQ)
 	s.dueQ = s.wheel.Advance(s.nowMs()+s.o.Lead.Milliseconds(), s.dueQ)
+	if d, ok := s.far.(*DiskFar); ok {
+		st := d.Stats()
+		mFarBuffered.Set(float64(st.Buffered))
+		mFarFiles.Set(float64(st.Files))
+		if st.ReadErrors > 0 {
+			// Timers of a bucket that could not be read would never fire:
+			// restart, rebuilding the index from __schedule.
+			s.log.Error("the far timer store lost timers; the scheduler restarts to rebuild it from __schedule", "err", d.Err())
+			panic(fmt.Sprintf("scheduler: far store read failed: %v", d.Err()))
+		}
+	}
 	kept := s.dueQ[:before]
 	for _, e := range s.dueQ[before:] {
 		if !s.pending.Contains(e.Ref) {

@@ -50,6 +50,14 @@ var (
 	})
 	mFar = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_scheduler_wheel_far",
-		Help: "Timers beyond the near window, in the far store.",
+		Help: "Timers beyond the near window, in the far store (cancelled ones included until their bucket loads).",
+	})
+	mFarBuffered = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_scheduler_far_buffered",
+		Help: "Far timers in memory waiting to be written to their bucket file (bounded; more only while writes fail).",
+	})
+	mFarFiles = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_scheduler_far_files",
+		Help: "Bucket files of the far timer store.",
 	})
 )
