@@ -502,6 +502,9 @@ func TestSubscribeErrors(t *testing.T) {
 			t.Errorf("Validate: %v, want it to mention %q", err, want)
 		}
 	}
+	if err := (&SubscribeOptions{Group: "g", Topic: "t", DeadLetterTopic: "t"}).Validate(); err == nil || !strings.Contains(err.Error(), "DeadLetterTopic") {
+		t.Errorf("Validate with the topic as its dead-letter topic: %v", err)
+	}
 	if _, err := c.Subscribe(ctx, SubscribeOptions{Group: "g"}, h); err == nil {
 		t.Fatal("subscribe without topic")
 	}
@@ -964,6 +967,9 @@ func TestSubscribeRequestFields(t *testing.T) {
 				FilterType: heraldpb.FilterType_FILTER_SQL, Filter: "x > 1", Responder: true, AutoAck: true, MemberName: "n"}},
 		{SubscribeOptions{Mode: KeyShared, From: Earliest(), Orderly: true},
 			&heraldpb.SubscribeRequest{Mode: heraldpb.SubscriptionMode_MODE_KEY_SHARED, Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Earliest{Earliest: true}}, Orderly: true}},
+		{SubscribeOptions{Mode: Shared, From: Earliest(), RetryPolicy: "1s,5s max-deliveries=3", DeadLetterTopic: "failed", DeadLetterExpired: true},
+			&heraldpb.SubscribeRequest{Mode: heraldpb.SubscriptionMode_MODE_SHARED, Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Earliest{Earliest: true}},
+				RetryPolicy: "1s,5s max-deliveries=3", DeadLetterTopic: "failed", DeadLetterExpired: true}},
 	} {
 		tc.o.Group, tc.o.Topic = "g", "t"
 		tc.want.Group, tc.want.Topic, tc.want.Credits = "g", "t", 7
