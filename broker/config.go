@@ -45,7 +45,11 @@ type Config struct {
 	BreakerCoolDown  time.Duration
 	// RetryPolicy is the retry policy of subscriptions that name none
 	// (scheduler.ParseRetryPolicy syntax); empty means the default.
-	RetryPolicy     string
+	RetryPolicy string
+	// MaxDelay bounds a delayed message's delay; MaxScheduled the delayed
+	// batches pending (more get THROTTLED).
+	MaxDelay        time.Duration
+	MaxScheduled    uint64
 	ShutdownTimeout time.Duration
 	LogLevel        string
 
@@ -65,7 +69,8 @@ func Default() Config {
 		MaxInFlight: 1024, DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second,
-		RetryPolicy: scheduler.DefaultRetryPolicy().String(), ShutdownTimeout: 10 * time.Second, LogLevel: "info",
+		RetryPolicy: scheduler.DefaultRetryPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000,
+		ShutdownTimeout: 10 * time.Second, LogLevel: "info",
 	}
 }
 
@@ -124,6 +129,12 @@ func (c *Config) Validate() error {
 	}
 	if c.RetentionCheck <= 0 {
 		bad("retention-check", "must be positive")
+	}
+	if c.MaxDelay < 90*24*time.Hour {
+		bad("max-delay", "%v is below 90 days (2160h)", c.MaxDelay)
+	}
+	if c.MaxScheduled < 1 {
+		bad("max-scheduled", "must be at least 1")
 	}
 	if c.AckTimeout < time.Millisecond {
 		bad("ack-timeout", "must be at least 1ms")

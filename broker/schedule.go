@@ -26,7 +26,7 @@ func (b *Broker) startScheduler(reg *topic.Registry) error {
 	}
 	farDir := filepath.Join(b.cfg.DataDir, "scheduler-far")
 	b.sched, err = b.sys.Root.SpawnNamed(scheduler.Props(scheduler.Options{
-		Topics: reg, Logger: b.log,
+		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled,
 		// Timers beyond the wheel's 65 s window wait on disk, one file per
 		// 65 s bucket, rebuilt from __schedule at every start.
 		NewFar: func() (scheduler.FarStore, error) { return scheduler.OpenDiskFar(farDir, scheduler.DiskFarOptions{}) },

@@ -166,7 +166,7 @@ func TestSchedulerCrashBetweenAppendAndRecord(t *testing.T) {
 // jumpClock is the real clock plus an offset a test moves forward.
 type jumpClock struct{ off atomic.Int64 }
 
-func (c *jumpClock) now() time.Time      { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *jumpClock) now() time.Time       { return time.Now().Add(time.Duration(c.off.Load())) }
 func (c *jumpClock) jump(d time.Duration) { c.off.Add(int64(d)) }
 
 // Far timers (minutes to 90 days) wait in the disk-backed far store, are

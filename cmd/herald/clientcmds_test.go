@@ -132,7 +132,8 @@ func TestProduceAndConsume(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{
-		{"--topic", "t", "--delay", "1s"}, {"--topic", "t", "--at", "2030-01-01T00:00:00Z"}, {"--topic", "t", "--priority", "3"},
+		{"--topic", "t", "--delay", "-1s"}, {"--topic", "t", "--delay", "500us"}, {"--topic", "t", "--at", "tomorrow"},
+		{"--topic", "t", "--delay", "1s", "--at", "2030-01-01T00:00:00Z"}, {"--topic", "t", "--priority", "10"}, {"--topic", "t", "--ttl", "-1s"},
 		{}, {"--topic", "t", "--acks", "some"},
 	} {
 		if _, _, err := runCLI(t, ctx, produceCmd, b.Addr(), "", args...); !isUsage(err) {

@@ -68,6 +68,12 @@ func settings() []setting {
 		{"retry-policy", "retry policy of subscriptions that set none: DELAYS[,...] or exponential [initial=D] [factor=F] [cap=D] [jitter=J], then [max-deliveries=N]", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.RetryPolicy, "retry-policy", d.RetryPolicy, "")
 		}},
+		{"max-delay", "longest delay of a delayed message (--delay, --at); at least 2160h (90 days)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.MaxDelay, "max-delay", d.MaxDelay, "")
+		}},
+		{"max-scheduled", "delayed messages pending at most; more are refused with THROTTLED", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.Uint64Var(&c.MaxScheduled, "max-scheduled", d.MaxScheduled, "")
+		}},
 		{"event-loops", "network event loops (0 = one per core)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.IntVar(&c.EventLoops, "event-loops", d.EventLoops, "")
 		}},
