@@ -44,7 +44,7 @@ const (
 )
 
 // benchGroupFlags are the bench flags that need --group.
-var benchGroupFlags = []string{"mode", "window", "auto-ack", "concurrency", "from"}
+var benchGroupFlags = []string{"mode", "window", "auto-ack", "concurrency", "from", "fail-ratio", "retry-policy"}
 
 type benchConfig struct {
 	cf             *cliFlags
@@ -67,6 +67,8 @@ type benchConfig struct {
 	drainTimeout   time.Duration
 	json           bool
 	delay          time.Duration // delayed messages: latency counts from send + delay
+	failRatio      float64       // push: fail this share of first deliveries (retried by policy)
+	retryPolicy    string
 	fireRate       float64       // delayed messages due at this aggregate rate...
 	fireAfter      time.Duration // ...from this long after the start
 
@@ -107,6 +109,8 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.DurationVar(&bc.reportInterval, "report-interval", time.Second, "progress line interval (0 = none)")
 	fs.DurationVar(&bc.drainTimeout, "drain-timeout", 10*time.Second, "once producing stopped, consumers give up after this long without a new record")
 	fs.DurationVar(&bc.delay, "delay", 0, "produce delayed messages (each its own scheduled batch): latency is then from each record's time (its herald-deliver-at header) to its consumption: the scheduler's fire lateness plus delivery")
+	fs.Float64Var(&bc.failRatio, "fail-ratio", 0, "with --group: the handler fails (Delivered.Fail) this share of first deliveries, to be retried by --retry-policy: measures the cost of retries")
+	fs.StringVar(&bc.retryPolicy, "retry-policy", "", "with --group: the subscription's retry policy (empty = the broker's)")
 	fs.Float64Var(&bc.fireRate, "fire-rate", 0, "produce --count delayed messages due at this aggregate rate (records/s), the first --fire-after from the start: measures the scheduler firing at a fixed rate")
 	fs.DurationVar(&bc.fireAfter, "fire-after", 20*time.Second, "with --fire-rate: when the first message is due (leave time to store them all)")
 	fs.BoolVar(&bc.json, "json", false, "print the final summary as JSON on stdout (progress goes to stderr)")
@@ -146,6 +150,8 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 		return usagef("--topic must not be empty")
 	case bc.delay < 0 || bc.delay > 0 && bc.delay < time.Millisecond:
 		return usagef("--delay must be 0 or at least 1ms")
+	case bc.failRatio < 0 || bc.failRatio >= 1 || bc.failRatio > 0 && bc.autoAck:
+		return usagef("--fail-ratio must be in [0, 1), and needs acks (not --auto-ack)")
 	case bc.fireRate < 0 || bc.fireRate > 0 && (bc.count == 0 || bc.delay > 0 || bc.fireAfter <= 0):
 		return usagef("--fire-rate needs --count and a positive --fire-after, and excludes --delay")
 	}
@@ -871,13 +877,18 @@ func startBenchPush(ctx context.Context, bc *benchConfig, dial func() (*client.C
 		k := stats.newSink()
 		opts := client.SubscribeOptions{
 			Group: bc.group, Topic: bc.topic, Mode: bc.mode, Window: bc.window, AutoAck: bc.autoAck,
-			Concurrency: bc.concurrency, From: bc.from, Name: fmt.Sprintf("herald-bench-%d", j),
+			Concurrency: bc.concurrency, From: bc.from, Name: fmt.Sprintf("herald-bench-%d", j), RetryPolicy: bc.retryPolicy,
 			OnError: func(err error) { stats.consumeErrs.add(fmt.Errorf("consumer %d: %w", j, err)) },
 		}
 		sub, err := c.Subscribe(ctx, opts, func(_ context.Context, d *client.Delivered) {
 			now := clock.now()
 			if bp.stopped.Load() {
 				d.Nack(time.Second) // not ours to count: leave it to the group (no-op with auto-ack)
+				return
+			}
+			if bc.failRatio > 0 && d.DeliveryCount == 1 && len(d.Value) >= benchHeader &&
+				float64(binary.BigEndian.Uint64(d.Value[8:])%1000) < bc.failRatio*1000 {
+				d.Fail("herald bench --fail-ratio") // counted when it comes back
 				return
 			}
 			k.mu.Lock()
