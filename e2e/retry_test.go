@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,5 +127,84 @@ func TestRetryAcrossSIGKILL(t *testing.T) {
 	case f := <-got:
 		t.Fatalf("delivered again after the dead letter: %+v", f)
 	case <-time.After(300 * time.Millisecond):
+	}
+}
+
+// The issue's second acceptance scenario: a failing consumer's messages walk
+// through the backoff schedule into the DLQ, and `herald dlq redrive` sends
+// them back to their topic, where a healthy consumer handles them.
+//
+// The member's circuit breaker would pause it after 5 failures in a row
+// (for --breaker-cooldown, 30 s); this test raises the threshold to watch
+// the retry schedule alone.
+func TestFailingConsumerDeadLettersThenRedrive(t *testing.T) {
+	n := startProc(t, t.TempDir(), "--breaker-failures=1000")
+	c := dial(t, n)
+	createTopic(t, c, "orders", 2)
+	const total = 20
+	produceN(t, c, "orders", "o", total, 5)
+	var mu sync.Mutex
+	counts := map[string][]int{}
+	sub, err := c.Subscribe(ctxT(t, 10*time.Second), client.SubscribeOptions{
+		Group: "billing", Topic: "orders", Mode: client.Shared, From: client.Earliest(), RetryPolicy: "20ms,40ms max-deliveries=3",
+	}, func(_ context.Context, m *client.Delivered) {
+		mu.Lock()
+		counts[string(m.Value)] = append(counts[string(m.Value)], m.DeliveryCount)
+		mu.Unlock()
+		m.Fail("db down")
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 20*time.Second, "20 dead letters", func() error {
+		offs, err := c.ListOffsets(ctxT(t, 5*time.Second), "billing.dlq", 0, heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, time.Time{})
+		if err != nil {
+			mu.Lock()
+			defer mu.Unlock()
+			gi, _ := c.DescribeGroup(ctxT(t, 5*time.Second), "billing")
+			return fmt.Errorf("%w (deliveries so far: %v; group %v)", err, counts, gi)
+		}
+		if offs.HighWatermark < total {
+			return fmt.Errorf("%d dead letters", offs.HighWatermark)
+		}
+		return nil
+	})
+	sub.Close(ctxT(t, 5*time.Second))
+	mu.Lock()
+	for v, cs := range counts {
+		if fmt.Sprint(cs) != "[1 2 3]" {
+			t.Errorf("%s delivered with counts %v, want [1 2 3]", v, cs)
+		}
+	}
+	mu.Unlock()
+	dl := readPartition(t, c, "billing.dlq", 0)
+	if len(dl) != total {
+		t.Fatalf("%d dead letters, want %d", len(dl), total)
+	}
+	if headerOf(dl[0], scheduler.HeaderDLQReason) != "db down" || headerOf(dl[0], scheduler.HeaderDLQDeliveries) != "3" || headerOf(dl[0], scheduler.HeaderDLQTopic) != "orders" {
+		t.Fatalf("dead letter headers %v", dl[0].Headers)
+	}
+	out, errs, code := herald(t, "", "dlq", "redrive", "--topic", "billing.dlq", "--addr="+n.Addr())
+	if code != 0 || !strings.Contains(out+errs, "redriven 20") {
+		t.Fatalf("redrive: exit %d\n%s\n%s", code, out, errs)
+	}
+	// Each message is on orders twice now: the original and the redriven
+	// copy, which carries no dlq headers.
+	seen := map[string]int{}
+	for p := int32(0); p < 2; p++ {
+		for _, m := range readPartition(t, c, "orders", p) {
+			seen[string(m.Value)]++
+			if headerOf(m, scheduler.HeaderDLQTopic) != "" {
+				t.Fatalf("redriven record still carries dlq headers: %v", m.Headers)
+			}
+		}
+	}
+	for v, k := range seen {
+		if k != 2 {
+			t.Errorf("%s is on orders %d times, want 2 (the original and the redriven copy)", v, k)
+		}
+	}
+	if len(seen) != total {
+		t.Fatalf("%d distinct values on orders", len(seen))
 	}
 }
