@@ -201,6 +201,8 @@ func (s *schedWheel) advance(now int64, out []Entry) []Entry {
 	return kept
 }
 
+func (s *schedWheel) now() int64 { return s.w.Now() }
+
 func (s *schedWheel) len() int {
 	n := s.w.Len()
 	for _, k := range s.tomb {
@@ -236,69 +238,11 @@ func TestDiskFarWheelScenarios(t *testing.T) {
 			name := fmt.Sprintf("%s/max=%d", strings.TrimSuffix(filepath.Base(f), ".txt"), max)
 			t.Run(name, func(t *testing.T) {
 				d, _ := openTestFar(t, DiskFarOptions{MaxBuffered: max})
-				runDiskFarScenario(t, f, d)
+				runWheelFile(t, f, func(start int64) scenarioWheel { return newSchedWheel(start, d) }, false)
 				if d.Err() != nil {
 					t.Fatal(d.Err())
 				}
 			})
-		}
-	}
-}
-
-func runDiskFarScenario(t *testing.T, path string, far *DiskFar) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const start = int64(1) << 40
-	w := newSchedWheel(start, far)
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	num := func(s string) int64 {
-		v, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 10, 64)
-		if err != nil {
-			t.Fatalf("%s: bad number %q", path, s)
-		}
-		return v
-	}
-	for i := 0; i < len(lines); i++ {
-		l := lines[i]
-		if strings.TrimSpace(l) == "" || strings.HasPrefix(l, "#") {
-			continue
-		}
-		if i+1 >= len(lines) || lines[i+1] != "----" {
-			t.Fatalf("%s:%d: command without ---- line", path, i+1)
-		}
-		cmd, at := l, i+1
-		i += 2
-		var want []string
-		for ; i < len(lines) && lines[i] != ""; i++ {
-			want = append(want, lines[i])
-		}
-		i--
-		f := strings.Fields(cmd)
-		var got []string
-		switch f[0] {
-		case "add":
-			for _, r := range f[2:] {
-				w.add(Entry{At: start + num(f[1]), Ref: uint64(num(r))})
-			}
-		case "cancel":
-			got = append(got, fmt.Sprint(w.cancel(Entry{At: start + num(f[1]), Ref: uint64(num(f[2]))})))
-		case "advance":
-			for _, e := range w.advance(start+num(f[1]), nil) {
-				got = append(got, fmt.Sprintf("%d:%d", e.At-start, e.Ref))
-			}
-		case "state":
-			got = append(got, fmt.Sprintf("now=%d pending=%d near=%d", w.w.Now()-start, w.len(), w.near()))
-		default:
-			t.Fatalf("%s:%d: unknown command %q", path, at, f[0])
-		}
-		res := strings.Join(got, "\n")
-		if res == "" {
-			res = "ok"
-		}
-		if res != strings.Join(want, "\n") {
-			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, at, cmd, res, strings.Join(want, "\n"))
 		}
 	}
 }

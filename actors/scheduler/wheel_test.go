@@ -134,17 +134,41 @@ func TestWheelScenarios(t *testing.T) {
 		t.Fatalf("no scenarios: %v", err)
 	}
 	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runWheelFile(t, f) })
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) {
+			runWheelFile(t, f, func(start int64) scenarioWheel { return plainWheel{NewWheel(start, nil)} }, *rewrite)
+		})
 	}
 }
 
-func runWheelFile(t *testing.T, path string) {
+// scenarioWheel is what a scenario drives: a Wheel, or a Wheel with a
+// far store driven as the scheduler drives it.
+type scenarioWheel interface {
+	add(e Entry)
+	cancel(e Entry) bool
+	advance(now int64, out []Entry) []Entry
+	now() int64
+	len() int
+	near() int
+}
+
+type plainWheel struct{ w *Wheel }
+
+func (p plainWheel) add(e Entry)                            { p.w.Add(e) }
+func (p plainWheel) cancel(e Entry) bool                    { return p.w.Cancel(e) }
+func (p plainWheel) advance(now int64, out []Entry) []Entry { return p.w.Advance(now, out) }
+func (p plainWheel) now() int64                             { return p.w.Now() }
+func (p plainWheel) len() int                               { return p.w.Len() }
+func (p plainWheel) near() int                              { return p.w.Near() }
+
+// runWheelFile runs one scenario file on the wheel newWheel makes;
+// rewrite regenerates its expected output instead of checking it.
+func runWheelFile(t *testing.T, path string, newWheel func(start int64) scenarioWheel, rewrite bool) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const start = int64(1) << 40 // a multiple of every window: relative times read as windows
-	w := NewWheel(start, nil)
+	w := newWheel(start)
 	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 	var out strings.Builder
 	num := func(s string) int64 {
@@ -175,16 +199,16 @@ func runWheelFile(t *testing.T, path string) {
 		switch f[0] {
 		case "add":
 			for _, r := range f[2:] {
-				w.Add(Entry{At: start + num(f[1]), Ref: uint64(num(r))})
+				w.add(Entry{At: start + num(f[1]), Ref: uint64(num(r))})
 			}
 		case "cancel":
-			got = append(got, fmt.Sprint(w.Cancel(Entry{At: start + num(f[1]), Ref: uint64(num(f[2]))})))
+			got = append(got, fmt.Sprint(w.cancel(Entry{At: start + num(f[1]), Ref: uint64(num(f[2]))})))
 		case "advance":
-			for _, e := range w.Advance(start+num(f[1]), nil) {
+			for _, e := range w.advance(start+num(f[1]), nil) {
 				got = append(got, fmt.Sprintf("%d:%d", e.At-start, e.Ref))
 			}
 		case "state":
-			got = append(got, fmt.Sprintf("now=%d pending=%d near=%d", w.Now()-start, w.Len(), w.Near()))
+			got = append(got, fmt.Sprintf("now=%d pending=%d near=%d", w.now()-start, w.len(), w.near()))
 		default:
 			t.Fatalf("%s:%d: unknown command %q", path, at, f[0])
 		}
@@ -193,11 +217,11 @@ func runWheelFile(t *testing.T, path string) {
 			res = "ok"
 		}
 		fmt.Fprintf(&out, "%s\n----\n%s\n", cmd, res)
-		if !*rewrite && res != strings.Join(want, "\n") {
+		if !rewrite && res != strings.Join(want, "\n") {
 			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", path, at, cmd, res, strings.Join(want, "\n"))
 		}
 	}
-	if *rewrite {
+	if rewrite {
 		if err := os.WriteFile(path, []byte(out.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
