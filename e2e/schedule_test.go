@@ -71,7 +71,7 @@ func TestDelayedProduceAcrossRestart(t *testing.T) {
 		return nil
 	})
 	// One more delayed message after it, so that a duplicate would show.
-	out, _ = run("sentinel\n", 0, "produce", "--topic", "t", "--delay", "1ms")
+	run("sentinel\n", 0, "produce", "--topic", "t", "--delay", "1ms")
 	checkFor(t, 15*time.Second, "the sentinel", func() error {
 		if got = read(); len(got) < 2 {
 			return fmt.Errorf("%d records", len(got))

@@ -55,7 +55,7 @@ func benchRRCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.StringVar(&rc.group, "group", "herald-bench-rr", "the responders' group")
 	fs.DurationVar(&rc.reportInterval, "report-interval", time.Second, "progress line interval (0 = none)")
 	fs.BoolVar(&rc.json, "json", false, "print the final summary as JSON on stdout (progress goes to stderr)")
-	if err := parseCLIFlags(fs, args, nil); err != nil {
+	if err := parseCLIFlags(fs, args); err != nil {
 		return err
 	}
 	switch {

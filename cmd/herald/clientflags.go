@@ -76,47 +76,17 @@ func parseCLIArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// cliUnsupported declares flags that belong to the CLI surface but are not
-// implemented yet; reject reports a usage error when one was given.
 // parseCLIFlags parses a command that takes flags only: it refuses
-// positional arguments and, when un is not nil, the flags un declares as not
-// supported yet. Every failure is a usage error.
-func parseCLIFlags(fs *flag.FlagSet, args []string, un *cliUnsupported) error {
+// positional arguments. Every failure is a usage error.
+func parseCLIFlags(fs *flag.FlagSet, args []string) error {
 	pos, err := parseCLIArgs(fs, args)
 	if err != nil {
 		return err
-	}
-	if un != nil {
-		if err := un.reject(); err != nil {
-			return err
-		}
 	}
 	if len(pos) > 0 {
 		return usagef("unexpected argument %q", pos[0])
 	}
 	return nil
-}
-
-type cliUnsupported struct {
-	fs    *flag.FlagSet
-	names map[string]string // name -> what it needs
-}
-
-func declareCLIUnsupported(fs *flag.FlagSet, names map[string]string) *cliUnsupported {
-	for n, why := range names {
-		fs.String(n, "", "not supported yet ("+why+")")
-	}
-	return &cliUnsupported{fs: fs, names: names}
-}
-
-func (u *cliUnsupported) reject() error {
-	var err error
-	u.fs.Visit(func(f *flag.Flag) {
-		if why, ok := u.names[f.Name]; ok && err == nil {
-			err = usagef("--%s is not supported yet (%s)", f.Name, why)
-		}
-	})
-	return err
 }
 
 // dial connects to the brokers named by --addr.

@@ -43,7 +43,7 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.BoolVar(&g.orderly, "orderly", false, "at most one record in flight per partition (with --group)")
 	fs.DurationVar(&g.ackTimeout, "ack-timeout", 0, "redeliver a record not acked within this (with --group; 0 = broker default)")
 	fs.StringVar(&g.name, "name", "", "member name shown by 'herald group describe' (with --group)")
-	if err := parseCLIFlags(fs, args, nil); err != nil {
+	if err := parseCLIFlags(fs, args); err != nil {
 		return err
 	}
 	set := map[string]bool{}

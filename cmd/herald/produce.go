@@ -32,7 +32,7 @@ func produceCmd(ctx context.Context, args []string, io cliIO) error {
 	at := fs.String("at", "", "deliver each record at this time (RFC 3339); prints each record's schedule id")
 	priority := fs.Int("priority", 0, "record priority, 0 (lowest) to 9")
 	ttl := fs.Duration("ttl", 0, "record time-to-live: consumer groups never deliver it after this (0 = the topic's)")
-	if err := parseCLIFlags(fs, args, nil); err != nil {
+	if err := parseCLIFlags(fs, args); err != nil {
 		return err
 	}
 	var deliverAt time.Time
