@@ -953,7 +953,8 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 			if o < off {
 				return true
 			}
-			m := Message{Partition: k.part, Offset: o, Expires: expiresAt(b.AppendTimeMs, heraldpb.RecordTTL(rec), topicTTL)}
+			m := Message{Partition: k.part, Offset: o, Expires: expiresAt(b.AppendTimeMs, heraldpb.RecordTTL(rec), topicTTL),
+				Priority: heraldpb.RecordPriority(rec)}
 			if l.mode == KeyShared {
 				m.Key = string(heraldpb.RecordKey(rec))
 			}

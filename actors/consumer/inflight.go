@@ -25,6 +25,10 @@ type Message struct {
 	// the topic's message_ttl_ms); 0 means never. Deliver never delivers an
 	// expired message (see Expired).
 	Expires int64
+	// Priority is the record's priority, 0 (lowest) to Priorities-1
+	// (Append takes higher values as the highest). Deliver serves a
+	// partition's levels by weight (see Deliver).
+	Priority uint8
 }
 
 // Delivery is one message to push to a member (or, from Tick, one whose ack
@@ -327,7 +331,15 @@ func (s *Sub) InFlight(m MemberID) int { return s.fl.perMember[m] }
 // now+AckTimeout (or, with AutoAck, as done at once: at-most-once).
 //
 // Redeliveries due by now come first, in (partition, offset) order, then new
-// messages, one partition at a time in rotation. What m may take depends on
+// messages, one partition at a time in rotation. Within a partition, new
+// messages go in offset order while all of its pending ones are at
+// priority 0. Otherwise each priority level is a sub-queue (in offset
+// order) of the partition's pending messages, and the partition's
+// PriorityPicker (one per view and partition, kept across calls) chooses
+// the level of each delivery by weight (level p weighs p+1), so higher
+// levels go first but a non-empty level is never starved. Priorities only
+// reorder the messages offered so far (up to MaxPending per partition).
+// With Orderly they are ignored: offset order wins. What m may take depends on
 // the mode: in clustering only partitions it owns and is not revoking; in
 // broadcast its own view; in shared anything, except that a redelivery
 // avoiding m waits while another member has credit; in key-shared the keys
@@ -392,11 +404,28 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 
 	n := s.cfg.Partitions
 	pos := make([]int, n)
+	var scans []*levelScan // per partition, made when it has priorities
 	for moved := true; moved && len(out) < budget; {
 		moved = false
 		for j := 0; j < n && len(out) < budget; j++ {
 			p := (s.rr + j) % n
 			q := v.pending[p]
+			if v.levels[p].hi > 0 && !s.cfg.Orderly && pos[p] < len(q) {
+				if scans == nil {
+					scans = make([]*levelScan, n)
+				}
+				if scans[p] == nil {
+					scans[p] = &levelScan{}
+				}
+				if d, ok := s.nextByPriority(m, ms.view, v, uint32(p), scans[p], now, nowMs); ok {
+					out = append(out, d)
+					moved = true
+				} else {
+					pos[p] = len(q) // nothing more m may take here now
+				}
+				continue
+			}
+			// Only level 0 (or Orderly): in offset order.
 			for pos[p] < len(q) {
 				msg := &q[pos[p]]
 				pos[p]++
@@ -406,6 +435,7 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 				id := msgID{view: ms.view, part: uint32(p), off: msg.Offset}
 				if expiredBy(msg.Expires, nowMs) {
 					s.expire(id, msg.Key, 0, now)
+					v.levels[p].del(msg.Priority)
 					msg.Offset = -1
 					continue
 				}
@@ -419,6 +449,7 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 					continue
 				}
 				out = append(out, s.send(m, id, msg.Key, 1, msg.Expires, now))
+				v.levels[p].del(msg.Priority)
 				msg.Offset = -1
 				moved = true
 				break
@@ -432,6 +463,64 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 		v.pending[p] = slices.DeleteFunc(q, func(m Message) bool { return m.Offset < 0 })
 	}
 	return out, nil
+}
+
+// levelScan is where one Deliver call got to in a partition's pending
+// messages, per priority level.
+type levelScan struct {
+	pos  [Priorities]int  // index in pending of the next message to look at
+	done [Priorities]bool // the level has nothing more this member may take
+}
+
+// nextByPriority delivers to m one message of view v's (w's) partition p,
+// chosen by priority: the picker names a level among those with messages,
+// and m gets that level's first message it may take. When the level has
+// none (expired, or all someone else's in key-shared mode), the pick is
+// undone and the picker asked again without that level (which, for that
+// pick, counts as idle and loses its banked credit). It reports false
+// when m may take nothing from p now. Each level is scanned at most once
+// per Deliver call (sc), so a call costs O(Priorities × pending).
+func (s *Sub) nextByPriority(m, v MemberID, w *view, p uint32, sc *levelScan, now time.Time, nowMs int64) (Delivery, bool) {
+	q, lv, pk := w.pending[p], &w.levels[p], w.picker(p)
+	for {
+		var busy [Priorities]bool
+		for l := range busy {
+			busy[l] = lv.n[l] > 0 && !sc.done[l]
+		}
+		saved := *pk
+		l, ok := pk.Pick(busy)
+		if !ok {
+			*pk = saved
+			return Delivery{}, false
+		}
+		for sc.pos[l] < len(q) {
+			msg := &q[sc.pos[l]]
+			sc.pos[l]++
+			if msg.Offset < 0 || int(msg.Priority) != l {
+				continue
+			}
+			id := msgID{view: v, part: p, off: msg.Offset}
+			if expiredBy(msg.Expires, nowMs) {
+				s.expire(id, msg.Key, 0, now)
+				lv.del(msg.Priority)
+				msg.Offset = -1
+				continue
+			}
+			if !s.eligible(m, id, msg.Key, "") {
+				if s.cfg.Mode != KeyShared {
+					*pk = saved
+					return Delivery{}, false // the whole partition is someone else's
+				}
+				continue
+			}
+			d := s.send(m, id, msg.Key, 1, msg.Expires, now)
+			lv.del(msg.Priority)
+			msg.Offset = -1
+			return d, true
+		}
+		*pk = saved
+		sc.done[l] = true
+	}
 }
 
 func expiredBy(expires, nowMs int64) bool { return expires != 0 && nowMs >= expires }

@@ -101,11 +101,13 @@ func (sc *scenario) rel(t time.Time) string {
 //	join M... | leave M | die M         membership; prints the plan
 //	revoked M [P...]                    confirm M's revokes (all when no P)
 //	assign                              current and target assignment
-//	produce p=P n=N [keys=a,b,...] [skip=I,J] [ttl=D]  append to the fake log
-//	                                    (ttl: expires D after now)
+//	produce p=P n=N [keys=a,b,...] [skip=I,J] [ttl=D] [prio=L,L2,...]
+//	                                    append to the fake log (ttl: expires
+//	                                    D after now; keys and prio cycle)
 //	credits M N                         request(N)
 //	deliver M [n=N]                     offer the log, then deliver to M;
-//	                                    prints what expired too
+//	                                    prints what expired too, and the
+//	                                    priority of a delivery above 0
 //	ack M O|P@O|P@O-O2...               acks; bare O means partition 0
 //	nack M O|P@O [delay=D] [reason=R]   no delay: the retry policy's
 //	commit M P@O
@@ -230,10 +232,22 @@ func (sc *scenario) run(t *testing.T, line string) string {
 		if d, ok := kv["ttl"]; ok {
 			expires = sc.now.Add(dur(d)).UnixMilli()
 		}
+		prios := []uint8{0}
+		if ps, ok := kv["prio"]; ok {
+			prios = nil
+			for _, s := range strings.Split(ps, ",") {
+				n, err := strconv.ParseUint(s, 10, 8)
+				if err != nil {
+					t.Fatalf("%s: prio: %v", line, err)
+				}
+				prios = append(prios, uint8(n))
+			}
+		}
 		first := len(sc.log[p])
 		for i := 0; i < num("n", 1); i++ {
 			off := len(sc.log[p])
-			sc.log[p] = append(sc.log[p], Message{Partition: uint32(p), Offset: int64(off), Key: keys[i%len(keys)], Skip: skip[off], Expires: expires})
+			sc.log[p] = append(sc.log[p], Message{Partition: uint32(p), Offset: int64(off), Key: keys[i%len(keys)], Skip: skip[off], Expires: expires,
+				Priority: prios[i%len(prios)]})
 		}
 		return fmt.Sprintf("p%d: %d-%d", p, first, len(sc.log[p])-1)
 	case "credits":
@@ -257,7 +271,11 @@ func (sc *scenario) run(t *testing.T, line string) string {
 			return "none"
 		}
 		for _, d := range ds {
-			fmt.Fprintf(&b, "%s\n", fmtDelivery(d))
+			b.WriteString(fmtDelivery(d))
+			if pr := sc.log[d.Partition][d.Offset].Priority; pr > 0 {
+				fmt.Fprintf(&b, " prio=%d", pr)
+			}
+			b.WriteByte('\n')
 		}
 		return b.String()
 	case "ack", "nack", "commit":
@@ -343,13 +361,6 @@ func (sc *scenario) run(t *testing.T, line string) string {
 	}
 	t.Fatalf("unknown command %q", line)
 	return ""
-}
-
-func orDefault(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // parseRef parses O, P@O or P@O-O2.
@@ -449,6 +460,16 @@ func (sc *scenario) fmtState() string {
 		w := s.views[v]
 		for p, prog := range w.prog {
 			fmt.Fprintf(&b, "  p%d %s next=%d pending=%d", p, prog, w.next[p], len(w.pending[p]))
+			if lv := w.levels[p]; lv.hi > 0 {
+				b.WriteString(" levels=")
+				sep := ""
+				for l := Priorities - 1; l >= 0; l-- {
+					if lv.n[l] > 0 {
+						fmt.Fprintf(&b, "%s%d:%d", sep, l, lv.n[l])
+						sep = ","
+					}
+				}
+			}
 			if _, room := s.ReadFrom(v, uint32(p)); room == 0 {
 				if w.next[p] >= prog.Limit() {
 					b.WriteString(" paused(span)")

@@ -12,6 +12,8 @@
 //     delivery, in-flight tracking, acks, nacks, ack timeouts and
 //     redelivery.
 //   - Ring (keyshared.go): the consistent hash of key-shared mode.
+//   - PriorityPicker (priority.go): which priority level of a partition's
+//     pending messages Sub delivers next, by weight.
 //
 // All of it is owned by one group-coordinator actor and is not safe for
 // concurrent use. The actor feeds it log records (Append), membership
@@ -89,7 +91,8 @@ type Config struct {
 	// AutoAck acknowledges each message as it is delivered: at-most-once.
 	AutoAck bool
 	// Orderly allows at most one message in flight per partition (per key in
-	// key-shared mode).
+	// key-shared mode). Message priorities are then ignored: offset order
+	// wins.
 	Orderly bool
 	// MaxCredits caps a member's unused credits. 0 means DefaultMaxCredits.
 	MaxCredits int
@@ -178,8 +181,59 @@ type memberState struct {
 // member's.
 type view struct {
 	prog    []*Progress
-	pending [][]Message // offered, not yet delivered, ascending offsets
-	next    []int64     // next offset to offer
+	pending [][]Message       // offered, not yet delivered, ascending offsets
+	levels  []levels          // per partition: pending's messages by priority
+	pickers []*PriorityPicker // per partition, made when it first has priorities
+	next    []int64           // next offset to offer
+}
+
+// levels counts a partition's pending messages by priority level, so that
+// Deliver knows in O(Priorities) which levels have messages, and in O(1)
+// whether it may take the partition's pending messages in offset order
+// (hi == 0).
+type levels struct {
+	n  [Priorities]int32
+	hi int32 // messages above level 0
+}
+
+func (l *levels) add(prio uint8) {
+	l.n[prio]++
+	if prio > 0 {
+		l.hi++
+	}
+}
+
+func (l *levels) del(prio uint8) {
+	l.n[prio]--
+	if prio > 0 {
+		l.hi--
+	}
+}
+
+// recount rebuilds view w's counts of partition p after pending[p] was
+// filtered.
+func (w *view) recount(p uint32) {
+	w.levels[p] = levels{}
+	for _, m := range w.pending[p] {
+		w.levels[p].add(m.Priority)
+	}
+}
+
+// picker is the PriorityPicker of view w's partition p, made on first use.
+func (w *view) picker(p uint32) *PriorityPicker {
+	pk := w.pickers[p]
+	if pk == nil {
+		pk = &PriorityPicker{weights: DefaultPriorityWeights()}
+		w.pickers[p] = pk
+	}
+	return pk
+}
+
+// clearPending drops view w's offered messages of partition p.
+func (w *view) clearPending(p uint32) {
+	w.pending[p] = nil
+	w.levels[p] = levels{}
+	w.pickers[p] = nil
 }
 
 // NewSub returns a subscription with no members whose progress starts at
@@ -211,6 +265,8 @@ func (s *Sub) newView() *view {
 	v := &view{
 		prog:    make([]*Progress, s.cfg.Partitions),
 		pending: make([][]Message, s.cfg.Partitions),
+		levels:  make([]levels, s.cfg.Partitions),
+		pickers: make([]*PriorityPicker, s.cfg.Partitions),
 		next:    make([]int64, s.cfg.Partitions),
 	}
 	for p := range v.prog {
@@ -313,6 +369,7 @@ func (s *Sub) Commit(m MemberID, p uint32, off int64) error {
 	s.fl.retry = slices.DeleteFunc(s.fl.retry, below)
 	s.fl.dead = slices.DeleteFunc(s.fl.dead, below)
 	v.pending[p] = slices.DeleteFunc(v.pending[p], func(m Message) bool { return m.Offset < floor })
+	v.recount(p)
 	v.next[p] = max(v.next[p], floor)
 	return nil
 }
@@ -448,7 +505,9 @@ func (s *Sub) Append(v MemberID, msgs ...Message) int {
 			r.key, r.expires = msg.Key, msg.Expires
 			held++
 		default:
+			msg.Priority = min(msg.Priority, Priorities-1)
 			w.pending[p] = append(w.pending[p], msg)
+			w.levels[p].add(msg.Priority)
 			held++
 		}
 	}
@@ -530,7 +589,7 @@ func (s *Sub) Restore(g *heraldpb.GroupProgress) error {
 		p := pp.GetPartition()
 		w.prog[p] = prog
 		w.next[p] = prog.Floor()
-		w.pending[p] = nil
+		w.clearPending(p)
 		s.dropEntries(v, p)
 		s.restoreRetries(v, p, prog, pp.GetRetries())
 	}
@@ -614,7 +673,7 @@ func (s *Sub) Seek(v MemberID, p uint32, off int64) {
 	}
 	w.prog[p] = NewProgress(off, s.cfg.MaxSpan)
 	w.next[p] = w.prog[p].Floor()
-	w.pending[p] = nil
+	w.clearPending(p)
 	for _, f := range s.fl.sorted(func(f *flight) bool { return f.id.view == v && f.id.part == p }) {
 		s.fl.remove(f.id)
 	}
