@@ -101,3 +101,29 @@ func RecordHeader(rec []byte, key string) (val []byte, found bool) {
 	}
 	return val, found
 }
+
+// RecordValue returns the value of the encoded Record rec (aliasing rec),
+// without decoding the rest. A malformed record is an error, never a
+// panic.
+func RecordValue(rec []byte) ([]byte, error) {
+	var val []byte
+	for len(rec) > 0 {
+		num, typ, n := consumeTag(rec)
+		if n < 0 {
+			return nil, fmt.Errorf("%w: record: %v", ErrBadBatch, protowire.ParseError(n))
+		}
+		rec = rec[n:]
+		m := protowire.ConsumeFieldValue(num, typ, rec)
+		if m < 0 {
+			return nil, fmt.Errorf("%w: record: %v", ErrBadBatch, protowire.ParseError(m))
+		}
+		if num == 2 {
+			if typ != protowire.BytesType {
+				return nil, fmt.Errorf("%w: record value has wire type %d", ErrBadBatch, typ)
+			}
+			val, _ = protowire.ConsumeBytes(rec)
+		}
+		rec = rec[m:]
+	}
+	return val, nil
+}

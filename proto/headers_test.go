@@ -57,6 +57,12 @@ func FuzzAppendBatchHeaders(f *testing.F) {
 	f.Add([]byte{0x0a, 0x80})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = RecordHeader(b, "k")
+		if v, err := RecordValue(b); err == nil {
+			var r Record
+			if proto.Unmarshal(b, &r) == nil && !bytes.Equal(v, r.Value) {
+				t.Fatalf("RecordValue %q, Unmarshal %q", v, r.Value)
+			}
+		}
 		info, err := ScanBatch(b)
 		out, aerr := AppendBatchHeaders(b, [2]string{"herald-schedule-id", "7"})
 		if err != nil {

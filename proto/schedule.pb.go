@@ -319,9 +319,10 @@ func (x *ScheduleFiring) GetIntents() []*FireIntent {
 	return nil
 }
 
+// One append: the batches refs, concatenated, to one partition.
 type FireIntent struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ref           uint64                 `protobuf:"varint,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Refs          []uint64               `protobuf:"varint,1,rep,packed,name=refs,proto3" json:"refs,omitempty"`
 	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
 	Partition     uint32                 `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
 	FromOffset    int64                  `protobuf:"varint,4,opt,name=from_offset,json=fromOffset,proto3" json:"from_offset,omitempty"`
@@ -359,11 +360,11 @@ func (*FireIntent) Descriptor() ([]byte, []int) {
 	return file_schedule_proto_rawDescGZIP(), []int{4}
 }
 
-func (x *FireIntent) GetRef() uint64 {
+func (x *FireIntent) GetRefs() []uint64 {
 	if x != nil {
-		return x.Ref
+		return x.Refs
 	}
-	return 0
+	return nil
 }
 
 func (x *FireIntent) GetTopic() string {
@@ -454,10 +455,10 @@ const file_schedule_proto_rawDesc = "" +
 	"\x0eScheduleCancel\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\x04R\x03ref\"A\n" +
 	"\x0eScheduleFiring\x12/\n" +
-	"\aintents\x18\x01 \x03(\v2\x15.herald.v1.FireIntentR\aintents\"s\n" +
+	"\aintents\x18\x01 \x03(\v2\x15.herald.v1.FireIntentR\aintents\"u\n" +
 	"\n" +
-	"FireIntent\x12\x10\n" +
-	"\x03ref\x18\x01 \x01(\x04R\x03ref\x12\x14\n" +
+	"FireIntent\x12\x12\n" +
+	"\x04refs\x18\x01 \x03(\x04R\x04refs\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x03 \x01(\rR\tpartition\x12\x1f\n" +
 	"\vfrom_offset\x18\x04 \x01(\x03R\n" +

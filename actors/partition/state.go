@@ -30,7 +30,12 @@ func (w *window) add(b *heraldpb.StoredBatch) {
 		drop++
 	}
 	if drop > 0 {
-		w.batches = append(w.batches[:0], w.batches[drop:]...)
+		// Reslice, not copy: copying the whole window on every add made a
+		// full window of small batches cost O(window) per append (a
+		// profile of 50k small appends/s showed 19% of the broker there).
+		// The dropped slots are nil; append reallocates to the live part
+		// once the array's end is reached, so the cost is amortised O(1).
+		w.batches = w.batches[drop:]
 	}
 }
 

@@ -179,10 +179,11 @@ type Scheduler struct {
 	hold       []*fireChunk // announced appends waiting for their time, by time
 	sendGen    uint64
 	sendAt     int64
-	firedPrev  []uint64            // refs appended (or dropped) whose fire is not yet written
-	firedWrite bool                // a write of fires is queued or in flight
-	busy       map[uint64]struct{} // refs announced, appending or appended: cancel is too late
-	cancelling map[uint64]int64    // cancel being written: ref -> At if it came due meanwhile (0 if not)
+	firedPrev  []uint64                // refs appended (or dropped) whose fire is not yet written
+	firedWrite bool                    // a write of fires is queued or in flight
+	busy       map[uint64]struct{}     // refs announced, appending or appended: cancel is too late
+	rcache     []*heraldpb.StoredBatch // the last read of __schedule, for fire rounds
+	cancelling map[uint64]int64        // cancel being written: ref -> At if it came due meanwhile (0 if not)
 	rr         uint32
 
 	compactArmed bool
@@ -292,8 +293,8 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 			s.sendAt = 0
 			s.sendDue(ctx)
 		}
-	case *resendChunk:
-		s.sendChunk(ctx, msg.c)
+	case *resendChunks:
+		s.sendGroup(ctx, msg.cs)
 	case *retryWrite:
 		s.flushWrites(ctx)
 	case *retryFiring:
@@ -447,12 +448,12 @@ func (s *Scheduler) onLoaded(ctx actor.Context, fr *heraldpb.FetchResponse) {
 
 // decodeEvent reads the ScheduleEvent in a __schedule record.
 func decodeEvent(rec []byte) (*heraldpb.ScheduleEvent, error) {
-	var r heraldpb.Record
-	if err := proto.Unmarshal(rec, &r); err != nil {
+	v, err := heraldpb.RecordValue(rec)
+	if err != nil {
 		return nil, err
 	}
 	var ev heraldpb.ScheduleEvent
-	if err := proto.Unmarshal(r.Value, &ev); err != nil {
+	if err := proto.Unmarshal(v, &ev); err != nil {
 		return nil, err
 	}
 	return &ev, nil
@@ -468,7 +469,9 @@ func (s *Scheduler) apply(off uint64, ev *heraldpb.ScheduleEvent) {
 		s.pending.Remove(x.Cancel.Ref)
 	case *heraldpb.ScheduleEvent_Firing:
 		for _, in := range x.Firing.Intents {
-			s.intents[in.Ref] = in
+			for _, r := range in.Refs {
+				s.intents[r] = in
+			}
 		}
 	case *heraldpb.ScheduleEvent_Fired:
 		for _, r := range x.Fired.Refs {
@@ -487,11 +490,15 @@ func (s *Scheduler) recover(ctx actor.Context) {
 		topic string
 		part  uint32
 	}
-	byPart := map[span][]*heraldpb.FireIntent{}
+	type refFrom struct {
+		ref  uint64
+		from int64
+	}
+	byPart := map[span][]refFrom{}
 	for ref, in := range s.intents {
 		if s.pending.Contains(ref) {
 			k := span{in.Topic, in.Partition}
-			byPart[k] = append(byPart[k], in)
+			byPart[k] = append(byPart[k], refFrom{ref, in.FromOffset})
 		}
 	}
 	s.intents = nil
@@ -505,9 +512,9 @@ func (s *Scheduler) recover(ctx actor.Context) {
 		want := map[string]uint64{}
 		from := int64(-1)
 		for _, in := range ins {
-			want[strconv.FormatUint(in.Ref, 10)] = in.Ref
-			if from < 0 || in.FromOffset < from {
-				from = in.FromOffset
+			want[strconv.FormatUint(in.ref, 10)] = in.ref
+			if from < 0 || in.from < from {
+				from = in.from
 			}
 		}
 		e := s.o.Topics.Get(k.topic)

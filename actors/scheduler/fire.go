@@ -19,6 +19,7 @@ import (
 // partitions at their time.
 type fireRound struct {
 	entries []Entry
+	missing []uint64 // refs not yet read, ascending
 	batches map[uint64]*heraldpb.ScheduledBatch
 	chunks  []*fireChunk
 	unsent  int      // chunks not yet appended (or dropped)
@@ -39,11 +40,11 @@ type fireChunk struct {
 }
 
 type (
-	sendTick    struct{ gen uint64 }
-	resendChunk struct{ c *fireChunk }
-	retryFiring struct{ round *fireRound }
-	retryFired  struct{}
-	retryRead   struct{ round *fireRound }
+	sendTick     struct{ gen uint64 }
+	resendChunks struct{ cs []*fireChunk }
+	retryFiring  struct{ round *fireRound }
+	retryFired   struct{}
+	retryRead    struct{ round *fireRound }
 )
 
 // armTimer arms one timer for Lead before the wheel's next time, unless
@@ -129,20 +130,25 @@ func (s *Scheduler) startRounds(ctx actor.Context) {
 	mDue.Set(float64(len(s.dueQ)))
 }
 
-// readRound reads the round's batches from __schedule, one fetch from the
-// smallest ref not yet read at a time.
+// readRound reads the round's batches from __schedule: from the read
+// cache (the last megabyte fetched) where it can, else one fetch from the
+// smallest ref not yet read, which then becomes the cache. Refs are
+// mostly in time order, so consecutive rounds read consecutive stretches
+// and one fetch serves several rounds.
 func (s *Scheduler) readRound(ctx actor.Context, r *fireRound) {
-	var next uint64
-	found := false
-	for _, e := range r.entries {
-		if _, ok := r.batches[e.Ref]; !ok && (!found || e.Ref < next) {
-			next, found = e.Ref, true
+	if r.missing == nil {
+		for _, e := range r.entries {
+			r.missing = append(r.missing, e.Ref)
 		}
+		slices.Sort(r.missing)
+		r.missing = slices.Compact(r.missing)
 	}
-	if !found {
+	s.takeCached(r)
+	if len(r.missing) == 0 {
 		s.writeFiring(ctx, r)
 		return
 	}
+	next := r.missing[0]
 	s.call(ctx, s.sched, &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
 		Topic: ScheduleTopic, Offset: int64(next), MaxBytes: 1 << 20,
 	}}}, func(f *heraldpb.Frame) {
@@ -152,38 +158,64 @@ func (s *Scheduler) readRound(ctx actor.Context, r *fireRound) {
 			s.after(100*time.Millisecond, &retryRead{round: r})
 			return
 		}
-		want := map[uint64]bool{}
-		for _, e := range r.entries {
-			if _, ok := r.batches[e.Ref]; !ok {
-				want[e.Ref] = true
-			}
-		}
-		for _, b := range fr.GetBatches() {
-			_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
-				ref := uint64(b.BaseOffset + int64(i))
-				if !want[ref] {
-					return true
-				}
-				ev, err := decodeEvent(rec)
-				if sb := ev.GetSchedule(); err == nil && sb != nil {
-					r.batches[ref] = sb
-				} else {
-					s.log.Error("unreadable delayed batch in __schedule; dropped", "id", ref, "err", err)
-					r.batches[ref] = nil
-					mDropped.WithLabelValues("unreadable").Inc()
-				}
-				return true
-			})
-		}
-		if _, ok := r.batches[next]; !ok {
+		s.rcache = fr.GetBatches()
+		s.takeCached(r)
+		if len(r.missing) > 0 && r.missing[0] == next {
 			// The fetch did not reach it: below the log start or past the
 			// end, which a pending batch never is. Drop it, loudly.
 			s.log.Error("delayed batch missing from __schedule; dropped", "id", next)
 			r.batches[next] = nil
+			r.missing = r.missing[1:]
 			mDropped.WithLabelValues("unreadable").Inc()
 		}
 		s.readRound(ctx, r)
 	})
+}
+
+// takeCached moves the round's missing batches found in the read cache
+// into r.batches: one pass over each cached batch that holds some.
+func (s *Scheduler) takeCached(r *fireRound) {
+	if len(s.rcache) == 0 || len(r.missing) == 0 {
+		return
+	}
+	found := map[uint64]bool{}
+	mi := 0
+	for _, b := range s.rcache {
+		lo, hi := uint64(b.BaseOffset), uint64(b.BaseOffset+int64(b.Count))
+		for mi < len(r.missing) && r.missing[mi] < lo {
+			mi++
+		}
+		if mi == len(r.missing) {
+			break
+		}
+		if r.missing[mi] >= hi {
+			continue
+		}
+		_ = heraldpb.ForEachRawRecord(b.Records, func(k int, rec []byte) bool {
+			ref := lo + uint64(k)
+			for mi < len(r.missing) && r.missing[mi] < ref {
+				mi++
+			}
+			if mi == len(r.missing) {
+				return false
+			}
+			if r.missing[mi] != ref {
+				return true
+			}
+			ev, err := decodeEvent(rec)
+			sb := ev.GetSchedule()
+			if err != nil || sb == nil {
+				s.log.Error("unreadable delayed batch in __schedule; dropped", "id", ref, "err", err)
+				mDropped.WithLabelValues("unreadable").Inc()
+			}
+			r.batches[ref] = sb
+			found[ref] = true
+			return true
+		})
+	}
+	if len(found) > 0 {
+		r.missing = slices.DeleteFunc(r.missing, func(ref uint64) bool { return found[ref] })
+	}
 }
 
 // writeFiring announces the round's appends, then holds them for their
@@ -192,12 +224,10 @@ func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
 	if r.chunks == nil {
 		s.buildChunks(r)
 	}
-	var intents []*heraldpb.FireIntent
+	intents := make([]*heraldpb.FireIntent, 0, len(r.chunks))
 	for _, c := range r.chunks {
-		from := c.entry.Stats[c.part].HighWatermark.Load()
-		for _, ref := range c.refs {
-			intents = append(intents, &heraldpb.FireIntent{Ref: ref, Topic: c.entry.Name, Partition: c.part, FromOffset: from})
-		}
+		intents = append(intents, &heraldpb.FireIntent{Refs: c.refs, Topic: c.entry.Name, Partition: c.part,
+			FromOffset: c.entry.Stats[c.part].HighWatermark.Load()})
 	}
 	if len(intents) == 0 {
 		s.finishRound(ctx, r)
@@ -265,9 +295,9 @@ func (s *Scheduler) sendDue(ctx actor.Context) {
 	now := s.nowMs()
 	n := 0
 	for n < len(s.hold) && s.hold[n].at <= now {
-		s.sendChunk(ctx, s.hold[n])
 		n++
 	}
+	s.sendChunks(ctx, s.hold[:n])
 	clear(s.hold[:n])
 	s.hold = s.hold[n:]
 	if len(s.hold) == 0 {
@@ -282,35 +312,88 @@ func (s *Scheduler) sendDue(ctx actor.Context) {
 	s.after(max(time.UnixMilli(at).Sub(s.o.Now()), 0), &sendTick{gen: s.sendGen})
 }
 
-// sendChunk appends one chunk; a retriable refusal sends it again later.
-func (s *Scheduler) sendChunk(ctx actor.Context, c *fireChunk) {
-	s.call(ctx, c.entry.Partitions[c.part], &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
-		Topic: c.entry.Name, Partition: proto.Uint32(c.part), Acks: heraldpb.Acks_ACKS_ALL, Records: c.records,
-	}}}, func(f *heraldpb.Frame) {
-		r := c.round
-		switch e := f.GetError(); {
-		case f.GetProduceResponse() != nil:
-			now := s.nowMs()
-			for _, at := range c.ats {
-				mLateness.Observe(float64(max(now-at, 0)) / 1000)
-			}
-			mFired.Add(float64(len(c.refs)))
-		case retriable(e):
-			s.after(c.backoff, &resendChunk{c: c})
-			c.backoff = min(2*c.backoff, 2*time.Second)
-			return
-		default:
-			s.log.Warn("a topic refused delayed batches; dropped", "topic", c.entry.Name, "partition", c.part, "batches", len(c.refs), "err", e.GetMessage())
-			mDropped.WithLabelValues("refused").Add(float64(len(c.refs)))
+// sendChunks appends due chunks, those of one partition together in one
+// produce request as far as its max message size allows (they are all
+// due: a scheduler that fell behind catches up in big appends).
+func (s *Scheduler) sendChunks(ctx actor.Context, cs []*fireChunk) {
+	type key struct {
+		e    *topic.Entry
+		part uint32
+	}
+	groups := map[key][][]*fireChunk{}
+	var order []key
+	for _, c := range cs {
+		k := key{c.entry, c.part}
+		g := groups[k]
+		if g == nil {
+			order = append(order, k)
 		}
-		r.done = append(r.done, c.refs...)
-		c.records = nil
-		r.unsent--
-		if r.unsent == 0 {
-			if s.o.crashAfterAppend != nil && s.o.crashAfterAppend() {
-				panic("scheduler: injected crash between append and fire record")
+		limit := int(c.entry.Config.GetMaxMessageBytes())
+		if limit == 0 {
+			limit = 1 << 20
+		}
+		if n := len(g); n == 0 || groupBytes(g[n-1])+len(c.records) > limit {
+			g = append(g, nil)
+		}
+		g[len(g)-1] = append(g[len(g)-1], c)
+		groups[k] = g
+	}
+	for _, k := range order {
+		for _, g := range groups[k] {
+			s.sendGroup(ctx, g)
+		}
+	}
+}
+
+func groupBytes(g []*fireChunk) int {
+	n := 0
+	for _, c := range g {
+		n += len(c.records)
+	}
+	return n
+}
+
+// sendGroup appends chunks of one partition in one request; a retriable
+// refusal sends them again later.
+func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
+	c0 := g[0]
+	recs := c0.records
+	if len(g) > 1 {
+		recs = make([]byte, 0, groupBytes(g))
+		for _, c := range g {
+			recs = append(recs, c.records...)
+		}
+	}
+	s.call(ctx, c0.entry.Partitions[c0.part], &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: c0.entry.Name, Partition: proto.Uint32(c0.part), Acks: heraldpb.Acks_ACKS_ALL, Records: recs,
+	}}}, func(f *heraldpb.Frame) {
+		e := f.GetError()
+		if f.GetProduceResponse() == nil && retriable(e) {
+			s.after(c0.backoff, &resendChunks{cs: g})
+			c0.backoff = min(2*c0.backoff, 2*time.Second)
+			return
+		}
+		now := s.nowMs()
+		for _, c := range g {
+			if f.GetProduceResponse() != nil {
+				for _, at := range c.ats {
+					mLateness.Observe(float64(max(now-at, 0)) / 1000)
+				}
+				mFired.Add(float64(len(c.refs)))
+			} else {
+				s.log.Warn("a topic refused delayed batches; dropped", "topic", c.entry.Name, "partition", c.part, "batches", len(c.refs), "err", e.GetMessage())
+				mDropped.WithLabelValues("refused").Add(float64(len(c.refs)))
 			}
-			s.finishRound(ctx, r)
+			r := c.round
+			r.done = append(r.done, c.refs...)
+			c.records = nil
+			r.unsent--
+			if r.unsent == 0 {
+				if s.o.crashAfterAppend != nil && s.o.crashAfterAppend() {
+					panic("scheduler: injected crash between append and fire record")
+				}
+				s.finishRound(ctx, r)
+			}
 		}
 	})
 }
