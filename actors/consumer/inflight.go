@@ -20,15 +20,15 @@ type Message struct {
 	// Skip marks a record the subscription's filter rejected: it is done
 	// (advances progress) without being delivered.
 	Skip bool
+	// Priority is the record's priority, 0 (lowest) to Priorities-1
+	// (Append takes higher values as the highest). Deliver serves a
+	// partition's levels by weight (see Deliver).
+	Priority uint8
 	// Expires is when the message's time-to-live runs out, in Unix
 	// milliseconds (its batch's append time plus the record's ttl_ms, else
 	// the topic's message_ttl_ms); 0 means never. Deliver never delivers an
 	// expired message (see Expired).
 	Expires int64
-	// Priority is the record's priority, 0 (lowest) to Priorities-1
-	// (Append takes higher values as the highest). Deliver serves a
-	// partition's levels by weight (see Deliver).
-	Priority uint8
 }
 
 // Delivery is one message to push to a member (or, from Tick, one whose ack
