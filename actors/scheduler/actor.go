@@ -53,9 +53,12 @@ type Options struct {
 	FireBatch int
 	// Lead is how far ahead of their time due batches are read and
 	// announced (the ScheduleFiring write), so that at their time only the
-	// append remains. Default 25 ms.
+	// append remains: stalls shorter than Lead (a read from disk, a busy
+	// mailbox) do not make batches late. Default 250 ms.
 	Lead time.Duration
-	// MaxRounds bounds the fire rounds in progress at once. Default 4.
+	// MaxRounds bounds the fire rounds reading or announcing at once (the
+	// announced appends waiting for their time are bounded by Lead).
+	// Default 4.
 	MaxRounds int
 	// CompactCheck is how often the records of __schedule below the oldest
 	// pending batch are removed. Default 10 s.
@@ -89,7 +92,7 @@ func (o *Options) ensureDefaults() {
 		o.FireBatch = 4096
 	}
 	if o.Lead == 0 {
-		o.Lead = 25 * time.Millisecond
+		o.Lead = 250 * time.Millisecond
 	}
 	if o.MaxRounds == 0 {
 		o.MaxRounds = 4

@@ -230,6 +230,7 @@ func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
 			FromOffset: c.entry.Stats[c.part].HighWatermark.Load()})
 	}
 	if len(intents) == 0 {
+		s.rounds--
 		s.finishRound(ctx, r)
 		return
 	}
@@ -239,11 +240,16 @@ func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
 			s.after(100*time.Millisecond, &retryFiring{round: r})
 			return
 		}
+		// Announced: the appends wait in hold for their time, and the
+		// round's slot goes to the next round at once (holding it until
+		// the last append would make the next due batches wait for it).
+		s.rounds--
 		for _, c := range r.chunks {
 			i, _ := slices.BinarySearchFunc(s.hold, c.at, func(h *fireChunk, at int64) int { return cmpInt(h.at, at+1) })
 			s.hold = slices.Insert(s.hold, i, c)
 		}
 		s.sendDue(ctx)
+		s.startRounds(ctx)
 	}})
 	s.flushWrites(ctx)
 }
@@ -412,7 +418,6 @@ func retriable(e *heraldpb.Error) bool {
 
 func (s *Scheduler) finishRound(ctx actor.Context, r *fireRound) {
 	s.firedPrev = append(s.firedPrev, r.done...)
-	s.rounds--
 	s.writeFired(ctx)
 	s.startRounds(ctx)
 }
