@@ -125,7 +125,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestSchedulerCrashBetweenAppendAndRecord(t *testing.T) {
 	var crashes atomic.Int32
 	var armed atomic.Bool // once every batch is stored: a crash then loses no answer
-	r := newRig(t, t.TempDir(), Options{crashAfterAppend: func() bool { return armed.Load() && crashes.Add(1) <= 2 }})
+	// A short lead: the batches, 10 ms apart, then fire in many rounds.
+	r := newRig(t, t.TempDir(), Options{Lead: 5 * time.Millisecond, crashAfterAppend: func() bool { return armed.Load() && crashes.Add(1) <= 2 }})
 	defer r.stop()
 	want := map[string]string{}
 	for i := range 20 {
