@@ -149,7 +149,7 @@ func (d *batchDecoder) decode(buf []byte, base, from int64, out []*Message) ([]*
 // returns its timestamp_ms. The caller sets the other fields of m.
 func (d *batchDecoder) record(b []byte, m *Message) (int64, error) {
 	var key, value []byte
-	var ts int64
+	var ts, prio, ttl int64
 	d.hstart, d.tstart = len(d.hdrs), len(d.tags)
 	for len(b) > 0 {
 		num, typ, n := consumeTag(b)
@@ -192,6 +192,17 @@ func (d *batchDecoder) record(b []byte, m *Message) (int64, error) {
 			}
 			b = b[n:]
 			ts = int64(v)
+		case (num == 6 || num == 7) && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return 0, protowire.ParseError(n)
+			}
+			b = b[n:]
+			if num == 6 {
+				prio = int64(min(v, 9))
+			} else {
+				ttl = int64(min(v, 1<<40))
+			}
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
@@ -205,6 +216,8 @@ func (d *batchDecoder) record(b []byte, m *Message) (int64, error) {
 	}
 	m.Key = capped(key)
 	m.Value = capped(value)
+	m.Priority = uint8(prio)
+	m.TTL = time.Duration(ttl) * time.Millisecond
 	if n := len(d.hdrs); n > d.hstart {
 		m.Headers = d.hdrs[d.hstart:n:n]
 	}

@@ -44,10 +44,11 @@ type Message struct {
 	// a successful write (-1 with acks none, and for a delayed message).
 	Offset int64
 	// Priority, 0 (default, lowest) to 9: consumer groups deliver higher
-	// priorities of a partition first.
+	// priorities of a partition first. Set on consumed messages too.
 	Priority uint8
 	// TTL: consumer groups never deliver the message once TTL has passed
-	// since its append (0 = the topic's message TTL, if any).
+	// since its append (0 = the topic's message TTL, if any). Consumed
+	// messages carry the record's own TTL (not the topic's).
 	TTL time.Duration
 	// Delayed delivery (produce only): the broker keeps the message and
 	// appends it to the topic at DeliverAt, or Delay after it receives it
