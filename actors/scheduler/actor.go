@@ -287,6 +287,10 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 			s.timerAt = 0
 			s.onTick(ctx)
 		}
+	case *roundBuilt:
+		if msg.r.owner == s { // else a round of an incarnation before a restart
+			s.writeFiring(ctx, msg.r)
+		}
 	case *pokeMsg:
 		s.timerAt, s.sendAt = 0, 0 // a clock that jumped: timers armed earlier are too late
 		s.onTick(ctx)

@@ -18,8 +18,11 @@ import (
 // announced (ScheduleFiring) ahead of their time, then appended to their
 // partitions at their time.
 type fireRound struct {
+	owner   *Scheduler // the incarnation that started it
 	entries []Entry
-	missing []uint64 // refs not yet read, ascending
+	missing []uint64          // refs not yet read, ascending
+	raw     map[uint64][]byte // records read (nil: missing from the log)
+	built   bool              // chunks built (off the actor's goroutine)
 	batches map[uint64]*heraldpb.ScheduledBatch
 	chunks  []*fireChunk
 	unsent  int      // chunks not yet appended (or dropped)
@@ -40,6 +43,7 @@ type fireChunk struct {
 }
 
 type (
+	roundBuilt   struct{ r *fireRound }
 	sendTick     struct{ gen uint64 }
 	resendChunks struct{ cs []*fireChunk }
 	retryFiring  struct{ round *fireRound }
@@ -111,7 +115,7 @@ func (s *Scheduler) onTick(ctx actor.Context) {
 // MaxRounds are in progress.
 func (s *Scheduler) startRounds(ctx actor.Context) {
 	for s.rounds < s.o.MaxRounds && len(s.dueQ) > 0 {
-		r := &fireRound{batches: map[uint64]*heraldpb.ScheduledBatch{}}
+		r := &fireRound{owner: s, raw: map[uint64][]byte{}}
 		n := 0
 		for ; n < len(s.dueQ) && len(r.entries) < s.o.FireBatch; n++ {
 			e := s.dueQ[n]
@@ -164,7 +168,7 @@ func (s *Scheduler) readRound(ctx actor.Context, r *fireRound) {
 			// The fetch did not reach it: below the log start or past the
 			// end, which a pending batch never is. Drop it, loudly.
 			s.log.Error("delayed batch missing from __schedule; dropped", "id", next)
-			r.batches[next] = nil
+			r.raw[next] = nil
 			r.missing = r.missing[1:]
 			mDropped.WithLabelValues("unreadable").Inc()
 		}
@@ -172,8 +176,10 @@ func (s *Scheduler) readRound(ctx actor.Context, r *fireRound) {
 	})
 }
 
-// takeCached moves the round's missing batches found in the read cache
-// into r.batches: one pass over each cached batch that holds some.
+// takeCached moves the round's missing records found in the read cache
+// into r.raw (aliasing the fetched bytes, which nothing modifies): one
+// pass over each cached batch that holds some. Decoding them is left to
+// buildRound, off the actor's goroutine.
 func (s *Scheduler) takeCached(r *fireRound) {
 	if len(s.rcache) == 0 || len(r.missing) == 0 {
 		return
@@ -202,13 +208,7 @@ func (s *Scheduler) takeCached(r *fireRound) {
 			if r.missing[mi] != ref {
 				return true
 			}
-			ev, err := decodeEvent(rec)
-			sb := ev.GetSchedule()
-			if err != nil || sb == nil {
-				s.log.Error("unreadable delayed batch in __schedule; dropped", "id", ref, "err", err)
-				mDropped.WithLabelValues("unreadable").Inc()
-			}
-			r.batches[ref] = sb
+			r.raw[ref] = rec
 			found[ref] = true
 			return true
 		})
@@ -221,8 +221,16 @@ func (s *Scheduler) takeCached(r *fireRound) {
 // writeFiring announces the round's appends, then holds them for their
 // time.
 func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
-	if r.chunks == nil {
-		s.buildChunks(r)
+	if !r.built {
+		// Decoding thousands of batches and tagging their records takes
+		// milliseconds: off the actor's goroutine, so that sends due
+		// meanwhile are not held up behind it.
+		self, sys := s.self, s.sys
+		go func() {
+			s.buildRound(r)
+			sys.Root.Send(self, &roundBuilt{r: r})
+		}()
+		return
 	}
 	intents := make([]*heraldpb.FireIntent, 0, len(r.chunks))
 	for _, c := range r.chunks {
@@ -254,9 +262,26 @@ func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
 	s.flushWrites(ctx)
 }
 
-// buildChunks groups the round's batches into appends: consecutive
-// batches due in the same millisecond for the same partition.
-func (s *Scheduler) buildChunks(r *fireRound) {
+// buildRound decodes the round's records and groups its batches into
+// appends: consecutive batches due in the same millisecond for the same
+// partition. It runs on its own goroutine and touches only r and what is
+// safe to share (the topic registry, the logger, metrics).
+func (s *Scheduler) buildRound(r *fireRound) {
+	r.batches = make(map[uint64]*heraldpb.ScheduledBatch, len(r.raw))
+	for ref, rec := range r.raw {
+		if rec == nil {
+			continue
+		}
+		ev, err := decodeEvent(rec)
+		sb := ev.GetSchedule()
+		if err != nil || sb == nil {
+			s.log.Error("unreadable delayed batch in __schedule; dropped", "id", ref, "err", err)
+			mDropped.WithLabelValues("unreadable").Inc()
+			continue
+		}
+		r.batches[ref] = sb
+	}
+	r.raw = nil
 	var cur *fireChunk
 	for _, e := range r.entries {
 		b := r.batches[e.Ref]
@@ -293,6 +318,7 @@ func (s *Scheduler) buildChunks(r *fireRound) {
 	}
 	r.unsent = len(r.chunks)
 	r.batches = nil // the chunks hold what is needed
+	r.built = true
 }
 
 // sendDue appends the held chunks whose time has come and arms a timer
