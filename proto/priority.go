@@ -9,29 +9,36 @@ import "google.golang.org/protobuf/encoding/protowire"
 // reads rec in place, never panics and does not allocate; the consumer
 // group coordinator calls it on every record it offers for push delivery.
 func RecordPriority(rec []byte) uint8 {
-	var prio uint64
-	for len(rec) > 0 {
-		num, typ, n := consumeTag(rec)
-		if n < 0 {
-			return 0
-		}
-		rec = rec[n:]
-		if num == 6 && typ == protowire.VarintType {
-			v, m := protowire.ConsumeVarint(rec)
-			if m < 0 {
-				return 0
-			}
-			prio, rec = v, rec[m:]
-			continue
-		}
-		m := protowire.ConsumeFieldValue(num, typ, rec)
-		if m < 0 {
-			return 0
-		}
-		rec = rec[m:]
-	}
-	if prio > MaxPriority {
+	prio, ok := recordVarint(rec, 6)
+	if !ok || prio > MaxPriority {
 		return 0
 	}
 	return uint8(prio)
+}
+
+// recordVarint returns the last varint field num of an encoded Record (0
+// if absent); ok is false when rec is malformed. It never panics and does
+// not allocate.
+func recordVarint(rec []byte, num protowire.Number) (v uint64, ok bool) {
+	for len(rec) > 0 {
+		n, typ, l := consumeTag(rec)
+		if l < 0 {
+			return 0, false
+		}
+		rec = rec[l:]
+		if n == num && typ == protowire.VarintType {
+			x, m := protowire.ConsumeVarint(rec)
+			if m < 0 {
+				return 0, false
+			}
+			v, rec = x, rec[m:]
+			continue
+		}
+		m := protowire.ConsumeFieldValue(n, typ, rec)
+		if m < 0 {
+			return 0, false
+		}
+		rec = rec[m:]
+	}
+	return v, true
 }
