@@ -122,7 +122,12 @@ func Props(o Options) *actor.Props {
 // sees every write and append the old one made.
 type incarnations struct {
 	orphans map[uint64]bool
+	incs    uint64 // incarnations started
 }
+
+// recoverScanFor bounds how long recovery retries reading a target
+// partition that answers with a retriable error.
+const recoverScanFor = 5 * time.Minute
 
 // orphanWait bounds the wait for a previous incarnation's requests.
 const orphanWait = 30 * time.Second
@@ -147,6 +152,7 @@ const orphanWait = 30 * time.Second
 type Scheduler struct {
 	o    *Options
 	sh   *incarnations
+	inc  uint64 // this incarnation's number
 	log  *slog.Logger
 	self *actor.PID
 	sys  *actor.ActorSystem
@@ -164,9 +170,11 @@ type Scheduler struct {
 	loadStart        time.Time
 	loadRecords      int
 
-	nextID uint64
-	calls  map[uint64]func(*heraldpb.Frame) // answers of our requests to partition actors
-	sched  *actor.PID                       // __schedule's partition actor
+	nextID     uint64
+	calls      map[uint64]func(*heraldpb.Frame) // answers of our requests to partition actors
+	callsAt    []callAt                         // when each was sent, oldest first
+	sweepArmed bool
+	sched      *actor.PID // __schedule's partition actor
 
 	// writes to __schedule: one in flight; the rest queue and go together
 	wq       []writeOp
@@ -186,6 +194,7 @@ type Scheduler struct {
 	firedWrite bool                    // a write of fires is queued or in flight
 	busy       map[uint64]struct{}     // refs announced, appending or appended: cancel is too late
 	rcache     []*heraldpb.StoredBatch // the last read of __schedule, for fire rounds
+	retrying   int                     // batches in appends being retried
 	cancelling map[uint64]int64        // cancel being written: ref -> At if it came due meanwhile (0 if not)
 	rr         uint32
 
@@ -213,8 +222,12 @@ type (
 	retryWrite     struct{}
 	loadRetry      struct{}
 	pokeMsg        struct{} // tests with a clock that jumps: look at the time now
+	sweepCalls     struct{}
+	scanStep       struct{ fn func() }
+	settleRetry    struct{ found []uint64 }
 	orphansTimeout struct{}
 	listFinished   struct {
+		inc  uint64
 		to   *actor.PID
 		f    *heraldpb.Frame
 		resp *heraldpb.ListScheduledResponse
@@ -224,9 +237,18 @@ type (
 
 // Receive is the scheduler's entry point.
 func (s *Scheduler) Receive(ctx actor.Context) {
-	switch msg := ctx.Message().(type) {
+	m := ctx.Message()
+	if t, ok := m.(*timed); ok {
+		if t.inc != s.inc {
+			return // an earlier incarnation's timer
+		}
+		m = t.msg
+	}
+	switch msg := m.(type) {
 	case *actor.Started:
 		s.self, s.sys = ctx.Self(), ctx.ActorSystem()
+		s.sh.incs++
+		s.inc = s.sh.incs
 		s.calls = map[uint64]func(*heraldpb.Frame){}
 		s.busy = map[uint64]struct{}{}
 		s.cancelling = map[uint64]int64{}
@@ -291,6 +313,16 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		if msg.r.owner == s { // else a round of an incarnation before a restart
 			s.writeFiring(ctx, msg.r)
 		}
+	case *sweepCalls:
+		s.sweep()
+	case *actor.DeadLetterResponse:
+		if msg.Target != nil {
+			s.failCallsTo(msg.Target)
+		}
+	case *scanStep:
+		msg.fn()
+	case *settleRetry:
+		s.settleRecovered(ctx, msg.found)
 	case *pokeMsg:
 		s.timerAt, s.sendAt = 0, 0 // a clock that jumped: timers armed earlier are too late
 		s.onTick(ctx)
@@ -315,12 +347,17 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		s.compactArmed = false
 		s.compact(ctx)
 	case *partition.DeleteBeforeResult:
+		if !s.loaded {
+			return // asked by an earlier incarnation; this one arms its own after loading
+		}
 		if msg.Err != nil {
 			s.log.Error("compacting __schedule", "err", msg.Err)
 		}
 		s.armCompact()
 	case *listFinished:
-		s.listing--
+		if msg.inc == s.inc {
+			s.listing--
+		}
 		if msg.err != nil {
 			respond(ctx, msg.to, heraldpb.ErrorFrame(msg.f.Id, msg.err))
 		} else {
@@ -381,17 +418,94 @@ func (s *Scheduler) id() uint64 {
 }
 
 // call sends f (whose id it sets) to pid and runs fn with the answer.
+// An answer that never comes (its actor stopped: a deleted topic) would
+// hold what waits for it forever; after callTimeout the call is answered
+// with TIMEOUT instead.
 func (s *Scheduler) call(ctx actor.Context, pid *actor.PID, f *heraldpb.Frame, fn func(*heraldpb.Frame)) {
 	f.Id = s.id()
 	s.calls[f.Id] = fn
+	s.callsAt = append(s.callsAt, callAt{id: f.Id, at: time.Now(), pid: pid})
+	if !s.sweepArmed {
+		s.sweepArmed = true
+		s.after(callTimeout/4, &sweepCalls{})
+	}
 	ctx.Request(pid, f)
+}
+
+// callTimeout bounds the wait for a target partition's answer. Writes to
+// __schedule are not timed out: one that lands after its caller gave up
+// would leave the scheduler's state behind its log.
+const callTimeout = 10 * time.Second
+
+type callAt struct {
+	id  uint64
+	at  time.Time
+	pid *actor.PID
+}
+
+// failCallsTo answers the calls to pid, which is gone (a deleted topic's
+// partition), with a retriable TIMEOUT: their callbacks see whether the
+// topic is still there.
+func (s *Scheduler) failCallsTo(pid *actor.PID) {
+	for _, c := range s.callsAt {
+		if fn, ok := s.calls[c.id]; ok && c.pid.Equal(pid) {
+			delete(s.calls, c.id)
+			e := heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "the actor %s is gone", pid.Id)
+			e.Retriable = true
+			fn(heraldpb.ErrorFrame(c.id, e))
+		}
+	}
+}
+
+// sweep answers the calls older than callTimeout with TIMEOUT.
+func (s *Scheduler) sweep() {
+	s.sweepArmed = false
+	cut := time.Now().Add(-callTimeout)
+	i := 0
+	for ; i < len(s.callsAt) && s.callsAt[i].at.Before(cut); i++ {
+		id := s.callsAt[i].id
+		if fn, ok := s.calls[id]; ok && !s.callsAt[i].pid.Equal(s.sched) {
+			delete(s.calls, id)
+			s.log.Warn("no answer from a partition actor; treating it as a timeout", "after", callTimeout)
+			e := heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "no answer within %v", callTimeout)
+			e.Retriable = true
+			fn(heraldpb.ErrorFrame(id, e))
+		}
+	}
+	kept := s.callsAt[:0]
+	for _, c := range s.callsAt[:i] {
+		if _, ok := s.calls[c.id]; ok {
+			kept = append(kept, c) // a __schedule write still waiting
+		}
+	}
+	s.callsAt = append(kept, s.callsAt[i:]...)
+	// Drop the answered ones from the front (the rest go as they age).
+	for len(s.callsAt) > 0 {
+		if _, ok := s.calls[s.callsAt[0].id]; ok {
+			break
+		}
+		s.callsAt = s.callsAt[1:]
+	}
+	if len(s.calls) > 0 {
+		s.sweepArmed = true
+		s.after(callTimeout/4, &sweepCalls{})
+	}
 }
 
 func (s *Scheduler) nowMs() int64 { return s.o.Now().UnixMilli() }
 
+// after sends msg to the actor after d, tagged with this incarnation: a
+// later incarnation (after a restart) drops it, as the state it refers to
+// is gone.
 func (s *Scheduler) after(d time.Duration, msg any) {
-	self, sys := s.self, s.sys
-	time.AfterFunc(d, func() { sys.Root.Send(self, msg) })
+	self, sys, inc := s.self, s.sys, s.inc
+	time.AfterFunc(d, func() { sys.Root.Send(self, &timed{inc: inc, msg: msg}) })
+}
+
+// timed is a message the actor sent itself through after.
+type timed struct {
+	inc uint64
+	msg any
 }
 
 // ---- loading -------------------------------------------------------------
@@ -418,6 +532,11 @@ func (s *Scheduler) load(ctx actor.Context) {
 	}}}, func(f *heraldpb.Frame) {
 		fr := f.GetFetchResponse()
 		if fr == nil {
+			if start := e.Stats[0].StartOffset.Load(); f.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && s.loadNext < start {
+				s.loadNext = start // removed meanwhile: only records of done batches are removed
+				s.load(ctx)
+				return
+			}
 			s.log.Warn("reading __schedule; retrying", "err", f.GetError().GetMessage())
 			s.after(100*time.Millisecond, &loadRetry{})
 			return
@@ -547,9 +666,10 @@ func (s *Scheduler) recover(ctx actor.Context) {
 func (s *Scheduler) scanFor(ctx actor.Context, e *topic.Entry, p uint32, from int64, want map[string]uint64, done func([]uint64)) {
 	var got []uint64
 	var step func(off int64)
+	began := time.Now()
 	step = func(off int64) {
-		if len(want) == 0 {
-			done(got)
+		if len(want) == 0 || s.o.Topics.Get(e.Name) != e {
+			done(got) // all found, or the topic is gone (with what was in it)
 			return
 		}
 		s.call(ctx, e.Partitions[p], &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
@@ -561,7 +681,13 @@ func (s *Scheduler) scanFor(ctx actor.Context, e *topic.Entry, p uint32, from in
 					step(start) // retention removed the start: what it removed was appended before
 					return
 				}
-				s.log.Warn("recovering fires: reading the target partition; treating the rest as not appended", "topic", e.Name, "partition", p, "err", f.GetError().GetMessage())
+				if heraldpb.IsRetriableCode(f.GetError().GetCode()) && time.Since(began) < recoverScanFor {
+					// Busy or reopening at startup: giving up here would
+					// append again what may be there.
+					s.after(100*time.Millisecond, &scanStep{fn: func() { step(off) }})
+					return
+				}
+				s.log.Warn("recovering fires: reading the target partition failed; treating the rest as not appended", "topic", e.Name, "partition", p, "err", f.GetError().GetMessage())
 				done(got)
 				return
 			}
@@ -602,7 +728,7 @@ func (s *Scheduler) settleRecovered(ctx actor.Context, found []uint64) {
 	s.write(ctx, writeOp{events: [][]byte{firedEvent(found)}, done: func(_ int64, e *heraldpb.Error) {
 		if e != nil {
 			s.log.Warn("recording recovered fires; retrying", "err", e.Message)
-			s.after(100*time.Millisecond, &loadRetry{})
+			s.after(100*time.Millisecond, &settleRetry{found: found})
 			return
 		}
 		for _, r := range found {
@@ -693,9 +819,12 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 		respond(ctx, to, invalid(f.Id, "the batch has no records"))
 		return
 	}
-	if limit := int(e.Config.GetMaxMessageBytes()); limit > 0 && len(req.Records) > limit {
+	// At its time every record gets the scheduler's headers: the batch
+	// must fit the topic's limit with them, or it could never be appended.
+	if limit := int(e.Config.GetMaxMessageBytes()); limit > 0 && len(req.Records)+info.Count*tagBytes > limit {
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_MESSAGE_TOO_LARGE,
-			"batch of %d bytes exceeds max message size %d", len(req.Records), limit)))
+			"delayed batch of %d bytes and %d records exceeds max message size %d with the %d bytes of headers each record gets when it is delivered",
+			len(req.Records), info.Count, limit, tagBytes)))
 		return
 	}
 	n := uint32(len(e.Partitions))
@@ -751,6 +880,15 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 	}})
 	s.flushWrites(ctx)
 }
+
+// tagBytes bounds what AppendBatchHeaders adds to one record at fire time:
+// the two headers with the longest values, and a longer length prefix.
+var tagBytes = func() int {
+	one, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{}}})
+	tagged, _ := heraldpb.AppendBatchHeaders(one, [2]string{HeaderScheduleID, "18446744073709551615"},
+		[2]string{HeaderDeliverAt, "-9223372036854775808"})
+	return len(tagged) - len(one) + 2
+}()
 
 // ParseID reads a schedule id.
 func ParseID(id string) (uint64, bool) {
@@ -900,8 +1038,8 @@ func (s *Scheduler) armCompact() {
 // waits long keeps the records after it; they are removed once it fires.)
 func (s *Scheduler) compact(ctx actor.Context) {
 	e := s.o.Topics.Get(ScheduleTopic)
-	if e == nil {
-		return
+	if e == nil || !s.loaded {
+		return // before the load, pending is not known: nothing may go
 	}
 	cut := e.Stats[0].HighWatermark.Load()
 	if !s.pending.IsEmpty() {

@@ -32,14 +32,16 @@ type fireRound struct {
 // fireChunk is one append: batches of a round due in the same millisecond
 // for one partition, concatenated (encoded RecordBatches concatenate).
 type fireChunk struct {
-	round   *fireRound
-	at      int64 // the latest time of its batches: never appended before it
-	entry   *topic.Entry
-	part    uint32
-	refs    []uint64
-	ats     []int64
-	records []byte
-	backoff time.Duration
+	round    *fireRound
+	at       int64 // the latest time of its batches: never appended before it
+	from     int64 // where its partition's log ended when it was announced
+	retrying bool  // its group is counted in Scheduler.retrying
+	entry    *topic.Entry
+	part     uint32
+	refs     []uint64
+	ats      []int64
+	records  []byte
+	backoff  time.Duration
 }
 
 type (
@@ -111,10 +113,16 @@ func (s *Scheduler) onTick(ctx actor.Context) {
 	s.armTimer()
 }
 
+// maxRetrying bounds the batches held for appends being retried.
+const maxRetrying = 65536
+
 // startRounds starts rounds with the due batches while fewer than
 // MaxRounds are in progress.
 func (s *Scheduler) startRounds(ctx actor.Context) {
-	for s.rounds < s.o.MaxRounds && len(s.dueQ) > 0 {
+	// Appends a partition keeps refusing are retried with their records in
+	// memory: past maxRetrying batches, no new rounds start (the due ones
+	// wait in the wheel's order, 16 bytes each) until they get through.
+	for s.rounds < s.o.MaxRounds && len(s.dueQ) > 0 && s.retrying < maxRetrying {
 		r := &fireRound{owner: s, raw: map[uint64][]byte{}}
 		n := 0
 		for ; n < len(s.dueQ) && len(r.entries) < s.o.FireBatch; n++ {
@@ -122,10 +130,19 @@ func (s *Scheduler) startRounds(ctx actor.Context) {
 			if _, dup := s.busy[e.Ref]; dup {
 				continue // a timer added twice (a far store kept across a restart)
 			}
+			if !s.pending.Contains(e.Ref) {
+				continue // cancelled while it waited for a round
+			}
+			if at, ok := s.cancelling[e.Ref]; ok {
+				if at == 0 {
+					s.cancelling[e.Ref] = e.At // fires after all if the cancel fails
+				}
+				continue
+			}
 			s.busy[e.Ref] = struct{}{}
 			r.entries = append(r.entries, e)
 		}
-		s.dueQ = slices.Delete(s.dueQ, 0, n)
+		s.dueQ = s.dueQ[n:] // not slices.Delete: that copies the rest, per round
 		if len(r.entries) > 0 {
 			s.rounds++
 			s.readRound(ctx, r)
@@ -234,8 +251,8 @@ func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
 	}
 	intents := make([]*heraldpb.FireIntent, 0, len(r.chunks))
 	for _, c := range r.chunks {
-		intents = append(intents, &heraldpb.FireIntent{Refs: c.refs, Topic: c.entry.Name, Partition: c.part,
-			FromOffset: c.entry.Stats[c.part].HighWatermark.Load()})
+		c.from = c.entry.Stats[c.part].HighWatermark.Load()
+		intents = append(intents, &heraldpb.FireIntent{Refs: c.refs, Topic: c.entry.Name, Partition: c.part, FromOffset: c.from})
 	}
 	if len(intents) == 0 {
 		s.rounds--
@@ -377,6 +394,14 @@ func (s *Scheduler) sendChunks(ctx actor.Context, cs []*fireChunk) {
 	}
 }
 
+func groupRefs(g []*fireChunk) int {
+	n := 0
+	for _, c := range g {
+		n += len(c.refs)
+	}
+	return n
+}
+
 func groupBytes(g []*fireChunk) int {
 	n := 0
 	for _, c := range g {
@@ -400,34 +425,75 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 		Topic: c0.entry.Name, Partition: proto.Uint32(c0.part), Acks: heraldpb.Acks_ACKS_ALL, Records: recs,
 	}}}, func(f *heraldpb.Frame) {
 		e := f.GetError()
-		if f.GetProduceResponse() == nil && retriable(e) {
-			s.after(c0.backoff, &resendChunks{cs: g})
-			c0.backoff = min(2*c0.backoff, 2*time.Second)
+		ok := f.GetProduceResponse() != nil
+		switch {
+		case ok:
+		case s.o.Topics.Get(c0.entry.Name) != c0.entry:
+			e = heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q was deleted", c0.entry.Name)
+		case retriable(e):
+			// An error does not prove the append failed (a partition that
+			// restarts answers its pending proposals with one, and may
+			// commit them on reopening): look for it before sending again.
+			s.verifyThenResend(ctx, g)
 			return
 		}
-		now := s.nowMs()
-		for _, c := range g {
-			if f.GetProduceResponse() != nil {
-				for _, at := range c.ats {
-					mLateness.Observe(float64(max(now-at, 0)) / 1000)
-				}
-				mFired.Add(float64(len(c.refs)))
-			} else {
-				s.log.Warn("a topic refused delayed batches; dropped", "topic", c.entry.Name, "partition", c.part, "batches", len(c.refs), "err", e.GetMessage())
-				mDropped.WithLabelValues("refused").Add(float64(len(c.refs)))
-			}
-			r := c.round
-			r.done = append(r.done, c.refs...)
-			c.records = nil
-			r.unsent--
-			if r.unsent == 0 {
-				if s.o.crashAfterAppend != nil && s.o.crashAfterAppend() {
-					panic("scheduler: injected crash between append and fire record")
-				}
-				s.finishRound(ctx, r)
-			}
-		}
+		s.settleGroup(ctx, g, ok, e)
 	})
+}
+
+// verifyThenResend looks for the group's append on its partition, from
+// where the log ended when it was announced; one append is all or
+// nothing, so one ref found means it landed. Otherwise it sends it again
+// after a backoff.
+func (s *Scheduler) verifyThenResend(ctx actor.Context, g []*fireChunk) {
+	c0 := g[0]
+	if !c0.retrying {
+		c0.retrying = true
+		s.retrying += groupRefs(g)
+	}
+	want := map[string]uint64{strconv.FormatUint(c0.refs[0], 10): c0.refs[0]}
+	s.scanFor(ctx, c0.entry, c0.part, c0.from, want, func(got []uint64) {
+		if len(got) > 0 {
+			s.settleGroup(ctx, g, true, nil)
+			return
+		}
+		s.after(c0.backoff, &resendChunks{cs: g})
+		c0.backoff = min(2*c0.backoff, 2*time.Second)
+	})
+}
+
+// settleGroup records the outcome of a group's append: appended (ok) or
+// given up with e.
+func (s *Scheduler) settleGroup(ctx actor.Context, g []*fireChunk, ok bool, e *heraldpb.Error) {
+	if g[0].retrying {
+		s.retrying -= groupRefs(g)
+	}
+	now := s.nowMs()
+	for _, c := range g {
+		switch {
+		case ok:
+			for _, at := range c.ats {
+				mLateness.Observe(float64(max(now-at, 0)) / 1000)
+			}
+			mFired.Add(float64(len(c.refs)))
+		case e.GetCode() == heraldpb.ErrorCode_TOPIC_NOT_FOUND || e.GetCode() == heraldpb.ErrorCode_PARTITION_NOT_FOUND:
+			s.log.Warn("the topic of delayed batches is gone; dropped", "topic", c.entry.Name, "partition", c.part, "batches", len(c.refs))
+			mDropped.WithLabelValues("topic_gone").Add(float64(len(c.refs)))
+		default:
+			s.log.Warn("a topic refused delayed batches; dropped", "topic", c.entry.Name, "partition", c.part, "batches", len(c.refs), "err", e.GetMessage())
+			mDropped.WithLabelValues("refused").Add(float64(len(c.refs)))
+		}
+		r := c.round
+		r.done = append(r.done, c.refs...)
+		c.records = nil
+		r.unsent--
+		if r.unsent == 0 {
+			if s.o.crashAfterAppend != nil && s.o.crashAfterAppend() {
+				panic("scheduler: injected crash between append and fire record")
+			}
+			s.finishRound(ctx, r)
+		}
+	}
 }
 
 // retriable reports whether an append may succeed later: a topic that is
@@ -514,10 +580,10 @@ func (s *Scheduler) onList(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.L
 		snap.Remove(r)
 	}
 	from, hw := e.Stats[0].StartOffset.Load(), e.Stats[0].HighWatermark.Load()
-	pid, sys, self, st := e.Partitions[0], ctx.ActorSystem(), ctx.Self(), e.Stats[0]
+	pid, sys, self, st, inc := e.Partitions[0], ctx.ActorSystem(), ctx.Self(), e.Stats[0], s.inc
 	go func() {
 		resp, err := scanPending(sys, pid, snap, from, hw, st.StartOffset.Load, req.Topic, limit)
-		sys.Root.Send(self, &listFinished{to: to, f: f, resp: resp, err: err})
+		sys.Root.Send(self, &listFinished{inc: inc, to: to, f: f, resp: resp, err: err})
 	}()
 }
 
