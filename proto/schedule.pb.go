@@ -321,11 +321,15 @@ func (x *ScheduleFiring) GetIntents() []*FireIntent {
 
 // One append: the batches refs, concatenated, to one partition.
 type FireIntent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Refs          []uint64               `protobuf:"varint,1,rep,packed,name=refs,proto3" json:"refs,omitempty"`
-	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
-	Partition     uint32                 `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
-	FromOffset    int64                  `protobuf:"varint,4,opt,name=from_offset,json=fromOffset,proto3" json:"from_offset,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Refs       []uint64               `protobuf:"varint,1,rep,packed,name=refs,proto3" json:"refs,omitempty"`
+	Topic      string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition  uint32                 `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
+	FromOffset int64                  `protobuf:"varint,4,opt,name=from_offset,json=fromOffset,proto3" json:"from_offset,omitempty"`
+	// Random, per round: the appended records carry it (herald-fire-token),
+	// so a record a client produced with a forged herald-schedule-id is not
+	// taken for the append.
+	Token         uint64 `protobuf:"fixed64,5,opt,name=token,proto3" json:"token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -384,6 +388,13 @@ func (x *FireIntent) GetPartition() uint32 {
 func (x *FireIntent) GetFromOffset() int64 {
 	if x != nil {
 		return x.FromOffset
+	}
+	return 0
+}
+
+func (x *FireIntent) GetToken() uint64 {
+	if x != nil {
+		return x.Token
 	}
 	return 0
 }
@@ -455,14 +466,15 @@ const file_schedule_proto_rawDesc = "" +
 	"\x0eScheduleCancel\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\x04R\x03ref\"A\n" +
 	"\x0eScheduleFiring\x12/\n" +
-	"\aintents\x18\x01 \x03(\v2\x15.herald.v1.FireIntentR\aintents\"u\n" +
+	"\aintents\x18\x01 \x03(\v2\x15.herald.v1.FireIntentR\aintents\"\x8b\x01\n" +
 	"\n" +
 	"FireIntent\x12\x12\n" +
 	"\x04refs\x18\x01 \x03(\x04R\x04refs\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x03 \x01(\rR\tpartition\x12\x1f\n" +
 	"\vfrom_offset\x18\x04 \x01(\x03R\n" +
-	"fromOffset\"#\n" +
+	"fromOffset\x12\x14\n" +
+	"\x05token\x18\x05 \x01(\x06R\x05token\"#\n" +
 	"\rScheduleFired\x12\x12\n" +
 	"\x04refs\x18\x01 \x03(\x04R\x04refsB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
@@ -27,7 +28,16 @@ const ActorName = "scheduler"
 const (
 	HeaderScheduleID = "herald-schedule-id"
 	HeaderDeliverAt  = "herald-deliver-at" // Unix ms
+	HeaderFireToken  = "herald-fire-token" // the fire round's random token (recovery checks it)
 )
+
+// fireKey is what recovery looks for in an appended record: its schedule
+// id and its round's token.
+func fireKey(ref, token uint64) string {
+	return strconv.FormatUint(ref, 10) + "/" + tokenText(token)
+}
+
+func tokenText(token uint64) string { return fmt.Sprintf("%016x", token) }
 
 // Options configure the scheduler actor.
 type Options struct {
@@ -617,14 +627,15 @@ func (s *Scheduler) recover(ctx actor.Context) {
 		part  uint32
 	}
 	type refFrom struct {
-		ref  uint64
-		from int64
+		ref   uint64
+		from  int64
+		token uint64
 	}
 	byPart := map[span][]refFrom{}
 	for ref, in := range s.intents {
 		if s.pending.Contains(ref) {
 			k := span{in.Topic, in.Partition}
-			byPart[k] = append(byPart[k], refFrom{ref, in.FromOffset})
+			byPart[k] = append(byPart[k], refFrom{ref, in.FromOffset, in.Token})
 		}
 	}
 	s.intents = nil
@@ -638,7 +649,7 @@ func (s *Scheduler) recover(ctx actor.Context) {
 		want := map[string]uint64{}
 		from := int64(-1)
 		for _, in := range ins {
-			want[strconv.FormatUint(in.ref, 10)] = in.ref
+			want[fireKey(in.ref, in.token)] = in.ref
 			if from < 0 || in.from < from {
 				from = in.from
 			}
@@ -696,9 +707,11 @@ func (s *Scheduler) scanFor(ctx actor.Context, e *topic.Entry, p uint32, from in
 				next = max(next, b.BaseOffset+int64(b.Count))
 				_ = heraldpb.ForEachRawRecord(b.Records, func(_ int, rec []byte) bool {
 					if v, ok := heraldpb.RecordHeader(rec, HeaderScheduleID); ok {
-						if ref, ok := want[string(v)]; ok {
+						tok, _ := heraldpb.RecordHeader(rec, HeaderFireToken)
+						k := string(v) + "/" + string(tok)
+						if ref, ok := want[k]; ok {
 							got = append(got, ref)
-							delete(want, string(v))
+							delete(want, k)
 						}
 					}
 					return true
@@ -886,7 +899,7 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 var tagBytes = func() int {
 	one, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{}}})
 	tagged, _ := heraldpb.AppendBatchHeaders(one, [2]string{HeaderScheduleID, "18446744073709551615"},
-		[2]string{HeaderDeliverAt, "-9223372036854775808"})
+		[2]string{HeaderDeliverAt, "-9223372036854775808"}, [2]string{HeaderFireToken, tokenText(1<<64 - 1)})
 	return len(tagged) - len(one) + 2
 }()
 

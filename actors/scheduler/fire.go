@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"container/heap"
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"strconv"
@@ -19,6 +21,7 @@ import (
 // partitions at their time.
 type fireRound struct {
 	owner   *Scheduler // the incarnation that started it
+	token   uint64     // random: its appended records carry it
 	entries []Entry
 	missing []uint64          // refs not yet read, ascending
 	raw     map[uint64][]byte // records read (nil: missing from the log)
@@ -123,7 +126,7 @@ func (s *Scheduler) startRounds(ctx actor.Context) {
 	// memory: past maxRetrying batches, no new rounds start (the due ones
 	// wait in the wheel's order, 16 bytes each) until they get through.
 	for s.rounds < s.o.MaxRounds && len(s.dueQ) > 0 && s.retrying < maxRetrying {
-		r := &fireRound{owner: s, raw: map[uint64][]byte{}}
+		r := &fireRound{owner: s, raw: map[uint64][]byte{}, token: randomToken()}
 		n := 0
 		for ; n < len(s.dueQ) && len(r.entries) < s.o.FireBatch; n++ {
 			e := s.dueQ[n]
@@ -252,7 +255,7 @@ func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
 	intents := make([]*heraldpb.FireIntent, 0, len(r.chunks))
 	for _, c := range r.chunks {
 		c.from = c.entry.Stats[c.part].HighWatermark.Load()
-		intents = append(intents, &heraldpb.FireIntent{Refs: c.refs, Topic: c.entry.Name, Partition: c.part, FromOffset: c.from})
+		intents = append(intents, &heraldpb.FireIntent{Refs: c.refs, Topic: c.entry.Name, Partition: c.part, FromOffset: c.from, Token: r.token})
 	}
 	if len(intents) == 0 {
 		s.rounds--
@@ -314,7 +317,8 @@ func (s *Scheduler) buildRound(r *fireRound) {
 			continue
 		}
 		recs, err := heraldpb.AppendBatchHeaders(b.Records,
-			[2]string{HeaderScheduleID, strconv.FormatUint(e.Ref, 10)}, [2]string{HeaderDeliverAt, strconv.FormatInt(b.DeliverAtMs, 10)})
+			[2]string{HeaderScheduleID, strconv.FormatUint(e.Ref, 10)}, [2]string{HeaderDeliverAt, strconv.FormatInt(b.DeliverAtMs, 10)},
+			[2]string{HeaderFireToken, tokenText(r.token)})
 		if err != nil {
 			s.log.Error("unreadable delayed batch; dropped", "id", e.Ref, "err", err)
 			mDropped.WithLabelValues("unreadable").Inc()
@@ -451,7 +455,7 @@ func (s *Scheduler) verifyThenResend(ctx actor.Context, g []*fireChunk) {
 		c0.retrying = true
 		s.retrying += groupRefs(g)
 	}
-	want := map[string]uint64{strconv.FormatUint(c0.refs[0], 10): c0.refs[0]}
+	want := map[string]uint64{fireKey(c0.refs[0], c0.round.token): c0.refs[0]}
 	s.scanFor(ctx, c0.entry, c0.part, c0.from, want, func(got []uint64) {
 		if len(got) > 0 {
 			s.settleGroup(ctx, g, true, nil)
@@ -661,4 +665,12 @@ func (h *infoHeap) Pop() any {
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
 	return x
+}
+
+// randomToken is a fire round's token: unguessable, so a client cannot
+// forge a record recovery would take for an append.
+func randomToken() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return binary.LittleEndian.Uint64(b[:])
 }
