@@ -151,7 +151,11 @@ type ScheduledBatch struct {
 	CreatedMs   int64  `protobuf:"varint,4,opt,name=created_ms,json=createdMs,proto3" json:"created_ms,omitempty"`
 	Count       uint32 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
 	// The encoded RecordBatch as the producer sent it.
-	Records       []byte `protobuf:"bytes,6,opt,name=records,proto3" json:"records,omitempty"`
+	Records []byte `protobuf:"bytes,6,opt,name=records,proto3" json:"records,omitempty"`
+	// A copy written by compaction to move a long-pending batch up the log:
+	// the batch's id (the offset of its first record). Absent: this record
+	// is the original, and its offset is the id.
+	Id            *uint64 `protobuf:"varint,7,opt,name=id,proto3,oneof" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -226,6 +230,13 @@ func (x *ScheduledBatch) GetRecords() []byte {
 		return x.Records
 	}
 	return nil
+}
+
+func (x *ScheduledBatch) GetId() uint64 {
+	if x != nil && x.Id != nil {
+		return *x.Id
+	}
+	return 0
 }
 
 type ScheduleCancel struct {
@@ -454,7 +465,7 @@ const file_schedule_proto_rawDesc = "" +
 	"\x06cancel\x18\x02 \x01(\v2\x19.herald.v1.ScheduleCancelH\x00R\x06cancel\x123\n" +
 	"\x06firing\x18\x03 \x01(\v2\x19.herald.v1.ScheduleFiringH\x00R\x06firing\x120\n" +
 	"\x05fired\x18\x04 \x01(\v2\x18.herald.v1.ScheduleFiredH\x00R\x05firedB\a\n" +
-	"\x05event\"\xb7\x01\n" +
+	"\x05event\"\xd3\x01\n" +
 	"\x0eScheduledBatch\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\"\n" +
@@ -462,7 +473,9 @@ const file_schedule_proto_rawDesc = "" +
 	"\n" +
 	"created_ms\x18\x04 \x01(\x03R\tcreatedMs\x12\x14\n" +
 	"\x05count\x18\x05 \x01(\rR\x05count\x12\x18\n" +
-	"\arecords\x18\x06 \x01(\fR\arecords\"\"\n" +
+	"\arecords\x18\x06 \x01(\fR\arecords\x12\x13\n" +
+	"\x02id\x18\a \x01(\x04H\x00R\x02id\x88\x01\x01B\x05\n" +
+	"\x03_id\"\"\n" +
 	"\x0eScheduleCancel\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\x04R\x03ref\"A\n" +
 	"\x0eScheduleFiring\x12/\n" +
@@ -523,6 +536,7 @@ func file_schedule_proto_init() {
 		(*ScheduleEvent_Firing)(nil),
 		(*ScheduleEvent_Fired)(nil),
 	}
+	file_schedule_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

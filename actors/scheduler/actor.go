@@ -73,6 +73,9 @@ type Options struct {
 	// CompactCheck is how often the records of __schedule below the oldest
 	// pending batch are removed. Default 10 s.
 	CompactCheck time.Duration
+	// RewriteBytes: past this size of __schedule, long-pending batches that
+	// hold back its truncation are moved up the log. Default 64 MiB.
+	RewriteBytes int64
 	// Now is the clock; nil = time.Now.
 	Now func() time.Time
 
@@ -109,6 +112,9 @@ func (o *Options) ensureDefaults() {
 	}
 	if o.CompactCheck == 0 {
 		o.CompactCheck = 10 * time.Second
+	}
+	if o.RewriteBytes == 0 {
+		o.RewriteBytes = 64 << 20
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -204,8 +210,13 @@ type Scheduler struct {
 	firedWrite bool                    // a write of fires is queued or in flight
 	busy       map[uint64]struct{}     // refs announced, appending or appended: cancel is too late
 	rcache     []*heraldpb.StoredBatch // the last read of __schedule, for fire rounds
-	retrying   int                     // batches in appends being retried
-	cancelling map[uint64]int64        // cancel being written: ref -> At if it came due meanwhile (0 if not)
+	// batches compaction moved up the log: id -> current ref, and back
+	moved      map[uint64]uint64
+	origOf     map[uint64]uint64
+	rewriting  map[uint64]bool // refs being moved now
+	rewriteOn  bool
+	retrying   int              // batches in appends being retried
+	cancelling map[uint64]int64 // cancel being written: ref -> At if it came due meanwhile (0 if not)
 	rr         uint32
 
 	compactArmed bool
@@ -262,6 +273,7 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		s.calls = map[uint64]func(*heraldpb.Frame){}
 		s.busy = map[uint64]struct{}{}
 		s.cancelling = map[uint64]int64{}
+		s.moved, s.origOf, s.rewriting = map[uint64]uint64{}, map[uint64]uint64{}, map[uint64]bool{}
 		s.pending = roaring64.New()
 		s.intents = map[uint64]*heraldpb.FireIntent{}
 		s.loadStart = s.o.Now()
@@ -601,8 +613,12 @@ func (s *Scheduler) apply(off uint64, ev *heraldpb.ScheduleEvent) {
 	case *heraldpb.ScheduleEvent_Schedule:
 		s.pending.Add(off)
 		s.wheel.Add(Entry{At: x.Schedule.DeliverAtMs, Ref: off})
+		if x.Schedule.Id != nil {
+			s.noteMoved(x.Schedule.GetId(), off)
+		}
 	case *heraldpb.ScheduleEvent_Cancel:
 		s.pending.Remove(x.Cancel.Ref)
+		s.forgetMoved(x.Cancel.Ref)
 	case *heraldpb.ScheduleEvent_Firing:
 		for _, in := range x.Firing.Intents {
 			for _, r := range in.Refs {
@@ -613,6 +629,7 @@ func (s *Scheduler) apply(off uint64, ev *heraldpb.ScheduleEvent) {
 		for _, r := range x.Fired.Refs {
 			s.pending.Remove(r)
 			delete(s.intents, r)
+			s.forgetMoved(r)
 		}
 	}
 }
@@ -649,7 +666,11 @@ func (s *Scheduler) recover(ctx actor.Context) {
 		want := map[string]uint64{}
 		from := int64(-1)
 		for _, in := range ins {
-			want[fireKey(in.ref, in.token)] = in.ref
+			id := in.ref
+			if o, ok := s.origOf[in.ref]; ok {
+				id = o
+			}
+			want[fireKey(id, in.token)] = in.ref
 			if from < 0 || in.from < from {
 				from = in.from
 			}
@@ -915,6 +936,13 @@ func (s *Scheduler) onCancel(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		respond(ctx, to, invalid(f.Id, "schedule id %q is not a number", req.Id))
 		return
 	}
+	if cur, ok := s.moved[ref]; ok {
+		ref = cur // moved up the log by compaction
+	}
+	if s.rewriting[ref] {
+		respond(ctx, to, throttled(f.Id, "the batch is being moved by compaction"))
+		return
+	}
 	notFound := func(why string) {
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_SCHEDULE_NOT_FOUND, "scheduled batch %s %s", req.Id, why)))
 	}
@@ -944,6 +972,7 @@ func (s *Scheduler) onCancel(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 			return
 		}
 		s.pending.Remove(ref)
+		s.forgetMoved(ref)
 		mCancelled.Inc()
 		mPending.Set(float64(s.pending.GetCardinality()))
 		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CancelScheduledResponse{CancelScheduledResponse: &heraldpb.CancelScheduledResponse{}}})
@@ -1062,6 +1091,7 @@ func (s *Scheduler) compact(ctx actor.Context) {
 		cut = min(cut, int64(r))
 	}
 	if cut <= e.Stats[0].StartOffset.Load() {
+		s.maybeRewrite(ctx, e, cut)
 		s.armCompact()
 		return
 	}

@@ -235,3 +235,47 @@ func (r *rig) settle(after time.Duration) {
 		Topic: "sentinel", Partition: proto.Uint32(0), DelayMs: uint64(after / time.Millisecond), Records: batchOf("sentinel")}}}, r.sched)
 	waitFor(r.t, "the sentinel", func() bool { return e.Stats[0].HighWatermark.Load() > n })
 }
+
+// A batch pending for a day no longer pins __schedule: compaction moves
+// it up the log under its original id, the log is truncated behind it, a
+// restart keeps it (by its original id), and it fires once with that id.
+func TestSchedulerMovesLongPendingBatch(t *testing.T) {
+	dir := t.TempDir()
+	clk := &jumpClock{}
+	opts := Options{Now: clk.now, CompactCheck: 20 * time.Millisecond, RewriteBytes: 1, Lead: 5 * time.Millisecond}
+	r := newRig(t, dir, opts)
+	far := r.schedule(1, 24*time.Hour, "far")
+	doomed := r.schedule(1, 48*time.Hour, "doomed")
+	for i := range 40 {
+		r.schedule(0, time.Millisecond, fmt.Sprint("short-", i))
+	}
+	waitFor(t, "the short ones", func() bool { v, _ := r.read(0); return len(v) == 40 })
+	st := r.reg.Get(ScheduleTopic).Stats[0]
+	waitFor(t, "__schedule truncated past the far batches", func() bool { return st.StartOffset.Load() > 1 })
+	list := func() map[string]bool {
+		l := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListScheduled{ListScheduled: &heraldpb.ListScheduledRequest{}}}, r.sched).GetListScheduledResponse()
+		ids := map[string]bool{}
+		for _, s := range l.Scheduled {
+			ids[s.Id] = true
+		}
+		return ids
+	}
+	if ids := list(); len(ids) != 2 || !ids[far] || !ids[doomed] {
+		t.Fatalf("after the move: listed %v, want the original ids %s and %s", ids, far, doomed)
+	}
+	r.stop()
+	r = newRig(t, dir, opts)
+	defer r.stop()
+	if ids := list(); len(ids) != 2 || !ids[far] || !ids[doomed] {
+		t.Fatalf("after a restart: listed %v, want %s and %s", ids, far, doomed)
+	}
+	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CancelScheduled{CancelScheduled: &heraldpb.CancelScheduledRequest{Id: doomed}}}, r.sched)
+	clk.jump(72 * time.Hour)
+	r.sys.Root.Send(r.sched, &pokeMsg{})
+	waitFor(t, "the far batch", func() bool { v, _ := r.read(1); return len(v) >= 1 })
+	r.settle(10 * time.Millisecond)
+	vals, ids := r.read(1)
+	if len(vals) != 1 || vals[0] != "far" || ids["far"] != far {
+		t.Fatalf("partition 1 holds %v (ids %v), want far once with id %s", vals, ids, far)
+	}
+}

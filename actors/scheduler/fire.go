@@ -36,9 +36,10 @@ type fireRound struct {
 // for one partition, concatenated (encoded RecordBatches concatenate).
 type fireChunk struct {
 	round    *fireRound
-	at       int64 // the latest time of its batches: never appended before it
-	from     int64 // where its partition's log ended when it was announced
-	retrying bool  // its group is counted in Scheduler.retrying
+	at       int64    // the latest time of its batches: never appended before it
+	ids      []uint64 // the ids in its records' herald-schedule-id (refs, or the originals of moved ones)
+	from     int64    // where its partition's log ended when it was announced
+	retrying bool     // its group is counted in Scheduler.retrying
 	entry    *topic.Entry
 	part     uint32
 	refs     []uint64
@@ -316,8 +317,12 @@ func (s *Scheduler) buildRound(r *fireRound) {
 			r.done = append(r.done, e.Ref)
 			continue
 		}
+		id := e.Ref
+		if b.Id != nil {
+			id = b.GetId() // a copy compaction moved: users know the original id
+		}
 		recs, err := heraldpb.AppendBatchHeaders(b.Records,
-			[2]string{HeaderScheduleID, strconv.FormatUint(e.Ref, 10)}, [2]string{HeaderDeliverAt, strconv.FormatInt(b.DeliverAtMs, 10)},
+			[2]string{HeaderScheduleID, strconv.FormatUint(id, 10)}, [2]string{HeaderDeliverAt, strconv.FormatInt(b.DeliverAtMs, 10)},
 			[2]string{HeaderFireToken, tokenText(r.token)})
 		if err != nil {
 			s.log.Error("unreadable delayed batch; dropped", "id", e.Ref, "err", err)
@@ -334,6 +339,7 @@ func (s *Scheduler) buildRound(r *fireRound) {
 			r.chunks = append(r.chunks, cur)
 		}
 		cur.refs = append(cur.refs, e.Ref)
+		cur.ids = append(cur.ids, id)
 		cur.ats = append(cur.ats, b.DeliverAtMs)
 		cur.records = append(cur.records, recs...)
 	}
@@ -455,7 +461,7 @@ func (s *Scheduler) verifyThenResend(ctx actor.Context, g []*fireChunk) {
 		c0.retrying = true
 		s.retrying += groupRefs(g)
 	}
-	want := map[string]uint64{fireKey(c0.refs[0], c0.round.token): c0.refs[0]}
+	want := map[string]uint64{fireKey(c0.ids[0], c0.round.token): c0.refs[0]}
 	s.scanFor(ctx, c0.entry, c0.part, c0.from, want, func(got []uint64) {
 		if len(got) > 0 {
 			s.settleGroup(ctx, g, true, nil)
@@ -545,6 +551,7 @@ func (s *Scheduler) settleFired(refs []uint64) {
 	for _, r := range refs {
 		s.pending.Remove(r)
 		delete(s.busy, r)
+		s.forgetMoved(r)
 	}
 	mPending.Set(float64(s.pending.GetCardinality()))
 }
@@ -624,7 +631,11 @@ func scanPending(sys *actor.ActorSystem, pid *actor.PID, pending *roaring64.Bitm
 				if err != nil || sb == nil || topicName != "" && sb.Topic != topicName {
 					return true
 				}
-				heap.Push(h, &heraldpb.ScheduledInfo{Id: strconv.FormatUint(ref, 10), Topic: sb.Topic, Partition: sb.Partition,
+				id := ref
+				if sb.Id != nil {
+					id = sb.GetId()
+				}
+				heap.Push(h, &heraldpb.ScheduledInfo{Id: strconv.FormatUint(id, 10), Topic: sb.Topic, Partition: sb.Partition,
 					DeliverAtMs: sb.DeliverAtMs, Count: sb.Count, Bytes: uint32(len(sb.Records)), CreatedMs: sb.CreatedMs})
 				if h.Len() > limit {
 					heap.Pop(h) // the latest

@@ -52,6 +52,10 @@ var (
 		Name: "herald_scheduler_wheel_far",
 		Help: "Timers beyond the near window, in the far store (cancelled ones included until their bucket loads).",
 	})
+	mMoved = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_scheduler_moved_total",
+		Help: "Long-pending delayed batches that compaction moved up __schedule so that the log could be truncated behind them.",
+	})
 	mFarBuffered = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_scheduler_far_buffered",
 		Help: "Far timers in memory waiting to be written to their bucket file (bounded; more only while writes fail).",
