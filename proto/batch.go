@@ -20,6 +20,7 @@ type BatchInfo struct {
 	MinTimestamp int64 // smallest non-zero record timestamp, 0 if none
 	MaxTimestamp int64 // largest record timestamp, 0 if none
 	MaxRecord    int   // size of the largest encoded record
+	MaxPriority  uint8 // highest record priority (RecordPriority), 0 if none
 	FirstKey     []byte
 }
 
@@ -47,10 +48,11 @@ func ScanBatch(b []byte) (BatchInfo, error) {
 			return info, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
 		}
 		b = b[m:]
-		key, ts, err := scanRecord(rec)
+		key, ts, prio, err := scanRecord(rec)
 		if err != nil {
 			return info, err
 		}
+		info.MaxPriority = max(info.MaxPriority, prio)
 		if info.Count == 0 {
 			info.FirstKey = key
 		}
@@ -70,71 +72,75 @@ func ScanBatch(b []byte) (BatchInfo, error) {
 	return info, nil
 }
 
-// scanRecord checks one encoded Record and returns its key and timestamp.
-func scanRecord(b []byte) (key []byte, ts int64, err error) {
+// scanRecord checks one encoded Record and returns its key, timestamp and
+// priority (the last occurrence, as RecordPriority reads it).
+func scanRecord(b []byte) (key []byte, ts int64, prio uint8, err error) {
 	for len(b) > 0 {
 		num, typ, n := consumeTag(b)
 		if n < 0 {
-			return nil, 0, fmt.Errorf("%w: record: %v", ErrBadBatch, protowire.ParseError(n))
+			return nil, 0, 0, fmt.Errorf("%w: record: %v", ErrBadBatch, protowire.ParseError(n))
 		}
 		b = b[n:]
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			v, m := protowire.ConsumeBytes(b)
 			if m < 0 {
-				return nil, 0, fmt.Errorf("%w: record key: %v", ErrBadBatch, protowire.ParseError(m))
+				return nil, 0, 0, fmt.Errorf("%w: record key: %v", ErrBadBatch, protowire.ParseError(m))
 			}
 			key, b = v, b[m:]
 		case num == 4 && typ == protowire.VarintType:
 			v, m := protowire.ConsumeVarint(b)
 			if m < 0 {
-				return nil, 0, fmt.Errorf("%w: record timestamp: %v", ErrBadBatch, protowire.ParseError(m))
+				return nil, 0, 0, fmt.Errorf("%w: record timestamp: %v", ErrBadBatch, protowire.ParseError(m))
 			}
 			ts, b = int64(v), b[m:]
 		case (num == 6 || num == 7) && typ != protowire.VarintType:
-			return nil, 0, fmt.Errorf("%w: record field %d has wire type %d", ErrBadBatch, num, typ)
+			return nil, 0, 0, fmt.Errorf("%w: record field %d has wire type %d", ErrBadBatch, num, typ)
 		case num == 6 || num == 7:
 			v, m := protowire.ConsumeVarint(b)
 			if m < 0 {
-				return nil, 0, fmt.Errorf("%w: record field %d: %v", ErrBadBatch, num, protowire.ParseError(m))
+				return nil, 0, 0, fmt.Errorf("%w: record field %d: %v", ErrBadBatch, num, protowire.ParseError(m))
 			}
 			b = b[m:]
 			if num == 6 && v > MaxPriority {
-				return nil, 0, fmt.Errorf("%w: record priority %d is above %d", ErrBadBatch, v, MaxPriority)
+				return nil, 0, 0, fmt.Errorf("%w: record priority %d is above %d", ErrBadBatch, v, MaxPriority)
+			}
+			if num == 6 {
+				prio = uint8(v)
 			}
 			if num == 7 && int64(v) < 0 {
-				return nil, 0, fmt.Errorf("%w: negative record ttl_ms %d", ErrBadBatch, int64(v))
+				return nil, 0, 0, fmt.Errorf("%w: negative record ttl_ms %d", ErrBadBatch, int64(v))
 			}
 		case (num == 2 || num == 3 || num == 5) && typ != protowire.BytesType:
-			return nil, 0, fmt.Errorf("%w: record field %d has wire type %d", ErrBadBatch, num, typ)
+			return nil, 0, 0, fmt.Errorf("%w: record field %d has wire type %d", ErrBadBatch, num, typ)
 		case num == 3 || num == 5:
 			// A header must be a valid Header and a tag valid UTF-8, or
 			// consumers could not decode the stored batch.
 			v, m := protowire.ConsumeBytes(b)
 			if m < 0 {
-				return nil, 0, fmt.Errorf("%w: record field %d: %v", ErrBadBatch, num, protowire.ParseError(m))
+				return nil, 0, 0, fmt.Errorf("%w: record field %d: %v", ErrBadBatch, num, protowire.ParseError(m))
 			}
 			b = b[m:]
 			if num == 5 && !utf8.Valid(v) {
-				return nil, 0, fmt.Errorf("%w: record tag is not valid UTF-8", ErrBadBatch)
+				return nil, 0, 0, fmt.Errorf("%w: record tag is not valid UTF-8", ErrBadBatch)
 			}
 			if num == 3 {
 				if err := scanHeader(v); err != nil {
-					return nil, 0, err
+					return nil, 0, 0, err
 				}
 			}
 		default:
 			m := protowire.ConsumeFieldValue(num, typ, b)
 			if m < 0 {
-				return nil, 0, fmt.Errorf("%w: record: %v", ErrBadBatch, protowire.ParseError(m))
+				return nil, 0, 0, fmt.Errorf("%w: record: %v", ErrBadBatch, protowire.ParseError(m))
 			}
 			b = b[m:]
 		}
 	}
 	if ts < 0 {
-		return nil, 0, fmt.Errorf("%w: negative record timestamp %d", ErrBadBatch, ts)
+		return nil, 0, 0, fmt.Errorf("%w: negative record timestamp %d", ErrBadBatch, ts)
 	}
-	return key, ts, nil
+	return key, ts, prio, nil
 }
 
 // scanHeader checks one encoded Header: a UTF-8 key (field 1) and any value.

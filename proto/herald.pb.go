@@ -2672,7 +2672,14 @@ type FetchRequest struct {
 	// Stop adding batches past this many bytes (at least one batch is returned).
 	MaxBytes uint32 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	// Long poll: wait up to this long for data at `offset`; 0 = answer at once.
-	MaxWaitMs     uint32 `protobuf:"varint,5,opt,name=max_wait_ms,json=maxWaitMs,proto3" json:"max_wait_ms,omitempty"`
+	MaxWaitMs uint32 `protobuf:"varint,5,opt,name=max_wait_ms,json=maxWaitMs,proto3" json:"max_wait_ms,omitempty"`
+	// 1-9: read the partition's sub-queue of that priority level instead of
+	// the log: only records with exactly this priority, from `offset` up to
+	// `end_offset`, each as a batch of one record; `max_wait_ms` is ignored.
+	// 0: a plain fetch.
+	Priority uint32 `protobuf:"varint,6,opt,name=priority,proto3" json:"priority,omitempty"`
+	// With `priority`: stop before this offset; 0 = the high watermark.
+	EndOffset     int64 `protobuf:"varint,7,opt,name=end_offset,json=endOffset,proto3" json:"end_offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2742,6 +2749,20 @@ func (x *FetchRequest) GetMaxWaitMs() uint32 {
 	return 0
 }
 
+func (x *FetchRequest) GetPriority() uint32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *FetchRequest) GetEndOffset() int64 {
+	if x != nil {
+		return x.EndOffset
+	}
+	return 0
+}
+
 type FetchResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Partition      uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
@@ -2749,7 +2770,11 @@ type FetchResponse struct {
 	LogStartOffset int64                  `protobuf:"varint,3,opt,name=log_start_offset,json=logStartOffset,proto3" json:"log_start_offset,omitempty"`
 	// Batches in offset order. The first may start below the requested offset;
 	// the client skips records below it.
-	Batches       []*StoredBatch `protobuf:"bytes,4,rep,name=batches,proto3" json:"batches,omitempty"`
+	Batches []*StoredBatch `protobuf:"bytes,4,rep,name=batches,proto3" json:"batches,omitempty"`
+	// Priority fetch only: where the next read of the same sub-queue starts
+	// (every record of that level below it was returned, or lies below
+	// `offset`).
+	NextOffset    int64 `protobuf:"varint,5,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2810,6 +2835,13 @@ func (x *FetchResponse) GetBatches() []*StoredBatch {
 		return x.Batches
 	}
 	return nil
+}
+
+func (x *FetchResponse) GetNextOffset() int64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
 }
 
 type ListOffsetsRequest struct {
@@ -5412,18 +5444,23 @@ const file_herald_proto_rawDesc = "" +
 	"\x0eappend_time_ms\x18\x04 \x01(\x03R\fappendTimeMs\x12\x1f\n" +
 	"\vschedule_id\x18\x05 \x01(\tR\n" +
 	"scheduleId\x12\"\n" +
-	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\"\x97\x01\n" +
+	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\"\xd2\x01\n" +
 	"\fFetchRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x1b\n" +
 	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\x12\x1e\n" +
-	"\vmax_wait_ms\x18\x05 \x01(\rR\tmaxWaitMs\"\xb0\x01\n" +
+	"\vmax_wait_ms\x18\x05 \x01(\rR\tmaxWaitMs\x12\x1a\n" +
+	"\bpriority\x18\x06 \x01(\rR\bpriority\x12\x1d\n" +
+	"\n" +
+	"end_offset\x18\a \x01(\x03R\tendOffset\"\xd1\x01\n" +
 	"\rFetchResponse\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12%\n" +
 	"\x0ehigh_watermark\x18\x02 \x01(\x03R\rhighWatermark\x12(\n" +
 	"\x10log_start_offset\x18\x03 \x01(\x03R\x0elogStartOffset\x120\n" +
-	"\abatches\x18\x04 \x03(\v2\x16.herald.v1.StoredBatchR\abatches\"\x96\x01\n" +
+	"\abatches\x18\x04 \x03(\v2\x16.herald.v1.StoredBatchR\abatches\x12\x1f\n" +
+	"\vnext_offset\x18\x05 \x01(\x03R\n" +
+	"nextOffset\"\x96\x01\n" +
 	"\x12ListOffsetsRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12)\n" +

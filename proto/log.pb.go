@@ -34,7 +34,10 @@ type LogEntry struct {
 	// Largest record timestamp in the batch (append time where a record has none).
 	MaxTimestampMs int64 `protobuf:"varint,4,opt,name=max_timestamp_ms,json=maxTimestampMs,proto3" json:"max_timestamp_ms,omitempty"`
 	// An encoded RecordBatch, exactly as the producer sent it.
-	Records       []byte `protobuf:"bytes,5,opt,name=records,proto3" json:"records,omitempty"`
+	Records []byte `protobuf:"bytes,5,opt,name=records,proto3" json:"records,omitempty"`
+	// The highest record priority in the batch (0: none has one), so that
+	// applying the entry indexes priorities only where there are some.
+	MaxPriority   uint32 `protobuf:"varint,6,opt,name=max_priority,json=maxPriority,proto3" json:"max_priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -102,6 +105,13 @@ func (x *LogEntry) GetRecords() []byte {
 		return x.Records
 	}
 	return nil
+}
+
+func (x *LogEntry) GetMaxPriority() uint32 {
+	if x != nil {
+		return x.MaxPriority
+	}
+	return 0
 }
 
 // RaftMessage carries one go.etcd.io/raft raftpb.Message between the replicas
@@ -245,14 +255,15 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\"\xab\x01\n" +
+	"\tlog.proto\x12\therald.v1\"\xce\x01\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12(\n" +
 	"\x10max_timestamp_ms\x18\x04 \x01(\x03R\x0emaxTimestampMs\x12\x18\n" +
-	"\arecords\x18\x05 \x01(\fR\arecords\"=\n" +
+	"\arecords\x18\x05 \x01(\fR\arecords\x12!\n" +
+	"\fmax_priority\x18\x06 \x01(\rR\vmaxPriority\"=\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\"\x06\n" +

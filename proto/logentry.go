@@ -21,6 +21,7 @@ type LogEntryHeader struct {
 	Count          uint32
 	AppendTimeMs   int64
 	MaxTimestampMs int64
+	MaxPriority    uint32
 }
 
 // ScanLogEntry decodes a marshalled heraldpb.LogEntry without copying its
@@ -35,7 +36,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		}
 		b = b[n:]
 		switch {
-		case num >= 1 && num <= 4 && typ == protowire.VarintType:
+		case (num >= 1 && num <= 4 || num == 6) && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
@@ -50,6 +51,8 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 				h.AppendTimeMs = int64(v)
 			case 4:
 				h.MaxTimestampMs = int64(v)
+			case 6:
+				h.MaxPriority = uint32(min(v, math.MaxUint32))
 			}
 		case num == 5 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
@@ -58,7 +61,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 			}
 			b = b[n:]
 			records = v
-		case num >= 1 && num <= 5:
+		case num >= 1 && num <= 6:
 			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)

@@ -62,7 +62,11 @@ func FuzzRecordPriority(f *testing.F) {
 			t.Fatalf("RecordPriority %d > %d", got, MaxPriority)
 		}
 		var r Record
-		if _, _, err := scanRecord(b); err == nil && proto.Unmarshal(b, &r) == nil && uint32(got) != r.Priority {
+		_, _, scanned, err := scanRecord(b)
+		if err == nil && scanned != got {
+			t.Fatalf("RecordPriority %d, scanRecord %d", got, scanned)
+		}
+		if err == nil && proto.Unmarshal(b, &r) == nil && uint32(got) != r.Priority {
 			t.Fatalf("RecordPriority %d, Unmarshal %d", got, r.Priority)
 		}
 	})

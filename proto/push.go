@@ -16,7 +16,7 @@ func ForEachRecord(b []byte, fn func(i int, rec, key []byte) bool) error {
 	var err error
 	if rerr := ForEachRawRecord(b, func(i int, rec []byte) bool {
 		var key []byte
-		if key, _, err = scanRecord(rec); err != nil {
+		if key, _, _, err = scanRecord(rec); err != nil {
 			return false
 		}
 		return fn(i, rec, key)
@@ -182,7 +182,7 @@ func ForEachRawRecord(b []byte, fn func(i int, rec []byte) bool) error {
 
 // RecordKey returns the key of an encoded Record (aliasing rec), or nil.
 func RecordKey(rec []byte) []byte {
-	key, _, err := scanRecord(rec)
+	key, _, _, err := scanRecord(rec)
 	if err != nil {
 		return nil
 	}

@@ -28,6 +28,10 @@ type Stats struct {
 	// Writable is true while this replica leads and accepts produce
 	// requests (its log is written up to its election).
 	Writable atomic.Bool
+	// PriorityEnd[l] is the offset after the last record of priority l
+	// (1-9) in the partition's sub-queue of that level, 0 when it has none
+	// or while the sub-queues are being rebuilt after an open.
+	PriorityEnd [Levels]atomic.Int64
 }
 
 // writerGens numbers log writers process-wide.
@@ -79,6 +83,11 @@ type Actor struct {
 	failure      error // last storage failure while store == nil
 	reopenAt     time.Time
 	reopenBackup time.Duration
+
+	prio        prioIndex     // the priority sub-queues
+	prioThrough int64         // the offset the saved index file is complete up to
+	prioStop    chan struct{} // closed to stop the catch-up read
+	prioAck     chan struct{} // the actor took a catch-up chunk
 }
 
 // Props returns the props of a partition replica actor. sys answers shed
@@ -143,6 +152,10 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.onFetchDeadline(ctx, m)
 	case *DeleteBefore:
 		a.onDeleteBefore(ctx, m)
+	case prioChunk:
+		a.onPrioChunk(m)
+	case prioSaved:
+		a.onPrioSaved(m)
 	case *heraldpb.Frame:
 		a.active()
 		switch m.Body.(type) {
@@ -261,6 +274,7 @@ func (a *Actor) open() error {
 	// its first Ready (which applies a fresh group's bootstrap conf change)
 	// has been handled.
 	a.campaignSoon = len(voters) == 1 && voters[0] == a.cfg.ReplicaID
+	a.openPrio()
 	a.publish()
 	return nil
 }
@@ -284,6 +298,10 @@ func (a *Actor) onStopping(ctx actor.Context, why *heraldpb.Error) {
 	if a.stopTick != nil {
 		close(a.stopTick)
 		a.stopTick = nil
+	}
+	a.stopCatchUp()
+	if a.store != nil {
+		a.savePrio(true)
 	}
 	a.failPending(ctx, why)
 	for _, f := range a.park.drain() {
@@ -348,6 +366,9 @@ func (a *Actor) onTick(ctx actor.Context) {
 	if idle := max(1, int(a.cfg.IdleRelease/a.cfg.TickInterval)); !a.released && a.ticks-a.lastActive >= idle {
 		a.release()
 	}
+	if every := max(1, int(a.cfg.IndexSaveInterval/a.cfg.TickInterval)); a.ticks-a.prio.lastSave >= every {
+		a.savePrio(false)
+	}
 	a.publish()
 }
 
@@ -365,6 +386,8 @@ func (a *Actor) retain() {
 		if s := a.store.StartOffset(); a.win.start() >= 0 && a.win.start() < s {
 			a.win.reset()
 		}
+		a.prio.trim(a.store.StartOffset())
+		a.publishPrio()
 	}
 }
 
@@ -390,6 +413,8 @@ func (a *Actor) onDeleteBefore(ctx actor.Context, m *DeleteBefore) {
 		if s := a.store.StartOffset(); a.win.start() >= 0 && a.win.start() < s {
 			a.win.reset()
 		}
+		a.prio.trim(a.store.StartOffset())
+		a.publishPrio()
 		a.publish()
 	}
 	ctx.Respond(&DeleteBeforeResult{Removed: n, Err: err})
@@ -521,6 +546,7 @@ func (a *Actor) applyMsg(ctx actor.Context, m raftpb.Message) {
 		}
 		a.applied = m.Snapshot.Metadata.Index
 		a.win.reset()
+		a.openPrio() // the log was replaced: index it again
 	}
 	a.apply(ctx, m.Entries)
 	for _, r := range m.Responses {
@@ -627,6 +653,9 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 			"index", e.Index, "base", h.BaseOffset, "hw", a.hw)
 	}
 	a.hw = h.BaseOffset + int64(h.Count)
+	if h.MaxPriority > 0 && a.prio.add(h.BaseOffset, records) != 0 {
+		a.publishPrio()
+	}
 	a.win.add(&heraldpb.StoredBatch{BaseOffset: h.BaseOffset, Count: h.Count, AppendTimeMs: h.AppendTimeMs, Records: records})
 	a.m.produceRecords.Add(float64(h.Count))
 	a.m.produceBytes.Add(float64(len(records)))
@@ -682,6 +711,7 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	base := a.tail
 	data, err := proto.Marshal(&heraldpb.LogEntry{
 		BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: now, MaxTimestampMs: maxTs, Records: req.Records,
+		MaxPriority: uint32(info.MaxPriority),
 	})
 	if err != nil {
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err))
@@ -715,14 +745,20 @@ func (a *Actor) onFetch(ctx actor.Context, f *heraldpb.Frame) {
 		return
 	}
 	start := a.store.StartOffset()
+	if req.Priority > 0 && req.Offset < start && req.Offset >= 0 {
+		// A sub-queue read below the log's start reads from the start.
+		a.onPriorityFetch(ctx, f.Id, req, replyTo, start, fetchMaxBytes(req))
+		return
+	}
 	if req.Offset < start || req.Offset > a.hw {
 		a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE,
 			"offset %d is outside [%d, %d] of %s-%d", req.Offset, start, a.hw, a.cfg.Topic, a.cfg.Partition)))
 		return
 	}
-	maxBytes := int(req.MaxBytes)
-	if maxBytes <= 0 || maxBytes > 16<<20 {
-		maxBytes = 1 << 20
+	maxBytes := fetchMaxBytes(req)
+	if req.Priority > 0 {
+		a.onPriorityFetch(ctx, f.Id, req, replyTo, start, maxBytes)
+		return
 	}
 	switch {
 	case req.Offset == a.hw:
@@ -754,6 +790,16 @@ func (a *Actor) onFetch(ctx actor.Context, f *heraldpb.Frame) {
 			a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e))
 		}
 	}
+}
+
+// fetchMaxBytes is a fetch's byte budget: its max_bytes, 1 MiB when unset
+// or above 16 MiB.
+func fetchMaxBytes(req *heraldpb.FetchRequest) int {
+	n := int(req.MaxBytes)
+	if n <= 0 || n > 16<<20 {
+		n = 1 << 20
+	}
+	return n
 }
 
 func (a *Actor) answerFetch(ctx actor.Context, replyTo *actor.PID, id uint64, batches []*heraldpb.StoredBatch) {

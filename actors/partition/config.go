@@ -107,6 +107,11 @@ type Config struct {
 	// OnRelease, if set, is called (from the actor) after an idle release,
 	// so the node can hand the freed memory back to the OS.
 	OnRelease func()
+	// IndexPath is the file the priority sub-queues are saved to ("": not
+	// saved, so every open reads the whole log to rebuild them), every
+	// IndexSaveInterval (default 10s) and at stop.
+	IndexPath         string
+	IndexSaveInterval time.Duration
 	// Readers serves fetches below the window from the log, off the mailbox.
 	// Nil means a private pool of 2 readers.
 	Readers *ReaderPool
@@ -157,6 +162,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxParkedFetches == 0 {
 		c.MaxParkedFetches = 1024
+	}
+	if c.IndexSaveInterval == 0 {
+		c.IndexSaveInterval = 10 * time.Second
 	}
 	if c.Clock == nil {
 		c.Clock = SystemClock

@@ -32,6 +32,10 @@ type readJob struct {
 	hw       int64
 	start    int64
 	done     func(records, bytes int)
+	// A priority fetch: the records at these offsets, and where the
+	// next read of their sub-queue starts.
+	offsets []int64
+	next    int64
 }
 
 // NewReaderPool starts workers goroutines with a queue of queueLen jobs.
@@ -77,7 +81,22 @@ func (p *ReaderPool) work() {
 }
 
 func (j readJob) run() *heraldpb.Frame {
-	batches, err := j.store.ReadBatches(j.offset, j.maxBytes, j.hw)
+	var (
+		batches []*heraldpb.StoredBatch
+		err     error
+		next    int64
+	)
+	if j.offsets != nil {
+		batches, next = pickRecords(j.offsets, j.next, j.maxBytes, func(o int64) []*heraldpb.StoredBatch {
+			bs, rerr := j.store.ReadBatches(o, 1, j.hw)
+			if rerr != nil && err == nil {
+				err = rerr
+			}
+			return bs
+		})
+	} else {
+		batches, err = j.store.ReadBatches(j.offset, j.maxBytes, j.hw)
+	}
 	if err != nil {
 		return heraldpb.ErrorFrame(j.frameID, storageError(err))
 	}
@@ -90,6 +109,6 @@ func (j readJob) run() *heraldpb.Frame {
 		j.done(recs, bytes)
 	}
 	return &heraldpb.Frame{Id: j.frameID, Body: &heraldpb.Frame_FetchResponse{FetchResponse: &heraldpb.FetchResponse{
-		Partition: j.part, HighWatermark: j.hw, LogStartOffset: j.start, Batches: batches,
+		Partition: j.part, HighWatermark: j.hw, LogStartOffset: j.start, Batches: batches, NextOffset: next,
 	}}}
 }

@@ -279,6 +279,7 @@ func (m *Manager) spawnTopic(ctx actor.Context, name string, cfg *heraldpb.Topic
 					Logger: m.cfg.Logger, Group: group,
 				})
 			},
+			IndexPath:       filepath.Join(dir, "priority.idx"),
 			MaxMessageBytes: int(cfg.MaxMessageBytes),
 			RetentionAge:    time.Duration(cfg.RetentionMs) * time.Millisecond,
 			RetentionBytes:  cfg.RetentionBytes,
