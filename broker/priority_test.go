@@ -154,3 +154,79 @@ func TestGroupPriorities(t *testing.T) {
 		}
 	}
 }
+
+// A backlog three times the group's window (MaxPending 1024) of level-0
+// messages, then five at level 9 behind it: the group reads the
+// partition's level-9 sub-queue while its ordered read is stalled, so the
+// five arrive within the first deliveries instead of after the backlog,
+// and every message still arrives exactly once.
+func TestGroupPriorityJumpsBacklog(t *testing.T) {
+	b := startTestBroker(t, t.TempDir())
+	defer b.Shutdown()
+	w := dialWire(t, b.ClientAddr())
+	newTopic(t, w, "j", 1)
+	const backlog = 3000
+	levels := make([]uint8, backlog+5)
+	for i := 0; i < backlog; i += 1000 {
+		produceLevels(t, w, "j", 0, levels[i:i+1000])
+	}
+	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "j", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: 5})
+	high := levels[backlog:]
+	for i := range high {
+		high[i] = 9
+	}
+	// One batch, so its values name offsets from backlog on.
+	batch := &heraldpb.RecordBatch{}
+	for i := range high {
+		batch.Records = append(batch.Records, &heraldpb.Record{Value: []byte(fmt.Sprintf("%d/9", backlog+i)), Priority: 9})
+	}
+	recs, _ := proto.Marshal(batch)
+	if r := w.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "j", Partition: proto.Uint32(0), Records: recs}}}); r.GetError() != nil {
+		t.Fatalf("produce: %v", r.GetError())
+	}
+	// produceLevels numbers values from 0 in each batch: rewrite the
+	// expectations of the backlog to match ("<i mod 1000>/0").
+	got := consumeAllBy(t, w, sub, len(levels), func(off int64) string {
+		if off >= backlog {
+			return fmt.Sprintf("%d/9", off)
+		}
+		return fmt.Sprintf("%d/0", off%1000)
+	})
+	for pos, off := range got {
+		if off >= backlog && pos >= 300 {
+			t.Fatalf("level-9 offset %d was delivery %d of %d: it waited behind the backlog", off, pos, len(got))
+		}
+	}
+	if d := describe(t, w, "g"); d.Partitions[0].AckFloor != int64(len(levels)) {
+		t.Fatalf("ack floor %d, want %d", d.Partitions[0].AckFloor, len(levels))
+	}
+}
+
+// consumeAllBy is consumeAll with the expected value of each offset given
+// by value.
+func consumeAllBy(t *testing.T, w *wire, sub uint64, n int, value func(off int64) string) []int64 {
+	t.Helper()
+	var order []int64
+	seen := map[int64]bool{}
+	for len(order) < n {
+		ds := w.deliveries(1, 10*time.Second)
+		if len(ds) == 0 {
+			t.Fatalf("stalled after %d of %d deliveries", len(order), n)
+		}
+		for _, d := range ds {
+			if seen[d.Offset] || d.DeliveryCount != 1 {
+				t.Fatalf("offset %d delivered again (count %d)", d.Offset, d.DeliveryCount)
+			}
+			seen[d.Offset] = true
+			if want := value(d.Offset); string(d.Record.GetValue()) != want {
+				t.Fatalf("offset %d: record %q, want %q", d.Offset, d.Record.GetValue(), want)
+			}
+			order = append(order, d.Offset)
+		}
+		ackAll(t, w, sub, ds, uint32(len(ds)))
+	}
+	if extra := w.deliveries(1, 50*time.Millisecond); len(extra) > 0 {
+		t.Fatalf("delivered beyond the %d messages: %v", n, ids(extra))
+	}
+	return order
+}

@@ -169,8 +169,9 @@ type spilled struct {
 }
 
 type fetchKey struct {
-	view MemberID
-	part uint32
+	view  MemberID
+	part  uint32
+	level uint8 // a read of the partition's sub-queue of this priority (ahead.go); 0: of its log
 }
 
 // live is the group's subscription while it has members.
@@ -873,14 +874,18 @@ func (c *coordinator) pump(ctx actor.Context) {
 		}
 		for p := range l.entry.Partitions {
 			k := fetchKey{view: v, part: uint32(p)}
+			if l.spill[k] != nil {
+				// Offered as room frees (dispatch); meanwhile higher
+				// priorities further on may jump the queue.
+				c.pumpAhead(ctx, v, uint32(p))
+				continue
+			}
 			if l.fetching[k] {
 				continue
 			}
-			if l.spill[k] != nil {
-				continue // offered as room frees (dispatch)
-			}
 			off, room := l.sub.ReadFrom(v, uint32(p))
 			if room == 0 {
+				c.pumpAhead(ctx, v, uint32(p))
 				continue
 			}
 			var wait uint32
@@ -905,6 +910,10 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 		return
 	}
 	delete(l.fetching, k)
+	if k.level > 0 {
+		c.onAheadFetched(ctx, k, resp, ferr)
+		return
+	}
 	if ferr != nil {
 		switch ferr.Code {
 		case heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE:
@@ -938,14 +947,29 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 		return
 	}
 	off, _ := l.sub.ReadFrom(k.view, k.part)
+	msgs, recs, filtered := c.messages(k, resp, off)
+	c.offer(k, msgs, recs)
+	if filtered > 0 {
+		mFiltered.WithLabelValues(c.group).Add(float64(filtered))
+		c.markDirty(k.view)
+	}
+	c.dispatch(ctx)
+	c.pump(ctx)
+}
+
+// messages turns the records a fetch read for view k.view's partition
+// k.part, from offset off on, into the subscription's messages (filtered
+// ones marked Skip, counted in filtered) and the records to hold for
+// delivery.
+func (c *coordinator) messages(k fetchKey, resp *heraldpb.FetchResponse, off int64) (msgs []Message, recs []held, filtered int) {
+	l := c.live
 	prog := l.sub.Progress(k.view, k.part)
 	total := 0
 	for _, b := range resp.Batches {
 		total += int(b.Count)
 	}
-	msgs := make([]Message, 0, total)
-	recs := make([]held, 0, total)
-	filtered := 0
+	msgs = make([]Message, 0, total)
+	recs = make([]held, 0, total)
 	topicTTL := l.entry.Config.GetMessageTtlMs()
 	for _, b := range resp.Batches {
 		err := heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
@@ -974,10 +998,61 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 			break
 		}
 	}
-	c.offer(k, msgs, recs)
-	if filtered > 0 {
-		mFiltered.WithLabelValues(c.group).Add(float64(filtered))
-		c.markDirty(k.view)
+	return msgs, recs, filtered
+}
+
+// pumpAhead starts, for view v's partition p whose ordered read is stalled,
+// a read of the highest priority sub-queue with records past the read
+// position, if the view has room for messages offered ahead and no such
+// read is outstanding.
+func (c *coordinator) pumpAhead(ctx actor.Context, v MemberID, p uint32) {
+	l := c.live
+	if l.orderly {
+		return
+	}
+	busy := fetchKey{view: v, part: p, level: Priorities}
+	if l.fetching[busy] {
+		return
+	}
+	st := l.entry.Stats[p]
+	for lv := Priorities - 1; lv >= 1; lv-- {
+		end := st.PriorityEnd[lv].Load()
+		if end == 0 {
+			continue
+		}
+		from, to, room := l.sub.ReadAhead(v, p, lv)
+		if room == 0 || from >= end {
+			continue
+		}
+		id := c.id()
+		c.fetchByID[id] = fetchKey{view: v, part: p, level: uint8(lv)}
+		l.fetching[busy] = true
+		ctx.Request(l.entry.Partitions[p], &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+			Topic: l.topic, Partition: p, Offset: from, MaxBytes: uint32(c.o.FetchMaxBytes),
+			Priority: uint32(lv), EndOffset: min(to, end),
+		}}})
+		return
+	}
+}
+
+// onAheadFetched offers what a sub-queue read found.
+func (c *coordinator) onAheadFetched(ctx actor.Context, k fetchKey, resp *heraldpb.FetchResponse, ferr *heraldpb.Error) {
+	l := c.live
+	delete(l.fetching, fetchKey{view: k.view, part: k.part, level: Priorities})
+	if ferr != nil {
+		// The ordered read deals with retention; this read tries again.
+		c.armPump(time.Duration(max(ferr.RetryAfterMs, 100)) * time.Millisecond)
+		return
+	}
+	from, _, _ := l.sub.ReadAhead(k.view, k.part, int(k.level))
+	msgs, recs, _ := c.messages(k, resp, from)
+	took := l.sub.AppendAhead(k.view, k.part, int(k.level), msgs, resp.NextOffset)
+	hl := l.held(k.view, k.part)
+	for _, i := range took {
+		hl.put(msgs[i].Offset, recs[i])
+	}
+	if len(took) > 0 {
+		mAhead.WithLabelValues(c.group).Add(float64(len(took)))
 	}
 	c.dispatch(ctx)
 	c.pump(ctx)

@@ -60,6 +60,10 @@ var (
 		Name: "herald_consumer_expired_total",
 		Help: "Messages whose time-to-live ran out before delivery, by action (drop, dead_letter).",
 	}, []string{"group", "action"})
+	mAhead = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_consumer_priority_ahead_total",
+		Help: "Messages offered from a partition's priority sub-queues ahead of the group's ordered read (it was stalled behind a backlog).",
+	}, []string{"group"})
 	mFiltered = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_consumer_filtered_total",
 		Help: "Messages the group's filter skipped (they still advance progress).",
@@ -103,7 +107,7 @@ func deleteGroupMetrics(group string) {
 	for _, v := range []*prometheus.GaugeVec{mInFlight, mMembers, mCallQueue} {
 		v.DeleteLabelValues(group)
 	}
-	for _, v := range []*prometheus.CounterVec{mDelivered, mRedelivered, mAcked, mNacked, mAckTimeouts, mStaleAcks, mFiltered, mCallsDropped,
+	for _, v := range []*prometheus.CounterVec{mDelivered, mRedelivered, mAcked, mNacked, mAckTimeouts, mStaleAcks, mFiltered, mAhead, mCallsDropped,
 		mDeadLettered, mDeadLetterErrors} {
 		v.DeleteLabelValues(group)
 	}

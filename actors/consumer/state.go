@@ -181,10 +181,12 @@ type memberState struct {
 // member's.
 type view struct {
 	prog    []*Progress
-	pending [][]Message       // offered, not yet delivered, ascending offsets
-	levels  []levels          // per partition: pending's messages by priority
-	pickers []*PriorityPicker // per partition, made when it first has priorities
-	next    []int64           // next offset to offer
+	pending [][]Message         // offered, not yet delivered, ascending offsets
+	levels  []levels            // per partition: pending's messages by priority
+	pickers []*PriorityPicker   // per partition, made when it first has priorities
+	next    []int64             // next offset to offer
+	ahead   [][]int64           // per partition: offsets at or past next offered ahead (ahead.go), ascending
+	scout   [][Priorities]int64 // per partition and level: where its sub-queue's next read starts
 }
 
 // levels counts a partition's pending messages by priority level, so that
@@ -234,6 +236,8 @@ func (w *view) clearPending(p uint32) {
 	w.pending[p] = nil
 	w.levels[p] = levels{}
 	w.pickers[p] = nil
+	w.ahead[p] = nil
+	w.scout[p] = [Priorities]int64{}
 }
 
 // NewSub returns a subscription with no members whose progress starts at
@@ -268,6 +272,8 @@ func (s *Sub) newView() *view {
 		levels:  make([]levels, s.cfg.Partitions),
 		pickers: make([]*PriorityPicker, s.cfg.Partitions),
 		next:    make([]int64, s.cfg.Partitions),
+		ahead:   make([][]int64, s.cfg.Partitions),
+		scout:   make([][Priorities]int64, s.cfg.Partitions),
 	}
 	for p := range v.prog {
 		v.prog[p] = NewProgress(s.start[p], s.cfg.MaxSpan)
@@ -371,6 +377,7 @@ func (s *Sub) Commit(m MemberID, p uint32, off int64) error {
 	v.pending[p] = slices.DeleteFunc(v.pending[p], func(m Message) bool { return m.Offset < floor })
 	v.recount(p)
 	v.next[p] = max(v.next[p], floor)
+	v.ahead[p] = slices.DeleteFunc(v.ahead[p], func(o int64) bool { return o < v.next[p] })
 	return nil
 }
 
@@ -410,9 +417,10 @@ func (s *Sub) ReadFrom(v MemberID, p uint32) (off int64, room int) {
 }
 
 // window is how many messages of view v's partition p count against
-// MaxPending: offered and loaded retries and dead letters.
+// MaxPending: offered in offset order (not ahead: they have their own
+// bound), and loaded retries and dead letters.
 func (s *Sub) window(w *view, v MemberID, p uint32) int {
-	n := len(w.pending[p])
+	n := len(w.pending[p]) - w.aheadPending(p)
 	for _, q := range [][]*retryEntry{s.fl.retry, s.fl.dead} {
 		i, j := entryRange(q, v, p, math.MinInt64, w.next[p])
 		n += j - i
@@ -491,6 +499,10 @@ func (s *Sub) Append(v MemberID, msgs ...Message) int {
 		if msg.Offset <= last {
 			r = s.restored(id)
 		}
+		if w.passAhead(p, msg.Offset) && r == nil {
+			w.next[p] = msg.Offset + 1
+			continue // offered ahead: pending, in flight or done already
+		}
 		if r == nil && held >= s.cfg.MaxPending {
 			return i
 		}
@@ -506,7 +518,7 @@ func (s *Sub) Append(v MemberID, msgs ...Message) int {
 			held++
 		default:
 			msg.Priority = min(msg.Priority, Priorities-1)
-			w.pending[p] = append(w.pending[p], msg)
+			w.insertPending(p, msg)
 			w.levels[p].add(msg.Priority)
 			held++
 		}
