@@ -2586,8 +2586,11 @@ type ProduceResponse struct {
 	AppendTimeMs int64  `protobuf:"varint,4,opt,name=append_time_ms,json=appendTimeMs,proto3" json:"append_time_ms,omitempty"`
 	// Delayed batches: the id to cancel it by, and when it will be appended
 	// (partition is the one it will go to; base_offset is -1).
-	ScheduleId    string `protobuf:"bytes,5,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
-	DeliverAtMs   int64  `protobuf:"varint,6,opt,name=deliver_at_ms,json=deliverAtMs,proto3" json:"deliver_at_ms,omitempty"`
+	ScheduleId  string `protobuf:"bytes,5,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+	DeliverAtMs int64  `protobuf:"varint,6,opt,name=deliver_at_ms,json=deliverAtMs,proto3" json:"deliver_at_ms,omitempty"`
+	// When the batch was committed, that is became readable (the broker's
+	// clock, microseconds since the epoch); 0 with ACKS_NONE.
+	CommitTimeUs  int64 `protobuf:"varint,7,opt,name=commit_time_us,json=commitTimeUs,proto3" json:"commit_time_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2660,6 +2663,13 @@ func (x *ProduceResponse) GetScheduleId() string {
 func (x *ProduceResponse) GetDeliverAtMs() int64 {
 	if x != nil {
 		return x.DeliverAtMs
+	}
+	return 0
+}
+
+func (x *ProduceResponse) GetCommitTimeUs() int64 {
+	if x != nil {
+		return x.CommitTimeUs
 	}
 	return 0
 }
@@ -5435,7 +5445,7 @@ const file_herald_proto_rawDesc = "" +
 	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\x12\x19\n" +
 	"\bdelay_ms\x18\a \x01(\x04R\adelayMsB\f\n" +
 	"\n" +
-	"_partition\"\xd1\x01\n" +
+	"_partition\"\xf7\x01\n" +
 	"\x0fProduceResponse\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1f\n" +
 	"\vbase_offset\x18\x02 \x01(\x03R\n" +
@@ -5444,7 +5454,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x0eappend_time_ms\x18\x04 \x01(\x03R\fappendTimeMs\x12\x1f\n" +
 	"\vschedule_id\x18\x05 \x01(\tR\n" +
 	"scheduleId\x12\"\n" +
-	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\"\xd2\x01\n" +
+	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\x12$\n" +
+	"\x0ecommit_time_us\x18\a \x01(\x03R\fcommitTimeUs\"\xd2\x01\n" +
 	"\fFetchRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +

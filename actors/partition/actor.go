@@ -662,7 +662,9 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 	k := proposalKey{term: e.Term, base: h.BaseOffset}
 	if p, ok := a.pending[k]; ok {
 		delete(a.pending, k)
-		a.reply(ctx, p.replyTo, produced(p.frameID, a.cfg.Partition, h.BaseOffset, p))
+		f := produced(p.frameID, a.cfg.Partition, h.BaseOffset, p)
+		f.GetProduceResponse().CommitTimeUs = a.cfg.Clock.Now().UnixMicro()
+		a.reply(ctx, p.replyTo, f)
 	}
 }
 

@@ -435,7 +435,8 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 		Topic: c0.entry.Name, Partition: proto.Uint32(c0.part), Acks: heraldpb.Acks_ACKS_ALL, Records: recs,
 	}}}, func(f *heraldpb.Frame) {
 		e := f.GetError()
-		ok := f.GetProduceResponse() != nil
+		resp := f.GetProduceResponse()
+		ok := resp != nil
 		switch {
 		case ok:
 		case s.o.Topics.Get(c0.entry.Name) != c0.entry:
@@ -447,7 +448,7 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 			s.verifyThenResend(ctx, g)
 			return
 		}
-		s.settleGroup(ctx, g, ok, e)
+		s.settleGroup(ctx, g, ok, e, resp.GetCommitTimeUs())
 	})
 }
 
@@ -464,7 +465,7 @@ func (s *Scheduler) verifyThenResend(ctx actor.Context, g []*fireChunk) {
 	want := map[string]uint64{fireKey(c0.ids[0], c0.round.token): c0.refs[0]}
 	s.scanFor(ctx, c0.entry, c0.part, c0.from, want, func(got []uint64) {
 		if len(got) > 0 {
-			s.settleGroup(ctx, g, true, nil)
+			s.settleGroup(ctx, g, true, nil, 0)
 			return
 		}
 		s.after(c0.backoff, &resendChunks{cs: g})
@@ -472,18 +473,21 @@ func (s *Scheduler) verifyThenResend(ctx actor.Context, g []*fireChunk) {
 	})
 }
 
-// settleGroup records the outcome of a group's append: appended (ok) or
+// settleGroup records the outcome of a group's append: appended (ok),
+// committed at commitUs (the partition's clock, µs; 0: unknown, now), or
 // given up with e.
-func (s *Scheduler) settleGroup(ctx actor.Context, g []*fireChunk, ok bool, e *heraldpb.Error) {
+func (s *Scheduler) settleGroup(ctx actor.Context, g []*fireChunk, ok bool, e *heraldpb.Error, commitUs int64) {
 	if g[0].retrying {
 		s.retrying -= groupRefs(g)
 	}
-	now := s.nowMs()
+	if commitUs == 0 {
+		commitUs = s.o.Now().UnixMicro()
+	}
 	for _, c := range g {
 		switch {
 		case ok:
 			for _, at := range c.ats {
-				mLateness.Observe(float64(max(now-at, 0)) / 1000)
+				mLateness.Observe(float64(max(commitUs-at*1000, 0)) / 1e6)
 			}
 			mFired.Add(float64(len(c.refs)))
 		case e.GetCode() == heraldpb.ErrorCode_TOPIC_NOT_FOUND || e.GetCode() == heraldpb.ErrorCode_PARTITION_NOT_FOUND:

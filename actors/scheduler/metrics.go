@@ -29,7 +29,7 @@ var (
 	}, []string{"reason"})
 	mLateness = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "herald_scheduler_fire_lateness_seconds",
-		Help:    "From a delayed batch's time to its append on its topic being durable.",
+		Help:    "From a delayed batch's time to its append on its topic being committed (durable and readable), as the partition's clock stamps the commit.",
 		Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 10, 60},
 	})
 	mDue = promauto.NewGauge(prometheus.GaugeOpts{
