@@ -1491,8 +1491,9 @@ func (c *coordinator) onCommit(ctx actor.Context, f *heraldpb.Frame, req *herald
 
 // ---- time ------------------------------------------------------------------
 
-// armDeadline arms the timer for the subscription's next deadline (a full
-// scan of the flights: after the timer fires).
+// armDeadline arms the timer for the subscription's next deadline (after
+// the timer fires: NextDeadline takes the timers that went stale out of
+// the subscription's timing wheel).
 func (c *coordinator) armDeadline(now time.Time) {
 	if l := c.live; l != nil {
 		if t, ok := l.sub.NextDeadline(now); ok {

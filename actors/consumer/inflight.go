@@ -102,7 +102,8 @@ type flight struct {
 	member   MemberID
 	count    int
 	deadline time.Time
-	expires  int64 // Message.Expires
+	expires  int64  // Message.Expires
+	timer    uint64 // Ref of its deadline's timer (see timers)
 }
 
 // retryEntry is a message to deliver again: nacked, timed out, or released
@@ -121,6 +122,7 @@ type retryEntry struct {
 	avoid     MemberID // prefer another member than this one
 	reason    string   // why the last delivery failed
 	expires   int64    // Message.Expires
+	timer     uint64   // Ref of its not-before timer, 0 if none (see timers)
 }
 
 type keyHold struct {
@@ -140,6 +142,7 @@ type inflight struct {
 	perKey    map[string]keyHold // key-shared: in flight per key, and to whom (KeyShared only)
 	byPart    bool               // maintain perPart
 	byKey     bool               // maintain perKey
+	tm        timers             // ack deadlines and not-before times
 }
 
 // newInflight tracks flights; the per-partition and per-key counts cost a
@@ -180,6 +183,7 @@ func (fl *inflight) add(f *flight) {
 		h := fl.perKey[f.key]
 		fl.perKey[f.key] = keyHold{member: f.member, n: h.n + 1}
 	}
+	fl.armFlight(f)
 }
 
 // remove drops the flight id and returns it, or nil.
@@ -241,7 +245,10 @@ func insertEntry(q []*retryEntry, r *retryEntry) []*retryEntry {
 	return slices.Insert(q, i, r)
 }
 
-func (fl *inflight) addRetry(r *retryEntry) { fl.retry = insertEntry(fl.retry, r) }
+func (fl *inflight) addRetry(r *retryEntry) {
+	fl.retry = insertEntry(fl.retry, r)
+	fl.armRetry(r)
+}
 
 func (fl *inflight) addDead(r *retryEntry) { fl.dead = insertEntry(fl.dead, r) }
 
@@ -702,9 +709,16 @@ func (s *Sub) lookup(m MemberID, p uint32, off int64) (msgID, *Progress, error) 
 // redelivers after its delay, preferably to another member, or sends to
 // the dead-letter queue (Delivery.Dead). It returns the expired messages
 // (for metrics and the circuit breaker), ordered by partition and offset.
-// Its cost is linear in the messages in flight.
+// A timing wheel finds them (see timers), so a call costs O(log n) for
+// each timer it takes out up to now (the flights it expires, the stale
+// timers of messages acked, nacked or released since, the timers of
+// retries that came due), n being the flights and retries, plus O(1) for
+// each 256 ms window of time it moves the wheel over while timers are
+// pending. The first call builds the wheel from the flights and retries,
+// and one whose now is before an earlier call's scans the retries (both
+// linear in them).
 func (s *Sub) Tick(now time.Time) []Delivery {
-	fs := s.fl.sorted(func(f *flight) bool { return !f.deadline.After(now) })
+	fs := s.fl.expired(now, s.fl.start(now))
 	var out []Delivery
 	for _, f := range fs {
 		r := s.fail(f, PolicyDelay, ReasonAckTimeout, now)
@@ -718,19 +732,12 @@ func (s *Sub) Tick(now time.Time) []Delivery {
 // ending. Redeliveries already due are not counted: they wait for a member
 // that may take them (credits, a join), not for time, and the actor's next
 // Deliver picks them up. ok is false when nothing waits on time. The actor
-// arms one timer for it.
+// arms one timer for it. The time is exact, never a stale timer's: the
+// call takes out the timers up to the earliest live one, which costs as
+// in Tick (the stale and due ones it meets are dropped).
 func (s *Sub) NextDeadline(now time.Time) (t time.Time, ok bool) {
-	s.fl.each(func(f *flight) {
-		if !ok || f.deadline.Before(t) {
-			t, ok = f.deadline, true
-		}
-	})
-	for _, r := range s.fl.retry {
-		if r.notBefore.After(now) && (!ok || r.notBefore.Before(t)) {
-			t, ok = r.notBefore, true
-		}
-	}
-	return t, ok
+	s.fl.start(now)
+	return s.fl.next(now)
 }
 
 // InFlightIn is the number of messages of partition p in flight to m.
