@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -277,5 +278,45 @@ func TestSchedulerMovesLongPendingBatch(t *testing.T) {
 	vals, ids := r.read(1)
 	if len(vals) != 1 || vals[0] != "far" || ids["far"] != far {
 		t.Fatalf("partition 1 holds %v (ids %v), want far once with id %s", vals, ids, far)
+	}
+}
+
+// With MaxHeldBytes far below one round, rounds run one at a time, each
+// after the previous one's appends were sent: 200 batches due together
+// still all fire, once each, none early, and the held bytes never reach
+// two rounds' worth.
+func TestSchedulerHeldBytesBound(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{MaxHeldBytes: 1, FireBatch: 8, Lead: 2 * time.Second})
+	defer r.stop()
+	const n = 200
+	due := time.Now().Add(500 * time.Millisecond)
+	for i := 0; i < n; i++ {
+		r.schedule(uint32(i%2), time.Until(due), fmt.Sprintf("v%03d", i))
+	}
+	var peak float64
+	waitFor(t, "every batch fired", func() bool {
+		peak = max(peak, testutil.ToFloat64(mHeldBytes))
+		a, _ := r.read(0)
+		b, _ := r.read(1)
+		if len(a)+len(b) > 0 && time.Now().Before(due.Add(-time.Millisecond)) {
+			t.Fatalf("%d batches appended before their time", len(a)+len(b))
+		}
+		return len(a)+len(b) >= n
+	})
+	seen := map[string]bool{}
+	for p := uint32(0); p < 2; p++ {
+		vals, _ := r.read(p)
+		for _, v := range vals {
+			if seen[v] {
+				t.Fatalf("%s appended twice", v)
+			}
+			seen[v] = true
+		}
+	}
+	if len(seen) != n {
+		t.Fatalf("%d distinct batches appended, want %d", len(seen), n)
+	}
+	if limit := float64(2 * 8 * 64); peak >= limit {
+		t.Fatalf("held bytes peaked at %.0f, want below two rounds (%.0f)", peak, limit)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -20,16 +21,16 @@ import (
 // announced (ScheduleFiring) ahead of their time, then appended to their
 // partitions at their time.
 type fireRound struct {
-	owner   *Scheduler // the incarnation that started it
-	token   uint64     // random: its appended records carry it
-	entries []Entry
-	missing []uint64          // refs not yet read, ascending
-	raw     map[uint64][]byte // records read (nil: missing from the log)
-	built   bool              // chunks built (off the actor's goroutine)
-	batches map[uint64]*heraldpb.ScheduledBatch
-	chunks  []*fireChunk
-	unsent  int      // chunks not yet appended (or dropped)
-	done    []uint64 // appended or dropped
+	owner              *Scheduler // the incarnation that started it
+	token              uint64     // random: its appended records carry it
+	entries            []Entry
+	missing            []uint64          // refs not yet read, ascending
+	raw                map[uint64][]byte // records read (nil: missing from the log)
+	built              bool              // chunks built (off the actor's goroutine)
+	batches            map[uint64]*heraldpb.ScheduledBatch
+	chunks             []*fireChunk
+	unsent             int      // chunks not yet appended (or dropped)
+	done               []uint64 // appended or dropped
 }
 
 // fireChunk is one append: batches of a round due in the same millisecond
@@ -126,7 +127,7 @@ func (s *Scheduler) startRounds(ctx actor.Context) {
 	// Appends a partition keeps refusing are retried with their records in
 	// memory: past maxRetrying batches, no new rounds start (the due ones
 	// wait in the wheel's order, 16 bytes each) until they get through.
-	for s.rounds < s.o.MaxRounds && len(s.dueQ) > 0 && s.retrying < maxRetrying {
+	for s.rounds < s.o.MaxRounds && len(s.dueQ) > 0 && s.retrying < maxRetrying && s.heldBytes < s.o.MaxHeldBytes {
 		r := &fireRound{owner: s, raw: map[uint64][]byte{}, token: randomToken()}
 		n := 0
 		for ; n < len(s.dueQ) && len(r.entries) < s.o.FireBatch; n++ {
@@ -276,7 +277,9 @@ func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
 		for _, c := range r.chunks {
 			i, _ := slices.BinarySearchFunc(s.hold, c.at, func(h *fireChunk, at int64) int { return cmpInt(h.at, at+1) })
 			s.hold = slices.Insert(s.hold, i, c)
+			s.heldBytes += len(c.records)
 		}
+		mHeldBytes.Set(float64(s.heldBytes))
 		s.sendDue(ctx)
 		s.startRounds(ctx)
 	}})
@@ -303,7 +306,15 @@ func (s *Scheduler) buildRound(r *fireRound) {
 		r.batches[ref] = sb
 	}
 	r.raw = nil
-	var cur *fireChunk
+	// The round's entries are in time order; those due in the same
+	// millisecond for the same partition share a chunk (one append), in
+	// entry order, however the partitions interleave.
+	type chunkKey struct {
+		e    *topic.Entry
+		part uint32
+	}
+	open := map[chunkKey]*fireChunk{}
+	openAt := int64(math.MinInt64)
 	for _, e := range r.entries {
 		b := r.batches[e.Ref]
 		if b == nil {
@@ -334,9 +345,16 @@ func (s *Scheduler) buildRound(r *fireRound) {
 		if limit == 0 {
 			limit = 1 << 20
 		}
-		if cur == nil || cur.entry != te || cur.part != b.Partition || cur.at != e.At || len(cur.records)+len(recs) > limit {
+		if e.At != openAt {
+			clear(open)
+			openAt = e.At
+		}
+		k := chunkKey{te, b.Partition}
+		cur := open[k]
+		if cur == nil || len(cur.records)+len(recs) > limit {
 			cur = &fireChunk{round: r, at: e.At, entry: te, part: b.Partition, backoff: 50 * time.Millisecond}
 			r.chunks = append(r.chunks, cur)
+			open[k] = cur
 		}
 		cur.refs = append(cur.refs, e.Ref)
 		cur.ids = append(cur.ids, id)
@@ -356,9 +374,16 @@ func (s *Scheduler) sendDue(ctx actor.Context) {
 	for n < len(s.hold) && s.hold[n].at <= now {
 		n++
 	}
+	for _, c := range s.hold[:n] {
+		s.heldBytes -= len(c.records)
+	}
+	mHeldBytes.Set(float64(s.heldBytes))
 	s.sendChunks(ctx, s.hold[:n])
 	clear(s.hold[:n])
 	s.hold = s.hold[n:]
+	if n > 0 && len(s.dueQ) > 0 {
+		s.startRounds(ctx) // sends freed room for rounds
+	}
 	if len(s.hold) == 0 {
 		return
 	}
@@ -375,6 +400,12 @@ func (s *Scheduler) sendDue(ctx actor.Context) {
 // produce request as far as its max message size allows (they are all
 // due: a scheduler that fell behind catches up in big appends).
 func (s *Scheduler) sendChunks(ctx actor.Context, cs []*fireChunk) {
+	nowUs := s.o.Now().UnixMicro()
+	for _, c := range cs {
+		for _, at := range c.ats {
+			mSendLateness.Observe(float64(max(nowUs-at*1000, 0)) / 1e6)
+		}
+	}
 	type key struct {
 		e    *topic.Entry
 		part uint32

@@ -32,6 +32,15 @@ var (
 		Help:    "From a delayed batch's time to its append on its topic being committed (durable and readable), as the partition's clock stamps the commit.",
 		Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 10, 60},
 	})
+	mSendLateness = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "herald_scheduler_send_lateness_seconds",
+		Help:    "From a delayed batch's time to the scheduler sending its append (the scheduler's share of fire_lateness; the rest is the partition's commit).",
+		Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 10, 60},
+	})
+	mHeldBytes = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_scheduler_held_bytes",
+		Help: "Records of announced appends waiting for their time (bounded by MaxHeldBytes).",
+	})
 	mDue = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_scheduler_due",
 		Help: "Batches whose time has come, waiting for a fire round.",
