@@ -1,0 +1,611 @@
+// Package cluster is Herald's cluster layer. This file is membership: which
+// Herald nodes are up, from protoactor-go's cluster (the automanaged provider
+// by default, etcd on request), under Herald's own stable node ids.
+//
+// Each node runs a cluster actor system of its own, separate from the
+// node's local actor system where topics and partitions live: protoactor
+// blocks a member id for good once the others saw it leave, so a node that
+// was cut off and blocked rejoins under a new member id by replacing only
+// the cluster system, without a restart of the node and without touching
+// its partitions. The cluster system carries Herald's traffic between nodes
+// (remote), bound to the configured address only.
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	pcluster "github.com/asynkron/protoactor-go/cluster"
+	"github.com/asynkron/protoactor-go/cluster/clusterproviders/automanaged"
+	"github.com/asynkron/protoactor-go/cluster/clusterproviders/etcd"
+	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
+	"github.com/asynkron/protoactor-go/remote"
+	"github.com/labstack/echo"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+)
+
+// Providers of membership.
+const (
+	ProviderAutomanaged = "automanaged"
+	ProviderEtcd        = "etcd"
+)
+
+// kindPrefix names the cluster kind each node registers, so that every
+// provider's member list carries the Herald node id.
+const kindPrefix = "herald-node-"
+
+// Config configures one node's membership.
+type Config struct {
+	// NodeID is the node's stable id (kept in its data dir); not 0.
+	NodeID uint64
+	// Bind is the host:port the node's cluster traffic (protoactor remote,
+	// gRPC) listens on and is reached at. Port 0 picks a free one (tests).
+	Bind string
+	// HealthBind is the host:port of the automanaged provider's health
+	// endpoint. Empty: Bind's host and port+1.
+	HealthBind string
+	// Peers maps node ids to their Bind addresses, this node's included
+	// or not. The automanaged provider polls each one's health endpoint
+	// (its port+1, unless PeerHealth names it).
+	Peers map[uint64]string
+	// PeerHealth overrides a peer's health address (tests with port 0).
+	PeerHealth map[uint64]string
+	// Provider is ProviderAutomanaged (default) or ProviderEtcd.
+	Provider string
+	// EtcdEndpoints are the etcd servers of ProviderEtcd.
+	EtcdEndpoints []string
+	// Name is the cluster's name; nodes with another name are ignored.
+	// Default "herald".
+	Name string
+	// MaxMessageBytes is the largest message between nodes (the gRPC
+	// receive limit applies to a whole batch of remote messages). Default
+	// 64 MiB.
+	MaxMessageBytes int
+	// Refresh is how often the automanaged provider polls the peers and
+	// the node checks whether a peer blocked it. Default 1 s.
+	Refresh time.Duration
+	// QueueSize bounds the messages waiting to be sent to one peer (the
+	// remote endpoint writer's queue; past it they are dropped, and raft
+	// retransmits). Default 65536.
+	QueueSize int
+	// OnChange, if set, is called (on a goroutine of its own, one call at
+	// a time) with each new view of the members.
+	OnChange func(View)
+	Logger   *slog.Logger
+}
+
+func (c *Config) ensureDefaults() {
+	if c.Provider == "" {
+		c.Provider = ProviderAutomanaged
+	}
+	if c.Name == "" {
+		c.Name = "herald"
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = 64 << 20
+	}
+	if c.Refresh == 0 {
+		c.Refresh = time.Second
+	}
+	if c.QueueSize == 0 {
+		c.QueueSize = 65536
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// ErrBadConfig marks an invalid Config.
+var ErrBadConfig = errors.New("herald: bad cluster config")
+
+// Validate reports every problem with the config at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.NodeID == 0 {
+		errs = append(errs, errors.New("node id must not be 0"))
+	}
+	if _, _, err := splitHostPort(c.Bind); err != nil {
+		errs = append(errs, fmt.Errorf("cluster address: %w", err))
+	}
+	if c.HealthBind != "" {
+		if _, _, err := splitHostPort(c.HealthBind); err != nil {
+			errs = append(errs, fmt.Errorf("cluster health address: %w", err))
+		}
+	}
+	for id, a := range c.Peers {
+		if id == 0 {
+			errs = append(errs, errors.New("peer node id 0"))
+		}
+		if _, _, err := splitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("peer %d: %w", id, err))
+		}
+	}
+	switch c.Provider {
+	case "", ProviderAutomanaged:
+	case ProviderEtcd:
+		if len(c.EtcdEndpoints) == 0 {
+			errs = append(errs, errors.New("the etcd provider needs etcd endpoints"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("unknown provider %q (want %s or %s)", c.Provider, ProviderAutomanaged, ProviderEtcd))
+	}
+	if c.MaxMessageBytes < 0 || c.QueueSize < 0 || c.Refresh < 0 {
+		errs = append(errs, errors.New("limits must not be negative"))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrBadConfig, errors.Join(errs...))
+	}
+	return nil
+}
+
+// ParsePeers parses "1@host:port,2@host:port".
+func ParsePeers(s string) (map[uint64]string, error) {
+	peers := map[uint64]string{}
+	if strings.TrimSpace(s) == "" {
+		return peers, nil
+	}
+	for _, p := range strings.Split(s, ",") {
+		idText, addr, ok := strings.Cut(strings.TrimSpace(p), "@")
+		if !ok {
+			return nil, fmt.Errorf("%w: peer %q is not ID@HOST:PORT", ErrBadConfig, p)
+		}
+		id, err := strconv.ParseUint(idText, 10, 64)
+		if err != nil || id == 0 {
+			return nil, fmt.Errorf("%w: peer %q: node id must be a positive integer", ErrBadConfig, p)
+		}
+		if _, _, err := splitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("%w: peer %q: %v", ErrBadConfig, p, err)
+		}
+		if prev, dup := peers[id]; dup && prev != addr {
+			return nil, fmt.Errorf("%w: node %d given twice (%s, %s)", ErrBadConfig, id, prev, addr)
+		}
+		peers[id] = addr
+	}
+	return peers, nil
+}
+
+func splitHostPort(a string) (string, int, error) {
+	h, p, err := net.SplitHostPort(a)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port in %q", a)
+	}
+	if h == "" {
+		return "", 0, fmt.Errorf("no host in %q (bind an explicit address; 0.0.0.0 only if meant)", a)
+	}
+	return h, port, nil
+}
+
+// Member is one node as membership sees it.
+type Member struct {
+	NodeID   uint64 `json:"node_id"`
+	MemberID string `json:"member_id"` // protoactor's, new at every (re)join
+	Address  string `json:"address"`   // its cluster (remote) address
+	Self     bool   `json:"self,omitempty"`
+}
+
+// View is the members the node sees, ordered by node id.
+type View struct {
+	Self    Member    `json:"self"`
+	Members []Member  `json:"members"`
+	Rejoins int       `json:"rejoins"` // times this node rejoined under a new member id
+	At      time.Time `json:"at"`
+}
+
+// Up reports whether node id is in the view.
+func (v View) Up(id uint64) bool {
+	return slices.ContainsFunc(v.Members, func(m Member) bool { return m.NodeID == id })
+}
+
+// Node is a running member.
+type Node struct {
+	cfg Config
+	log *slog.Logger
+
+	mu      sync.Mutex
+	inc     *incarnation
+	view    View
+	rejoins int
+	closed  bool
+
+	changes chan View
+	stop    chan struct{}
+	done    sync.WaitGroup
+	client  *http.Client
+}
+
+// incarnation is one membership under one member id: a cluster actor
+// system with its remote, its protoactor cluster and its health endpoint.
+type incarnation struct {
+	sys    *actor.ActorSystem
+	cl     *pcluster.Cluster
+	health *http.Server
+	sub    *eventSubscription
+}
+
+type eventSubscription struct {
+	unsubscribe func()
+}
+
+// Start joins the cluster.
+func Start(cfg Config) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.ensureDefaults()
+	n := &Node{cfg: cfg, log: cfg.Logger.With("component", "cluster", "node", cfg.NodeID),
+		changes: make(chan View, 64), stop: make(chan struct{}),
+		client: &http.Client{Timeout: 2 * time.Second}}
+	inc, err := n.join()
+	if err != nil {
+		return nil, err
+	}
+	n.mu.Lock()
+	n.inc = inc
+	n.mu.Unlock()
+	n.done.Add(2)
+	go n.notify()
+	go n.watchBlocked()
+	return n, nil
+}
+
+// healthAddr is the health endpoint of the node whose cluster address is
+// addr: its port+1.
+func healthAddr(addr string) string {
+	h, p, err := splitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	return net.JoinHostPort(h, strconv.Itoa(p+1))
+}
+
+// join starts an incarnation: a new cluster actor system (so a new member
+// id) on the configured addresses.
+func (n *Node) join() (*incarnation, error) {
+	host, port, _ := splitHostPort(n.cfg.Bind)
+	healthBind := n.cfg.HealthBind
+	if healthBind == "" {
+		healthBind = healthAddr(n.cfg.Bind)
+	}
+	if port == 0 && n.cfg.HealthBind == "" {
+		return nil, fmt.Errorf("%w: a cluster address with port 0 needs an explicit health address", ErrBadConfig)
+	}
+	actorLog := n.log.With("component", "protoactor")
+	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+		return slog.New(levelFloor{actorLog.Handler(), slog.LevelError})
+	}))
+	max := n.cfg.MaxMessageBytes
+	rc := remote.Configure(host, port,
+		remote.WithServerOptions(
+			grpc.MaxRecvMsgSize(max),
+			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		),
+		// WithDialOptions replaces protoactor's defaults: credentials and
+		// keepalive have to be given here.
+		remote.WithDialOptions(
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max)),
+		),
+		remote.WithEndpointWriterQueueSize(n.cfg.QueueSize),
+		remote.WithEndpointManagerQueueSize(n.cfg.QueueSize),
+	)
+	inc := &incarnation{sys: sys}
+	var provider pcluster.ClusterProvider
+	switch n.cfg.Provider {
+	case ProviderEtcd:
+		p, err := etcd.NewWithConfig("/herald", clientv3.Config{Endpoints: n.cfg.EtcdEndpoints, DialTimeout: 5 * time.Second})
+		if err != nil {
+			return nil, fmt.Errorf("etcd provider: %w", err)
+		}
+		provider = p
+	default:
+		// The provider's own health server binds 0.0.0.0 on a fixed port;
+		// Herald hands it a server listening on the configured address.
+		ln, err := net.Listen("tcp", healthBind)
+		if err != nil {
+			return nil, fmt.Errorf("cluster health listener %s: %w", healthBind, err)
+		}
+		e := echo.New()
+		e.HideBanner, e.HidePort = true, true
+		e.Listener = ln
+		_, hport, _ := splitHostPort(ln.Addr().String())
+		kinds := []string{kindPrefix + strconv.FormatUint(n.cfg.NodeID, 10)}
+		e.GET("/_health", func(c echo.Context) error {
+			h, p, err := sys.GetHostPort()
+			if err != nil {
+				return c.NoContent(http.StatusServiceUnavailable)
+			}
+			return c.JSON(http.StatusOK, automanaged.NewNode(n.cfg.Name, sys.ID, h, p, hport, kinds))
+		})
+		e.GET("/herald/blocked", func(c echo.Context) error {
+			blocked := inc.cl != nil && inc.cl.Remote != nil && inc.cl.Remote.BlockList().IsBlocked(c.QueryParam("member"))
+			return c.JSON(http.StatusOK, map[string]bool{"blocked": blocked})
+		})
+		var hosts []string
+		for id, a := range n.cfg.Peers {
+			if h, ok := n.cfg.PeerHealth[id]; ok {
+				hosts = append(hosts, h)
+			} else {
+				hosts = append(hosts, healthAddr(a))
+			}
+		}
+		if _, ok := n.cfg.Peers[n.cfg.NodeID]; !ok {
+			hosts = append(hosts, ln.Addr().String())
+		}
+		slices.Sort(hosts)
+		provider = automanaged.NewWithTesting(n.cfg.Refresh, hport, e, hosts...)
+	}
+	kind := pcluster.NewKind(kindPrefix+strconv.FormatUint(n.cfg.NodeID, 10), actor.PropsFromFunc(func(actor.Context) {}))
+	cc := pcluster.Configure(n.cfg.Name, provider, disthash.New(), rc, pcluster.WithKinds(kind))
+	inc.cl = pcluster.New(sys, cc)
+	sub := sys.EventStream.Subscribe(func(ev interface{}) {
+		if t, ok := ev.(*pcluster.ClusterTopology); ok {
+			n.onTopology(inc, t)
+		}
+	})
+	inc.sub = &eventSubscription{unsubscribe: func() { sys.EventStream.Unsubscribe(sub) }}
+	if err := startMember(inc.cl); err != nil {
+		inc.shutdown()
+		return nil, err
+	}
+	h, p, _ := sys.GetHostPort()
+	n.log.Info("joined the cluster", "member", sys.ID, "address", net.JoinHostPort(h, strconv.Itoa(p)), "provider", n.cfg.Provider)
+	return inc, nil
+}
+
+// startMember starts the protoactor cluster member, turning its panics
+// (a provider that cannot start) into an error.
+func startMember(cl *pcluster.Cluster) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("starting cluster member: %v", r)
+		}
+	}()
+	cl.StartMember()
+	return nil
+}
+
+func (inc *incarnation) shutdown() {
+	if inc.sub != nil {
+		inc.sub.unsubscribe()
+	}
+	if inc.cl != nil && inc.cl.Remote != nil {
+		inc.cl.Shutdown(false)
+		_ = inc.cl.Config.ClusterProvider.Shutdown(false)
+	} else {
+		inc.sys.Shutdown()
+	}
+}
+
+// onTopology turns protoactor's topology into a view with node ids.
+func (n *Node) onTopology(inc *incarnation, t *pcluster.ClusterTopology) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.inc != nil && n.inc != inc {
+		return // an earlier incarnation's last events
+	}
+	v := View{Rejoins: n.rejoins, At: time.Now()}
+	for _, m := range t.Members {
+		id := nodeIDOf(m.Kinds)
+		if id == 0 {
+			continue // not a Herald node
+		}
+		mem := Member{NodeID: id, MemberID: m.Id, Address: net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))), Self: m.Id == inc.sys.ID}
+		v.Members = append(v.Members, mem)
+	}
+	slices.SortFunc(v.Members, func(a, b Member) int {
+		if a.NodeID != b.NodeID {
+			return cmpU64(a.NodeID, b.NodeID)
+		}
+		return strings.Compare(a.MemberID, b.MemberID)
+	})
+	v.Self = n.selfLocked(inc)
+	n.view = v
+	select {
+	case n.changes <- v:
+	default:
+		// The listener is behind: it gets the latest view with the next
+		// change (views replace each other).
+	}
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func nodeIDOf(kinds []string) uint64 {
+	for _, k := range kinds {
+		if s, ok := strings.CutPrefix(k, kindPrefix); ok {
+			if id, err := strconv.ParseUint(s, 10, 64); err == nil {
+				return id
+			}
+		}
+	}
+	return 0
+}
+
+func (n *Node) selfLocked(inc *incarnation) Member {
+	h, p, _ := inc.sys.GetHostPort()
+	return Member{NodeID: n.cfg.NodeID, MemberID: inc.sys.ID, Address: net.JoinHostPort(h, strconv.Itoa(p)), Self: true}
+}
+
+// View returns the latest view of the members.
+func (n *Node) View() View {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	v := n.view
+	v.Members = slices.Clone(v.Members)
+	if n.inc != nil {
+		v.Self = n.selfLocked(n.inc)
+	}
+	v.Rejoins = n.rejoins
+	return v
+}
+
+// System is the current cluster actor system (it changes when the node
+// rejoins).
+func (n *Node) System() *actor.ActorSystem {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.inc.sys
+}
+
+func (n *Node) notify() {
+	defer n.done.Done()
+	for {
+		select {
+		case v := <-n.changes:
+			if n.cfg.OnChange != nil {
+				n.cfg.OnChange(v)
+			}
+		case <-n.stop:
+			return
+		}
+	}
+}
+
+// watchBlocked asks the peers, every Refresh, whether they blocked this
+// node's member id; if one did, the node rejoins under a new one.
+func (n *Node) watchBlocked() {
+	defer n.done.Done()
+	t := time.NewTicker(n.cfg.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		if n.cfg.Provider != ProviderAutomanaged {
+			continue
+		}
+		n.mu.Lock()
+		me := n.inc.sys.ID
+		n.mu.Unlock()
+		if by, ok := n.blockedBy(me); ok {
+			n.log.Warn("a peer blocked this node's member id (it was cut off); rejoining under a new one", "member", me, "blocked_by", by)
+			if err := n.rejoin(); err != nil {
+				n.log.Error("rejoining the cluster failed; will retry", "err", err)
+			}
+		}
+	}
+}
+
+// blockedBy returns a peer that blocked member, if any.
+func (n *Node) blockedBy(member string) (uint64, bool) {
+	for id, a := range n.cfg.Peers {
+		if id == n.cfg.NodeID {
+			continue
+		}
+		h := healthAddr(a)
+		if ph, ok := n.cfg.PeerHealth[id]; ok {
+			h = ph
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+h+"/herald/blocked?member="+member, nil)
+		resp, err := n.client.Do(req)
+		if err != nil {
+			cancel()
+			continue // down or cut off: nothing to learn
+		}
+		var ans struct{ Blocked bool }
+		err = json.NewDecoder(resp.Body).Decode(&ans)
+		resp.Body.Close()
+		cancel()
+		if err == nil && ans.Blocked {
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+// rejoin replaces the incarnation with a new one, under a new member id.
+func (n *Node) rejoin() error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	old := n.inc
+	n.mu.Unlock()
+	old.shutdown()
+	var inc *incarnation
+	var err error
+	// The old listeners close asynchronously: retry binding for a while.
+	for i := 0; i < 20; i++ {
+		if inc, err = n.join(); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		go inc.shutdown()
+		return nil
+	}
+	n.inc = inc
+	n.rejoins++
+	return nil
+}
+
+// Stop leaves the cluster.
+func (n *Node) Stop() {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return
+	}
+	n.closed = true
+	inc := n.inc
+	n.mu.Unlock()
+	close(n.stop)
+	n.done.Wait()
+	inc.shutdown()
+}
+
+// levelFloor drops records below a level (protoactor logs chatter at info).
+type levelFloor struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (l levelFloor) Enabled(ctx context.Context, lv slog.Level) bool {
+	return lv >= l.min && l.Handler.Enabled(ctx, lv)
+}
+
+func (l levelFloor) WithAttrs(as []slog.Attr) slog.Handler {
+	return levelFloor{l.Handler.WithAttrs(as), l.min}
+}
+
+func (l levelFloor) WithGroup(g string) slog.Handler {
+	return levelFloor{l.Handler.WithGroup(g), l.min}
+}

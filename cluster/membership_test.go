@@ -1,0 +1,171 @@
+//go:build !race
+
+// These tests run several cluster nodes in one process. protoactor's
+// remote.Start sets gRPC's process-wide logger every time a node starts,
+// which the race detector reports against the gRPC goroutines of the nodes
+// already running (a write of a dependency's global, not Herald's state), so
+// they are built without -race: test.sh runs them in a second, race-free
+// pass. e2e/cluster_test.go covers the same behaviour with one process per
+// node under the normal suite.
+
+package cluster
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"slices"
+	"testing"
+	"time"
+)
+
+// freeAddrs returns n loopback addresses with ports free a moment ago.
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	var lns []net.Listener
+	for i := 0; i < n; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		out = append(out, ln.Addr().String())
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return out
+}
+
+type testCluster struct {
+	t      *testing.T
+	peers  map[uint64]string
+	health map[uint64]string
+	nodes  map[uint64]*Node
+}
+
+func newTestCluster(t *testing.T, n int) *testCluster {
+	addrs := freeAddrs(t, 2*n)
+	tc := &testCluster{t: t, peers: map[uint64]string{}, health: map[uint64]string{}, nodes: map[uint64]*Node{}}
+	for i := 0; i < n; i++ {
+		id := uint64(i + 1)
+		tc.peers[id], tc.health[id] = addrs[2*i], addrs[2*i+1]
+	}
+	t.Cleanup(func() {
+		for _, nd := range tc.nodes {
+			nd.Stop()
+		}
+	})
+	return tc
+}
+
+func (tc *testCluster) start(id uint64) *Node {
+	tc.t.Helper()
+	nd, err := Start(Config{
+		NodeID: id, Bind: tc.peers[id], HealthBind: tc.health[id], Peers: tc.peers, PeerHealth: tc.health,
+		Refresh: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		tc.t.Fatalf("starting node %d: %v", id, err)
+	}
+	tc.nodes[id] = nd
+	return nd
+}
+
+func (tc *testCluster) stop(id uint64) {
+	tc.nodes[id].Stop()
+	delete(tc.nodes, id)
+}
+
+// waitView polls until every running node sees exactly the node ids want.
+func (tc *testCluster) waitView(what string, want ...uint64) {
+	tc.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok := true
+		for _, nd := range tc.nodes {
+			var got []uint64
+			for _, m := range nd.View().Members {
+				got = append(got, m.NodeID)
+			}
+			if !slices.Equal(got, want) {
+				ok = false
+				if time.Now().After(deadline) {
+					tc.t.Fatalf("%s: node %d sees %v, want %v", what, nd.cfg.NodeID, got, want)
+				}
+			}
+		}
+		if ok {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func memberOf(v View, id uint64) Member {
+	for _, m := range v.Members {
+		if m.NodeID == id {
+			return m
+		}
+	}
+	return Member{}
+}
+
+// Three nodes see each other under their node ids; a stopped node leaves
+// every view, and comes back under a new member id when it starts again.
+func TestMembershipJoinLeaveReturn(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	for id := uint64(1); id <= 3; id++ {
+		tc.start(id)
+	}
+	tc.waitView("three nodes", 1, 2, 3)
+	for id, nd := range tc.nodes {
+		v := nd.View()
+		if v.Self.NodeID != id || memberOf(v, id).MemberID != v.Self.MemberID || !memberOf(v, id).Self {
+			t.Fatalf("node %d: self %+v, member %+v", id, v.Self, memberOf(v, id))
+		}
+		if got := memberOf(v, 2).Address; got != tc.peers[2] {
+			t.Fatalf("node %d sees node 2 at %s, want %s", id, got, tc.peers[2])
+		}
+	}
+	old := tc.nodes[3].View().Self.MemberID
+	tc.stop(3)
+	tc.waitView("node 3 stopped", 1, 2)
+	tc.start(3)
+	tc.waitView("node 3 back", 1, 2, 3)
+	if now := memberOf(tc.nodes[1].View(), 3).MemberID; now == old || now == "" {
+		t.Fatalf("node 3 came back under member id %q (was %q)", now, old)
+	}
+}
+
+// A node the others blocked (as after a cut: they saw it leave) notices,
+// and rejoins under a new member id without a restart.
+func TestMembershipBlockedNodeRejoins(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	for id := uint64(1); id <= 3; id++ {
+		tc.start(id)
+	}
+	tc.waitView("three nodes", 1, 2, 3)
+	old := tc.nodes[3].View().Self.MemberID
+	for _, id := range []uint64{1, 2} {
+		nd := tc.nodes[id]
+		nd.mu.Lock()
+		nd.inc.cl.Remote.BlockList().Block(old)
+		nd.mu.Unlock()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for tc.nodes[3].View().Rejoins == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("node 3 did not rejoin after being blocked")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tc.waitView("node 3 rejoined", 1, 2, 3)
+	for _, id := range []uint64{1, 2} {
+		if m := memberOf(tc.nodes[id].View(), 3); m.MemberID == old {
+			t.Fatalf("node %d still sees node 3 under its blocked member id", id)
+		}
+	}
+}
+
