@@ -168,4 +168,3 @@ func TestMembershipBlockedNodeRejoins(t *testing.T) {
 		}
 	}
 }
-
