@@ -4,6 +4,7 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -23,6 +24,7 @@ import (
 	"github.com/heraldmq/herald/actors/consumer"
 	"github.com/heraldmq/herald/actors/partition"
 	"github.com/heraldmq/herald/actors/topic"
+	"github.com/heraldmq/herald/cluster"
 	"github.com/heraldmq/herald/netio"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -46,6 +48,8 @@ type Broker struct {
 	lock    *os.File
 	closing atomic.Bool
 	reclaim *reclaimer
+	member  *cluster.Node // nil on a single node
+	nodeID  uint64
 }
 
 // Start opens the data dir, reopens every topic and starts serving. The
@@ -69,7 +73,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		lock.Close()
 		return nil, err
 	}
-	b := &Broker{cfg: &cfg, log: logger, lock: lock, reclaim: startReclaimer(time.Minute)}
+	b := &Broker{cfg: &cfg, log: logger, lock: lock, reclaim: startReclaimer(time.Minute), nodeID: nodeID}
 	actorLog := logger.With("component", "actor")
 	b.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(levelFloor{actorLog.Handler(), slog.LevelWarn})
@@ -120,6 +124,17 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		b.stopActors()
 		return nil, err
 	}
+	if cfg.Cluster != "" {
+		b.member, err = cluster.Start(cluster.Config{
+			NodeID: nodeID, Bind: cfg.Cluster, HealthBind: cfg.ClusterHealth, Peers: cfg.peers,
+			Provider: cfg.ClusterProvider, EtcdEndpoints: splitList(cfg.Etcd),
+			MaxMessageBytes: max(64<<20, 2*int(cfg.MaxMessageBytes)), Logger: logger,
+		})
+		if err != nil {
+			b.stopActors()
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+	}
 	groupRouter := consumer.NewRouter(b.sys, dir, b.groups)
 	b.server, err = netio.NewServer(netio.Config{
 		Listen: cfg.Listen, Multicore: true, EventLoops: cfg.EventLoops,
@@ -162,6 +177,14 @@ func (b *Broker) startAdmin() error {
 			return
 		}
 		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/cluster", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if b.member == nil {
+			_ = json.NewEncoder(w).Encode(map[string]any{"mode": "single-node", "node_id": b.nodeID})
+			return
+		}
+		_ = json.NewEncoder(w).Encode(b.member.View())
 	})
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -217,6 +240,9 @@ func (b *Broker) flushGroups(ctx context.Context) {
 }
 
 func (b *Broker) stopActors() {
+	if b.member != nil {
+		b.member.Stop()
+	}
 	if b.sched != nil {
 		if _, err := b.sys.Root.StopFuture(b.sched).Result(); err != nil {
 			b.log.Error("stopping the scheduler", "err", err)

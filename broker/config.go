@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/heraldmq/herald/actors/scheduler"
+	"github.com/heraldmq/herald/cluster"
 	"github.com/heraldmq/herald/persistence"
 )
 
@@ -52,6 +53,17 @@ type Config struct {
 	MaxScheduled    uint64
 	ShutdownTimeout time.Duration
 	LogLevel        string
+	// Cluster is the node's cluster address (host:port; empty: a single
+	// node); ClusterHealth its membership health endpoint (empty: the
+	// cluster port + 1); Peers the cluster's nodes as ID@HOST:PORT,...;
+	// ClusterProvider automanaged or etcd, with Etcd's endpoints.
+	Cluster         string
+	ClusterHealth   string
+	Peers           string
+	ClusterProvider string
+	Etcd            string
+
+	peers map[uint64]string // parsed by Validate
 
 	flush persistence.FlushPolicy // parsed by Validate
 	retry scheduler.RetryPolicy   // parsed by Validate
@@ -70,7 +82,7 @@ func Default() Config {
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second,
 		RetryPolicy: scheduler.DefaultRetryPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000,
-		ShutdownTimeout: 10 * time.Second, LogLevel: "info",
+		ShutdownTimeout: 10 * time.Second, LogLevel: "info", ClusterProvider: cluster.ProviderAutomanaged,
 	}
 }
 
@@ -159,6 +171,7 @@ func (c *Config) Validate() error {
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		bad("log-level", "%v", err)
 	}
+	c.validateCluster(bad)
 	if len(errs) == 0 {
 		return nil
 	}
@@ -174,4 +187,37 @@ func ParseLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	err := l.UnmarshalText([]byte(s))
 	return l, err
+}
+
+// validateCluster checks the cluster settings.
+func (c *Config) validateCluster(bad func(name, format string, args ...any)) {
+	peers, err := cluster.ParsePeers(c.Peers)
+	if err != nil {
+		bad("peers", "%v", err)
+	}
+	c.peers = peers
+	if c.Cluster == "" {
+		if len(peers) > 0 {
+			bad("peers", "needs --cluster, this node's cluster address")
+		}
+		return
+	}
+	cc := cluster.Config{NodeID: max(c.NodeID, 1), Bind: c.Cluster, HealthBind: c.ClusterHealth, Peers: peers,
+		Provider: c.ClusterProvider, EtcdEndpoints: splitList(c.Etcd)}
+	if err := cc.Validate(); err != nil {
+		bad("cluster", "%v", err)
+	}
+	if a, ok := peers[c.NodeID]; ok && c.NodeID != 0 && a != c.Cluster {
+		bad("peers", "names node %d at %s, but --cluster is %s", c.NodeID, a, c.Cluster)
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }

@@ -221,6 +221,7 @@ type Node struct {
 
 	mu      sync.Mutex
 	inc     *incarnation
+	joining *incarnation // being started by a rejoin
 	view    View
 	rejoins int
 	closed  bool
@@ -234,6 +235,7 @@ type Node struct {
 // incarnation is one membership under one member id: a cluster actor
 // system with its remote, its protoactor cluster and its health endpoint.
 type incarnation struct {
+	once   sync.Once
 	sys    *actor.ActorSystem
 	cl     *pcluster.Cluster
 	health *http.Server
@@ -363,6 +365,9 @@ func (n *Node) join() (*incarnation, error) {
 		}
 	})
 	inc.sub = &eventSubscription{unsubscribe: func() { sys.EventStream.Unsubscribe(sub) }}
+	n.mu.Lock()
+	n.joining = inc
+	n.mu.Unlock()
 	if err := startMember(inc.cl); err != nil {
 		inc.shutdown()
 		return nil, err
@@ -385,22 +390,24 @@ func startMember(cl *pcluster.Cluster) (err error) {
 }
 
 func (inc *incarnation) shutdown() {
-	if inc.sub != nil {
-		inc.sub.unsubscribe()
-	}
-	if inc.cl != nil && inc.cl.Remote != nil {
-		inc.cl.Shutdown(false)
-		_ = inc.cl.Config.ClusterProvider.Shutdown(false)
-	} else {
-		inc.sys.Shutdown()
-	}
+	inc.once.Do(func() {
+		if inc.sub != nil {
+			inc.sub.unsubscribe()
+		}
+		if inc.cl != nil && inc.cl.Remote != nil {
+			inc.cl.Shutdown(false)
+			_ = inc.cl.Config.ClusterProvider.Shutdown(false)
+		} else {
+			inc.sys.Shutdown()
+		}
+	})
 }
 
 // onTopology turns protoactor's topology into a view with node ids.
 func (n *Node) onTopology(inc *incarnation, t *pcluster.ClusterTopology) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.inc != nil && n.inc != inc {
+	if n.inc != nil && n.inc != inc && n.joining != inc {
 		return // an earlier incarnation's last events
 	}
 	v := View{Rejoins: n.rejoins, At: time.Now()}
@@ -552,6 +559,9 @@ func (n *Node) rejoin() error {
 		return nil
 	}
 	old := n.inc
+	// The old view is void: the others blocked this member.
+	n.rejoins++
+	n.view = View{}
 	n.mu.Unlock()
 	old.shutdown()
 	var inc *incarnation
@@ -568,12 +578,8 @@ func (n *Node) rejoin() error {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.closed {
-		go inc.shutdown()
-		return nil
-	}
-	n.inc = inc
-	n.rejoins++
+	n.inc = inc // Stop, if it is waiting for this, shuts it down
+	n.joining = nil
 	return nil
 }
 
@@ -585,10 +591,12 @@ func (n *Node) Stop() {
 		return
 	}
 	n.closed = true
-	inc := n.inc
 	n.mu.Unlock()
 	close(n.stop)
-	n.done.Wait()
+	n.done.Wait() // a rejoin in progress ends first
+	n.mu.Lock()
+	inc := n.inc
+	n.mu.Unlock()
 	inc.shutdown()
 }
 

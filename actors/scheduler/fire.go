@@ -21,16 +21,16 @@ import (
 // announced (ScheduleFiring) ahead of their time, then appended to their
 // partitions at their time.
 type fireRound struct {
-	owner              *Scheduler // the incarnation that started it
-	token              uint64     // random: its appended records carry it
-	entries            []Entry
-	missing            []uint64          // refs not yet read, ascending
-	raw                map[uint64][]byte // records read (nil: missing from the log)
-	built              bool              // chunks built (off the actor's goroutine)
-	batches            map[uint64]*heraldpb.ScheduledBatch
-	chunks             []*fireChunk
-	unsent             int      // chunks not yet appended (or dropped)
-	done               []uint64 // appended or dropped
+	owner   *Scheduler // the incarnation that started it
+	token   uint64     // random: its appended records carry it
+	entries []Entry
+	missing []uint64          // refs not yet read, ascending
+	raw     map[uint64][]byte // records read (nil: missing from the log)
+	built   bool              // chunks built (off the actor's goroutine)
+	batches map[uint64]*heraldpb.ScheduledBatch
+	chunks  []*fireChunk
+	unsent  int      // chunks not yet appended (or dropped)
+	done    []uint64 // appended or dropped
 }
 
 // fireChunk is one append: batches of a round due in the same millisecond

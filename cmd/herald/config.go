@@ -74,6 +74,21 @@ func settings() []setting {
 		{"max-scheduled", "delayed messages pending at most; more are refused with THROTTLED", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.Uint64Var(&c.MaxScheduled, "max-scheduled", d.MaxScheduled, "")
 		}},
+		{"cluster", "this node's cluster address HOST:PORT (node-to-node traffic; empty = a single node)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.Cluster, "cluster", d.Cluster, "")
+		}},
+		{"cluster-health", "membership health endpoint HOST:PORT (empty = the cluster port + 1)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.ClusterHealth, "cluster-health", d.ClusterHealth, "")
+		}},
+		{"peers", "the cluster's nodes: ID@HOST:PORT,... (their --cluster addresses)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.Peers, "peers", d.Peers, "")
+		}},
+		{"cluster-provider", "membership provider: automanaged or etcd", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.ClusterProvider, "cluster-provider", d.ClusterProvider, "")
+		}},
+		{"etcd", "etcd endpoints HOST:PORT,... for --cluster-provider etcd", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.Etcd, "etcd", d.Etcd, "")
+		}},
 		{"event-loops", "network event loops (0 = one per core)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.IntVar(&c.EventLoops, "event-loops", d.EventLoops, "")
 		}},

@@ -1,0 +1,174 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// clusterView is the admin endpoint /cluster of a node in a cluster.
+type clusterView struct {
+	Self struct {
+		NodeID   uint64 `json:"node_id"`
+		MemberID string `json:"member_id"`
+	} `json:"self"`
+	Members []struct {
+		NodeID   uint64 `json:"node_id"`
+		MemberID string `json:"member_id"`
+		Address  string `json:"address"`
+	} `json:"members"`
+	Rejoins int `json:"rejoins"`
+}
+
+func getView(t *testing.T, p *proc) (clusterView, error) {
+	t.Helper()
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + p.AdminAddr() + "/cluster")
+	if err != nil {
+		return clusterView{}, err
+	}
+	defer resp.Body.Close()
+	var v clusterView
+	err = json.NewDecoder(resp.Body).Decode(&v)
+	return v, err
+}
+
+func (v clusterView) ids() []uint64 {
+	var out []uint64
+	for _, m := range v.Members {
+		out = append(out, m.NodeID)
+	}
+	return out
+}
+
+func (v clusterView) memberOf(id uint64) string {
+	for _, m := range v.Members {
+		if m.NodeID == id {
+			return m.MemberID
+		}
+	}
+	return ""
+}
+
+// waitClusterView polls the live nodes' /cluster until each sees exactly want.
+func waitClusterView(t *testing.T, what string, nodes map[uint64]*proc, want ...uint64) map[uint64]clusterView {
+	t.Helper()
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		views := map[uint64]clusterView{}
+		var bad []string
+		for id, p := range nodes {
+			v, err := getView(t, p)
+			if err != nil || !slices.Equal(v.ids(), want) {
+				bad = append(bad, fmt.Sprintf("node %d sees %v (%v)", id, v.ids(), err))
+			}
+			views[id] = v
+		}
+		if len(bad) == 0 {
+			return views
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: want %v; %s", what, want, strings.Join(bad, "; "))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestClusterMembership: three `herald serve --node-id N --cluster ...
+// --peers ...` processes see each other under their node ids. A SIGKILLed
+// node leaves every view and returns under a new member id when restarted.
+// A node frozen with SIGSTOP long enough for the others to drop (and so
+// block) it rejoins under a new member id by itself after SIGCONT, without
+// a restart.
+func TestClusterMembership(t *testing.T) {
+	// A peer's health endpoint is at its cluster port + 1: pick pairs.
+	cl, health := map[uint64]string{}, map[uint64]string{}
+	for id := uint64(1); id <= 3; id++ {
+		cl[id], health[id] = pairPorts(t)
+	}
+	var peers []string
+	for id := uint64(1); id <= 3; id++ {
+		peers = append(peers, fmt.Sprintf("%d@%s", id, cl[id]))
+	}
+	nodes := map[uint64]*proc{}
+	args := func(id uint64) []string {
+		return []string{"--node-id", fmt.Sprint(id), "--cluster", cl[id], "--cluster-health", health[id], "--peers", strings.Join(peers, ",")}
+	}
+	for id := uint64(1); id <= 3; id++ {
+		nodes[id] = startProc(t, t.TempDir(), args(id)...)
+	}
+	views := waitClusterView(t, "three nodes", nodes, 1, 2, 3)
+	for id, v := range views {
+		if v.Self.NodeID != id || v.memberOf(id) != v.Self.MemberID {
+			t.Fatalf("node %d: self %+v in %+v", id, v.Self, v.Members)
+		}
+	}
+
+	// SIGKILL and restart: a new member id.
+	old3 := views[1].memberOf(3)
+	n3 := nodes[3]
+	n3.Kill(t)
+	delete(nodes, 3)
+	waitClusterView(t, "node 3 killed", nodes, 1, 2)
+	n3.Start(t)
+	nodes[3] = n3
+	views = waitClusterView(t, "node 3 restarted", nodes, 1, 2, 3)
+	if m := views[1].memberOf(3); m == old3 {
+		t.Fatalf("node 3 returned under its old member id %s", m)
+	}
+
+	// SIGSTOP: the others drop node 2 and block its member id; after
+	// SIGCONT it rejoins under a new one, in the same process.
+	old2 := views[1].memberOf(2)
+	n2 := nodes[2]
+	if err := n2.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	delete(nodes, 2)
+	waitClusterView(t, "node 2 frozen", nodes, 1, 3)
+	if err := n2.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	nodes[2] = n2
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		views = waitClusterView(t, "node 2 back", nodes, 1, 2, 3)
+		now2 := views[2].Self.MemberID
+		if views[2].Rejoins >= 1 && now2 != old2 && views[1].memberOf(2) == now2 && views[3].memberOf(2) == now2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 2 did not rejoin under a new member id seen by all: rejoins %d, self %s (was %s), seen as %s and %s",
+				views[2].Rejoins, now2, old2, views[1].memberOf(2), views[3].memberOf(2))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// pairPorts returns two loopback addresses with consecutive ports, both
+// free a moment ago: a cluster address and its health endpoint (port + 1).
+func pairPorts(t *testing.T) (string, string) {
+	t.Helper()
+	for i := 0; i < 100; i++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+1))
+		ln.Close()
+		if err != nil {
+			continue
+		}
+		ln2.Close()
+		return fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("127.0.0.1:%d", port+1)
+	}
+	t.Fatal("no two consecutive free ports")
+	return "", ""
+}
