@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	"github.com/RoaringBitmap/roaring/v2/roaring64"
+	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -252,13 +253,27 @@ func (x *prioIndex) snapshot() *prioIndex {
 	return c
 }
 
+// catchUpChunkBytes is about how many bytes of records one step of a
+// catch-up read reads (at least one batch).
+var catchUpChunkBytes = 4 << 20
+
 // catchUp reads the committed records of [from, to) from store and reports
 // their priorities in chunks, for the gap left at open. It runs on its own
-// goroutine; report returns false to stop it (the actor reopened).
+// goroutine; report returns false to stop it (the actor reopened). Records
+// that retention removes meanwhile are skipped.
 func catchUp(store Storage, from, to int64, report func(prioChunk) bool) {
-	const chunkBytes = 4 << 20
 	for from < to {
-		batches, err := store.ReadBatches(from, chunkBytes, to)
+		batches, err := store.ReadBatches(from, catchUpChunkBytes, to)
+		if s := store.StartOffset(); errors.Is(err, persistence.ErrOffsetOutOfRange) && s > from {
+			// Retention or compaction removed the front meanwhile: the
+			// actor trims the gap likewise (prioIndex.trim).
+			if s >= to {
+				report(prioChunk{upTo: to})
+				return
+			}
+			from = s
+			continue
+		}
 		if err != nil {
 			report(prioChunk{err: err})
 			return

@@ -292,3 +292,86 @@ func TestPrioritySubQueues(t *testing.T) {
 	check("trimmed")
 	pp.stop()
 }
+
+// produceBatches appends n batches of 5 records to pp, priorities cycling
+// through 0-9, and returns the offsets of each level.
+func (pp *prioPartition) produceBatches(n int) map[uint8][]int64 {
+	pp.t.Helper()
+	want := map[uint8][]int64{}
+	off := pp.stats.HighWatermark.Load()
+	for i := 0; i < n; i++ {
+		b := &heraldpb.RecordBatch{}
+		for j := 0; j < 5; j++ {
+			p := uint32(off % 10)
+			b.Records = append(b.Records, &heraldpb.Record{Value: []byte{byte(p)}, Priority: p})
+			if p > 0 {
+				want[uint8(p)] = append(want[uint8(p)], off)
+			}
+			off++
+		}
+		raw, _ := proto.Marshal(b)
+		pp.sys.Root.RequestWithCustomSender(pp.pid, &heraldpb.Frame{Id: frameIDs.Add(1), Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+			Topic: "t", Records: raw,
+		}}}, pp.in.pid)
+		if r := pp.in.next(pp.t).GetProduceResponse(); r == nil {
+			pp.t.Fatal("produce failed")
+		}
+	}
+	return want
+}
+
+// Retention (or compaction) removing the front of the log while the
+// catch-up read is on its way does not end the catch-up: it goes on from
+// the new start and reaches the end of the gap.
+func TestCatchUpSurvivesRetention(t *testing.T) {
+	sys := actor.NewActorSystem()
+	pp := &prioPartition{t: t, sys: sys, dir: t.TempDir()}
+	pp.start()
+	want := pp.produceBatches(40)
+	pp.stop()
+
+	store, err := persistence.Open(persistence.Options{Dir: pp.dir, Group: "t-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	last, _ := store.LastIndex()
+	hw := store.EndOffset()
+	defer func(n int) { catchUpChunkBytes = n }(catchUpChunkBytes)
+	catchUpChunkBytes = 1 // a batch at a time
+
+	var got []int64
+	var upTo int64
+	chunks := 0
+	catchUp(store, 0, hw, func(c prioChunk) bool {
+		chunks++
+		if c.err != nil {
+			t.Errorf("catch-up failed after %d chunks: %v", chunks, c.err)
+			return false
+		}
+		if chunks == 1 {
+			if _, err := store.DeleteBefore(100, last); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, o := range c.offs {
+			if c.levels[i] == 9 {
+				got = append(got, o)
+			}
+		}
+		upTo = c.upTo
+		return true
+	})
+	if upTo != hw {
+		t.Fatalf("catch-up reached %d, want %d", upTo, hw)
+	}
+	start := store.StartOffset()
+	if start < 100 {
+		t.Fatalf("DeleteBefore left the start at %d", start)
+	}
+	got = slices.DeleteFunc(got, func(o int64) bool { return o < start })
+	w9 := slices.DeleteFunc(slices.Clone(want[9]), func(o int64) bool { return o < start })
+	if !slices.Equal(got, w9) {
+		t.Fatalf("level 9 found %v, want %v", got, w9)
+	}
+}
