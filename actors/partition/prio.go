@@ -306,7 +306,8 @@ func catchUp(store Storage, from, to int64, report func(prioChunk) bool) {
 // prioChunk is one step of a catch-up read: the priority records it found
 // below upTo (offsets and their levels), or the error that stopped it.
 type prioChunk struct {
-	gen    uint64
+	gen    uint64 // the log's (Actor.gen)
+	run    uint64 // the catch-up's (Actor.prioRun)
 	offs   []int64
 	levels []uint8
 	upTo   int64

@@ -1,6 +1,8 @@
 package partition
 
 import (
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -373,5 +375,68 @@ func TestCatchUpSurvivesRetention(t *testing.T) {
 	w9 := slices.DeleteFunc(slices.Clone(want[9]), func(o int64) bool { return o < start })
 	if !slices.Equal(got, w9) {
 		t.Fatalf("level 9 found %v, want %v", got, w9)
+	}
+}
+
+// A snapshot install indexes the log again (openPrio) while the catch-up of
+// the open may have a chunk on its way: that chunk is of the earlier
+// catch-up and changes nothing; the new catch-up indexes every level.
+func TestPrioChunkOfAnEarlierCatchUpIsIgnored(t *testing.T) {
+	sys := actor.NewActorSystem()
+	pp := &prioPartition{t: t, sys: sys, dir: t.TempDir()}
+	pp.start()
+	want := pp.produceBatches(40)
+	pp.stop()
+	path := filepath.Join(pp.dir, "priority.idx")
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	store, err := persistence.Open(persistence.Options{Dir: pp.dir, Group: "t-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	defer func(n int) { catchUpChunkBytes = n }(catchUpChunkBytes)
+	catchUpChunkBytes = 1 // a batch at a time
+
+	chunks := make(chan prioChunk, 16)
+	self := sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if m, ok := c.Message().(prioChunk); ok {
+			chunks <- m
+		}
+	}))
+	next := func() prioChunk {
+		t.Helper()
+		select {
+		case c := <-chunks:
+			return c
+		case <-time.After(5 * time.Second):
+			t.Fatal("no catch-up chunk")
+			return prioChunk{}
+		}
+	}
+	a := &Actor{cfg: Config{IndexPath: path}, sys: sys, self: self, store: store, hw: store.EndOffset(), gen: writerGens.Add(1),
+		stats: &Stats{}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	defer a.stopCatchUp()
+
+	a.openPrio()
+	a.onPrioChunk(next()) // [0, 5)
+	stale := next()       // [5, 10), not handled yet
+	if stale.offs[0] != 5 {
+		t.Fatalf("second chunk starts at %d", stale.offs[0])
+	}
+	a.openPrio() // a snapshot was installed
+	a.onPrioChunk(stale)
+	if a.prio.gapLo != 0 {
+		t.Fatalf("a chunk of the earlier catch-up moved the gap to %d", a.prio.gapLo)
+	}
+	for !a.prio.complete() {
+		a.onPrioChunk(next())
+	}
+	for l := uint8(1); l < Levels; l++ {
+		got, _ := a.prio.query(int(l), 0, a.hw, 1000)
+		if !slices.Equal(got, want[l]) {
+			t.Fatalf("level %d: %v, want %v", l, got, want[l])
+		}
 	}
 }
