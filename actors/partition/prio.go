@@ -160,7 +160,9 @@ func (x *prioIndex) encode(through int64) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// decodePrio reads an index file's contents.
+// decodePrio reads an index file's contents. A damaged or crafted file is
+// an error (errPrioFile), never a panic or an allocation out of proportion
+// to its size (FuzzDecodePrio, FuzzDecodePrioBody).
 func decodePrio(data []byte) (lv [Levels]*roaring64.Bitmap, through int64, err error) {
 	head := len(prioMagic) + 1 + 8
 	if len(data) < head+4 || !bytes.Equal(data[:len(prioMagic)], prioMagic) || data[len(prioMagic)] != prioVersion {
@@ -184,8 +186,8 @@ func decodePrio(data []byte) (lv [Levels]*roaring64.Bitmap, through int64, err e
 		if uint64(n) > uint64(len(rest)) {
 			return lv, 0, fmt.Errorf("%w: level %d length %d", errPrioFile, l, n)
 		}
-		b := roaring64.New()
-		if err := b.UnmarshalBinary(rest[:n]); err != nil {
+		b, err := decodeBitmap(rest[:n])
+		if err != nil {
 			return lv, 0, fmt.Errorf("%w: level %d: %v", errPrioFile, l, err)
 		}
 		if !b.IsEmpty() {
@@ -197,6 +199,32 @@ func decodePrio(data []byte) (lv [Levels]*roaring64.Bitmap, through int64, err e
 		return lv, 0, fmt.Errorf("%w: %d trailing bytes", errPrioFile, len(rest))
 	}
 	return lv, through, nil
+}
+
+// decodeBitmap decodes a serialized roaring64 bitmap, refusing what the
+// library would trust: a bucket count it allocates before reading the
+// buckets (a count larger than the data could hold would exhaust memory,
+// which no recover survives), unsorted keys or incoherent containers (read
+// as they are, they would answer queries wrongly). A panic of the decoder
+// on anything else it does not check is an error too.
+func decodeBitmap(data []byte) (b *roaring64.Bitmap, err error) {
+	// A bucket is a 4-byte key and a 32-bit bitmap of at least 4 bytes.
+	if len(data) < 8 || binary.LittleEndian.Uint64(data) > uint64(len(data)-8)/8 {
+		return nil, errors.New("bucket count beyond the data")
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			b, err = nil, fmt.Errorf("bitmap decoder panicked: %v", r)
+		}
+	}()
+	b = roaring64.New()
+	if err := b.UnmarshalBinary(data); err != nil {
+		return nil, err
+	}
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // load installs the index saved at path for a log of committed records
