@@ -270,17 +270,6 @@ func writePrioFile(path string, data []byte) error {
 	return os.Rename(tmp, path)
 }
 
-// snapshot copies the index for a save off the actor.
-func (x *prioIndex) snapshot() *prioIndex {
-	c := &prioIndex{}
-	for l, b := range x.lv {
-		if b != nil {
-			c.lv[l] = b.Clone()
-		}
-	}
-	return c
-}
-
 // catchUpChunkBytes is about how many bytes of records one step of a
 // catch-up read reads (at least one batch).
 var catchUpChunkBytes = 4 << 20
