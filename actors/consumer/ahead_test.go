@@ -227,3 +227,96 @@ func TestSubAheadModel(t *testing.T) {
 		}
 	}
 }
+
+// Retention removes records below the ordered read position while messages
+// offered ahead past it are acked, in flight or waiting for a retry: the
+// coordinator's Seek to the new log start must keep what it knows about them.
+// An acked one is never delivered again, one in flight is not delivered a
+// second time meanwhile, and a nacked one keeps its delivery count.
+func TestSubAheadSurvivesRetentionSeek(t *testing.T) {
+	policy, err := scheduler.ParseRetryPolicy("1ms max-deliveries=10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSub(Config{Mode: Shared, Partitions: 1, MaxPending: 8, Retry: policy}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Join("m"); err != nil {
+		t.Fatal(err)
+	}
+	log := make([]Message, 200)
+	for i := range log {
+		log[i] = Message{Offset: int64(i)}
+	}
+	for _, o := range []int{150, 160, 170} {
+		log[o].Priority = 9
+	}
+	s.Append("", log...)
+	if took := s.AppendAhead("", 0, 9, []Message{log[150], log[160]}, 165); len(took) != 2 {
+		t.Fatalf("AppendAhead took %v", took)
+	}
+	now := time.Unix(0, 0)
+	_ = s.Request("m", 2)
+	if ds, _ := s.Deliver("m", now, 0); len(ds) != 2 || ds[0].Offset != 150 || ds[1].Offset != 160 {
+		t.Fatalf("deliveries %v, want 150 and 160", ds)
+	}
+	if err := s.Ack("m", 0, 150); err != nil {
+		t.Fatal(err)
+	}
+	// 170 is delivered ahead too, and nacked: retried when the read gets there.
+	if took := s.AppendAhead("", 0, 9, []Message{log[170]}, 200); len(took) != 1 {
+		t.Fatalf("AppendAhead took %v", took)
+	}
+	_ = s.Request("m", 1)
+	if ds, _ := s.Deliver("m", now, 0); len(ds) != 1 || ds[0].Offset != 170 {
+		t.Fatalf("deliveries %v, want 170", ds)
+	}
+	if _, err := s.Nack("m", 0, 170, 0, "later", now); err != nil {
+		t.Fatal(err)
+	}
+
+	// Retention removed [0, 100) before the ordered read (at 8) got there.
+	s.Seek("", 0, 100)
+
+	inFlight := map[int64]bool{160: true}
+	count := map[int64]int{}
+	for rounds := 0; rounds < 1000 && s.Progress("", 0).Floor() < 200; rounds++ {
+		if off, room := s.ReadFrom("", 0); room > 0 && off < 200 {
+			s.Append("", log[off:]...)
+		}
+		now = now.Add(time.Millisecond)
+		_ = s.Request("m", 4)
+		ds, err := s.Deliver("m", now, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range ds {
+			switch {
+			case d.Offset < 100:
+				t.Fatalf("offset %d, removed by retention, delivered", d.Offset)
+			case d.Offset == 150:
+				t.Fatalf("offset 150 delivered again after its ack (count %d)", d.Count)
+			case inFlight[d.Offset]:
+				t.Fatalf("offset %d delivered while in flight (count %d)", d.Offset, d.Count)
+			}
+			count[d.Offset] = d.Count
+			if err := s.Ack("m", 0, d.Offset); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rounds == 50 {
+			if err := s.Ack("m", 0, 160); err != nil {
+				t.Fatalf("ack of 160, in flight across the seek: %v", err)
+			}
+			delete(inFlight, 160)
+		}
+		checkLevels(t, s)
+	}
+	if f := s.Progress("", 0).Floor(); f != 200 {
+		t.Fatalf("floor %d, want 200", f)
+	}
+	if count[170] != 2 {
+		t.Fatalf("nacked 170 redelivered with count %d, want 2", count[170])
+	}
+}

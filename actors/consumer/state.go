@@ -365,20 +365,28 @@ func (s *Sub) Commit(m MemberID, p uint32, off int64) error {
 	if s.asg == nil || !slices.Contains(s.asg.Owned(m), p) {
 		return fmt.Errorf("%w: %s partition %d", ErrNotOwner, m, p)
 	}
-	v := s.views[""]
-	v.prog[p].Commit(off)
-	floor := v.prog[p].Floor()
-	for _, f := range s.fl.sorted(func(f *flight) bool { return f.id.part == p && f.id.off < floor }) {
+	s.skipTo("", p, off)
+	return nil
+}
+
+// skipTo moves view v's floor in partition p up to off, as a commit does:
+// flights, retries, dead letters and offered messages below the new floor
+// are dropped; what is known at or above it (acks, and messages offered
+// ahead of the read, ahead.go) stays.
+func (s *Sub) skipTo(v MemberID, p uint32, off int64) {
+	w := s.views[v]
+	w.prog[p].Commit(off)
+	floor := w.prog[p].Floor()
+	for _, f := range s.fl.sorted(func(f *flight) bool { return f.id.view == v && f.id.part == p && f.id.off < floor }) {
 		s.fl.remove(f.id)
 	}
-	below := func(r *retryEntry) bool { return r.id.part == p && r.id.off < floor }
+	below := func(r *retryEntry) bool { return r.id.view == v && r.id.part == p && r.id.off < floor }
 	s.fl.retry = slices.DeleteFunc(s.fl.retry, below)
 	s.fl.dead = slices.DeleteFunc(s.fl.dead, below)
-	v.pending[p] = slices.DeleteFunc(v.pending[p], func(m Message) bool { return m.Offset < floor })
-	v.recount(p)
-	v.next[p] = max(v.next[p], floor)
-	v.ahead[p] = slices.DeleteFunc(v.ahead[p], func(o int64) bool { return o < v.next[p] })
-	return nil
+	w.pending[p] = slices.DeleteFunc(w.pending[p], func(m Message) bool { return m.Offset < floor })
+	w.recount(p)
+	w.next[p] = max(w.next[p], floor)
+	w.ahead[p] = slices.DeleteFunc(w.ahead[p], func(o int64) bool { return o < w.next[p] })
 }
 
 // Views lists the progress views in order: "" (the group's) or, in
@@ -673,14 +681,27 @@ func (s *Sub) DeadLettered(v MemberID, p uint32, off int64) bool {
 // (nacked, timed out or released, due or not), restored ones included.
 func (s *Sub) Retrying() int { return len(s.fl.retry) }
 
-// Seek moves view v's position in partition p to off: the progress restarts
-// there with nothing acked above it, offered messages are dropped, and
-// flights, redeliveries and dead letters of p are forgotten (their acks
-// become stale).
-// The coordinator uses it when retention removed the records at the floor.
+// Seek moves view v's position in partition p to off. The coordinator uses
+// it when retention removed the records at the floor (off is the log's new
+// start) and when the position lies beyond the log's end (off is the end).
+//
+// Forward (off at or above the read position) it is a commit of off:
+// everything below off is given up (flights, redeliveries, dead letters and
+// offered messages there are forgotten, their acks become stale), and what
+// is known at or above off stays. Messages offered ahead of the read
+// (ahead.go) may lie there, acked, in flight or waiting for a retry:
+// forgetting them would deliver them again.
+//
+// Otherwise the progress restarts at off with nothing acked above it,
+// offered messages are dropped, and flights, redeliveries and dead letters
+// of p are forgotten.
 func (s *Sub) Seek(v MemberID, p uint32, off int64) {
 	w := s.views[v]
 	if w == nil || int(p) >= len(w.prog) {
+		return
+	}
+	if off >= w.next[p] {
+		s.skipTo(v, p, off)
 		return
 	}
 	w.prog[p] = NewProgress(off, s.cfg.MaxSpan)

@@ -88,6 +88,7 @@ type Actor struct {
 	prioThrough int64         // the offset the saved index file is complete up to
 	prioStop    chan struct{} // closed to stop the catch-up read
 	prioAck     chan struct{} // the actor took a catch-up chunk
+	prioRun     uint64        // numbers the catch-up reads of this actor
 }
 
 // Props returns the props of a partition replica actor. sys answers shed

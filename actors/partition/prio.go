@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	"github.com/RoaringBitmap/roaring/v2/roaring64"
+	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -159,7 +160,9 @@ func (x *prioIndex) encode(through int64) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// decodePrio reads an index file's contents.
+// decodePrio reads an index file's contents. A damaged or crafted file is
+// an error (errPrioFile), never a panic or an allocation out of proportion
+// to its size (FuzzDecodePrio, FuzzDecodePrioBody).
 func decodePrio(data []byte) (lv [Levels]*roaring64.Bitmap, through int64, err error) {
 	head := len(prioMagic) + 1 + 8
 	if len(data) < head+4 || !bytes.Equal(data[:len(prioMagic)], prioMagic) || data[len(prioMagic)] != prioVersion {
@@ -183,8 +186,8 @@ func decodePrio(data []byte) (lv [Levels]*roaring64.Bitmap, through int64, err e
 		if uint64(n) > uint64(len(rest)) {
 			return lv, 0, fmt.Errorf("%w: level %d length %d", errPrioFile, l, n)
 		}
-		b := roaring64.New()
-		if err := b.UnmarshalBinary(rest[:n]); err != nil {
+		b, err := decodeBitmap(rest[:n])
+		if err != nil {
 			return lv, 0, fmt.Errorf("%w: level %d: %v", errPrioFile, l, err)
 		}
 		if !b.IsEmpty() {
@@ -196,6 +199,32 @@ func decodePrio(data []byte) (lv [Levels]*roaring64.Bitmap, through int64, err e
 		return lv, 0, fmt.Errorf("%w: %d trailing bytes", errPrioFile, len(rest))
 	}
 	return lv, through, nil
+}
+
+// decodeBitmap decodes a serialized roaring64 bitmap, refusing what the
+// library would trust: a bucket count it allocates before reading the
+// buckets (a count larger than the data could hold would exhaust memory,
+// which no recover survives), unsorted keys or incoherent containers (read
+// as they are, they would answer queries wrongly). A panic of the decoder
+// on anything else it does not check is an error too.
+func decodeBitmap(data []byte) (b *roaring64.Bitmap, err error) {
+	// A bucket is a 4-byte key and a 32-bit bitmap of at least 4 bytes.
+	if len(data) < 8 || binary.LittleEndian.Uint64(data) > uint64(len(data)-8)/8 {
+		return nil, errors.New("bucket count beyond the data")
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			b, err = nil, fmt.Errorf("bitmap decoder panicked: %v", r)
+		}
+	}()
+	b = roaring64.New()
+	if err := b.UnmarshalBinary(data); err != nil {
+		return nil, err
+	}
+	if err := b.Validate(); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // load installs the index saved at path for a log of committed records
@@ -241,24 +270,27 @@ func writePrioFile(path string, data []byte) error {
 	return os.Rename(tmp, path)
 }
 
-// snapshot copies the index for a save off the actor.
-func (x *prioIndex) snapshot() *prioIndex {
-	c := &prioIndex{}
-	for l, b := range x.lv {
-		if b != nil {
-			c.lv[l] = b.Clone()
-		}
-	}
-	return c
-}
+// catchUpChunkBytes is about how many bytes of records one step of a
+// catch-up read reads (at least one batch).
+var catchUpChunkBytes = 4 << 20
 
 // catchUp reads the committed records of [from, to) from store and reports
 // their priorities in chunks, for the gap left at open. It runs on its own
-// goroutine; report returns false to stop it (the actor reopened).
+// goroutine; report returns false to stop it (the actor reopened). Records
+// that retention removes meanwhile are skipped.
 func catchUp(store Storage, from, to int64, report func(prioChunk) bool) {
-	const chunkBytes = 4 << 20
 	for from < to {
-		batches, err := store.ReadBatches(from, chunkBytes, to)
+		batches, err := store.ReadBatches(from, catchUpChunkBytes, to)
+		if s := store.StartOffset(); errors.Is(err, persistence.ErrOffsetOutOfRange) && s > from {
+			// Retention or compaction removed the front meanwhile: the
+			// actor trims the gap likewise (prioIndex.trim).
+			if s >= to {
+				report(prioChunk{upTo: to})
+				return
+			}
+			from = s
+			continue
+		}
 		if err != nil {
 			report(prioChunk{err: err})
 			return
@@ -291,7 +323,8 @@ func catchUp(store Storage, from, to int64, report func(prioChunk) bool) {
 // prioChunk is one step of a catch-up read: the priority records it found
 // below upTo (offsets and their levels), or the error that stopped it.
 type prioChunk struct {
-	gen    uint64
+	gen    uint64 // the log's (Actor.gen)
+	run    uint64 // the catch-up's (Actor.prioRun)
 	offs   []int64
 	levels []uint8
 	upTo   int64

@@ -26,10 +26,11 @@ func (a *Actor) openPrio() {
 	}
 	stop, ack := make(chan struct{}), make(chan struct{}, 1)
 	a.prioStop, a.prioAck = stop, ack
-	store, from, to, gen, sys, self := a.store, a.prio.gapLo, a.prio.gapHi, a.gen, a.sys, a.self
+	a.prioRun++
+	store, from, to, gen, run, sys, self := a.store, a.prio.gapLo, a.prio.gapHi, a.gen, a.prioRun, a.sys, a.self
 	a.log.Info("indexing priorities of the log", "from", from, "to", to)
 	go catchUp(store, from, to, func(c prioChunk) bool {
-		c.gen = gen
+		c.gen, c.run = gen, run
 		sys.Root.Send(self, c)
 		select {
 		case <-ack:
@@ -49,8 +50,10 @@ func (a *Actor) stopCatchUp() {
 
 // onPrioChunk indexes one step of the catch-up read.
 func (a *Actor) onPrioChunk(c prioChunk) {
-	if c.gen != a.gen || a.prioAck == nil || a.store == nil {
-		return // from before a reopen
+	if c.gen != a.gen || c.run != a.prioRun || a.prioAck == nil || a.store == nil {
+		// From before a reopen, or a snapshot install (same log, new
+		// catch-up): its offsets may lie past the new gap's start.
+		return
 	}
 	ack := a.prioAck
 	defer func() { ack <- struct{}{} }()
