@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"syscall"
@@ -171,4 +174,65 @@ func pairPorts(t *testing.T) (string, string) {
 	}
 	t.Fatal("no two consecutive free ports")
 	return "", ""
+}
+
+// startEtcd runs a real etcd on loopback for the test. Without an etcd
+// binary the test is skipped, unless HERALD_REQUIRE_ETCD is set (.ci/run
+// installs etcd-server and sets it), where it fails.
+func startEtcd(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		if os.Getenv("HERALD_REQUIRE_ETCD") != "" {
+			t.Fatal("etcd is not installed (Debian package etcd-server)")
+		}
+		t.Skip("etcd is not installed (Debian package etcd-server; .ci/run installs it)")
+	}
+	client, peer := pairPorts(t)
+	cmd := exec.Command(bin, "--data-dir", t.TempDir(), "--name", "herald-test",
+		"--listen-client-urls", "http://"+client, "--advertise-client-urls", "http://"+client,
+		"--listen-peer-urls", "http://"+peer, "--initial-advertise-peer-urls", "http://"+peer,
+		"--initial-cluster", "herald-test=http://"+peer)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("etcd log:\n%s", log.String())
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + client + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return client
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd did not become healthy: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestClusterMembershipEtcd: with --cluster-provider etcd, three nodes find
+// each other through a real etcd, and a SIGKILLed node leaves the views.
+func TestClusterMembershipEtcd(t *testing.T) {
+	endpoint := startEtcd(t)
+	nodes := map[uint64]*proc{}
+	for id := uint64(1); id <= 3; id++ {
+		addr, _ := pairPorts(t)
+		nodes[id] = startProc(t, t.TempDir(), "--node-id", fmt.Sprint(id), "--cluster", addr,
+			"--cluster-provider", "etcd", "--etcd", endpoint)
+	}
+	waitClusterView(t, "three nodes through etcd", nodes, 1, 2, 3)
+	nodes[2].Kill(t)
+	delete(nodes, 2)
+	waitClusterView(t, "node 2 killed", nodes, 1, 3)
 }
