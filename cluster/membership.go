@@ -427,6 +427,7 @@ func (n *Node) onTopology(inc *incarnation, t *pcluster.ClusterTopology) {
 	})
 	v.Self = n.selfLocked(inc)
 	n.view = v
+	mMembers.Set(float64(len(v.Members)))
 	select {
 	case n.changes <- v:
 	default:
@@ -561,7 +562,9 @@ func (n *Node) rejoin() error {
 	old := n.inc
 	// The old view is void: the others blocked this member.
 	n.rejoins++
+	mRejoins.Inc()
 	n.view = View{}
+	mMembers.Set(0)
 	n.mu.Unlock()
 	old.shutdown()
 	var inc *incarnation
