@@ -85,7 +85,10 @@ type Config struct {
 	// OnChange, if set, is called (on a goroutine of its own, one call at
 	// a time) with each new view of the members.
 	OnChange func(View)
-	Logger   *slog.Logger
+	// Local is the node's local actor system, where the replicas that
+	// Register for raft messages from other nodes live.
+	Local  *actor.ActorSystem
+	Logger *slog.Logger
 }
 
 func (c *Config) ensureDefaults() {
@@ -226,6 +229,7 @@ type Node struct {
 	rejoins int
 	closed  bool
 
+	groups  groups
 	changes chan View
 	stop    chan struct{}
 	done    sync.WaitGroup
@@ -253,7 +257,7 @@ func Start(cfg Config) (*Node, error) {
 	}
 	cfg.ensureDefaults()
 	n := &Node{cfg: cfg, log: cfg.Logger.With("component", "cluster", "node", cfg.NodeID),
-		changes: make(chan View, 64), stop: make(chan struct{}),
+		changes: make(chan View, 64), stop: make(chan struct{}), groups: groups{local: cfg.Local, pids: map[string]*actor.PID{}},
 		client: &http.Client{Timeout: 2 * time.Second}}
 	inc, err := n.join()
 	if err != nil {
@@ -359,6 +363,10 @@ func (n *Node) join() (*incarnation, error) {
 	kind := pcluster.NewKind(kindPrefix+strconv.FormatUint(n.cfg.NodeID, 10), actor.PropsFromFunc(func(actor.Context) {}))
 	cc := pcluster.Configure(n.cfg.Name, provider, disthash.New(), rc, pcluster.WithKinds(kind))
 	inc.cl = pcluster.New(sys, cc)
+	if err := n.spawnRelay(sys); err != nil {
+		sys.Shutdown()
+		return nil, fmt.Errorf("raft relay: %w", err)
+	}
 	sub := sys.EventStream.Subscribe(func(ev interface{}) {
 		if t, ok := ev.(*pcluster.ClusterTopology); ok {
 			n.onTopology(inc, t)

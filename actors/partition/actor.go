@@ -584,7 +584,7 @@ func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) {
 // send delivers a raft message to another replica's actor.
 func (a *Actor) send(ctx actor.Context, m raftpb.Message) {
 	pid := a.cfg.Peers[m.To]
-	if pid == nil {
+	if pid == nil && a.cfg.Transport == nil {
 		return
 	}
 	data, err := m.Marshal()
@@ -592,7 +592,12 @@ func (a *Actor) send(ctx actor.Context, m raftpb.Message) {
 		a.log.Error("encoding raft message", "err", err)
 		return
 	}
-	ctx.Send(pid, &heraldpb.RaftMessage{Group: Name(a.cfg.Topic, a.cfg.Partition), Message: data})
+	rm := &heraldpb.RaftMessage{Group: Name(a.cfg.Topic, a.cfg.Partition), Message: data}
+	if a.cfg.Transport != nil {
+		a.cfg.Transport.Send(m.To, rm)
+		return
+	}
+	ctx.Send(pid, rm)
 }
 
 // ackPersisted answers acks=leader producers whose entries are now on disk.

@@ -44,6 +44,13 @@ type Storage interface {
 	Close() error
 }
 
+// Transport carries a raft message to the replica with raft id to, on
+// another node. Delivery is at most once (raft retransmits); Send must not
+// block.
+type Transport interface {
+	Send(to uint64, m *heraldpb.RaftMessage)
+}
+
 // Clock is the only way the actor reads time, so tests can move it.
 type Clock interface{ Now() time.Time }
 
@@ -62,7 +69,11 @@ type Config struct {
 	ReplicaID uint64
 	// Peers maps every voter's raft id, this replica's included, to the PID
 	// of its partition actor. A fresh group bootstraps with these voters.
+	// With a Transport the PIDs may be nil: only the ids count.
 	Peers map[uint64]*actor.PID
+	// Transport, if set, carries raft messages to the other replicas
+	// (on other nodes) instead of sending them to Peers' PIDs.
+	Transport Transport
 	// Open opens (or re-opens after a storage failure) the replica's log.
 	Open func() (Storage, error)
 
