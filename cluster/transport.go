@@ -108,4 +108,3 @@ func (n *Node) spawnRelay(sys *actor.ActorSystem) error {
 	}), RelayName)
 	return err
 }
-
