@@ -20,7 +20,7 @@ import (
 )
 
 // freeAddrs returns n loopback addresses with ports free a moment ago.
-func freeAddrs(t *testing.T, n int) []string {
+func freeAddrs(t testing.TB, n int) []string {
 	t.Helper()
 	var out []string
 	var lns []net.Listener
@@ -39,13 +39,13 @@ func freeAddrs(t *testing.T, n int) []string {
 }
 
 type testCluster struct {
-	t      *testing.T
+	t      testing.TB
 	peers  map[uint64]string
 	health map[uint64]string
 	nodes  map[uint64]*Node
 }
 
-func newTestCluster(t *testing.T, n int) *testCluster {
+func newTestCluster(t testing.TB, n int) *testCluster {
 	addrs := freeAddrs(t, 2*n)
 	tc := &testCluster{t: t, peers: map[uint64]string{}, health: map[uint64]string{}, nodes: map[uint64]*Node{}}
 	for i := 0; i < n; i++ {

@@ -116,11 +116,11 @@ func TestScheduleCancelAndList(t *testing.T) {
 		}
 		return r
 	}
-	// Times beyond the scheduler's 250 ms lead: a batch within it is
-	// already being delivered, so it is neither listed nor cancellable.
-	doomed := send("doomed", 1200*time.Millisecond)
-	later := send("later", 1600*time.Millisecond)
-	first := send("first", 800*time.Millisecond)
+	// Times beyond the scheduler's 1 s lead: a batch within it is already
+	// being delivered, so it is neither listed nor cancellable.
+	doomed := send("doomed", 2500*time.Millisecond)
+	later := send("later", 2900*time.Millisecond)
+	first := send("first", 2100*time.Millisecond)
 	items, pending, err := c.ListScheduled(ctx, "t", 10)
 	if err != nil || pending != 3 || len(items) != 3 || items[0].Id != first.ScheduleID || items[1].Id != doomed.ScheduleID || items[2].Id != later.ScheduleID {
 		t.Fatalf("list: %v pending=%d err=%v", items, pending, err)
