@@ -242,7 +242,6 @@ type incarnation struct {
 	once   sync.Once
 	sys    *actor.ActorSystem
 	cl     *pcluster.Cluster
-	health *http.Server
 	sub    *eventSubscription
 }
 
