@@ -239,10 +239,10 @@ type Node struct {
 // incarnation is one membership under one member id: a cluster actor
 // system with its remote, its protoactor cluster and its health endpoint.
 type incarnation struct {
-	once   sync.Once
-	sys    *actor.ActorSystem
-	cl     *pcluster.Cluster
-	sub    *eventSubscription
+	once sync.Once
+	sys  *actor.ActorSystem
+	cl   *pcluster.Cluster
+	sub  *eventSubscription
 }
 
 type eventSubscription struct {
