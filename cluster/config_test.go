@@ -2,6 +2,10 @@ package cluster
 
 import (
 	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
 	"testing"
 )
 
@@ -20,5 +24,32 @@ func TestParsePeers(t *testing.T) {
 	}
 	if err := (&Config{NodeID: 1, Bind: "127.0.0.1:1", Provider: ProviderEtcd}).Validate(); !errors.Is(err, ErrBadConfig) {
 		t.Errorf("etcd without endpoints: %v", err)
+	}
+}
+
+// A node whose addresses are taken fails to start with an error naming the
+// address, and does not hang or panic.
+func TestStartFailsOnTakenAddress(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	freeAddr := free.Addr().String()
+	free.Close()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	// Health endpoint taken.
+	_, err = Start(Config{NodeID: 1, Bind: freeAddr, HealthBind: busy.Addr().String(), Logger: quiet})
+	if err == nil || !strings.Contains(err.Error(), busy.Addr().String()) {
+		t.Fatalf("health address taken: %v", err)
+	}
+	// Cluster address taken.
+	_, err = Start(Config{NodeID: 1, Bind: busy.Addr().String(), HealthBind: freeAddr, Logger: quiet})
+	if err == nil || !strings.Contains(err.Error(), "listen") {
+		t.Fatalf("cluster address taken: %v", err)
 	}
 }

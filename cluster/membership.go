@@ -243,6 +243,7 @@ type incarnation struct {
 	sys  *actor.ActorSystem
 	cl   *pcluster.Cluster
 	sub  *eventSubscription
+	ln   net.Listener // the health endpoint's (automanaged)
 }
 
 type eventSubscription struct {
@@ -319,6 +320,7 @@ func (n *Node) join() (*incarnation, error) {
 	case ProviderEtcd:
 		p, err := etcd.NewWithConfig("/herald", clientv3.Config{Endpoints: n.cfg.EtcdEndpoints, DialTimeout: 5 * time.Second})
 		if err != nil {
+			sys.Shutdown()
 			return nil, fmt.Errorf("etcd provider: %w", err)
 		}
 		provider = p
@@ -327,8 +329,10 @@ func (n *Node) join() (*incarnation, error) {
 		// Herald hands it a server listening on the configured address.
 		ln, err := net.Listen("tcp", healthBind)
 		if err != nil {
+			sys.Shutdown()
 			return nil, fmt.Errorf("cluster health listener %s: %w", healthBind, err)
 		}
+		inc.ln = ln
 		e := echo.New()
 		e.HideBanner, e.HidePort = true, true
 		e.Listener = ln
@@ -363,7 +367,7 @@ func (n *Node) join() (*incarnation, error) {
 	cc := pcluster.Configure(n.cfg.Name, provider, disthash.New(), rc, pcluster.WithKinds(kind))
 	inc.cl = pcluster.New(sys, cc)
 	if err := n.spawnRelay(sys); err != nil {
-		sys.Shutdown()
+		inc.shutdown()
 		return nil, fmt.Errorf("raft relay: %w", err)
 	}
 	sub := sys.EventStream.Subscribe(func(ev interface{}) {
@@ -376,6 +380,9 @@ func (n *Node) join() (*incarnation, error) {
 	n.joining = inc
 	n.mu.Unlock()
 	if err := startMember(inc.cl); err != nil {
+		// A member that failed half-way cannot be shut down as a cluster
+		// (its gossip never started): stop what runs.
+		inc.cl = nil
 		inc.shutdown()
 		return nil, err
 	}
@@ -406,6 +413,9 @@ func (inc *incarnation) shutdown() {
 			_ = inc.cl.Config.ClusterProvider.Shutdown(false)
 		} else {
 			inc.sys.Shutdown()
+		}
+		if inc.ln != nil {
+			_ = inc.ln.Close() // closed already if the health server ran
 		}
 	})
 }
