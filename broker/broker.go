@@ -25,6 +25,7 @@ import (
 	"github.com/heraldmq/herald/actors/partition"
 	"github.com/heraldmq/herald/actors/topic"
 	"github.com/heraldmq/herald/cluster"
+	"github.com/heraldmq/herald/internal/slogfloor"
 	"github.com/heraldmq/herald/netio"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -76,7 +77,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 	b := &Broker{cfg: &cfg, log: logger, lock: lock, reclaim: startReclaimer(time.Minute), nodeID: nodeID}
 	actorLog := logger.With("component", "actor")
 	b.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return slog.New(levelFloor{actorLog.Handler(), slog.LevelWarn})
+		return slogfloor.New(actorLog.Handler(), slog.LevelWarn)
 	}))
 	b.readers = partition.NewReaderPool(b.sys, 4, 1024)
 	advertise := cfg.Advertise
@@ -359,22 +360,6 @@ func resolveNodeID(dir string, configured uint64) (uint64, error) {
 		return 0, fmt.Errorf("node id: %w", err)
 	}
 	return id, nil
-}
-
-// levelFloor drops records below min; protoactor logs chattily at Info.
-type levelFloor struct {
-	slog.Handler
-	min slog.Level
-}
-
-func (h levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= h.min && h.Handler.Enabled(ctx, l)
-}
-func (h levelFloor) WithAttrs(a []slog.Attr) slog.Handler {
-	return levelFloor{h.Handler.WithAttrs(a), h.min}
-}
-func (h levelFloor) WithGroup(n string) slog.Handler {
-	return levelFloor{h.Handler.WithGroup(n), h.min}
 }
 
 // ClientAddr is the bound client listener address.

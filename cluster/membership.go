@@ -31,6 +31,7 @@ import (
 	"github.com/asynkron/protoactor-go/cluster/clusterproviders/etcd"
 	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
 	"github.com/asynkron/protoactor-go/remote"
+	"github.com/heraldmq/herald/internal/slogfloor"
 	"github.com/labstack/echo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -295,7 +296,7 @@ func (n *Node) join() (*incarnation, error) {
 	}
 	actorLog := n.log.With("component", "protoactor")
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return slog.New(levelFloor{actorLog.Handler(), slog.LevelError})
+		return slogfloor.New(actorLog.Handler(), slog.LevelError)
 	}))
 	max := n.cfg.MaxMessageBytes
 	rc := remote.Configure(host, port,
@@ -618,22 +619,4 @@ func (n *Node) Stop() {
 	inc := n.inc
 	n.mu.Unlock()
 	inc.shutdown()
-}
-
-// levelFloor drops records below a level (protoactor logs chatter at info).
-type levelFloor struct {
-	slog.Handler
-	min slog.Level
-}
-
-func (l levelFloor) Enabled(ctx context.Context, lv slog.Level) bool {
-	return lv >= l.min && l.Handler.Enabled(ctx, lv)
-}
-
-func (l levelFloor) WithAttrs(as []slog.Attr) slog.Handler {
-	return levelFloor{l.Handler.WithAttrs(as), l.min}
-}
-
-func (l levelFloor) WithGroup(g string) slog.Handler {
-	return levelFloor{l.Handler.WithGroup(g), l.min}
 }
