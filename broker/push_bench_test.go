@@ -16,10 +16,10 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// countDelivery counts the messages of a Delivery push and appends their
-// (partition, offset) without decoding records.
-func countDelivery(f []byte, parts []uint32, offs []int64) ([]uint32, []int64, int) {
-	n := 0
+// countDelivery counts the messages of a Delivery push, first deliveries
+// and redeliveries apart, and appends their (partition, offset) without
+// decoding records.
+func countDelivery(f []byte, parts []uint32, offs []int64) (_ []uint32, _ []int64, first, again int) {
 	for len(f) > 0 {
 		num, typ, l := protowire.ConsumeTag(f)
 		f = f[l:]
@@ -42,6 +42,7 @@ func countDelivery(f []byte, parts []uint32, offs []int64) ([]uint32, []int64, i
 			body = body[l:]
 			var p uint32
 			var o int64
+			count := uint64(1)
 			for len(m) > 0 {
 				num, typ, l := protowire.ConsumeTag(m)
 				m = m[l:]
@@ -52,21 +53,46 @@ func countDelivery(f []byte, parts []uint32, offs []int64) ([]uint32, []int64, i
 				case num == 2 && typ == protowire.VarintType:
 					v, l := protowire.ConsumeVarint(m)
 					o, m = int64(v), m[l:]
+				case num == 3 && typ == protowire.VarintType:
+					v, l := protowire.ConsumeVarint(m)
+					count, m = v, m[l:]
 				default:
 					l = protowire.ConsumeFieldValue(num, typ, m)
 					m = m[l:]
 				}
 			}
 			parts, offs = append(parts, p), append(offs, o)
-			n++
+			if count > 1 {
+				again++
+			} else {
+				first++
+			}
 		}
 	}
-	return parts, offs, n
+	return parts, offs, first, again
 }
+
+// pushAckIdle is how long the benchmark's subscriber holds a partial batch
+// of acks (fewer than window/4) when no delivery is waiting; then it sends
+// them. Without it a partial batch waits for more deliveries. With an ack
+// timeout shorter than that wait, the held messages time out, five in a row
+// open the member's breaker, and delivery pauses for the cool-down (30 s);
+// the half-open probe (one message) then joins the held batch, times out
+// unacked and re-opens the breaker: one message per cool-down, a run that
+// never ends and uses no CPU.
+const pushAckIdle = 2 * time.Millisecond
+
+// pushStall fails a push benchmark run that receives nothing for this long
+// (normal gaps are well under a millisecond: the records are all written
+// before the subscription starts).
+const pushStall = 10 * time.Second
 
 // BenchmarkPush measures push delivery from a pre-filled partition to one
 // raw-protocol subscriber that acks (or, autoack, only grants credits) in
-// batches: b.N messages of 100 bytes.
+// batches: b.N messages of 100 bytes. A run ends when every message arrived
+// once; redeliveries (ack timeouts) are counted apart and reported as
+// "redelivered". A run that receives nothing for pushStall fails with the
+// group's state instead of waiting for ever.
 func BenchmarkPush(b *testing.B) {
 	for _, autoAck := range []bool{true, false} {
 		b.Run(fmt.Sprintf("autoack=%v", autoAck), func(b *testing.B) { benchPush(b, autoAck) })
@@ -107,28 +133,62 @@ func benchPush(b *testing.B, autoAck bool) {
 		Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: uint32(window), AutoAck: autoAck,
 		Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Earliest{Earliest: true}},
 	}}}).GetSubscribeResponse().SubscriptionId
-	got := 0
+	got, again := 0, 0
 	var parts []uint32
 	var offs []int64
-	for got < b.N {
-		raw, ok := <-w.raw
-		if !ok {
-			b.Fatal("connection closed")
+	ack := func() {
+		req := &heraldpb.AckRequest{SubscriptionId: sub, Credits: uint32(len(parts))}
+		if !autoAck {
+			req.Partitions, req.Offsets = parts, offs
 		}
-		var n int
-		parts, offs, n = countDelivery(raw, parts, offs)
-		got += n
-		if len(parts) >= window/4 {
-			ack := &heraldpb.AckRequest{SubscriptionId: sub, Credits: uint32(len(parts))}
-			if !autoAck {
-				ack.Partitions, ack.Offsets = parts, offs
+		w.send(&heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: req}})
+		parts, offs = nil, nil
+	}
+	timer := time.NewTimer(pushStall)
+	// next returns the next push, or nil when none came within d.
+	next := func(d time.Duration) []byte {
+		timer.Reset(d)
+		defer timer.Stop()
+		select {
+		case raw := <-w.raw:
+			return raw
+		case f, ok := <-w.pushes:
+			if !ok {
+				b.Fatalf("connection closed after %d of %d messages", got, b.N)
 			}
-			w.send(&heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: ack}})
-			parts, offs = nil, nil
+			b.Fatalf("unexpected frame after %d of %d messages: %v", got, b.N, f)
+		case <-timer.C:
+		}
+		return nil
+	}
+	for got < b.N {
+		var raw []byte
+		select {
+		case raw = <-w.raw:
+		default:
+			if len(parts) > 0 {
+				if raw = next(pushAckIdle); raw == nil {
+					ack()
+				}
+			}
+			if raw == nil {
+				if raw = next(pushStall); raw == nil {
+					b.StopTimer()
+					g := w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_DescribeGroup{DescribeGroup: &heraldpb.DescribeGroupRequest{Group: "g"}}}).GetDescribeGroupResponse().GetGroup()
+					b.Fatalf("nothing pushed for %v after %d of %d messages (%d redelivered); group: %v", pushStall, got, b.N, again, g)
+				}
+			}
+		}
+		var first, n int
+		parts, offs, first, n = countDelivery(raw, parts, offs)
+		got, again = got+first, again+n
+		if len(parts) >= window/4 {
+			ack()
 		}
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+	b.ReportMetric(float64(again), "redelivered")
 }
 
 // BenchmarkCallReply measures request-reply round trips through the broker
