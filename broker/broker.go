@@ -49,7 +49,8 @@ type Broker struct {
 	lock    *os.File
 	closing atomic.Bool
 	reclaim *reclaimer
-	member  *cluster.Node // nil on a single node
+	member  *cluster.Node       // nil on a single node
+	ctrl    *cluster.Controller // nil on a single node or without --peers
 	nodeID  uint64
 }
 
@@ -129,7 +130,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		b.member, err = cluster.Start(cluster.Config{
 			NodeID: nodeID, Bind: cfg.Cluster, HealthBind: cfg.ClusterHealth, Peers: cfg.peers,
 			Provider: cfg.ClusterProvider, EtcdEndpoints: splitList(cfg.Etcd),
-			MaxMessageBytes: max(64<<20, 2*int(cfg.MaxMessageBytes)), Logger: logger,
+			MaxMessageBytes: max(64<<20, 2*int(cfg.MaxMessageBytes)), Local: b.sys, Logger: logger,
 		})
 		if err != nil {
 			b.stopActors()
@@ -152,6 +153,27 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 	if err := b.server.Start(); err != nil {
 		b.stopActors()
 		return nil, fmt.Errorf("client listener %s: %w", cfg.Listen, err)
+	}
+	// The controller registers this node's client address: the bound
+	// one, unless an advertised one is set.
+	clientAddr := cfg.Advertise
+	if clientAddr == "" {
+		clientAddr = b.server.Addr().String()
+	}
+	if b.member != nil && len(cfg.peers) > 0 {
+		ids := make([]uint64, 0, len(cfg.peers)+1)
+		for id := range cfg.peers {
+			ids = append(ids, id)
+		}
+		b.ctrl, err = cluster.StartController(cluster.ControllerConfig{
+			Node: b.member, Local: b.sys, DataDir: cfg.DataDir, Voters: cluster.Voters(ids), Logger: logger,
+			Self: &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr},
+		})
+		if err != nil {
+			b.server.Shutdown(context.Background())
+			b.stopActors()
+			return nil, fmt.Errorf("controller: %w", err)
+		}
 	}
 	if cfg.Admin != "" {
 		if err := b.startAdmin(); err != nil {
@@ -185,7 +207,15 @@ func (b *Broker) startAdmin() error {
 			_ = json.NewEncoder(w).Encode(map[string]any{"mode": "single-node", "node_id": b.nodeID})
 			return
 		}
-		_ = json.NewEncoder(w).Encode(b.member.View())
+		out := struct {
+			cluster.View
+			Controller *cluster.ControllerView `json:"controller,omitempty"`
+		}{View: b.member.View()}
+		if b.ctrl != nil {
+			cv := b.ctrl.View()
+			out.Controller = &cv
+		}
+		_ = json.NewEncoder(w).Encode(out)
 	})
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -241,6 +271,9 @@ func (b *Broker) flushGroups(ctx context.Context) {
 }
 
 func (b *Broker) stopActors() {
+	if b.ctrl != nil {
+		b.ctrl.Stop()
+	}
 	if b.member != nil {
 		b.member.Stop()
 	}

@@ -70,8 +70,32 @@ func (n *Node) deliver(m *heraldpb.RaftMessage) {
 	n.groups.local.Root.Send(pid, m)
 }
 
+// deliverFrame hands a forwarded client frame to its group's local
+// replica, with no one to answer.
+func (n *Node) deliverFrame(m *heraldpb.Forward) {
+	n.groups.mu.RLock()
+	pid := n.groups.pids[m.Group]
+	n.groups.mu.RUnlock()
+	if pid == nil || n.groups.local == nil || m.Frame == nil {
+		mRaftDropped.WithLabelValues("unknown_group").Inc()
+		return
+	}
+	n.groups.local.Root.Send(pid, m.Frame)
+}
+
+// Forward sends a client frame to the replica of group on node to, fire
+// and forget: the caller watches for its effect and sends again if need
+// be. It never blocks.
+func (n *Node) Forward(to uint64, group string, f *heraldpb.Frame) {
+	n.sendTo(to, &heraldpb.Forward{Group: group, Frame: f})
+}
+
 // Send sends m to node to's relay (partition.Transport). It never blocks.
 func (n *Node) Send(to uint64, m *heraldpb.RaftMessage) {
+	n.sendTo(to, m)
+}
+
+func (n *Node) sendTo(to uint64, m interface{}) {
 	addr := n.addressOf(to)
 	if addr == "" {
 		mRaftDropped.WithLabelValues("unknown_node").Inc()
@@ -102,8 +126,11 @@ func (n *Node) addressOf(id uint64) string {
 // spawnRelay starts the relay actor of an incarnation.
 func (n *Node) spawnRelay(sys *actor.ActorSystem) error {
 	_, err := sys.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
-		if m, ok := ctx.Message().(*heraldpb.RaftMessage); ok {
+		switch m := ctx.Message().(type) {
+		case *heraldpb.RaftMessage:
 			n.deliver(m)
+		case *heraldpb.Forward:
+			n.deliverFrame(m)
 		}
 	}), RelayName)
 	return err

@@ -236,3 +236,107 @@ func TestClusterMembershipEtcd(t *testing.T) {
 	delete(nodes, 2)
 	waitClusterView(t, "node 2 killed", nodes, 1, 3)
 }
+
+type controllerView struct {
+	Voter  bool     `json:"voter"`
+	Voters []uint64 `json:"voters"`
+	Leader uint64   `json:"leader"`
+	Nodes  []struct {
+		NodeID        uint64 `json:"node_id"`
+		ClientAddress string `json:"client_address"`
+		MemberID      string `json:"member_id"`
+	} `json:"nodes"`
+}
+
+func getController(p *proc) (controllerView, clusterView, error) {
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + p.AdminAddr() + "/cluster")
+	if err != nil {
+		return controllerView{}, clusterView{}, err
+	}
+	defer resp.Body.Close()
+	var v struct {
+		clusterView
+		Controller controllerView `json:"controller"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&v)
+	return v.Controller, v.clusterView, err
+}
+
+// TestClusterController: three nodes form the controller group (a raft
+// group over the cluster transport, one replica per node) and every node
+// registers itself in it: all three replicas hold the same registry with
+// each node's client address and current member id, and agree on the
+// leader. SIGKILL of the controller leader: the two others elect a new one
+// and keep the registry; the killed node, restarted, registers again under
+// its new member id.
+func TestClusterController(t *testing.T) {
+	cl, health := map[uint64]string{}, map[uint64]string{}
+	var peers []string
+	for id := uint64(1); id <= 3; id++ {
+		cl[id], health[id] = pairPorts(t)
+		peers = append(peers, fmt.Sprintf("%d@%s", id, cl[id]))
+	}
+	nodes := map[uint64]*proc{}
+	for id := uint64(1); id <= 3; id++ {
+		nodes[id] = startProc(t, t.TempDir(), "--node-id", fmt.Sprint(id), "--cluster", cl[id],
+			"--cluster-health", health[id], "--peers", strings.Join(peers, ","))
+	}
+	// agreed waits until every live node's controller has one leader in
+	// live, and a registry of all three nodes with their client addresses
+	// and current member ids.
+	agreed := func(what string, live map[uint64]*proc) uint64 {
+		t.Helper()
+		deadline := time.Now().Add(40 * time.Second)
+		for {
+			var leader uint64
+			var bad []string
+			for id, p := range live {
+				cv, v, err := getController(p)
+				switch {
+				case err != nil:
+					bad = append(bad, fmt.Sprintf("node %d: %v", id, err))
+				case cv.Leader == 0 || live[cv.Leader] == nil || (leader != 0 && cv.Leader != leader):
+					bad = append(bad, fmt.Sprintf("node %d: leader %d", id, cv.Leader))
+				case len(cv.Nodes) != 3:
+					bad = append(bad, fmt.Sprintf("node %d: %d nodes registered", id, len(cv.Nodes)))
+				default:
+					leader = cv.Leader
+					for _, n := range cv.Nodes {
+						q := nodes[n.NodeID]
+						if q == nil || n.ClientAddress != q.Addr() {
+							bad = append(bad, fmt.Sprintf("node %d: record %+v", id, n))
+						} else if lp := live[n.NodeID]; lp != nil {
+							if _, lv, err := getController(lp); err == nil && lv.Self.MemberID != n.MemberID {
+								bad = append(bad, fmt.Sprintf("node %d: node %d registered as %s, is %s", id, n.NodeID, n.MemberID, lv.Self.MemberID))
+							}
+						}
+					}
+					_ = v
+				}
+			}
+			if len(bad) == 0 {
+				return leader
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s", what, strings.Join(bad, "; "))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	first := agreed("three nodes", nodes)
+
+	dead := nodes[first]
+	dead.Kill(t)
+	live := map[uint64]*proc{}
+	for id, p := range nodes {
+		if id != first {
+			live[id] = p
+		}
+	}
+	if next := agreed("controller leader killed", live); next == first {
+		t.Fatalf("the killed node %d still leads", first)
+	}
+	dead.Start(t)
+	agreed("killed node back", nodes)
+}

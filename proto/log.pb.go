@@ -251,11 +251,66 @@ func (x *SnapshotData) GetNextOffset() int64 {
 	return 0
 }
 
+// Forward carries a client frame to the local replica of a raft group on
+// another node, through the cluster transport (fire and forget: no answer
+// comes back; the sender watches for the effect).
+type Forward struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Frame         *Frame                 `protobuf:"bytes,2,opt,name=frame,proto3" json:"frame,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Forward) Reset() {
+	*x = Forward{}
+	mi := &file_log_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Forward) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Forward) ProtoMessage() {}
+
+func (x *Forward) ProtoReflect() protoreflect.Message {
+	mi := &file_log_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Forward.ProtoReflect.Descriptor instead.
+func (*Forward) Descriptor() ([]byte, []int) {
+	return file_log_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Forward) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *Forward) GetFrame() *Frame {
+	if x != nil {
+		return x.Frame
+	}
+	return nil
+}
+
 var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\"\xce\x01\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xce\x01\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -270,7 +325,10 @@ const file_log_proto_rawDesc = "" +
 	"\x04Tick\"/\n" +
 	"\fSnapshotData\x12\x1f\n" +
 	"\vnext_offset\x18\x01 \x01(\x03R\n" +
-	"nextOffsetB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"nextOffset\"G\n" +
+	"\aForward\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12&\n" +
+	"\x05frame\x18\x02 \x01(\v2\x10.herald.v1.FrameR\x05frameB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_log_proto_rawDescOnce sync.Once
@@ -284,19 +342,22 @@ func file_log_proto_rawDescGZIP() []byte {
 	return file_log_proto_rawDescData
 }
 
-var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_log_proto_goTypes = []any{
 	(*LogEntry)(nil),     // 0: herald.v1.LogEntry
 	(*RaftMessage)(nil),  // 1: herald.v1.RaftMessage
 	(*Tick)(nil),         // 2: herald.v1.Tick
 	(*SnapshotData)(nil), // 3: herald.v1.SnapshotData
+	(*Forward)(nil),      // 4: herald.v1.Forward
+	(*Frame)(nil),        // 5: herald.v1.Frame
 }
 var file_log_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	5, // 0: herald.v1.Forward.frame:type_name -> herald.v1.Frame
+	1, // [1:1] is the sub-list for method output_type
+	1, // [1:1] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_log_proto_init() }
@@ -304,13 +365,14 @@ func file_log_proto_init() {
 	if File_log_proto != nil {
 		return
 	}
+	file_herald_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_log_proto_rawDesc), len(file_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
