@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -138,6 +139,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("peer %d: %w", id, err))
 		}
 	}
+	errs = append(errs, c.validatePeerAddresses()...)
 	switch c.Provider {
 	case "", ProviderAutomanaged:
 	case ProviderEtcd:
@@ -154,6 +156,47 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: %w", ErrBadConfig, errors.Join(errs...))
 	}
 	return nil
+}
+
+// validatePeerAddresses reports peer lists that cannot work: this node
+// named at an address other than Bind (the node id may come from the data
+// dir, so the broker cannot check it alone), two listeners at one address
+// (cluster addresses and, with the automanaged provider, the health
+// endpoints the peers poll), and a health endpoint at a port other than
+// the one the peers poll (Bind's port + 1).
+func (c *Config) validatePeerAddresses() []error {
+	var errs []error
+	if a, ok := c.Peers[c.NodeID]; ok && c.NodeID != 0 && a != c.Bind {
+		errs = append(errs, fmt.Errorf("peers name node %d at %s, but its cluster address is %s", c.NodeID, a, c.Bind))
+	}
+	automanaged := c.Provider == "" || c.Provider == ProviderAutomanaged
+	owner := map[string]string{}
+	claim := func(addr, what string) {
+		if prev, dup := owner[addr]; dup {
+			errs = append(errs, fmt.Errorf("%s and %s are both %s", prev, what, addr))
+			return
+		}
+		owner[addr] = what
+	}
+	for _, id := range slices.Sorted(maps.Keys(c.Peers)) {
+		claim(c.Peers[id], fmt.Sprintf("node %d's cluster address", id))
+	}
+	if automanaged {
+		for _, id := range slices.Sorted(maps.Keys(c.Peers)) {
+			h, ok := c.PeerHealth[id]
+			if !ok {
+				h = healthAddr(c.Peers[id])
+			}
+			claim(h, fmt.Sprintf("node %d's health endpoint", id))
+		}
+		_, bindPort, err := splitHostPort(c.Bind)
+		_, healthPort, herr := splitHostPort(c.HealthBind)
+		_, overridden := c.PeerHealth[c.NodeID]
+		if len(c.Peers) > 0 && c.HealthBind != "" && !overridden && err == nil && herr == nil && bindPort != 0 && healthPort != bindPort+1 {
+			errs = append(errs, fmt.Errorf("the health endpoint %s is not at the cluster port + 1 (%d), where the peers poll it", c.HealthBind, bindPort+1))
+		}
+	}
+	return errs
 }
 
 // ParsePeers parses "1@host:port,2@host:port".
