@@ -64,9 +64,9 @@ func TestValidatePeerAddresses(t *testing.T) {
 		t.Fatalf("good config: %v", err)
 	}
 	for name, c := range map[string]Config{
-		"self at another address": {NodeID: 1, Bind: "127.0.0.1:7000", Peers: map[uint64]string{1: "127.0.0.1:7005", 2: "127.0.0.1:7010"}},
-		"two nodes at one address": {NodeID: 1, Bind: "127.0.0.1:7000", Peers: map[uint64]string{1: "127.0.0.1:7000", 2: "127.0.0.1:7010", 3: "127.0.0.1:7010"}},
-		"cluster address is another's health": {NodeID: 1, Bind: "127.0.0.1:7000", Peers: map[uint64]string{1: "127.0.0.1:7000", 2: "127.0.0.1:7001"}},
+		"self at another address":               {NodeID: 1, Bind: "127.0.0.1:7000", Peers: map[uint64]string{1: "127.0.0.1:7005", 2: "127.0.0.1:7010"}},
+		"two nodes at one address":              {NodeID: 1, Bind: "127.0.0.1:7000", Peers: map[uint64]string{1: "127.0.0.1:7000", 2: "127.0.0.1:7010", 3: "127.0.0.1:7010"}},
+		"cluster address is another's health":   {NodeID: 1, Bind: "127.0.0.1:7000", Peers: map[uint64]string{1: "127.0.0.1:7000", 2: "127.0.0.1:7001"}},
 		"health endpoint the peers do not poll": {NodeID: 1, Bind: "127.0.0.1:7000", HealthBind: "127.0.0.1:7005", Peers: map[uint64]string{1: "127.0.0.1:7000", 2: "127.0.0.1:7010"}},
 	} {
 		if err := c.Validate(); !errors.Is(err, ErrBadConfig) {
