@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -284,6 +285,7 @@ type Node struct {
 // system with its remote, its protoactor cluster and its health endpoint.
 type incarnation struct {
 	once sync.Once
+	down atomic.Bool // shut down
 	sys  *actor.ActorSystem
 	cl   *pcluster.Cluster
 	sub  *eventSubscription
@@ -449,6 +451,7 @@ func startMember(cl *pcluster.Cluster) (err error) {
 
 func (inc *incarnation) shutdown() {
 	inc.once.Do(func() {
+		inc.down.Store(true)
 		if inc.sub != nil {
 			inc.sub.unsubscribe()
 		}
@@ -559,7 +562,10 @@ func (n *Node) notify() {
 }
 
 // watchBlocked asks the peers, every Refresh, whether they blocked this
-// node's member id; if one did, the node rejoins under a new one.
+// node's member id; if one did, the node rejoins under a new one. After a
+// rejoin that failed (the node has no live incarnation), it tries again
+// every Refresh whatever the peers say: a peer that restarted has
+// forgotten the block.
 func (n *Node) watchBlocked() {
 	defer n.done.Done()
 	t := time.NewTicker(n.cfg.Refresh)
@@ -574,13 +580,17 @@ func (n *Node) watchBlocked() {
 			continue
 		}
 		n.mu.Lock()
-		me := n.inc.sys.ID
+		me, down := n.inc.sys.ID, n.inc.down.Load()
 		n.mu.Unlock()
-		if by, ok := n.blockedBy(me); ok {
+		if down {
+			n.log.Warn("retrying the failed rejoin")
+		} else if by, ok := n.blockedBy(me); ok {
 			n.log.Warn("a peer blocked this node's member id (it was cut off); rejoining under a new one", "member", me, "blocked_by", by)
-			if err := n.rejoin(); err != nil {
-				n.log.Error("rejoining the cluster failed; will retry", "err", err)
-			}
+		} else {
+			continue
+		}
+		if err := n.rejoin(); err != nil {
+			n.log.Error("rejoining the cluster failed; will retry", "err", err)
 		}
 	}
 }
@@ -614,6 +624,8 @@ func (n *Node) blockedBy(member string) (uint64, bool) {
 }
 
 // rejoin replaces the incarnation with a new one, under a new member id.
+// If every try fails, the node is left with its old incarnation shut down
+// (watchBlocked tries again); Stop ends the tries.
 func (n *Node) rejoin() error {
 	n.mu.Lock()
 	if n.closed {
@@ -622,8 +634,6 @@ func (n *Node) rejoin() error {
 	}
 	old := n.inc
 	// The old view is void: the others blocked this member.
-	n.rejoins++
-	mRejoins.Inc()
 	n.view = View{}
 	mMembers.Set(0)
 	n.mu.Unlock()
@@ -635,7 +645,11 @@ func (n *Node) rejoin() error {
 		if inc, err = n.join(); err == nil {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-n.stop:
+			return nil
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	if err != nil {
 		return err
@@ -644,6 +658,8 @@ func (n *Node) rejoin() error {
 	defer n.mu.Unlock()
 	n.inc = inc // Stop, if it is waiting for this, shuts it down
 	n.joining = nil
+	n.rejoins++
+	mRejoins.Inc()
 	return nil
 }
 
