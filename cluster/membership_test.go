@@ -221,6 +221,9 @@ func failRejoins(t *testing.T, nd *Node, health string) func() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// busy stays taken to the end: a join that read the busy address
+	// must not find it free.
+	t.Cleanup(func() { busy.Close() })
 	nd.mu.Lock()
 	nd.cfg.HealthBind = busy.Addr().String()
 	nd.mu.Unlock()
@@ -228,7 +231,6 @@ func failRejoins(t *testing.T, nd *Node, health string) func() {
 		nd.mu.Lock()
 		nd.cfg.HealthBind = health
 		nd.mu.Unlock()
-		busy.Close()
 	}
 }
 
