@@ -202,13 +202,17 @@ func (c *Config) validateCluster(bad func(name, format string, args ...any)) {
 		}
 		return
 	}
-	cc := cluster.Config{NodeID: max(c.NodeID, 1), Bind: c.Cluster, HealthBind: c.ClusterHealth, Peers: peers,
+	// Without --node-id the id comes from the data dir at start (where
+	// cluster.Start validates again with it): check the rest under an id
+	// that no peer has.
+	id := c.NodeID
+	for id == 0 || (c.NodeID == 0 && peers[id] != "") {
+		id++
+	}
+	cc := cluster.Config{NodeID: id, Bind: c.Cluster, HealthBind: c.ClusterHealth, Peers: peers,
 		Provider: c.ClusterProvider, EtcdEndpoints: splitList(c.Etcd)}
 	if err := cc.Validate(); err != nil {
 		bad("cluster", "%v", err)
-	}
-	if a, ok := peers[c.NodeID]; ok && c.NodeID != 0 && a != c.Cluster {
-		bad("peers", "names node %d at %s, but --cluster is %s", c.NodeID, a, c.Cluster)
 	}
 }
 

@@ -53,3 +53,34 @@ func TestStartFailsOnTakenAddress(t *testing.T) {
 		t.Fatalf("cluster address taken: %v", err)
 	}
 }
+
+// Validate catches peer lists that cannot work, whatever the node id's
+// source (flag or data dir): this node named at another address, two
+// nodes at one address, a cluster address that is another node's health
+// endpoint, and a health endpoint the peers will not look for.
+func TestValidatePeerAddresses(t *testing.T) {
+	ok := Config{NodeID: 1, Bind: "127.0.0.1:7000", Peers: map[uint64]string{1: "127.0.0.1:7000", 2: "127.0.0.1:7010"}}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("good config: %v", err)
+	}
+	for name, c := range map[string]Config{
+		"self at another address":               {NodeID: 1, Bind: "127.0.0.1:7000", Peers: map[uint64]string{1: "127.0.0.1:7005", 2: "127.0.0.1:7010"}},
+		"two nodes at one address":              {NodeID: 1, Bind: "127.0.0.1:7000", Peers: map[uint64]string{1: "127.0.0.1:7000", 2: "127.0.0.1:7010", 3: "127.0.0.1:7010"}},
+		"cluster address is another's health":   {NodeID: 1, Bind: "127.0.0.1:7000", Peers: map[uint64]string{1: "127.0.0.1:7000", 2: "127.0.0.1:7001"}},
+		"health endpoint the peers do not poll": {NodeID: 1, Bind: "127.0.0.1:7000", HealthBind: "127.0.0.1:7005", Peers: map[uint64]string{1: "127.0.0.1:7000", 2: "127.0.0.1:7010"}},
+	} {
+		if err := c.Validate(); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("%s: Validate() = %v, want ErrBadConfig", name, err)
+		}
+	}
+	// The health endpoint may bind another host at the expected port, and
+	// the etcd provider has no health endpoint to collide.
+	for name, c := range map[string]Config{
+		"wildcard health host": {NodeID: 1, Bind: "127.0.0.1:7000", HealthBind: "0.0.0.0:7001", Peers: map[uint64]string{1: "127.0.0.1:7000", 2: "127.0.0.1:7010"}},
+		"etcd, adjacent ports": {NodeID: 1, Bind: "127.0.0.1:7000", Provider: ProviderEtcd, EtcdEndpoints: []string{"127.0.0.1:2379"}, Peers: map[uint64]string{1: "127.0.0.1:7000", 2: "127.0.0.1:7001"}},
+	} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: Validate() = %v, want nil", name, err)
+		}
+	}
+}

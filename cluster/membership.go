@@ -17,12 +17,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -138,6 +140,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("peer %d: %w", id, err))
 		}
 	}
+	errs = append(errs, c.validatePeerAddresses()...)
 	switch c.Provider {
 	case "", ProviderAutomanaged:
 	case ProviderEtcd:
@@ -154,6 +157,47 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: %w", ErrBadConfig, errors.Join(errs...))
 	}
 	return nil
+}
+
+// validatePeerAddresses reports peer lists that cannot work: this node
+// named at an address other than Bind (the node id may come from the data
+// dir, so the broker cannot check it alone), two listeners at one address
+// (cluster addresses and, with the automanaged provider, the health
+// endpoints the peers poll), and a health endpoint at a port other than
+// the one the peers poll (Bind's port + 1).
+func (c *Config) validatePeerAddresses() []error {
+	var errs []error
+	if a, ok := c.Peers[c.NodeID]; ok && c.NodeID != 0 && a != c.Bind {
+		errs = append(errs, fmt.Errorf("peers name node %d at %s, but its cluster address is %s", c.NodeID, a, c.Bind))
+	}
+	automanaged := c.Provider == "" || c.Provider == ProviderAutomanaged
+	owner := map[string]string{}
+	claim := func(addr, what string) {
+		if prev, dup := owner[addr]; dup {
+			errs = append(errs, fmt.Errorf("%s and %s are both %s", prev, what, addr))
+			return
+		}
+		owner[addr] = what
+	}
+	for _, id := range slices.Sorted(maps.Keys(c.Peers)) {
+		claim(c.Peers[id], fmt.Sprintf("node %d's cluster address", id))
+	}
+	if automanaged {
+		for _, id := range slices.Sorted(maps.Keys(c.Peers)) {
+			h, ok := c.PeerHealth[id]
+			if !ok {
+				h = healthAddr(c.Peers[id])
+			}
+			claim(h, fmt.Sprintf("node %d's health endpoint", id))
+		}
+		_, bindPort, err := splitHostPort(c.Bind)
+		_, healthPort, herr := splitHostPort(c.HealthBind)
+		_, overridden := c.PeerHealth[c.NodeID]
+		if len(c.Peers) > 0 && c.HealthBind != "" && !overridden && err == nil && herr == nil && bindPort != 0 && healthPort != bindPort+1 {
+			errs = append(errs, fmt.Errorf("the health endpoint %s is not at the cluster port + 1 (%d), where the peers poll it", c.HealthBind, bindPort+1))
+		}
+	}
+	return errs
 }
 
 // ParsePeers parses "1@host:port,2@host:port".
@@ -241,6 +285,7 @@ type Node struct {
 // system with its remote, its protoactor cluster and its health endpoint.
 type incarnation struct {
 	once sync.Once
+	down atomic.Bool // shut down
 	sys  *actor.ActorSystem
 	cl   *pcluster.Cluster
 	sub  *eventSubscription
@@ -406,6 +451,7 @@ func startMember(cl *pcluster.Cluster) (err error) {
 
 func (inc *incarnation) shutdown() {
 	inc.once.Do(func() {
+		inc.down.Store(true)
 		if inc.sub != nil {
 			inc.sub.unsubscribe()
 		}
@@ -516,7 +562,10 @@ func (n *Node) notify() {
 }
 
 // watchBlocked asks the peers, every Refresh, whether they blocked this
-// node's member id; if one did, the node rejoins under a new one.
+// node's member id; if one did, the node rejoins under a new one. After a
+// rejoin that failed (the node has no live incarnation), it tries again
+// every Refresh whatever the peers say: a peer that restarted has
+// forgotten the block.
 func (n *Node) watchBlocked() {
 	defer n.done.Done()
 	t := time.NewTicker(n.cfg.Refresh)
@@ -531,13 +580,17 @@ func (n *Node) watchBlocked() {
 			continue
 		}
 		n.mu.Lock()
-		me := n.inc.sys.ID
+		me, down := n.inc.sys.ID, n.inc.down.Load()
 		n.mu.Unlock()
-		if by, ok := n.blockedBy(me); ok {
+		if down {
+			n.log.Warn("retrying the failed rejoin")
+		} else if by, ok := n.blockedBy(me); ok {
 			n.log.Warn("a peer blocked this node's member id (it was cut off); rejoining under a new one", "member", me, "blocked_by", by)
-			if err := n.rejoin(); err != nil {
-				n.log.Error("rejoining the cluster failed; will retry", "err", err)
-			}
+		} else {
+			continue
+		}
+		if err := n.rejoin(); err != nil {
+			n.log.Error("rejoining the cluster failed; will retry", "err", err)
 		}
 	}
 }
@@ -571,6 +624,8 @@ func (n *Node) blockedBy(member string) (uint64, bool) {
 }
 
 // rejoin replaces the incarnation with a new one, under a new member id.
+// If every try fails, the node is left with its old incarnation shut down
+// (watchBlocked tries again); Stop ends the tries.
 func (n *Node) rejoin() error {
 	n.mu.Lock()
 	if n.closed {
@@ -579,8 +634,6 @@ func (n *Node) rejoin() error {
 	}
 	old := n.inc
 	// The old view is void: the others blocked this member.
-	n.rejoins++
-	mRejoins.Inc()
 	n.view = View{}
 	mMembers.Set(0)
 	n.mu.Unlock()
@@ -592,7 +645,11 @@ func (n *Node) rejoin() error {
 		if inc, err = n.join(); err == nil {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-n.stop:
+			return nil
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	if err != nil {
 		return err
@@ -601,6 +658,8 @@ func (n *Node) rejoin() error {
 	defer n.mu.Unlock()
 	n.inc = inc // Stop, if it is waiting for this, shuts it down
 	n.joining = nil
+	n.rejoins++
+	mRejoins.Inc()
 	return nil
 }
 

@@ -11,10 +11,14 @@
 package cluster
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -166,5 +170,114 @@ func TestMembershipBlockedNodeRejoins(t *testing.T) {
 		if m := memberOf(tc.nodes[id].View(), 3); m.MemberID == old {
 			t.Fatalf("node %d still sees node 3 under its blocked member id", id)
 		}
+	}
+}
+
+// blockingPeer is a fake peer's health endpoint that answers whether it
+// blocked a member id: those in block.
+type blockingPeer struct {
+	srv   *httptest.Server
+	mu    sync.Mutex
+	block map[string]bool
+}
+
+func newBlockingPeer(t *testing.T) *blockingPeer {
+	p := &blockingPeer{block: map[string]bool{}}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		fmt.Fprintf(w, `{"blocked":%v}`, p.block[r.URL.Query().Get("member")])
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+func (p *blockingPeer) set(member string, blocked bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.block[member] = blocked
+}
+
+// startWithFakePeer starts node 1 whose one peer, node 2, is p.
+func startWithFakePeer(t *testing.T, p *blockingPeer) (*Node, string) {
+	addrs := freeAddrs(t, 2)
+	nd, err := Start(Config{
+		NodeID: 1, Bind: addrs[0], HealthBind: addrs[1],
+		Peers:      map[uint64]string{1: addrs[0], 2: "127.0.0.1:1"},
+		PeerHealth: map[uint64]string{1: addrs[1], 2: p.srv.Listener.Addr().String()},
+		Refresh:    100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nd.Stop)
+	return nd, addrs[1]
+}
+
+// failRejoins makes the node's next joins fail (its health address is
+// taken), and returns a func that lets them succeed again.
+func failRejoins(t *testing.T, nd *Node, health string) func() {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// busy stays taken to the end: a join that read the busy address
+	// must not find it free.
+	t.Cleanup(func() { busy.Close() })
+	nd.mu.Lock()
+	nd.cfg.HealthBind = busy.Addr().String()
+	nd.mu.Unlock()
+	return func() {
+		nd.mu.Lock()
+		nd.cfg.HealthBind = health
+		nd.mu.Unlock()
+	}
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A rejoin that fails leaves the node without a live incarnation: it keeps
+// trying to rejoin even when no peer says it is blocked any more (the peer
+// restarted and forgot its block list), rather than stay out for good.
+func TestMembershipFailedRejoinRetries(t *testing.T) {
+	peer := newBlockingPeer(t)
+	nd, health := startWithFakePeer(t, peer)
+	first := nd.View().Self.MemberID
+	firstSys := nd.System()
+	allow := failRejoins(t, nd, health)
+	peer.set(first, true)
+	waitFor(t, "the old incarnation to stop", 10*time.Second, firstSys.IsStopped)
+	time.Sleep(3 * time.Second) // every retry of that rejoin fails
+	peer.set(first, false)
+	allow()
+	waitFor(t, "a live incarnation under a new member id", 20*time.Second, func() bool {
+		v := nd.View()
+		return v.Self.MemberID != first && !nd.System().IsStopped() && memberOf(v, 1).MemberID == v.Self.MemberID
+	})
+}
+
+// Stop does not wait out the retries of a rejoin that keeps failing.
+func TestMembershipStopDuringFailingRejoin(t *testing.T) {
+	peer := newBlockingPeer(t)
+	nd, health := startWithFakePeer(t, peer)
+	first := nd.View().Self.MemberID
+	firstSys := nd.System()
+	defer failRejoins(t, nd, health)()
+	peer.set(first, true)
+	waitFor(t, "the old incarnation to stop", 10*time.Second, firstSys.IsStopped)
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	nd.Stop()
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("Stop took %v during a failing rejoin", d)
 	}
 }
