@@ -171,10 +171,17 @@ func (c *Controller) tail() {
 			}
 			continue
 		}
-		if len(resp.Batches) == 0 {
-			continue
+		before := next
+		if len(resp.Batches) > 0 {
+			next = c.apply(resp.Batches, next)
 		}
-		next = c.apply(resp.Batches, next)
+		// A long poll that ended early with nothing new (its queue full),
+		// or a batch that does not decode: do not spin on it.
+		if next == before && resp.HighWatermark > next {
+			if !c.sleep(100 * time.Millisecond) {
+				return
+			}
+		}
 	}
 }
 
@@ -189,7 +196,7 @@ func (c *Controller) apply(batches []*heraldpb.StoredBatch, from int64) int64 {
 	old := c.state.Load()
 	md := &Metadata{Nodes: maps.Clone(old.Nodes), Applied: old.Applied}
 	for _, b := range batches {
-		_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
+		err := heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
 			off := b.BaseOffset + int64(i)
 			if off < from {
 				return true
@@ -204,6 +211,10 @@ func (c *Controller) apply(batches []*heraldpb.StoredBatch, from int64) int64 {
 			md.Applied = off + 1
 			return true
 		})
+		if end := b.BaseOffset + int64(b.Count); err != nil && end > from {
+			c.log.Error("undecodable controller batch; skipped", "offset", b.BaseOffset, "err", err)
+			md.Applied = max(md.Applied, end)
+		}
 	}
 	c.state.Store(md)
 	return max(from, md.Applied)
