@@ -34,6 +34,11 @@ const ControllerTopic = "__controller"
 // MaxVoters is how many nodes hold a replica of the controller group.
 const MaxVoters = 3
 
+// RegistrationGroup is where a node that is not a voter sends its
+// registration, on every voter: a filter there drops a registration the
+// metadata already holds, so that repeating it does not grow the log.
+const RegistrationGroup = "controller/register"
+
 // Voters picks the controller voters among node ids: the lowest MaxVoters.
 func Voters(ids []uint64) []uint64 {
 	v := slices.Clone(ids)
@@ -50,8 +55,11 @@ type ControllerConfig struct {
 	Voters  []uint64
 	// Self is what this node registers (node id, addresses, rack); the
 	// member id and time are filled in at each registration.
-	Self   *heraldpb.NodeRecord
-	Logger *slog.Logger
+	Self *heraldpb.NodeRecord
+	// Reregister is how often a node that is not a voter (it cannot see
+	// the metadata) announces itself again. Default 1 minute.
+	Reregister time.Duration
+	Logger     *slog.Logger
 }
 
 // Metadata is the state the controller group's log builds.
@@ -71,15 +79,17 @@ type ControllerView struct {
 
 // Controller runs this node's part of the controller group.
 type Controller struct {
-	cfg   ControllerConfig
-	log   *slog.Logger
-	group string
-	voter bool
-	pid   *actor.PID
-	stats *partition.Stats
-	state atomic.Pointer[Metadata]
-	stop  chan struct{}
-	done  sync.WaitGroup
+	cfg    ControllerConfig
+	log    *slog.Logger
+	group  string
+	voter  bool
+	pid    *actor.PID
+	filter *actor.PID // on a voter: drops registrations already applied
+	sent   atomic.Int64
+	stats  *partition.Stats
+	state  atomic.Pointer[Metadata]
+	stop   chan struct{}
+	done   sync.WaitGroup
 }
 
 // StartController starts the controller replica (on a voter) and the
@@ -90,6 +100,9 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Reregister <= 0 {
+		cfg.Reregister = time.Minute
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "controller"), group: partition.Name(ControllerTopic, 0),
 		voter: slices.Contains(cfg.Voters, cfg.Self.NodeId), stop: make(chan struct{})}
@@ -115,6 +128,10 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 			return nil, fmt.Errorf("controller replica: %w", err)
 		}
 		cfg.Node.Register(c.group, c.pid)
+		if c.filter, err = cfg.Local.Root.SpawnNamed(actor.PropsFromFunc(c.onRegistration), RegistrationGroup); err != nil {
+			return nil, fmt.Errorf("controller registration filter: %w", err)
+		}
+		cfg.Node.Register(RegistrationGroup, c.filter)
 		c.done.Add(1)
 		go c.tail()
 	}
@@ -130,6 +147,8 @@ func (c *Controller) Stop() {
 	c.done.Wait()
 	if c.pid != nil {
 		c.cfg.Node.Unregister(c.group)
+		c.cfg.Node.Unregister(RegistrationGroup)
+		_ = c.cfg.Local.Root.StopFuture(c.filter).Wait()
 		_ = c.cfg.Local.Root.StopFuture(c.pid).Wait()
 	}
 }
@@ -229,13 +248,13 @@ func (c *Controller) apply(batches []*heraldpb.StoredBatch, from int64) int64 {
 func (c *Controller) register() {
 	defer c.done.Done()
 	lastSent, lastMember := time.Time{}, ""
-	for c.sleep(time.Second) {
+	for c.sleep(min(time.Second, c.cfg.Reregister)) {
 		member := c.cfg.Node.View().Self.MemberID
 		if c.voter {
 			if n := c.state.Load().Nodes[c.cfg.Self.NodeId]; n != nil && n.MemberId == member {
 				continue
 			}
-		} else if member == lastMember && time.Since(lastSent) < time.Minute {
+		} else if member == lastMember && time.Since(lastSent) < c.cfg.Reregister {
 			continue
 		}
 		rec := proto.Clone(c.cfg.Self).(*heraldpb.NodeRecord)
@@ -252,9 +271,10 @@ func (c *Controller) register() {
 			c.cfg.Node.Forward(leader, c.group, f)
 		case !c.voter:
 			for _, v := range c.cfg.Voters {
-				c.cfg.Node.Forward(v, c.group, f)
+				c.cfg.Node.Forward(v, RegistrationGroup, f)
 			}
 		}
+		c.sent.Add(1)
 		lastSent, lastMember = time.Now(), member
 	}
 }
@@ -276,4 +296,27 @@ func (c *Controller) sleep(d time.Duration) bool {
 	case <-time.After(d):
 		return true
 	}
+}
+
+// onRegistration is the registration filter of a voter: a registration
+// from a node that is not a voter goes to the group's leader replica
+// unless the metadata holds it already (the same member id, addresses and
+// rack), or this voter does not lead (the node sends it to every voter).
+func (c *Controller) onRegistration(ctx actor.Context) {
+	f, ok := ctx.Message().(*heraldpb.Frame)
+	if !ok || f.GetProduce() == nil || c.leader() != c.cfg.Self.NodeId {
+		return
+	}
+	var batch heraldpb.RecordBatch
+	var cmd heraldpb.ControllerCommand
+	if proto.Unmarshal(f.GetProduce().Records, &batch) != nil || len(batch.Records) != 1 ||
+		proto.Unmarshal(batch.Records[0].Value, &cmd) != nil || cmd.GetRegisterNode() == nil {
+		return
+	}
+	n := cmd.GetRegisterNode()
+	if have := c.state.Load().Nodes[n.NodeId]; have != nil && have.MemberId == n.MemberId &&
+		have.ClusterAddress == n.ClusterAddress && have.ClientAddress == n.ClientAddress && have.Rack == n.Rack {
+		return // applied already
+	}
+	ctx.Send(c.pid, f)
 }
