@@ -27,7 +27,7 @@ import (
 func BenchmarkReplicatedProduce(b *testing.B) {
 	for _, rf := range []int{1, 3} {
 		b.Run(fmt.Sprintf("rf%d", rf), func(b *testing.B) {
-			leader, sys := benchGroup(b, rf)
+			leader, sys, stats := benchGroup(b, rf)
 			rec := make([]byte, 1024)
 			batch := &heraldpb.RecordBatch{}
 			for i := 0; i < 16; i++ {
@@ -55,13 +55,30 @@ func BenchmarkReplicatedProduce(b *testing.B) {
 				}()
 			}
 			wg.Wait()
+			b.StopTimer()
+			// Every replica catches up with the leader: a follower left
+			// behind (one that never got its appends) would make rf3 a
+			// two-replica run.
+			var hw int64
+			for _, st := range stats {
+				hw = max(hw, st.HighWatermark.Load())
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for i := 0; i < len(stats); i++ {
+				for stats[i].HighWatermark.Load() < hw {
+					if time.Now().After(deadline) {
+						b.Fatalf("replica %d stuck at %d of %d", i+1, stats[i].HighWatermark.Load(), hw)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
 		})
 	}
 }
 
 // benchGroup starts partition t-0 with rf replicas (on rf nodes when rf >
 // 1) and returns its leader and the leader's local actor system.
-func benchGroup(b *testing.B, rf int) (*actor.PID, *actor.ActorSystem) {
+func benchGroup(b *testing.B, rf int) (*actor.PID, *actor.ActorSystem, []*partition.Stats) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	dir := b.TempDir()
 	peers := map[uint64]*actor.PID{}
@@ -112,11 +129,15 @@ func benchGroup(b *testing.B, rf int) (*actor.PID, *actor.ActorSystem) {
 		reps = append(reps, rep{pid, local, st})
 		b.Cleanup(func() { local.Root.StopFuture(pid).Wait(); local.Shutdown() })
 	}
+	var stats []*partition.Stats
+	for _, r := range reps {
+		stats = append(stats, r.stats)
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		for _, r := range reps {
 			if r.stats.Writable.Load() {
-				return r.pid, r.sys
+				return r.pid, r.sys, stats
 			}
 		}
 		if time.Now().After(deadline) {
