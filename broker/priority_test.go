@@ -42,29 +42,8 @@ func produceLevels(t *testing.T, w *wire, topic string, part uint32, levels []ui
 // the priority its value names.
 func consumeAll(t *testing.T, w *wire, sub uint64, n int, levels []uint8) []int64 {
 	t.Helper()
-	var order []int64
-	seen := map[int64]bool{}
-	for len(order) < n {
-		ds := w.deliveries(1, 10*time.Second)
-		if len(ds) == 0 {
-			t.Fatalf("stalled after %d of %d deliveries", len(order), n)
-		}
-		for _, d := range ds {
-			if seen[d.Offset] || d.DeliveryCount != 1 {
-				t.Fatalf("offset %d delivered again (count %d)", d.Offset, d.DeliveryCount)
-			}
-			seen[d.Offset] = true
-			if want := fmt.Sprintf("%d/%d", d.Offset, levels[d.Offset]); string(d.Record.GetValue()) != want || d.Record.GetPriority() != uint32(levels[d.Offset]) {
-				t.Fatalf("offset %d: record %q priority %d, want %q", d.Offset, d.Record.GetValue(), d.Record.GetPriority(), want)
-			}
-			order = append(order, d.Offset)
-		}
-		ackAll(t, w, sub, ds, uint32(len(ds)))
-	}
-	if extra := w.deliveries(1, 50*time.Millisecond); len(extra) > 0 {
-		t.Fatalf("delivered beyond the %d messages: %v", n, ids(extra))
-	}
-	return order
+	return consumeAllBy(t, w, sub, n, func(off int64) string { return fmt.Sprintf("%d/%d", off, levels[off]) },
+		func(off int64) uint32 { return uint32(levels[off]) })
 }
 
 // wrrOrder is the delivery order Deliver gives a partition whose messages
@@ -191,7 +170,7 @@ func TestGroupPriorityJumpsBacklog(t *testing.T) {
 			return fmt.Sprintf("%d/9", off)
 		}
 		return fmt.Sprintf("%d/0", off%1000)
-	})
+	}, nil)
 	for pos, off := range got {
 		if off >= backlog && pos >= 300 {
 			t.Fatalf("level-9 offset %d was delivery %d of %d: it waited behind the backlog", off, pos, len(got))
@@ -202,9 +181,9 @@ func TestGroupPriorityJumpsBacklog(t *testing.T) {
 	}
 }
 
-// consumeAllBy is consumeAll with the expected value of each offset given
-// by value.
-func consumeAllBy(t *testing.T, w *wire, sub uint64, n int, value func(off int64) string) []int64 {
+// consumeAllBy is consumeAll with the expected value and priority of each
+// offset given by value and prio (nil: any priority).
+func consumeAllBy(t *testing.T, w *wire, sub uint64, n int, value func(off int64) string, prio func(off int64) uint32) []int64 {
 	t.Helper()
 	var order []int64
 	seen := map[int64]bool{}
@@ -218,8 +197,8 @@ func consumeAllBy(t *testing.T, w *wire, sub uint64, n int, value func(off int64
 				t.Fatalf("offset %d delivered again (count %d)", d.Offset, d.DeliveryCount)
 			}
 			seen[d.Offset] = true
-			if want := value(d.Offset); string(d.Record.GetValue()) != want {
-				t.Fatalf("offset %d: record %q, want %q", d.Offset, d.Record.GetValue(), want)
+			if want := value(d.Offset); string(d.Record.GetValue()) != want || prio != nil && d.Record.GetPriority() != prio(d.Offset) {
+				t.Fatalf("offset %d: record %q priority %d, want %q", d.Offset, d.Record.GetValue(), d.Record.GetPriority(), want)
 			}
 			order = append(order, d.Offset)
 		}

@@ -106,35 +106,5 @@ func BenchmarkSubTimers(b *testing.B) {
 			now = now.Add(time.Millisecond)
 		}
 	})
-	b.Run("deliver-ack", func(b *testing.B) {
-		s, err := NewSub(Config{Mode: Shared, Partitions: 1}, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := s.Join("m"); err != nil {
-			b.Fatal(err)
-		}
-		const batch = 256
-		msgs := make([]Message, batch)
-		now := time.Unix(1_700_000_000, 0)
-		s.NextDeadline(now)
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; i < b.N; i += batch {
-			off, _ := s.ReadFrom("", 0)
-			for i := range msgs {
-				msgs[i] = Message{Offset: off + int64(i)}
-			}
-			s.Append("", msgs...)
-			_ = s.Request("m", batch)
-			ds, _ := s.Deliver("m", now, 0)
-			if len(ds) != batch {
-				b.Fatalf("delivered %d of %d", len(ds), batch)
-			}
-			for _, d := range ds {
-				_ = s.Ack("m", 0, d.Offset)
-			}
-			now = now.Add(time.Millisecond)
-		}
-	})
+	b.Run("deliver-ack", func(b *testing.B) { benchDeliver(b, func(int) uint8 { return 0 }, true) })
 }
