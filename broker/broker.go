@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,6 +94,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		DefaultPartitions: uint32(cfg.DefaultParts), MaxMessageBytes: uint32(cfg.MaxMessageBytes),
 		RetentionCheck: cfg.RetentionCheck, MailboxLimit: cfg.PartitionMailbox, WindowBytes: cfg.WindowBytes,
 		Readers: b.readers, Logger: logger, OnIdleRelease: b.reclaim.request,
+		Clustered: cfg.Cluster != "" && len(cfg.peers) > 0,
 	})
 	if err != nil {
 		lock.Close()
@@ -167,13 +170,15 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		}
 		b.ctrl, err = cluster.StartController(cluster.ControllerConfig{
 			Node: b.member, Local: b.sys, DataDir: cfg.DataDir, Voters: cluster.Voters(ids), Logger: logger,
-			Self: &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr},
+			Self:    &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr, Rack: cfg.Rack},
+			OnApply: b.onMetadata,
 		})
 		if err != nil {
 			b.server.Shutdown(context.Background())
 			b.stopActors()
 			return nil, fmt.Errorf("controller: %w", err)
 		}
+		b.sys.Root.Send(b.manager, &topic.Clustered{Catalog: b.ctrl, Transport: b.member})
 	}
 	if cfg.Admin != "" {
 		if err := b.startAdmin(); err != nil {
@@ -270,13 +275,28 @@ func (b *Broker) flushGroups(ctx context.Context) {
 	}
 }
 
+// onMetadata hands the controller's metadata to the replica manager.
+func (b *Broker) onMetadata(md *cluster.Metadata) {
+	brokers := make([]*heraldpb.BrokerInfo, 0, len(md.Nodes))
+	for _, id := range slices.Sorted(maps.Keys(md.Nodes)) {
+		if n := md.Nodes[id]; n.ClientAddress != "" {
+			brokers = append(brokers, &heraldpb.BrokerInfo{NodeId: uint32(id), Addr: n.ClientAddress})
+		}
+	}
+	b.sys.Root.Send(b.manager, &topic.Assign{Topics: md.Topics, Brokers: brokers})
+}
+
 func (b *Broker) stopActors() {
 	if b.ctrl != nil {
 		b.ctrl.Stop()
 	}
-	if b.member != nil {
-		b.member.Stop()
-	}
+	// The partitions stop before the membership: their last raft
+	// messages still have a transport.
+	defer func() {
+		if b.member != nil {
+			b.member.Stop()
+		}
+	}()
 	if b.sched != nil {
 		if _, err := b.sys.Root.StopFuture(b.sched).Result(); err != nil {
 			b.log.Error("stopping the scheduler", "err", err)

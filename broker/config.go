@@ -62,6 +62,9 @@ type Config struct {
 	Peers           string
 	ClusterProvider string
 	Etcd            string
+	// Rack is the node's rack (or zone): replicas of a partition go to
+	// distinct racks where there are enough.
+	Rack string
 
 	peers map[uint64]string // parsed by Validate
 

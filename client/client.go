@@ -19,6 +19,7 @@ import (
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/proto"
 )
 
 // Client is a connection pool to a Herald cluster. Create it with Dial and
@@ -204,28 +205,75 @@ func (c *Client) anyConn(ctx context.Context) (*conn, error) {
 }
 
 // leaderConn returns the connection to the leader of topic/partition when
-// metadata names one on another known broker, else any connection.
+// metadata names one on another known broker; with no leader known, to
+// one of the partition's replicas (a replica knows its leader and says so
+// in NOT_LEADER); else any connection.
 func (c *Client) leaderConn(ctx context.Context, topic string, partition int32) (*conn, error) {
 	if partition >= 0 {
 		c.mu.Lock()
-		var addr string
-		// Route by leader only in a multi-broker cluster: a single node may
-		// advertise an address other than the one we bootstrapped from.
-		if tm := c.meta[topic]; tm != nil && len(c.brokers) > 1 {
-			for _, p := range tm.info.GetPartitions() {
-				if int32(p.GetId()) == partition {
-					addr = c.brokers[p.GetLeader()]
-				}
-			}
-		}
+		refetch := c.meta[topic] == nil
 		c.mu.Unlock()
-		if addr != "" {
+		if refetch { // not asked yet, or dropped after NOT_LEADER
+			_, _ = c.topicInfo(ctx, topic, false)
+		}
+		for _, addr := range c.partitionAddrs(topic, partition) {
 			if cn, err := c.connTo(ctx, addr); err == nil {
 				return cn, nil
 			}
 		}
 	}
 	return c.anyConn(ctx)
+}
+
+// partitionAddrs lists the addresses to try for topic/partition: its
+// leader's, then its other replicas'. Empty on a single broker: a single
+// node may advertise an address other than the one we bootstrapped from.
+func (c *Client) partitionAddrs(topic string, partition int32) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tm := c.meta[topic]
+	if tm == nil || len(c.brokers) <= 1 {
+		return nil
+	}
+	var out []string
+	for _, p := range tm.info.GetPartitions() {
+		if int32(p.GetId()) != partition {
+			continue
+		}
+		if a := c.brokers[p.GetLeader()]; a != "" {
+			out = append(out, a)
+		}
+		for _, r := range p.GetReplicas() {
+			if a := c.brokers[r]; a != "" && r != p.GetLeader() {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
+}
+
+// notLeader handles a NOT_LEADER answer for topic/partition: with the
+// leader named, the cached metadata points at it; otherwise the topic's
+// metadata is fetched again on next use.
+func (c *Client) notLeader(topic string, partition int32, err error) {
+	var he *Error
+	if !errors.As(err, &he) || he.Leader == 0 || partition < 0 {
+		c.invalidate(topic)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tm := c.meta[topic]
+	if tm == nil {
+		return
+	}
+	info := proto.Clone(tm.info).(*heraldpb.TopicInfo)
+	for _, p := range info.Partitions {
+		if int32(p.GetId()) == partition {
+			p.Leader = he.Leader
+		}
+	}
+	c.meta[topic] = &topicMeta{info: info, fetched: tm.fetched}
 }
 
 // call sends one request to cn's broker, bounded by the request timeout plus

@@ -54,6 +54,9 @@ type Error struct {
 	Retriable  bool          // as the broker said; see IsRetryable
 	Message    string        // the broker's one-line reason
 	RetryAfter time.Duration // wait at least this long before retrying; 0 = no hint
+	// Leader, with NOT_LEADER, is the node the broker knows to lead the
+	// partition (0: unknown). The client goes there on its retry.
+	Leader uint32
 }
 
 func (e *Error) Error() string {
@@ -71,6 +74,7 @@ func fromWire(e *heraldpb.Error) *Error {
 		Retriable:  e.GetRetriable() || heraldpb.IsRetriableCode(e.GetCode()),
 		Message:    e.GetMessage(),
 		RetryAfter: time.Duration(e.GetRetryAfterMs()) * time.Millisecond,
+		Leader:     e.GetLeader(),
 	}
 }
 

@@ -427,7 +427,7 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 			return nil, err
 		}
 		if IsCode(err, heraldpb.ErrorCode_NOT_LEADER) {
-			p.c.invalidate(key.topic)
+			p.c.notLeader(key.topic, key.partition, err)
 		}
 		wait := backoff
 		if ra := retryAfter(err); ra > wait {

@@ -1,6 +1,9 @@
 package cluster
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,18 +18,23 @@ import (
 	"github.com/heraldmq/herald/actors/partition"
 	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 )
 
-// The controller group: cluster metadata in a raft group, `__controller`,
-// with a replica on each controller voter (the first MaxVoters node ids of
-// the cluster's peers). The group's log is a partition log whose records
-// are ControllerCommands; every voter's Controller reads its own replica's
-// committed records (followers serve committed data too) and applies them
-// in order, so the voters agree on the metadata. Writes are produce
-// requests to the group's leader: made locally when this node leads,
-// forwarded through the cluster transport otherwise. This first version
-// holds the node registry; topics and replica placement come next.
+// The controller group: cluster metadata in a raft group, `__controller`.
+// Its voters are the controller voters (the lowest MaxVoters node ids of
+// the cluster's peers); every other node holds a learner replica, added
+// by the group's leader once the node has registered, so that every node
+// reads the metadata from its own replica. The group's log is a partition
+// log whose records are ControllerCommands; every node's Controller reads
+// its own replica's committed records and applies them in order, so all
+// nodes agree on the metadata. Writes are produce requests to the group's
+// leader: made locally when this node leads, forwarded through the
+// cluster transport otherwise (at most once: the proposer watches its
+// replica for the command's outcome and sends it again until it is
+// applied; applying is idempotent). The metadata holds the node registry
+// and the topics with their replica placement.
 
 // ControllerTopic is the controller group's name as a partition log.
 const ControllerTopic = "__controller"
@@ -56,15 +64,20 @@ type ControllerConfig struct {
 	// Self is what this node registers (node id, addresses, rack); the
 	// member id and time are filled in at each registration.
 	Self *heraldpb.NodeRecord
-	// Reregister is how often a node that is not a voter (it cannot see
-	// the metadata) announces itself again. Default 1 minute.
+	// Reregister is how often a node whose registration its replica does
+	// not show yet announces itself again. Default 2 s.
 	Reregister time.Duration
-	Logger     *slog.Logger
+	// OnApply, if set, is called with the new metadata after each batch of
+	// commands is applied (from the controller's goroutine; keep it short).
+	OnApply func(*Metadata)
+	Logger  *slog.Logger
 }
 
-// Metadata is the state the controller group's log builds.
+// Metadata is the state the controller group's log builds. It is
+// immutable once published; apply makes a new one.
 type Metadata struct {
 	Nodes   map[uint64]*heraldpb.NodeRecord
+	Topics  map[string]*heraldpb.TopicRecord
 	Applied int64 // offset after the last record applied
 }
 
@@ -75,6 +88,9 @@ type ControllerView struct {
 	Leader  uint64                 `json:"leader"`
 	Applied int64                  `json:"applied"`
 	Nodes   []*heraldpb.NodeRecord `json:"nodes"`
+	Topics  int                    `json:"topics"`
+	// Learners are the nodes holding a learner replica of the group.
+	Learners []uint64 `json:"learners,omitempty"`
 }
 
 // Controller runs this node's part of the controller group.
@@ -102,41 +118,45 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Reregister <= 0 {
-		cfg.Reregister = time.Minute
+		cfg.Reregister = 2 * time.Second
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "controller"), group: partition.Name(ControllerTopic, 0),
 		voter: slices.Contains(cfg.Voters, cfg.Self.NodeId), stop: make(chan struct{})}
-	c.state.Store(&Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}})
+	c.state.Store(&Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}, Topics: map[string]*heraldpb.TopicRecord{}})
+	// Voters bootstrap the group together; any other node's replica
+	// starts empty and waits to be added as a learner.
+	peers := map[uint64]*actor.PID{cfg.Self.NodeId: nil}
 	if c.voter {
-		peers := map[uint64]*actor.PID{}
 		for _, v := range cfg.Voters {
 			peers[v] = nil
 		}
-		dir := filepath.Join(cfg.DataDir, "controller")
-		c.stats = &partition.Stats{}
-		props, err := partition.Props(cfg.Local, partition.Config{
-			Topic: ControllerTopic, Partition: 0, ReplicaID: cfg.Self.NodeId, Peers: peers, Transport: cfg.Node,
-			Open: func() (partition.Storage, error) {
-				return persistence.Open(persistence.Options{Dir: dir, Group: "__controller-0", Logger: cfg.Logger})
-			},
-			Logger: cfg.Logger,
-		}, c.stats)
-		if err != nil {
-			return nil, err
-		}
-		if c.pid, err = cfg.Local.Root.SpawnNamed(props, c.group); err != nil {
-			return nil, fmt.Errorf("controller replica: %w", err)
-		}
-		cfg.Node.Register(c.group, c.pid)
+	}
+	dir := filepath.Join(cfg.DataDir, "controller")
+	c.stats = &partition.Stats{}
+	props, err := partition.Props(cfg.Local, partition.Config{
+		Topic: ControllerTopic, Partition: 0, ReplicaID: cfg.Self.NodeId, Peers: peers, Transport: cfg.Node, Join: !c.voter,
+		Open: func() (partition.Storage, error) {
+			return persistence.Open(persistence.Options{Dir: dir, Group: "__controller-0", Logger: cfg.Logger})
+		},
+		Logger: cfg.Logger,
+	}, c.stats)
+	if err != nil {
+		return nil, err
+	}
+	if c.pid, err = cfg.Local.Root.SpawnNamed(props, c.group); err != nil {
+		return nil, fmt.Errorf("controller replica: %w", err)
+	}
+	cfg.Node.Register(c.group, c.pid)
+	if c.voter {
 		if c.filter, err = cfg.Local.Root.SpawnNamed(actor.PropsFromFunc(c.onRegistration), RegistrationGroup); err != nil {
 			return nil, fmt.Errorf("controller registration filter: %w", err)
 		}
 		cfg.Node.Register(RegistrationGroup, c.filter)
-		c.done.Add(1)
-		go c.tail()
 	}
-	c.done.Add(1)
+	c.done.Add(3)
+	go c.tail()
 	go c.register()
+	go c.addLearners()
 	c.log.Info("controller started", "voter", c.voter, "voters", cfg.Voters)
 	return c, nil
 }
@@ -145,24 +165,25 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 func (c *Controller) Stop() {
 	close(c.stop)
 	c.done.Wait()
-	if c.pid != nil {
-		c.cfg.Node.Unregister(c.group)
+	c.cfg.Node.Unregister(c.group)
+	if c.filter != nil {
 		c.cfg.Node.Unregister(RegistrationGroup)
 		_ = c.cfg.Local.Root.StopFuture(c.filter).Wait()
-		_ = c.cfg.Local.Root.StopFuture(c.pid).Wait()
 	}
+	_ = c.cfg.Local.Root.StopFuture(c.pid).Wait()
 }
 
-// Metadata is the latest applied state (empty on a node that is not a
-// voter: it holds no replica yet).
+// Metadata is the latest applied state: empty until this node's replica
+// has caught up (on a node that is not a voter, until the leader has added
+// it as a learner).
 func (c *Controller) Metadata() *Metadata { return c.state.Load() }
 
 // View is the controller as this node sees it.
 func (c *Controller) View() ControllerView {
 	md := c.state.Load()
-	v := ControllerView{Voter: c.voter, Voters: c.cfg.Voters, Applied: md.Applied}
-	if c.stats != nil {
-		v.Leader = c.stats.Leader.Load()
+	v := ControllerView{Voter: c.voter, Voters: c.cfg.Voters, Applied: md.Applied, Topics: len(md.Topics), Leader: c.leader()}
+	if cs := c.stats.Conf.Load(); cs != nil {
+		v.Learners = cs.Learners
 	}
 	for _, id := range slices.Sorted(maps.Keys(md.Nodes)) {
 		v.Nodes = append(v.Nodes, md.Nodes[id])
@@ -213,7 +234,7 @@ func frameOf(res interface{}) *heraldpb.Frame {
 // next read starts.
 func (c *Controller) apply(batches []*heraldpb.StoredBatch, from int64) int64 {
 	old := c.state.Load()
-	md := &Metadata{Nodes: maps.Clone(old.Nodes), Applied: old.Applied}
+	md := &Metadata{Nodes: maps.Clone(old.Nodes), Topics: maps.Clone(old.Topics), Applied: old.Applied}
 	for _, b := range batches {
 		err := heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
 			off := b.BaseOffset + int64(i)
@@ -224,8 +245,8 @@ func (c *Controller) apply(batches []*heraldpb.StoredBatch, from int64) int64 {
 			var cmd heraldpb.ControllerCommand
 			if proto.Unmarshal(rec, &r) != nil || proto.Unmarshal(r.Value, &cmd) != nil {
 				c.log.Error("undecodable controller record; skipped", "offset", off)
-			} else if n := cmd.GetRegisterNode(); n != nil && n.NodeId != 0 {
-				md.Nodes[n.NodeId] = n
+			} else {
+				applyCommand(md, &cmd)
 			}
 			md.Applied = off + 1
 			return true
@@ -236,40 +257,57 @@ func (c *Controller) apply(batches []*heraldpb.StoredBatch, from int64) int64 {
 		}
 	}
 	c.state.Store(md)
+	if c.cfg.OnApply != nil {
+		c.cfg.OnApply(md)
+	}
 	return max(from, md.Applied)
 }
 
-// register announces this node to the controller group until the
-// metadata holds it under its current member id: produced locally when
-// this node leads the group, else forwarded to the leader (or, on a node
-// without a replica, to every voter; the followers drop it). A node that
-// is not a voter cannot see the metadata yet, so it announces itself
-// when its member id changes and otherwise every minute.
+// applyCommand applies one command to md (a private copy whose maps are
+// its own). Commands that do not apply (a topic that exists already, a
+// deletion of one that does not) change nothing.
+func applyCommand(md *Metadata, cmd *heraldpb.ControllerCommand) {
+	switch {
+	case cmd.GetRegisterNode() != nil:
+		if n := cmd.GetRegisterNode(); n.NodeId != 0 {
+			md.Nodes[n.NodeId] = n
+		}
+	case cmd.GetCreateTopic() != nil:
+		t := cmd.GetCreateTopic()
+		if t.Name != "" && md.Topics[t.Name] == nil {
+			t.RequestId = cmd.RequestId
+			md.Topics[t.Name] = t
+		}
+	case cmd.GetDeleteTopic() != nil:
+		delete(md.Topics, cmd.GetDeleteTopic().Name)
+	}
+}
+
+// register announces this node to the controller group until this
+// node's replica shows it under its current member id: produced locally
+// when this node leads the group, else sent to the leader's registration
+// filter (or, with no leader known, to every voter's; the followers drop
+// it). It announces itself again every Reregister until it sees itself.
 func (c *Controller) register() {
 	defer c.done.Done()
 	lastSent, lastMember := time.Time{}, ""
-	for c.sleep(min(time.Second, c.cfg.Reregister)) {
+	for c.sleep(100 * time.Millisecond) {
 		member := c.cfg.Node.View().Self.MemberID
-		if c.voter {
-			if n := c.state.Load().Nodes[c.cfg.Self.NodeId]; n != nil && n.MemberId == member {
-				continue
-			}
-		} else if member == lastMember && time.Since(lastSent) < c.cfg.Reregister {
+		if n := c.state.Load().Nodes[c.cfg.Self.NodeId]; n != nil && n.MemberId == member {
+			continue
+		}
+		if member == lastMember && time.Since(lastSent) < c.cfg.Reregister {
 			continue
 		}
 		rec := proto.Clone(c.cfg.Self).(*heraldpb.NodeRecord)
 		rec.MemberId, rec.RegisteredMs = member, time.Now().UnixMilli()
-		value, _ := proto.Marshal(&heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_RegisterNode{RegisterNode: rec}})
-		batch, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: value}}})
-		f := &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
-			Topic: ControllerTopic, Partition: proto.Uint32(0), Records: batch,
-		}}}
+		f := commandFrame(&heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_RegisterNode{RegisterNode: rec}})
 		switch leader := c.leader(); {
-		case c.voter && leader == c.cfg.Self.NodeId:
+		case leader == c.cfg.Self.NodeId:
 			_, _ = c.cfg.Local.Root.RequestFuture(c.pid, f, 5*time.Second).Result()
 		case leader != 0:
-			c.cfg.Node.Forward(leader, c.group, f)
-		case !c.voter:
+			c.cfg.Node.Forward(leader, RegistrationGroup, f)
+		default:
 			for _, v := range c.cfg.Voters {
 				c.cfg.Node.Forward(v, RegistrationGroup, f)
 			}
@@ -279,14 +317,52 @@ func (c *Controller) register() {
 	}
 }
 
-// leader is the controller group's leader as the local replica knows it
-// (0: unknown, or no local replica).
-func (c *Controller) leader() uint64 {
-	if c.stats == nil {
-		return 0
-	}
-	return c.stats.Leader.Load()
+// commandFrame is the produce request that appends cmd to the group.
+func commandFrame(cmd *heraldpb.ControllerCommand) *heraldpb.Frame {
+	value, _ := proto.Marshal(cmd)
+	batch, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: value}}})
+	return &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: ControllerTopic, Partition: proto.Uint32(0), Records: batch, Acks: heraldpb.Acks_ACKS_ALL,
+	}}}
 }
+
+// addLearners runs on every node and acts on the group's leader: each
+// registered node that holds no replica of the group yet is added as a
+// learner, one membership change at a time.
+func (c *Controller) addLearners() {
+	defer c.done.Done()
+	for c.sleep(200 * time.Millisecond) {
+		if c.leader() != c.cfg.Self.NodeId {
+			continue
+		}
+		cs := c.stats.Conf.Load()
+		if cs == nil || len(cs.VotersOutgoing) > 0 {
+			continue
+		}
+		md := c.state.Load()
+		for _, id := range slices.Sorted(maps.Keys(md.Nodes)) {
+			if slices.Contains(cs.Voters, id) || slices.Contains(cs.Learners, id) || slices.Contains(cs.LearnersNext, id) {
+				continue
+			}
+			res, err := c.cfg.Local.Root.RequestFuture(c.pid, &partition.ChangeMembership{Changes: []raftpb.ConfChangeSingle{
+				{Type: raftpb.ConfChangeAddLearnerNode, NodeID: id},
+			}}, 5*time.Second).Result()
+			if err == nil {
+				err = res.(*partition.ChangeMembershipResult).Err
+			}
+			if err != nil {
+				c.log.Debug("adding a learner to the controller group", "node", id, "err", err)
+			} else {
+				c.log.Info("controller group: node added as a learner", "node", id)
+			}
+			break // one change at a time: the next round sees its result
+		}
+	}
+}
+
+// leader is the controller group's leader as the local replica knows it
+// (0: unknown).
+func (c *Controller) leader() uint64 { return c.stats.Leader.Load() }
 
 // sleep waits d, or reports false when the controller stops.
 func (c *Controller) sleep(d time.Duration) bool {
@@ -319,4 +395,136 @@ func (c *Controller) onRegistration(ctx actor.Context) {
 		return // applied already
 	}
 	ctx.Send(c.pid, f)
+}
+
+// propose sends cmd to the group's leader: locally when this node leads,
+// through the transport otherwise. It reports whether a leader was known;
+// the caller watches the metadata for the command's effect.
+func (c *Controller) propose(cmd *heraldpb.ControllerCommand) bool {
+	f := commandFrame(cmd)
+	switch leader := c.leader(); {
+	case leader == 0:
+		return false
+	case leader == c.cfg.Self.NodeId:
+		c.cfg.Local.Root.Send(c.pid, f)
+	default:
+		c.cfg.Node.Forward(leader, c.group, f)
+	}
+	return true
+}
+
+// await proposes cmd, then waits until done reports the metadata shows its
+// effect, proposing it again every second meanwhile (a forwarded command
+// may be lost, or its leader may have lost its term).
+func (c *Controller) await(ctx context.Context, cmd *heraldpb.ControllerCommand, done func(*Metadata) bool) error {
+	resend := time.Now()
+	c.propose(cmd)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !done(c.state.Load()) {
+		select {
+		case <-ctx.Done():
+			return heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "the controller did not apply the change in time (leader: node %d)", c.leader())
+		case <-c.stop:
+			return heraldpb.NewError(heraldpb.ErrorCode_SHUTTING_DOWN, "the node is stopping")
+		case <-tick.C:
+		}
+		if time.Since(resend) >= time.Second {
+			resend = time.Now()
+			c.propose(cmd)
+		}
+	}
+	return nil
+}
+
+// newRequestID is a command's unique id.
+func newRequestID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// CreateTopic places a new topic's replicas over the registered nodes
+// that are up, has the controller group record it, and returns the
+// record once this node's replica has applied it. cfg must be normalized
+// (partitions set); a replication factor of 0 means the default, 3 when
+// the cluster has 3 or more nodes, else 1 per node there is. Errors are
+// *heraldpb.Error values.
+func (c *Controller) CreateTopic(ctx context.Context, name string, cfg *heraldpb.TopicConfig) (*heraldpb.TopicRecord, error) {
+	md := c.state.Load()
+	if md.Topics[name] != nil {
+		return nil, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_ALREADY_EXISTS, "topic %q already exists", name)
+	}
+	view := c.cfg.Node.View()
+	var nodes []NodeInfo
+	for _, id := range slices.Sorted(maps.Keys(md.Nodes)) {
+		if view.Up(id) {
+			nodes = append(nodes, NodeInfo{ID: id, Rack: md.Nodes[id].Rack})
+		}
+	}
+	cfg = proto.Clone(cfg).(*heraldpb.TopicConfig)
+	if cfg.ReplicationFactor == 0 {
+		cfg.ReplicationFactor = uint32(min(3, max(1, len(md.Nodes))))
+	}
+	if int(cfg.ReplicationFactor) > len(md.Nodes) {
+		return nil, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST,
+			"replication factor %d needs %d nodes; the cluster has %d", cfg.ReplicationFactor, cfg.ReplicationFactor, len(md.Nodes))
+	}
+	if cfg.MinInsyncReplicas == 0 {
+		cfg.MinInsyncReplicas = 1
+		if cfg.ReplicationFactor >= 3 {
+			cfg.MinInsyncReplicas = 2
+		}
+	}
+	if cfg.MinInsyncReplicas > cfg.ReplicationFactor {
+		return nil, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST,
+			"min in-sync replicas %d exceeds the replication factor %d", cfg.MinInsyncReplicas, cfg.ReplicationFactor)
+	}
+	placed, err := Place(int(cfg.Partitions), int(cfg.ReplicationFactor), nodes, Loads(md))
+	if err != nil {
+		return nil, heraldpb.NewError(heraldpb.ErrorCode_NOT_ENOUGH_REPLICAS,
+			"placing %d replicas of each partition: %d of %d registered nodes are up", cfg.ReplicationFactor, len(nodes), len(md.Nodes))
+	}
+	rec := &heraldpb.TopicRecord{Name: name, Config: cfg, CreatedMs: time.Now().UnixMilli()}
+	for p, replicas := range placed {
+		rec.Partitions = append(rec.Partitions, &heraldpb.PartitionAssignment{Id: uint32(p), Replicas: replicas})
+	}
+	id := newRequestID()
+	cmd := &heraldpb.ControllerCommand{RequestId: id, Command: &heraldpb.ControllerCommand_CreateTopic{CreateTopic: rec}}
+	if err := c.await(ctx, cmd, func(md *Metadata) bool { return md.Topics[name] != nil }); err != nil {
+		return nil, err
+	}
+	got := c.state.Load().Topics[name]
+	if got.RequestId != id {
+		return nil, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_ALREADY_EXISTS, "topic %q already exists", name)
+	}
+	return got, nil
+}
+
+// DeleteTopic has the controller group delete a topic and returns once
+// this node's replica has applied it.
+func (c *Controller) DeleteTopic(ctx context.Context, name string) error {
+	if c.state.Load().Topics[name] == nil {
+		return heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", name)
+	}
+	cmd := &heraldpb.ControllerCommand{RequestId: newRequestID(), Command: &heraldpb.ControllerCommand_DeleteTopic{DeleteTopic: &heraldpb.DeleteTopic{Name: name}}}
+	return c.await(ctx, cmd, func(md *Metadata) bool { return md.Topics[name] == nil })
+}
+
+// Loads counts each node's replicas and preferred leaderships.
+func Loads(md *Metadata) map[uint64]Load {
+	out := map[uint64]Load{}
+	for _, t := range md.Topics {
+		for _, p := range t.Partitions {
+			for i, r := range p.Replicas {
+				l := out[r]
+				l.Replicas++
+				if i == 0 {
+					l.Leaders++
+				}
+				out[r] = l
+			}
+		}
+	}
+	return out
 }

@@ -7,6 +7,7 @@ package cluster
 
 import (
 	"io"
+	"slices"
 	"log/slog"
 	"testing"
 	"time"
@@ -15,11 +16,12 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-// Four nodes: three voters hold the controller group, the fourth does not
-// and cannot see the registry, so it announces itself again and again
-// (here every 50 ms). It is registered once: the voters' filter drops the
-// repeats, and the controller log does not grow with them.
-func TestControllerNonVoterRegistersOnce(t *testing.T) {
+// Four nodes: three voters hold the controller group; the fourth
+// registers through the voters' filter, is added as a learner by the
+// group's leader, and from then on reads the metadata from its own
+// replica. It stops announcing itself once it sees its registration, and
+// the repeats it sent before (here every 50 ms) did not grow the log.
+func TestControllerNonVoterBecomesLearner(t *testing.T) {
 	tc := newTestCluster(t, 4)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctrls := map[uint64]*Controller{}
@@ -45,7 +47,7 @@ func TestControllerNonVoterRegistersOnce(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		done := true
-		for id := uint64(1); id <= 3; id++ {
+		for id := uint64(1); id <= 4; id++ {
 			if len(ctrls[id].Metadata().Nodes) != 4 {
 				done = false
 			}
@@ -54,22 +56,24 @@ func TestControllerNonVoterRegistersOnce(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("registries: %d %d %d nodes", len(ctrls[1].Metadata().Nodes), len(ctrls[2].Metadata().Nodes), len(ctrls[3].Metadata().Nodes))
+			t.Fatalf("registries: %d %d %d %d nodes", len(ctrls[1].Metadata().Nodes), len(ctrls[2].Metadata().Nodes),
+				len(ctrls[3].Metadata().Nodes), len(ctrls[4].Metadata().Nodes))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	applied := ctrls[1].Metadata().Applied
-	sent := ctrls[4].sent.Load()
-	for ctrls[4].sent.Load() < sent+20 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the non-voter sent %d registrations", ctrls[4].sent.Load()-sent)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if cs := ctrls[4].stats.Conf.Load(); cs == nil || !slices.Equal(cs.Learners, []uint64{4}) || !slices.Equal(cs.Voters, []uint64{1, 2, 3}) {
+		t.Fatalf("node 4's replica's membership: %+v", cs)
 	}
-	if now := ctrls[1].Metadata().Applied; now != applied {
-		t.Fatalf("the controller log grew from %d to %d records with repeated registrations", applied, now)
-	}
-	if n := ctrls[2].Metadata().Nodes[4]; n == nil || n.MemberId != tc.nodes[4].View().Self.MemberID {
+	if n := ctrls[4].Metadata().Nodes[4]; n == nil || n.MemberId != tc.nodes[4].View().Self.MemberID {
 		t.Fatalf("node 4 registered as %+v", n)
+	}
+	// Four registrations and one learner change: the repeats were dropped.
+	if applied := ctrls[4].Metadata().Applied; applied != 4 {
+		t.Fatalf("the controller log holds %d records, want 4 registrations", applied)
+	}
+	sent := ctrls[4].sent.Load()
+	time.Sleep(500 * time.Millisecond) // ten announce periods: none should be sent
+	if now := ctrls[4].sent.Load(); now != sent {
+		t.Fatalf("node 4 announced itself %d more times after it saw its registration", now-sent)
 	}
 }

@@ -31,7 +31,12 @@ type ControllerCommand struct {
 	// Types that are valid to be assigned to Command:
 	//
 	//	*ControllerCommand_RegisterNode
-	Command       isControllerCommand_Command `protobuf_oneof:"command"`
+	//	*ControllerCommand_CreateTopic
+	//	*ControllerCommand_DeleteTopic
+	Command isControllerCommand_Command `protobuf_oneof:"command"`
+	// The proposer's id for the command, so that it can tell its own
+	// command's outcome from another node's in the log.
+	RequestId     string `protobuf:"bytes,15,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -82,6 +87,31 @@ func (x *ControllerCommand) GetRegisterNode() *NodeRecord {
 	return nil
 }
 
+func (x *ControllerCommand) GetCreateTopic() *TopicRecord {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_CreateTopic); ok {
+			return x.CreateTopic
+		}
+	}
+	return nil
+}
+
+func (x *ControllerCommand) GetDeleteTopic() *DeleteTopic {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_DeleteTopic); ok {
+			return x.DeleteTopic
+		}
+	}
+	return nil
+}
+
+func (x *ControllerCommand) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 type isControllerCommand_Command interface {
 	isControllerCommand_Command()
 }
@@ -92,7 +122,195 @@ type ControllerCommand_RegisterNode struct {
 	RegisterNode *NodeRecord `protobuf:"bytes,1,opt,name=register_node,json=registerNode,proto3,oneof"`
 }
 
+type ControllerCommand_CreateTopic struct {
+	// A topic and its replica placement; ignored when the name exists.
+	CreateTopic *TopicRecord `protobuf:"bytes,2,opt,name=create_topic,json=createTopic,proto3,oneof"`
+}
+
+type ControllerCommand_DeleteTopic struct {
+	// Deletes a topic; ignored when it does not exist.
+	DeleteTopic *DeleteTopic `protobuf:"bytes,3,opt,name=delete_topic,json=deleteTopic,proto3,oneof"`
+}
+
 func (*ControllerCommand_RegisterNode) isControllerCommand_Command() {}
+
+func (*ControllerCommand_CreateTopic) isControllerCommand_Command() {}
+
+func (*ControllerCommand_DeleteTopic) isControllerCommand_Command() {}
+
+type TopicRecord struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Config     *TopicConfig           `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
+	Partitions []*PartitionAssignment `protobuf:"bytes,3,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	CreatedMs  int64                  `protobuf:"varint,4,opt,name=created_ms,json=createdMs,proto3" json:"created_ms,omitempty"`
+	// The command that created it.
+	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopicRecord) Reset() {
+	*x = TopicRecord{}
+	mi := &file_controller_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopicRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopicRecord) ProtoMessage() {}
+
+func (x *TopicRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopicRecord.ProtoReflect.Descriptor instead.
+func (*TopicRecord) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TopicRecord) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TopicRecord) GetConfig() *TopicConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+func (x *TopicRecord) GetPartitions() []*PartitionAssignment {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *TopicRecord) GetCreatedMs() int64 {
+	if x != nil {
+		return x.CreatedMs
+	}
+	return 0
+}
+
+func (x *TopicRecord) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type PartitionAssignment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Node ids of its replicas; the first is the preferred leader.
+	Replicas      []uint64 `protobuf:"varint,2,rep,packed,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionAssignment) Reset() {
+	*x = PartitionAssignment{}
+	mi := &file_controller_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionAssignment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionAssignment) ProtoMessage() {}
+
+func (x *PartitionAssignment) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionAssignment.ProtoReflect.Descriptor instead.
+func (*PartitionAssignment) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PartitionAssignment) GetId() uint32 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *PartitionAssignment) GetReplicas() []uint64 {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+type DeleteTopic struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTopic) Reset() {
+	*x = DeleteTopic{}
+	mi := &file_controller_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTopic) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTopic) ProtoMessage() {}
+
+func (x *DeleteTopic) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTopic.ProtoReflect.Descriptor instead.
+func (*DeleteTopic) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DeleteTopic) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
 
 type NodeRecord struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -110,7 +328,7 @@ type NodeRecord struct {
 
 func (x *NodeRecord) Reset() {
 	*x = NodeRecord{}
-	mi := &file_controller_proto_msgTypes[1]
+	mi := &file_controller_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -122,7 +340,7 @@ func (x *NodeRecord) String() string {
 func (*NodeRecord) ProtoMessage() {}
 
 func (x *NodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[1]
+	mi := &file_controller_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -135,7 +353,7 @@ func (x *NodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRecord.ProtoReflect.Descriptor instead.
 func (*NodeRecord) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{1}
+	return file_controller_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NodeRecord) GetNodeId() uint64 {
@@ -184,10 +402,29 @@ var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
 	"\n" +
-	"\x10controller.proto\x12\therald.v1\"\\\n" +
+	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xf5\x01\n" +
 	"\x11ControllerCommand\x12<\n" +
-	"\rregister_node\x18\x01 \x01(\v2\x15.herald.v1.NodeRecordH\x00R\fregisterNodeB\t\n" +
-	"\acommand\"\xcb\x01\n" +
+	"\rregister_node\x18\x01 \x01(\v2\x15.herald.v1.NodeRecordH\x00R\fregisterNode\x12;\n" +
+	"\fcreate_topic\x18\x02 \x01(\v2\x16.herald.v1.TopicRecordH\x00R\vcreateTopic\x12;\n" +
+	"\fdelete_topic\x18\x03 \x01(\v2\x16.herald.v1.DeleteTopicH\x00R\vdeleteTopic\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x0f \x01(\tR\trequestIdB\t\n" +
+	"\acommand\"\xcf\x01\n" +
+	"\vTopicRecord\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
+	"\x06config\x18\x02 \x01(\v2\x16.herald.v1.TopicConfigR\x06config\x12>\n" +
+	"\n" +
+	"partitions\x18\x03 \x03(\v2\x1e.herald.v1.PartitionAssignmentR\n" +
+	"partitions\x12\x1d\n" +
+	"\n" +
+	"created_ms\x18\x04 \x01(\x03R\tcreatedMs\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\"A\n" +
+	"\x13PartitionAssignment\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1a\n" +
+	"\breplicas\x18\x02 \x03(\x04R\breplicas\"!\n" +
+	"\vDeleteTopic\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xcb\x01\n" +
 	"\n" +
 	"NodeRecord\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12'\n" +
@@ -209,18 +446,26 @@ func file_controller_proto_rawDescGZIP() []byte {
 	return file_controller_proto_rawDescData
 }
 
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_controller_proto_goTypes = []any{
-	(*ControllerCommand)(nil), // 0: herald.v1.ControllerCommand
-	(*NodeRecord)(nil),        // 1: herald.v1.NodeRecord
+	(*ControllerCommand)(nil),   // 0: herald.v1.ControllerCommand
+	(*TopicRecord)(nil),         // 1: herald.v1.TopicRecord
+	(*PartitionAssignment)(nil), // 2: herald.v1.PartitionAssignment
+	(*DeleteTopic)(nil),         // 3: herald.v1.DeleteTopic
+	(*NodeRecord)(nil),          // 4: herald.v1.NodeRecord
+	(*TopicConfig)(nil),         // 5: herald.v1.TopicConfig
 }
 var file_controller_proto_depIdxs = []int32{
-	1, // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	4, // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
+	1, // 1: herald.v1.ControllerCommand.create_topic:type_name -> herald.v1.TopicRecord
+	3, // 2: herald.v1.ControllerCommand.delete_topic:type_name -> herald.v1.DeleteTopic
+	5, // 3: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
+	2, // 4: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -228,8 +473,11 @@ func file_controller_proto_init() {
 	if File_controller_proto != nil {
 		return
 	}
+	file_herald_proto_init()
 	file_controller_proto_msgTypes[0].OneofWrappers = []any{
 		(*ControllerCommand_RegisterNode)(nil),
+		(*ControllerCommand_CreateTopic)(nil),
+		(*ControllerCommand_DeleteTopic)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -237,7 +485,7 @@ func file_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

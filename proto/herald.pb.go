@@ -452,11 +452,13 @@ func (BreakerState) EnumDescriptor() ([]byte, []int) {
 }
 
 type Error struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Code          ErrorCode              `protobuf:"varint,1,opt,name=code,proto3,enum=herald.v1.ErrorCode" json:"code,omitempty"`
-	Retriable     bool                   `protobuf:"varint,2,opt,name=retriable,proto3" json:"retriable,omitempty"`
-	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
-	RetryAfterMs  uint32                 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Code         ErrorCode              `protobuf:"varint,1,opt,name=code,proto3,enum=herald.v1.ErrorCode" json:"code,omitempty"`
+	Retriable    bool                   `protobuf:"varint,2,opt,name=retriable,proto3" json:"retriable,omitempty"`
+	Message      string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	RetryAfterMs uint32                 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	// NOT_LEADER: the node that leads the partition, when known (0: unknown).
+	Leader        uint32 `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -515,6 +517,13 @@ func (x *Error) GetMessage() string {
 func (x *Error) GetRetryAfterMs() uint32 {
 	if x != nil {
 		return x.RetryAfterMs
+	}
+	return 0
+}
+
+func (x *Error) GetLeader() uint32 {
+	if x != nil {
+		return x.Leader
 	}
 	return 0
 }
@@ -1500,9 +1509,13 @@ type TopicConfig struct {
 	// Time-to-live of the topic's messages, from their append time; 0 = none.
 	// A record's own ttl_ms, when set, takes precedence. Consumer groups never
 	// deliver an expired message (see SubscribeRequest.dead_letter_expired).
-	MessageTtlMs  int64 `protobuf:"varint,6,opt,name=message_ttl_ms,json=messageTtlMs,proto3" json:"message_ttl_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MessageTtlMs int64 `protobuf:"varint,6,opt,name=message_ttl_ms,json=messageTtlMs,proto3" json:"message_ttl_ms,omitempty"`
+	// acks=all produces fail with NOT_ENOUGH_REPLICAS while fewer replicas
+	// than this, the leader included, are in sync. 0 = the broker default
+	// (2 when the replication factor is 3 or more, else 1).
+	MinInsyncReplicas uint32 `protobuf:"varint,7,opt,name=min_insync_replicas,json=minInsyncReplicas,proto3" json:"min_insync_replicas,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *TopicConfig) Reset() {
@@ -1573,6 +1586,13 @@ func (x *TopicConfig) GetMaxMessageBytes() uint32 {
 func (x *TopicConfig) GetMessageTtlMs() int64 {
 	if x != nil {
 		return x.MessageTtlMs
+	}
+	return 0
+}
+
+func (x *TopicConfig) GetMinInsyncReplicas() uint32 {
+	if x != nil {
+		return x.MinInsyncReplicas
 	}
 	return 0
 }
@@ -5295,12 +5315,13 @@ var File_herald_proto protoreflect.FileDescriptor
 
 const file_herald_proto_rawDesc = "" +
 	"\n" +
-	"\fherald.proto\x12\therald.v1\"\x8f\x01\n" +
+	"\fherald.proto\x12\therald.v1\"\xa7\x01\n" +
 	"\x05Error\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.herald.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12$\n" +
-	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\"\xbf\x19\n" +
+	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\x12\x16\n" +
+	"\x06leader\x18\x05 \x01(\rR\x06leader\"\xbf\x19\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -5368,7 +5389,7 @@ const file_herald_proto_rawDesc = "" +
 	"\rmax_in_flight\x18\x03 \x01(\rR\vmaxInFlight\x12\x17\n" +
 	"\anode_id\x18\x04 \x01(\rR\x06nodeId\x12%\n" +
 	"\x0eserver_version\x18\x05 \x01(\tR\rserverVersion\x12&\n" +
-	"\x0fidle_timeout_ms\x18\x06 \x01(\rR\ridleTimeoutMs\"\xfa\x01\n" +
+	"\x0fidle_timeout_ms\x18\x06 \x01(\rR\ridleTimeoutMs\"\xaa\x02\n" +
 	"\vTopicConfig\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x01(\rR\n" +
@@ -5377,7 +5398,8 @@ const file_herald_proto_rawDesc = "" +
 	"\fretention_ms\x18\x03 \x01(\x03R\vretentionMs\x12'\n" +
 	"\x0fretention_bytes\x18\x04 \x01(\x03R\x0eretentionBytes\x12*\n" +
 	"\x11max_message_bytes\x18\x05 \x01(\rR\x0fmaxMessageBytes\x12$\n" +
-	"\x0emessage_ttl_ms\x18\x06 \x01(\x03R\fmessageTtlMs\"\xc3\x01\n" +
+	"\x0emessage_ttl_ms\x18\x06 \x01(\x03R\fmessageTtlMs\x12.\n" +
+	"\x13min_insync_replicas\x18\a \x01(\rR\x11minInsyncReplicas\"\xc3\x01\n" +
 	"\rPartitionInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\rR\x06leader\x12\x1a\n" +

@@ -28,6 +28,8 @@ type Stats struct {
 	// Writable is true while this replica leads and accepts produce
 	// requests (its log is written up to its election).
 	Writable atomic.Bool
+	// Conf is the group's membership as this replica last applied it.
+	Conf atomic.Pointer[raftpb.ConfState]
 	// PriorityEnd[l] is the offset after the last record of priority l
 	// (1-9) in the partition's sub-queue of that level, 0 when it has none
 	// or while the sub-queues are being rebuilt after an open.
@@ -77,8 +79,9 @@ type Actor struct {
 	tickQueued   atomic.Bool
 	stopTick     chan struct{}
 	ticks        int
-	lastActive   int  // tick of the last produce, fetch or raft message
-	released     bool // caches dropped while idle
+	lastActive   int            // tick of the last produce, fetch or raft message
+	heard        map[uint64]int // tick of the last raft message from each replica
+	released     bool           // caches dropped while idle
 
 	failure      error // last storage failure while store == nil
 	reopenAt     time.Time
@@ -153,6 +156,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.onFetchDeadline(ctx, m)
 	case *DeleteBefore:
 		a.onDeleteBefore(ctx, m)
+	case *ChangeMembership:
+		a.onChangeMembership(ctx, m)
 	case prioChunk:
 		a.onPrioChunk(m)
 	case prioSaved:
@@ -244,7 +249,8 @@ func (a *Actor) open() error {
 		return err
 	}
 	voters := cs.Voters
-	if last == 0 && len(cs.Voters) == 0 {
+	bootstrap := last == 0 && len(cs.Voters) == 0 && !a.cfg.Join
+	if bootstrap {
 		peers := make([]raft.Peer, 0, len(a.cfg.Peers))
 		voters = voters[:0]
 		for id := range a.cfg.Peers {
@@ -274,7 +280,8 @@ func (a *Actor) open() error {
 	// A lone voter need not wait out an election timeout: it campaigns once
 	// its first Ready (which applies a fresh group's bootstrap conf change)
 	// has been handled.
-	a.campaignSoon = len(voters) == 1 && voters[0] == a.cfg.ReplicaID
+	a.campaignSoon = (len(voters) == 1 && voters[0] == a.cfg.ReplicaID) || (bootstrap && a.cfg.Campaign)
+	a.stats.Conf.Store(&cs)
 	a.openPrio()
 	a.publish()
 	return nil
@@ -448,6 +455,7 @@ func (a *Actor) onRaftMessage(m *heraldpb.RaftMessage) {
 		a.log.Warn("dropping undecodable raft message", "err", err)
 		return
 	}
+	a.heardFrom(msg.From)
 	if err := a.rn.Step(msg); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) {
 		a.log.Debug("raft step", "err", err)
 	}
@@ -644,6 +652,8 @@ func (a *Actor) applyConfState(cs *raftpb.ConfState) {
 	if err := a.store.SetConfState(*cs); err != nil {
 		a.log.Error("saving conf state", "err", err)
 	}
+	c := *cs
+	a.stats.Conf.Store(&c)
 }
 
 func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
@@ -695,6 +705,10 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	if !a.stampReady {
 		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d: new leader is still writing its log", a.cfg.Topic, a.cfg.Partition)
 		e.RetryAfterMs = uint32(a.cfg.ThrottleRetryAfter / time.Millisecond)
+		fail(e)
+		return
+	}
+	if e := a.checkInSync(req.Acks); e != nil {
 		fail(e)
 		return
 	}

@@ -74,6 +74,21 @@ type Config struct {
 	// Transport, if set, carries raft messages to the other replicas
 	// (on other nodes) instead of sending them to Peers' PIDs.
 	Transport Transport
+	// Join: this replica joins a group that exists already (a replica
+	// moved or added to this node, a learner of the controller group). It
+	// does not bootstrap from Peers; the group's leader adds it with a
+	// membership change and sends it the log or a snapshot.
+	Join bool
+	// Campaign: this replica is its new group's preferred leader. It
+	// campaigns as soon as the group is bootstrapped instead of waiting
+	// out an election timeout (only at bootstrap, never on a reopen).
+	Campaign bool
+	// MinInSync is the number of in-sync voters, the leader included, that
+	// an acks=all produce needs; below it the produce fails with
+	// NOT_ENOUGH_REPLICAS before anything is appended. A voter is in sync
+	// while the leader hears from it and replicates to it without probing.
+	// 0 or 1: no check.
+	MinInSync int
 	// Open opens (or re-opens after a storage failure) the replica's log.
 	Open func() (Storage, error)
 

@@ -37,6 +37,17 @@ func storageError(err error) *heraldpb.Error {
 }
 
 func notLeader(topic string, part uint32, leader uint64) *heraldpb.Error {
-	return heraldpb.NewError(heraldpb.ErrorCode_NOT_LEADER, "%s",
-		fmt.Sprintf("partition %s-%d: not the leader (leader is node %d)", topic, part, leader))
+	return NotLeader(topic, part, leader)
+}
+
+// NotLeader is the NOT_LEADER error of a partition, naming its leader
+// (0: unknown) for the client to go to.
+func NotLeader(topic string, part uint32, leader uint64) *heraldpb.Error {
+	msg := fmt.Sprintf("partition %s-%d: not the leader (leader is node %d)", topic, part, leader)
+	if leader == 0 {
+		msg = fmt.Sprintf("partition %s-%d: not the leader (leader unknown)", topic, part)
+	}
+	e := heraldpb.NewError(heraldpb.ErrorCode_NOT_LEADER, "%s", msg)
+	e.Leader = uint32(leader)
+	return e
 }

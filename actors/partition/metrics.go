@@ -43,6 +43,9 @@ var (
 	isLeader = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "herald_partition_leader", Help: "1 when this replica leads the partition.",
 	}, labels)
+	notEnoughReplicas = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_not_enough_replicas_total", Help: "acks=all produce requests refused because fewer voters than min-in-sync were in sync.",
+	}, labels)
 	storageFailures = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_partition_storage_failures_total", Help: "Times the partition's log failed and was reopened.",
 	}, labels)
@@ -53,35 +56,36 @@ var (
 
 // partMetrics caches one partition's label-bound metrics.
 type partMetrics struct {
-	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures prometheus.Counter
-	start, end, hw, mailbox, parked, leader, writerQueue                               prometheus.Gauge
-	lv                                                                                 []string
+	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas prometheus.Counter
+	start, end, hw, mailbox, parked, leader, writerQueue                                                  prometheus.Gauge
+	lv                                                                                                    []string
 }
 
 func newPartMetrics(topic string, part uint32) *partMetrics {
 	lv := []string{topic, strconv.FormatUint(uint64(part), 10)}
 	return &partMetrics{
-		lv:              lv,
-		produceRecords:  produceRecords.WithLabelValues(lv...),
-		produceBytes:    produceBytes.WithLabelValues(lv...),
-		fetchRecords:    fetchRecords.WithLabelValues(lv...),
-		fetchBytes:      fetchBytes.WithLabelValues(lv...),
-		throttled:       throttled.WithLabelValues(lv...),
-		storageFailures: storageFailures.WithLabelValues(lv...),
-		start:           logStartOffset.WithLabelValues(lv...),
-		end:             logEndOffset.WithLabelValues(lv...),
-		hw:              highWatermark.WithLabelValues(lv...),
-		mailbox:         mailboxDepth.WithLabelValues(lv...),
-		parked:          parkedFetches.WithLabelValues(lv...),
-		leader:          isLeader.WithLabelValues(lv...),
-		writerQueue:     writerQueueDepth.WithLabelValues(lv...),
+		lv:                lv,
+		produceRecords:    produceRecords.WithLabelValues(lv...),
+		produceBytes:      produceBytes.WithLabelValues(lv...),
+		fetchRecords:      fetchRecords.WithLabelValues(lv...),
+		fetchBytes:        fetchBytes.WithLabelValues(lv...),
+		throttled:         throttled.WithLabelValues(lv...),
+		storageFailures:   storageFailures.WithLabelValues(lv...),
+		notEnoughReplicas: notEnoughReplicas.WithLabelValues(lv...),
+		start:             logStartOffset.WithLabelValues(lv...),
+		end:               logEndOffset.WithLabelValues(lv...),
+		hw:                highWatermark.WithLabelValues(lv...),
+		mailbox:           mailboxDepth.WithLabelValues(lv...),
+		parked:            parkedFetches.WithLabelValues(lv...),
+		leader:            isLeader.WithLabelValues(lv...),
+		writerQueue:       writerQueueDepth.WithLabelValues(lv...),
 	}
 }
 
 // DeleteMetrics removes a deleted partition's series.
 func DeleteMetrics(topic string, part uint32) {
 	lv := []string{topic, strconv.FormatUint(uint64(part), 10)}
-	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures} {
+	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas} {
 		v.DeleteLabelValues(lv...)
 	}
 	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, writerQueueDepth} {

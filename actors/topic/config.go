@@ -55,6 +55,11 @@ type Config struct {
 	// Readers serve catch-up fetches for every partition of the node.
 	Readers *partition.ReaderPool
 
+	// Clustered: the node is part of a cluster. Client topics are created
+	// through the controller once the manager gets Clustered, and refused
+	// (THROTTLED) before.
+	Clustered bool
+
 	Logger *slog.Logger
 }
 

@@ -28,6 +28,9 @@ type Manager struct {
 	sys      *actor.ActorSystem
 	reg      *Registry
 	deleting map[string]bool
+
+	cluster       *clusterState // nil on a single node
+	pendingAssign *Assign       // metadata that came before Clustered
 }
 
 // Spawn starts the manager (which reopens every topic in the catalog) and
@@ -87,6 +90,12 @@ func (m *Manager) Receive(ctx actor.Context) {
 		m.onEnsureInternal(ctx, msg)
 	case *awaitCreated:
 		m.awaitWritable(ctx, msg)
+	case *Clustered:
+		m.onClustered(ctx, msg)
+	case *Assign:
+		m.onAssign(ctx, msg)
+	case *clusterOpDone:
+		m.onClusterOpDone(ctx, msg)
 	case *heraldpb.Frame:
 		m.onFrame(ctx, msg)
 	}
@@ -115,6 +124,9 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame) {
 		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_DescribeTopicResponse{DescribeTopicResponse: &heraldpb.DescribeTopicResponse{Topic: e.info(uint32(m.cfg.NodeID))}}})
 	case *heraldpb.Frame_Metadata:
 		resp := &heraldpb.MetadataResponse{Brokers: []*heraldpb.BrokerInfo{{NodeId: uint32(m.cfg.NodeID), Addr: m.cfg.Advertise}}}
+		if m.cluster != nil && len(m.cluster.brokers) > 0 {
+			resp.Brokers = m.cluster.brokers
+		}
 		want := map[string]bool{}
 		for _, t := range b.Metadata.Topics {
 			want[t] = true
@@ -166,12 +178,15 @@ func (m *Manager) normalize(name string, in *heraldpb.TopicConfig) (*heraldpb.To
 	if cfg.Partitions > m.cfg.MaxPartitions {
 		return nil, bad("partitions %d exceeds the broker's max of %d", cfg.Partitions, m.cfg.MaxPartitions)
 	}
-	if cfg.ReplicationFactor == 0 {
-		cfg.ReplicationFactor = 1
+	if !m.cfg.Clustered {
+		if cfg.ReplicationFactor == 0 {
+			cfg.ReplicationFactor = 1
+		}
+		if cfg.ReplicationFactor > 1 {
+			return nil, bad("replication factor %d needs %d nodes; this cluster has 1", cfg.ReplicationFactor, cfg.ReplicationFactor)
+		}
 	}
-	if cfg.ReplicationFactor > 1 {
-		return nil, bad("replication factor %d needs %d nodes; this cluster has 1", cfg.ReplicationFactor, cfg.ReplicationFactor)
-	}
+	cfg.MinInsyncReplicas = in.GetMinInsyncReplicas()
 	if cfg.RetentionMs < 0 || cfg.RetentionBytes < 0 {
 		return nil, bad("retention must not be negative")
 	}
@@ -192,6 +207,14 @@ func (m *Manager) onCreate(ctx actor.Context, id uint64, req *heraldpb.CreateTop
 	}
 	if m.reg.Get(req.Name) != nil || m.deleting[req.Name] {
 		ctx.Respond(heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_ALREADY_EXISTS, "topic %q already exists", req.Name)))
+		return
+	}
+	if m.cfg.Clustered {
+		if m.cluster == nil {
+			ctx.Respond(heraldpb.ErrorFrame(id, clusterStarting()))
+			return
+		}
+		m.clusterCreate(ctx, id, req.Name, cfg)
 		return
 	}
 	if err := m.spawnTopic(ctx, req.Name, cfg); err != nil {
@@ -233,10 +256,11 @@ func (m *Manager) awaitWritable(ctx actor.Context, w *awaitCreated) {
 		ctx.Send(w.replyTo, heraldpb.ErrorFrame(w.frameID, topicNotFound(w.name)))
 		return
 	}
-	ready := true
-	for _, st := range e.Stats {
-		ready = ready && st.Writable.Load()
+	var remote *actor.PID
+	if m.cluster != nil {
+		remote = m.cluster.remote
 	}
+	ready := e.ready(remote)
 	if !ready && time.Now().Before(w.deadline) {
 		self, sys := ctx.Self(), m.sys
 		time.AfterFunc(2*time.Millisecond, func() { sys.Root.Send(self, w) })
@@ -257,6 +281,32 @@ func (m *Manager) partitionDir(name string, p uint32) string {
 	return filepath.Join(m.cfg.DataDir, "topics", fmt.Sprintf("%s-%d", name, p))
 }
 
+// partitionConfig is the config of a local replica of name's partition p
+// whose log is in dir.
+func (m *Manager) partitionConfig(name string, p uint32, cfg *heraldpb.TopicConfig, dir string) partition.Config {
+	group := fmt.Sprintf("%s-%d", name, p)
+	return partition.Config{
+		Topic: name, Partition: p, ReplicaID: m.cfg.NodeID,
+		Open: func() (partition.Storage, error) {
+			return persistence.Open(persistence.Options{
+				Dir: dir, FS: m.cfg.FS, Flush: m.cfg.Flush, SegmentBytes: m.cfg.SegmentBytes,
+				Logger: m.cfg.Logger, Group: group,
+			})
+		},
+		IndexPath:       filepath.Join(dir, "priority.idx"),
+		MaxMessageBytes: int(cfg.MaxMessageBytes),
+		RetentionAge:    time.Duration(cfg.RetentionMs) * time.Millisecond,
+		RetentionBytes:  cfg.RetentionBytes,
+		RetentionCheck:  m.cfg.RetentionCheck,
+		TickInterval:    m.cfg.TickInterval,
+		MailboxLimit:    m.cfg.MailboxLimit,
+		WindowBytes:     m.cfg.WindowBytes,
+		Readers:         m.cfg.Readers,
+		OnRelease:       m.cfg.OnIdleRelease,
+		Logger:          m.cfg.Logger,
+	}
+}
+
 // spawnTopic starts the partition actors and the topic actor of a topic and
 // registers them.
 func (m *Manager) spawnTopic(ctx actor.Context, name string, cfg *heraldpb.TopicConfig) error {
@@ -269,28 +319,7 @@ func (m *Manager) spawnTopic(ctx actor.Context, name string, cfg *heraldpb.Topic
 		}
 	}
 	for p := uint32(0); p < cfg.Partitions; p++ {
-		dir := m.partitionDir(name, p)
-		group := fmt.Sprintf("%s-%d", name, p)
-		pcfg := partition.Config{
-			Topic: name, Partition: p, ReplicaID: m.cfg.NodeID,
-			Open: func() (partition.Storage, error) {
-				return persistence.Open(persistence.Options{
-					Dir: dir, FS: m.cfg.FS, Flush: m.cfg.Flush, SegmentBytes: m.cfg.SegmentBytes,
-					Logger: m.cfg.Logger, Group: group,
-				})
-			},
-			IndexPath:       filepath.Join(dir, "priority.idx"),
-			MaxMessageBytes: int(cfg.MaxMessageBytes),
-			RetentionAge:    time.Duration(cfg.RetentionMs) * time.Millisecond,
-			RetentionBytes:  cfg.RetentionBytes,
-			RetentionCheck:  m.cfg.RetentionCheck,
-			TickInterval:    m.cfg.TickInterval,
-			MailboxLimit:    m.cfg.MailboxLimit,
-			WindowBytes:     m.cfg.WindowBytes,
-			Readers:         m.cfg.Readers,
-			OnRelease:       m.cfg.OnIdleRelease,
-			Logger:          m.cfg.Logger,
-		}
+		pcfg := m.partitionConfig(name, p, cfg, m.partitionDir(name, p))
 		// Single node: the only voter is this node, addressed by the
 		// deterministic name; the cluster replaces this with the replica set.
 		self := actor.NewPID(m.sys.Address(), ctx.Self().Id+"/"+partition.Name(name, p))
@@ -309,7 +338,7 @@ func (m *Manager) spawnTopic(ctx actor.Context, name string, cfg *heraldpb.Topic
 		pids = append(pids, pid)
 		stats = append(stats, st)
 	}
-	tpid, err := ctx.SpawnNamed(topicProps(name, pids), "t/"+name)
+	tpid, err := ctx.SpawnNamed(topicProps(name, pids, nil), "t/"+name)
 	if err != nil {
 		stop()
 		return err
@@ -364,6 +393,14 @@ func (m *Manager) onDelete(ctx actor.Context, id uint64, req *heraldpb.DeleteTop
 		return
 	}
 	e := m.reg.Get(req.Name)
+	if m.cfg.Clustered && (e == nil || e.Record != nil) {
+		if m.cluster == nil {
+			ctx.Respond(heraldpb.ErrorFrame(id, clusterStarting()))
+			return
+		}
+		m.clusterDelete(ctx, id, req.Name)
+		return
+	}
 	if e == nil {
 		ctx.Respond(heraldpb.ErrorFrame(id, topicNotFound(req.Name)))
 		return
@@ -441,6 +478,9 @@ func loadCatalog(fs persistence.FS, dir string) ([]*heraldpb.TopicInfo, error) {
 func (m *Manager) saveCatalog() error {
 	var doc catalogDoc
 	for _, e := range m.reg.All() {
+		if e.Record != nil {
+			continue // a cluster topic: the controller holds it
+		}
 		raw, err := protojson.Marshal(&heraldpb.TopicInfo{Name: e.Name, Config: e.Config})
 		if err != nil {
 			return err

@@ -17,6 +17,9 @@ type Entry struct {
 	Topic      *actor.PID
 	Partitions []*actor.PID
 	Stats      []*partition.Stats
+	// Record is a cluster topic's controller record (nil: a local topic).
+	// Partitions without a local replica have a stand-in PID.
+	Record *heraldpb.TopicRecord
 }
 
 // Registry maps topic names to their actors. The manager writes it
@@ -66,8 +69,15 @@ func (e *Entry) info(node uint32) *heraldpb.TopicInfo {
 	ti := &heraldpb.TopicInfo{Name: e.Name, Config: e.Config}
 	for i, s := range e.Stats {
 		leader := uint32(s.Leader.Load())
+		replicas := []uint32{node}
+		if e.Record != nil {
+			replicas = replicas[:0]
+			for _, r := range e.Record.Partitions[i].Replicas {
+				replicas = append(replicas, uint32(r))
+			}
+		}
 		ti.Partitions = append(ti.Partitions, &heraldpb.PartitionInfo{
-			Id: uint32(i), Leader: leader, Replicas: []uint32{node},
+			Id: uint32(i), Leader: leader, Replicas: replicas,
 			LogStartOffset: s.StartOffset.Load(), HighWatermark: s.HighWatermark.Load(), SizeBytes: s.SizeBytes.Load(),
 		})
 	}

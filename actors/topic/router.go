@@ -68,3 +68,9 @@ func topicNotFound(name string) *heraldpb.Error {
 func partitionNotFound(topic string, part uint32, n int) *heraldpb.Error {
 	return heraldpb.NewError(heraldpb.ErrorCode_PARTITION_NOT_FOUND, "topic %q has %d partitions; there is no partition %d", topic, n, part)
 }
+
+func clusterStarting() *heraldpb.Error {
+	e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "the node is joining its cluster; try again shortly")
+	e.RetryAfterMs = 500
+	return e
+}

@@ -2,6 +2,7 @@ package topic
 
 import (
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -9,12 +10,15 @@ import (
 type topicActor struct {
 	name       string
 	partitions []*actor.PID
-	next       uint32 // round-robin cursor
+	// stats, for a cluster topic: a produce with neither partition nor key
+	// goes round-robin over the partitions led by this node.
+	stats []*partition.Stats
+	next  uint32 // round-robin cursor
 }
 
-func topicProps(name string, partitions []*actor.PID) *actor.Props {
+func topicProps(name string, partitions []*actor.PID, stats []*partition.Stats) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &topicActor{name: name, partitions: partitions}
+		return &topicActor{name: name, partitions: partitions, stats: stats}
 	})
 }
 
@@ -52,6 +56,13 @@ func (t *topicActor) route(req *heraldpb.ProduceRequest) (uint32, *heraldpb.Erro
 	}
 	if len(info.FirstKey) > 0 {
 		return heraldpb.PartitionForKey(info.FirstKey, n), nil
+	}
+	for range t.stats {
+		p := t.next % n
+		t.next++
+		if t.stats[p].Writable.Load() {
+			return p, nil
+		}
 	}
 	p := t.next % n
 	t.next++

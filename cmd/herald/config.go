@@ -89,6 +89,9 @@ func settings() []setting {
 		{"etcd", "etcd endpoints HOST:PORT,... for --cluster-provider etcd", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Etcd, "etcd", d.Etcd, "")
 		}},
+		{"rack", "this node's rack or zone: a partition's replicas go to distinct racks where there are enough", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.Rack, "rack", d.Rack, "")
+		}},
 		{"event-loops", "network event loops (0 = one per core)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.IntVar(&c.EventLoops, "event-loops", d.EventLoops, "")
 		}},
