@@ -113,6 +113,12 @@ func IsRetryable(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
+// leaderMoving reports whether err says a partition's leader is moving or
+// its node is gone: NOT_LEADER, a lost connection, no broker reachable.
+func leaderMoving(err error) bool {
+	return IsCode(err, heraldpb.ErrorCode_NOT_LEADER) || errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrNoBrokers)
+}
+
 // retryAfter returns the broker's retry hint carried by err, or 0.
 func retryAfter(err error) time.Duration {
 	var he *Error

@@ -123,6 +123,13 @@ const (
 	DefaultMaxRetries      = 10
 	DefaultRetryBackoffMin = 10 * time.Millisecond
 	DefaultRetryBackoffMax = time.Second
+	// DefaultFailoverTimeout is how long a batch keeps being retried while
+	// its partition's leader is moving (see WithFailoverTimeout).
+	DefaultFailoverTimeout = 30 * time.Second
+	// failoverBackoff caps the wait between retries while a leader moves:
+	// a new leader is usually elected within about a second, and waiting
+	// the full exponential backoff would add up to a second more.
+	failoverBackoff = 50 * time.Millisecond
 	// DefaultMaxInFlightUnpartitioned is how many batches without an
 	// explicit partition (no key, Partition -1) may be in flight per topic.
 	DefaultMaxInFlightUnpartitioned = 4
@@ -137,6 +144,7 @@ type producerConfig struct {
 	maxRetries  int
 	backoffMin  time.Duration
 	backoffMax  time.Duration
+	failover    time.Duration
 	anyInFlight int
 	// partInFlight is the batches in flight per partition (1 keeps order
 	// across retries).
@@ -152,6 +160,7 @@ func defaultProducerConfig() producerConfig {
 		maxRetries:   DefaultMaxRetries,
 		backoffMin:   DefaultRetryBackoffMin,
 		backoffMax:   DefaultRetryBackoffMax,
+		failover:     DefaultFailoverTimeout,
 		anyInFlight:  DefaultMaxInFlightUnpartitioned,
 		partInFlight: 1,
 	}
@@ -208,6 +217,19 @@ func WithMaxRetries(n int) ProducerOpt {
 	return producerOpt(func(c *producerConfig) {
 		if n >= 0 {
 			c.maxRetries = n
+		}
+	})
+}
+
+// WithFailoverTimeout sets how long a batch keeps being retried while its
+// partition's leader moves: after NOT_LEADER, a lost connection or no
+// broker reachable, retries go on (every 50 ms at most, to the new leader
+// once metadata names it) until this long after the first such failure,
+// even past WithMaxRetries (default 30s; 0 = only WithMaxRetries counts).
+func WithFailoverTimeout(d time.Duration) ProducerOpt {
+	return producerOpt(func(c *producerConfig) {
+		if d >= 0 {
+			c.failover = d
 		}
 	})
 }

@@ -415,6 +415,7 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		req.TimeoutMs = uint32(t / time.Millisecond)
 	}
 	backoff := p.cfg.backoffMin
+	var movingSince time.Time // the first failure of a leader move
 	for attempt := 0; ; attempt++ {
 		resp, err := p.produceOnce(req, key)
 		if err == nil {
@@ -423,13 +424,20 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		if p.ctx.Err() != nil {
 			return nil, ErrClosed
 		}
-		if !IsRetryable(err) || attempt >= p.cfg.maxRetries {
+		moving := leaderMoving(err)
+		if moving && movingSince.IsZero() {
+			movingSince = time.Now()
+		}
+		if !IsRetryable(err) || (attempt >= p.cfg.maxRetries && !(moving && time.Since(movingSince) < p.cfg.failover)) {
 			return nil, err
 		}
 		if IsCode(err, heraldpb.ErrorCode_NOT_LEADER) {
 			p.c.notLeader(key.topic, key.partition, err)
 		}
 		wait := backoff
+		if moving {
+			wait = min(wait, failoverBackoff)
+		}
 		if ra := retryAfter(err); ra > wait {
 			wait = ra
 		}
