@@ -231,7 +231,7 @@ func TestNoRetryOnFinalErrorAndRetryLimit(t *testing.T) {
 		return fakebroker.Action{}
 	})
 	ctx := testCtx(t)
-	p := c.NewProducer(WithRetryBackoff(time.Millisecond, time.Millisecond), WithMaxRetries(3))
+	p := c.NewProducer(WithRetryBackoff(time.Millisecond, time.Millisecond), WithMaxRetries(3), WithFailoverTimeout(0))
 	_, err := p.Send(ctx, &Message{Topic: "t", Partition: 0, Value: []byte("x")})
 	var he *Error
 	if !errors.As(err, &he) || he.Code != code || IsRetryable(err) || attempts.Load() != 1 {
@@ -242,6 +242,15 @@ func TestNoRetryOnFinalErrorAndRetryLimit(t *testing.T) {
 	_, err = p.Send(ctx, &Message{Topic: "t", Partition: 0, Value: []byte("x")})
 	if !IsCode(err, code) || !IsRetryable(err) || attempts.Load() != 4 {
 		t.Fatalf("err=%v attempts=%d, want 1+3 attempts failing with NOT_LEADER", err, attempts.Load())
+	}
+	// With a failover timeout, a moving leader is retried past the retry
+	// count until the timeout.
+	attempts.Store(0)
+	p = c.NewProducer(WithRetryBackoff(time.Millisecond, time.Millisecond), WithMaxRetries(3), WithFailoverTimeout(300*time.Millisecond))
+	start := time.Now()
+	_, err = p.Send(ctx, &Message{Topic: "t", Partition: 0, Value: []byte("x")})
+	if !IsCode(err, code) || attempts.Load() <= 4 || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("err=%v attempts=%d after %v, want NOT_LEADER after retrying for the failover timeout", err, attempts.Load(), time.Since(start))
 	}
 }
 
