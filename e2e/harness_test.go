@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -174,6 +175,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 type proc struct {
 	dir   string
 	extra []string
+	wrap  []string // a command the broker runs under (e.g. ip netns exec NS)
 	cmd   *exec.Cmd
 	addr  string
 	admin string
@@ -185,7 +187,12 @@ type proc struct {
 var servingLine = regexp.MustCompile(`msg="herald serving".* clients=(\S+) admin=(\S+)`)
 
 func startProc(t testing.TB, dir string, extra ...string) *proc {
-	p := &proc{dir: dir, extra: extra}
+	return startWrapped(t, nil, dir, extra...)
+}
+
+// startWrapped starts a broker under the command wrap (nil: directly).
+func startWrapped(t testing.TB, wrap []string, dir string, extra ...string) *proc {
+	p := &proc{dir: dir, extra: extra, wrap: wrap}
 	p.Start(t)
 	t.Cleanup(func() {
 		if p.cmd != nil {
@@ -204,7 +211,11 @@ func startProc(t testing.TB, dir string, extra ...string) *proc {
 func (p *proc) Start(t testing.TB) {
 	t.Helper()
 	args := append([]string{"serve", "--data", p.dir, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}, p.extra...)
-	cmd := exec.Command(heraldBin, args...)
+	args = append([]string{heraldBin}, args...)
+	if len(p.wrap) > 0 {
+		args = append(slices.Clone(p.wrap), args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
