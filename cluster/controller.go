@@ -135,6 +135,7 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 	c.stats = &partition.Stats{}
 	props, err := partition.Props(cfg.Local, partition.Config{
 		Topic: ControllerTopic, Partition: 0, ReplicaID: cfg.Self.NodeId, Peers: peers, Transport: cfg.Node, Join: !c.voter,
+		Liveness: cfg.Node.Up,
 		Open: func() (partition.Storage, error) {
 			return persistence.Open(persistence.Options{Dir: dir, Group: "__controller-0", Logger: cfg.Logger})
 		},

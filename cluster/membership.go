@@ -679,3 +679,11 @@ func (n *Node) Stop() {
 	n.mu.Unlock()
 	inc.shutdown()
 }
+
+// Up reports whether node id is in this node's membership view (itself
+// included): partition.Config.Liveness.
+func (n *Node) Up(id uint64) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.view.Up(id)
+}

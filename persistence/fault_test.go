@@ -86,7 +86,6 @@ func TestStateFileFaults(t *testing.T) {
 		errno syscall.Errno
 	}{
 		{"fsync fails", func(fs *errorfs.FS) { fs.FailSync(1, nil) }, syscall.EIO},
-		{"dir fsync fails", func(fs *errorfs.FS) { fs.FailSync(2, nil) }, syscall.EIO},
 		{"disk full", func(fs *errorfs.FS) { fs.FailWritesAfter(10) }, syscall.ENOSPC},
 		{"torn write", func(fs *errorfs.FS) { fs.TearNextWrite(5, syscall.EIO) }, syscall.EIO},
 	} {

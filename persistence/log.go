@@ -19,7 +19,6 @@ package persistence
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -70,6 +69,8 @@ type Log struct {
 
 	// Owner-only state (under wmu).
 	persisted       diskState // what the state file holds
+	stateFile       File      // the state file, open for slot writes (state.go)
+	stateSeq        uint64    // the sequence number of the newest slot written
 	dirty           bool      // WAL written since the last fsync
 	unsyncedEntries int       // entries written since the last fsync (batch-size metric)
 	unsyncedBytes   int64     // their WAL bytes
@@ -253,37 +254,6 @@ func (l *Log) scan(wl uint64) error {
 
 func (l *Log) currentState() diskState {
 	return diskState{hs: l.hs, cs: l.cs, snapIndex: l.snap.snapIndex, snapTerm: l.snap.snapTerm, snapOffset: l.snap.snapOffset}
-}
-
-// readState reads the state file; found is false if there is none.
-func (l *Log) readState() (st diskState, found bool, err error) {
-	f, err := l.fs.OpenFile(l.statePath, os.O_RDONLY, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return diskState{}, false, nil
-	}
-	if err != nil {
-		return diskState{}, false, storageErr("open state", err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(f)
-	if err != nil {
-		return diskState{}, false, storageErr("read state", err)
-	}
-	st, err = decodeState(b)
-	if err != nil {
-		return diskState{}, false, fmt.Errorf("%s: %w", l.statePath, err)
-	}
-	return st, true, nil
-}
-
-// writeState replaces the state file atomically: temp file, fsync, rename,
-// fsync of the directory.
-func (l *Log) writeState(st diskState) error {
-	if err := WriteFileAtomic(l.fs, l.statePath, encodeState(&st), 0o640); err != nil {
-		return storageErr("write state", err)
-	}
-	l.persisted = st
-	return nil
 }
 
 func (l *Log) syncFile(f File) error {
@@ -671,6 +641,12 @@ func (l *Log) Close() error {
 				errs = append(errs, err)
 			}
 		}
+	}
+	if l.stateFile != nil {
+		if err := l.stateFile.Close(); err != nil && l.failed == nil {
+			errs = append(errs, storageErr("state close", err))
+		}
+		l.stateFile = nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

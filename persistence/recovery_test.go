@@ -186,17 +186,66 @@ func TestCorruptEntryInOlderSegment(t *testing.T) {
 	mustSave(t, l, raftpb.HardState{}, (&gen{term: 1, next: l.EndOffset()}).entries(segFirst+2, 5, 1))
 }
 
+// The state file's two slots: a damaged newest slot (a write torn by a
+// crash) leaves the previous state; both damaged fail the open.
 func TestCorruptStateFileFailsOpen(t *testing.T) {
 	dir := t.TempDir()
 	opts, _ := testOptions(t, dir)
 	l := mustOpen(t, opts)
 	mustSave(t, l, raftpb.HardState{Term: 1, Vote: 1}, nil)
+	mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1}, nil)
 	l.Close()
-	b, _ := os.ReadFile(filepath.Join(dir, "state"))
+	path := filepath.Join(dir, "state")
+	b, _ := os.ReadFile(path)
+	if len(b) != 2*slotSize {
+		t.Fatalf("state file of %d bytes", len(b))
+	}
+	_, newest, _, err := decodeStateFile(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[int(newest%2)*slotSize+slotHeader+3] ^= 1 // the newest slot's body
+	os.WriteFile(path, b, 0o640)
+	l = mustOpen(t, opts)
+	if hs, _, _ := l.InitialState(); hs.Term != 1 || hs.Vote != 1 {
+		t.Fatalf("with the newest slot torn: %+v, want the previous term 1", hs)
+	}
+	l.Close()
+	b, _ = os.ReadFile(path)
 	b[10] ^= 1
-	os.WriteFile(filepath.Join(dir, "state"), b, 0o640)
+	b[slotSize+10] ^= 1
+	os.WriteFile(path, b, 0o640)
 	if _, err := Open(opts); !IsCorruption(err) {
-		t.Fatalf("Open with a corrupt state file: %v", err)
+		t.Fatalf("Open with both state slots corrupt: %v", err)
+	}
+}
+
+// A state file of the earlier single-record format is read, and replaced
+// by the two-slot format on the next write.
+func TestOldStateFileFormatIsRead(t *testing.T) {
+	dir := t.TempDir()
+	opts, _ := testOptions(t, dir)
+	l := mustOpen(t, opts)
+	mustSave(t, l, raftpb.HardState{Term: 3, Vote: 2}, nil)
+	st := l.currentState()
+	l.Close()
+	path := filepath.Join(dir, "state")
+	if err := os.WriteFile(path, encodeState(&st), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	l = mustOpen(t, opts)
+	if hs, _, _ := l.InitialState(); hs.Term != 3 || hs.Vote != 2 {
+		t.Fatalf("from the old format: %+v", hs)
+	}
+	mustSave(t, l, raftpb.HardState{Term: 4, Vote: 2}, nil)
+	l.Close()
+	if b, _ := os.ReadFile(path); len(b) != 2*slotSize {
+		t.Fatalf("state file of %d bytes after a write", len(b))
+	}
+	l = mustOpen(t, opts)
+	defer l.Close()
+	if hs, _, _ := l.InitialState(); hs.Term != 4 {
+		t.Fatalf("after the rewrite: %+v", hs)
 	}
 }
 

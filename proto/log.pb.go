@@ -117,9 +117,12 @@ func (x *LogEntry) GetMaxPriority() uint32 {
 // RaftMessage carries one go.etcd.io/raft raftpb.Message between the replicas
 // of a raft group, through protoactor PIDs.
 type RaftMessage struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
-	Message       []byte                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Group   string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Message []byte                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// Set instead of message: the group's leader tells a follower that the
+	// group is idle and fully replicated, so both may stop ticking.
+	Quiesce       *Quiesce `protobuf:"bytes,3,opt,name=quiesce,proto3" json:"quiesce,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -168,6 +171,75 @@ func (x *RaftMessage) GetMessage() []byte {
 	return nil
 }
 
+func (x *RaftMessage) GetQuiesce() *Quiesce {
+	if x != nil {
+		return x.Quiesce
+	}
+	return nil
+}
+
+// Quiesce: the leader `from` quiesced at term, with everything up to
+// index committed and replicated to every replica.
+type Quiesce struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          uint64                 `protobuf:"varint,1,opt,name=from,proto3" json:"from,omitempty"`
+	Term          uint64                 `protobuf:"varint,2,opt,name=term,proto3" json:"term,omitempty"`
+	Index         uint64                 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Quiesce) Reset() {
+	*x = Quiesce{}
+	mi := &file_log_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Quiesce) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Quiesce) ProtoMessage() {}
+
+func (x *Quiesce) ProtoReflect() protoreflect.Message {
+	mi := &file_log_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Quiesce.ProtoReflect.Descriptor instead.
+func (*Quiesce) Descriptor() ([]byte, []int) {
+	return file_log_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Quiesce) GetFrom() uint64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *Quiesce) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *Quiesce) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 // Tick drives a raft group's logical clock.
 type Tick struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -177,7 +249,7 @@ type Tick struct {
 
 func (x *Tick) Reset() {
 	*x = Tick{}
-	mi := &file_log_proto_msgTypes[2]
+	mi := &file_log_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -189,7 +261,7 @@ func (x *Tick) String() string {
 func (*Tick) ProtoMessage() {}
 
 func (x *Tick) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[2]
+	mi := &file_log_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -202,7 +274,7 @@ func (x *Tick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tick.ProtoReflect.Descriptor instead.
 func (*Tick) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{2}
+	return file_log_proto_rawDescGZIP(), []int{3}
 }
 
 // SnapshotData is the state machine snapshot of a partition: a message log
@@ -216,7 +288,7 @@ type SnapshotData struct {
 
 func (x *SnapshotData) Reset() {
 	*x = SnapshotData{}
-	mi := &file_log_proto_msgTypes[3]
+	mi := &file_log_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -228,7 +300,7 @@ func (x *SnapshotData) String() string {
 func (*SnapshotData) ProtoMessage() {}
 
 func (x *SnapshotData) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[3]
+	mi := &file_log_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -241,7 +313,7 @@ func (x *SnapshotData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotData.ProtoReflect.Descriptor instead.
 func (*SnapshotData) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{3}
+	return file_log_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SnapshotData) GetNextOffset() int64 {
@@ -264,7 +336,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_log_proto_msgTypes[4]
+	mi := &file_log_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -276,7 +348,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[4]
+	mi := &file_log_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -289,7 +361,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{4}
+	return file_log_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Forward) GetGroup() string {
@@ -318,10 +390,15 @@ const file_log_proto_rawDesc = "" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12(\n" +
 	"\x10max_timestamp_ms\x18\x04 \x01(\x03R\x0emaxTimestampMs\x12\x18\n" +
 	"\arecords\x18\x05 \x01(\fR\arecords\x12!\n" +
-	"\fmax_priority\x18\x06 \x01(\rR\vmaxPriority\"=\n" +
+	"\fmax_priority\x18\x06 \x01(\rR\vmaxPriority\"k\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\fR\amessage\"\x06\n" +
+	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +
+	"\aquiesce\x18\x03 \x01(\v2\x12.herald.v1.QuiesceR\aquiesce\"G\n" +
+	"\aQuiesce\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\x04R\x04from\x12\x12\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"\x06\n" +
 	"\x04Tick\"/\n" +
 	"\fSnapshotData\x12\x1f\n" +
 	"\vnext_offset\x18\x01 \x01(\x03R\n" +
@@ -342,22 +419,24 @@ func file_log_proto_rawDescGZIP() []byte {
 	return file_log_proto_rawDescData
 }
 
-var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_log_proto_goTypes = []any{
 	(*LogEntry)(nil),     // 0: herald.v1.LogEntry
 	(*RaftMessage)(nil),  // 1: herald.v1.RaftMessage
-	(*Tick)(nil),         // 2: herald.v1.Tick
-	(*SnapshotData)(nil), // 3: herald.v1.SnapshotData
-	(*Forward)(nil),      // 4: herald.v1.Forward
-	(*Frame)(nil),        // 5: herald.v1.Frame
+	(*Quiesce)(nil),      // 2: herald.v1.Quiesce
+	(*Tick)(nil),         // 3: herald.v1.Tick
+	(*SnapshotData)(nil), // 4: herald.v1.SnapshotData
+	(*Forward)(nil),      // 5: herald.v1.Forward
+	(*Frame)(nil),        // 6: herald.v1.Frame
 }
 var file_log_proto_depIdxs = []int32{
-	5, // 0: herald.v1.Forward.frame:type_name -> herald.v1.Frame
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 0: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
+	6, // 1: herald.v1.Forward.frame:type_name -> herald.v1.Frame
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_log_proto_init() }
@@ -372,7 +451,7 @@ func file_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_log_proto_rawDesc), len(file_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -77,11 +77,17 @@ type Actor struct {
 	readyQueued  bool
 	campaignSoon bool
 	tickQueued   atomic.Bool
+	elapsed      atomic.Int64 // tick periods since the last tick message
+	lastRetain   int          // tick of the last retention check
+	sleeping     atomic.Bool  // quiesced, as the ticker goroutine sees it
 	stopTick     chan struct{}
 	ticks        int
-	lastActive   int            // tick of the last produce, fetch or raft message
-	heard        map[uint64]int // tick of the last raft message from each replica
-	released     bool           // caches dropped while idle
+	lastActive   int               // tick of the last produce, fetch or raft message
+	heard        map[uint64]int    // tick of the last raft message from each replica
+	quiesced     bool              // idle: raft's clock stands still (quiesce.go)
+	quiesceAt    *heraldpb.Quiesce // a leader's quiesce, taken once applied
+	lastBusy     int               // tick of the last proposal, or of becoming leader
+	released     bool              // caches dropped while idle
 
 	failure      error // last storage failure while store == nil
 	reopenAt     time.Time
@@ -342,6 +348,13 @@ func (a *Actor) startTicker() {
 		for {
 			select {
 			case <-t.C:
+				// A quiesced replica needs a tick only now and then
+				// (liveness, retention, idle release): the periods add up
+				// in elapsed and one message carries them.
+				n := a.elapsed.Add(1)
+				if a.sleeping.Load() && n < quiescedTickEvery {
+					continue
+				}
 				// At most one tick queued: a stalled actor does not pile them up.
 				if a.tickQueued.CompareAndSwap(false, true) {
 					sys.Root.Send(self, &heraldpb.Tick{})
@@ -355,7 +368,7 @@ func (a *Actor) startTicker() {
 
 func (a *Actor) onTick(ctx actor.Context) {
 	a.tickQueued.Store(false)
-	a.ticks++
+	a.ticks += int(max(1, a.elapsed.Swap(0)))
 	a.m.mailbox.Set(float64(a.mb.Depth()))
 	if a.rn == nil {
 		if a.cfg.Clock.Now().After(a.reopenAt) {
@@ -367,8 +380,14 @@ func (a *Actor) onTick(ctx actor.Context) {
 		}
 		return
 	}
-	a.rn.Tick()
-	if every := max(1, int(a.cfg.RetentionCheck/a.cfg.TickInterval)); a.ticks%every == 0 {
+	if a.quiesced {
+		a.quiescedTick()
+	} else {
+		a.rn.Tick()
+		a.maybeQuiesce()
+	}
+	if every := max(1, int(a.cfg.RetentionCheck/a.cfg.TickInterval)); a.ticks-a.lastRetain >= every {
+		a.lastRetain = a.ticks
 		a.retain()
 	}
 	if idle := max(1, int(a.cfg.IdleRelease/a.cfg.TickInterval)); !a.released && a.ticks-a.lastActive >= idle {
@@ -450,10 +469,17 @@ func (a *Actor) onRaftMessage(m *heraldpb.RaftMessage) {
 	if a.rn == nil {
 		return
 	}
+	if m.Quiesce != nil {
+		a.onQuiesce(m.Quiesce)
+		return
+	}
 	var msg raftpb.Message
 	if err := msg.Unmarshal(m.Message); err != nil {
 		a.log.Warn("dropping undecodable raft message", "err", err)
 		return
+	}
+	if a.quiesced && a.wakes(&msg) {
+		a.wake()
 	}
 	a.heardFrom(msg.From)
 	if err := a.rn.Step(msg); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) {
@@ -488,6 +514,7 @@ func (a *Actor) onReady(ctx actor.Context) {
 	}
 	a.maybeCampaign()
 	a.maybeStampReady()
+	a.quiesceLater()
 	a.serveParked(ctx)
 	a.publish()
 }
@@ -584,6 +611,7 @@ func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) {
 		a.stats.Writable.Store(false)
 	}
 	if a.isLeader && !was {
+		a.lastBusy = a.ticks
 		a.term = a.rn.BasicStatus().Term
 		a.log.Info("became leader", "term", a.term)
 	}
@@ -591,21 +619,23 @@ func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) {
 
 // send delivers a raft message to another replica's actor.
 func (a *Actor) send(ctx actor.Context, m raftpb.Message) {
-	pid := a.cfg.Peers[m.To]
-	if pid == nil && a.cfg.Transport == nil {
-		return
-	}
 	data, err := m.Marshal()
 	if err != nil {
 		a.log.Error("encoding raft message", "err", err)
 		return
 	}
-	rm := &heraldpb.RaftMessage{Group: Name(a.cfg.Topic, a.cfg.Partition), Message: data}
+	a.sendRaft(m.To, &heraldpb.RaftMessage{Group: Name(a.cfg.Topic, a.cfg.Partition), Message: data})
+}
+
+// sendRaft hands rm to replica to: through the transport, or to its PID.
+func (a *Actor) sendRaft(to uint64, rm *heraldpb.RaftMessage) {
 	if a.cfg.Transport != nil {
-		a.cfg.Transport.Send(m.To, rm)
+		a.cfg.Transport.Send(to, rm)
 		return
 	}
-	ctx.Send(pid, rm)
+	if pid := a.cfg.Peers[to]; pid != nil {
+		a.sys.Root.Send(pid, rm)
+	}
 }
 
 // ackPersisted answers acks=leader producers whose entries are now on disk.
@@ -739,6 +769,8 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err))
 		return
 	}
+	a.wake()
+	a.lastBusy = a.ticks
 	if err := a.rn.Propose(data); err != nil {
 		if errors.Is(err, raft.ErrProposalDropped) && a.isLeader {
 			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d has too many uncommitted bytes", a.cfg.Topic, a.cfg.Partition)
@@ -905,6 +937,7 @@ func (a *Actor) storageFailed(ctx actor.Context, err error) {
 	}
 	a.store, a.rn = nil, nil
 	a.isLeader, a.stampReady = false, false
+	a.setQuiesced(false)
 	a.stats.Writable.Store(false)
 	a.m.leader.Set(0)
 	if a.reopenBackup == 0 {

@@ -89,6 +89,13 @@ type Config struct {
 	// while the leader hears from it and replicates to it without probing.
 	// 0 or 1: no check.
 	MinInSync int
+	// Liveness, if set, reports whether a node is up (cluster
+	// membership), and lets the group quiesce when idle: see quiesce.go.
+	// Nil: the group never quiesces.
+	Liveness func(node uint64) bool
+	// QuiesceTicks is how many ticks without a proposal an idle group
+	// waits before it quiesces. Default 5.
+	QuiesceTicks int
 	// Open opens (or re-opens after a storage failure) the replica's log.
 	Open func() (Storage, error)
 
@@ -163,6 +170,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.HeartbeatTicks == 0 {
 		c.HeartbeatTicks = 1
+	}
+	if c.QuiesceTicks == 0 {
+		c.QuiesceTicks = 5
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = 1 << 20

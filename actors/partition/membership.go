@@ -51,6 +51,8 @@ func (a *Actor) onChangeMembership(ctx actor.Context, m *ChangeMembership) {
 		answer(ErrChangeInProgress)
 		return
 	}
+	a.wake()
+	a.lastBusy = a.ticks
 	cc := raftpb.ConfChangeV2{Changes: m.Changes}
 	if err := a.rn.ProposeConfChange(cc); err != nil {
 		answer(err)

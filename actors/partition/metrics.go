@@ -40,6 +40,9 @@ var (
 	parkedFetches = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "herald_parked_fetches", Help: "Long-poll fetches waiting for data.",
 	}, labels)
+	isQuiesced = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_partition_quiesced", Help: "1 while this replica's raft group is quiesced (idle: no ticks, no heartbeats).",
+	}, labels)
 	isLeader = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "herald_partition_leader", Help: "1 when this replica leads the partition.",
 	}, labels)
@@ -57,7 +60,7 @@ var (
 // partMetrics caches one partition's label-bound metrics.
 type partMetrics struct {
 	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas prometheus.Counter
-	start, end, hw, mailbox, parked, leader, writerQueue                                                  prometheus.Gauge
+	start, end, hw, mailbox, parked, leader, writerQueue, quiesced                                        prometheus.Gauge
 	lv                                                                                                    []string
 }
 
@@ -78,6 +81,7 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		mailbox:           mailboxDepth.WithLabelValues(lv...),
 		parked:            parkedFetches.WithLabelValues(lv...),
 		leader:            isLeader.WithLabelValues(lv...),
+		quiesced:          isQuiesced.WithLabelValues(lv...),
 		writerQueue:       writerQueueDepth.WithLabelValues(lv...),
 	}
 }
@@ -88,7 +92,7 @@ func DeleteMetrics(topic string, part uint32) {
 	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas} {
 		v.DeleteLabelValues(lv...)
 	}
-	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, writerQueueDepth} {
+	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth} {
 		v.DeleteLabelValues(lv...)
 	}
 }

@@ -34,6 +34,8 @@ type Transport interface {
 	partition.Transport
 	Register(group string, pid *actor.PID)
 	Unregister(group string)
+	// Up reports whether a node is in the membership (quiescence).
+	Up(node uint64) bool
 }
 
 // Clustered switches the manager to cluster mode. The broker sends it
@@ -184,6 +186,7 @@ func (m *Manager) spawnReplicated(ctx actor.Context, rec *heraldpb.TopicRecord) 
 			pcfg.Peers[r] = nil
 		}
 		pcfg.Transport = m.cluster.transport
+		pcfg.Liveness = m.cluster.transport.Up
 		pcfg.Campaign = pa.Replicas[0] == m.cfg.NodeID
 		pcfg.MinInSync = int(cfg.MinInsyncReplicas)
 		props, err := partition.Props(m.sys, pcfg, stats[i])

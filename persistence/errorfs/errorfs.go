@@ -183,6 +183,18 @@ func (f *file) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+func (f *file) WriteAt(p []byte, off int64) (int, error) {
+	allow, ferr := f.fs.writeFault(len(p))
+	n, err := f.File.WriteAt(p[:allow], off)
+	if err != nil {
+		return n, err
+	}
+	if ferr != nil {
+		return n, wrapErr("write", f.name, ferr)
+	}
+	return n, nil
+}
+
 func (f *file) Sync() error {
 	if err := f.fs.syncFault("sync", f.name); err != nil {
 		return err

@@ -31,6 +31,7 @@ type File interface {
 	io.Reader
 	io.Writer
 	io.ReaderAt
+	io.WriterAt
 	io.Closer
 	Sync() error
 	Truncate(size int64) error
