@@ -235,7 +235,9 @@ func (m *Manager) awaitWritable(ctx actor.Context, w *awaitCreated) {
 	}
 	ready := true
 	for _, st := range e.Stats {
-		ready = ready && st.Writable.Load()
+		// A client topic is ready once idempotent producers (the SDK's
+		// default) can write too: the leader applied its first entry.
+		ready = ready && st.Writable.Load() && (w.internal || st.Idempotent.Load())
 	}
 	if !ready && time.Now().Before(w.deadline) {
 		self, sys := ctx.Self(), m.sys
@@ -279,17 +281,18 @@ func (m *Manager) spawnTopic(ctx actor.Context, name string, cfg *heraldpb.Topic
 					Logger: m.cfg.Logger, Group: group,
 				})
 			},
-			IndexPath:       filepath.Join(dir, "priority.idx"),
-			MaxMessageBytes: int(cfg.MaxMessageBytes),
-			RetentionAge:    time.Duration(cfg.RetentionMs) * time.Millisecond,
-			RetentionBytes:  cfg.RetentionBytes,
-			RetentionCheck:  m.cfg.RetentionCheck,
-			TickInterval:    m.cfg.TickInterval,
-			MailboxLimit:    m.cfg.MailboxLimit,
-			WindowBytes:     m.cfg.WindowBytes,
-			Readers:         m.cfg.Readers,
-			OnRelease:       m.cfg.OnIdleRelease,
-			Logger:          m.cfg.Logger,
+			IndexPath:         filepath.Join(dir, "priority.idx"),
+			ProducerStatePath: filepath.Join(dir, "producers.state"),
+			MaxMessageBytes:   int(cfg.MaxMessageBytes),
+			RetentionAge:      time.Duration(cfg.RetentionMs) * time.Millisecond,
+			RetentionBytes:    cfg.RetentionBytes,
+			RetentionCheck:    m.cfg.RetentionCheck,
+			TickInterval:      m.cfg.TickInterval,
+			MailboxLimit:      m.cfg.MailboxLimit,
+			WindowBytes:       m.cfg.WindowBytes,
+			Readers:           m.cfg.Readers,
+			OnRelease:         m.cfg.OnIdleRelease,
+			Logger:            m.cfg.Logger,
 		}
 		// Single node: the only voter is this node, addressed by the
 		// deterministic name; the cluster replaces this with the replica set.
