@@ -162,6 +162,7 @@ func (ip *idemPartition) self() *actor.PID { return ip.pid }
 // know may start at any sequence.
 func TestIdempotentProduce(t *testing.T) {
 	sys := actor.NewActorSystem()
+	DeleteMetrics("idem-basic", 0) // counters of an earlier run (-count)
 	ip := &idemPartition{t: t, sys: sys, topic: "idem-basic", dir: t.TempDir()}
 	ip.start()
 	defer ip.stop()
@@ -355,6 +356,7 @@ func TestIdempotentTableSurvivesRestart(t *testing.T) {
 // documented limit), and the others are still deduplicated.
 func TestIdempotentProducersBounded(t *testing.T) {
 	sys := actor.NewActorSystem()
+	DeleteMetrics("idem-bounded", 0) // counters of an earlier run (-count)
 	ip := &idemPartition{t: t, sys: sys, topic: "idem-bounded", dir: t.TempDir(), maxProducers: 3}
 	ip.start()
 	defer ip.stop()
