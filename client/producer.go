@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -486,6 +487,7 @@ func (p *Producer) drainLocked(b *batcher) {
 		if st != nil {
 			if st.reset {
 				st.pid, st.next, st.acked, st.reset = newProducerID(), 0, false, false
+				st.inflight = st.inflight[:0] // empty: nothing is in flight
 			}
 			bt.pid, bt.seq = st.pid, st.next
 			st.next += int64(len(bt.recs))
@@ -503,7 +505,7 @@ func (p *Producer) settleLocked(key batchKey, bt *batch, err error) {
 	if st == nil || bt.pid == 0 || bt.pid != st.pid {
 		return // of a producer id since replaced
 	}
-	if i := slicesIndex(st.inflight, bt.seq); i >= 0 {
+	if i := slices.Index(st.inflight, bt.seq); i >= 0 {
 		st.inflight = append(st.inflight[:i], st.inflight[i+1:]...)
 	}
 	if err != nil {
@@ -511,15 +513,6 @@ func (p *Producer) settleLocked(key batchKey, bt *batch, err error) {
 	} else {
 		st.acked = true
 	}
-}
-
-func slicesIndex(s []int64, v int64) int {
-	for i, x := range s {
-		if x == v {
-			return i
-		}
-	}
-	return -1
 }
 
 // earlierInFlight reports whether a batch of key's producer id bt.pid with
