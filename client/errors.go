@@ -91,8 +91,10 @@ func IsCode(err error, code heraldpb.ErrorCode) bool {
 // ErrClosed, and for context.Canceled and context.DeadlineExceeded: those
 // mean the caller gave up, and retrying with the same context cannot help.
 //
-// A retried produce after ErrConnectionLost or ErrRequestTimeout may write the
-// batch twice: the first attempt may have been executed.
+// A produce retried after ErrConnectionLost or ErrRequestTimeout may write
+// the batch twice, since the first attempt may have been executed, unless
+// the producer is idempotent (WithIdempotence, the default): then the
+// partition recognises the retry and writes the batch once.
 func IsRetryable(err error) bool {
 	switch {
 	case err == nil, errors.Is(err, ErrClosed):

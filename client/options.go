@@ -136,6 +136,7 @@ const (
 )
 
 type producerConfig struct {
+	idempotent  bool
 	acks        heraldpb.Acks
 	linger      time.Duration
 	batchBytes  int
@@ -153,6 +154,7 @@ type producerConfig struct {
 
 func defaultProducerConfig() producerConfig {
 	return producerConfig{
+		idempotent:   true,
 		acks:         heraldpb.Acks_ACKS_ALL,
 		linger:       DefaultLinger,
 		batchBytes:   DefaultBatchBytes,
@@ -164,6 +166,26 @@ func defaultProducerConfig() producerConfig {
 		anyInFlight:  DefaultMaxInFlightUnpartitioned,
 		partInFlight: 1,
 	}
+}
+
+// WithIdempotence turns the idempotent producer on (the default, as in
+// Kafka since 3.0) or off. The producer then has a random 64-bit producer
+// id and numbers the records it sends to each partition; the partition's
+// leader writes each batch once, so a retry after a lost response, a
+// timeout or a leader change never stores a record twice. Records with
+// neither key nor partition get their partition from the producer (a batch
+// at a time, round-robin over the topic's partitions, from metadata)
+// instead of the broker, and at most 5 batches per partition are in flight
+// (WithPartitionInFlight above 5 counts as 5). Delayed messages (DeliverAt,
+// Delay) are not idempotent.
+//
+// A batch the broker refuses with OUT_OF_ORDER_SEQUENCE fails its records
+// with that *Error (not retryable). After a batch fails for good (an
+// error, retries exhausted, Close giving up) the partition's next batch
+// starts a new producer id, so later batches are not refused because of it.
+// Off, a retried batch may be written twice (at least once).
+func WithIdempotence(on bool) ProducerOpt {
+	return producerOpt(func(c *producerConfig) { c.idempotent = on })
 }
 
 // WithAcks sets when the broker acknowledges a batch: heraldpb.Acks_ACKS_ALL
@@ -249,8 +271,10 @@ func WithRetryBackoff(min, max time.Duration) ProducerOpt {
 }
 
 // WithUnpartitionedInFlight sets how many batches of records with no key and
-// no partition may be in flight per topic at once (default 4). Such records
-// have no order to keep, as the broker spreads them round-robin.
+// no partition may be in flight per topic at once (default 4) when the
+// broker chooses their partition: without idempotence, and for delayed
+// messages. Such records have no order to keep, as the broker spreads them
+// round-robin.
 func WithUnpartitionedInFlight(n int) ProducerOpt {
 	return producerOpt(func(c *producerConfig) {
 		if n > 0 {
@@ -264,7 +288,14 @@ func WithUnpartitionedInFlight(n int) ProducerOpt {
 // partition for throughput: they are written in the order sent unless one
 // fails with a retriable error and is retried after a later batch succeeded,
 // which reorders them (as Kafka's max.in.flight.requests.per.connection > 1
-// without idempotence). Keep 1 where per-key order must survive retries.
+// without idempotence). Keep 1 where per-key order must survive retries
+// without idempotence. With idempotence (the default) the setting is at
+// most 5, and order survives retries while the partition remembers the
+// producer: a batch refused as out of order while an earlier batch of the
+// partition is unresolved is sent again, and a producer id's first batch
+// to a partition is sent alone. (A partition that forgot the producer,
+// see the README's limits, accepts a later batch before a retried earlier
+// one, which then fails with OUT_OF_ORDER_SEQUENCE.)
 func WithPartitionInFlight(n int) ProducerOpt {
 	return producerOpt(func(c *producerConfig) {
 		if n > 0 {

@@ -2,8 +2,12 @@ package client
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,14 +23,19 @@ import (
 //
 // Ordering: messages to one explicit partition (Partition >= 0, or a key)
 // are written in the order SendAsync accepted them, also across retries,
-// because each partition has at most one batch in flight; the next batch
-// waits until the previous one succeeded or finally failed. Messages with
-// neither key nor partition go to the broker without a partition (it picks
-// one round-robin); up to WithUnpartitionedInFlight such batches per topic
-// are in flight, in no particular order.
+// because each partition has at most one batch in flight (by default); the
+// next batch waits until the previous one succeeded or finally failed.
+// Messages with neither key nor partition go, with idempotence, to a
+// partition the producer picks round-robin (a batch per partition in turn);
+// without it, to the broker without a partition (it picks one round-robin),
+// up to WithUnpartitionedInFlight such batches per topic in flight, in no
+// particular order.
 //
-// Delivery is at least once: a batch retried after a lost connection or a
-// timeout may be written twice.
+// Delivery: the producer is idempotent by default (WithIdempotence): each
+// batch carries the producer's id and the sequence of its first record in
+// its partition, and the partition's leader writes it once however often it
+// is retried. Without idempotence delivery is at least once: a batch
+// retried after a lost connection or a timeout may be written twice.
 //
 // Memory is bounded by WithBufferBytes: SendAsync blocks (on its context)
 // while the buffer is full, or fails with ErrBufferFull under
@@ -34,16 +43,19 @@ import (
 type Producer struct {
 	c   *Client
 	cfg producerConfig
+	pid uint64 // idempotence: the producer id, random, chosen at creation
 
 	ctx    context.Context // cancelled when Close gives up on flushing
 	cancel context.CancelFunc
 
 	mu       sync.Mutex
 	batchers map[batchKey]*batcher
-	buffered int64         // estimated bytes of accepted, unfinished records
-	records  int           // accepted, unfinished records
-	freed    chan struct{} // closed (and replaced) whenever records finish
-	flushing int           // Flush calls in progress: linger is ignored
+	seqs     map[batchKey]*seqState // idempotence: per partition, kept while the producer lives
+	sticky   map[string]*sticky     // idempotence: partition of records with neither key nor partition, per topic
+	buffered int64                  // estimated bytes of accepted, unfinished records
+	records  int                    // accepted, unfinished records
+	freed    chan struct{}          // closed (and replaced) whenever records finish
+	flushing int                    // Flush calls in progress: linger is ignored
 	closed   bool
 
 	// bufs holds *[]byte batch buffers (length 0) of finished batches for
@@ -61,6 +73,48 @@ type batchKey struct {
 
 func (k batchKey) delayed() bool { return k.at != 0 || k.delay != 0 }
 
+// maxIdempotentInFlight is how many batches per partition an idempotent
+// producer keeps in flight at most: the partition remembers the producer's
+// last 5 batches (partition.ProducerBatches), so a retry of any of them is
+// recognised.
+const maxIdempotentInFlight = 5
+
+// seqState numbers an idempotent producer's records to one partition.
+// Guarded by Producer.mu.
+type seqState struct {
+	pid  uint64 // the producer id this partition's batches carry
+	next int64  // sequence of the next new batch's first record
+	// acked: a batch with pid succeeded. Until then batches go one at a
+	// time, so a first batch that must be retried cannot be overtaken by
+	// the next one, which a partition that does not know pid would accept.
+	acked bool
+	// reset: a batch with pid failed for good, so its outcome is unknown
+	// (or it was refused) and the sequence has a hole: the next batch sent
+	// once nothing is in flight starts a new producer id at sequence 0.
+	reset    bool
+	inflight []int64 // base sequences of pid's batches sent and not finished, ascending
+}
+
+// sticky is the partition records with neither key nor partition go to, an
+// open batch at a time. Guarded by Producer.mu.
+type sticky struct {
+	part int32
+	cur  *batch // the open batch they went into last
+}
+
+// newProducerID returns a random non-zero producer id.
+func newProducerID() uint64 {
+	var b [8]byte
+	for {
+		if _, err := crand.Read(b[:]); err != nil {
+			panic(fmt.Sprintf("herald: crypto/rand: %v", err)) // never fails on supported platforms
+		}
+		if id := binary.LittleEndian.Uint64(b[:]); id != 0 {
+			return id
+		}
+	}
+}
+
 type pendingRecord struct {
 	size int64
 	cb   func(Result, error)
@@ -69,6 +123,10 @@ type pendingRecord struct {
 type batch struct {
 	data []byte // encoded RecordBatch
 	recs []pendingRecord
+	// Idempotence: the producer id (0: none) and the sequence of the first
+	// record, fixed when the batch is first sent and kept on every retry.
+	pid uint64
+	seq int64
 }
 
 // batcher queues the batches of one (topic, partition). All fields are
@@ -97,7 +155,12 @@ func (c *Client) NewProducer(opts ...ProducerOpt) *Producer {
 		c:        c,
 		cfg:      cfg,
 		batchers: make(map[batchKey]*batcher),
+		seqs:     make(map[batchKey]*seqState),
+		sticky:   make(map[string]*sticky),
 		freed:    make(chan struct{}),
+	}
+	if cfg.idempotent {
+		p.pid = newProducerID()
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p
@@ -132,8 +195,9 @@ func (p *Producer) Send(ctx context.Context, m *Message) (Result, error) {
 //
 // SendAsync blocks while the producer's buffer is full, until space frees
 // up or ctx ends (then cb gets ctx.Err()); with WithNonBlocking it fails
-// with ErrBufferFull instead. A keyed message with Partition -1 may also
-// wait on ctx for the topic's metadata. Once buffered, m is no longer tied
+// with ErrBufferFull instead. A message with Partition -1 may also wait on
+// ctx for the topic's metadata (one with a key, or any not delayed with
+// idempotence). Once buffered, m is no longer tied
 // to ctx: it is delivered or fails after the producer's retries. The
 // producer does not modify m; do not modify m until cb runs.
 func (p *Producer) SendAsync(ctx context.Context, m *Message, cb func(Result, error)) {
@@ -148,10 +212,12 @@ func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error),
 		cb(Result{}, errors.New("herald: message without topic"))
 		return
 	}
+	delayed := !m.DeliverAt.IsZero() || m.Delay != 0
 	part := m.Partition
+	nparts := 0 // partitions to spread records without key over (idempotence)
 	if part < 0 {
 		part = -1
-		if len(m.Key) > 0 {
+		if len(m.Key) > 0 || p.cfg.idempotent && !delayed {
 			n, err := p.c.Partitions(ctx, m.Topic)
 			if err != nil {
 				cb(Result{}, err)
@@ -161,7 +227,11 @@ func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error),
 				cb(Result{}, &Error{Code: heraldpb.ErrorCode_PARTITION_NOT_FOUND, Message: fmt.Sprintf("topic %q has no partitions", m.Topic)})
 				return
 			}
-			part = int32(PartitionForKey(m.Key, uint32(n)))
+			if len(m.Key) > 0 {
+				part = int32(PartitionForKey(m.Key, uint32(n)))
+			} else {
+				nparts = n
+			}
 		}
 	}
 	var at, delay int64
@@ -195,12 +265,19 @@ func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error),
 		p.mu.Lock()
 		return
 	}
+	var st *sticky
+	if nparts > 0 {
+		st = p.stickyLocked(m.Topic, nparts, size)
+		part = st.part
+	}
 	key := batchKey{topic: m.Topic, partition: part, at: at, delay: delay}
 	b := p.batchers[key]
 	if b == nil {
 		b = &batcher{key: key, maxInFlight: p.cfg.partInFlight}
 		if part < 0 {
 			b.maxInFlight = p.cfg.anyInFlight
+		} else if p.idempotent(key) {
+			b.maxInFlight = min(b.maxInFlight, maxIdempotentInFlight)
 		}
 		p.batchers[key] = b
 	}
@@ -232,12 +309,48 @@ func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error),
 		b.cur.data = append(b.cur.data, tail...)
 	}
 	b.cur.recs = append(b.cur.recs, rec)
+	if st != nil {
+		st.cur = b.cur
+	}
 	if len(b.cur.data) >= p.cfg.batchBytes || key.delayed() {
 		p.sealLocked(b)
 	} else if urgent {
 		b.lingerDue = true
 	}
 	p.drainLocked(b)
+}
+
+// idempotent reports whether the batches of key carry sequences: those of
+// one partition, not delayed, of an idempotent producer.
+func (p *Producer) idempotent(key batchKey) bool {
+	return p.cfg.idempotent && key.partition >= 0 && !key.delayed()
+}
+
+// stickyLocked returns the partition state for the next record of topic
+// with neither key nor partition, of about size bytes: the partition of the
+// open batch the previous such record joined, or the next partition once
+// that batch was sealed or would overflow with this record (it is sealed
+// then). The first partition is random, so that producers spread.
+func (p *Producer) stickyLocked(topic string, n int, size int64) *sticky {
+	st := p.sticky[topic]
+	if st == nil {
+		st = &sticky{part: int32(rand.IntN(n))}
+		p.sticky[topic] = st
+	}
+	if int(st.part) >= n {
+		st.part, st.cur = 0, nil // the topic has fewer partitions now
+	}
+	if st.cur != nil {
+		b := p.batchers[batchKey{topic: topic, partition: st.part}]
+		if b != nil && b.cur == st.cur && len(b.cur.data)+int(size) > p.cfg.batchBytes {
+			p.sealLocked(b)
+			p.drainLocked(b)
+		}
+		if b == nil || b.cur != st.cur {
+			st.part, st.cur = (st.part+1)%int32(n), nil
+		}
+	}
+	return st
 }
 
 func estimateSize(m *Message) int64 {
@@ -345,8 +458,20 @@ func (p *Producer) sealLocked(b *batcher) {
 }
 
 // drainLocked starts sending b's batches while its in-flight limit allows.
+// An idempotent batch gets its producer id and sequence here, when it is
+// first sent.
 func (p *Producer) drainLocked(b *batcher) {
+	var st *seqState
+	if p.idempotent(b.key) {
+		if st = p.seqs[b.key]; st == nil {
+			st = &seqState{pid: p.pid}
+			p.seqs[b.key] = st
+		}
+	}
 	for b.inFlight < b.maxInFlight {
+		if st != nil && (st.reset || !st.acked) && b.inFlight > 0 {
+			return // one at a time until the producer id has a batch through
+		}
 		if len(b.ready) == 0 {
 			if b.cur == nil || len(b.cur.recs) == 0 || !(b.lingerDue || p.flushing > 0) {
 				return
@@ -359,9 +484,45 @@ func (p *Producer) drainLocked(b *batcher) {
 		bt := b.ready[0]
 		b.ready[0] = nil
 		b.ready = b.ready[1:]
+		if st != nil {
+			if st.reset {
+				st.pid, st.next, st.acked, st.reset = newProducerID(), 0, false, false
+				st.inflight = st.inflight[:0] // empty: nothing is in flight
+			}
+			bt.pid, bt.seq = st.pid, st.next
+			st.next += int64(len(bt.recs))
+			st.inflight = append(st.inflight, bt.seq)
+		}
 		b.inFlight++
 		go p.run(b, bt)
 	}
+}
+
+// settleLocked records the outcome of an idempotent batch in its
+// partition's sequence state.
+func (p *Producer) settleLocked(key batchKey, bt *batch, err error) {
+	st := p.seqs[key]
+	if st == nil || bt.pid == 0 || bt.pid != st.pid {
+		return // of a producer id since replaced
+	}
+	if i := slices.Index(st.inflight, bt.seq); i >= 0 {
+		st.inflight = append(st.inflight[:i], st.inflight[i+1:]...)
+	}
+	if err != nil {
+		st.reset = true
+	} else {
+		st.acked = true
+	}
+}
+
+// earlierInFlight reports whether a batch of key's producer id bt.pid with
+// a lower sequence than bt's is still unresolved: bt may then have been
+// refused as out of order only because that one has not been written yet.
+func (p *Producer) earlierInFlight(key batchKey, bt *batch) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.seqs[key]
+	return st != nil && st.pid == bt.pid && len(st.inflight) > 0 && st.inflight[0] < bt.seq
 }
 
 // run sends one batch with retries, completes its records in order, then
@@ -389,6 +550,7 @@ func (p *Producer) run(b *batcher, bt *batch) {
 	bt.data = nil
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.settleLocked(b.key, bt, err)
 	b.inFlight--
 	p.releaseLocked(size, len(bt.recs))
 	p.drainLocked(b)
@@ -411,12 +573,20 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		part := uint32(key.partition)
 		req.Partition = &part
 	}
+	if bt.pid != 0 {
+		// Every attempt carries the same sequence: the partition writes
+		// the batch once.
+		req.ProducerId, req.BaseSequence = bt.pid, bt.seq
+	}
 	if t := p.c.cfg.requestTimeout; t > 0 {
 		req.TimeoutMs = uint32(t / time.Millisecond)
 	}
 	backoff := p.cfg.backoffMin
 	var movingSince time.Time // the first failure of a leader move
 	for attempt := 0; ; attempt++ {
+		// An earlier batch of the partition unresolved when this attempt
+		// leaves may make the partition refuse it as out of order.
+		earlier := bt.pid != 0 && p.earlierInFlight(key, bt)
 		resp, err := p.produceOnce(req, key)
 		if err == nil {
 			return resp, nil
@@ -428,7 +598,12 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		if moving && movingSince.IsZero() {
 			movingSince = time.Now()
 		}
-		if !IsRetryable(err) || (attempt >= p.cfg.maxRetries && !(moving && time.Since(movingSince) < p.cfg.failover)) {
+		if earlier && IsCode(err, heraldpb.ErrorCode_OUT_OF_ORDER_SEQUENCE) {
+			// It follows that batch once it is written. Not counted as a
+			// retry: the earlier batch's own retries bound the wait, and
+			// an attempt sent when none is left unresolved fails for good.
+			attempt--
+		} else if !IsRetryable(err) || (attempt >= p.cfg.maxRetries && !(moving && time.Since(movingSince) < p.cfg.failover)) {
 			return nil, err
 		}
 		if IsCode(err, heraldpb.ErrorCode_NOT_LEADER) {

@@ -7,8 +7,8 @@ package cluster
 
 import (
 	"io"
-	"slices"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 

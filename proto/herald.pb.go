@@ -95,6 +95,10 @@ const (
 	// The scheduled message is not pending: unknown id, already delivered, or
 	// already cancelled.
 	ErrorCode_SCHEDULE_NOT_FOUND ErrorCode = 29
+	// An idempotent produce's base_sequence is not the one the partition
+	// expects next from its producer (a gap, or an overlap that is not an exact
+	// retry of a recent batch). Not retriable: the batch was not written.
+	ErrorCode_OUT_OF_ORDER_SEQUENCE ErrorCode = 30
 )
 
 // Enum value maps for ErrorCode.
@@ -130,6 +134,7 @@ var (
 		27: "NO_RESPONDERS",
 		28: "INBOX_NOT_FOUND",
 		29: "SCHEDULE_NOT_FOUND",
+		30: "OUT_OF_ORDER_SEQUENCE",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED": 0,
@@ -162,6 +167,7 @@ var (
 		"NO_RESPONDERS":          27,
 		"INBOX_NOT_FOUND":        28,
 		"SCHEDULE_NOT_FOUND":     29,
+		"OUT_OF_ORDER_SEQUENCE":  30,
 	}
 )
 
@@ -2512,8 +2518,20 @@ type ProduceRequest struct {
 	// Delayed delivery: the batch is stored durably by the scheduler and
 	// appended to the topic at this time (Unix ms; a past time fires at once),
 	// or delay_ms from now. At most one of the two.
-	DeliverAtMs   int64  `protobuf:"varint,6,opt,name=deliver_at_ms,json=deliverAtMs,proto3" json:"deliver_at_ms,omitempty"`
-	DelayMs       uint64 `protobuf:"varint,7,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
+	DeliverAtMs int64  `protobuf:"varint,6,opt,name=deliver_at_ms,json=deliverAtMs,proto3" json:"deliver_at_ms,omitempty"`
+	DelayMs     uint64 `protobuf:"varint,7,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
+	// Idempotent produce: a producer id (0: not idempotent, the default) and
+	// the sequence of the batch's first record. Sequences count records, per
+	// producer and partition, from 0; a retry of a batch carries the same
+	// sequence. The partition's leader writes a batch once: an exact retry of
+	// one of the producer's last 5 batches is answered with the original
+	// offsets (and `duplicate`), a batch that does not follow the producer's
+	// last one gets OUT_OF_ORDER_SEQUENCE. Needs an explicit `partition`;
+	// delayed batches (deliver_at_ms, delay_ms) cannot be idempotent.
+	ProducerId uint64 `protobuf:"varint,8,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	// Reserved for fencing (transactions); the broker does not check it yet.
+	ProducerEpoch uint32 `protobuf:"varint,9,opt,name=producer_epoch,json=producerEpoch,proto3" json:"producer_epoch,omitempty"`
+	BaseSequence  int64  `protobuf:"varint,10,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2597,6 +2615,27 @@ func (x *ProduceRequest) GetDelayMs() uint64 {
 	return 0
 }
 
+func (x *ProduceRequest) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetProducerEpoch() uint32 {
+	if x != nil {
+		return x.ProducerEpoch
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetBaseSequence() int64 {
+	if x != nil {
+		return x.BaseSequence
+	}
+	return 0
+}
+
 type ProduceResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
@@ -2610,7 +2649,11 @@ type ProduceResponse struct {
 	DeliverAtMs int64  `protobuf:"varint,6,opt,name=deliver_at_ms,json=deliverAtMs,proto3" json:"deliver_at_ms,omitempty"`
 	// When the batch was committed, that is became readable (the broker's
 	// clock, microseconds since the epoch); 0 with ACKS_NONE.
-	CommitTimeUs  int64 `protobuf:"varint,7,opt,name=commit_time_us,json=commitTimeUs,proto3" json:"commit_time_us,omitempty"`
+	CommitTimeUs int64 `protobuf:"varint,7,opt,name=commit_time_us,json=commitTimeUs,proto3" json:"commit_time_us,omitempty"`
+	// An idempotent produce that retried a batch already written: nothing was
+	// appended, and base_offset is where the batch was written the first time
+	// (append_time_ms and commit_time_us are then 0).
+	Duplicate     bool `protobuf:"varint,8,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2692,6 +2735,13 @@ func (x *ProduceResponse) GetCommitTimeUs() int64 {
 		return x.CommitTimeUs
 	}
 	return 0
+}
+
+func (x *ProduceResponse) GetDuplicate() bool {
+	if x != nil {
+		return x.Duplicate
+	}
+	return false
 }
 
 type FetchRequest struct {
@@ -5456,7 +5506,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xf4\x01\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\xe1\x02\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -5465,9 +5515,14 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\x12\"\n" +
 	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\x12\x19\n" +
-	"\bdelay_ms\x18\a \x01(\x04R\adelayMsB\f\n" +
+	"\bdelay_ms\x18\a \x01(\x04R\adelayMs\x12\x1f\n" +
+	"\vproducer_id\x18\b \x01(\x04R\n" +
+	"producerId\x12%\n" +
+	"\x0eproducer_epoch\x18\t \x01(\rR\rproducerEpoch\x12#\n" +
+	"\rbase_sequence\x18\n" +
+	" \x01(\x03R\fbaseSequenceB\f\n" +
 	"\n" +
-	"_partition\"\xf7\x01\n" +
+	"_partition\"\x95\x02\n" +
 	"\x0fProduceResponse\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1f\n" +
 	"\vbase_offset\x18\x02 \x01(\x03R\n" +
@@ -5477,7 +5532,8 @@ const file_herald_proto_rawDesc = "" +
 	"\vschedule_id\x18\x05 \x01(\tR\n" +
 	"scheduleId\x12\"\n" +
 	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\x12$\n" +
-	"\x0ecommit_time_us\x18\a \x01(\x03R\fcommitTimeUs\"\xd2\x01\n" +
+	"\x0ecommit_time_us\x18\a \x01(\x03R\fcommitTimeUs\x12\x1c\n" +
+	"\tduplicate\x18\b \x01(\bR\tduplicate\"\xd2\x01\n" +
 	"\fFetchRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
@@ -5685,7 +5741,7 @@ const file_herald_proto_rawDesc = "" +
 	"created_ms\x18\a \x01(\x03R\tcreatedMs\"i\n" +
 	"\x15ListScheduledResponse\x126\n" +
 	"\tscheduled\x18\x01 \x03(\v2\x18.herald.v1.ScheduledInfoR\tscheduled\x12\x18\n" +
-	"\apending\x18\x02 \x01(\x04R\apending*\x8d\x05\n" +
+	"\apending\x18\x02 \x01(\x04R\apending*\xa8\x05\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -5718,7 +5774,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x0eINVALID_FILTER\x10\x1a\x12\x11\n" +
 	"\rNO_RESPONDERS\x10\x1b\x12\x13\n" +
 	"\x0fINBOX_NOT_FOUND\x10\x1c\x12\x16\n" +
-	"\x12SCHEDULE_NOT_FOUND\x10\x1d*4\n" +
+	"\x12SCHEDULE_NOT_FOUND\x10\x1d\x12\x19\n" +
+	"\x15OUT_OF_ORDER_SEQUENCE\x10\x1e*4\n" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +

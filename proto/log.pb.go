@@ -37,7 +37,12 @@ type LogEntry struct {
 	Records []byte `protobuf:"bytes,5,opt,name=records,proto3" json:"records,omitempty"`
 	// The highest record priority in the batch (0: none has one), so that
 	// applying the entry indexes priorities only where there are some.
-	MaxPriority   uint32 `protobuf:"varint,6,opt,name=max_priority,json=maxPriority,proto3" json:"max_priority,omitempty"`
+	MaxPriority uint32 `protobuf:"varint,6,opt,name=max_priority,json=maxPriority,proto3" json:"max_priority,omitempty"`
+	// Idempotent produce (ProduceRequest.producer_id, base_sequence), stamped
+	// by the leader, so that every replica builds the same table of each
+	// producer's recent batches when it applies the entry. 0: not idempotent.
+	ProducerId    uint64 `protobuf:"varint,7,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	BaseSequence  int64  `protobuf:"varint,8,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -110,6 +115,20 @@ func (x *LogEntry) GetRecords() []byte {
 func (x *LogEntry) GetMaxPriority() uint32 {
 	if x != nil {
 		return x.MaxPriority
+	}
+	return 0
+}
+
+func (x *LogEntry) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *LogEntry) GetBaseSequence() int64 {
+	if x != nil {
+		return x.BaseSequence
 	}
 	return 0
 }
@@ -382,7 +401,7 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xce\x01\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\x94\x02\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -390,7 +409,10 @@ const file_log_proto_rawDesc = "" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12(\n" +
 	"\x10max_timestamp_ms\x18\x04 \x01(\x03R\x0emaxTimestampMs\x12\x18\n" +
 	"\arecords\x18\x05 \x01(\fR\arecords\x12!\n" +
-	"\fmax_priority\x18\x06 \x01(\rR\vmaxPriority\"k\n" +
+	"\fmax_priority\x18\x06 \x01(\rR\vmaxPriority\x12\x1f\n" +
+	"\vproducer_id\x18\a \x01(\x04R\n" +
+	"producerId\x12#\n" +
+	"\rbase_sequence\x18\b \x01(\x03R\fbaseSequence\"k\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +

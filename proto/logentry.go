@@ -22,12 +22,18 @@ type LogEntryHeader struct {
 	AppendTimeMs   int64
 	MaxTimestampMs int64
 	MaxPriority    uint32
+	// ProducerID and BaseSequence identify an idempotent producer's batch
+	// (ProducerID 0: none). The sequence is as stamped: callers that rely
+	// on it check its range.
+	ProducerID   uint64
+	BaseSequence int64
 }
 
 // ScanLogEntry decodes a marshalled heraldpb.LogEntry without copying its
 // records (the result aliases b). Unknown fields are skipped; a known field
 // with the wrong wire type, a negative base offset or an offset range that
-// overflows is an error wrapping ErrBadLogEntry. It never panics.
+// overflows is an error wrapping ErrBadLogEntry. It never panics. The
+// producer id and sequence are not checked: the leader validated them.
 func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -36,7 +42,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		}
 		b = b[n:]
 		switch {
-		case (num >= 1 && num <= 4 || num == 6) && typ == protowire.VarintType:
+		case (num >= 1 && num <= 4 || num >= 6 && num <= 8) && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
@@ -53,6 +59,10 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 				h.MaxTimestampMs = int64(v)
 			case 6:
 				h.MaxPriority = uint32(min(v, math.MaxUint32))
+			case 7:
+				h.ProducerID = v
+			case 8:
+				h.BaseSequence = int64(v)
 			}
 		case num == 5 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
@@ -61,7 +71,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 			}
 			b = b[n:]
 			records = v
-		case num >= 1 && num <= 6:
+		case num >= 1 && num <= 8:
 			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)

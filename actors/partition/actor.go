@@ -30,6 +30,10 @@ type Stats struct {
 	Writable atomic.Bool
 	// Conf is the group's membership as this replica last applied it.
 	Conf atomic.Pointer[raftpb.ConfState]
+	// Idempotent is true while this replica leads and accepts idempotent
+	// produce requests: it is Writable, has applied every entry of earlier
+	// terms and has its producer table complete.
+	Idempotent atomic.Bool
 	// PriorityEnd[l] is the offset after the last record of priority l
 	// (1-9) in the partition's sub-queue of that level, 0 when it has none
 	// or while the sub-queues are being rebuilt after an open.
@@ -98,6 +102,19 @@ type Actor struct {
 	prioStop    chan struct{} // closed to stop the catch-up read
 	prioAck     chan struct{} // the actor took a catch-up chunk
 	prioRun     uint64        // numbers the catch-up reads of this actor
+
+	// Idempotent producers (idempotence.go).
+	producers      *producerTable           // committed batches of idempotent producers
+	inflight       map[uint64][]inflightSeq // this leader's idempotent proposals not applied yet, by producer
+	termApplied    bool                     // the leader applied an entry of its own term
+	appliedTerm    uint64                   // term of the entry at applied
+	prodLoading    bool                     // the table is being read from the log; producers holds what was applied since
+	prodRun        uint64                   // numbers the table reads of this actor
+	prodStop       chan struct{}            // closed to stop the read
+	prodDirty      bool                     // changed since the last save
+	prodSaving     bool                     // a save is writing the file
+	prodSavedIndex uint64                   // the raft index the last save covered
+	prodLastSave   int                      // actor tick of the last save
 }
 
 // Props returns the props of a partition replica actor. sys answers shed
@@ -168,6 +185,10 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.onPrioChunk(m)
 	case prioSaved:
 		a.onPrioSaved(m)
+	case producersLoaded:
+		a.onProducersLoaded(ctx, m)
+	case producersSaved:
+		a.onProducersSaved(m)
 	case *heraldpb.Frame:
 		a.active()
 		switch m.Body.(type) {
@@ -289,6 +310,7 @@ func (a *Actor) open() error {
 	a.campaignSoon = (len(voters) == 1 && voters[0] == a.cfg.ReplicaID) || (bootstrap && a.cfg.Campaign)
 	a.stats.Conf.Store(&cs)
 	a.openPrio()
+	a.openProducers(applied)
 	a.publish()
 	return nil
 }
@@ -314,8 +336,10 @@ func (a *Actor) onStopping(ctx actor.Context, why *heraldpb.Error) {
 		a.stopTick = nil
 	}
 	a.stopCatchUp()
+	a.stopProducerLoad()
 	if a.store != nil {
 		a.savePrio(true)
+		a.saveProducers(true)
 	}
 	a.failPending(ctx, why)
 	for _, f := range a.park.drain() {
@@ -395,6 +419,9 @@ func (a *Actor) onTick(ctx actor.Context) {
 	}
 	if every := max(1, int(a.cfg.IndexSaveInterval/a.cfg.TickInterval)); a.ticks-a.prio.lastSave >= every {
 		a.savePrio(false)
+	}
+	if every := max(1, int(a.cfg.IndexSaveInterval/a.cfg.TickInterval)); a.ticks-a.prodLastSave >= every {
+		a.saveProducers(false)
 	}
 	a.publish()
 }
@@ -570,6 +597,7 @@ func (a *Actor) maybeStampReady() {
 		a.stampReady = true
 	}
 	a.stats.Writable.Store(a.isLeader && a.stampReady)
+	a.stats.Idempotent.Store(a.idempotentReady())
 }
 
 // applyMsg applies a MsgStorageApply: committed entries (or a snapshot),
@@ -581,8 +609,10 @@ func (a *Actor) applyMsg(ctx actor.Context, m raftpb.Message) {
 			a.hw = sd.NextOffset
 		}
 		a.applied = m.Snapshot.Metadata.Index
+		a.appliedTerm = m.Snapshot.Metadata.Term
 		a.win.reset()
-		a.openPrio() // the log was replaced: index it again
+		a.openPrio()       // the log was replaced: index it again
+		a.resetProducers() // and its earlier batches are gone
 	}
 	a.apply(ctx, m.Entries)
 	for _, r := range m.Responses {
@@ -609,6 +639,11 @@ func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) {
 	if a.isLeader != was {
 		a.stampReady = false
 		a.stats.Writable.Store(false)
+		a.stats.Idempotent.Store(false)
+		// A new term: proposals of the old one are settled by the log
+		// alone, and the new leader waits until it applied them.
+		clear(a.inflight)
+		a.termApplied = false
 	}
 	if a.isLeader && !was {
 		a.lastBusy = a.ticks
@@ -651,7 +686,11 @@ func (a *Actor) ackPersisted(ctx actor.Context, ents []raftpb.Entry) {
 		k := proposalKey{term: e.Term, base: base}
 		if p, ok := a.pending[k]; ok && p.acks == heraldpb.Acks_ACKS_LEADER {
 			delete(a.pending, k)
-			a.reply(ctx, p.replyTo, produced(p.frameID, a.cfg.Partition, base, p))
+			a.answer(ctx, p, func(id uint64, dup bool) *heraldpb.Frame {
+				q := p
+				q.duplicate = dup
+				return produced(id, a.cfg.Partition, base, q)
+			})
 		}
 	}
 }
@@ -674,7 +713,11 @@ func (a *Actor) apply(ctx actor.Context, ents []raftpb.Entry) {
 				a.applyBatch(ctx, e)
 			}
 		}
-		a.applied = e.Index
+		a.applied, a.appliedTerm = e.Index, e.Term
+		if a.isLeader && e.Term == a.term && !a.termApplied {
+			a.termApplied = true
+			a.stats.Idempotent.Store(a.idempotentReady())
+		}
 	}
 }
 
@@ -705,19 +748,40 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 	a.win.add(&heraldpb.StoredBatch{BaseOffset: h.BaseOffset, Count: h.Count, AppendTimeMs: h.AppendTimeMs, Records: records})
 	a.m.produceRecords.Add(float64(h.Count))
 	a.m.produceBytes.Add(float64(len(records)))
+	if h.ProducerID != 0 {
+		a.applyProducerBatch(e, h)
+	}
 	k := proposalKey{term: e.Term, base: h.BaseOffset}
 	if p, ok := a.pending[k]; ok {
 		delete(a.pending, k)
-		f := produced(p.frameID, a.cfg.Partition, h.BaseOffset, p)
-		f.GetProduceResponse().CommitTimeUs = a.cfg.Clock.Now().UnixMicro()
-		a.reply(ctx, p.replyTo, f)
+		now := a.cfg.Clock.Now().UnixMicro()
+		a.answer(ctx, p, func(id uint64, dup bool) *heraldpb.Frame {
+			q := p
+			q.duplicate = dup
+			f := produced(id, a.cfg.Partition, h.BaseOffset, q)
+			f.GetProduceResponse().CommitTimeUs = now
+			return f
+		})
 	}
 }
 
+// answer answers a proposal's producer and the retries waiting with it;
+// resp builds each answer from its frame id and whether it is a retry.
+func (a *Actor) answer(ctx actor.Context, p proposal, resp func(id uint64, dup bool) *heraldpb.Frame) {
+	a.reply(ctx, p.replyTo, resp(p.frameID, p.duplicate))
+	for _, w := range p.dups {
+		a.reply(ctx, w.replyTo, resp(w.frameID, true))
+	}
+}
+
+// produced is a ProduceResponse for the batch of p at base. A duplicate's
+// answer carries no times: it was appended by an earlier request.
 func produced(id uint64, part uint32, base int64, p proposal) *heraldpb.Frame {
-	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
-		Partition: part, BaseOffset: base, Count: p.count, AppendTimeMs: p.appendTime,
-	}}}
+	r := &heraldpb.ProduceResponse{Partition: part, BaseOffset: base, Count: p.count, AppendTimeMs: p.appendTime, Duplicate: p.duplicate}
+	if p.duplicate {
+		r.AppendTimeMs = 0
+	}
+	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: r}}
 }
 
 func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
@@ -755,6 +819,9 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "empty record batch"))
 		return
 	}
+	if req.ProducerId != 0 && a.checkIdempotent(ctx, replyTo, f.Id, req, uint32(info.Count)) {
+		return
+	}
 	now := a.cfg.Clock.Now().UnixMilli()
 	maxTs := info.MaxTimestamp
 	if maxTs == 0 {
@@ -763,7 +830,7 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	base := a.tail
 	data, err := proto.Marshal(&heraldpb.LogEntry{
 		BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: now, MaxTimestampMs: maxTs, Records: req.Records,
-		MaxPriority: uint32(info.MaxPriority),
+		MaxPriority: uint32(info.MaxPriority), ProducerId: req.ProducerId, BaseSequence: req.BaseSequence,
 	})
 	if err != nil {
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err))
@@ -783,6 +850,9 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		return
 	}
 	a.tail = base + int64(info.Count)
+	if req.ProducerId != 0 {
+		a.inflight[req.ProducerId] = append(a.inflight[req.ProducerId], inflightSeq{seq: req.BaseSequence, count: uint32(info.Count), offset: base, term: a.term})
+	}
 	p := proposal{replyTo: replyTo, frameID: f.Id, acks: req.Acks, count: uint32(info.Count), appendTime: now, bytes: len(req.Records)}
 	if req.Acks == heraldpb.Acks_ACKS_NONE {
 		a.reply(ctx, replyTo, produced(f.Id, a.cfg.Partition, -1, p))
@@ -938,7 +1008,11 @@ func (a *Actor) storageFailed(ctx actor.Context, err error) {
 	a.store, a.rn = nil, nil
 	a.isLeader, a.stampReady = false, false
 	a.setQuiesced(false)
+	a.stopProducerLoad()
+	clear(a.inflight)
+	a.termApplied = false
 	a.stats.Writable.Store(false)
+	a.stats.Idempotent.Store(false)
 	a.m.leader.Set(0)
 	if a.reopenBackup == 0 {
 		a.reopenBackup = 500 * time.Millisecond
@@ -950,7 +1024,7 @@ func (a *Actor) storageFailed(ctx actor.Context, err error) {
 
 func (a *Actor) failPending(ctx actor.Context, why *heraldpb.Error) {
 	for k, p := range a.pending {
-		a.reply(ctx, p.replyTo, heraldpb.ErrorFrame(p.frameID, why))
+		a.answer(ctx, p, func(id uint64, _ bool) *heraldpb.Frame { return heraldpb.ErrorFrame(id, why) })
 		delete(a.pending, k)
 	}
 }
@@ -975,6 +1049,7 @@ func (a *Actor) publish() {
 	a.m.start.Set(float64(start))
 	a.m.end.Set(float64(end))
 	a.m.hw.Set(float64(a.hw))
+	a.publishProducers()
 }
 
 // committedStorage reports a raised commit index in InitialState.

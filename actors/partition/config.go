@@ -147,6 +147,18 @@ type Config struct {
 	// IndexSaveInterval (default 10s) and at stop.
 	IndexPath         string
 	IndexSaveInterval time.Duration
+	// ProducerStatePath is the file the table of idempotent producers'
+	// recent batches is saved to, with the raft index it covers, every
+	// IndexSaveInterval and at stop ("": not saved, so every open reads the
+	// whole log to rebuild it). At open the committed entries after the
+	// saved index are read from the log off the actor; until then the
+	// leader answers idempotent produces THROTTLED.
+	ProducerStatePath string
+	// MaxProducers bounds the idempotent producers whose recent batches the
+	// partition remembers; past it the least recently written one is
+	// forgotten, and its next batch is accepted whatever its sequence.
+	// Default 10,000 (about 1 MiB).
+	MaxProducers int
 	// Readers serves fetches below the window from the log, off the mailbox.
 	// Nil means a private pool of 2 readers.
 	Readers *ReaderPool
@@ -204,6 +216,9 @@ func (c *Config) EnsureDefaults() {
 	if c.IndexSaveInterval == 0 {
 		c.IndexSaveInterval = 10 * time.Second
 	}
+	if c.MaxProducers == 0 {
+		c.MaxProducers = 10_000
+	}
 	if c.Clock == nil {
 		c.Clock = SystemClock
 	}
@@ -230,7 +245,7 @@ func (c *Config) Validate() error {
 	if c.HeartbeatTicks >= c.ElectionTicks {
 		errs = append(errs, fmt.Errorf("partition: HeartbeatTicks (%d) must be below ElectionTicks (%d)", c.HeartbeatTicks, c.ElectionTicks))
 	}
-	if c.WindowBytes < 0 || c.MailboxLimit < 0 || c.MaxParkedFetches < 0 || c.MaxMessageBytes < 0 {
+	if c.WindowBytes < 0 || c.MailboxLimit < 0 || c.MaxParkedFetches < 0 || c.MaxMessageBytes < 0 || c.MaxProducers < 0 {
 		errs = append(errs, errors.New("partition: limits must not be negative"))
 	}
 	return errors.Join(errs...)

@@ -52,6 +52,18 @@ var (
 	storageFailures = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_partition_storage_failures_total", Help: "Times the partition's log failed and was reopened.",
 	}, labels)
+	idemProducers = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_idempotent_producers", Help: "Idempotent producers whose recent batches the partition remembers (bounded by MaxProducers).",
+	}, labels)
+	idemEvictions = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_idempotent_evictions_total", Help: "Idempotent producers forgotten because the partition's table was full.",
+	}, labels)
+	produceDuplicates = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_produce_duplicates_total", Help: "Idempotent produce retries answered with the original offsets instead of being appended again.",
+	}, labels)
+	produceOutOfOrder = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_produce_out_of_order_total", Help: "Idempotent produces refused with OUT_OF_ORDER_SEQUENCE.",
+	}, labels)
 	readerQueueDepth = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_log_reader_queue_depth", Help: "Catch-up fetches queued for the log reader pool.",
 	})
@@ -60,7 +72,8 @@ var (
 // partMetrics caches one partition's label-bound metrics.
 type partMetrics struct {
 	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas prometheus.Counter
-	start, end, hw, mailbox, parked, leader, writerQueue, quiesced                                        prometheus.Gauge
+	idemEvictions, duplicates, outOfOrder                                                                 prometheus.Counter
+	start, end, hw, mailbox, parked, leader, writerQueue, quiesced, producers                             prometheus.Gauge
 	lv                                                                                                    []string
 }
 
@@ -83,16 +96,20 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		leader:            isLeader.WithLabelValues(lv...),
 		quiesced:          isQuiesced.WithLabelValues(lv...),
 		writerQueue:       writerQueueDepth.WithLabelValues(lv...),
+		producers:         idemProducers.WithLabelValues(lv...),
+		idemEvictions:     idemEvictions.WithLabelValues(lv...),
+		duplicates:        produceDuplicates.WithLabelValues(lv...),
+		outOfOrder:        produceOutOfOrder.WithLabelValues(lv...),
 	}
 }
 
 // DeleteMetrics removes a deleted partition's series.
 func DeleteMetrics(topic string, part uint32) {
 	lv := []string{topic, strconv.FormatUint(uint64(part), 10)}
-	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas} {
+	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas, idemEvictions, produceDuplicates, produceOutOfOrder} {
 		v.DeleteLabelValues(lv...)
 	}
-	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth} {
+	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers} {
 		v.DeleteLabelValues(lv...)
 	}
 }

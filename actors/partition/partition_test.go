@@ -109,6 +109,13 @@ type replica struct {
 // through their PIDs, each with its own real log in a temp dir.
 func spawnGroup(t *testing.T, sys *actor.ActorSystem, n int) []*replica {
 	t.Helper()
+	return spawnGroupWith(t, sys, n, nil)
+}
+
+// spawnGroupWith is spawnGroup with each replica's config passed through
+// tune (when not nil) before it starts.
+func spawnGroupWith(t *testing.T, sys *actor.ActorSystem, n int, tune func(r *replica, cfg *Config)) []*replica {
+	t.Helper()
 	base := t.TempDir()
 	peers := map[uint64]*actor.PID{}
 	var reps []*replica
@@ -121,13 +128,17 @@ func spawnGroup(t *testing.T, sys *actor.ActorSystem, n int) []*replica {
 	t.Cleanup(readers.Close)
 	for _, r := range reps {
 		dir := r.dir
-		props, err := Props(sys, Config{
+		cfg := Config{
 			Topic: "t", Partition: 0, ReplicaID: r.id, Peers: peers,
 			Open: func() (Storage, error) {
 				return persistence.Open(persistence.Options{Dir: dir, Group: "t-0"})
 			},
 			TickInterval: 10 * time.Millisecond, Readers: readers,
-		}, r.stats)
+		}
+		if tune != nil {
+			tune(r, &cfg)
+		}
+		props, err := Props(sys, cfg, r.stats)
 		if err != nil {
 			t.Fatal(err)
 		}

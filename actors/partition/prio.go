@@ -259,10 +259,11 @@ func (x *prioIndex) load(path string, start, hw int64) error {
 	return nil
 }
 
-// writePrioFile replaces path with data: a temporary file renamed over it.
-// No fsync: the file is a cache of the log, and a torn or stale one is
-// detected (checksum, offset) and rebuilt.
-func writePrioFile(path string, data []byte) error {
+// replaceFile replaces path with data: a temporary file renamed over it.
+// No fsync: the file (the priority index, the producer table) is a cache of
+// the log, and a torn or stale one is detected (checksum, offset or index)
+// and rebuilt.
+func replaceFile(path string, data []byte) error {
 	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
 	if err := os.WriteFile(tmp, data, 0o640); err != nil {
 		return err

@@ -100,14 +100,14 @@ func (a *Actor) savePrio(now bool) {
 	}
 	a.prio.dirty, a.prioThrough = false, through
 	if now {
-		if err := writePrioFile(a.cfg.IndexPath, data); err != nil {
+		if err := replaceFile(a.cfg.IndexPath, data); err != nil {
 			a.log.Warn("saving the priority index", "err", err)
 		}
 		return
 	}
 	a.prio.saving = true
 	path, gen, sys, self := a.cfg.IndexPath, a.gen, a.sys, a.self
-	go func() { sys.Root.Send(self, prioSaved{gen: gen, err: writePrioFile(path, data)}) }()
+	go func() { sys.Root.Send(self, prioSaved{gen: gen, err: replaceFile(path, data)}) }()
 }
 
 func (a *Actor) onPrioSaved(m prioSaved) {

@@ -98,6 +98,16 @@ type proposal struct {
 	count      uint32
 	appendTime int64
 	bytes      int
+	// duplicate: replyTo is a retry of an idempotent batch already proposed
+	// (its answer says so); dups are more such retries, answered with it.
+	duplicate bool
+	dups      []waiter
+}
+
+// waiter is a request to answer: its session and frame id.
+type waiter struct {
+	replyTo *actor.PID
+	frameID uint64
 }
 
 // parkedFetch is a long-poll fetch waiting for data at offset.

@@ -828,6 +828,10 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 		respond(ctx, to, invalid(f.Id, "set deliver_at_ms or delay_ms, not both"))
 		return
 	}
+	if req.ProducerId != 0 {
+		respond(ctx, to, invalid(f.Id, "a delayed batch cannot be idempotent: send it with producer_id 0"))
+		return
+	}
 	var at int64
 	switch {
 	case req.DelayMs != 0:

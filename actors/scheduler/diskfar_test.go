@@ -600,13 +600,14 @@ func (nullFS) SyncDir(string) error                                { return nil 
 
 type nullFile struct{}
 
-func (nullFile) Read([]byte) (int, error)          { return 0, io.EOF }
-func (nullFile) Write(p []byte) (int, error)       { return len(p), nil }
-func (nullFile) ReadAt([]byte, int64) (int, error) { return 0, io.EOF }
-func (nullFile) Close() error                      { return nil }
-func (nullFile) Sync() error                       { return nil }
-func (nullFile) Truncate(int64) error              { return nil }
-func (nullFile) Stat() (os.FileInfo, error)        { return nullInfo{}, nil }
+func (nullFile) Read([]byte) (int, error)               { return 0, io.EOF }
+func (nullFile) Write(p []byte) (int, error)            { return len(p), nil }
+func (nullFile) ReadAt([]byte, int64) (int, error)      { return 0, io.EOF }
+func (nullFile) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
+func (nullFile) Close() error                           { return nil }
+func (nullFile) Sync() error                            { return nil }
+func (nullFile) Truncate(int64) error                   { return nil }
+func (nullFile) Stat() (os.FileInfo, error)             { return nullInfo{}, nil }
 
 type nullInfo struct{}
 

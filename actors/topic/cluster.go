@@ -309,12 +309,13 @@ func (m *Manager) onClusterOpDone(ctx actor.Context, d *clusterOpDone) {
 }
 
 // ready reports whether a new topic can take writes: every partition of
-// a local topic is writable; every local replica of a cluster topic knows
-// its leader.
-func (e *Entry) ready(remote *actor.PID) bool {
+// a local topic is writable, by idempotent producers (the SDK's default)
+// too unless the topic is internal; every local replica of a cluster
+// topic knows its leader.
+func (e *Entry) ready(remote *actor.PID, internal bool) bool {
 	for i, st := range e.Stats {
 		switch {
-		case e.Record == nil && !st.Writable.Load():
+		case e.Record == nil && (!st.Writable.Load() || (!internal && !st.Idempotent.Load())):
 			return false
 		case e.Record != nil && e.Partitions[i] != remote && st.Leader.Load() == 0:
 			return false

@@ -260,7 +260,7 @@ func (m *Manager) awaitWritable(ctx actor.Context, w *awaitCreated) {
 	if m.cluster != nil {
 		remote = m.cluster.remote
 	}
-	ready := e.ready(remote)
+	ready := e.ready(remote, w.internal)
 	if !ready && time.Now().Before(w.deadline) {
 		self, sys := ctx.Self(), m.sys
 		time.AfterFunc(2*time.Millisecond, func() { sys.Root.Send(self, w) })
@@ -293,17 +293,18 @@ func (m *Manager) partitionConfig(name string, p uint32, cfg *heraldpb.TopicConf
 				Logger: m.cfg.Logger, Group: group,
 			})
 		},
-		IndexPath:       filepath.Join(dir, "priority.idx"),
-		MaxMessageBytes: int(cfg.MaxMessageBytes),
-		RetentionAge:    time.Duration(cfg.RetentionMs) * time.Millisecond,
-		RetentionBytes:  cfg.RetentionBytes,
-		RetentionCheck:  m.cfg.RetentionCheck,
-		TickInterval:    m.cfg.TickInterval,
-		MailboxLimit:    m.cfg.MailboxLimit,
-		WindowBytes:     m.cfg.WindowBytes,
-		Readers:         m.cfg.Readers,
-		OnRelease:       m.cfg.OnIdleRelease,
-		Logger:          m.cfg.Logger,
+		IndexPath:         filepath.Join(dir, "priority.idx"),
+		ProducerStatePath: filepath.Join(dir, "producers.state"),
+		MaxMessageBytes:   int(cfg.MaxMessageBytes),
+		RetentionAge:      time.Duration(cfg.RetentionMs) * time.Millisecond,
+		RetentionBytes:    cfg.RetentionBytes,
+		RetentionCheck:    m.cfg.RetentionCheck,
+		TickInterval:      m.cfg.TickInterval,
+		MailboxLimit:      m.cfg.MailboxLimit,
+		WindowBytes:       m.cfg.WindowBytes,
+		Readers:           m.cfg.Readers,
+		OnRelease:         m.cfg.OnIdleRelease,
+		Logger:            m.cfg.Logger,
 	}
 }
 

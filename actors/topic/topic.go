@@ -44,6 +44,10 @@ func (t *topicActor) Receive(ctx actor.Context) {
 // route picks the partition of a produce request.
 func (t *topicActor) route(req *heraldpb.ProduceRequest) (uint32, *heraldpb.Error) {
 	n := uint32(len(t.partitions))
+	if req.ProducerId != 0 && req.Partition == nil {
+		// Sequences are per partition: the producer must choose it.
+		return 0, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "an idempotent produce (producer_id %d) must name its partition", req.ProducerId)
+	}
 	if req.Partition != nil {
 		if *req.Partition >= n {
 			return 0, partitionNotFound(t.name, *req.Partition, int(n))

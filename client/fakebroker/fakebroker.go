@@ -5,7 +5,10 @@
 // connection) in the style of franz-go's kfake.
 //
 // It also runs consumer groups (push with credits, acks, nacks, group
-// admin) and request-reply in a simplified form: see groups.go.
+// admin) and request-reply in a simplified form: see groups.go. It
+// deduplicates idempotent produces as the broker does (each producer's last
+// 5 batches per partition, OUT_OF_ORDER_SEQUENCE on a gap), without a limit
+// on producers.
 //
 // It is not the broker: it has no durability, replication or real flow
 // control. End-to-end tests must use the real broker.
@@ -34,6 +37,10 @@ type Action struct {
 	Delay time.Duration   // wait this long before handling (or erroring)
 	Close bool            // close the connection instead of answering
 	Drop  bool            // never answer
+	// LoseReply (produce requests): handle the request, then close the
+	// connection instead of sending its answer, as when a response is lost
+	// after the broker wrote the batch.
+	LoseReply bool
 }
 
 // Hook sees every request frame (Hello included) before it is handled. conn
@@ -48,6 +55,12 @@ type ProduceLog struct {
 	Explicit  bool // the request named the partition
 	Count     int
 	Records   []byte
+	// Idempotent produce: the request's producer id and base sequence, and
+	// whether it was a retry answered with the original offsets (nothing
+	// stored).
+	ProducerID   uint64
+	BaseSequence int64
+	Duplicate    bool
 }
 
 // Broker is a running fake broker.
@@ -85,10 +98,19 @@ type topic struct {
 }
 
 type partition struct {
-	batches  []*heraldpb.StoredBatch
-	hw       int64
-	recs     []*heraldpb.Record // decoded, by offset (for push delivery)
-	appendMs []int64            // by offset
+	batches   []*heraldpb.StoredBatch
+	hw        int64
+	recs      []*heraldpb.Record // decoded, by offset (for push delivery)
+	appendMs  []int64            // by offset
+	producers map[uint64][]seqBatch
+}
+
+// seqBatch is a batch of an idempotent producer. The fake keeps each
+// producer's last 5, as the broker does, and no limit on producers.
+type seqBatch struct {
+	seq    int64
+	count  int
+	offset int64
 }
 
 // Opt configures a Broker.
@@ -385,7 +407,8 @@ func errFrame(id uint64, code heraldpb.ErrorCode, format string, args ...any) *h
 }
 
 func (s *session) handle(f *heraldpb.Frame) {
-	if s.apply(s.hookAction(f), f, true) {
+	act := s.hookAction(f)
+	if s.apply(act, f, true) {
 		if s.ctx.Err() == nil {
 			// Dropped or closed requests still leave the window.
 			s.inFlight.Add(-1)
@@ -460,7 +483,13 @@ func (s *session) handle(f *heraldpb.Frame) {
 		}
 		s.reply(&heraldpb.Frame{Id: id, Body: &heraldpb.Frame_DescribeTopicResponse{DescribeTopicResponse: &heraldpb.DescribeTopicResponse{Topic: info}}})
 	case *heraldpb.Frame_Produce:
-		s.reply(b.produce(s.id, id, body.Produce))
+		resp := b.produce(s.id, id, body.Produce)
+		if act.LoseReply {
+			s.inFlight.Add(-1)
+			s.nc.Close()
+			return
+		}
+		s.reply(resp)
 	case *heraldpb.Frame_Fetch:
 		s.reply(b.fetch(s.ctx, id, body.Fetch))
 	case *heraldpb.Frame_ListOffsets:
@@ -511,6 +540,9 @@ func (b *Broker) produce(conn int, id uint64, req *heraldpb.ProduceRequest) *her
 		return errFrame(id, heraldpb.ErrorCode_TOPIC_NOT_FOUND, "no topic %q", req.GetTopic())
 	}
 	n := uint32(len(t.parts))
+	if req.GetProducerId() != 0 && req.Partition == nil {
+		return errFrame(id, heraldpb.ErrorCode_INVALID_REQUEST, "an idempotent produce must name its partition")
+	}
 	var part uint32
 	switch {
 	case req.Partition != nil:
@@ -525,6 +557,26 @@ func (b *Broker) produce(conn int, id uint64, req *heraldpb.ProduceRequest) *her
 		t.rr++
 	}
 	p := t.parts[part]
+	if pid, seq := req.GetProducerId(), req.GetBaseSequence(); pid != 0 {
+		bs := p.producers[pid]
+		for _, sb := range bs {
+			if sb.seq == seq && sb.count == info.Count {
+				b.produced = append(b.produced, ProduceLog{Conn: conn, Topic: req.GetTopic(), Partition: part, Explicit: true, Count: info.Count,
+					Records: append([]byte(nil), req.GetRecords()...), ProducerID: pid, BaseSequence: seq, Duplicate: true})
+				return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
+					Partition: part, BaseOffset: sb.offset, Count: uint32(info.Count), Duplicate: true,
+				}}}
+			}
+		}
+		if n := len(bs); n > 0 && seq != bs[n-1].seq+int64(bs[n-1].count) {
+			return errFrame(id, heraldpb.ErrorCode_OUT_OF_ORDER_SEQUENCE, "producer %d sent sequence %d; the next expected is %d", pid, seq, bs[n-1].seq+int64(bs[n-1].count))
+		}
+		if p.producers == nil {
+			p.producers = map[uint64][]seqBatch{}
+		}
+		bs = append(bs, seqBatch{seq: seq, count: info.Count, offset: p.hw})
+		p.producers[pid] = bs[max(0, len(bs)-5):]
+	}
 	now := time.Now().UnixMilli()
 	sb := &heraldpb.StoredBatch{BaseOffset: p.hw, Count: uint32(info.Count), AppendTimeMs: now, Records: append([]byte(nil), req.GetRecords()...)}
 	p.batches = append(p.batches, sb)
@@ -535,7 +587,8 @@ func (b *Broker) produce(conn int, id uint64, req *heraldpb.ProduceRequest) *her
 		p.recs = append(p.recs, r)
 		p.appendMs = append(p.appendMs, now)
 	}
-	b.produced = append(b.produced, ProduceLog{Conn: conn, Topic: req.GetTopic(), Partition: part, Explicit: req.Partition != nil, Count: info.Count, Records: sb.Records})
+	b.produced = append(b.produced, ProduceLog{Conn: conn, Topic: req.GetTopic(), Partition: part, Explicit: req.Partition != nil, Count: info.Count, Records: sb.Records,
+		ProducerID: req.GetProducerId(), BaseSequence: req.GetBaseSequence()})
 	close(b.changed)
 	b.changed = make(chan struct{})
 	b.pumpLocked()

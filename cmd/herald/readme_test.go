@@ -303,7 +303,8 @@ func produceAndConsume(ctx context.Context, addr string) error {
 
 	// A producer batches per partition (linger, batch size), keeps at most one
 	// batch per partition in flight so keyed records stay in order, and retries
-	// retryable errors itself (WithMaxRetries, WithRetryBackoff).
+	// retryable errors itself (WithMaxRetries, WithRetryBackoff). It is
+	// idempotent: a retried batch is written once (WithIdempotence).
 	p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithLinger(5*time.Millisecond))
 	defer p.Close(context.Background())
 

@@ -1,0 +1,57 @@
+package heraldpb
+
+import (
+	"math"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+)
+
+func TestScanLogEntryProducer(t *testing.T) {
+	data, err := proto.Marshal(&LogEntry{BaseOffset: 7, Count: 3, AppendTimeMs: 11, MaxTimestampMs: 12, Records: []byte{1, 2},
+		MaxPriority: 4, ProducerId: 1 << 63, BaseSequence: 1<<40 + 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, recs, err := ScanLogEntry(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := LogEntryHeader{BaseOffset: 7, Count: 3, AppendTimeMs: 11, MaxTimestampMs: 12, MaxPriority: 4, ProducerID: 1 << 63, BaseSequence: 1<<40 + 5}
+	if h != want || string(recs) != "\x01\x02" {
+		t.Fatalf("scanned %+v %v, want %+v", h, recs, want)
+	}
+}
+
+// FuzzScanLogEntry: ScanLogEntry never panics, and whatever it accepts that
+// proto.Unmarshal accepts too has the same header fields, except that a
+// max_priority beyond 32 bits is clamped where protobuf truncates it
+// (testdata/fuzz/FuzzScanLogEntry).
+func FuzzScanLogEntry(f *testing.F) {
+	for _, e := range []*LogEntry{
+		{BaseOffset: 7, Count: 3, Records: []byte{1}},
+		{BaseOffset: 100, Count: 1, ProducerId: 42, BaseSequence: 9, MaxPriority: 2},
+		{},
+	} {
+		b, _ := proto.Marshal(e)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, recs, err := ScanLogEntry(b)
+		if err != nil {
+			return
+		}
+		var e LogEntry
+		if proto.Unmarshal(b, &e) != nil {
+			return
+		}
+		if h.MaxPriority == math.MaxUint32 {
+			e.MaxPriority = math.MaxUint32
+		}
+		got := LogEntryHeader{BaseOffset: e.BaseOffset, Count: e.Count, AppendTimeMs: e.AppendTimeMs, MaxTimestampMs: e.MaxTimestampMs,
+			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence}
+		if h != got || string(recs) != string(e.Records) {
+			t.Fatalf("ScanLogEntry %+v, Unmarshal %+v", h, got)
+		}
+	})
+}
