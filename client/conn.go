@@ -338,6 +338,21 @@ func (c *conn) roundTripHook(ctx context.Context, req *heraldpb.Frame, timeout t
 	}, timeout, hook)
 }
 
+// exchangeQueued is roundTrip with queued run as soon as the request is
+// queued on the connection, before its response arrives (or as the send
+// fails).
+func (c *conn) exchangeQueued(ctx context.Context, req *heraldpb.Frame, timeout time.Duration, queued func()) (*heraldpb.Frame, error) {
+	ch, err := c.send(ctx, func(dst []byte, id uint64) ([]byte, error) {
+		req.Id = id
+		return heraldpb.AppendFrame(dst, req)
+	}, nil)
+	queued()
+	if err != nil {
+		return nil, err
+	}
+	return c.await(ctx, ch, timeout)
+}
+
 // exchange sends the frame that enc appends to dst (a whole length-prefixed
 // frame with the given id; on error dst unchanged) and waits for the
 // response, as roundTrip does.
@@ -346,6 +361,11 @@ func (c *conn) exchange(ctx context.Context, enc func(dst []byte, id uint64) ([]
 	if err != nil {
 		return nil, err
 	}
+	return c.await(ctx, ch, timeout)
+}
+
+// await waits for the response on ch, as roundTrip does.
+func (c *conn) await(ctx context.Context, ch chan *heraldpb.Frame, timeout time.Duration) (*heraldpb.Frame, error) {
 	var timer <-chan time.Time
 	if timeout > 0 {
 		t := time.NewTimer(timeout)

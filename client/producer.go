@@ -127,6 +127,20 @@ type batch struct {
 	// record, fixed when the batch is first sent and kept on every retry.
 	pid uint64
 	seq int64
+	// Idempotence: the batches of a partition reach the connection in
+	// sequence order (each is sent by its own goroutine): a batch's first
+	// attempt waits for turn, closed once the previous batch's first
+	// attempt is queued on its connection, and closes queued once its
+	// own is (or once it failed before that).
+	turn, queued chan struct{}
+	queuedOnce   sync.Once
+}
+
+// markQueued lets the partition's next batch go to the connection.
+func (bt *batch) markQueued() {
+	if bt.queued != nil {
+		bt.queuedOnce.Do(func() { close(bt.queued) })
+	}
 }
 
 // batcher queues the batches of one (topic, partition). All fields are
@@ -135,9 +149,10 @@ type batcher struct {
 	key         batchKey
 	maxInFlight int
 	inFlight    int
-	ready       []*batch // sealed batches, sent in order
-	cur         *batch   // open batch, still taking records
-	lingerDue   bool     // cur may be sent now
+	ready       []*batch      // sealed batches, sent in order
+	lastQueued  chan struct{} // idempotence: closed once the last batch sent is queued on its connection
+	cur         *batch        // open batch, still taking records
+	lingerDue   bool          // cur may be sent now
 	timer       *time.Timer
 	// Bytes and records of the last sealed batch: a new batch starts with
 	// about that much room, so that steady full batches do not grow their
@@ -492,6 +507,8 @@ func (p *Producer) drainLocked(b *batcher) {
 			bt.pid, bt.seq = st.pid, st.next
 			st.next += int64(len(bt.recs))
 			st.inflight = append(st.inflight, bt.seq)
+			bt.turn, bt.queued = b.lastQueued, make(chan struct{})
+			b.lastQueued = bt.queued
 		}
 		b.inFlight++
 		go p.run(b, bt)
@@ -587,7 +604,15 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		// An earlier batch of the partition unresolved when this attempt
 		// leaves may make the partition refuse it as out of order.
 		earlier := bt.pid != 0 && p.earlierInFlight(key, bt)
-		resp, err := p.produceOnce(req, key)
+		if attempt == 0 && bt.turn != nil {
+			select {
+			case <-bt.turn:
+			case <-p.ctx.Done():
+				bt.markQueued()
+				return nil, ErrClosed
+			}
+		}
+		resp, err := p.produceOnce(req, key, bt.markQueued)
 		if err == nil {
 			return resp, nil
 		}
@@ -628,12 +653,16 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 	}
 }
 
-func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey) (*heraldpb.ProduceResponse, error) {
+// produceOnce sends one attempt; queued runs once the request is queued on
+// its connection, or once the attempt failed before that.
+func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey, queued func()) (*heraldpb.ProduceResponse, error) {
+	defer queued()
 	cn, err := p.c.leaderConn(p.ctx, key.topic, key.partition)
 	if err != nil {
 		return nil, err
 	}
-	f, err := p.c.call(p.ctx, cn, &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}, 0)
+	timeout := p.c.cfg.requestTimeout
+	f, err := cn.exchangeQueued(p.ctx, &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}, timeout, queued)
 	if err != nil {
 		return nil, err
 	}
