@@ -13,6 +13,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -181,9 +183,17 @@ func (c *Client) anyConn(ctx context.Context) (*conn, error) {
 			return cn, nil
 		}
 	}
+	// The bootstrap addresses first, then the brokers metadata named (the
+	// bootstrap ones may all be gone: nodes restarted elsewhere).
+	addrs := slices.Clone(c.addrs)
+	for _, id := range slices.Sorted(maps.Keys(c.brokers)) {
+		if a := c.brokers[id]; !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
 	c.mu.Unlock()
 	var errs []error
-	for _, a := range c.addrs {
+	for _, a := range addrs {
 		cn, err := c.connTo(ctx, a)
 		if err == nil {
 			return cn, nil

@@ -283,8 +283,11 @@ func TestReplayByOffsetAndTime(t *testing.T) {
 	c := dial(t, n)
 	createTopic(t, c, "log", 1)
 	produceN(t, c, "log", "a", 100, 1)
+	// Append times are in milliseconds: mid must fall in a later
+	// millisecond than the last "a" batch's, and before the first "b" one.
+	time.Sleep(5 * time.Millisecond)
 	mid := time.Now()
-	time.Sleep(5 * time.Millisecond) // the batches before and after get distinct timestamps
+	time.Sleep(5 * time.Millisecond)
 	produceN(t, c, "log", "b", 100, 1)
 	first := func(group string, from client.StartPosition) string {
 		got := make(chan string, 1000)

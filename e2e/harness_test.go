@@ -210,7 +210,13 @@ func startWrapped(t testing.TB, wrap []string, dir string, extra ...string) *pro
 
 func (p *proc) Start(t testing.TB) {
 	t.Helper()
-	args := append([]string{"serve", "--data", p.dir, "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"}, p.extra...)
+	// A restart listens where the first start did, as a real node does:
+	// clients keep the addresses they bootstrapped from.
+	listen, admin := "127.0.0.1:0", "127.0.0.1:0"
+	if p.addr != "" {
+		listen, admin = p.addr, p.admin
+	}
+	args := append([]string{"serve", "--data", p.dir, "--listen", listen, "--admin", admin}, p.extra...)
 	args = append([]string{heraldBin}, args...)
 	if len(p.wrap) > 0 {
 		args = append(slices.Clone(p.wrap), args...)

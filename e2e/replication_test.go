@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
+	"runtime"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -110,7 +112,12 @@ type loadProducers struct {
 func startLoad(t *testing.T, addrs, topic string, producers, partitions int, every time.Duration) *loadProducers {
 	l := &loadProducers{stop: make(chan struct{})}
 	for i := 0; i < producers; i++ {
-		c, err := client.Dial(ctxT(t, 10*time.Second), addrs)
+		var copts []client.Option
+		if f := os.Getenv("HERALD_CLIENT_LOG"); f != "" {
+			lf, _ := os.OpenFile(f, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+			copts = append(copts, client.WithLogger(slog.New(slog.NewTextHandler(lf, &slog.HandlerOptions{Level: slog.LevelDebug})).With("producer", i)))
+		}
+		c, err := client.Dial(ctxT(t, 10*time.Second), addrs, copts...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -564,6 +571,29 @@ func TestFailoverTimes(t *testing.T) {
 		}
 		killedAt := time.Now()
 		tc.nodes[victim].Kill(t)
+		t.Cleanup(func() {
+			if !t.Failed() {
+				return
+			}
+			buf := make([]byte, 8<<20)
+			os.WriteFile("/tmp/hb/stacks.txt", buf[:runtime.Stack(buf, true)], 0o644)
+			for id, n := range tc.nodes {
+				if id == victim {
+					continue
+				}
+				resp, err := http.Get("http://" + n.AdminAddr() + "/metrics")
+				if err != nil {
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				for _, line := range strings.Split(string(b), "\n") {
+					if strings.Contains(line, `topic="orders"`) && !strings.HasSuffix(line, " 0") {
+						t.Logf("node %d: %s", id, line)
+					}
+				}
+			}
+		})
 		checkFor(t, 60*time.Second, "acks resume on every partition", func() error {
 			for p := int32(0); p < parts; p++ {
 				if n := load.countSince(p, killedAt); n < 100 {
@@ -580,6 +610,11 @@ func TestFailoverTimes(t *testing.T) {
 		t.Logf("round %d: killed node %d (leader of partitions %v): writes stalled %v", round+1, victim, led, worst.Round(time.Millisecond))
 		tc.nodes[victim].Start(t)
 		tc.waitRegistered(t, tc.nodes)
+		// The restarted node listens on a new port: learn it, as the
+		// clients do on their next metadata refresh.
+		if _, err := c.Metadata(ctxT(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	load.finish()
 	slices.Sort(stalls)
