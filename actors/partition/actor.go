@@ -28,6 +28,8 @@ type Stats struct {
 	// Writable is true while this replica leads and accepts produce
 	// requests (its log is written up to its election).
 	Writable atomic.Bool
+	// Quiesced is true while the replica's group is quiesced (quiesce.go).
+	Quiesced atomic.Bool
 	// Conf is the group's membership as this replica last applied it.
 	Conf atomic.Pointer[raftpb.ConfState]
 	// Idempotent is true while this replica leads and accepts idempotent
@@ -1046,6 +1048,9 @@ func (a *Actor) publish() {
 	a.stats.EndOffset.Store(end)
 	a.stats.SizeBytes.Store(a.store.Size())
 	a.stats.Leader.Store(a.leader)
+	if a.rn != nil {
+		a.stats.Term.Store(a.rn.BasicStatus().Term)
+	}
 	a.m.start.Set(float64(start))
 	a.m.end.Set(float64(end))
 	a.m.hw.Set(float64(a.hw))

@@ -116,6 +116,7 @@ const quiescedTickEvery = 10
 func (a *Actor) setQuiesced(q bool) {
 	a.quiesced = q
 	a.sleeping.Store(q)
+	a.stats.Quiesced.Store(q)
 	if q {
 		a.m.quiesced.Set(1)
 	} else {
