@@ -407,7 +407,7 @@ func (n *Node) join() (*incarnation, error) {
 			hosts = append(hosts, ln.Addr().String())
 		}
 		slices.Sort(hosts)
-		provider = automanaged.NewWithTesting(n.cfg.Refresh, hport, e, hosts...)
+		provider = newPeersProvider(hosts, n.cfg.Refresh, peerFailuresTolerated, e, n.log)
 	}
 	kind := pcluster.NewKind(kindPrefix+strconv.FormatUint(n.cfg.NodeID, 10), actor.PropsFromFunc(func(actor.Context) {}))
 	cc := pcluster.Configure(n.cfg.Name, provider, disthash.New(), rc, pcluster.WithKinds(kind))
@@ -436,6 +436,11 @@ func (n *Node) join() (*incarnation, error) {
 	n.log.Info("joined the cluster", "member", sys.ID, "address", net.JoinHostPort(h, strconv.Itoa(p)), "provider", n.cfg.Provider)
 	return inc, nil
 }
+
+// peerFailuresTolerated is how many consecutive health polls a peer may
+// miss (by timing out; a refused connection drops it at once) and stay a
+// member: about 9 s of silence at the default 1 s refresh and 2 s timeout.
+const peerFailuresTolerated = 3
 
 // startMember starts the protoactor cluster member, turning its panics
 // (a provider that cannot start) into an error.
