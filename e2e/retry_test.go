@@ -79,6 +79,9 @@ func TestRetryAcrossSIGKILL(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.Kill(t)
+	// The broker comes back on the same address: the old client would
+	// resubscribe by itself and take the retry; this test follows a new one.
+	c.Close()
 	n.Start(t)
 
 	c2 := dial(t, n)
