@@ -214,15 +214,9 @@ func TestChaosNetworkPartition(t *testing.T) {
 		t.Fatalf("%d of 50 acknowledged after the heal", ok)
 	}
 	checkFor(t, 30*time.Second, "the healed node caught up", func() error {
-		var hws []int64
-		for _, id := range []uint64{1, 2, 3} {
-			cc := dialNode(t, tc.nodes[id])
-			info, err := cc.DescribeTopic(ctxT(t, 5*time.Second), "t")
-			cc.Close()
-			if err != nil {
-				return err
-			}
-			hws = append(hws, info.Partitions[0].HighWatermark)
+		hws, err := tc.highWatermarks(t, "t", 0)
+		if err != nil {
+			return err
 		}
 		if hws[0] != 450 || hws[1] != 450 || hws[2] != 450 {
 			return fmt.Errorf("high watermarks %v, want 450", hws)

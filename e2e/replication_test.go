@@ -89,6 +89,38 @@ func mapKeys[K comparable, V any](m map[K]V) []K {
 	return out
 }
 
+// clusterWithTopic starts three nodes and creates an RF=3 topic of parts
+// partitions through a client that knows all three.
+func clusterWithTopic(t *testing.T, topic string, parts uint32) (*testCluster, *client.Client) {
+	t.Helper()
+	tc := startCluster(t, 3)
+	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.CreateTopic(ctxT(t, 15*time.Second), topic, &heraldpb.TopicConfig{Partitions: parts, ReplicationFactor: 3}); err != nil {
+		t.Fatal(err)
+	}
+	return tc, c
+}
+
+// highWatermarks is each node's high watermark of topic's partition part,
+// as the node itself reports it (nodes 1, 2, 3).
+func (tc *testCluster) highWatermarks(t *testing.T, topic string, part int) ([]int64, error) {
+	var hws []int64
+	for _, id := range []uint64{1, 2, 3} {
+		cc := dialNode(t, tc.nodes[id])
+		info, err := cc.DescribeTopic(ctxT(t, 5*time.Second), topic)
+		cc.Close()
+		if err != nil {
+			return nil, err
+		}
+		hws = append(hws, info.Partitions[part].HighWatermark)
+	}
+	return hws, nil
+}
+
 // ackedID is what a producer was told about one record.
 type ackedID struct {
 	id        string
@@ -281,16 +313,8 @@ func TestReplicatedTopicSurvivesLeaderKill(t *testing.T) {
 }
 
 func replicatedKill(t *testing.T, what string, pickVictim func(*testing.T, *testCluster, *client.Client) uint64, whileDown func(*testing.T, *client.Client)) {
-	tc := startCluster(t, 3)
-	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	const parts = 3
-	if _, err := c.CreateTopic(ctxT(t, 15*time.Second), "orders", &heraldpb.TopicConfig{Partitions: parts, ReplicationFactor: 3}); err != nil {
-		t.Fatal(err)
-	}
+	tc, c := clusterWithTopic(t, "orders", parts)
 	info, err := c.DescribeTopic(ctxT(t, 5*time.Second), "orders")
 	if err != nil {
 		t.Fatal(err)
@@ -349,15 +373,9 @@ func replicatedKill(t *testing.T, what string, pickVictim func(*testing.T, *test
 	// reaches the leader's before the nodes stop.
 	checkFor(t, 30*time.Second, "every replica caught up", func() error {
 		for p := 0; p < parts; p++ {
-			var hws []int64
-			for _, id := range []uint64{1, 2, 3} {
-				cc := dialNode(t, tc.nodes[id])
-				info, err := cc.DescribeTopic(ctxT(t, 5*time.Second), "orders")
-				cc.Close()
-				if err != nil {
-					return err
-				}
-				hws = append(hws, info.Partitions[p].HighWatermark)
+			hws, err := tc.highWatermarks(t, "orders", p)
+			if err != nil {
+				return err
 			}
 			if hws[0] != hws[1] || hws[1] != hws[2] {
 				return fmt.Errorf("partition %d high watermarks %v", p, hws)
@@ -536,16 +554,8 @@ func TestFailoverTimes(t *testing.T) {
 	if err != nil || rounds <= 0 {
 		t.Skip("set HERALD_FAILOVER_KILLS=<rounds> to measure failover times")
 	}
-	tc := startCluster(t, 3)
-	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
 	const parts = 3
-	if _, err := c.CreateTopic(ctxT(t, 15*time.Second), "orders", &heraldpb.TopicConfig{Partitions: parts, ReplicationFactor: 3}); err != nil {
-		t.Fatal(err)
-	}
+	tc, c := clusterWithTopic(t, "orders", parts)
 	load := startLoad(t, tc.addrs(), "orders", 3, parts, 2*time.Millisecond)
 	var stalls []time.Duration
 	for round := 0; round < rounds; round++ {
