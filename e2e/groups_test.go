@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -559,14 +558,9 @@ func consumerProcessKilled(t *testing.T, mode string) {
 // SIGKILL of the broker mid-consume: after the restart every message is
 // delivered, and none whose ack was confirmed (Flush returned) comes again.
 func TestBrokerKilledMidConsume(t *testing.T) {
-	// A fixed port, so the subscription reconnects to the restarted broker.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	n := startProc(t, t.TempDir(), "--listen="+addr)
+	// The restart listens on the same address, so the subscription
+	// reconnects to the restarted broker.
+	n := startProc(t, t.TempDir())
 	c := dial(t, n)
 	createTopic(t, c, "stream", 2)
 	const total = 4000
@@ -575,7 +569,7 @@ func TestBrokerKilledMidConsume(t *testing.T) {
 	handled := map[string]int{}
 	confirmed := map[string]bool{}
 	var violations []string
-	cc, err := client.Dial(ctxT(t, 10*time.Second), addr, client.WithRequestTimeout(2*time.Second))
+	cc, err := client.Dial(ctxT(t, 10*time.Second), n.Addr(), client.WithRequestTimeout(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

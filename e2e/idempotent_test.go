@@ -241,19 +241,13 @@ func TestIdempotentLostResponses(t *testing.T) {
 // 10 s old, or absent) and answers them as duplicates. Every record is
 // acknowledged and stored exactly once, in each writer's order.
 func TestIdempotentKillMidLoad(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	n := startProc(t, t.TempDir(), "--listen="+addr)
+	n := startProc(t, t.TempDir()) // restarts listen on the same address
 	c := dial(t, n)
 	if _, err := c.CreateTopic(ctxT(t, 10*time.Second), "crash", &heraldpb.TopicConfig{Partitions: 3}); err != nil {
 		t.Fatal(err)
 	}
 	c.Close()
-	px := startLoseProxy(t, addr, 0)
+	px := startLoseProxy(t, n.Addr(), 0)
 
 	const writers = 4
 	var mu sync.Mutex
