@@ -170,8 +170,8 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		}
 		b.ctrl, err = cluster.StartController(cluster.ControllerConfig{
 			Node: b.member, Local: b.sys, DataDir: cfg.DataDir, Voters: cluster.Voters(ids), Logger: logger,
-			Self:    &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr, Rack: cfg.Rack},
-			OnApply: b.onMetadata,
+			Self:    &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr, Rack: cfg.Rack, HealthAddress: b.member.HealthAddr()},
+			OnApply: b.onMetadata, ReplicaGrace: cfg.ReplicaGrace,
 		})
 		if err != nil {
 			b.server.Shutdown(context.Background())

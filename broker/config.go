@@ -65,6 +65,9 @@ type Config struct {
 	// Rack is the node's rack (or zone): replicas of a partition go to
 	// distinct racks where there are enough.
 	Rack string
+	// ReplicaGrace is how long a node may be down before the controller
+	// re-creates its replicas on other nodes.
+	ReplicaGrace time.Duration
 
 	peers map[uint64]string // parsed by Validate
 
@@ -86,6 +89,7 @@ func Default() Config {
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second,
 		RetryPolicy: scheduler.DefaultRetryPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000,
 		ShutdownTimeout: 10 * time.Second, LogLevel: "info", ClusterProvider: cluster.ProviderAutomanaged,
+		ReplicaGrace: 5 * time.Minute,
 	}
 }
 
@@ -132,6 +136,9 @@ func (c *Config) Validate() error {
 	}
 	if c.DefaultParts < 1 {
 		bad("default-partitions", "must be at least 1")
+	}
+	if c.ReplicaGrace < time.Second {
+		bad("replica-grace", "%v is under 1s", c.ReplicaGrace)
 	}
 	if c.MaxMessageBytes < 1 || int(c.MaxMessageBytes) > c.MaxFrameBytes-1024 {
 		bad("max-message-bytes", "%d must be between 1 and max-frame-bytes minus 1 KiB", c.MaxMessageBytes)

@@ -394,6 +394,53 @@ func (c *Client) DeleteTopic(ctx context.Context, name string) error {
 	return nil
 }
 
+// ClusterAdmin asks the cluster to move partition replicas (add a node,
+// remove one, rebalance). It returns the moves once the controller has
+// recorded them; they run on afterwards, and each moving partition shows
+// TargetReplicas in the metadata until it is done (see WaitForMoves).
+func (c *Client) ClusterAdmin(ctx context.Context, req *heraldpb.ClusterAdminRequest) (*heraldpb.ClusterAdminResponse, error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ClusterAdmin{ClusterAdmin: req}})
+	if err != nil {
+		return nil, err
+	}
+	r := f.GetClusterAdminResponse()
+	if r == nil {
+		return nil, unexpected(f, "ClusterAdminResponse")
+	}
+	for _, mv := range r.Moves {
+		c.invalidate(mv.Topic)
+	}
+	return r, nil
+}
+
+// WaitForMoves polls the metadata until no partition of any topic is
+// being moved, or ctx ends. It returns how many were moving at the last
+// poll (0 when done).
+func (c *Client) WaitForMoves(ctx context.Context, every time.Duration) (int, error) {
+	for {
+		topics, err := c.ListTopics(ctx)
+		moving := 0
+		for _, t := range topics {
+			for _, p := range t.GetPartitions() {
+				if len(p.GetTargetReplicas()) > 0 {
+					moving++
+				}
+			}
+		}
+		if err == nil && moving == 0 {
+			return 0, nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = ctx.Err()
+			}
+			return moving, err
+		case <-time.After(every):
+		}
+	}
+}
+
 // ListTopics lists every topic.
 func (c *Client) ListTopics(ctx context.Context) ([]*heraldpb.TopicInfo, error) {
 	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ListTopics{ListTopics: &heraldpb.ListTopicsRequest{}}})

@@ -67,10 +67,17 @@ type ControllerConfig struct {
 	// Reregister is how often a node whose registration its replica does
 	// not show yet announces itself again. Default 2 s.
 	Reregister time.Duration
-	// OnApply, if set, is called with the new metadata after each batch of
-	// commands is applied (from the controller's goroutine; keep it short).
+	// OnApply, if set, is called with the new metadata once the commands
+	// committed so far are applied (from the controller's goroutine; keep
+	// it short).
 	OnApply func(*Metadata)
-	Logger  *slog.Logger
+	// ReplicaGrace is how long a node may be down before the controller
+	// moves its replicas to other nodes. Default 5 minutes.
+	ReplicaGrace time.Duration
+	// MaxMoves bounds the partitions the controller's own loop has being
+	// moved at a time. Default 8.
+	MaxMoves int
+	Logger   *slog.Logger
 }
 
 // Metadata is the state the controller group's log builds. It is
@@ -120,6 +127,12 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 	if cfg.Reregister <= 0 {
 		cfg.Reregister = 2 * time.Second
 	}
+	if cfg.ReplicaGrace <= 0 {
+		cfg.ReplicaGrace = 5 * time.Minute
+	}
+	if cfg.MaxMoves <= 0 {
+		cfg.MaxMoves = 8
+	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "controller"), group: partition.Name(ControllerTopic, 0),
 		voter: slices.Contains(cfg.Voters, cfg.Self.NodeId), stop: make(chan struct{})}
 	c.state.Store(&Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}, Topics: map[string]*heraldpb.TopicRecord{}})
@@ -154,10 +167,11 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 		}
 		cfg.Node.Register(RegistrationGroup, c.filter)
 	}
-	c.done.Add(3)
+	c.done.Add(4)
 	go c.tail()
 	go c.register()
 	go c.addLearners()
+	go c.moveAway()
 	c.log.Info("controller started", "voter", c.voter, "voters", cfg.Voters)
 	return c, nil
 }
@@ -215,6 +229,16 @@ func (c *Controller) tail() {
 		before := next
 		if len(resp.Batches) > 0 {
 			next = c.apply(resp.Batches, next)
+			for id, n := range c.state.Load().Nodes {
+				c.cfg.Node.Learn(id, n.ClusterAddress, n.HealthAddress)
+			}
+			// Replicas follow the metadata only once it is caught up with
+			// the committed log, never an older state on the way (after a
+			// restart the whole log is read again: a replica moved away
+			// and back must not be stopped or started by an old state).
+			if next >= resp.HighWatermark && c.cfg.OnApply != nil {
+				c.cfg.OnApply(c.state.Load())
+			}
 		}
 		// A long poll that ended early with nothing new (its queue full),
 		// or a batch that does not decode: do not spin on it.
@@ -248,6 +272,9 @@ func (c *Controller) apply(batches []*heraldpb.StoredBatch, from int64) int64 {
 				c.log.Error("undecodable controller record; skipped", "offset", off)
 			} else {
 				applyCommand(md, &cmd)
+				if cmd.GetReassignPartitions() != nil || cmd.GetCompleteReassignment() != nil {
+					c.log.Info("applied", "offset", off, "command", cmd.String())
+				}
 			}
 			md.Applied = off + 1
 			return true
@@ -258,9 +285,6 @@ func (c *Controller) apply(batches []*heraldpb.StoredBatch, from int64) int64 {
 		}
 	}
 	c.state.Store(md)
-	if c.cfg.OnApply != nil {
-		c.cfg.OnApply(md)
-	}
 	return max(from, md.Applied)
 }
 
@@ -271,6 +295,10 @@ func applyCommand(md *Metadata, cmd *heraldpb.ControllerCommand) {
 	switch {
 	case cmd.GetRegisterNode() != nil:
 		if n := cmd.GetRegisterNode(); n.NodeId != 0 {
+			if old := md.Nodes[n.NodeId]; old != nil && old.Decommissioned != n.Decommissioned {
+				n = proto.Clone(n).(*heraldpb.NodeRecord)
+				n.Decommissioned = old.Decommissioned // only DecommissionNode changes it
+			}
 			md.Nodes[n.NodeId] = n
 		}
 	case cmd.GetCreateTopic() != nil:
@@ -281,6 +309,12 @@ func applyCommand(md *Metadata, cmd *heraldpb.ControllerCommand) {
 		}
 	case cmd.GetDeleteTopic() != nil:
 		delete(md.Topics, cmd.GetDeleteTopic().Name)
+	case cmd.GetReassignPartitions() != nil:
+		applyReassign(md, cmd)
+	case cmd.GetCompleteReassignment() != nil:
+		applyComplete(md, cmd.GetCompleteReassignment())
+	case cmd.GetDecommissionNode() != nil:
+		applyDecommission(md, cmd.GetDecommissionNode())
 	}
 }
 
@@ -392,7 +426,7 @@ func (c *Controller) onRegistration(ctx actor.Context) {
 	}
 	n := cmd.GetRegisterNode()
 	if have := c.state.Load().Nodes[n.NodeId]; have != nil && have.MemberId == n.MemberId &&
-		have.ClusterAddress == n.ClusterAddress && have.ClientAddress == n.ClientAddress && have.Rack == n.Rack {
+		have.ClusterAddress == n.ClusterAddress && have.ClientAddress == n.ClientAddress && have.Rack == n.Rack && have.HealthAddress == n.HealthAddress {
 		return // applied already
 	}
 	ctx.Send(c.pid, f)
@@ -459,7 +493,7 @@ func (c *Controller) CreateTopic(ctx context.Context, name string, cfg *heraldpb
 	view := c.cfg.Node.View()
 	var nodes []NodeInfo
 	for _, id := range slices.Sorted(maps.Keys(md.Nodes)) {
-		if view.Up(id) {
+		if view.Up(id) && !md.Nodes[id].Decommissioned {
 			nodes = append(nodes, NodeInfo{ID: id, Rack: md.Nodes[id].Rack})
 		}
 	}
@@ -512,12 +546,13 @@ func (c *Controller) DeleteTopic(ctx context.Context, name string) error {
 	return c.await(ctx, cmd, func(md *Metadata) bool { return md.Topics[name] == nil })
 }
 
-// Loads counts each node's replicas and preferred leaderships.
+// Loads counts each node's replicas and preferred leaderships (those of
+// running moves' targets).
 func Loads(md *Metadata) map[uint64]Load {
 	out := map[uint64]Load{}
 	for _, t := range md.Topics {
 		for _, p := range t.Partitions {
-			for i, r := range p.Replicas {
+			for i, r := range effective(p) {
 				l := out[r]
 				l.Replicas++
 				if i == 0 {

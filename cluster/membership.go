@@ -274,11 +274,67 @@ type Node struct {
 	rejoins int
 	closed  bool
 
+	learned map[uint64]learnedPeer // nodes not in cfg.Peers that the metadata names
+
 	groups  groups
 	changes chan View
 	stop    chan struct{}
 	done    sync.WaitGroup
 	client  *http.Client
+}
+
+// learnedPeer is a node's addresses as its registration gave them.
+type learnedPeer struct{ cluster, health string }
+
+// Learn makes a node that --peers does not list (one added to the cluster
+// later) reachable: the membership polls its health endpoint and the
+// transport finds its cluster address. The controller calls it for every
+// registered node.
+func (n *Node) Learn(id uint64, cluster, health string) {
+	if id == 0 || cluster == "" {
+		return
+	}
+	if health == "" {
+		health = healthAddr(cluster)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, listed := n.cfg.Peers[id]; listed || id == n.cfg.NodeID {
+		return
+	}
+	if n.learned == nil {
+		n.learned = map[uint64]learnedPeer{}
+	}
+	if n.learned[id] != (learnedPeer{cluster, health}) {
+		n.log.Info("learned a node from the cluster metadata", "node", id, "cluster", cluster, "health", health)
+	}
+	n.learned[id] = learnedPeer{cluster, health}
+}
+
+// pollHosts is the health endpoints to poll: base (from the config) and
+// those of learned nodes.
+func (n *Node) pollHosts(base []string) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.learned) == 0 {
+		return base
+	}
+	out := slices.Clone(base)
+	for _, p := range n.learned {
+		if !slices.Contains(out, p.health) {
+			out = append(out, p.health)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// HealthAddr is this node's health endpoint as its peers poll it.
+func (n *Node) HealthAddr() string {
+	if n.cfg.HealthBind != "" {
+		return n.cfg.HealthBind
+	}
+	return healthAddr(n.cfg.Bind)
 }
 
 // incarnation is one membership under one member id: a cluster actor
@@ -407,7 +463,7 @@ func (n *Node) join() (*incarnation, error) {
 			hosts = append(hosts, ln.Addr().String())
 		}
 		slices.Sort(hosts)
-		provider = newPeersProvider(hosts, n.cfg.Refresh, peerFailuresTolerated, e, n.log)
+		provider = newPeersProvider(func() []string { return n.pollHosts(hosts) }, n.cfg.Refresh, peerFailuresTolerated, e, n.log)
 	}
 	kind := pcluster.NewKind(kindPrefix+strconv.FormatUint(n.cfg.NodeID, 10), actor.PropsFromFunc(func(actor.Context) {}))
 	cc := pcluster.Configure(n.cfg.Name, provider, disthash.New(), rc, pcluster.WithKinds(kind))

@@ -28,7 +28,7 @@ import (
 // is gone) is dropped at once. It also keeps no package-level state, so
 // several nodes can share a process (tests).
 type peersProvider struct {
-	hosts    []string // health endpoints, this node's included
+	hosts    func() []string // health endpoints, this node's included
 	refresh  time.Duration
 	tolerate int
 	server   *echo.Echo // serves this node's /_health (listener set)
@@ -48,7 +48,7 @@ type peerState struct {
 	failures int                    // consecutive failed polls since
 }
 
-func newPeersProvider(hosts []string, refresh time.Duration, tolerate int, server *echo.Echo, log *slog.Logger) *peersProvider {
+func newPeersProvider(hosts func() []string, refresh time.Duration, tolerate int, server *echo.Echo, log *slog.Logger) *peersProvider {
 	return &peersProvider{hosts: hosts, refresh: refresh, tolerate: max(1, tolerate), server: server,
 		client: &http.Client{Timeout: 2 * time.Second}, log: log, peers: map[string]*peerState{}, stop: make(chan struct{})}
 }
@@ -98,14 +98,15 @@ type pollResult struct {
 }
 
 func (p *peersProvider) poll() {
-	results := make(chan pollResult, len(p.hosts))
-	for _, h := range p.hosts {
+	hosts := p.hosts()
+	results := make(chan pollResult, len(hosts))
+	for _, h := range hosts {
 		go func() {
 			n, err := p.check(h)
 			results <- pollResult{host: h, node: n, err: err}
 		}()
 	}
-	for range p.hosts {
+	for range hosts {
 		r := <-results
 		st := p.peers[r.host]
 		if st == nil {
@@ -115,7 +116,7 @@ func (p *peersProvider) poll() {
 		st.observe(r.node, r.err, p.tolerate)
 	}
 	var members []*pcluster.Member
-	for _, h := range p.hosts {
+	for _, h := range hosts {
 		if n := p.peers[h].member(p.tolerate); n != nil && n.ClusterName == p.cluster.Config.Name {
 			members = append(members, &pcluster.Member{Id: n.ID, Host: n.Address, Port: int32(n.Port), Kinds: n.Kinds})
 		}

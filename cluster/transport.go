@@ -120,7 +120,7 @@ func (n *Node) addressOf(id uint64) string {
 	if a, ok := n.cfg.Peers[id]; ok {
 		return a
 	}
-	return ""
+	return n.learned[id].cluster
 }
 
 // spawnRelay starts the relay actor of an incarnation.

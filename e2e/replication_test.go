@@ -26,6 +26,8 @@ import (
 // testCluster is N `herald serve` processes forming a cluster on loopback.
 type testCluster struct {
 	nodes map[uint64]*proc
+	peers []string // ID@cluster-address of every node started
+	extra []string // the nodes' extra flags
 }
 
 // startCluster starts n nodes with ids 1..n and waits until every node's
@@ -38,7 +40,7 @@ func startCluster(t *testing.T, n int, extra ...string) *testCluster {
 		cl[id], health[id] = pairPorts(t)
 		peers = append(peers, fmt.Sprintf("%d@%s", id, cl[id]))
 	}
-	tc := &testCluster{nodes: map[uint64]*proc{}}
+	tc := &testCluster{nodes: map[uint64]*proc{}, peers: peers, extra: extra}
 	for id := uint64(1); id <= uint64(n); id++ {
 		args := append([]string{"--node-id", fmt.Sprint(id), "--cluster", cl[id],
 			"--cluster-health", health[id], "--peers", strings.Join(peers, ",")}, extra...)
@@ -46,6 +48,21 @@ func startCluster(t *testing.T, n int, extra ...string) *testCluster {
 	}
 	tc.waitRegistered(t, tc.nodes)
 	return tc
+}
+
+// add starts node id, which the running nodes' --peers do not list: it
+// names them and itself, registers with the controller, and the others
+// learn its addresses from the metadata. It waits until every node sees
+// it registered.
+func (tc *testCluster) add(t *testing.T, id uint64) *proc {
+	t.Helper()
+	cl, health := pairPorts(t)
+	tc.peers = append(tc.peers, fmt.Sprintf("%d@%s", id, cl))
+	args := append([]string{"--node-id", fmt.Sprint(id), "--cluster", cl,
+		"--cluster-health", health, "--peers", strings.Join(tc.peers, ",")}, tc.extra...)
+	tc.nodes[id] = startProc(t, t.TempDir(), args...)
+	tc.waitRegistered(t, tc.nodes)
+	return tc.nodes[id]
 }
 
 // waitRegistered polls until every node in live sees every node of the

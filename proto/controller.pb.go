@@ -33,6 +33,9 @@ type ControllerCommand struct {
 	//	*ControllerCommand_RegisterNode
 	//	*ControllerCommand_CreateTopic
 	//	*ControllerCommand_DeleteTopic
+	//	*ControllerCommand_ReassignPartitions
+	//	*ControllerCommand_CompleteReassignment
+	//	*ControllerCommand_DecommissionNode
 	Command isControllerCommand_Command `protobuf_oneof:"command"`
 	// The proposer's id for the command, so that it can tell its own
 	// command's outcome from another node's in the log.
@@ -105,6 +108,33 @@ func (x *ControllerCommand) GetDeleteTopic() *DeleteTopic {
 	return nil
 }
 
+func (x *ControllerCommand) GetReassignPartitions() *ReassignPartitions {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_ReassignPartitions); ok {
+			return x.ReassignPartitions
+		}
+	}
+	return nil
+}
+
+func (x *ControllerCommand) GetCompleteReassignment() *CompleteReassignment {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_CompleteReassignment); ok {
+			return x.CompleteReassignment
+		}
+	}
+	return nil
+}
+
+func (x *ControllerCommand) GetDecommissionNode() *DecommissionNode {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_DecommissionNode); ok {
+			return x.DecommissionNode
+		}
+	}
+	return nil
+}
+
 func (x *ControllerCommand) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
@@ -132,11 +162,35 @@ type ControllerCommand_DeleteTopic struct {
 	DeleteTopic *DeleteTopic `protobuf:"bytes,3,opt,name=delete_topic,json=deleteTopic,proto3,oneof"`
 }
 
+type ControllerCommand_ReassignPartitions struct {
+	// Starts moving partitions to new replica sets; a partition that is
+	// being moved already keeps its running move.
+	ReassignPartitions *ReassignPartitions `protobuf:"bytes,4,opt,name=reassign_partitions,json=reassignPartitions,proto3,oneof"`
+}
+
+type ControllerCommand_CompleteReassignment struct {
+	// Ends a partition's move once its raft group has the target's
+	// membership; ignored unless that move is still running.
+	CompleteReassignment *CompleteReassignment `protobuf:"bytes,5,opt,name=complete_reassignment,json=completeReassignment,proto3,oneof"`
+}
+
+type ControllerCommand_DecommissionNode struct {
+	// Marks a node decommissioned (or not): placement skips it, and the
+	// controller moves its replicas away.
+	DecommissionNode *DecommissionNode `protobuf:"bytes,6,opt,name=decommission_node,json=decommissionNode,proto3,oneof"`
+}
+
 func (*ControllerCommand_RegisterNode) isControllerCommand_Command() {}
 
 func (*ControllerCommand_CreateTopic) isControllerCommand_Command() {}
 
 func (*ControllerCommand_DeleteTopic) isControllerCommand_Command() {}
+
+func (*ControllerCommand_ReassignPartitions) isControllerCommand_Command() {}
+
+func (*ControllerCommand_CompleteReassignment) isControllerCommand_Command() {}
+
+func (*ControllerCommand_DecommissionNode) isControllerCommand_Command() {}
 
 type TopicRecord struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -219,7 +273,18 @@ type PartitionAssignment struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint32                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
 	// Node ids of its replicas; the first is the preferred leader.
-	Replicas      []uint64 `protobuf:"varint,2,rep,packed,name=replicas,proto3" json:"replicas,omitempty"`
+	Replicas []uint64 `protobuf:"varint,2,rep,packed,name=replicas,proto3" json:"replicas,omitempty"`
+	// While the partition is being moved: the replica set it moves to (the
+	// first is the preferred leader), else empty. Nodes in target but not in
+	// replicas hold a joining replica.
+	Target []uint64 `protobuf:"varint,3,rep,packed,name=target,proto3" json:"target,omitempty"`
+	// The running move's request id.
+	ReassignmentId string `protobuf:"bytes,4,opt,name=reassignment_id,json=reassignmentId,proto3" json:"reassignment_id,omitempty"`
+	// For each replica added by a move (node id -> that move's request id).
+	// It names the replica's log folder, so that a node added again later
+	// never reopens the log of its earlier replica. Replicas placed when the
+	// topic was created are not listed.
+	Joined        map[uint64]string `protobuf:"bytes,5,rep,name=joined,proto3" json:"joined,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -268,6 +333,210 @@ func (x *PartitionAssignment) GetReplicas() []uint64 {
 	return nil
 }
 
+func (x *PartitionAssignment) GetTarget() []uint64 {
+	if x != nil {
+		return x.Target
+	}
+	return nil
+}
+
+func (x *PartitionAssignment) GetReassignmentId() string {
+	if x != nil {
+		return x.ReassignmentId
+	}
+	return ""
+}
+
+func (x *PartitionAssignment) GetJoined() map[uint64]string {
+	if x != nil {
+		return x.Joined
+	}
+	return nil
+}
+
+type ReassignPartitions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// The topic's request id: a move of a deleted and re-created topic of
+	// the same name is ignored.
+	TopicId string `protobuf:"bytes,2,opt,name=topic_id,json=topicId,proto3" json:"topic_id,omitempty"`
+	// Each partition's id and target (replicas unused).
+	Partitions    []*PartitionAssignment `protobuf:"bytes,3,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReassignPartitions) Reset() {
+	*x = ReassignPartitions{}
+	mi := &file_controller_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReassignPartitions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReassignPartitions) ProtoMessage() {}
+
+func (x *ReassignPartitions) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReassignPartitions.ProtoReflect.Descriptor instead.
+func (*ReassignPartitions) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReassignPartitions) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ReassignPartitions) GetTopicId() string {
+	if x != nil {
+		return x.TopicId
+	}
+	return ""
+}
+
+func (x *ReassignPartitions) GetPartitions() []*PartitionAssignment {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+type CompleteReassignment struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Topic          string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	TopicId        string                 `protobuf:"bytes,2,opt,name=topic_id,json=topicId,proto3" json:"topic_id,omitempty"`
+	Partition      uint32                 `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
+	ReassignmentId string                 `protobuf:"bytes,4,opt,name=reassignment_id,json=reassignmentId,proto3" json:"reassignment_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CompleteReassignment) Reset() {
+	*x = CompleteReassignment{}
+	mi := &file_controller_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteReassignment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteReassignment) ProtoMessage() {}
+
+func (x *CompleteReassignment) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteReassignment.ProtoReflect.Descriptor instead.
+func (*CompleteReassignment) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CompleteReassignment) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *CompleteReassignment) GetTopicId() string {
+	if x != nil {
+		return x.TopicId
+	}
+	return ""
+}
+
+func (x *CompleteReassignment) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *CompleteReassignment) GetReassignmentId() string {
+	if x != nil {
+		return x.ReassignmentId
+	}
+	return ""
+}
+
+type DecommissionNode struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	NodeId         uint64                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Decommissioned bool                   `protobuf:"varint,2,opt,name=decommissioned,proto3" json:"decommissioned,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *DecommissionNode) Reset() {
+	*x = DecommissionNode{}
+	mi := &file_controller_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecommissionNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecommissionNode) ProtoMessage() {}
+
+func (x *DecommissionNode) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecommissionNode.ProtoReflect.Descriptor instead.
+func (*DecommissionNode) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DecommissionNode) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *DecommissionNode) GetDecommissioned() bool {
+	if x != nil {
+		return x.Decommissioned
+	}
+	return false
+}
+
 type DeleteTopic struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -277,7 +546,7 @@ type DeleteTopic struct {
 
 func (x *DeleteTopic) Reset() {
 	*x = DeleteTopic{}
-	mi := &file_controller_proto_msgTypes[3]
+	mi := &file_controller_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +558,7 @@ func (x *DeleteTopic) String() string {
 func (*DeleteTopic) ProtoMessage() {}
 
 func (x *DeleteTopic) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[3]
+	mi := &file_controller_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +571,7 @@ func (x *DeleteTopic) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTopic.ProtoReflect.Descriptor instead.
 func (*DeleteTopic) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{3}
+	return file_controller_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeleteTopic) GetName() string {
@@ -320,15 +589,21 @@ type NodeRecord struct {
 	ClientAddress  string `protobuf:"bytes,3,opt,name=client_address,json=clientAddress,proto3" json:"client_address,omitempty"`
 	Rack           string `protobuf:"bytes,4,opt,name=rack,proto3" json:"rack,omitempty"`
 	// Its protoactor member id when it registered.
-	MemberId      string `protobuf:"bytes,5,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
-	RegisteredMs  int64  `protobuf:"varint,6,opt,name=registered_ms,json=registeredMs,proto3" json:"registered_ms,omitempty"`
+	MemberId     string `protobuf:"bytes,5,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	RegisteredMs int64  `protobuf:"varint,6,opt,name=registered_ms,json=registeredMs,proto3" json:"registered_ms,omitempty"`
+	// Set by remove-node: the node takes no new replicas and the controller
+	// moves its replicas away. A registration keeps the flag.
+	Decommissioned bool `protobuf:"varint,7,opt,name=decommissioned,proto3" json:"decommissioned,omitempty"`
+	// Its membership health endpoint (where the automanaged provider polls
+	// it): how nodes started before it learn of it.
+	HealthAddress string `protobuf:"bytes,8,opt,name=health_address,json=healthAddress,proto3" json:"health_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeRecord) Reset() {
 	*x = NodeRecord{}
-	mi := &file_controller_proto_msgTypes[4]
+	mi := &file_controller_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -340,7 +615,7 @@ func (x *NodeRecord) String() string {
 func (*NodeRecord) ProtoMessage() {}
 
 func (x *NodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[4]
+	mi := &file_controller_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -353,7 +628,7 @@ func (x *NodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRecord.ProtoReflect.Descriptor instead.
 func (*NodeRecord) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{4}
+	return file_controller_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *NodeRecord) GetNodeId() uint64 {
@@ -398,15 +673,32 @@ func (x *NodeRecord) GetRegisteredMs() int64 {
 	return 0
 }
 
+func (x *NodeRecord) GetDecommissioned() bool {
+	if x != nil {
+		return x.Decommissioned
+	}
+	return false
+}
+
+func (x *NodeRecord) GetHealthAddress() string {
+	if x != nil {
+		return x.HealthAddress
+	}
+	return ""
+}
+
 var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
 	"\n" +
-	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xf5\x01\n" +
+	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xeb\x03\n" +
 	"\x11ControllerCommand\x12<\n" +
 	"\rregister_node\x18\x01 \x01(\v2\x15.herald.v1.NodeRecordH\x00R\fregisterNode\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.herald.v1.TopicRecordH\x00R\vcreateTopic\x12;\n" +
-	"\fdelete_topic\x18\x03 \x01(\v2\x16.herald.v1.DeleteTopicH\x00R\vdeleteTopic\x12\x1d\n" +
+	"\fdelete_topic\x18\x03 \x01(\v2\x16.herald.v1.DeleteTopicH\x00R\vdeleteTopic\x12P\n" +
+	"\x13reassign_partitions\x18\x04 \x01(\v2\x1d.herald.v1.ReassignPartitionsH\x00R\x12reassignPartitions\x12V\n" +
+	"\x15complete_reassignment\x18\x05 \x01(\v2\x1f.herald.v1.CompleteReassignmentH\x00R\x14completeReassignment\x12J\n" +
+	"\x11decommission_node\x18\x06 \x01(\v2\x1b.herald.v1.DecommissionNodeH\x00R\x10decommissionNode\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x0f \x01(\tR\trequestIdB\t\n" +
 	"\acommand\"\xcf\x01\n" +
@@ -419,12 +711,32 @@ const file_controller_proto_rawDesc = "" +
 	"\n" +
 	"created_ms\x18\x04 \x01(\x03R\tcreatedMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x05 \x01(\tR\trequestId\"A\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\"\x81\x02\n" +
 	"\x13PartitionAssignment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1a\n" +
-	"\breplicas\x18\x02 \x03(\x04R\breplicas\"!\n" +
+	"\breplicas\x18\x02 \x03(\x04R\breplicas\x12\x16\n" +
+	"\x06target\x18\x03 \x03(\x04R\x06target\x12'\n" +
+	"\x0freassignment_id\x18\x04 \x01(\tR\x0ereassignmentId\x12B\n" +
+	"\x06joined\x18\x05 \x03(\v2*.herald.v1.PartitionAssignment.JoinedEntryR\x06joined\x1a9\n" +
+	"\vJoinedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x12ReassignPartitions\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
+	"\btopic_id\x18\x02 \x01(\tR\atopicId\x12>\n" +
+	"\n" +
+	"partitions\x18\x03 \x03(\v2\x1e.herald.v1.PartitionAssignmentR\n" +
+	"partitions\"\x8e\x01\n" +
+	"\x14CompleteReassignment\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
+	"\btopic_id\x18\x02 \x01(\tR\atopicId\x12\x1c\n" +
+	"\tpartition\x18\x03 \x01(\rR\tpartition\x12'\n" +
+	"\x0freassignment_id\x18\x04 \x01(\tR\x0ereassignmentId\"S\n" +
+	"\x10DecommissionNode\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12&\n" +
+	"\x0edecommissioned\x18\x02 \x01(\bR\x0edecommissioned\"!\n" +
 	"\vDeleteTopic\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xcb\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x9a\x02\n" +
 	"\n" +
 	"NodeRecord\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12'\n" +
@@ -432,7 +744,9 @@ const file_controller_proto_rawDesc = "" +
 	"\x0eclient_address\x18\x03 \x01(\tR\rclientAddress\x12\x12\n" +
 	"\x04rack\x18\x04 \x01(\tR\x04rack\x12\x1b\n" +
 	"\tmember_id\x18\x05 \x01(\tR\bmemberId\x12#\n" +
-	"\rregistered_ms\x18\x06 \x01(\x03R\fregisteredMsB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"\rregistered_ms\x18\x06 \x01(\x03R\fregisteredMs\x12&\n" +
+	"\x0edecommissioned\x18\a \x01(\bR\x0edecommissioned\x12%\n" +
+	"\x0ehealth_address\x18\b \x01(\tR\rhealthAddressB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_controller_proto_rawDescOnce sync.Once
@@ -446,26 +760,35 @@ func file_controller_proto_rawDescGZIP() []byte {
 	return file_controller_proto_rawDescData
 }
 
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_controller_proto_goTypes = []any{
-	(*ControllerCommand)(nil),   // 0: herald.v1.ControllerCommand
-	(*TopicRecord)(nil),         // 1: herald.v1.TopicRecord
-	(*PartitionAssignment)(nil), // 2: herald.v1.PartitionAssignment
-	(*DeleteTopic)(nil),         // 3: herald.v1.DeleteTopic
-	(*NodeRecord)(nil),          // 4: herald.v1.NodeRecord
-	(*TopicConfig)(nil),         // 5: herald.v1.TopicConfig
+	(*ControllerCommand)(nil),    // 0: herald.v1.ControllerCommand
+	(*TopicRecord)(nil),          // 1: herald.v1.TopicRecord
+	(*PartitionAssignment)(nil),  // 2: herald.v1.PartitionAssignment
+	(*ReassignPartitions)(nil),   // 3: herald.v1.ReassignPartitions
+	(*CompleteReassignment)(nil), // 4: herald.v1.CompleteReassignment
+	(*DecommissionNode)(nil),     // 5: herald.v1.DecommissionNode
+	(*DeleteTopic)(nil),          // 6: herald.v1.DeleteTopic
+	(*NodeRecord)(nil),           // 7: herald.v1.NodeRecord
+	nil,                          // 8: herald.v1.PartitionAssignment.JoinedEntry
+	(*TopicConfig)(nil),          // 9: herald.v1.TopicConfig
 }
 var file_controller_proto_depIdxs = []int32{
-	4, // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
-	1, // 1: herald.v1.ControllerCommand.create_topic:type_name -> herald.v1.TopicRecord
-	3, // 2: herald.v1.ControllerCommand.delete_topic:type_name -> herald.v1.DeleteTopic
-	5, // 3: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
-	2, // 4: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	7,  // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
+	1,  // 1: herald.v1.ControllerCommand.create_topic:type_name -> herald.v1.TopicRecord
+	6,  // 2: herald.v1.ControllerCommand.delete_topic:type_name -> herald.v1.DeleteTopic
+	3,  // 3: herald.v1.ControllerCommand.reassign_partitions:type_name -> herald.v1.ReassignPartitions
+	4,  // 4: herald.v1.ControllerCommand.complete_reassignment:type_name -> herald.v1.CompleteReassignment
+	5,  // 5: herald.v1.ControllerCommand.decommission_node:type_name -> herald.v1.DecommissionNode
+	9,  // 6: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
+	2,  // 7: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
+	8,  // 8: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
+	2,  // 9: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -478,6 +801,9 @@ func file_controller_proto_init() {
 		(*ControllerCommand_RegisterNode)(nil),
 		(*ControllerCommand_CreateTopic)(nil),
 		(*ControllerCommand_DeleteTopic)(nil),
+		(*ControllerCommand_ReassignPartitions)(nil),
+		(*ControllerCommand_CompleteReassignment)(nil),
+		(*ControllerCommand_DecommissionNode)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -485,7 +811,7 @@ func file_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -99,6 +99,8 @@ const (
 	// expects next from its producer (a gap, or an overlap that is not an exact
 	// retry of a recent batch). Not retriable: the batch was not written.
 	ErrorCode_OUT_OF_ORDER_SEQUENCE ErrorCode = 30
+	// The node id is not registered with the cluster.
+	ErrorCode_NODE_NOT_FOUND ErrorCode = 31
 )
 
 // Enum value maps for ErrorCode.
@@ -135,6 +137,7 @@ var (
 		28: "INBOX_NOT_FOUND",
 		29: "SCHEDULE_NOT_FOUND",
 		30: "OUT_OF_ORDER_SEQUENCE",
+		31: "NODE_NOT_FOUND",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED": 0,
@@ -168,6 +171,7 @@ var (
 		"INBOX_NOT_FOUND":        28,
 		"SCHEDULE_NOT_FOUND":     29,
 		"OUT_OF_ORDER_SEQUENCE":  30,
+		"NODE_NOT_FOUND":         31,
 	}
 )
 
@@ -457,6 +461,62 @@ func (BreakerState) EnumDescriptor() ([]byte, []int) {
 	return file_herald_proto_rawDescGZIP(), []int{5}
 }
 
+type ClusterAdminRequest_Op int32
+
+const (
+	ClusterAdminRequest_OP_UNSPECIFIED ClusterAdminRequest_Op = 0
+	// Spreads the replicas evenly over the nodes with node_id among them
+	// (it must be registered and up).
+	ClusterAdminRequest_ADD_NODE ClusterAdminRequest_Op = 1
+	// Decommissions node_id and moves all its replicas to other nodes.
+	ClusterAdminRequest_REMOVE_NODE ClusterAdminRequest_Op = 2
+	// Spreads replicas and preferred leaders evenly over the nodes.
+	ClusterAdminRequest_REBALANCE ClusterAdminRequest_Op = 3
+)
+
+// Enum value maps for ClusterAdminRequest_Op.
+var (
+	ClusterAdminRequest_Op_name = map[int32]string{
+		0: "OP_UNSPECIFIED",
+		1: "ADD_NODE",
+		2: "REMOVE_NODE",
+		3: "REBALANCE",
+	}
+	ClusterAdminRequest_Op_value = map[string]int32{
+		"OP_UNSPECIFIED": 0,
+		"ADD_NODE":       1,
+		"REMOVE_NODE":    2,
+		"REBALANCE":      3,
+	}
+)
+
+func (x ClusterAdminRequest_Op) Enum() *ClusterAdminRequest_Op {
+	p := new(ClusterAdminRequest_Op)
+	*p = x
+	return p
+}
+
+func (x ClusterAdminRequest_Op) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ClusterAdminRequest_Op) Descriptor() protoreflect.EnumDescriptor {
+	return file_herald_proto_enumTypes[6].Descriptor()
+}
+
+func (ClusterAdminRequest_Op) Type() protoreflect.EnumType {
+	return &file_herald_proto_enumTypes[6]
+}
+
+func (x ClusterAdminRequest_Op) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ClusterAdminRequest_Op.Descriptor instead.
+func (ClusterAdminRequest_Op) EnumDescriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{14, 0}
+}
+
 type Error struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	Code         ErrorCode              `protobuf:"varint,1,opt,name=code,proto3,enum=herald.v1.ErrorCode" json:"code,omitempty"`
@@ -581,6 +641,8 @@ type Frame struct {
 	//	*Frame_CancelScheduledResponse
 	//	*Frame_ListScheduled
 	//	*Frame_ListScheduledResponse
+	//	*Frame_ClusterAdmin
+	//	*Frame_ClusterAdminResponse
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
@@ -1013,6 +1075,24 @@ func (x *Frame) GetListScheduledResponse() *ListScheduledResponse {
 	return nil
 }
 
+func (x *Frame) GetClusterAdmin() *ClusterAdminRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ClusterAdmin); ok {
+			return x.ClusterAdmin
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetClusterAdminResponse() *ClusterAdminResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ClusterAdminResponse); ok {
+			return x.ClusterAdminResponse
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetDelivery() *Delivery {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Delivery); ok {
@@ -1230,6 +1310,14 @@ type Frame_ListScheduledResponse struct {
 	ListScheduledResponse *ListScheduledResponse `protobuf:"bytes,51,opt,name=list_scheduled_response,json=listScheduledResponse,proto3,oneof"`
 }
 
+type Frame_ClusterAdmin struct {
+	ClusterAdmin *ClusterAdminRequest `protobuf:"bytes,52,opt,name=cluster_admin,json=clusterAdmin,proto3,oneof"`
+}
+
+type Frame_ClusterAdminResponse struct {
+	ClusterAdminResponse *ClusterAdminResponse `protobuf:"bytes,53,opt,name=cluster_admin_response,json=clusterAdminResponse,proto3,oneof"`
+}
+
 type Frame_Delivery struct {
 	// Server pushes (frame id 0): never requests, never answered.
 	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
@@ -1334,6 +1422,10 @@ func (*Frame_CancelScheduledResponse) isFrame_Body() {}
 func (*Frame_ListScheduled) isFrame_Body() {}
 
 func (*Frame_ListScheduledResponse) isFrame_Body() {}
+
+func (*Frame_ClusterAdmin) isFrame_Body() {}
+
+func (*Frame_ClusterAdminResponse) isFrame_Body() {}
 
 func (*Frame_Delivery) isFrame_Body() {}
 
@@ -1611,6 +1703,8 @@ type PartitionInfo struct {
 	LogStartOffset int64                  `protobuf:"varint,4,opt,name=log_start_offset,json=logStartOffset,proto3" json:"log_start_offset,omitempty"`
 	HighWatermark  int64                  `protobuf:"varint,5,opt,name=high_watermark,json=highWatermark,proto3" json:"high_watermark,omitempty"`
 	SizeBytes      int64                  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// While the partition is being moved: the replica set it moves to.
+	TargetReplicas []uint32 `protobuf:"varint,7,rep,packed,name=target_replicas,json=targetReplicas,proto3" json:"target_replicas,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1685,6 +1779,13 @@ func (x *PartitionInfo) GetSizeBytes() int64 {
 		return x.SizeBytes
 	}
 	return 0
+}
+
+func (x *PartitionInfo) GetTargetReplicas() []uint32 {
+	if x != nil {
+		return x.TargetReplicas
+	}
+	return nil
 }
 
 type TopicInfo struct {
@@ -2072,6 +2173,184 @@ func (*DeleteTopicResponse) Descriptor() ([]byte, []int) {
 	return file_herald_proto_rawDescGZIP(), []int{13}
 }
 
+// Moves partition replicas between nodes (cluster mode only). Each move
+// adds the new replicas as raft learners, waits until they caught up,
+// then changes the voters through joint consensus; the answer comes once
+// the moves are recorded, not finished: a partition being moved shows
+// target_replicas in the metadata until it is done.
+type ClusterAdminRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Op     ClusterAdminRequest_Op `protobuf:"varint,1,opt,name=op,proto3,enum=herald.v1.ClusterAdminRequest_Op" json:"op,omitempty"`
+	NodeId uint64                 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Plan only: report the moves without making them.
+	DryRun        bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterAdminRequest) Reset() {
+	*x = ClusterAdminRequest{}
+	mi := &file_herald_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterAdminRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterAdminRequest) ProtoMessage() {}
+
+func (x *ClusterAdminRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterAdminRequest.ProtoReflect.Descriptor instead.
+func (*ClusterAdminRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ClusterAdminRequest) GetOp() ClusterAdminRequest_Op {
+	if x != nil {
+		return x.Op
+	}
+	return ClusterAdminRequest_OP_UNSPECIFIED
+}
+
+func (x *ClusterAdminRequest) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *ClusterAdminRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type PartitionMove struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition     uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	From          []uint32               `protobuf:"varint,3,rep,packed,name=from,proto3" json:"from,omitempty"`
+	To            []uint32               `protobuf:"varint,4,rep,packed,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionMove) Reset() {
+	*x = PartitionMove{}
+	mi := &file_herald_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionMove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionMove) ProtoMessage() {}
+
+func (x *PartitionMove) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionMove.ProtoReflect.Descriptor instead.
+func (*PartitionMove) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *PartitionMove) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *PartitionMove) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionMove) GetFrom() []uint32 {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *PartitionMove) GetTo() []uint32 {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+type ClusterAdminResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Moves         []*PartitionMove       `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterAdminResponse) Reset() {
+	*x = ClusterAdminResponse{}
+	mi := &file_herald_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterAdminResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterAdminResponse) ProtoMessage() {}
+
+func (x *ClusterAdminResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterAdminResponse.ProtoReflect.Descriptor instead.
+func (*ClusterAdminResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ClusterAdminResponse) GetMoves() []*PartitionMove {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
 type ListTopicsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2080,7 +2359,7 @@ type ListTopicsRequest struct {
 
 func (x *ListTopicsRequest) Reset() {
 	*x = ListTopicsRequest{}
-	mi := &file_herald_proto_msgTypes[14]
+	mi := &file_herald_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2371,7 @@ func (x *ListTopicsRequest) String() string {
 func (*ListTopicsRequest) ProtoMessage() {}
 
 func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[14]
+	mi := &file_herald_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2384,7 @@ func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsRequest.ProtoReflect.Descriptor instead.
 func (*ListTopicsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{14}
+	return file_herald_proto_rawDescGZIP(), []int{17}
 }
 
 type ListTopicsResponse struct {
@@ -2117,7 +2396,7 @@ type ListTopicsResponse struct {
 
 func (x *ListTopicsResponse) Reset() {
 	*x = ListTopicsResponse{}
-	mi := &file_herald_proto_msgTypes[15]
+	mi := &file_herald_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2129,7 +2408,7 @@ func (x *ListTopicsResponse) String() string {
 func (*ListTopicsResponse) ProtoMessage() {}
 
 func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[15]
+	mi := &file_herald_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2142,7 +2421,7 @@ func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsResponse.ProtoReflect.Descriptor instead.
 func (*ListTopicsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{15}
+	return file_herald_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListTopicsResponse) GetTopics() []*TopicInfo {
@@ -2161,7 +2440,7 @@ type DescribeTopicRequest struct {
 
 func (x *DescribeTopicRequest) Reset() {
 	*x = DescribeTopicRequest{}
-	mi := &file_herald_proto_msgTypes[16]
+	mi := &file_herald_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2452,7 @@ func (x *DescribeTopicRequest) String() string {
 func (*DescribeTopicRequest) ProtoMessage() {}
 
 func (x *DescribeTopicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[16]
+	mi := &file_herald_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2465,7 @@ func (x *DescribeTopicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeTopicRequest.ProtoReflect.Descriptor instead.
 func (*DescribeTopicRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{16}
+	return file_herald_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DescribeTopicRequest) GetName() string {
@@ -2205,7 +2484,7 @@ type DescribeTopicResponse struct {
 
 func (x *DescribeTopicResponse) Reset() {
 	*x = DescribeTopicResponse{}
-	mi := &file_herald_proto_msgTypes[17]
+	mi := &file_herald_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2217,7 +2496,7 @@ func (x *DescribeTopicResponse) String() string {
 func (*DescribeTopicResponse) ProtoMessage() {}
 
 func (x *DescribeTopicResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[17]
+	mi := &file_herald_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2230,7 +2509,7 @@ func (x *DescribeTopicResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeTopicResponse.ProtoReflect.Descriptor instead.
 func (*DescribeTopicResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{17}
+	return file_herald_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DescribeTopicResponse) GetTopic() *TopicInfo {
@@ -2250,7 +2529,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_herald_proto_msgTypes[18]
+	mi := &file_herald_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2262,7 +2541,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[18]
+	mi := &file_herald_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2275,7 +2554,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{18}
+	return file_herald_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Header) GetKey() string {
@@ -2311,7 +2590,7 @@ type Record struct {
 
 func (x *Record) Reset() {
 	*x = Record{}
-	mi := &file_herald_proto_msgTypes[19]
+	mi := &file_herald_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2323,7 +2602,7 @@ func (x *Record) String() string {
 func (*Record) ProtoMessage() {}
 
 func (x *Record) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[19]
+	mi := &file_herald_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2336,7 +2615,7 @@ func (x *Record) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Record.ProtoReflect.Descriptor instead.
 func (*Record) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{19}
+	return file_herald_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Record) GetKey() []byte {
@@ -2399,7 +2678,7 @@ type RecordBatch struct {
 
 func (x *RecordBatch) Reset() {
 	*x = RecordBatch{}
-	mi := &file_herald_proto_msgTypes[20]
+	mi := &file_herald_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2690,7 @@ func (x *RecordBatch) String() string {
 func (*RecordBatch) ProtoMessage() {}
 
 func (x *RecordBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[20]
+	mi := &file_herald_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2703,7 @@ func (x *RecordBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordBatch.ProtoReflect.Descriptor instead.
 func (*RecordBatch) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{20}
+	return file_herald_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RecordBatch) GetRecords() []*Record {
@@ -2450,7 +2729,7 @@ type StoredBatch struct {
 
 func (x *StoredBatch) Reset() {
 	*x = StoredBatch{}
-	mi := &file_herald_proto_msgTypes[21]
+	mi := &file_herald_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2462,7 +2741,7 @@ func (x *StoredBatch) String() string {
 func (*StoredBatch) ProtoMessage() {}
 
 func (x *StoredBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[21]
+	mi := &file_herald_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2475,7 +2754,7 @@ func (x *StoredBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredBatch.ProtoReflect.Descriptor instead.
 func (*StoredBatch) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{21}
+	return file_herald_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StoredBatch) GetBaseOffset() int64 {
@@ -2538,7 +2817,7 @@ type ProduceRequest struct {
 
 func (x *ProduceRequest) Reset() {
 	*x = ProduceRequest{}
-	mi := &file_herald_proto_msgTypes[22]
+	mi := &file_herald_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2550,7 +2829,7 @@ func (x *ProduceRequest) String() string {
 func (*ProduceRequest) ProtoMessage() {}
 
 func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[22]
+	mi := &file_herald_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2563,7 +2842,7 @@ func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRequest.ProtoReflect.Descriptor instead.
 func (*ProduceRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{22}
+	return file_herald_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ProduceRequest) GetTopic() string {
@@ -2660,7 +2939,7 @@ type ProduceResponse struct {
 
 func (x *ProduceResponse) Reset() {
 	*x = ProduceResponse{}
-	mi := &file_herald_proto_msgTypes[23]
+	mi := &file_herald_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2672,7 +2951,7 @@ func (x *ProduceResponse) String() string {
 func (*ProduceResponse) ProtoMessage() {}
 
 func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[23]
+	mi := &file_herald_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2685,7 +2964,7 @@ func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResponse.ProtoReflect.Descriptor instead.
 func (*ProduceResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{23}
+	return file_herald_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ProduceResponse) GetPartition() uint32 {
@@ -2766,7 +3045,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_herald_proto_msgTypes[24]
+	mi := &file_herald_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2778,7 +3057,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[24]
+	mi := &file_herald_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2791,7 +3070,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{24}
+	return file_herald_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *FetchRequest) GetTopic() string {
@@ -2861,7 +3140,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_herald_proto_msgTypes[25]
+	mi := &file_herald_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2873,7 +3152,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[25]
+	mi := &file_herald_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2886,7 +3165,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{25}
+	return file_herald_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FetchResponse) GetPartition() uint32 {
@@ -2936,7 +3215,7 @@ type ListOffsetsRequest struct {
 
 func (x *ListOffsetsRequest) Reset() {
 	*x = ListOffsetsRequest{}
-	mi := &file_herald_proto_msgTypes[26]
+	mi := &file_herald_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2948,7 +3227,7 @@ func (x *ListOffsetsRequest) String() string {
 func (*ListOffsetsRequest) ProtoMessage() {}
 
 func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[26]
+	mi := &file_herald_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2961,7 +3240,7 @@ func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*ListOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{26}
+	return file_herald_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListOffsetsRequest) GetTopic() string {
@@ -3004,7 +3283,7 @@ type ListOffsetsResponse struct {
 
 func (x *ListOffsetsResponse) Reset() {
 	*x = ListOffsetsResponse{}
-	mi := &file_herald_proto_msgTypes[27]
+	mi := &file_herald_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3016,7 +3295,7 @@ func (x *ListOffsetsResponse) String() string {
 func (*ListOffsetsResponse) ProtoMessage() {}
 
 func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[27]
+	mi := &file_herald_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3029,7 +3308,7 @@ func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*ListOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{27}
+	return file_herald_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListOffsetsResponse) GetPartition() uint32 {
@@ -3077,7 +3356,7 @@ type StartPosition struct {
 
 func (x *StartPosition) Reset() {
 	*x = StartPosition{}
-	mi := &file_herald_proto_msgTypes[28]
+	mi := &file_herald_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3089,7 +3368,7 @@ func (x *StartPosition) String() string {
 func (*StartPosition) ProtoMessage() {}
 
 func (x *StartPosition) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[28]
+	mi := &file_herald_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3102,7 +3381,7 @@ func (x *StartPosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartPosition.ProtoReflect.Descriptor instead.
 func (*StartPosition) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{28}
+	return file_herald_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *StartPosition) GetAt() isStartPosition_At {
@@ -3213,7 +3492,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_herald_proto_msgTypes[29]
+	mi := &file_herald_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3225,7 +3504,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[29]
+	mi := &file_herald_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3238,7 +3517,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{29}
+	return file_herald_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SubscribeRequest) GetGroup() string {
@@ -3357,7 +3636,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_herald_proto_msgTypes[30]
+	mi := &file_herald_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3369,7 +3648,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[30]
+	mi := &file_herald_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3382,7 +3661,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{30}
+	return file_herald_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SubscribeResponse) GetSubscriptionId() uint64 {
@@ -3422,7 +3701,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_herald_proto_msgTypes[31]
+	mi := &file_herald_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3434,7 +3713,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[31]
+	mi := &file_herald_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3447,7 +3726,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{31}
+	return file_herald_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *AckRequest) GetSubscriptionId() uint64 {
@@ -3486,7 +3765,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_herald_proto_msgTypes[32]
+	mi := &file_herald_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3498,7 +3777,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[32]
+	mi := &file_herald_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3511,7 +3790,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{32}
+	return file_herald_proto_rawDescGZIP(), []int{35}
 }
 
 // Gives messages back for redelivery, no earlier than delay_ms from now and
@@ -3532,7 +3811,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_herald_proto_msgTypes[33]
+	mi := &file_herald_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3544,7 +3823,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[33]
+	mi := &file_herald_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3557,7 +3836,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{33}
+	return file_herald_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NackRequest) GetSubscriptionId() uint64 {
@@ -3610,7 +3889,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_herald_proto_msgTypes[34]
+	mi := &file_herald_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3622,7 +3901,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[34]
+	mi := &file_herald_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3635,7 +3914,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{34}
+	return file_herald_proto_rawDescGZIP(), []int{37}
 }
 
 // Kafka-style commit (clustering mode): every offset below `offset` of a
@@ -3651,7 +3930,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_herald_proto_msgTypes[35]
+	mi := &file_herald_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3663,7 +3942,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[35]
+	mi := &file_herald_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3676,7 +3955,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{35}
+	return file_herald_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CommitRequest) GetSubscriptionId() uint64 {
@@ -3708,7 +3987,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_herald_proto_msgTypes[36]
+	mi := &file_herald_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3720,7 +3999,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[36]
+	mi := &file_herald_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3733,7 +4012,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{36}
+	return file_herald_proto_rawDescGZIP(), []int{39}
 }
 
 // Leaves the group; unacked messages are redelivered to other members.
@@ -3746,7 +4025,7 @@ type UnsubscribeRequest struct {
 
 func (x *UnsubscribeRequest) Reset() {
 	*x = UnsubscribeRequest{}
-	mi := &file_herald_proto_msgTypes[37]
+	mi := &file_herald_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3758,7 +4037,7 @@ func (x *UnsubscribeRequest) String() string {
 func (*UnsubscribeRequest) ProtoMessage() {}
 
 func (x *UnsubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[37]
+	mi := &file_herald_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3771,7 +4050,7 @@ func (x *UnsubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnsubscribeRequest.ProtoReflect.Descriptor instead.
 func (*UnsubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{37}
+	return file_herald_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *UnsubscribeRequest) GetSubscriptionId() uint64 {
@@ -3789,7 +4068,7 @@ type UnsubscribeResponse struct {
 
 func (x *UnsubscribeResponse) Reset() {
 	*x = UnsubscribeResponse{}
-	mi := &file_herald_proto_msgTypes[38]
+	mi := &file_herald_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3801,7 +4080,7 @@ func (x *UnsubscribeResponse) String() string {
 func (*UnsubscribeResponse) ProtoMessage() {}
 
 func (x *UnsubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[38]
+	mi := &file_herald_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3814,7 +4093,7 @@ func (x *UnsubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnsubscribeResponse.ProtoReflect.Descriptor instead.
 func (*UnsubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{38}
+	return file_herald_proto_rawDescGZIP(), []int{41}
 }
 
 // DeliveredMessage is one pushed message. `record` is the Record exactly as
@@ -3836,7 +4115,7 @@ type DeliveredMessage struct {
 
 func (x *DeliveredMessage) Reset() {
 	*x = DeliveredMessage{}
-	mi := &file_herald_proto_msgTypes[39]
+	mi := &file_herald_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3848,7 +4127,7 @@ func (x *DeliveredMessage) String() string {
 func (*DeliveredMessage) ProtoMessage() {}
 
 func (x *DeliveredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[39]
+	mi := &file_herald_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3861,7 +4140,7 @@ func (x *DeliveredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveredMessage.ProtoReflect.Descriptor instead.
 func (*DeliveredMessage) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{39}
+	return file_herald_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeliveredMessage) GetPartition() uint32 {
@@ -3924,7 +4203,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_herald_proto_msgTypes[40]
+	mi := &file_herald_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3936,7 +4215,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[40]
+	mi := &file_herald_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3949,7 +4228,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{40}
+	return file_herald_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Delivery) GetSubscriptionId() uint64 {
@@ -3980,7 +4259,7 @@ type AssignmentChange struct {
 
 func (x *AssignmentChange) Reset() {
 	*x = AssignmentChange{}
-	mi := &file_herald_proto_msgTypes[41]
+	mi := &file_herald_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3992,7 +4271,7 @@ func (x *AssignmentChange) String() string {
 func (*AssignmentChange) ProtoMessage() {}
 
 func (x *AssignmentChange) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[41]
+	mi := &file_herald_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4005,7 +4284,7 @@ func (x *AssignmentChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentChange.ProtoReflect.Descriptor instead.
 func (*AssignmentChange) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{41}
+	return file_herald_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AssignmentChange) GetSubscriptionId() uint64 {
@@ -4041,7 +4320,7 @@ type SubscriptionEnded struct {
 
 func (x *SubscriptionEnded) Reset() {
 	*x = SubscriptionEnded{}
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4053,7 +4332,7 @@ func (x *SubscriptionEnded) String() string {
 func (*SubscriptionEnded) ProtoMessage() {}
 
 func (x *SubscriptionEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4066,7 +4345,7 @@ func (x *SubscriptionEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscriptionEnded.ProtoReflect.Descriptor instead.
 func (*SubscriptionEnded) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{42}
+	return file_herald_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SubscriptionEnded) GetSubscriptionId() uint64 {
@@ -4091,7 +4370,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4103,7 +4382,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4116,7 +4395,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{43}
+	return file_herald_proto_rawDescGZIP(), []int{46}
 }
 
 type GroupSummary struct {
@@ -4132,7 +4411,7 @@ type GroupSummary struct {
 
 func (x *GroupSummary) Reset() {
 	*x = GroupSummary{}
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4144,7 +4423,7 @@ func (x *GroupSummary) String() string {
 func (*GroupSummary) ProtoMessage() {}
 
 func (x *GroupSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4157,7 +4436,7 @@ func (x *GroupSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupSummary.ProtoReflect.Descriptor instead.
 func (*GroupSummary) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{44}
+	return file_herald_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GroupSummary) GetGroup() string {
@@ -4204,7 +4483,7 @@ type ListGroupsResponse struct {
 
 func (x *ListGroupsResponse) Reset() {
 	*x = ListGroupsResponse{}
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4216,7 +4495,7 @@ func (x *ListGroupsResponse) String() string {
 func (*ListGroupsResponse) ProtoMessage() {}
 
 func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4229,7 +4508,7 @@ func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{45}
+	return file_herald_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListGroupsResponse) GetGroups() []*GroupSummary {
@@ -4248,7 +4527,7 @@ type DescribeGroupRequest struct {
 
 func (x *DescribeGroupRequest) Reset() {
 	*x = DescribeGroupRequest{}
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4260,7 +4539,7 @@ func (x *DescribeGroupRequest) String() string {
 func (*DescribeGroupRequest) ProtoMessage() {}
 
 func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4273,7 +4552,7 @@ func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupRequest.ProtoReflect.Descriptor instead.
 func (*DescribeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{46}
+	return file_herald_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DescribeGroupRequest) GetGroup() string {
@@ -4301,7 +4580,7 @@ type MemberInfo struct {
 
 func (x *MemberInfo) Reset() {
 	*x = MemberInfo{}
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4313,7 +4592,7 @@ func (x *MemberInfo) String() string {
 func (*MemberInfo) ProtoMessage() {}
 
 func (x *MemberInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4326,7 +4605,7 @@ func (x *MemberInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberInfo.ProtoReflect.Descriptor instead.
 func (*MemberInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{47}
+	return file_herald_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MemberInfo) GetMemberId() string {
@@ -4417,7 +4696,7 @@ type PartitionLag struct {
 
 func (x *PartitionLag) Reset() {
 	*x = PartitionLag{}
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4429,7 +4708,7 @@ func (x *PartitionLag) String() string {
 func (*PartitionLag) ProtoMessage() {}
 
 func (x *PartitionLag) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4442,7 +4721,7 @@ func (x *PartitionLag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionLag.ProtoReflect.Descriptor instead.
 func (*PartitionLag) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{48}
+	return file_herald_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *PartitionLag) GetPartition() uint32 {
@@ -4517,7 +4796,7 @@ type GroupInfo struct {
 
 func (x *GroupInfo) Reset() {
 	*x = GroupInfo{}
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4529,7 +4808,7 @@ func (x *GroupInfo) String() string {
 func (*GroupInfo) ProtoMessage() {}
 
 func (x *GroupInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4542,7 +4821,7 @@ func (x *GroupInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupInfo.ProtoReflect.Descriptor instead.
 func (*GroupInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{49}
+	return file_herald_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *GroupInfo) GetGroup() string {
@@ -4652,7 +4931,7 @@ type DescribeGroupResponse struct {
 
 func (x *DescribeGroupResponse) Reset() {
 	*x = DescribeGroupResponse{}
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4664,7 +4943,7 @@ func (x *DescribeGroupResponse) String() string {
 func (*DescribeGroupResponse) ProtoMessage() {}
 
 func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4677,7 +4956,7 @@ func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupResponse.ProtoReflect.Descriptor instead.
 func (*DescribeGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{50}
+	return file_herald_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DescribeGroupResponse) GetGroup() *GroupInfo {
@@ -4702,7 +4981,7 @@ type ResetGroupRequest struct {
 
 func (x *ResetGroupRequest) Reset() {
 	*x = ResetGroupRequest{}
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4714,7 +4993,7 @@ func (x *ResetGroupRequest) String() string {
 func (*ResetGroupRequest) ProtoMessage() {}
 
 func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4727,7 +5006,7 @@ func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupRequest.ProtoReflect.Descriptor instead.
 func (*ResetGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{51}
+	return file_herald_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ResetGroupRequest) GetGroup() string {
@@ -4767,7 +5046,7 @@ type ResetGroupResponse struct {
 
 func (x *ResetGroupResponse) Reset() {
 	*x = ResetGroupResponse{}
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4779,7 +5058,7 @@ func (x *ResetGroupResponse) String() string {
 func (*ResetGroupResponse) ProtoMessage() {}
 
 func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4792,7 +5071,7 @@ func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupResponse.ProtoReflect.Descriptor instead.
 func (*ResetGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{52}
+	return file_herald_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ResetGroupResponse) GetGroup() *GroupInfo {
@@ -4813,7 +5092,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4825,7 +5104,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4838,7 +5117,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{53}
+	return file_herald_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CallRequest) GetTopic() string {
@@ -4873,7 +5152,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4885,7 +5164,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4898,7 +5177,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{54}
+	return file_herald_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CallResponse) GetInbox() string {
@@ -4926,7 +5205,7 @@ type ReplyRequest struct {
 
 func (x *ReplyRequest) Reset() {
 	*x = ReplyRequest{}
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4938,7 +5217,7 @@ func (x *ReplyRequest) String() string {
 func (*ReplyRequest) ProtoMessage() {}
 
 func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4951,7 +5230,7 @@ func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyRequest.ProtoReflect.Descriptor instead.
 func (*ReplyRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{55}
+	return file_herald_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ReplyRequest) GetInbox() string {
@@ -4983,7 +5262,7 @@ type ReplyResponse struct {
 
 func (x *ReplyResponse) Reset() {
 	*x = ReplyResponse{}
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4995,7 +5274,7 @@ func (x *ReplyResponse) String() string {
 func (*ReplyResponse) ProtoMessage() {}
 
 func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5008,7 +5287,7 @@ func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyResponse.ProtoReflect.Descriptor instead.
 func (*ReplyResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{56}
+	return file_herald_proto_rawDescGZIP(), []int{59}
 }
 
 // Push: a reply to an earlier CallRequest of this connection.
@@ -5022,7 +5301,7 @@ type ReplyDelivery struct {
 
 func (x *ReplyDelivery) Reset() {
 	*x = ReplyDelivery{}
-	mi := &file_herald_proto_msgTypes[57]
+	mi := &file_herald_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5034,7 +5313,7 @@ func (x *ReplyDelivery) String() string {
 func (*ReplyDelivery) ProtoMessage() {}
 
 func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[57]
+	mi := &file_herald_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5047,7 +5326,7 @@ func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyDelivery.ProtoReflect.Descriptor instead.
 func (*ReplyDelivery) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{57}
+	return file_herald_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ReplyDelivery) GetCorrelationId() uint64 {
@@ -5074,7 +5353,7 @@ type CancelScheduledRequest struct {
 
 func (x *CancelScheduledRequest) Reset() {
 	*x = CancelScheduledRequest{}
-	mi := &file_herald_proto_msgTypes[58]
+	mi := &file_herald_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5086,7 +5365,7 @@ func (x *CancelScheduledRequest) String() string {
 func (*CancelScheduledRequest) ProtoMessage() {}
 
 func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[58]
+	mi := &file_herald_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5099,7 +5378,7 @@ func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelScheduledRequest.ProtoReflect.Descriptor instead.
 func (*CancelScheduledRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{58}
+	return file_herald_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CancelScheduledRequest) GetId() string {
@@ -5119,7 +5398,7 @@ type CancelScheduledResponse struct {
 
 func (x *CancelScheduledResponse) Reset() {
 	*x = CancelScheduledResponse{}
-	mi := &file_herald_proto_msgTypes[59]
+	mi := &file_herald_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5131,7 +5410,7 @@ func (x *CancelScheduledResponse) String() string {
 func (*CancelScheduledResponse) ProtoMessage() {}
 
 func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[59]
+	mi := &file_herald_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5144,7 +5423,7 @@ func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelScheduledResponse.ProtoReflect.Descriptor instead.
 func (*CancelScheduledResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{59}
+	return file_herald_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CancelScheduledResponse) GetTopic() string {
@@ -5174,7 +5453,7 @@ type ListScheduledRequest struct {
 
 func (x *ListScheduledRequest) Reset() {
 	*x = ListScheduledRequest{}
-	mi := &file_herald_proto_msgTypes[60]
+	mi := &file_herald_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5186,7 +5465,7 @@ func (x *ListScheduledRequest) String() string {
 func (*ListScheduledRequest) ProtoMessage() {}
 
 func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[60]
+	mi := &file_herald_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5199,7 +5478,7 @@ func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScheduledRequest.ProtoReflect.Descriptor instead.
 func (*ListScheduledRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{60}
+	return file_herald_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ListScheduledRequest) GetTopic() string {
@@ -5231,7 +5510,7 @@ type ScheduledInfo struct {
 
 func (x *ScheduledInfo) Reset() {
 	*x = ScheduledInfo{}
-	mi := &file_herald_proto_msgTypes[61]
+	mi := &file_herald_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5243,7 +5522,7 @@ func (x *ScheduledInfo) String() string {
 func (*ScheduledInfo) ProtoMessage() {}
 
 func (x *ScheduledInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[61]
+	mi := &file_herald_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5256,7 +5535,7 @@ func (x *ScheduledInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduledInfo.ProtoReflect.Descriptor instead.
 func (*ScheduledInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{61}
+	return file_herald_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ScheduledInfo) GetId() string {
@@ -5319,7 +5598,7 @@ type ListScheduledResponse struct {
 
 func (x *ListScheduledResponse) Reset() {
 	*x = ListScheduledResponse{}
-	mi := &file_herald_proto_msgTypes[62]
+	mi := &file_herald_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5331,7 +5610,7 @@ func (x *ListScheduledResponse) String() string {
 func (*ListScheduledResponse) ProtoMessage() {}
 
 func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[62]
+	mi := &file_herald_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5344,7 +5623,7 @@ func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScheduledResponse.ProtoReflect.Descriptor instead.
 func (*ListScheduledResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{62}
+	return file_herald_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListScheduledResponse) GetScheduled() []*ScheduledInfo {
@@ -5371,7 +5650,7 @@ const file_herald_proto_rawDesc = "" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\x12\x16\n" +
-	"\x06leader\x18\x05 \x01(\rR\x06leader\"\xbf\x19\n" +
+	"\x06leader\x18\x05 \x01(\rR\x06leader\"\xdf\x1a\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -5419,7 +5698,9 @@ const file_herald_proto_rawDesc = "" +
 	"\x10cancel_scheduled\x180 \x01(\v2!.herald.v1.CancelScheduledRequestH\x00R\x0fcancelScheduled\x12`\n" +
 	"\x19cancel_scheduled_response\x181 \x01(\v2\".herald.v1.CancelScheduledResponseH\x00R\x17cancelScheduledResponse\x12H\n" +
 	"\x0elist_scheduled\x182 \x01(\v2\x1f.herald.v1.ListScheduledRequestH\x00R\rlistScheduled\x12Z\n" +
-	"\x17list_scheduled_response\x183 \x01(\v2 .herald.v1.ListScheduledResponseH\x00R\x15listScheduledResponse\x121\n" +
+	"\x17list_scheduled_response\x183 \x01(\v2 .herald.v1.ListScheduledResponseH\x00R\x15listScheduledResponse\x12E\n" +
+	"\rcluster_admin\x184 \x01(\v2\x1e.herald.v1.ClusterAdminRequestH\x00R\fclusterAdmin\x12W\n" +
+	"\x16cluster_admin_response\x185 \x01(\v2\x1f.herald.v1.ClusterAdminResponseH\x00R\x14clusterAdminResponse\x121\n" +
 	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
@@ -5449,7 +5730,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x0fretention_bytes\x18\x04 \x01(\x03R\x0eretentionBytes\x12*\n" +
 	"\x11max_message_bytes\x18\x05 \x01(\rR\x0fmaxMessageBytes\x12$\n" +
 	"\x0emessage_ttl_ms\x18\x06 \x01(\x03R\fmessageTtlMs\x12.\n" +
-	"\x13min_insync_replicas\x18\a \x01(\rR\x11minInsyncReplicas\"\xc3\x01\n" +
+	"\x13min_insync_replicas\x18\a \x01(\rR\x11minInsyncReplicas\"\xec\x01\n" +
 	"\rPartitionInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\rR\x06leader\x12\x1a\n" +
@@ -5457,7 +5738,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x10log_start_offset\x18\x04 \x01(\x03R\x0elogStartOffset\x12%\n" +
 	"\x0ehigh_watermark\x18\x05 \x01(\x03R\rhighWatermark\x12\x1d\n" +
 	"\n" +
-	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\"\x89\x01\n" +
+	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\x12'\n" +
+	"\x0ftarget_replicas\x18\a \x03(\rR\x0etargetReplicas\"\x89\x01\n" +
 	"\tTopicInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x06config\x18\x02 \x01(\v2\x16.herald.v1.TopicConfigR\x06config\x128\n" +
@@ -5480,7 +5762,23 @@ const file_herald_proto_rawDesc = "" +
 	"\x05topic\x18\x01 \x01(\v2\x14.herald.v1.TopicInfoR\x05topic\"(\n" +
 	"\x12DeleteTopicRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13DeleteTopicResponse\"\x13\n" +
+	"\x13DeleteTopicResponse\"\xc2\x01\n" +
+	"\x13ClusterAdminRequest\x121\n" +
+	"\x02op\x18\x01 \x01(\x0e2!.herald.v1.ClusterAdminRequest.OpR\x02op\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\"F\n" +
+	"\x02Op\x12\x12\n" +
+	"\x0eOP_UNSPECIFIED\x10\x00\x12\f\n" +
+	"\bADD_NODE\x10\x01\x12\x0f\n" +
+	"\vREMOVE_NODE\x10\x02\x12\r\n" +
+	"\tREBALANCE\x10\x03\"g\n" +
+	"\rPartitionMove\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x12\n" +
+	"\x04from\x18\x03 \x03(\rR\x04from\x12\x0e\n" +
+	"\x02to\x18\x04 \x03(\rR\x02to\"F\n" +
+	"\x14ClusterAdminResponse\x12.\n" +
+	"\x05moves\x18\x01 \x03(\v2\x18.herald.v1.PartitionMoveR\x05moves\"\x13\n" +
 	"\x11ListTopicsRequest\"B\n" +
 	"\x12ListTopicsResponse\x12,\n" +
 	"\x06topics\x18\x01 \x03(\v2\x14.herald.v1.TopicInfoR\x06topics\"*\n" +
@@ -5741,7 +6039,7 @@ const file_herald_proto_rawDesc = "" +
 	"created_ms\x18\a \x01(\x03R\tcreatedMs\"i\n" +
 	"\x15ListScheduledResponse\x126\n" +
 	"\tscheduled\x18\x01 \x03(\v2\x18.herald.v1.ScheduledInfoR\tscheduled\x12\x18\n" +
-	"\apending\x18\x02 \x01(\x04R\apending*\xa8\x05\n" +
+	"\apending\x18\x02 \x01(\x04R\apending*\xbc\x05\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -5775,7 +6073,8 @@ const file_herald_proto_rawDesc = "" +
 	"\rNO_RESPONDERS\x10\x1b\x12\x13\n" +
 	"\x0fINBOX_NOT_FOUND\x10\x1c\x12\x16\n" +
 	"\x12SCHEDULE_NOT_FOUND\x10\x1d\x12\x19\n" +
-	"\x15OUT_OF_ORDER_SEQUENCE\x10\x1e*4\n" +
+	"\x15OUT_OF_ORDER_SEQUENCE\x10\x1e\x12\x12\n" +
+	"\x0eNODE_NOT_FOUND\x10\x1f*4\n" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +
@@ -5814,8 +6113,8 @@ func file_herald_proto_rawDescGZIP() []byte {
 	return file_herald_proto_rawDescData
 }
 
-var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
+var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                  // 0: herald.v1.ErrorCode
 	(Acks)(0),                       // 1: herald.v1.Acks
@@ -5823,157 +6122,165 @@ var file_herald_proto_goTypes = []any{
 	(SubscriptionMode)(0),           // 3: herald.v1.SubscriptionMode
 	(FilterType)(0),                 // 4: herald.v1.FilterType
 	(BreakerState)(0),               // 5: herald.v1.BreakerState
-	(*Error)(nil),                   // 6: herald.v1.Error
-	(*Frame)(nil),                   // 7: herald.v1.Frame
-	(*HelloRequest)(nil),            // 8: herald.v1.HelloRequest
-	(*HelloResponse)(nil),           // 9: herald.v1.HelloResponse
-	(*TopicConfig)(nil),             // 10: herald.v1.TopicConfig
-	(*PartitionInfo)(nil),           // 11: herald.v1.PartitionInfo
-	(*TopicInfo)(nil),               // 12: herald.v1.TopicInfo
-	(*BrokerInfo)(nil),              // 13: herald.v1.BrokerInfo
-	(*MetadataRequest)(nil),         // 14: herald.v1.MetadataRequest
-	(*MetadataResponse)(nil),        // 15: herald.v1.MetadataResponse
-	(*CreateTopicRequest)(nil),      // 16: herald.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),     // 17: herald.v1.CreateTopicResponse
-	(*DeleteTopicRequest)(nil),      // 18: herald.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil),     // 19: herald.v1.DeleteTopicResponse
-	(*ListTopicsRequest)(nil),       // 20: herald.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),      // 21: herald.v1.ListTopicsResponse
-	(*DescribeTopicRequest)(nil),    // 22: herald.v1.DescribeTopicRequest
-	(*DescribeTopicResponse)(nil),   // 23: herald.v1.DescribeTopicResponse
-	(*Header)(nil),                  // 24: herald.v1.Header
-	(*Record)(nil),                  // 25: herald.v1.Record
-	(*RecordBatch)(nil),             // 26: herald.v1.RecordBatch
-	(*StoredBatch)(nil),             // 27: herald.v1.StoredBatch
-	(*ProduceRequest)(nil),          // 28: herald.v1.ProduceRequest
-	(*ProduceResponse)(nil),         // 29: herald.v1.ProduceResponse
-	(*FetchRequest)(nil),            // 30: herald.v1.FetchRequest
-	(*FetchResponse)(nil),           // 31: herald.v1.FetchResponse
-	(*ListOffsetsRequest)(nil),      // 32: herald.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),     // 33: herald.v1.ListOffsetsResponse
-	(*StartPosition)(nil),           // 34: herald.v1.StartPosition
-	(*SubscribeRequest)(nil),        // 35: herald.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),       // 36: herald.v1.SubscribeResponse
-	(*AckRequest)(nil),              // 37: herald.v1.AckRequest
-	(*AckResponse)(nil),             // 38: herald.v1.AckResponse
-	(*NackRequest)(nil),             // 39: herald.v1.NackRequest
-	(*NackResponse)(nil),            // 40: herald.v1.NackResponse
-	(*CommitRequest)(nil),           // 41: herald.v1.CommitRequest
-	(*CommitResponse)(nil),          // 42: herald.v1.CommitResponse
-	(*UnsubscribeRequest)(nil),      // 43: herald.v1.UnsubscribeRequest
-	(*UnsubscribeResponse)(nil),     // 44: herald.v1.UnsubscribeResponse
-	(*DeliveredMessage)(nil),        // 45: herald.v1.DeliveredMessage
-	(*Delivery)(nil),                // 46: herald.v1.Delivery
-	(*AssignmentChange)(nil),        // 47: herald.v1.AssignmentChange
-	(*SubscriptionEnded)(nil),       // 48: herald.v1.SubscriptionEnded
-	(*ListGroupsRequest)(nil),       // 49: herald.v1.ListGroupsRequest
-	(*GroupSummary)(nil),            // 50: herald.v1.GroupSummary
-	(*ListGroupsResponse)(nil),      // 51: herald.v1.ListGroupsResponse
-	(*DescribeGroupRequest)(nil),    // 52: herald.v1.DescribeGroupRequest
-	(*MemberInfo)(nil),              // 53: herald.v1.MemberInfo
-	(*PartitionLag)(nil),            // 54: herald.v1.PartitionLag
-	(*GroupInfo)(nil),               // 55: herald.v1.GroupInfo
-	(*DescribeGroupResponse)(nil),   // 56: herald.v1.DescribeGroupResponse
-	(*ResetGroupRequest)(nil),       // 57: herald.v1.ResetGroupRequest
-	(*ResetGroupResponse)(nil),      // 58: herald.v1.ResetGroupResponse
-	(*CallRequest)(nil),             // 59: herald.v1.CallRequest
-	(*CallResponse)(nil),            // 60: herald.v1.CallResponse
-	(*ReplyRequest)(nil),            // 61: herald.v1.ReplyRequest
-	(*ReplyResponse)(nil),           // 62: herald.v1.ReplyResponse
-	(*ReplyDelivery)(nil),           // 63: herald.v1.ReplyDelivery
-	(*CancelScheduledRequest)(nil),  // 64: herald.v1.CancelScheduledRequest
-	(*CancelScheduledResponse)(nil), // 65: herald.v1.CancelScheduledResponse
-	(*ListScheduledRequest)(nil),    // 66: herald.v1.ListScheduledRequest
-	(*ScheduledInfo)(nil),           // 67: herald.v1.ScheduledInfo
-	(*ListScheduledResponse)(nil),   // 68: herald.v1.ListScheduledResponse
+	(ClusterAdminRequest_Op)(0),     // 6: herald.v1.ClusterAdminRequest.Op
+	(*Error)(nil),                   // 7: herald.v1.Error
+	(*Frame)(nil),                   // 8: herald.v1.Frame
+	(*HelloRequest)(nil),            // 9: herald.v1.HelloRequest
+	(*HelloResponse)(nil),           // 10: herald.v1.HelloResponse
+	(*TopicConfig)(nil),             // 11: herald.v1.TopicConfig
+	(*PartitionInfo)(nil),           // 12: herald.v1.PartitionInfo
+	(*TopicInfo)(nil),               // 13: herald.v1.TopicInfo
+	(*BrokerInfo)(nil),              // 14: herald.v1.BrokerInfo
+	(*MetadataRequest)(nil),         // 15: herald.v1.MetadataRequest
+	(*MetadataResponse)(nil),        // 16: herald.v1.MetadataResponse
+	(*CreateTopicRequest)(nil),      // 17: herald.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),     // 18: herald.v1.CreateTopicResponse
+	(*DeleteTopicRequest)(nil),      // 19: herald.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),     // 20: herald.v1.DeleteTopicResponse
+	(*ClusterAdminRequest)(nil),     // 21: herald.v1.ClusterAdminRequest
+	(*PartitionMove)(nil),           // 22: herald.v1.PartitionMove
+	(*ClusterAdminResponse)(nil),    // 23: herald.v1.ClusterAdminResponse
+	(*ListTopicsRequest)(nil),       // 24: herald.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),      // 25: herald.v1.ListTopicsResponse
+	(*DescribeTopicRequest)(nil),    // 26: herald.v1.DescribeTopicRequest
+	(*DescribeTopicResponse)(nil),   // 27: herald.v1.DescribeTopicResponse
+	(*Header)(nil),                  // 28: herald.v1.Header
+	(*Record)(nil),                  // 29: herald.v1.Record
+	(*RecordBatch)(nil),             // 30: herald.v1.RecordBatch
+	(*StoredBatch)(nil),             // 31: herald.v1.StoredBatch
+	(*ProduceRequest)(nil),          // 32: herald.v1.ProduceRequest
+	(*ProduceResponse)(nil),         // 33: herald.v1.ProduceResponse
+	(*FetchRequest)(nil),            // 34: herald.v1.FetchRequest
+	(*FetchResponse)(nil),           // 35: herald.v1.FetchResponse
+	(*ListOffsetsRequest)(nil),      // 36: herald.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),     // 37: herald.v1.ListOffsetsResponse
+	(*StartPosition)(nil),           // 38: herald.v1.StartPosition
+	(*SubscribeRequest)(nil),        // 39: herald.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),       // 40: herald.v1.SubscribeResponse
+	(*AckRequest)(nil),              // 41: herald.v1.AckRequest
+	(*AckResponse)(nil),             // 42: herald.v1.AckResponse
+	(*NackRequest)(nil),             // 43: herald.v1.NackRequest
+	(*NackResponse)(nil),            // 44: herald.v1.NackResponse
+	(*CommitRequest)(nil),           // 45: herald.v1.CommitRequest
+	(*CommitResponse)(nil),          // 46: herald.v1.CommitResponse
+	(*UnsubscribeRequest)(nil),      // 47: herald.v1.UnsubscribeRequest
+	(*UnsubscribeResponse)(nil),     // 48: herald.v1.UnsubscribeResponse
+	(*DeliveredMessage)(nil),        // 49: herald.v1.DeliveredMessage
+	(*Delivery)(nil),                // 50: herald.v1.Delivery
+	(*AssignmentChange)(nil),        // 51: herald.v1.AssignmentChange
+	(*SubscriptionEnded)(nil),       // 52: herald.v1.SubscriptionEnded
+	(*ListGroupsRequest)(nil),       // 53: herald.v1.ListGroupsRequest
+	(*GroupSummary)(nil),            // 54: herald.v1.GroupSummary
+	(*ListGroupsResponse)(nil),      // 55: herald.v1.ListGroupsResponse
+	(*DescribeGroupRequest)(nil),    // 56: herald.v1.DescribeGroupRequest
+	(*MemberInfo)(nil),              // 57: herald.v1.MemberInfo
+	(*PartitionLag)(nil),            // 58: herald.v1.PartitionLag
+	(*GroupInfo)(nil),               // 59: herald.v1.GroupInfo
+	(*DescribeGroupResponse)(nil),   // 60: herald.v1.DescribeGroupResponse
+	(*ResetGroupRequest)(nil),       // 61: herald.v1.ResetGroupRequest
+	(*ResetGroupResponse)(nil),      // 62: herald.v1.ResetGroupResponse
+	(*CallRequest)(nil),             // 63: herald.v1.CallRequest
+	(*CallResponse)(nil),            // 64: herald.v1.CallResponse
+	(*ReplyRequest)(nil),            // 65: herald.v1.ReplyRequest
+	(*ReplyResponse)(nil),           // 66: herald.v1.ReplyResponse
+	(*ReplyDelivery)(nil),           // 67: herald.v1.ReplyDelivery
+	(*CancelScheduledRequest)(nil),  // 68: herald.v1.CancelScheduledRequest
+	(*CancelScheduledResponse)(nil), // 69: herald.v1.CancelScheduledResponse
+	(*ListScheduledRequest)(nil),    // 70: herald.v1.ListScheduledRequest
+	(*ScheduledInfo)(nil),           // 71: herald.v1.ScheduledInfo
+	(*ListScheduledResponse)(nil),   // 72: herald.v1.ListScheduledResponse
 }
 var file_herald_proto_depIdxs = []int32{
 	0,  // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
-	8,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
-	9,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
-	14, // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
-	15, // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
-	16, // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
-	17, // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
-	18, // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
-	19, // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
-	20, // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
-	21, // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
-	22, // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
-	23, // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
-	28, // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
-	29, // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
-	30, // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
-	31, // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
-	32, // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
-	33, // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
-	35, // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
-	36, // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
-	37, // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
-	38, // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
-	39, // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
-	40, // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
-	41, // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
-	42, // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
-	43, // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
-	44, // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
-	49, // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
-	51, // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
-	52, // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
-	56, // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
-	57, // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
-	58, // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
-	59, // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
-	60, // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
-	61, // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
-	62, // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
-	64, // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
-	65, // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
-	66, // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
-	68, // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
-	46, // 43: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	47, // 44: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	63, // 45: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	48, // 46: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	6,  // 47: herald.v1.Frame.error:type_name -> herald.v1.Error
-	10, // 48: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	11, // 49: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	13, // 50: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	12, // 51: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	10, // 52: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	12, // 53: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	12, // 54: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	12, // 55: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	24, // 56: herald.v1.Record.headers:type_name -> herald.v1.Header
-	25, // 57: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	1,  // 58: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	27, // 59: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	2,  // 60: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	3,  // 61: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	4,  // 62: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	34, // 63: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	25, // 64: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	45, // 65: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	6,  // 66: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	3,  // 67: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	50, // 68: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	5,  // 69: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	3,  // 70: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	4,  // 71: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	53, // 72: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	54, // 73: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	55, // 74: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	34, // 75: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	55, // 76: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	25, // 77: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	25, // 78: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	25, // 79: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	67, // 80: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	81, // [81:81] is the sub-list for method output_type
-	81, // [81:81] is the sub-list for method input_type
-	81, // [81:81] is the sub-list for extension type_name
-	81, // [81:81] is the sub-list for extension extendee
-	0,  // [0:81] is the sub-list for field type_name
+	9,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
+	10, // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
+	15, // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
+	16, // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
+	17, // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
+	18, // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
+	19, // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
+	20, // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
+	24, // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
+	25, // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
+	26, // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
+	27, // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
+	32, // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
+	33, // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
+	34, // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
+	35, // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
+	36, // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
+	37, // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
+	39, // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
+	40, // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
+	41, // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
+	42, // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
+	43, // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
+	44, // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
+	45, // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
+	46, // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
+	47, // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
+	48, // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
+	53, // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
+	55, // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
+	56, // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
+	60, // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
+	61, // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
+	62, // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
+	63, // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
+	64, // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
+	65, // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
+	66, // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
+	68, // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
+	69, // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
+	70, // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
+	72, // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
+	21, // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
+	23, // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
+	50, // 45: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	51, // 46: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	67, // 47: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	52, // 48: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	7,  // 49: herald.v1.Frame.error:type_name -> herald.v1.Error
+	11, // 50: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	12, // 51: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	14, // 52: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	13, // 53: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	11, // 54: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	13, // 55: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	6,  // 56: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	22, // 57: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	13, // 58: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	13, // 59: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	28, // 60: herald.v1.Record.headers:type_name -> herald.v1.Header
+	29, // 61: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	1,  // 62: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	31, // 63: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	2,  // 64: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	3,  // 65: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	4,  // 66: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	38, // 67: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	29, // 68: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	49, // 69: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	7,  // 70: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	3,  // 71: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	54, // 72: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	5,  // 73: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	3,  // 74: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	4,  // 75: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	57, // 76: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	58, // 77: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	59, // 78: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	38, // 79: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	59, // 80: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	29, // 81: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	29, // 82: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	29, // 83: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	71, // 84: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	85, // [85:85] is the sub-list for method output_type
+	85, // [85:85] is the sub-list for method input_type
+	85, // [85:85] is the sub-list for extension type_name
+	85, // [85:85] is the sub-list for extension extendee
+	0,  // [0:85] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -6024,27 +6331,29 @@ func file_herald_proto_init() {
 		(*Frame_CancelScheduledResponse)(nil),
 		(*Frame_ListScheduled)(nil),
 		(*Frame_ListScheduledResponse)(nil),
+		(*Frame_ClusterAdmin)(nil),
+		(*Frame_ClusterAdminResponse)(nil),
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),
 		(*Frame_SubscriptionEnded)(nil),
 		(*Frame_Error)(nil),
 	}
-	file_herald_proto_msgTypes[22].OneofWrappers = []any{}
-	file_herald_proto_msgTypes[28].OneofWrappers = []any{
+	file_herald_proto_msgTypes[25].OneofWrappers = []any{}
+	file_herald_proto_msgTypes[31].OneofWrappers = []any{
 		(*StartPosition_Earliest)(nil),
 		(*StartPosition_Latest)(nil),
 		(*StartPosition_Offset)(nil),
 		(*StartPosition_TimestampMs)(nil),
 	}
-	file_herald_proto_msgTypes[33].OneofWrappers = []any{}
+	file_herald_proto_msgTypes[36].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   63,
+			NumEnums:      7,
+			NumMessages:   66,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -117,6 +117,11 @@ type Actor struct {
 	prodSaving     bool                     // a save is writing the file
 	prodSavedIndex uint64                   // the raft index the last save covered
 	prodLastSave   int                      // actor tick of the last save
+
+	// Moving the group to other replicas (reassign.go).
+	target         []uint64 // the replica set the group moves to; nil: none
+	targetStep     int      // tick of the last step taken towards it
+	targetTransfer bool     // leadership was handed to the target's first replica
 }
 
 // Props returns the props of a partition replica actor. sys answers shed
@@ -183,6 +188,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.onDeleteBefore(ctx, m)
 	case *ChangeMembership:
 		a.onChangeMembership(ctx, m)
+	case *SetTarget:
+		a.onSetTarget(m)
 	case prioChunk:
 		a.onPrioChunk(m)
 	case prioSaved:
@@ -412,6 +419,7 @@ func (a *Actor) onTick(ctx actor.Context) {
 		a.rn.Tick()
 		a.maybeQuiesce()
 	}
+	a.stepTarget()
 	if every := max(1, int(a.cfg.RetentionCheck/a.cfg.TickInterval)); a.ticks-a.lastRetain >= every {
 		a.lastRetain = a.ticks
 		a.retain()
@@ -841,6 +849,10 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	a.wake()
 	a.lastBusy = a.ticks
 	if err := a.rn.Propose(data); err != nil {
+		if to := a.rn.BasicStatus().LeadTransferee; to != 0 && a.isLeader {
+			fail(notLeader(a.cfg.Topic, a.cfg.Partition, to)) // handing over leadership
+			return
+		}
 		if errors.Is(err, raft.ErrProposalDropped) && a.isLeader {
 			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d has too many uncommitted bytes", a.cfg.Topic, a.cfg.Partition)
 			e.RetryAfterMs = uint32(a.cfg.ThrottleRetryAfter / time.Millisecond)

@@ -93,6 +93,11 @@ type Config struct {
 	// membership), and lets the group quiesce when idle: see quiesce.go.
 	// Nil: the group never quiesces.
 	Liveness func(node uint64) bool
+	// OnTargetReached, if set, is called (from the actor) while this
+	// replica leads a group that has the membership of the target set by
+	// SetTarget, about once a second until the target is cleared. Keep it
+	// short: it runs in the actor.
+	OnTargetReached func(target []uint64)
 	// QuiesceTicks is how many ticks without a proposal an idle group
 	// waits before it quiesces. Default 5.
 	QuiesceTicks int

@@ -51,14 +51,10 @@ func (a *Actor) onChangeMembership(ctx actor.Context, m *ChangeMembership) {
 		answer(ErrChangeInProgress)
 		return
 	}
-	a.wake()
-	a.lastBusy = a.ticks
-	cc := raftpb.ConfChangeV2{Changes: m.Changes}
-	if err := a.rn.ProposeConfChange(cc); err != nil {
+	if err := a.proposeChanges("requested", m.Changes...); err != nil {
 		answer(err)
 		return
 	}
-	a.log.Info("membership change proposed", "changes", cc.String())
 	answer(nil)
 }
 

@@ -22,11 +22,23 @@ import (
 // NOT_LEADER, so that every registry entry has a PID and a Stats for each
 // partition. CreateTopic and DeleteTopic go through the controller.
 // Internal topics stay local to each node.
+//
+// Moves (cluster/reassign.go): a node in a partition's target that holds
+// no replica starts a joining one (it never bootstraps; the leader adds
+// it as a learner); every local replica is told the target (SetTarget),
+// and the leader's report that the group reached it (OnTargetReached) is
+// recorded through the controller; a node no longer among a partition's
+// replicas or target stops its replica and deletes its log.
 
 // Catalog is the cluster's topic catalog: the controller.
 type Catalog interface {
 	CreateTopic(ctx context.Context, name string, cfg *heraldpb.TopicConfig) (*heraldpb.TopicRecord, error)
 	DeleteTopic(ctx context.Context, name string) error
+	// CompleteReassignment records the end of a partition's move once its
+	// group has the target's membership.
+	CompleteReassignment(ctx context.Context, topic, topicID string, part uint32, reassignmentID string) error
+	// Admin plans and records replica moves (herald cluster ...).
+	Admin(ctx context.Context, req *heraldpb.ClusterAdminRequest) (*heraldpb.ClusterAdminResponse, error)
 }
 
 // Transport carries the raft messages of the node's replicas.
@@ -123,7 +135,8 @@ func (m *Manager) onAssign(ctx actor.Context, a *Assign) {
 			m.cfg.Logger.Error("a local topic has the name of a cluster topic; the cluster topic is not served here", "topic", name)
 			continue
 		case e != nil && e.Record.RequestId == rec.RequestId:
-			continue // running (moving replicas between nodes is not built yet)
+			m.reconcile(ctx, e, rec)
+			continue
 		case e != nil:
 			m.removeReplicated(ctx, e, nil) // an older topic of the same name
 			continue
@@ -139,6 +152,13 @@ func (m *Manager) onAssign(ctx actor.Context, a *Assign) {
 	}
 }
 
+// reassignLater reconciles again with the latest metadata.
+func (m *Manager) reassignLater(ctx actor.Context) {
+	if m.cluster.last != nil {
+		ctx.Send(ctx.Self(), m.cluster.last)
+	}
+}
+
 func sortedKeys[V any](mp map[string]V) []string {
 	out := make([]string, 0, len(mp))
 	for k := range mp {
@@ -148,70 +168,192 @@ func sortedKeys[V any](mp map[string]V) []string {
 	return out
 }
 
-// replicaDir is the log folder of this node's replica of a cluster
-// topic's partition; the record's id keeps a re-created topic of the same
-// name from reopening an old log.
-func (m *Manager) replicaDir(rec *heraldpb.TopicRecord, p uint32) string {
-	return filepath.Join(m.cfg.DataDir, "replicas", fmt.Sprintf("%s-%d-%s", rec.Name, p, rec.RequestId))
+// localDir is the log folder of this node's replica of a partition, or ""
+// when this node holds none (it is neither among the replicas nor in the
+// target). The topic's id keeps a re-created topic of the same name from
+// reopening an old log, and the id of the move that added this node a
+// replica added again after it left.
+func (m *Manager) localDir(rec *heraldpb.TopicRecord, pa *heraldpb.PartitionAssignment) string {
+	self := m.cfg.NodeID
+	if !slices.Contains(pa.Replicas, self) && !slices.Contains(pa.Target, self) {
+		return ""
+	}
+	name := fmt.Sprintf("%s-%d-%s", rec.Name, pa.Id, rec.RequestId)
+	if j := pa.Joined[self]; j != "" {
+		name += "-" + j
+	}
+	return filepath.Join(m.cfg.DataDir, "replicas", name)
+}
+
+// spawnReplica starts this node's replica of a partition, in dir.
+func (m *Manager) spawnReplica(ctx actor.Context, rec *heraldpb.TopicRecord, pa *heraldpb.PartitionAssignment, dir string) (*actor.PID, *partition.Stats, error) {
+	p := pa.Id
+	pcfg := m.partitionConfig(rec.Name, p, rec.Config, dir)
+	pcfg.Peers = map[uint64]*actor.PID{m.cfg.NodeID: nil}
+	// A replica a move added joins the group (the leader adds it as a
+	// learner); one placed at creation bootstraps it with its peers.
+	pcfg.Join = pa.Joined[m.cfg.NodeID] != ""
+	if !pcfg.Join {
+		for _, r := range pa.Replicas {
+			pcfg.Peers[r] = nil
+		}
+		pcfg.Campaign = pa.Replicas[0] == m.cfg.NodeID
+	}
+	pcfg.Transport = m.cluster.transport
+	pcfg.Liveness = m.cluster.transport.Up
+	pcfg.MinInSync = int(rec.Config.MinInsyncReplicas)
+	self, sys, topic := ctx.Self(), m.sys, rec.Name
+	pcfg.OnTargetReached = func(target []uint64) {
+		sys.Root.Send(self, &targetReached{topic: topic, part: p, target: target})
+	}
+	st := &partition.Stats{}
+	props, err := partition.Props(m.sys, pcfg, st)
+	if err != nil {
+		return nil, nil, err
+	}
+	pid, err := ctx.SpawnNamed(props, partition.Name(rec.Name, p))
+	if err != nil {
+		return nil, nil, err
+	}
+	m.cluster.transport.Register(partition.Name(rec.Name, p), pid)
+	if len(pa.Target) > 0 {
+		ctx.Send(pid, &partition.SetTarget{Target: pa.Target})
+	}
+	return pid, st, nil
 }
 
 // spawnReplicated starts this node's replicas of a cluster topic and
 // registers the topic.
 func (m *Manager) spawnReplicated(ctx actor.Context, rec *heraldpb.TopicRecord) error {
-	cfg := rec.Config
 	n := len(rec.Partitions)
 	pids := make([]*actor.PID, n)
 	stats := make([]*partition.Stats, n)
-	var started []int
+	dirs := make([]string, n)
 	stop := func() {
-		for _, p := range started {
-			m.cluster.transport.Unregister(partition.Name(rec.Name, uint32(p)))
-			ctx.Stop(pids[p])
+		for p, dir := range dirs {
+			if dir != "" {
+				m.cluster.transport.Unregister(partition.Name(rec.Name, uint32(p)))
+				ctx.Stop(pids[p])
+			}
 		}
 	}
 	for i, pa := range rec.Partitions {
-		p := pa.Id
-		if int(p) != i {
+		if int(pa.Id) != i {
 			stop()
-			return fmt.Errorf("topic %q: partition %d is listed at position %d", rec.Name, p, i)
+			return fmt.Errorf("topic %q: partition %d is listed at position %d", rec.Name, pa.Id, i)
 		}
-		stats[i] = &partition.Stats{}
-		if !slices.Contains(pa.Replicas, m.cfg.NodeID) {
-			pids[i] = m.cluster.remote
+		pids[i], stats[i] = m.cluster.remote, &partition.Stats{}
+		dir := m.localDir(rec, pa)
+		if dir == "" || m.moving[partKey(rec.Name, pa.Id)] {
 			continue
 		}
-		pcfg := m.partitionConfig(rec.Name, p, cfg, m.replicaDir(rec, p))
-		pcfg.Peers = map[uint64]*actor.PID{}
-		for _, r := range pa.Replicas {
-			pcfg.Peers[r] = nil
-		}
-		pcfg.Transport = m.cluster.transport
-		pcfg.Liveness = m.cluster.transport.Up
-		pcfg.Campaign = pa.Replicas[0] == m.cfg.NodeID
-		pcfg.MinInSync = int(cfg.MinInsyncReplicas)
-		props, err := partition.Props(m.sys, pcfg, stats[i])
+		pid, st, err := m.spawnReplica(ctx, rec, pa, dir)
 		if err != nil {
 			stop()
 			return err
 		}
-		pid, err := ctx.SpawnNamed(props, partition.Name(rec.Name, p))
-		if err != nil {
-			stop()
-			return err
-		}
-		pids[i] = pid
-		started = append(started, i)
-		m.cluster.transport.Register(partition.Name(rec.Name, p), pid)
+		pids[i], stats[i], dirs[i] = pid, st, dir
 	}
-	tpid, err := ctx.SpawnNamed(topicProps(rec.Name, pids, stats), "t/"+rec.Name)
+	tpid, err := ctx.SpawnNamed(topicProps(rec.Name, m.reg), "t/"+rec.Name)
 	if err != nil {
 		stop()
 		return err
 	}
 	m.reg.update(func(reg map[string]*Entry) {
-		reg[rec.Name] = &Entry{Name: rec.Name, Config: cfg, Topic: tpid, Partitions: pids, Stats: stats, Record: rec}
+		reg[rec.Name] = &Entry{Name: rec.Name, Config: rec.Config, Topic: tpid, Partitions: pids, Stats: stats, Record: rec, Dirs: dirs}
 	})
 	return nil
+}
+
+func partKey(topic string, p uint32) string { return fmt.Sprintf("%s/%d", topic, p) }
+
+// reconcile brings a running cluster topic's local replicas in line with
+// its record: it starts the replicas of partitions moved (or being moved)
+// to this node, stops those moved away and deletes their logs, and tells
+// every local replica its partition's target.
+func (m *Manager) reconcile(ctx actor.Context, e *Entry, rec *heraldpb.TopicRecord) {
+	pids, stats, dirs := slices.Clone(e.Partitions), slices.Clone(e.Stats), slices.Clone(e.Dirs)
+	for i, pa := range rec.Partitions {
+		p := uint32(i)
+		key := partKey(rec.Name, p)
+		want := m.localDir(rec, pa)
+		switch {
+		case m.moving[key]:
+			// the old replica is stopping; reconciled again once it stopped
+		case dirs[i] == want:
+			if want != "" {
+				ctx.Send(pids[i], &partition.SetTarget{Target: pa.Target})
+			}
+		case dirs[i] != "":
+			// This node left the partition (or joins it again under a new
+			// move): stop the replica, delete its log, then start again.
+			old, oldDir := pids[i], dirs[i]
+			m.moving[key] = true
+			m.cluster.transport.Unregister(partition.Name(rec.Name, p))
+			pids[i], stats[i], dirs[i] = m.cluster.remote, &partition.Stats{}, ""
+			m.cfg.Logger.Info("stopping a replica moved away from this node", "topic", rec.Name, "partition", p, "replicas", pa.Replicas)
+			m.stopAll(ctx, []*actor.PID{old}, func() {
+				delete(m.moving, key)
+				partition.DeleteMetrics(rec.Name, p)
+				if err := m.cfg.FS.RemoveAll(oldDir); err != nil {
+					m.cfg.Logger.Error("deleting the log of a replica moved away", "dir", oldDir, "err", err)
+				}
+				m.reassignLater(ctx)
+			})
+		default:
+			pid, st, err := m.spawnReplica(ctx, rec, pa, want)
+			if err != nil {
+				m.cfg.Logger.Error("starting a replica moved to this node", "topic", rec.Name, "partition", p, "err", err)
+				continue
+			}
+			m.cfg.Logger.Info("started a replica moved to this node", "topic", rec.Name, "partition", p, "target", pa.Target)
+			pids[i], stats[i], dirs[i] = pid, st, want
+		}
+	}
+	m.reg.update(func(reg map[string]*Entry) {
+		reg[rec.Name] = &Entry{Name: rec.Name, Config: rec.Config, Topic: e.Topic, Partitions: pids, Stats: stats, Record: rec, Dirs: dirs}
+	})
+}
+
+// targetReached is a local leader's report that its group has the
+// membership of its partition's target.
+type targetReached struct {
+	topic  string
+	part   uint32
+	target []uint64
+}
+
+// completeDone ends the recording of a move's end.
+type completeDone struct{ key string }
+
+// onTargetReached has the controller record the end of the move, once
+// at a time per move, off the mailbox.
+func (m *Manager) onTargetReached(ctx actor.Context, r *targetReached) {
+	e := m.reg.Get(r.topic)
+	if m.cluster == nil || e == nil || e.Record == nil || int(r.part) >= len(e.Record.Partitions) {
+		return
+	}
+	pa := e.Record.Partitions[r.part]
+	if !slices.Equal(pa.Target, r.target) {
+		return // an old report
+	}
+	key := partKey(r.topic, r.part) + "/" + pa.ReassignmentId
+	if m.completing[key] {
+		return
+	}
+	m.completing[key] = true
+	catalog, self, sys, topicID, moveID := m.cluster.catalog, ctx.Self(), m.sys, e.Record.RequestId, pa.ReassignmentId
+	log := m.cfg.Logger
+	go func() {
+		cctx, cancel := context.WithTimeout(context.Background(), createWait)
+		defer cancel()
+		if err := catalog.CompleteReassignment(cctx, r.topic, topicID, r.part, moveID); err != nil {
+			log.Warn("recording the end of a partition move", "topic", r.topic, "partition", r.part, "err", err)
+		} else {
+			log.Info("partition move done", "topic", r.topic, "partition", r.part, "replicas", r.target)
+		}
+		sys.Root.Send(self, &completeDone{key: key})
+	}()
 }
 
 // removeReplicated stops a cluster topic's local replicas and deletes
@@ -221,21 +363,21 @@ func (m *Manager) removeReplicated(ctx actor.Context, e *Entry, done func(error)
 	m.reg.update(func(reg map[string]*Entry) { delete(reg, e.Name) })
 	m.deleting[e.Name] = true
 	pids := []*actor.PID{e.Topic}
-	for p, pid := range e.Partitions {
-		if pid != m.cluster.remote {
+	for p, dir := range e.Dirs {
+		if dir != "" {
 			m.cluster.transport.Unregister(partition.Name(e.Name, uint32(p)))
-			pids = append(pids, pid)
+			pids = append(pids, e.Partitions[p])
 		}
 	}
 	m.stopAll(ctx, pids, func() {
 		delete(m.deleting, e.Name)
 		var err error
-		for p, pid := range e.Partitions {
+		for p, dir := range e.Dirs {
 			partition.DeleteMetrics(e.Name, uint32(p))
-			if pid == m.cluster.remote {
+			if dir == "" {
 				continue
 			}
-			if rerr := m.cfg.FS.RemoveAll(m.replicaDir(e.Record, uint32(p))); rerr != nil && err == nil {
+			if rerr := m.cfg.FS.RemoveAll(dir); rerr != nil && err == nil {
 				err = rerr
 			}
 		}
@@ -249,6 +391,34 @@ func (m *Manager) removeReplicated(ctx actor.Context, e *Entry, done func(error)
 			m.onAssign(ctx, m.cluster.last)
 		}
 	})
+}
+
+// onClusterAdmin runs a cluster administration request through the
+// controller, off the mailbox.
+func (m *Manager) onClusterAdmin(ctx actor.Context, id uint64, req *heraldpb.ClusterAdminRequest) {
+	if !m.cfg.Clustered {
+		ctx.Respond(heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "this node runs alone: cluster administration needs herald serve --cluster")))
+		return
+	}
+	if m.cluster == nil {
+		ctx.Respond(heraldpb.ErrorFrame(id, clusterStarting()))
+		return
+	}
+	replyTo, sys, catalog := ctx.Sender(), m.sys, m.cluster.catalog
+	go func() {
+		cctx, cancel := context.WithTimeout(context.Background(), createWait)
+		defer cancel()
+		resp, err := catalog.Admin(cctx, req)
+		if err != nil {
+			e, ok := err.(*heraldpb.Error)
+			if !ok {
+				e = heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "%v", err)
+			}
+			sys.Root.Send(replyTo, heraldpb.ErrorFrame(id, e))
+			return
+		}
+		sys.Root.Send(replyTo, &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ClusterAdminResponse{ClusterAdminResponse: resp}})
+	}()
 }
 
 // clusterCreate creates a topic through the controller, off the mailbox.

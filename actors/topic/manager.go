@@ -29,8 +29,10 @@ type Manager struct {
 	reg      *Registry
 	deleting map[string]bool
 
-	cluster       *clusterState // nil on a single node
-	pendingAssign *Assign       // metadata that came before Clustered
+	cluster       *clusterState   // nil on a single node
+	pendingAssign *Assign         // metadata that came before Clustered
+	moving        map[string]bool // topic/partition whose old replica is stopping
+	completing    map[string]bool // moves whose end is being recorded
 }
 
 // Spawn starts the manager (which reopens every topic in the catalog) and
@@ -53,7 +55,7 @@ func Spawn(sys *actor.ActorSystem, cfg Config) (*actor.PID, *Registry, error) {
 	reg := &Registry{}
 	sup := actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider)
 	props := actor.PropsFromProducer(func() actor.Actor {
-		return &Manager{cfg: cfg, sys: sys, reg: reg, deleting: map[string]bool{}}
+		return &Manager{cfg: cfg, sys: sys, reg: reg, deleting: map[string]bool{}, moving: map[string]bool{}, completing: map[string]bool{}}
 	}, actor.WithSupervisor(sup))
 	pid, err := sys.Root.SpawnNamed(props, ManagerName)
 	if err != nil {
@@ -96,6 +98,10 @@ func (m *Manager) Receive(ctx actor.Context) {
 		m.onAssign(ctx, msg)
 	case *clusterOpDone:
 		m.onClusterOpDone(ctx, msg)
+	case *targetReached:
+		m.onTargetReached(ctx, msg)
+	case *completeDone:
+		delete(m.completing, msg.key)
 	case *heraldpb.Frame:
 		m.onFrame(ctx, msg)
 	}
@@ -107,6 +113,8 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame) {
 		m.onCreate(ctx, f.Id, b.CreateTopic)
 	case *heraldpb.Frame_DeleteTopic:
 		m.onDelete(ctx, f.Id, b.DeleteTopic)
+	case *heraldpb.Frame_ClusterAdmin:
+		m.onClusterAdmin(ctx, f.Id, b.ClusterAdmin)
 	case *heraldpb.Frame_ListTopics:
 		resp := &heraldpb.ListTopicsResponse{}
 		for _, e := range m.reg.All() {
@@ -339,7 +347,7 @@ func (m *Manager) spawnTopic(ctx actor.Context, name string, cfg *heraldpb.Topic
 		pids = append(pids, pid)
 		stats = append(stats, st)
 	}
-	tpid, err := ctx.SpawnNamed(topicProps(name, pids, nil), "t/"+name)
+	tpid, err := ctx.SpawnNamed(topicProps(name, m.reg), "t/"+name)
 	if err != nil {
 		stop()
 		return err

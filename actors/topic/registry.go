@@ -20,6 +20,9 @@ type Entry struct {
 	// Record is a cluster topic's controller record (nil: a local topic).
 	// Partitions without a local replica have a stand-in PID.
 	Record *heraldpb.TopicRecord
+	// Dirs, for a cluster topic: each local replica's log folder ("" for a
+	// partition with no local replica).
+	Dirs []string
 }
 
 // Registry maps topic names to their actors. The manager writes it
@@ -69,15 +72,18 @@ func (e *Entry) info(node uint32) *heraldpb.TopicInfo {
 	ti := &heraldpb.TopicInfo{Name: e.Name, Config: e.Config}
 	for i, s := range e.Stats {
 		leader := uint32(s.Leader.Load())
-		replicas := []uint32{node}
+		replicas, target := []uint32{node}, []uint32(nil)
 		if e.Record != nil {
 			replicas = replicas[:0]
 			for _, r := range e.Record.Partitions[i].Replicas {
 				replicas = append(replicas, uint32(r))
 			}
+			for _, r := range e.Record.Partitions[i].Target {
+				target = append(target, uint32(r))
+			}
 		}
 		ti.Partitions = append(ti.Partitions, &heraldpb.PartitionInfo{
-			Id: uint32(i), Leader: leader, Replicas: replicas,
+			Id: uint32(i), Leader: leader, Replicas: replicas, TargetReplicas: target,
 			LogStartOffset: s.StartOffset.Load(), HighWatermark: s.HighWatermark.Load(), SizeBytes: s.SizeBytes.Load(),
 		})
 	}

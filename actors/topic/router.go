@@ -37,7 +37,7 @@ func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
 	case *heraldpb.Frame_ListOffsets:
 		r.toPartition(f, replyTo, b.ListOffsets.Topic, b.ListOffsets.Partition)
 	case *heraldpb.Frame_Metadata, *heraldpb.Frame_CreateTopic, *heraldpb.Frame_DeleteTopic,
-		*heraldpb.Frame_ListTopics, *heraldpb.Frame_DescribeTopic:
+		*heraldpb.Frame_ListTopics, *heraldpb.Frame_DescribeTopic, *heraldpb.Frame_ClusterAdmin:
 		r.sys.Root.RequestWithCustomSender(r.manager, f, replyTo)
 	default:
 		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_UNKNOWN_REQUEST, "no handler for %T", f.Body))

@@ -6,9 +6,12 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-// topicActor routes produce requests of one topic to its partitions.
+// topicActor routes produce requests of one topic to its partitions, as
+// the registry lists them (a cluster topic's local replicas come and go as
+// partitions move between nodes).
 type topicActor struct {
 	name       string
+	reg        *Registry
 	partitions []*actor.PID
 	// stats, for a cluster topic: a produce with neither partition nor key
 	// goes round-robin over the partitions led by this node.
@@ -16,9 +19,9 @@ type topicActor struct {
 	next  uint32 // round-robin cursor
 }
 
-func topicProps(name string, partitions []*actor.PID, stats []*partition.Stats) *actor.Props {
+func topicProps(name string, reg *Registry) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &topicActor{name: name, partitions: partitions, stats: stats}
+		return &topicActor{name: name, reg: reg}
 	})
 }
 
@@ -31,6 +34,15 @@ func (t *topicActor) Receive(ctx actor.Context) {
 	if req == nil {
 		ctx.Send(ctx.Sender(), heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic actors route produce requests only")))
 		return
+	}
+	e := t.reg.Get(t.name)
+	if e == nil || e.Topic == nil || !e.Topic.Equal(ctx.Self()) {
+		ctx.Send(ctx.Sender(), heraldpb.ErrorFrame(f.Id, topicNotFound(t.name))) // deleted meanwhile
+		return
+	}
+	t.partitions, t.stats = e.Partitions, nil
+	if e.Record != nil {
+		t.stats = e.Stats
 	}
 	part, err := t.route(req)
 	if err != nil {

@@ -92,6 +92,9 @@ func settings() []setting {
 		{"rack", "this node's rack or zone: a partition's replicas go to distinct racks where there are enough", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Rack, "rack", d.Rack, "")
 		}},
+		{"replica-grace", "how long a node may be down before its replicas are re-created on other nodes", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.ReplicaGrace, "replica-grace", d.ReplicaGrace, "")
+		}},
 		{"event-loops", "network event loops (0 = one per core)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.IntVar(&c.EventLoops, "event-loops", d.EventLoops, "")
 		}},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -145,15 +144,23 @@ func printTopic(io cliIO, t *heraldpb.TopicInfo) {
 		fmt.Fprintf(io.out, "message-ttl:       %s\n", time.Duration(ttl)*time.Millisecond)
 	}
 	fmt.Fprintln(io.out)
-	tw := tabwriter.NewWriter(io.out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARTITION\tLEADER\tREPLICAS\tLOG-START\tHIGH-WATERMARK\tSIZE")
+	moving := false
 	for _, p := range t.GetPartitions() {
-		reps := make([]string, len(p.GetReplicas()))
-		for i, r := range p.GetReplicas() {
-			reps[i] = fmt.Sprint(r)
-		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%s\n", p.GetId(), p.GetLeader(), strings.Join(reps, ","),
+		moving = moving || len(p.GetTargetReplicas()) > 0
+	}
+	tw := tabwriter.NewWriter(io.out, 0, 0, 2, ' ', 0)
+	head := "PARTITION\tLEADER\tREPLICAS\tLOG-START\tHIGH-WATERMARK\tSIZE"
+	if moving {
+		head += "\tMOVING-TO"
+	}
+	fmt.Fprintln(tw, head)
+	for _, p := range t.GetPartitions() {
+		line := fmt.Sprintf("%d\t%d\t%s\t%d\t%d\t%s", p.GetId(), p.GetLeader(), joinIDs(p.GetReplicas()),
 			p.GetLogStartOffset(), p.GetHighWatermark(), cliBytes(float64(p.GetSizeBytes())))
+		if moving {
+			line += "\t" + joinIDs(p.GetTargetReplicas())
+		}
+		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
 }

@@ -1,0 +1,150 @@
+package partition
+
+import (
+	"slices"
+
+	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
+)
+
+// Moving a group to another set of replicas (a reassignment). The
+// controller records the target; every replica is told it (SetTarget),
+// and whichever replica leads walks the group there one step at a time,
+// each step taken only once the previous one is applied:
+//
+//  1. each target replica that is not a member yet is added as a learner
+//     (its node has started an empty joining replica);
+//  2. once every such learner replicates and is within catchUpSlack
+//     entries of the commit index, a leader that is not in the target
+//     hands its leadership to a target voter that is caught up;
+//  3. the learners become voters and the replicas not in the target are
+//     removed, in one joint-consensus change that raft leaves on its own
+//     (ConfChangeV2, automatic transition);
+//  4. with the target's membership in place, leadership goes to the
+//     target's first replica (the preferred leader) if it is caught up,
+//     and OnTargetReached reports it, so that the controller ends the move.
+//
+// A leader that loses its term stops; the next one resumes from whatever
+// membership the group has. Removed replicas are stopped and their logs
+// deleted by their nodes once the controller records the move's end.
+
+// SetTarget tells a replica the replica set its group is being moved to
+// (nil: no move). Only the leader acts on it.
+type SetTarget struct{ Target []uint64 }
+
+const (
+	// targetStepTicks spaces the steps (raft applies a membership change
+	// in a round trip; a step proposed too early is refused and retried).
+	targetStepTicks = 3
+	// catchUpSlack is how many entries a learner may trail the commit
+	// index by and still be promoted: under load it never catches up
+	// exactly, and raft brings it the rest.
+	catchUpSlack = 64
+)
+
+func (a *Actor) onSetTarget(m *SetTarget) {
+	if slices.Equal(a.target, m.Target) {
+		return
+	}
+	a.target = slices.Clone(m.Target)
+	a.targetTransfer = false
+	a.targetStep = a.ticks - targetStepTicks
+	if len(a.target) > 0 {
+		a.wake()
+		a.log.Info("replica set target", "target", a.target)
+	} else {
+		a.log.Info("replica set target cleared")
+	}
+}
+
+// stepTarget takes the next step towards the target (called every tick).
+func (a *Actor) stepTarget() {
+	if len(a.target) == 0 || !a.isLeader || a.rn == nil || a.ticks-a.targetStep < targetStepTicks {
+		return
+	}
+	a.targetStep = a.ticks
+	st := a.rn.Status()
+	if len(st.Config.Voters[1]) > 0 || st.LeadTransferee != 0 || st.Applied < st.Commit {
+		return // a change or a handover is under way
+	}
+	self := a.cfg.ReplicaID
+	isVoter := func(id uint64) bool { _, ok := st.Config.Voters[0][id]; return ok }
+	isLearner := func(id uint64) bool { _, ok := st.Config.Learners[id]; return ok }
+	caughtUp := func(id uint64) bool {
+		pr, ok := st.Progress[id]
+		return ok && (id == self || (pr.State == tracker.StateReplicate && pr.Match+catchUpSlack >= st.Commit))
+	}
+	// 1. Learners for the target's new replicas.
+	for _, id := range a.target {
+		if !isVoter(id) && !isLearner(id) {
+			a.proposeChanges("adding a learner", raftpb.ConfChangeSingle{Type: raftpb.ConfChangeAddLearnerNode, NodeID: id})
+			return
+		}
+	}
+	// 2. Wait until they have caught up.
+	for _, id := range a.target {
+		if isLearner(id) && !caughtUp(id) {
+			return
+		}
+	}
+	// 3. A leader leaving the group hands over first.
+	if !slices.Contains(a.target, self) {
+		for _, id := range a.target {
+			if isVoter(id) && caughtUp(id) {
+				a.log.Info("handing leadership to a replica that stays", "to", id)
+				a.rn.TransferLeader(id)
+				return
+			}
+		}
+	}
+	// 4. One joint change: learners in, the others out.
+	var changes []raftpb.ConfChangeSingle
+	for _, id := range a.target {
+		if isLearner(id) {
+			changes = append(changes, raftpb.ConfChangeSingle{Type: raftpb.ConfChangeAddNode, NodeID: id})
+		}
+	}
+	for _, set := range []map[uint64]struct{}{st.Config.Voters[0], st.Config.Learners} {
+		for _, id := range sortedIDs(set) {
+			if !slices.Contains(a.target, id) {
+				changes = append(changes, raftpb.ConfChangeSingle{Type: raftpb.ConfChangeRemoveNode, NodeID: id})
+			}
+		}
+	}
+	if len(changes) > 0 {
+		a.proposeChanges("moving the group", changes...)
+		return
+	}
+	// 5. The target's membership is in place.
+	if pref := a.target[0]; pref != self && !a.targetTransfer && caughtUp(pref) {
+		a.targetTransfer = true
+		a.log.Info("handing leadership to the preferred leader", "to", pref)
+		a.rn.TransferLeader(pref)
+	}
+	if a.cfg.OnTargetReached != nil {
+		a.cfg.OnTargetReached(slices.Clone(a.target))
+	}
+}
+
+// proposeChanges proposes a membership change as the leader (several
+// changes: joint consensus, left automatically).
+func (a *Actor) proposeChanges(what string, changes ...raftpb.ConfChangeSingle) error {
+	a.wake()
+	a.lastBusy = a.ticks
+	cc := raftpb.ConfChangeV2{Changes: changes}
+	if err := a.rn.ProposeConfChange(cc); err != nil {
+		a.log.Warn("membership change refused", "what", what, "changes", cc.String(), "err", err)
+		return err
+	}
+	a.log.Info("membership change proposed", "what", what, "changes", cc.String())
+	return nil
+}
+
+func sortedIDs(set map[uint64]struct{}) []uint64 {
+	out := make([]uint64, 0, len(set))
+	for id := range set {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,214 @@
+package cluster
+
+import (
+	"slices"
+	"testing"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// metadataWith builds metadata with nodes 1..n (racks from racks, if
+// given) and one topic per placement.
+func metadataWith(n int, racks []string, topics map[string][][]uint64) *Metadata {
+	md := &Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}, Topics: map[string]*heraldpb.TopicRecord{}}
+	for i := 1; i <= n; i++ {
+		rec := &heraldpb.NodeRecord{NodeId: uint64(i)}
+		if racks != nil {
+			rec.Rack = racks[i-1]
+		}
+		md.Nodes[uint64(i)] = rec
+	}
+	for name, parts := range topics {
+		t := &heraldpb.TopicRecord{Name: name, RequestId: "id-" + name, Config: &heraldpb.TopicConfig{Partitions: uint32(len(parts))}}
+		for p, reps := range parts {
+			t.Partitions = append(t.Partitions, &heraldpb.PartitionAssignment{Id: uint32(p), Replicas: reps})
+		}
+		md.Topics[name] = t
+	}
+	return md
+}
+
+func allUp(uint64) bool { return true }
+
+// apply applies the plan's moves as if each had finished.
+func applyPlan(t *testing.T, md *Metadata, p *planner) {
+	t.Helper()
+	for _, cmd := range p.commands() {
+		applyCommand(md, cmd)
+		r := cmd.GetReassignPartitions()
+		for _, mv := range r.Partitions {
+			pa := md.Topics[r.Topic].Partitions[mv.Id]
+			if !slices.Equal(pa.Target, mv.Target) {
+				t.Fatalf("%s-%d: target %v after the command, want %v", r.Topic, mv.Id, pa.Target, mv.Target)
+			}
+			applyCommand(md, &heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_CompleteReassignment{
+				CompleteReassignment: &heraldpb.CompleteReassignment{Topic: r.Topic, TopicId: r.TopicId, Partition: mv.Id, ReassignmentId: cmd.RequestId}}})
+		}
+	}
+}
+
+func checkSpread(t *testing.T, md *Metadata, nodes []uint64) {
+	t.Helper()
+	loads := Loads(md)
+	minR, maxR, minL, maxL := 1<<30, 0, 1<<30, 0
+	for _, id := range nodes {
+		l := loads[id]
+		minR, maxR, minL, maxL = min(minR, l.Replicas), max(maxR, l.Replicas), min(minL, l.Leaders), max(maxL, l.Leaders)
+	}
+	if maxR-minR > 1 || maxL-minL > 1 {
+		t.Fatalf("not balanced over %v: %v", nodes, loads)
+	}
+	for _, tr := range md.Topics {
+		for _, pa := range tr.Partitions {
+			if len(pa.Target) > 0 {
+				t.Fatalf("%s-%d still moving", tr.Name, pa.Id)
+			}
+			for i, id := range pa.Replicas {
+				if slices.Contains(pa.Replicas[:i], id) {
+					t.Fatalf("%s-%d: replicas %v repeat a node", tr.Name, pa.Id, pa.Replicas)
+				}
+			}
+		}
+	}
+}
+
+// A fourth node joins three that hold 12 partitions of RF 3: rebalance
+// moves a quarter of the replicas and of the preferred leaders to it.
+func TestRebalanceOntoNewNode(t *testing.T) {
+	placed, err := Place(12, 3, []NodeInfo{{ID: 1}, {ID: 2}, {ID: 3}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := metadataWith(4, nil, map[string][][]uint64{"orders": placed})
+	p := newPlanner(md, allUp)
+	p.rebalance()
+	if len(p.moves) == 0 {
+		t.Fatal("no moves planned")
+	}
+	applyPlan(t, md, p)
+	checkSpread(t, md, []uint64{1, 2, 3, 4})
+	if l := Loads(md)[4]; l.Replicas != 9 || l.Leaders != 3 {
+		t.Fatalf("node 4 holds %+v, want 9 replicas and 3 leaders", l)
+	}
+	// Balanced already: nothing more to do.
+	p = newPlanner(md, allUp)
+	p.rebalance()
+	if len(p.moves) != 0 {
+		t.Fatalf("a balanced cluster got %d moves: %+v", len(p.moves), p.moves)
+	}
+}
+
+// Removing a node moves each of its replicas to another node, keeping
+// racks distinct where they can be.
+func TestReplaceKeepsRacks(t *testing.T) {
+	racks := []string{"a", "b", "c", "a", "c"}
+	md := metadataWith(5, racks, map[string][][]uint64{"t": {{1, 2, 3}, {2, 3, 1}, {3, 1, 2}, {4, 2, 5}}})
+	p := newPlanner(md, allUp)
+	delete(p.usable, 1)
+	for _, name := range []string{"t"} {
+		for _, pa := range md.Topics[name].Partitions {
+			if slices.Contains(pa.Replicas, 1) && !p.replace(md.Topics[name], pa, func(id uint64) bool { return id == 1 }) {
+				t.Fatalf("partition %d: no replacement", pa.Id)
+			}
+		}
+	}
+	if len(p.moves) != 3 {
+		t.Fatalf("%d moves, want 3: %+v", len(p.moves), p.moves)
+	}
+	for _, mv := range p.moves {
+		at := slices.Index(mv.from, 1)
+		if mv.target[at] != 4 { // node 4 is on rack a, the one node 1 leaves
+			t.Fatalf("partition %d: node 1 replaced by %d, want 4 (rack a)", mv.part, mv.target[at])
+		}
+	}
+	// With node 4 gone as well there is no rack a left: any other node.
+	p = newPlanner(md, func(id uint64) bool { return id != 4 })
+	delete(p.usable, 1)
+	pa := md.Topics["t"].Partitions[0]
+	if !p.replace(md.Topics["t"], pa, func(id uint64) bool { return id == 1 }) || p.moves[0].target[0] != 5 {
+		t.Fatalf("moves %+v, want node 1 replaced by 5", p.moves)
+	}
+	// No node left to take it: nothing planned.
+	md2 := metadataWith(3, nil, map[string][][]uint64{"t": {{1, 2, 3}}})
+	p = newPlanner(md2, allUp)
+	delete(p.usable, 1)
+	if p.replace(md2.Topics["t"], md2.Topics["t"].Partitions[0], func(id uint64) bool { return id == 1 }) || len(p.moves) != 0 {
+		t.Fatalf("replace with no free node planned %+v", p.moves)
+	}
+}
+
+// A partition being moved keeps its move: a second reassignment of it is
+// ignored, a completion must name the running move, and the joined ids
+// name the new replicas.
+func TestApplyReassignment(t *testing.T) {
+	md := metadataWith(5, nil, map[string][][]uint64{"t": {{1, 2, 3}, {1, 2, 3}}})
+	reassign := func(id string, part uint32, target ...uint64) {
+		applyCommand(md, &heraldpb.ControllerCommand{RequestId: id, Command: &heraldpb.ControllerCommand_ReassignPartitions{
+			ReassignPartitions: &heraldpb.ReassignPartitions{Topic: "t", TopicId: "id-t", Partitions: []*heraldpb.PartitionAssignment{{Id: part, Target: target}}}}})
+	}
+	complete := func(id string, part uint32) {
+		applyCommand(md, &heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_CompleteReassignment{
+			CompleteReassignment: &heraldpb.CompleteReassignment{Topic: "t", TopicId: "id-t", Partition: part, ReassignmentId: id}}})
+	}
+	before := md.Topics["t"]
+	reassign("m1", 0, 4, 2, 3)
+	if pa := md.Topics["t"].Partitions[0]; !slices.Equal(pa.Target, []uint64{4, 2, 3}) || pa.Joined[4] != "m1" || pa.ReassignmentId != "m1" {
+		t.Fatalf("after the move: %v", pa)
+	}
+	if len(before.Partitions[0].Target) != 0 {
+		t.Fatal("the earlier metadata's record changed")
+	}
+	reassign("m2", 0, 5, 2, 3) // running: ignored
+	reassign("m3", 1, 1, 2, 9) // node 9 is not registered: ignored
+	reassign("m4", 1, 1, 2)    // another size: ignored
+	for _, pa := range md.Topics["t"].Partitions {
+		if pa.Id == 0 && pa.ReassignmentId != "m1" || pa.Id == 1 && len(pa.Target) != 0 {
+			t.Fatalf("partition %d: %v", pa.Id, pa)
+		}
+	}
+	complete("m2", 0) // not the running move
+	if len(md.Topics["t"].Partitions[0].Target) == 0 {
+		t.Fatal("a completion naming another move ended the running one")
+	}
+	complete("m1", 0)
+	if pa := md.Topics["t"].Partitions[0]; !slices.Equal(pa.Replicas, []uint64{4, 2, 3}) || len(pa.Target) != 0 || pa.Joined[4] != "m1" {
+		t.Fatalf("after completion: %v", pa)
+	}
+	// Back to node 1: node 4's joined id goes, and node 1's new replica
+	// is named by this move (its first one was deleted when it left).
+	reassign("m5", 0, 1, 2, 3)
+	complete("m5", 0)
+	if pa := md.Topics["t"].Partitions[0]; !slices.Equal(pa.Replicas, []uint64{1, 2, 3}) || len(pa.Joined) != 1 || pa.Joined[1] != "m5" {
+		t.Fatalf("after moving back: %v", pa)
+	}
+	// Decommissioning survives the node's next registration.
+	applyCommand(md, &heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_DecommissionNode{DecommissionNode: &heraldpb.DecommissionNode{NodeId: 5, Decommissioned: true}}})
+	applyCommand(md, &heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_RegisterNode{RegisterNode: &heraldpb.NodeRecord{NodeId: 5, MemberId: "again"}}})
+	if n := md.Nodes[5]; !n.Decommissioned || n.MemberId != "again" {
+		t.Fatalf("node 5 after registering again: %v", n)
+	}
+	p := newPlanner(md, allUp)
+	if p.usable[5] {
+		t.Fatal("a decommissioned node may take replicas")
+	}
+}
+
+// Leaders alone out of balance: rebalance reorders replica sets without
+// moving data.
+func TestRebalanceLeadersOnly(t *testing.T) {
+	var parts [][]uint64
+	for range 6 {
+		parts = append(parts, []uint64{1, 2, 3})
+	}
+	md := metadataWith(3, nil, map[string][][]uint64{"t": parts})
+	p := newPlanner(md, allUp)
+	p.rebalance()
+	for _, mv := range p.moves {
+		a, b := slices.Sorted(slices.Values(mv.from)), slices.Sorted(slices.Values(mv.target))
+		if !slices.Equal(a, b) {
+			t.Fatalf("move %+v changes the replica set", mv)
+		}
+	}
+	applyPlan(t, md, p)
+	checkSpread(t, md, []uint64{1, 2, 3})
+}

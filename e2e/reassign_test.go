@@ -1,0 +1,280 @@
+package e2e
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/heraldmq/herald/client"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// placement is each partition's replica set as the cluster reports it,
+// once no partition is being moved.
+func placement(t *testing.T, c *client.Client, topic string) ([][]uint32, error) {
+	info, err := c.DescribeTopic(ctxT(t, 5*time.Second), topic)
+	if err != nil {
+		return nil, err
+	}
+	var out [][]uint32
+	for _, p := range info.Partitions {
+		if len(p.TargetReplicas) > 0 {
+			return nil, fmt.Errorf("partition %d is moving from %v to %v", p.Id, p.Replicas, p.TargetReplicas)
+		}
+		out = append(out, p.Replicas)
+	}
+	return out, nil
+}
+
+// replicaCounts counts the replicas each node holds.
+func replicaCounts(pl [][]uint32) map[uint32]int {
+	out := map[uint32]int{}
+	for _, reps := range pl {
+		for _, r := range reps {
+			out[r]++
+		}
+	}
+	return out
+}
+
+// waitCaughtUp polls until every replica of every partition reports the
+// same high watermark, each asked on its own node.
+func (tc *testCluster) waitCaughtUp(t *testing.T, topic string, pl [][]uint32) {
+	t.Helper()
+	checkFor(t, 60*time.Second, "every replica caught up", func() error {
+		for p, reps := range pl {
+			var hws []int64
+			for _, id := range reps {
+				cc := dialNode(t, tc.nodes[uint64(id)])
+				info, err := cc.DescribeTopic(ctxT(t, 5*time.Second), topic)
+				cc.Close()
+				if err != nil {
+					return err
+				}
+				hws = append(hws, info.Partitions[p].HighWatermark)
+			}
+			if slices.Min(hws) != slices.Max(hws) {
+				return fmt.Errorf("partition %d: high watermarks %v on nodes %v", p, hws, reps)
+			}
+		}
+		return nil
+	})
+}
+
+// verifyReplicas stops every node and reads the logs from disk: the
+// replicas of each partition (as pl places them) are identical offset for
+// offset, every acknowledged record is at its offset, no id is stored
+// twice, and nodes that hold no replica of a partition have no log of it
+// left.
+func (tc *testCluster) verifyReplicas(t *testing.T, topic string, pl [][]uint32, acked []ackedID) {
+	t.Helper()
+	for _, n := range tc.nodes {
+		if n.cmd != nil {
+			n.Stop(t)
+		}
+	}
+	logs := map[int32]map[int64]string{}
+	for p, reps := range pl {
+		var first map[int64]string
+		for _, id := range reps {
+			got := readReplica(t, tc.nodes[uint64(id)].DataDir(), topic, p)
+			if first == nil {
+				first = got
+				continue
+			}
+			if len(got) != len(first) {
+				t.Fatalf("partition %d: node %d holds %d records, node %d %d", p, id, len(got), reps[0], len(first))
+			}
+			for off, v := range first {
+				if got[off] != v {
+					t.Fatalf("partition %d offset %d: node %d has %q, node %d %q", p, off, reps[0], v, id, got[off])
+				}
+			}
+		}
+		seen := map[string]int64{}
+		for off, v := range first {
+			if prev, dup := seen[v]; dup {
+				t.Errorf("partition %d: %s stored twice, at %d and %d", p, v, prev, off)
+			}
+			seen[v] = off
+		}
+		logs[int32(p)] = first
+		for id, n := range tc.nodes {
+			if slices.Contains(reps, uint32(id)) {
+				continue
+			}
+			if dirs, _ := filepath.Glob(filepath.Join(n.DataDir(), "replicas", fmt.Sprintf("%s-%d-*", topic, p))); len(dirs) > 0 {
+				t.Errorf("node %d holds no replica of partition %d but still has its log %v", id, p, dirs)
+			}
+		}
+	}
+	for _, a := range acked {
+		if got := logs[a.partition][a.offset]; got != a.id {
+			t.Fatalf("%s was acknowledged at %d/%d, which holds %q", a.id, a.partition, a.offset, got)
+		}
+	}
+	t.Logf("%d acknowledged records verified on every replica", len(acked))
+}
+
+// acksGrow waits until the producers have had n more acknowledgements.
+func acksGrow(t *testing.T, load *loadProducers, what string, n int) {
+	t.Helper()
+	from := load.count()
+	checkFor(t, 60*time.Second, what, func() error {
+		if got := load.count() - from; got < n {
+			return fmt.Errorf("%d acked", got)
+		}
+		return nil
+	})
+}
+
+// TestAddAndRemoveNodeUnderLoad: three nodes hold an RF=3 topic of four
+// partitions while three producers write to it (acks=all). A fourth node
+// starts, known to none of the others' --peers; `herald cluster add-node
+// 4 --wait` moves a fair share of the replicas (and of the preferred
+// leaders) to it: it joins each group as a learner, catches up from the
+// log, and becomes a voter through joint consensus, while the producers
+// go on. Then `herald cluster remove-node 4 --wait` moves them all back.
+// After each step the replica counts are balanced, and at the end every
+// replica's log is read from disk: identical across each partition's
+// replicas, every acknowledged record at its offset, nothing twice, and
+// no log left on a node that holds no replica of its partition.
+func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
+	const parts = 4
+	tc, c := clusterWithTopic(t, "orders", parts)
+	load := startLoad(t, tc.addrs(), "orders", 3, parts, 2*time.Millisecond)
+	acksGrow(t, load, "acks before the new node", 500)
+
+	tc.add(t, 4)
+	addrs := tc.addrs()
+	out, errOut, code := herald(t, "", "cluster", "add-node", "4", "--dry-run", "--addr", addrs)
+	if code != 0 || !strings.Contains(out, "would move") {
+		t.Fatalf("add-node --dry-run: exit %d\n%s%s", code, out, errOut)
+	}
+	if pl, err := placement(t, c, "orders"); err != nil || replicaCounts(pl)[4] != 0 {
+		t.Fatalf("a dry run moved replicas: %v %v", pl, err)
+	}
+	out, errOut, code = herald(t, "", "cluster", "add-node", "4", "--wait", "--wait-timeout", "50s", "--addr", addrs)
+	t.Logf("add-node 4:\n%s%s", out, errOut)
+	if code != 0 || !strings.Contains(out, "all moves done") {
+		t.Fatalf("add-node: exit %d", code)
+	}
+	pl, err := placement(t, c, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := replicaCounts(pl)
+	for id := uint32(1); id <= 4; id++ {
+		if counts[id] != 3 {
+			t.Fatalf("replicas per node after add-node: %v (placement %v)", counts, pl)
+		}
+	}
+	checkFor(t, 20*time.Second, "node 4 leads a partition", func() error {
+		info, err := c.DescribeTopic(ctxT(t, 5*time.Second), "orders")
+		if err != nil {
+			return err
+		}
+		for _, p := range info.Partitions {
+			if p.Leader == 4 {
+				return nil
+			}
+		}
+		return fmt.Errorf("no partition led by node 4")
+	})
+	acksGrow(t, load, "acks with node 4 in the cluster", 1000)
+
+	out, errOut, code = herald(t, "", "cluster", "remove-node", "1", "--addr", addrs)
+	if code == 0 || !strings.Contains(errOut, "controller voter") {
+		t.Fatalf("remove-node of a controller voter: exit %d\n%s%s", code, out, errOut)
+	}
+	out, errOut, code = herald(t, "", "cluster", "remove-node", "4", "--wait", "--wait-timeout", "50s", "--addr", addrs)
+	t.Logf("remove-node 4:\n%s%s", out, errOut)
+	if code != 0 || !strings.Contains(out, "all moves done") {
+		t.Fatalf("remove-node: exit %d", code)
+	}
+	if pl, err = placement(t, c, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	if counts := replicaCounts(pl); counts[4] != 0 || counts[1] != parts || counts[2] != parts || counts[3] != parts {
+		t.Fatalf("replicas per node after remove-node: %v", counts)
+	}
+	acksGrow(t, load, "acks after node 4 left", 1000)
+	load.finish()
+	load.mu.Lock()
+	acked, failed, lastErr := load.acked, load.failed, load.lastErr
+	load.mu.Unlock()
+	t.Logf("%d records acknowledged, %d failed (last error: %v)", len(acked), failed, lastErr)
+	tc.waitCaughtUp(t, "orders", pl)
+	c.Close()
+	tc.verifyReplicas(t, "orders", pl, acked)
+}
+
+// TestReplicasMoveOffDeadNode: four nodes, an RF=3 topic of four
+// partitions, and a replica grace period of 3 s. A node that holds
+// replicas is SIGKILLed under load; once it has been down for the grace
+// period the controller re-creates its replicas on the other nodes
+// (learner, catch-up, joint consensus), so every partition has three live
+// replicas again. The node then comes back: it finds it holds no replica
+// any more, stops them and deletes their logs. The logs on disk agree.
+func TestReplicasMoveOffDeadNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts four brokers")
+	}
+	const parts = 4
+	tc := startCluster(t, 4, "--replica-grace", "3s")
+	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.CreateTopic(ctxT(t, 15*time.Second), "orders", &heraldpb.TopicConfig{Partitions: parts, ReplicationFactor: 3}); err != nil {
+		t.Fatal(err)
+	}
+	load := startLoad(t, tc.addrs(), "orders", 3, parts, 2*time.Millisecond)
+	acksGrow(t, load, "acks before the kill", 500)
+	pl, err := placement(t, c, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The victim: not node 1 (the test's client reaches the cluster
+	// through every node, but the controller leader is likelier among
+	// 1-3); any node with replicas would do.
+	victim := uint32(4)
+	if replicaCounts(pl)[victim] == 0 {
+		t.Fatalf("node 4 holds no replica: %v", pl)
+	}
+	tc.nodes[uint64(victim)].Kill(t)
+	killed := time.Now()
+	checkFor(t, 60*time.Second, "the dead node's replicas re-created elsewhere", func() error {
+		pl, err = placement(t, c, "orders")
+		if err != nil {
+			return err
+		}
+		if n := replicaCounts(pl)[victim]; n > 0 {
+			return fmt.Errorf("node %d still holds %d replicas: %v", victim, n, pl)
+		}
+		return nil
+	})
+	t.Logf("replicas moved off node %d %v after its kill: %v", victim, time.Since(killed).Round(100*time.Millisecond), pl)
+	acksGrow(t, load, "acks after the move", 1000)
+
+	tc.nodes[uint64(victim)].Start(t)
+	tc.waitRegistered(t, tc.nodes)
+	checkFor(t, 30*time.Second, "the returning node dropped its old replicas", func() error {
+		dirs, _ := filepath.Glob(filepath.Join(tc.nodes[uint64(victim)].DataDir(), "replicas", "orders-*"))
+		if len(dirs) > 0 {
+			return fmt.Errorf("still there: %v", dirs)
+		}
+		return nil
+	})
+	load.finish()
+	load.mu.Lock()
+	acked := load.acked
+	load.mu.Unlock()
+	tc.waitCaughtUp(t, "orders", pl)
+	c.Close()
+	tc.verifyReplicas(t, "orders", pl, acked)
+}
