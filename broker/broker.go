@@ -82,6 +82,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 	b.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slogfloor.New(actorLog.Handler(), slog.LevelWarn)
 	}))
+	logFailures(b.sys, logger)
 	b.readers = partition.NewReaderPool(b.sys, 4, 1024)
 	advertise := cfg.Advertise
 	if advertise == "" {
