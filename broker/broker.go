@@ -284,7 +284,7 @@ func (b *Broker) onMetadata(md *cluster.Metadata) {
 			brokers = append(brokers, &heraldpb.BrokerInfo{NodeId: uint32(id), Addr: n.ClientAddress})
 		}
 	}
-	b.sys.Root.Send(b.manager, &topic.Assign{Topics: md.Topics, Brokers: brokers})
+	b.sys.Root.Send(b.manager, &topic.Assign{Topics: md.Topics, Brokers: brokers, Applied: md.Applied})
 }
 
 func (b *Broker) stopActors() {

@@ -273,7 +273,7 @@ func (c *Controller) apply(batches []*heraldpb.StoredBatch, from int64) int64 {
 			} else {
 				applyCommand(md, &cmd)
 				if cmd.GetReassignPartitions() != nil || cmd.GetCompleteReassignment() != nil {
-					c.log.Info("applied", "offset", off, "command", cmd.String())
+					c.log.Info("partition move metadata applied", "offset", off, "command", cmd.String())
 				}
 			}
 			md.Applied = off + 1

@@ -47,16 +47,26 @@ func applyReassign(md *Metadata, cmd *heraldpb.ControllerCommand) {
 		if int(mv.Id) >= len(t.Partitions) || !validTarget(md, mv.Target, len(t.Partitions[mv.Id].Replicas)) {
 			continue
 		}
-		if cur := t.Partitions[mv.Id]; len(cur.Target) > 0 || slices.Equal(cur.Replicas, mv.Target) {
+		if cur := t.Partitions[mv.Id]; (len(cur.Target) > 0) != r.ReplaceRunning || slices.Equal(cur.Replicas, mv.Target) {
 			continue
 		}
 		if nt == nil {
 			nt = proto.Clone(t).(*heraldpb.TopicRecord)
 		}
 		pa := nt.Partitions[mv.Id]
+		old := pa.Target
 		pa.Target, pa.ReassignmentId = slices.Clone(mv.Target), cmd.RequestId
+		// A node already joining under the replaced target keeps its
+		// replica (and its log folder); a node dropped from it that is
+		// not a replica stops its replica (it never became a voter in a
+		// completed move, and a later move adds it afresh).
+		for _, id := range old {
+			if !slices.Contains(pa.Replicas, id) && !slices.Contains(pa.Target, id) {
+				delete(pa.Joined, id)
+			}
+		}
 		for _, id := range mv.Target {
-			if !slices.Contains(pa.Replicas, id) {
+			if !slices.Contains(pa.Replicas, id) && !slices.Contains(old, id) {
 				if pa.Joined == nil {
 					pa.Joined = map[uint64]string{}
 				}
@@ -112,10 +122,11 @@ func applyDecommission(md *Metadata, d *heraldpb.DecommissionNode) {
 
 // move is one planned partition move.
 type move struct {
-	topic  string
-	part   uint32
-	from   []uint64
-	target []uint64
+	topic   string
+	part    uint32
+	from    []uint64
+	target  []uint64
+	replace bool // replaces a running move's target
 }
 
 // planner plans moves over the metadata: loads count each partition's
@@ -215,6 +226,31 @@ func (p *planner) replace(t *heraldpb.TopicRecord, pa *heraldpb.PartitionAssignm
 	}
 	if !slices.Equal(target, pa.Replicas) {
 		p.plan(t, pa, target)
+	}
+	return true
+}
+
+// retarget plans replacing the nodes gone reports in a running move's
+// target; false when some have no place.
+func (p *planner) retarget(t *heraldpb.TopicRecord, pa *heraldpb.PartitionAssignment, gone func(uint64) bool) bool {
+	target := slices.Clone(pa.Target)
+	for i, id := range target {
+		if !gone(id) {
+			continue
+		}
+		// Not a replica, not in the target: raft may still count the
+		// replaced node, but the new one must be another.
+		r := p.replacement(append(slices.Clone(target), pa.Replicas...), i)
+		if r == 0 {
+			return false
+		}
+		target[i] = r
+	}
+	if !slices.Equal(target, pa.Target) {
+		p.add(pa.Target, -1)
+		p.add(target, 1)
+		p.moved[fmt.Sprintf("%s/%d", t.Name, pa.Id)] = true
+		p.moves = append(p.moves, move{topic: t.Name, part: pa.Id, from: pa.Target, target: target, replace: true})
 	}
 	return true
 }
@@ -324,10 +360,11 @@ func (p *planner) commands() []*heraldpb.ControllerCommand {
 	byTopic := map[string]*heraldpb.ReassignPartitions{}
 	var out []*heraldpb.ControllerCommand
 	for _, mv := range p.moves {
-		r := byTopic[mv.topic]
+		key := fmt.Sprintf("%s/%v", mv.topic, mv.replace)
+		r := byTopic[key]
 		if r == nil {
-			r = &heraldpb.ReassignPartitions{Topic: mv.topic, TopicId: p.md.Topics[mv.topic].RequestId}
-			byTopic[mv.topic] = r
+			r = &heraldpb.ReassignPartitions{Topic: mv.topic, TopicId: p.md.Topics[mv.topic].RequestId, ReplaceRunning: mv.replace}
+			byTopic[key] = r
 			out = append(out, &heraldpb.ControllerCommand{RequestId: newRequestID(),
 				Command: &heraldpb.ControllerCommand_ReassignPartitions{ReassignPartitions: r}})
 		}
@@ -503,12 +540,22 @@ func (c *Controller) moveAway() {
 				}
 			}
 		}
+		isGone := func(id uint64) bool { return gone[id] }
+		// Running moves to a node that is gone would wait for it forever:
+		// another node takes its place in the target.
+		for _, name := range slices.Sorted(maps.Keys(md.Topics)) {
+			for _, pa := range md.Topics[name].Partitions {
+				if slices.ContainsFunc(pa.Target, isGone) {
+					p.retarget(md.Topics[name], pa, isGone)
+				}
+			}
+		}
 		p.partitions(func(t *heraldpb.TopicRecord, pa *heraldpb.PartitionAssignment) {
-			if running >= c.cfg.MaxMoves || !slices.ContainsFunc(pa.Replicas, func(id uint64) bool { return gone[id] }) {
+			if running >= c.cfg.MaxMoves || !slices.ContainsFunc(pa.Replicas, isGone) {
 				return
 			}
 			before := len(p.moves)
-			p.replace(t, pa, func(id uint64) bool { return gone[id] })
+			p.replace(t, pa, isGone)
 			running += len(p.moves) - before
 		})
 		for _, cmd := range p.commands() {

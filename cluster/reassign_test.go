@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/proto"
 )
 
 // metadataWith builds metadata with nodes 1..n (racks from racks, if
@@ -211,4 +212,46 @@ func TestRebalanceLeadersOnly(t *testing.T) {
 	}
 	applyPlan(t, md, p)
 	checkSpread(t, md, []uint64{1, 2, 3})
+}
+
+// A running move to a node that is gone gets another node in its place
+// (replace_running); the node that stays in the target keeps its joined
+// id, the one dropped loses it. Without the flag a running move is kept;
+// with it, a partition that is not moving is left alone.
+func TestRetargetGoneNode(t *testing.T) {
+	md := metadataWith(6, nil, map[string][][]uint64{"t": {{1, 2, 3}, {1, 2, 3}}})
+	applyCommand(md, &heraldpb.ControllerCommand{RequestId: "m1", Command: &heraldpb.ControllerCommand_ReassignPartitions{
+		ReassignPartitions: &heraldpb.ReassignPartitions{Topic: "t", TopicId: "id-t", Partitions: []*heraldpb.PartitionAssignment{{Id: 0, Target: []uint64{4, 5, 3}}}}}})
+	gone := func(id uint64) bool { return id == 4 }
+	p := newPlanner(md, func(id uint64) bool { return id != 4 })
+	if !p.retarget(md.Topics["t"], md.Topics["t"].Partitions[0], gone) || len(p.moves) != 1 {
+		t.Fatalf("retarget planned %+v", p.moves)
+	}
+	mv := p.moves[0]
+	if !mv.replace || mv.target[0] == 4 || slices.Contains([]uint64{1, 2, 3, 5}, mv.target[0]) || mv.target[1] != 5 || mv.target[2] != 3 {
+		t.Fatalf("retarget move %+v", mv)
+	}
+	cmds := p.commands()
+	if len(cmds) != 1 || !cmds[0].GetReassignPartitions().ReplaceRunning {
+		t.Fatalf("commands %v", cmds)
+	}
+	// The same move without the flag: ignored, the running one stays.
+	plain := proto.Clone(cmds[0]).(*heraldpb.ControllerCommand)
+	plain.GetReassignPartitions().ReplaceRunning = false
+	applyCommand(md, plain)
+	if pa := md.Topics["t"].Partitions[0]; pa.ReassignmentId != "m1" {
+		t.Fatalf("a plain reassignment replaced a running move: %v", pa)
+	}
+	applyCommand(md, cmds[0])
+	pa := md.Topics["t"].Partitions[0]
+	if !slices.Equal(pa.Target, mv.target) || pa.ReassignmentId != cmds[0].RequestId || pa.Joined[5] != "m1" ||
+		pa.Joined[mv.target[0]] != cmds[0].RequestId || pa.Joined[4] != "" {
+		t.Fatalf("after the replacement: %v", pa)
+	}
+	// Replacing a partition that is not moving does nothing.
+	applyCommand(md, &heraldpb.ControllerCommand{RequestId: "m3", Command: &heraldpb.ControllerCommand_ReassignPartitions{
+		ReassignPartitions: &heraldpb.ReassignPartitions{Topic: "t", TopicId: "id-t", ReplaceRunning: true, Partitions: []*heraldpb.PartitionAssignment{{Id: 1, Target: []uint64{1, 2, 6}}}}}})
+	if pa := md.Topics["t"].Partitions[1]; len(pa.Target) != 0 {
+		t.Fatalf("replace_running started a move: %v", pa)
+	}
 }

@@ -361,9 +361,12 @@ type ReassignPartitions struct {
 	// the same name is ignored.
 	TopicId string `protobuf:"bytes,2,opt,name=topic_id,json=topicId,proto3" json:"topic_id,omitempty"`
 	// Each partition's id and target (replicas unused).
-	Partitions    []*PartitionAssignment `protobuf:"bytes,3,rep,name=partitions,proto3" json:"partitions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Partitions []*PartitionAssignment `protobuf:"bytes,3,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	// Replace the targets of running moves (and only those): the
+	// controller's loop does, when a node in a target is gone.
+	ReplaceRunning bool `protobuf:"varint,4,opt,name=replace_running,json=replaceRunning,proto3" json:"replace_running,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReassignPartitions) Reset() {
@@ -415,6 +418,13 @@ func (x *ReassignPartitions) GetPartitions() []*PartitionAssignment {
 		return x.Partitions
 	}
 	return nil
+}
+
+func (x *ReassignPartitions) GetReplaceRunning() bool {
+	if x != nil {
+		return x.ReplaceRunning
+	}
+	return false
 }
 
 type CompleteReassignment struct {
@@ -720,13 +730,14 @@ const file_controller_proto_rawDesc = "" +
 	"\x06joined\x18\x05 \x03(\v2*.herald.v1.PartitionAssignment.JoinedEntryR\x06joined\x1a9\n" +
 	"\vJoinedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x01\n" +
 	"\x12ReassignPartitions\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\btopic_id\x18\x02 \x01(\tR\atopicId\x12>\n" +
 	"\n" +
 	"partitions\x18\x03 \x03(\v2\x1e.herald.v1.PartitionAssignmentR\n" +
-	"partitions\"\x8e\x01\n" +
+	"partitions\x12'\n" +
+	"\x0freplace_running\x18\x04 \x01(\bR\x0ereplaceRunning\"\x8e\x01\n" +
 	"\x14CompleteReassignment\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\btopic_id\x18\x02 \x01(\tR\atopicId\x12\x1c\n" +

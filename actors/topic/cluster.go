@@ -63,7 +63,13 @@ type Clustered struct {
 type Assign struct {
 	Topics  map[string]*heraldpb.TopicRecord
 	Brokers []*heraldpb.BrokerInfo
+	// Applied is the controller log offset the metadata is at; an Assign
+	// older than the last one applied is ignored.
+	Applied int64
 }
+
+// reconcileAgain reapplies the latest metadata (after a replica stopped).
+type reconcileAgain struct{}
 
 // clusterState is the manager's cluster mode.
 type clusterState struct {
@@ -121,8 +127,13 @@ func remoteReplica(ctx actor.Context) {
 // onAssign reconciles the local replicas with the controller's placement.
 func (m *Manager) onAssign(ctx actor.Context, a *Assign) {
 	if m.cluster == nil {
-		m.pendingAssign = a
+		if m.pendingAssign == nil || a.Applied >= m.pendingAssign.Applied {
+			m.pendingAssign = a
+		}
 		return
+	}
+	if last := m.cluster.last; last != nil && a.Applied < last.Applied {
+		return // older than what is applied already
 	}
 	m.cluster.brokers, m.cluster.last = a.Brokers, a
 	for _, name := range sortedKeys(a.Topics) {
@@ -152,11 +163,10 @@ func (m *Manager) onAssign(ctx actor.Context, a *Assign) {
 	}
 }
 
-// reassignLater reconciles again with the latest metadata.
+// reassignLater reconciles again, with the latest metadata when the
+// message is handled (not the latest now: newer may be queued already).
 func (m *Manager) reassignLater(ctx actor.Context) {
-	if m.cluster.last != nil {
-		ctx.Send(ctx.Self(), m.cluster.last)
-	}
+	ctx.Send(ctx.Self(), &reconcileAgain{})
 }
 
 func sortedKeys[V any](mp map[string]V) []string {

@@ -98,6 +98,10 @@ func (m *Manager) Receive(ctx actor.Context) {
 		m.onAssign(ctx, msg)
 	case *clusterOpDone:
 		m.onClusterOpDone(ctx, msg)
+	case *reconcileAgain:
+		if m.cluster != nil && m.cluster.last != nil {
+			m.onAssign(ctx, m.cluster.last)
+		}
 	case *targetReached:
 		m.onTargetReached(ctx, msg)
 	case *completeDone:
