@@ -276,11 +276,12 @@ type Node struct {
 
 	learned map[uint64]learnedPeer // nodes not in cfg.Peers that the metadata names
 
-	groups  groups
-	changes chan View
-	stop    chan struct{}
-	done    sync.WaitGroup
-	client  *http.Client
+	groups       groups
+	forwardSlots chan struct{} // forwarded requests being served (MaxForwardedInFlight)
+	changes      chan View
+	stop         chan struct{}
+	done         sync.WaitGroup
+	client       *http.Client
 }
 
 // learnedPeer is a node's addresses as its registration gave them.
@@ -359,7 +360,7 @@ func Start(cfg Config) (*Node, error) {
 	}
 	cfg.ensureDefaults()
 	n := &Node{cfg: cfg, log: cfg.Logger.With("component", "cluster", "node", cfg.NodeID),
-		changes: make(chan View, 64), stop: make(chan struct{}), groups: groups{local: cfg.Local, pids: map[string]*actor.PID{}},
+		changes: make(chan View, 64), stop: make(chan struct{}), groups: groups{local: cfg.Local, pids: map[string]*actor.PID{}}, forwardSlots: make(chan struct{}, MaxForwardedInFlight),
 		client: &http.Client{Timeout: 2 * time.Second}}
 	inc, err := n.join()
 	if err != nil {

@@ -1,7 +1,10 @@
 package cluster
 
 import (
+	"errors"
+	"fmt"
 	"sync"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -33,7 +36,31 @@ var (
 		Name: "herald_cluster_raft_messages_received_total",
 		Help: "Raft messages from other nodes handed to local replicas.",
 	})
+	mForwarded = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_cluster_forwarded_requests_total",
+		Help: "Client requests another node forwarded to a local replica, by outcome (answered, no_replica, timeout, throttled).",
+	}, []string{"outcome"})
+	mForwardedInFlight = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_cluster_forwarded_in_flight",
+		Help: "Forwarded client requests waiting for a local replica's answer (at most MaxForwardedInFlight).",
+	})
 )
+
+// MaxForwardedInFlight bounds the forwarded requests a node serves at
+// once; past it they are answered THROTTLED.
+const MaxForwardedInFlight = 1024
+
+// ErrUnknownNode is returned for a node with no known address.
+var ErrUnknownNode = errors.New("herald: no address known for the node")
+
+// ForwardTimeout is how long a forwarded request may take on the node
+// that serves it: a fetch's long poll plus 5 s, else 10 s.
+func ForwardTimeout(f *heraldpb.Frame) time.Duration {
+	if fe := f.GetFetch(); fe != nil {
+		return time.Duration(fe.MaxWaitMs)*time.Millisecond + 5*time.Second
+	}
+	return 10 * time.Second
+}
 
 // groups maps raft group names to their local replicas.
 type groups struct {
@@ -71,16 +98,75 @@ func (n *Node) deliver(m *heraldpb.RaftMessage) {
 }
 
 // deliverFrame hands a forwarded client frame to its group's local
-// replica, with no one to answer.
-func (n *Node) deliverFrame(m *heraldpb.Forward) {
+// replica: with no one to answer, or (a request) answering the sender,
+// off the relay's mailbox.
+func (n *Node) deliverFrame(ctx actor.Context, m *heraldpb.Forward) {
 	n.groups.mu.RLock()
 	pid := n.groups.pids[m.Group]
 	n.groups.mu.RUnlock()
-	if pid == nil || n.groups.local == nil || m.Frame == nil {
-		mRaftDropped.WithLabelValues("unknown_group").Inc()
+	sender, sys := ctx.Sender(), ctx.ActorSystem()
+	if !m.Request || sender == nil {
+		if pid == nil || n.groups.local == nil || m.Frame == nil {
+			mRaftDropped.WithLabelValues("unknown_group").Inc()
+			return
+		}
+		n.groups.local.Root.Send(pid, m.Frame)
 		return
 	}
-	n.groups.local.Root.Send(pid, m.Frame)
+	if m.Frame == nil {
+		return
+	}
+	if pid == nil || n.groups.local == nil {
+		mForwarded.WithLabelValues("no_replica").Inc()
+		ctx.Respond(heraldpb.ErrorFrame(m.Frame.Id, heraldpb.NewError(heraldpb.ErrorCode_NOT_LEADER, "node %d holds no replica of %s", n.cfg.NodeID, m.Group)))
+		return
+	}
+	select {
+	case n.forwardSlots <- struct{}{}:
+	default:
+		mForwarded.WithLabelValues("throttled").Inc()
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "node %d has %d forwarded requests in flight", n.cfg.NodeID, MaxForwardedInFlight)
+		e.RetryAfterMs = 50
+		ctx.Respond(heraldpb.ErrorFrame(m.Frame.Id, e))
+		return
+	}
+	mForwardedInFlight.Inc()
+	local := n.groups.local
+	go func() {
+		defer func() { <-n.forwardSlots; mForwardedInFlight.Dec() }()
+		res, err := local.Root.RequestFuture(pid, m.Frame, ForwardTimeout(m.Frame)).Result()
+		f, ok := res.(*heraldpb.Frame)
+		if err != nil || !ok {
+			mForwarded.WithLabelValues("timeout").Inc()
+			f = heraldpb.ErrorFrame(m.Frame.Id, heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "%s on node %d did not answer in time", m.Group, n.cfg.NodeID))
+		} else {
+			mForwarded.WithLabelValues("answered").Inc()
+		}
+		sys.Root.Send(sender, f)
+	}()
+}
+
+// Request sends a client frame to the replica of group on node to and
+// waits for its answer (at most ForwardTimeout plus a second). At most
+// once: after a timeout the request may or may not have been served.
+func (n *Node) Request(to uint64, group string, f *heraldpb.Frame) (*heraldpb.Frame, error) {
+	addr := n.addressOf(to)
+	if addr == "" {
+		return nil, fmt.Errorf("%w: node %d", ErrUnknownNode, to)
+	}
+	n.mu.Lock()
+	sys := n.inc.sys
+	n.mu.Unlock()
+	res, err := sys.Root.RequestFuture(actor.NewPID(addr, RelayName), &heraldpb.Forward{Group: group, Frame: f, Request: true},
+		ForwardTimeout(f)+time.Second).Result()
+	if err != nil {
+		return nil, fmt.Errorf("request to node %d: %w", to, err)
+	}
+	out, ok := res.(*heraldpb.Frame)
+	if !ok {
+		return nil, fmt.Errorf("request to node %d: answer %T", to, res)
+	}
+	return out, nil
 }
 
 // Forward sends a client frame to the replica of group on node to, fire
@@ -130,7 +216,7 @@ func (n *Node) spawnRelay(sys *actor.ActorSystem) error {
 		case *heraldpb.RaftMessage:
 			n.deliver(m)
 		case *heraldpb.Forward:
-			n.deliverFrame(m)
+			n.deliverFrame(ctx, m)
 		}
 	}), RelayName)
 	return err

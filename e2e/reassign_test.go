@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -277,4 +278,69 @@ func TestReplicasMoveOffDeadNode(t *testing.T) {
 	tc.waitCaughtUp(t, "orders", pl)
 	c.Close()
 	tc.verifyReplicas(t, "orders", pl, acked)
+}
+
+// TestGroupReadsPartitionsHeldElsewhere: three nodes, a topic of three
+// partitions with one replica each, so each node holds one partition.
+// A consumer group whose client knows only node 1 is coordinated there,
+// and node 1 reads the two partitions it holds no replica of through its
+// stand-in, which forwards the fetches to the nodes that hold them. A
+// group starting from the earliest record gets all 300; one starting at
+// the latest (resolved on the other nodes, not from node 1's empty view
+// of those partitions) gets only the 30 produced after it subscribed.
+func TestGroupReadsPartitionsHeldElsewhere(t *testing.T) {
+	tc := startCluster(t, 3)
+	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.CreateTopic(ctxT(t, 15*time.Second), "spread", &heraldpb.TopicConfig{Partitions: 3, ReplicationFactor: 1}); err != nil {
+		t.Fatal(err)
+	}
+	pl, err := placement(t, c, "spread")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts := replicaCounts(pl); counts[1] != 1 || counts[2] != 1 || counts[3] != 1 {
+		t.Fatalf("placement %v: want one partition per node", pl)
+	}
+	produce := func(prefix string, n int) {
+		t.Helper()
+		p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL))
+		for i := 0; i < n; i++ {
+			if _, err := p.Send(ctxT(t, 10*time.Second), &client.Message{Topic: "spread", Partition: int32(i % 3), Value: fmt.Appendf(nil, "%s-%03d", prefix, i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	produce("early", 300)
+	c1 := dialNode(t, tc.nodes[1])
+	defer c1.Close()
+	all, late := newSeen(), newSeen()
+	subscribeT(t, c1, client.SubscribeOptions{Topic: "spread", Group: "all", From: client.Earliest()}, func(_ context.Context, m *client.Delivered) { all.add("a", m) })
+	subscribeT(t, c1, client.SubscribeOptions{Topic: "spread", Group: "late", From: client.Latest()}, func(_ context.Context, m *client.Delivered) { late.add("l", m) })
+	checkFor(t, 20*time.Second, "group all has every early record", func() error {
+		if n := all.distinct(); n != 300 {
+			return fmt.Errorf("%d of 300", n)
+		}
+		return nil
+	})
+	produce("later", 30)
+	checkFor(t, 20*time.Second, "both groups have the later records", func() error {
+		if n := all.distinct(); n != 330 {
+			return fmt.Errorf("group all: %d of 330", n)
+		}
+		if n := late.distinct(); n != 30 {
+			return fmt.Errorf("group late: %d of 30", n)
+		}
+		return nil
+	})
+	late.mu.Lock()
+	defer late.mu.Unlock()
+	for v := range late.n {
+		if !strings.HasPrefix(v, "later-") {
+			t.Fatalf("group late got %q, produced before it subscribed", v)
+		}
+	}
 }

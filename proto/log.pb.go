@@ -343,12 +343,14 @@ func (x *SnapshotData) GetNextOffset() int64 {
 }
 
 // Forward carries a client frame to the local replica of a raft group on
-// another node, through the cluster transport (fire and forget: no answer
-// comes back; the sender watches for the effect).
+// another node, through the cluster transport. Fire and forget (the
+// sender watches for the effect), unless request is set: then the
+// receiving node answers the sender with the replica's answer frame.
 type Forward struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
 	Frame         *Frame                 `protobuf:"bytes,2,opt,name=frame,proto3" json:"frame,omitempty"`
+	Request       bool                   `protobuf:"varint,3,opt,name=request,proto3" json:"request,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -397,6 +399,13 @@ func (x *Forward) GetFrame() *Frame {
 	return nil
 }
 
+func (x *Forward) GetRequest() bool {
+	if x != nil {
+		return x.Request
+	}
+	return false
+}
+
 var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
@@ -424,10 +433,11 @@ const file_log_proto_rawDesc = "" +
 	"\x04Tick\"/\n" +
 	"\fSnapshotData\x12\x1f\n" +
 	"\vnext_offset\x18\x01 \x01(\x03R\n" +
-	"nextOffset\"G\n" +
+	"nextOffset\"a\n" +
 	"\aForward\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12&\n" +
-	"\x05frame\x18\x02 \x01(\v2\x10.herald.v1.FrameR\x05frameB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"\x05frame\x18\x02 \x01(\v2\x10.herald.v1.FrameR\x05frame\x12\x18\n" +
+	"\arequest\x18\x03 \x01(\bR\arequestB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_log_proto_rawDescOnce sync.Once

@@ -14,6 +14,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/consumer/filter"
+	"github.com/heraldmq/herald/actors/partition"
 	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -889,13 +890,13 @@ func (c *coordinator) pump(ctx actor.Context) {
 				continue
 			}
 			var wait uint32
-			if off >= l.entry.Stats[p].HighWatermark.Load() {
+			if off >= c.partitionStats(l.entry, p).HighWatermark.Load() {
 				wait = uint32(c.o.FetchWait / time.Millisecond)
 			}
 			id := c.id()
 			c.fetchByID[id] = k
 			l.fetching[k] = true
-			ctx.Request(l.entry.Partitions[p], &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+			ctx.Request(c.partitionPID(l.entry, p), &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
 				Topic: l.topic, Partition: uint32(p), Offset: off, MaxBytes: uint32(c.o.FetchMaxBytes), MaxWaitMs: wait,
 			}}})
 		}
@@ -921,7 +922,7 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 			// be delivered): skip to the log start. A position above the
 			// log's end (the topic was deleted and made again) moves back to
 			// the end.
-			st := l.entry.Stats[k.part]
+			st := c.partitionStats(l.entry, int(k.part))
 			start, hw := st.StartOffset.Load(), st.HighWatermark.Load()
 			off, _ := l.sub.ReadFrom(k.view, k.part)
 			to := off
@@ -1014,7 +1015,7 @@ func (c *coordinator) pumpAhead(ctx actor.Context, v MemberID, p uint32) {
 	if l.fetching[busy] {
 		return
 	}
-	st := l.entry.Stats[p]
+	st := c.partitionStats(l.entry, int(p))
 	for lv := Priorities - 1; lv >= 1; lv-- {
 		end := st.PriorityEnd[lv].Load()
 		if end == 0 {
@@ -1027,7 +1028,7 @@ func (c *coordinator) pumpAhead(ctx actor.Context, v MemberID, p uint32) {
 		id := c.id()
 		c.fetchByID[id] = fetchKey{view: v, part: p, level: uint8(lv)}
 		l.fetching[busy] = true
-		ctx.Request(l.entry.Partitions[p], &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+		ctx.Request(c.partitionPID(l.entry, int(p)), &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
 			Topic: l.topic, Partition: p, Offset: from, MaxBytes: uint32(c.o.FetchMaxBytes),
 			Priority: uint32(lv), EndOffset: min(to, end),
 		}}})
@@ -1462,7 +1463,7 @@ func (c *coordinator) onCommit(ctx actor.Context, f *heraldpb.Frame, req *herald
 	}
 	l := c.live
 	if int(req.Partition) < len(l.entry.Stats) {
-		if hw := l.entry.Stats[req.Partition].HighWatermark.Load(); req.Offset > hw || req.Offset < 0 {
+		if hw := c.partitionStats(l.entry, int(req.Partition)).HighWatermark.Load(); req.Offset > hw || req.Offset < 0 {
 			respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "commit offset %d is outside [0, %d] (the high watermark) of partition %d", req.Offset, hw, req.Partition))
 			return
 		}
@@ -1779,24 +1780,42 @@ func (c *coordinator) resolve(ctx actor.Context, entry *topic.Entry, pos *herald
 	n := len(entry.Partitions)
 	op := &resolveOp{start: make([]int64, n), done: done}
 	for p := 0; p < n; p++ {
-		st := entry.Stats[p]
+		st := c.partitionStats(entry, p)
 		lo, hi := st.StartOffset.Load(), st.HighWatermark.Load()
-		switch at := pos.At.(type) {
-		case *heraldpb.StartPosition_Earliest:
-			op.start[p] = lo
-		case *heraldpb.StartPosition_Offset:
-			op.start[p] = min(max(at.Offset, lo), hi)
-		case *heraldpb.StartPosition_TimestampMs:
+		// A partition with no replica on this node: its bounds come from
+		// the node that holds one.
+		cur := c.current(entry)
+		remote := cur.Record != nil && p < len(cur.Dirs) && cur.Dirs[p] == ""
+		list := func(spec heraldpb.OffsetSpec, ts int64) {
 			id := c.id()
 			c.listByID[id] = struct {
 				op   *resolveOp
 				part int
 			}{op, p}
 			op.waiting++
-			ctx.Request(entry.Partitions[p], &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ListOffsets{ListOffsets: &heraldpb.ListOffsetsRequest{
-				Topic: entry.Name, Partition: uint32(p), Spec: heraldpb.OffsetSpec_OFFSET_SPEC_TIMESTAMP, TimestampMs: at.TimestampMs,
+			ctx.Request(c.partitionPID(entry, p), &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ListOffsets{ListOffsets: &heraldpb.ListOffsetsRequest{
+				Topic: entry.Name, Partition: uint32(p), Spec: spec, TimestampMs: ts,
 			}}})
+		}
+		switch at := pos.At.(type) {
+		case *heraldpb.StartPosition_Earliest:
+			if remote {
+				list(heraldpb.OffsetSpec_OFFSET_SPEC_EARLIEST, 0)
+				continue
+			}
+			op.start[p] = lo
+		case *heraldpb.StartPosition_Offset:
+			op.start[p] = max(at.Offset, lo)
+			if !remote || hi > 0 {
+				op.start[p] = min(op.start[p], hi)
+			}
+		case *heraldpb.StartPosition_TimestampMs:
+			list(heraldpb.OffsetSpec_OFFSET_SPEC_TIMESTAMP, at.TimestampMs)
 		default: // latest
+			if remote {
+				list(heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, 0)
+				continue
+			}
 			op.start[p] = hi
 		}
 	}
@@ -1903,6 +1922,27 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 
 // ---- describe ----------------------------------------------------------------
 
+// current is the registry's entry now for the topic entry was taken for:
+// in a cluster a partition's local replica comes and goes as partitions
+// move between nodes (a stand-in forwards to other nodes meanwhile), and
+// the PIDs and stats held since the subscription may be gone.
+func (c *coordinator) current(entry *topic.Entry) *topic.Entry {
+	if e := c.o.Topics.Get(entry.Name); e != nil && e.Topic == entry.Topic && len(e.Partitions) == len(entry.Partitions) {
+		return e
+	}
+	return entry
+}
+
+// partitionPID is the actor serving partition p (see current).
+func (c *coordinator) partitionPID(entry *topic.Entry, p int) *actor.PID {
+	return c.current(entry).Partitions[p]
+}
+
+// partitionStats is partition p's published state (see current).
+func (c *coordinator) partitionStats(entry *topic.Entry, p int) *partition.Stats {
+	return c.current(entry).Stats[p]
+}
+
 func (c *coordinator) describe() *heraldpb.GroupInfo {
 	gi := &heraldpb.GroupInfo{Group: c.group, DeadLettered: c.st.deadLettered, Expired: c.st.expired,
 		RetryPolicy: c.st.lastPolicy, DeadLetterTopic: c.st.lastDLQ}
@@ -1952,7 +1992,7 @@ func (c *coordinator) describe() *heraldpb.GroupInfo {
 					owner = string(o)
 				}
 			}
-			gi.Partitions = append(gi.Partitions, lagOf(uint32(p), string(v), l.sub.Progress(v, uint32(p)), l.entry, owner))
+			gi.Partitions = append(gi.Partitions, lagOf(uint32(p), string(v), l.sub.Progress(v, uint32(p)), c.current(l.entry), owner))
 		}
 	}
 	return gi

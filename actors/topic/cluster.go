@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // Cluster mode. The controller group holds the topics and their replica
@@ -48,6 +51,9 @@ type Transport interface {
 	Unregister(group string)
 	// Up reports whether a node is in the membership (quiescence).
 	Up(node uint64) bool
+	// Request sends a client frame to the replica of group on node and
+	// waits for its answer.
+	Request(node uint64, group string, f *heraldpb.Frame) (*heraldpb.Frame, error)
 }
 
 // Clustered switches the manager to cluster mode. The broker sends it
@@ -91,7 +97,8 @@ type clusterOpDone struct {
 }
 
 func (m *Manager) onClustered(ctx actor.Context, c *Clustered) {
-	remote, err := ctx.SpawnNamed(actor.PropsFromFunc(remoteReplica), "remote")
+	proxy := &remoteProxy{reg: m.reg, transport: c.Transport, sys: m.sys, self: m.cfg.NodeID, slots: make(chan struct{}, maxProxied)}
+	remote, err := ctx.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return proxy }), "remote")
 	if err != nil {
 		m.cfg.Logger.Error("spawning the stand-in for remote partitions", "err", err)
 		return
@@ -103,25 +110,164 @@ func (m *Manager) onClustered(ctx actor.Context, c *Clustered) {
 	}
 }
 
-// remoteReplica answers the requests for a partition this node holds no
-// replica of: NOT_LEADER with no leader known, so the client refreshes its
-// metadata and goes to one of the partition's replicas.
-func remoteReplica(ctx actor.Context) {
+// maxProxied bounds the requests the stand-in has forwarded and not had
+// answered; past it they are answered THROTTLED.
+const maxProxied = 1024
+
+var (
+	mProxied = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_remote_partition_requests_total",
+		Help: "Requests for partitions with no local replica, forwarded to a node that holds one, by outcome (answered, not_leader, failed, throttled).",
+	}, []string{"outcome"})
+	mProxiedInFlight = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_remote_partition_requests_in_flight",
+		Help: "Requests for partitions with no local replica waiting for the other node's answer (at most 1024).",
+	})
+)
+
+// remoteProxy stands in for the partitions this node holds no replica
+// of: it forwards each produce, fetch or list-offsets request to a node
+// that holds one (the leader it last saw for the partition, else the
+// replicas in turn, following NOT_LEADER's leader hint) and relays the
+// answer, so that everything on this node that reads or writes through
+// the registry (clients whose metadata is stale, delayed messages, group
+// delivery, dead letters) reaches partitions led elsewhere. A fetch is
+// served by any replica (committed records only); a produce only by the
+// leader, and an idempotent producer's is answered NOT_LEADER (its
+// client goes to the leader itself).
+type remoteProxy struct {
+	reg       *Registry
+	transport Transport
+	sys       *actor.ActorSystem
+	self      uint64
+	slots     chan struct{}
+	hints     sync.Map // "topic/partition" -> node that answered last
+}
+
+func (r *remoteProxy) Receive(ctx actor.Context) {
 	f, ok := ctx.Message().(*heraldpb.Frame)
 	if !ok || ctx.Sender() == nil {
 		return
 	}
 	var topic string
 	var part uint32
+	idempotent := false
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_Produce:
-		topic, part = b.Produce.Topic, b.Produce.GetPartition()
+		topic, part, idempotent = b.Produce.Topic, b.Produce.GetPartition(), b.Produce.ProducerId != 0
 	case *heraldpb.Frame_Fetch:
 		topic, part = b.Fetch.Topic, b.Fetch.Partition
 	case *heraldpb.Frame_ListOffsets:
 		topic, part = b.ListOffsets.Topic, b.ListOffsets.Partition
+	default:
+		ctx.Respond(heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "partition requests only")))
+		return
 	}
-	ctx.Respond(heraldpb.ErrorFrame(f.Id, partition.NotLeader(topic, part, 0)))
+	e := r.reg.Get(topic)
+	// An idempotent producer's pipelined batches must reach the leader in
+	// order, which forwarding each on its own would not keep: it is sent
+	// to the leader instead.
+	if e == nil || e.Record == nil || int(part) >= len(e.Record.Partitions) || idempotent {
+		ctx.Respond(heraldpb.ErrorFrame(f.Id, partition.NotLeader(topic, part, 0)))
+		return
+	}
+	select {
+	case r.slots <- struct{}{}:
+	default:
+		mProxied.WithLabelValues("throttled").Inc()
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "node %d has %d requests for remote partitions in flight", r.self, maxProxied)
+		e.RetryAfterMs = 50
+		ctx.Respond(heraldpb.ErrorFrame(f.Id, e))
+		return
+	}
+	pa := e.Record.Partitions[part]
+	var nodes []uint64
+	key := partKey(topic, part)
+	if h, ok := r.hints.Load(key); ok {
+		nodes = append(nodes, h.(uint64)) // the leader, as the last produce found it
+	}
+	for _, n := range append(slices.Clone(pa.Replicas), pa.Target...) {
+		if n != r.self && !slices.Contains(nodes, n) {
+			nodes = append(nodes, n)
+		}
+	}
+	sender, st := ctx.Sender(), e.Stats[part]
+	mProxiedInFlight.Inc()
+	go func() {
+		defer func() { <-r.slots; mProxiedInFlight.Dec() }()
+		resp, from := r.forward(f, topic, part, key, nodes)
+		noteRemote(st, f, resp, from)
+		if resp.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && from != 0 {
+			// The reader moves its position within the log's bounds:
+			// learn them first.
+			lo := &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListOffsets{ListOffsets: &heraldpb.ListOffsetsRequest{Topic: topic, Partition: part}}}
+			if lr, err := r.transport.Request(from, partition.Name(topic, part), lo); err == nil {
+				noteRemote(st, lo, lr, from)
+			}
+		}
+		r.sys.Root.Send(sender, resp)
+	}()
+}
+
+// noteRemote keeps the published state of a partition with no local
+// replica from the answers the stand-in relays (the node that took a
+// produce leads it; a fetch gives the log's bounds), so that metadata
+// and group lag show more than zeros for it.
+func noteRemote(st *partition.Stats, f, resp *heraldpb.Frame, from uint64) {
+	switch {
+	case resp.GetProduceResponse() != nil:
+		st.Leader.Store(from)
+	case resp.GetFetchResponse() != nil:
+		fr := resp.GetFetchResponse()
+		st.HighWatermark.Store(fr.HighWatermark)
+		st.StartOffset.Store(fr.LogStartOffset)
+	case resp.GetListOffsetsResponse() != nil:
+		lr := resp.GetListOffsetsResponse()
+		st.HighWatermark.Store(lr.HighWatermark)
+		st.StartOffset.Store(lr.LogStartOffset)
+	case resp.GetError().GetCode() == heraldpb.ErrorCode_NOT_LEADER && f.GetProduce() != nil:
+		st.Leader.Store(uint64(resp.GetError().GetLeader()))
+	}
+}
+
+// forward tries nodes in turn (a leader named by NOT_LEADER next), at
+// most 5 of them, and returns the answer and the node that gave it.
+func (r *remoteProxy) forward(f *heraldpb.Frame, topic string, part uint32, key string, nodes []uint64) (*heraldpb.Frame, uint64) {
+	group := partition.Name(topic, part)
+	var last *heraldpb.Frame
+	var tried []uint64
+	for len(nodes) > 0 && len(tried) < 5 {
+		n := nodes[0]
+		nodes = nodes[1:]
+		if slices.Contains(tried, n) {
+			continue
+		}
+		tried = append(tried, n)
+		resp, err := r.transport.Request(n, group, f)
+		if err != nil {
+			last = heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "partition %s-%d: %v", topic, part, err))
+			continue
+		}
+		if e := resp.GetError(); e != nil && e.Code == heraldpb.ErrorCode_NOT_LEADER {
+			if l := uint64(e.Leader); l != 0 && l != r.self && !slices.Contains(tried, l) {
+				nodes = append([]uint64{l}, nodes...)
+			}
+			last = resp
+			continue
+		}
+		if f.GetProduce() != nil {
+			r.hints.Store(key, n)
+		}
+		mProxied.WithLabelValues("answered").Inc()
+		return resp, n
+	}
+	if last == nil || last.GetError().GetCode() == heraldpb.ErrorCode_NOT_LEADER {
+		// Let the client look the leader up itself.
+		mProxied.WithLabelValues("not_leader").Inc()
+		return heraldpb.ErrorFrame(f.Id, partition.NotLeader(topic, part, 0)), 0
+	}
+	mProxied.WithLabelValues("failed").Inc()
+	return last, 0
 }
 
 // onAssign reconciles the local replicas with the controller's placement.
