@@ -54,6 +54,14 @@ type Broker struct {
 	member  *cluster.Node       // nil on a single node
 	ctrl    *cluster.Controller // nil on a single node or without --peers
 	nodeID  uint64
+
+	// Consumer groups in a cluster (groups.go).
+	groupsProps  *actor.Props
+	groupsMu     sync.Mutex // guards groups while coordination moves
+	groupsHere   atomic.Bool
+	groupsLeader atomic.Uint64
+	coordStop    chan struct{}
+	coordDone    sync.WaitGroup
 }
 
 // Start opens the data dir, reopens every topic and starts serving. The
@@ -101,12 +109,18 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		lock.Close()
 		return nil, err
 	}
-	if res, ferr := b.sys.Root.RequestFuture(b.manager, &topic.EnsureInternal{Name: consumer.GroupsTopic, Partitions: 1}, 30*time.Second).Result(); ferr != nil || res.(*topic.EnsureInternalResult).Err != nil {
-		if ferr == nil {
-			ferr = res.(*topic.EnsureInternalResult).Err
+	// On a single node the groups manager runs from the start over a local
+	// __groups; in a cluster __groups is a replicated topic and the manager
+	// runs on its leader (coordinateGroups).
+	clustered := cfg.Cluster != "" && len(cfg.peers) > 0
+	if !clustered {
+		if res, ferr := b.sys.Root.RequestFuture(b.manager, &topic.EnsureInternal{Name: consumer.GroupsTopic, Partitions: 1}, 30*time.Second).Result(); ferr != nil || res.(*topic.EnsureInternalResult).Err != nil {
+			if ferr == nil {
+				ferr = res.(*topic.EnsureInternalResult).Err
+			}
+			b.stopActors()
+			return nil, fmt.Errorf("internal topic %s: %w", consumer.GroupsTopic, ferr)
 		}
-		b.stopActors()
-		return nil, fmt.Errorf("internal topic %s: %w", consumer.GroupsTopic, ferr)
 	}
 	dir := consumer.NewDirectory()
 	var srv atomic.Pointer[netio.Server] // set once the server exists, before it serves
@@ -116,15 +130,17 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		}
 		return false
 	}
-	b.groups, err = b.sys.Root.SpawnNamed(consumer.Props(consumer.Options{
+	b.groupsProps = consumer.Props(consumer.Options{
 		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout, Push: push,
 		CompactBytes: cfg.groupsCompactBytes, CompactCheck: cfg.groupsCompactCheck,
 		Breaker:     consumer.BreakerConfig{ConsecutiveFailures: cfg.BreakerFailures, CoolDown: cfg.BreakerCoolDown},
 		RetryPolicy: cfg.retry, TopicManager: b.manager,
-	}), consumer.ManagerName)
-	if err != nil {
-		b.stopActors()
-		return nil, fmt.Errorf("groups manager: %w", err)
+	})
+	if !clustered {
+		if b.groups, err = b.sys.Root.SpawnNamed(b.groupsProps, consumer.ManagerName); err != nil {
+			b.stopActors()
+			return nil, fmt.Errorf("groups manager: %w", err)
+		}
 	}
 	if err := b.startScheduler(reg); err != nil {
 		b.stopActors()
@@ -141,7 +157,10 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
 	}
-	groupRouter := consumer.NewRouter(b.sys, dir, b.groups)
+	groupRouter := consumer.NewRouter(b.sys, dir, actor.NewPID(b.sys.Address(), consumer.ManagerName))
+	if clustered {
+		groupRouter.SetGate(func() (uint64, bool) { return b.groupsLeader.Load(), b.groupsHere.Load() })
+	}
 	b.server, err = netio.NewServer(netio.Config{
 		Listen: cfg.Listen, Multicore: true, EventLoops: cfg.EventLoops,
 		MaxFrameBytes: cfg.MaxFrameBytes, MaxConnections: cfg.MaxConnections,
@@ -180,6 +199,9 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 			return nil, fmt.Errorf("controller: %w", err)
 		}
 		b.sys.Root.Send(b.manager, &topic.Clustered{Catalog: b.ctrl, Transport: b.member})
+		b.coordStop = make(chan struct{})
+		b.coordDone.Add(1)
+		go b.coordinateGroups(reg)
 	}
 	if cfg.Admin != "" {
 		if err := b.startAdmin(); err != nil {
@@ -257,7 +279,13 @@ func (b *Broker) Shutdown() error {
 // filtered messages, whose progress is written lazily) before the logs
 // close, so a graceful restart does not redeliver them.
 func (b *Broker) flushGroups(ctx context.Context) {
-	res, err := b.sys.Root.RequestFuture(b.groups, &consumer.Coordinators{}, b.cfg.ShutdownTimeout).Result()
+	b.groupsMu.Lock()
+	groups := b.groups
+	b.groupsMu.Unlock()
+	if groups == nil {
+		return
+	}
+	res, err := b.sys.Root.RequestFuture(groups, &consumer.Coordinators{}, b.cfg.ShutdownTimeout).Result()
 	if err != nil {
 		b.log.Warn("listing consumer groups for the final flush", "err", err)
 		return
@@ -288,6 +316,10 @@ func (b *Broker) onMetadata(md *cluster.Metadata) {
 }
 
 func (b *Broker) stopActors() {
+	if b.coordStop != nil {
+		close(b.coordStop)
+		b.coordDone.Wait()
+	}
 	if b.ctrl != nil {
 		b.ctrl.Stop()
 	}
@@ -303,6 +335,8 @@ func (b *Broker) stopActors() {
 			b.log.Error("stopping the scheduler", "err", err)
 		}
 	}
+	b.groupsMu.Lock()
+	defer b.groupsMu.Unlock()
 	if b.groups != nil {
 		if _, err := b.sys.Root.StopFuture(b.groups).Result(); err != nil {
 			b.log.Error("stopping group actors", "err", err)

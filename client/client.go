@@ -40,6 +40,9 @@ type Client struct {
 	cancel  context.CancelFunc
 
 	corrID atomic.Uint64 // correlation ids of Requests
+	// coordinator is the node coordinating consumer groups, as the last
+	// NOT_COORDINATOR named it (0: unknown; coordinator.go).
+	coordinator atomic.Uint32
 }
 
 type dialCall struct {

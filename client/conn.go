@@ -518,10 +518,14 @@ func (c *conn) push(f *heraldpb.Frame) bool {
 			ss.sub.assign(ss, a.GetAdded(), a.GetRevoked())
 		}
 	case *heraldpb.Frame_SubscriptionEnded:
-		// The broker ended the subscription (a forced group reset): the
-		// session ends and the subscription subscribes again.
+		// The broker ended the subscription (a forced group reset, or the
+		// node stopped coordinating groups): the session ends and the
+		// subscription subscribes again.
 		e := body.SubscriptionEnded
 		if ss := c.session(e.GetSubscriptionId()); ss != nil {
+			if r := e.GetReason(); r.GetCode() == heraldpb.ErrorCode_NOT_COORDINATOR {
+				ss.sub.c.coordinator.Store(r.GetLeader()) // groups moved: subscribe there
+			}
 			ss.sub.report(fmt.Errorf("herald: subscription to %s/%s ended by the broker: %w", ss.sub.opts.Group, ss.sub.opts.Topic, fromWire(e.GetReason())))
 			ss.end()
 		}

@@ -55,7 +55,8 @@ type Error struct {
 	Message    string        // the broker's one-line reason
 	RetryAfter time.Duration // wait at least this long before retrying; 0 = no hint
 	// Leader, with NOT_LEADER, is the node the broker knows to lead the
-	// partition (0: unknown). The client goes there on its retry.
+	// partition; with NOT_COORDINATOR, the node coordinating consumer
+	// groups (0: unknown). The client goes there on its retry.
 	Leader uint32
 }
 

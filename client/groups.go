@@ -11,7 +11,7 @@ import (
 // ListGroups lists every consumer group: its topic, mode, live members and
 // total lag.
 func (c *Client) ListGroups(ctx context.Context) ([]*heraldpb.GroupSummary, error) {
-	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ListGroups{ListGroups: &heraldpb.ListGroupsRequest{}}})
+	f, err := c.callGroups(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ListGroups{ListGroups: &heraldpb.ListGroupsRequest{}}})
 	if err != nil {
 		return nil, err
 	}
@@ -26,7 +26,7 @@ func (c *Client) ListGroups(ctx context.Context) ([]*heraldpb.GroupSummary, erro
 // credits, breaker state) and per-partition progress. A group the broker
 // does not know fails with a GROUP_NOT_FOUND *Error.
 func (c *Client) DescribeGroup(ctx context.Context, group string) (*heraldpb.GroupInfo, error) {
-	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_DescribeGroup{DescribeGroup: &heraldpb.DescribeGroupRequest{Group: group}}})
+	f, err := c.callGroups(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_DescribeGroup{DescribeGroup: &heraldpb.DescribeGroupRequest{Group: group}}})
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +52,7 @@ func (c *Client) ResetGroup(ctx context.Context, group string, to StartPosition,
 		}
 		req.Partitions = append(req.Partitions, uint32(p))
 	}
-	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ResetGroup{ResetGroup: req}})
+	f, err := c.callGroups(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ResetGroup{ResetGroup: req}})
 	if err != nil {
 		return nil, err
 	}

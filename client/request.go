@@ -76,10 +76,21 @@ func (c *Client) Request(ctx context.Context, topic string, msg *Message) (*Mess
 	if msg == nil {
 		msg = &Message{}
 	}
-	cn, err := c.anyConn(ctx)
-	if err != nil {
-		return nil, err
+	for hop := 0; ; hop++ {
+		cn, err := c.groupConn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		m, err := c.requestOn(ctx, cn, topic, msg)
+		if c.followCoordinator(ctx, err, hop) {
+			continue
+		}
+		return m, err
 	}
+}
+
+// requestOn is one Request on connection cn.
+func (c *Client) requestOn(ctx context.Context, cn *conn, topic string, msg *Message) (*Message, error) {
 	corr := c.corrID.Add(1)
 	w := callWaiters.Get().(*callWaiter)
 	if !cn.addCall(corr, w) {

@@ -539,15 +539,27 @@ func (s *Subscription) subscribeRequest(credits int) *heraldpb.Frame {
 	return &heraldpb.Frame{Body: &heraldpb.Frame_Subscribe{Subscribe: req}}
 }
 
-// subscribeOnce starts a session on any connection. It grants the credits
+// subscribeOnce starts a session on the group coordinator's connection
+// (any connection on a single node), following NOT_COORDINATOR. It grants the credits
 // the window has free (Window minus messages still held from an earlier
 // session) and makes the session current before sending, so pushes that
 // follow the response at once are taken.
 func (s *Subscription) subscribeOnce(ctx context.Context) (*subSession, error) {
-	cn, err := s.c.anyConn(ctx)
-	if err != nil {
-		return nil, err
+	for hop := 0; ; hop++ {
+		cn, err := s.c.groupConn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		ss, err := s.subscribeOn(ctx, cn)
+		if s.c.followCoordinator(ctx, err, hop) {
+			continue
+		}
+		return ss, err
 	}
+}
+
+// subscribeOn starts a session on connection cn.
+func (s *Subscription) subscribeOn(ctx context.Context, cn *conn) (*subSession, error) {
 	ss := &subSession{sub: s, cn: cn, ended: make(chan struct{})}
 	s.mu.Lock()
 	if s.isClosing {

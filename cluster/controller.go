@@ -399,6 +399,10 @@ func (c *Controller) addLearners() {
 // (0: unknown).
 func (c *Controller) leader() uint64 { return c.stats.Leader.Load() }
 
+// Leader is the controller group's leader as this node knows it (0:
+// unknown).
+func (c *Controller) Leader() uint64 { return c.leader() }
+
 // sleep waits d, or reports false when the controller stops.
 func (c *Controller) sleep(d time.Duration) bool {
 	select {

@@ -282,12 +282,14 @@ func TestReplicasMoveOffDeadNode(t *testing.T) {
 
 // TestGroupReadsPartitionsHeldElsewhere: three nodes, a topic of three
 // partitions with one replica each, so each node holds one partition.
-// A consumer group whose client knows only node 1 is coordinated there,
-// and node 1 reads the two partitions it holds no replica of through its
-// stand-in, which forwards the fetches to the nodes that hold them. A
-// group starting from the earliest record gets all 300; one starting at
-// the latest (resolved on the other nodes, not from node 1's empty view
-// of those partitions) gets only the 30 produced after it subscribed.
+// Consumer groups subscribed through a client that knows only node 1 are
+// coordinated by the leader of __groups (the client follows
+// NOT_COORDINATOR there), which reads the two partitions it holds no
+// replica of through its stand-in, which forwards the fetches to the
+// nodes that hold them. A group starting from the earliest record gets
+// all 300; one starting at the latest (resolved on the nodes that hold
+// the partitions, not from the coordinator's empty view of them) gets
+// only the 30 produced after it subscribed.
 func TestGroupReadsPartitionsHeldElsewhere(t *testing.T) {
 	tc := startCluster(t, 3)
 	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
@@ -343,4 +345,93 @@ func TestGroupReadsPartitionsHeldElsewhere(t *testing.T) {
 			t.Fatalf("group late got %q, produced before it subscribed", v)
 		}
 	}
+}
+
+// TestGroupCoordinatorFailover: three nodes, an RF=3 topic, and a
+// consumer group whose client knows all three. Groups are coordinated by
+// the leader of the replicated __groups topic; that node is SIGKILLed
+// while producers write. Another node's replica of __groups becomes
+// leader, its groups manager rebuilds the group's progress from it, and
+// the subscription (ended with the connection) subscribes again there:
+// every acknowledged record is delivered, records acknowledged by the
+// consumer before the kill are not delivered again beyond those whose
+// progress was not yet committed, and group admin requests follow the
+// coordinator too.
+func TestGroupCoordinatorFailover(t *testing.T) {
+	const parts = 3
+	tc, c := clusterWithTopic(t, "orders", parts)
+	coordinator := func() uint32 {
+		info, err := c.DescribeTopic(ctxT(t, 5*time.Second), "__groups")
+		if err != nil || len(info.Partitions) != 1 {
+			return 0
+		}
+		return info.Partitions[0].Leader
+	}
+	var coord uint32
+	checkFor(t, 20*time.Second, "__groups has a leader", func() error {
+		if coord = coordinator(); coord == 0 {
+			return fmt.Errorf("no leader of __groups")
+		}
+		return nil
+	})
+	cc, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	seen := newSeen()
+	subscribeT(t, cc, client.SubscribeOptions{Topic: "orders", Group: "g", From: client.Earliest()}, func(_ context.Context, m *client.Delivered) {
+		seen.add("m", m)
+		m.Ack()
+	})
+	load := startLoad(t, tc.addrs(), "orders", 2, parts, 2*time.Millisecond)
+	checkFor(t, 20*time.Second, "deliveries before the kill", func() error {
+		if n := seen.distinct(); n < 500 {
+			return fmt.Errorf("%d delivered", n)
+		}
+		return nil
+	})
+	if gi, err := cc.DescribeGroup(ctxT(t, 10*time.Second), "g"); err != nil || len(gi.Members) != 1 {
+		t.Fatalf("describe group before the kill: %v %v", gi, err)
+	}
+	tc.nodes[uint64(coord)].Kill(t)
+	killed := time.Now()
+	t.Logf("killed node %d, the group coordinator", coord)
+	var next uint32
+	checkFor(t, 30*time.Second, "another node coordinates groups", func() error {
+		if next = coordinator(); next == 0 || next == coord {
+			return fmt.Errorf("leader of __groups: %d", next)
+		}
+		return nil
+	})
+	before := seen.distinct()
+	checkFor(t, 30*time.Second, "deliveries resume", func() error {
+		if n := seen.distinct(); n < before+500 {
+			return fmt.Errorf("%d delivered since", n-before)
+		}
+		return nil
+	})
+	t.Logf("node %d coordinates groups now; deliveries resumed %v after the kill", next, time.Since(killed).Round(100*time.Millisecond))
+	load.finish()
+	load.mu.Lock()
+	acked := load.acked
+	load.mu.Unlock()
+	checkFor(t, 30*time.Second, "every acknowledged record delivered", func() error {
+		seen.mu.Lock()
+		defer seen.mu.Unlock()
+		missing := 0
+		for _, a := range acked {
+			if seen.n[a.id] == 0 {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("%d of %d acknowledged records not delivered", missing, len(acked))
+		}
+		return nil
+	})
+	if gi, err := cc.DescribeGroup(ctxT(t, 10*time.Second), "g"); err != nil || len(gi.Members) != 1 {
+		t.Fatalf("describe group after the failover: %v %v", gi, err)
+	}
+	t.Logf("%d records acknowledged to producers, %d deliveries of %d distinct records", len(acked), seen.total(), seen.distinct())
 }

@@ -11,6 +11,7 @@ var retriable = map[ErrorCode]bool{
 	ErrorCode_TIMEOUT:             true,
 	ErrorCode_SHUTTING_DOWN:       true,
 	ErrorCode_NOT_ENOUGH_REPLICAS: true,
+	ErrorCode_NOT_COORDINATOR:     true,
 }
 
 // IsRetriableCode reports whether an operation that failed with code may

@@ -101,6 +101,9 @@ const (
 	ErrorCode_OUT_OF_ORDER_SEQUENCE ErrorCode = 30
 	// The node id is not registered with the cluster.
 	ErrorCode_NODE_NOT_FOUND ErrorCode = 31
+	// This node does not coordinate consumer groups (in a cluster, the leader
+	// of __groups does). Retriable at the node Error.leader names.
+	ErrorCode_NOT_COORDINATOR ErrorCode = 32
 )
 
 // Enum value maps for ErrorCode.
@@ -138,6 +141,7 @@ var (
 		29: "SCHEDULE_NOT_FOUND",
 		30: "OUT_OF_ORDER_SEQUENCE",
 		31: "NODE_NOT_FOUND",
+		32: "NOT_COORDINATOR",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED": 0,
@@ -172,6 +176,7 @@ var (
 		"SCHEDULE_NOT_FOUND":     29,
 		"OUT_OF_ORDER_SEQUENCE":  30,
 		"NODE_NOT_FOUND":         31,
+		"NOT_COORDINATOR":        32,
 	}
 )
 
@@ -524,6 +529,7 @@ type Error struct {
 	Message      string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	RetryAfterMs uint32                 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// NOT_LEADER: the node that leads the partition, when known (0: unknown).
+	// NOT_COORDINATOR: the node that coordinates consumer groups.
 	Leader        uint32 `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -6039,7 +6045,7 @@ const file_herald_proto_rawDesc = "" +
 	"created_ms\x18\a \x01(\x03R\tcreatedMs\"i\n" +
 	"\x15ListScheduledResponse\x126\n" +
 	"\tscheduled\x18\x01 \x03(\v2\x18.herald.v1.ScheduledInfoR\tscheduled\x12\x18\n" +
-	"\apending\x18\x02 \x01(\x04R\apending*\xbc\x05\n" +
+	"\apending\x18\x02 \x01(\x04R\apending*\xd1\x05\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -6074,7 +6080,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x0fINBOX_NOT_FOUND\x10\x1c\x12\x16\n" +
 	"\x12SCHEDULE_NOT_FOUND\x10\x1d\x12\x19\n" +
 	"\x15OUT_OF_ORDER_SEQUENCE\x10\x1e\x12\x12\n" +
-	"\x0eNODE_NOT_FOUND\x10\x1f*4\n" +
+	"\x0eNODE_NOT_FOUND\x10\x1f\x12\x13\n" +
+	"\x0fNOT_COORDINATOR\x10 *4\n" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +

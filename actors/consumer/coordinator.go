@@ -365,6 +365,11 @@ func (c *coordinator) Receive(ctx actor.Context) {
 		c.flushAll(ctx, m.round)
 	case *FlushGroup:
 		c.flushAll(ctx, 0)
+	case *EndSessions:
+		if c.live != nil {
+			c.endAll(ctx, m.Reason)
+		}
+		ctx.Respond(&EndSessionsDone{})
 	case *breakerMsg:
 		if m.change.To != BreakerOpen {
 			c.dispatch(ctx)
@@ -1732,6 +1737,15 @@ type checkpoint struct{ round int }
 // FlushGroup asks a coordinator to write all its progress; it answers
 // FlushGroupDone once nothing is left unwritten. Graceful shutdown uses it.
 type FlushGroup struct{}
+
+// EndSessions ends every member's subscription with a SubscriptionEnded
+// push giving Reason (this node stops coordinating groups: its clients
+// subscribe again where groups are coordinated now). The answer is
+// EndSessionsDone.
+type EndSessions struct{ Reason *heraldpb.Error }
+
+// EndSessionsDone answers EndSessions.
+type EndSessionsDone struct{}
 
 // FlushGroupDone answers FlushGroup (Round 0) and the compaction
 // checkpoints (their round).

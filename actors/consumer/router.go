@@ -22,6 +22,33 @@ type Router struct {
 	remote  func(id string) string
 	inbox   func(id string) string                  // a connection's inbox name
 	resolve func(inbox string) (id string, ok bool) // an inbox's connection
+	gate    func() (coordinator uint64, here bool)  // nil: groups are always here
+}
+
+// SetGate makes the router refuse the requests that need the groups
+// manager (subscribe, group admin, calls) with NOT_COORDINATOR while gate
+// reports that groups are coordinated on another node (in a cluster: the
+// leader of __groups); before the first request.
+func (r *Router) SetGate(gate func() (coordinator uint64, here bool)) { r.gate = gate }
+
+// elsewhere answers f with NOT_COORDINATOR if groups are not coordinated
+// on this node, and reports whether it did.
+func (r *Router) elsewhere(f *heraldpb.Frame, replyTo *actor.PID) bool {
+	if r.gate == nil {
+		return false
+	}
+	coord, here := r.gate()
+	if here {
+		return false
+	}
+	e := heraldpb.NewError(heraldpb.ErrorCode_NOT_COORDINATOR, "consumer groups are coordinated by node %d", coord)
+	if coord == 0 {
+		e.Message = "no node coordinates consumer groups right now (an election is under way)"
+		e.RetryAfterMs = 200
+	}
+	e.Leader = uint32(coord)
+	r.fail(f, replyTo, e)
+	return true
 }
 
 // NewRouter routes to the groups manager and the coordinators in dir.
@@ -70,6 +97,12 @@ type callMsg struct {
 // Route handles f if it is a consumer-group or request-reply request and
 // reports whether it did.
 func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) bool {
+	switch f.Body.(type) {
+	case *heraldpb.Frame_Subscribe, *heraldpb.Frame_ListGroups, *heraldpb.Frame_DescribeGroup, *heraldpb.Frame_ResetGroup, *heraldpb.Frame_Call:
+		if r.elsewhere(f, replyTo) {
+			return true
+		}
+	}
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_Subscribe:
 		maxFrame := heraldpb.DefaultMaxFrameBytes
