@@ -57,11 +57,16 @@ type Broker struct {
 
 	// Consumer groups in a cluster (groups.go).
 	groupsProps  *actor.Props
-	groupsMu     sync.Mutex // guards groups while coordination moves
+	groupsMu     sync.Mutex // guards groups and sched while coordination moves
 	groupsHere   atomic.Bool
 	groupsLeader atomic.Uint64
 	coordStop    chan struct{}
 	coordDone    sync.WaitGroup
+	// The scheduler in a cluster: on the leader of __schedule.
+	schedProps    *actor.Props
+	schedHere     atomic.Bool
+	schedLeader   atomic.Uint64
+	schedForwards chan struct{} // forwarded requests in flight (maxSchedForwards)
 }
 
 // Start opens the data dir, reopens every topic and starts serving. The
@@ -85,7 +90,8 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		lock.Close()
 		return nil, err
 	}
-	b := &Broker{cfg: &cfg, log: logger, lock: lock, reclaim: startReclaimer(time.Minute), nodeID: nodeID}
+	b := &Broker{cfg: &cfg, log: logger, lock: lock, reclaim: startReclaimer(time.Minute), nodeID: nodeID,
+		schedForwards: make(chan struct{}, maxSchedForwards)}
 	actorLog := logger.With("component", "actor")
 	b.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slogfloor.New(actorLog.Handler(), slog.LevelWarn)
@@ -142,7 +148,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 			return nil, fmt.Errorf("groups manager: %w", err)
 		}
 	}
-	if err := b.startScheduler(reg); err != nil {
+	if err := b.startScheduler(reg, clustered); err != nil {
 		b.stopActors()
 		return nil, err
 	}
@@ -166,7 +172,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		MaxFrameBytes: cfg.MaxFrameBytes, MaxConnections: cfg.MaxConnections,
 		IdleTimeout: cfg.IdleTimeout, MaxInFlight: cfg.MaxInFlight,
 		NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
-	}, b.sys, router{groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager), sys: b.sys, sched: b.sched})
+	}, b.sys, router{groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager), sched: b.routeScheduled})
 	if err != nil {
 		b.stopActors()
 		return nil, err
@@ -201,7 +207,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		b.sys.Root.Send(b.manager, &topic.Clustered{Catalog: b.ctrl, Transport: b.member})
 		b.coordStop = make(chan struct{})
 		b.coordDone.Add(1)
-		go b.coordinateGroups(reg)
+		go b.coordinateInternal(reg)
 	}
 	if cfg.Admin != "" {
 		if err := b.startAdmin(); err != nil {
@@ -330,13 +336,13 @@ func (b *Broker) stopActors() {
 			b.member.Stop()
 		}
 	}()
+	b.groupsMu.Lock()
+	defer b.groupsMu.Unlock()
 	if b.sched != nil {
 		if _, err := b.sys.Root.StopFuture(b.sched).Result(); err != nil {
 			b.log.Error("stopping the scheduler", "err", err)
 		}
 	}
-	b.groupsMu.Lock()
-	defer b.groupsMu.Unlock()
 	if b.groups != nil {
 		if _, err := b.sys.Root.StopFuture(b.groups).Result(); err != nil {
 			b.log.Error("stopping group actors", "err", err)
@@ -356,13 +362,12 @@ func (b *Broker) stopActors() {
 type router struct {
 	groups *consumer.Router
 	topics *topic.Router
-	sys    *actor.ActorSystem
-	sched  *actor.PID
+	sched  func(f *heraldpb.Frame, replyTo *actor.PID)
 }
 
 func (r router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
 	if toScheduler(f) {
-		routeScheduled(r.sys, r.sched, f, replyTo)
+		r.sched(f, replyTo)
 		return
 	}
 	if !r.groups.Route(f, replyTo) {

@@ -5,11 +5,12 @@ import (
 	"time"
 
 	"github.com/heraldmq/herald/actors/consumer"
+	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-// Consumer groups in a cluster. `__groups` is a replicated topic (one
+// Consumer groups and the scheduler in a cluster. `__groups` is a replicated topic (one
 // partition, replication factor min(3, nodes)) that the controller's
 // leader creates once enough nodes have registered. The groups manager,
 // with every group's coordinator, runs on the node whose replica leads
@@ -21,11 +22,18 @@ import (
 // subscriptions (SubscriptionEnded, reason NOT_COORDINATOR) and stops its
 // manager; the new leader starts one, and the clients subscribe again
 // there, resuming from the progress in the log.
+//
+// `__schedule` likewise: the scheduler runs on its leader, which indexes
+// every pending delayed batch from its replica; any other node forwards
+// delayed produces, cancels and lists to it through the cluster transport
+// (SchedulerGroup) and relays the answer.
 
-// coordinateGroups follows the leadership of __groups (every 100 ms).
-func (b *Broker) coordinateGroups(reg *topic.Registry) {
+// coordinateInternal follows the leadership of __groups and __schedule
+// (every 100 ms): the groups manager and the scheduler run where their
+// topic's leader is.
+func (b *Broker) coordinateInternal(reg *topic.Registry) {
 	defer b.coordDone.Done()
-	var lastCreate time.Time
+	lastCreate := map[string]time.Time{}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -35,24 +43,23 @@ func (b *Broker) coordinateGroups(reg *topic.Registry) {
 		case <-tick.C:
 		}
 		md := b.ctrl.Metadata()
-		if md.Topics[consumer.GroupsTopic] == nil {
-			if b.ctrl.Leader() == b.nodeID && len(md.Nodes) >= min(3, len(b.cfg.peers)) && time.Since(lastCreate) > 2*time.Second {
-				lastCreate = time.Now()
-				b.createGroupsTopic(len(md.Nodes))
+		for _, it := range []struct {
+			name       string
+			maxMessage uint32
+		}{{consumer.GroupsTopic, uint32(b.cfg.MaxMessageBytes)}, {scheduler.ScheduleTopic, b.scheduleMaxMessage()}} {
+			if md.Topics[it.name] == nil && b.ctrl.Leader() == b.nodeID && len(md.Nodes) >= min(3, len(b.cfg.peers)) &&
+				time.Since(lastCreate[it.name]) > 2*time.Second {
+				lastCreate[it.name] = time.Now()
+				b.createInternal(it.name, len(md.Nodes), it.maxMessage)
 			}
-			continue
 		}
-		e := reg.Get(consumer.GroupsTopic)
-		var leader uint64
-		lead := false
-		if e != nil && e.Record != nil && len(e.Stats) == 1 {
-			leader = e.Stats[0].Leader.Load()
-			lead = e.Dirs[0] != "" && leader == b.nodeID && e.Stats[0].Writable.Load()
-		}
-		b.groupsLeader.Store(leader)
+		gLeader, gLead := b.leads(reg, consumer.GroupsTopic)
+		sLeader, sLead := b.leads(reg, scheduler.ScheduleTopic)
+		b.groupsLeader.Store(gLeader)
+		b.schedLeader.Store(sLeader)
 		b.groupsMu.Lock()
 		switch running := b.groups != nil; {
-		case lead && !running:
+		case gLead && !running:
 			pid, err := b.sys.Root.SpawnNamed(b.groupsProps, consumer.ManagerName)
 			if err != nil {
 				b.log.Error("starting the groups manager", "err", err)
@@ -61,27 +68,60 @@ func (b *Broker) coordinateGroups(reg *topic.Registry) {
 			b.groups = pid
 			b.groupsHere.Store(true)
 			b.log.Info("coordinating consumer groups: this node leads __groups")
-		case !lead && running:
-			b.resignGroups(leader)
+		case !gLead && running:
+			b.resignGroups(gLeader)
+		}
+		switch running := b.sched != nil; {
+		case sLead && !running:
+			pid, err := b.sys.Root.SpawnNamed(b.schedProps, scheduler.ActorName)
+			if err != nil {
+				b.log.Error("starting the scheduler", "err", err)
+				break
+			}
+			b.sched = pid
+			b.member.Register(SchedulerGroup, pid)
+			b.schedHere.Store(true)
+			b.log.Info("running the scheduler: this node leads __schedule")
+		case !sLead && running:
+			b.schedHere.Store(false)
+			b.member.Unregister(SchedulerGroup)
+			if _, err := b.sys.Root.StopFuture(b.sched).Result(); err != nil {
+				b.log.Error("stopping the scheduler", "err", err)
+			}
+			b.sched = nil
+			b.log.Info("stopped the scheduler: this node no longer leads __schedule", "leader", sLeader)
 		}
 		b.groupsMu.Unlock()
 	}
 }
 
-// createGroupsTopic has the controller create __groups.
-func (b *Broker) createGroupsTopic(nodes int) {
+// leads reports the leader of an internal cluster topic's partition 0 as
+// this node knows it, and whether it is this node (with its replica
+// accepting writes).
+func (b *Broker) leads(reg *topic.Registry, name string) (uint64, bool) {
+	e := reg.Get(name)
+	if e == nil || e.Record == nil || len(e.Stats) != 1 {
+		return 0, false
+	}
+	leader := e.Stats[0].Leader.Load()
+	return leader, e.Dirs[0] != "" && leader == b.nodeID && e.Stats[0].Writable.Load()
+}
+
+// createInternal has the controller create an internal topic of one
+// partition, replicated on up to three nodes.
+func (b *Broker) createInternal(name string, nodes int, maxMessage uint32) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := b.ctrl.CreateTopic(ctx, consumer.GroupsTopic, &heraldpb.TopicConfig{
-		Partitions: 1, ReplicationFactor: uint32(min(3, nodes)), MaxMessageBytes: uint32(b.cfg.MaxMessageBytes),
+	_, err := b.ctrl.CreateTopic(ctx, name, &heraldpb.TopicConfig{
+		Partitions: 1, ReplicationFactor: uint32(min(3, nodes)), MaxMessageBytes: maxMessage,
 	})
 	if err != nil {
 		if e, ok := err.(*heraldpb.Error); !ok || e.Code != heraldpb.ErrorCode_TOPIC_ALREADY_EXISTS {
-			b.log.Warn("creating the replicated __groups topic", "err", err)
+			b.log.Warn("creating a replicated internal topic", "topic", name, "err", err)
 		}
 		return
 	}
-	b.log.Info("created the replicated __groups topic", "replication", min(3, nodes))
+	b.log.Info("created a replicated internal topic", "topic", name, "replication", min(3, nodes))
 }
 
 // resignGroups ends this node's group coordination: new requests are

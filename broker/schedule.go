@@ -12,29 +12,37 @@ import (
 )
 
 // startScheduler makes sure `__schedule` exists and starts the scheduler
-// actor on it.
-func (b *Broker) startScheduler(reg *topic.Registry) error {
-	// One write packs events up to 1 MiB, or one delayed batch of up to
-	// the max message size plus its envelope.
-	limit := uint32(max(1<<20, b.cfg.MaxMessageBytes) + 64<<10)
-	res, err := b.sys.Root.RequestFuture(b.manager, &topic.EnsureInternal{Name: scheduler.ScheduleTopic, Partitions: 1, MaxMessageBytes: limit}, 30*time.Second).Result()
+// (on a single node; in a cluster coordinateInternal runs it on the leader
+// of the replicated __schedule).
+func (b *Broker) startScheduler(reg *topic.Registry, clustered bool) error {
+	farDir := filepath.Join(b.cfg.DataDir, "scheduler-far")
+	b.schedProps = scheduler.Props(scheduler.Options{
+		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled,
+		// Timers beyond the wheel's 65 s window wait on disk, one file per
+		// 65 s bucket, rebuilt from __schedule at every start.
+		NewFar: func() (scheduler.FarStore, error) { return scheduler.OpenDiskFar(farDir, scheduler.DiskFarOptions{}) },
+	})
+	if clustered {
+		return nil
+	}
+	res, err := b.sys.Root.RequestFuture(b.manager, &topic.EnsureInternal{Name: scheduler.ScheduleTopic, Partitions: 1, MaxMessageBytes: b.scheduleMaxMessage()}, 30*time.Second).Result()
 	if err == nil {
 		err = res.(*topic.EnsureInternalResult).Err
 	}
 	if err != nil {
 		return fmt.Errorf("internal topic %s: %w", scheduler.ScheduleTopic, err)
 	}
-	farDir := filepath.Join(b.cfg.DataDir, "scheduler-far")
-	b.sched, err = b.sys.Root.SpawnNamed(scheduler.Props(scheduler.Options{
-		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled,
-		// Timers beyond the wheel's 65 s window wait on disk, one file per
-		// 65 s bucket, rebuilt from __schedule at every start.
-		NewFar: func() (scheduler.FarStore, error) { return scheduler.OpenDiskFar(farDir, scheduler.DiskFarOptions{}) },
-	}), scheduler.ActorName)
-	if err != nil {
+	if b.sched, err = b.sys.Root.SpawnNamed(b.schedProps, scheduler.ActorName); err != nil {
 		return fmt.Errorf("scheduler: %w", err)
 	}
 	return nil
+}
+
+// scheduleMaxMessage is __schedule's max message size: one write packs
+// events up to 1 MiB, or one delayed batch of up to the max message size
+// plus its envelope.
+func (b *Broker) scheduleMaxMessage() uint32 {
+	return uint32(max(1<<20, b.cfg.MaxMessageBytes) + 64<<10)
 }
 
 // toScheduler reports whether f is the scheduler's: a delayed produce, or
@@ -49,7 +57,43 @@ func toScheduler(f *heraldpb.Frame) bool {
 	return false
 }
 
-// routeScheduled hands f to the scheduler.
-func routeScheduled(sys *actor.ActorSystem, sched *actor.PID, f *heraldpb.Frame, replyTo *actor.PID) {
-	sys.Root.RequestWithCustomSender(sched, f, replyTo)
+// SchedulerGroup is the name the active scheduler of a cluster is
+// reachable under through the cluster transport.
+const SchedulerGroup = "herald-scheduler"
+
+// maxSchedForwards bounds the scheduler requests a node has forwarded to
+// the node running the scheduler and not had answered.
+const maxSchedForwards = 1024
+
+// routeScheduled hands f to the scheduler: the local one on a single node
+// or where it runs; else, in a cluster, forwards it to the node running it
+// (the leader of __schedule) and relays the answer.
+func (b *Broker) routeScheduled(f *heraldpb.Frame, replyTo *actor.PID) {
+	if b.member == nil || b.schedHere.Load() {
+		b.sys.Root.RequestWithCustomSender(actor.NewPID(b.sys.Address(), scheduler.ActorName), f, replyTo)
+		return
+	}
+	leader := b.schedLeader.Load()
+	if leader == 0 || leader == b.nodeID {
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "no node runs the scheduler right now (__schedule is electing a leader)")
+		e.RetryAfterMs = 200
+		b.sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, e))
+		return
+	}
+	select {
+	case b.schedForwards <- struct{}{}:
+	default:
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "node %d has %d scheduler requests forwarded and unanswered", b.nodeID, maxSchedForwards)
+		e.RetryAfterMs = 50
+		b.sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, e))
+		return
+	}
+	go func() {
+		defer func() { <-b.schedForwards }()
+		resp, err := b.member.Request(leader, SchedulerGroup, f)
+		if err != nil {
+			resp = heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "the scheduler on node %d: %v", leader, err))
+		}
+		b.sys.Root.Send(replyTo, resp)
+	}()
 }

@@ -3,9 +3,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -434,4 +437,105 @@ func TestGroupCoordinatorFailover(t *testing.T) {
 		t.Fatalf("describe group after the failover: %v %v", gi, err)
 	}
 	t.Logf("%d records acknowledged to producers, %d deliveries of %d distinct records", len(acked), seen.total(), seen.distinct())
+}
+
+// TestDelayedMessagesSurviveSchedulerFailover: three nodes; __schedule is
+// a replicated topic and the scheduler runs on its leader. Sixty delayed
+// messages (4 s) are produced through a client that knows all nodes (each
+// goes to its partition's leader, which forwards it to the scheduler's
+// node when that is another), then the scheduler's node is SIGKILLed.
+// The new leader of __schedule starts a scheduler that indexes the
+// pending batches from its replica and fires them: every message is
+// delivered, none before its time.
+func TestDelayedMessagesSurviveSchedulerFailover(t *testing.T) {
+	tc, c := clusterWithTopic(t, "orders", 3)
+	leaderOfInternal := func(name string) uint32 {
+		info, err := c.DescribeTopic(ctxT(t, 5*time.Second), name)
+		if err != nil || len(info.Partitions) != 1 {
+			return 0
+		}
+		return info.Partitions[0].Leader
+	}
+	var sched uint32
+	checkFor(t, 20*time.Second, "__schedule has a leader", func() error {
+		if sched = leaderOfInternal("__schedule"); sched == 0 {
+			return fmt.Errorf("no leader of __schedule")
+		}
+		return nil
+	})
+	cc, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	type delivery struct {
+		at    time.Time
+		count int
+	}
+	var mu sync.Mutex
+	got := map[string]*delivery{}
+	subscribeT(t, cc, client.SubscribeOptions{Topic: "orders", Group: "delayed", From: client.Earliest()}, func(_ context.Context, m *client.Delivered) {
+		mu.Lock()
+		d := got[string(m.Value)]
+		if d == nil {
+			d = &delivery{at: time.Now()}
+			got[string(m.Value)] = d
+		}
+		d.count++
+		mu.Unlock()
+		m.Ack()
+	})
+	const n, delay = 60, 4 * time.Second
+	p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL))
+	sent := time.Now()
+	for i := 0; i < n; i++ {
+		if _, err := p.Send(ctxT(t, 10*time.Second), &client.Message{Topic: "orders", Partition: int32(i % 3), Value: fmt.Appendf(nil, "d-%03d", i), Delay: delay}); err != nil {
+			t.Fatalf("delayed produce %d: %v", i, err)
+		}
+	}
+	tc.nodes[uint64(sched)].Kill(t)
+	t.Logf("%d delayed messages acknowledged in %v; killed node %d, which ran the scheduler", n, time.Since(sent).Round(time.Millisecond), sched)
+	defer func() {
+		if t.Failed() {
+			for id, nd := range tc.nodes {
+				if nd.cmd == nil {
+					continue
+				}
+				resp, err := http.Get("http://" + nd.AdminAddr() + "/metrics")
+				if err != nil {
+					continue
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				for _, line := range strings.Split(string(body), "\n") {
+					if strings.HasPrefix(line, "herald_schedule") || strings.HasPrefix(line, "herald_remote_partition") || strings.HasPrefix(line, "herald_cluster_forwarded") || strings.HasPrefix(line, "herald_not_enough") {
+						t.Logf("node %d: %s", id, line)
+					}
+				}
+			}
+		}
+	}()
+	checkFor(t, 40*time.Second, "every delayed message delivered", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) != n {
+			return fmt.Errorf("%d of %d delivered", len(got), n)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	first := time.Time{}
+	for v, d := range got {
+		if d.at.Before(sent.Add(delay)) {
+			t.Fatalf("%s delivered %v after the first send, before its delay of %v", v, d.at.Sub(sent), delay)
+		}
+		if first.IsZero() || d.at.Before(first) {
+			first = d.at
+		}
+	}
+	if next := leaderOfInternal("__schedule"); next == 0 || next == sched {
+		t.Fatalf("leader of __schedule after the kill: %d", next)
+	}
+	t.Logf("all %d delivered; the first %v after the first send", n, first.Sub(sent).Round(time.Millisecond))
 }

@@ -1571,7 +1571,7 @@ func (c *coordinator) onStats(ctx actor.Context) {
 	if l == nil {
 		return
 	}
-	if e := c.o.Topics.Get(l.topic); e != l.entry {
+	if e := c.o.Topics.Get(l.topic); !topic.Same(e, l.entry) {
 		// The topic was deleted (and maybe made again): its partition
 		// actors are gone, so the subscription ends; members may subscribe
 		// again to the new topic.
@@ -1940,12 +1940,7 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 // in a cluster a partition's local replica comes and goes as partitions
 // move between nodes (a stand-in forwards to other nodes meanwhile), and
 // the PIDs and stats held since the subscription may be gone.
-func (c *coordinator) current(entry *topic.Entry) *topic.Entry {
-	if e := c.o.Topics.Get(entry.Name); e != nil && e.Topic == entry.Topic && len(e.Partitions) == len(entry.Partitions) {
-		return e
-	}
-	return entry
-}
+func (c *coordinator) current(entry *topic.Entry) *topic.Entry { return c.o.Topics.Current(entry) }
 
 // partitionPID is the actor serving partition p (see current).
 func (c *coordinator) partitionPID(entry *topic.Entry, p int) *actor.PID {

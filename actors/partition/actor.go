@@ -812,6 +812,9 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		fail(e)
 		return
 	}
+	// A quiesced leader wakes first: quiet is why it heard nothing from
+	// its followers, and wake counts the live ones in sync again.
+	a.wake()
 	if e := a.checkInSync(req.Acks); e != nil {
 		fail(e)
 		return

@@ -104,7 +104,12 @@ func (a *Actor) wake() {
 	a.setQuiesced(false)
 	a.quiesceAt = nil
 	if a.isLeader {
-		a.rn.WithProgress(func(id uint64, _ raft.ProgressType, _ tracker.Progress) { a.heardFrom(id) })
+		// (A follower whose node left the membership meanwhile is not.)
+		a.rn.WithProgress(func(id uint64, _ raft.ProgressType, _ tracker.Progress) {
+			if id == a.cfg.ReplicaID || a.cfg.Liveness == nil || a.cfg.Liveness(id) {
+				a.heardFrom(id)
+			}
+		})
 	}
 }
 

@@ -13,7 +13,9 @@ import (
 // ticks, no heartbeats); a produce wakes them and commits; idle again,
 // they quiesce again. Then the leader's "node" goes down (its actor stops
 // and the liveness function says so): the quiesced followers wake, elect
-// a new leader and take writes; every acknowledged record is there.
+// a new leader and take writes; every acknowledged record is there. With
+// min in-sync 2 throughout: a quiesced leader, which has heard nothing
+// from its quiet followers, must not refuse the produce that wakes it.
 func TestQuiescenceWakesAndFailsOver(t *testing.T) {
 	sys := actor.NewActorSystem()
 	var mu sync.Mutex
@@ -22,6 +24,7 @@ func TestQuiescenceWakesAndFailsOver(t *testing.T) {
 	reps := spawnGroupWith(t, sys, 3, func(_ *replica, cfg *Config) {
 		cfg.Liveness = alive
 		cfg.ElectionTicks, cfg.QuiesceTicks = 10, 3
+		cfg.MinInSync = 2
 	})
 	live := map[uint64]bool{1: true, 2: true, 3: true}
 	allQuiesced := func(what string) {
@@ -46,6 +49,10 @@ func TestQuiescenceWakesAndFailsOver(t *testing.T) {
 	allQuiesced("the idle group quiesces")
 	term := leader.stats.Term.Load()
 
+	// The idle period under test: longer than the election timeout (10
+	// ticks of 10 ms), past which a leader counts a follower it has not
+	// heard from as out of sync.
+	time.Sleep(300 * time.Millisecond)
 	produce(leader, "second") // wakes the leader, whose append wakes the followers
 	if leader.stats.Quiesced.Load() {
 		t.Fatal("the leader stayed quiesced through a produce")

@@ -711,11 +711,11 @@ func (s *Scheduler) scanFor(ctx actor.Context, e *topic.Entry, p uint32, from in
 	var step func(off int64)
 	began := time.Now()
 	step = func(off int64) {
-		if len(want) == 0 || s.o.Topics.Get(e.Name) != e {
+		if len(want) == 0 || !topic.Same(s.o.Topics.Get(e.Name), e) {
 			done(got) // all found, or the topic is gone (with what was in it)
 			return
 		}
-		s.call(ctx, e.Partitions[p], &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+		s.call(ctx, s.o.Topics.Current(e).Partitions[p], &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
 			Topic: e.Name, Partition: p, Offset: off, MaxBytes: 4 << 20,
 		}}}, func(f *heraldpb.Frame) {
 			fr := f.GetFetchResponse()

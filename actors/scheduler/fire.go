@@ -462,7 +462,7 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 			recs = append(recs, c.records...)
 		}
 	}
-	s.call(ctx, c0.entry.Partitions[c0.part], &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+	s.call(ctx, s.o.Topics.Current(c0.entry).Writer(int(c0.part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
 		Topic: c0.entry.Name, Partition: proto.Uint32(c0.part), Acks: heraldpb.Acks_ACKS_ALL, Records: recs,
 	}}}, func(f *heraldpb.Frame) {
 		e := f.GetError()
@@ -470,7 +470,7 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 		ok := resp != nil
 		switch {
 		case ok:
-		case s.o.Topics.Get(c0.entry.Name) != c0.entry:
+		case !topic.Same(s.o.Topics.Get(c0.entry.Name), c0.entry):
 			e = heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q was deleted", c0.entry.Name)
 		case retriable(e):
 			// An error does not prove the append failed (a partition that

@@ -168,7 +168,11 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 	// order, which forwarding each on its own would not keep: it is sent
 	// to the leader instead.
 	if e == nil || e.Record == nil || int(part) >= len(e.Record.Partitions) || idempotent {
-		ctx.Respond(heraldpb.ErrorFrame(f.Id, partition.NotLeader(topic, part, 0)))
+		var hint uint64
+		if h, ok := r.hints.Load(partKey(topic, part)); ok {
+			hint = h.(uint64)
+		}
+		ctx.Respond(heraldpb.ErrorFrame(f.Id, partition.NotLeader(topic, part, hint)))
 		return
 	}
 	select {
@@ -416,7 +420,7 @@ func (m *Manager) spawnReplicated(ctx actor.Context, rec *heraldpb.TopicRecord) 
 		return err
 	}
 	m.reg.update(func(reg map[string]*Entry) {
-		reg[rec.Name] = &Entry{Name: rec.Name, Config: rec.Config, Topic: tpid, Partitions: pids, Stats: stats, Record: rec, Dirs: dirs}
+		reg[rec.Name] = &Entry{Name: rec.Name, Config: rec.Config, Topic: tpid, Partitions: pids, Stats: stats, Record: rec, Dirs: dirs, Remote: m.cluster.remote}
 	})
 	return nil
 }
@@ -466,8 +470,11 @@ func (m *Manager) reconcile(ctx actor.Context, e *Entry, rec *heraldpb.TopicReco
 			pids[i], stats[i], dirs[i] = pid, st, want
 		}
 	}
+	if rec == e.Record && slices.Equal(pids, e.Partitions) && slices.Equal(dirs, e.Dirs) {
+		return // nothing changed for this topic
+	}
 	m.reg.update(func(reg map[string]*Entry) {
-		reg[rec.Name] = &Entry{Name: rec.Name, Config: rec.Config, Topic: e.Topic, Partitions: pids, Stats: stats, Record: rec, Dirs: dirs}
+		reg[rec.Name] = &Entry{Name: rec.Name, Config: rec.Config, Topic: e.Topic, Partitions: pids, Stats: stats, Record: rec, Dirs: dirs, Remote: m.cluster.remote}
 	})
 }
 

@@ -23,6 +23,19 @@ type Entry struct {
 	// Dirs, for a cluster topic: each local replica's log folder ("" for a
 	// partition with no local replica).
 	Dirs []string
+	// Remote, for a cluster topic, is the stand-in that forwards requests
+	// to the nodes holding a partition's replicas.
+	Remote *actor.PID
+}
+
+// Writer is where a produce to partition p goes from this node: its
+// local replica, unless that is a follower in a cluster (its leader is on
+// another node), then the stand-in, which forwards it to the leader.
+func (e *Entry) Writer(p int) *actor.PID {
+	if e.Record == nil || e.Remote == nil || e.Stats[p].Writable.Load() {
+		return e.Partitions[p]
+	}
+	return e.Remote
 }
 
 // Registry maps topic names to their actors. The manager writes it
@@ -52,6 +65,21 @@ func (r *Registry) All() []*Entry {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// Same reports whether a and b are entries of the same topic (not one
+// deleted and created again under its name): in a cluster a topic's
+// entry is replaced whenever its placement or local replicas change.
+func Same(a, b *Entry) bool { return a != nil && b != nil && a.Topic == b.Topic }
+
+// Current is the live entry of e's topic: the registry's now if it is
+// the same topic (its partition PIDs and stats may have changed as
+// replicas moved), else e itself (the topic is gone).
+func (r *Registry) Current(e *Entry) *Entry {
+	if cur := r.Get(e.Name); Same(cur, e) && len(cur.Partitions) == len(e.Partitions) {
+		return cur
+	}
+	return e
 }
 
 func (r *Registry) update(fn func(m map[string]*Entry)) {

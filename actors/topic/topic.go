@@ -16,6 +16,7 @@ type topicActor struct {
 	// stats, for a cluster topic: a produce with neither partition nor key
 	// goes round-robin over the partitions led by this node.
 	stats []*partition.Stats
+	entry *Entry // the registry's entry for the request being routed
 	next  uint32 // round-robin cursor
 }
 
@@ -44,13 +45,20 @@ func (t *topicActor) Receive(ctx actor.Context) {
 	if e.Record != nil {
 		t.stats = e.Stats
 	}
+	t.entry = e
 	part, err := t.route(req)
 	if err != nil {
 		ctx.Send(ctx.Sender(), heraldpb.ErrorFrame(f.Id, err))
 		return
 	}
 	req.Partition = &part
-	ctx.RequestWithCustomSender(t.partitions[part], f, ctx.Sender())
+	to := t.entry.Writer(int(part))
+	if req.ProducerId != 0 {
+		// An idempotent producer goes to the leader itself, in order: its
+		// local follower answers NOT_LEADER naming the leader.
+		to = t.partitions[part]
+	}
+	ctx.RequestWithCustomSender(to, f, ctx.Sender())
 }
 
 // route picks the partition of a produce request.
