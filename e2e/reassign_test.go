@@ -142,7 +142,8 @@ func acksGrow(t *testing.T, load *loadProducers, what string, n int) {
 // leaders) to it: it joins each group as a learner, catches up from the
 // log, and becomes a voter through joint consensus, while the producers
 // go on. Then `herald cluster remove-node 4 --wait` moves them all back.
-// After each step the replica counts are balanced, and at the end every
+// After each step the replica counts (over every topic, the replicated
+// __groups and __schedule included) are balanced, and at the end every
 // replica's log is read from disk: identical across each partition's
 // replicas, every acknowledged record at its offset, nothing twice, and
 // no log left on a node that holds no replica of its partition.
@@ -170,20 +171,37 @@ func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Balanced over every topic, the replicated internal ones included.
 	counts := replicaCounts(pl)
-	for id := uint32(1); id <= 4; id++ {
-		if counts[id] != 3 {
-			t.Fatalf("replicas per node after add-node: %v (placement %v)", counts, pl)
+	all := map[uint32]int{}
+	for _, name := range []string{"orders", "__groups", "__schedule"} {
+		ipl, err := placement(t, c, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for id, n := range replicaCounts(ipl) {
+			all[id] += n
 		}
 	}
+	lo, hi := all[1], all[1]
+	for id := uint32(1); id <= 4; id++ {
+		lo, hi = min(lo, all[id]), max(hi, all[id])
+	}
+	if hi-lo > 1 || counts[4] == 0 {
+		t.Fatalf("replicas per node after add-node: %v over all topics, %v of orders (placement %v)", all, counts, pl)
+	}
 	checkFor(t, 20*time.Second, "node 4 leads a partition", func() error {
-		info, err := c.DescribeTopic(ctxT(t, 5*time.Second), "orders")
-		if err != nil {
-			return err
-		}
-		for _, p := range info.Partitions {
-			if p.Leader == 4 {
-				return nil
+		c4 := dialNode(t, tc.nodes[4])
+		defer c4.Close()
+		for _, name := range []string{"orders", "__groups", "__schedule"} {
+			info, err := c4.DescribeTopic(ctxT(t, 5*time.Second), name)
+			if err != nil {
+				return err
+			}
+			for _, p := range info.Partitions {
+				if p.Leader == 4 {
+					return nil
+				}
 			}
 		}
 		return fmt.Errorf("no partition led by node 4")
