@@ -491,6 +491,12 @@ func newRequestID() string {
 // *heraldpb.Error values.
 func (c *Controller) CreateTopic(ctx context.Context, name string, cfg *heraldpb.TopicConfig) (*heraldpb.TopicRecord, error) {
 	md := c.state.Load()
+	if md.Nodes[c.cfg.Self.NodeId] == nil {
+		// The metadata has not caught up yet (the node just started).
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "node %d is joining its cluster (its metadata does not show it registered yet); try again shortly", c.cfg.Self.NodeId)
+		e.RetryAfterMs = 500
+		return nil, e
+	}
 	if md.Topics[name] != nil {
 		return nil, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_ALREADY_EXISTS, "topic %q already exists", name)
 	}

@@ -557,3 +557,63 @@ func TestDelayedMessagesSurviveSchedulerFailover(t *testing.T) {
 	}
 	t.Logf("all %d delivered; the first %v after the first send", n, first.Sub(sent).Round(time.Millisecond))
 }
+
+// TestSingleNodeRestartsAsCluster: a node that ran alone (with its
+// node-local __groups and __schedule) restarts as a one-node cluster. Its
+// old internal topics stay on disk unserved, the controller creates the
+// replicated ones, and consumer groups and delayed messages work there;
+// its ordinary topic is still served as a local topic.
+func TestSingleNodeRestartsAsCluster(t *testing.T) {
+	dir := t.TempDir()
+	alone := startProc(t, dir)
+	c := dial(t, alone)
+	createTopic(t, c, "before", 1)
+	produceN(t, c, "before", "b", 10, 1)
+	c.Close()
+	alone.Stop(t)
+
+	cl, health := pairPorts(t)
+	n := startProc(t, dir, "--node-id", "1", "--cluster", cl, "--cluster-health", health, "--peers", "1@"+cl)
+	if !strings.Contains(n.logs(), "node-local internal topic") {
+		t.Fatalf("no warning about the old internal topics:\n%s", n.logs())
+	}
+	c = dial(t, n)
+	defer c.Close()
+	checkFor(t, 20*time.Second, "a topic created in the cluster", func() error {
+		// THROTTLED (retriable) until the node's registration is applied.
+		_, err := c.CreateTopic(ctxT(t, 15*time.Second), "after", &heraldpb.TopicConfig{Partitions: 1})
+		if err != nil && !client.IsRetryable(err) {
+			t.Fatalf("creating a topic: %v", err)
+		}
+		return err
+	})
+	seen := newSeen()
+	checkFor(t, 20*time.Second, "__groups and __schedule replicated", func() error {
+		for _, name := range []string{"__groups", "__schedule"} {
+			info, err := c.DescribeTopic(ctxT(t, 5*time.Second), name)
+			if err != nil {
+				return err
+			}
+			if info.Partitions[0].Leader != 1 {
+				return fmt.Errorf("%s has no leader yet", name)
+			}
+		}
+		return nil
+	})
+	for _, topicName := range []string{"before", "after"} {
+		subscribeT(t, c, client.SubscribeOptions{Topic: topicName, Group: "g-" + topicName, From: client.Earliest()}, func(_ context.Context, m *client.Delivered) {
+			seen.add("m", m)
+			m.Ack()
+		})
+	}
+	p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL))
+	if _, err := p.Send(ctxT(t, 10*time.Second), &client.Message{Topic: "after", Partition: 0, Value: []byte("delayed"), Delay: 500 * time.Millisecond}); err != nil {
+		t.Fatalf("delayed produce: %v", err)
+	}
+	checkFor(t, 20*time.Second, "the old records and the delayed one delivered", func() error {
+		if got := seen.distinct(); got != 11 {
+			return fmt.Errorf("%d of 11 delivered", got)
+		}
+		return nil
+	})
+}

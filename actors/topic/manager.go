@@ -64,6 +64,14 @@ func Spawn(sys *actor.ActorSystem, cfg Config) (*actor.PID, *Registry, error) {
 	// Reopen the catalog's topics before serving: the spawn requests queue
 	// ahead of any client request.
 	for _, t := range topics {
+		if cfg.Clustered && IsInternal(t.Name) {
+			// A node that ran alone before: in a cluster the internal
+			// topics are the controller's, replicated. The old log stays
+			// on disk, not served.
+			cfg.Logger.Warn("a node-local internal topic from before this node joined a cluster is not served; its log stays on disk",
+				"topic", t.Name, "dir", filepath.Join(cfg.DataDir, "topics"))
+			continue
+		}
 		sys.Root.Send(pid, &reopenTopic{info: t})
 	}
 	res, err := sys.Root.RequestFuture(pid, &syncBarrier{}, 30*time.Second).Result()
