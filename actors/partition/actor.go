@@ -86,7 +86,7 @@ type Actor struct {
 	elapsed      atomic.Int64 // tick periods since the last tick message
 	lastRetain   int          // tick of the last retention check
 	sleeping     atomic.Bool  // quiesced, as the ticker goroutine sees it
-	stopTick     chan struct{}
+	cancelTick   func()       // stops this replica's ticks (ticker.go)
 	ticks        int
 	lastActive   int               // tick of the last produce, fetch or raft message
 	heard        map[uint64]int    // tick of the last raft message from each replica
@@ -340,9 +340,9 @@ func (a *Actor) endOffsetAt(index uint64) int64 {
 }
 
 func (a *Actor) onStopping(ctx actor.Context, why *heraldpb.Error) {
-	if a.stopTick != nil {
-		close(a.stopTick)
-		a.stopTick = nil
+	if a.cancelTick != nil {
+		a.cancelTick()
+		a.cancelTick = nil
 	}
 	a.stopCatchUp()
 	a.stopProducerLoad()
@@ -372,31 +372,20 @@ func (a *Actor) stopWriter() {
 }
 
 func (a *Actor) startTicker() {
-	stop := make(chan struct{})
-	a.stopTick = stop
-	self, sys, every := a.self, a.sys, a.cfg.TickInterval
-	go func() {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				// A quiesced replica needs a tick only now and then
-				// (liveness, retention, idle release): the periods add up
-				// in elapsed and one message carries them.
-				n := a.elapsed.Add(1)
-				if a.sleeping.Load() && n < quiescedTickEvery {
-					continue
-				}
-				// At most one tick queued: a stalled actor does not pile them up.
-				if a.tickQueued.CompareAndSwap(false, true) {
-					sys.Root.Send(self, &heraldpb.Tick{})
-				}
-			case <-stop:
-				return
-			}
+	self, sys := a.self, a.sys
+	a.cancelTick = subscribeTick(a.cfg.TickInterval, func() {
+		// A quiesced replica needs a tick only now and then (liveness,
+		// retention, idle release): the periods add up in elapsed and one
+		// message carries them.
+		n := a.elapsed.Add(1)
+		if a.sleeping.Load() && n < quiescedTickEvery {
+			return
 		}
-	}()
+		// At most one tick queued: a stalled actor does not pile them up.
+		if a.tickQueued.CompareAndSwap(false, true) {
+			sys.Root.Send(self, &heraldpb.Tick{})
+		}
+	})
 }
 
 func (a *Actor) onTick(ctx actor.Context) {
