@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/consumer"
 	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/actors/topic"
@@ -133,8 +134,12 @@ func (b *Broker) resignGroups(leader uint64) {
 	why := heraldpb.NewError(heraldpb.ErrorCode_NOT_COORDINATOR, "node %d no longer coordinates consumer groups", b.nodeID)
 	why.Leader = uint32(leader)
 	if res, err := b.sys.Root.RequestFuture(b.groups, &consumer.Coordinators{}, 5*time.Second).Result(); err == nil {
+		var ends []*actor.Future // all at once: one slow group does not hold up the others
 		for _, pid := range res.(*consumer.CoordinatorsList).PIDs {
-			_, _ = b.sys.Root.RequestFuture(pid, &consumer.EndSessions{Reason: why}, 5*time.Second).Result()
+			ends = append(ends, b.sys.Root.RequestFuture(pid, &consumer.EndSessions{Reason: why}, 5*time.Second))
+		}
+		for _, f := range ends {
+			_, _ = f.Result()
 		}
 	}
 	if _, err := b.sys.Root.StopFuture(b.groups).Result(); err != nil {

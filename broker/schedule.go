@@ -91,8 +91,14 @@ func (b *Broker) routeScheduled(f *heraldpb.Frame, replyTo *actor.PID) {
 	go func() {
 		defer func() { <-b.schedForwards }()
 		resp, err := b.member.Request(leader, SchedulerGroup, f)
-		if err != nil {
+		switch {
+		case err != nil:
 			resp = heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "the scheduler on node %d: %v", leader, err))
+		case resp.GetError().GetCode() == heraldpb.ErrorCode_NOT_LEADER:
+			// That node stopped running it (leadership of __schedule moved).
+			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "the scheduler is moving from node %d", leader)
+			e.RetryAfterMs = 200
+			resp = heraldpb.ErrorFrame(f.Id, e)
 		}
 		b.sys.Root.Send(replyTo, resp)
 	}()

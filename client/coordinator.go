@@ -14,8 +14,6 @@ import (
 // remembers that node and goes there; after the coordinator moves, the
 // broker ends its subscriptions naming the new one.
 
-// maxCoordinatorHops bounds how often one request follows NOT_COORDINATOR.
-const maxCoordinatorHops = 20
 
 // groupConn returns the connection to the group coordinator when one is
 // known, else any connection.
@@ -41,11 +39,13 @@ func (c *Client) groupConn(ctx context.Context) (*conn, error) {
 }
 
 // followCoordinator reports whether err is NOT_COORDINATOR and the
-// request should be sent again (to the node it names, after a pause
-// while no node coordinates).
+// request should be sent again: to the node it names (at once the first
+// time), else after a pause that grows to a second while no node
+// coordinates (an election, a new coordinator loading), for as long as
+// ctx lasts.
 func (c *Client) followCoordinator(ctx context.Context, err error, hop int) bool {
 	var he *Error
-	if !errors.As(err, &he) || he.Code != heraldpb.ErrorCode_NOT_COORDINATOR || hop >= maxCoordinatorHops {
+	if !errors.As(err, &he) || he.Code != heraldpb.ErrorCode_NOT_COORDINATOR {
 		return false
 	}
 	c.coordinator.Store(he.Leader)
@@ -55,7 +55,7 @@ func (c *Client) followCoordinator(ctx context.Context, err error, hop int) bool
 	select {
 	case <-ctx.Done():
 		return false
-	case <-time.After(100 * time.Millisecond):
+	case <-time.After(min(time.Duration(hop+1)*100*time.Millisecond, time.Second)):
 		return true
 	}
 }

@@ -209,13 +209,18 @@ func (c *Controller) View() ControllerView {
 // tail applies the local replica's committed records as they come.
 func (c *Controller) tail() {
 	defer c.done.Done()
-	next := int64(0)
+	next, published := int64(0), int64(-1)
 	for {
 		select {
 		case <-c.stop:
 			return
 		default:
 		}
+		// Whether the local replica has heard from a leader before this
+		// read: only then is its commit index the group's (after a restart
+		// it is the one saved before the crash, which may be older than
+		// what this node applied then).
+		leaderKnown := c.leader() != 0
 		res, err := c.cfg.Local.Root.RequestFuture(c.pid, &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
 			Topic: ControllerTopic, Offset: next, MaxBytes: 1 << 20, MaxWaitMs: 500,
 		}}}, 5*time.Second).Result()
@@ -232,13 +237,14 @@ func (c *Controller) tail() {
 			for id, n := range c.state.Load().Nodes {
 				c.cfg.Node.Learn(id, n.ClusterAddress, n.HealthAddress)
 			}
-			// Replicas follow the metadata only once it is caught up with
-			// the committed log, never an older state on the way (after a
-			// restart the whole log is read again: a replica moved away
-			// and back must not be stopped or started by an old state).
-			if next >= resp.HighWatermark && c.cfg.OnApply != nil {
-				c.cfg.OnApply(c.state.Load())
-			}
+		}
+		// Replicas follow the metadata only once it is caught up with the
+		// group's committed log, never an older state on the way: after a
+		// restart the whole log is read again, and a replica moved away
+		// and back must not be stopped or started by an old state.
+		if leaderKnown && next >= resp.HighWatermark && next > published && c.cfg.OnApply != nil {
+			c.cfg.OnApply(c.state.Load())
+			published = next
 		}
 		// A long poll that ended early with nothing new (its queue full),
 		// or a batch that does not decode: do not spin on it.

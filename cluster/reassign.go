@@ -47,8 +47,12 @@ func applyReassign(md *Metadata, cmd *heraldpb.ControllerCommand) {
 		if int(mv.Id) >= len(t.Partitions) || !validTarget(md, mv.Target, len(t.Partitions[mv.Id].Replicas)) {
 			continue
 		}
-		if cur := t.Partitions[mv.Id]; (len(cur.Target) > 0) != r.ReplaceRunning || slices.Equal(cur.Replicas, mv.Target) {
+		cur := t.Partitions[mv.Id]
+		if (len(cur.Target) > 0) != r.ReplaceRunning || slices.Equal(cur.Replicas, mv.Target) {
 			continue
+		}
+		if r.ReplaceRunning && cur.ReassignmentId != mv.ReassignmentId {
+			continue // planned against another move than the one running now
 		}
 		if nt == nil {
 			nt = proto.Clone(t).(*heraldpb.TopicRecord)
@@ -125,8 +129,9 @@ type move struct {
 	topic   string
 	part    uint32
 	from    []uint64
-	target  []uint64
-	replace bool // replaces a running move's target
+	target   []uint64
+	replace  bool   // replaces a running move's target
+	replaces string // that move's id
 }
 
 // planner plans moves over the metadata: loads count each partition's
@@ -250,7 +255,7 @@ func (p *planner) retarget(t *heraldpb.TopicRecord, pa *heraldpb.PartitionAssign
 		p.add(pa.Target, -1)
 		p.add(target, 1)
 		p.moved[fmt.Sprintf("%s/%d", t.Name, pa.Id)] = true
-		p.moves = append(p.moves, move{topic: t.Name, part: pa.Id, from: pa.Target, target: target, replace: true})
+		p.moves = append(p.moves, move{topic: t.Name, part: pa.Id, from: pa.Target, target: target, replace: true, replaces: pa.ReassignmentId})
 	}
 	return true
 }
@@ -368,7 +373,7 @@ func (p *planner) commands() []*heraldpb.ControllerCommand {
 			out = append(out, &heraldpb.ControllerCommand{RequestId: newRequestID(),
 				Command: &heraldpb.ControllerCommand_ReassignPartitions{ReassignPartitions: r}})
 		}
-		r.Partitions = append(r.Partitions, &heraldpb.PartitionAssignment{Id: mv.part, Target: mv.target})
+		r.Partitions = append(r.Partitions, &heraldpb.PartitionAssignment{Id: mv.part, Target: mv.target, ReassignmentId: mv.replaces})
 	}
 	return out
 }

@@ -249,6 +249,13 @@ func TestRetargetGoneNode(t *testing.T) {
 		t.Fatalf("after the replacement: %v", pa)
 	}
 	// Replacing a partition that is not moving does nothing.
+	stale := proto.Clone(cmds[0]).(*heraldpb.ControllerCommand) // planned against m1, which is no longer running
+	stale.RequestId = "m4"
+	stale.GetReassignPartitions().Partitions[0].Target = []uint64{6, 5, 3}
+	applyCommand(md, stale)
+	if pa := md.Topics["t"].Partitions[0]; pa.ReassignmentId != cmds[0].RequestId {
+		t.Fatalf("a replacement planned against an earlier move applied: %v", pa)
+	}
 	applyCommand(md, &heraldpb.ControllerCommand{RequestId: "m3", Command: &heraldpb.ControllerCommand_ReassignPartitions{
 		ReassignPartitions: &heraldpb.ReassignPartitions{Topic: "t", TopicId: "id-t", ReplaceRunning: true, Partitions: []*heraldpb.PartitionAssignment{{Id: 1, Target: []uint64{1, 2, 6}}}}}})
 	if pa := md.Topics["t"].Partitions[1]; len(pa.Target) != 0 {

@@ -360,7 +360,8 @@ type ReassignPartitions struct {
 	// The topic's request id: a move of a deleted and re-created topic of
 	// the same name is ignored.
 	TopicId string `protobuf:"bytes,2,opt,name=topic_id,json=topicId,proto3" json:"topic_id,omitempty"`
-	// Each partition's id and target (replicas unused).
+	// Each partition's id and target (replicas unused); with
+	// replace_running, reassignment_id names the move being replaced.
 	Partitions []*PartitionAssignment `protobuf:"bytes,3,rep,name=partitions,proto3" json:"partitions,omitempty"`
 	// Replace the targets of running moves (and only those): the
 	// controller's loop does, when a node in a target is gone.

@@ -931,10 +931,16 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 			start, hw := st.StartOffset.Load(), st.HighWatermark.Load()
 			off, _ := l.sub.ReadFrom(k.view, k.part)
 			to := off
+			cur := c.current(l.entry)
+			remote := cur.Record != nil && int(k.part) < len(cur.Dirs) && cur.Dirs[k.part] == ""
 			switch {
 			case off < start:
 				c.log.Warn("records removed by retention before the group consumed them", "partition", k.part, "from", off, "to", start)
 				to = start
+			case off > hw && remote:
+				// Read through the stand-in: the replicas asked may lag
+				// behind the position; never move it back for that (a
+				// topic made again under the name ends the subscription).
 			case off > hw:
 				c.log.Warn("group position beyond the end of the log; moved to the end", "partition", k.part, "position", off, "end", hw)
 				to = hw

@@ -13,6 +13,7 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"google.golang.org/protobuf/proto"
 )
 
 // Cluster mode. The controller group holds the topics and their replica
@@ -114,6 +115,9 @@ func (m *Manager) onClustered(ctx actor.Context, c *Clustered) {
 // answered; past it they are answered THROTTLED.
 const maxProxied = 1024
 
+// maxProxiedWaitMs caps the long poll of a forwarded fetch.
+const maxProxiedWaitMs = 500
+
 var (
 	mProxied = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_remote_partition_requests_total",
@@ -190,12 +194,25 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 	if h, ok := r.hints.Load(key); ok {
 		nodes = append(nodes, h.(uint64)) // the leader, as the last produce found it
 	}
+	if l := e.Stats[part].Leader.Load(); l != 0 && l != r.self && !slices.Contains(nodes, l) {
+		nodes = append(nodes, l)
+	}
 	for _, n := range append(slices.Clone(pa.Replicas), pa.Target...) {
 		if n != r.self && !slices.Contains(nodes, n) {
 			nodes = append(nodes, n)
 		}
 	}
 	sender, st := ctx.Sender(), e.Stats[part]
+	if int(part) < len(e.Dirs) && e.Dirs[part] != "" {
+		st = nil // a local follower's: its actor publishes them
+	}
+	// A long poll holds a slot here and on the other node for its whole
+	// wait: shorter ones keep slots free for produces (the reader polls
+	// again).
+	if fe := f.GetFetch(); fe != nil && fe.MaxWaitMs > maxProxiedWaitMs {
+		f = proto.Clone(f).(*heraldpb.Frame)
+		f.GetFetch().MaxWaitMs = maxProxiedWaitMs
+	}
 	mProxiedInFlight.Inc()
 	go func() {
 		defer func() { <-r.slots; mProxiedInFlight.Dec() }()
@@ -218,17 +235,26 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 // produce leads it; a fetch gives the log's bounds), so that metadata
 // and group lag show more than zeros for it.
 func noteRemote(st *partition.Stats, f, resp *heraldpb.Frame, from uint64) {
+	if st == nil {
+		return
+	}
+	// The bounds only grow: an answer from a replica that lags must not
+	// make readers think the log ends earlier than they read.
+	bounds := func(hw, start int64) {
+		if hw > st.HighWatermark.Load() {
+			st.HighWatermark.Store(hw)
+		}
+		if start > st.StartOffset.Load() {
+			st.StartOffset.Store(start)
+		}
+	}
 	switch {
 	case resp.GetProduceResponse() != nil:
 		st.Leader.Store(from)
 	case resp.GetFetchResponse() != nil:
-		fr := resp.GetFetchResponse()
-		st.HighWatermark.Store(fr.HighWatermark)
-		st.StartOffset.Store(fr.LogStartOffset)
+		bounds(resp.GetFetchResponse().HighWatermark, resp.GetFetchResponse().LogStartOffset)
 	case resp.GetListOffsetsResponse() != nil:
-		lr := resp.GetListOffsetsResponse()
-		st.HighWatermark.Store(lr.HighWatermark)
-		st.StartOffset.Store(lr.LogStartOffset)
+		bounds(resp.GetListOffsetsResponse().HighWatermark, resp.GetListOffsetsResponse().LogStartOffset)
 	case resp.GetError().GetCode() == heraldpb.ErrorCode_NOT_LEADER && f.GetProduce() != nil:
 		st.Leader.Store(uint64(resp.GetError().GetLeader()))
 	}
@@ -240,6 +266,7 @@ func (r *remoteProxy) forward(f *heraldpb.Frame, topic string, part uint32, key 
 	group := partition.Name(topic, part)
 	var last *heraldpb.Frame
 	var tried []uint64
+	var outOfRange uint64 // the last node that answered OFFSET_OUT_OF_RANGE
 	for len(nodes) > 0 && len(tried) < 5 {
 		n := nodes[0]
 		nodes = nodes[1:]
@@ -251,6 +278,16 @@ func (r *remoteProxy) forward(f *heraldpb.Frame, topic string, part uint32, key 
 		if err != nil {
 			last = heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "partition %s-%d: %v", topic, part, err))
 			continue
+		}
+		if e := resp.GetError(); e != nil && e.Code == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE {
+			// A follower that lags (or whose log starts later) may not
+			// have the offset the leader has: ask the others too.
+			last, outOfRange = resp, n
+			if len(nodes) > 0 && len(tried) < 5 {
+				continue
+			}
+			mProxied.WithLabelValues("answered").Inc()
+			return resp, n
 		}
 		if e := resp.GetError(); e != nil && e.Code == heraldpb.ErrorCode_NOT_LEADER {
 			if l := uint64(e.Leader); l != 0 && l != r.self && !slices.Contains(tried, l) {
@@ -269,6 +306,10 @@ func (r *remoteProxy) forward(f *heraldpb.Frame, topic string, part uint32, key 
 		// Let the client look the leader up itself.
 		mProxied.WithLabelValues("not_leader").Inc()
 		return heraldpb.ErrorFrame(f.Id, partition.NotLeader(topic, part, 0)), 0
+	}
+	if last.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE {
+		mProxied.WithLabelValues("answered").Inc()
+		return last, outOfRange
 	}
 	mProxied.WithLabelValues("failed").Inc()
 	return last, 0
