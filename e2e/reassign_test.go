@@ -141,7 +141,8 @@ func acksGrow(t *testing.T, load *loadProducers, what string, n int) {
 // 4 --wait` moves a fair share of the replicas (and of the preferred
 // leaders) to it: it joins each group as a learner, catches up from the
 // log, and becomes a voter through joint consensus, while the producers
-// go on. Then `herald cluster remove-node 4 --wait` moves them all back.
+// go on. Then `herald cluster remove-node 4 --wait` moves them all back,
+// and add-node 4 moves replicas to it once more.
 // After each step the replica counts (over every topic, the replicated
 // __groups and __schedule included) are balanced, and at the end every
 // replica's log is read from disk: identical across each partition's
@@ -224,6 +225,19 @@ func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
 		t.Fatalf("replicas per node after remove-node: %v", counts)
 	}
 	acksGrow(t, load, "acks after node 4 left", 1000)
+
+	// And back again: node 4's new replicas are new incarnations (their
+	// logs named by the new move), each added only once it announced
+	// itself empty.
+	out, errOut, code = herald(t, "", "cluster", "add-node", "4", "--wait", "--wait-timeout", "50s", "--addr", addrs)
+	t.Logf("add-node 4 again:\n%s%s", out, errOut)
+	if code != 0 || !strings.Contains(out, "all moves done") {
+		t.Fatalf("add-node again: exit %d", code)
+	}
+	if pl, err = placement(t, c, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	acksGrow(t, load, "acks with node 4 back", 1000)
 	load.finish()
 	load.mu.Lock()
 	acked, failed, lastErr := load.acked, load.failed, load.lastErr

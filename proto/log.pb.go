@@ -141,7 +141,10 @@ type RaftMessage struct {
 	Message []byte                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	// Set instead of message: the group's leader tells a follower that the
 	// group is idle and fully replicated, so both may stop ticking.
-	Quiesce       *Quiesce `protobuf:"bytes,3,opt,name=quiesce,proto3" json:"quiesce,omitempty"`
+	Quiesce *Quiesce `protobuf:"bytes,3,opt,name=quiesce,proto3" json:"quiesce,omitempty"`
+	// Set instead of message: a replica that a partition move started on
+	// its node, still empty, announces itself to the group.
+	Joining       *Joining `protobuf:"bytes,4,opt,name=joining,proto3" json:"joining,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -197,6 +200,67 @@ func (x *RaftMessage) GetQuiesce() *Quiesce {
 	return nil
 }
 
+func (x *RaftMessage) GetJoining() *Joining {
+	if x != nil {
+		return x.Joining
+	}
+	return nil
+}
+
+// Joining: replica `from` of a group, started empty by the move that
+// named it `incarnation`, waits to be added.
+type Joining struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          uint64                 `protobuf:"varint,1,opt,name=from,proto3" json:"from,omitempty"`
+	Incarnation   string                 `protobuf:"bytes,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Joining) Reset() {
+	*x = Joining{}
+	mi := &file_log_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Joining) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Joining) ProtoMessage() {}
+
+func (x *Joining) ProtoReflect() protoreflect.Message {
+	mi := &file_log_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Joining.ProtoReflect.Descriptor instead.
+func (*Joining) Descriptor() ([]byte, []int) {
+	return file_log_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Joining) GetFrom() uint64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *Joining) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
+	}
+	return ""
+}
+
 // Quiesce: the leader `from` quiesced at term, with everything up to
 // index committed and replicated to every replica.
 type Quiesce struct {
@@ -210,7 +274,7 @@ type Quiesce struct {
 
 func (x *Quiesce) Reset() {
 	*x = Quiesce{}
-	mi := &file_log_proto_msgTypes[2]
+	mi := &file_log_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -222,7 +286,7 @@ func (x *Quiesce) String() string {
 func (*Quiesce) ProtoMessage() {}
 
 func (x *Quiesce) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[2]
+	mi := &file_log_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -235,7 +299,7 @@ func (x *Quiesce) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Quiesce.ProtoReflect.Descriptor instead.
 func (*Quiesce) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{2}
+	return file_log_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Quiesce) GetFrom() uint64 {
@@ -268,7 +332,7 @@ type Tick struct {
 
 func (x *Tick) Reset() {
 	*x = Tick{}
-	mi := &file_log_proto_msgTypes[3]
+	mi := &file_log_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -280,7 +344,7 @@ func (x *Tick) String() string {
 func (*Tick) ProtoMessage() {}
 
 func (x *Tick) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[3]
+	mi := &file_log_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -293,7 +357,7 @@ func (x *Tick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tick.ProtoReflect.Descriptor instead.
 func (*Tick) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{3}
+	return file_log_proto_rawDescGZIP(), []int{4}
 }
 
 // SnapshotData is the state machine snapshot of a partition: a message log
@@ -307,7 +371,7 @@ type SnapshotData struct {
 
 func (x *SnapshotData) Reset() {
 	*x = SnapshotData{}
-	mi := &file_log_proto_msgTypes[4]
+	mi := &file_log_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -319,7 +383,7 @@ func (x *SnapshotData) String() string {
 func (*SnapshotData) ProtoMessage() {}
 
 func (x *SnapshotData) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[4]
+	mi := &file_log_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -332,7 +396,7 @@ func (x *SnapshotData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotData.ProtoReflect.Descriptor instead.
 func (*SnapshotData) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{4}
+	return file_log_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SnapshotData) GetNextOffset() int64 {
@@ -357,7 +421,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_log_proto_msgTypes[5]
+	mi := &file_log_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -369,7 +433,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[5]
+	mi := &file_log_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -382,7 +446,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{5}
+	return file_log_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Forward) GetGroup() string {
@@ -421,11 +485,15 @@ const file_log_proto_rawDesc = "" +
 	"\fmax_priority\x18\x06 \x01(\rR\vmaxPriority\x12\x1f\n" +
 	"\vproducer_id\x18\a \x01(\x04R\n" +
 	"producerId\x12#\n" +
-	"\rbase_sequence\x18\b \x01(\x03R\fbaseSequence\"k\n" +
+	"\rbase_sequence\x18\b \x01(\x03R\fbaseSequence\"\x99\x01\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +
-	"\aquiesce\x18\x03 \x01(\v2\x12.herald.v1.QuiesceR\aquiesce\"G\n" +
+	"\aquiesce\x18\x03 \x01(\v2\x12.herald.v1.QuiesceR\aquiesce\x12,\n" +
+	"\ajoining\x18\x04 \x01(\v2\x12.herald.v1.JoiningR\ajoining\"?\n" +
+	"\aJoining\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\x04R\x04from\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\tR\vincarnation\"G\n" +
 	"\aQuiesce\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\x04R\x04from\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x14\n" +
@@ -451,24 +519,26 @@ func file_log_proto_rawDescGZIP() []byte {
 	return file_log_proto_rawDescData
 }
 
-var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_log_proto_goTypes = []any{
 	(*LogEntry)(nil),     // 0: herald.v1.LogEntry
 	(*RaftMessage)(nil),  // 1: herald.v1.RaftMessage
-	(*Quiesce)(nil),      // 2: herald.v1.Quiesce
-	(*Tick)(nil),         // 3: herald.v1.Tick
-	(*SnapshotData)(nil), // 4: herald.v1.SnapshotData
-	(*Forward)(nil),      // 5: herald.v1.Forward
-	(*Frame)(nil),        // 6: herald.v1.Frame
+	(*Joining)(nil),      // 2: herald.v1.Joining
+	(*Quiesce)(nil),      // 3: herald.v1.Quiesce
+	(*Tick)(nil),         // 4: herald.v1.Tick
+	(*SnapshotData)(nil), // 5: herald.v1.SnapshotData
+	(*Forward)(nil),      // 6: herald.v1.Forward
+	(*Frame)(nil),        // 7: herald.v1.Frame
 }
 var file_log_proto_depIdxs = []int32{
-	2, // 0: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
-	6, // 1: herald.v1.Forward.frame:type_name -> herald.v1.Frame
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	3, // 0: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
+	2, // 1: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
+	7, // 2: herald.v1.Forward.frame:type_name -> herald.v1.Frame
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_log_proto_init() }
@@ -483,7 +553,7 @@ func file_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_log_proto_rawDesc), len(file_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -119,9 +119,13 @@ type Actor struct {
 	prodLastSave   int                      // actor tick of the last save
 
 	// Moving the group to other replicas (reassign.go).
-	target         []uint64 // the replica set the group moves to; nil: none
-	targetStep     int      // tick of the last step taken towards it
-	targetTransfer bool     // leadership was handed to the target's first replica
+	joined         map[uint64]string   // the move that started each node's replica (SetTarget)
+	joining        map[uint64]joinSeen // empty replicas' announcements (reassign.go)
+	stale          map[uint64]bool     // members whose node now runs another incarnation
+	lastAnnounce   int                 // tick of this (empty, joining) replica's last announcement
+	target         []uint64            // the replica set the group moves to; nil: none
+	targetStep     int                 // tick of the last step taken towards it
+	targetTransfer bool                // leadership was handed to the target's first replica
 }
 
 // Props returns the props of a partition replica actor. sys answers shed
@@ -409,6 +413,7 @@ func (a *Actor) onTick(ctx actor.Context) {
 		a.maybeQuiesce()
 	}
 	a.stepTarget()
+	a.announce()
 	if every := max(1, int(a.cfg.RetentionCheck/a.cfg.TickInterval)); a.ticks-a.lastRetain >= every {
 		a.lastRetain = a.ticks
 		a.retain()
@@ -499,9 +504,19 @@ func (a *Actor) onRaftMessage(m *heraldpb.RaftMessage) {
 		a.onQuiesce(m.Quiesce)
 		return
 	}
+	if m.Joining != nil {
+		a.onJoining(m.Joining)
+		return
+	}
 	var msg raftpb.Message
 	if err := msg.Unmarshal(m.Message); err != nil {
 		a.log.Warn("dropping undecodable raft message", "err", err)
+		return
+	}
+	if a.emptyJoiner() && msg.Type == raftpb.MsgHeartbeat && msg.Commit > 0 {
+		// A leader that counts an earlier replica of this node as caught
+		// up: raft would panic on it (commit beyond an empty log). The
+		// leader sees this replica announce itself and adds it afresh.
 		return
 	}
 	if a.quiesced && a.wakes(&msg) {

@@ -79,6 +79,12 @@ type Config struct {
 	// does not bootstrap from Peers; the group's leader adds it with a
 	// membership change and sends it the log or a snapshot.
 	Join bool
+	// JoinAs, with Join, names this replica's incarnation (the partition
+	// move that started it): while its log is empty and it has heard from
+	// no leader it announces itself to the nodes in Announce, and the
+	// group's leader adds it only once it has (reassign.go).
+	JoinAs   string
+	Announce []uint64
 	// Campaign: this replica is its new group's preferred leader. It
 	// campaigns as soon as the group is bootstrapped instead of waiting
 	// out an election timeout (only at bootstrap, never on a reopen).

@@ -1,8 +1,10 @@
 package partition
 
 import (
+	"maps"
 	"slices"
 
+	heraldpb "github.com/heraldmq/herald/proto"
 	"go.etcd.io/raft/v3/raftpb"
 	"go.etcd.io/raft/v3/tracker"
 )
@@ -29,8 +31,12 @@ import (
 // deleted by their nodes once the controller records the move's end.
 
 // SetTarget tells a replica the replica set its group is being moved to
-// (nil: no move). Only the leader acts on it.
-type SetTarget struct{ Target []uint64 }
+// (nil: no move), and the move that started each node's replica (nodes a
+// move added; see Config.JoinAs). Only the leader acts on it.
+type SetTarget struct {
+	Target []uint64
+	Joined map[uint64]string
+}
 
 const (
 	// targetStepTicks spaces the steps (raft applies a membership change
@@ -43,6 +49,20 @@ const (
 )
 
 func (a *Actor) onSetTarget(m *SetTarget) {
+	// A node whose replica is now another incarnation than before (it
+	// left and was added again, or its move was replaced) may still be a
+	// member under the old one: the leader's record of how far that one
+	// got would be taken for the new, empty one's. It is removed from the
+	// group and added afresh.
+	for id, inc := range m.Joined {
+		if old, ok := a.joined[id]; ok && old != inc {
+			if a.stale == nil {
+				a.stale = map[uint64]bool{}
+			}
+			a.stale[id] = true
+		}
+	}
+	a.joined = maps.Clone(m.Joined)
 	if slices.Equal(a.target, m.Target) {
 		return
 	}
@@ -74,9 +94,42 @@ func (a *Actor) stepTarget() {
 		pr, ok := st.Progress[id]
 		return ok && (id == self || (pr.State == tracker.StateReplicate && pr.Match+catchUpSlack >= st.Commit))
 	}
-	// 1. Learners for the target's new replicas.
+	remove := func(what string, id uint64) {
+		a.proposeChanges(what, raftpb.ConfChangeSingle{Type: raftpb.ConfChangeRemoveNode, NodeID: id})
+	}
+	// 0. Members that are not what the leader takes them for go first:
+	// learners a replaced move left behind, members whose node runs
+	// another incarnation now, and members whose (empty) replica
+	// announced itself although the leader counts entries on it.
+	for _, id := range sortedIDs(st.Config.Learners) {
+		if !slices.Contains(a.target, id) {
+			remove("removing a learner the move no longer needs", id)
+			return
+		}
+	}
+	for _, id := range a.target {
+		member := isVoter(id) || isLearner(id)
+		announced := a.announced(id)
+		switch {
+		case member && a.stale[id] && id != self:
+			remove("removing a member that another incarnation replaced", id)
+			return
+		case member && announced && st.Progress[id].Match > 0 && id != self:
+			remove("removing a member whose replica restarted empty", id)
+			return
+		case !member:
+			delete(a.stale, id)
+		}
+	}
+	// 1. Learners for the target's new replicas, once each has announced
+	// itself (the replica of the move that named it, not an earlier one
+	// still answering).
 	for _, id := range a.target {
 		if !isVoter(id) && !isLearner(id) {
+			if a.joined[id] != "" && !a.announced(id) {
+				return // its node has not started it yet
+			}
+			delete(a.joining, id)
 			a.proposeChanges("adding a learner", raftpb.ConfChangeSingle{Type: raftpb.ConfChangeAddLearnerNode, NodeID: id})
 			return
 		}
@@ -147,4 +200,57 @@ func sortedIDs(set map[uint64]struct{}) []uint64 {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// emptyJoiner reports whether this replica was started by a move and
+// holds nothing yet.
+func (a *Actor) emptyJoiner() bool {
+	if a.cfg.JoinAs == "" || a.store == nil {
+		return false
+	}
+	last, err := a.store.LastIndex()
+	return err == nil && last == 0
+}
+
+// announce has an empty replica that a move started tell the group it is
+// there (every 5 ticks), until it hears from a leader.
+func (a *Actor) announce() {
+	if a.leader != 0 || len(a.cfg.Announce) == 0 || a.ticks-a.lastAnnounce < 5 || !a.emptyJoiner() {
+		return
+	}
+	a.lastAnnounce = a.ticks
+	j := &heraldpb.Joining{From: a.cfg.ReplicaID, Incarnation: a.cfg.JoinAs}
+	for _, to := range a.cfg.Announce {
+		if to != a.cfg.ReplicaID {
+			a.sendRaft(to, &heraldpb.RaftMessage{Group: Name(a.cfg.Topic, a.cfg.Partition), Joining: j})
+		}
+	}
+}
+
+// onJoining notes an empty replica's announcement (every replica does:
+// whichever leads, now or later, knows it).
+func (a *Actor) onJoining(j *heraldpb.Joining) {
+	if a.joining == nil {
+		a.joining = map[uint64]joinSeen{}
+	}
+	if a.joining[j.From].incarnation != j.Incarnation {
+		a.log.Info("an empty replica announced itself", "node", j.From, "incarnation", j.Incarnation)
+	}
+	a.joining[j.From] = joinSeen{incarnation: j.Incarnation, tick: a.ticks}
+	a.wake()
+}
+
+// joinSeen is a replica's last announcement.
+type joinSeen struct {
+	incarnation string
+	tick        int
+}
+
+// announced reports whether node id's replica is, as of its recent
+// announcements, the empty one the current move started (an empty
+// replica announces itself every 5 ticks; one that holds entries, or
+// heard from a leader, stops).
+func (a *Actor) announced(id uint64) bool {
+	j, ok := a.joining[id]
+	return ok && j.incarnation != "" && j.incarnation == a.joined[id] && a.ticks-j.tick <= 20
 }

@@ -85,6 +85,7 @@ type clusterState struct {
 	brokers   []*heraldpb.BrokerInfo
 	remote    *actor.PID // answers for partitions with no local replica
 	last      *Assign    // the latest metadata, reapplied after a change
+	swept     bool       // the replica logs no replica uses were deleted
 }
 
 // clusterOpDone reports a create or delete made through the controller.
@@ -352,6 +353,40 @@ func (m *Manager) onAssign(ctx actor.Context, a *Assign) {
 			m.removeReplicated(ctx, e, nil)
 		}
 	}
+	if !m.cluster.swept {
+		m.cluster.swept = true
+		m.sweepReplicas(a)
+	}
+}
+
+// sweepReplicas deletes, once at the first metadata (which is caught up
+// with the group: see the controller), the replica logs on disk that no
+// replica of this node uses any more: of partitions moved away or topics
+// deleted while this node was down (their replicas are never started).
+func (m *Manager) sweepReplicas(a *Assign) {
+	root := filepath.Join(m.cfg.DataDir, "replicas")
+	ents, err := m.cfg.FS.ReadDir(root)
+	if err != nil {
+		return // none yet
+	}
+	keep := map[string]bool{}
+	for _, rec := range a.Topics {
+		for _, pa := range rec.Partitions {
+			if dir := m.localDir(rec, pa); dir != "" {
+				keep[dir] = true
+			}
+		}
+	}
+	for _, ent := range ents {
+		dir := filepath.Join(root, ent.Name())
+		if !ent.IsDir() || keep[dir] {
+			continue
+		}
+		m.cfg.Logger.Info("deleting the log of a replica this node no longer holds", "dir", dir)
+		if err := m.cfg.FS.RemoveAll(dir); err != nil {
+			m.cfg.Logger.Error("deleting the log of a replica this node no longer holds", "dir", dir, "err", err)
+		}
+	}
 }
 
 // reassignLater reconciles again, with the latest metadata when the
@@ -394,7 +429,14 @@ func (m *Manager) spawnReplica(ctx actor.Context, rec *heraldpb.TopicRecord, pa 
 	// A replica a move added joins the group (the leader adds it as a
 	// learner); one placed at creation bootstraps it with its peers.
 	pcfg.Join = pa.Joined[m.cfg.NodeID] != ""
-	if !pcfg.Join {
+	if pcfg.Join {
+		pcfg.JoinAs = pa.Joined[m.cfg.NodeID]
+		for _, r := range append(slices.Clone(pa.Replicas), pa.Target...) {
+			if r != m.cfg.NodeID && !slices.Contains(pcfg.Announce, r) {
+				pcfg.Announce = append(pcfg.Announce, r)
+			}
+		}
+	} else {
 		for _, r := range pa.Replicas {
 			pcfg.Peers[r] = nil
 		}
@@ -418,7 +460,7 @@ func (m *Manager) spawnReplica(ctx actor.Context, rec *heraldpb.TopicRecord, pa 
 	}
 	m.cluster.transport.Register(partition.Name(rec.Name, p), pid)
 	if len(pa.Target) > 0 {
-		ctx.Send(pid, &partition.SetTarget{Target: pa.Target})
+		ctx.Send(pid, &partition.SetTarget{Target: pa.Target, Joined: pa.Joined})
 	}
 	return pid, st, nil
 }
@@ -483,7 +525,7 @@ func (m *Manager) reconcile(ctx actor.Context, e *Entry, rec *heraldpb.TopicReco
 			// the old replica is stopping; reconciled again once it stopped
 		case dirs[i] == want:
 			if want != "" {
-				ctx.Send(pids[i], &partition.SetTarget{Target: pa.Target})
+				ctx.Send(pids[i], &partition.SetTarget{Target: pa.Target, Joined: pa.Joined})
 			}
 		case dirs[i] != "":
 			// This node left the partition (or joins it again under a new
