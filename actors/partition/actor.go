@@ -502,8 +502,9 @@ func (a *Actor) onRaftMessage(m *heraldpb.RaftMessage) {
 		a.onQuiesce(m.Quiesce)
 		return
 	}
-	var msg raftpb.Message
-	if err := msg.Unmarshal(m.Message); err != nil {
+	// The entries alias m.Message: nothing else holds it once delivered.
+	msg, err := decodeRaftMessage(m.Message)
+	if err != nil {
 		a.log.Warn("dropping undecodable raft message", "err", err)
 		return
 	}
