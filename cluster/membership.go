@@ -385,6 +385,19 @@ func healthAddr(addr string) string {
 	return net.JoinHostPort(h, strconv.Itoa(p+1))
 }
 
+// gRPC settings of the node-to-node transport, which mostly carries raft
+// appends of up to 1 MiB (partition's MaxSizePerMsg). A fixed flow-control
+// window of 4 MiB per stream and per connection (instead of gRPC's 64 KiB
+// start grown by BDP probes) lets a few appends be in flight without
+// window updates in between; 256 KiB read and write buffers (default 32 KiB)
+// take an append in a few syscalls. Receive buffers come from a pool, so a
+// received batch does not cost a new zeroed buffer. Per connection this is
+// at most 4 MiB of unread data and 512 KiB of buffers.
+const (
+	transportWindow = 4 << 20
+	transportBuffer = 256 << 10
+)
+
 // join starts an incarnation: a new cluster actor system (so a new member
 // id) on the configured addresses.
 func (n *Node) join() (*incarnation, error) {
@@ -406,6 +419,11 @@ func (n *Node) join() (*incarnation, error) {
 			grpc.MaxRecvMsgSize(max),
 			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+			grpc.RecvBufferPool(grpc.NewSharedBufferPool()),
+			grpc.InitialWindowSize(transportWindow),
+			grpc.InitialConnWindowSize(transportWindow),
+			grpc.ReadBufferSize(transportBuffer),
+			grpc.WriteBufferSize(transportBuffer),
 		),
 		// WithDialOptions replaces protoactor's defaults: credentials and
 		// keepalive have to be given here.
@@ -413,8 +431,18 @@ func (n *Node) join() (*incarnation, error) {
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max)),
+			grpc.WithRecvBufferPool(grpc.NewSharedBufferPool()),
+			grpc.WithInitialWindowSize(transportWindow),
+			grpc.WithInitialConnWindowSize(transportWindow),
+			grpc.WithReadBufferSize(transportBuffer),
+			grpc.WithWriteBufferSize(transportBuffer),
 		),
 		remote.WithEndpointWriterQueueSize(n.cfg.QueueSize),
+		// At most 32 messages per gRPC batch: raft appends and forwarded
+		// frames are up to about 1 MiB each, so a batch stays at half the
+		// 64 MiB receive limit (protoactor's default of 1000 could exceed
+		// it under a backlog, and the whole batch would be lost).
+		remote.WithEndpointWriterBatchSize(32),
 		remote.WithEndpointManagerQueueSize(n.cfg.QueueSize),
 	)
 	inc := &incarnation{sys: sys}

@@ -48,16 +48,24 @@ func framedSize(n int) int64 {
 // appendEncodedEntry appends the WAL payload of e to dst:
 // crc32c(u32 little-endian) of the marshalled entry, then raftpb.Entry.Marshal().
 func appendEncodedEntry(dst []byte, e *raftpb.Entry) []byte {
-	n := e.Size()
 	start := len(dst)
-	dst = append(dst, make([]byte, crcLen+n)...)
-	body := dst[start+crcLen:]
+	dst = append(dst, make([]byte, encodedSize(e))...)
+	encodeEntry(dst[start:], e)
+	return dst
+}
+
+// encodedSize is the length of e's WAL payload.
+func encodedSize(e *raftpb.Entry) int { return crcLen + e.Size() }
+
+// encodeEntry writes e's WAL payload (see appendEncodedEntry) into dst,
+// which must be exactly encodedSize(e) bytes long; every byte is written.
+func encodeEntry(dst []byte, e *raftpb.Entry) {
+	body := dst[crcLen:]
 	if _, err := e.MarshalToSizedBuffer(body); err != nil {
 		// MarshalToSizedBuffer only fails on a too-small buffer.
 		panic(err)
 	}
-	binary.LittleEndian.PutUint32(dst[start:], crc32.Checksum(body, castagnoli))
-	return dst
+	binary.LittleEndian.PutUint32(dst, crc32.Checksum(body, castagnoli))
 }
 
 // decodeEntry decodes one WAL payload: it verifies the CRC32C, unmarshals

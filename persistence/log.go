@@ -77,7 +77,6 @@ type Log struct {
 	dirDirty        bool      // a segment was created since the last directory sync
 	tailBytes       int64     // bytes of the tail segment, mirrors tidwall's roll rule
 	batch           wal.Batch
-	buf             []byte
 	stopFlusher     chan struct{}
 	flusherDone     chan struct{}
 	stopOnce        sync.Once
@@ -448,9 +447,10 @@ func (l *Log) saveEntries(entries []raftpb.Entry) error {
 		l.tailBytes, rolled = 0, true
 	}
 	for i := range entries {
-		l.buf = appendEncodedEntry(l.buf[:0], &entries[i])
-		l.batch.Write(entries[i].Index, l.buf)
-		metas[i].m.size = framedSize(len(l.buf))
+		// Encoded straight into the batch: one copy of the data fewer.
+		n := encodedSize(&entries[i])
+		encodeEntry(l.batch.Append(entries[i].Index, n), &entries[i])
+		metas[i].m.size = framedSize(n)
 		bytes += metas[i].m.size
 		// tidwall starts a new segment once the tail reaches SegmentSize.
 		if l.tailBytes += metas[i].m.size; l.tailBytes >= int64(l.opts.SegmentBytes) {

@@ -508,8 +508,9 @@ func (a *Actor) onRaftMessage(m *heraldpb.RaftMessage) {
 		a.onJoining(m.Joining)
 		return
 	}
-	var msg raftpb.Message
-	if err := msg.Unmarshal(m.Message); err != nil {
+	// The entries alias m.Message: nothing else holds it once delivered.
+	msg, err := decodeRaftMessage(m.Message)
+	if err != nil {
 		a.log.Warn("dropping undecodable raft message", "err", err)
 		return
 	}
