@@ -14,7 +14,6 @@ import (
 // remembers that node and goes there; after the coordinator moves, the
 // broker ends its subscriptions naming the new one.
 
-
 // groupConn returns the connection to the group coordinator when one is
 // known, else any connection.
 func (c *Client) groupConn(ctx context.Context) (*conn, error) {

@@ -126,9 +126,9 @@ func applyDecommission(md *Metadata, d *heraldpb.DecommissionNode) {
 
 // move is one planned partition move.
 type move struct {
-	topic   string
-	part    uint32
-	from    []uint64
+	topic    string
+	part     uint32
+	from     []uint64
 	target   []uint64
 	replace  bool   // replaces a running move's target
 	replaces string // that move's id
