@@ -667,6 +667,14 @@ func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) {
 	}
 }
 
+// group is the raft group's name on the transport.
+func (a *Actor) group() string {
+	if a.cfg.Group != "" {
+		return a.cfg.Group
+	}
+	return Name(a.cfg.Topic, a.cfg.Partition)
+}
+
 // send delivers a raft message to another replica's actor.
 func (a *Actor) send(ctx actor.Context, m raftpb.Message) {
 	data, err := m.Marshal()
@@ -674,7 +682,7 @@ func (a *Actor) send(ctx actor.Context, m raftpb.Message) {
 		a.log.Error("encoding raft message", "err", err)
 		return
 	}
-	a.sendRaft(m.To, &heraldpb.RaftMessage{Group: Name(a.cfg.Topic, a.cfg.Partition), Message: data})
+	a.sendRaft(m.To, &heraldpb.RaftMessage{Group: a.group(), Message: data})
 }
 
 // sendRaft hands rm to replica to: through the transport, or to its PID.

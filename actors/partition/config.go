@@ -71,6 +71,11 @@ type Config struct {
 	// of its partition actor. A fresh group bootstraps with these voters.
 	// With a Transport the PIDs may be nil: only the ids count.
 	Peers map[uint64]*actor.PID
+	// Group names the raft group on the transport; default
+	// Name(Topic, Partition). A cluster topic's includes the topic's id,
+	// so that replicas of a deleted topic and of one made again under its
+	// name never exchange raft messages.
+	Group string
 	// Transport, if set, carries raft messages to the other replicas
 	// (on other nodes) instead of sending them to Peers' PIDs.
 	Transport Transport

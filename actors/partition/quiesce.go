@@ -44,7 +44,7 @@ func (a *Actor) maybeQuiesce() {
 	q := &heraldpb.Quiesce{From: a.cfg.ReplicaID, Term: st.Term, Index: st.Commit}
 	for id := range st.Progress {
 		if id != a.cfg.ReplicaID {
-			a.sendRaft(id, &heraldpb.RaftMessage{Group: Name(a.cfg.Topic, a.cfg.Partition), Quiesce: q})
+			a.sendRaft(id, &heraldpb.RaftMessage{Group: a.group(), Quiesce: q})
 		}
 	}
 	a.setQuiesced(true)

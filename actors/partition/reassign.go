@@ -222,7 +222,7 @@ func (a *Actor) announce() {
 	j := &heraldpb.Joining{From: a.cfg.ReplicaID, Incarnation: a.cfg.JoinAs}
 	for _, to := range a.cfg.Announce {
 		if to != a.cfg.ReplicaID {
-			a.sendRaft(to, &heraldpb.RaftMessage{Group: Name(a.cfg.Topic, a.cfg.Partition), Joining: j})
+			a.sendRaft(to, &heraldpb.RaftMessage{Group: a.group(), Joining: j})
 		}
 	}
 }

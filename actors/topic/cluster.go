@@ -203,7 +203,7 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 			nodes = append(nodes, n)
 		}
 	}
-	sender, st := ctx.Sender(), e.Stats[part]
+	sender, st, group := ctx.Sender(), e.Stats[part], groupOf(e.Record, part)
 	if int(part) < len(e.Dirs) && e.Dirs[part] != "" {
 		st = nil // a local follower's: its actor publishes them
 	}
@@ -217,13 +217,13 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 	mProxiedInFlight.Inc()
 	go func() {
 		defer func() { <-r.slots; mProxiedInFlight.Dec() }()
-		resp, from := r.forward(f, topic, part, key, nodes)
+		resp, from := r.forward(f, topic, group, part, key, nodes)
 		noteRemote(st, f, resp, from)
 		if resp.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && from != 0 {
 			// The reader moves its position within the log's bounds:
 			// learn them first.
 			lo := &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListOffsets{ListOffsets: &heraldpb.ListOffsetsRequest{Topic: topic, Partition: part}}}
-			if lr, err := r.transport.Request(from, partition.Name(topic, part), lo); err == nil {
+			if lr, err := r.transport.Request(from, group, lo); err == nil {
 				noteRemote(st, lo, lr, from)
 			}
 		}
@@ -263,8 +263,7 @@ func noteRemote(st *partition.Stats, f, resp *heraldpb.Frame, from uint64) {
 
 // forward tries nodes in turn (a leader named by NOT_LEADER next), at
 // most 5 of them, and returns the answer and the node that gave it.
-func (r *remoteProxy) forward(f *heraldpb.Frame, topic string, part uint32, key string, nodes []uint64) (*heraldpb.Frame, uint64) {
-	group := partition.Name(topic, part)
+func (r *remoteProxy) forward(f *heraldpb.Frame, topic, group string, part uint32, key string, nodes []uint64) (*heraldpb.Frame, uint64) {
 	var last *heraldpb.Frame
 	var tried []uint64
 	var outOfRange uint64 // the last node that answered OFFSET_OUT_OF_RANGE
@@ -443,6 +442,7 @@ func (m *Manager) spawnReplica(ctx actor.Context, rec *heraldpb.TopicRecord, pa 
 		pcfg.Campaign = pa.Replicas[0] == m.cfg.NodeID
 	}
 	pcfg.Transport = m.cluster.transport
+	pcfg.Group = groupOf(rec, p)
 	pcfg.Liveness = m.cluster.transport.Up
 	pcfg.MinInSync = int(rec.Config.MinInsyncReplicas)
 	self, sys, topic := ctx.Self(), m.sys, rec.Name
@@ -458,7 +458,7 @@ func (m *Manager) spawnReplica(ctx actor.Context, rec *heraldpb.TopicRecord, pa 
 	if err != nil {
 		return nil, nil, err
 	}
-	m.cluster.transport.Register(partition.Name(rec.Name, p), pid)
+	m.cluster.transport.Register(groupOf(rec, p), pid)
 	if len(pa.Target) > 0 {
 		ctx.Send(pid, &partition.SetTarget{Target: pa.Target, Joined: pa.Joined})
 	}
@@ -475,7 +475,7 @@ func (m *Manager) spawnReplicated(ctx actor.Context, rec *heraldpb.TopicRecord) 
 	stop := func() {
 		for p, dir := range dirs {
 			if dir != "" {
-				m.cluster.transport.Unregister(partition.Name(rec.Name, uint32(p)))
+				m.cluster.transport.Unregister(groupOf(rec, uint32(p)))
 				ctx.Stop(pids[p])
 			}
 		}
@@ -510,6 +510,14 @@ func (m *Manager) spawnReplicated(ctx actor.Context, rec *heraldpb.TopicRecord) 
 
 func partKey(topic string, p uint32) string { return fmt.Sprintf("%s/%d", topic, p) }
 
+// groupOf is the transport name of a cluster topic partition's raft
+// group: with the topic's id, so that the replicas of a topic deleted
+// and made again under its name (one node may run an old one for a
+// moment) never take each other's raft messages.
+func groupOf(rec *heraldpb.TopicRecord, p uint32) string {
+	return partition.Name(rec.Name, p) + "@" + rec.RequestId
+}
+
 // reconcile brings a running cluster topic's local replicas in line with
 // its record: it starts the replicas of partitions moved (or being moved)
 // to this node, stops those moved away and deletes their logs, and tells
@@ -532,7 +540,7 @@ func (m *Manager) reconcile(ctx actor.Context, e *Entry, rec *heraldpb.TopicReco
 			// move): stop the replica, delete its log, then start again.
 			old, oldDir := pids[i], dirs[i]
 			m.moving[key] = true
-			m.cluster.transport.Unregister(partition.Name(rec.Name, p))
+			m.cluster.transport.Unregister(groupOf(rec, p))
 			pids[i], stats[i], dirs[i] = m.cluster.remote, &partition.Stats{}, ""
 			m.cfg.Logger.Info("stopping a replica moved away from this node", "topic", rec.Name, "partition", p, "replicas", pa.Replicas)
 			m.stopAll(ctx, []*actor.PID{old}, func() {
@@ -611,7 +619,7 @@ func (m *Manager) removeReplicated(ctx actor.Context, e *Entry, done func(error)
 	pids := []*actor.PID{e.Topic}
 	for p, dir := range e.Dirs {
 		if dir != "" {
-			m.cluster.transport.Unregister(partition.Name(e.Name, uint32(p)))
+			m.cluster.transport.Unregister(groupOf(e.Record, uint32(p)))
 			pids = append(pids, e.Partitions[p])
 		}
 	}
