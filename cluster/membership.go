@@ -38,6 +38,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
 )
 
@@ -419,7 +420,7 @@ func (n *Node) join() (*incarnation, error) {
 			grpc.MaxRecvMsgSize(max),
 			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-			grpc.RecvBufferPool(grpc.NewSharedBufferPool()),
+			experimental.RecvBufferPool(grpc.NewSharedBufferPool()),
 			grpc.InitialWindowSize(transportWindow),
 			grpc.InitialConnWindowSize(transportWindow),
 			grpc.ReadBufferSize(transportBuffer),
@@ -431,7 +432,7 @@ func (n *Node) join() (*incarnation, error) {
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max)),
-			grpc.WithRecvBufferPool(grpc.NewSharedBufferPool()),
+			experimental.WithRecvBufferPool(grpc.NewSharedBufferPool()),
 			grpc.WithInitialWindowSize(transportWindow),
 			grpc.WithInitialConnWindowSize(transportWindow),
 			grpc.WithReadBufferSize(transportBuffer),
