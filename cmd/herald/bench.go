@@ -48,6 +48,8 @@ var benchGroupFlags = []string{"mode", "window", "auto-ack", "concurrency", "fro
 
 type benchConfig struct {
 	cf             *cliFlags
+	ackLog         string       // --ack-log
+	acked          *benchAckSet // the acknowledged records, with --ack-log
 	producers      int
 	consumers      int
 	size           int
@@ -114,6 +116,7 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.Float64Var(&bc.fireRate, "fire-rate", 0, "produce --count delayed messages due at this aggregate rate (records/s), the first --fire-after from the start: measures the scheduler firing at a fixed rate")
 	fs.DurationVar(&bc.fireAfter, "fire-after", 20*time.Second, "with --fire-rate: when the first message is due (leave time to store them all)")
 	fs.BoolVar(&bc.json, "json", false, "print the final summary as JSON on stdout (progress goes to stderr)")
+	fs.StringVar(&bc.ackLog, "ack-log", "", "write which records were acknowledged to this file, for `herald verify`")
 	fs.StringVar(&bc.group, "group", "", "consume by push, as members of this consumer group (default: pull, fetching each partition)")
 	mode := fs.String("mode", "shared", "group mode: shared, clustering or key-shared (with --group)")
 	fs.IntVar(&bc.window, "window", benchDefaultWindow, "credits per consumer: records pushed and not yet handled, at most (with --group)")
@@ -656,6 +659,9 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 	if bc.producers > 0 {
 		start = time.Now()
 	}
+	if bc.ackLog != "" {
+		bc.acked = newBenchAckSet(bc.producers)
+	}
 	var errs = make(chan error, bc.producers)
 	for i := 0; i < bc.producers; i++ {
 		c, err := dial()
@@ -721,6 +727,11 @@ wait:
 	for err := range errs {
 		if err != nil {
 			return nil, err
+		}
+	}
+	if bc.acked != nil {
+		if err := bc.acked.write(bc.ackLog, bc.topic, start); err != nil {
+			return nil, fmt.Errorf("writing the acknowledgement log: %w", err)
 		}
 	}
 
@@ -1007,6 +1018,16 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 			m.Key = keys[:4:4]
 			keys = keys[4:]
 			binary.BigEndian.PutUint32(m.Key, uint32(seq%int64(bc.keys)))
+		}
+		if bc.acked != nil {
+			seq := seq
+			p.SendAsync(prodCtx, m, func(r client.Result, err error) {
+				if err == nil {
+					bc.acked.add(id, seq)
+				}
+				cb(r, err)
+			})
+			continue
 		}
 		p.SendAsync(prodCtx, m, cb)
 	}
