@@ -84,21 +84,35 @@ func readAckLog(path string) (*ackLog, [][]uint64, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	doc, words, err := parseAckLog(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return doc, words, nil
+}
+
+// parseAckLog decodes an acknowledgement log.
+func parseAckLog(data []byte) (*ackLog, [][]uint64, error) {
 	var doc ackLog
 	if err := json.Unmarshal(data, &doc); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", path, err)
+		return nil, nil, err
 	}
 	bits := make([][]uint64, len(doc.Producers))
 	for _, p := range doc.Producers {
 		raw, err := base64.StdEncoding.DecodeString(p.Acked)
-		if err != nil || len(raw)%8 != 0 || p.ID < 0 || p.ID >= len(bits) {
-			return nil, nil, fmt.Errorf("%s: producer %d: bad bitset", path, p.ID)
+		if err != nil || len(raw)%8 != 0 || p.ID < 0 || p.ID >= len(bits) || bits[p.ID] != nil {
+			return nil, nil, fmt.Errorf("producer %d: bad bitset", p.ID)
 		}
 		words := make([]uint64, len(raw)/8)
 		for i := range words {
 			words[i] = binary.LittleEndian.Uint64(raw[8*i:])
 		}
 		bits[p.ID] = words
+	}
+	for id := range bits {
+		if bits[id] == nil {
+			bits[id] = []uint64{}
+		}
 	}
 	return &doc, bits, nil
 }
