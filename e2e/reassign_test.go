@@ -16,6 +16,29 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
+// internalLeader is the leader of an internal topic's partition 0 as
+// the cluster reports it (0: none known).
+func internalLeader(t *testing.T, c *client.Client, name string) uint32 {
+	info, err := c.DescribeTopic(ctxT(t, 5*time.Second), name)
+	if err != nil || len(info.Partitions) != 1 {
+		return 0
+	}
+	return info.Partitions[0].Leader
+}
+
+// awaitInternalLeader polls until an internal topic has a leader.
+func awaitInternalLeader(t *testing.T, c *client.Client, name string) uint32 {
+	t.Helper()
+	var leader uint32
+	checkFor(t, 20*time.Second, name+" has a leader", func() error {
+		if leader = internalLeader(t, c, name); leader == 0 {
+			return fmt.Errorf("no leader of %s", name)
+		}
+		return nil
+	})
+	return leader
+}
+
 // placement is each partition's replica set as the cluster reports it,
 // once no partition is being moved.
 func placement(t *testing.T, c *client.Client, topic string) ([][]uint32, error) {
@@ -395,20 +418,8 @@ func TestGroupReadsPartitionsHeldElsewhere(t *testing.T) {
 func TestGroupCoordinatorFailover(t *testing.T) {
 	const parts = 3
 	tc, c := clusterWithTopic(t, "orders", parts)
-	coordinator := func() uint32 {
-		info, err := c.DescribeTopic(ctxT(t, 5*time.Second), "__groups")
-		if err != nil || len(info.Partitions) != 1 {
-			return 0
-		}
-		return info.Partitions[0].Leader
-	}
-	var coord uint32
-	checkFor(t, 20*time.Second, "__groups has a leader", func() error {
-		if coord = coordinator(); coord == 0 {
-			return fmt.Errorf("no leader of __groups")
-		}
-		return nil
-	})
+	coordinator := func() uint32 { return internalLeader(t, c, "__groups") }
+	coord := awaitInternalLeader(t, c, "__groups")
 	cc, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
 	if err != nil {
 		t.Fatal(err)
@@ -481,20 +492,8 @@ func TestGroupCoordinatorFailover(t *testing.T) {
 // delivered, none before its time.
 func TestDelayedMessagesSurviveSchedulerFailover(t *testing.T) {
 	tc, c := clusterWithTopic(t, "orders", 3)
-	leaderOfInternal := func(name string) uint32 {
-		info, err := c.DescribeTopic(ctxT(t, 5*time.Second), name)
-		if err != nil || len(info.Partitions) != 1 {
-			return 0
-		}
-		return info.Partitions[0].Leader
-	}
-	var sched uint32
-	checkFor(t, 20*time.Second, "__schedule has a leader", func() error {
-		if sched = leaderOfInternal("__schedule"); sched == 0 {
-			return fmt.Errorf("no leader of __schedule")
-		}
-		return nil
-	})
+	leaderOfInternal := func(name string) uint32 { return internalLeader(t, c, name) }
+	sched := awaitInternalLeader(t, c, "__schedule")
 	cc, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
 	if err != nil {
 		t.Fatal(err)
