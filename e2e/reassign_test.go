@@ -16,6 +16,17 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
+// clusterMoves runs `herald cluster OP NODE --wait` and requires every
+// move it started to finish.
+func clusterMoves(t *testing.T, addrs, op, node string) {
+	t.Helper()
+	out, errOut, code := herald(t, "", "cluster", op, node, "--wait", "--wait-timeout", "50s", "--addr", addrs)
+	t.Logf("%s %s:\n%s%s", op, node, out, errOut)
+	if code != 0 || !strings.Contains(out, "all moves done") {
+		t.Fatalf("%s %s: exit %d", op, node, code)
+	}
+}
+
 // internalLeader is the leader of an internal topic's partition 0 as
 // the cluster reports it (0: none known).
 func internalLeader(t *testing.T, c *client.Client, name string) uint32 {
@@ -186,11 +197,7 @@ func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
 	if pl, err := placement(t, c, "orders"); err != nil || replicaCounts(pl)[4] != 0 {
 		t.Fatalf("a dry run moved replicas: %v %v", pl, err)
 	}
-	out, errOut, code = herald(t, "", "cluster", "add-node", "4", "--wait", "--wait-timeout", "50s", "--addr", addrs)
-	t.Logf("add-node 4:\n%s%s", out, errOut)
-	if code != 0 || !strings.Contains(out, "all moves done") {
-		t.Fatalf("add-node: exit %d", code)
-	}
+	clusterMoves(t, addrs, "add-node", "4")
 	pl, err := placement(t, c, "orders")
 	if err != nil {
 		t.Fatal(err)
@@ -236,11 +243,7 @@ func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
 	if code == 0 || !strings.Contains(errOut, "controller voter") {
 		t.Fatalf("remove-node of a controller voter: exit %d\n%s%s", code, out, errOut)
 	}
-	out, errOut, code = herald(t, "", "cluster", "remove-node", "4", "--wait", "--wait-timeout", "50s", "--addr", addrs)
-	t.Logf("remove-node 4:\n%s%s", out, errOut)
-	if code != 0 || !strings.Contains(out, "all moves done") {
-		t.Fatalf("remove-node: exit %d", code)
-	}
+	clusterMoves(t, addrs, "remove-node", "4")
 	if pl, err = placement(t, c, "orders"); err != nil {
 		t.Fatal(err)
 	}
@@ -252,11 +255,7 @@ func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
 	// And back again: node 4's new replicas are new incarnations (their
 	// logs named by the new move), each added only once it announced
 	// itself empty.
-	out, errOut, code = herald(t, "", "cluster", "add-node", "4", "--wait", "--wait-timeout", "50s", "--addr", addrs)
-	t.Logf("add-node 4 again:\n%s%s", out, errOut)
-	if code != 0 || !strings.Contains(out, "all moves done") {
-		t.Fatalf("add-node again: exit %d", code)
-	}
+	clusterMoves(t, addrs, "add-node", "4")
 	if pl, err = placement(t, c, "orders"); err != nil {
 		t.Fatal(err)
 	}
