@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/heraldmq/herald/actors/partition"
 	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/cluster"
 	"github.com/heraldmq/herald/persistence"
@@ -49,8 +50,12 @@ type Config struct {
 	RetryPolicy string
 	// MaxDelay bounds a delayed message's delay; MaxScheduled the delayed
 	// batches pending (more get THROTTLED).
-	MaxDelay        time.Duration
-	MaxScheduled    uint64
+	MaxDelay     time.Duration
+	MaxScheduled uint64
+	// ScheduleAhead is how long before their time delayed messages are
+	// appended, held unreadable by their partition until then (0: at
+	// their time).
+	ScheduleAhead   time.Duration
 	ShutdownTimeout time.Duration
 	LogLevel        string
 	// Cluster is the node's cluster address (host:port; empty: a single
@@ -87,7 +92,7 @@ func Default() Config {
 		MaxInFlight: 1024, DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second,
-		RetryPolicy: scheduler.DefaultRetryPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000,
+		RetryPolicy: scheduler.DefaultRetryPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 30 * time.Millisecond,
 		ShutdownTimeout: 10 * time.Second, LogLevel: "info", ClusterProvider: cluster.ProviderAutomanaged,
 		ReplicaGrace: 5 * time.Minute,
 	}
@@ -157,6 +162,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxScheduled < 1 {
 		bad("max-scheduled", "must be at least 1")
+	}
+	if c.ScheduleAhead < 0 || c.ScheduleAhead > partition.MaxHold {
+		bad("schedule-ahead", "%v is outside [0, %v]", c.ScheduleAhead, partition.MaxHold)
 	}
 	if c.AckTimeout < time.Millisecond {
 		bad("ack-timeout", "must be at least 1ms")

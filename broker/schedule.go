@@ -17,7 +17,7 @@ import (
 func (b *Broker) startScheduler(reg *topic.Registry, clustered bool) error {
 	farDir := filepath.Join(b.cfg.DataDir, "scheduler-far")
 	b.schedProps = scheduler.Props(scheduler.Options{
-		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled,
+		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled, AppendAhead: appendAhead(b.cfg.ScheduleAhead),
 		// Timers beyond the wheel's 65 s window wait on disk, one file per
 		// 65 s bucket, rebuilt from __schedule at every start.
 		NewFar: func() (scheduler.FarStore, error) { return scheduler.OpenDiskFar(farDir, scheduler.DiskFarOptions{}) },
@@ -102,4 +102,13 @@ func (b *Broker) routeScheduled(f *heraldpb.Frame, replyTo *actor.PID) {
 		}
 		b.sys.Root.Send(replyTo, resp)
 	}()
+}
+
+// appendAhead is the scheduler's AppendAhead for --schedule-ahead (0 there
+// means at the time, which the scheduler spells negative).
+func appendAhead(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -3,9 +3,11 @@ package e2e
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,4 +245,91 @@ func TestDelayedBrokerKilledMidFire(t *testing.T) {
 	if len(seen) != total {
 		t.Fatalf("%d distinct of %d", len(seen), total)
 	}
+}
+
+// TestDelayedNeverReadableEarly: delayed messages are appended ahead of
+// their time (--schedule-ahead) but held unreadable until it: consumers
+// long-polling every partition receive each exactly once, never before
+// its time.
+func TestDelayedNeverReadableEarly(t *testing.T) {
+	n := startProc(t, t.TempDir(), "--schedule-ahead=200ms")
+	c := dial(t, n)
+	createTopic(t, c, "t", 2)
+	ctx := ctxT(t, 60*time.Second)
+	const total = 2000
+	p := c.NewProducer()
+	var mu sync.Mutex
+	due := map[string]time.Time{}
+	for i := range total {
+		v := fmt.Sprintf("d-%05d", i)
+		d := time.Duration(300+i%1200) * time.Millisecond
+		p.SendAsync(ctx, &client.Message{Topic: "t", Key: []byte(strconv.Itoa(i % 7)), Value: []byte(v), Delay: d}, func(r client.Result, err error) {
+			if err == nil {
+				mu.Lock()
+				due[v] = r.DeliverAt
+				mu.Unlock()
+			}
+		})
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Close(ctx)
+	type seen struct {
+		at    time.Time
+		count int
+	}
+	var got sync.Map
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	for part := int32(0); part < 2; part++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next := int64(0)
+			for ctx.Err() == nil {
+				res, err := c.Fetch(ctx, "t", part, next, 1<<20, 200*time.Millisecond)
+				now := time.Now()
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				for _, m := range res.Messages {
+					s, _ := got.LoadOrStore(string(m.Value), &seen{at: now})
+					s.(*seen).count++
+				}
+				next = res.NextOffset
+				n := 0
+				got.Range(func(any, any) bool { n++; return true })
+				if n >= total {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var late []time.Duration
+	for v, at := range due {
+		s, ok := got.Load(v)
+		if !ok {
+			t.Fatalf("%s never delivered", v)
+		}
+		r := s.(*seen)
+		if r.count != 1 {
+			t.Errorf("%s delivered %d times", v, r.count)
+		}
+		// The broker's clock is this machine's; deliver-at has ms precision.
+		if r.at.Before(at) {
+			t.Fatalf("%s readable %v before its time", v, at.Sub(r.at))
+		}
+		late = append(late, r.at.Sub(at))
+	}
+	slices.Sort(late)
+	t.Logf("%d delayed messages, none early; lateness to a long-polling reader: p50 %v, p99 %v, max %v",
+		len(late), late[len(late)/2], late[len(late)*99/100], late[len(late)-1])
 }

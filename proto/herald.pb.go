@@ -2817,6 +2817,12 @@ type ProduceRequest struct {
 	// Reserved for fencing (transactions); the broker does not check it yet.
 	ProducerEpoch uint32 `protobuf:"varint,9,opt,name=producer_epoch,json=producerEpoch,proto3" json:"producer_epoch,omitempty"`
 	BaseSequence  int64  `protobuf:"varint,10,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
+	// Internal (the scheduler's fire appends; the broker refuses it from
+	// clients with INVALID_REQUEST): the batch is committed now but becomes
+	// readable only at this time (Unix ms, on the partition's clock, at most
+	// partition.MaxHold after its append), and so does everything appended
+	// after it. The answer comes when it becomes readable.
+	NotBeforeMs   int64 `protobuf:"varint,11,opt,name=not_before_ms,json=notBeforeMs,proto3" json:"not_before_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2917,6 +2923,13 @@ func (x *ProduceRequest) GetProducerEpoch() uint32 {
 func (x *ProduceRequest) GetBaseSequence() int64 {
 	if x != nil {
 		return x.BaseSequence
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetNotBeforeMs() int64 {
+	if x != nil {
+		return x.NotBeforeMs
 	}
 	return 0
 }
@@ -3044,7 +3057,12 @@ type FetchRequest struct {
 	// 0: a plain fetch.
 	Priority uint32 `protobuf:"varint,6,opt,name=priority,proto3" json:"priority,omitempty"`
 	// With `priority`: stop before this offset; 0 = the high watermark.
-	EndOffset     int64 `protobuf:"varint,7,opt,name=end_offset,json=endOffset,proto3" json:"end_offset,omitempty"`
+	EndOffset int64 `protobuf:"varint,7,opt,name=end_offset,json=endOffset,proto3" json:"end_offset,omitempty"`
+	// Internal (the scheduler looking for its own appends; refused from
+	// clients with INVALID_REQUEST): also read committed batches that are
+	// not readable yet (ProduceRequest.not_before_ms); the answer's high
+	// watermark is then the end of the committed log.
+	IncludeHeld   bool `protobuf:"varint,8,opt,name=include_held,json=includeHeld,proto3" json:"include_held,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3126,6 +3144,13 @@ func (x *FetchRequest) GetEndOffset() int64 {
 		return x.EndOffset
 	}
 	return 0
+}
+
+func (x *FetchRequest) GetIncludeHeld() bool {
+	if x != nil {
+		return x.IncludeHeld
+	}
+	return false
 }
 
 type FetchResponse struct {
@@ -5810,7 +5835,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xe1\x02\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\x85\x03\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -5824,7 +5849,8 @@ const file_herald_proto_rawDesc = "" +
 	"producerId\x12%\n" +
 	"\x0eproducer_epoch\x18\t \x01(\rR\rproducerEpoch\x12#\n" +
 	"\rbase_sequence\x18\n" +
-	" \x01(\x03R\fbaseSequenceB\f\n" +
+	" \x01(\x03R\fbaseSequence\x12\"\n" +
+	"\rnot_before_ms\x18\v \x01(\x03R\vnotBeforeMsB\f\n" +
 	"\n" +
 	"_partition\"\x95\x02\n" +
 	"\x0fProduceResponse\x12\x1c\n" +
@@ -5837,7 +5863,7 @@ const file_herald_proto_rawDesc = "" +
 	"scheduleId\x12\"\n" +
 	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\x12$\n" +
 	"\x0ecommit_time_us\x18\a \x01(\x03R\fcommitTimeUs\x12\x1c\n" +
-	"\tduplicate\x18\b \x01(\bR\tduplicate\"\xd2\x01\n" +
+	"\tduplicate\x18\b \x01(\bR\tduplicate\"\xf5\x01\n" +
 	"\fFetchRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
@@ -5846,7 +5872,8 @@ const file_herald_proto_rawDesc = "" +
 	"\vmax_wait_ms\x18\x05 \x01(\rR\tmaxWaitMs\x12\x1a\n" +
 	"\bpriority\x18\x06 \x01(\rR\bpriority\x12\x1d\n" +
 	"\n" +
-	"end_offset\x18\a \x01(\x03R\tendOffset\"\xd1\x01\n" +
+	"end_offset\x18\a \x01(\x03R\tendOffset\x12!\n" +
+	"\finclude_held\x18\b \x01(\bR\vincludeHeld\"\xd1\x01\n" +
 	"\rFetchResponse\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12%\n" +
 	"\x0ehigh_watermark\x18\x02 \x01(\x03R\rhighWatermark\x12(\n" +

@@ -41,8 +41,12 @@ type LogEntry struct {
 	// Idempotent produce (ProduceRequest.producer_id, base_sequence), stamped
 	// by the leader, so that every replica builds the same table of each
 	// producer's recent batches when it applies the entry. 0: not idempotent.
-	ProducerId    uint64 `protobuf:"varint,7,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
-	BaseSequence  int64  `protobuf:"varint,8,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
+	ProducerId   uint64 `protobuf:"varint,7,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	BaseSequence int64  `protobuf:"varint,8,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
+	// ProduceRequest.not_before_ms as the leader stamped it: every replica
+	// holds the entry (and the ones after it) unreadable until then, or
+	// until partition.MaxHold after append_time_ms, whichever comes first.
+	NotBeforeMs   int64 `protobuf:"varint,9,opt,name=not_before_ms,json=notBeforeMs,proto3" json:"not_before_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -129,6 +133,13 @@ func (x *LogEntry) GetProducerId() uint64 {
 func (x *LogEntry) GetBaseSequence() int64 {
 	if x != nil {
 		return x.BaseSequence
+	}
+	return 0
+}
+
+func (x *LogEntry) GetNotBeforeMs() int64 {
+	if x != nil {
+		return x.NotBeforeMs
 	}
 	return 0
 }
@@ -474,7 +485,7 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\x94\x02\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xb8\x02\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -485,7 +496,8 @@ const file_log_proto_rawDesc = "" +
 	"\fmax_priority\x18\x06 \x01(\rR\vmaxPriority\x12\x1f\n" +
 	"\vproducer_id\x18\a \x01(\x04R\n" +
 	"producerId\x12#\n" +
-	"\rbase_sequence\x18\b \x01(\x03R\fbaseSequence\"\x99\x01\n" +
+	"\rbase_sequence\x18\b \x01(\x03R\fbaseSequence\x12\"\n" +
+	"\rnot_before_ms\x18\t \x01(\x03R\vnotBeforeMs\"\x99\x01\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +

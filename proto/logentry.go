@@ -27,6 +27,8 @@ type LogEntryHeader struct {
 	// on it check its range.
 	ProducerID   uint64
 	BaseSequence int64
+	// NotBeforeMs: the entry is held unreadable until then (0: not held).
+	NotBeforeMs int64
 }
 
 // ScanLogEntry decodes a marshalled heraldpb.LogEntry without copying its
@@ -42,7 +44,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		}
 		b = b[n:]
 		switch {
-		case (num >= 1 && num <= 4 || num >= 6 && num <= 8) && typ == protowire.VarintType:
+		case (num >= 1 && num <= 4 || num >= 6 && num <= 9) && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
@@ -63,6 +65,8 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 				h.ProducerID = v
 			case 8:
 				h.BaseSequence = int64(v)
+			case 9:
+				h.NotBeforeMs = int64(v)
 			}
 		case num == 5 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
@@ -71,7 +75,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 			}
 			b = b[n:]
 			records = v
-		case num >= 1 && num <= 8:
+		case num >= 1 && num <= 9:
 			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)

@@ -126,6 +126,11 @@ type Actor struct {
 	target         []uint64            // the replica set the group moves to; nil: none
 	targetStep     int                 // tick of the last step taken towards it
 	targetTransfer bool                // leadership was handed to the target's first replica
+
+	// Batches committed but not readable yet (hold.go).
+	holds       []hold
+	holdTimerAt int64  // the time the armed timer is for (Unix ms; 0: none)
+	holdGen     uint64 // numbers the timers: only the last one counts
 }
 
 // Props returns the props of a partition replica actor. sys answers shed
@@ -188,6 +193,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.onAppended(ctx, m)
 	case fetchDeadline:
 		a.onFetchDeadline(ctx, m)
+	case heldDue:
+		a.onHeldDue(ctx, m)
 	case *DeleteBefore:
 		a.onDeleteBefore(ctx, m)
 	case *ChangeMembership:
@@ -312,6 +319,13 @@ func (a *Actor) open() error {
 	a.appendsQueued, a.stampReady = 0, false
 	a.applied = applied
 	a.hw = a.endOffsetAt(applied)
+	a.holds = nil
+	if err := a.restoreHolds(); err != nil {
+		a.store, a.rn = nil, nil
+		a.stopWriter()
+		store.Close()
+		return err
+	}
 	a.tail = store.EndOffset()
 	a.isLeader, a.leader = false, 0
 	a.win.reset()
@@ -355,6 +369,7 @@ func (a *Actor) onStopping(ctx actor.Context, why *heraldpb.Error) {
 		a.saveProducers(true)
 	}
 	a.failPending(ctx, why)
+	a.dropHolds(ctx)
 	for _, f := range a.park.drain() {
 		a.answerFetch(ctx, f.replyTo, f.frameID, nil)
 	}
@@ -414,6 +429,7 @@ func (a *Actor) onTick(ctx actor.Context) {
 	}
 	a.stepTarget()
 	a.announce()
+	a.releaseHolds(ctx) // (the timer's backup)
 	if every := max(1, int(a.cfg.RetentionCheck/a.cfg.TickInterval)); a.ticks-a.lastRetain >= every {
 		a.lastRetain = a.ticks
 		a.retain()
@@ -623,6 +639,7 @@ func (a *Actor) applyMsg(ctx actor.Context, m raftpb.Message) {
 		if err := proto.Unmarshal(m.Snapshot.Data, &sd); err == nil {
 			a.hw = sd.NextOffset
 		}
+		a.dropHolds(ctx) // what they held is gone
 		a.applied = m.Snapshot.Metadata.Index
 		a.appliedTerm = m.Snapshot.Metadata.Term
 		a.win.reset()
@@ -775,8 +792,19 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 		a.applyProducerBatch(e, h)
 	}
 	k := proposalKey{term: e.Term, base: h.BaseOffset}
-	if p, ok := a.pending[k]; ok {
+	p, ok := a.pending[k]
+	if ok {
 		delete(a.pending, k)
+	}
+	if until := a.holdUntil(h, a.cfg.Clock.Now().UnixMilli()); until > 0 {
+		var held *proposal
+		if ok {
+			held = &p // answered when it becomes readable
+		}
+		a.addHold(h.BaseOffset, until, held)
+		return
+	}
+	if ok {
 		now := a.cfg.Clock.Now().UnixMicro()
 		a.answer(ctx, p, func(id uint64, dup bool) *heraldpb.Frame {
 			q := p
@@ -849,14 +877,22 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		return
 	}
 	now := a.cfg.Clock.Now().UnixMilli()
+	// A held batch (hold.go) counts as appended when it becomes readable;
+	// it is held at most MaxHold.
+	notBefore := min(req.NotBeforeMs, now+MaxHold.Milliseconds())
+	if notBefore <= now {
+		notBefore = 0
+	}
+	appendTime := max(now, notBefore)
 	maxTs := info.MaxTimestamp
 	if maxTs == 0 {
-		maxTs = now
+		maxTs = appendTime
 	}
 	base := a.tail
 	data, err := proto.Marshal(&heraldpb.LogEntry{
-		BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: now, MaxTimestampMs: maxTs, Records: req.Records,
+		BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: appendTime, MaxTimestampMs: maxTs, Records: req.Records,
 		MaxPriority: uint32(info.MaxPriority), ProducerId: req.ProducerId, BaseSequence: req.BaseSequence,
+		NotBeforeMs: notBefore,
 	})
 	if err != nil {
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err))
@@ -914,9 +950,13 @@ func (a *Actor) onFetch(ctx actor.Context, f *heraldpb.Frame) {
 		a.onPriorityFetch(ctx, f.Id, req, replyTo, start, maxBytes)
 		return
 	}
+	end := a.readable()
+	if req.IncludeHeld {
+		end = a.hw
+	}
 	switch {
-	case req.Offset == a.hw:
-		if req.MaxWaitMs == 0 {
+	case req.Offset >= end:
+		if req.MaxWaitMs == 0 || req.IncludeHeld {
 			a.answerFetch(ctx, replyTo, f.Id, nil)
 			return
 		}
@@ -929,12 +969,12 @@ func (a *Actor) onFetch(ctx actor.Context, f *heraldpb.Frame) {
 		self, sys := a.self, a.sys
 		time.AfterFunc(time.Duration(req.MaxWaitMs)*time.Millisecond, func() { sys.Root.Send(self, fetchDeadline{seq: seq}) })
 	case a.win.covers(req.Offset):
-		a.answerFetch(ctx, replyTo, f.Id, a.win.read(req.Offset, maxBytes))
+		a.answerFetchTo(ctx, replyTo, f.Id, a.readWindow(req.Offset, maxBytes, end), end)
 	default:
 		m := a.m
 		err := a.cfg.Readers.Submit(readJob{
 			store: a.store, replyTo: replyTo, frameID: f.Id, part: a.cfg.Partition,
-			offset: req.Offset, maxBytes: maxBytes, hw: a.hw, start: start,
+			offset: req.Offset, maxBytes: maxBytes, hw: end, start: start,
 			done: func(recs, bytes int) { m.fetchRecords.Add(float64(recs)); m.fetchBytes.Add(float64(bytes)) },
 		})
 		if err != nil {
@@ -957,6 +997,11 @@ func fetchMaxBytes(req *heraldpb.FetchRequest) int {
 }
 
 func (a *Actor) answerFetch(ctx actor.Context, replyTo *actor.PID, id uint64, batches []*heraldpb.StoredBatch) {
+	a.answerFetchTo(ctx, replyTo, id, batches, a.readable())
+}
+
+// answerFetchTo answers a fetch that read up to end (its high watermark).
+func (a *Actor) answerFetchTo(ctx actor.Context, replyTo *actor.PID, id uint64, batches []*heraldpb.StoredBatch, end int64) {
 	recs, bytes := 0, 0
 	for _, b := range batches {
 		recs += int(b.Count)
@@ -969,7 +1014,7 @@ func (a *Actor) answerFetch(ctx actor.Context, replyTo *actor.PID, id uint64, ba
 		start = a.store.StartOffset()
 	}
 	a.reply(ctx, replyTo, &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_FetchResponse{FetchResponse: &heraldpb.FetchResponse{
-		Partition: a.cfg.Partition, HighWatermark: a.hw, LogStartOffset: start, Batches: batches,
+		Partition: a.cfg.Partition, HighWatermark: end, LogStartOffset: start, Batches: batches,
 	}}})
 }
 
@@ -978,9 +1023,10 @@ func (a *Actor) serveParked(ctx actor.Context) {
 	if len(a.park.fetches) == 0 {
 		return
 	}
-	for _, f := range a.park.ready(a.hw) {
+	end := a.readable()
+	for _, f := range a.park.ready(end) {
 		if a.win.covers(f.offset) {
-			a.answerFetch(ctx, f.replyTo, f.frameID, a.win.read(f.offset, f.maxBytes))
+			a.answerFetch(ctx, f.replyTo, f.frameID, a.readWindow(f.offset, f.maxBytes, end))
 		} else {
 			// The window moved past it (a huge burst): let the client fetch again.
 			a.answerFetch(ctx, f.replyTo, f.frameID, nil)
@@ -1008,16 +1054,16 @@ func (a *Actor) onListOffsets(ctx actor.Context, f *heraldpb.Frame) {
 	case heraldpb.OffsetSpec_OFFSET_SPEC_EARLIEST:
 		off = start
 	case heraldpb.OffsetSpec_OFFSET_SPEC_LATEST:
-		off = a.hw
+		off = a.readable()
 	case heraldpb.OffsetSpec_OFFSET_SPEC_TIMESTAMP:
 		off = a.store.OffsetForTime(req.TimestampMs)
-		off = max(start, min(off, a.hw))
+		off = max(start, min(off, a.readable()))
 	default:
 		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "unknown offset spec %d", req.Spec)))
 		return
 	}
 	a.reply(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListOffsetsResponse{ListOffsetsResponse: &heraldpb.ListOffsetsResponse{
-		Partition: a.cfg.Partition, Offset: off, LogStartOffset: start, HighWatermark: a.hw,
+		Partition: a.cfg.Partition, Offset: off, LogStartOffset: start, HighWatermark: a.readable(),
 	}}})
 }
 
@@ -1028,6 +1074,7 @@ func (a *Actor) storageFailed(ctx actor.Context, err error) {
 	a.m.storageFailures.Inc()
 	a.failure = err
 	a.failPending(ctx, storageError(err))
+	a.dropHolds(ctx)
 	for _, f := range a.park.drain() {
 		a.answerFetch(ctx, f.replyTo, f.frameID, nil)
 	}
@@ -1072,7 +1119,7 @@ func (a *Actor) publish() {
 	}
 	start, end := a.store.StartOffset(), a.store.EndOffset()
 	a.stats.StartOffset.Store(start)
-	a.stats.HighWatermark.Store(a.hw)
+	a.stats.HighWatermark.Store(a.readable())
 	a.stats.EndOffset.Store(end)
 	a.stats.SizeBytes.Store(a.store.Size())
 	a.stats.Leader.Store(a.leader)
@@ -1081,7 +1128,7 @@ func (a *Actor) publish() {
 	}
 	a.m.start.Set(float64(start))
 	a.m.end.Set(float64(end))
-	a.m.hw.Set(float64(a.hw))
+	a.m.hw.Set(float64(a.readable()))
 	a.publishProducers()
 }
 

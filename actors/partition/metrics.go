@@ -64,6 +64,9 @@ var (
 	produceOutOfOrder = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_produce_out_of_order_total", Help: "Idempotent produces refused with OUT_OF_ORDER_SEQUENCE.",
 	}, labels)
+	heldBatches = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_partition_held_batches", Help: "Committed batches held unreadable until their time (scheduled fires appended ahead; at most 4096 tracked, each held at most 1 s).",
+	}, labels)
 	readerQueueDepth = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_log_reader_queue_depth", Help: "Catch-up fetches queued for the log reader pool.",
 	})
@@ -73,7 +76,7 @@ var (
 type partMetrics struct {
 	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas prometheus.Counter
 	idemEvictions, duplicates, outOfOrder                                                                 prometheus.Counter
-	start, end, hw, mailbox, parked, leader, writerQueue, quiesced, producers                             prometheus.Gauge
+	start, end, hw, mailbox, parked, leader, writerQueue, quiesced, producers, held                       prometheus.Gauge
 	lv                                                                                                    []string
 }
 
@@ -97,6 +100,7 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		quiesced:          isQuiesced.WithLabelValues(lv...),
 		writerQueue:       writerQueueDepth.WithLabelValues(lv...),
 		producers:         idemProducers.WithLabelValues(lv...),
+		held:              heldBatches.WithLabelValues(lv...),
 		idemEvictions:     idemEvictions.WithLabelValues(lv...),
 		duplicates:        produceDuplicates.WithLabelValues(lv...),
 		outOfOrder:        produceOutOfOrder.WithLabelValues(lv...),
@@ -109,7 +113,7 @@ func DeleteMetrics(topic string, part uint32) {
 	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas, idemEvictions, produceDuplicates, produceOutOfOrder} {
 		v.DeleteLabelValues(lv...)
 	}
-	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers} {
+	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers, heldBatches} {
 		v.DeleteLabelValues(lv...)
 	}
 }

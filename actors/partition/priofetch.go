@@ -128,11 +128,11 @@ func (a *Actor) onPriorityFetch(ctx actor.Context, id uint64, req *heraldpb.Fetc
 		return
 	}
 	end := req.EndOffset
-	if end <= 0 || end > a.hw {
-		end = a.hw
+	if readable := a.readable(); end <= 0 || end > readable {
+		end = readable
 	}
 	offs, next := a.prio.query(int(req.Priority), max(req.Offset, start), end, MaxPriorityFetch)
-	resp := &heraldpb.FetchResponse{Partition: a.cfg.Partition, HighWatermark: a.hw, LogStartOffset: start, NextOffset: next}
+	resp := &heraldpb.FetchResponse{Partition: a.cfg.Partition, HighWatermark: a.readable(), LogStartOffset: start, NextOffset: next}
 	if len(offs) == 0 || a.win.covers(offs[0]) {
 		// The window holds every offset from its start to the end.
 		resp.Batches, resp.NextOffset = pickRecords(offs, next, maxBytes, func(o int64) []*heraldpb.StoredBatch { return a.win.read(o, 1) })
@@ -142,7 +142,7 @@ func (a *Actor) onPriorityFetch(ctx actor.Context, id uint64, req *heraldpb.Fetc
 	m := a.m
 	err := a.cfg.Readers.Submit(readJob{
 		store: a.store, replyTo: replyTo, frameID: id, part: a.cfg.Partition,
-		maxBytes: maxBytes, hw: a.hw, start: start, offsets: offs, next: next,
+		maxBytes: maxBytes, hw: a.readable(), start: start, offsets: offs, next: next,
 		done: func(recs, bytes int) { m.fetchRecords.Add(float64(recs)); m.fetchBytes.Add(float64(bytes)) },
 	})
 	if err != nil {

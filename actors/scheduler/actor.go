@@ -68,6 +68,14 @@ type Options struct {
 	// two busy cores a round took 100-300 ms from its start to its
 	// announcement, and 250 ms made a tail of them late.
 	Lead time.Duration
+	// AppendAhead is how long before their time due batches are appended
+	// to their partitions, which hold them unreadable until their time
+	// (ProduceRequest.not_before_ms): the append's commit (a raft round
+	// and an fsync, several ms on a busy node) happens before the time
+	// instead of after it. Records appended to the same partition
+	// meanwhile wait behind them, at most this long. Default 30 ms; at
+	// most partition.MaxHold; negative: append at the time.
+	AppendAhead time.Duration
 	// MaxHeldBytes bounds the records of announced appends waiting for
 	// their time: past it no new round starts until sends free some. A
 	// burst of batches due together is then read as it is sent, not all
@@ -116,6 +124,14 @@ func (o *Options) ensureDefaults() {
 	}
 	if o.MaxRounds == 0 {
 		o.MaxRounds = 4
+	}
+	switch {
+	case o.AppendAhead == 0:
+		o.AppendAhead = 30 * time.Millisecond
+	case o.AppendAhead < 0:
+		o.AppendAhead = 0
+	case o.AppendAhead > partition.MaxHold:
+		o.AppendAhead = partition.MaxHold
 	}
 	if o.MaxHeldBytes == 0 {
 		o.MaxHeldBytes = 64 << 20
@@ -716,7 +732,7 @@ func (s *Scheduler) scanFor(ctx actor.Context, e *topic.Entry, p uint32, from in
 			return
 		}
 		s.call(ctx, s.o.Topics.Current(e).Partitions[p], &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
-			Topic: e.Name, Partition: p, Offset: off, MaxBytes: 4 << 20,
+			Topic: e.Name, Partition: p, Offset: off, MaxBytes: 4 << 20, IncludeHeld: true,
 		}}}, func(f *heraldpb.Frame) {
 			fr := f.GetFetchResponse()
 			if fr == nil {

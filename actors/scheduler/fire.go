@@ -366,12 +366,13 @@ func (s *Scheduler) buildRound(r *fireRound) {
 	r.built = true
 }
 
-// sendDue appends the held chunks whose time has come and arms a timer
-// for the next.
+// sendDue appends the held chunks whose time is less than AppendAhead
+// away and arms a timer for the next.
 func (s *Scheduler) sendDue(ctx actor.Context) {
+	ahead := s.o.AppendAhead.Milliseconds()
 	now := s.nowMs()
 	n := 0
-	for n < len(s.hold) && s.hold[n].at <= now {
+	for n < len(s.hold) && s.hold[n].at-ahead <= now {
 		n++
 	}
 	for _, c := range s.hold[:n] {
@@ -387,7 +388,7 @@ func (s *Scheduler) sendDue(ctx actor.Context) {
 	if len(s.hold) == 0 {
 		return
 	}
-	at := s.hold[0].at
+	at := s.hold[0].at - ahead
 	if s.sendAt != 0 && s.sendAt <= at {
 		return
 	}
@@ -397,13 +398,14 @@ func (s *Scheduler) sendDue(ctx actor.Context) {
 }
 
 // sendChunks appends due chunks, those of one partition together in one
-// produce request as far as its max message size allows (they are all
-// due: a scheduler that fell behind catches up in big appends).
+// produce request as far as its max message size allows and their times
+// agree (a scheduler that fell behind catches up in big appends).
 func (s *Scheduler) sendChunks(ctx actor.Context, cs []*fireChunk) {
 	nowUs := s.o.Now().UnixMicro()
+	ahead := s.o.AppendAhead.Microseconds()
 	for _, c := range cs {
 		for _, at := range c.ats {
-			mSendLateness.Observe(float64(max(nowUs-at*1000, 0)) / 1e6)
+			mSendLateness.Observe(float64(max(nowUs-(at*1000-ahead), 0)) / 1e6)
 		}
 	}
 	type key struct {
@@ -422,7 +424,11 @@ func (s *Scheduler) sendChunks(ctx actor.Context, cs []*fireChunk) {
 		if limit == 0 {
 			limit = 1 << 20
 		}
-		if n := len(g); n == 0 || groupBytes(g[n-1])+len(c.records) > limit {
+		// A chunk not due yet starts its own append unless due in the
+		// same millisecond as the last: an append is readable from its
+		// latest time, and must not hold an earlier chunk past its own.
+		if n := len(g); n == 0 || groupBytes(g[n-1])+len(c.records) > limit ||
+			(c.at*1000 > nowUs && c.at != g[n-1][len(g[n-1])-1].at) {
 			g = append(g, nil)
 		}
 		g[len(g)-1] = append(g[len(g)-1], c)
@@ -462,9 +468,14 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 			recs = append(recs, c.records...)
 		}
 	}
-	s.call(ctx, s.o.Topics.Current(c0.entry).Writer(int(c0.part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
-		Topic: c0.entry.Name, Partition: proto.Uint32(c0.part), Acks: heraldpb.Acks_ACKS_ALL, Records: recs,
-	}}}, func(f *heraldpb.Frame) {
+	req := &heraldpb.ProduceRequest{Topic: c0.entry.Name, Partition: proto.Uint32(c0.part), Acks: heraldpb.Acks_ACKS_ALL, Records: recs}
+	if s.o.AppendAhead > 0 {
+		// Readable from the latest time of its chunks on: none is early.
+		for _, c := range g {
+			req.NotBeforeMs = max(req.NotBeforeMs, c.at)
+		}
+	}
+	s.call(ctx, s.o.Topics.Current(c0.entry).Writer(int(c0.part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}, func(f *heraldpb.Frame) {
 		e := f.GetError()
 		resp := f.GetProduceResponse()
 		ok := resp != nil

@@ -26,6 +26,10 @@ func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
 			r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic %q is internal: clients cannot produce to it", b.Produce.Topic))
 			return
 		}
+		if b.Produce.NotBeforeMs != 0 {
+			r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "not_before_ms is internal to the broker: use deliver_at_ms or delay_ms"))
+			return
+		}
 		e := r.reg.Get(b.Produce.Topic)
 		if e == nil {
 			r.fail(f, replyTo, topicNotFound(b.Produce.Topic))
@@ -33,6 +37,10 @@ func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
 		}
 		r.sys.Root.RequestWithCustomSender(e.Topic, f, replyTo)
 	case *heraldpb.Frame_Fetch:
+		if b.Fetch.IncludeHeld {
+			r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "include_held is internal to the broker"))
+			return
+		}
 		r.toPartition(f, replyTo, b.Fetch.Topic, b.Fetch.Partition)
 	case *heraldpb.Frame_ListOffsets:
 		r.toPartition(f, replyTo, b.ListOffsets.Topic, b.ListOffsets.Partition)

@@ -2,6 +2,7 @@ package topic
 
 import (
 	"testing"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -65,6 +66,31 @@ func TestPartitionForKeyIsFNV1a(t *testing.T) {
 	for k, want := range cases {
 		if got := heraldpb.PartitionForKey([]byte(k), 7); got != want {
 			t.Fatalf("PartitionForKey(%q, 7) = %d, want %d", k, got, want)
+		}
+	}
+}
+
+// TestRouteRefusesInternalFields: not_before_ms and include_held are the
+// scheduler's; a client that sets them gets INVALID_REQUEST.
+func TestRouteRefusesInternalFields(t *testing.T) {
+	sys := actor.NewActorSystem()
+	got := make(chan *heraldpb.Frame, 2)
+	inbox := sys.Root.Spawn(actor.PropsFromFunc(func(ctx actor.Context) {
+		if f, ok := ctx.Message().(*heraldpb.Frame); ok {
+			got <- f
+		}
+	}))
+	r := NewRouter(sys, &Registry{}, nil)
+	r.Route(&heraldpb.Frame{Id: 1, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), NotBeforeMs: 1}}}, inbox)
+	r.Route(&heraldpb.Frame{Id: 2, Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{Topic: "t", IncludeHeld: true}}}, inbox)
+	for i := 0; i < 2; i++ {
+		select {
+		case f := <-got:
+			if f.GetError().GetCode() != heraldpb.ErrorCode_INVALID_REQUEST {
+				t.Fatalf("frame %d: %v, want INVALID_REQUEST", f.Id, f)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no answer")
 		}
 	}
 }

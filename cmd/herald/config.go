@@ -74,6 +74,9 @@ func settings() []setting {
 		{"max-scheduled", "delayed messages pending at most; more are refused with THROTTLED", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.Uint64Var(&c.MaxScheduled, "max-scheduled", d.MaxScheduled, "")
 		}},
+		{"schedule-ahead", "how long before their time delayed messages are appended to their topic, held unreadable until their time so that the commit is not late (0 = at their time; at most 1s)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.ScheduleAhead, "schedule-ahead", d.ScheduleAhead, "")
+		}},
 		{"cluster", "this node's cluster address HOST:PORT (node-to-node traffic; empty = a single node)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Cluster, "cluster", d.Cluster, "")
 		}},

@@ -1,0 +1,229 @@
+package partition
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// Held batches: a batch appended with ProduceRequest.not_before_ms is
+// committed (durable, on a majority) at once but readable only from that
+// time on, and so is everything appended after it: the readable end of
+// the log (the high watermark readers see) stops at the first held
+// batch. The scheduler appends due messages a little ahead of their time
+// this way, so that the commit's latency is spent before the time rather
+// than after it, and a message still never becomes readable early.
+//
+// Every replica holds the same batches (the time is in the entry). The
+// leader caps the time at MaxHold after it takes the batch, and stamps
+// the batch's append time with it (the batch counts as appended when it
+// becomes readable), so a wrong clock or a bad request never holds a
+// partition for longer.
+
+// MaxHold bounds how long a batch is held after its append.
+const MaxHold = time.Second
+
+// maxHolds bounds the held batches tracked one by one; past it, a batch
+// joins the last hold (held until the later of the two times).
+const maxHolds = 4096
+
+// hold is a run of batches from base on that become readable at until
+// (Unix ms), with the producers waiting for that.
+type hold struct {
+	base    int64
+	until   int64
+	answers []heldAnswer
+}
+
+// heldAnswer is a committed proposal's answer, sent when its batch
+// becomes readable.
+type heldAnswer struct {
+	p    proposal
+	base int64
+}
+
+// heldDue wakes the actor when the first hold may end.
+type heldDue struct{ gen uint64 }
+
+// readable is the end of what readers may read: the high watermark, or
+// the first held batch.
+func (a *Actor) readable() int64 {
+	if len(a.holds) > 0 {
+		return a.holds[0].base
+	}
+	return a.hw
+}
+
+// holdUntil is when an applied entry with header h becomes readable
+// (0: now).
+func (a *Actor) holdUntil(h heraldpb.LogEntryHeader, nowMs int64) int64 {
+	if h.NotBeforeMs == 0 {
+		return 0
+	}
+	until := min(h.NotBeforeMs, h.AppendTimeMs+MaxHold.Milliseconds())
+	if until <= nowMs {
+		return 0 // (behind a hold, it becomes readable with that one)
+	}
+	return until
+}
+
+// addHold holds the batch at base until until; p, when set, is answered
+// then.
+func (a *Actor) addHold(base, until int64, p *proposal) {
+	if n := len(a.holds); n >= maxHolds {
+		last := &a.holds[n-1]
+		last.until = max(last.until, until)
+		if p != nil {
+			last.answers = append(last.answers, heldAnswer{p: *p, base: base})
+		}
+	} else {
+		h := hold{base: base, until: until}
+		if p != nil {
+			h.answers = []heldAnswer{{p: *p, base: base}}
+		}
+		a.holds = append(a.holds, h)
+	}
+	a.m.held.Set(float64(len(a.holds)))
+	a.armHold()
+}
+
+// releaseHolds makes readable the batches whose time has come, answers
+// their producers, and serves the long polls they satisfy.
+func (a *Actor) releaseHolds(ctx actor.Context) {
+	if len(a.holds) == 0 {
+		return
+	}
+	now := a.cfg.Clock.Now()
+	nowMs := now.UnixMilli()
+	n := 0
+	for n < len(a.holds) && a.holds[n].until <= nowMs {
+		n++
+	}
+	if n == 0 {
+		a.armHold()
+		return
+	}
+	a.answerHolds(ctx, a.holds[:n], now.UnixMicro())
+	clear(a.holds[:n])
+	a.holds = a.holds[n:]
+	if len(a.holds) == 0 {
+		a.holds = nil
+	}
+	a.m.held.Set(float64(len(a.holds)))
+	a.serveParked(ctx)
+	a.stats.HighWatermark.Store(a.readable())
+	a.armHold()
+}
+
+// dropHolds makes every held batch readable now (the log was replaced,
+// or the replica stops: they are committed either way).
+func (a *Actor) dropHolds(ctx actor.Context) {
+	if len(a.holds) == 0 {
+		return
+	}
+	a.answerHolds(ctx, a.holds, a.cfg.Clock.Now().UnixMicro())
+	a.holds = nil
+	a.m.held.Set(0)
+}
+
+func (a *Actor) answerHolds(ctx actor.Context, hs []hold, nowUs int64) {
+	for _, h := range hs {
+		for _, w := range h.answers {
+			a.answer(ctx, w.p, func(id uint64, dup bool) *heraldpb.Frame {
+				q := w.p
+				q.duplicate = dup
+				f := produced(id, a.cfg.Partition, w.base, q)
+				f.GetProduceResponse().CommitTimeUs = nowUs
+				return f
+			})
+		}
+	}
+}
+
+// armHold arms a timer for the first hold's end, unless one is armed
+// for that time already.
+func (a *Actor) armHold() {
+	if len(a.holds) == 0 || a.holdTimerAt == a.holds[0].until {
+		return
+	}
+	a.holdTimerAt = a.holds[0].until
+	a.holdGen++
+	gen, sys, self := a.holdGen, a.sys, a.self
+	d := time.UnixMilli(a.holdTimerAt).Sub(a.cfg.Clock.Now())
+	time.AfterFunc(max(d, 0), func() { sys.Root.Send(self, heldDue{gen: gen}) })
+}
+
+func (a *Actor) onHeldDue(ctx actor.Context, m heldDue) {
+	if m.gen != a.holdGen {
+		return // a later timer replaced it
+	}
+	a.holdTimerAt = 0
+	a.releaseHolds(ctx)
+}
+
+// restoreHolds holds again, after the log was opened, the last applied
+// entries whose time has not come (entries are held at most MaxHold
+// after their append, so only the recent tail can be).
+func (a *Actor) restoreHolds() error {
+	nowMs := a.cfg.Clock.Now().UnixMilli()
+	first, err := a.store.FirstIndex()
+	if err != nil {
+		return err
+	}
+	last, err := a.store.LastIndex()
+	if err != nil {
+		return err
+	}
+	var found []hold
+	for hi := min(a.applied, last); hi >= first && hi > 0; {
+		lo := first
+		if hi > first+63 {
+			lo = hi - 63
+		}
+		ents, err := a.store.Entries(lo, hi+1, 16<<20)
+		if err != nil {
+			return fmt.Errorf("reading entries [%d, %d] for held batches (first %d, last %d, applied %d): %w", lo, hi, first, last, a.applied, err)
+		}
+		old := false
+		for i := len(ents) - 1; i >= 0; i-- {
+			e := ents[i]
+			h, _, err := heraldpb.ScanLogEntry(e.Data)
+			if e.Type != raftpb.EntryNormal || len(e.Data) == 0 || err != nil || h.AppendTimeMs == 0 {
+				continue // a conf change or an empty entry
+			}
+			if h.AppendTimeMs+MaxHold.Milliseconds() < nowMs {
+				old = true
+				break
+			}
+			if until := min(h.NotBeforeMs, h.AppendTimeMs+MaxHold.Milliseconds()); until > nowMs {
+				found = append(found, hold{base: h.BaseOffset, until: until})
+			}
+		}
+		if old || lo == first {
+			break
+		}
+		hi = lo - 1
+	}
+	for i := len(found) - 1; i >= 0; i-- {
+		a.holds = append(a.holds, found[i])
+	}
+	a.m.held.Set(float64(len(a.holds)))
+	a.holdTimerAt = 0
+	a.armHold()
+	return nil
+}
+
+// readWindow reads the window from offset (below end) and leaves out the
+// batches from end on (holds start at a batch).
+func (a *Actor) readWindow(offset int64, maxBytes int, end int64) []*heraldpb.StoredBatch {
+	bs := a.win.read(offset, maxBytes)
+	for i, b := range bs {
+		if b.BaseOffset >= end {
+			return bs[:i]
+		}
+	}
+	return bs
+}
