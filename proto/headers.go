@@ -13,26 +13,40 @@ import (
 // the rest. b must be valid (ScanBatch); an invalid b is an error, never a
 // panic.
 func AppendBatchHeaders(b []byte, hdrs ...[2]string) ([]byte, error) {
-	var extra []byte
+	extra := EncodeHeaders(nil, hdrs...)
+	return AppendBatchWithHeaders(make([]byte, 0, len(b)+len(b)/8+len(extra)*4), b, extra)
+}
+
+// EncodeHeaders appends hdrs (key, value pairs) to dst as encoded Header
+// fields of a Record, for AppendBatchWithHeaders.
+func EncodeHeaders(dst []byte, hdrs ...[2]string) []byte {
 	for _, h := range hdrs {
-		var one []byte
-		one = protowire.AppendTag(one, 1, protowire.BytesType)
-		one = protowire.AppendString(one, h[0])
-		one = protowire.AppendTag(one, 2, protowire.BytesType)
-		one = protowire.AppendString(one, h[1])
-		extra = protowire.AppendTag(extra, 3, protowire.BytesType)
-		extra = protowire.AppendBytes(extra, one)
+		n := protowire.SizeTag(1) + protowire.SizeBytes(len(h[0])) + protowire.SizeTag(2) + protowire.SizeBytes(len(h[1]))
+		dst = protowire.AppendTag(dst, 3, protowire.BytesType)
+		dst = protowire.AppendVarint(dst, uint64(n))
+		dst = protowire.AppendTag(dst, 1, protowire.BytesType)
+		dst = protowire.AppendString(dst, h[0])
+		dst = protowire.AppendTag(dst, 2, protowire.BytesType)
+		dst = protowire.AppendString(dst, h[1])
 	}
-	out := make([]byte, 0, len(b)+len(b)/8+len(extra)*4)
+	return dst
+}
+
+// AppendBatchWithHeaders appends to dst a copy of the encoded RecordBatch
+// b in which every record ends with extra (encoded Header fields, see
+// EncodeHeaders). An invalid b is an error, and dst is then returned as
+// it was.
+func AppendBatchWithHeaders(dst, b, extra []byte) ([]byte, error) {
+	out := dst
 	for len(b) > 0 {
 		num, typ, n := consumeTag(b)
 		if n < 0 {
-			return nil, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(n))
+			return dst, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(n))
 		}
 		if num != 1 || typ != protowire.BytesType {
 			m := protowire.ConsumeFieldValue(num, typ, b[n:])
 			if m < 0 {
-				return nil, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
+				return dst, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
 			}
 			out = append(out, b[:n+m]...)
 			b = b[n+m:]
@@ -40,7 +54,7 @@ func AppendBatchHeaders(b []byte, hdrs ...[2]string) ([]byte, error) {
 		}
 		rec, m := protowire.ConsumeBytes(b[n:])
 		if m < 0 {
-			return nil, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
+			return dst, fmt.Errorf("%w: %v", ErrBadBatch, protowire.ParseError(m))
 		}
 		out = protowire.AppendTag(out, 1, protowire.BytesType)
 		out = protowire.AppendVarint(out, uint64(len(rec)+len(extra)))

@@ -315,6 +315,8 @@ func (s *Scheduler) buildRound(r *fireRound) {
 	}
 	open := map[chunkKey]*fireChunk{}
 	openAt := int64(math.MinInt64)
+	token := tokenText(r.token)
+	var extra, recs []byte // reused: each record's headers, each batch with them
 	for _, e := range r.entries {
 		b := r.batches[e.Ref]
 		if b == nil {
@@ -332,9 +334,11 @@ func (s *Scheduler) buildRound(r *fireRound) {
 		if b.Id != nil {
 			id = b.GetId() // a copy compaction moved: users know the original id
 		}
-		recs, err := heraldpb.AppendBatchHeaders(b.Records,
+		extra = heraldpb.EncodeHeaders(extra[:0],
 			[2]string{HeaderScheduleID, strconv.FormatUint(id, 10)}, [2]string{HeaderDeliverAt, strconv.FormatInt(b.DeliverAtMs, 10)},
-			[2]string{HeaderFireToken, tokenText(r.token)})
+			[2]string{HeaderFireToken, token})
+		var err error
+		recs, err = heraldpb.AppendBatchWithHeaders(recs[:0], b.Records, extra)
 		if err != nil {
 			s.log.Error("unreadable delayed batch; dropped", "id", e.Ref, "err", err)
 			mDropped.WithLabelValues("unreadable").Inc()
