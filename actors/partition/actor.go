@@ -222,6 +222,10 @@ func (a *Actor) Receive(ctx actor.Context) {
 			a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(m.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "partition actors do not handle %T", m.Body)))
 		}
 	}
+	if len(a.holds) > 0 && a.holds[0].until <= a.cfg.Clock.Now().UnixMilli() {
+		// Due before its timer got through (a busy node): release now.
+		a.releaseHolds(ctx)
+	}
 	if a.rn != nil && !a.readyQueued && a.rn.HasReady() {
 		// Handle Ready after the messages already queued: every produce that
 		// arrived meanwhile joins the same Ready and so the same fsync.

@@ -106,7 +106,11 @@ func (a *Actor) releaseHolds(ctx actor.Context) {
 		a.armHold()
 		return
 	}
-	a.answerHolds(ctx, a.holds[:n], now.UnixMicro())
+	nowUs := now.UnixMicro()
+	for _, h := range a.holds[:n] {
+		holdReleaseLateness.Observe(float64(max(nowUs-h.until*1000, 0)) / 1e6)
+	}
+	a.answerHolds(ctx, a.holds[:n], nowUs)
 	clear(a.holds[:n])
 	a.holds = a.holds[n:]
 	if len(a.holds) == 0 {

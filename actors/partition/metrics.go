@@ -67,6 +67,11 @@ var (
 	heldBatches = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "herald_partition_held_batches", Help: "Committed batches held unreadable until their time (scheduled fires appended ahead; at most 4096 tracked, each held at most 1 s).",
 	}, labels)
+	holdReleaseLateness = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "herald_partition_hold_release_lateness_seconds",
+		Help:    "How long after its time a held batch became readable (a batch committed after its time is not held, and not counted).",
+		Buckets: []float64{0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1},
+	})
 	readerQueueDepth = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_log_reader_queue_depth", Help: "Catch-up fetches queued for the log reader pool.",
 	})

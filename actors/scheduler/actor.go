@@ -73,7 +73,7 @@ type Options struct {
 	// (ProduceRequest.not_before_ms): the append's commit (a raft round
 	// and an fsync, several ms on a busy node) happens before the time
 	// instead of after it. Records appended to the same partition
-	// meanwhile wait behind them, at most this long. Default 30 ms; at
+	// meanwhile wait behind them, at most this long. Default 50 ms; at
 	// most partition.MaxHold; negative: append at the time.
 	AppendAhead time.Duration
 	// MaxHeldBytes bounds the records of announced appends waiting for
@@ -127,7 +127,7 @@ func (o *Options) ensureDefaults() {
 	}
 	switch {
 	case o.AppendAhead == 0:
-		o.AppendAhead = 30 * time.Millisecond
+		o.AppendAhead = 50 * time.Millisecond
 	case o.AppendAhead < 0:
 		o.AppendAhead = 0
 	case o.AppendAhead > partition.MaxHold:

@@ -297,6 +297,10 @@ func (m *Manager) awaitWritable(ctx actor.Context, w *awaitCreated) {
 	ctx.Send(w.replyTo, &heraldpb.Frame{Id: w.frameID, Body: &heraldpb.Frame_CreateTopicResponse{CreateTopicResponse: &heraldpb.CreateTopicResponse{Topic: e.info(uint32(m.cfg.NodeID))}}})
 }
 
+// internalSegmentCache is how many older log segments an internal
+// partition keeps in memory (4 MiB each by default; others keep one).
+const internalSegmentCache = 4
+
 func (m *Manager) partitionDir(name string, p uint32) string {
 	return filepath.Join(m.cfg.DataDir, "topics", fmt.Sprintf("%s-%d", name, p))
 }
@@ -305,12 +309,20 @@ func (m *Manager) partitionDir(name string, p uint32) string {
 // whose log is in dir.
 func (m *Manager) partitionConfig(name string, p uint32, cfg *heraldpb.TopicConfig, dir string) partition.Config {
 	group := fmt.Sprintf("%s-%d", name, p)
+	// The internal partitions are few and read at several places at once
+	// (the scheduler reads due batches from __schedule a second ahead
+	// while it appends fire records and looks up cancels): with one cached
+	// segment, those reads took turns reloading whole segments.
+	segCache := 0
+	if IsInternal(name) {
+		segCache = internalSegmentCache
+	}
 	return partition.Config{
 		Topic: name, Partition: p, ReplicaID: m.cfg.NodeID,
 		Open: func() (partition.Storage, error) {
 			return persistence.Open(persistence.Options{
 				Dir: dir, FS: m.cfg.FS, Flush: m.cfg.Flush, SegmentBytes: m.cfg.SegmentBytes,
-				Logger: m.cfg.Logger, Group: group,
+				Logger: m.cfg.Logger, Group: group, SegmentCacheSize: segCache,
 			})
 		},
 		IndexPath:         filepath.Join(dir, "priority.idx"),
