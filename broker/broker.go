@@ -198,6 +198,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 			Node: b.member, Local: b.sys, DataDir: cfg.DataDir, Voters: cluster.Voters(ids), Logger: logger,
 			Self:    &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr, Rack: cfg.Rack, HealthAddress: b.member.HealthAddr()},
 			OnApply: b.onMetadata, ReplicaGrace: cfg.ReplicaGrace,
+			CheckpointRecords: cfg.ControllerCheckpointRecords, CheckpointBytes: cfg.ControllerCheckpointBytes,
 		})
 		if err != nil {
 			b.server.Shutdown(context.Background())

@@ -73,6 +73,12 @@ type Config struct {
 	// ReplicaGrace is how long a node may be down before the controller
 	// re-creates its replicas on other nodes.
 	ReplicaGrace time.Duration
+	// ControllerCheckpointRecords and ControllerCheckpointBytes: the
+	// controller group's leader checkpoints the metadata, and the replicas
+	// truncate the controller log before it, once the log holds this many
+	// records (or records of this many bytes) after the last checkpoint.
+	ControllerCheckpointRecords int
+	ControllerCheckpointBytes   int
 
 	peers map[uint64]string // parsed by Validate
 
@@ -94,7 +100,8 @@ func Default() Config {
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second,
 		RetryPolicy: scheduler.DefaultRetryPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 50 * time.Millisecond,
 		ShutdownTimeout: 10 * time.Second, LogLevel: "info", ClusterProvider: cluster.ProviderAutomanaged,
-		ReplicaGrace: 5 * time.Minute,
+		ReplicaGrace: 5 * time.Minute, ControllerCheckpointRecords: cluster.DefaultCheckpointRecords,
+		ControllerCheckpointBytes: cluster.DefaultCheckpointBytes,
 	}
 }
 
@@ -144,6 +151,12 @@ func (c *Config) Validate() error {
 	}
 	if c.ReplicaGrace < time.Second {
 		bad("replica-grace", "%v is under 1s", c.ReplicaGrace)
+	}
+	if c.ControllerCheckpointRecords < 1 {
+		bad("controller-checkpoint-records", "must be at least 1")
+	}
+	if c.ControllerCheckpointBytes < 1<<10 {
+		bad("controller-checkpoint-bytes", "%d is under 1 KiB", c.ControllerCheckpointBytes)
 	}
 	if c.MaxMessageBytes < 1 || int(c.MaxMessageBytes) > c.MaxFrameBytes-1024 {
 		bad("max-message-bytes", "%d must be between 1 and max-frame-bytes minus 1 KiB", c.MaxMessageBytes)

@@ -34,7 +34,10 @@ import (
 // cluster transport otherwise (at most once: the proposer watches its
 // replica for the command's outcome and sends it again until it is
 // applied; applying is idempotent). The metadata holds the node registry
-// and the topics with their replica placement.
+// and the topics with their replica placement. The log is compacted with
+// checkpoints of the whole metadata (checkpoint.go), so a replica's log
+// starts at a checkpoint and a restarting node replays only what came
+// after the last one.
 
 // ControllerTopic is the controller group's name as a partition log.
 const ControllerTopic = "__controller"
@@ -77,7 +80,20 @@ type ControllerConfig struct {
 	// MaxMoves bounds the partitions the controller's own loop has being
 	// moved at a time. Default 8.
 	MaxMoves int
-	Logger   *slog.Logger
+	// CheckpointRecords and CheckpointBytes: the group's leader writes a
+	// checkpoint of the whole metadata once the log holds this many
+	// records, or records of this many bytes, after the last checkpoint
+	// (or from its start); every replica then truncates its log before
+	// the checkpoint. Defaults DefaultCheckpointRecords and
+	// DefaultCheckpointBytes; 0 means the default.
+	CheckpointRecords int
+	CheckpointBytes   int
+	// MaxCheckpointBytes is the controller log's max message size, so the
+	// largest encoded checkpoint: metadata past it is not compacted (the
+	// leader logs ErrCheckpointTooLarge and the log keeps growing).
+	// Default DefaultMaxCheckpointBytes.
+	MaxCheckpointBytes int
+	Logger             *slog.Logger
 }
 
 // Metadata is the state the controller group's log builds. It is
@@ -86,6 +102,20 @@ type Metadata struct {
 	Nodes   map[uint64]*heraldpb.NodeRecord
 	Topics  map[string]*heraldpb.TopicRecord
 	Applied int64 // offset after the last record applied
+	// Checkpoint is the offset of the last checkpoint applied (0: none).
+	// SinceRecords and SinceBytes count the records applied after it
+	// (from the log's start if none) and their bytes.
+	Checkpoint   int64
+	SinceRecords int64
+	SinceBytes   int64
+}
+
+// clone is a copy of md whose maps may be changed (the records in them
+// are shared and must not be).
+func (md *Metadata) clone() *Metadata {
+	c := *md
+	c.Nodes, c.Topics = maps.Clone(md.Nodes), maps.Clone(md.Topics)
+	return &c
 }
 
 // ControllerView is a node's view of the controller, for /cluster.
@@ -98,6 +128,15 @@ type ControllerView struct {
 	Topics  int                    `json:"topics"`
 	// Learners are the nodes holding a learner replica of the group.
 	Learners []uint64 `json:"learners,omitempty"`
+	// LogStart is the offset the local replica's log starts at: the last
+	// checkpoint it was truncated at, or 0. Checkpoint is the offset of
+	// the last checkpoint applied (0: none), SinceCheckpoint the records
+	// applied after it. CheckpointError is why this node, leading the
+	// group, could not write its last checkpoint ("" if it could).
+	LogStart        int64  `json:"log_start"`
+	Checkpoint      int64  `json:"checkpoint"`
+	SinceCheckpoint int64  `json:"since_checkpoint"`
+	CheckpointError string `json:"checkpoint_error,omitempty"`
 }
 
 // Controller runs this node's part of the controller group.
@@ -113,6 +152,8 @@ type Controller struct {
 	state  atomic.Pointer[Metadata]
 	stop   chan struct{}
 	done   sync.WaitGroup
+	// cpErr is the last error writing a checkpoint ("" after a success).
+	cpErr atomic.Pointer[string]
 }
 
 // StartController starts the controller replica (on a voter) and the
@@ -133,6 +174,15 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 	if cfg.MaxMoves <= 0 {
 		cfg.MaxMoves = 8
 	}
+	if cfg.CheckpointRecords <= 0 {
+		cfg.CheckpointRecords = DefaultCheckpointRecords
+	}
+	if cfg.CheckpointBytes <= 0 {
+		cfg.CheckpointBytes = DefaultCheckpointBytes
+	}
+	if cfg.MaxCheckpointBytes <= 0 {
+		cfg.MaxCheckpointBytes = DefaultMaxCheckpointBytes
+	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "controller"), group: partition.Name(ControllerTopic, 0),
 		voter: slices.Contains(cfg.Voters, cfg.Self.NodeId), stop: make(chan struct{})}
 	c.state.Store(&Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}, Topics: map[string]*heraldpb.TopicRecord{}})
@@ -148,7 +198,7 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 	c.stats = &partition.Stats{}
 	props, err := partition.Props(cfg.Local, partition.Config{
 		Topic: ControllerTopic, Partition: 0, ReplicaID: cfg.Self.NodeId, Peers: peers, Transport: cfg.Node, Join: !c.voter,
-		Liveness: cfg.Node.Up,
+		Liveness: cfg.Node.Up, MaxMessageBytes: cfg.MaxCheckpointBytes,
 		Open: func() (partition.Storage, error) {
 			return persistence.Open(persistence.Options{Dir: dir, Group: "__controller-0", Logger: cfg.Logger})
 		},
@@ -167,11 +217,12 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 		}
 		cfg.Node.Register(RegistrationGroup, c.filter)
 	}
-	c.done.Add(4)
+	c.done.Add(5)
 	go c.tail()
 	go c.register()
 	go c.addLearners()
 	go c.moveAway()
+	go c.compact()
 	c.log.Info("controller started", "voter", c.voter, "voters", cfg.Voters)
 	return c, nil
 }
@@ -196,7 +247,11 @@ func (c *Controller) Metadata() *Metadata { return c.state.Load() }
 // View is the controller as this node sees it.
 func (c *Controller) View() ControllerView {
 	md := c.state.Load()
-	v := ControllerView{Voter: c.voter, Voters: c.cfg.Voters, Applied: md.Applied, Topics: len(md.Topics), Leader: c.leader()}
+	v := ControllerView{Voter: c.voter, Voters: c.cfg.Voters, Applied: md.Applied, Topics: len(md.Topics), Leader: c.leader(),
+		LogStart: c.stats.StartOffset.Load(), Checkpoint: md.Checkpoint, SinceCheckpoint: md.SinceRecords}
+	if e := c.cpErr.Load(); e != nil {
+		v.CheckpointError = *e
+	}
 	if cs := c.stats.Conf.Load(); cs != nil {
 		v.Learners = cs.Learners
 	}
@@ -206,10 +261,15 @@ func (c *Controller) View() ControllerView {
 	return v
 }
 
-// tail applies the local replica's committed records as they come.
+// tail applies the local replica's committed records as they come. It
+// reads from the log's start: after a restart, or when the log was
+// replaced by a raft snapshot (a replica that fell behind the leader's
+// truncated log), the record it would read next is gone and the log
+// starts at a checkpoint, which replaces the metadata.
 func (c *Controller) tail() {
 	defer c.done.Done()
 	next, published := int64(0), int64(-1)
+	jumped := int64(-1) // the log start the tail moved to, until read
 	for {
 		select {
 		case <-c.stop:
@@ -225,6 +285,14 @@ func (c *Controller) tail() {
 			Topic: ControllerTopic, Offset: next, MaxBytes: 1 << 20, MaxWaitMs: 500,
 		}}}, 5*time.Second).Result()
 		resp := frameOf(res).GetFetchResponse()
+		if e := frameOf(res).GetError(); err == nil && e.GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE {
+			if start, ok := c.logStart(); ok && start > next {
+				c.log.Info("controller log starts after the next record to apply (truncated at a checkpoint, or replaced by a raft snapshot): reading from its start",
+					"next", next, "log_start", start)
+				next, jumped = start, start
+				continue
+			}
+		}
 		if err != nil || resp == nil {
 			if !c.sleep(100 * time.Millisecond) {
 				return
@@ -233,10 +301,14 @@ func (c *Controller) tail() {
 		}
 		before := next
 		if len(resp.Batches) > 0 {
-			next = c.apply(resp.Batches, next)
-			for id, n := range c.state.Load().Nodes {
+			next = c.apply(resp.Batches, next, jumped == next)
+			jumped = -1
+			md := c.state.Load()
+			for id, n := range md.Nodes {
 				c.cfg.Node.Learn(id, n.ClusterAddress, n.HealthAddress)
 			}
+			mSinceRecords.Set(float64(md.SinceRecords))
+			mSinceBytes.Set(float64(md.SinceBytes))
 		}
 		// Replicas follow the metadata only once it is caught up with the
 		// group's committed log, never an older state on the way: after a
@@ -261,42 +333,93 @@ func frameOf(res interface{}) *heraldpb.Frame {
 	return f
 }
 
+// logStart is where the local replica's log starts, if it answers.
+func (c *Controller) logStart() (int64, bool) {
+	res, err := c.cfg.Local.Root.RequestFuture(c.pid, &heraldpb.Frame{Body: &heraldpb.Frame_ListOffsets{ListOffsets: &heraldpb.ListOffsetsRequest{
+		Topic: ControllerTopic, Spec: heraldpb.OffsetSpec_OFFSET_SPEC_EARLIEST,
+	}}}, 5*time.Second).Result()
+	lo := frameOf(res).GetListOffsetsResponse()
+	if err != nil || lo == nil {
+		return 0, false
+	}
+	return lo.LogStartOffset, true
+}
+
 // apply applies the records from offset from on, and returns where the
-// next read starts.
-func (c *Controller) apply(batches []*heraldpb.StoredBatch, from int64) int64 {
-	old := c.state.Load()
-	md := &Metadata{Nodes: maps.Clone(old.Nodes), Topics: maps.Clone(old.Topics), Applied: old.Applied}
+// next read starts. atStart: from is where the log starts, after a
+// truncation, so its record must be a checkpoint; so must a record that
+// follows a gap (a read that spanned a raft snapshot's install).
+func (c *Controller) apply(batches []*heraldpb.StoredBatch, from int64, atStart bool) int64 {
+	md := c.state.Load().clone()
+	expect := from // the next record's offset, unless there is a gap
+	if atStart {
+		expect = -1
+	}
 	for _, b := range batches {
 		err := heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
 			off := b.BaseOffset + int64(i)
 			if off < from {
 				return true
 			}
-			var r heraldpb.Record
-			var cmd heraldpb.ControllerCommand
-			if proto.Unmarshal(rec, &r) != nil || proto.Unmarshal(r.Value, &cmd) != nil {
-				c.log.Error("undecodable controller record; skipped", "offset", off)
-			} else {
-				applyCommand(md, &cmd)
-				if cmd.GetReassignPartitions() != nil || cmd.GetCompleteReassignment() != nil {
-					c.log.Info("partition move metadata applied", "offset", off, "command", cmd.String())
-				}
+			resumed := off != expect
+			expect = off + 1
+			cmd, err := applyRecord(md, off, rec)
+			switch cp := cmd.GetCheckpoint(); {
+			case resumed && (cp == nil || md.Checkpoint != off):
+				c.log.Error("the controller log resumes at a record that is not a checkpoint: the metadata lacks what was truncated before it",
+					"offset", off, "from", from, "err", err)
+			case err != nil:
+				c.log.Error("undecodable controller record; skipped", "offset", off, "err", err)
+			case cp != nil && md.Checkpoint == off:
+				c.log.Info("controller checkpoint applied", "offset", off, "nodes", len(md.Nodes), "topics", len(md.Topics))
+			case cp != nil:
+				c.log.Info("controller checkpoint ignored: records came between the state it holds and itself",
+					"offset", off, "checkpoint_of", cp.Offset)
+			case cmd.GetReassignPartitions() != nil || cmd.GetCompleteReassignment() != nil:
+				c.log.Info("partition move metadata applied", "offset", off, "command", cmd.String())
 			}
-			md.Applied = off + 1
 			return true
 		})
 		if end := b.BaseOffset + int64(b.Count); err != nil && end > from {
 			c.log.Error("undecodable controller batch; skipped", "offset", b.BaseOffset, "err", err)
 			md.Applied = max(md.Applied, end)
+			expect = max(expect, end)
 		}
 	}
 	c.state.Store(md)
 	return max(from, md.Applied)
 }
 
+// applyRecord applies the record at offset off, rec (a Record whose value
+// is a ControllerCommand), to md (a private copy whose maps are its own),
+// and returns the command. A checkpoint stored at the offset it was made
+// for replaces the metadata; any other record counts as one since the
+// last checkpoint, whether it applies or not.
+func applyRecord(md *Metadata, off int64, rec []byte) (*heraldpb.ControllerCommand, error) {
+	md.Applied = off + 1
+	var r heraldpb.Record
+	var cmd heraldpb.ControllerCommand
+	err := proto.Unmarshal(rec, &r)
+	if err == nil {
+		err = proto.Unmarshal(r.Value, &cmd)
+	}
+	if cp := cmd.GetCheckpoint(); err == nil && cp != nil && cp.Offset == off {
+		applyCheckpoint(md, cp, off)
+		return &cmd, nil
+	}
+	md.SinceRecords++
+	md.SinceBytes += int64(len(rec))
+	if err != nil {
+		return nil, err
+	}
+	applyCommand(md, &cmd)
+	return &cmd, nil
+}
+
 // applyCommand applies one command to md (a private copy whose maps are
 // its own). Commands that do not apply (a topic that exists already, a
-// deletion of one that does not) change nothing.
+// deletion of one that does not, a checkpoint, which applyRecord handles)
+// change nothing.
 func applyCommand(md *Metadata, cmd *heraldpb.ControllerCommand) {
 	switch {
 	case cmd.GetRegisterNode() != nil:

@@ -36,6 +36,7 @@ type ControllerCommand struct {
 	//	*ControllerCommand_ReassignPartitions
 	//	*ControllerCommand_CompleteReassignment
 	//	*ControllerCommand_DecommissionNode
+	//	*ControllerCommand_Checkpoint
 	Command isControllerCommand_Command `protobuf_oneof:"command"`
 	// The proposer's id for the command, so that it can tell its own
 	// command's outcome from another node's in the log.
@@ -135,6 +136,15 @@ func (x *ControllerCommand) GetDecommissionNode() *DecommissionNode {
 	return nil
 }
 
+func (x *ControllerCommand) GetCheckpoint() *ControllerCheckpoint {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_Checkpoint); ok {
+			return x.Checkpoint
+		}
+	}
+	return nil
+}
+
 func (x *ControllerCommand) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
@@ -180,6 +190,14 @@ type ControllerCommand_DecommissionNode struct {
 	DecommissionNode *DecommissionNode `protobuf:"bytes,6,opt,name=decommission_node,json=decommissionNode,proto3,oneof"`
 }
 
+type ControllerCommand_Checkpoint struct {
+	// The whole metadata, written by the group's leader when the log has
+	// grown past a threshold since the previous one; applying it replaces
+	// the metadata. Once every replica has applied it, each truncates its
+	// log before it, so a replica's log always starts at a checkpoint.
+	Checkpoint *ControllerCheckpoint `protobuf:"bytes,7,opt,name=checkpoint,proto3,oneof"`
+}
+
 func (*ControllerCommand_RegisterNode) isControllerCommand_Command() {}
 
 func (*ControllerCommand_CreateTopic) isControllerCommand_Command() {}
@@ -191,6 +209,76 @@ func (*ControllerCommand_ReassignPartitions) isControllerCommand_Command() {}
 func (*ControllerCommand_CompleteReassignment) isControllerCommand_Command() {}
 
 func (*ControllerCommand_DecommissionNode) isControllerCommand_Command() {}
+
+func (*ControllerCommand_Checkpoint) isControllerCommand_Command() {}
+
+// The metadata as of offset: the state left by every record below it.
+// A checkpoint takes effect only when it is stored at offset, that is when
+// no other record came between the state the leader read and the
+// checkpoint; otherwise it would drop that record's effect, and every
+// replica ignores it (it is the same record at the same offset on every
+// replica, so they all agree).
+type ControllerCheckpoint struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Offset int64                  `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	// The node registry, by node id.
+	Nodes []*NodeRecord `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The topics with their placement and running moves, by name.
+	Topics        []*TopicRecord `protobuf:"bytes,3,rep,name=topics,proto3" json:"topics,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ControllerCheckpoint) Reset() {
+	*x = ControllerCheckpoint{}
+	mi := &file_controller_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ControllerCheckpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ControllerCheckpoint) ProtoMessage() {}
+
+func (x *ControllerCheckpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ControllerCheckpoint.ProtoReflect.Descriptor instead.
+func (*ControllerCheckpoint) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ControllerCheckpoint) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ControllerCheckpoint) GetNodes() []*NodeRecord {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ControllerCheckpoint) GetTopics() []*TopicRecord {
+	if x != nil {
+		return x.Topics
+	}
+	return nil
+}
 
 type TopicRecord struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -206,7 +294,7 @@ type TopicRecord struct {
 
 func (x *TopicRecord) Reset() {
 	*x = TopicRecord{}
-	mi := &file_controller_proto_msgTypes[1]
+	mi := &file_controller_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -218,7 +306,7 @@ func (x *TopicRecord) String() string {
 func (*TopicRecord) ProtoMessage() {}
 
 func (x *TopicRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[1]
+	mi := &file_controller_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -231,7 +319,7 @@ func (x *TopicRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicRecord.ProtoReflect.Descriptor instead.
 func (*TopicRecord) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{1}
+	return file_controller_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *TopicRecord) GetName() string {
@@ -291,7 +379,7 @@ type PartitionAssignment struct {
 
 func (x *PartitionAssignment) Reset() {
 	*x = PartitionAssignment{}
-	mi := &file_controller_proto_msgTypes[2]
+	mi := &file_controller_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -303,7 +391,7 @@ func (x *PartitionAssignment) String() string {
 func (*PartitionAssignment) ProtoMessage() {}
 
 func (x *PartitionAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[2]
+	mi := &file_controller_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -316,7 +404,7 @@ func (x *PartitionAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionAssignment.ProtoReflect.Descriptor instead.
 func (*PartitionAssignment) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{2}
+	return file_controller_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PartitionAssignment) GetId() uint32 {
@@ -372,7 +460,7 @@ type ReassignPartitions struct {
 
 func (x *ReassignPartitions) Reset() {
 	*x = ReassignPartitions{}
-	mi := &file_controller_proto_msgTypes[3]
+	mi := &file_controller_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -384,7 +472,7 @@ func (x *ReassignPartitions) String() string {
 func (*ReassignPartitions) ProtoMessage() {}
 
 func (x *ReassignPartitions) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[3]
+	mi := &file_controller_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -397,7 +485,7 @@ func (x *ReassignPartitions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReassignPartitions.ProtoReflect.Descriptor instead.
 func (*ReassignPartitions) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{3}
+	return file_controller_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReassignPartitions) GetTopic() string {
@@ -440,7 +528,7 @@ type CompleteReassignment struct {
 
 func (x *CompleteReassignment) Reset() {
 	*x = CompleteReassignment{}
-	mi := &file_controller_proto_msgTypes[4]
+	mi := &file_controller_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -452,7 +540,7 @@ func (x *CompleteReassignment) String() string {
 func (*CompleteReassignment) ProtoMessage() {}
 
 func (x *CompleteReassignment) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[4]
+	mi := &file_controller_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -465,7 +553,7 @@ func (x *CompleteReassignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteReassignment.ProtoReflect.Descriptor instead.
 func (*CompleteReassignment) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{4}
+	return file_controller_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CompleteReassignment) GetTopic() string {
@@ -506,7 +594,7 @@ type DecommissionNode struct {
 
 func (x *DecommissionNode) Reset() {
 	*x = DecommissionNode{}
-	mi := &file_controller_proto_msgTypes[5]
+	mi := &file_controller_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -518,7 +606,7 @@ func (x *DecommissionNode) String() string {
 func (*DecommissionNode) ProtoMessage() {}
 
 func (x *DecommissionNode) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[5]
+	mi := &file_controller_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -531,7 +619,7 @@ func (x *DecommissionNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionNode.ProtoReflect.Descriptor instead.
 func (*DecommissionNode) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{5}
+	return file_controller_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DecommissionNode) GetNodeId() uint64 {
@@ -557,7 +645,7 @@ type DeleteTopic struct {
 
 func (x *DeleteTopic) Reset() {
 	*x = DeleteTopic{}
-	mi := &file_controller_proto_msgTypes[6]
+	mi := &file_controller_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -569,7 +657,7 @@ func (x *DeleteTopic) String() string {
 func (*DeleteTopic) ProtoMessage() {}
 
 func (x *DeleteTopic) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[6]
+	mi := &file_controller_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -582,7 +670,7 @@ func (x *DeleteTopic) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTopic.ProtoReflect.Descriptor instead.
 func (*DeleteTopic) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{6}
+	return file_controller_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteTopic) GetName() string {
@@ -614,7 +702,7 @@ type NodeRecord struct {
 
 func (x *NodeRecord) Reset() {
 	*x = NodeRecord{}
-	mi := &file_controller_proto_msgTypes[7]
+	mi := &file_controller_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +714,7 @@ func (x *NodeRecord) String() string {
 func (*NodeRecord) ProtoMessage() {}
 
 func (x *NodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[7]
+	mi := &file_controller_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +727,7 @@ func (x *NodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRecord.ProtoReflect.Descriptor instead.
 func (*NodeRecord) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{7}
+	return file_controller_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodeRecord) GetNodeId() uint64 {
@@ -702,17 +790,24 @@ var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
 	"\n" +
-	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xeb\x03\n" +
+	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xae\x04\n" +
 	"\x11ControllerCommand\x12<\n" +
 	"\rregister_node\x18\x01 \x01(\v2\x15.herald.v1.NodeRecordH\x00R\fregisterNode\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.herald.v1.TopicRecordH\x00R\vcreateTopic\x12;\n" +
 	"\fdelete_topic\x18\x03 \x01(\v2\x16.herald.v1.DeleteTopicH\x00R\vdeleteTopic\x12P\n" +
 	"\x13reassign_partitions\x18\x04 \x01(\v2\x1d.herald.v1.ReassignPartitionsH\x00R\x12reassignPartitions\x12V\n" +
 	"\x15complete_reassignment\x18\x05 \x01(\v2\x1f.herald.v1.CompleteReassignmentH\x00R\x14completeReassignment\x12J\n" +
-	"\x11decommission_node\x18\x06 \x01(\v2\x1b.herald.v1.DecommissionNodeH\x00R\x10decommissionNode\x12\x1d\n" +
+	"\x11decommission_node\x18\x06 \x01(\v2\x1b.herald.v1.DecommissionNodeH\x00R\x10decommissionNode\x12A\n" +
+	"\n" +
+	"checkpoint\x18\a \x01(\v2\x1f.herald.v1.ControllerCheckpointH\x00R\n" +
+	"checkpoint\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x0f \x01(\tR\trequestIdB\t\n" +
-	"\acommand\"\xcf\x01\n" +
+	"\acommand\"\x8b\x01\n" +
+	"\x14ControllerCheckpoint\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12+\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x15.herald.v1.NodeRecordR\x05nodes\x12.\n" +
+	"\x06topics\x18\x03 \x03(\v2\x16.herald.v1.TopicRecordR\x06topics\"\xcf\x01\n" +
 	"\vTopicRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x06config\x18\x02 \x01(\v2\x16.herald.v1.TopicConfigR\x06config\x12>\n" +
@@ -772,35 +867,39 @@ func file_controller_proto_rawDescGZIP() []byte {
 	return file_controller_proto_rawDescData
 }
 
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_controller_proto_goTypes = []any{
 	(*ControllerCommand)(nil),    // 0: herald.v1.ControllerCommand
-	(*TopicRecord)(nil),          // 1: herald.v1.TopicRecord
-	(*PartitionAssignment)(nil),  // 2: herald.v1.PartitionAssignment
-	(*ReassignPartitions)(nil),   // 3: herald.v1.ReassignPartitions
-	(*CompleteReassignment)(nil), // 4: herald.v1.CompleteReassignment
-	(*DecommissionNode)(nil),     // 5: herald.v1.DecommissionNode
-	(*DeleteTopic)(nil),          // 6: herald.v1.DeleteTopic
-	(*NodeRecord)(nil),           // 7: herald.v1.NodeRecord
-	nil,                          // 8: herald.v1.PartitionAssignment.JoinedEntry
-	(*TopicConfig)(nil),          // 9: herald.v1.TopicConfig
+	(*ControllerCheckpoint)(nil), // 1: herald.v1.ControllerCheckpoint
+	(*TopicRecord)(nil),          // 2: herald.v1.TopicRecord
+	(*PartitionAssignment)(nil),  // 3: herald.v1.PartitionAssignment
+	(*ReassignPartitions)(nil),   // 4: herald.v1.ReassignPartitions
+	(*CompleteReassignment)(nil), // 5: herald.v1.CompleteReassignment
+	(*DecommissionNode)(nil),     // 6: herald.v1.DecommissionNode
+	(*DeleteTopic)(nil),          // 7: herald.v1.DeleteTopic
+	(*NodeRecord)(nil),           // 8: herald.v1.NodeRecord
+	nil,                          // 9: herald.v1.PartitionAssignment.JoinedEntry
+	(*TopicConfig)(nil),          // 10: herald.v1.TopicConfig
 }
 var file_controller_proto_depIdxs = []int32{
-	7,  // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
-	1,  // 1: herald.v1.ControllerCommand.create_topic:type_name -> herald.v1.TopicRecord
-	6,  // 2: herald.v1.ControllerCommand.delete_topic:type_name -> herald.v1.DeleteTopic
-	3,  // 3: herald.v1.ControllerCommand.reassign_partitions:type_name -> herald.v1.ReassignPartitions
-	4,  // 4: herald.v1.ControllerCommand.complete_reassignment:type_name -> herald.v1.CompleteReassignment
-	5,  // 5: herald.v1.ControllerCommand.decommission_node:type_name -> herald.v1.DecommissionNode
-	9,  // 6: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
-	2,  // 7: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
-	8,  // 8: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
-	2,  // 9: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	8,  // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
+	2,  // 1: herald.v1.ControllerCommand.create_topic:type_name -> herald.v1.TopicRecord
+	7,  // 2: herald.v1.ControllerCommand.delete_topic:type_name -> herald.v1.DeleteTopic
+	4,  // 3: herald.v1.ControllerCommand.reassign_partitions:type_name -> herald.v1.ReassignPartitions
+	5,  // 4: herald.v1.ControllerCommand.complete_reassignment:type_name -> herald.v1.CompleteReassignment
+	6,  // 5: herald.v1.ControllerCommand.decommission_node:type_name -> herald.v1.DecommissionNode
+	1,  // 6: herald.v1.ControllerCommand.checkpoint:type_name -> herald.v1.ControllerCheckpoint
+	8,  // 7: herald.v1.ControllerCheckpoint.nodes:type_name -> herald.v1.NodeRecord
+	2,  // 8: herald.v1.ControllerCheckpoint.topics:type_name -> herald.v1.TopicRecord
+	10, // 9: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
+	3,  // 10: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
+	9,  // 11: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
+	3,  // 12: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -816,6 +915,7 @@ func file_controller_proto_init() {
 		(*ControllerCommand_ReassignPartitions)(nil),
 		(*ControllerCommand_CompleteReassignment)(nil),
 		(*ControllerCommand_DecommissionNode)(nil),
+		(*ControllerCommand_Checkpoint)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -823,7 +923,7 @@ func file_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -98,6 +98,12 @@ func settings() []setting {
 		{"replica-grace", "how long a node may be down before its replicas are re-created on other nodes", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.DurationVar(&c.ReplicaGrace, "replica-grace", d.ReplicaGrace, "")
 		}},
+		{"controller-checkpoint-records", "the controller log is checkpointed and truncated once it holds this many records after the last checkpoint", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.ControllerCheckpointRecords, "controller-checkpoint-records", d.ControllerCheckpointRecords, "")
+		}},
+		{"controller-checkpoint-bytes", "the controller log is checkpointed and truncated once its records after the last checkpoint take this many bytes", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.ControllerCheckpointBytes, "controller-checkpoint-bytes", d.ControllerCheckpointBytes, "")
+		}},
 		{"event-loops", "network event loops (0 = one per core)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.IntVar(&c.EventLoops, "event-loops", d.EventLoops, "")
 		}},
