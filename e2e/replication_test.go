@@ -523,6 +523,12 @@ func TestReplicaCatchesUpFromSnapshot(t *testing.T) {
 		}
 		return nil
 	})
+	// The snapshot moved the follower's state, not only its log: no
+	// applied entry found its high watermark behind.
+	if l := tc.nodes[follower].logs(); !strings.Contains(l, "installed a snapshot from the leader") ||
+		strings.Contains(l, "does not follow the high watermark") {
+		t.Fatalf("the follower did not install the snapshot into its state:\n%s", l)
+	}
 	produce(3100, 50) // and replicates what comes next
 	checkFor(t, 20*time.Second, "the follower has the new records", func() error {
 		fp, err := describeOn(follower)

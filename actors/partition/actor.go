@@ -607,6 +607,9 @@ func (a *Actor) onAppended(ctx actor.Context, d appendDone) {
 		a.storageFailed(ctx, d.err)
 		return
 	}
+	if d.snapshot != nil {
+		a.installSnapshot(ctx, d.snapshot)
+	}
 	for _, r := range d.responses {
 		if r.To == a.cfg.ReplicaID {
 			if err := a.rn.Step(r); err != nil {
@@ -623,6 +626,31 @@ func (a *Actor) onAppended(ctx actor.Context, d appendDone) {
 	a.maybeStampReady()
 }
 
+// installSnapshot moves the replica's state to a snapshot the log writer
+// has made durable (a follower behind a leader whose log retention
+// truncated): the log now starts at the snapshot's offset, and what was
+// derived from the replaced log is rebuilt. Raft takes the snapshot as
+// applied when it gets the write's response, which comes right after.
+func (a *Actor) installSnapshot(ctx actor.Context, snap *raftpb.Snapshot) {
+	var sd heraldpb.SnapshotData
+	if err := proto.Unmarshal(snap.Data, &sd); err == nil {
+		a.hw = sd.NextOffset
+	} else {
+		a.log.Error("undecodable snapshot data", "err", err)
+	}
+	a.log.Info("installed a snapshot from the leader", "index", snap.Metadata.Index, "next_offset", a.hw)
+	a.dropHolds(ctx) // what they held is gone
+	a.applied = snap.Metadata.Index
+	a.appliedTerm = snap.Metadata.Term
+	cs := snap.Metadata.ConfState
+	a.stats.Conf.Store(&cs)
+	a.win.reset()
+	a.openPrio()       // the log was replaced: index it again
+	a.resetProducers() // and its earlier batches are gone
+	a.serveParked(ctx)
+	a.publish()
+}
+
 // maybeStampReady lets a new leader accept produce requests once every
 // append queued before its election is written: only then is the offset
 // after its last entry known.
@@ -635,21 +663,10 @@ func (a *Actor) maybeStampReady() {
 	a.stats.Idempotent.Store(a.idempotentReady())
 }
 
-// applyMsg applies a MsgStorageApply: committed entries (or a snapshot),
-// then steps its responses.
+// applyMsg applies a MsgStorageApply: committed entries, then steps its
+// responses. (With AsyncStorageWrites a snapshot comes in a
+// MsgStorageAppend instead: see installSnapshot.)
 func (a *Actor) applyMsg(ctx actor.Context, m raftpb.Message) {
-	if m.Snapshot != nil && !raft.IsEmptySnap(*m.Snapshot) {
-		var sd heraldpb.SnapshotData
-		if err := proto.Unmarshal(m.Snapshot.Data, &sd); err == nil {
-			a.hw = sd.NextOffset
-		}
-		a.dropHolds(ctx) // what they held is gone
-		a.applied = m.Snapshot.Metadata.Index
-		a.appliedTerm = m.Snapshot.Metadata.Term
-		a.win.reset()
-		a.openPrio()       // the log was replaced: index it again
-		a.resetProducers() // and its earlier batches are gone
-	}
 	a.apply(ctx, m.Entries)
 	for _, r := range m.Responses {
 		if err := a.rn.Step(r); err != nil {

@@ -18,6 +18,7 @@ type appendDone struct {
 	n         int              // messages covered
 	entries   []raftpb.Entry   // entries now durable, for acks=leader
 	responses []raftpb.Message // to deliver now that the writes are durable
+	snapshot  *raftpb.Snapshot // the last snapshot written, to install before the responses
 	err       error
 }
 
@@ -84,6 +85,9 @@ func (w *logWriter) run() {
 		for i := range batch {
 			if res.err = w.write(&batch[i]); res.err != nil {
 				break
+			}
+			if sn := batch[i].Snapshot; sn != nil && !raft.IsEmptySnap(*sn) {
+				res.snapshot = sn
 			}
 			res.entries = append(res.entries, batch[i].Entries...)
 			res.responses = append(res.responses, batch[i].Responses...)
