@@ -33,9 +33,10 @@ const maxHolds = 4096
 // hold is a run of batches from base on that become readable at until
 // (Unix ms), with the producers waiting for that.
 type hold struct {
-	base    int64
-	until   int64
-	answers []heldAnswer
+	base      int64
+	until     int64
+	committed int64 // when it was applied (Unix µs)
+	answers   []heldAnswer
 }
 
 // heldAnswer is a committed proposal's answer, sent when its batch
@@ -49,10 +50,18 @@ type heldAnswer struct {
 type heldDue struct{ gen uint64 }
 
 // readable is the end of what readers may read: the high watermark, or
-// the first held batch.
+// the first held batch whose time has not come. A hold whose time has
+// come is readable at once, before the timer that ends it (and wakes the
+// long polls waiting for it) gets through on a busy node.
 func (a *Actor) readable() int64 {
-	if len(a.holds) > 0 {
-		return a.holds[0].base
+	if len(a.holds) == 0 {
+		return a.hw
+	}
+	now := a.cfg.Clock.Now().UnixMilli()
+	for _, h := range a.holds {
+		if h.until > now {
+			return h.base
+		}
 	}
 	return a.hw
 }
@@ -80,7 +89,7 @@ func (a *Actor) addHold(base, until int64, p *proposal) {
 			last.answers = append(last.answers, heldAnswer{p: *p, base: base})
 		}
 	} else {
-		h := hold{base: base, until: until}
+		h := hold{base: base, until: until, committed: a.cfg.Clock.Now().UnixMicro()}
 		if p != nil {
 			h.answers = []heldAnswer{{p: *p, base: base}}
 		}
@@ -110,7 +119,7 @@ func (a *Actor) releaseHolds(ctx actor.Context) {
 	for _, h := range a.holds[:n] {
 		holdReleaseLateness.Observe(float64(max(nowUs-h.until*1000, 0)) / 1e6)
 	}
-	a.answerHolds(ctx, a.holds[:n], nowUs)
+	a.answerHolds(ctx, a.holds[:n])
 	clear(a.holds[:n])
 	a.holds = a.holds[n:]
 	if len(a.holds) == 0 {
@@ -128,19 +137,24 @@ func (a *Actor) dropHolds(ctx actor.Context) {
 	if len(a.holds) == 0 {
 		return
 	}
-	a.answerHolds(ctx, a.holds, a.cfg.Clock.Now().UnixMicro())
+	a.answerHolds(ctx, a.holds)
 	a.holds = nil
 	a.m.held.Set(0)
 }
 
-func (a *Actor) answerHolds(ctx actor.Context, hs []hold, nowUs int64) {
+// answerHolds answers the producers of holds that ended, each with the
+// time its batch became readable: its time, or its commit if that came
+// later (a hold that ends early, dropped, answers with now).
+func (a *Actor) answerHolds(ctx actor.Context, hs []hold) {
+	nowUs := a.cfg.Clock.Now().UnixMicro()
 	for _, h := range hs {
+		readableUs := min(max(h.committed, h.until*1000), nowUs)
 		for _, w := range h.answers {
 			a.answer(ctx, w.p, func(id uint64, dup bool) *heraldpb.Frame {
 				q := w.p
 				q.duplicate = dup
 				f := produced(id, a.cfg.Partition, w.base, q)
-				f.GetProduceResponse().CommitTimeUs = nowUs
+				f.GetProduceResponse().CommitTimeUs = readableUs
 				return f
 			})
 		}
