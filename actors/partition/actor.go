@@ -822,7 +822,7 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 		if ok {
 			held = &p // answered when it becomes readable
 		}
-		a.addHold(h.BaseOffset, until, held)
+		a.addHold(ctx, h.BaseOffset, until, held)
 		return
 	}
 	if ok {
@@ -900,7 +900,7 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	now := a.cfg.Clock.Now().UnixMilli()
 	// A held batch (hold.go) counts as appended when it becomes readable;
 	// it is held at most MaxHold.
-	notBefore := min(req.NotBeforeMs, now+MaxHold.Milliseconds())
+	notBefore := min(req.NotBeforeMs, now+a.cfg.MaxHold.Milliseconds())
 	if notBefore <= now {
 		notBefore = 0
 	}
@@ -940,7 +940,7 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	if req.ProducerId != 0 {
 		a.inflight[req.ProducerId] = append(a.inflight[req.ProducerId], inflightSeq{seq: req.BaseSequence, count: uint32(info.Count), offset: base, term: a.term})
 	}
-	p := proposal{replyTo: replyTo, frameID: f.Id, acks: req.Acks, count: uint32(info.Count), appendTime: now, bytes: len(req.Records)}
+	p := proposal{replyTo: replyTo, frameID: f.Id, acks: req.Acks, count: uint32(info.Count), appendTime: appendTime, bytes: len(req.Records)}
 	if req.Acks == heraldpb.Acks_ACKS_NONE {
 		a.reply(ctx, replyTo, produced(f.Id, a.cfg.Partition, -1, p))
 		return
@@ -1047,10 +1047,10 @@ func (a *Actor) serveParked(ctx actor.Context) {
 	end := a.readable()
 	for _, f := range a.park.ready(end) {
 		if a.win.covers(f.offset) {
-			a.answerFetch(ctx, f.replyTo, f.frameID, a.readWindow(f.offset, f.maxBytes, end))
+			a.answerFetchTo(ctx, f.replyTo, f.frameID, a.readWindow(f.offset, f.maxBytes, end), end)
 		} else {
 			// The window moved past it (a huge burst): let the client fetch again.
-			a.answerFetch(ctx, f.replyTo, f.frameID, nil)
+			a.answerFetchTo(ctx, f.replyTo, f.frameID, nil, end)
 		}
 	}
 	a.m.parked.Set(float64(len(a.park.fetches)))

@@ -179,8 +179,11 @@ type Config struct {
 	// Nil means a private pool of 2 readers.
 	Readers *ReaderPool
 
-	Clock  Clock
-	Logger *slog.Logger
+	Clock Clock
+	// MaxHold bounds how long a batch appended with not_before_ms is held
+	// unreadable (hold.go). Default MaxHold (1 s).
+	MaxHold time.Duration
+	Logger  *slog.Logger
 }
 
 // Name is the deterministic actor name of a partition replica.
@@ -234,6 +237,9 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.MaxProducers == 0 {
 		c.MaxProducers = 10_000
+	}
+	if c.MaxHold <= 0 {
+		c.MaxHold = MaxHold
 	}
 	if c.Clock == nil {
 		c.Clock = SystemClock

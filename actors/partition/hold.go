@@ -23,12 +23,18 @@ import (
 // becomes readable), so a wrong clock or a bad request never holds a
 // partition for longer.
 
-// MaxHold bounds how long a batch is held after its append.
+// MaxHold bounds how long a batch is held after its append (the default
+// of Config.MaxHold).
 const MaxHold = time.Second
 
 // maxHolds bounds the held batches tracked one by one; past it, a batch
-// joins the last hold (held until the later of the two times).
-const maxHolds = 4096
+// joins the last hold (held until the later of the two times), whose
+// producers are answered when it ends, up to maxHeldAnswers of them (the
+// others at once).
+const (
+	maxHolds       = 4096
+	maxHeldAnswers = 4096
+)
 
 // hold is a run of batches from base on that become readable at until
 // (Unix ms), with the producers waiting for that.
@@ -67,12 +73,14 @@ func (a *Actor) readable() int64 {
 }
 
 // holdUntil is when an applied entry with header h becomes readable
-// (0: now).
+// (0: now): its time, but at most MaxHold from now on this replica's
+// clock (the leader capped it on its own; a replica whose clock is
+// behind the leader's must not hold it for longer).
 func (a *Actor) holdUntil(h heraldpb.LogEntryHeader, nowMs int64) int64 {
 	if h.NotBeforeMs == 0 {
 		return 0
 	}
-	until := min(h.NotBeforeMs, h.AppendTimeMs+MaxHold.Milliseconds())
+	until := min(h.NotBeforeMs, nowMs+a.cfg.MaxHold.Milliseconds())
 	if until <= nowMs {
 		return 0 // (behind a hold, it becomes readable with that one)
 	}
@@ -81,12 +89,15 @@ func (a *Actor) holdUntil(h heraldpb.LogEntryHeader, nowMs int64) int64 {
 
 // addHold holds the batch at base until until; p, when set, is answered
 // then.
-func (a *Actor) addHold(base, until int64, p *proposal) {
+func (a *Actor) addHold(ctx actor.Context, base, until int64, p *proposal) {
 	if n := len(a.holds); n >= maxHolds {
 		last := &a.holds[n-1]
 		last.until = max(last.until, until)
-		if p != nil {
+		if p != nil && len(last.answers) < maxHeldAnswers {
 			last.answers = append(last.answers, heldAnswer{p: *p, base: base})
+		} else if p != nil {
+			// Committed, and held like the others; its producer hears it now.
+			a.answerHolds(ctx, []hold{{base: base, until: 0, committed: a.cfg.Clock.Now().UnixMicro(), answers: []heldAnswer{{p: *p, base: base}}}})
 		}
 	} else {
 		h := hold{base: base, until: until, committed: a.cfg.Clock.Now().UnixMicro()}
@@ -128,6 +139,7 @@ func (a *Actor) releaseHolds(ctx actor.Context) {
 	a.m.held.Set(float64(len(a.holds)))
 	a.serveParked(ctx)
 	a.stats.HighWatermark.Store(a.readable())
+	a.publishPrio()
 	a.armHold()
 }
 
@@ -183,8 +195,9 @@ func (a *Actor) onHeldDue(ctx actor.Context, m heldDue) {
 }
 
 // restoreHolds holds again, after the log was opened, the last applied
-// entries whose time has not come (entries are held at most MaxHold
-// after their append, so only the recent tail can be).
+// entries whose time has not come. Entries are held at most MaxHold, so
+// only the recent tail can be: it reads back from the last applied entry
+// until one older than MaxHold, or restoreScanLimit entries.
 func (a *Actor) restoreHolds() error {
 	nowMs := a.cfg.Clock.Now().UnixMilli()
 	first, err := a.store.FirstIndex()
@@ -196,27 +209,39 @@ func (a *Actor) restoreHolds() error {
 		return err
 	}
 	var found []hold
-	for hi := min(a.applied, last); hi >= first && hi > 0; {
+	scanned := 0
+	for hi := min(a.applied, last); hi >= first && hi > 0 && scanned < restoreScanLimit; {
 		lo := first
 		if hi > first+63 {
 			lo = hi - 63
 		}
-		ents, err := a.store.Entries(lo, hi+1, 16<<20)
-		if err != nil {
-			return fmt.Errorf("reading entries [%d, %d] for held batches (first %d, last %d, applied %d): %w", lo, hi, first, last, a.applied, err)
+		// Entries stops at a size limit: read the range in as many calls
+		// as it takes.
+		var ents []raftpb.Entry
+		for next := lo; next <= hi; {
+			got, err := a.store.Entries(next, hi+1, 16<<20)
+			if err != nil {
+				return fmt.Errorf("reading entries [%d, %d] for held batches (first %d, last %d, applied %d): %w", next, hi, first, last, a.applied, err)
+			}
+			if len(got) == 0 {
+				return fmt.Errorf("reading entries [%d, %d] for held batches: none returned", next, hi)
+			}
+			ents = append(ents, got...)
+			next += uint64(len(got))
 		}
 		old := false
 		for i := len(ents) - 1; i >= 0; i-- {
 			e := ents[i]
+			scanned++
 			h, _, err := heraldpb.ScanLogEntry(e.Data)
 			if e.Type != raftpb.EntryNormal || len(e.Data) == 0 || err != nil || h.AppendTimeMs == 0 {
 				continue // a conf change or an empty entry
 			}
-			if h.AppendTimeMs+MaxHold.Milliseconds() < nowMs {
+			if h.AppendTimeMs+a.cfg.MaxHold.Milliseconds() < nowMs {
 				old = true
 				break
 			}
-			if until := min(h.NotBeforeMs, h.AppendTimeMs+MaxHold.Milliseconds()); until > nowMs {
+			if until := a.holdUntil(h, nowMs); until > 0 {
 				found = append(found, hold{base: h.BaseOffset, until: until})
 			}
 		}
@@ -226,13 +251,16 @@ func (a *Actor) restoreHolds() error {
 		hi = lo - 1
 	}
 	for i := len(found) - 1; i >= 0; i-- {
-		a.holds = append(a.holds, found[i])
+		a.addHold(nil, found[i].base, found[i].until, nil) // (no producers: nil ctx is not used)
 	}
 	a.m.held.Set(float64(len(a.holds)))
 	a.holdTimerAt = 0
 	a.armHold()
 	return nil
 }
+
+// restoreScanLimit bounds the entries restoreHolds reads back.
+const restoreScanLimit = 65536
 
 // readWindow reads the window from offset (below end) and leaves out the
 // batches from end on (holds start at a batch).

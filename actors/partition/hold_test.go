@@ -50,13 +50,13 @@ func records(bs []*heraldpb.StoredBatch) int {
 // before.
 func TestHeldBatchIsReadableAtItsTime(t *testing.T) {
 	sys := actor.NewActorSystem()
-	reps := spawnGroup(t, sys, 3)
+	reps := spawnGroupWith(t, sys, 3, func(_ *replica, cfg *Config) { cfg.MaxHold = 5 * time.Second })
 	all := map[uint64]bool{1: true, 2: true, 3: true}
 	leader := leaderOf(t, reps, all)
 	produceRetrying(t, sys, leader.pid, newInbox(sys), heraldpb.Acks_ACKS_ALL, "a")
 
 	held := newInbox(sys)
-	notBefore := time.Now().Add(600 * time.Millisecond).UnixMilli()
+	notBefore := time.Now().Add(1500 * time.Millisecond).UnixMilli()
 	sys.Root.RequestWithCustomSender(leader.pid, heldProduce(notBefore, "b", "c"), held.pid)
 	after := askFrame(t, sys, leader.pid, produceFrame("t", heraldpb.Acks_ACKS_ALL, "d")).GetProduceResponse()
 	if after == nil || after.BaseOffset != 3 {
@@ -75,7 +75,8 @@ func TestHeldBatchIsReadableAtItsTime(t *testing.T) {
 		t.Fatalf("include_held fetch: %v", r)
 	}
 	// Not readable before its time, on any replica.
-	for time.Now().UnixMilli() < notBefore-100 {
+	checks := 0
+	for ; time.Now().UnixMilli() < notBefore-100; checks++ {
 		if r := askFrame(t, sys, leader.pid, fetchFrame("t", 1, 0)).GetFetchResponse(); len(r.GetBatches()) != 0 || r.GetHighWatermark() != 1 {
 			t.Fatalf("fetch before the time: %v", r)
 		}
@@ -92,6 +93,9 @@ func TestHeldBatchIsReadableAtItsTime(t *testing.T) {
 			t.Fatalf("held produce answered before its time: %v", f)
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+	if checks == 0 {
+		t.Fatal("the setup took longer than the hold: nothing was checked before the time")
 	}
 	// A long poll waiting at the readable end gets them at their time.
 	poll := newInbox(sys)
@@ -154,7 +158,7 @@ func TestHoldSurvivesRestart(t *testing.T) {
 		cfg := Config{
 			Topic: "t", ReplicaID: 1, Peers: map[uint64]*actor.PID{1: actor.NewPID(sys.Address(), "p/t-0/r1")},
 			Open:         func() (Storage, error) { return persistence.Open(persistence.Options{Dir: dir, Group: "t-0"}) },
-			TickInterval: 10 * time.Millisecond, Readers: readers,
+			TickInterval: 10 * time.Millisecond, Readers: readers, MaxHold: 5 * time.Second,
 		}
 		props, err := Props(sys, cfg, &Stats{})
 		if err != nil {
@@ -168,10 +172,16 @@ func TestHoldSurvivesRestart(t *testing.T) {
 	}
 	pid := spawn()
 	produceRetrying(t, sys, pid, newInbox(sys), heraldpb.Acks_ACKS_ALL, "a")
-	notBefore := time.Now().Add(MaxHold - 50*time.Millisecond).UnixMilli()
+	// Large entries before the held one: reading the log's tail back takes
+	// more than one read (each stops at 16 MiB).
+	big := string(make([]byte, 900<<10))
+	for range 20 {
+		produceRetrying(t, sys, pid, newInbox(sys), heraldpb.Acks_ACKS_ALL, big)
+	}
+	notBefore := time.Now().Add(2500 * time.Millisecond).UnixMilli()
 	sys.Root.Send(pid, heldProduce(notBefore, "b"))
 	checkFor(t, 5*time.Second, "the held batch committed", func() bool {
-		return records(askFrame(t, sys, pid, fetchHeld(1)).GetFetchResponse().GetBatches()) == 1
+		return records(askFrame(t, sys, pid, fetchHeld(21)).GetFetchResponse().GetBatches()) == 1
 	})
 	if err := sys.Root.StopFuture(pid).Wait(); err != nil {
 		t.Fatal(err)
@@ -184,16 +194,34 @@ func TestHoldSurvivesRestart(t *testing.T) {
 	if time.Now().UnixMilli() >= notBefore {
 		t.Fatalf("the restart took too long to check the hold (%d ms past its time)", time.Now().UnixMilli()-notBefore)
 	}
-	if lo := askFrame(t, sys, pid, latest()).GetListOffsetsResponse(); lo.Offset != 1 && time.Now().UnixMilli() < notBefore {
-		t.Fatalf("after the restart, before the time: latest %d, want 1", lo.Offset)
+	if lo := askFrame(t, sys, pid, latest()).GetListOffsetsResponse(); lo.Offset != 21 && time.Now().UnixMilli() < notBefore {
+		t.Fatalf("after the restart, before the time: latest %d, want 21", lo.Offset)
 	}
 	// The long poll is answered at the time (empty when the batch is not
 	// in the restarted replica's memory: the client reads it again).
-	got := askFrame(t, sys, pid, fetchFrame("t", 1, 5000)).GetFetchResponse()
-	if now := time.Now().UnixMilli(); now < notBefore || got.GetHighWatermark() != 2 {
+	got := askFrame(t, sys, pid, fetchFrame("t", 21, 5000)).GetFetchResponse()
+	if now := time.Now().UnixMilli(); now < notBefore || got.GetHighWatermark() != 22 {
 		t.Fatalf("after the restart: %v at %d ms before its time", got, notBefore-now)
 	}
-	if got := askFrame(t, sys, pid, fetchFrame("t", 1, 0)).GetFetchResponse(); records(got.GetBatches()) != 1 {
+	if got := askFrame(t, sys, pid, fetchFrame("t", 21, 0)).GetFetchResponse(); records(got.GetBatches()) != 1 {
 		t.Fatalf("after the restart, at the time: %v", got)
+	}
+}
+
+// TestHoldIsCappedOnEachReplica: a replica holds a batch at most MaxHold
+// from its own clock, whatever time the leader stamped (a leader whose
+// clock is ahead must not hold the others' readers longer).
+func TestHoldIsCappedOnEachReplica(t *testing.T) {
+	a := &Actor{cfg: Config{Clock: SystemClock, MaxHold: MaxHold}}
+	now := time.Now().UnixMilli()
+	h := heraldpb.LogEntryHeader{NotBeforeMs: now + 5000, AppendTimeMs: now + 5000}
+	if until := a.holdUntil(h, now); until != now+MaxHold.Milliseconds() {
+		t.Fatalf("held until %d ms from now, want %d", until-now, MaxHold.Milliseconds())
+	}
+	if until := a.holdUntil(heraldpb.LogEntryHeader{NotBeforeMs: now + 20}, now); until != now+20 {
+		t.Fatalf("held until %d ms from now, want 20", until-now)
+	}
+	if until := a.holdUntil(heraldpb.LogEntryHeader{NotBeforeMs: now - 1}, now); until != 0 {
+		t.Fatalf("a past time held until %d", until)
 	}
 }

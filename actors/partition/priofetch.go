@@ -80,8 +80,11 @@ func (a *Actor) onPrioChunk(c prioChunk) {
 
 // publishPrio copies the sub-queue ends into Stats.
 func (a *Actor) publishPrio() {
+	// Held records (hold.go) are not readable yet: a sub-queue ends, for
+	// readers, at the readable end at most.
+	end := a.readable()
 	for l := 1; l < Levels; l++ {
-		a.stats.PriorityEnd[l].Store(a.prio.end(l))
+		a.stats.PriorityEnd[l].Store(min(a.prio.end(l), end))
 	}
 }
 

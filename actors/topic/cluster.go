@@ -252,7 +252,8 @@ func noteRemote(st *partition.Stats, f, resp *heraldpb.Frame, from uint64) {
 	switch {
 	case resp.GetProduceResponse() != nil:
 		st.Leader.Store(from)
-	case resp.GetFetchResponse() != nil:
+	case resp.GetFetchResponse() != nil && !f.GetFetch().GetIncludeHeld():
+		// (an include_held answer's end counts batches not readable yet)
 		bounds(resp.GetFetchResponse().HighWatermark, resp.GetFetchResponse().LogStartOffset)
 	case resp.GetListOffsetsResponse() != nil:
 		bounds(resp.GetListOffsetsResponse().HighWatermark, resp.GetListOffsetsResponse().LogStartOffset)
