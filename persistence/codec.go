@@ -126,7 +126,25 @@ type diskState struct {
 	// resetting is set while ApplySnapshot replaces the WAL; Open finishes
 	// the reset if it finds it set.
 	resetting bool
+	// The membership as of snapIndex (what a raft snapshot of this log
+	// carries), and after each membership change logged since (confs,
+	// ascending, at most maxConfHistory). Past that many, the oldest is
+	// dropped and the indexes [gapFrom, gapTo) where the membership is no
+	// longer known cannot become the snapshot point. A state file of the
+	// earlier format has none of this: snapCS is then cs.
+	snapCS         raftpb.ConfState
+	confs          []confAt
+	gapFrom, gapTo uint64
 }
+
+// confAt is the membership from a raft index on.
+type confAt struct {
+	index uint64
+	cs    raftpb.ConfState
+}
+
+// maxConfHistory bounds diskState.confs (a state slot is 4 KiB).
+const maxConfHistory = 32
 
 const stateMagic = "HRLDST01"
 
@@ -148,6 +166,18 @@ func encodeState(s *diskState) []byte {
 	b = append(b, hs...)
 	b = binary.AppendUvarint(b, uint64(len(cs)))
 	b = append(b, cs...)
+	snapCS, _ := s.snapCS.Marshal()
+	b = binary.AppendUvarint(b, uint64(len(snapCS)))
+	b = append(b, snapCS...)
+	b = binary.AppendUvarint(b, s.gapFrom)
+	b = binary.AppendUvarint(b, s.gapTo)
+	b = binary.AppendUvarint(b, uint64(len(s.confs)))
+	for _, c := range s.confs {
+		b = binary.AppendUvarint(b, c.index)
+		m, _ := c.cs.Marshal()
+		b = binary.AppendUvarint(b, uint64(len(m)))
+		b = append(b, m...)
+	}
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
@@ -178,15 +208,52 @@ func decodeState(b []byte) (diskState, error) {
 		return fail("snapshot offset")
 	}
 	p = p[n:]
-	for _, part := range []func([]byte) error{s.hs.Unmarshal, s.cs.Unmarshal} {
+	section := func(part func([]byte) error) error {
 		l, n := binary.Uvarint(p)
 		if n <= 0 || uint64(len(p)-n) < l {
-			return fail("section length")
+			return corruptf("state file: bad section length")
 		}
 		if err := part(p[n : n+int(l)]); err != nil {
-			return fail("section: " + err.Error())
+			return corruptf("state file: bad section: %v", err)
 		}
 		p = p[n+int(l):]
+		return nil
+	}
+	for _, part := range []func([]byte) error{s.hs.Unmarshal, s.cs.Unmarshal} {
+		if err := section(part); err != nil {
+			return diskState{}, err
+		}
+	}
+	if len(p) == 0 {
+		s.snapCS = s.cs // the earlier format
+		return s, nil
+	}
+	if err := section(s.snapCS.Unmarshal); err != nil {
+		return diskState{}, err
+	}
+	var count uint64
+	for _, v := range []*uint64{&s.gapFrom, &s.gapTo, &count} {
+		if *v, n = binary.Uvarint(p); n <= 0 {
+			return fail("membership history")
+		}
+		p = p[n:]
+	}
+	if count > maxConfHistory {
+		return fail("membership history length")
+	}
+	for range count {
+		var c confAt
+		if c.index, n = binary.Uvarint(p); n <= 0 {
+			return fail("membership history index")
+		}
+		p = p[n:]
+		if err := section(c.cs.Unmarshal); err != nil {
+			return diskState{}, err
+		}
+		s.confs = append(s.confs, c)
+	}
+	if len(p) != 0 {
+		return fail("trailing bytes")
 	}
 	return s, nil
 }

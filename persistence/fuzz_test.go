@@ -85,7 +85,13 @@ func stateSeeds() [][]byte {
 	two := append(append([]byte{}, a...), b...)
 	torn := append(append([]byte{}, a...), b[:100]...)
 	torn = append(torn, make([]byte, slotSize-100)...)
-	return [][]byte{two, torn, encodeState(&st), {}, []byte(slotMagic)}
+	hist := st
+	hist.snapCS = raftpb.ConfState{Voters: []uint64{1, 2, 3}}
+	hist.confs = []confAt{{index: 5, cs: raftpb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}}},
+		{index: 7, cs: raftpb.ConfState{Voters: []uint64{1, 2, 4}, VotersOutgoing: []uint64{1, 2, 3}, AutoLeave: true}}}
+	hist.gapFrom, hist.gapTo = 4, 5
+	h, _ := encodeSlot(&hist, 9)
+	return [][]byte{two, torn, encodeState(&st), {}, []byte(slotMagic), h}
 }
 
 // FuzzDecodeStateFile feeds arbitrary bytes to decodeStateFile, the

@@ -23,6 +23,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -252,7 +253,24 @@ func (l *Log) scan(wl uint64) error {
 }
 
 func (l *Log) currentState() diskState {
-	return diskState{hs: l.hs, cs: l.cs, snapIndex: l.snap.snapIndex, snapTerm: l.snap.snapTerm, snapOffset: l.snap.snapOffset}
+	return diskState{hs: l.hs, cs: l.cs, snapIndex: l.snap.snapIndex, snapTerm: l.snap.snapTerm, snapOffset: l.snap.snapOffset,
+		snapCS: l.snap.snapCS, confs: slices.Clone(l.snap.confs), gapFrom: l.snap.gapFrom, gapTo: l.snap.gapTo}
+}
+
+// membershipAt returns the membership as of index i (at or after the
+// snapshot point) and the history after it; ok is false inside a gap
+// where it is no longer known (see diskState).
+func (st *diskState) membershipAt(i uint64) (cs raftpb.ConfState, rest []confAt, ok bool) {
+	if st.gapTo > 0 && i >= st.gapFrom && i < st.gapTo {
+		return cs, nil, false
+	}
+	cs = st.snapCS
+	k := 0
+	for k < len(st.confs) && st.confs[k].index <= i {
+		cs = st.confs[k].cs
+		k++
+	}
+	return cs, st.confs[k:], true
 }
 
 func (l *Log) syncFile(f File) error {
@@ -558,10 +576,12 @@ func (l *Log) readEntry(i uint64) (*cachedEntry, error) {
 	return &cachedEntry{e: e, m: m, records: records}, nil
 }
 
-// SetConfState records the ConfState after the owner applied a
-// configuration change, writing the state file (one fsync) if it changed.
-// Owner only; a disk failure fails the Log as in Save.
-func (l *Log) SetConfState(cs raftpb.ConfState) error {
+// SetConfState records the ConfState after the owner applied the
+// configuration change at raft index index, writing the state file (one
+// fsync) if it changed. The log keeps the membership after each change
+// since its snapshot point, so that a snapshot carries the membership as
+// of its own index. Owner only; a disk failure fails the Log as in Save.
+func (l *Log) SetConfState(index uint64, cs raftpb.ConfState) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	if err := l.checkWritable(); err != nil {
@@ -569,8 +589,25 @@ func (l *Log) SetConfState(cs raftpb.ConfState) error {
 	}
 	l.mu.Lock()
 	l.cs = cs
+	if index > l.snap.snapIndex {
+		h := l.snap.confs
+		for len(h) > 0 && h[len(h)-1].index >= index {
+			h = h[:len(h)-1] // applied again (after a restart)
+		}
+		h = append(h, confAt{index: index, cs: cs})
+		if len(h) > maxConfHistory {
+			// The membership between the two oldest changes is forgotten:
+			// those indexes cannot become the snapshot point.
+			if l.snap.gapTo == 0 {
+				l.snap.gapFrom = h[0].index
+			}
+			l.snap.gapTo = h[1].index
+			h = slices.Clone(h[1:])
+		}
+		l.snap.confs = h
+	}
 	l.mu.Unlock()
-	if l.persisted.cs.Equivalent(cs) == nil {
+	if l.persisted.cs.Equivalent(cs) == nil && index <= l.snap.snapIndex {
 		return nil
 	}
 	if err := l.writeState(l.currentState()); err != nil {
@@ -773,7 +810,7 @@ func (l *Log) Snapshot() (raftpb.Snapshot, error) {
 	}
 	return raftpb.Snapshot{
 		Data:     data,
-		Metadata: raftpb.SnapshotMetadata{Index: l.snap.snapIndex, Term: l.snap.snapTerm, ConfState: l.cs},
+		Metadata: raftpb.SnapshotMetadata{Index: l.snap.snapIndex, Term: l.snap.snapTerm, ConfState: l.snap.snapCS},
 	}, nil
 }
 
@@ -804,7 +841,7 @@ func (l *Log) ApplySnapshot(snap raftpb.Snapshot) error {
 	hs := l.hs
 	hs.Commit = max(hs.Commit, md.Index)
 	hs.Term = max(hs.Term, md.Term)
-	st := diskState{hs: hs, cs: md.ConfState, snapIndex: md.Index, snapTerm: md.Term, snapOffset: sd.NextOffset, resetting: true}
+	st := diskState{hs: hs, cs: md.ConfState, snapIndex: md.Index, snapTerm: md.Term, snapOffset: sd.NextOffset, resetting: true, snapCS: md.ConfState}
 	if err := l.writeState(st); err != nil {
 		return l.fail(err)
 	}

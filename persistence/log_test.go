@@ -282,7 +282,7 @@ func TestReopenRestoresEverything(t *testing.T) {
 		mustSave(t, l, raftpb.HardState{Term: 2, Vote: 3, Commit: i + 5}, g.entries(i, 10, 3))
 	}
 	cs := raftpb.ConfState{Voters: []uint64{1, 2, 3}}
-	if err := l.SetConfState(cs); err != nil {
+	if err := l.SetConfState(200, cs); err != nil {
 		t.Fatal(err)
 	}
 	before := snapshotIndexes(l)

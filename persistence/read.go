@@ -181,6 +181,15 @@ func (l *Log) Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo u
 // truncateLogged is truncateFront for Retain and DeleteBefore: it counts
 // and logs the records removed, and fails the Log on a disk error.
 func (l *Log) truncateLogged(idx uint64, off, removed int64, msg string) (int64, error) {
+	st := l.currentState()
+	if _, _, ok := st.membershipAt(idx - 1); !ok {
+		// More membership changes than the state file keeps since the
+		// snapshot point: the log is not truncated inside the forgotten
+		// span (a snapshot there would carry the wrong membership).
+		l.log.Warn("persistence: not truncating inside a span of forgotten membership changes", "group", l.opts.Group,
+			"first_index", idx, "span_from", st.gapFrom, "span_to", st.gapTo)
+		return 0, nil
+	}
 	records := off - l.ix.startOffset
 	if err := l.truncateFront(idx, off, removed); err != nil {
 		return 0, l.fail(err)
@@ -231,6 +240,14 @@ func (l *Log) DeleteBefore(offset int64, upTo uint64) (int64, error) {
 // leaves a state that Open can finish), publishes, then truncates the WAL.
 func (l *Log) truncateFront(f uint64, off, removed int64) error {
 	st := l.currentState()
+	cs, rest, ok := st.membershipAt(f - 1)
+	if !ok {
+		return fmt.Errorf("persistence: the membership at index %d is not known", f-1) // (truncateLogged checks first)
+	}
+	st.snapCS, st.confs = cs, rest
+	if f-1 >= st.gapTo {
+		st.gapFrom, st.gapTo = 0, 0
+	}
 	st.snapIndex, st.snapTerm, st.snapOffset = f-1, l.ix.term(f-1), off
 	st.hs.Commit = max(st.hs.Commit, f-1)
 	if err := l.writeState(st); err != nil {

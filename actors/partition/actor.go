@@ -762,12 +762,12 @@ func (a *Actor) apply(ctx actor.Context, ents []raftpb.Entry) {
 		case raftpb.EntryConfChange:
 			var cc raftpb.ConfChange
 			if err := cc.Unmarshal(e.Data); err == nil {
-				a.applyConfState(a.rn.ApplyConfChange(cc))
+				a.applyConfState(e.Index, a.rn.ApplyConfChange(cc))
 			}
 		case raftpb.EntryConfChangeV2:
 			var cc raftpb.ConfChangeV2
 			if err := cc.Unmarshal(e.Data); err == nil {
-				a.applyConfState(a.rn.ApplyConfChange(cc))
+				a.applyConfState(e.Index, a.rn.ApplyConfChange(cc))
 			}
 		case raftpb.EntryNormal:
 			if len(e.Data) > 0 {
@@ -782,8 +782,8 @@ func (a *Actor) apply(ctx actor.Context, ents []raftpb.Entry) {
 	}
 }
 
-func (a *Actor) applyConfState(cs *raftpb.ConfState) {
-	if err := a.store.SetConfState(*cs); err != nil {
+func (a *Actor) applyConfState(index uint64, cs *raftpb.ConfState) {
+	if err := a.store.SetConfState(index, *cs); err != nil {
 		a.log.Error("saving conf state", "err", err)
 	}
 	c := *cs

@@ -30,7 +30,8 @@ type Storage interface {
 	// far durable under the flush policy. Called by the log writer only.
 	Write(hs raftpb.HardState, entries []raftpb.Entry) error
 	Flush() error
-	SetConfState(cs raftpb.ConfState) error
+	// SetConfState records the membership after the change at index.
+	SetConfState(index uint64, cs raftpb.ConfState) error
 	ApplySnapshot(snap raftpb.Snapshot) error
 	StartOffset() int64
 	EndOffset() int64

@@ -1,0 +1,103 @@
+package persistence
+
+import (
+	"slices"
+	"testing"
+
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+func voters(ids ...uint64) raftpb.ConfState { return raftpb.ConfState{Voters: ids} }
+
+// snapshotVoters returns the voters a raft snapshot of l would carry, and
+// its index.
+func snapshotVoters(t *testing.T, l *Log) ([]uint64, uint64) {
+	t.Helper()
+	snap, err := l.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap.Metadata.ConfState.Voters, snap.Metadata.Index
+}
+
+// TestSnapshotCarriesMembershipAsOfItsIndex: after truncating the front, a
+// snapshot carries the membership as of its own index, not the one last
+// applied (a replica restoring it replays the changes logged after it),
+// across a reopen too.
+func TestSnapshotCarriesMembershipAsOfItsIndex(t *testing.T) {
+	dir := t.TempDir()
+	opts, _ := testOptions(t, dir)
+	l := mustOpen(t, opts)
+	g := &gen{term: 2, recLen: 50, nowMs: 5}
+	mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1, Commit: 100}, g.entries(1, 100, 3))
+	for _, c := range []struct {
+		index uint64
+		cs    raftpb.ConfState
+	}{{1, voters(1)}, {50, voters(1, 2, 3)}, {90, voters(1, 2, 4)}} {
+		if err := l.SetConfState(c.index, c.cs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Entry i holds offsets [3(i-1), 3i): before 3*59 leaves index 60 first.
+	if _, err := l.DeleteBefore(3*59, 100); err != nil {
+		t.Fatal(err)
+	}
+	if v, idx := snapshotVoters(t, l); idx != 59 || !slices.Equal(v, []uint64{1, 2, 3}) {
+		t.Fatalf("snapshot at %d carries %v, want 59 and [1 2 3]", idx, v)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = mustOpen(t, opts)
+	if v, idx := snapshotVoters(t, l); idx != 59 || !slices.Equal(v, []uint64{1, 2, 3}) {
+		t.Fatalf("after a reopen the snapshot at %d carries %v, want 59 and [1 2 3]", idx, v)
+	}
+	if _, cs, _ := l.InitialState(); !slices.Equal(cs.Voters, []uint64{1, 2, 4}) {
+		t.Fatalf("initial state %v, want the latest membership [1 2 4]", cs.Voters)
+	}
+	if _, err := l.DeleteBefore(3*95, 100); err != nil {
+		t.Fatal(err)
+	}
+	if v, idx := snapshotVoters(t, l); idx != 95 || !slices.Equal(v, []uint64{1, 2, 4}) {
+		t.Fatalf("snapshot at %d carries %v, want 95 and [1 2 4]", idx, v)
+	}
+	l.Close()
+}
+
+// TestForgottenMembershipSpanIsNotTruncated: past maxConfHistory changes
+// since the snapshot point, the oldest are forgotten, and the log is not
+// truncated inside the span whose membership is no longer known; past it,
+// the snapshot is exact again.
+func TestForgottenMembershipSpanIsNotTruncated(t *testing.T) {
+	opts, _ := testOptions(t, t.TempDir())
+	l := mustOpen(t, opts)
+	defer l.Close()
+	g := &gen{term: 2, recLen: 50, nowMs: 5}
+	mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1, Commit: 200}, g.entries(1, 200, 3))
+	// Changes at 2, 4, ..., 2*(maxConfHistory+2): the first two are forgotten.
+	n := maxConfHistory + 2
+	for k := 1; k <= n; k++ {
+		if err := l.SetConfState(uint64(2*k), voters(uint64(k))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The membership at 2..5 is no longer known (the changes at 2 and 4
+	// are gone; the one at 6 is kept): truncating to index 5 is refused.
+	if removed, err := l.DeleteBefore(3*5, 200); err != nil || removed != 0 {
+		t.Fatalf("truncation inside the forgotten span: %d records removed, %v", removed, err)
+	}
+	// Before the span the membership is the snapshot point's (none here).
+	if removed, err := l.DeleteBefore(3*1, 200); err != nil || removed != 3 {
+		t.Fatalf("truncation before the span: %d records removed, %v", removed, err)
+	}
+	if v, idx := snapshotVoters(t, l); idx != 1 || len(v) != 0 {
+		t.Fatalf("snapshot at %d carries %v, want 1 and none", idx, v)
+	}
+	// Past it, exact: index 7 is after the change at 6 (voter 3).
+	if removed, err := l.DeleteBefore(3*7, 200); err != nil || removed != 18 {
+		t.Fatalf("truncation past the span: %d records removed, %v", removed, err)
+	}
+	if v, idx := snapshotVoters(t, l); idx != 7 || !slices.Equal(v, []uint64{3}) {
+		t.Fatalf("snapshot at %d carries %v, want 7 and [3]", idx, v)
+	}
+}
