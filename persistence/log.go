@@ -810,8 +810,39 @@ func (l *Log) Snapshot() (raftpb.Snapshot, error) {
 	}
 	return raftpb.Snapshot{
 		Data:     data,
-		Metadata: raftpb.SnapshotMetadata{Index: l.snap.snapIndex, Term: l.snap.snapTerm, ConfState: l.snap.snapCS},
+		Metadata: raftpb.SnapshotMetadata{Index: l.snap.snapIndex, Term: l.snap.snapTerm, ConfState: l.snapshotMembership()},
 	}, nil
+}
+
+// snapshotMembership is the membership a snapshot carries: the one as of
+// the snapshot point, so that the changes logged after it replay onto
+// what they were made on, plus, as learners, the replicas those changes
+// added. Raft installs a snapshot only on a replica its membership names,
+// and a replica added after the point (a move's new learner, which is
+// exactly who needs the snapshot) would otherwise refuse it; replaying
+// its addition as a learner, or its promotion, onto that is harmless.
+func (l *Log) snapshotMembership() raftpb.ConfState {
+	cs := l.snap.snapCS
+	cs.Voters, cs.Learners = slices.Clone(cs.Voters), slices.Clone(cs.Learners)
+	known := func(id uint64) bool {
+		return slices.Contains(cs.Voters, id) || slices.Contains(cs.VotersOutgoing, id) ||
+			slices.Contains(cs.Learners, id) || slices.Contains(cs.LearnersNext, id)
+	}
+	later := make([]raftpb.ConfState, 0, len(l.snap.confs)+1)
+	for _, c := range l.snap.confs {
+		later = append(later, c.cs)
+	}
+	later = append(later, l.cs)
+	for _, c := range later {
+		for _, set := range [][]uint64{c.Voters, c.VotersOutgoing, c.Learners, c.LearnersNext} {
+			for _, id := range set {
+				if !known(id) {
+					cs.Learners = append(cs.Learners, id)
+				}
+			}
+		}
+	}
+	return cs
 }
 
 // ApplySnapshot resets the log to start right after snap (a follower that

@@ -101,3 +101,39 @@ func TestForgottenMembershipSpanIsNotTruncated(t *testing.T) {
 		t.Fatalf("snapshot at %d carries %v, want 7 and [3]", idx, v)
 	}
 }
+
+// TestSnapshotNamesReplicasAddedAfterIt: a replica added after the
+// snapshot point (the one that needs the snapshot) is in the snapshot's
+// membership as a learner, or raft would not install it there.
+func TestSnapshotNamesReplicasAddedAfterIt(t *testing.T) {
+	opts, _ := testOptions(t, t.TempDir())
+	l := mustOpen(t, opts)
+	defer l.Close()
+	g := &gen{term: 2, recLen: 50, nowMs: 5}
+	mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1, Commit: 100}, g.entries(1, 100, 3))
+	steps := []struct {
+		index uint64
+		cs    raftpb.ConfState
+	}{
+		{1, voters(1, 2, 3)},
+		{70, raftpb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}}},
+		{80, raftpb.ConfState{Voters: []uint64{1, 2, 4}, VotersOutgoing: []uint64{1, 2, 3}, AutoLeave: true}},
+		{81, voters(1, 2, 4)},
+	}
+	for _, c := range steps {
+		if err := l.SetConfState(c.index, c.cs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.DeleteBefore(3*59, 100); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := l.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := snap.Metadata.ConfState
+	if !slices.Equal(cs.Voters, []uint64{1, 2, 3}) || !slices.Equal(cs.Learners, []uint64{4}) || len(cs.VotersOutgoing) != 0 {
+		t.Fatalf("snapshot at %d carries %v, want voters [1 2 3] (as of its index) and learner 4 (added after it)", snap.Metadata.Index, cs.String())
+	}
+}
