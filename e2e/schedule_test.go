@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"slices"
@@ -179,30 +180,10 @@ func TestDelayedBrokerKilledMidFire(t *testing.T) {
 	createTopic(t, c, "t", 2)
 	ctx := ctxT(t, 60*time.Second)
 	const total = 3000
-	p := c.NewProducer()
-	var mu sync.Mutex
-	due := map[string]time.Time{}
 	start := time.Now()
-	for i := range total {
-		v := fmt.Sprintf("d-%05d", i)
-		d := time.Duration(i%1500)*time.Millisecond + time.Millisecond
-		p.SendAsync(ctx, &client.Message{Topic: "t", Key: []byte(strconv.Itoa(i % 7)), Value: []byte(v), Delay: d}, func(r client.Result, err error) {
-			if err == nil {
-				mu.Lock()
-				due[v] = r.DeliverAt
-				mu.Unlock()
-			}
-		})
-	}
-	if err := p.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p.Close(ctx)
+	due := sendDelayed(ctx, t, c, total, func(i int) time.Duration { return time.Duration(i%1500)*time.Millisecond + time.Millisecond })
 	sendTook := time.Since(start)
-	mu.Lock()
-	acked := len(due)
-	mu.Unlock()
-	if acked != total {
+	if acked := len(due); acked != total {
 		t.Fatalf("%d of %d delayed sends acknowledged", acked, total)
 	}
 	// Kill it while about half are due.
@@ -257,24 +238,7 @@ func TestDelayedNeverReadableEarly(t *testing.T) {
 	createTopic(t, c, "t", 2)
 	ctx := ctxT(t, 60*time.Second)
 	const total = 2000
-	p := c.NewProducer()
-	var mu sync.Mutex
-	due := map[string]time.Time{}
-	for i := range total {
-		v := fmt.Sprintf("d-%05d", i)
-		d := time.Duration(300+i%1200) * time.Millisecond
-		p.SendAsync(ctx, &client.Message{Topic: "t", Key: []byte(strconv.Itoa(i % 7)), Value: []byte(v), Delay: d}, func(r client.Result, err error) {
-			if err == nil {
-				mu.Lock()
-				due[v] = r.DeliverAt
-				mu.Unlock()
-			}
-		})
-	}
-	if err := p.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p.Close(ctx)
+	due := sendDelayed(ctx, t, c, total, func(i int) time.Duration { return time.Duration(300+i%1200) * time.Millisecond })
 	type seen struct {
 		at    time.Time
 		count int
@@ -311,8 +275,6 @@ func TestDelayedNeverReadableEarly(t *testing.T) {
 	if err := failed.Load(); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	var late []time.Duration
 	for v, at := range due {
 		s, ok := got.Load(v)
@@ -332,4 +294,31 @@ func TestDelayedNeverReadableEarly(t *testing.T) {
 	slices.Sort(late)
 	t.Logf("%d delayed messages, none early; lateness to a long-polling reader: p50 %v, p99 %v, max %v",
 		len(late), late[len(late)/2], late[len(late)*99/100], late[len(late)-1])
+}
+
+// sendDelayed sends total delayed messages d-00000... to topic t (keys
+// spread over 7 values), message i with delay(i), and returns the
+// deliver-at time of each one acknowledged.
+func sendDelayed(ctx context.Context, t *testing.T, c *client.Client, total int, delay func(i int) time.Duration) map[string]time.Time {
+	t.Helper()
+	p := c.NewProducer()
+	var mu sync.Mutex
+	due := map[string]time.Time{}
+	for i := range total {
+		v := fmt.Sprintf("d-%05d", i)
+		p.SendAsync(ctx, &client.Message{Topic: "t", Key: []byte(strconv.Itoa(i % 7)), Value: []byte(v), Delay: delay(i)}, func(r client.Result, err error) {
+			if err == nil {
+				mu.Lock()
+				due[v] = r.DeliverAt
+				mu.Unlock()
+			}
+		})
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.Close(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	return due
 }
