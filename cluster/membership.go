@@ -33,6 +33,7 @@ import (
 	"github.com/asynkron/protoactor-go/cluster/clusterproviders/etcd"
 	"github.com/asynkron/protoactor-go/cluster/identitylookup/disthash"
 	"github.com/asynkron/protoactor-go/remote"
+	"github.com/heraldmq/herald/internal/raftwire"
 	"github.com/heraldmq/herald/internal/slogfloor"
 	"github.com/labstack/echo"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -391,9 +392,12 @@ func healthAddr(addr string) string {
 // window of 4 MiB per stream and per connection (instead of gRPC's 64 KiB
 // start grown by BDP probes) lets a few appends be in flight without
 // window updates in between; 256 KiB read and write buffers (default 32 KiB)
-// take an append in a few syscalls. Receive buffers come from a pool, so a
-// received batch does not cost a new zeroed buffer. Per connection this is
-// at most 4 MiB of unread data and 512 KiB of buffers.
+// take an append in a few syscalls. The dialling side (protoactor's endpoint
+// writer, which receives only small answers) takes its receive buffers from
+// a pool; the serving side, which receives the appends, keeps them: its
+// codec (transportCodec) decodes the raft entries in place, so a received
+// batch costs one buffer and no copy. Per connection this is at most 4 MiB
+// of unread data and 512 KiB of buffers.
 const (
 	transportWindow = 4 << 20
 	transportBuffer = 256 << 10
@@ -420,7 +424,9 @@ func (n *Node) join() (*incarnation, error) {
 			grpc.MaxRecvMsgSize(max),
 			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-			experimental.RecvBufferPool(grpc.NewSharedBufferPool()),
+			// No receive buffer pool on this side: transportCodec keeps
+			// (aliases) the buffers gRPC hands it.
+			grpc.ForceServerCodec(transportCodec{serializer: raftwire.SerializerID()}),
 			grpc.InitialWindowSize(transportWindow),
 			grpc.InitialConnWindowSize(transportWindow),
 			grpc.ReadBufferSize(transportBuffer),

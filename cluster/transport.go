@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/internal/raftwire"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -30,7 +31,7 @@ var (
 	})
 	mRaftDropped = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_cluster_raft_messages_dropped_total",
-		Help: "Raft messages dropped by the transport: to a node with no address (unknown_node), or for a group with no local replica (unknown_group).",
+		Help: "Raft messages dropped by the transport: to a node with no address (unknown_node), for a group with no local replica (unknown_group), or undecodable (undecodable).",
 	}, []string{"reason"})
 	mRaftReceived = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_cluster_raft_messages_received_total",
@@ -85,7 +86,7 @@ func (n *Node) Unregister(group string) {
 }
 
 // deliver hands a message from another node to its group's local replica.
-func (n *Node) deliver(m *heraldpb.RaftMessage) {
+func (n *Node) deliver(m *raftwire.Message) {
 	n.groups.mu.RLock()
 	pid := n.groups.pids[m.Group]
 	n.groups.mu.RUnlock()
@@ -177,7 +178,7 @@ func (n *Node) Forward(to uint64, group string, f *heraldpb.Frame) {
 }
 
 // Send sends m to node to's relay (partition.Transport). It never blocks.
-func (n *Node) Send(to uint64, m *heraldpb.RaftMessage) {
+func (n *Node) Send(to uint64, m *raftwire.Message) {
 	n.sendTo(to, m)
 }
 
@@ -213,8 +214,16 @@ func (n *Node) addressOf(id uint64) string {
 func (n *Node) spawnRelay(sys *actor.ActorSystem) error {
 	_, err := sys.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
 		switch m := ctx.Message().(type) {
-		case *heraldpb.RaftMessage:
+		case *raftwire.Message: // decoded by raftwire's serializer
 			n.deliver(m)
+		case *heraldpb.RaftMessage: // decoded by protoactor's
+			rm, err := raftwire.Decode(m)
+			if err != nil {
+				mRaftDropped.WithLabelValues("undecodable").Inc()
+				n.log.Warn("dropping undecodable raft message", "group", m.Group, "err", err)
+				return
+			}
+			n.deliver(rm)
 		case *heraldpb.Forward:
 			n.deliverFrame(ctx, m)
 		}

@@ -145,17 +145,24 @@ func (x *LogEntry) GetNotBeforeMs() int64 {
 }
 
 // RaftMessage carries one go.etcd.io/raft raftpb.Message between the replicas
-// of a raft group, through protoactor PIDs.
+// of a raft group, through protoactor remote (internal/raftwire).
 type RaftMessage struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	Group   string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
-	Message []byte                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Group string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// The whole raftpb.Message, as nodes before the split form below send it
+	// (still read).
+	Message []byte `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	// Set instead of message: the group's leader tells a follower that the
 	// group is idle and fully replicated, so both may stop ticking.
 	Quiesce *Quiesce `protobuf:"bytes,3,opt,name=quiesce,proto3" json:"quiesce,omitempty"`
 	// Set instead of message: a replica that a partition move started on
 	// its node, still empty, announces itself to the group.
-	Joining       *Joining `protobuf:"bytes,4,opt,name=joining,proto3" json:"joining,omitempty"`
+	Joining *Joining `protobuf:"bytes,4,opt,name=joining,proto3" json:"joining,omitempty"`
+	// The split form, sent instead of message: the raftpb.Message without
+	// its entries, and the entries. A sender encodes each entry's data once,
+	// straight into the transport's buffer, not into a raftpb encoding first.
+	Header        []byte       `protobuf:"bytes,5,opt,name=header,proto3" json:"header,omitempty"`
+	Entries       []*RaftEntry `protobuf:"bytes,6,rep,name=entries,proto3" json:"entries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -218,6 +225,89 @@ func (x *RaftMessage) GetJoining() *Joining {
 	return nil
 }
 
+func (x *RaftMessage) GetHeader() []byte {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *RaftMessage) GetEntries() []*RaftEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+// RaftEntry is a raftpb.Entry, with raftpb's field numbers.
+type RaftEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Type          int32                  `protobuf:"varint,1,opt,name=type,proto3" json:"type,omitempty"`
+	Term          uint64                 `protobuf:"varint,2,opt,name=term,proto3" json:"term,omitempty"`
+	Index         uint64                 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RaftEntry) Reset() {
+	*x = RaftEntry{}
+	mi := &file_log_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RaftEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RaftEntry) ProtoMessage() {}
+
+func (x *RaftEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_log_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RaftEntry.ProtoReflect.Descriptor instead.
+func (*RaftEntry) Descriptor() ([]byte, []int) {
+	return file_log_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RaftEntry) GetType() int32 {
+	if x != nil {
+		return x.Type
+	}
+	return 0
+}
+
+func (x *RaftEntry) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *RaftEntry) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *RaftEntry) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 // Joining: replica `from` of a group, started empty by the move that
 // named it `incarnation`, waits to be added.
 type Joining struct {
@@ -230,7 +320,7 @@ type Joining struct {
 
 func (x *Joining) Reset() {
 	*x = Joining{}
-	mi := &file_log_proto_msgTypes[2]
+	mi := &file_log_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -242,7 +332,7 @@ func (x *Joining) String() string {
 func (*Joining) ProtoMessage() {}
 
 func (x *Joining) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[2]
+	mi := &file_log_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -255,7 +345,7 @@ func (x *Joining) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Joining.ProtoReflect.Descriptor instead.
 func (*Joining) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{2}
+	return file_log_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Joining) GetFrom() uint64 {
@@ -285,7 +375,7 @@ type Quiesce struct {
 
 func (x *Quiesce) Reset() {
 	*x = Quiesce{}
-	mi := &file_log_proto_msgTypes[3]
+	mi := &file_log_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +387,7 @@ func (x *Quiesce) String() string {
 func (*Quiesce) ProtoMessage() {}
 
 func (x *Quiesce) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[3]
+	mi := &file_log_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +400,7 @@ func (x *Quiesce) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Quiesce.ProtoReflect.Descriptor instead.
 func (*Quiesce) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{3}
+	return file_log_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Quiesce) GetFrom() uint64 {
@@ -343,7 +433,7 @@ type Tick struct {
 
 func (x *Tick) Reset() {
 	*x = Tick{}
-	mi := &file_log_proto_msgTypes[4]
+	mi := &file_log_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -355,7 +445,7 @@ func (x *Tick) String() string {
 func (*Tick) ProtoMessage() {}
 
 func (x *Tick) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[4]
+	mi := &file_log_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -368,7 +458,7 @@ func (x *Tick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tick.ProtoReflect.Descriptor instead.
 func (*Tick) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{4}
+	return file_log_proto_rawDescGZIP(), []int{5}
 }
 
 // SnapshotData is the state machine snapshot of a partition: a message log
@@ -382,7 +472,7 @@ type SnapshotData struct {
 
 func (x *SnapshotData) Reset() {
 	*x = SnapshotData{}
-	mi := &file_log_proto_msgTypes[5]
+	mi := &file_log_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +484,7 @@ func (x *SnapshotData) String() string {
 func (*SnapshotData) ProtoMessage() {}
 
 func (x *SnapshotData) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[5]
+	mi := &file_log_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +497,7 @@ func (x *SnapshotData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotData.ProtoReflect.Descriptor instead.
 func (*SnapshotData) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{5}
+	return file_log_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SnapshotData) GetNextOffset() int64 {
@@ -432,7 +522,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_log_proto_msgTypes[6]
+	mi := &file_log_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -444,7 +534,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[6]
+	mi := &file_log_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -457,7 +547,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{6}
+	return file_log_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Forward) GetGroup() string {
@@ -497,12 +587,19 @@ const file_log_proto_rawDesc = "" +
 	"\vproducer_id\x18\a \x01(\x04R\n" +
 	"producerId\x12#\n" +
 	"\rbase_sequence\x18\b \x01(\x03R\fbaseSequence\x12\"\n" +
-	"\rnot_before_ms\x18\t \x01(\x03R\vnotBeforeMs\"\x99\x01\n" +
+	"\rnot_before_ms\x18\t \x01(\x03R\vnotBeforeMs\"\xe1\x01\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +
 	"\aquiesce\x18\x03 \x01(\v2\x12.herald.v1.QuiesceR\aquiesce\x12,\n" +
-	"\ajoining\x18\x04 \x01(\v2\x12.herald.v1.JoiningR\ajoining\"?\n" +
+	"\ajoining\x18\x04 \x01(\v2\x12.herald.v1.JoiningR\ajoining\x12\x16\n" +
+	"\x06header\x18\x05 \x01(\fR\x06header\x12.\n" +
+	"\aentries\x18\x06 \x03(\v2\x14.herald.v1.RaftEntryR\aentries\"]\n" +
+	"\tRaftEntry\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\x05R\x04type\x12\x12\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\"?\n" +
 	"\aJoining\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\x04R\x04from\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\tR\vincarnation\"G\n" +
@@ -531,26 +628,28 @@ func file_log_proto_rawDescGZIP() []byte {
 	return file_log_proto_rawDescData
 }
 
-var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_log_proto_goTypes = []any{
 	(*LogEntry)(nil),     // 0: herald.v1.LogEntry
 	(*RaftMessage)(nil),  // 1: herald.v1.RaftMessage
-	(*Joining)(nil),      // 2: herald.v1.Joining
-	(*Quiesce)(nil),      // 3: herald.v1.Quiesce
-	(*Tick)(nil),         // 4: herald.v1.Tick
-	(*SnapshotData)(nil), // 5: herald.v1.SnapshotData
-	(*Forward)(nil),      // 6: herald.v1.Forward
-	(*Frame)(nil),        // 7: herald.v1.Frame
+	(*RaftEntry)(nil),    // 2: herald.v1.RaftEntry
+	(*Joining)(nil),      // 3: herald.v1.Joining
+	(*Quiesce)(nil),      // 4: herald.v1.Quiesce
+	(*Tick)(nil),         // 5: herald.v1.Tick
+	(*SnapshotData)(nil), // 6: herald.v1.SnapshotData
+	(*Forward)(nil),      // 7: herald.v1.Forward
+	(*Frame)(nil),        // 8: herald.v1.Frame
 }
 var file_log_proto_depIdxs = []int32{
-	3, // 0: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
-	2, // 1: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
-	7, // 2: herald.v1.Forward.frame:type_name -> herald.v1.Frame
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 0: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
+	3, // 1: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
+	2, // 2: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
+	8, // 3: herald.v1.Forward.frame:type_name -> herald.v1.Frame
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_log_proto_init() }
@@ -565,7 +664,7 @@ func file_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_log_proto_rawDesc), len(file_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

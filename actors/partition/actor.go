@@ -10,6 +10,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/mailbox"
+	"github.com/heraldmq/herald/internal/raftwire"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -184,7 +185,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.onStopping(ctx, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "partition %s-%d is restarting after a failure", a.cfg.Topic, a.cfg.Partition))
 	case *heraldpb.Tick:
 		a.onTick(ctx)
-	case *heraldpb.RaftMessage:
+	case *raftwire.Message:
 		a.active()
 		a.onRaftMessage(m)
 	case readyMsg:
@@ -516,7 +517,7 @@ func (a *Actor) release() {
 	}
 }
 
-func (a *Actor) onRaftMessage(m *heraldpb.RaftMessage) {
+func (a *Actor) onRaftMessage(m *raftwire.Message) {
 	if a.rn == nil {
 		return
 	}
@@ -528,12 +529,7 @@ func (a *Actor) onRaftMessage(m *heraldpb.RaftMessage) {
 		a.onJoining(m.Joining)
 		return
 	}
-	// The entries alias m.Message: nothing else holds it once delivered.
-	msg, err := decodeRaftMessage(m.Message)
-	if err != nil {
-		a.log.Warn("dropping undecodable raft message", "err", err)
-		return
-	}
+	msg := m.Raft
 	if a.emptyJoiner() && msg.Type == raftpb.MsgHeartbeat && msg.Commit > 0 {
 		// A leader that counts an earlier replica of this node as caught
 		// up: raft would panic on it (commit beyond an empty log). The
@@ -713,18 +709,14 @@ func (a *Actor) group() string {
 	return Name(a.cfg.Topic, a.cfg.Partition)
 }
 
-// send delivers a raft message to another replica's actor.
+// send delivers a raft message to another replica's actor. The transport
+// encodes it later, off this actor (raftwire): its entries are immutable.
 func (a *Actor) send(ctx actor.Context, m raftpb.Message) {
-	data, err := m.Marshal()
-	if err != nil {
-		a.log.Error("encoding raft message", "err", err)
-		return
-	}
-	a.sendRaft(m.To, &heraldpb.RaftMessage{Group: a.group(), Message: data})
+	a.sendRaft(m.To, &raftwire.Message{Group: a.group(), Raft: m})
 }
 
 // sendRaft hands rm to replica to: through the transport, or to its PID.
-func (a *Actor) sendRaft(to uint64, rm *heraldpb.RaftMessage) {
+func (a *Actor) sendRaft(to uint64, rm *raftwire.Message) {
 	if a.cfg.Transport != nil {
 		a.cfg.Transport.Send(to, rm)
 		return

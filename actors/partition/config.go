@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/internal/raftwire"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -49,7 +50,7 @@ type Storage interface {
 // another node. Delivery is at most once (raft retransmits); Send must not
 // block.
 type Transport interface {
-	Send(to uint64, m *heraldpb.RaftMessage)
+	Send(to uint64, m *raftwire.Message)
 }
 
 // Clock is the only way the actor reads time, so tests can move it.

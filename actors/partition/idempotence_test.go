@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/internal/raftwire"
 	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -406,15 +407,12 @@ type transport struct {
 	from uint64
 }
 
-func (tr transport) Send(to uint64, m *heraldpb.RaftMessage) {
+func (tr transport) Send(to uint64, m *raftwire.Message) {
 	tr.n.mu.Lock()
 	cut, pid := tr.n.cut, tr.n.pids[to]
 	tr.n.mu.Unlock()
-	if cut != nil {
-		var msg raftpb.Message
-		if msg.Unmarshal(m.Message) == nil && cut(tr.from, to, msg) {
-			return
-		}
+	if cut != nil && m.Quiesce == nil && m.Joining == nil && cut(tr.from, to, m.Raft) {
+		return
 	}
 	tr.n.sys.Root.Send(pid, m)
 }

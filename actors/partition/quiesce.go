@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"github.com/heraldmq/herald/internal/raftwire"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -44,7 +45,7 @@ func (a *Actor) maybeQuiesce() {
 	q := &heraldpb.Quiesce{From: a.cfg.ReplicaID, Term: st.Term, Index: st.Commit}
 	for id := range st.Progress {
 		if id != a.cfg.ReplicaID {
-			a.sendRaft(id, &heraldpb.RaftMessage{Group: a.group(), Quiesce: q})
+			a.sendRaft(id, &raftwire.Message{Group: a.group(), Quiesce: q})
 		}
 	}
 	a.setQuiesced(true)

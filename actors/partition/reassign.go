@@ -4,6 +4,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/heraldmq/herald/internal/raftwire"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"go.etcd.io/raft/v3/raftpb"
 	"go.etcd.io/raft/v3/tracker"
@@ -222,7 +223,7 @@ func (a *Actor) announce() {
 	j := &heraldpb.Joining{From: a.cfg.ReplicaID, Incarnation: a.cfg.JoinAs}
 	for _, to := range a.cfg.Announce {
 		if to != a.cfg.ReplicaID {
-			a.sendRaft(to, &heraldpb.RaftMessage{Group: a.group(), Joining: j})
+			a.sendRaft(to, &raftwire.Message{Group: a.group(), Joining: j})
 		}
 	}
 }
