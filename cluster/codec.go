@@ -11,12 +11,16 @@ import (
 
 // transportCodec is the gRPC codec of the node-to-node server (the
 // receiving end of protoactor remote's streams). It is protobuf, except
-// that a RemoteMessage's envelopes alias the received buffer instead of
-// copying each message out of it, and that RaftMessage envelopes are
-// marked for raftwire's serializer (serializer), whose decoding aliases
-// the envelope in turn: a raft append is not copied between gRPC's read
-// buffer and the follower's log writer. gRPC hands Unmarshal a buffer of
-// its own (the server has no receive buffer pool), so aliasing it is safe.
+// that it marks a RemoteMessage's RaftMessage envelopes for raftwire's
+// serializer, whose decoding aliases the envelope's bytes instead of
+// copying the raft entries out of them: a raft append is copied once
+// between gRPC's read buffer and the follower's log writer.
+//
+// Each envelope's bytes are a copy of their own, as proto.Unmarshal makes
+// them, not a slice of gRPC's buffer: a follower keeps entries in its
+// caches for a while, and an entry of a quiet partition must not keep the
+// whole batch it came in (other partitions' appends, up to 32 of them)
+// from the garbage collector.
 type transportCodec struct {
 	serializer int32 // raftwire's serializer id; < 0: none
 }
@@ -67,8 +71,7 @@ const (
 )
 
 // decodeBatchMessage decodes a RemoteMessage that is one MessageBatch, as
-// protoactor's writer sends them, with each envelope's message_data
-// aliasing b. ok is false for anything else, and for what it cannot
+// protoactor's writer sends them. ok is false for anything else, and for what it cannot
 // decode: the caller then uses proto.Unmarshal. What it decodes,
 // proto.Unmarshal decodes the same (FuzzDecodeBatchMessage).
 func decodeBatchMessage(b []byte) (*remote.MessageBatch, bool) {
@@ -118,8 +121,8 @@ func decodeBatchMessage(b []byte) (*remote.MessageBatch, bool) {
 	return batch, true
 }
 
-// decodeEnvelope decodes a MessageEnvelope with message_data aliasing b.
-// It may use scratch, and returns it (grown) for the next envelope.
+// decodeEnvelope decodes a MessageEnvelope, its message_data copied into
+// a buffer of its own. It may use scratch, and returns it (grown) for the next envelope.
 func decodeEnvelope(b, scratch []byte) (*remote.MessageEnvelope, []byte, bool) {
 	var data []byte
 	rest := scratch
@@ -135,8 +138,7 @@ func decodeEnvelope(b, scratch []byte) (*remote.MessageEnvelope, []byte, bool) {
 		field := in[:n+vn]
 		in = in[n+vn:]
 		if num == envelopeMessageDataField && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(field[n:])
-			data = v[:len(v):len(v)]
+			data, _ = protowire.ConsumeBytes(field[n:])
 			continue
 		}
 		rest = append(rest, field...)
@@ -147,6 +149,8 @@ func decodeEnvelope(b, scratch []byte) (*remote.MessageEnvelope, []byte, bool) {
 			return nil, rest, false
 		}
 	}
-	env.MessageData = data
+	if data != nil {
+		env.MessageData = append([]byte{}, data...)
+	}
 	return env, rest, true
 }

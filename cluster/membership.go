@@ -392,12 +392,11 @@ func healthAddr(addr string) string {
 // window of 4 MiB per stream and per connection (instead of gRPC's 64 KiB
 // start grown by BDP probes) lets a few appends be in flight without
 // window updates in between; 256 KiB read and write buffers (default 32 KiB)
-// take an append in a few syscalls. The dialling side (protoactor's endpoint
-// writer, which receives only small answers) takes its receive buffers from
-// a pool; the serving side, which receives the appends, keeps them: its
-// codec (transportCodec) decodes the raft entries in place, so a received
-// batch costs one buffer and no copy. Per connection this is at most 4 MiB
-// of unread data and 512 KiB of buffers.
+// take an append in a few syscalls. Receive buffers come from a pool, so a
+// received batch does not cost a new zeroed buffer; the serving side's
+// codec (transportCodec) copies each message out of it once, and the raft
+// entries are decoded in place from that copy. Per connection this is at
+// most 4 MiB of unread data and 512 KiB of buffers.
 const (
 	transportWindow = 4 << 20
 	transportBuffer = 256 << 10
@@ -424,8 +423,7 @@ func (n *Node) join() (*incarnation, error) {
 			grpc.MaxRecvMsgSize(max),
 			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-			// No receive buffer pool on this side: transportCodec keeps
-			// (aliases) the buffers gRPC hands it.
+			experimental.RecvBufferPool(grpc.NewSharedBufferPool()),
 			grpc.ForceServerCodec(transportCodec{serializer: raftwire.SerializerID()}),
 			grpc.InitialWindowSize(transportWindow),
 			grpc.InitialConnWindowSize(transportWindow),
