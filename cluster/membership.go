@@ -60,8 +60,9 @@ type Config struct {
 	// Bind is the host:port the node's cluster traffic (protoactor remote,
 	// gRPC) listens on and is reached at. Port 0 picks a free one (tests).
 	Bind string
-	// HealthBind is the host:port of the automanaged provider's health
-	// endpoint. Empty: Bind's host and port+1.
+	// HealthBind is the host:port of the node's health endpoint (polled
+	// by the automanaged provider; asked whether a member id is blocked,
+	// with either provider). Empty: Bind's host and port+1.
 	HealthBind string
 	// Peers maps node ids to their Bind addresses, this node's included
 	// or not. The automanaged provider polls each one's health endpoint
@@ -277,6 +278,7 @@ type Node struct {
 	closed  bool
 
 	learned map[uint64]learnedPeer // nodes not in cfg.Peers that the metadata names
+	seen    map[uint64]string      // the cluster address of every node seen a member, by node id
 
 	groups       groups
 	forwardSlots chan struct{} // forwarded requests being served (MaxForwardedInFlight)
@@ -348,7 +350,10 @@ type incarnation struct {
 	sys  *actor.ActorSystem
 	cl   *pcluster.Cluster
 	sub  *eventSubscription
-	ln   net.Listener // the health endpoint's (automanaged)
+	ln   net.Listener // the health endpoint's
+	// health is the health endpoint's server when Herald runs it itself
+	// (etcd provider; the automanaged provider runs it).
+	health *echo.Echo
 }
 
 type eventSubscription struct {
@@ -452,39 +457,46 @@ func (n *Node) join() (*incarnation, error) {
 	)
 	inc := &incarnation{sys: sys}
 	var provider pcluster.ClusterProvider
+	// The health endpoint: the automanaged provider's peers poll it, and
+	// with either provider a node cut off asks its peers' whether they
+	// blocked it (/herald/blocked). protoactor's own health server binds
+	// 0.0.0.0 on a fixed port; Herald serves it on the configured address.
+	ln, err := net.Listen("tcp", healthBind)
+	if err != nil {
+		sys.Shutdown()
+		return nil, fmt.Errorf("cluster health listener %s: %w", healthBind, err)
+	}
+	inc.ln = ln
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.Listener = ln
+	_, hport, _ := splitHostPort(ln.Addr().String())
+	kinds := []string{kindPrefix + strconv.FormatUint(n.cfg.NodeID, 10)}
+	e.GET("/_health", func(c echo.Context) error {
+		h, p, err := sys.GetHostPort()
+		if err != nil {
+			return c.NoContent(http.StatusServiceUnavailable)
+		}
+		return c.JSON(http.StatusOK, automanaged.NewNode(n.cfg.Name, sys.ID, h, p, hport, kinds))
+	})
+	e.GET("/herald/blocked", func(c echo.Context) error {
+		// The etcd provider names members "<cluster name>@<member id>".
+		m := c.QueryParam("member")
+		blocked := inc.cl != nil && inc.cl.Remote != nil &&
+			(inc.cl.Remote.BlockList().IsBlocked(m) || inc.cl.Remote.BlockList().IsBlocked(n.cfg.Name+"@"+m))
+		return c.JSON(http.StatusOK, map[string]bool{"blocked": blocked})
+	})
 	switch n.cfg.Provider {
 	case ProviderEtcd:
 		p, err := etcd.NewWithConfig("/herald", clientv3.Config{Endpoints: n.cfg.EtcdEndpoints, DialTimeout: 5 * time.Second})
 		if err != nil {
+			_ = ln.Close()
 			sys.Shutdown()
 			return nil, fmt.Errorf("etcd provider: %w", err)
 		}
 		provider = p
+		inc.health = e // started below, once inc.cl is set
 	default:
-		// The provider's own health server binds 0.0.0.0 on a fixed port;
-		// Herald hands it a server listening on the configured address.
-		ln, err := net.Listen("tcp", healthBind)
-		if err != nil {
-			sys.Shutdown()
-			return nil, fmt.Errorf("cluster health listener %s: %w", healthBind, err)
-		}
-		inc.ln = ln
-		e := echo.New()
-		e.HideBanner, e.HidePort = true, true
-		e.Listener = ln
-		_, hport, _ := splitHostPort(ln.Addr().String())
-		kinds := []string{kindPrefix + strconv.FormatUint(n.cfg.NodeID, 10)}
-		e.GET("/_health", func(c echo.Context) error {
-			h, p, err := sys.GetHostPort()
-			if err != nil {
-				return c.NoContent(http.StatusServiceUnavailable)
-			}
-			return c.JSON(http.StatusOK, automanaged.NewNode(n.cfg.Name, sys.ID, h, p, hport, kinds))
-		})
-		e.GET("/herald/blocked", func(c echo.Context) error {
-			blocked := inc.cl != nil && inc.cl.Remote != nil && inc.cl.Remote.BlockList().IsBlocked(c.QueryParam("member"))
-			return c.JSON(http.StatusOK, map[string]bool{"blocked": blocked})
-		})
 		var hosts []string
 		for id, a := range n.cfg.Peers {
 			if h, ok := n.cfg.PeerHealth[id]; ok {
@@ -502,6 +514,13 @@ func (n *Node) join() (*incarnation, error) {
 	kind := pcluster.NewKind(kindPrefix+strconv.FormatUint(n.cfg.NodeID, 10), actor.PropsFromFunc(func(actor.Context) {}))
 	cc := pcluster.Configure(n.cfg.Name, provider, disthash.New(), rc, pcluster.WithKinds(kind))
 	inc.cl = pcluster.New(sys, cc)
+	if inc.health != nil {
+		go func() {
+			if err := inc.health.Start(""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				n.log.Warn("cluster health endpoint stopped", "err", err)
+			}
+		}()
+	}
 	if err := n.spawnRelay(sys); err != nil {
 		inc.shutdown()
 		return nil, fmt.Errorf("raft relay: %w", err)
@@ -556,6 +575,9 @@ func (inc *incarnation) shutdown() {
 		} else {
 			inc.sys.Shutdown()
 		}
+		if inc.health != nil {
+			_ = inc.health.Close()
+		}
 		if inc.ln != nil {
 			_ = inc.ln.Close() // closed already if the health server ran
 		}
@@ -575,8 +597,15 @@ func (n *Node) onTopology(inc *incarnation, t *pcluster.ClusterTopology) {
 		if id == 0 {
 			continue // not a Herald node
 		}
-		mem := Member{NodeID: id, MemberID: m.Id, Address: net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))), Self: m.Id == inc.sys.ID}
+		// The etcd provider names members "<cluster name>@<member id>";
+		// views give the member id alone, with either provider.
+		mid := strings.TrimPrefix(m.Id, n.cfg.Name+"@")
+		mem := Member{NodeID: id, MemberID: mid, Address: net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))), Self: mid == inc.sys.ID}
 		v.Members = append(v.Members, mem)
+		if n.seen == nil {
+			n.seen = map[uint64]string{}
+		}
+		n.seen[id] = mem.Address
 	}
 	slices.SortFunc(v.Members, func(a, b Member) int {
 		if a.NodeID != b.NodeID {
@@ -665,41 +694,51 @@ func (n *Node) watchBlocked() {
 	defer n.done.Done()
 	t := time.NewTicker(n.cfg.Refresh)
 	defer t.Stop()
+	missing := 0 // checks in a row that found this node absent from its own view
 	for {
 		select {
 		case <-n.stop:
 			return
 		case <-t.C:
 		}
-		if n.cfg.Provider != ProviderAutomanaged {
-			continue
-		}
 		n.mu.Lock()
 		me, down := n.inc.sys.ID, n.inc.down.Load()
+		if len(n.view.Members) > 0 && !slices.ContainsFunc(n.view.Members, func(m Member) bool { return m.Self }) {
+			missing++
+		} else {
+			missing = 0
+		}
 		n.mu.Unlock()
 		if down {
 			n.log.Warn("retrying the failed rejoin")
 		} else if by, ok := n.blockedBy(me); ok {
 			n.log.Warn("a peer blocked this node's member id (it was cut off); rejoining under a new one", "member", me, "blocked_by", by)
+		} else if missing >= selfMissingChecks {
+			// The provider lost this member's registration (an etcd lease
+			// that lapsed while the process was frozen is not renewed).
+			n.log.Warn("this node is missing from its own view of the cluster; rejoining under a new member id", "member", me)
 		} else {
 			continue
 		}
+		missing = 0
 		if err := n.rejoin(); err != nil {
 			n.log.Error("rejoining the cluster failed; will retry", "err", err)
 		}
 	}
 }
 
-// blockedBy returns a peer that blocked member, if any.
+// selfMissingChecks is how many checks in a row must find a node absent
+// from its own view before it rejoins.
+const selfMissingChecks = 3
+
+// blockedBy returns a peer that blocked member, if any. It asks every
+// node it knows of: the peers of the config, those the metadata named, and
+// every node it has seen a member of (the etcd provider's nodes need no
+// --peers).
 func (n *Node) blockedBy(member string) (uint64, bool) {
-	for id, a := range n.cfg.Peers {
-		if id == n.cfg.NodeID {
-			continue
-		}
-		h := healthAddr(a)
-		if ph, ok := n.cfg.PeerHealth[id]; ok {
-			h = ph
-		}
+	peers := n.peerHealth()
+	for _, id := range sortedKeys(peers) {
+		h := peers[id]
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+h+"/herald/blocked?member="+member, nil)
 		resp, err := n.client.Do(req)
@@ -716,6 +755,38 @@ func (n *Node) blockedBy(member string) (uint64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// peerHealth is the health endpoint of every other node this one knows.
+func (n *Node) peerHealth() map[uint64]string {
+	out := map[uint64]string{}
+	n.mu.Lock()
+	for id, a := range n.seen {
+		out[id] = healthAddr(a)
+	}
+	for id, p := range n.learned {
+		out[id] = p.health
+	}
+	n.mu.Unlock()
+	for id, a := range n.cfg.Peers {
+		out[id] = healthAddr(a)
+	}
+	for id, h := range n.cfg.PeerHealth {
+		if _, ok := out[id]; ok {
+			out[id] = h
+		}
+	}
+	delete(out, n.cfg.NodeID)
+	return out
+}
+
+func sortedKeys(m map[uint64]string) []uint64 {
+	out := make([]uint64, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // rejoin replaces the incarnation with a new one, under a new member id.

@@ -222,7 +222,10 @@ func startEtcd(t *testing.T) string {
 }
 
 // TestClusterMembershipEtcd: with --cluster-provider etcd, three nodes find
-// each other through a real etcd, and a SIGKILLed node leaves the views.
+// each other through a real etcd, a SIGKILLed node leaves the views, and a
+// frozen node (SIGSTOP past its etcd lease, so the others drop it and block
+// its member id) rejoins under a new member id after SIGCONT, without a
+// restart.
 func TestClusterMembershipEtcd(t *testing.T) {
 	endpoint := startEtcd(t)
 	nodes := map[uint64]*proc{}
@@ -231,7 +234,46 @@ func TestClusterMembershipEtcd(t *testing.T) {
 		nodes[id] = startProc(t, t.TempDir(), "--node-id", fmt.Sprint(id), "--cluster", addr,
 			"--cluster-provider", "etcd", "--etcd", endpoint)
 	}
-	waitClusterView(t, "three nodes through etcd", nodes, 1, 2, 3)
+	views := waitClusterView(t, "three nodes through etcd", nodes, 1, 2, 3)
+
+	old3 := views[1].memberOf(3)
+	n3 := nodes[3]
+	if err := n3.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	delete(nodes, 3)
+	waitClusterView(t, "node 3 frozen", nodes, 1, 2)
+	if err := n3.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	nodes[3] = n3
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		views = waitClusterView(t, "node 3 back", nodes, 1, 2, 3)
+		now3 := views[3].Self.MemberID
+		if views[3].Rejoins >= 1 && now3 != old3 && views[1].memberOf(3) == now3 && views[2].memberOf(3) == now3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node 3 did not rejoin under a new member id seen by all: rejoins %d, self %s (was %s), seen as %s and %s",
+				views[3].Rejoins, now3, old3, views[1].memberOf(3), views[2].memberOf(3))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// And it stays: no node rejoins again over the next 5 s (more than
+	// the 3 checks a node absent from its own view waits before it does).
+	settled := map[uint64]int{}
+	for id, v := range views {
+		settled[id] = v.Rejoins
+	}
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		for id, v := range waitClusterView(t, "all three", nodes, 1, 2, 3) {
+			if v.Rejoins != settled[id] {
+				t.Fatalf("node %d rejoined again (%d rejoins, then %d)", id, settled[id], v.Rejoins)
+			}
+		}
+	}
+
 	nodes[2].Kill(t)
 	delete(nodes, 2)
 	waitClusterView(t, "node 2 killed", nodes, 1, 3)
