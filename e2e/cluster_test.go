@@ -128,29 +128,57 @@ func TestClusterMembership(t *testing.T) {
 
 	// SIGSTOP: the others drop node 2 and block its member id; after
 	// SIGCONT it rejoins under a new one, in the same process.
-	old2 := views[1].memberOf(2)
-	n2 := nodes[2]
-	if err := n2.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	freezeAndRejoin(t, nodes, 2)
+}
+
+// freezeAndRejoin stops node id of a three-node cluster with SIGSTOP until
+// the others drop it, resumes it with SIGCONT, and waits until it has
+// rejoined under a new member id that every node sees; then checks that no
+// node rejoins again over the next 5 s (more than the 3 checks a node
+// missing from its own view waits before it rejoins).
+func freezeAndRejoin(t *testing.T, nodes map[uint64]*proc, id uint64) {
+	t.Helper()
+	var others []uint64
+	for o := uint64(1); o <= 3; o++ {
+		if o != id {
+			others = append(others, o)
+		}
+	}
+	views := waitClusterView(t, "three nodes", nodes, 1, 2, 3)
+	old := views[others[0]].memberOf(id)
+	p := nodes[id]
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	delete(nodes, 2)
-	waitClusterView(t, "node 2 frozen", nodes, 1, 3)
-	if err := n2.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	delete(nodes, id)
+	waitClusterView(t, fmt.Sprintf("node %d frozen", id), nodes, others...)
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	nodes[2] = n2
+	nodes[id] = p
 	deadline := time.Now().Add(40 * time.Second)
 	for {
-		views = waitClusterView(t, "node 2 back", nodes, 1, 2, 3)
-		now2 := views[2].Self.MemberID
-		if views[2].Rejoins >= 1 && now2 != old2 && views[1].memberOf(2) == now2 && views[3].memberOf(2) == now2 {
+		views = waitClusterView(t, fmt.Sprintf("node %d back", id), nodes, 1, 2, 3)
+		now := views[id].Self.MemberID
+		if views[id].Rejoins >= 1 && now != old && views[others[0]].memberOf(id) == now && views[others[1]].memberOf(id) == now {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("node 2 did not rejoin under a new member id seen by all: rejoins %d, self %s (was %s), seen as %s and %s",
-				views[2].Rejoins, now2, old2, views[1].memberOf(2), views[3].memberOf(2))
+			t.Fatalf("node %d did not rejoin under a new member id seen by all: rejoins %d, self %s (was %s), seen as %s and %s",
+				id, views[id].Rejoins, now, old, views[others[0]].memberOf(id), views[others[1]].memberOf(id))
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	settled := map[uint64]int{}
+	for n, v := range views {
+		settled[n] = v.Rejoins
+	}
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		for n, v := range waitClusterView(t, "all three", nodes, 1, 2, 3) {
+			if v.Rejoins != settled[n] {
+				t.Fatalf("node %d rejoined again (%d rejoins, then %d)", n, settled[n], v.Rejoins)
+			}
+		}
 	}
 }
 
@@ -234,46 +262,8 @@ func TestClusterMembershipEtcd(t *testing.T) {
 		nodes[id] = startProc(t, t.TempDir(), "--node-id", fmt.Sprint(id), "--cluster", addr,
 			"--cluster-provider", "etcd", "--etcd", endpoint)
 	}
-	views := waitClusterView(t, "three nodes through etcd", nodes, 1, 2, 3)
-
-	old3 := views[1].memberOf(3)
-	n3 := nodes[3]
-	if err := n3.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	delete(nodes, 3)
-	waitClusterView(t, "node 3 frozen", nodes, 1, 2)
-	if err := n3.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	nodes[3] = n3
-	deadline := time.Now().Add(40 * time.Second)
-	for {
-		views = waitClusterView(t, "node 3 back", nodes, 1, 2, 3)
-		now3 := views[3].Self.MemberID
-		if views[3].Rejoins >= 1 && now3 != old3 && views[1].memberOf(3) == now3 && views[2].memberOf(3) == now3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node 3 did not rejoin under a new member id seen by all: rejoins %d, self %s (was %s), seen as %s and %s",
-				views[3].Rejoins, now3, old3, views[1].memberOf(3), views[2].memberOf(3))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	// And it stays: no node rejoins again over the next 5 s (more than
-	// the 3 checks a node absent from its own view waits before it does).
-	settled := map[uint64]int{}
-	for id, v := range views {
-		settled[id] = v.Rejoins
-	}
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
-		for id, v := range waitClusterView(t, "all three", nodes, 1, 2, 3) {
-			if v.Rejoins != settled[id] {
-				t.Fatalf("node %d rejoined again (%d rejoins, then %d)", id, settled[id], v.Rejoins)
-			}
-		}
-	}
-
+	waitClusterView(t, "three nodes through etcd", nodes, 1, 2, 3)
+	freezeAndRejoin(t, nodes, 3)
 	nodes[2].Kill(t)
 	delete(nodes, 2)
 	waitClusterView(t, "node 2 killed", nodes, 1, 3)
