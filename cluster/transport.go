@@ -220,7 +220,7 @@ func (n *Node) spawnRelay(sys *actor.ActorSystem) error {
 			rm, err := raftwire.Decode(m)
 			if err != nil {
 				mRaftDropped.WithLabelValues("undecodable").Inc()
-				n.log.Warn("dropping undecodable raft message", "group", m.Group, "err", err)
+				n.log.Debug("dropping undecodable raft message", "group", m.Group, "err", err)
 				return
 			}
 			n.deliver(rm)
