@@ -253,8 +253,8 @@ func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
 	acksGrow(t, load, "acks after node 4 left", 1000)
 
 	// And back again: node 4's new replicas are new incarnations (their
-	// logs named by the new move), each added only once it announced
-	// itself empty.
+	// logs named by the new move), each a raft member under a raft id of
+	// its own.
 	clusterMoves(t, addrs, "add-node", "4")
 	if pl, err = placement(t, c, "orders"); err != nil {
 		t.Fatal(err)
