@@ -12,6 +12,7 @@ import (
 	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/cluster"
 	"github.com/heraldmq/herald/persistence"
+	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 // Config is the one configuration of a Herald node. `herald serve` fills it
@@ -201,6 +202,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		bad("log-level", "%v", err)
+	}
+	if c.NodeID > heraldpb.MaxNodeID {
+		bad("node-id", "%d is above %d (raft ids keep the node id in 32 bits)", c.NodeID, heraldpb.MaxNodeID)
 	}
 	c.validateCluster(bad)
 	if len(errs) == 0 {

@@ -14,7 +14,7 @@ func TestParsePeers(t *testing.T) {
 	if err != nil || len(p) != 3 || p[2] != "[::1]:7002" {
 		t.Fatalf("ParsePeers: %v %v", p, err)
 	}
-	for _, bad := range []string{"127.0.0.1:7001", "0@h:1", "x@h:1", "1@h", "1@h:99999", "1@:7001", "1@a:1,1@b:2"} {
+	for _, bad := range []string{"127.0.0.1:7001", "0@h:1", "x@h:1", "1@h", "1@h:99999", "1@:7001", "1@a:1,1@b:2", "4294967296@h:1"} {
 		if _, err := ParsePeers(bad); !errors.Is(err, ErrBadConfig) {
 			t.Errorf("ParsePeers(%q) = %v, want ErrBadConfig", bad, err)
 		}
@@ -24,6 +24,13 @@ func TestParsePeers(t *testing.T) {
 	}
 	if err := (&Config{NodeID: 1, Bind: "127.0.0.1:1", Provider: ProviderEtcd}).Validate(); !errors.Is(err, ErrBadConfig) {
 		t.Errorf("etcd without endpoints: %v", err)
+	}
+	// Raft ids keep the node id in their low 32 bits.
+	if err := (&Config{NodeID: 1 << 32, Bind: "127.0.0.1:1"}).Validate(); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("node id 1<<32: %v", err)
+	}
+	if err := (&Config{NodeID: 1<<32 - 1, Bind: "127.0.0.1:1"}).Validate(); err != nil {
+		t.Errorf("node id 1<<32-1: %v", err)
 	}
 }
 

@@ -465,6 +465,9 @@ func (c *Controller) register() {
 		}
 		rec := proto.Clone(c.cfg.Self).(*heraldpb.NodeRecord)
 		rec.MemberId, rec.RegisteredMs = member, time.Now().UnixMilli()
+		// This version gives replicas raft ids per incarnation and routes
+		// them (applyReassign turns that on once every node says so).
+		rec.ReplicaRaftIds = true
 		f := commandFrame(&heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_RegisterNode{RegisterNode: rec}})
 		switch leader := c.leader(); {
 		case leader == c.cfg.Self.NodeId:
@@ -559,7 +562,8 @@ func (c *Controller) onRegistration(ctx actor.Context) {
 	}
 	n := cmd.GetRegisterNode()
 	if have := c.state.Load().Nodes[n.NodeId]; have != nil && have.MemberId == n.MemberId &&
-		have.ClusterAddress == n.ClusterAddress && have.ClientAddress == n.ClientAddress && have.Rack == n.Rack && have.HealthAddress == n.HealthAddress {
+		have.ClusterAddress == n.ClusterAddress && have.ClientAddress == n.ClientAddress && have.Rack == n.Rack && have.HealthAddress == n.HealthAddress &&
+		have.ReplicaRaftIds == n.ReplicaRaftIds {
 		return // applied already
 	}
 	ctx.Send(c.pid, f)

@@ -35,6 +35,7 @@ import (
 	"github.com/asynkron/protoactor-go/remote"
 	"github.com/heraldmq/herald/internal/raftwire"
 	"github.com/heraldmq/herald/internal/slogfloor"
+	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/labstack/echo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -127,6 +128,9 @@ func (c *Config) Validate() error {
 	if c.NodeID == 0 {
 		errs = append(errs, errors.New("node id must not be 0"))
 	}
+	if c.NodeID > heraldpb.MaxNodeID {
+		errs = append(errs, fmt.Errorf("node id %d is above %d (raft ids keep the node id in 32 bits)", c.NodeID, heraldpb.MaxNodeID))
+	}
 	if _, _, err := splitHostPort(c.Bind); err != nil {
 		errs = append(errs, fmt.Errorf("cluster address: %w", err))
 	}
@@ -136,8 +140,8 @@ func (c *Config) Validate() error {
 		}
 	}
 	for id, a := range c.Peers {
-		if id == 0 {
-			errs = append(errs, errors.New("peer node id 0"))
+		if id == 0 || id > heraldpb.MaxNodeID {
+			errs = append(errs, fmt.Errorf("peer node id %d is outside 1-%d", id, heraldpb.MaxNodeID))
 		}
 		if _, _, err := splitHostPort(a); err != nil {
 			errs = append(errs, fmt.Errorf("peer %d: %w", id, err))
@@ -215,8 +219,8 @@ func ParsePeers(s string) (map[uint64]string, error) {
 			return nil, fmt.Errorf("%w: peer %q is not ID@HOST:PORT", ErrBadConfig, p)
 		}
 		id, err := strconv.ParseUint(idText, 10, 64)
-		if err != nil || id == 0 {
-			return nil, fmt.Errorf("%w: peer %q: node id must be a positive integer", ErrBadConfig, p)
+		if err != nil || id == 0 || id > heraldpb.MaxNodeID {
+			return nil, fmt.Errorf("%w: peer %q: node id must be an integer from 1 to %d", ErrBadConfig, p, heraldpb.MaxNodeID)
 		}
 		if _, _, err := splitHostPort(addr); err != nil {
 			return nil, fmt.Errorf("%w: peer %q: %v", ErrBadConfig, p, err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -67,6 +68,7 @@ func applyReassign(md *Metadata, cmd *heraldpb.ControllerCommand) {
 		for _, id := range old {
 			if !slices.Contains(pa.Replicas, id) && !slices.Contains(pa.Target, id) {
 				delete(pa.Joined, id)
+				delete(pa.RaftIds, id)
 			}
 		}
 		for _, id := range mv.Target {
@@ -75,12 +77,43 @@ func applyReassign(md *Metadata, cmd *heraldpb.ControllerCommand) {
 					pa.Joined = map[uint64]string{}
 				}
 				pa.Joined[id] = cmd.RequestId
+				assignRaftID(md, pa, id)
 			}
 		}
 	}
 	if nt != nil {
 		md.Topics[r.Topic] = nt
 	}
+}
+
+// assignRaftID gives node's new replica of pa (one a move adds) a raft id
+// of its own: the partition's next incarnation. Without it (some
+// registered node runs a version that routes raft ids as node ids, or the
+// partition's incarnations ran out) the replica's raft id is its node id,
+// as it was before raft ids per incarnation.
+func assignRaftID(md *Metadata, pa *heraldpb.PartitionAssignment, node uint64) {
+	delete(pa.RaftIds, node)
+	if !raftIDsOn(md) || pa.Incarnations == math.MaxUint32 {
+		return
+	}
+	pa.Incarnations++
+	if pa.RaftIds == nil {
+		pa.RaftIds = map[uint64]uint64{}
+	}
+	pa.RaftIds[node] = heraldpb.ReplicaRaftID(node, pa.Incarnations)
+}
+
+// raftIDsOn reports whether every registered node handles raft ids per
+// replica incarnation (NodeRecord.replica_raft_ids): a node that does not
+// would route a raft id as a node id, and, leading the controller group,
+// write checkpoints without them.
+func raftIDsOn(md *Metadata) bool {
+	for _, n := range md.Nodes {
+		if !n.ReplicaRaftIds {
+			return false
+		}
+	}
+	return len(md.Nodes) > 0
 }
 
 // validTarget: n distinct registered nodes.
@@ -111,6 +144,11 @@ func applyComplete(md *Metadata, c *heraldpb.CompleteReassignment) {
 	for id := range pa.Joined {
 		if !slices.Contains(pa.Replicas, id) {
 			delete(pa.Joined, id)
+		}
+	}
+	for id := range pa.RaftIds {
+		if !slices.Contains(pa.Replicas, id) {
+			delete(pa.RaftIds, id)
 		}
 	}
 	md.Topics[c.Topic] = nt

@@ -177,9 +177,11 @@ func (n *Node) Forward(to uint64, group string, f *heraldpb.Frame) {
 	n.sendTo(to, &heraldpb.Forward{Group: group, Frame: f})
 }
 
-// Send sends m to node to's relay (partition.Transport). It never blocks.
+// Send sends m to the relay of the node holding the replica with raft id
+// to (partition.Transport): heraldpb.ReplicaNode(to), since a replica a
+// move added has a raft id of its own. It never blocks.
 func (n *Node) Send(to uint64, m *raftwire.Message) {
-	n.sendTo(to, m)
+	n.sendTo(heraldpb.ReplicaNode(to), m)
 }
 
 func (n *Node) sendTo(to uint64, m interface{}) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/heraldmq/herald/client"
+	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -253,8 +255,8 @@ func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
 	acksGrow(t, load, "acks after node 4 left", 1000)
 
 	// And back again: node 4's new replicas are new incarnations (their
-	// logs named by the new move), each added only once it announced
-	// itself empty.
+	// logs named by the new move), each a raft member under a raft id of
+	// its own.
 	clusterMoves(t, addrs, "add-node", "4")
 	if pl, err = placement(t, c, "orders"); err != nil {
 		t.Fatal(err)
@@ -268,6 +270,51 @@ func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
 	tc.waitCaughtUp(t, "orders", pl)
 	c.Close()
 	tc.verifyReplicas(t, "orders", pl, acked)
+	// Every replica's stored membership names the partition's nodes, and
+	// node 4, added back by a move, under a raft id of its own.
+	on4 := 0
+	for p, reps := range pl {
+		for _, id := range reps {
+			voters := replicaVoters(t, tc.nodes[uint64(id)].DataDir(), "orders", p)
+			var nodes []uint32
+			for _, v := range voters {
+				nodes = append(nodes, uint32(heraldpb.ReplicaNode(v)))
+				if heraldpb.ReplicaNode(v) == 4 && id == 4 {
+					on4++
+					if v == 4 {
+						t.Errorf("partition %d: node 4's replica, added back by a move, has its node id as raft id", p)
+					}
+				}
+			}
+			if !slices.Equal(slices.Sorted(slices.Values(nodes)), slices.Sorted(slices.Values(reps))) {
+				t.Errorf("partition %d: node %d's log has voters %#x, the placement %v", p, id, voters, reps)
+			}
+		}
+	}
+	if on4 == 0 {
+		t.Errorf("node 4 holds no replica of orders after add-node (placement %v)", pl)
+	}
+}
+
+// replicaVoters reads the voters (raft ids) of the membership stored with a
+// replica's log (its node stopped).
+func replicaVoters(t *testing.T, dataDir, topic string, part int) []uint64 {
+	t.Helper()
+	dirs, _ := filepath.Glob(filepath.Join(dataDir, "replicas", fmt.Sprintf("%s-%d-*", topic, part)))
+	if len(dirs) != 1 {
+		t.Fatalf("replica dirs of %s-%d in %s: %v", topic, part, dataDir, dirs)
+	}
+	log, err := persistence.Open(persistence.Options{Dir: dirs[0], Group: fmt.Sprintf("%s-%d", topic, part),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatalf("opening %s: %v", dirs[0], err)
+	}
+	defer log.Close()
+	_, cs, err := log.InitialState()
+	if err != nil {
+		t.Fatalf("state of %s: %v", dirs[0], err)
+	}
+	return cs.Voters
 }
 
 // TestReplicasMoveOffDeadNode: four nodes, an RF=3 topic of four

@@ -372,7 +372,18 @@ type PartitionAssignment struct {
 	// It names the replica's log folder, so that a node added again later
 	// never reopens the log of its earlier replica. Replicas placed when the
 	// topic was created are not listed.
-	Joined        map[uint64]string `protobuf:"bytes,5,rep,name=joined,proto3" json:"joined,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Joined map[uint64]string `protobuf:"bytes,5,rep,name=joined,proto3" json:"joined,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// For each replica added by a move (a subset of joined's nodes): its
+	// raft id, node id | incarnation << 32 (heraldpb.ReplicaRaftID), so
+	// that every incarnation of a node in the partition's raft group has an
+	// id of its own. A replica not listed (placed at creation, or added
+	// while some node ran a version without raft ids per incarnation) has
+	// its node id as raft id.
+	RaftIds map[uint64]uint64 `protobuf:"bytes,6,rep,name=raft_ids,json=raftIds,proto3" json:"raft_ids,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// How many incarnations raft_ids has numbered for this partition: the
+	// next replica a move adds gets incarnation incarnations+1. Never goes
+	// down, so no raft id is used twice in a partition's group.
+	Incarnations  uint32 `protobuf:"varint,7,opt,name=incarnations,proto3" json:"incarnations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -440,6 +451,20 @@ func (x *PartitionAssignment) GetJoined() map[uint64]string {
 		return x.Joined
 	}
 	return nil
+}
+
+func (x *PartitionAssignment) GetRaftIds() map[uint64]uint64 {
+	if x != nil {
+		return x.RaftIds
+	}
+	return nil
+}
+
+func (x *PartitionAssignment) GetIncarnations() uint32 {
+	if x != nil {
+		return x.Incarnations
+	}
+	return 0
 }
 
 type ReassignPartitions struct {
@@ -696,8 +721,13 @@ type NodeRecord struct {
 	// Its membership health endpoint (where the automanaged provider polls
 	// it): how nodes started before it learn of it.
 	HealthAddress string `protobuf:"bytes,8,opt,name=health_address,json=healthAddress,proto3" json:"health_address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The node's version gives a replica added by a move a raft id of its
+	// own (PartitionAssignment.raft_ids), and routes and checks raft ids
+	// that are not node ids. Moves assign such ids only while every
+	// registered node says so.
+	ReplicaRaftIds bool `protobuf:"varint,9,opt,name=replica_raft_ids,json=replicaRaftIds,proto3" json:"replica_raft_ids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NodeRecord) Reset() {
@@ -786,6 +816,13 @@ func (x *NodeRecord) GetHealthAddress() string {
 	return ""
 }
 
+func (x *NodeRecord) GetReplicaRaftIds() bool {
+	if x != nil {
+		return x.ReplicaRaftIds
+	}
+	return false
+}
+
 var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
@@ -817,16 +854,21 @@ const file_controller_proto_rawDesc = "" +
 	"\n" +
 	"created_ms\x18\x04 \x01(\x03R\tcreatedMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x05 \x01(\tR\trequestId\"\x81\x02\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\"\xa9\x03\n" +
 	"\x13PartitionAssignment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x1a\n" +
 	"\breplicas\x18\x02 \x03(\x04R\breplicas\x12\x16\n" +
 	"\x06target\x18\x03 \x03(\x04R\x06target\x12'\n" +
 	"\x0freassignment_id\x18\x04 \x01(\tR\x0ereassignmentId\x12B\n" +
-	"\x06joined\x18\x05 \x03(\v2*.herald.v1.PartitionAssignment.JoinedEntryR\x06joined\x1a9\n" +
+	"\x06joined\x18\x05 \x03(\v2*.herald.v1.PartitionAssignment.JoinedEntryR\x06joined\x12F\n" +
+	"\braft_ids\x18\x06 \x03(\v2+.herald.v1.PartitionAssignment.RaftIdsEntryR\araftIds\x12\"\n" +
+	"\fincarnations\x18\a \x01(\rR\fincarnations\x1a9\n" +
 	"\vJoinedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xae\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
+	"\fRaftIdsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xae\x01\n" +
 	"\x12ReassignPartitions\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\btopic_id\x18\x02 \x01(\tR\atopicId\x12>\n" +
@@ -843,7 +885,7 @@ const file_controller_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12&\n" +
 	"\x0edecommissioned\x18\x02 \x01(\bR\x0edecommissioned\"!\n" +
 	"\vDeleteTopic\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x9a\x02\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xc4\x02\n" +
 	"\n" +
 	"NodeRecord\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12'\n" +
@@ -853,7 +895,8 @@ const file_controller_proto_rawDesc = "" +
 	"\tmember_id\x18\x05 \x01(\tR\bmemberId\x12#\n" +
 	"\rregistered_ms\x18\x06 \x01(\x03R\fregisteredMs\x12&\n" +
 	"\x0edecommissioned\x18\a \x01(\bR\x0edecommissioned\x12%\n" +
-	"\x0ehealth_address\x18\b \x01(\tR\rhealthAddressB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"\x0ehealth_address\x18\b \x01(\tR\rhealthAddress\x12(\n" +
+	"\x10replica_raft_ids\x18\t \x01(\bR\x0ereplicaRaftIdsB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_controller_proto_rawDescOnce sync.Once
@@ -867,7 +910,7 @@ func file_controller_proto_rawDescGZIP() []byte {
 	return file_controller_proto_rawDescData
 }
 
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_controller_proto_goTypes = []any{
 	(*ControllerCommand)(nil),    // 0: herald.v1.ControllerCommand
 	(*ControllerCheckpoint)(nil), // 1: herald.v1.ControllerCheckpoint
@@ -879,7 +922,8 @@ var file_controller_proto_goTypes = []any{
 	(*DeleteTopic)(nil),          // 7: herald.v1.DeleteTopic
 	(*NodeRecord)(nil),           // 8: herald.v1.NodeRecord
 	nil,                          // 9: herald.v1.PartitionAssignment.JoinedEntry
-	(*TopicConfig)(nil),          // 10: herald.v1.TopicConfig
+	nil,                          // 10: herald.v1.PartitionAssignment.RaftIdsEntry
+	(*TopicConfig)(nil),          // 11: herald.v1.TopicConfig
 }
 var file_controller_proto_depIdxs = []int32{
 	8,  // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
@@ -891,15 +935,16 @@ var file_controller_proto_depIdxs = []int32{
 	1,  // 6: herald.v1.ControllerCommand.checkpoint:type_name -> herald.v1.ControllerCheckpoint
 	8,  // 7: herald.v1.ControllerCheckpoint.nodes:type_name -> herald.v1.NodeRecord
 	2,  // 8: herald.v1.ControllerCheckpoint.topics:type_name -> herald.v1.TopicRecord
-	10, // 9: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
+	11, // 9: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
 	3,  // 10: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
 	9,  // 11: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
-	3,  // 12: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	10, // 12: herald.v1.PartitionAssignment.raft_ids:type_name -> herald.v1.PartitionAssignment.RaftIdsEntry
+	3,  // 13: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -923,7 +968,7 @@ func file_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

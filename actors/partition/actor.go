@@ -24,8 +24,10 @@ type Stats struct {
 	HighWatermark atomic.Int64
 	EndOffset     atomic.Int64
 	SizeBytes     atomic.Int64
-	Leader        atomic.Uint64
-	Term          atomic.Uint64
+	// Leader is the node id of the group's leader as this replica knows
+	// it (0: unknown): heraldpb.ReplicaNode of its raft id.
+	Leader atomic.Uint64
+	Term   atomic.Uint64
 	// Writable is true while this replica leads and accepts produce
 	// requests (its log is written up to its election).
 	Writable atomic.Bool
@@ -120,11 +122,11 @@ type Actor struct {
 	prodLastSave   int                      // actor tick of the last save
 
 	// Moving the group to other replicas (reassign.go).
-	joined         map[uint64]string   // the move that started each node's replica (SetTarget)
-	joining        map[uint64]joinSeen // empty replicas' announcements (reassign.go)
-	stale          map[uint64]bool     // members whose node now runs another incarnation
+	joined         map[uint64]string   // the move that started each node's replica, by node id (SetTarget)
+	joining        map[uint64]joinSeen // empty replicas' announcements, by raft id (reassign.go)
+	stale          map[uint64]bool     // nodes that now run another incarnation under the same raft id
 	lastAnnounce   int                 // tick of this (empty, joining) replica's last announcement
-	target         []uint64            // the replica set the group moves to; nil: none
+	target         []uint64            // the replica set the group moves to, by raft id; nil: none
 	targetStep     int                 // tick of the last step taken towards it
 	targetTransfer bool                // leadership was handed to the target's first replica
 
@@ -530,6 +532,12 @@ func (a *Actor) onRaftMessage(m *raftwire.Message) {
 		return
 	}
 	msg := m.Raft
+	if msg.To != a.cfg.ReplicaID {
+		// For an earlier (or later) incarnation of this node's replica:
+		// the transport routes by node, and raft would take it as its own.
+		raftMisaddressed.Inc()
+		return
+	}
 	if a.emptyJoiner() && msg.Type == raftpb.MsgHeartbeat && msg.Commit > 0 {
 		// A leader that counts an earlier replica of this node as caught
 		// up: raft would panic on it (commit beyond an empty log). The
@@ -1135,7 +1143,7 @@ func (a *Actor) publish() {
 	a.stats.HighWatermark.Store(a.readable())
 	a.stats.EndOffset.Store(end)
 	a.stats.SizeBytes.Store(a.store.Size())
-	a.stats.Leader.Store(a.leader)
+	a.stats.Leader.Store(heraldpb.ReplicaNode(a.leader))
 	if a.rn != nil {
 		a.stats.Term.Store(a.rn.BasicStatus().Term)
 	}

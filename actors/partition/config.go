@@ -47,7 +47,9 @@ type Storage interface {
 }
 
 // Transport carries a raft message to the replica with raft id to, on
-// another node. Delivery is at most once (raft retransmits); Send must not
+// another node: the node heraldpb.ReplicaNode(to), whose replica of the
+// group checks the id (a message for an earlier incarnation of it is
+// dropped). Delivery is at most once (raft retransmits); Send must not
 // block.
 type Transport interface {
 	Send(to uint64, m *raftwire.Message)
@@ -67,7 +69,12 @@ var SystemClock Clock = systemClock{}
 type Config struct {
 	Topic     string
 	Partition uint32
-	// ReplicaID is this replica's raft id (the node id in a cluster); not 0.
+	// ReplicaID is this replica's raft id; not 0. In a cluster it is the
+	// node id, or for a replica a move added its own id
+	// (heraldpb.ReplicaRaftID), whose low 32 bits are the node id: raft
+	// ids that leave the actor (Stats.Leader, NOT_LEADER, Liveness) are
+	// turned into node ids with heraldpb.ReplicaNode. The replica drops
+	// raft messages addressed to another raft id.
 	ReplicaID uint64
 	// Peers maps every voter's raft id, this replica's included, to the PID
 	// of its partition actor. A fresh group bootstraps with these voters.
@@ -87,9 +94,11 @@ type Config struct {
 	// membership change and sends it the log or a snapshot.
 	Join bool
 	// JoinAs, with Join, names this replica's incarnation (the partition
-	// move that started it): while its log is empty and it has heard from
-	// no leader it announces itself to the nodes in Announce, and the
-	// group's leader adds it only once it has (reassign.go).
+	// move that started it). A replica whose raft id is its node id (a
+	// move recorded before raft ids per incarnation) announces itself to
+	// the nodes in Announce (node ids) while its log is empty and it has
+	// heard from no leader, and the group's leader adds it only once it
+	// has (reassign.go).
 	JoinAs   string
 	Announce []uint64
 	// Campaign: this replica is its new group's preferred leader. It
@@ -102,14 +111,14 @@ type Config struct {
 	// while the leader hears from it and replicates to it without probing.
 	// 0 or 1: no check.
 	MinInSync int
-	// Liveness, if set, reports whether a node is up (cluster
-	// membership), and lets the group quiesce when idle: see quiesce.go.
-	// Nil: the group never quiesces.
+	// Liveness, if set, reports whether a node (a node id, not a raft id)
+	// is up (cluster membership), and lets the group quiesce when idle:
+	// see quiesce.go. Nil: the group never quiesces.
 	Liveness func(node uint64) bool
 	// OnTargetReached, if set, is called (from the actor) while this
 	// replica leads a group that has the membership of the target set by
-	// SetTarget, about once a second until the target is cleared. Keep it
-	// short: it runs in the actor.
+	// SetTarget (raft ids, as SetTarget gave them), about once a second
+	// until the target is cleared. Keep it short: it runs in the actor.
 	OnTargetReached func(target []uint64)
 	// QuiesceTicks is how many ticks without a proposal an idle group
 	// waits before it quiesces. Default 5.

@@ -36,12 +36,13 @@ func storageError(err error) *heraldpb.Error {
 	}
 }
 
+// notLeader is NotLeader naming the leader by its raft id.
 func notLeader(topic string, part uint32, leader uint64) *heraldpb.Error {
-	return NotLeader(topic, part, leader)
+	return NotLeader(topic, part, heraldpb.ReplicaNode(leader))
 }
 
-// NotLeader is the NOT_LEADER error of a partition, naming its leader
-// (0: unknown) for the client to go to.
+// NotLeader is the NOT_LEADER error of a partition, naming its leader's
+// node (0: unknown) for the client to go to.
 func NotLeader(topic string, part uint32, leader uint64) *heraldpb.Error {
 	msg := fmt.Sprintf("partition %s-%d: not the leader (leader is node %d)", topic, part, leader)
 	if leader == 0 {

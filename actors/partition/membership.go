@@ -39,7 +39,7 @@ func (a *Actor) onChangeMembership(ctx actor.Context, m *ChangeMembership) {
 		answer(fmt.Errorf("partition %s-%d: storage unavailable: %v", a.cfg.Topic, a.cfg.Partition, a.failure))
 		return
 	case !a.isLeader:
-		answer(fmt.Errorf("partition %s-%d: not the leader (leader is node %d)", a.cfg.Topic, a.cfg.Partition, a.leader))
+		answer(fmt.Errorf("partition %s-%d: not the leader (leader is node %d)", a.cfg.Topic, a.cfg.Partition, heraldpb.ReplicaNode(a.leader)))
 		return
 	case len(m.Changes) == 0:
 		answer(errors.New("partition: no membership change given"))

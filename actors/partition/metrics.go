@@ -72,6 +72,10 @@ var (
 		Help:    "How long after its time a held batch became readable (a batch committed after its time is not held, and not counted).",
 		Buckets: []float64{0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1},
 	})
+	raftMisaddressed = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_raft_messages_misaddressed_total",
+		Help: "Raft messages a replica dropped because they were addressed to another raft id: to an earlier (or later) incarnation of the node's replica of that partition.",
+	})
 	readerQueueDepth = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_log_reader_queue_depth", Help: "Catch-up fetches queued for the log reader pool.",
 	})

@@ -107,7 +107,7 @@ func (a *Actor) wake() {
 	if a.isLeader {
 		// (A follower whose node left the membership meanwhile is not.)
 		a.rn.WithProgress(func(id uint64, _ raft.ProgressType, _ tracker.Progress) {
-			if id == a.cfg.ReplicaID || a.cfg.Liveness == nil || a.cfg.Liveness(id) {
+			if id == a.cfg.ReplicaID || a.cfg.Liveness == nil || a.cfg.Liveness(heraldpb.ReplicaNode(id)) {
 				a.heardFrom(id)
 			}
 		})
@@ -133,7 +133,7 @@ func (a *Actor) setQuiesced(q bool) {
 // quiescedTick is a tick while quiesced: a follower wakes when its
 // leader's node is down.
 func (a *Actor) quiescedTick() {
-	if !a.isLeader && (a.leader == 0 || !a.cfg.Liveness(a.leader)) {
+	if !a.isLeader && (a.leader == 0 || !a.cfg.Liveness(heraldpb.ReplicaNode(a.leader))) {
 		a.log.Info("leader's node is down; waking", "leader", a.leader)
 		a.wake()
 	}

@@ -16,7 +16,8 @@ import (
 // each step taken only once the previous one is applied:
 //
 //  1. each target replica that is not a member yet is added as a learner
-//     (its node has started an empty joining replica);
+//     (its node has started an empty joining replica; one whose raft id is
+//     its node id is added once it announced itself);
 //  2. once every such learner replicates and is within catchUpSlack
 //     entries of the commit index, a leader that is not in the target
 //     hands its leadership to a target voter that is caught up;
@@ -30,10 +31,20 @@ import (
 // A leader that loses its term stops; the next one resumes from whatever
 // membership the group has. Removed replicas are stopped and their logs
 // deleted by their nodes once the controller records the move's end.
+//
+// The target names replicas by raft id. A replica a move added has a raft
+// id of its own (heraldpb.ReplicaRaftID), so a node that left the group and
+// is added back joins as another member than its earlier replica: whatever
+// the group still records of the earlier one (a voter or learner, its
+// progress) belongs to an id that is not in the target, and goes. Replicas
+// whose raft id is their node id (placed at creation, or added by a move
+// recorded before raft ids per incarnation) keep the checks below that
+// tell an empty incarnation from an earlier one of the same id.
 
 // SetTarget tells a replica the replica set its group is being moved to
-// (nil: no move), and the move that started each node's replica (nodes a
-// move added; see Config.JoinAs). Only the leader acts on it.
+// (raft ids, the preferred leader first; nil: no move), and the move that
+// started each node's replica (by node id: nodes a move added; see
+// Config.JoinAs). Only the leader acts on it.
 type SetTarget struct {
 	Target []uint64
 	Joined map[uint64]string
@@ -52,9 +63,10 @@ const (
 func (a *Actor) onSetTarget(m *SetTarget) {
 	// A node whose replica is now another incarnation than before (it
 	// left and was added again, or its move was replaced) may still be a
-	// member under the old one: the leader's record of how far that one
-	// got would be taken for the new, empty one's. It is removed from the
-	// group and added afresh.
+	// member under the old one: with the same raft id (one that is its
+	// node id), the leader's record of how far that one got would be taken
+	// for the new, empty one's. It is removed from the group and added
+	// afresh. (Keyed by node id.)
 	for id, inc := range m.Joined {
 		if old, ok := a.joined[id]; ok && old != inc {
 			if a.stale == nil {
@@ -98,9 +110,17 @@ func (a *Actor) stepTarget() {
 	remove := func(what string, id uint64) {
 		a.proposeChanges(what, raftpb.ConfChangeSingle{Type: raftpb.ConfChangeRemoveNode, NodeID: id})
 	}
+	// replaced: the target has another raft id on id's node (the node
+	// runs a later incarnation now).
+	replaced := func(id uint64) bool {
+		return !slices.Contains(a.target, id) && slices.ContainsFunc(a.target, func(t uint64) bool {
+			return heraldpb.ReplicaNode(t) == heraldpb.ReplicaNode(id)
+		})
+	}
 	// 0. Members that are not what the leader takes them for go first:
 	// learners a replaced move left behind, members whose node runs
-	// another incarnation now, and members whose (empty) replica
+	// another incarnation now, and (for raft ids that are node ids, which
+	// every incarnation of a node shares) members whose (empty) replica
 	// announced itself although the leader counts entries on it.
 	for _, id := range sortedIDs(st.Config.Learners) {
 		if !slices.Contains(a.target, id) {
@@ -108,26 +128,37 @@ func (a *Actor) stepTarget() {
 			return
 		}
 	}
-	for _, id := range a.target {
-		member := isVoter(id) || isLearner(id)
-		announced := a.announced(id)
-		switch {
-		case member && a.stale[id] && id != self:
+	for _, id := range sortedIDs(st.Config.Voters[0]) {
+		if id != self && replaced(id) {
 			remove("removing a member that another incarnation replaced", id)
 			return
-		case member && announced && st.Progress[id].Match > 0 && id != self:
-			remove("removing a member whose replica restarted empty", id)
-			return
-		case !member:
-			delete(a.stale, id)
 		}
 	}
-	// 1. Learners for the target's new replicas, once each has announced
-	// itself (the replica of the move that named it, not an earlier one
-	// still answering).
+	for _, id := range a.target {
+		member := isVoter(id) || isLearner(id)
+		node := heraldpb.ReplicaNode(id)
+		switch {
+		case !member:
+			delete(a.stale, node)
+		case id == self || id != node:
+			// A raft id of its own names one incarnation: nothing of an
+			// earlier one can be taken for it.
+		case a.stale[node]:
+			remove("removing a member that another incarnation replaced", id)
+			return
+		case a.announced(id) && st.Progress[id].Match > 0:
+			remove("removing a member whose replica restarted empty", id)
+			return
+		}
+	}
+	// 1. Learners for the target's new replicas. One whose raft id is its
+	// node id is added only once it has announced itself (the replica of
+	// the move that named it, not an earlier one still answering); one
+	// with a raft id of its own at once (only that incarnation answers to
+	// it).
 	for _, id := range a.target {
 		if !isVoter(id) && !isLearner(id) {
-			if a.joined[id] != "" && !a.announced(id) {
+			if node := heraldpb.ReplicaNode(id); id == node && a.joined[node] != "" && !a.announced(id) {
 				return // its node has not started it yet
 			}
 			delete(a.joining, id)
@@ -213,16 +244,21 @@ func (a *Actor) emptyJoiner() bool {
 	return err == nil && last == 0
 }
 
-// announce has an empty replica that a move started tell the group it is
-// there (every 5 ticks), until it hears from a leader.
+// announce has an empty replica that a move started, whose raft id is its
+// node id, tell the group it is there (every 5 ticks), until it hears from
+// a leader. It goes to the nodes in Announce (a node id routes to that
+// node's replica).
 func (a *Actor) announce() {
 	if a.leader != 0 || len(a.cfg.Announce) == 0 || a.ticks-a.lastAnnounce < 5 || !a.emptyJoiner() {
 		return
 	}
+	if a.cfg.ReplicaID != heraldpb.ReplicaNode(a.cfg.ReplicaID) {
+		return // a raft id of its own: the leader does not wait for it
+	}
 	a.lastAnnounce = a.ticks
 	j := &heraldpb.Joining{From: a.cfg.ReplicaID, Incarnation: a.cfg.JoinAs}
 	for _, to := range a.cfg.Announce {
-		if to != a.cfg.ReplicaID {
+		if to != heraldpb.ReplicaNode(a.cfg.ReplicaID) {
 			a.sendRaft(to, &raftwire.Message{Group: a.group(), Joining: j})
 		}
 	}
@@ -235,7 +271,7 @@ func (a *Actor) onJoining(j *heraldpb.Joining) {
 		a.joining = map[uint64]joinSeen{}
 	}
 	if a.joining[j.From].incarnation != j.Incarnation {
-		a.log.Info("an empty replica announced itself", "node", j.From, "incarnation", j.Incarnation)
+		a.log.Info("an empty replica announced itself", "node", heraldpb.ReplicaNode(j.From), "raft_id", j.From, "incarnation", j.Incarnation)
 	}
 	a.joining[j.From] = joinSeen{incarnation: j.Incarnation, tick: a.ticks}
 	a.wake()
@@ -247,11 +283,11 @@ type joinSeen struct {
 	tick        int
 }
 
-// announced reports whether node id's replica is, as of its recent
-// announcements, the empty one the current move started (an empty
-// replica announces itself every 5 ticks; one that holds entries, or
-// heard from a leader, stops).
+// announced reports whether the replica with raft id id is, as of its
+// recent announcements, the empty one the current move started on its
+// node (an empty replica announces itself every 5 ticks; one that holds
+// entries, or heard from a leader, stops).
 func (a *Actor) announced(id uint64) bool {
 	j, ok := a.joining[id]
-	return ok && j.incarnation != "" && j.incarnation == a.joined[id] && a.ticks-j.tick <= 20
+	return ok && j.incarnation != "" && j.incarnation == a.joined[heraldpb.ReplicaNode(id)] && a.ticks-j.tick <= 20
 }

@@ -421,11 +421,15 @@ func (m *Manager) localDir(rec *heraldpb.TopicRecord, pa *heraldpb.PartitionAssi
 	return filepath.Join(m.cfg.DataDir, "replicas", name)
 }
 
-// spawnReplica starts this node's replica of a partition, in dir.
+// spawnReplica starts this node's replica of a partition, in dir. Its
+// raft id comes from the metadata (the one the move that added it
+// assigned, else the node id), like its log folder: the same at every
+// restart for as long as the node holds this incarnation of the replica.
 func (m *Manager) spawnReplica(ctx actor.Context, rec *heraldpb.TopicRecord, pa *heraldpb.PartitionAssignment, dir string) (*actor.PID, *partition.Stats, error) {
 	p := pa.Id
 	pcfg := m.partitionConfig(rec.Name, p, rec.Config, dir)
-	pcfg.Peers = map[uint64]*actor.PID{m.cfg.NodeID: nil}
+	pcfg.ReplicaID = pa.RaftID(m.cfg.NodeID)
+	pcfg.Peers = map[uint64]*actor.PID{pcfg.ReplicaID: nil}
 	// A replica a move added joins the group (the leader adds it as a
 	// learner); one placed at creation bootstraps it with its peers.
 	pcfg.Join = pa.Joined[m.cfg.NodeID] != ""
@@ -438,7 +442,7 @@ func (m *Manager) spawnReplica(ctx actor.Context, rec *heraldpb.TopicRecord, pa 
 		}
 	} else {
 		for _, r := range pa.Replicas {
-			pcfg.Peers[r] = nil
+			pcfg.Peers[pa.RaftID(r)] = nil
 		}
 		pcfg.Campaign = pa.Replicas[0] == m.cfg.NodeID
 	}
@@ -461,7 +465,7 @@ func (m *Manager) spawnReplica(ctx actor.Context, rec *heraldpb.TopicRecord, pa 
 	}
 	m.cluster.transport.Register(groupOf(rec, p), pid)
 	if len(pa.Target) > 0 {
-		ctx.Send(pid, &partition.SetTarget{Target: pa.Target, Joined: pa.Joined})
+		ctx.Send(pid, setTarget(pa))
 	}
 	return pid, st, nil
 }
@@ -534,7 +538,7 @@ func (m *Manager) reconcile(ctx actor.Context, e *Entry, rec *heraldpb.TopicReco
 			// the old replica is stopping; reconciled again once it stopped
 		case dirs[i] == want:
 			if want != "" {
-				ctx.Send(pids[i], &partition.SetTarget{Target: pa.Target, Joined: pa.Joined})
+				ctx.Send(pids[i], setTarget(pa))
 			}
 		case dirs[i] != "":
 			// This node left the partition (or joins it again under a new
@@ -570,8 +574,13 @@ func (m *Manager) reconcile(ctx actor.Context, e *Entry, rec *heraldpb.TopicReco
 	})
 }
 
+// setTarget tells a replica its partition's target, by raft id.
+func setTarget(pa *heraldpb.PartitionAssignment) *partition.SetTarget {
+	return &partition.SetTarget{Target: pa.RaftIDs(pa.Target), Joined: pa.Joined}
+}
+
 // targetReached is a local leader's report that its group has the
-// membership of its partition's target.
+// membership of its partition's target (raft ids).
 type targetReached struct {
 	topic  string
 	part   uint32
@@ -589,7 +598,7 @@ func (m *Manager) onTargetReached(ctx actor.Context, r *targetReached) {
 		return
 	}
 	pa := e.Record.Partitions[r.part]
-	if !slices.Equal(pa.Target, r.target) {
+	if len(pa.Target) == 0 || !slices.Equal(pa.RaftIDs(pa.Target), r.target) {
 		return // an old report
 	}
 	key := partKey(r.topic, r.part) + "/" + pa.ReassignmentId
@@ -597,7 +606,7 @@ func (m *Manager) onTargetReached(ctx actor.Context, r *targetReached) {
 		return
 	}
 	m.completing[key] = true
-	catalog, self, sys, topicID, moveID := m.cluster.catalog, ctx.Self(), m.sys, e.Record.RequestId, pa.ReassignmentId
+	catalog, self, sys, topicID, moveID, target := m.cluster.catalog, ctx.Self(), m.sys, e.Record.RequestId, pa.ReassignmentId, pa.Target
 	log := m.cfg.Logger
 	go func() {
 		cctx, cancel := context.WithTimeout(context.Background(), createWait)
@@ -605,7 +614,7 @@ func (m *Manager) onTargetReached(ctx actor.Context, r *targetReached) {
 		if err := catalog.CompleteReassignment(cctx, r.topic, topicID, r.part, moveID); err != nil {
 			log.Warn("recording the end of a partition move", "topic", r.topic, "partition", r.part, "err", err)
 		} else {
-			log.Info("partition move done", "topic", r.topic, "partition", r.part, "replicas", r.target)
+			log.Info("partition move done", "topic", r.topic, "partition", r.part, "replicas", target)
 		}
 		sys.Root.Send(self, &completeDone{key: key})
 	}()

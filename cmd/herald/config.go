@@ -35,7 +35,7 @@ func settings() []setting {
 		{"advertise", "client address given to clients in metadata; empty = the listen address", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Advertise, "advertise", d.Advertise, "")
 		}},
-		{"node-id", "this node's stable id (kept in the data dir; 0 = the stored one, or 1)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+		{"node-id", "this node's stable id (kept in the data dir; 0 = the stored one, or 1; at most 4294967295)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.Uint64Var(&c.NodeID, "node-id", d.NodeID, "")
 		}},
 		{"flush", "fsync policy: always (fsync before ack) or interval:<duration>", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {

@@ -1,0 +1,307 @@
+package partition
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/internal/raftwire"
+	"github.com/heraldmq/herald/persistence"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// nodeNet routes raft messages by node, as the cluster transport does: a
+// message for raft id to goes to whichever replica of the group node
+// heraldpb.ReplicaNode(to) runs now, so one meant for an earlier
+// incarnation of a node's replica reaches the later one.
+type nodeNet struct {
+	sys  *actor.ActorSystem
+	mu   sync.Mutex
+	pids map[uint64]*actor.PID                        // by node id
+	cut  func(from, to uint64, m raftpb.Message) bool // by raft id
+}
+
+func (n *nodeNet) set(node uint64, pid *actor.PID) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if pid == nil {
+		delete(n.pids, node)
+	} else {
+		n.pids[node] = pid
+	}
+}
+
+func (n *nodeNet) setCut(cut func(from, to uint64, m raftpb.Message) bool) {
+	n.mu.Lock()
+	n.cut = cut
+	n.mu.Unlock()
+}
+
+// nodeEnd is one replica's end of a nodeNet.
+type nodeEnd struct {
+	n    *nodeNet
+	from uint64
+}
+
+func (e nodeEnd) Send(to uint64, m *raftwire.Message) {
+	e.n.mu.Lock()
+	cut, pid := e.n.cut, e.n.pids[heraldpb.ReplicaNode(to)]
+	e.n.mu.Unlock()
+	if pid == nil {
+		return
+	}
+	if cut != nil && m.Quiesce == nil && m.Joining == nil && cut(e.from, to, m.Raft) {
+		return
+	}
+	e.n.sys.Root.Send(pid, m)
+}
+
+// moveReplica is one incarnation of a node's replica.
+type moveReplica struct {
+	node, id uint64 // node id, raft id
+	pid      *actor.PID
+	stats    *Stats
+	stopped  bool
+}
+
+// moveGroup runs partition t-0 on nodes wired by a nodeNet, starting and
+// stopping replica incarnations as a node's replica manager would.
+type moveGroup struct {
+	t       *testing.T
+	sys     *actor.ActorSystem
+	nw      *nodeNet
+	base    string
+	readers *ReaderPool
+	reached atomic.Pointer[[]uint64] // the last target OnTargetReached reported
+	live    map[uint64]*moveReplica  // by node id
+}
+
+func newMoveGroup(t *testing.T) *moveGroup {
+	sys := actor.NewActorSystem()
+	g := &moveGroup{t: t, sys: sys, nw: &nodeNet{sys: sys, pids: map[uint64]*actor.PID{}}, base: t.TempDir(),
+		readers: NewReaderPool(sys, 2, 64), live: map[uint64]*moveReplica{}}
+	t.Cleanup(func() {
+		for _, r := range g.live {
+			g.stop(r)
+		}
+		g.readers.Close()
+	})
+	return g
+}
+
+// start runs node's replica with raft id id: bootstrapping the group with
+// voters 1-3 when joinAs is "", else joining it as a move's replica.
+func (g *moveGroup) start(node, id uint64, joinAs string, announce ...uint64) *moveReplica {
+	t := g.t
+	t.Helper()
+	r := &moveReplica{node: node, id: id, stats: &Stats{}}
+	dir := filepath.Join(g.base, fmt.Sprintf("n%d-%x", node, id))
+	cfg := Config{
+		Topic: "t", Partition: 0, ReplicaID: id, Transport: nodeEnd{n: g.nw, from: id},
+		Open: func() (Storage, error) {
+			return persistence.Open(persistence.Options{Dir: dir, Group: "t-0"})
+		},
+		OnTargetReached: func(target []uint64) { g.reached.Store(&target) },
+		TickInterval:    10 * time.Millisecond, Readers: g.readers,
+	}
+	if joinAs == "" {
+		cfg.Peers = map[uint64]*actor.PID{1: nil, 2: nil, 3: nil}
+	} else {
+		cfg.Peers = map[uint64]*actor.PID{id: nil}
+		cfg.Join, cfg.JoinAs, cfg.Announce = true, joinAs, announce
+	}
+	props, err := Props(g.sys, cfg, r.stats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.pid, err = g.sys.Root.SpawnNamed(props, fmt.Sprintf("p/t-0/n%d-%x", node, id)); err != nil {
+		t.Fatal(err)
+	}
+	g.nw.set(node, r.pid)
+	g.live[node] = r
+	return r
+}
+
+// stop stops a replica and its node's routing to it (its node deletes it).
+func (g *moveGroup) stop(r *moveReplica) {
+	if r.stopped {
+		return
+	}
+	r.stopped = true
+	g.nw.set(r.node, nil)
+	delete(g.live, r.node)
+	g.sys.Root.StopFuture(r.pid).Wait()
+}
+
+// leader waits until the replicas on nodes agree on a leader among them,
+// and returns it. Stats.Leader is a node id.
+func (g *moveGroup) leader(nodes ...uint64) *moveReplica {
+	g.t.Helper()
+	var leader uint64
+	checkFor(g.t, 10*time.Second, fmt.Sprintf("a leader nodes %v agree on", nodes), func() bool {
+		leader = 0
+		for _, n := range nodes {
+			l := g.live[n].stats.Leader.Load()
+			if !slices.Contains(nodes, l) || (leader != 0 && l != leader) {
+				return false
+			}
+			leader = l
+		}
+		return true
+	})
+	return g.live[leader]
+}
+
+// setTarget tells every live replica the target (raft ids).
+func (g *moveGroup) setTarget(target []uint64, joined map[uint64]string) {
+	for _, r := range g.live {
+		g.sys.Root.Send(r.pid, &SetTarget{Target: target, Joined: joined})
+	}
+}
+
+// awaitTarget waits until a leader reports the group has target's
+// membership, and every replica in it has applied it.
+func (g *moveGroup) awaitTarget(target []uint64) {
+	g.t.Helper()
+	want := slices.Sorted(slices.Values(target))
+	checkFor(g.t, 20*time.Second, fmt.Sprintf("the group moved to %#x", target), func() bool {
+		got := g.reached.Load()
+		if got == nil || !slices.Equal(*got, target) {
+			return false
+		}
+		for _, r := range g.live {
+			if cs := r.stats.Conf.Load(); slices.Contains(target, r.id) && (cs == nil || !slices.Equal(slices.Sorted(slices.Values(cs.Voters)), want) || len(cs.Learners) > 0) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A node that leaves a partition and is added back joins the group under
+// a raft id of its own, not its earlier replica's, even when the leader
+// changes while it is a learner: node 4 joins as incarnation 1 while node
+// 3 leaves; then node 3 comes back as incarnation 2, its appends held
+// until the leader that added it as a learner is cut off and another
+// leads. The new replica ends with every record, Stats.Leader names nodes,
+// and a message for node 3's earlier raft id is dropped by the later one
+// (raft would have taken its commit index past the log for its own).
+func TestReaddedReplicaGetsItsOwnRaftID(t *testing.T) {
+	g := newMoveGroup(t)
+	for n := uint64(1); n <= 3; n++ {
+		g.start(n, n, "")
+	}
+	in := newInbox(g.sys)
+	acked := map[int64]string{}
+	// produce appends n records through the leader of the replicas on
+	// nodes, following it if it moves.
+	produce := func(round string, n int, nodes ...uint64) {
+		for i := range n {
+			v := fmt.Sprintf("%s-%d", round, i)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				g.sys.Root.RequestWithCustomSender(g.leader(nodes...).pid, produceFrame("t", heraldpb.Acks_ACKS_ALL, v), in.pid)
+				f := in.next(t)
+				if r := f.GetProduceResponse(); r != nil {
+					acked[r.BaseOffset] = v
+					break
+				}
+				if !f.GetError().GetRetriable() || time.Now().After(deadline) {
+					t.Fatalf("produce %s: %v", v, f.GetError())
+				}
+				time.Sleep(5 * time.Millisecond) // as a client backs off
+			}
+		}
+	}
+	produce("before", 20, 1, 2, 3)
+
+	// 1. Node 4 joins (incarnation 1), node 3 leaves.
+	id4 := heraldpb.ReplicaRaftID(4, 1)
+	g.start(4, id4, "m1", 1, 2, 3)
+	joined := map[uint64]string{4: "m1"}
+	target := []uint64{1, 2, id4}
+	g.setTarget(target, joined)
+	g.awaitTarget(target)
+	g.setTarget(nil, joined)
+	g.stop(g.live[3])
+	produce("moved", 10, 1, 2, 4)
+
+	// 2. Node 3 comes back as incarnation 2. Its appends are held until
+	// the leader of the moment, once it has made it a learner, is cut off.
+	id3 := heraldpb.ReplicaRaftID(3, 2)
+	var hold, isolated atomic.Uint64 // raft ids; 0: none
+	hold.Store(id3)
+	g.nw.setCut(func(from, to uint64, m raftpb.Message) bool {
+		if i := isolated.Load(); i != 0 && (from == i || to == i) {
+			return true
+		}
+		return to == hold.Load() && (m.Type == raftpb.MsgApp || m.Type == raftpb.MsgSnap)
+	})
+	r3 := g.start(3, id3, "m2", 1, 2, 4)
+	joined = map[uint64]string{4: "m1", 3: "m2"}
+	target = []uint64{1, 2, id3}
+	g.setTarget(target, joined)
+	checkFor(t, 10*time.Second, "node 3's new replica added as a learner", func() bool {
+		for _, n := range []uint64{1, 2, 4} {
+			if cs := g.live[n].stats.Conf.Load(); cs == nil || !slices.Contains(cs.Learners, id3) {
+				return false
+			}
+		}
+		return true
+	})
+	old := g.leader(1, 2, 4)
+	isolated.Store(old.id)
+	if r3.stats.EndOffset.Load() != 0 {
+		t.Fatalf("the learner holds records before its appends were let through: end %d", r3.stats.EndOffset.Load())
+	}
+	var others []uint64
+	for _, n := range []uint64{1, 2, 4} {
+		if n != old.node {
+			others = append(others, n)
+		}
+	}
+	next := g.leader(others...)
+	t.Logf("leader moved from node %d to node %d while node 3's replica %#x was a learner", old.node, next.node, id3)
+	hold.Store(0)
+	isolated.Store(0)
+	g.awaitTarget(target)
+	g.setTarget(nil, joined)
+	g.stop(g.live[4])
+	produce("back", 10, 1, 2, 3)
+	if cs := r3.stats.Conf.Load(); slices.Contains(cs.Voters, 3) || !slices.Contains(cs.Voters, id3) {
+		t.Fatalf("node 3's replica sees voters %#x", cs.Voters)
+	}
+
+	// A heartbeat for node 3's earlier replica, reaching its later one.
+	before := testutil.ToFloat64(raftMisaddressed)
+	hb := raftpb.Message{Type: raftpb.MsgHeartbeat, To: 3, From: 1, Term: r3.stats.Term.Load(), Commit: 1 << 20}
+	g.sys.Root.Send(r3.pid, &raftwire.Message{Group: "p/t-0", Raft: hb})
+	checkFor(t, 10*time.Second, "the misaddressed heartbeat dropped", func() bool { return testutil.ToFloat64(raftMisaddressed) > before })
+	produce("after", 5, 1, 2, 3)
+
+	end := g.leader(1, 2, 3).stats.HighWatermark.Load()
+	if len(acked) != 45 || end < 45 {
+		t.Fatalf("%d records acknowledged, high watermark %d; want 45", len(acked), end)
+	}
+	for _, r := range g.live {
+		checkFor(t, 10*time.Second, fmt.Sprintf("node %d at hw %d", r.node, end), func() bool {
+			return r.stats.HighWatermark.Load() == end
+		})
+		got := readAll(t, g.sys, r.pid, end)
+		for off, v := range acked {
+			if got[off] != v {
+				t.Fatalf("node %d (raft id %#x): offset %d holds %q, acknowledged %q", r.node, r.id, off, got[off], v)
+			}
+		}
+		if l := r.stats.Leader.Load(); l < 1 || l > 3 {
+			t.Fatalf("node %d reports leader %d, not a node id of the group", r.node, l)
+		}
+	}
+}
