@@ -595,7 +595,7 @@ func (l *Log) SetConfState(index uint64, cs raftpb.ConfState) error {
 			h = h[:len(h)-1] // applied again (after a restart)
 		}
 		h = append(h, confAt{index: index, cs: cs})
-		if len(h) > maxConfHistory {
+		forget := func() {
 			// The membership between the two oldest changes is forgotten:
 			// those indexes cannot become the snapshot point.
 			if l.snap.gapTo == 0 {
@@ -604,7 +604,20 @@ func (l *Log) SetConfState(index uint64, cs raftpb.ConfState) error {
 			l.snap.gapTo = h[1].index
 			h = slices.Clone(h[1:])
 		}
+		if len(h) > maxConfHistory {
+			forget()
+		}
 		l.snap.confs = h
+		// And as many more as the state slot needs: large memberships of
+		// long raft ids (incarnations) fill it before maxConfHistory.
+		for len(h) > 1 {
+			st := l.currentState()
+			if len(encodeState(&st)) <= slotSize-slotHeader {
+				break
+			}
+			forget()
+			l.snap.confs = h
+		}
 	}
 	l.mu.Unlock()
 	if l.persisted.cs.Equivalent(cs) == nil && index <= l.snap.snapIndex {

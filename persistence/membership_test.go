@@ -137,3 +137,40 @@ func TestSnapshotNamesReplicasAddedAfterIt(t *testing.T) {
 		t.Fatalf("snapshot at %d carries %v, want voters [1 2 3] (as of its index) and learner 4 (added after it)", snap.Metadata.Index, cs.String())
 	}
 }
+
+// TestLargeMembershipHistoryFitsTheSlot: memberships of many long raft ids
+// (replication factor 20, ids of 8 bytes) fill the 4 KiB state slot before
+// maxConfHistory changes: the oldest are forgotten instead, every change
+// is stored, and the latest membership survives a reopen.
+func TestLargeMembershipHistoryFitsTheSlot(t *testing.T) {
+	opts, _ := testOptions(t, t.TempDir())
+	l := mustOpen(t, opts)
+	g := &gen{term: 2, recLen: 50, nowMs: 5}
+	mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1, Commit: 200}, g.entries(1, 200, 3))
+	big := func(k int) raftpb.ConfState {
+		var cs raftpb.ConfState
+		for n := 0; n < 20; n++ {
+			cs.Voters = append(cs.Voters, uint64(k+n+1)|uint64(1<<30+k)<<32)
+		}
+		return cs
+	}
+	for k := 1; k <= maxConfHistory; k++ {
+		if err := l.SetConfState(uint64(2*k), big(k)); err != nil {
+			t.Fatalf("change %d: %v", k, err)
+		}
+	}
+	l.mu.RLock()
+	kept := len(l.snap.confs)
+	l.mu.RUnlock()
+	if kept >= maxConfHistory || kept < 1 {
+		t.Fatalf("kept %d changes; the slot cannot hold %d of these", kept, maxConfHistory)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = mustOpen(t, opts)
+	defer l.Close()
+	if _, cs, _ := l.InitialState(); !slices.Equal(cs.Voters, big(maxConfHistory).Voters) {
+		t.Fatalf("after a reopen the membership is %v", cs.Voters)
+	}
+}
