@@ -119,9 +119,8 @@ func (a *Actor) stepTarget() {
 	}
 	// 0. Members that are not what the leader takes them for go first:
 	// learners a replaced move left behind, members whose node runs
-	// another incarnation now, and (for raft ids that are node ids, which
-	// every incarnation of a node shares) members whose (empty) replica
-	// announced itself although the leader counts entries on it.
+	// another incarnation now, and members whose (empty) replica announced
+	// itself although the leader counts entries on it.
 	for _, id := range sortedIDs(st.Config.Learners) {
 		if !slices.Contains(a.target, id) {
 			remove("removing a learner the move no longer needs", id)
@@ -140,9 +139,18 @@ func (a *Actor) stepTarget() {
 		switch {
 		case !member:
 			delete(a.stale, node)
-		case id == self || id != node:
+		case id == self:
+		case id != node:
 			// A raft id of its own names one incarnation: nothing of an
-			// earlier one can be taken for it.
+			// earlier one can be taken for it. But that incarnation may
+			// have lost its log (its disk, or writes confirmed and never
+			// synced): the leader's record of how far it got is then
+			// wrong, raft never lowers it, and the replica would never
+			// catch up. It is removed, and added again at once below.
+			if a.announced(id) && st.Progress[id].Match > 0 {
+				remove("removing a member whose replica restarted empty", id)
+				return
+			}
 		case a.stale[node]:
 			remove("removing a member that another incarnation replaced", id)
 			return
@@ -244,16 +252,15 @@ func (a *Actor) emptyJoiner() bool {
 	return err == nil && last == 0
 }
 
-// announce has an empty replica that a move started, whose raft id is its
-// node id, tell the group it is there (every 5 ticks), until it hears from
-// a leader. It goes to the nodes in Announce (a node id routes to that
-// node's replica).
+// announce has an empty replica that a move started tell the group it is
+// there (every 5 ticks), until it hears from a leader. It goes to the nodes
+// in Announce (a node id routes to that node's replica). The leader waits
+// for it before adding a replica whose raft id is its node id; for one with
+// a raft id of its own, it tells a leader that counts entries on it that
+// it lost them.
 func (a *Actor) announce() {
 	if a.leader != 0 || len(a.cfg.Announce) == 0 || a.ticks-a.lastAnnounce < 5 || !a.emptyJoiner() {
 		return
-	}
-	if a.cfg.ReplicaID != heraldpb.ReplicaNode(a.cfg.ReplicaID) {
-		return // a raft id of its own: the leader does not wait for it
 	}
 	a.lastAnnounce = a.ticks
 	j := &heraldpb.Joining{From: a.cfg.ReplicaID, Incarnation: a.cfg.JoinAs}

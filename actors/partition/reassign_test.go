@@ -2,6 +2,7 @@ package partition
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -81,6 +82,7 @@ type moveGroup struct {
 	readers *ReaderPool
 	reached atomic.Pointer[[]uint64] // the last target OnTargetReached reported
 	live    map[uint64]*moveReplica  // by node id
+	in      *inbox                   // answers to produce
 }
 
 func newMoveGroup(t *testing.T) *moveGroup {
@@ -193,33 +195,39 @@ func (g *moveGroup) awaitTarget(target []uint64) {
 // leads. The new replica ends with every record, Stats.Leader names nodes,
 // and a message for node 3's earlier raft id is dropped by the later one
 // (raft would have taken its commit index past the log for its own).
+// produce appends n records through the leader of the replicas on nodes,
+// following it if it moves, and records the acknowledged ones in acked.
+func (g *moveGroup) produce(acked map[int64]string, round string, n int, nodes ...uint64) {
+	t := g.t
+	t.Helper()
+	if g.in == nil {
+		g.in = newInbox(g.sys)
+	}
+	for i := range n {
+		v := fmt.Sprintf("%s-%d", round, i)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			g.sys.Root.RequestWithCustomSender(g.leader(nodes...).pid, produceFrame("t", heraldpb.Acks_ACKS_ALL, v), g.in.pid)
+			f := g.in.next(t)
+			if r := f.GetProduceResponse(); r != nil {
+				acked[r.BaseOffset] = v
+				break
+			}
+			if !f.GetError().GetRetriable() || time.Now().After(deadline) {
+				t.Fatalf("produce %s: %v", v, f.GetError())
+			}
+			time.Sleep(5 * time.Millisecond) // as a client backs off
+		}
+	}
+}
+
 func TestReaddedReplicaGetsItsOwnRaftID(t *testing.T) {
 	g := newMoveGroup(t)
 	for n := uint64(1); n <= 3; n++ {
 		g.start(n, n, "")
 	}
-	in := newInbox(g.sys)
 	acked := map[int64]string{}
-	// produce appends n records through the leader of the replicas on
-	// nodes, following it if it moves.
-	produce := func(round string, n int, nodes ...uint64) {
-		for i := range n {
-			v := fmt.Sprintf("%s-%d", round, i)
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				g.sys.Root.RequestWithCustomSender(g.leader(nodes...).pid, produceFrame("t", heraldpb.Acks_ACKS_ALL, v), in.pid)
-				f := in.next(t)
-				if r := f.GetProduceResponse(); r != nil {
-					acked[r.BaseOffset] = v
-					break
-				}
-				if !f.GetError().GetRetriable() || time.Now().After(deadline) {
-					t.Fatalf("produce %s: %v", v, f.GetError())
-				}
-				time.Sleep(5 * time.Millisecond) // as a client backs off
-			}
-		}
-	}
+	produce := func(round string, n int, nodes ...uint64) { g.produce(acked, round, n, nodes...) }
 	produce("before", 20, 1, 2, 3)
 
 	// 1. Node 4 joins (incarnation 1), node 3 leaves.
@@ -303,5 +311,41 @@ func TestReaddedReplicaGetsItsOwnRaftID(t *testing.T) {
 		if l := r.stats.Leader.Load(); l < 1 || l > 3 {
 			t.Fatalf("node %d reports leader %d, not a node id of the group", r.node, l)
 		}
+	}
+}
+
+// TestEmptyRestartedReplicaIsAddedAgain: a replica a move added (with a
+// raft id of its own, or its node id) that restarts with its log lost
+// announces itself empty; the leader, which counts entries on it, removes
+// it and adds it again, and it catches up. Without that, raft never lowers
+// its record of the replica's log and the replica never catches up.
+func TestEmptyRestartedReplicaIsAddedAgain(t *testing.T) {
+	for _, id4 := range []uint64{heraldpb.ReplicaRaftID(4, 1), 4} {
+		t.Run(fmt.Sprintf("raft id %#x", id4), func(t *testing.T) {
+			g := newMoveGroup(t)
+			for n := uint64(1); n <= 3; n++ {
+				g.start(n, n, "")
+			}
+			acked := map[int64]string{}
+			g.produce(acked, "before", 20, 1, 2, 3)
+			g.start(4, id4, "m1", 1, 2, 3)
+			joined := map[uint64]string{4: "m1"}
+			target := []uint64{1, 2, id4}
+			g.setTarget(target, joined)
+			g.awaitTarget(target)
+			g.stop(g.live[3])
+			g.produce(acked, "moved", 10, 1, 2, 4)
+			// Node 4 loses its log and restarts under the same raft id
+			// while the move is still recorded (its end not yet applied).
+			g.stop(g.live[4])
+			if err := os.RemoveAll(filepath.Join(g.base, fmt.Sprintf("n%d-%x", 4, id4))); err != nil {
+				t.Fatal(err)
+			}
+			r4 := g.start(4, id4, "m1", 1, 2)
+			end := g.leader(1, 2).stats.HighWatermark.Load()
+			checkFor(t, 15*time.Second, fmt.Sprintf("the emptied replica %#x at hw %d", id4, end), func() bool {
+				return r4.stats.HighWatermark.Load() >= end
+			})
+		})
 	}
 }
