@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/heraldmq/herald/client"
-	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -300,19 +298,11 @@ func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
 // replica's log (its node stopped).
 func replicaVoters(t *testing.T, dataDir, topic string, part int) []uint64 {
 	t.Helper()
-	dirs, _ := filepath.Glob(filepath.Join(dataDir, "replicas", fmt.Sprintf("%s-%d-*", topic, part)))
-	if len(dirs) != 1 {
-		t.Fatalf("replica dirs of %s-%d in %s: %v", topic, part, dataDir, dirs)
-	}
-	log, err := persistence.Open(persistence.Options{Dir: dirs[0], Group: fmt.Sprintf("%s-%d", topic, part),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatalf("opening %s: %v", dirs[0], err)
-	}
+	log := openReplica(t, dataDir, topic, part)
 	defer log.Close()
 	_, cs, err := log.InitialState()
 	if err != nil {
-		t.Fatalf("state of %s: %v", dirs[0], err)
+		t.Fatalf("state of the replica of %s-%d in %s: %v", topic, part, dataDir, err)
 	}
 	return cs.Voters
 }

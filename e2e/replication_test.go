@@ -247,9 +247,8 @@ func (l *loadProducers) finish() {
 	l.wg.Wait()
 }
 
-// readReplica reads every record of one replica's log offline (the node
-// is stopped): offset -> value.
-func readReplica(t *testing.T, dataDir, topic string, part int) map[int64]string {
+// openReplica opens one replica's log offline (its node is stopped).
+func openReplica(t *testing.T, dataDir, topic string, part int) *persistence.Log {
 	t.Helper()
 	dirs, _ := filepath.Glob(filepath.Join(dataDir, "replicas", fmt.Sprintf("%s-%d-*", topic, part)))
 	if len(dirs) != 1 {
@@ -260,12 +259,20 @@ func readReplica(t *testing.T, dataDir, topic string, part int) map[int64]string
 	if err != nil {
 		t.Fatalf("opening %s: %v", dirs[0], err)
 	}
+	return log
+}
+
+// readReplica reads every record of one replica's log offline (the node
+// is stopped): offset -> value.
+func readReplica(t *testing.T, dataDir, topic string, part int) map[int64]string {
+	t.Helper()
+	log := openReplica(t, dataDir, topic, part)
 	defer log.Close()
 	out := map[int64]string{}
 	for off := log.StartOffset(); off < log.EndOffset(); {
 		batches, err := log.ReadBatches(off, 1<<20, log.EndOffset())
 		if err != nil || len(batches) == 0 {
-			t.Fatalf("reading %s at %d: %v", dirs[0], off, err)
+			t.Fatalf("reading the replica of %s-%d in %s at %d: %v", topic, part, dataDir, off, err)
 		}
 		for _, b := range batches {
 			err := heraldpb.ForEachRawRecord(b.Records, func(i int, raw []byte) bool {

@@ -387,12 +387,25 @@ func TestIdempotentProducersBounded(t *testing.T) {
 }
 
 // net is an in-process raft network between replicas that drops the
-// messages cut says to drop.
+// messages cut says to drop. It routes by node, as the cluster transport
+// does: a message for raft id to goes to whichever replica of the group
+// node heraldpb.ReplicaNode(to) runs now, so one meant for an earlier
+// incarnation of a node's replica reaches the later one.
 type net struct {
 	sys  *actor.ActorSystem
 	mu   sync.Mutex
-	pids map[uint64]*actor.PID
-	cut  func(from, to uint64, m raftpb.Message) bool
+	pids map[uint64]*actor.PID                        // by node id
+	cut  func(from, to uint64, m raftpb.Message) bool // by raft id
+}
+
+func (n *net) set(node uint64, pid *actor.PID) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if pid == nil {
+		delete(n.pids, node)
+	} else {
+		n.pids[node] = pid
+	}
 }
 
 func (n *net) setCut(cut func(from, to uint64, m raftpb.Message) bool) {
@@ -409,8 +422,11 @@ type transport struct {
 
 func (tr transport) Send(to uint64, m *raftwire.Message) {
 	tr.n.mu.Lock()
-	cut, pid := tr.n.cut, tr.n.pids[to]
+	cut, pid := tr.n.cut, tr.n.pids[heraldpb.ReplicaNode(to)]
 	tr.n.mu.Unlock()
+	if pid == nil {
+		return
+	}
 	if cut != nil && m.Quiesce == nil && m.Joining == nil && cut(tr.from, to, m.Raft) {
 		return
 	}

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,52 +17,6 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 )
 
-// nodeNet routes raft messages by node, as the cluster transport does: a
-// message for raft id to goes to whichever replica of the group node
-// heraldpb.ReplicaNode(to) runs now, so one meant for an earlier
-// incarnation of a node's replica reaches the later one.
-type nodeNet struct {
-	sys  *actor.ActorSystem
-	mu   sync.Mutex
-	pids map[uint64]*actor.PID                        // by node id
-	cut  func(from, to uint64, m raftpb.Message) bool // by raft id
-}
-
-func (n *nodeNet) set(node uint64, pid *actor.PID) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if pid == nil {
-		delete(n.pids, node)
-	} else {
-		n.pids[node] = pid
-	}
-}
-
-func (n *nodeNet) setCut(cut func(from, to uint64, m raftpb.Message) bool) {
-	n.mu.Lock()
-	n.cut = cut
-	n.mu.Unlock()
-}
-
-// nodeEnd is one replica's end of a nodeNet.
-type nodeEnd struct {
-	n    *nodeNet
-	from uint64
-}
-
-func (e nodeEnd) Send(to uint64, m *raftwire.Message) {
-	e.n.mu.Lock()
-	cut, pid := e.n.cut, e.n.pids[heraldpb.ReplicaNode(to)]
-	e.n.mu.Unlock()
-	if pid == nil {
-		return
-	}
-	if cut != nil && m.Quiesce == nil && m.Joining == nil && cut(e.from, to, m.Raft) {
-		return
-	}
-	e.n.sys.Root.Send(pid, m)
-}
-
 // moveReplica is one incarnation of a node's replica.
 type moveReplica struct {
 	node, id uint64 // node id, raft id
@@ -72,12 +25,12 @@ type moveReplica struct {
 	stopped  bool
 }
 
-// moveGroup runs partition t-0 on nodes wired by a nodeNet, starting and
+// moveGroup runs partition t-0 on nodes wired by a net, starting and
 // stopping replica incarnations as a node's replica manager would.
 type moveGroup struct {
 	t       *testing.T
 	sys     *actor.ActorSystem
-	nw      *nodeNet
+	nw      *net
 	base    string
 	readers *ReaderPool
 	reached atomic.Pointer[[]uint64] // the last target OnTargetReached reported
@@ -87,7 +40,7 @@ type moveGroup struct {
 
 func newMoveGroup(t *testing.T) *moveGroup {
 	sys := actor.NewActorSystem()
-	g := &moveGroup{t: t, sys: sys, nw: &nodeNet{sys: sys, pids: map[uint64]*actor.PID{}}, base: t.TempDir(),
+	g := &moveGroup{t: t, sys: sys, nw: &net{sys: sys, pids: map[uint64]*actor.PID{}}, base: t.TempDir(),
 		readers: NewReaderPool(sys, 2, 64), live: map[uint64]*moveReplica{}}
 	t.Cleanup(func() {
 		for _, r := range g.live {
@@ -106,7 +59,7 @@ func (g *moveGroup) start(node, id uint64, joinAs string, announce ...uint64) *m
 	r := &moveReplica{node: node, id: id, stats: &Stats{}}
 	dir := filepath.Join(g.base, fmt.Sprintf("n%d-%x", node, id))
 	cfg := Config{
-		Topic: "t", Partition: 0, ReplicaID: id, Transport: nodeEnd{n: g.nw, from: id},
+		Topic: "t", Partition: 0, ReplicaID: id, Transport: transport{n: g.nw, from: id},
 		Open: func() (Storage, error) {
 			return persistence.Open(persistence.Options{Dir: dir, Group: "t-0"})
 		},
