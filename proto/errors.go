@@ -12,6 +12,7 @@ var retriable = map[ErrorCode]bool{
 	ErrorCode_SHUTTING_DOWN:       true,
 	ErrorCode_NOT_ENOUGH_REPLICAS: true,
 	ErrorCode_NOT_COORDINATOR:     true,
+	ErrorCode_NOT_READY:           true,
 }
 
 // IsRetriableCode reports whether an operation that failed with code may

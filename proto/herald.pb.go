@@ -104,6 +104,15 @@ const (
 	// This node does not coordinate consumer groups (in a cluster, the leader
 	// of __groups does). Retriable at the node Error.leader names.
 	ErrorCode_NOT_COORDINATOR ErrorCode = 32
+	// The partition's log is damaged (a corrupt or missing part found on start
+	// or while reading): it serves the records before the damage and refuses
+	// writes until an operator runs `herald partition repair TOPIC/N
+	// --accept-loss`. Error.lost_from and Error.lost_to name the offsets lost.
+	// Not retriable.
+	ErrorCode_PARTITION_DAMAGED ErrorCode = 33
+	// The node has not caught up yet (it is loading metadata or replaying a
+	// log after a start). Retriable after retry_after_ms, here or elsewhere.
+	ErrorCode_NOT_READY ErrorCode = 34
 )
 
 // Enum value maps for ErrorCode.
@@ -142,6 +151,8 @@ var (
 		30: "OUT_OF_ORDER_SEQUENCE",
 		31: "NODE_NOT_FOUND",
 		32: "NOT_COORDINATOR",
+		33: "PARTITION_DAMAGED",
+		34: "NOT_READY",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED": 0,
@@ -177,6 +188,8 @@ var (
 		"OUT_OF_ORDER_SEQUENCE":  30,
 		"NODE_NOT_FOUND":         31,
 		"NOT_COORDINATOR":        32,
+		"PARTITION_DAMAGED":      33,
+		"NOT_READY":              34,
 	}
 )
 
@@ -530,9 +543,17 @@ type Error struct {
 	RetryAfterMs uint32                 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// NOT_LEADER: the node that leads the partition, when known (0: unknown).
 	// NOT_COORDINATOR: the node that coordinates consumer groups.
-	Leader        uint32 `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Leader uint32 `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	// PARTITION_DAMAGED: the offsets [lost_from, lost_to) were lost to the
+	// damage (lost_to is -1 when the end is not known).
+	LostFrom int64 `protobuf:"varint,6,opt,name=lost_from,json=lostFrom,proto3" json:"lost_from,omitempty"`
+	LostTo   int64 `protobuf:"varint,7,opt,name=lost_to,json=lostTo,proto3" json:"lost_to,omitempty"`
+	// The request may have taken effect although it failed (for example a
+	// produce whose write failed after part of it reached the disk): the
+	// outcome is unknown, as Kafka says of a timed-out produce.
+	OutcomeUnknown bool `protobuf:"varint,8,opt,name=outcome_unknown,json=outcomeUnknown,proto3" json:"outcome_unknown,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Error) Reset() {
@@ -598,6 +619,27 @@ func (x *Error) GetLeader() uint32 {
 		return x.Leader
 	}
 	return 0
+}
+
+func (x *Error) GetLostFrom() int64 {
+	if x != nil {
+		return x.LostFrom
+	}
+	return 0
+}
+
+func (x *Error) GetLostTo() int64 {
+	if x != nil {
+		return x.LostTo
+	}
+	return 0
+}
+
+func (x *Error) GetOutcomeUnknown() bool {
+	if x != nil {
+		return x.OutcomeUnknown
+	}
+	return false
 }
 
 type Frame struct {
@@ -5675,13 +5717,16 @@ var File_herald_proto protoreflect.FileDescriptor
 
 const file_herald_proto_rawDesc = "" +
 	"\n" +
-	"\fherald.proto\x12\therald.v1\"\xa7\x01\n" +
+	"\fherald.proto\x12\therald.v1\"\x86\x02\n" +
 	"\x05Error\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.herald.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\rR\fretryAfterMs\x12\x16\n" +
-	"\x06leader\x18\x05 \x01(\rR\x06leader\"\xdf\x1a\n" +
+	"\x06leader\x18\x05 \x01(\rR\x06leader\x12\x1b\n" +
+	"\tlost_from\x18\x06 \x01(\x03R\blostFrom\x12\x17\n" +
+	"\alost_to\x18\a \x01(\x03R\x06lostTo\x12'\n" +
+	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\xdf\x1a\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -6072,7 +6117,7 @@ const file_herald_proto_rawDesc = "" +
 	"created_ms\x18\a \x01(\x03R\tcreatedMs\"i\n" +
 	"\x15ListScheduledResponse\x126\n" +
 	"\tscheduled\x18\x01 \x03(\v2\x18.herald.v1.ScheduledInfoR\tscheduled\x12\x18\n" +
-	"\apending\x18\x02 \x01(\x04R\apending*\xd1\x05\n" +
+	"\apending\x18\x02 \x01(\x04R\apending*\xf7\x05\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -6108,7 +6153,9 @@ const file_herald_proto_rawDesc = "" +
 	"\x12SCHEDULE_NOT_FOUND\x10\x1d\x12\x19\n" +
 	"\x15OUT_OF_ORDER_SEQUENCE\x10\x1e\x12\x12\n" +
 	"\x0eNODE_NOT_FOUND\x10\x1f\x12\x13\n" +
-	"\x0fNOT_COORDINATOR\x10 *4\n" +
+	"\x0fNOT_COORDINATOR\x10 \x12\x15\n" +
+	"\x11PARTITION_DAMAGED\x10!\x12\r\n" +
+	"\tNOT_READY\x10\"*4\n" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +
