@@ -25,6 +25,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,6 +68,10 @@ type Log struct {
 	last   uint64    // LastIndex
 	ix     indexes
 	cache  entryCache
+	// damage is the log's damage record (damage.go); nil if whole.
+	damage *Damage
+	// readCorrupt is the first corruption a live read found.
+	readCorrupt atomic.Pointer[error]
 
 	// Owner-only state (under wmu).
 	persisted       diskState // what the state file holds
@@ -118,7 +123,25 @@ func Open(opts Options) (*Log, error) {
 	return l, nil
 }
 
+// recover opens and checks the log, repairing it (damage.go) and opening it
+// again after each repair.
 func (l *Log) recover() error {
+	for attempt := 0; ; attempt++ {
+		err := l.recoverOnce()
+		if !errors.Is(err, errRescan) {
+			return err
+		}
+		if l.wal != nil {
+			l.wal.Close()
+			l.wal = nil
+		}
+		if attempt >= 64 {
+			return corruptf("the log still fails its checks after %d repairs", attempt+1)
+		}
+	}
+}
+
+func (l *Log) recoverOnce() error {
 	if err := l.fs.MkdirAll(l.opts.Dir, 0o750); err != nil {
 		return storageErr("create dir", err)
 	}
@@ -127,6 +150,9 @@ func (l *Log) recover() error {
 	}
 	st, found, err := l.readState()
 	if err != nil {
+		return err
+	}
+	if l.damage, err = l.readDamage(); err != nil {
 		return err
 	}
 	if st.resetting {
@@ -171,6 +197,9 @@ func (l *Log) recover() error {
 	if err := l.scan(wl); err != nil {
 		return err
 	}
+	if err := l.settleDamage(); err != nil {
+		return err
+	}
 	// Raft needs snapIndex <= Commit <= LastIndex; a cut tail can leave a
 	// larger commit, which is safe to lower.
 	l.hs.Commit = min(max(l.hs.Commit, l.snap.snapIndex), l.last)
@@ -210,7 +239,8 @@ func (l *Log) reopenEmpty(first uint64) error {
 }
 
 // scan reads every entry from l.first to wl, verifying it, and builds the
-// indexes. At the first bad entry it truncates the WAL just before it.
+// indexes. At the first bad entry it closes the WAL and repairs the files
+// (repairFrom), and recover opens them again.
 func (l *Log) scan(wl uint64) error {
 	interval := int64(l.opts.IndexIntervalBytes)
 	var gapWarned bool
@@ -234,12 +264,13 @@ func (l *Log) scan(wl uint64) error {
 			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, wal.ErrCorrupt) {
 				return storageErr(fmt.Sprintf("read wal entry %d", i), err)
 			}
-			l.log.Warn("persistence: corrupt wal entry, truncating the log before it",
-				"group", l.opts.Group, "index", i, "dropped_entries", wl-i+1, "err", err)
-			if err := l.wal.TruncateBack(i - 1); err != nil {
-				return storageErr("wal truncate back", err)
+			// A torn tail is cut; anything else is damage (damage.go).
+			l.wal.Close()
+			l.wal = nil
+			if rerr := l.repairFrom(i, err); rerr != nil {
+				return rerr
 			}
-			break
+			return errRescan
 		}
 		if m.hasRecords && m.base != l.ix.endOffset && !gapWarned {
 			gapWarned = true
@@ -562,7 +593,9 @@ func (l *Log) readEntry(i uint64) (*cachedEntry, error) {
 	l.rmu.Unlock()
 	if err != nil {
 		if errors.Is(err, wal.ErrCorrupt) {
-			return nil, fmt.Errorf("%w: %w", ErrStorage, fmt.Errorf("%w: read wal entry %d: %w", ErrCorrupt, i, err))
+			err = fmt.Errorf("%w: %w", ErrStorage, fmt.Errorf("%w: read wal entry %d: %w", ErrCorrupt, i, err))
+			l.noteReadCorruption(err)
+			return nil, err
 		}
 		return nil, storageErr(fmt.Sprintf("read wal entry %d", i), err)
 	}
@@ -571,7 +604,9 @@ func (l *Log) readEntry(i uint64) (*cachedEntry, error) {
 		err = corruptf("entry at wal index %d says index %d", i, e.Index)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: wal entry %d: %w", ErrStorage, i, err)
+		err = fmt.Errorf("%w: wal entry %d: %w", ErrStorage, i, err)
+		l.noteReadCorruption(err)
+		return nil, err
 	}
 	return &cachedEntry{e: e, m: m, records: records}, nil
 }

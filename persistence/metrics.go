@@ -31,4 +31,16 @@ var (
 		Name: "herald_retention_removed_records_total",
 		Help: "Records removed from the front of the log by retention.",
 	}, []string{"group"})
+	damagedLogs = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_log_damaged",
+		Help: "1 while the raft group's log holds damage no operator has accepted (it is read-only); 0 otherwise.",
+	}, []string{"group"})
+	damageFoundTotal = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_log_damage_found_total",
+		Help: "Damaged log parts found and quarantined on open (corruption, not torn tails).",
+	})
+	damageReadsTotal = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_log_corrupt_reads_total",
+		Help: "Logs whose live reads found corrupt data (the owner reopens them).",
+	})
 )

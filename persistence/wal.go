@@ -1,10 +1,8 @@
 package persistence
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -55,59 +53,8 @@ func segments(fs FS, dir string) ([]string, error) {
 	return names, nil
 }
 
-// wholeEntriesLen returns the length of the longest prefix of a binary
-// tidwall segment that consists of whole entries (uvarint length + data).
-func wholeEntriesLen(b []byte) int {
-	pos := 0
-	for pos < len(b) {
-		size, n := binary.Uvarint(b[pos:])
-		if n <= 0 || uint64(len(b)-pos-n) < size {
-			break
-		}
-		pos += n + int(size)
-	}
-	return pos
-}
-
-// repairTail cuts the last segment file of dir back to its last whole entry,
-// the repair that lets wal.Open succeed after a torn write. It reports
-// whether it changed anything.
-func (l *Log) repairTail(dir string) (bool, error) {
-	names, err := segments(l.fs, dir)
-	if err != nil || len(names) == 0 {
-		return false, err
-	}
-	path := filepath.Join(dir, names[len(names)-1])
-	f, err := l.fs.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return false, err
-	}
-	buf := make([]byte, fi.Size())
-	if _, err := f.ReadAt(buf, 0); err != nil && !errors.Is(err, io.EOF) {
-		return false, err
-	}
-	keep := wholeEntriesLen(buf)
-	if keep == len(buf) {
-		return false, nil
-	}
-	l.log.Warn("persistence: cutting torn tail of WAL segment",
-		"group", l.opts.Group, "segment", path, "size", len(buf), "keep", keep, "dropped_bytes", len(buf)-keep)
-	if err := f.Truncate(int64(keep)); err != nil {
-		return false, err
-	}
-	if err := l.syncFile(f); err != nil {
-		return false, err
-	}
-	return true, f.Close()
-}
-
-// openWAL opens the tidwall log in l.walDir, repairing a torn tail segment
-// first if tidwall reports the log corrupt.
+// openWAL opens the tidwall log in l.walDir. If tidwall reports the log
+// corrupt it repairs the files (repairFrom) and returns errRescan.
 func (l *Log) openWAL() (walLog, error) {
 	wo := &wal.Options{
 		NoSync:           true,
@@ -120,14 +67,18 @@ func (l *Log) openWAL() (walLog, error) {
 	}
 	w, err := wal.Open(l.walDir, wo)
 	if errors.Is(err, wal.ErrCorrupt) {
-		changed, rerr := l.repairTail(l.walDir)
-		if rerr != nil {
-			return nil, storageErr("repair wal tail", rerr)
+		// tidwall reads the last segment whole at open: its framing is
+		// broken. A torn tail is cut; anything else is damage.
+		segs, serr := l.segmentFiles()
+		if serr != nil {
+			return nil, storageErr("list wal segments", serr)
 		}
-		if !changed {
-			return nil, fmt.Errorf("%w: wal open: %w", ErrCorrupt, err)
+		if len(segs) > 0 {
+			if rerr := l.repairFrom(segs[len(segs)-1].first, err); rerr != nil {
+				return nil, rerr
+			}
 		}
-		w, err = wal.Open(l.walDir, wo)
+		return nil, fmt.Errorf("%w: wal open: %w", ErrCorrupt, err)
 	}
 	if err != nil {
 		if errors.Is(err, wal.ErrCorrupt) {

@@ -655,6 +655,12 @@ func (l *Log) loadSegment(index uint64) (*segment, error) {
 	}
 	// push the segment to the front of the cache
 	l.pushCache(idx)
+	if index-s.index >= uint64(len(s.epos)) {
+		// Herald patch: a segment with fewer entries than the next
+		// segment's name implies (truncated, or a missing segment
+		// after it) used to panic the caller with an index out of range.
+		return nil, ErrCorrupt
+	}
 	return s, nil
 }
 
