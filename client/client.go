@@ -482,3 +482,27 @@ func (c *Client) Partitions(ctx context.Context, topic string) (int, error) {
 	}
 	return n, nil
 }
+
+// PartitionRepair is a replica's damage record, as RepairPartition returns
+// it. Damaged is false for a whole log.
+type PartitionRepair = heraldpb.RepairPartitionResponse
+
+// RepairPartition asks the replica of topic/partition on the node this
+// client reaches first (its first address) about damage to its log and,
+// with acceptLoss, accepts the loss: a damaged single-replica partition
+// becomes writable again, and new records get offsets after every lost one
+// (none is reused). It is an operator's command: see `herald partition
+// repair`.
+func (c *Client) RepairPartition(ctx context.Context, topic string, partition uint32, acceptLoss bool) (*PartitionRepair, error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_RepairPartition{RepairPartition: &heraldpb.RepairPartitionRequest{
+		Topic: topic, Partition: partition, AcceptLoss: acceptLoss,
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	r := f.GetRepairPartitionResponse()
+	if r == nil {
+		return nil, unexpected(f, "RepairPartitionResponse")
+	}
+	return r, nil
+}

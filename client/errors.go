@@ -58,6 +58,9 @@ type Error struct {
 	// partition; with NOT_COORDINATOR, the node coordinating consumer
 	// groups (0: unknown). The client goes there on its retry.
 	Leader uint32
+	// LostFrom and LostTo, with PARTITION_DAMAGED, are the offsets
+	// [LostFrom, LostTo) the partition's damaged log lost.
+	LostFrom, LostTo int64
 }
 
 func (e *Error) Error() string {
@@ -76,6 +79,8 @@ func fromWire(e *heraldpb.Error) *Error {
 		Message:    e.GetMessage(),
 		RetryAfter: time.Duration(e.GetRetryAfterMs()) * time.Millisecond,
 		Leader:     e.GetLeader(),
+		LostFrom:   e.GetLostFrom(),
+		LostTo:     e.GetLostTo(),
 	}
 }
 

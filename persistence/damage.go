@@ -39,6 +39,12 @@ type Damage struct {
 	// before it. ToIndex is the last raft index known to have been stored.
 	FromIndex uint64 `json:"from_index"`
 	ToIndex   uint64 `json:"to_index"`
+	// ToTerm bounds the term of the last entry the damaged part held: the
+	// term of the last valid entry found after the damage, or the raft
+	// term the log had reached when none was found. A replica rebuilding
+	// from its leader grants a vote only to a candidate whose log is at
+	// least as up to date as (ToTerm, ToIndex): what its log held before.
+	ToTerm uint64 `json:"to_term"`
 	// The offsets [FromOffset, ToOffset) were lost. ToOffset is exact when
 	// valid entries were found after the damage (ToOffsetExact), and
 	// otherwise an upper bound: every record takes at least one of the
@@ -278,6 +284,7 @@ func (l *Log) findBad(segs []segFile, from uint64) (spot badSpot, ok bool, err e
 type validFound struct {
 	any       bool
 	maxIndex  uint64
+	maxTerm   uint64
 	maxEnd    int64 // -1 if none held records
 	unchecked int64 // bytes between the spot and the last valid entry that did not check out
 }
@@ -298,6 +305,7 @@ func scanValid(b []byte, pos int, minIndex uint64, acc *validFound) {
 				if e, m, _, err := decodeEntry(body); err == nil && e.Index >= minIndex {
 					acc.any = true
 					acc.maxIndex = max(acc.maxIndex, e.Index)
+					acc.maxTerm = max(acc.maxTerm, e.Term)
 					if m.hasRecords {
 						acc.maxEnd = max(acc.maxEnd, m.end())
 					}
@@ -366,6 +374,7 @@ func (l *Log) repairFrom(from uint64, cause error) error {
 		if f.any {
 			found.any = true
 			found.maxIndex = max(found.maxIndex, f.maxIndex)
+			found.maxTerm = max(found.maxTerm, f.maxTerm)
 			found.maxEnd = max(found.maxEnd, f.maxEnd)
 			unchecked += f.unchecked
 		} else if !before {
@@ -373,12 +382,17 @@ func (l *Log) repairFrom(from uint64, cause error) error {
 		}
 	}
 	q := filepath.Join(quarantineDir, fmt.Sprintf("%s-index-%d", time.Now().UTC().Format("20060102T150405.000Z"), spot.index))
-	d := Damage{FromIndex: spot.index, ToIndex: max(found.maxIndex, spot.index), FromOffset: -1, ToOffset: found.maxEnd,
+	term := found.maxTerm
+	if !found.any {
+		term = l.openTerm
+	}
+	d := Damage{FromIndex: spot.index, ToIndex: max(found.maxIndex, spot.index), ToTerm: term, FromOffset: -1, ToOffset: found.maxEnd,
 		ToOffsetExact: found.any, LostBytes: unchecked, Reason: spot.reason, Quarantine: []string{q}, DetectedAt: time.Now().UTC()}
 	if prev := l.damage; prev != nil {
 		// Damage again, before or after a repair: the loss only grows,
 		// and an earlier record's end still holds.
 		d.ToIndex = max(d.ToIndex, prev.ToIndex)
+		d.ToTerm = max(d.ToTerm, prev.ToTerm)
 		d.ToOffset = max(d.ToOffset, prev.ToOffset)
 		d.ToOffsetExact = d.ToOffsetExact && prev.ToOffsetExact
 		d.Quarantine = append(slices.Clone(prev.Quarantine), q)

@@ -70,6 +70,8 @@ type Log struct {
 	cache  entryCache
 	// damage is the log's damage record (damage.go); nil if whole.
 	damage *Damage
+	// openTerm is the state file's term while Open runs (damage.go).
+	openTerm uint64
 	// readCorrupt is the first corruption a live read found.
 	readCorrupt atomic.Pointer[error]
 
@@ -152,6 +154,7 @@ func (l *Log) recoverOnce() error {
 	if err != nil {
 		return err
 	}
+	l.openTerm = st.hs.Term
 	if l.damage, err = l.readDamage(); err != nil {
 		return err
 	}

@@ -691,6 +691,8 @@ type Frame struct {
 	//	*Frame_ListScheduledResponse
 	//	*Frame_ClusterAdmin
 	//	*Frame_ClusterAdminResponse
+	//	*Frame_RepairPartition
+	//	*Frame_RepairPartitionResponse
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
@@ -1141,6 +1143,24 @@ func (x *Frame) GetClusterAdminResponse() *ClusterAdminResponse {
 	return nil
 }
 
+func (x *Frame) GetRepairPartition() *RepairPartitionRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_RepairPartition); ok {
+			return x.RepairPartition
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetRepairPartitionResponse() *RepairPartitionResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_RepairPartitionResponse); ok {
+			return x.RepairPartitionResponse
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetDelivery() *Delivery {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Delivery); ok {
@@ -1366,6 +1386,14 @@ type Frame_ClusterAdminResponse struct {
 	ClusterAdminResponse *ClusterAdminResponse `protobuf:"bytes,53,opt,name=cluster_admin_response,json=clusterAdminResponse,proto3,oneof"`
 }
 
+type Frame_RepairPartition struct {
+	RepairPartition *RepairPartitionRequest `protobuf:"bytes,54,opt,name=repair_partition,json=repairPartition,proto3,oneof"`
+}
+
+type Frame_RepairPartitionResponse struct {
+	RepairPartitionResponse *RepairPartitionResponse `protobuf:"bytes,55,opt,name=repair_partition_response,json=repairPartitionResponse,proto3,oneof"`
+}
+
 type Frame_Delivery struct {
 	// Server pushes (frame id 0): never requests, never answered.
 	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
@@ -1474,6 +1502,10 @@ func (*Frame_ListScheduledResponse) isFrame_Body() {}
 func (*Frame_ClusterAdmin) isFrame_Body() {}
 
 func (*Frame_ClusterAdminResponse) isFrame_Body() {}
+
+func (*Frame_RepairPartition) isFrame_Body() {}
+
+func (*Frame_RepairPartitionResponse) isFrame_Body() {}
 
 func (*Frame_Delivery) isFrame_Body() {}
 
@@ -5713,6 +5745,186 @@ func (x *ListScheduledResponse) GetPending() uint64 {
 	return 0
 }
 
+// RepairPartitionRequest asks the node's replica of a partition about damage
+// to its log and, with accept_loss, accepts the loss: the partition becomes
+// writable again and new records get offsets after every lost one. Served
+// by the node addressed, which must hold a replica of the partition.
+type RepairPartitionRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Topic     string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Without it the request only reports the damage.
+	AcceptLoss    bool `protobuf:"varint,3,opt,name=accept_loss,json=acceptLoss,proto3" json:"accept_loss,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepairPartitionRequest) Reset() {
+	*x = RepairPartitionRequest{}
+	mi := &file_herald_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepairPartitionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepairPartitionRequest) ProtoMessage() {}
+
+func (x *RepairPartitionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepairPartitionRequest.ProtoReflect.Descriptor instead.
+func (*RepairPartitionRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *RepairPartitionRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *RepairPartitionRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *RepairPartitionRequest) GetAcceptLoss() bool {
+	if x != nil {
+		return x.AcceptLoss
+	}
+	return false
+}
+
+type RepairPartitionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The replica's log holds a damage record (accepted or not).
+	Damaged bool `protobuf:"varint,1,opt,name=damaged,proto3" json:"damaged,omitempty"`
+	// The loss was accepted (by this request or an earlier one).
+	Accepted bool `protobuf:"varint,2,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	// The offsets [lost_from, lost_to) were lost; lost_to is exact when
+	// lost_to_exact, and otherwise an upper bound.
+	LostFrom    int64 `protobuf:"varint,3,opt,name=lost_from,json=lostFrom,proto3" json:"lost_from,omitempty"`
+	LostTo      int64 `protobuf:"varint,4,opt,name=lost_to,json=lostTo,proto3" json:"lost_to,omitempty"`
+	LostToExact bool  `protobuf:"varint,5,opt,name=lost_to_exact,json=lostToExact,proto3" json:"lost_to_exact,omitempty"`
+	// The offset the next record gets.
+	NextOffset int64 `protobuf:"varint,6,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	// What failed its check.
+	Reason string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The folders holding the damaged files, on the replica's node.
+	Quarantine    []string `protobuf:"bytes,8,rep,name=quarantine,proto3" json:"quarantine,omitempty"`
+	Node          uint32   `protobuf:"varint,9,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RepairPartitionResponse) Reset() {
+	*x = RepairPartitionResponse{}
+	mi := &file_herald_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RepairPartitionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RepairPartitionResponse) ProtoMessage() {}
+
+func (x *RepairPartitionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RepairPartitionResponse.ProtoReflect.Descriptor instead.
+func (*RepairPartitionResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *RepairPartitionResponse) GetDamaged() bool {
+	if x != nil {
+		return x.Damaged
+	}
+	return false
+}
+
+func (x *RepairPartitionResponse) GetAccepted() bool {
+	if x != nil {
+		return x.Accepted
+	}
+	return false
+}
+
+func (x *RepairPartitionResponse) GetLostFrom() int64 {
+	if x != nil {
+		return x.LostFrom
+	}
+	return 0
+}
+
+func (x *RepairPartitionResponse) GetLostTo() int64 {
+	if x != nil {
+		return x.LostTo
+	}
+	return 0
+}
+
+func (x *RepairPartitionResponse) GetLostToExact() bool {
+	if x != nil {
+		return x.LostToExact
+	}
+	return false
+}
+
+func (x *RepairPartitionResponse) GetNextOffset() int64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
+func (x *RepairPartitionResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RepairPartitionResponse) GetQuarantine() []string {
+	if x != nil {
+		return x.Quarantine
+	}
+	return nil
+}
+
+func (x *RepairPartitionResponse) GetNode() uint32 {
+	if x != nil {
+		return x.Node
+	}
+	return 0
+}
+
 var File_herald_proto protoreflect.FileDescriptor
 
 const file_herald_proto_rawDesc = "" +
@@ -5726,7 +5938,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x06leader\x18\x05 \x01(\rR\x06leader\x12\x1b\n" +
 	"\tlost_from\x18\x06 \x01(\x03R\blostFrom\x12\x17\n" +
 	"\alost_to\x18\a \x01(\x03R\x06lostTo\x12'\n" +
-	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\xdf\x1a\n" +
+	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\x91\x1c\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -5776,7 +5988,9 @@ const file_herald_proto_rawDesc = "" +
 	"\x0elist_scheduled\x182 \x01(\v2\x1f.herald.v1.ListScheduledRequestH\x00R\rlistScheduled\x12Z\n" +
 	"\x17list_scheduled_response\x183 \x01(\v2 .herald.v1.ListScheduledResponseH\x00R\x15listScheduledResponse\x12E\n" +
 	"\rcluster_admin\x184 \x01(\v2\x1e.herald.v1.ClusterAdminRequestH\x00R\fclusterAdmin\x12W\n" +
-	"\x16cluster_admin_response\x185 \x01(\v2\x1f.herald.v1.ClusterAdminResponseH\x00R\x14clusterAdminResponse\x121\n" +
+	"\x16cluster_admin_response\x185 \x01(\v2\x1f.herald.v1.ClusterAdminResponseH\x00R\x14clusterAdminResponse\x12N\n" +
+	"\x10repair_partition\x186 \x01(\v2!.herald.v1.RepairPartitionRequestH\x00R\x0frepairPartition\x12`\n" +
+	"\x19repair_partition_response\x187 \x01(\v2\".herald.v1.RepairPartitionResponseH\x00R\x17repairPartitionResponse\x121\n" +
 	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
@@ -6117,7 +6331,25 @@ const file_herald_proto_rawDesc = "" +
 	"created_ms\x18\a \x01(\x03R\tcreatedMs\"i\n" +
 	"\x15ListScheduledResponse\x126\n" +
 	"\tscheduled\x18\x01 \x03(\v2\x18.herald.v1.ScheduledInfoR\tscheduled\x12\x18\n" +
-	"\apending\x18\x02 \x01(\x04R\apending*\xf7\x05\n" +
+	"\apending\x18\x02 \x01(\x04R\apending\"m\n" +
+	"\x16RepairPartitionRequest\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1f\n" +
+	"\vaccept_loss\x18\x03 \x01(\bR\n" +
+	"acceptLoss\"\x96\x02\n" +
+	"\x17RepairPartitionResponse\x12\x18\n" +
+	"\adamaged\x18\x01 \x01(\bR\adamaged\x12\x1a\n" +
+	"\baccepted\x18\x02 \x01(\bR\baccepted\x12\x1b\n" +
+	"\tlost_from\x18\x03 \x01(\x03R\blostFrom\x12\x17\n" +
+	"\alost_to\x18\x04 \x01(\x03R\x06lostTo\x12\"\n" +
+	"\rlost_to_exact\x18\x05 \x01(\bR\vlostToExact\x12\x1f\n" +
+	"\vnext_offset\x18\x06 \x01(\x03R\n" +
+	"nextOffset\x12\x16\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12\x1e\n" +
+	"\n" +
+	"quarantine\x18\b \x03(\tR\n" +
+	"quarantine\x12\x12\n" +
+	"\x04node\x18\t \x01(\rR\x04node*\xf7\x05\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -6195,7 +6427,7 @@ func file_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                  // 0: herald.v1.ErrorCode
 	(Acks)(0),                       // 1: herald.v1.Acks
@@ -6270,6 +6502,8 @@ var file_herald_proto_goTypes = []any{
 	(*ListScheduledRequest)(nil),    // 70: herald.v1.ListScheduledRequest
 	(*ScheduledInfo)(nil),           // 71: herald.v1.ScheduledInfo
 	(*ListScheduledResponse)(nil),   // 72: herald.v1.ListScheduledResponse
+	(*RepairPartitionRequest)(nil),  // 73: herald.v1.RepairPartitionRequest
+	(*RepairPartitionResponse)(nil), // 74: herald.v1.RepairPartitionResponse
 }
 var file_herald_proto_depIdxs = []int32{
 	0,  // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
@@ -6317,51 +6551,53 @@ var file_herald_proto_depIdxs = []int32{
 	72, // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
 	21, // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
 	23, // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
-	50, // 45: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	51, // 46: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	67, // 47: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	52, // 48: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	7,  // 49: herald.v1.Frame.error:type_name -> herald.v1.Error
-	11, // 50: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	12, // 51: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	14, // 52: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	13, // 53: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	11, // 54: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	13, // 55: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	6,  // 56: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
-	22, // 57: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
-	13, // 58: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	13, // 59: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	28, // 60: herald.v1.Record.headers:type_name -> herald.v1.Header
-	29, // 61: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	1,  // 62: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	31, // 63: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	2,  // 64: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	3,  // 65: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	4,  // 66: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	38, // 67: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	29, // 68: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	49, // 69: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	7,  // 70: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	3,  // 71: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	54, // 72: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	5,  // 73: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	3,  // 74: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	4,  // 75: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	57, // 76: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	58, // 77: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	59, // 78: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	38, // 79: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	59, // 80: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	29, // 81: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	29, // 82: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	29, // 83: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	71, // 84: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	85, // [85:85] is the sub-list for method output_type
-	85, // [85:85] is the sub-list for method input_type
-	85, // [85:85] is the sub-list for extension type_name
-	85, // [85:85] is the sub-list for extension extendee
-	0,  // [0:85] is the sub-list for field type_name
+	73, // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
+	74, // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
+	50, // 47: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	51, // 48: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	67, // 49: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	52, // 50: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	7,  // 51: herald.v1.Frame.error:type_name -> herald.v1.Error
+	11, // 52: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	12, // 53: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	14, // 54: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	13, // 55: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	11, // 56: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	13, // 57: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	6,  // 58: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	22, // 59: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	13, // 60: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	13, // 61: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	28, // 62: herald.v1.Record.headers:type_name -> herald.v1.Header
+	29, // 63: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	1,  // 64: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	31, // 65: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	2,  // 66: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	3,  // 67: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	4,  // 68: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	38, // 69: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	29, // 70: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	49, // 71: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	7,  // 72: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	3,  // 73: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	54, // 74: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	5,  // 75: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	3,  // 76: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	4,  // 77: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	57, // 78: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	58, // 79: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	59, // 80: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	38, // 81: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	59, // 82: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	29, // 83: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	29, // 84: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	29, // 85: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	71, // 86: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	87, // [87:87] is the sub-list for method output_type
+	87, // [87:87] is the sub-list for method input_type
+	87, // [87:87] is the sub-list for extension type_name
+	87, // [87:87] is the sub-list for extension extendee
+	0,  // [0:87] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -6414,6 +6650,8 @@ func file_herald_proto_init() {
 		(*Frame_ListScheduledResponse)(nil),
 		(*Frame_ClusterAdmin)(nil),
 		(*Frame_ClusterAdminResponse)(nil),
+		(*Frame_RepairPartition)(nil),
+		(*Frame_RepairPartitionResponse)(nil),
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),
@@ -6434,7 +6672,7 @@ func file_herald_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   66,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

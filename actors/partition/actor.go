@@ -126,6 +126,7 @@ type Actor struct {
 	joining        map[uint64]joinSeen // empty replicas' announcements, by raft id (reassign.go)
 	stale          map[uint64]bool     // nodes that now run another incarnation under the same raft id
 	lastAnnounce   int                 // tick of this (empty, joining) replica's last announcement
+	resetAsked     map[uint64]int      // leader: tick a follower that lost entries was last reset (damage.go)
 	target         []uint64            // the replica set the group moves to, by raft id; nil: none
 	targetStep     int                 // tick of the last step taken towards it
 	targetTransfer bool                // leadership was handed to the target's first replica
@@ -221,6 +222,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 			a.onFetch(ctx, m)
 		case *heraldpb.Frame_ListOffsets:
 			a.onListOffsets(ctx, m)
+		case *heraldpb.Frame_RepairPartition:
+			a.onRepair(ctx, m)
 		default:
 			a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(m.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "partition actors do not handle %T", m.Body)))
 		}
@@ -428,6 +431,14 @@ func (a *Actor) onTick(ctx actor.Context) {
 		}
 		return
 	}
+	if err := a.store.ReadCorruption(); err != nil {
+		// A read found corrupt data: reopen, and the open handles the
+		// damage (quarantine, read-only or rebuild).
+		a.storageFailed(ctx, err)
+		a.reopenAt = a.cfg.Clock.Now()
+		return
+	}
+	a.checkRebuilt()
 	if a.quiesced {
 		a.quiescedTick()
 	} else {
@@ -543,6 +554,13 @@ func (a *Actor) onRaftMessage(m *raftwire.Message) {
 		// up: raft would panic on it (commit beyond an empty log). The
 		// leader sees this replica announce itself and adds it afresh.
 		return
+	}
+	a.clampHeartbeat(&msg)
+	if !a.voteAllowed(&msg) {
+		return
+	}
+	if msg.Type == raftpb.MsgAppResp && msg.Reject {
+		a.onAppReject(&msg)
 	}
 	if a.quiesced && a.wakes(&msg) {
 		a.wake()
@@ -720,6 +738,9 @@ func (a *Actor) group() string {
 // send delivers a raft message to another replica's actor. The transport
 // encodes it later, off this actor (raftwire): its entries are immutable.
 func (a *Actor) send(ctx actor.Context, m raftpb.Message) {
+	if !a.filterVotes(&m) {
+		return
+	}
 	a.sendRaft(m.To, &raftwire.Message{Group: a.group(), Raft: m})
 }
 
@@ -798,7 +819,7 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 		a.log.Error("undecodable committed entry", "index", e.Index, "err", err)
 		return
 	}
-	if h.BaseOffset != a.hw {
+	if h.BaseOffset != a.hw && !a.acceptedGap(a.hw, h.BaseOffset) {
 		a.log.Error("committed entry's base offset does not follow the high watermark",
 			"index", e.Index, "base", h.BaseOffset, "hw", a.hw)
 	}
@@ -866,6 +887,10 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	}
 	if !a.isLeader {
 		fail(notLeader(a.cfg.Topic, a.cfg.Partition, a.leader))
+		return
+	}
+	if e := a.damagedError(); e != nil {
+		fail(e)
 		return
 	}
 	if !a.stampReady {
@@ -1150,6 +1175,11 @@ func (a *Actor) publish() {
 	a.m.start.Set(float64(start))
 	a.m.end.Set(float64(end))
 	a.m.hw.Set(float64(a.readable()))
+	if a.store.Damaged() {
+		a.m.damaged.Set(1)
+	} else {
+		a.m.damaged.Set(0)
+	}
 	a.publishProducers()
 }
 

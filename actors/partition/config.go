@@ -16,6 +16,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/internal/raftwire"
+	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -44,6 +45,13 @@ type Storage interface {
 	// ClearCache drops the log's read caches (an idle partition).
 	ClearCache() error
 	Close() error
+	// Damage, Damaged, AcceptDamage, ClearDamage and ReadCorruption are
+	// the log's record of corruption it found (persistence/damage.go).
+	Damage() (persistence.Damage, bool)
+	Damaged() bool
+	AcceptDamage() error
+	ClearDamage() error
+	ReadCorruption() error
 }
 
 // Transport carries a raft message to the replica with raft id to, on

@@ -76,6 +76,15 @@ var (
 		Name: "herald_raft_messages_misaddressed_total",
 		Help: "Raft messages a replica dropped because they were addressed to another raft id: to an earlier (or later) incarnation of the node's replica of that partition.",
 	})
+	partitionDamaged = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_partition_damaged", Help: "1 while this replica's log holds damage not yet repaired: a lone replica is read-only (PARTITION_DAMAGED), one with other voters rebuilds from its leader and does not vote.",
+	}, labels)
+	votesWithheld = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_raft_votes_withheld_total", Help: "Vote requests and granted votes a replica rebuilding a damaged log did not send.",
+	})
+	followerResets = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_raft_follower_resets_total", Help: "Followers a leader removed and added back because they lost entries they had acknowledged.",
+	})
 	readerQueueDepth = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_log_reader_queue_depth", Help: "Catch-up fetches queued for the log reader pool.",
 	})
@@ -85,7 +94,8 @@ var (
 type partMetrics struct {
 	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas prometheus.Counter
 	idemEvictions, duplicates, outOfOrder                                                                 prometheus.Counter
-	start, end, hw, mailbox, parked, leader, writerQueue, quiesced, producers, held                       prometheus.Gauge
+	start, end, hw, mailbox, parked, leader, writerQueue, quiesced, producers, held, damaged              prometheus.Gauge
+	votesWithheld, followerResets                                                                         prometheus.Counter
 	lv                                                                                                    []string
 }
 
@@ -110,6 +120,9 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		writerQueue:       writerQueueDepth.WithLabelValues(lv...),
 		producers:         idemProducers.WithLabelValues(lv...),
 		held:              heldBatches.WithLabelValues(lv...),
+		damaged:           partitionDamaged.WithLabelValues(lv...),
+		votesWithheld:     votesWithheld,
+		followerResets:    followerResets,
 		idemEvictions:     idemEvictions.WithLabelValues(lv...),
 		duplicates:        produceDuplicates.WithLabelValues(lv...),
 		outOfOrder:        produceOutOfOrder.WithLabelValues(lv...),
@@ -122,7 +135,7 @@ func DeleteMetrics(topic string, part uint32) {
 	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas, idemEvictions, produceDuplicates, produceOutOfOrder} {
 		v.DeleteLabelValues(lv...)
 	}
-	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers, heldBatches} {
+	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers, heldBatches, partitionDamaged} {
 		v.DeleteLabelValues(lv...)
 	}
 }

@@ -44,6 +44,10 @@ func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
 		r.toPartition(f, replyTo, b.Fetch.Topic, b.Fetch.Partition)
 	case *heraldpb.Frame_ListOffsets:
 		r.toPartition(f, replyTo, b.ListOffsets.Topic, b.ListOffsets.Partition)
+	case *heraldpb.Frame_RepairPartition:
+		// The node's own replica: a node without one answers through its
+		// stand-in, which refuses (repair is per replica).
+		r.toPartition(f, replyTo, b.RepairPartition.Topic, b.RepairPartition.Partition)
 	case *heraldpb.Frame_Metadata, *heraldpb.Frame_CreateTopic, *heraldpb.Frame_DeleteTopic,
 		*heraldpb.Frame_ListTopics, *heraldpb.Frame_DescribeTopic, *heraldpb.Frame_ClusterAdmin:
 		r.sys.Root.RequestWithCustomSender(r.manager, f, replyTo)

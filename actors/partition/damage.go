@@ -1,0 +1,201 @@
+package partition
+
+// A damaged log (persistence/damage.go): the log found corruption on open,
+// quarantined the damaged part and kept every entry before it.
+//
+//   - A lone voter (a single node, or a partition whose only replica is this
+//     one) serves the records it kept and refuses produces with
+//     PARTITION_DAMAGED, naming the offsets lost, until an operator accepts
+//     the loss (RepairPartitionRequest with accept_loss). New records then
+//     get offsets after every lost one.
+//   - A replica of a group with other voters rebuilds from its leader. Until
+//     its log holds again every index the damaged part held, it neither
+//     campaigns nor grants a vote to a candidate whose log is behind what
+//     its own log held before the damage: a replica missing entries it
+//     once acknowledged must not help elect a leader that lacks them (the
+//     class of bug Jepsen found in NATS 2.12.1). Its leader notices that the
+//     replica lost entries (a rejection hinting below what it had matched)
+//     and resets its record of the replica with a membership change that
+//     removes and adds it back, so raft sends it the entries again.
+
+import (
+	"github.com/asynkron/protoactor-go/actor"
+	"go.etcd.io/raft/v3/raftpb"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// loneVoter reports whether this replica is its group's only voter.
+func (a *Actor) loneVoter() bool {
+	cs := a.stats.Conf.Load()
+	return cs != nil && len(cs.Voters) == 1 && cs.Voters[0] == a.cfg.ReplicaID && len(cs.VotersOutgoing) == 0
+}
+
+// damagedError is the PARTITION_DAMAGED answer to a produce, or nil while
+// the log is whole (or its damage accepted).
+func (a *Actor) damagedError() *heraldpb.Error {
+	if a.store == nil || !a.store.Damaged() {
+		return nil
+	}
+	d, _ := a.store.Damage()
+	bound := ""
+	if !d.ToOffsetExact {
+		bound = " at most"
+	}
+	e := heraldpb.NewError(heraldpb.ErrorCode_PARTITION_DAMAGED,
+		"partition %s-%d is damaged: offsets %d to%s %d were lost (%s); it serves the records before them and refuses writes until `herald partition repair %s/%d --accept-loss`",
+		a.cfg.Topic, a.cfg.Partition, d.FromOffset, bound, d.ToOffset-1, d.Reason, a.cfg.Topic, a.cfg.Partition)
+	e.LostFrom, e.LostTo = d.FromOffset, d.ToOffset
+	return e
+}
+
+// rebuilding reports whether this replica is rebuilding a damaged log from
+// its leader: it must not campaign or vote.
+func (a *Actor) rebuilding() bool {
+	return a.store != nil && a.store.Damaged() && !a.loneVoter()
+}
+
+// filterVotes drops, while the replica rebuilds, its own requests for votes:
+// it must not lead with a log that lacks entries it acknowledged. Only the
+// outgoing side: see voteAllowed for the votes it grants.
+func (a *Actor) filterVotes(m *raftpb.Message) bool {
+	if (m.Type == raftpb.MsgVote || m.Type == raftpb.MsgPreVote) && a.rebuilding() {
+		a.m.votesWithheld.Inc()
+		return false
+	}
+	return true
+}
+
+// voteAllowed reports whether a rebuilding replica may let raft consider a
+// vote request: only if the candidate's log is at least as up to date as
+// this replica's log was before the damage (raft's own check compares it
+// with the shorter log the damage left, and would grant too easily).
+func (a *Actor) voteAllowed(m *raftpb.Message) bool {
+	if (m.Type != raftpb.MsgVote && m.Type != raftpb.MsgPreVote) || !a.rebuilding() {
+		return true
+	}
+	d, _ := a.store.Damage()
+	if m.LogTerm > d.ToTerm || (m.LogTerm == d.ToTerm && m.Index >= d.ToIndex) {
+		return true
+	}
+	a.m.votesWithheld.Inc()
+	a.log.Info("withholding a vote: the candidate's log is behind what this replica held before its log was damaged",
+		"candidate", m.From, "candidate_last_term", m.LogTerm, "candidate_last_index", m.Index, "damaged_term", d.ToTerm, "damaged_index", d.ToIndex)
+	return false
+}
+
+// checkRebuilt clears the damage record of a rebuilding replica once its
+// log holds, committed and applied, every index the damaged part held.
+func (a *Actor) checkRebuilt() {
+	if !a.rebuilding() {
+		return
+	}
+	d, _ := a.store.Damage()
+	last, _ := a.store.LastIndex()
+	if a.applied < d.ToIndex || last < d.ToIndex {
+		return
+	}
+	if err := a.store.ClearDamage(); err != nil {
+		a.log.Warn("clearing the damage record", "err", err)
+		return
+	}
+	a.log.Info("the damaged log was rebuilt from the leader; the replica votes again", "applied", a.applied, "damaged_to_index", d.ToIndex)
+}
+
+// onAppReject is the leader's look at a follower's rejection: a hint below
+// what the follower had matched means the follower lost entries it had
+// acknowledged (a damaged log it cut). raft never lowers a match, so it
+// would never send them again; a membership change that removes the
+// follower and adds it back (same voters, fresh progress) makes it probe
+// the follower from scratch.
+func (a *Actor) onAppReject(m *raftpb.Message) {
+	if !a.isLeader || a.rn == nil {
+		return
+	}
+	st := a.rn.Status()
+	pr, ok := st.Progress[m.From]
+	if !ok || m.RejectHint >= pr.Match {
+		return
+	}
+	if a.resetAsked == nil {
+		a.resetAsked = map[uint64]int{}
+	}
+	if t, ok := a.resetAsked[m.From]; ok && a.ticks-t < 50 {
+		return
+	}
+	cs := st.Config
+	if len(cs.Voters[1]) > 0 {
+		return // in a joint configuration: wait for it to end
+	}
+	add := raftpb.ConfChangeAddNode
+	if _, learner := cs.Learners[m.From]; learner {
+		add = raftpb.ConfChangeAddLearnerNode
+	} else if _, voter := cs.Voters[0][m.From]; !voter {
+		return
+	}
+	cc := raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{
+		{Type: raftpb.ConfChangeRemoveNode, NodeID: m.From},
+		{Type: add, NodeID: m.From},
+	}}
+	if err := a.rn.ProposeConfChange(cc); err != nil {
+		a.log.Warn("resetting a follower that lost entries", "follower", m.From, "err", err)
+		return
+	}
+	a.resetAsked[m.From] = a.ticks
+	a.m.followerResets.Inc()
+	a.log.Warn("a follower lost entries it had acknowledged (a damaged log); removing and adding it back so that it is sent them again",
+		"follower", m.From, "matched", pr.Match, "its_last_index", m.RejectHint)
+}
+
+// clampHeartbeat lowers a heartbeat's commit to this replica's last index.
+// A leader that counts entries this replica lost (a damaged log, cut)
+// sends commits beyond its log, and raft panics on those; the lower commit
+// is true as well.
+func (a *Actor) clampHeartbeat(m *raftpb.Message) {
+	if m.Type != raftpb.MsgHeartbeat || a.store == nil {
+		return
+	}
+	if last, err := a.store.LastIndex(); err == nil && m.Commit > last {
+		m.Commit = last
+	}
+}
+
+// onRepair answers a RepairPartitionRequest: the damage record, and with
+// accept_loss the loss accepted (a lone voter only: a replica with other
+// voters rebuilds from its leader instead).
+func (a *Actor) onRepair(ctx actor.Context, f *heraldpb.Frame) {
+	req := f.GetRepairPartition()
+	replyTo := ctx.Sender()
+	if a.store == nil {
+		a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, storageError(a.failure)))
+		return
+	}
+	if req.AcceptLoss && a.store.Damaged() {
+		if !a.loneVoter() {
+			a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST,
+				"partition %s-%d has other replicas: this replica rebuilds its log from the leader and needs no repair", a.cfg.Topic, a.cfg.Partition)))
+			return
+		}
+		if err := a.store.AcceptDamage(); err != nil {
+			a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, storageError(err)))
+			return
+		}
+		a.tail = a.store.EndOffset()
+		a.log.Warn("an operator accepted the loss of the damaged log; the partition is writable again", "next_offset", a.tail)
+	}
+	r := &heraldpb.RepairPartitionResponse{NextOffset: a.store.EndOffset(), Node: uint32(heraldpb.ReplicaNode(a.cfg.ReplicaID))}
+	if d, ok := a.store.Damage(); ok {
+		r.Damaged, r.Accepted = true, d.Accepted
+		r.LostFrom, r.LostTo, r.LostToExact = d.FromOffset, d.ToOffset, d.ToOffsetExact
+		r.Reason, r.Quarantine = d.Reason, d.Quarantine
+	}
+	a.publish()
+	a.reply(ctx, replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_RepairPartitionResponse{RepairPartitionResponse: r}})
+}
+
+// acceptedGap reports whether base starts the first batch after an accepted
+// loss that began at hw: the offsets between were lost, not skipped.
+func (a *Actor) acceptedGap(hw, base int64) bool {
+	d, ok := a.store.Damage()
+	return ok && d.Accepted && hw == d.FromOffset && base == d.ToOffset
+}
