@@ -172,7 +172,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		MaxFrameBytes: cfg.MaxFrameBytes, MaxConnections: cfg.MaxConnections,
 		IdleTimeout: cfg.IdleTimeout, MaxInFlight: cfg.MaxInFlight,
 		NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
-	}, b.sys, router{groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager), sched: b.routeScheduled})
+	}, b.sys, router{sys: b.sys, groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager), sched: b.routeScheduled})
 	if err != nil {
 		b.stopActors()
 		return nil, err
@@ -361,12 +361,17 @@ func (b *Broker) stopActors() {
 // side, delayed produces and schedule requests to the scheduler, and
 // everything else to the topics side.
 type router struct {
+	sys    *actor.ActorSystem
 	groups *consumer.Router
 	topics *topic.Router
 	sched  func(f *heraldpb.Frame, replyTo *actor.PID)
 }
 
 func (r router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
+	if e := checkRequest(f); e != nil {
+		r.sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, e))
+		return
+	}
 	if toScheduler(f) {
 		r.sched(f, replyTo)
 		return

@@ -193,6 +193,12 @@ func (m *Manager) normalize(name string, in *heraldpb.TopicConfig) (*heraldpb.To
 		return nil, bad("%s", p)
 	}
 	if cfg.Partitions == 0 {
+		if in != nil {
+			// A config that states 0 partitions is a mistake (the CLI
+			// refuses it too); only a request without a config takes the
+			// broker's default.
+			return nil, bad("partitions must be at least 1 (omit the config to take the broker's default-partitions, %d)", m.cfg.DefaultPartitions)
+		}
 		cfg.Partitions = m.cfg.DefaultPartitions
 	}
 	if cfg.Partitions > m.cfg.MaxPartitions {
