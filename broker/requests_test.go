@@ -1,7 +1,11 @@
 package broker
 
 import (
+	"fmt"
+	"io"
+	"log/slog"
 	"math"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -100,4 +104,41 @@ func TestRequestFieldChecks(t *testing.T) {
 			t.Fatalf("group __g: %v", r)
 		}
 	})
+}
+
+// /readyz is 503 until the node has caught up after its start, then 200;
+// /healthz stays the liveness check (issue 14 §5).
+func TestReadyz(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Default()
+	cfg.DataDir, cfg.Listen, cfg.Admin = dir, "127.0.0.1:0", "127.0.0.1:0"
+	b, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + b.AdminAddr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	checkFor(t, func() error {
+		if code, body := get("/readyz"); code != http.StatusOK {
+			return fmt.Errorf("/readyz: %d %s", code, body)
+		}
+		return nil
+	})
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz: %d", code)
+	}
+	if _, body := get("/cluster"); !strings.Contains(body, `"ready":true`) {
+		t.Fatalf("/cluster: %s", body)
+	}
+	if ok, why := b.Ready(); !ok {
+		t.Fatalf("Ready: %s", why)
+	}
 }

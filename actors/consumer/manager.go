@@ -310,6 +310,10 @@ func (m *Manager) onSubscribe(ctx actor.Context, msg *subscribeMsg) {
 		// A group that does not exist yet is only made for a subscription
 		// that can succeed, so that no client can pile up coordinators.
 		if e := m.o.Topics.Get(req.Topic); e == nil || topic.IsInternal(req.Topic) {
+			if !m.o.Topics.Synced() && !topic.IsInternal(req.Topic) {
+				respond(ctx, msg.replyTo, heraldpb.ErrorFrame(msg.f.Id, topic.NotReady(req.Topic)))
+				return
+			}
 			respond(ctx, msg.replyTo, errFrame(msg.f.Id, heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", req.Topic))
 			return
 		}
