@@ -38,22 +38,26 @@ var Version = "dev"
 
 // Broker is a running Herald node.
 type Broker struct {
-	cfg     *Config
-	log     *slog.Logger
-	sys     *actor.ActorSystem
-	manager *actor.PID
-	groups  *actor.PID
-	sched   *actor.PID
-	readers *partition.ReaderPool
-	server  *netio.Server
-	admin   *http.Server
-	adminLn net.Listener
-	lock    *os.File
-	closing atomic.Bool
-	reclaim *reclaimer
-	member  *cluster.Node       // nil on a single node
-	ctrl    *cluster.Controller // nil on a single node or without --peers
-	nodeID  uint64
+	cfg       *Config
+	log       *slog.Logger
+	sys       *actor.ActorSystem
+	manager   *actor.PID
+	groups    *actor.PID
+	sched     *actor.PID
+	readers   *partition.ReaderPool
+	server    *netio.Server
+	admin     *http.Server
+	adminLn   net.Listener
+	lock      *os.File
+	closing   atomic.Bool
+	reclaim   *reclaimer
+	reg       *topic.Registry
+	readiness readiness
+	readyStop chan struct{}
+	readyOnce sync.Once
+	member    *cluster.Node       // nil on a single node
+	ctrl      *cluster.Controller // nil on a single node or without --peers
+	nodeID    uint64
 
 	// Consumer groups in a cluster (groups.go).
 	groupsProps  *actor.Props
@@ -91,7 +95,8 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		return nil, err
 	}
 	b := &Broker{cfg: &cfg, log: logger, lock: lock, reclaim: startReclaimer(time.Minute), nodeID: nodeID,
-		schedForwards: make(chan struct{}, maxSchedForwards)}
+		schedForwards: make(chan struct{}, maxSchedForwards), readyStop: make(chan struct{})}
+	b.readiness.started = time.Now()
 	actorLog := logger.With("component", "actor")
 	b.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slogfloor.New(actorLog.Handler(), slog.LevelWarn)
@@ -115,6 +120,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		lock.Close()
 		return nil, err
 	}
+	b.reg = reg
 	// On a single node the groups manager runs from the start over a local
 	// __groups; in a cluster __groups is a replicated topic and the manager
 	// runs on its leader (coordinateGroups).
@@ -172,7 +178,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		MaxFrameBytes: cfg.MaxFrameBytes, MaxConnections: cfg.MaxConnections,
 		IdleTimeout: cfg.IdleTimeout, MaxInFlight: cfg.MaxInFlight,
 		NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
-	}, b.sys, router{groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager), sched: b.routeScheduled})
+	}, b.sys, router{sys: b.sys, groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager), sched: b.routeScheduled})
 	if err != nil {
 		b.stopActors()
 		return nil, err
@@ -219,6 +225,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 	}
 	logger.Info("herald serving", "version", Version, "node", nodeID, "clients", b.server.Addr().String(),
 		"admin", b.AdminAddr(), "data", cfg.DataDir, "flush", cfg.flush.String())
+	go b.watchReady(b.readyStop)
 	return b, nil
 }
 
@@ -236,16 +243,26 @@ func (b *Broker) startAdmin() error {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if ok, why := b.Ready(); !ok {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
 	mux.HandleFunc("/cluster", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		ready, why := b.Ready()
 		if b.member == nil {
-			_ = json.NewEncoder(w).Encode(map[string]any{"mode": "single-node", "node_id": b.nodeID})
+			_ = json.NewEncoder(w).Encode(map[string]any{"mode": "single-node", "node_id": b.nodeID, "ready": ready, "not_ready": why})
 			return
 		}
 		out := struct {
 			cluster.View
 			Controller *cluster.ControllerView `json:"controller,omitempty"`
-		}{View: b.member.View()}
+			Ready      bool                    `json:"ready"`               // this node (see /readyz)
+			NotReady   string                  `json:"not_ready,omitempty"` // what it waits for
+		}{View: b.member.View(), Ready: ready, NotReady: why}
 		if b.ctrl != nil {
 			cv := b.ctrl.View()
 			out.Controller = &cv
@@ -266,6 +283,7 @@ func (b *Broker) startAdmin() error {
 // requests, stop the actors (each partition fsyncs and closes its log).
 func (b *Broker) Shutdown() error {
 	b.closing.Store(true)
+	b.readyOnce.Do(func() { close(b.readyStop) })
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.ShutdownTimeout)
 	defer cancel()
 	err := b.server.Shutdown(ctx)
@@ -361,12 +379,17 @@ func (b *Broker) stopActors() {
 // side, delayed produces and schedule requests to the scheduler, and
 // everything else to the topics side.
 type router struct {
+	sys    *actor.ActorSystem
 	groups *consumer.Router
 	topics *topic.Router
 	sched  func(f *heraldpb.Frame, replyTo *actor.PID)
 }
 
 func (r router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
+	if e := checkRequest(f); e != nil {
+		r.sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, e))
+		return
+	}
 	if toScheduler(f) {
 		r.sched(f, replyTo)
 		return

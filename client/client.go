@@ -35,6 +35,10 @@ type Client struct {
 	dialing map[string]*dialCall
 	meta    map[string]*topicMeta
 	brokers map[uint32]string // node id -> address, from Metadata
+	// suspect holds the addresses of brokers that recently failed to
+	// answer in time (or answered NOT_READY), until when: other brokers
+	// are tried first (see markSuspect).
+	suspect map[string]time.Time
 	closed  bool
 	ctx     context.Context // cancelled by Close
 	cancel  context.CancelFunc
@@ -80,6 +84,7 @@ func Dial(ctx context.Context, addrs string, opts ...Option) (*Client, error) {
 		dialing: make(map[string]*dialCall),
 		meta:    make(map[string]*topicMeta),
 		brokers: make(map[uint32]string),
+		suspect: make(map[string]time.Time),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if _, err := c.anyConn(ctx); err != nil {
@@ -150,6 +155,7 @@ func (c *Client) dial(addr string, dc *dialCall) {
 			cn, err = nil, ErrClosed
 		} else {
 			c.conns[addr] = cn
+			delete(c.suspect, addr) // it answered Hello: not frozen
 		}
 	}
 	c.mu.Unlock()
@@ -166,25 +172,42 @@ func (c *Client) dial(addr string, dc *dialCall) {
 	close(dc.done)
 }
 
+// suspectFor is how long a broker that did not answer a request in time
+// is tried only after the others.
+const suspectFor = 10 * time.Second
+
+// markSuspect has addr tried after the other brokers for d: it did not
+// answer in time (a frozen or overloaded node) or is not ready. A
+// successful dial of addr clears the mark.
+func (c *Client) markSuspect(addr string, d time.Duration) {
+	c.mu.Lock()
+	c.suspect[addr] = time.Now().Add(d)
+	c.mu.Unlock()
+}
+
+// suspectLocked reports whether addr is marked suspect. c.mu is held.
+func (c *Client) suspectLocked(addr string) bool {
+	until, ok := c.suspect[addr]
+	if ok && time.Now().After(until) {
+		delete(c.suspect, addr)
+		return false
+	}
+	return ok
+}
+
 // anyConn returns a live connection to any broker: an existing one if there
-// is one, else the first bootstrap address that can be dialled.
+// is one, else the first bootstrap address that can be dialled. Brokers
+// marked suspect come last.
 func (c *Client) anyConn(ctx context.Context) (*conn, error) {
+	return c.anyConnExcept(ctx, "")
+}
+
+// anyConnExcept is anyConn that never uses the broker at except.
+func (c *Client) anyConnExcept(ctx context.Context, except string) (*conn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return nil, ErrClosed
-	}
-	for _, a := range c.addrs {
-		if cn := c.conns[a]; cn != nil && cn.alive() {
-			c.mu.Unlock()
-			return cn, nil
-		}
-	}
-	for _, cn := range c.conns {
-		if cn.alive() {
-			c.mu.Unlock()
-			return cn, nil
-		}
 	}
 	// The bootstrap addresses first, then the brokers metadata named (the
 	// bootstrap ones may all be gone: nodes restarted elsewhere).
@@ -194,9 +217,30 @@ func (c *Client) anyConn(ctx context.Context) (*conn, error) {
 			addrs = append(addrs, a)
 		}
 	}
+	for a := range c.conns {
+		if !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	var good, bad []string
+	for _, a := range addrs {
+		switch {
+		case a == except:
+		case c.suspectLocked(a):
+			bad = append(bad, a)
+		default:
+			good = append(good, a)
+		}
+	}
+	for _, a := range good {
+		if cn := c.conns[a]; cn != nil && cn.alive() {
+			c.mu.Unlock()
+			return cn, nil
+		}
+	}
 	c.mu.Unlock()
 	var errs []error
-	for _, a := range addrs {
+	for _, a := range append(good, bad...) {
 		cn, err := c.connTo(ctx, a)
 		if err == nil {
 			return cn, nil
@@ -262,7 +306,50 @@ func (c *Client) partitionAddrs(topic string, partition int32) []string {
 			}
 		}
 	}
+	// Brokers that did not answer in time last: a frozen leader is
+	// replaced within about a second, and a replica names the new one.
+	slices.SortStableFunc(out, func(a, b string) int {
+		sa, sb := c.suspectLocked(a), c.suspectLocked(b)
+		switch {
+		case sa == sb:
+			return 0
+		case sb:
+			return -1
+		}
+		return 1
+	})
 	return out
+}
+
+// partitionLeader is the leader of topic/partition in the cached metadata
+// (0: unknown).
+func (c *Client) partitionLeader(topic string, partition int32) uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if tm := c.meta[topic]; tm != nil {
+		for _, p := range tm.info.GetPartitions() {
+			if int32(p.GetId()) == partition {
+				return p.GetLeader()
+			}
+		}
+	}
+	return 0
+}
+
+// refreshLeader fetches topic's metadata from a broker other than the one
+// at except and returns the partition's leader it names (0: unknown).
+func (c *Client) refreshLeader(ctx context.Context, topic string, partition int32, except string) (uint32, error) {
+	cn, err := c.anyConnExcept(ctx, except)
+	if err != nil {
+		return 0, err
+	}
+	if cn.addr == except {
+		return 0, ErrNoBrokers
+	}
+	if _, err := c.metadataOn(ctx, cn, []string{topic}); err != nil {
+		return 0, err
+	}
+	return c.partitionLeader(topic, partition), nil
 }
 
 // notLeader handles a NOT_LEADER answer for topic/partition: with the
@@ -299,13 +386,42 @@ func (c *Client) call(ctx context.Context, cn *conn, req *heraldpb.Frame, extra 
 	return cn.roundTrip(ctx, req, timeout)
 }
 
-// callAny sends one request to any broker.
+// callAny sends one request to any broker. A broker that answers
+// NOT_READY (it has not loaded the cluster's metadata yet) is tried after
+// the others for its retry-after; the request is sent again, elsewhere if
+// another broker is reachable, until the request timeout has passed.
 func (c *Client) callAny(ctx context.Context, req *heraldpb.Frame) (*heraldpb.Frame, error) {
-	cn, err := c.anyConn(ctx)
-	if err != nil {
-		return nil, err
+	var deadline time.Time
+	if c.cfg.requestTimeout > 0 {
+		deadline = time.Now().Add(c.cfg.requestTimeout)
 	}
-	return c.call(ctx, cn, req, 0)
+	for {
+		cn, err := c.anyConn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		f, err := c.call(ctx, cn, req, 0)
+		if !IsCode(err, heraldpb.ErrorCode_NOT_READY) || (!deadline.IsZero() && time.Now().After(deadline)) {
+			return f, err
+		}
+		wait := min(max(retryAfter(err), 10*time.Millisecond), time.Second)
+		c.markSuspect(cn.addr, wait)
+		if err := sleepCtx(ctx, wait); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func unexpected(f *heraldpb.Frame, want string) error {
@@ -319,6 +435,20 @@ func (c *Client) Metadata(ctx context.Context, topics ...string) (*heraldpb.Meta
 	if err != nil {
 		return nil, err
 	}
+	return c.noteMetadata(f)
+}
+
+// metadataOn asks cn's broker for the metadata of topics and caches it.
+func (c *Client) metadataOn(ctx context.Context, cn *conn, topics []string) (*heraldpb.MetadataResponse, error) {
+	f, err := c.call(ctx, cn, &heraldpb.Frame{Body: &heraldpb.Frame_Metadata{Metadata: &heraldpb.MetadataRequest{Topics: topics}}}, 0)
+	if err != nil {
+		return nil, err
+	}
+	return c.noteMetadata(f)
+}
+
+// noteMetadata caches a Metadata answer's brokers and topics.
+func (c *Client) noteMetadata(f *heraldpb.Frame) (*heraldpb.MetadataResponse, error) {
 	r := f.GetMetadataResponse()
 	if r == nil {
 		return nil, unexpected(f, "MetadataResponse")

@@ -353,6 +353,40 @@ func (c *conn) exchangeQueued(ctx context.Context, req *heraldpb.Frame, timeout 
 	return c.await(ctx, ch, timeout)
 }
 
+// awaitWatched is await that, while no response has come, calls check
+// every `every` (from the waiting goroutine) and gives up with check's
+// error when it returns one. The request stays registered: its window
+// slot frees when the broker answers at last, or the connection dies.
+func (c *conn) awaitWatched(ctx context.Context, ch chan *heraldpb.Frame, timeout, every time.Duration, check func() error) (*heraldpb.Frame, error) {
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case f := <-ch:
+			return c.response(ch, f)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timer:
+			return nil, c.timedOut(timeout)
+		case <-tick.C:
+			if err := check(); err != nil {
+				select {
+				case f := <-ch: // it answered meanwhile after all
+					return c.response(ch, f)
+				default:
+				}
+				return nil, err
+			}
+		}
+	}
+}
+
 // exchange sends the frame that enc appends to dst (a whole length-prefixed
 // frame with the given id; on error dst unchanged) and waits for the
 // response, as roundTrip does.

@@ -42,6 +42,11 @@ var (
 	// ErrNotRequest is returned by Reply for a message that is not a
 	// request (it has no reply inbox).
 	ErrNotRequest = errors.New("herald: message is not a request")
+	// ErrOutcomeUnknown is wrapped by the final error of a produce whose
+	// records may have been written although it failed: an attempt was
+	// sent and then timed out, lost its connection, or was answered with
+	// an Error marked OutcomeUnknown. See IsOutcomeUnknown.
+	ErrOutcomeUnknown = errors.New("herald: outcome unknown")
 )
 
 // Error is a failure reported by the broker: one wire heraldpb.Error. Callers
@@ -61,6 +66,10 @@ type Error struct {
 	// LostFrom and LostTo, with PARTITION_DAMAGED, are the offsets
 	// [LostFrom, LostTo) the partition's damaged log lost.
 	LostFrom, LostTo int64
+	// OutcomeUnknown: the request may have taken effect although it
+	// failed (a produce proposed to the partition's log when its storage
+	// failed or its leader changed). See IsOutcomeUnknown.
+	OutcomeUnknown bool
 }
 
 func (e *Error) Error() string {
@@ -79,9 +88,23 @@ func fromWire(e *heraldpb.Error) *Error {
 		Message:    e.GetMessage(),
 		RetryAfter: time.Duration(e.GetRetryAfterMs()) * time.Millisecond,
 		Leader:     e.GetLeader(),
-		LostFrom:   e.GetLostFrom(),
-		LostTo:     e.GetLostTo(),
+		LostFrom:       e.GetLostFrom(),
+		LostTo:         e.GetLostTo(),
+		OutcomeUnknown: e.GetOutcomeUnknown(),
 	}
+}
+
+// IsOutcomeUnknown reports whether a failed produce may nevertheless have
+// been written, as Kafka says of a timed-out produce: err is (or wraps) a
+// broker Error marked OutcomeUnknown, or ErrOutcomeUnknown, which a
+// Producer wraps around the final error of a batch any attempt of which
+// timed out, lost its connection after it was sent, or was answered
+// OutcomeUnknown. A failed produce for which it is false was not written.
+// (An idempotent producer's retries never write a batch twice; this is
+// about a batch whose retries ran out.)
+func IsOutcomeUnknown(err error) bool {
+	var he *Error
+	return errors.Is(err, ErrOutcomeUnknown) || errors.As(err, &he) && he.OutcomeUnknown
 }
 
 // IsCode reports whether err is (or wraps) a broker Error with code.
@@ -122,9 +145,19 @@ func IsRetryable(err error) bool {
 }
 
 // leaderMoving reports whether err says a partition's leader is moving or
-// its node is gone: NOT_LEADER, a lost connection, no broker reachable.
+// its node is gone or frozen: NOT_LEADER, a lost connection, no broker
+// reachable, a request timeout.
 func leaderMoving(err error) bool {
-	return IsCode(err, heraldpb.ErrorCode_NOT_LEADER) || errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrNoBrokers)
+	return IsCode(err, heraldpb.ErrorCode_NOT_LEADER) || errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrNoBrokers) || errors.Is(err, ErrRequestTimeout)
+}
+
+// waitOut reports whether err asks the client to wait and try again: a
+// node not ready yet (replaying its log, loading metadata) or saturated.
+// Such errors are retried until the producer's failover timeout has passed
+// since the first of them, however many attempts that takes, each wait at
+// least the broker's retry-after hint.
+func waitOut(err error) bool {
+	return IsCode(err, heraldpb.ErrorCode_NOT_READY) || IsCode(err, heraldpb.ErrorCode_THROTTLED)
 }
 
 // retryAfter returns the broker's retry hint carried by err, or 0.

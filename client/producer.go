@@ -599,7 +599,8 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		req.TimeoutMs = uint32(t / time.Millisecond)
 	}
 	backoff := p.cfg.backoffMin
-	var movingSince time.Time // the first failure of a leader move
+	var waitingSince time.Time // the first failure of a leader move or a wait
+	unknown := false           // an attempt may have been written
 	for attempt := 0; ; attempt++ {
 		// An earlier batch of the partition unresolved when this attempt
 		// leaves may make the partition refuse it as out of order.
@@ -612,24 +613,28 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 				return nil, ErrClosed
 			}
 		}
-		resp, err := p.produceOnce(req, key, bt.markQueued)
+		resp, sent, err := p.produceOnce(req, key, bt.markQueued)
 		if err == nil {
 			return resp, nil
 		}
+		if sent && (IsOutcomeUnknown(err) || errors.Is(err, ErrRequestTimeout) || errors.Is(err, ErrConnectionLost)) {
+			unknown = true
+		}
 		if p.ctx.Err() != nil {
-			return nil, ErrClosed
+			return nil, p.final(ErrClosed, unknown)
 		}
 		moving := leaderMoving(err)
-		if moving && movingSince.IsZero() {
-			movingSince = time.Now()
+		waiting := moving || waitOut(err)
+		if waiting && waitingSince.IsZero() {
+			waitingSince = time.Now()
 		}
 		if earlier && IsCode(err, heraldpb.ErrorCode_OUT_OF_ORDER_SEQUENCE) {
 			// It follows that batch once it is written. Not counted as a
 			// retry: the earlier batch's own retries bound the wait, and
 			// an attempt sent when none is left unresolved fails for good.
 			attempt--
-		} else if !IsRetryable(err) || (attempt >= p.cfg.maxRetries && !(moving && time.Since(movingSince) < p.cfg.failover)) {
-			return nil, err
+		} else if !IsRetryable(err) || (attempt >= p.cfg.maxRetries && !(waiting && time.Since(waitingSince) < p.cfg.failover)) {
+			return nil, p.final(err, unknown)
 		}
 		if IsCode(err, heraldpb.ErrorCode_NOT_LEADER) {
 			p.c.notLeader(key.topic, key.partition, err)
@@ -647,30 +652,82 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		case <-t.C:
 		case <-p.ctx.Done():
 			t.Stop()
-			return nil, ErrClosed
+			return nil, p.final(ErrClosed, unknown)
 		}
 		backoff = min(2*backoff, p.cfg.backoffMax)
 	}
 }
 
+// final is the error a batch fails with: err, marked ErrOutcomeUnknown
+// when an attempt may have been written.
+func (p *Producer) final(err error, unknown bool) error {
+	if unknown && !IsOutcomeUnknown(err) {
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+	}
+	return err
+}
+
+// leaderCheck is how long a produce waits for its answer before the
+// producer asks another broker whether the partition's leader changed,
+// and how often it asks again while the answer does not come. A leader
+// that is frozen (a stopped process, a stalled disk) does not answer, and
+// its followers elect another within about a second.
+const leaderCheck = 500 * time.Millisecond
+
 // produceOnce sends one attempt; queued runs once the request is queued on
-// its connection, or once the attempt failed before that.
-func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey, queued func()) (*heraldpb.ProduceResponse, error) {
+// its connection, or once the attempt failed before that. sent reports
+// whether the request was queued on a connection.
+//
+// While the answer does not come, the producer asks another broker for
+// the partition's leader every leaderCheck: once that names another node,
+// the attempt gives up with a NOT_LEADER *Error (OutcomeUnknown) naming
+// it, and the frozen broker is tried last for a while (markSuspect). A
+// request timeout marks its broker the same way and drops the topic's
+// metadata, so the retry asks another broker where the leader is.
+func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey, queued func()) (_ *heraldpb.ProduceResponse, sent bool, _ error) {
 	defer queued()
 	cn, err := p.c.leaderConn(p.ctx, key.topic, key.partition)
 	if err != nil {
-		return nil, err
+		return nil, false, err
+	}
+	frame := &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}
+	ch, err := cn.send(p.ctx, func(dst []byte, id uint64) ([]byte, error) {
+		frame.Id = id
+		return heraldpb.AppendFrame(dst, frame)
+	}, nil)
+	queued()
+	if err != nil {
+		return nil, false, err
 	}
 	timeout := p.c.cfg.requestTimeout
-	f, err := cn.exchangeQueued(p.ctx, &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}, timeout, queued)
+	var f *heraldpb.Frame
+	if key.partition < 0 {
+		f, err = cn.await(p.ctx, ch, timeout)
+	} else {
+		f, err = cn.awaitWatched(p.ctx, ch, timeout, leaderCheck, func() error {
+			cctx, cancel := context.WithTimeout(p.ctx, leaderCheck)
+			defer cancel()
+			leader, lerr := p.c.refreshLeader(cctx, key.topic, key.partition, cn.addr)
+			if lerr != nil || leader == 0 || leader == cn.nodeID {
+				return nil // no news: keep waiting
+			}
+			p.c.markSuspect(cn.addr, suspectFor)
+			return &Error{Code: heraldpb.ErrorCode_NOT_LEADER, Retriable: true, Leader: leader, OutcomeUnknown: true,
+				Message: fmt.Sprintf("node %d (%s) has not answered a produce to %s-%d; node %d leads it now", cn.nodeID, cn.addr, key.topic, key.partition, leader)}
+		})
+	}
+	if errors.Is(err, ErrRequestTimeout) {
+		p.c.markSuspect(cn.addr, suspectFor)
+		p.c.invalidate(key.topic)
+	}
 	if err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	r := f.GetProduceResponse()
 	if r == nil {
-		return nil, unexpected(f, "ProduceResponse")
+		return nil, true, unexpected(f, "ProduceResponse")
 	}
-	return r, nil
+	return r, true, nil
 }
 
 // Flush sends every buffered message at once and waits until all messages

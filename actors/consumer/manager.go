@@ -1,10 +1,14 @@
 package consumer
 
 import (
+	"fmt"
 	"maps"
 	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
@@ -297,8 +301,8 @@ func (m *Manager) spawn(ctx actor.Context, group string, recs map[storeKey]*hera
 
 func (m *Manager) onSubscribe(ctx actor.Context, msg *subscribeMsg) {
 	req := msg.f.GetSubscribe()
-	if !validGroup.MatchString(req.Group) {
-		respond(ctx, msg.replyTo, errFrame(msg.f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "group name %q must be 1-200 characters of A-Z a-z 0-9 . _ -", req.Group))
+	if e := checkGroupName(req.Group); e != nil {
+		respond(ctx, msg.replyTo, heraldpb.ErrorFrame(msg.f.Id, e))
 		return
 	}
 	h := m.groups[req.Group]
@@ -306,6 +310,10 @@ func (m *Manager) onSubscribe(ctx actor.Context, msg *subscribeMsg) {
 		// A group that does not exist yet is only made for a subscription
 		// that can succeed, so that no client can pile up coordinators.
 		if e := m.o.Topics.Get(req.Topic); e == nil || topic.IsInternal(req.Topic) {
+			if !m.o.Topics.Synced() && !topic.IsInternal(req.Topic) {
+				respond(ctx, msg.replyTo, heraldpb.ErrorFrame(msg.f.Id, topic.NotReady(req.Topic)))
+				return
+			}
 			respond(ctx, msg.replyTo, errFrame(msg.f.Id, heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", req.Topic))
 			return
 		}
@@ -343,8 +351,40 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame, sender *actor.PI
 	}
 	h := m.groups[group]
 	if h == nil {
-		respond(ctx, sender, errFrame(f.Id, heraldpb.ErrorCode_GROUP_NOT_FOUND, "group %q does not exist", group))
+		respond(ctx, sender, errFrame(f.Id, heraldpb.ErrorCode_GROUP_NOT_FOUND, "group %s does not exist", quoteName(group)))
 		return
 	}
 	ctx.RequestWithCustomSender(h.pid, f, sender)
+}
+
+// checkGroupName refuses a group name a subscription may not create: one
+// that is not 1-200 characters of A-Z a-z 0-9 . _ -, or that starts with
+// "__" (reserved, like internal topic names: a group's dead-letter topic
+// is named after it). The message quotes at most the name's first
+// maxQuoted characters.
+func checkGroupName(name string) *heraldpb.Error {
+	if !validGroup.MatchString(name) {
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "group name %s must be 1-200 characters of A-Z a-z 0-9 . _ -", quoteName(name))
+	}
+	if strings.HasPrefix(name, "__") {
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "group name %q: names starting with __ are reserved", name)
+	}
+	return nil
+}
+
+// maxQuoted is how many characters of a client's name an error message
+// quotes at most.
+const maxQuoted = 64
+
+// quoteName quotes name for an error message, cut to its first maxQuoted
+// characters (bytes) with its length said when longer.
+func quoteName(name string) string {
+	if len(name) <= maxQuoted {
+		return strconv.Quote(name)
+	}
+	cut := name[:maxQuoted]
+	for !utf8.ValidString(cut) && len(cut) > 0 {
+		cut = cut[:len(cut)-1]
+	}
+	return fmt.Sprintf("%q... (%d bytes)", cut, len(name))
 }

@@ -1145,7 +1145,14 @@ func (a *Actor) storageFailed(ctx actor.Context, err error) {
 	a.reopenAt = a.cfg.Clock.Now().Add(a.reopenBackup)
 }
 
+// failPending answers every proposed, unanswered produce with why, marked
+// outcome_unknown: its entry is in raft already and may still be (or have
+// been) written and committed.
 func (a *Actor) failPending(ctx actor.Context, why *heraldpb.Error) {
+	if len(a.pending) > 0 {
+		why = proto.Clone(why).(*heraldpb.Error)
+		why.OutcomeUnknown = true
+	}
 	for k, p := range a.pending {
 		a.answer(ctx, p, func(id uint64, _ bool) *heraldpb.Frame { return heraldpb.ErrorFrame(id, why) })
 		delete(a.pending, k)

@@ -277,7 +277,10 @@ func (r *remoteProxy) forward(f *heraldpb.Frame, topic, group string, part uint3
 		tried = append(tried, n)
 		resp, err := r.transport.Request(n, group, f)
 		if err != nil {
-			last = heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "partition %s-%d: %v", topic, part, err))
+			e := heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "partition %s-%d: %v", topic, part, err)
+			// A forwarded produce may have reached the leader.
+			e.OutcomeUnknown = f.GetProduce() != nil
+			last = heraldpb.ErrorFrame(f.Id, e)
 			continue
 		}
 		if e := resp.GetError(); e != nil && e.Code == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE {
@@ -357,6 +360,7 @@ func (m *Manager) onAssign(ctx actor.Context, a *Assign) {
 		m.cluster.swept = true
 		m.sweepReplicas(a)
 	}
+	m.reg.synced.Store(true)
 }
 
 // sweepReplicas deletes, once at the first metadata (which is caught up

@@ -81,6 +81,9 @@ func Spawn(sys *actor.ActorSystem, cfg Config) (*actor.PID, *Registry, error) {
 	if e, ok := res.(error); ok && e != nil {
 		return nil, nil, e
 	}
+	if !cfg.Clustered {
+		reg.synced.Store(true) // the catalog is the node's own
+	}
 	return pid, reg, nil
 }
 
@@ -127,6 +130,35 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame) {
 		m.onDelete(ctx, f.Id, b.DeleteTopic)
 	case *heraldpb.Frame_ClusterAdmin:
 		m.onClusterAdmin(ctx, f.Id, b.ClusterAdmin)
+	case *heraldpb.Frame_ListTopics, *heraldpb.Frame_DescribeTopic, *heraldpb.Frame_Metadata:
+		if !m.reg.Synced() {
+			// Not caught up with the controller: a topic missing here may
+			// exist (issue 14: TOPIC_NOT_FOUND for a topic that exists).
+			ctx.Respond(heraldpb.ErrorFrame(f.Id, NotReady(requestedTopic(f))))
+			return
+		}
+		m.onRead(ctx, f)
+	default:
+		ctx.Respond(heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "the topic manager does not handle %T", f.Body)))
+	}
+}
+
+// requestedTopic names a topic of a metadata request, for messages.
+func requestedTopic(f *heraldpb.Frame) string {
+	switch b := f.Body.(type) {
+	case *heraldpb.Frame_DescribeTopic:
+		return b.DescribeTopic.Name
+	case *heraldpb.Frame_Metadata:
+		if len(b.Metadata.Topics) > 0 {
+			return b.Metadata.Topics[0]
+		}
+	}
+	return "*"
+}
+
+// onRead answers ListTopics, DescribeTopic and Metadata from the registry.
+func (m *Manager) onRead(ctx actor.Context, f *heraldpb.Frame) {
+	switch b := f.Body.(type) {
 	case *heraldpb.Frame_ListTopics:
 		resp := &heraldpb.ListTopicsResponse{}
 		for _, e := range m.reg.All() {
@@ -167,8 +199,6 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame) {
 			return
 		}
 		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_MetadataResponse{MetadataResponse: resp}})
-	default:
-		ctx.Respond(heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "the topic manager does not handle %T", f.Body)))
 	}
 }
 
@@ -193,6 +223,12 @@ func (m *Manager) normalize(name string, in *heraldpb.TopicConfig) (*heraldpb.To
 		return nil, bad("%s", p)
 	}
 	if cfg.Partitions == 0 {
+		if in != nil {
+			// A config that states 0 partitions is a mistake (the CLI
+			// refuses it too); only a request without a config takes the
+			// broker's default.
+			return nil, bad("partitions must be at least 1 (omit the config to take the broker's default-partitions, %d)", m.cfg.DefaultPartitions)
+		}
 		cfg.Partitions = m.cfg.DefaultPartitions
 	}
 	if cfg.Partitions > m.cfg.MaxPartitions {

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
@@ -43,6 +44,27 @@ func (e *Entry) Writer(p int) *actor.PID {
 type Registry struct {
 	mu sync.Mutex // serialises writers
 	v  atomic.Pointer[map[string]*Entry]
+	// synced is set once the registry lists the node's topics: at once on
+	// a single node (the catalog is read before serving), in a cluster
+	// once the manager applied the controller's metadata, which the
+	// controller hands over only when it has caught up with its group.
+	synced atomic.Bool
+}
+
+// Synced reports whether the registry lists the node's topics yet. Until
+// then a topic missing from it may exist: requests for it are answered
+// NOT_READY (NotReady), never TOPIC_NOT_FOUND.
+func (r *Registry) Synced() bool { return r.synced.Load() }
+
+// NotReadyRetryAfter is the retry-after of a NOT_READY answer.
+const NotReadyRetryAfter = 200 * time.Millisecond
+
+// NotReady is the answer to a request for a topic the node may not know
+// yet because it has not caught up with the controller.
+func NotReady(topic string) *heraldpb.Error {
+	e := heraldpb.NewError(heraldpb.ErrorCode_NOT_READY, "this node has not loaded the cluster's metadata yet (topic %q); try again shortly", topic)
+	e.RetryAfterMs = uint32(NotReadyRetryAfter / time.Millisecond)
+	return e
 }
 
 // Get returns the live topic name, or nil.

@@ -32,7 +32,7 @@ func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
 		}
 		e := r.reg.Get(b.Produce.Topic)
 		if e == nil {
-			r.fail(f, replyTo, topicNotFound(b.Produce.Topic))
+			r.fail(f, replyTo, r.missing(b.Produce.Topic))
 			return
 		}
 		r.sys.Root.RequestWithCustomSender(e.Topic, f, replyTo)
@@ -59,7 +59,7 @@ func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
 func (r *Router) toPartition(f *heraldpb.Frame, replyTo *actor.PID, topic string, part uint32) {
 	e := r.reg.Get(topic)
 	if e == nil {
-		r.fail(f, replyTo, topicNotFound(topic))
+		r.fail(f, replyTo, r.missing(topic))
 		return
 	}
 	if int(part) >= len(e.Partitions) {
@@ -67,6 +67,16 @@ func (r *Router) toPartition(f *heraldpb.Frame, replyTo *actor.PID, topic string
 		return
 	}
 	r.sys.Root.RequestWithCustomSender(e.Partitions[part], f, replyTo)
+}
+
+// missing is the answer for a topic the registry does not list:
+// TOPIC_NOT_FOUND once the node has caught up with the cluster's
+// metadata, NOT_READY before.
+func (r *Router) missing(topic string) *heraldpb.Error {
+	if !r.reg.Synced() {
+		return NotReady(topic)
+	}
+	return topicNotFound(topic)
 }
 
 func (r *Router) fail(f *heraldpb.Frame, replyTo *actor.PID, e *heraldpb.Error) {

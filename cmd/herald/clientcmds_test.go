@@ -123,6 +123,18 @@ func TestProduceAndConsume(t *testing.T) {
 	if err != nil || !strings.HasPrefix(out, "one\ntwo\nthree\n") {
 		t.Fatalf("consume --from time: %q %v", out, err)
 	}
+	// --from past the end: said on stderr; an error unless --follow.
+	out, stderr, err = runCLI(t, ctx, consumeCmd, b.Addr(), "", "--topic", "t", "--partition", "1", "--from", "5000")
+	if err == nil || out != "" || !strings.Contains(stderr, "partition 1: --from 5000 is past the end of the log (high watermark ") || !strings.Contains(err.Error(), "past the end") {
+		t.Fatalf("consume --from past the end: out %q, stderr %q, err %v", out, stderr, err)
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	stop := time.AfterFunc(300*time.Millisecond, cancel) // ends --follow as SIGINT would
+	defer stop.Stop()
+	out, stderr, err = runCLI(t, fctx, consumeCmd, b.Addr(), "", "--topic", "t", "--partition", "1", "--from", "5000", "--follow", "--max-wait", "50ms")
+	if err != nil || out != "" || !strings.Contains(stderr, "; reading from the high watermark") {
+		t.Fatalf("consume --follow --from past the end: out %q, stderr %q, err %v", out, stderr, err)
+	}
 	for _, args := range [][]string{
 		{"--topic", "t", "--group", "g", "--partition", "1"}, {"--topic", "t", "--mode", "shared"}, {"--topic", "t", "--filter", "x"},
 		{"--topic", "t", "--ack", "manual"}, {}, {"--topic", "t", "--from", "yesterday"},

@@ -114,13 +114,36 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 		return *maxN > 0 && printed >= *maxN
 	}
 	opts := []client.ConsumerOpt{client.WithFetchMaxWait(*maxWait)}
+	// An offset past a partition's end is said on stderr: the reader
+	// starts at the high watermark there (the SDK's rule), so without
+	// --follow it has nothing to print.
+	fromOffset, ferr := strconv.ParseInt(*from, 10, 64)
+	if ferr != nil {
+		fromOffset = -1
+	}
+	pastEnd := func(p int32, hw int64) bool {
+		if fromOffset <= hw {
+			return false
+		}
+		if *follow {
+			fmt.Fprintf(io.err, "partition %d: --from %d is past the end of the log (high watermark %d); reading from the high watermark\n", p, fromOffset, hw)
+		} else {
+			fmt.Fprintf(io.err, "partition %d: --from %d is past the end of the log (high watermark %d); nothing to read\n", p, fromOffset, hw)
+		}
+		return true
+	}
 
 	if !*follow {
 		// Read each partition up to the high watermark it had at start.
+		skipped := 0
 		for _, p := range parts {
 			end, err := c.ListOffsets(ctx, *topic, p, heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, time.Time{})
 			if err != nil {
 				return cliOneLine(fmt.Errorf("partition %d: %w", p, err))
+			}
+			if pastEnd(p, end.Offset) {
+				skipped++
+				continue
 			}
 			pc := c.NewPartitionConsumer(*topic, p, start, opts...)
 			for {
@@ -150,9 +173,24 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 				}
 			}
 		}
-		return w.Flush()
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		if skipped > 0 && skipped == len(parts) {
+			return fmt.Errorf("--from %d is past the end of every partition read: nothing to print (--follow waits for new records)", fromOffset)
+		}
+		return nil
 	}
 
+	if fromOffset >= 0 {
+		for _, p := range parts {
+			end, err := c.ListOffsets(ctx, *topic, p, heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, time.Time{})
+			if err != nil {
+				return cliOneLine(fmt.Errorf("partition %d: %w", p, err))
+			}
+			pastEnd(p, end.Offset)
+		}
+	}
 	cs := c.NewConsumer(*topic, start, parts, opts...)
 	defer cs.Close()
 	for {
