@@ -83,11 +83,11 @@ func (e *Error) Error() string {
 // code the registry lists as retriable is still treated as retriable.
 func fromWire(e *heraldpb.Error) *Error {
 	return &Error{
-		Code:       e.GetCode(),
-		Retriable:  e.GetRetriable() || heraldpb.IsRetriableCode(e.GetCode()),
-		Message:    e.GetMessage(),
-		RetryAfter: time.Duration(e.GetRetryAfterMs()) * time.Millisecond,
-		Leader:     e.GetLeader(),
+		Code:           e.GetCode(),
+		Retriable:      e.GetRetriable() || heraldpb.IsRetriableCode(e.GetCode()),
+		Message:        e.GetMessage(),
+		RetryAfter:     time.Duration(e.GetRetryAfterMs()) * time.Millisecond,
+		Leader:         e.GetLeader(),
 		LostFrom:       e.GetLostFrom(),
 		LostTo:         e.GetLostTo(),
 		OutcomeUnknown: e.GetOutcomeUnknown(),
