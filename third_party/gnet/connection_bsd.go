@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	errorx "github.com/panjf2000/gnet/v2/pkg/errors"
 	"github.com/panjf2000/gnet/v2/pkg/netpoll"
 )
 
@@ -55,3 +56,23 @@ func (c *conn) processIO(_ int, filter netpoll.IOEvent, flags netpoll.IOFlags) (
 	}
 	return
 }
+
+// watchWrite watches readable and writable events of c (Herald patch: read
+// pausing is implemented for epoll only).
+func (c *conn) watchWrite(isET bool) error {
+	return c.loop.poller.ModReadWrite(&c.pollAttachment, isET)
+}
+
+// unwatchWrite stops watching writable events of c (Herald patch).
+func (c *conn) unwatchWrite() error {
+	return c.loop.poller.ModRead(&c.pollAttachment, false)
+}
+
+// PauseRead is not implemented on kqueue (Herald patch).
+func (c *conn) PauseRead() error { return errorx.ErrUnsupportedOp }
+
+// ResumeRead is not implemented on kqueue (Herald patch).
+func (c *conn) ResumeRead() error { return errorx.ErrUnsupportedOp }
+
+// ReadPaused is always false on kqueue (Herald patch).
+func (c *conn) ReadPaused() bool { return false }

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/panjf2000/gnet/v2/pkg/netpoll"
+	"github.com/panjf2000/gnet/v2/pkg/queue"
 )
 
 func (c *conn) processIO(_ int, ev netpoll.IOEvent, _ netpoll.IOFlags) error {
@@ -68,3 +69,64 @@ func (c *conn) processIO(_ int, ev netpoll.IOEvent, _ netpoll.IOFlags) error {
 	}
 	return nil
 }
+
+// watchWrite watches writable events of c, and readable ones unless reads
+// are paused (Herald patch).
+func (c *conn) watchWrite(isET bool) error {
+	if c.readPaused {
+		return c.loop.poller.ModWrite(&c.pollAttachment, isET)
+	}
+	return c.loop.poller.ModReadWrite(&c.pollAttachment, isET)
+}
+
+// unwatchWrite stops watching writable events of c in level-triggered mode,
+// once its outbound buffer is empty (Herald patch).
+func (c *conn) unwatchWrite() error {
+	if c.readPaused {
+		return c.loop.poller.ModNone(&c.pollAttachment, false)
+	}
+	return c.loop.poller.ModRead(&c.pollAttachment, false)
+}
+
+// PauseRead stops reading c's socket (Herald patch): readable events are no
+// longer watched, so what the peer sends stays in the kernel's receive
+// buffer and TCP flow control pushes back on the peer. Writable events are
+// still watched while the outbound buffer holds data. What is already in
+// the inbound buffer stays there. Idempotent. Call it on c's event loop only.
+func (c *conn) PauseRead() error {
+	if !c.opened || c.readPaused {
+		return nil
+	}
+	c.readPaused = true
+	isET := c.loop.engine.opts.EdgeTriggeredIO
+	if isET || !c.outboundBuffer.IsEmpty() {
+		return c.loop.poller.ModWrite(&c.pollAttachment, isET)
+	}
+	return c.loop.poller.ModNone(&c.pollAttachment, false)
+}
+
+// ResumeRead undoes PauseRead (Herald patch). It does not call OnTraffic for
+// bytes already in the inbound buffer: the caller handles those itself.
+// Idempotent. Call it on c's event loop only.
+func (c *conn) ResumeRead() error {
+	if !c.opened || !c.readPaused {
+		return nil
+	}
+	c.readPaused = false
+	isET := c.loop.engine.opts.EdgeTriggeredIO
+	if isET {
+		if err := c.loop.poller.ModReadWrite(&c.pollAttachment, true); err != nil {
+			return err
+		}
+		// The edge may have passed while paused: read once now.
+		return c.loop.poller.Trigger(queue.LowPriority, c.loop.read0, c)
+	}
+	if !c.outboundBuffer.IsEmpty() {
+		return c.loop.poller.ModReadWrite(&c.pollAttachment, false)
+	}
+	return c.loop.poller.ModRead(&c.pollAttachment, false)
+}
+
+// ReadPaused reports whether PauseRead is in effect (Herald patch). Call it
+// on c's event loop only.
+func (c *conn) ReadPaused() bool { return c.readPaused }

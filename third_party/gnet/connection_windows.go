@@ -573,3 +573,12 @@ func (*conn) SetReadDeadline(_ time.Time) error {
 func (*conn) SetWriteDeadline(_ time.Time) error {
 	return errorx.ErrUnsupportedOp
 }
+
+// PauseRead is not implemented on Windows (Herald patch).
+func (c *conn) PauseRead() error { return errorx.ErrUnsupportedOp }
+
+// ResumeRead is not implemented on Windows (Herald patch).
+func (c *conn) ResumeRead() error { return errorx.ErrUnsupportedOp }
+
+// ReadPaused is always false on Windows (Herald patch).
+func (c *conn) ReadPaused() bool { return false }

@@ -252,7 +252,7 @@ func (el *eventloop) read0(a any) error {
 }
 
 func (el *eventloop) read(c *conn) error {
-	if !c.opened {
+	if !c.opened || c.readPaused {
 		return nil
 	}
 
@@ -284,6 +284,9 @@ loop:
 	_, _ = c.inboundBuffer.Write(c.buffer)
 	c.buffer = c.buffer[:0]
 
+	if c.readPaused { // OnTraffic called PauseRead: leave the rest in the socket
+		return nil
+	}
 	if c.isEOF || (isET && recv < chunk) {
 		goto loop
 	}
@@ -332,6 +335,7 @@ loop:
 	switch err {
 	case nil:
 	case unix.EAGAIN:
+		el.written(c, sent)
 		return nil
 	default:
 		return el.close(c, os.NewSyscallError("write", err))
@@ -345,8 +349,11 @@ loop:
 	// All data have been sent, it's no need to monitor the writable events for LT mode,
 	// remove the writable event from poller to help the future event-loops if necessary.
 	if !isET && c.outboundBuffer.IsEmpty() {
-		return el.poller.ModRead(&c.pollAttachment, false)
+		err = c.unwatchWrite()
+		el.written(c, sent)
+		return err
 	}
+	el.written(c, sent)
 
 	// To prevent infinite writing in ET mode and starving other events,
 	// we need to set up threshold for the maximum write bytes per connection
@@ -357,6 +364,18 @@ loop:
 	}
 
 	return nil
+}
+
+// written tells the event handler, if it implements OutboundHandler, that
+// sent bytes of c's outbound buffer were written to the socket (Herald
+// patch).
+func (el *eventloop) written(c *conn, sent int) {
+	if sent <= 0 || !c.opened {
+		return
+	}
+	if h, ok := el.eventHandler.(OutboundHandler); ok {
+		h.OnOutboundWritten(c, sent)
+	}
 }
 
 func (el *eventloop) close(c *conn, err error) error {

@@ -449,6 +449,24 @@ type Conn interface {
 	// Wake triggers an OnTraffic event for the current connection, it's concurrency-safe.
 	Wake(callback AsyncCallback) error
 
+	// PauseRead stops reading the socket (Herald patch): readable events are
+	// no longer watched, so bytes the peer sends stay in the kernel and TCP
+	// flow control pushes back on the peer; pending output is still written.
+	// Without it gnet reads every readable socket into an inbound buffer that
+	// grows without limit while OnTraffic leaves bytes unconsumed. It's not
+	// concurrency-safe, you must invoke it within any method in EventHandler
+	// (Wake gets you there). Epoll only: ErrUnsupportedOp elsewhere.
+	PauseRead() error
+
+	// ResumeRead undoes PauseRead (Herald patch). It does not fire OnTraffic
+	// for bytes already buffered. It's not concurrency-safe, you must invoke
+	// it within any method in EventHandler.
+	ResumeRead() error
+
+	// ReadPaused reports whether PauseRead is in effect (Herald patch). It's
+	// not concurrency-safe.
+	ReadPaused() bool
+
 	// CloseWithCallback closes the current connection, it's concurrency-safe.
 	// Usually you should provide a non-nil callback for this method,
 	// otherwise your better choice is Close().
@@ -506,6 +524,17 @@ type (
 	// struct when you don't intend to implement the entire EventHandler.
 	BuiltinEventEngine struct{}
 )
+
+// OutboundHandler is an optional interface of an EventHandler (Herald patch).
+// OnOutboundWritten is called on the connection's event loop after gnet wrote
+// n bytes of c's outbound buffer to the socket on a writable event, so the
+// handler learns when data that AsyncWrite or Write had to buffer has left
+// (AsyncWrite's callback runs when the data is buffered, not when it is
+// sent). OutboundBuffered tells what remains. It is not called for data
+// written at once by Write or AsyncWrite, nor while closing.
+type OutboundHandler interface {
+	OnOutboundWritten(c Conn, n int)
+}
 
 // OnBoot fires when the engine is ready for accepting connections.
 // The parameter engine has information and various utilities.

@@ -235,6 +235,30 @@ func (p *Poller) ModReadWrite(pa *PollAttachment, edgeTriggered bool) error {
 		unix.EpollCtl(p.fd, unix.EPOLL_CTL_MOD, pa.FD, &unix.EpollEvent{Fd: int32(pa.FD), Events: ev}))
 }
 
+// ModWrite modifies the given file descriptor with writable event only in the
+// poller: readable events are no longer reported (Herald patch, for
+// Conn.PauseRead).
+func (p *Poller) ModWrite(pa *PollAttachment, edgeTriggered bool) error {
+	var ev uint32 = WriteEvents
+	if edgeTriggered {
+		ev |= unix.EPOLLET | unix.EPOLLRDHUP
+	}
+	return os.NewSyscallError("epoll_ctl mod",
+		unix.EpollCtl(p.fd, unix.EPOLL_CTL_MOD, pa.FD, &unix.EpollEvent{Fd: int32(pa.FD), Events: ev}))
+}
+
+// ModNone keeps the given file descriptor in the poller but watches neither
+// readable nor writable events; epoll still reports EPOLLERR and EPOLLHUP
+// (Herald patch, for Conn.PauseRead).
+func (p *Poller) ModNone(pa *PollAttachment, edgeTriggered bool) error {
+	var ev uint32
+	if edgeTriggered {
+		ev |= unix.EPOLLET | unix.EPOLLRDHUP
+	}
+	return os.NewSyscallError("epoll_ctl mod",
+		unix.EpollCtl(p.fd, unix.EPOLL_CTL_MOD, pa.FD, &unix.EpollEvent{Fd: int32(pa.FD), Events: ev}))
+}
+
 // Delete removes the given file descriptor from the poller.
 func (p *Poller) Delete(fd int) error {
 	return os.NewSyscallError("epoll_ctl del", unix.EpollCtl(p.fd, unix.EPOLL_CTL_DEL, fd, nil))

@@ -242,6 +242,30 @@ func (p *Poller) ModReadWrite(pa *PollAttachment, edgeTriggered bool) error {
 	return os.NewSyscallError("epoll_ctl mod", epollCtl(p.fd, unix.EPOLL_CTL_MOD, pa.FD, &ev))
 }
 
+// ModWrite modifies the given file descriptor with writable event only in the
+// poller (Herald patch, for Conn.PauseRead).
+func (p *Poller) ModWrite(pa *PollAttachment, edgeTriggered bool) error {
+	var ev epollevent
+	ev.events = WriteEvents
+	if edgeTriggered {
+		ev.events |= unix.EPOLLET | unix.EPOLLRDHUP
+	}
+	convertPollAttachment(unsafe.Pointer(&ev.data), pa)
+	return os.NewSyscallError("epoll_ctl mod", epollCtl(p.fd, unix.EPOLL_CTL_MOD, pa.FD, &ev))
+}
+
+// ModNone watches neither readable nor writable events of the given file
+// descriptor; EPOLLERR and EPOLLHUP are still reported (Herald patch, for
+// Conn.PauseRead).
+func (p *Poller) ModNone(pa *PollAttachment, edgeTriggered bool) error {
+	var ev epollevent
+	if edgeTriggered {
+		ev.events |= unix.EPOLLET | unix.EPOLLRDHUP
+	}
+	convertPollAttachment(unsafe.Pointer(&ev.data), pa)
+	return os.NewSyscallError("epoll_ctl mod", epollCtl(p.fd, unix.EPOLL_CTL_MOD, pa.FD, &ev))
+}
+
 // Delete removes the given file descriptor from the poller.
 func (p *Poller) Delete(fd int) error {
 	return os.NewSyscallError("epoll_ctl del", epollCtl(p.fd, unix.EPOLL_CTL_DEL, fd, nil))
