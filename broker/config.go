@@ -26,17 +26,17 @@ import (
 // field is one setting; its flag name, environment variable, default and
 // meaning are in settings below and in README.md's configuration table.
 type Config struct {
-	DataDir          string
-	Listen           string
-	Admin            string
-	Advertise        string
-	NodeID           uint64
-	Flush            string
-	SegmentBytes     int
-	MaxFrameBytes    int
-	MaxConnections   int
-	IdleTimeout      time.Duration
-	MaxInFlight      int
+	DataDir        string
+	Listen         string
+	Admin          string
+	Advertise      string
+	NodeID         uint64
+	Flush          string
+	SegmentBytes   int
+	MaxFrameBytes  int
+	MaxConnections int
+	IdleTimeout    time.Duration
+	MaxInFlight    int
 	// Flow control of client connections (netio.Config has the details).
 	MaxPendingOutput         int
 	MaxPendingOutputHard     int // 0 = the larger of 64 MiB and MaxPendingOutput + 2*MaxFrameBytes
@@ -45,14 +45,14 @@ type Config struct {
 	FrameTimeout             time.Duration
 	MaxFrameBytesBeforeHello int
 	EventLoops               int
-	DefaultParts     uint
-	MaxMessageBytes  uint
-	PartitionMailbox int
-	WindowBytes      int
-	RetentionCheck   time.Duration
-	AckTimeout       time.Duration
-	BreakerFailures  int
-	BreakerCoolDown  time.Duration
+	DefaultParts             uint
+	MaxMessageBytes          uint
+	PartitionMailbox         int
+	WindowBytes              int
+	RetentionCheck           time.Duration
+	AckTimeout               time.Duration
+	BreakerFailures          int
+	BreakerCoolDown          time.Duration
 	// RetryPolicy is the retry policy of subscriptions that name none
 	// (scheduler.ParseRetryPolicy syntax); empty means the default.
 	RetryPolicy string
@@ -104,7 +104,7 @@ func Default() Config {
 		DataDir: "./data", Listen: "127.0.0.1:7420", Admin: "127.0.0.1:7480", Flush: "always",
 		SegmentBytes: 4 << 20, MaxFrameBytes: 16 << 20, MaxConnections: 10000, IdleTimeout: 5 * time.Minute,
 		MaxInFlight: 1024, MaxPendingOutput: 8 << 20, WriteStallTimeout: 30 * time.Second,
-		MaxQueuedRequestBytes: 128 << 20, FrameTimeout: 30 * time.Second, MaxFrameBytesBeforeHello: 64 << 10,
+		MaxQueuedRequestBytes: 64 << 20, FrameTimeout: 30 * time.Second, MaxFrameBytesBeforeHello: 64 << 10,
 		DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second,

@@ -27,7 +27,7 @@ const (
 	DefaultWriteStallTimeout = 30 * time.Second
 	// DefaultMaxQueuedRequestBytes is the default broker-wide budget of
 	// incomplete and queued request bytes.
-	DefaultMaxQueuedRequestBytes = 128 << 20
+	DefaultMaxQueuedRequestBytes = 64 << 20
 	// DefaultFrameTimeout is the default deadline for completing a frame.
 	DefaultFrameTimeout = 30 * time.Second
 	// DefaultMaxFrameBytesBeforeHello is the default largest frame a
@@ -89,7 +89,7 @@ type Config struct {
 	// requests until their response (like Kafka's queued.max.request.bytes).
 	// At or over it, a connection that holds buffered request bytes is no
 	// longer read until the total falls below it. Default
-	// DefaultMaxQueuedRequestBytes (128 MiB).
+	// DefaultMaxQueuedRequestBytes (64 MiB).
 	MaxQueuedRequestBytes int64
 	// FrameTimeout ends a connection that started a frame and has not
 	// completed it for this long: a final MALFORMED_FRAME error frame, then

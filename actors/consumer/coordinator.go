@@ -131,15 +131,15 @@ type groupStore struct {
 
 // member is one live subscription in the group.
 type member struct {
-	id          MemberID
-	subID       uint64
-	conn        *actor.PID // the connection's netio session
-	session     *actor.PID // our memberSession child
-	name        string
-	addr        string // the client's address
-	responder   bool
-	breaker     *Breaker
-	lane        *laneMember // responders, once ready: the router's direct call path
+	id        MemberID
+	subID     uint64
+	conn      *actor.PID // the connection's netio session
+	session   *actor.PID // our memberSession child
+	name      string
+	addr      string // the client's address
+	responder bool
+	breaker   *Breaker
+	lane      *laneMember // responders, once ready: the router's direct call path
 	// transit counts the record bytes handed to the member session and not
 	// yet to the connection: PushRoom does not see them yet.
 	transit     *atomic.Int64
@@ -296,7 +296,7 @@ type coordinator struct {
 	pumpArmed   bool
 	// congestedArmed: a congestedMsg is on its way.
 	congestedArmed bool
-	groupsLog   *actor.PID
+	groupsLog      *actor.PID
 }
 
 func newCoordinator(o *Options, group string, st *groupStore) *coordinator {

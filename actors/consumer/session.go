@@ -32,7 +32,7 @@ type memberSession struct {
 	// through this session (member.transit); nil when not counted.
 	transit *atomic.Int64
 	ready   bool
-	early [][]byte
+	early   [][]byte
 }
 
 // Messages between the coordinator and its member sessions.
