@@ -77,3 +77,5 @@ require (
 )
 
 replace github.com/tidwall/wal => ./third_party/tidwall-wal
+
+replace github.com/panjf2000/gnet/v2 => ./third_party/gnet

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -142,8 +143,14 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		}
 		return false
 	}
+	pushRoom := func(id string) int {
+		if s := srv.Load(); s != nil {
+			return s.PushRoom(id)
+		}
+		return math.MaxInt32
+	}
 	b.groupsProps = consumer.Props(consumer.Options{
-		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout, Push: push,
+		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout, Push: push, PushRoom: pushRoom,
 		CompactBytes: cfg.groupsCompactBytes, CompactCheck: cfg.groupsCompactCheck,
 		Breaker:     consumer.BreakerConfig{ConsecutiveFailures: cfg.BreakerFailures, CoolDown: cfg.BreakerCoolDown},
 		RetryPolicy: cfg.retry, TopicManager: b.manager,
@@ -177,6 +184,9 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		Listen: cfg.Listen, Multicore: true, EventLoops: cfg.EventLoops,
 		MaxFrameBytes: cfg.MaxFrameBytes, MaxConnections: cfg.MaxConnections,
 		IdleTimeout: cfg.IdleTimeout, MaxInFlight: cfg.MaxInFlight,
+		MaxPendingOutput: cfg.MaxPendingOutput, MaxPendingOutputHard: cfg.MaxPendingOutputHard,
+		WriteStallTimeout: neverIfZero(cfg.WriteStallTimeout), MaxQueuedRequestBytes: cfg.MaxQueuedRequestBytes,
+		FrameTimeout: neverIfZero(cfg.FrameTimeout), MaxFrameBytesBeforeHello: cfg.MaxFrameBytesBeforeHello,
 		NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
 	}, b.sys, router{sys: b.sys, groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager), sched: b.routeScheduled})
 	if err != nil {

@@ -26,26 +26,33 @@ import (
 // field is one setting; its flag name, environment variable, default and
 // meaning are in settings below and in README.md's configuration table.
 type Config struct {
-	DataDir          string
-	Listen           string
-	Admin            string
-	Advertise        string
-	NodeID           uint64
-	Flush            string
-	SegmentBytes     int
-	MaxFrameBytes    int
-	MaxConnections   int
-	IdleTimeout      time.Duration
-	MaxInFlight      int
-	EventLoops       int
-	DefaultParts     uint
-	MaxMessageBytes  uint
-	PartitionMailbox int
-	WindowBytes      int
-	RetentionCheck   time.Duration
-	AckTimeout       time.Duration
-	BreakerFailures  int
-	BreakerCoolDown  time.Duration
+	DataDir        string
+	Listen         string
+	Admin          string
+	Advertise      string
+	NodeID         uint64
+	Flush          string
+	SegmentBytes   int
+	MaxFrameBytes  int
+	MaxConnections int
+	IdleTimeout    time.Duration
+	MaxInFlight    int
+	// Flow control of client connections (netio.Config has the details).
+	MaxPendingOutput         int
+	MaxPendingOutputHard     int // 0 = the larger of 64 MiB and MaxPendingOutput + 2*MaxFrameBytes
+	WriteStallTimeout        time.Duration
+	MaxQueuedRequestBytes    int64
+	FrameTimeout             time.Duration
+	MaxFrameBytesBeforeHello int
+	EventLoops               int
+	DefaultParts             uint
+	MaxMessageBytes          uint
+	PartitionMailbox         int
+	WindowBytes              int
+	RetentionCheck           time.Duration
+	AckTimeout               time.Duration
+	BreakerFailures          int
+	BreakerCoolDown          time.Duration
 	// RetryPolicy is the retry policy of subscriptions that name none
 	// (scheduler.ParseRetryPolicy syntax); empty means the default.
 	RetryPolicy string
@@ -96,7 +103,9 @@ func Default() Config {
 	return Config{
 		DataDir: "./data", Listen: "127.0.0.1:7420", Admin: "127.0.0.1:7480", Flush: "always",
 		SegmentBytes: 4 << 20, MaxFrameBytes: 16 << 20, MaxConnections: 10000, IdleTimeout: 5 * time.Minute,
-		MaxInFlight: 1024, DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
+		MaxInFlight: 1024, MaxPendingOutput: 8 << 20, WriteStallTimeout: 30 * time.Second,
+		MaxQueuedRequestBytes: 64 << 20, FrameTimeout: 30 * time.Second, MaxFrameBytesBeforeHello: 64 << 10,
+		DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second,
 		RetryPolicy: scheduler.DefaultRetryPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 50 * time.Millisecond,
@@ -143,6 +152,24 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxInFlight < 1 {
 		bad("max-in-flight", "must be at least 1")
+	}
+	if c.MaxPendingOutput < 64<<10 {
+		bad("max-pending-output", "%d is below 64 KiB", c.MaxPendingOutput)
+	}
+	if c.MaxPendingOutputHard != 0 && c.MaxPendingOutputHard < c.MaxPendingOutput+c.MaxFrameBytes {
+		bad("max-pending-output-hard", "%d is below max-pending-output + max-frame-bytes (%d); 0 = automatic", c.MaxPendingOutputHard, c.MaxPendingOutput+c.MaxFrameBytes)
+	}
+	if c.WriteStallTimeout < 0 {
+		bad("write-stall-timeout", "must not be negative")
+	}
+	if c.MaxQueuedRequestBytes < int64(c.MaxFrameBytes) {
+		bad("max-queued-request-bytes", "%d is below max-frame-bytes (%d)", c.MaxQueuedRequestBytes, c.MaxFrameBytes)
+	}
+	if c.FrameTimeout < 0 {
+		bad("frame-timeout", "must not be negative")
+	}
+	if c.MaxFrameBytesBeforeHello < 1<<10 || c.MaxFrameBytesBeforeHello > c.MaxFrameBytes {
+		bad("max-frame-bytes-before-hello", "%d is outside 1 KiB..max-frame-bytes", c.MaxFrameBytesBeforeHello)
 	}
 	if c.EventLoops < 0 {
 		bad("event-loops", "must not be negative")
@@ -259,4 +286,13 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// neverIfZero maps a broker timeout where 0 means never to netio's
+// convention (0 = default, negative = never).
+func neverIfZero(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -17,6 +17,22 @@ const (
 	DefaultMaxConnections = 10000
 	DefaultIdleTimeout    = 5 * time.Minute
 	DefaultMaxInFlight    = 1024
+	// DefaultMaxPendingOutput is a connection's default output bound.
+	DefaultMaxPendingOutput = 8 << 20
+	// DefaultMaxPendingOutputHard is the least default hard output limit
+	// (see Config.MaxPendingOutputHard).
+	DefaultMaxPendingOutputHard = 64 << 20
+	// DefaultWriteStallTimeout closes a connection whose pending output
+	// made no progress for this long.
+	DefaultWriteStallTimeout = 30 * time.Second
+	// DefaultMaxQueuedRequestBytes is the default broker-wide budget of
+	// incomplete and queued request bytes.
+	DefaultMaxQueuedRequestBytes = 64 << 20
+	// DefaultFrameTimeout is the default deadline for completing a frame.
+	DefaultFrameTimeout = 30 * time.Second
+	// DefaultMaxFrameBytesBeforeHello is the default largest frame a
+	// connection may send before its Hello.
+	DefaultMaxFrameBytesBeforeHello = 64 << 10
 )
 
 // Config configures a Server. The zero value of every field means "use the
@@ -48,6 +64,45 @@ type Config struct {
 	// response; Hello may negotiate it down. A request beyond it is answered
 	// at once with TOO_MANY_IN_FLIGHT. Default DefaultMaxInFlight.
 	MaxInFlight int
+	// MaxPendingOutput bounds, in bytes, a connection's pending output:
+	// responses and pushes handed to gnet and not yet written to the socket,
+	// plus what its routed requests may still answer (a Fetch reserves its
+	// max_bytes, any other request 1 KiB). At or over it the connection's
+	// further requests wait unread (gnet stops reading the socket, so TCP
+	// pushes back on the client) and push senders see no room
+	// (Server.PushRoom). It is a soft bound: one response or push may cross
+	// it. Default DefaultMaxPendingOutput (8 MiB).
+	MaxPendingOutput int
+	// MaxPendingOutputHard closes a connection whose pending output exceeds
+	// it (reason output_overflow). Default the larger of
+	// DefaultMaxPendingOutputHard (64 MiB) and MaxPendingOutput +
+	// 2*MaxFrameBytes; it must be at least MaxPendingOutput + MaxFrameBytes.
+	MaxPendingOutputHard int
+	// WriteStallTimeout closes a connection that has had output pending
+	// for this long without a byte of it reaching the socket (reason
+	// write_stall): a client that stopped reading. 0 means the default
+	// (30s); negative means never.
+	WriteStallTimeout time.Duration
+	// MaxQueuedRequestBytes is the broker-wide budget, in bytes, of request
+	// data read from clients and not yet answered: incomplete frames and
+	// whole frames waiting in connection buffers, plus the frames of routed
+	// requests until their response (like Kafka's queued.max.request.bytes).
+	// At or over it, a connection that holds buffered request bytes is no
+	// longer read until the total falls below it. Default
+	// DefaultMaxQueuedRequestBytes (64 MiB).
+	MaxQueuedRequestBytes int64
+	// FrameTimeout ends a connection that started a frame and has not
+	// completed it for this long: a final MALFORMED_FRAME error frame, then
+	// close (reason frame_timeout). The clock runs while the connection is
+	// paused for MaxQueuedRequestBytes, not while it is paused for its own
+	// output. 0 means the default (30s); negative means never.
+	FrameTimeout time.Duration
+	// MaxFrameBytesBeforeHello is the largest frame payload a connection
+	// may send before its Hello (responses are not limited by it). A bigger
+	// one gets the final FRAME_TOO_LARGE. Default
+	// DefaultMaxFrameBytesBeforeHello (64 KiB), and never above
+	// MaxFrameBytes.
+	MaxFrameBytesBeforeHello int
 	// NodeID and ServerVersion are reported in HelloResponse.
 	NodeID        uint32
 	ServerVersion string
@@ -82,6 +137,30 @@ func (c *Config) EnsureDefaults() {
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
+	if c.MaxPendingOutput == 0 {
+		c.MaxPendingOutput = DefaultMaxPendingOutput
+	}
+	if c.MaxPendingOutputHard == 0 {
+		c.MaxPendingOutputHard = max(DefaultMaxPendingOutputHard, c.MaxPendingOutput+2*c.MaxFrameBytes)
+	}
+	switch {
+	case c.WriteStallTimeout == 0:
+		c.WriteStallTimeout = DefaultWriteStallTimeout
+	case c.WriteStallTimeout < 0:
+		c.WriteStallTimeout = 0
+	}
+	if c.MaxQueuedRequestBytes == 0 {
+		c.MaxQueuedRequestBytes = DefaultMaxQueuedRequestBytes
+	}
+	switch {
+	case c.FrameTimeout == 0:
+		c.FrameTimeout = DefaultFrameTimeout
+	case c.FrameTimeout < 0:
+		c.FrameTimeout = 0
+	}
+	if c.MaxFrameBytesBeforeHello == 0 {
+		c.MaxFrameBytesBeforeHello = min(DefaultMaxFrameBytesBeforeHello, c.MaxFrameBytes)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -108,6 +187,24 @@ func (c Config) Validate() error {
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > math.MaxUint32 {
 		probs = append(probs, fmt.Sprintf("MaxInFlight %d: must be in [1, %d]", c.MaxInFlight, uint64(math.MaxUint32)))
+	}
+	if c.MaxPendingOutput < 1 {
+		probs = append(probs, fmt.Sprintf("MaxPendingOutput %d: must be >= 1", c.MaxPendingOutput))
+	}
+	if c.MaxPendingOutputHard < c.MaxPendingOutput+c.MaxFrameBytes {
+		probs = append(probs, fmt.Sprintf("MaxPendingOutputHard %d: must be >= MaxPendingOutput + MaxFrameBytes (%d)", c.MaxPendingOutputHard, c.MaxPendingOutput+c.MaxFrameBytes))
+	}
+	if c.WriteStallTimeout < 0 {
+		probs = append(probs, fmt.Sprintf("WriteStallTimeout %v: must be >= 0 (0 = never)", c.WriteStallTimeout))
+	}
+	if c.MaxQueuedRequestBytes < int64(c.MaxFrameBytes) {
+		probs = append(probs, fmt.Sprintf("MaxQueuedRequestBytes %d: must be >= MaxFrameBytes (%d)", c.MaxQueuedRequestBytes, c.MaxFrameBytes))
+	}
+	if c.FrameTimeout < 0 {
+		probs = append(probs, fmt.Sprintf("FrameTimeout %v: must be >= 0 (0 = never)", c.FrameTimeout))
+	}
+	if c.MaxFrameBytesBeforeHello < heraldpb.HeaderLen || c.MaxFrameBytesBeforeHello > c.MaxFrameBytes {
+		probs = append(probs, fmt.Sprintf("MaxFrameBytesBeforeHello %d: must be in [%d, MaxFrameBytes]", c.MaxFrameBytesBeforeHello, heraldpb.HeaderLen))
 	}
 	if len(probs) == 0 {
 		return nil

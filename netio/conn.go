@@ -24,7 +24,8 @@ type conn struct {
 	pid   *actor.PID // the session actor; set before any frame is read
 	token uint64     // random, for the connection's request-reply inbox
 
-	helloDone bool // loop
+	helloDone bool  // loop
+	maxIn     int64 // loop: largest payload the peer may send now (MaxFrameBytesBeforeHello until Hello)
 
 	maxFrame    atomic.Int64 // negotiated largest payload, both directions
 	window      atomic.Int64 // negotiated in-flight window
@@ -33,22 +34,39 @@ type conn struct {
 	closed      atomic.Bool  // OnClose ran
 	lingerUntil atomic.Int64 // unix nanos; non-zero once half-closed after the final frame
 
-	mu       sync.Mutex
-	pending  map[uint64]int // request ids routed and not yet answered, with multiplicity
-	inflight int            // routed requests whose response is not yet written
+	// Output accounting (see output.go). out and reserved are shared; the
+	// rest is loop-only.
+	out          atomic.Int64 // bytes handed to gnet and not yet written to the socket
+	reserved     atomic.Int64 // response bytes routed requests may still add (responseEstimate)
+	progress     atomic.Int64 // unix nanos: output last reached the socket, or became pending
+	partialSince atomic.Int64 // unix nanos: an incomplete frame is buffered since; 0 = none
+	limitClosed  atomic.Bool  // a limit closed the connection (logged and counted once)
+	enq          int64        // loop: bytes gnet accepted from every write so far
+	sent         int64        // loop: of those, bytes known written to the socket
+	slotAt       []int64      // loop: per written response, the enq offset where it ends
+	slotHead     int          // loop: first live entry of slotAt
+	paused       uint8        // loop: pauseOutput|pauseBudget; reads are paused while non-zero
+	held         int64        // loop: inbound buffered bytes counted in Server.queued
 
-	releaseCB gnet.AsyncCallback // releases one in-flight slot once a response is written
+	mu       sync.Mutex
+	pending  map[uint64]pendingReq // request ids routed and not yet answered
+	inflight int                   // routed requests whose response has not left the outbound buffer
+}
+
+// pendingReq is what the routed requests with one id hold: how many there
+// are (a client may reuse an id), the response bytes reserved for them and
+// their frames' bytes counted in Server.queued.
+type pendingReq struct {
+	n         int
+	est, size int64
 }
 
 func newConn(s *Server, gc gnet.Conn) *conn {
-	c := &conn{s: s, gc: gc, pending: make(map[uint64]int), token: randomToken()}
+	c := &conn{s: s, gc: gc, pending: make(map[uint64]pendingReq), token: randomToken()}
+	c.maxIn = int64(s.cfg.MaxFrameBytesBeforeHello)
 	c.maxFrame.Store(int64(s.cfg.MaxFrameBytes))
 	c.window.Store(int64(s.cfg.MaxInFlight))
 	c.lastActive.Store(time.Now().UnixNano())
-	c.releaseCB = func(gnet.Conn, error) error {
-		c.release()
-		return nil
-	}
 	return c
 }
 
@@ -62,7 +80,8 @@ func randomToken() uint64 {
 // onFrame handles one decoded frame on the event loop. Answers netio gives
 // itself are appended to out; actionFinal means out ends with the final
 // error frame.
-func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error) ([]byte, gnet.Action) {
+// size is the frame's length on the wire.
+func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, size int) ([]byte, gnet.Action) {
 	switch {
 	case errors.Is(derr, heraldpb.ErrUnknownBody):
 		mBadFrames.WithLabelValues(badUnknownBody).Inc()
@@ -84,7 +103,7 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error) 
 	if c.s.shutting.Load() {
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_SHUTTING_DOWN, "broker is shutting down"))), gnet.None
 	}
-	if !c.acquire(f.Id) {
+	if !c.acquire(f.Id, responseEstimate(f, c.maxFrame.Load()), int64(size)) {
 		e := heraldpb.NewError(heraldpb.ErrorCode_TOO_MANY_IN_FLIGHT, "connection has %d requests in flight", c.window.Load())
 		e.RetryAfterMs = retryAfterInFlightMs
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, e)), gnet.None
@@ -108,6 +127,7 @@ func (c *conn) hello(id uint64, req *heraldpb.HelloRequest) *heraldpb.Frame {
 	maxFrame := max(negotiate(req.GetMaxFrameBytes(), c.s.cfg.MaxFrameBytes), uint32(min(minNegotiatedFrame, c.s.cfg.MaxFrameBytes)))
 	window := negotiate(req.GetMaxInFlight(), c.s.cfg.MaxInFlight)
 	c.maxFrame.Store(int64(maxFrame))
+	c.maxIn = int64(maxFrame)
 	c.window.Store(int64(window))
 	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_HelloResponse{HelloResponse: &heraldpb.HelloResponse{
 		ProtocolVersion: heraldpb.ProtocolVersion,
@@ -163,33 +183,51 @@ func (c *conn) finish(gc gnet.Conn) gnet.Action {
 	return gnet.None
 }
 
-// acquire takes an in-flight slot for request id, or reports the window full.
-func (c *conn) acquire(id uint64) bool {
+// acquire takes an in-flight slot for request id, whose response may add
+// est bytes of output and whose frame is size bytes, or reports the window
+// full.
+func (c *conn) acquire(id uint64, est, size int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if int64(c.inflight) >= c.window.Load() {
 		return false
 	}
 	c.inflight++
-	c.pending[id]++
+	p := c.pending[id]
+	p.n++
+	p.est += est
+	p.size += size
+	c.pending[id] = p
+	c.reserved.Add(est)
+	c.s.addQueued(size)
 	c.s.inflight.Add(1)
 	mInflight.Inc()
 	return true
 }
 
-// answer reports whether f answers a pending request, and marks it answered.
+// answer reports whether f answers a pending request, and marks it
+// answered: its reservation and its queued bytes are released (its slot is
+// released once the response is written).
 func (c *conn) answer(id uint64) bool {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := c.pending[id]
-	switch {
-	case n == 0:
+	p, ok := c.pending[id]
+	if !ok {
+		c.mu.Unlock()
 		return false
-	case n == 1:
-		delete(c.pending, id)
-	default:
-		c.pending[id] = n - 1
 	}
+	est, size := p.est/int64(p.n), p.size/int64(p.n)
+	if p.n == 1 {
+		est, size = p.est, p.size
+		delete(c.pending, id)
+	} else {
+		p.n--
+		p.est -= est
+		p.size -= size
+		c.pending[id] = p
+	}
+	c.reserved.Add(-est)
+	c.mu.Unlock()
+	c.s.releaseQueued(size)
 	return true
 }
 
@@ -206,14 +244,21 @@ func (c *conn) release() {
 	mInflight.Dec()
 }
 
-// releaseAll frees every slot of a closed connection.
+// releaseAll frees every slot, reservation and queued byte of a closed
+// connection.
 func (c *conn) releaseAll() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.s.inflight.Add(-int64(c.inflight))
 	mInflight.Sub(float64(c.inflight))
 	c.inflight = 0
+	var size int64
+	for _, p := range c.pending {
+		c.reserved.Add(-p.est)
+		size += p.size
+	}
 	clear(c.pending)
+	c.mu.Unlock()
+	c.s.releaseQueued(size)
 }
 
 func (c *conn) inflightCount() int {
@@ -267,11 +312,9 @@ func (a *session) onRaw(b RawPush) {
 		mFramesDropped.Inc()
 		return
 	}
-	if err := c.gc.AsyncWrite(b, nil); err != nil {
-		mFramesDropped.Inc()
-		return
+	if c.write(b, false) {
+		c.lastActive.Store(time.Now().UnixNano())
 	}
-	c.lastActive.Store(time.Now().UnixNano())
 }
 
 func (a *session) onFrame(f *heraldpb.Frame) {
@@ -293,16 +336,7 @@ func (a *session) onFrame(f *heraldpb.Frame) {
 		buf = errorBytes(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL,
 			"response of %d bytes exceeds the negotiated max frame of %d", len(buf)-heraldpb.HeaderLen, max))
 	}
-	var cb gnet.AsyncCallback
-	if isResponse {
-		cb = c.releaseCB
+	if c.write(buf, isResponse) {
+		c.lastActive.Store(time.Now().UnixNano())
 	}
-	if err := c.gc.AsyncWrite(buf, cb); err != nil {
-		mFramesDropped.Inc()
-		if isResponse {
-			c.release()
-		}
-		return
-	}
-	c.lastActive.Store(time.Now().UnixNano())
 }

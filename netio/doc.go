@@ -15,8 +15,9 @@
 //
 // Hello is optional and may come at any point, at most once per connection.
 // Requests before Hello are served with the server's limits (MaxFrameBytes,
-// MaxInFlight): that is friendlier to simple clients and costs nothing,
-// because those limits are what an unnegotiated connection gets anyway.
+// MaxInFlight), except that the client may send frames of at most
+// MaxFrameBytesBeforeHello: a connection must identify itself before it may
+// make the broker buffer a large frame.
 // Hello negotiates both limits down to the smaller of the client's non-zero
 // value and the server's. A Hello with another protocol version is answered
 // with UNSUPPORTED_VERSION and leaves the connection open at server defaults;
@@ -44,4 +45,11 @@
 // herald_frames_dropped_total): the client must treat those requests as
 // having an unknown outcome, as on any lost connection, and the final frame
 // is always the last one it reads.
+//
+// # Flow control
+//
+// Each connection's pending output and the broker-wide bytes of incomplete
+// and queued requests are bounded; over a bound the connection is not read
+// (the patched gnet's PauseRead). See output.go for the mechanism and the
+// gnet facts it rests on.
 package netio

@@ -32,6 +32,26 @@ var (
 		Name: "herald_bad_frames_total",
 		Help: "Frames that closed their connection, by reason (malformed, too_large, unknown_body, not_a_request, truncated).",
 	}, []string{"reason"})
+	mPendingOutput = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_pending_output_bytes",
+		Help: "Bytes of responses and pushes handed to the network layer and not yet written to client sockets, all connections.",
+	})
+	mQueued = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_queued_request_bytes",
+		Help: "Bytes of incomplete and queued client requests counted against --max-queued-request-bytes.",
+	})
+	mPausedConns = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_connections_read_paused",
+		Help: "Client connections the broker is not reading (output full or request budget spent).",
+	})
+	mReadPauses = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_read_pauses_total",
+		Help: "Times a client connection stopped being read, by reason (output, budget).",
+	}, []string{"reason"})
+	mLimitClosed = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_connections_limit_closed_total",
+		Help: "Client connections closed for a limit, by reason (output_overflow, write_stall, frame_timeout).",
+	}, []string{"reason"})
 	mFramesDropped = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_frames_dropped_total",
 		Help: "Outgoing frames dropped because their connection had closed or sent its final frame.",
@@ -48,4 +68,11 @@ const (
 	badUnknownBody = "unknown_body"
 	badNotRequest  = "not_a_request"
 	badTruncated   = "truncated"
+
+	pauseReasonOutput = "output"
+	pauseReasonBudget = "budget"
+
+	reasonOutputOverflow = "output_overflow"
+	reasonWriteStall     = "write_stall"
+	reasonFrameTimeout   = "frame_timeout"
 )

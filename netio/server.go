@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"strconv"
@@ -59,7 +60,13 @@ type Server struct {
 	shutting atomic.Bool
 
 	conns    atomic.Int64 // open accepted connections
-	inflight atomic.Int64 // routed requests whose response is not yet written
+	inflight atomic.Int64 // routed requests whose response has not left its outbound buffer
+	out      atomic.Int64 // pending output of every connection (conn.out)
+	queued   atomic.Int64 // bytes counted against MaxQueuedRequestBytes
+
+	budgetMu     sync.Mutex
+	budgetPaused map[*conn]struct{} // connections paused for the budget
+	waking       atomic.Bool        // wakeBudgetPaused is running
 
 	regMu    sync.Mutex
 	registry map[*conn]struct{}
@@ -69,8 +76,11 @@ type Server struct {
 // Push writes an encoded server push (length prefix included, frame id 0)
 // straight to connection id, skipping its session actor: for senders that
 // need no ordering with the connection's responses. It reports false when
-// the connection is gone or the frame exceeds its max frame (the frame is
-// then dropped and counted).
+// the connection is gone, the frame exceeds its max frame, or the
+// connection's pending output would pass MaxPendingOutputHard (which closes
+// it); the frame is then dropped and counted. Push never refuses for the
+// soft bound: senders ask PushRoom first and hold their pushes while it is
+// <= 0.
 func (s *Server) Push(id string, frame []byte) bool {
 	v, ok := s.sessions.Load(id)
 	if !ok {
@@ -81,8 +91,7 @@ func (s *Server) Push(id string, frame []byte) bool {
 		mFramesDropped.Inc()
 		return false
 	}
-	if err := c.gc.AsyncWrite(frame, nil); err != nil {
-		mFramesDropped.Inc()
+	if !c.write(frame, false) {
 		return false
 	}
 	c.lastActive.Store(time.Now().UnixNano())
@@ -169,6 +178,8 @@ func NewServer(cfg Config, system *actor.ActorSystem, router Router) (*Server, e
 		booted:   make(chan struct{}),
 		runDone:  make(chan struct{}),
 		registry: make(map[*conn]struct{}),
+
+		budgetPaused: make(map[*conn]struct{}),
 	}, nil
 }
 
@@ -354,6 +365,21 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 		mBadFrames.WithLabelValues(badTruncated).Inc()
 	}
 	c.closed.Store(true)
+	// Output gnet accepted and did not write is dropped with the
+	// connection (gnet tries once more after OnClose, but it is no longer
+	// ours to count); writes still queued uncount themselves when gnet
+	// calls them back with an error.
+	c.sync(gc)
+	c.subOut(c.enq - c.sent)
+	c.enq = c.sent
+	c.setHeld(0)
+	if c.paused != 0 {
+		c.paused = 0
+		mPausedConns.Dec()
+		s.budgetMu.Lock()
+		delete(s.budgetPaused, c)
+		s.budgetMu.Unlock()
+	}
 	c.releaseAll()
 	s.regMu.Lock()
 	delete(s.registry, c)
@@ -367,29 +393,58 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	return gnet.None
 }
 
-// OnTraffic splits and decodes every whole frame buffered on gc and hands
-// each off. Answers netio gives itself are written with gc.Write.
+// OnTraffic serves the connection's buffered frames (see serve). gnet also
+// calls it for Wake, which netio uses to re-examine a paused connection on
+// its event loop.
 func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	c, ok := gc.Context().(*conn)
 	if !ok {
 		_, _ = gc.Discard(gc.InboundBuffered())
 		return gnet.None
 	}
+	c.sync(gc)
+	return h.s.serve(c, gc)
+}
+
+// OnOutboundWritten (the patched gnet's OutboundHandler) runs when buffered
+// output reached the socket: slots free, and a connection paused because
+// its output was full may go on.
+func (h *handler) OnOutboundWritten(gc gnet.Conn, _ int) {
+	if c, ok := gc.Context().(*conn); ok {
+		c.afterWrite(gc)
+	}
+}
+
+// serve, on the event loop, splits and decodes every whole frame buffered
+// on gc and hands each off, while the connection's output has room; then it
+// pauses or resumes reading (output, budget) and keeps the frame deadline.
+// Answers netio gives itself are written with gc.Write.
+func (s *Server) serve(c *conn, gc gnet.Conn) gnet.Action {
 	if c.final.Load() {
 		// After the final frame: discard until the peer closes.
 		_, _ = gc.Discard(gc.InboundBuffered())
+		c.setHeld(0)
+		c.partialSince.Store(0)
 		return gnet.None
 	}
 	var out []byte
 	action := gnet.None
+	consumed := false
+	full := false
 	for action == gnet.None {
+		if full = c.outputFull(); full {
+			break
+		}
 		hdr, err := gc.Peek(heraldpb.HeaderLen)
 		if err != nil {
 			break // fewer than HeaderLen bytes buffered
 		}
-		_, _, err = heraldpb.SplitFrame(hdr, int(c.maxFrame.Load()))
+		_, _, err = heraldpb.SplitFrame(hdr, int(c.maxIn))
 		if errors.Is(err, heraldpb.ErrFrameTooLarge) {
 			mBadFrames.WithLabelValues(badTooLarge).Inc()
+			if !c.helloDone && c.maxIn < c.maxFrame.Load() {
+				err = fmt.Errorf("%w (before Hello)", err)
+			}
 			out, action = c.fail(gc, out, 0, heraldpb.NewError(heraldpb.ErrorCode_FRAME_TOO_LARGE, "%v", err))
 			break
 		}
@@ -401,21 +456,45 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		if err != nil {
 			break
 		}
-		payload, n, err := heraldpb.SplitFrame(buf, int(c.maxFrame.Load()))
+		payload, n, err := heraldpb.SplitFrame(buf, int(c.maxIn))
 		if err != nil {
 			break // cannot happen: the header was checked above
 		}
 		f, derr := heraldpb.DecodeFrame(payload)
 		_, _ = gc.Discard(n)
-		out, action = c.onFrame(gc, out, f, derr)
+		consumed = true
+		out, action = c.onFrame(gc, out, f, derr, n)
 	}
 	if len(out) > 0 {
-		_, _ = gc.Write(out)
+		c.writeLoop(gc, out)
 	}
 	if action == actionFinal {
 		return c.finish(gc)
 	}
-	return action
+	if action != gnet.None || c.closed.Load() {
+		return action
+	}
+	if full {
+		c.pause(gc, pauseOutput)
+	} else {
+		c.unpause(gc, pauseOutput)
+	}
+	buffered := int64(gc.InboundBuffered())
+	c.setHeld(buffered)
+	switch {
+	case buffered == 0 || full:
+		// Nothing incomplete, or whole frames wait for output room: the
+		// client is not slow to send (WriteStallTimeout covers the rest).
+		c.partialSince.Store(0)
+	case consumed || c.partialSince.Load() == 0:
+		c.partialSince.Store(time.Now().UnixNano())
+	}
+	if buffered > 0 && s.queued.Load() >= s.cfg.MaxQueuedRequestBytes {
+		c.pause(gc, pauseBudget)
+	} else if s.queued.Load() < s.cfg.MaxQueuedRequestBytes {
+		c.unpause(gc, pauseBudget)
+	}
+	return gnet.None
 }
 
 // actionFinal is an internal marker: the final error frame is in out, and
@@ -429,6 +508,7 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 	s := h.s
 	now := time.Now().UnixNano()
 	idle := s.cfg.IdleTimeout
+	stall, frameTimeout := int64(s.cfg.WriteStallTimeout), int64(s.cfg.FrameTimeout)
 	s.regMu.Lock()
 	for c := range s.registry {
 		if until := c.lingerUntil.Load(); until != 0 {
@@ -437,32 +517,38 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 			}
 			continue
 		}
+		if stall > 0 && c.out.Load() > 0 && now-c.progress.Load() > stall {
+			c.closeFor(reasonWriteStall, "pending output made no progress",
+				"pending_bytes", c.out.Load(), "timeout", s.cfg.WriteStallTimeout)
+			continue
+		}
+		if since := c.partialSince.Load(); frameTimeout > 0 && since != 0 && now-since > frameTimeout && !c.final.Load() {
+			c.failFrameTimeout()
+			continue
+		}
 		if idle <= 0 || c.final.Load() || now-c.lastActive.Load() < int64(idle) || c.inflightCount() > 0 {
 			continue
 		}
-		if !c.final.CompareAndSwap(false, true) {
-			continue
-		}
-		b := errorBytes(0, heraldpb.NewError(heraldpb.ErrorCode_IDLE_TIMEOUT, "no frame for %v", idle))
-		cc := c
-		if err := c.gc.AsyncWrite(b, func(gc gnet.Conn, err error) error {
-			if err != nil {
-				return nil
-			}
-			if cc.finish(gc) == gnet.Close {
-				return gc.Close()
-			}
-			return nil
-		}); err != nil {
-			_ = c.gc.Close()
-		}
+		c.failAsync(heraldpb.NewError(heraldpb.ErrorCode_IDLE_TIMEOUT, "no frame for %v", idle))
 	}
 	s.regMu.Unlock()
-	return tickInterval(idle), gnet.None
+	// A safety net for wake-ups that raced with a pause.
+	if s.queued.Load() < s.cfg.MaxQueuedRequestBytes {
+		s.wakeBudgetPaused()
+	}
+	return tickInterval(min(nonZero(idle), nonZero(s.cfg.WriteStallTimeout), nonZero(s.cfg.FrameTimeout))), gnet.None
 }
 
-// tickInterval checks idle connections about four times per timeout, at
-// most once per second and at least every 10ms.
+// nonZero maps 0 (never) to a duration longer than any timeout.
+func nonZero(d time.Duration) time.Duration {
+	if d <= 0 {
+		return time.Duration(math.MaxInt64)
+	}
+	return d
+}
+
+// tickInterval checks connections about four times per shortest timeout,
+// at most once per second and at least every 10ms.
 func tickInterval(idle time.Duration) time.Duration {
 	d := time.Second
 	if idle > 0 && idle/4 < d {

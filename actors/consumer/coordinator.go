@@ -50,6 +50,11 @@ type Options struct {
 	// id (netio.Server.Push); nil sends pushes through the connection's
 	// session actor. Set it before the first subscription.
 	Push func(id string, frame []byte) bool
+	// PushRoom reports how many bytes of pushes a connection (by session
+	// id) can take now (netio.Server.PushRoom); <= 0 holds delivery to its
+	// members, credits untouched, until it has room again. nil: no bound
+	// but credits.
+	PushRoom func(id string) int
 	// DefaultAckTimeout applies when a subscription gives none; 0 = 30 s.
 	DefaultAckTimeout time.Duration
 	// CompactBytes is the size of __groups above which the manager
@@ -126,15 +131,18 @@ type groupStore struct {
 
 // member is one live subscription in the group.
 type member struct {
-	id          MemberID
-	subID       uint64
-	conn        *actor.PID // the connection's netio session
-	session     *actor.PID // our memberSession child
-	name        string
-	addr        string // the client's address
-	responder   bool
-	breaker     *Breaker
-	lane        *laneMember // responders, once ready: the router's direct call path
+	id        MemberID
+	subID     uint64
+	conn      *actor.PID // the connection's netio session
+	session   *actor.PID // our memberSession child
+	name      string
+	addr      string // the client's address
+	responder bool
+	breaker   *Breaker
+	lane      *laneMember // responders, once ready: the router's direct call path
+	// transit counts the record bytes handed to the member session and not
+	// yet to the connection: PushRoom does not see them yet.
+	transit     *atomic.Int64
 	delivered   uint64
 	redelivered uint64
 }
@@ -286,7 +294,9 @@ type coordinator struct {
 	expiredSeen bool // dispatch met expired messages
 	statsArmed  bool
 	pumpArmed   bool
-	groupsLog   *actor.PID
+	// congestedArmed: a congestedMsg is on its way.
+	congestedArmed bool
+	groupsLog      *actor.PID
 }
 
 func newCoordinator(o *Options, group string, st *groupStore) *coordinator {
@@ -343,6 +353,9 @@ func (c *coordinator) Receive(ctx actor.Context) {
 	case *pumpMsg:
 		c.pumpArmed = false
 		c.pump(ctx)
+	case *congestedMsg:
+		c.congestedArmed = false
+		c.dispatch(ctx)
 	case *dlqRetryMsg, *dlqTimeoutMsg:
 		c.onDLQTimer(ctx, m)
 	case *checkpoint:
@@ -724,8 +737,10 @@ func (c *coordinator) join(ctx actor.Context, m *subscribeMsg) {
 		SubscriptionId: subID, MemberId: string(mid), Partitions: uint32(len(l.entry.Partitions)),
 	}}}
 	maxFrame, push := m.maxFrame, c.o.Push
+	mb.transit = new(atomic.Int64)
+	transit := mb.transit
 	mb.session = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
-		return &memberSession{member: mid, subID: subID, conn: m.replyTo, maxFrame: maxFrame, hello: hello, push: push}
+		return &memberSession{member: mid, subID: subID, conn: m.replyTo, maxFrame: maxFrame, hello: hello, push: push, transit: transit}
 	}), "m")
 	l.members[mid] = mb
 	l.bySub[subID] = mb
@@ -1221,10 +1236,34 @@ func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) in
 		}
 		budget = len(toks)
 	}
+	// The connection's pending output bounds delivery in bytes: with no
+	// room, nothing is delivered (credits stay) and dispatch runs again
+	// shortly; with room, messages go in steps of pushStep until it is
+	// used up, so one dispatch overshoots it by at most one step.
+	room, gated := 0, c.o.PushRoom != nil && mb.transit != nil
+	if gated && budget > 0 {
+		if room = c.o.PushRoom(mb.conn.Id) - int(mb.transit.Load()); room <= 0 {
+			budget = 0
+			c.armCongested()
+		}
+	}
 	var ds []Delivery
-	if budget > 0 {
-		ds, _ = l.sub.Deliver(mb.id, now, budget)
+	for budget > 0 {
+		step := budget
+		if gated {
+			step = min(step, pushStep)
+		}
+		got, _ := l.sub.Deliver(mb.id, now, step)
 		c.onExpired(l.sub.TakeExpired())
+		ds = append(ds, got...)
+		budget -= step
+		if len(got) < step || !gated {
+			break
+		}
+		if room -= c.recordBytes(l, mb, got); room <= 0 {
+			c.armCongested()
+			break
+		}
 	}
 	if len(toks) > len(ds) {
 		for _, t := range toks[len(ds):] {
@@ -1266,10 +1305,50 @@ func (c *coordinator) deliverTo(ctx actor.Context, mb *member, now time.Time) in
 		}
 	}
 	if len(out) > 0 {
-		ctx.Send(mb.session, &pushBatch{msgs: out})
+		if mb.transit != nil {
+			var n int64
+			for i := range out {
+				n += int64(len(out[i].Record))
+			}
+			mb.transit.Add(n)
+			ctx.Send(mb.session, &pushBatch{msgs: out, bytes: n})
+		} else {
+			ctx.Send(mb.session, &pushBatch{msgs: out})
+		}
 	}
 	return len(ds)
 }
+
+// pushStep is how many messages deliverTo hands a member between checks
+// of its connection's room; congestedRetry how soon a dispatch held for
+// want of room runs again.
+const (
+	pushStep       = 64
+	congestedRetry = 10 * time.Millisecond
+)
+
+// recordBytes sums the held records of ds.
+func (c *coordinator) recordBytes(l *live, mb *member, ds []Delivery) int {
+	view := l.sub.ViewOf(mb.id)
+	n := 0
+	for _, d := range ds {
+		if h, ok := l.held(view, d.Partition).get(d.Offset); ok {
+			n += len(h.rec)
+		}
+	}
+	return n
+}
+
+// armCongested runs dispatch again after congestedRetry.
+func (c *coordinator) armCongested() {
+	if !c.congestedArmed {
+		c.congestedArmed = true
+		c.after(congestedRetry, &congestedMsg{})
+	}
+}
+
+// congestedMsg: a dispatch held for a connection's room runs again.
+type congestedMsg struct{}
 
 // onExpired accounts for messages Deliver ended by their time-to-live:
 // dropped ones are done (their records go, their progress is written

@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"sync/atomic"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/netio"
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -25,15 +27,22 @@ type memberSession struct {
 	// skipping the connection's session actor; nil: through it. It is used
 	// once the session actor has written hello; frames before that wait in
 	// early.
-	push  func(id string, frame []byte) bool
-	ready bool
-	early [][]byte
+	push func(id string, frame []byte) bool
+	// transit is the coordinator's count of record bytes on their way
+	// through this session (member.transit); nil when not counted.
+	transit *atomic.Int64
+	ready   bool
+	early   [][]byte
 }
 
 // Messages between the coordinator and its member sessions.
 type (
 	// pushBatch: messages to push to the member, in order.
-	pushBatch struct{ msgs []heraldpb.PushMessage }
+	// bytes is what the coordinator added to member.transit for it.
+	pushBatch struct {
+		msgs  []heraldpb.PushMessage
+		bytes int64
+	}
 	// pushFrame: a control push (AssignmentChange) to the member.
 	pushFrame struct{ f *heraldpb.Frame }
 	// memberReady: the member's SubscribeResponse is written; pushes may
@@ -63,6 +72,9 @@ func (s *memberSession) Receive(ctx actor.Context) {
 		s.early = nil
 	case *pushBatch:
 		s.pushMsgs(ctx, m.msgs)
+		if s.transit != nil {
+			s.transit.Add(-m.bytes)
+		}
 	case *pushFrame:
 		b, err := heraldpb.AppendFrame(nil, m.f)
 		if err == nil {

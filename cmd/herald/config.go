@@ -56,6 +56,24 @@ func settings() []setting {
 		{"max-in-flight", "requests a connection may have outstanding", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.IntVar(&c.MaxInFlight, "max-in-flight", d.MaxInFlight, "")
 		}},
+		{"max-pending-output", "bytes of responses and pushes a connection may have waiting to be written before the broker stops reading it and holds its pushes", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.MaxPendingOutput, "max-pending-output", d.MaxPendingOutput, "")
+		}},
+		{"max-pending-output-hard", "pending output in bytes past which a connection is closed (0 = the larger of 64 MiB and max-pending-output + 2 * max-frame-bytes)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.MaxPendingOutputHard, "max-pending-output-hard", d.MaxPendingOutputHard, "")
+		}},
+		{"write-stall-timeout", "close a connection whose pending output has not moved for this long (0 = never)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.WriteStallTimeout, "write-stall-timeout", d.WriteStallTimeout, "")
+		}},
+		{"max-queued-request-bytes", "broker-wide bytes of incomplete and queued requests; at it the broker stops reading connections", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.Int64Var(&c.MaxQueuedRequestBytes, "max-queued-request-bytes", d.MaxQueuedRequestBytes, "")
+		}},
+		{"frame-timeout", "close a connection that does not complete a started frame within this (0 = never)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.FrameTimeout, "frame-timeout", d.FrameTimeout, "")
+		}},
+		{"max-frame-bytes-before-hello", "largest frame in bytes a client may send before Hello", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.MaxFrameBytesBeforeHello, "max-frame-bytes-before-hello", d.MaxFrameBytesBeforeHello, "")
+		}},
 		{"ack-timeout", "redeliver a pushed message not acked within this, when the subscription sets none", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.DurationVar(&c.AckTimeout, "ack-timeout", d.AckTimeout, "")
 		}},
