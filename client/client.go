@@ -613,26 +613,109 @@ func (c *Client) Partitions(ctx context.Context, topic string) (int, error) {
 	return n, nil
 }
 
-// PartitionRepair is a replica's damage record, as RepairPartition returns
-// it. Damaged is false for a whole log.
+// PartitionRepair is one replica's damage record, as RepairPartition
+// returns it. Damaged is false for a whole log; Node names the replica's
+// node.
 type PartitionRepair = heraldpb.RepairPartitionResponse
 
-// RepairPartition asks the replica of topic/partition on the node this
-// client reaches first (its first address) about damage to its log and,
-// with acceptLoss, accepts the loss: a damaged single-replica partition
-// becomes writable again, and new records get offsets after every lost one
-// (none is reused). It is an operator's command: see `herald partition
-// repair`.
-func (c *Client) RepairPartition(ctx context.Context, topic string, partition uint32, acceptLoss bool) (*PartitionRepair, error) {
-	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_RepairPartition{RepairPartition: &heraldpb.RepairPartitionRequest{
-		Topic: topic, Partition: partition, AcceptLoss: acceptLoss,
-	}}})
+// RepairPartition asks every replica of topic/partition about damage to
+// its log (on a single broker, the one replica) and, with acceptLoss,
+// accepts the loss where no whole copy is left:
+//   - a single replica that is damaged becomes writable again;
+//   - in a replicated partition with a replica whose log is whole, nothing
+//     is accepted: the damaged replicas rebuild from the leader by
+//     themselves;
+//   - in one whose every replica is damaged (it has no leader and is
+//     read-only), each accepts the loss with the largest lost end of them
+//     all as its floor, so whichever leads next reuses no offset any of
+//     them lost.
+//
+// It returns the replicas' records after the call. It is an operator's
+// command: see `herald partition repair`.
+func (c *Client) RepairPartition(ctx context.Context, topic string, partition uint32, acceptLoss bool) ([]*PartitionRepair, error) {
+	addrs := c.replicaAddrs(ctx, topic, partition)
+	ask := func(addr string, accept bool, floor int64) (*PartitionRepair, error) {
+		req := &heraldpb.Frame{Body: &heraldpb.Frame_RepairPartition{RepairPartition: &heraldpb.RepairPartitionRequest{
+			Topic: topic, Partition: partition, AcceptLoss: accept, MinNextOffset: floor,
+		}}}
+		var (
+			f   *heraldpb.Frame
+			err error
+		)
+		if addr == "" {
+			f, err = c.callAny(ctx, req)
+		} else {
+			cn, cerr := c.connTo(ctx, addr)
+			if cerr != nil {
+				return nil, cerr
+			}
+			f, err = c.call(ctx, cn, req, 0)
+		}
+		if err != nil {
+			return nil, err
+		}
+		r := f.GetRepairPartitionResponse()
+		if r == nil {
+			return nil, unexpected(f, "RepairPartitionResponse")
+		}
+		return r, nil
+	}
+	var out []*PartitionRepair
+	floor, whole := int64(0), false
+	for _, a := range addrs {
+		r, err := ask(a, false, 0)
+		if err != nil {
+			return nil, fmt.Errorf("replica at %s: %w", a, err)
+		}
+		out = append(out, r)
+		if !r.GetDamaged() {
+			whole = true
+		} else if !r.GetAccepted() {
+			floor = max(floor, r.GetLostTo())
+		}
+	}
+	if !acceptLoss || (whole && len(addrs) > 1) {
+		return out, nil
+	}
+	for i, a := range addrs {
+		if !out[i].GetDamaged() || out[i].GetAccepted() {
+			continue
+		}
+		r, err := ask(a, true, floor)
+		if err != nil {
+			return out, fmt.Errorf("accepting the loss at %s: %w", a, err)
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
+// replicaAddrs lists the addresses of the nodes holding replicas of
+// topic/partition, from fresh metadata; a single "" (any connection) on a
+// single broker or when metadata names none.
+func (c *Client) replicaAddrs(ctx context.Context, topic string, partition uint32) []string {
+	ti, err := c.topicInfo(ctx, topic, true)
 	if err != nil {
-		return nil, err
+		return []string{""}
 	}
-	r := f.GetRepairPartitionResponse()
-	if r == nil {
-		return nil, unexpected(f, "RepairPartitionResponse")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.brokers) <= 1 {
+		return []string{""}
 	}
-	return r, nil
+	var out []string
+	for _, p := range ti.GetPartitions() {
+		if p.GetId() != partition {
+			continue
+		}
+		for _, n := range p.GetReplicas() {
+			if a := c.brokers[n]; a != "" {
+				out = append(out, a)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return []string{""}
+	}
+	return out
 }

@@ -283,3 +283,111 @@ func TestDamagedFollowerRebuildsFromLeader(t *testing.T) {
 	}
 	t.Logf("%d acknowledged records on all three replicas", len(acked))
 }
+
+// TestEveryReplicaDamaged: RF=3, and each replica's log is corrupted at a
+// different place while the cluster is stopped. No replica may lead (each
+// withholds its vote from logs behind what it held), so the partition is
+// read-only: produces get PARTITION_DAMAGED once it has stayed leaderless.
+// `herald partition repair --accept-loss` accepts the loss on every
+// replica with the largest lost end as the floor: a leader is elected,
+// writes go on, and no offset any replica lost is reused.
+func TestEveryReplicaDamaged(t *testing.T) {
+	tc, c := clusterWithTopic(t, "alld", 1)
+	acked := produceNumbered(t, c, "alld", 0, 600, 90)
+	c.Close()
+	for i, id := range []uint64{1, 2, 3} {
+		tc.nodes[id].Stop(t)
+		dirs, _ := filepath.Glob(filepath.Join(tc.nodes[id].DataDir(), "replicas", "alld-0-*"))
+		if len(dirs) != 1 {
+			t.Fatalf("replica dirs: %v", dirs)
+		}
+		flipByte(t, walSegments(t, dirs[0])[0], 0.3+0.2*float64(i))
+	}
+	for _, id := range []uint64{1, 2, 3} {
+		tc.nodes[id].Start(t)
+	}
+	tc.waitRegistered(t, tc.nodes)
+	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	checkFor(t, 60*time.Second, "produce to be refused with PARTITION_DAMAGED", func() error {
+		_, err := c.NewProducer().Send(ctxT(t, 10*time.Second), &client.Message{Topic: "alld", Partition: 0, Value: []byte("x")})
+		var he *client.Error
+		if errors.As(err, &he) && he.Code == heraldpb.ErrorCode_PARTITION_DAMAGED {
+			return nil
+		}
+		return fmt.Errorf("produce: %v", err)
+	})
+	// Read-only: each node serves what its replica kept of the committed log.
+	for _, id := range []uint64{1, 2, 3} {
+		nc := dialNode(t, tc.nodes[id])
+		kept := readPartition(t, nc, "alld", 0)
+		nc.Close()
+		if len(kept) == 0 {
+			t.Fatalf("node %d serves no record of the damaged partition", id)
+		}
+		for _, m := range kept {
+			if acked[m.Offset] != string(m.Value) {
+				t.Fatalf("node %d serves %q at %d, acknowledged %q", id, m.Value, m.Offset, acked[m.Offset])
+			}
+		}
+		t.Logf("node %d serves %d records read-only", id, len(kept))
+	}
+	out, stderr, code := herald(t, "", "partition", "repair", "alld/0", "--addr", tc.addrs())
+	if code != 1 || strings.Count(out, "were lost") != 3 || !strings.Contains(out, "read-only") {
+		t.Fatalf("repair without --accept-loss: code %d\n%s%s", code, out, stderr)
+	}
+	out, stderr, code = herald(t, "", "partition", "repair", "alld/0", "--accept-loss", "--addr", tc.addrs())
+	if code != 0 || strings.Count(out, "the loss is accepted") != 3 {
+		t.Fatalf("repair --accept-loss: code %d\n%s%s", code, out, stderr)
+	}
+	var first int64 = -1
+	checkFor(t, 60*time.Second, "writes after the repair", func() error {
+		r, err := c.NewProducer().Send(ctxT(t, 10*time.Second), &client.Message{Topic: "alld", Partition: 0, Value: []byte("v-after")})
+		if err != nil {
+			return err
+		}
+		first = r.Offset
+		return nil
+	})
+	if first < 600 {
+		t.Fatalf("the first record after the repair got offset %d: offsets below 600 were acknowledged before", first)
+	}
+	checkFor(t, 60*time.Second, "every replica to catch up", func() error {
+		hws, err := tc.highWatermarks(t, "alld", 0)
+		if err != nil {
+			return err
+		}
+		if hws[0] != hws[1] || hws[1] != hws[2] || hws[0] <= first {
+			return fmt.Errorf("high watermarks %v", hws)
+		}
+		return nil
+	})
+	c.Close()
+	var logs []map[int64]string
+	for _, id := range []uint64{1, 2, 3} {
+		tc.nodes[id].Stop(t)
+		logs = append(logs, readReplica(t, tc.nodes[id].DataDir(), "alld", 0))
+	}
+	for i := 1; i < 3; i++ {
+		if len(logs[i]) != len(logs[0]) {
+			t.Fatalf("node %d holds %d records, node 1 %d", i+1, len(logs[i]), len(logs[0]))
+		}
+	}
+	for off, v := range logs[0] {
+		for i := 1; i < 3; i++ {
+			if logs[i][off] != v {
+				t.Fatalf("offset %d: node 1 %q, node %d %q", off, v, i+1, logs[i][off])
+			}
+		}
+		if off < 600 && acked[off] != v {
+			t.Fatalf("offset %d holds %q, acknowledged %q", off, v, acked[off])
+		}
+	}
+	if logs[0][first] != "v-after" {
+		t.Fatalf("offset %d holds %q, want v-after", first, logs[0][first])
+	}
+	t.Logf("kept %d records; writes resumed at offset %d", len(logs[0])-1, first)
+}

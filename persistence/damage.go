@@ -17,7 +17,7 @@ package persistence
 // While the record is not accepted, Damage reports it and the owner (the
 // partition actor) must not write: it serves reads and refuses produces.
 // AcceptDamage, the operator's repair, makes the log writable again with its
-// EndOffset raised past every offset the damaged part held, so no offset is
+// NextOffset past every offset the damaged part held, so no offset is
 // reused.
 
 import (
@@ -98,11 +98,15 @@ func (l *Log) Damaged() bool {
 }
 
 // AcceptDamage accepts the loss the damage record names: the log becomes
-// writable, and its EndOffset is raised to the record's ToOffset so that new
-// entries never reuse a lost offset. It is the repair an operator runs; the
-// record stays (accepted) as the log's history. A log with no damage returns
-// nil. Owner only.
-func (l *Log) AcceptDamage() error {
+// writable, and NextOffset, the offset its owner stamps on new entries,
+// becomes at least the record's ToOffset and at least floor, so that new
+// entries never reuse a lost offset. floor is for a replicated partition
+// whose every replica was damaged: the operator's command passes the
+// largest ToOffset of all replicas, so that whichever leads next skips every
+// offset any of them lost. It is the repair an operator runs; the record
+// stays (accepted) as the log's history. A log with no damage returns nil.
+// Owner only.
+func (l *Log) AcceptDamage(floor int64) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	if l.closed {
@@ -111,29 +115,36 @@ func (l *Log) AcceptDamage() error {
 	l.mu.RLock()
 	d := l.damage
 	l.mu.RUnlock()
-	if d == nil || d.Accepted {
+	if d == nil || (d.Accepted && d.ToOffset >= floor) {
 		return nil
 	}
 	nd := *d
 	nd.Accepted, nd.AcceptedAt = true, time.Now().UTC()
+	if floor > nd.ToOffset {
+		nd.ToOffset, nd.ToOffsetExact = floor, false
+	}
 	if err := l.writeDamage(&nd); err != nil {
 		return storageErr("write damage record", err)
 	}
 	l.mu.Lock()
 	l.damage = &nd
-	l.raiseEndOffset()
 	l.mu.Unlock()
+	damagedLogs.WithLabelValues(l.opts.Group).Set(0)
 	l.log.Warn("persistence: damage accepted, the log is writable again; lost offsets are not reused",
-		"group", l.opts.Group, "lost_from", nd.FromOffset, "lost_to", nd.ToOffset, "next_offset", l.ix.endOffset)
+		"group", l.opts.Group, "lost_from", nd.FromOffset, "lost_to", nd.ToOffset, "next_offset", l.NextOffset())
 	return nil
 }
 
-// raiseEndOffset lifts EndOffset past an accepted damage's lost offsets, as
-// long as no entry was written since. Under mu.
-func (l *Log) raiseEndOffset() {
+// NextOffset is the offset the next record written gets: EndOffset, or past
+// an accepted damage's lost offsets while no entry was written after them.
+// The leader stamps new entries from it. Safe for concurrent use.
+func (l *Log) NextOffset() int64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
 	if d := l.damage; d != nil && d.Accepted && l.ix.endOffset < d.ToOffset {
-		l.ix.endOffset = d.ToOffset
+		return d.ToOffset
 	}
+	return l.ix.endOffset
 }
 
 // ReadCorruption returns the first corruption a read found in the live log
@@ -477,9 +488,8 @@ func (l *Log) cutSegment(path string, size int64) error {
 
 // settleDamage completes a damage record written by a repair of this or an
 // earlier Open (FromOffset -1): now that the kept log is known, the loss
-// starts at its end, and an inexact end is bounded by the lost bytes. It
-// also raises EndOffset past an accepted record's loss. Called at the end of
-// recover.
+// starts at its end, and an inexact end is bounded by the lost bytes.
+// Called at the end of recover.
 func (l *Log) settleDamage() error {
 	d := l.damage
 	if d == nil {
@@ -506,7 +516,6 @@ func (l *Log) settleDamage() error {
 			"lost_from_index", d.FromIndex, "lost_to_index", d.ToIndex, "reason", d.Reason,
 			"quarantine", d.Quarantine)
 	}
-	l.raiseEndOffset()
 	return nil
 }
 

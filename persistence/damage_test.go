@@ -198,13 +198,13 @@ func TestDamageMatrix(t *testing.T) {
 				t.Fatalf("after reopen: %+v %v, want %+v", d2, ok, d)
 			}
 			// The repair: writable again past every lost offset.
-			if err := l.AcceptDamage(); err != nil {
+			if err := l.AcceptDamage(0); err != nil {
 				t.Fatal(err)
 			}
-			if l.Damaged() || l.EndOffset() != d.ToOffset {
-				t.Fatalf("after accept: damaged=%v EndOffset=%d, want %d", l.Damaged(), l.EndOffset(), d.ToOffset)
+			if l.Damaged() || l.NextOffset() != d.ToOffset {
+				t.Fatalf("after accept: damaged=%v NextOffset=%d, want %d", l.Damaged(), l.NextOffset(), d.ToOffset)
 			}
-			g := &gen{term: 2, next: l.EndOffset(), recLen: 10}
+			g := &gen{term: 2, next: l.NextOffset(), recLen: 10}
 			mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1}, g.entries(last+1, 3, 1))
 			l.Close()
 			l = mustOpen(t, opts)
@@ -382,11 +382,11 @@ func FuzzRecoverDamage(f *testing.F) {
 			t.Fatalf("entries after %d lost without a damage record (first damaged %d)\n%s", last, firstDamaged, sink)
 		}
 		if damaged {
-			if err := l.AcceptDamage(); err != nil {
+			if err := l.AcceptDamage(0); err != nil {
 				t.Fatal(err)
 			}
-			if l.EndOffset() < d.ToOffset || d.FromOffset != 2*int64(last) {
-				t.Fatalf("after accept EndOffset %d, record %+v, kept %d entries", l.EndOffset(), d, last)
+			if l.NextOffset() < d.ToOffset || d.FromOffset != 2*int64(last) {
+				t.Fatalf("after accept NextOffset %d, record %+v, kept %d entries", l.NextOffset(), d, last)
 			}
 		}
 	})

@@ -5754,7 +5754,11 @@ type RepairPartitionRequest struct {
 	Topic     string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
 	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
 	// Without it the request only reports the damage.
-	AcceptLoss    bool `protobuf:"varint,3,opt,name=accept_loss,json=acceptLoss,proto3" json:"accept_loss,omitempty"`
+	AcceptLoss bool `protobuf:"varint,3,opt,name=accept_loss,json=acceptLoss,proto3" json:"accept_loss,omitempty"`
+	// With accept_loss: new records get offsets from at least this one. For
+	// a partition every replica of which is damaged, the largest lost_to of
+	// them all, so that whichever replica leads next reuses none.
+	MinNextOffset int64 `protobuf:"varint,4,opt,name=min_next_offset,json=minNextOffset,proto3" json:"min_next_offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5808,6 +5812,13 @@ func (x *RepairPartitionRequest) GetAcceptLoss() bool {
 		return x.AcceptLoss
 	}
 	return false
+}
+
+func (x *RepairPartitionRequest) GetMinNextOffset() int64 {
+	if x != nil {
+		return x.MinNextOffset
+	}
+	return 0
 }
 
 type RepairPartitionResponse struct {
@@ -6331,12 +6342,13 @@ const file_herald_proto_rawDesc = "" +
 	"created_ms\x18\a \x01(\x03R\tcreatedMs\"i\n" +
 	"\x15ListScheduledResponse\x126\n" +
 	"\tscheduled\x18\x01 \x03(\v2\x18.herald.v1.ScheduledInfoR\tscheduled\x12\x18\n" +
-	"\apending\x18\x02 \x01(\x04R\apending\"m\n" +
+	"\apending\x18\x02 \x01(\x04R\apending\"\x95\x01\n" +
 	"\x16RepairPartitionRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1f\n" +
 	"\vaccept_loss\x18\x03 \x01(\bR\n" +
-	"acceptLoss\"\x96\x02\n" +
+	"acceptLoss\x12&\n" +
+	"\x0fmin_next_offset\x18\x04 \x01(\x03R\rminNextOffset\"\x96\x02\n" +
 	"\x17RepairPartitionResponse\x12\x18\n" +
 	"\adamaged\x18\x01 \x01(\bR\adamaged\x12\x1a\n" +
 	"\baccepted\x18\x02 \x01(\bR\baccepted\x12\x1b\n" +

@@ -127,6 +127,7 @@ type Actor struct {
 	stale          map[uint64]bool     // nodes that now run another incarnation under the same raft id
 	lastAnnounce   int                 // tick of this (empty, joining) replica's last announcement
 	resetAsked     map[uint64]int      // leader: tick a follower that lost entries was last reset (damage.go)
+	leaderSeenTick int                 // last tick a leader was known (damage.go)
 	target         []uint64            // the replica set the group moves to, by raft id; nil: none
 	targetStep     int                 // tick of the last step taken towards it
 	targetTransfer bool                // leadership was handed to the target's first replica
@@ -336,7 +337,7 @@ func (a *Actor) open() error {
 		store.Close()
 		return err
 	}
-	a.tail = store.EndOffset()
+	a.tail = store.NextOffset()
 	a.isLeader, a.leader = false, 0
 	a.win.reset()
 	a.failure = nil
@@ -439,6 +440,9 @@ func (a *Actor) onTick(ctx actor.Context) {
 		return
 	}
 	a.checkRebuilt()
+	if a.leader != 0 {
+		a.leaderSeenTick = a.ticks
+	}
 	if a.quiesced {
 		a.quiescedTick()
 	} else {
@@ -678,7 +682,7 @@ func (a *Actor) installSnapshot(ctx actor.Context, snap *raftpb.Snapshot) {
 // after its last entry known.
 func (a *Actor) maybeStampReady() {
 	if a.isLeader && !a.stampReady && a.appendsQueued == 0 && a.store != nil {
-		a.tail = a.store.EndOffset()
+		a.tail = a.store.NextOffset()
 		a.stampReady = true
 	}
 	a.stats.Writable.Store(a.isLeader && a.stampReady)
@@ -700,6 +704,9 @@ func (a *Actor) applyMsg(ctx actor.Context, m raftpb.Message) {
 // onSoftState tracks leadership.
 func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) {
 	was := a.isLeader
+	if a.leader != 0 || ss.Lead != 0 {
+		a.leaderSeenTick = a.ticks
+	}
 	a.leader = ss.Lead
 	a.isLeader = ss.RaftState == raft.StateLeader
 	if a.isLeader {
@@ -886,6 +893,10 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		return
 	}
 	if !a.isLeader {
+		if e := a.leaderlessDamage(); e != nil {
+			fail(e)
+			return
+		}
 		fail(notLeader(a.cfg.Topic, a.cfg.Partition, a.leader))
 		return
 	}

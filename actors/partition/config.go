@@ -49,7 +49,10 @@ type Storage interface {
 	// the log's record of corruption it found (persistence/damage.go).
 	Damage() (persistence.Damage, bool)
 	Damaged() bool
-	AcceptDamage() error
+	AcceptDamage(floor int64) error
+	// NextOffset is EndOffset, or past the offsets an accepted damage
+	// lost: the leader stamps new entries from it.
+	NextOffset() int64
 	ClearDamage() error
 	ReadCorruption() error
 }

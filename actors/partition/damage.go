@@ -161,8 +161,9 @@ func (a *Actor) clampHeartbeat(m *raftpb.Message) {
 }
 
 // onRepair answers a RepairPartitionRequest: the damage record, and with
-// accept_loss the loss accepted (a lone voter only: a replica with other
-// voters rebuilds from its leader instead).
+// accept_loss the loss accepted. A replica with other voters accepts only
+// while its group has no leader (every replica damaged: none can rebuild
+// from another); with a leader it rebuilds instead and needs no repair.
 func (a *Actor) onRepair(ctx actor.Context, f *heraldpb.Frame) {
 	req := f.GetRepairPartition()
 	replyTo := ctx.Sender()
@@ -170,20 +171,26 @@ func (a *Actor) onRepair(ctx actor.Context, f *heraldpb.Frame) {
 		a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, storageError(a.failure)))
 		return
 	}
-	if req.AcceptLoss && a.store.Damaged() {
-		if !a.loneVoter() {
+	if req.AcceptLoss {
+		if a.rebuilding() && a.leader != 0 {
 			a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST,
-				"partition %s-%d has other replicas: this replica rebuilds its log from the leader and needs no repair", a.cfg.Topic, a.cfg.Partition)))
+				"partition %s-%d has a leader (node %d): this replica rebuilds its log from it and needs no repair",
+				a.cfg.Topic, a.cfg.Partition, heraldpb.ReplicaNode(a.leader))))
 			return
 		}
-		if err := a.store.AcceptDamage(); err != nil {
+		if err := a.store.AcceptDamage(req.MinNextOffset); err != nil {
 			a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, storageError(err)))
 			return
 		}
-		a.tail = a.store.EndOffset()
-		a.log.Warn("an operator accepted the loss of the damaged log; the partition is writable again", "next_offset", a.tail)
+		if a.isLeader && a.stampReady {
+			a.tail = max(a.tail, a.store.NextOffset())
+		}
+		a.log.Warn("an operator accepted the loss of the damaged log", "next_offset", a.store.NextOffset())
 	}
-	r := &heraldpb.RepairPartitionResponse{NextOffset: a.store.EndOffset(), Node: uint32(heraldpb.ReplicaNode(a.cfg.ReplicaID))}
+	r := &heraldpb.RepairPartitionResponse{NextOffset: a.store.NextOffset(), Node: uint32(heraldpb.ReplicaNode(a.cfg.ReplicaID))}
+	if a.isLeader && a.stampReady {
+		r.NextOffset = a.tail
+	}
 	if d, ok := a.store.Damage(); ok {
 		r.Damaged, r.Accepted = true, d.Accepted
 		r.LostFrom, r.LostTo, r.LostToExact = d.FromOffset, d.ToOffset, d.ToOffsetExact
@@ -191,6 +198,21 @@ func (a *Actor) onRepair(ctx actor.Context, f *heraldpb.Frame) {
 	}
 	a.publish()
 	a.reply(ctx, replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_RepairPartitionResponse{RepairPartitionResponse: r}})
+}
+
+// leaderlessDamage is the PARTITION_DAMAGED answer of a rebuilding replica
+// whose group has had no leader for a while (three election timeouts):
+// likely every replica is damaged, and writes wait for an operator. Nil
+// otherwise (the caller answers NOT_LEADER).
+func (a *Actor) leaderlessDamage() *heraldpb.Error {
+	if !a.rebuilding() || a.leader != 0 || a.ticks-a.leaderSeenTick < 3*a.cfg.ElectionTicks {
+		return nil
+	}
+	e := a.damagedError()
+	if e != nil {
+		e.Message += "; the partition has no leader: if every replica is damaged, `herald partition repair --accept-loss` accepts the loss on all of them"
+	}
+	return e
 }
 
 // acceptedGap reports whether base starts the first batch after an accepted

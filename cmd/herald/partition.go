@@ -45,27 +45,37 @@ func partitionCmd(ctx context.Context, args []string, io cliIO) error {
 		return cliOneLine(err)
 	}
 	defer c.Close()
-	r, err := c.RepairPartition(ctx, topic, uint32(n), *accept)
+	reps, err := c.RepairPartition(ctx, topic, uint32(n), *accept)
 	if err != nil {
 		return cliOneLine(err)
 	}
 	name := fmt.Sprintf("%s/%d", topic, n)
-	if !r.GetDamaged() {
-		fmt.Fprintf(io.out, "partition %s on node %d: the log is whole; next offset %d\n", name, r.GetNode(), r.GetNextOffset())
-		return nil
-	}
-	bound := ""
-	if !r.GetLostToExact() {
-		bound = "at most "
-	}
-	fmt.Fprintf(io.out, "partition %s on node %d: offsets %d to %s%d were lost (%s)\n", name, r.GetNode(), r.GetLostFrom(), bound, r.GetLostTo()-1, r.GetReason())
-	for _, q := range r.GetQuarantine() {
-		fmt.Fprintf(io.out, "damaged files kept in %s (in the partition's directory)\n", q)
+	readOnly := false
+	whole := 0
+	for _, r := range reps {
+		if !r.GetDamaged() {
+			whole++
+			fmt.Fprintf(io.out, "partition %s on node %d: the log is whole; next offset %d\n", name, r.GetNode(), r.GetNextOffset())
+			continue
+		}
+		bound := ""
+		if !r.GetLostToExact() {
+			bound = "at most "
+		}
+		fmt.Fprintf(io.out, "partition %s on node %d: offsets %d to %s%d were lost (%s)\n", name, r.GetNode(), r.GetLostFrom(), bound, r.GetLostTo()-1, r.GetReason())
+		for _, q := range r.GetQuarantine() {
+			fmt.Fprintf(io.out, "damaged files kept in %s (in the partition's directory)\n", q)
+		}
+		if r.GetAccepted() {
+			fmt.Fprintf(io.out, "the loss is accepted: the partition is writable; the next record gets offset %d\n", r.GetNextOffset())
+		} else {
+			readOnly = true
+		}
 	}
 	switch {
-	case r.GetAccepted():
-		fmt.Fprintf(io.out, "the loss is accepted: the partition is writable; the next record gets offset %d\n", r.GetNextOffset())
-	default:
+	case readOnly && whole > 0:
+		fmt.Fprintf(io.out, "%d replica(s) hold a whole log: the damaged ones rebuild from the leader and need no repair\n", whole)
+	case readOnly:
 		fmt.Fprintf(io.out, "the partition is read-only; run again with --accept-loss to make it writable (lost offsets are never reused)\n")
 		return fmt.Errorf("partition %s is damaged", name)
 	}
