@@ -153,7 +153,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout, Push: push, PushRoom: pushRoom,
 		CompactBytes: cfg.groupsCompactBytes, CompactCheck: cfg.groupsCompactCheck,
 		Breaker:     consumer.BreakerConfig{ConsecutiveFailures: cfg.BreakerFailures, CoolDown: cfg.BreakerCoolDown},
-		RetryPolicy: cfg.retry, TopicManager: b.manager,
+		RetryPolicy: cfg.retry, TopicManager: b.manager, IdleStop: idleStop(cfg.GroupIdleStop),
 	})
 	if !clustered {
 		if b.groups, err = b.sys.Root.SpawnNamed(b.groupsProps, consumer.ManagerName); err != nil {
@@ -498,4 +498,13 @@ func (b *Broker) AdminAddr() string {
 		return ""
 	}
 	return b.adminLn.Addr().String()
+}
+
+// idleStop maps the config's "0 = never" to consumer.Options' "negative =
+// never".
+func idleStop(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

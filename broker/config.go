@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/heraldmq/herald/actors/consumer"
 	"github.com/heraldmq/herald/actors/partition"
 	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/cluster"
@@ -53,6 +54,10 @@ type Config struct {
 	AckTimeout               time.Duration
 	BreakerFailures          int
 	BreakerCoolDown          time.Duration
+	// GroupIdleStop is how long a consumer group's coordinator lives on
+	// with no members before it stops (started again on the group's next
+	// request); 0 never stops one.
+	GroupIdleStop time.Duration
 	// RetryPolicy is the retry policy of subscriptions that name none
 	// (scheduler.ParseRetryPolicy syntax); empty means the default.
 	RetryPolicy string
@@ -107,7 +112,7 @@ func Default() Config {
 		MaxQueuedRequestBytes: 64 << 20, FrameTimeout: 30 * time.Second, MaxFrameBytesBeforeHello: 64 << 10,
 		DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
-		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second,
+		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second, GroupIdleStop: consumer.DefaultIdleStop,
 		RetryPolicy: scheduler.DefaultRetryPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 50 * time.Millisecond,
 		ShutdownTimeout: 10 * time.Second, LogLevel: "info", ClusterProvider: cluster.ProviderAutomanaged,
 		ReplicaGrace: 5 * time.Minute, ControllerCheckpointRecords: cluster.DefaultCheckpointRecords,
@@ -215,6 +220,9 @@ func (c *Config) Validate() error {
 	}
 	if c.BreakerCoolDown < time.Millisecond {
 		bad("breaker-cooldown", "must be at least 1ms")
+	}
+	if c.GroupIdleStop < 0 {
+		bad("group-idle-stop", "must not be negative (0 never stops an idle coordinator)")
 	}
 	c.retry = scheduler.DefaultRetryPolicy()
 	if c.RetryPolicy != "" {

@@ -71,7 +71,21 @@ type Options struct {
 	// DeadLetterTimeout bounds the wait for the answer to a dead-letter
 	// append or topic creation, after which it is retried; 0 = 30 s.
 	DeadLetterTimeout time.Duration
+	// IdleStop is how long a group's coordinator lives on with no members
+	// before it stops (its progress is durable in __groups, and the
+	// manager keeps its summary and lag gauges current and starts it again
+	// on its next request); 0 = 10 min, negative = never.
+	IdleStop time.Duration
+	// Clock reads the time for idle stops; nil = the system clock.
+	Clock Clock
 }
+
+// Clock is how the consumer package reads time, so tests can move it.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
 
 func (o *Options) ensureDefaults() {
 	if o.FetchMaxBytes == 0 {
@@ -105,7 +119,16 @@ func (o *Options) ensureDefaults() {
 	if o.DeadLetterTimeout == 0 {
 		o.DeadLetterTimeout = 30 * time.Second
 	}
+	if o.IdleStop == 0 {
+		o.IdleStop = DefaultIdleStop
+	}
+	if o.Clock == nil {
+		o.Clock = systemClock{}
+	}
 }
+
+// DefaultIdleStop is Options.IdleStop's default.
+const DefaultIdleStop = 10 * time.Minute
 
 // storeKey names one progress record: a view of a group's subscription.
 type storeKey struct{ topic, subscriber string }
@@ -294,6 +317,10 @@ type coordinator struct {
 	expiredSeen bool // dispatch met expired messages
 	statsArmed  bool
 	pumpArmed   bool
+	// idleSince is when the group last had members (or the coordinator
+	// started); idleAsked: an idleStop is with the manager (idle.go).
+	idleSince time.Time
+	idleAsked bool
 	// congestedArmed: a congestedMsg is on its way.
 	congestedArmed bool
 	groupsLog      *actor.PID
@@ -316,7 +343,13 @@ func (c *coordinator) Receive(ctx actor.Context) {
 	case *actor.Started:
 		c.sys, c.self = ctx.ActorSystem(), ctx.Self()
 		c.o.Dir.forgetCoordinator(c.self)
+		c.idleSince = c.o.Clock.Now()
 		c.updateSummary()
+		c.armStats()
+	case *stopIdle:
+		c.onStopIdle(ctx)
+	case *idleNotNow:
+		c.idleAsked, c.idleSince = false, c.o.Clock.Now()
 	case *subscribeMsg:
 		c.onSubscribe(ctx, m)
 	case *heraldpb.Frame:
@@ -688,21 +721,18 @@ func (c *coordinator) latestRecords(topicName string) []*heraldpb.GroupProgress 
 	for _, r := range c.toWrite {
 		all[keyOf(r)] = r
 	}
+	return sortedRecords(all, topicName)
+}
+
+// sortedRecords is the records of topicName in all, in subscriber order.
+func sortedRecords(all map[storeKey]*heraldpb.GroupProgress, topicName string) []*heraldpb.GroupProgress {
 	var out []*heraldpb.GroupProgress
 	for k, r := range all {
 		if k.topic == topicName {
 			out = append(out, r)
 		}
 	}
-	slices.SortFunc(out, func(a, b *heraldpb.GroupProgress) int {
-		if a.Subscriber < b.Subscriber {
-			return -1
-		}
-		if a.Subscriber > b.Subscriber {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b *heraldpb.GroupProgress) int { return strings.Compare(a.Subscriber, b.Subscriber) })
 	return out
 }
 
@@ -868,9 +898,11 @@ func (c *coordinator) dropLive(ctx actor.Context) {
 		delete(c.fetchByID, id)
 	}
 	c.live = nil
+	c.idleSince = c.o.Clock.Now()
 	mInFlight.WithLabelValues(c.group).Set(0)
 	c.flush(ctx)
 	c.updateSummary()
+	c.armStats()
 }
 
 func (c *coordinator) encode(v MemberID) *heraldpb.GroupProgress {
@@ -1654,6 +1686,11 @@ func (c *coordinator) armStats() {
 func (c *coordinator) onStats(ctx actor.Context) {
 	l := c.live
 	if l == nil {
+		// No members: the lag still moves as records arrive, and this is
+		// when an operator looks at it.
+		c.updateSummary()
+		c.maybeIdleStop(ctx)
+		c.armStats()
 		return
 	}
 	if e := c.o.Topics.Get(l.topic); !topic.Same(e, l.entry) {
@@ -2042,23 +2079,7 @@ func (c *coordinator) describe() *heraldpb.GroupInfo {
 		RetryPolicy: c.st.lastPolicy, DeadLetterTopic: c.st.lastDLQ}
 	l := c.live
 	if l == nil {
-		topicName := c.st.lastTop
-		gi.Topic = topicName
-		var entry *topic.Entry
-		if topicName != "" {
-			entry = c.o.Topics.Get(topicName)
-		}
-		for _, r := range c.latestRecords(topicName) {
-			gi.Mode = heraldpb.SubscriptionMode(r.Mode)
-			for _, pp := range r.Partitions {
-				prog, err := DecodeProgress(pp, 0)
-				if err != nil {
-					continue
-				}
-				gi.Retrying += uint32(len(pp.Retries))
-				gi.Partitions = append(gi.Partitions, lagOf(pp.Partition, r.Subscriber, prog, entry, ""))
-			}
-		}
+		storedInfo(gi, c.o.Topics, c.st.lastTop, c.latestRecords(c.st.lastTop))
 		return gi
 	}
 	gi.Topic, gi.Mode, gi.FilterType, gi.Filter = l.topic, wireMode(l.mode), l.filterType, l.filterText
@@ -2104,12 +2125,5 @@ func lagOf(p uint32, subscriber string, prog *Progress, entry *topic.Entry, owne
 // updateSummary publishes the group's line of ListGroups and its lag
 // gauges.
 func (c *coordinator) updateSummary() {
-	gi := c.describe()
-	s := &heraldpb.GroupSummary{Group: c.group, Topic: gi.Topic, Mode: gi.Mode, Members: uint32(len(gi.Members))}
-	for _, pl := range gi.Partitions {
-		s.Lag += pl.Lag
-		mLag.WithLabelValues(c.group, gi.Topic, fmt.Sprint(pl.Partition)).Set(float64(pl.Lag))
-	}
-	mInFlight.WithLabelValues(c.group).Set(float64(gi.InFlight))
-	c.st.summary.Store(s)
+	publishSummary(c.group, c.st, c.describe())
 }

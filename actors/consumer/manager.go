@@ -48,15 +48,21 @@ type Manager struct {
 	compactWait int   // coordinators yet to answer
 }
 
-// compactTick and compactTimeout drive the compaction of __groups.
+// compactTick and compactTimeout drive the compaction of __groups;
+// summaryTick the summaries of stopped groups.
 type (
 	compactTick    struct{}
 	compactTimeout struct{ gen int }
+	summaryTick    struct{}
 )
 
 type groupHandle struct {
-	pid *actor.PID
+	pid *actor.PID // nil while stopped for idleness (idle.go)
 	st  *groupStore
+	// stopping: the coordinator asked to stop; its requests wait in held
+	// until it stops or says it is busy.
+	stopping bool
+	held     []queued
 }
 
 type queued struct {
@@ -136,9 +142,23 @@ func (m *Manager) Receive(ctx actor.Context) {
 	case *Coordinators:
 		var pids []*actor.PID
 		for _, h := range m.groups {
-			pids = append(pids, h.pid)
+			if h.pid != nil {
+				pids = append(pids, h.pid)
+			}
 		}
 		ctx.Respond(&CoordinatorsList{PIDs: pids})
+	case *idleStop:
+		m.onIdleStop(ctx, msg)
+	case *idleBusy:
+		if h := m.groups[msg.group]; h != nil && h.stopping {
+			h.stopping = false
+			m.release(ctx, msg.group, h)
+		}
+	case *actor.Terminated:
+		m.onTerminated(ctx, msg.Who)
+	case *summaryTick:
+		m.summarizeStopped()
+		m.armSummary(ctx)
 	case *subscribeMsg:
 		if !m.loaded {
 			m.hold(ctx, msg, nil)
@@ -148,16 +168,20 @@ func (m *Manager) Receive(ctx actor.Context) {
 	}
 }
 
+// frameOf is the request frame of a held message and whom to answer.
+func frameOf(msg any, sender *actor.PID) (*heraldpb.Frame, *actor.PID) {
+	switch x := msg.(type) {
+	case *heraldpb.Frame:
+		return x, sender
+	case *subscribeMsg:
+		return x.f, x.replyTo
+	}
+	return nil, sender
+}
+
 func (m *Manager) hold(ctx actor.Context, msg any, sender *actor.PID) {
 	if len(m.queue) >= m.o.MaxQueued {
-		var f *heraldpb.Frame
-		to := sender
-		switch x := msg.(type) {
-		case *heraldpb.Frame:
-			f = x
-		case *subscribeMsg:
-			f, to = x.f, x.replyTo
-		}
+		f, to := frameOf(msg, sender)
 		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "consumer groups are still loading")
 		e.RetryAfterMs = 100
 		respond(ctx, to, heraldpb.ErrorFrame(f.GetId(), e))
@@ -230,6 +254,7 @@ func (m *Manager) finishLoad(ctx actor.Context) {
 		m.spawn(ctx, g, recs, m.lastTop[g])
 	}
 	m.armCompact(ctx)
+	m.armSummary(ctx)
 	m.o.Logger.Info("consumer groups loaded", "groups", len(m.recs), "records", m.records, "took", time.Since(m.started).Round(time.Millisecond))
 	m.recs, m.lastTop = nil, nil
 	q := m.queue
@@ -260,11 +285,23 @@ func (m *Manager) maybeCompact(ctx actor.Context) {
 		m.armCompact(ctx)
 		return
 	}
+	for _, h := range m.groups {
+		if h.stopping {
+			m.armCompact(ctx) // wait until it stopped or stayed
+			return
+		}
+	}
 	m.compacting = true
 	m.compactGen++
 	m.compactFrom = e.Stats[0].HighWatermark.Load()
 	m.compactWait = len(m.groups)
-	for _, h := range m.groups {
+	for name, h := range m.groups {
+		// A stopped group's records are rewritten by its coordinator,
+		// started for it (it stops again once idle).
+		if h.pid == nil && !m.start(ctx, name, h) {
+			m.compactWait--
+			continue
+		}
 		ctx.Request(h.pid, &checkpoint{round: m.compactGen})
 	}
 	gen, self, sys := m.compactGen, ctx.Self(), ctx.ActorSystem()
@@ -288,15 +325,116 @@ func (m *Manager) spawn(ctx actor.Context, group string, recs map[storeKey]*hera
 	if st.stored == nil {
 		st.stored = map[storeKey]*heraldpb.GroupProgress{}
 	}
-	o := m.o
+	h := &groupHandle{st: st}
+	if !m.start(ctx, group, h) {
+		return nil
+	}
+	m.groups[group] = h
+	return h
+}
+
+// start spawns group's coordinator on h's store.
+func (m *Manager) start(ctx actor.Context, group string, h *groupHandle) bool {
+	o, st := m.o, h.st
 	pid, err := ctx.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return newCoordinator(o, group, st) }), "g/"+group)
 	if err != nil {
 		m.o.Logger.Error("spawning group coordinator", "group", group, "err", err)
-		return nil
+		return false
 	}
-	h := &groupHandle{pid: pid, st: st}
-	m.groups[group] = h
-	return h
+	h.pid = pid
+	mCoordinators.Inc()
+	return true
+}
+
+// send hands msg (from sender; nil for a subscribeMsg, which carries its
+// own) to group's coordinator: held while it is stopping, after starting
+// it again if it stopped for idleness.
+func (m *Manager) send(ctx actor.Context, group string, h *groupHandle, msg any, sender *actor.PID) {
+	if h.stopping {
+		if len(h.held) >= m.o.MaxQueued {
+			f, to := frameOf(msg, sender)
+			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "group %s is restarting its coordinator", quoteName(group))
+			e.RetryAfterMs = 100
+			respond(ctx, to, heraldpb.ErrorFrame(f.GetId(), e))
+			return
+		}
+		h.held = append(h.held, queued{msg: msg, sender: sender})
+		return
+	}
+	if h.pid == nil && !m.start(ctx, group, h) {
+		f, to := frameOf(msg, sender)
+		respond(ctx, to, errFrame(f.GetId(), heraldpb.ErrorCode_INTERNAL, "cannot start group %s", quoteName(group)))
+		return
+	}
+	if sender != nil {
+		ctx.RequestWithCustomSender(h.pid, msg, sender)
+	} else {
+		ctx.Send(h.pid, msg)
+	}
+}
+
+// release sends the held requests of group (h) to its running or
+// restarted coordinator.
+func (m *Manager) release(ctx actor.Context, group string, h *groupHandle) {
+	held := h.held
+	h.held = nil
+	for _, q := range held {
+		m.send(ctx, group, h, q.msg, q.sender)
+	}
+}
+
+// onIdleStop answers a coordinator that asks to stop: hold its requests
+// and let it stop, unless a compaction needs it.
+func (m *Manager) onIdleStop(ctx actor.Context, msg *idleStop) {
+	h := m.groups[msg.group]
+	if h == nil || !h.pid.Equal(msg.pid) || h.stopping {
+		return
+	}
+	if m.compacting {
+		ctx.Send(msg.pid, &idleNotNow{})
+		return
+	}
+	h.stopping = true
+	ctx.Send(msg.pid, &stopIdle{})
+}
+
+// onTerminated notes a coordinator that stopped: an idle one's group keeps
+// its store, summary and lag (summarizeStopped), and starts again on its
+// next request; held requests start it at once.
+func (m *Manager) onTerminated(ctx actor.Context, who *actor.PID) {
+	for name, h := range m.groups {
+		if h.pid == nil || !h.pid.Equal(who) {
+			continue
+		}
+		h.pid, h.stopping = nil, false
+		mCoordinators.Dec()
+		m.summarize(name, h)
+		if len(h.held) > 0 {
+			m.release(ctx, name, h)
+		}
+		return
+	}
+}
+
+func (m *Manager) armSummary(ctx actor.Context) {
+	self, sys := ctx.Self(), ctx.ActorSystem()
+	time.AfterFunc(time.Second, func() { sys.Root.Send(self, &summaryTick{}) })
+}
+
+// summarizeStopped keeps the summary and lag gauges of groups whose
+// coordinator stopped current: records keep arriving while nobody reads.
+func (m *Manager) summarizeStopped() {
+	for name, h := range m.groups {
+		if h.pid == nil {
+			m.summarize(name, h)
+		}
+	}
+}
+
+func (m *Manager) summarize(name string, h *groupHandle) {
+	gi := &heraldpb.GroupInfo{Group: name}
+	storedInfo(gi, m.o.Topics, h.st.lastTop, storedRecords(h.st, h.st.lastTop))
+	publishSummary(name, h.st, gi)
 }
 
 func (m *Manager) onSubscribe(ctx actor.Context, msg *subscribeMsg) {
@@ -306,7 +444,11 @@ func (m *Manager) onSubscribe(ctx actor.Context, msg *subscribeMsg) {
 		return
 	}
 	h := m.groups[req.Group]
-	if h == nil {
+	if h != nil {
+		m.send(ctx, req.Group, h, msg, nil)
+		return
+	}
+	{
 		// A group that does not exist yet is only made for a subscription
 		// that can succeed, so that no client can pile up coordinators.
 		if e := m.o.Topics.Get(req.Topic); e == nil || topic.IsInternal(req.Topic) {
@@ -354,7 +496,7 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame, sender *actor.PI
 		respond(ctx, sender, errFrame(f.Id, heraldpb.ErrorCode_GROUP_NOT_FOUND, "group %s does not exist", quoteName(group)))
 		return
 	}
-	ctx.RequestWithCustomSender(h.pid, f, sender)
+	m.send(ctx, group, h, f, sender)
 }
 
 // checkGroupName refuses a group name a subscription may not create: one

@@ -93,6 +93,14 @@ var (
 		Name: "herald_replies_total",
 		Help: "Request-reply replies, by outcome (ok, no_inbox).",
 	}, []string{"outcome"})
+	mIdleStops = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_group_coordinator_idle_stops_total",
+		Help: "Group coordinators stopped after Options.IdleStop with no members (started again on the group's next request).",
+	})
+	mCoordinators = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_group_coordinators",
+		Help: "Group coordinators running on this node (groups whose coordinator stopped while idle are not counted).",
+	})
 	mCompactions = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_groups_compactions_total",
 		Help: "Compactions of __groups that removed superseded progress records.",

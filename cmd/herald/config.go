@@ -83,6 +83,9 @@ func settings() []setting {
 		{"breaker-cooldown", "how long an open breaker pauses delivery before half-open probes", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.DurationVar(&c.BreakerCoolDown, "breaker-cooldown", d.BreakerCoolDown, "")
 		}},
+		{"group-idle-stop", "stop a consumer group's coordinator after this long with no members (0 = never); its progress is kept and it starts again on the group's next request", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.GroupIdleStop, "group-idle-stop", d.GroupIdleStop, "")
+		}},
 		{"retry-policy", "retry policy of subscriptions that set none: DELAYS[,...] or exponential [initial=D] [factor=F] [cap=D] [jitter=J], then [max-deliveries=N]", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.RetryPolicy, "retry-policy", d.RetryPolicy, "")
 		}},
