@@ -128,6 +128,7 @@ type Actor struct {
 	lastAnnounce   int                 // tick of this (empty, joining) replica's last announcement
 	resetAsked     map[uint64]int      // leader: tick a follower that lost entries was last reset (damage.go)
 	leaderSeenTick int                 // last tick a leader was known (damage.go)
+	clearing       bool                // the writer is clearing the damage record (damage.go)
 	target         []uint64            // the replica set the group moves to, by raft id; nil: none
 	targetStep     int                 // tick of the last step taken towards it
 	targetTransfer bool                // leadership was handed to the target's first replica
@@ -196,6 +197,12 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.onReady(ctx)
 	case appendDone:
 		a.onAppended(ctx, m)
+	case retained:
+		a.onRetained(m)
+	case deletedBefore:
+		a.onDeletedBefore(ctx, m)
+	case repaired:
+		a.onRepaired(ctx, m)
 	case fetchDeadline:
 		a.onFetchDeadline(ctx, m)
 	case heldDue:
@@ -326,8 +333,8 @@ func (a *Actor) open() error {
 	// keeps its mailbox, which may still hold its predecessor's reports.
 	a.gen = writerGens.Add(1)
 	gen, sys, self := a.gen, a.sys, a.self
-	a.writer = startWriter(store, gen, a.cfg.WriterQueue, a.m.writerQueue, func(d appendDone) { sys.Root.Send(self, d) })
-	a.appendsQueued, a.stampReady = 0, false
+	a.writer = startWriter(store, gen, a.cfg.WriterQueue, a.m.writerQueue, func(m any) { sys.Root.Send(self, m) })
+	a.appendsQueued, a.stampReady, a.clearing = 0, false, false
 	a.applied = applied
 	a.hw = a.endOffsetAt(applied)
 	a.holds = nil
@@ -439,6 +446,7 @@ func (a *Actor) onTick(ctx actor.Context) {
 		a.reopenAt = a.cfg.Clock.Now()
 		return
 	}
+	a.writer.drain()
 	a.checkRebuilt()
 	if a.leader != 0 {
 		a.leaderSeenTick = a.ticks
@@ -468,23 +476,47 @@ func (a *Actor) onTick(ctx actor.Context) {
 	a.publish()
 }
 
+// retain has the writer truncate the front of the log by the retention
+// settings (job); onRetained takes the result.
 func (a *Actor) retain() {
 	if a.cfg.RetentionAge == 0 && a.cfg.RetentionBytes == 0 {
 		return
 	}
-	n, err := a.store.Retain(a.cfg.Clock.Now(), a.cfg.RetentionAge, a.cfg.RetentionBytes, a.applied)
-	if err != nil {
-		a.log.Error("retention", "err", err)
+	store, gen, send := a.store, a.gen, a.writer.send
+	now, age, bytes, applied := a.cfg.Clock.Now(), a.cfg.RetentionAge, a.cfg.RetentionBytes, a.applied
+	a.writer.do(func(failed bool) {
+		if failed {
+			return
+		}
+		n, err := store.Retain(now, age, bytes, applied)
+		send(retained{gen: gen, n: n, err: err})
+	})
+}
+
+func (a *Actor) onRetained(m retained) {
+	if m.gen != a.gen || a.store == nil {
 		return
 	}
-	if n > 0 {
-		a.log.Info("retention removed records", "records", n, "log_start", a.store.StartOffset())
-		if s := a.store.StartOffset(); a.win.start() >= 0 && a.win.start() < s {
-			a.win.reset()
-		}
-		a.prio.trim(a.store.StartOffset())
-		a.publishPrio()
+	a.writer.drain()
+	if m.err != nil {
+		a.log.Error("retention", "err", m.err)
+		return
 	}
+	if m.n > 0 {
+		a.log.Info("retention removed records", "records", m.n, "log_start", a.store.StartOffset())
+		a.trimmed()
+	}
+}
+
+// trimmed follows a truncation of the log's front: the window and the
+// priority sub-queues forget what is gone.
+func (a *Actor) trimmed() {
+	if s := a.store.StartOffset(); a.win.start() >= 0 && a.win.start() < s {
+		a.win.reset()
+	}
+	a.prio.trim(a.store.StartOffset())
+	a.publishPrio()
+	a.publish()
 }
 
 // DeleteBefore asks a partition actor to remove the records below Offset
@@ -499,21 +531,35 @@ type DeleteBeforeResult struct {
 	Err     error
 }
 
+// onDeleteBefore has the writer delete the log's front up to m.Offset
+// (job); onDeletedBefore answers the requester.
 func (a *Actor) onDeleteBefore(ctx actor.Context, m *DeleteBefore) {
 	if a.store == nil {
 		ctx.Respond(&DeleteBeforeResult{Err: fmt.Errorf("partition %s-%d: storage unavailable", a.cfg.Topic, a.cfg.Partition)})
 		return
 	}
-	n, err := a.store.DeleteBefore(min(m.Offset, a.hw), a.applied)
-	if err == nil && n > 0 {
-		if s := a.store.StartOffset(); a.win.start() >= 0 && a.win.start() < s {
-			a.win.reset()
+	store, gen, send, replyTo := a.store, a.gen, a.writer.send, ctx.Sender()
+	off, applied := min(m.Offset, a.hw), a.applied
+	a.writer.do(func(failed bool) {
+		if failed {
+			send(deletedBefore{gen: gen, replyTo: replyTo, err: fmt.Errorf("%w: the log failed", ErrStorageFailed)})
+			return
 		}
-		a.prio.trim(a.store.StartOffset())
-		a.publishPrio()
-		a.publish()
+		n, err := store.DeleteBefore(off, applied)
+		send(deletedBefore{gen: gen, replyTo: replyTo, n: n, err: err})
+	})
+}
+
+func (a *Actor) onDeletedBefore(ctx actor.Context, m deletedBefore) {
+	if m.gen == a.gen && a.store != nil {
+		a.writer.drain()
+		if m.err == nil && m.n > 0 {
+			a.trimmed()
+		}
 	}
-	ctx.Respond(&DeleteBeforeResult{Removed: n, Err: err})
+	if m.replyTo != nil {
+		ctx.Send(m.replyTo, &DeleteBeforeResult{Removed: m.n, Err: m.err})
+	}
 }
 
 func (a *Actor) active() {
@@ -648,6 +694,7 @@ func (a *Actor) onAppended(ctx actor.Context, d appendDone) {
 	if a.isLeader {
 		a.ackPersisted(ctx, d.entries)
 	}
+	a.writer.drain()
 	a.maybeCampaign()
 	a.maybeStampReady()
 }
@@ -811,9 +858,15 @@ func (a *Actor) apply(ctx actor.Context, ents []raftpb.Entry) {
 }
 
 func (a *Actor) applyConfState(index uint64, cs *raftpb.ConfState) {
-	if err := a.store.SetConfState(index, *cs); err != nil {
-		a.log.Error("saving conf state", "err", err)
-	}
+	store, log, saved := a.store, a.log, *cs
+	a.writer.do(func(failed bool) {
+		if failed {
+			return
+		}
+		if err := store.SetConfState(index, saved); err != nil {
+			log.Error("saving conf state", "err", err)
+		}
+	})
 	c := *cs
 	a.stats.Conf.Store(&c)
 }
@@ -901,6 +954,13 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		return
 	}
 	if e := a.damagedError(); e != nil {
+		fail(e)
+		return
+	}
+	if a.writer.busy() {
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d: its log writer is behind", a.cfg.Topic, a.cfg.Partition)
+		e.RetryAfterMs = uint32(a.cfg.ThrottleRetryAfter / time.Millisecond)
+		a.m.throttled.Inc()
 		fail(e)
 		return
 	}

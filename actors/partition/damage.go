@@ -19,6 +19,8 @@ package partition
 //     removes and adds it back, so raft sends it the entries again.
 
 import (
+	"cmp"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"go.etcd.io/raft/v3/raftpb"
 
@@ -95,11 +97,21 @@ func (a *Actor) checkRebuilt() {
 	if a.applied < d.ToIndex || last < d.ToIndex {
 		return
 	}
-	if err := a.store.ClearDamage(); err != nil {
-		a.log.Warn("clearing the damage record", "err", err)
+	if a.clearing {
 		return
 	}
-	a.log.Info("the damaged log was rebuilt from the leader; the replica votes again", "applied", a.applied, "damaged_to_index", d.ToIndex)
+	a.clearing = true
+	store, log, applied := a.store, a.log, a.applied
+	a.writer.do(func(failed bool) {
+		if failed {
+			return
+		}
+		if err := store.ClearDamage(); err != nil {
+			log.Warn("clearing the damage record", "err", err)
+			return
+		}
+		log.Info("the damaged log was rebuilt from the leader; the replica votes again", "applied", applied, "damaged_to_index", d.ToIndex)
+	})
 }
 
 // onAppReject is the leader's look at a follower's rejection: a hint below
@@ -178,15 +190,41 @@ func (a *Actor) onRepair(ctx actor.Context, f *heraldpb.Frame) {
 				a.cfg.Topic, a.cfg.Partition, heraldpb.ReplicaNode(a.leader))))
 			return
 		}
-		if err := a.store.AcceptDamage(req.MinNextOffset); err != nil {
-			a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, storageError(err)))
-			return
-		}
-		if a.isLeader && a.stampReady {
-			a.tail = max(a.tail, a.store.NextOffset())
-		}
-		a.log.Warn("an operator accepted the loss of the damaged log", "next_offset", a.store.NextOffset())
+		// The damage record is written by the writer, in order with the
+		// log's other writes; onRepaired answers.
+		store, gen, send, floor := a.store, a.gen, a.writer.send, req.MinNextOffset
+		a.writer.do(func(failed bool) {
+			err := error(ErrStorageFailed)
+			if !failed {
+				err = store.AcceptDamage(floor)
+			}
+			send(repaired{gen: gen, f: f, replyTo: replyTo, err: err})
+		})
+		return
 	}
+	a.answerRepair(ctx, f, replyTo)
+}
+
+// onRepaired answers a repair whose acceptance the writer recorded.
+func (a *Actor) onRepaired(ctx actor.Context, m repaired) {
+	if m.gen != a.gen || a.store == nil {
+		a.reply(ctx, m.replyTo, heraldpb.ErrorFrame(m.f.Id, storageError(cmp.Or(m.err, ErrStorageFailed))))
+		return
+	}
+	a.writer.drain()
+	if m.err != nil {
+		a.reply(ctx, m.replyTo, heraldpb.ErrorFrame(m.f.Id, storageError(m.err)))
+		return
+	}
+	if a.isLeader && a.stampReady {
+		a.tail = max(a.tail, a.store.NextOffset())
+	}
+	a.log.Warn("an operator accepted the loss of the damaged log", "next_offset", a.store.NextOffset())
+	a.answerRepair(ctx, m.f, m.replyTo)
+}
+
+// answerRepair answers a RepairPartitionRequest with the damage record.
+func (a *Actor) answerRepair(ctx actor.Context, f *heraldpb.Frame, replyTo *actor.PID) {
 	r := &heraldpb.RepairPartitionResponse{NextOffset: a.store.NextOffset(), Node: uint32(heraldpb.ReplicaNode(a.cfg.ReplicaID))}
 	if a.isLeader && a.stampReady {
 		r.NextOffset = a.tail

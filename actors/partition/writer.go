@@ -1,6 +1,8 @@
 package partition
 
 import (
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	"go.etcd.io/raft/v3"
@@ -22,40 +24,117 @@ type appendDone struct {
 	err       error
 }
 
+// Reports of the writer's jobs (retain, onDeleteBefore, onRepair).
+type (
+	retained struct {
+		gen uint64
+		n   int64
+		err error
+	}
+	deletedBefore struct {
+		gen     uint64
+		replyTo *actor.PID
+		n       int64
+		err     error
+	}
+	repaired struct {
+		gen     uint64
+		f       *heraldpb.Frame
+		replyTo *actor.PID
+		err     error
+	}
+)
+
 // logWriter persists a partition's raft appends off the actor's mailbox:
 // raft runs with AsyncStorageWrites, the actor hands each MsgStorageAppend
 // to the writer, and the writer writes every message queued meanwhile, makes
 // them durable with one fsync (group commit across Readies) and reports
 // back. While it fsyncs, the actor keeps proposing, fetching and replying.
 //
-// Its queue is bounded (a full queue blocks the actor's submit until the
-// writer catches up); raft's MaxUncommittedEntriesSize bounds the bytes
-// behind it, past which producers get THROTTLED.
+// The writer is also the only goroutine that changes the log in other ways
+// (retention, membership records, damage records): those run as jobs, in
+// order with the appends, and report back by message, so the actor never
+// waits on the log's write lock or an fsync.
+//
+// Its queue is bounded and submit never blocks: what does not fit waits in
+// the actor's backlog (raft's own limits bound it: MaxInflightMsgs,
+// MaxUncommittedEntriesSize), and while there is a backlog new produces are
+// answered THROTTLED.
 type logWriter struct {
 	store Storage
 	gen   uint64
-	in    chan raftpb.Message
+	in    chan writerItem
 	done  chan struct{}
-	send  func(appendDone)
+	send  func(any)
 	depth prometheus.Gauge
+	// backlog holds what the full queue did not take, in order; the
+	// actor's goroutine only (submit, do, drain).
+	backlog []writerItem
+}
+
+// writerItem is an append, or a job run in order with the appends. A job
+// is told whether the log failed earlier (it must not touch it then) and
+// reports its own result.
+type writerItem struct {
+	msg raftpb.Message
+	job func(failed bool)
 }
 
 const maxWriterBatch = 256
 
-func startWriter(store Storage, gen uint64, queue int, depth prometheus.Gauge, send func(appendDone)) *logWriter {
-	w := &logWriter{store: store, gen: gen, in: make(chan raftpb.Message, queue), done: make(chan struct{}), send: send, depth: depth}
+func startWriter(store Storage, gen uint64, queue int, depth prometheus.Gauge, send func(any)) *logWriter {
+	w := &logWriter{store: store, gen: gen, in: make(chan writerItem, queue), done: make(chan struct{}), send: send, depth: depth}
 	go w.run()
 	return w
 }
 
-// submit queues one MsgStorageAppend. Messages are written in order.
-func (w *logWriter) submit(m raftpb.Message) {
-	w.in <- m
+// submit queues one MsgStorageAppend; it never blocks. Actor only.
+func (w *logWriter) submit(m raftpb.Message) { w.queue(writerItem{msg: m}) }
+
+// do queues a job after everything queued so far; it never blocks. Actor
+// only.
+func (w *logWriter) do(job func(failed bool)) { w.queue(writerItem{job: job}) }
+
+func (w *logWriter) queue(it writerItem) {
+	if len(w.backlog) == 0 {
+		select {
+		case w.in <- it:
+			w.depth.Set(float64(len(w.in)))
+			return
+		default:
+		}
+	}
+	w.backlog = append(w.backlog, it)
+	w.depth.Set(float64(len(w.in) + len(w.backlog)))
+}
+
+// drain moves what the queue has room for from the backlog. Actor only,
+// after each report of the writer.
+func (w *logWriter) drain() {
+	for len(w.backlog) > 0 {
+		select {
+		case w.in <- w.backlog[0]:
+			w.backlog[0] = writerItem{}
+			w.backlog = w.backlog[1:]
+		default:
+			w.depth.Set(float64(len(w.in) + len(w.backlog)))
+			return
+		}
+	}
+	w.backlog = nil
 	w.depth.Set(float64(len(w.in)))
 }
 
+// busy reports whether items wait in the backlog: the queue is full.
+func (w *logWriter) busy() bool { return len(w.backlog) > 0 }
+
 // stop writes what is queued, then returns once the writer has exited.
+// It may wait for the writer (the actor is stopping).
 func (w *logWriter) stop() {
+	for _, it := range w.backlog {
+		w.in <- it
+	}
+	w.backlog = nil
 	close(w.in)
 	<-w.done
 }
@@ -63,44 +142,60 @@ func (w *logWriter) stop() {
 func (w *logWriter) run() {
 	defer close(w.done)
 	failed := false
-	for m := range w.in {
-		batch := []raftpb.Message{m}
+	for it := range w.in {
+		items := []writerItem{it}
 	drain:
-		for len(batch) < maxWriterBatch {
+		for len(items) < maxWriterBatch {
 			select {
 			case next, ok := <-w.in:
 				if !ok {
 					break drain
 				}
-				batch = append(batch, next)
+				items = append(items, next)
 			default:
 				break drain
 			}
 		}
-		w.depth.Set(float64(len(w.in)))
-		if failed {
-			continue // the actor is tearing the log down
-		}
-		res := appendDone{gen: w.gen, n: len(batch)}
-		for i := range batch {
-			if res.err = w.write(&batch[i]); res.err != nil {
-				break
+		var batch []raftpb.Message
+		for _, it := range items {
+			if it.job == nil {
+				batch = append(batch, it.msg)
+				continue
 			}
-			if sn := batch[i].Snapshot; sn != nil && !raft.IsEmptySnap(*sn) {
-				res.snapshot = sn
-			}
-			res.entries = append(res.entries, batch[i].Entries...)
-			res.responses = append(res.responses, batch[i].Responses...)
+			failed = w.flush(batch, failed)
+			batch = nil
+			it.job(failed)
 		}
-		if res.err == nil {
-			res.err = w.store.Flush()
-		}
-		if res.err != nil {
-			failed = true
-			res.entries, res.responses = nil, nil
-		}
-		w.send(res)
+		failed = w.flush(batch, failed)
 	}
+}
+
+// flush writes a run of appends, makes them durable with one Flush and
+// reports; it returns whether the log has failed.
+func (w *logWriter) flush(batch []raftpb.Message, failed bool) bool {
+	if len(batch) == 0 || failed {
+		return failed // after a failure the actor is tearing the log down
+	}
+	res := appendDone{gen: w.gen, n: len(batch)}
+	for i := range batch {
+		if res.err = w.write(&batch[i]); res.err != nil {
+			break
+		}
+		if sn := batch[i].Snapshot; sn != nil && !raft.IsEmptySnap(*sn) {
+			res.snapshot = sn
+		}
+		res.entries = append(res.entries, batch[i].Entries...)
+		res.responses = append(res.responses, batch[i].Responses...)
+	}
+	if res.err == nil {
+		res.err = w.store.Flush()
+	}
+	if res.err != nil {
+		failed = true
+		res.entries, res.responses = nil, nil
+	}
+	w.send(res)
+	return failed
 }
 
 // write applies one MsgStorageAppend: snapshot, hard state, entries.
