@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -634,9 +635,9 @@ type PartitionRepair = heraldpb.RepairPartitionResponse
 // command: see `herald partition repair`.
 func (c *Client) RepairPartition(ctx context.Context, topic string, partition uint32, acceptLoss bool) ([]*PartitionRepair, error) {
 	addrs := c.replicaAddrs(ctx, topic, partition)
-	ask := func(addr string, accept bool, floor int64) (*PartitionRepair, error) {
+	ask := func(addr string, accept bool, floor int64, maxCommit uint64) (*PartitionRepair, error) {
 		req := &heraldpb.Frame{Body: &heraldpb.Frame_RepairPartition{RepairPartition: &heraldpb.RepairPartitionRequest{
-			Topic: topic, Partition: partition, AcceptLoss: accept, MinNextOffset: floor,
+			Topic: topic, Partition: partition, AcceptLoss: accept, MinNextOffset: floor, MaxCommitIndex: maxCommit,
 		}}}
 		var (
 			f   *heraldpb.Frame
@@ -661,9 +662,9 @@ func (c *Client) RepairPartition(ctx context.Context, topic string, partition ui
 		return r, nil
 	}
 	var out []*PartitionRepair
-	floor, whole := int64(0), false
+	floor, whole, shortest := int64(0), false, uint64(math.MaxUint64)
 	for _, a := range addrs {
-		r, err := ask(a, false, 0)
+		r, err := ask(a, false, 0, 0)
 		if err != nil {
 			return nil, fmt.Errorf("replica at %s: %w", a, err)
 		}
@@ -673,6 +674,13 @@ func (c *Client) RepairPartition(ctx context.Context, topic string, partition ui
 		} else if !r.GetAccepted() {
 			floor = max(floor, r.GetLostTo())
 		}
+		shortest = min(shortest, r.GetLastIndex())
+	}
+	// Every replica keeps its commit index within the shortest log kept,
+	// so that none holds one past the log of whichever leads next.
+	maxCommit := uint64(0)
+	if len(addrs) > 1 {
+		maxCommit = max(shortest, 1)
 	}
 	if !acceptLoss || (whole && len(addrs) > 1) {
 		return out, nil
@@ -681,7 +689,7 @@ func (c *Client) RepairPartition(ctx context.Context, topic string, partition ui
 		if !out[i].GetDamaged() || out[i].GetAccepted() {
 			continue
 		}
-		r, err := ask(a, true, floor)
+		r, err := ask(a, true, floor, maxCommit)
 		if err != nil {
 			return out, fmt.Errorf("accepting the loss at %s: %w", a, err)
 		}

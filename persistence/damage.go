@@ -106,7 +106,11 @@ func (l *Log) Damaged() bool {
 // offset any of them lost. It is the repair an operator runs; the record
 // stays (accepted) as the log's history. A log with no damage returns nil.
 // Owner only.
-func (l *Log) AcceptDamage(floor int64) error {
+//
+// maxCommit, when not 0, lowers the log's commit index to at most it (see
+// RepairPartitionRequest.max_commit_index): the owner must then reopen the
+// log so that raft starts from the lowered commit.
+func (l *Log) AcceptDamage(floor int64, maxCommit uint64) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	if l.closed {
@@ -115,6 +119,18 @@ func (l *Log) AcceptDamage(floor int64) error {
 	l.mu.RLock()
 	d := l.damage
 	l.mu.RUnlock()
+	if maxCommit > 0 && l.hs.Commit > maxCommit {
+		l.mu.Lock()
+		l.hs.Commit = maxCommit
+		// Until the owner reopens the log, its raft node still has the
+		// higher commit: later writes must not put it back.
+		l.commitCap = maxCommit
+		l.mu.Unlock()
+		if err := l.writeState(l.currentState()); err != nil {
+			return l.fail(err)
+		}
+		l.log.Warn("persistence: commit index lowered for an accepted loss", "group", l.opts.Group, "commit", maxCommit)
+	}
 	if d == nil || (d.Accepted && d.ToOffset >= floor) {
 		return nil
 	}

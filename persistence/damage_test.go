@@ -198,7 +198,7 @@ func TestDamageMatrix(t *testing.T) {
 				t.Fatalf("after reopen: %+v %v, want %+v", d2, ok, d)
 			}
 			// The repair: writable again past every lost offset.
-			if err := l.AcceptDamage(0); err != nil {
+			if err := l.AcceptDamage(0, 0); err != nil {
 				t.Fatal(err)
 			}
 			if l.Damaged() || l.NextOffset() != d.ToOffset {
@@ -382,7 +382,7 @@ func FuzzRecoverDamage(f *testing.F) {
 			t.Fatalf("entries after %d lost without a damage record (first damaged %d)\n%s", last, firstDamaged, sink)
 		}
 		if damaged {
-			if err := l.AcceptDamage(0); err != nil {
+			if err := l.AcceptDamage(0, 0); err != nil {
 				t.Fatal(err)
 			}
 			if l.NextOffset() < d.ToOffset || d.FromOffset != 2*int64(last) {

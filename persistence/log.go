@@ -70,6 +70,9 @@ type Log struct {
 	cache  entryCache
 	// damage is the log's damage record (damage.go); nil if whole.
 	damage *Damage
+	// commitCap, when set, bounds the commit index written (AcceptDamage,
+	// until the owner reopens the log).
+	commitCap uint64
 	// openTerm is the state file's term while Open runs (damage.go).
 	openTerm uint64
 	// readCorrupt is the first corruption a live read found.
@@ -429,6 +432,9 @@ func (l *Log) Write(hs raftpb.HardState, entries []raftpb.Entry) error {
 	// clamped to LastIndex by InitialState.
 	if !raft.IsEmptyHardState(hs) {
 		l.mu.Lock()
+		if l.commitCap > 0 {
+			hs.Commit = min(hs.Commit, l.commitCap)
+		}
 		l.hs = hs
 		l.mu.Unlock()
 		if hs.Term != l.persisted.hs.Term || hs.Vote != l.persisted.hs.Vote {

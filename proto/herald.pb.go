@@ -5759,8 +5759,14 @@ type RepairPartitionRequest struct {
 	// a partition every replica of which is damaged, the largest lost_to of
 	// them all, so that whichever replica leads next reuses none.
 	MinNextOffset int64 `protobuf:"varint,4,opt,name=min_next_offset,json=minNextOffset,proto3" json:"min_next_offset,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// With accept_loss, in a partition every replica of which is damaged:
+	// the replica lowers its commit index to at most this raft index (the
+	// shortest log any replica kept) and reopens its log, so that no replica
+	// holds a commit index past the log of whichever replica leads next
+	// (raft assumes every leader has every committed entry). 0: unchanged.
+	MaxCommitIndex uint64 `protobuf:"varint,5,opt,name=max_commit_index,json=maxCommitIndex,proto3" json:"max_commit_index,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RepairPartitionRequest) Reset() {
@@ -5821,6 +5827,13 @@ func (x *RepairPartitionRequest) GetMinNextOffset() int64 {
 	return 0
 }
 
+func (x *RepairPartitionRequest) GetMaxCommitIndex() uint64 {
+	if x != nil {
+		return x.MaxCommitIndex
+	}
+	return 0
+}
+
 type RepairPartitionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The replica's log holds a damage record (accepted or not).
@@ -5837,8 +5850,10 @@ type RepairPartitionResponse struct {
 	// What failed its check.
 	Reason string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
 	// The folders holding the damaged files, on the replica's node.
-	Quarantine    []string `protobuf:"bytes,8,rep,name=quarantine,proto3" json:"quarantine,omitempty"`
-	Node          uint32   `protobuf:"varint,9,opt,name=node,proto3" json:"node,omitempty"`
+	Quarantine []string `protobuf:"bytes,8,rep,name=quarantine,proto3" json:"quarantine,omitempty"`
+	Node       uint32   `protobuf:"varint,9,opt,name=node,proto3" json:"node,omitempty"`
+	// The last raft index of the replica's log.
+	LastIndex     uint64 `protobuf:"varint,10,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5932,6 +5947,13 @@ func (x *RepairPartitionResponse) GetQuarantine() []string {
 func (x *RepairPartitionResponse) GetNode() uint32 {
 	if x != nil {
 		return x.Node
+	}
+	return 0
+}
+
+func (x *RepairPartitionResponse) GetLastIndex() uint64 {
+	if x != nil {
+		return x.LastIndex
 	}
 	return 0
 }
@@ -6342,13 +6364,14 @@ const file_herald_proto_rawDesc = "" +
 	"created_ms\x18\a \x01(\x03R\tcreatedMs\"i\n" +
 	"\x15ListScheduledResponse\x126\n" +
 	"\tscheduled\x18\x01 \x03(\v2\x18.herald.v1.ScheduledInfoR\tscheduled\x12\x18\n" +
-	"\apending\x18\x02 \x01(\x04R\apending\"\x95\x01\n" +
+	"\apending\x18\x02 \x01(\x04R\apending\"\xbf\x01\n" +
 	"\x16RepairPartitionRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1f\n" +
 	"\vaccept_loss\x18\x03 \x01(\bR\n" +
 	"acceptLoss\x12&\n" +
-	"\x0fmin_next_offset\x18\x04 \x01(\x03R\rminNextOffset\"\x96\x02\n" +
+	"\x0fmin_next_offset\x18\x04 \x01(\x03R\rminNextOffset\x12(\n" +
+	"\x10max_commit_index\x18\x05 \x01(\x04R\x0emaxCommitIndex\"\xb5\x02\n" +
 	"\x17RepairPartitionResponse\x12\x18\n" +
 	"\adamaged\x18\x01 \x01(\bR\adamaged\x12\x1a\n" +
 	"\baccepted\x18\x02 \x01(\bR\baccepted\x12\x1b\n" +
@@ -6361,7 +6384,10 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"quarantine\x18\b \x03(\tR\n" +
 	"quarantine\x12\x12\n" +
-	"\x04node\x18\t \x01(\rR\x04node*\xf7\x05\n" +
+	"\x04node\x18\t \x01(\rR\x04node\x12\x1d\n" +
+	"\n" +
+	"last_index\x18\n" +
+	" \x01(\x04R\tlastIndex*\xf7\x05\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +

@@ -1190,7 +1190,19 @@ func (a *Actor) storageFailed(ctx actor.Context, err error) {
 	a.log.Error("partition storage failed; will reopen", "err", err)
 	a.m.storageFailures.Inc()
 	a.failure = err
-	a.failPending(ctx, storageError(err))
+	a.closeLog(ctx, storageError(err))
+	if a.reopenBackup == 0 {
+		a.reopenBackup = 500 * time.Millisecond
+	} else if a.reopenBackup < 10*time.Second {
+		a.reopenBackup *= 2
+	}
+	a.reopenAt = a.cfg.Clock.Now().Add(a.reopenBackup)
+}
+
+// closeLog answers everything waiting with why, stops the writer and closes
+// the log; the tick reopens it at reopenAt.
+func (a *Actor) closeLog(ctx actor.Context, why *heraldpb.Error) {
+	a.failPending(ctx, why)
 	a.dropHolds(ctx)
 	for _, f := range a.park.drain() {
 		a.answerFetch(ctx, f.replyTo, f.frameID, nil)
@@ -1208,12 +1220,6 @@ func (a *Actor) storageFailed(ctx actor.Context, err error) {
 	a.stats.Writable.Store(false)
 	a.stats.Idempotent.Store(false)
 	a.m.leader.Set(0)
-	if a.reopenBackup == 0 {
-		a.reopenBackup = 500 * time.Millisecond
-	} else if a.reopenBackup < 10*time.Second {
-		a.reopenBackup *= 2
-	}
-	a.reopenAt = a.cfg.Clock.Now().Add(a.reopenBackup)
 }
 
 // failPending answers every proposed, unanswered produce with why, marked

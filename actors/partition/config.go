@@ -49,7 +49,7 @@ type Storage interface {
 	// the log's record of corruption it found (persistence/damage.go).
 	Damage() (persistence.Damage, bool)
 	Damaged() bool
-	AcceptDamage(floor int64) error
+	AcceptDamage(floor int64, maxCommit uint64) error
 	// NextOffset is EndOffset, or past the offsets an accepted damage
 	// lost: the leader stamps new entries from it.
 	NextOffset() int64

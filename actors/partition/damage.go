@@ -20,6 +20,7 @@ package partition
 
 import (
 	"cmp"
+	"fmt"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"go.etcd.io/raft/v3/raftpb"
@@ -192,13 +193,16 @@ func (a *Actor) onRepair(ctx actor.Context, f *heraldpb.Frame) {
 		}
 		// The damage record is written by the writer, in order with the
 		// log's other writes; onRepaired answers.
-		store, gen, send, floor := a.store, a.gen, a.writer.send, req.MinNextOffset
+		store, gen, send, floor, maxCommit := a.store, a.gen, a.writer.send, req.MinNextOffset, req.MaxCommitIndex
+		if a.loneVoter() {
+			maxCommit = 0 // its own log is the partition's
+		}
 		a.writer.do(func(failed bool) {
 			err := error(ErrStorageFailed)
 			if !failed {
-				err = store.AcceptDamage(floor)
+				err = store.AcceptDamage(floor, maxCommit)
 			}
-			send(repaired{gen: gen, f: f, replyTo: replyTo, err: err})
+			send(repaired{gen: gen, f: f, replyTo: replyTo, err: err, maxCommit: maxCommit})
 		})
 		return
 	}
@@ -221,11 +225,20 @@ func (a *Actor) onRepaired(ctx actor.Context, m repaired) {
 	}
 	a.log.Warn("an operator accepted the loss of the damaged log", "next_offset", a.store.NextOffset())
 	a.answerRepair(ctx, m.f, m.replyTo)
+	if m.maxCommit > 0 && a.applied > m.maxCommit {
+		// Raft cannot lower a commit it applied: start it again on the
+		// log, from the lowered commit.
+		a.log.Warn("reopening the log from its lowered commit index", "applied", a.applied, "commit", m.maxCommit)
+		a.failure = fmt.Errorf("partition %s-%d is reopening its log after an accepted loss", a.cfg.Topic, a.cfg.Partition)
+		a.closeLog(ctx, heraldpb.NewError(heraldpb.ErrorCode_NOT_LEADER, "partition %s-%d is reopening its log", a.cfg.Topic, a.cfg.Partition))
+		a.reopenAt = a.cfg.Clock.Now()
+	}
 }
 
 // answerRepair answers a RepairPartitionRequest with the damage record.
 func (a *Actor) answerRepair(ctx actor.Context, f *heraldpb.Frame, replyTo *actor.PID) {
 	r := &heraldpb.RepairPartitionResponse{NextOffset: a.store.NextOffset(), Node: uint32(heraldpb.ReplicaNode(a.cfg.ReplicaID))}
+	r.LastIndex, _ = a.store.LastIndex()
 	if a.isLeader && a.stampReady {
 		r.NextOffset = a.tail
 	}

@@ -38,10 +38,11 @@ type (
 		err     error
 	}
 	repaired struct {
-		gen     uint64
-		f       *heraldpb.Frame
-		replyTo *actor.PID
-		err     error
+		gen       uint64
+		f         *heraldpb.Frame
+		replyTo   *actor.PID
+		err       error
+		maxCommit uint64
 	}
 )
 
