@@ -6,7 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -99,4 +102,120 @@ func withoutPadding(acked map[string]ackedRecord) map[string]ackedRecord {
 		}
 	}
 	return out
+}
+
+// TestDiskFullOutcomeUnknown is issue 14 §7's "after a disk-full error, 150
+// records the client was told failed were stored": several producers keep
+// batches in flight while the disk fills, and go on sending while the
+// partition fails and reopens. Afterwards, every record that was reported
+// failed and is stored must have been reported with
+// client.IsOutcomeUnknown(err); a failure without it must mean the record
+// is not stored. Acknowledged records are all stored where acknowledged.
+// (Measured: 30-130 of about 400 failed records were stored, all reported
+// outcome unknown; with failPending's OutcomeUnknown removed it fails.)
+func TestDiskFullOutcomeUnknown(t *testing.T) {
+	fs := mountTmpfs(t, "24m")
+	filler := filepath.Join(fs, "filler")
+	if err := os.WriteFile(filler, make([]byte, 8<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n := startProc(t, filepath.Join(fs, "data"), "--segment-bytes=1048576")
+	c := dial(t, n, client.WithRequestTimeout(10*time.Second))
+	ctx := ctxT(t, 180*time.Second)
+	if _, err := c.CreateTopic(ctx, "full", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	const writers, failuresEach = 12, 8
+	val := strings.Repeat("z", 8<<10)
+	var (
+		mu     sync.Mutex
+		acked  = map[string]ackedRecord{}
+		failed = map[string]error{}
+	)
+	var wg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		// Half the writers idempotent (the default), half not; each keeps
+		// up to 32 records in flight (SendAsync), batched.
+		p := c.NewProducer(client.WithMaxRetries(0), client.WithIdempotence(w%2 == 0), client.WithLinger(time.Millisecond))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem := make(chan struct{}, 32)
+			var fails atomic.Int32
+			for i := 0; i < 3000 && fails.Load() < failuresEach && ctx.Err() == nil; i++ {
+				sem <- struct{}{}
+				v := fmt.Sprintf("w%d-%08d", w, i)
+				p.SendAsync(ctx, &client.Message{Topic: "full", Partition: 0, Value: []byte(v + val)}, func(r client.Result, err error) {
+					defer func() { <-sem }()
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						failed[v+val] = err
+						fails.Add(1)
+						return
+					}
+					acked[v+val] = ackedRecord{r.Partition, r.Offset}
+				})
+			}
+			if err := p.Flush(ctx); err != nil {
+				t.Errorf("flush: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	mu.Lock()
+	nAcked, nFailed := len(acked), len(failed)
+	var storageErrs, unknown int
+	for _, err := range failed {
+		if client.IsCode(err, heraldpb.ErrorCode_STORAGE_ERROR) {
+			storageErrs++
+		}
+		if client.IsOutcomeUnknown(err) {
+			unknown++
+		}
+	}
+	mu.Unlock()
+	t.Logf("%d records acknowledged, %d failed (%d STORAGE_ERROR, %d outcome unknown)", nAcked, nFailed, storageErrs, unknown)
+	if storageErrs == 0 {
+		t.Fatal("filled the disk without a STORAGE_ERROR")
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	p := c.NewProducer()
+	checkFor(t, 60*time.Second, "produce to succeed after freeing space", func() error {
+		r, err := p.Send(ctx, &client.Message{Topic: "full", Partition: 0, Value: []byte("after-00000000")})
+		if err == nil {
+			mu.Lock()
+			acked["after-00000000"] = ackedRecord{r.Partition, r.Offset}
+			mu.Unlock()
+		}
+		return err
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	verifyAcked(t, c, "full", 1, acked)
+	var storedUnknown int
+	var wrong []string
+	for _, m := range readPartition(t, c, "full", 0) {
+		err, ok := failed[string(m.Value)]
+		if !ok {
+			continue
+		}
+		if client.IsOutcomeUnknown(err) {
+			storedUnknown++
+			continue
+		}
+		wrong = append(wrong, fmt.Sprintf("%s at %d: %v", m.Value[:11], m.Offset, err))
+	}
+	t.Logf("of the failed records, %d outcome-unknown ones were stored", storedUnknown)
+	if storedUnknown == 0 {
+		// Seen in none of 5 runs, but possible: then no failed record was
+		// stored and the check below holds trivially.
+		t.Log("no failed record was stored in this run: the outcome-unknown case was not exercised")
+	}
+	if len(wrong) > 0 {
+		sort.Strings(wrong)
+		t.Fatalf("%d records reported failed without outcome unknown were stored, e.g. %v", len(wrong), wrong[:min(5, len(wrong))])
+	}
 }

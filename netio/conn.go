@@ -206,14 +206,15 @@ func (c *conn) acquire(id uint64, est, size int64) bool {
 }
 
 // answer reports whether f answers a pending request, and marks it
-// answered: its reservation and its queued bytes are released (its slot is
-// released once the response is written).
-func (c *conn) answer(id uint64) bool {
+// answered: its queued bytes are released, and it returns the output it
+// had reserved, which write releases once the response is counted in the
+// pending output. Its slot is released once the response is written.
+func (c *conn) answer(id uint64) (ok bool, est int64) {
 	c.mu.Lock()
 	p, ok := c.pending[id]
 	if !ok {
 		c.mu.Unlock()
-		return false
+		return false, 0
 	}
 	est, size := p.est/int64(p.n), p.size/int64(p.n)
 	if p.n == 1 {
@@ -225,10 +226,9 @@ func (c *conn) answer(id uint64) bool {
 		p.size -= size
 		c.pending[id] = p
 	}
-	c.reserved.Add(-est)
 	c.mu.Unlock()
 	c.s.releaseQueued(size)
-	return true
+	return true, est
 }
 
 // release frees one in-flight slot once its response is written (or can no
@@ -312,15 +312,16 @@ func (a *session) onRaw(b RawPush) {
 		mFramesDropped.Inc()
 		return
 	}
-	if c.write(b, false) {
+	if c.write(b, false, 0) {
 		c.lastActive.Store(time.Now().UnixNano())
 	}
 }
 
 func (a *session) onFrame(f *heraldpb.Frame) {
 	c := a.c
-	isResponse := c.answer(f.Id)
+	isResponse, est := c.answer(f.Id)
 	if c.closed.Load() || c.final.Load() {
+		c.reserved.Add(-est)
 		mFramesDropped.Inc()
 		if isResponse {
 			c.release()
@@ -336,7 +337,7 @@ func (a *session) onFrame(f *heraldpb.Frame) {
 		buf = errorBytes(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL,
 			"response of %d bytes exceeds the negotiated max frame of %d", len(buf)-heraldpb.HeaderLen, max))
 	}
-	if c.write(buf, isResponse) {
+	if c.write(buf, isResponse, est) {
 		c.lastActive.Store(time.Now().UnixNano())
 	}
 }

@@ -79,19 +79,24 @@ func responseEstimate(f *heraldpb.Frame, maxFrame int64) int64 {
 
 // write hands an encoded frame to gnet from any goroutine and counts it in
 // the connection's pending output until it reaches the socket. A response
-// frees its in-flight slot once written. It reports false (and counts the
-// frame dropped) when the frame cannot be queued: the connection is gone,
-// or would exceed MaxPendingOutputHard, which closes it.
-func (c *conn) write(b []byte, isResponse bool) bool {
-	return c.writeThen(b, isResponse, nil)
+// frees its in-flight slot once written. est is the output its request
+// reserved (conn.answer), 0 for other frames: it is released on the event
+// loop once b is counted as buffered output, so that the loop, which
+// decides on out+reserved whether to read more requests, never sees the
+// response in neither and never misses its release. It reports false (and
+// counts the frame dropped) when the frame cannot be queued: the connection
+// is gone, or would exceed MaxPendingOutputHard, which closes it.
+func (c *conn) write(b []byte, isResponse bool, est int64) bool {
+	return c.writeThen(b, isResponse, est, nil)
 }
 
 // writeThen is write, calling then on the event loop once b is handed to
 // the socket or buffered.
-func (c *conn) writeThen(b []byte, isResponse bool, then func(gnet.Conn)) bool {
+func (c *conn) writeThen(b []byte, isResponse bool, est int64, then func(gnet.Conn)) bool {
 	n := int64(len(b))
 	if c.addOut(n) > int64(c.s.cfg.MaxPendingOutputHard) {
 		c.subOut(n)
+		c.reserved.Add(-est)
 		mFramesDropped.Inc()
 		if isResponse {
 			c.release()
@@ -101,6 +106,7 @@ func (c *conn) writeThen(b []byte, isResponse bool, then func(gnet.Conn)) bool {
 		return false
 	}
 	err := c.gc.AsyncWrite(b, func(gc gnet.Conn, err error) error {
+		c.reserved.Add(-est)
 		if err != nil {
 			c.subOut(n)
 			if isResponse {
@@ -120,6 +126,7 @@ func (c *conn) writeThen(b []byte, isResponse bool, then func(gnet.Conn)) bool {
 	})
 	if err != nil {
 		c.subOut(n)
+		c.reserved.Add(-est)
 		mFramesDropped.Inc()
 		if isResponse {
 			c.release()
@@ -333,7 +340,7 @@ func (c *conn) failAsync(e *heraldpb.Error) {
 	if !c.final.CompareAndSwap(false, true) {
 		return
 	}
-	if !c.writeThen(errorBytes(0, e), false, func(gc gnet.Conn) {
+	if !c.writeThen(errorBytes(0, e), false, 0, func(gc gnet.Conn) {
 		if c.finish(gc) == gnet.Close {
 			_ = gc.Close()
 		}

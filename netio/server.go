@@ -91,7 +91,7 @@ func (s *Server) Push(id string, frame []byte) bool {
 		mFramesDropped.Inc()
 		return false
 	}
-	if !c.write(frame, false) {
+	if !c.write(frame, false, 0) {
 		return false
 	}
 	c.lastActive.Store(time.Now().UnixNano())

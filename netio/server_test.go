@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,6 +51,14 @@ func (a *echoActor) Receive(ctx actor.Context) {
 }
 
 func (a *echoActor) answer(ctx actor.Context, r routed) {
+	if fr := r.f.GetFetch(); fr != nil {
+		// A Fetch is answered with max_bytes of record bytes: big responses
+		// for the flow-control tests.
+		ctx.Send(r.replyTo, &heraldpb.Frame{Id: r.f.Id, Body: &heraldpb.Frame_FetchResponse{
+			FetchResponse: &heraldpb.FetchResponse{Batches: []*heraldpb.StoredBatch{{Records: make([]byte, fr.MaxBytes)}}},
+		}})
+		return
+	}
 	ctx.Send(r.replyTo, &heraldpb.Frame{Id: r.f.Id, Body: &heraldpb.Frame_ProduceResponse{
 		ProduceResponse: &heraldpb.ProduceResponse{BaseOffset: int64(r.f.Id), Count: 1},
 	}})
@@ -58,9 +67,13 @@ func (a *echoActor) answer(ctx actor.Context, r routed) {
 type testRouter struct {
 	system *actor.ActorSystem
 	echo   *actor.PID
+	routed atomic.Int64              // requests routed so far
+	last   atomic.Pointer[actor.PID] // replyTo of the last routed request
 }
 
 func (r *testRouter) Route(f *heraldpb.Frame, replyTo *actor.PID) {
+	r.routed.Add(1)
+	r.last.Store(replyTo)
 	r.system.Root.Send(r.echo, routed{f, replyTo})
 }
 
