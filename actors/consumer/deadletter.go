@@ -67,7 +67,7 @@ func (c *coordinator) pumpDLQ(ctx actor.Context) {
 		}}})
 		return
 	}
-	now := time.Now()
+	now := c.o.Clock.Now()
 	batch := &heraldpb.RecordBatch{}
 	size := 0
 	var sent []msgID

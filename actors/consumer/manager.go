@@ -93,7 +93,7 @@ func Props(o Options) *actor.Props {
 func (m *Manager) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
-		m.started = time.Now()
+		m.started = m.o.Clock.Now()
 		m.recs = map[string]map[storeKey]*heraldpb.GroupProgress{}
 		m.lastTop = map[string]string{}
 		m.load(ctx)
@@ -132,7 +132,7 @@ func (m *Manager) Receive(ctx actor.Context) {
 			if e := msg.GetError(); e != nil && msg.Id == m.loadID {
 				m.o.Logger.Warn("reading __groups", "err", e.Message)
 				self, sys := ctx.Self(), ctx.ActorSystem()
-				time.AfterFunc(100*time.Millisecond, func() { sys.Root.Send(self, &loadRetry{}) })
+				m.o.Clock.AfterFunc(100*time.Millisecond, func() { sys.Root.Send(self, &loadRetry{}) })
 				return
 			}
 			m.hold(ctx, msg, ctx.Sender())
@@ -255,7 +255,7 @@ func (m *Manager) finishLoad(ctx actor.Context) {
 	}
 	m.armCompact(ctx)
 	m.armSummary(ctx)
-	m.o.Logger.Info("consumer groups loaded", "groups", len(m.recs), "records", m.records, "took", time.Since(m.started).Round(time.Millisecond))
+	m.o.Logger.Info("consumer groups loaded", "groups", len(m.recs), "records", m.records, "took", m.o.Clock.Now().Sub(m.started).Round(time.Millisecond))
 	m.recs, m.lastTop = nil, nil
 	q := m.queue
 	m.queue = nil
@@ -272,7 +272,7 @@ func (m *Manager) finishLoad(ctx actor.Context) {
 
 func (m *Manager) armCompact(ctx actor.Context) {
 	self, sys := ctx.Self(), ctx.ActorSystem()
-	time.AfterFunc(m.o.CompactCheck, func() { sys.Root.Send(self, &compactTick{}) })
+	m.o.Clock.AfterFunc(m.o.CompactCheck, func() { sys.Root.Send(self, &compactTick{}) })
 }
 
 // maybeCompact starts a compaction of __groups once it holds more than
@@ -305,7 +305,7 @@ func (m *Manager) maybeCompact(ctx actor.Context) {
 		ctx.Request(h.pid, &checkpoint{round: m.compactGen})
 	}
 	gen, self, sys := m.compactGen, ctx.Self(), ctx.ActorSystem()
-	time.AfterFunc(time.Minute, func() { sys.Root.Send(self, &compactTimeout{gen: gen}) })
+	m.o.Clock.AfterFunc(time.Minute, func() { sys.Root.Send(self, &compactTimeout{gen: gen}) })
 	if m.compactWait == 0 {
 		m.truncate(ctx)
 	}
@@ -418,7 +418,7 @@ func (m *Manager) onTerminated(ctx actor.Context, who *actor.PID) {
 
 func (m *Manager) armSummary(ctx actor.Context) {
 	self, sys := ctx.Self(), ctx.ActorSystem()
-	time.AfterFunc(time.Second, func() { sys.Root.Send(self, &summaryTick{}) })
+	m.o.Clock.AfterFunc(time.Second, func() { sys.Root.Send(self, &summaryTick{}) })
 }
 
 // summarizeStopped keeps the summary and lag gauges of groups whose

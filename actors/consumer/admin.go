@@ -1,0 +1,272 @@
+package consumer
+
+// Admin: start positions, group reset, describe, the summary and lag gauges.
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/partition"
+	"github.com/heraldmq/herald/actors/topic"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+func (c *coordinator) armStats() {
+	if !c.statsArmed {
+		c.statsArmed = true
+		c.after(time.Second, &statsMsg{})
+	}
+}
+
+// onStats refreshes the gauges and the summary, and polls the breakers so
+// that an open one half-opens (gobreaker moves lazily) and delivery resumes.
+func (c *coordinator) onStats(ctx actor.Context) {
+	l := c.live
+	if l == nil {
+		// No members: the lag still moves as records arrive, and this is
+		// when an operator looks at it.
+		c.updateSummary()
+		c.maybeIdleStop(ctx)
+		c.armStats()
+		return
+	}
+	if e := c.o.Topics.Get(l.topic); !topic.Same(e, l.entry) {
+		// The topic was deleted (and maybe made again): its partition
+		// actors are gone, so the subscription ends; members may subscribe
+		// again to the new topic.
+		c.log.Warn("the group's topic was deleted; ending its subscriptions", "topic", l.topic)
+		c.endAll(ctx, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q of group %q was deleted", l.topic, c.group))
+		return
+	}
+	resume := false
+	for _, mb := range l.members {
+		if mb.breaker.State() != BreakerOpen {
+			resume = true
+		}
+	}
+	if resume {
+		c.dispatch(ctx)
+	}
+	c.updateSummary()
+	c.armStats()
+}
+
+// resolve computes an offset per partition of entry for pos and calls done
+// on the coordinator.
+func (c *coordinator) resolve(ctx actor.Context, entry *topic.Entry, pos *heraldpb.StartPosition, done func([]int64, *heraldpb.Error)) {
+	n := len(entry.Partitions)
+	op := &resolveOp{start: make([]int64, n), done: done}
+	for p := 0; p < n; p++ {
+		st := c.partitionStats(entry, p)
+		lo, hi := st.StartOffset.Load(), st.HighWatermark.Load()
+		// A partition with no replica on this node: its bounds come from
+		// the node that holds one.
+		cur := c.current(entry)
+		remote := cur.Record != nil && p < len(cur.Dirs) && cur.Dirs[p] == ""
+		list := func(spec heraldpb.OffsetSpec, ts int64) {
+			id := c.id()
+			c.listByID[id] = struct {
+				op   *resolveOp
+				part int
+			}{op, p}
+			op.waiting++
+			ctx.Request(c.partitionPID(entry, p), &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ListOffsets{ListOffsets: &heraldpb.ListOffsetsRequest{
+				Topic: entry.Name, Partition: uint32(p), Spec: spec, TimestampMs: ts,
+			}}})
+		}
+		switch at := pos.At.(type) {
+		case *heraldpb.StartPosition_Earliest:
+			if remote {
+				list(heraldpb.OffsetSpec_OFFSET_SPEC_EARLIEST, 0)
+				continue
+			}
+			op.start[p] = lo
+		case *heraldpb.StartPosition_Offset:
+			op.start[p] = max(at.Offset, lo)
+			if !remote || hi > 0 {
+				op.start[p] = min(op.start[p], hi)
+			}
+		case *heraldpb.StartPosition_TimestampMs:
+			list(heraldpb.OffsetSpec_OFFSET_SPEC_TIMESTAMP, at.TimestampMs)
+		default: // latest
+			if remote {
+				list(heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, 0)
+				continue
+			}
+			op.start[p] = hi
+		}
+	}
+	if op.waiting == 0 {
+		done(op.start, nil)
+	}
+}
+
+func (c *coordinator) onListed(ctx actor.Context, id uint64, off int64, e *heraldpb.Error) {
+	w, ok := c.listByID[id]
+	if !ok {
+		return
+	}
+	delete(c.listByID, id)
+	if e != nil && w.op.failed == nil {
+		w.op.failed = e
+	}
+	w.op.start[w.part] = off
+	w.op.waiting--
+	if w.op.waiting == 0 {
+		w.op.done(w.op.start, w.op.failed)
+	}
+}
+
+func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.ResetGroupRequest) {
+	replyTo := ctx.Sender()
+	if req.To == nil || req.To.At == nil {
+		respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "reset needs a position (earliest, latest, offset or timestamp)"))
+		return
+	}
+	if c.resolving {
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "group %q is starting a subscription", c.group)
+		e.RetryAfterMs = 50
+		respond(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e))
+		return
+	}
+	topicName := c.st.lastTop
+	for _, r := range c.writeRecs {
+		topicName = r.Topic
+	}
+	for _, r := range c.toWrite {
+		topicName = r.Topic
+	}
+	if l := c.live; l != nil {
+		topicName = l.topic
+		if !req.Force {
+			respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_GROUP_HAS_MEMBERS, "group %q has %d live members; stop them or reset with force", c.group, len(l.members)))
+			return
+		}
+		c.endAll(ctx, heraldpb.NewError(heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "group %q was reset with force", c.group))
+	}
+	if topicName == "" {
+		respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_GROUP_NOT_FOUND, "group %q has no stored progress", c.group))
+		return
+	}
+	entry := c.o.Topics.Get(topicName)
+	if entry == nil {
+		respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q of group %q does not exist", topicName, c.group))
+		return
+	}
+	for _, p := range req.Partitions {
+		if int(p) >= len(entry.Partitions) {
+			respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_PARTITION_NOT_FOUND, "topic %q has no partition %d", topicName, p))
+			return
+		}
+	}
+	c.resolving = true
+	c.resolve(ctx, entry, req.To, func(start []int64, e *heraldpb.Error) {
+		c.resolving = false
+		defer func() {
+			for _, p := range c.pendingSubs {
+				c.onSubscribe(ctx, p)
+			}
+			c.pendingSubs = nil
+		}()
+		if e != nil {
+			respond(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e))
+			return
+		}
+		recs := c.latestRecords(topicName)
+		if len(recs) == 0 {
+			recs = []*heraldpb.GroupProgress{{Group: c.group, Topic: topicName}}
+		}
+		for _, old := range recs {
+			rec := &heraldpb.GroupProgress{Group: c.group, Topic: topicName, Subscriber: old.Subscriber, Mode: old.Mode}
+			for p := range start {
+				if len(req.Partitions) > 0 && !slices.Contains(req.Partitions, uint32(p)) {
+					for _, op := range old.Partitions {
+						if op.Partition == uint32(p) {
+							rec.Partitions = append(rec.Partitions, op)
+						}
+					}
+					continue
+				}
+				rec.Partitions = append(rec.Partitions, &heraldpb.PartitionProgress{Partition: uint32(p), AckFloor: start[p]})
+			}
+			c.toWrite = append(c.toWrite, rec)
+		}
+		// describe sees the queued records: the group as it will be.
+		c.waiters = append(c.waiters, waiter{to: replyTo, f: &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ResetGroupResponse{ResetGroupResponse: &heraldpb.ResetGroupResponse{Group: c.describe()}}}})
+		c.flush(ctx)
+	})
+}
+
+// ---- describe ----------------------------------------------------------------
+
+// current is the registry's entry now for the topic entry was taken for:
+// in a cluster a partition's local replica comes and goes as partitions
+// move between nodes (a stand-in forwards to other nodes meanwhile), and
+// the PIDs and stats held since the subscription may be gone.
+func (c *coordinator) current(entry *topic.Entry) *topic.Entry { return c.o.Topics.Current(entry) }
+
+// partitionPID is the actor serving partition p (see current).
+func (c *coordinator) partitionPID(entry *topic.Entry, p int) *actor.PID {
+	return c.current(entry).Partitions[p]
+}
+
+// partitionStats is partition p's published state (see current).
+func (c *coordinator) partitionStats(entry *topic.Entry, p int) *partition.Stats {
+	return c.current(entry).Stats[p]
+}
+
+func (c *coordinator) describe() *heraldpb.GroupInfo {
+	gi := &heraldpb.GroupInfo{Group: c.group, DeadLettered: c.st.deadLettered, Expired: c.st.expired,
+		RetryPolicy: c.st.lastPolicy, DeadLetterTopic: c.st.lastDLQ}
+	l := c.live
+	if l == nil {
+		storedInfo(gi, c.o.Topics, c.st.lastTop, c.latestRecords(c.st.lastTop))
+		return gi
+	}
+	gi.Topic, gi.Mode, gi.FilterType, gi.Filter = l.topic, wireMode(l.mode), l.filterType, l.filterText
+	gi.Retrying = uint32(l.sub.Retrying())
+	for _, mid := range l.sub.Members() {
+		mb := l.members[mid]
+		mi := &heraldpb.MemberInfo{
+			MemberId: string(mid), Name: mb.name, Address: cmp.Or(mb.addr, mb.conn.Id),
+			InFlight: uint32(l.sub.InFlight(mid)), Credits: uint32(l.sub.Credits(mid) + int(mb.callBudget())),
+			Delivered: mb.delivered, Redelivered: mb.redelivered,
+			Breaker: heraldpb.BreakerState(mb.breaker.State()), Responder: mb.responder,
+		}
+		if l.mode == Clustering {
+			mi.Partitions = l.sub.Assignor().Owned(mid)
+		}
+		gi.Members = append(gi.Members, mi)
+		gi.InFlight += mi.InFlight
+		gi.Redelivered += mb.redelivered
+	}
+	for _, v := range l.sub.Views() {
+		for p := range l.entry.Partitions {
+			owner := ""
+			if l.mode == Clustering {
+				if o, ok := l.sub.Assignor().Owner(uint32(p)); ok {
+					owner = string(o)
+				}
+			}
+			gi.Partitions = append(gi.Partitions, lagOf(uint32(p), string(v), l.sub.Progress(v, uint32(p)), c.current(l.entry), owner))
+		}
+	}
+	return gi
+}
+
+func lagOf(p uint32, subscriber string, prog *Progress, entry *topic.Entry, owner string) *heraldpb.PartitionLag {
+	pl := &heraldpb.PartitionLag{Partition: p, Subscriber: subscriber, AckFloor: prog.Floor(), AckedAbove: uint32(prog.Pending()), Owner: owner}
+	if entry != nil && int(p) < len(entry.Stats) {
+		pl.HighWatermark = entry.Stats[p].HighWatermark.Load()
+		pl.Lag = max(pl.HighWatermark-pl.AckFloor-int64(pl.AckedAbove), 0)
+	}
+	return pl
+}
+
+// updateSummary publishes the group's line of ListGroups and its lag
+// gauges.
+func (c *coordinator) updateSummary() {
+	publishSummary(c.group, c.st, c.describe())
+}
