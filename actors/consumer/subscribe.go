@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/actors/consumer/filter"
+	"github.com/heraldmq/herald/filter"
 	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"

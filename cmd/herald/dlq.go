@@ -21,7 +21,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/heraldmq/herald/actors/consumer/filter"
+	"github.com/heraldmq/herald/filter"
 	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/client"
 	heraldpb "github.com/heraldmq/herald/proto"
