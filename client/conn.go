@@ -69,19 +69,26 @@ type conn struct {
 // throttle time: no produce leaves before the retry-after has passed, and
 // then at most limit produces are in flight on the connection, a limit
 // halved by each THROTTLED (once per retry-after) and raised by one with
-// each produce answered otherwise, until it is lifted. So a producer whose
-// batches are refused does not send all its batches again at once to be
-// refused again, and one that is never throttled is never held.
+// each produce answered otherwise once gateQuiet has passed without a
+// THROTTLED, until it is lifted. So a producer whose batches are refused
+// does not send all its batches again at once to be refused again, probes
+// for more room about once per gateQuiet, and one that is never throttled
+// is never held.
 type produceGate struct {
 	mu       sync.Mutex
 	limit    int       // produces in flight allowed; 0 = no limit
 	inflight int       // produces in flight through the gate
 	until    time.Time // no produce before this
+	last     time.Time // the last THROTTLED
 	changed  chan struct{}
 }
 
-// gateLift is the limit above which the gate opens fully again.
-const gateLift = 64
+// gateLift is the limit above which the gate opens fully again; gateQuiet
+// how long after a THROTTLED the limit stays put.
+const (
+	gateLift  = 64
+	gateQuiet = time.Second
+)
 
 // acquire waits for the gate to let one produce through, or ctx to end.
 func (g *produceGate) acquire(ctx context.Context) error {
@@ -132,10 +139,10 @@ func (g *produceGate) release(throttled bool, retryAfter time.Duration) {
 		// The first refusal of a round: halve, and wait the hint. The
 		// other produces in flight then were sent before it.
 		g.limit = max(1, min(g.limitOr(g.inflight+1), g.inflight+1)/2)
-		g.until = now.Add(retryAfter)
+		g.until, g.last = now.Add(retryAfter), now
 	case throttled:
-		g.until = maxTime(g.until, now.Add(retryAfter))
-	case g.limit > 0:
+		g.until, g.last = maxTime(g.until, now.Add(retryAfter)), now
+	case g.limit > 0 && now.Sub(g.last) >= gateQuiet:
 		if g.limit++; g.limit > gateLift {
 			g.limit = 0
 		}
