@@ -187,7 +187,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		MaxPendingOutput: cfg.MaxPendingOutput, MaxPendingOutputHard: cfg.MaxPendingOutputHard,
 		WriteStallTimeout: neverIfZero(cfg.WriteStallTimeout), MaxQueuedRequestBytes: cfg.MaxQueuedRequestBytes,
 		FrameTimeout: neverIfZero(cfg.FrameTimeout), MaxFrameBytesBeforeHello: cfg.MaxFrameBytesBeforeHello,
-		NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
+		MaxInFlightProduceBytes: offIfZero(cfg.MaxInFlightProduceBytes), NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
 	}, b.sys, router{sys: b.sys, groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager), sched: b.routeScheduled})
 	if err != nil {
 		b.stopActors()

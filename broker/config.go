@@ -45,6 +45,7 @@ type Config struct {
 	MaxQueuedRequestBytes    int64
 	FrameTimeout             time.Duration
 	MaxFrameBytesBeforeHello int
+	MaxInFlightProduceBytes  int64 // admission (netio.Config.MaxInFlightProduceBytes); 0 = off
 	EventLoops               int
 	DefaultParts             uint
 	MaxMessageBytes          uint
@@ -110,7 +111,7 @@ func Default() Config {
 		SegmentBytes: 4 << 20, MaxFrameBytes: 16 << 20, MaxConnections: 10000, IdleTimeout: 5 * time.Minute,
 		MaxInFlight: 1024, MaxPendingOutput: 8 << 20, WriteStallTimeout: 30 * time.Second,
 		MaxQueuedRequestBytes: 64 << 20, FrameTimeout: 30 * time.Second, MaxFrameBytesBeforeHello: 64 << 10,
-		DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
+		MaxInFlightProduceBytes: 16 << 20, DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second, GroupIdleStop: consumer.DefaultIdleStop,
 		RetryPolicy: scheduler.DefaultRetryPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 50 * time.Millisecond,
@@ -175,6 +176,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxFrameBytesBeforeHello < 1<<10 || c.MaxFrameBytesBeforeHello > c.MaxFrameBytes {
 		bad("max-frame-bytes-before-hello", "%d is outside 1 KiB..max-frame-bytes", c.MaxFrameBytesBeforeHello)
+	}
+	if c.MaxInFlightProduceBytes < 0 {
+		bad("max-inflight-produce-bytes", "must not be negative (0 = off)")
 	}
 	if c.EventLoops < 0 {
 		bad("event-loops", "must not be negative")
@@ -298,6 +302,14 @@ func splitList(s string) []string {
 
 // neverIfZero maps a broker timeout where 0 means never to netio's
 // convention (0 = default, negative = never).
+// offIfZero maps the broker's 0 (off) to netio's negative (off).
+func offIfZero(n int64) int64 {
+	if n == 0 {
+		return -1
+	}
+	return n
+}
+
 func neverIfZero(d time.Duration) time.Duration {
 	if d == 0 {
 		return -1

@@ -37,6 +37,9 @@ type conn struct {
 
 	slots  chan struct{} // in-flight semaphore: a send takes, a response returns
 	nextID atomic.Uint64
+	// gate holds produces to this broker after it answered THROTTLED
+	// (produceGate).
+	gate produceGate
 
 	mu      sync.Mutex
 	pending map[uint64]chan *heraldpb.Frame
@@ -59,6 +62,109 @@ type conn struct {
 	// idle; under load senders queue and the writer batches).
 	wmu   sync.Mutex
 	spare []byte // the buffer wbuf swaps with; guarded by wmu
+}
+
+// produceGate paces a connection's produce requests after the broker
+// answered THROTTLED, as Kafka clients mute a connection for a broker's
+// throttle time: no produce leaves before the retry-after has passed, and
+// then at most limit produces are in flight on the connection, a limit
+// halved by each THROTTLED (once per retry-after) and raised by one with
+// each produce answered otherwise once gateQuiet has passed without a
+// THROTTLED, until it is lifted. So a producer whose batches are refused
+// does not send all its batches again at once to be refused again, probes
+// for more room about once per gateQuiet, and one that is never throttled
+// is never held.
+type produceGate struct {
+	mu       sync.Mutex
+	limit    int       // produces in flight allowed; 0 = no limit
+	inflight int       // produces in flight through the gate
+	until    time.Time // no produce before this
+	last     time.Time // the last THROTTLED
+	changed  chan struct{}
+}
+
+// gateLift is the limit above which the gate opens fully again; gateQuiet
+// how long after a THROTTLED the limit stays put.
+const (
+	gateLift  = 64
+	gateQuiet = time.Second
+)
+
+// acquire waits for the gate to let one produce through, or ctx to end.
+func (g *produceGate) acquire(ctx context.Context) error {
+	for {
+		g.mu.Lock()
+		wait := time.Until(g.until)
+		if wait <= 0 && (g.limit == 0 || g.inflight < g.limit) {
+			g.inflight++
+			g.mu.Unlock()
+			return nil
+		}
+		if g.changed == nil {
+			g.changed = make(chan struct{})
+		}
+		changed := g.changed
+		g.mu.Unlock()
+		var t *time.Timer
+		var timer <-chan time.Time
+		if wait > 0 {
+			t = time.NewTimer(wait)
+			timer = t.C
+		}
+		var err error
+		select {
+		case <-timer:
+		case <-changed:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// release ends a produce acquire let through: throttled with the broker's
+// retry-after, or not (answered otherwise, or never answered).
+func (g *produceGate) release(throttled bool, retryAfter time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.inflight--
+	now := time.Now()
+	switch {
+	case throttled && now.After(g.until):
+		// The first refusal of a round: halve, and wait the hint. The
+		// other produces in flight then were sent before it.
+		g.limit = max(1, min(g.limitOr(g.inflight+1), g.inflight+1)/2)
+		g.until, g.last = now.Add(retryAfter), now
+	case throttled:
+		g.until, g.last = maxTime(g.until, now.Add(retryAfter)), now
+	case g.limit > 0 && now.Sub(g.last) >= gateQuiet:
+		if g.limit++; g.limit > gateLift {
+			g.limit = 0
+		}
+	}
+	if g.changed != nil {
+		close(g.changed)
+		g.changed = nil
+	}
+}
+
+func (g *produceGate) limitOr(n int) int {
+	if g.limit == 0 {
+		return n
+	}
+	return g.limit
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // writeThroughMax bounds the queued bytes a sender writes itself; bigger

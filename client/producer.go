@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -57,6 +58,9 @@ type Producer struct {
 	freed    chan struct{}          // closed (and replaced) whenever records finish
 	flushing int                    // Flush calls in progress: linger is ignored
 	closed   bool
+
+	// Counters for Stats.
+	throttled, retries atomic.Uint64
 
 	// bufs holds *[]byte batch buffers (length 0) of finished batches for
 	// reuse: a batch buffer is not referenced any more once its produce
@@ -639,11 +643,20 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		if IsCode(err, heraldpb.ErrorCode_NOT_LEADER) {
 			p.c.notLeader(key.topic, key.partition, err)
 		}
+		p.retries.Add(1)
 		wait := backoff
 		if moving {
 			wait = min(wait, failoverBackoff)
 		}
-		if ra := retryAfter(err); ra > wait {
+		ra := retryAfter(err)
+		if ra > wait {
+			wait = ra
+		}
+		// THROTTLED with a hint: the hint is the broker's measure of
+		// when this connection is within its share again, so wait that,
+		// not a backoff that grows with each refusal.
+		hinted := IsCode(err, heraldpb.ErrorCode_THROTTLED) && ra > 0
+		if hinted {
 			wait = ra
 		}
 		p.c.cfg.logger.Debug("herald: produce retry", "topic", key.topic, "partition", key.partition, "attempt", attempt+1, "wait", wait, "err", err)
@@ -654,7 +667,9 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 			t.Stop()
 			return nil, p.final(ErrClosed, unknown)
 		}
-		backoff = min(2*backoff, p.cfg.backoffMax)
+		if !hinted {
+			backoff = min(2*backoff, p.cfg.backoffMax)
+		}
 	}
 }
 
@@ -690,6 +705,11 @@ func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey, queue
 	if err != nil {
 		return nil, false, err
 	}
+	if err := cn.gate.acquire(p.ctx); err != nil {
+		return nil, false, ErrClosed
+	}
+	throttled := false
+	defer func() { cn.gate.release(throttled, retryAfter(err)) }()
 	frame := &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}
 	ch, err := cn.send(p.ctx, func(dst []byte, id uint64) ([]byte, error) {
 		frame.Id = id
@@ -719,6 +739,10 @@ func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey, queue
 	if errors.Is(err, ErrRequestTimeout) {
 		p.c.markSuspect(cn.addr, suspectFor)
 		p.c.invalidate(key.topic)
+	}
+	if IsCode(err, heraldpb.ErrorCode_THROTTLED) {
+		p.throttled.Add(1)
+		throttled = true
 	}
 	if err != nil {
 		return nil, true, err
@@ -777,6 +801,24 @@ func (p *Producer) Close(ctx context.Context) error {
 	}
 	p.cancel()
 	return err
+}
+
+// ProducerStats are a producer's counters since it was created.
+type ProducerStats struct {
+	// Throttled counts produce attempts the broker answered THROTTLED
+	// (overload: admission control, a saturated partition). The producer
+	// retries them after the broker's retry-after, holding its other
+	// produces to the same broker meanwhile; they fail only if still
+	// throttled after WithFailoverTimeout.
+	Throttled uint64
+	// Retries counts produce attempts sent again after a retryable error
+	// (THROTTLED included).
+	Retries uint64
+}
+
+// Stats returns the producer's counters. Safe for concurrent use.
+func (p *Producer) Stats() ProducerStats {
+	return ProducerStats{Throttled: p.throttled.Load(), Retries: p.retries.Load()}
 }
 
 // Buffered returns the number of messages accepted and not yet completed.

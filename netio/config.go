@@ -33,6 +33,9 @@ const (
 	// DefaultMaxFrameBytesBeforeHello is the default largest frame a
 	// connection may send before its Hello.
 	DefaultMaxFrameBytesBeforeHello = 64 << 10
+	// DefaultMaxInFlightProduceBytes is the default admission limit of
+	// produce bytes in flight (see Config.MaxInFlightProduceBytes).
+	DefaultMaxInFlightProduceBytes = 16 << 20
 )
 
 // Config configures a Server. The zero value of every field means "use the
@@ -103,6 +106,17 @@ type Config struct {
 	// DefaultMaxFrameBytesBeforeHello (64 KiB), and never above
 	// MaxFrameBytes.
 	MaxFrameBytesBeforeHello int
+	// MaxInFlightProduceBytes is the admission limit, in bytes, of produce
+	// requests routed and not yet answered, broker-wide (admission.go).
+	// Over half of it, a connection whose own produce bytes in flight
+	// exceed its fair share (the limit divided by the connections with
+	// produce bytes in flight) is answered THROTTLED at once, with a
+	// retry-after from the measured drain rate; connections within their
+	// share, and any connection with no produce in flight, are admitted.
+	// Size it to what the disk drains in a few tens of milliseconds.
+	// Default DefaultMaxInFlightProduceBytes (16 MiB); negative turns
+	// admission off (EnsureDefaults turns it into 0, which then means off).
+	MaxInFlightProduceBytes int64
 	// NodeID and ServerVersion are reported in HelloResponse.
 	NodeID        uint32
 	ServerVersion string
@@ -158,6 +172,12 @@ func (c *Config) EnsureDefaults() {
 	case c.FrameTimeout < 0:
 		c.FrameTimeout = 0
 	}
+	switch {
+	case c.MaxInFlightProduceBytes == 0:
+		c.MaxInFlightProduceBytes = DefaultMaxInFlightProduceBytes
+	case c.MaxInFlightProduceBytes < 0:
+		c.MaxInFlightProduceBytes = 0
+	}
 	if c.MaxFrameBytesBeforeHello == 0 {
 		c.MaxFrameBytesBeforeHello = min(DefaultMaxFrameBytesBeforeHello, c.MaxFrameBytes)
 	}
@@ -205,6 +225,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxFrameBytesBeforeHello < heraldpb.HeaderLen || c.MaxFrameBytesBeforeHello > c.MaxFrameBytes {
 		probs = append(probs, fmt.Sprintf("MaxFrameBytesBeforeHello %d: must be in [%d, MaxFrameBytes]", c.MaxFrameBytesBeforeHello, heraldpb.HeaderLen))
+	}
+	if c.MaxInFlightProduceBytes < 0 {
+		probs = append(probs, fmt.Sprintf("MaxInFlightProduceBytes %d: must be >= 0 (0 = off)", c.MaxInFlightProduceBytes))
 	}
 	if len(probs) == 0 {
 		return nil

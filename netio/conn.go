@@ -48,17 +48,20 @@ type conn struct {
 	paused       uint8        // loop: pauseOutput|pauseBudget; reads are paused while non-zero
 	held         int64        // loop: inbound buffered bytes counted in Server.queued
 
+	adm admitCounter // produce bytes admitted and not yet answered (admission.go)
+
 	mu       sync.Mutex
 	pending  map[uint64]pendingReq // request ids routed and not yet answered
 	inflight int                   // routed requests whose response has not left the outbound buffer
 }
 
 // pendingReq is what the routed requests with one id hold: how many there
-// are (a client may reuse an id), the response bytes reserved for them and
-// their frames' bytes counted in Server.queued.
+// are (a client may reuse an id), the response bytes reserved for them,
+// their frames' bytes counted in Server.queued, and of those the produce
+// bytes counted by admission.
 type pendingReq struct {
-	n         int
-	est, size int64
+	n                  int
+	est, size, produce int64
 }
 
 func newConn(s *Server, gc gnet.Conn) *conn {
@@ -90,7 +93,8 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, 
 		mBadFrames.WithLabelValues(badMalformed).Inc()
 		return c.fail(gc, out, 0, heraldpb.NewError(heraldpb.ErrorCode_MALFORMED_FRAME, "%v", derr))
 	}
-	c.lastActive.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	c.lastActive.Store(now)
 	name, isRequest := bodyKind(f)
 	if !isRequest {
 		mBadFrames.WithLabelValues(badNotRequest).Inc()
@@ -103,13 +107,41 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, 
 	if c.s.shutting.Load() {
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_SHUTTING_DOWN, "broker is shutting down"))), gnet.None
 	}
-	if !c.acquire(f.Id, responseEstimate(f, c.maxFrame.Load()), int64(size)) {
+	var produce int64
+	if _, ok := f.Body.(*heraldpb.Frame_Produce); ok {
+		if v, wait := c.s.adm.admit(&c.adm, int64(size), now); v != admitted {
+			return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, c.throttled(v, wait))), gnet.None
+		}
+		produce = int64(size)
+		mProduceInflight.Add(float64(produce))
+	}
+	if !c.acquire(f.Id, responseEstimate(f, c.maxFrame.Load()), int64(size), produce) {
+		if produce > 0 {
+			c.s.adm.cancel(&c.adm, produce)
+			mProduceInflight.Sub(float64(produce))
+		}
 		e := heraldpb.NewError(heraldpb.ErrorCode_TOO_MANY_IN_FLIGHT, "connection has %d requests in flight", c.window.Load())
 		e.RetryAfterMs = retryAfterInFlightMs
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, e)), gnet.None
 	}
 	c.s.router.Route(f, c.pid)
 	return out, gnet.None
+}
+
+// throttled is the THROTTLED error of a produce admission refused, and
+// counts it.
+func (c *conn) throttled(v verdict, wait time.Duration) *heraldpb.Error {
+	reason := throttleFairShare
+	if v == throttledLimit {
+		reason = throttleLimit
+	}
+	mProduceThrottled.WithLabelValues(reason).Inc()
+	a := c.s.adm
+	e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED,
+		"broker has %d produce bytes in flight (limit %d) over %d connections; this connection's %d are over its fair share",
+		a.inflight.Load(), a.limit, a.active.Load(), c.adm.own.Load())
+	e.RetryAfterMs = uint32((wait + time.Millisecond - 1) / time.Millisecond)
+	return e
 }
 
 // hello negotiates the connection's limits (see the package doc).
@@ -184,9 +216,9 @@ func (c *conn) finish(gc gnet.Conn) gnet.Action {
 }
 
 // acquire takes an in-flight slot for request id, whose response may add
-// est bytes of output and whose frame is size bytes, or reports the window
-// full.
-func (c *conn) acquire(id uint64, est, size int64) bool {
+// est bytes of output and whose frame is size bytes (produce of them
+// admitted by admission), or reports the window full.
+func (c *conn) acquire(id uint64, est, size, produce int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if int64(c.inflight) >= c.window.Load() {
@@ -197,6 +229,7 @@ func (c *conn) acquire(id uint64, est, size int64) bool {
 	p.n++
 	p.est += est
 	p.size += size
+	p.produce += produce
 	c.pending[id] = p
 	c.reserved.Add(est)
 	c.s.addQueued(size)
@@ -216,18 +249,24 @@ func (c *conn) answer(id uint64) (ok bool, est int64) {
 		c.mu.Unlock()
 		return false, 0
 	}
-	est, size := p.est/int64(p.n), p.size/int64(p.n)
+	est, size, produce := p.est/int64(p.n), p.size/int64(p.n), p.produce/int64(p.n)
 	if p.n == 1 {
-		est, size = p.est, p.size
+		est, size, produce = p.est, p.size, p.produce
 		delete(c.pending, id)
 	} else {
 		p.n--
 		p.est -= est
 		p.size -= size
+		p.produce -= produce
 		c.pending[id] = p
 	}
 	c.mu.Unlock()
 	c.s.releaseQueued(size)
+	if produce > 0 {
+		c.s.adm.release(&c.adm, produce, time.Now().UnixNano())
+		mProduceInflight.Sub(float64(produce))
+		mProduceDrainRate.Set(float64(c.s.adm.drainRate()))
+	}
 	return true, est
 }
 
@@ -251,14 +290,19 @@ func (c *conn) releaseAll() {
 	c.s.inflight.Add(-int64(c.inflight))
 	mInflight.Sub(float64(c.inflight))
 	c.inflight = 0
-	var size int64
+	var size, produce int64
 	for _, p := range c.pending {
 		c.reserved.Add(-p.est)
 		size += p.size
+		produce += p.produce
 	}
 	clear(c.pending)
 	c.mu.Unlock()
 	c.s.releaseQueued(size)
+	if produce > 0 {
+		c.s.adm.cancel(&c.adm, produce)
+		mProduceInflight.Sub(float64(produce))
+	}
 }
 
 func (c *conn) inflightCount() int {

@@ -52,6 +52,18 @@ var (
 		Name: "herald_connections_limit_closed_total",
 		Help: "Client connections closed for a limit, by reason (output_overflow, write_stall, frame_timeout).",
 	}, []string{"reason"})
+	mProduceInflight = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_produce_inflight_bytes",
+		Help: "Bytes of produce requests admitted and not yet answered, all connections (admission control).",
+	})
+	mProduceThrottled = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_produce_throttled_total",
+		Help: "Produce requests answered THROTTLED by admission control, by reason (fair_share: over half the limit and the connection over its share; limit: over the limit and the connection over its share).",
+	}, []string{"reason"})
+	mProduceDrainRate = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_produce_drain_bytes_per_second",
+		Help: "Produce bytes answered per second, as admission control measures it for its retry-after hints (0 until measured).",
+	})
 	mFramesDropped = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_frames_dropped_total",
 		Help: "Outgoing frames dropped because their connection had closed or sent its final frame.",
@@ -75,4 +87,7 @@ const (
 	reasonOutputOverflow = "output_overflow"
 	reasonWriteStall     = "write_stall"
 	reasonFrameTimeout   = "frame_timeout"
+
+	throttleFairShare = "fair_share"
+	throttleLimit     = "limit"
 )

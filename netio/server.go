@@ -63,6 +63,7 @@ type Server struct {
 	inflight atomic.Int64 // routed requests whose response has not left its outbound buffer
 	out      atomic.Int64 // pending output of every connection (conn.out)
 	queued   atomic.Int64 // bytes counted against MaxQueuedRequestBytes
+	adm      *admission   // produce admission (MaxInFlightProduceBytes)
 
 	budgetMu     sync.Mutex
 	budgetPaused map[*conn]struct{} // connections paused for the budget
@@ -178,6 +179,7 @@ func NewServer(cfg Config, system *actor.ActorSystem, router Router) (*Server, e
 		booted:   make(chan struct{}),
 		runDone:  make(chan struct{}),
 		registry: make(map[*conn]struct{}),
+		adm:      newAdmission(cfg.MaxInFlightProduceBytes),
 
 		budgetPaused: make(map[*conn]struct{}),
 	}, nil

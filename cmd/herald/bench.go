@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -109,7 +110,7 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.IntVar(&bc.partitions, "partitions", 4, "partitions when the topic is created")
 	fs.IntVar(&bc.replication, "replication", 0, "replication factor when the topic is created (0 = broker default)")
 	fs.DurationVar(&bc.reportInterval, "report-interval", time.Second, "progress line interval (0 = none)")
-	fs.DurationVar(&bc.drainTimeout, "drain-timeout", 10*time.Second, "once producing stopped, consumers give up after this long without a new record")
+	fs.DurationVar(&bc.drainTimeout, "drain-timeout", 10*time.Second, "once producing stopped, producers (flushing) and consumers give up after this long without a record completing or a new record")
 	fs.DurationVar(&bc.delay, "delay", 0, "produce delayed messages (each its own scheduled batch): latency is then from each record's time (its herald-deliver-at header) to its consumption: the scheduler's fire lateness plus delivery")
 	fs.Float64Var(&bc.failRatio, "fail-ratio", 0, "with --group: the handler fails (Delivered.Fail) this share of first deliveries, to be retried by --retry-policy: measures the cost of retries")
 	fs.StringVar(&bc.retryPolicy, "retry-policy", "", "with --group: the subscription's retry policy (empty = the broker's)")
@@ -249,22 +250,39 @@ func benchTopic(ctx context.Context, admin *client.Client, topic string, partiti
 
 // benchSummary is the final report (--json prints it as is).
 type benchSummary struct {
-	Topic            string  `json:"topic"`
-	Partitions       int     `json:"partitions"`
-	Producers        int     `json:"producers"`
-	Consumers        int     `json:"consumers"`
-	ConsumeMode      string  `json:"consume_mode"` // pull, or the group mode
-	Group            string  `json:"group,omitempty"`
-	Window           int     `json:"window,omitempty"`
-	AutoAck          bool    `json:"auto_ack,omitempty"`
-	Concurrency      int     `json:"concurrency,omitempty"`
-	Size             int     `json:"size_bytes"`
-	Acks             string  `json:"acks"`
-	Rate             float64 `json:"target_rate"`
-	Seconds          float64 `json:"produce_seconds"`
-	Produced         int64   `json:"produced"`
-	ProduceErrors    int64   `json:"produce_errors"`
-	FirstError       string  `json:"first_error,omitempty"`
+	Topic         string  `json:"topic"`
+	Partitions    int     `json:"partitions"`
+	Producers     int     `json:"producers"`
+	Consumers     int     `json:"consumers"`
+	ConsumeMode   string  `json:"consume_mode"` // pull, or the group mode
+	Group         string  `json:"group,omitempty"`
+	Window        int     `json:"window,omitempty"`
+	AutoAck       bool    `json:"auto_ack,omitempty"`
+	Concurrency   int     `json:"concurrency,omitempty"`
+	Size          int     `json:"size_bytes"`
+	Acks          string  `json:"acks"`
+	Rate          float64 `json:"target_rate"`
+	Seconds       float64 `json:"produce_seconds"`
+	Produced      int64   `json:"produced"`
+	ProduceErrors int64   `json:"produce_errors"`
+	FirstError    string  `json:"first_error,omitempty"`
+	// ProduceTimeouts counts the failed records whose error was a timeout
+	// (a request timeout, or a deadline); they are in ProduceErrors too.
+	// Throttled counts produce attempts the broker answered THROTTLED and
+	// Retries the attempts sent again (THROTTLED included), summed over
+	// the producers (client.ProducerStats): the producers retried them,
+	// so they are not errors.
+	ProduceTimeouts int64 `json:"produce_timeouts"`
+	Throttled       int64 `json:"throttled"`
+	Retries         int64 `json:"retries"`
+	// Produce latency: from each record's send time (its intended send
+	// time under --rate, so queueing in the producer counts) to its
+	// acknowledgement, over the records acknowledged.
+	AckLatencyP50Ms  float64 `json:"ack_latency_p50_ms"`
+	AckLatencyP90Ms  float64 `json:"ack_latency_p90_ms"`
+	AckLatencyP99Ms  float64 `json:"ack_latency_p99_ms"`
+	AckLatencyP999Ms float64 `json:"ack_latency_p999_ms"`
+	AckLatencyMaxMs  float64 `json:"ack_latency_max_ms"`
 	ProducedPerSec   float64 `json:"produced_msgs_per_sec"`
 	ProducedMBPerSec float64 `json:"produced_mb_per_sec"`
 	// Expected is what the consumers should see: the records produced, or
@@ -311,8 +329,12 @@ func (s *benchSummary) print(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "topic %s: %d partitions, %d producers, %d consumers (%s), %d-byte records, acks %s\n",
 			s.Topic, s.Partitions, s.Producers, s.Consumers, cons, s.Size, s.Acks)
-		fmt.Fprintf(w, "produced %d records in %.2fs: %.0f msg/s, %.2f MB/s (%d errors)\n",
-			s.Produced, s.Seconds, s.ProducedPerSec, s.ProducedMBPerSec, s.ProduceErrors)
+		fmt.Fprintf(w, "produced %d records in %.2fs: %.0f msg/s, %.2f MB/s (%d errors, %d of them timeouts; %d attempts THROTTLED, %d retries)\n",
+			s.Produced, s.Seconds, s.ProducedPerSec, s.ProducedMBPerSec, s.ProduceErrors, s.ProduceTimeouts, s.Throttled, s.Retries)
+		if s.Produced > 0 {
+			fmt.Fprintf(w, "latency produce-to-ack: p50 %.3fms p90 %.3fms p99 %.3fms p99.9 %.3fms max %.3fms\n",
+				s.AckLatencyP50Ms, s.AckLatencyP90Ms, s.AckLatencyP99Ms, s.AckLatencyP999Ms, s.AckLatencyMaxMs)
+		}
 	}
 	if s.Consumers == 0 {
 		return
@@ -362,6 +384,9 @@ func (e *benchErrors) firstText() string {
 type benchStats struct {
 	produced, producedBytes atomic.Int64
 	produceErrs             benchErrors
+	produceTimeouts         atomic.Int64
+	throttled, retries      atomic.Int64 // summed as producers finish
+	acks                    []*benchSink // produce-to-ack latencies, one per producer
 	consumeErrs             benchErrors
 	ignored                 atomic.Int64
 
@@ -647,7 +672,15 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 		defer cons.stop()
 	}
 
-	// Producers.
+	// Producers: every connection is dialled before any producer starts,
+	// so that --duration is the time all of them produce (dialling under
+	// the load of the first producers took seconds).
+	pclients := make([]*client.Client, bc.producers)
+	for i := range pclients {
+		if pclients[i], err = dial(); err != nil {
+			return nil, err
+		}
+	}
 	prodCtx, stopProducers := context.WithCancel(ctx)
 	defer stopProducers()
 	if bc.count == 0 {
@@ -663,11 +696,12 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 		bc.acked = newBenchAckSet(bc.producers)
 	}
 	var errs = make(chan error, bc.producers)
-	for i := 0; i < bc.producers; i++ {
-		c, err := dial()
-		if err != nil {
-			return nil, err
-		}
+	producers := make([]atomic.Pointer[client.Producer], bc.producers) // for progress; nil once finished
+	stats.acks = make([]*benchSink, bc.producers)
+	for i := range stats.acks {
+		stats.acks[i] = &benchSink{hist: newBenchHistogram()}
+	}
+	for i, c := range pclients {
 		n := int64(-1)
 		if bc.count > 0 {
 			n = bc.count / int64(bc.producers)
@@ -678,7 +712,7 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 		prodWG.Add(1)
 		go func() {
 			defer prodWG.Done()
-			errs <- benchProduce(prodCtx, ctx, c, bc, i, n, start, clock, stats)
+			errs <- benchProduce(prodCtx, ctx, c, bc, i, n, start, clock, stats, &producers[i])
 		}()
 	}
 
@@ -710,6 +744,15 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 				usToMs(iv.p50), usToMs(iv.p99), usToMs(iv.p999), usToMs(iv.maxV))
 		}
 		line += fmt.Sprintf("  errors %d", stats.produceErrs.n.Load()+stats.consumeErrs.n.Load())
+		if bc.producers > 0 {
+			var thr int64
+			for i := range producers {
+				if p := producers[i].Load(); p != nil {
+					thr += int64(p.Stats().Throttled)
+				}
+			}
+			line += fmt.Sprintf("  throttled %d", stats.throttled.Load()+thr)
+		}
 		fmt.Fprintln(progress, line)
 		last, lastP, lastPB, lastC, lastCB = now, p, pb, iv.consumed, iv.bytes
 	}
@@ -775,6 +818,7 @@ wait:
 		Size: bc.size, Acks: map[heraldpb.Acks]string{cliAcksAll: "all", cliAcksLeader: "leader", cliAcksNone: "none"}[bc.acks],
 		Rate: bc.rate, Seconds: sec,
 		Produced: stats.produced.Load(), ProduceErrors: stats.produceErrs.n.Load(), FirstError: stats.produceErrs.firstText(),
+		ProduceTimeouts: stats.produceTimeouts.Load(), Throttled: stats.throttled.Load(), Retries: stats.retries.Load(),
 		ConsumeErrors: stats.consumeErrs.n.Load(), FirstConsumeError: stats.consumeErrs.firstText(),
 		Ignored: stats.ignored.Load(),
 	}
@@ -785,6 +829,17 @@ wait:
 		sum.Consumers, sum.ConsumeMode, sum.Group, sum.Window, sum.AutoAck, sum.Concurrency =
 			bc.consumers, bc.mode.String(), bc.group, bc.window, bc.autoAck, bc.concurrency
 		sum.Redelivered = push.redelivered
+	}
+	if len(stats.acks) > 0 {
+		h := newBenchHistogram()
+		for _, k := range stats.acks {
+			k.mu.Lock()
+			h.Merge(k.hist)
+			k.mu.Unlock()
+		}
+		sum.AckLatencyP50Ms, sum.AckLatencyP90Ms = usToMs(h.ValueAtQuantile(50)), usToMs(h.ValueAtQuantile(90))
+		sum.AckLatencyP99Ms, sum.AckLatencyP999Ms = usToMs(h.ValueAtQuantile(99)), usToMs(h.ValueAtQuantile(99.9))
+		sum.AckLatencyMaxMs = usToMs(h.Max())
 	}
 	sum.ProducedPerSec = perSec(float64(sum.Produced), sec)
 	sum.ProducedMBPerSec = perSec(float64(stats.producedBytes.Load())/1e6, sec)
@@ -945,9 +1000,17 @@ func (bp *benchPush) stop() {
 // benchProduce runs one producer until prodCtx ends or n records (n >= 0)
 // were sent, then flushes within ctx. Under --rate it paces to its share of
 // the rate, open loop: each record is stamped with its intended send time.
-func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfig, id int, n int64, start time.Time, clock benchClock, stats *benchStats) error {
+func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfig, id int, n int64, start time.Time, clock benchClock, stats *benchStats, live *atomic.Pointer[client.Producer]) error {
 	p := c.NewProducer(client.WithAcks(bc.acks), client.WithLinger(bc.linger), client.WithBatchBytes(bc.batchBytes), client.WithBufferBytes(bc.bufferBytes),
 		client.WithUnpartitionedInFlight(bc.inFlight*max(bc.partitions, 1)), client.WithPartitionInFlight(bc.inFlight))
+	live.Store(p)
+	defer func() {
+		st := p.Stats()
+		live.Store(nil)
+		stats.throttled.Add(int64(st.Throttled))
+		stats.retries.Add(int64(st.Retries))
+	}()
+	ack := stats.acks[id]
 	var interval time.Duration
 	if bc.rate > 0 {
 		interval = time.Duration(float64(time.Second) * float64(bc.producers) / bc.rate)
@@ -956,15 +1019,22 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 	for i := range filler {
 		filler[i] = byte('a' + i%26)
 	}
-	cb := func(_ client.Result, err error) {
+	cb := func(_ client.Result, err error, stamp int64) {
 		if err != nil {
 			if prodCtx.Err() == nil || !(err == context.Canceled || err == context.DeadlineExceeded) {
 				stats.produceErrs.add(err)
+				if errors.Is(err, client.ErrRequestTimeout) || errors.Is(err, context.DeadlineExceeded) {
+					stats.produceTimeouts.Add(1)
+				}
 			}
 			return
 		}
 		stats.produced.Add(1)
 		stats.producedBytes.Add(int64(bc.size))
+		us := max(clock.now()-stamp, 0) / int64(time.Microsecond)
+		ack.mu.Lock()
+		_ = ack.hist.RecordValue(min(max(us, 1), ack.hist.HighestTrackableValue()))
+		ack.mu.Unlock()
 	}
 	// Values and messages are allocated benchChunk at a time; each record
 	// gets its own (capacity-capped) value and message, never modified
@@ -1025,15 +1095,35 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 				if err == nil {
 					bc.acked.add(id, seq)
 				}
-				cb(r, err)
+				cb(r, err, stamp)
 			})
 			continue
 		}
-		p.SendAsync(prodCtx, m, cb)
+		p.SendAsync(prodCtx, m, func(r client.Result, err error) { cb(r, err, stamp) })
 	}
-	// Flush what was accepted even after SIGINT, but not forever.
-	closeCtx, cancel := context.WithTimeout(context.Background(), bc.drainTimeout)
+	// Flush what was accepted even after SIGINT, but not forever: give
+	// up once no record completed for --drain-timeout. A producer that
+	// was throttled still drains, at its share of the broker's rate.
+	closeCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		last, at := p.Buffered(), time.Now()
+		for {
+			select {
+			case <-closeCtx.Done():
+				return
+			case <-t.C:
+			}
+			if n := p.Buffered(); n != last {
+				last, at = n, time.Now()
+			} else if time.Since(at) >= bc.drainTimeout {
+				cancel()
+				return
+			}
+		}
+	}()
 	err := p.Close(closeCtx)
 	if ctx.Err() != nil {
 		return nil // interrupted: report what was done

@@ -1,0 +1,192 @@
+package netio
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Admission: overload of produce requests is fair between connections and
+// explicit (THROTTLED with a retry-after), decided before queues grow.
+//
+// Every produce request the event loop routes is counted, by its frame
+// size, broker-wide (admission.inflight) and on its connection
+// (admitCounter) from the moment it is routed until its response reaches
+// the connection's session (conn.answer). The loop decides each produce
+// from those counters alone (atomics, no lock, no actor):
+//
+//   - while the broker-wide total with the request stays at or below the
+//     soft threshold (half the limit), it is admitted;
+//   - over it, a request is admitted while its connection's own bytes in
+//     flight with it stay within the connection's fair share: the limit
+//     divided by the connections with produce bytes in flight (this one
+//     included). A light producer stays within its share, so it is
+//     admitted however loaded the broker is, and never waits behind heavy
+//     ones;
+//   - a request bigger than a share, from a connection with nothing in
+//     flight, is admitted while the total with it stays within the limit
+//     (or when nothing at all is in flight, so that any request can pass);
+//   - else it is answered THROTTLED at once, with a retry-after of how
+//     long the connection's excess over its share takes to drain at its
+//     share of the measured drain rate (bytes answered per second).
+//
+// The limit is therefore exceeded only by connections within their share
+// (whose shares sum to the limit), so the total stays below about twice
+// the limit. MaxQueuedRequestBytes, which counts the same frames, remains
+// the hard memory bound. The limit's job is to keep the partitions' queues
+// (mailbox, raft uncommitted bytes, log writer, the fsync's dirty data)
+// and the goroutines working through them short, so that the time a
+// request waits in them stays near the time the broker takes to drain the
+// limit.
+
+// Admission timing constants.
+const (
+	// rateWindow is how often the drain rate is sampled.
+	rateWindow = 100 * time.Millisecond
+	// minRetryAfter and maxRetryAfter clamp the retry-after hint.
+	minRetryAfter = time.Millisecond
+	maxRetryAfter = time.Second
+	// unknownRetryAfter is the hint before a drain rate was measured.
+	unknownRetryAfter = 20 * time.Millisecond
+)
+
+// verdict is admission's decision on one produce request.
+type verdict uint8
+
+const (
+	admitted verdict = iota
+	// throttledShare: over the soft threshold, and the connection over its
+	// fair share.
+	throttledShare
+	// throttledLimit: over the limit, and the connection over its share.
+	throttledLimit
+)
+
+// admission is the broker-wide produce admission state. Its methods are
+// pure (time comes in as now, Unix nanoseconds) and safe for concurrent
+// use: admit runs on the event loops, release on session actors.
+type admission struct {
+	limit int64 // 0: admission control is off (every request admitted)
+	soft  int64
+
+	inflight atomic.Int64 // produce bytes admitted and not yet answered
+	active   atomic.Int64 // connections with produce bytes in flight
+
+	// Drain rate: bytes released per second, smoothed over samples at
+	// least rateWindow apart.
+	released    atomic.Int64 // bytes ever released (answered)
+	sampleAt    atomic.Int64 // unix nanos of the last sample; 0 = none
+	sampleBytes atomic.Int64 // released at the last sample
+	sampleBusy  atomic.Bool  // produce bytes were in flight at the last sample
+	rate        atomic.Int64 // bytes/s; 0 = not measured yet
+}
+
+// admitCounter is one connection's produce bytes in flight.
+type admitCounter struct{ own atomic.Int64 }
+
+func newAdmission(limit int64) *admission {
+	if limit < 0 {
+		limit = 0
+	}
+	return &admission{limit: limit, soft: limit / 2}
+}
+
+// admit decides a produce request of size bytes on connection c. When it
+// admits, the bytes are counted until release; otherwise it returns how
+// long the connection should wait before sending more.
+func (a *admission) admit(c *admitCounter, size, now int64) (verdict, time.Duration) {
+	if a.limit == 0 {
+		a.take(c, size)
+		return admitted, 0
+	}
+	total, own := a.inflight.Load(), c.own.Load()
+	if total+size <= a.soft {
+		a.take(c, size)
+		return admitted, 0
+	}
+	act := a.active.Load()
+	if own == 0 {
+		act++ // c would be active
+	}
+	act = max(act, 1)
+	share := a.limit / act
+	if own+size <= share || own == 0 && (total+size <= a.limit || total == 0) {
+		a.take(c, size)
+		return admitted, 0
+	}
+	v := throttledShare
+	if total+size > a.limit {
+		v = throttledLimit
+	}
+	a.observe(now)
+	return v, a.retryAfter(own+size-share, act)
+}
+
+// take counts size admitted bytes on c.
+func (a *admission) take(c *admitCounter, size int64) {
+	a.inflight.Add(size)
+	if c.own.Add(size) == size && size > 0 {
+		a.active.Add(1)
+	}
+}
+
+// release uncounts size bytes of c whose response was sent, and counts
+// them as drained.
+func (a *admission) release(c *admitCounter, size, now int64) {
+	a.uncount(c, size)
+	a.released.Add(size)
+	a.observe(now)
+}
+
+// cancel uncounts size bytes of c that were admitted but never served
+// (the connection's window was full, or it closed): they did not drain.
+func (a *admission) cancel(c *admitCounter, size int64) { a.uncount(c, size) }
+
+func (a *admission) uncount(c *admitCounter, size int64) {
+	if size == 0 {
+		return
+	}
+	a.inflight.Add(-size)
+	if c.own.Add(-size) == 0 {
+		a.active.Add(-1)
+	}
+}
+
+// observe samples the drain rate at most once per rateWindow. An interval
+// that began with nothing in flight is skipped: idle time is not a slow
+// drain.
+func (a *admission) observe(now int64) {
+	at := a.sampleAt.Load()
+	if at != 0 && now-at < int64(rateWindow) {
+		return
+	}
+	if !a.sampleAt.CompareAndSwap(at, now) {
+		return // another goroutine samples
+	}
+	rel := a.released.Load()
+	prev := a.sampleBytes.Swap(rel)
+	busy := a.sampleBusy.Swap(a.inflight.Load() > 0)
+	if at == 0 || !busy || now <= at {
+		return
+	}
+	inst := int64(float64(rel-prev) * 1e9 / float64(now-at))
+	if old := a.rate.Load(); old > 0 {
+		inst = (old + inst) / 2
+	}
+	a.rate.Store(inst)
+}
+
+// retryAfter is how long excess bytes take to drain at a fair share (one
+// of act connections) of the measured drain rate, clamped to
+// [minRetryAfter, maxRetryAfter].
+func (a *admission) retryAfter(excess, act int64) time.Duration {
+	rate := a.rate.Load()
+	if rate <= 0 {
+		return unknownRetryAfter
+	}
+	per := float64(rate) / float64(act)
+	d := time.Duration(float64(excess) / per * float64(time.Second))
+	return min(max(d, minRetryAfter), maxRetryAfter)
+}
+
+// drainRate is the measured drain rate in bytes per second (0: unknown).
+func (a *admission) drainRate() int64 { return a.rate.Load() }
