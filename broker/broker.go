@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/heraldmq/herald/registry"
 	"log/slog"
 	"maps"
 	"math"
@@ -52,7 +53,7 @@ type Broker struct {
 	lock      *os.File
 	closing   atomic.Bool
 	reclaim   *reclaimer
-	reg       *topic.Registry
+	reg       *registry.Registry
 	readiness readiness
 	readyStop chan struct{}
 	readyOnce sync.Once
@@ -108,7 +109,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 	if advertise == "" {
 		advertise = cfg.Listen
 	}
-	var reg *topic.Registry
+	var reg *registry.Registry
 	b.manager, reg, err = topic.Spawn(b.sys, topic.Config{
 		DataDir: cfg.DataDir, NodeID: nodeID, Advertise: advertise,
 		Flush: cfg.flush, SegmentBytes: cfg.SegmentBytes,

@@ -2,12 +2,12 @@ package broker
 
 import (
 	"context"
+	"github.com/heraldmq/herald/registry"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/consumer"
 	"github.com/heraldmq/herald/actors/scheduler"
-	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -32,7 +32,7 @@ import (
 // coordinateInternal follows the leadership of __groups and __schedule
 // (every 100 ms): the groups manager and the scheduler run where their
 // topic's leader is.
-func (b *Broker) coordinateInternal(reg *topic.Registry) {
+func (b *Broker) coordinateInternal(reg *registry.Registry) {
 	defer b.coordDone.Done()
 	lastCreate := map[string]time.Time{}
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -99,7 +99,7 @@ func (b *Broker) coordinateInternal(reg *topic.Registry) {
 // leads reports the leader of an internal cluster topic's partition 0 as
 // this node knows it, and whether it is this node (with its replica
 // accepting writes).
-func (b *Broker) leads(reg *topic.Registry, name string) (uint64, bool) {
+func (b *Broker) leads(reg *registry.Registry, name string) (uint64, bool) {
 	e := reg.Get(name)
 	if e == nil || e.Record == nil || len(e.Stats) != 1 {
 		return 0, false

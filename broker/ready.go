@@ -2,11 +2,11 @@ package broker
 
 import (
 	"fmt"
+	"github.com/heraldmq/herald/registry"
 	"sync"
 	"time"
 
 	"github.com/heraldmq/herald/actors/partition"
-	"github.com/heraldmq/herald/actors/topic"
 )
 
 // readiness tracks whether the node has caught up after its start: it
@@ -35,7 +35,7 @@ type readiness struct {
 }
 
 // check re-evaluates readiness and reports it; once ready it stays so.
-func (r *readiness) check(reg *topic.Registry, self uint64) (bool, string) {
+func (r *readiness) check(reg *registry.Registry, self uint64) (bool, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ready {

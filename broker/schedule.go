@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"github.com/heraldmq/herald/registry"
 	"path/filepath"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 // startScheduler makes sure `__schedule` exists and starts the scheduler
 // (on a single node; in a cluster coordinateInternal runs it on the leader
 // of the replicated __schedule).
-func (b *Broker) startScheduler(reg *topic.Registry, clustered bool) error {
+func (b *Broker) startScheduler(reg *registry.Registry, clustered bool) error {
 	farDir := filepath.Join(b.cfg.DataDir, "scheduler-far")
 	b.schedProps = scheduler.Props(scheduler.Options{
 		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled, AppendAhead: appendAhead(b.cfg.ScheduleAhead),

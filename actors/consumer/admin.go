@@ -4,12 +4,12 @@ package consumer
 
 import (
 	"cmp"
+	"github.com/heraldmq/herald/registry"
 	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
-	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -32,7 +32,7 @@ func (c *coordinator) onStats(ctx actor.Context) {
 		c.armStats()
 		return
 	}
-	if e := c.o.Topics.Get(l.topic); !topic.Same(e, l.entry) {
+	if e := c.o.Topics.Get(l.topic); !registry.Same(e, l.entry) {
 		// The topic was deleted (and maybe made again): its partition
 		// actors are gone, so the subscription ends; members may subscribe
 		// again to the new topic.
@@ -55,7 +55,7 @@ func (c *coordinator) onStats(ctx actor.Context) {
 
 // resolve computes an offset per partition of entry for pos and calls done
 // on the coordinator.
-func (c *coordinator) resolve(ctx actor.Context, entry *topic.Entry, pos *heraldpb.StartPosition, done func([]int64, *heraldpb.Error)) {
+func (c *coordinator) resolve(ctx actor.Context, entry *registry.Entry, pos *heraldpb.StartPosition, done func([]int64, *heraldpb.Error)) {
 	n := len(entry.Partitions)
 	op := &resolveOp{start: make([]int64, n), done: done}
 	for p := 0; p < n; p++ {
@@ -205,15 +205,17 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 // in a cluster a partition's local replica comes and goes as partitions
 // move between nodes (a stand-in forwards to other nodes meanwhile), and
 // the PIDs and stats held since the subscription may be gone.
-func (c *coordinator) current(entry *topic.Entry) *topic.Entry { return c.o.Topics.Current(entry) }
+func (c *coordinator) current(entry *registry.Entry) *registry.Entry {
+	return c.o.Topics.Current(entry)
+}
 
 // partitionPID is the actor serving partition p (see current).
-func (c *coordinator) partitionPID(entry *topic.Entry, p int) *actor.PID {
+func (c *coordinator) partitionPID(entry *registry.Entry, p int) *actor.PID {
 	return c.current(entry).Partitions[p]
 }
 
 // partitionStats is partition p's published state (see current).
-func (c *coordinator) partitionStats(entry *topic.Entry, p int) *partition.Stats {
+func (c *coordinator) partitionStats(entry *registry.Entry, p int) *partition.Stats {
 	return c.current(entry).Stats[p]
 }
 
@@ -256,7 +258,7 @@ func (c *coordinator) describe() *heraldpb.GroupInfo {
 	return gi
 }
 
-func lagOf(p uint32, subscriber string, prog *Progress, entry *topic.Entry, owner string) *heraldpb.PartitionLag {
+func lagOf(p uint32, subscriber string, prog *Progress, entry *registry.Entry, owner string) *heraldpb.PartitionLag {
 	pl := &heraldpb.PartitionLag{Partition: p, Subscriber: subscriber, AckFloor: prog.Floor(), AckedAbove: uint32(prog.Pending()), Owner: owner}
 	if entry != nil && int(p) < len(entry.Stats) {
 		pl.HighWatermark = entry.Stats[p].HighWatermark.Load()

@@ -3,12 +3,12 @@ package consumer
 // Options and their defaults for the groups manager and its coordinators.
 
 import (
+	"github.com/heraldmq/herald/registry"
 	"log/slog"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/scheduler"
-	"github.com/heraldmq/herald/actors/topic"
 )
 
 // GroupsTopic is the internal topic that holds every group's progress.
@@ -16,7 +16,7 @@ const GroupsTopic = "__groups"
 
 // Options configure the groups manager and its coordinators.
 type Options struct {
-	Topics *topic.Registry
+	Topics *registry.Registry
 	Dir    *Directory
 	Logger *slog.Logger
 	// Breaker configures every member's circuit breaker.

@@ -5,6 +5,7 @@ package consumer
 // admin.go, deadletter.go, idle.go).
 
 import (
+	"github.com/heraldmq/herald/registry"
 	"log/slog"
 	"maps"
 	"slices"
@@ -13,9 +14,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/filter"
 	"github.com/heraldmq/herald/actors/scheduler"
-	"github.com/heraldmq/herald/actors/topic"
+	"github.com/heraldmq/herald/filter"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -98,7 +98,7 @@ type fetchKey struct {
 // live is the group's subscription while it has members.
 type live struct {
 	topic      string
-	entry      *topic.Entry
+	entry      *registry.Entry
 	mode       Mode
 	filterType heraldpb.FilterType
 	filterText string

@@ -15,10 +15,10 @@ package consumer
 
 import (
 	"fmt"
+	"github.com/heraldmq/herald/registry"
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -76,9 +76,9 @@ func (c *coordinator) onStopIdle(ctx actor.Context) {
 // progress records (recs) of topic topicName, with the lag against the
 // partitions' high watermarks: what DescribeGroup shows of a group with no
 // members, running or stopped.
-func storedInfo(gi *heraldpb.GroupInfo, topics *topic.Registry, topicName string, recs []*heraldpb.GroupProgress) {
+func storedInfo(gi *heraldpb.GroupInfo, topics *registry.Registry, topicName string, recs []*heraldpb.GroupProgress) {
 	gi.Topic = topicName
-	var entry *topic.Entry
+	var entry *registry.Entry
 	if topicName != "" {
 		entry = topics.Get(topicName)
 	}

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"fmt"
+	"github.com/heraldmq/herald/registry"
 	"maps"
 	"regexp"
 	"slices"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
-	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -451,9 +451,9 @@ func (m *Manager) onSubscribe(ctx actor.Context, msg *subscribeMsg) {
 	{
 		// A group that does not exist yet is only made for a subscription
 		// that can succeed, so that no client can pile up coordinators.
-		if e := m.o.Topics.Get(req.Topic); e == nil || topic.IsInternal(req.Topic) {
-			if !m.o.Topics.Synced() && !topic.IsInternal(req.Topic) {
-				respond(ctx, msg.replyTo, heraldpb.ErrorFrame(msg.f.Id, topic.NotReady(req.Topic)))
+		if e := m.o.Topics.Get(req.Topic); e == nil || registry.IsInternal(req.Topic) {
+			if !m.o.Topics.Synced() && !registry.IsInternal(req.Topic) {
+				respond(ctx, msg.replyTo, heraldpb.ErrorFrame(msg.f.Id, registry.NotReady(req.Topic)))
 				return
 			}
 			respond(ctx, msg.replyTo, errFrame(msg.f.Id, heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", req.Topic))

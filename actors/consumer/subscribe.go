@@ -5,15 +5,15 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"github.com/heraldmq/herald/registry"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/filter"
 	"github.com/heraldmq/herald/actors/scheduler"
-	"github.com/heraldmq/herald/actors/topic"
+	"github.com/heraldmq/herald/filter"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -86,7 +86,7 @@ func (c *coordinator) onSubscribe(ctx actor.Context, m *subscribeMsg) {
 		return
 	}
 	entry := c.o.Topics.Get(req.Topic)
-	if entry == nil || topic.IsInternal(req.Topic) {
+	if entry == nil || registry.IsInternal(req.Topic) {
 		fail(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", req.Topic)
 		return
 	}
@@ -184,13 +184,13 @@ func (c *coordinator) retrySettings(req *heraldpb.SubscribeRequest) (scheduler.R
 	switch {
 	case dlq == req.Topic:
 		return policy, "", heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "dead-letter topic %q is the group's own topic", dlq)
-	case !topic.ValidName(dlq):
+	case !registry.ValidName(dlq):
 		return policy, "", heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "dead-letter topic %q is not a valid topic name (1-200 characters of A-Z a-z 0-9 . _ -, not starting with __); set dead_letter_topic", dlq)
 	}
 	return policy, dlq, nil
 }
 
-func (c *coordinator) newLive(entry *topic.Entry, req *heraldpb.SubscribeRequest, mode Mode, filt *filter.Filter, ackTimeout time.Duration, policy scheduler.RetryPolicy, dlqTopic string, start []int64) (*live, *heraldpb.Error) {
+func (c *coordinator) newLive(entry *registry.Entry, req *heraldpb.SubscribeRequest, mode Mode, filt *filter.Filter, ackTimeout time.Duration, policy scheduler.RetryPolicy, dlqTopic string, start []int64) (*live, *heraldpb.Error) {
 	cfg := Config{Mode: mode, Partitions: len(entry.Partitions), AckTimeout: ackTimeout, AutoAck: req.AutoAck, Orderly: req.Orderly,
 		Retry: policy, DeadLetterExpired: req.DeadLetterExpired}
 	sub, err := NewSub(cfg, start)

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"github.com/heraldmq/herald/registry"
 	"log/slog"
 	"strconv"
 	"time"
@@ -9,7 +10,6 @@ import (
 	"github.com/RoaringBitmap/roaring/v2/roaring64"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
-	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -41,7 +41,7 @@ func tokenText(token uint64) string { return fmt.Sprintf("%016x", token) }
 
 // Options configure the scheduler actor.
 type Options struct {
-	Topics *topic.Registry
+	Topics *registry.Registry
 	Logger *slog.Logger
 	// NewFar opens the store of the timers beyond the wheel's near window
 	// (65.536 s), empty, each time the actor (re)starts; nil keeps them in
@@ -722,12 +722,12 @@ func (s *Scheduler) recover(ctx actor.Context) {
 
 // scanFor reads partition p of e from offset from to its end, collecting
 // the refs of want found in herald-schedule-id headers.
-func (s *Scheduler) scanFor(ctx actor.Context, e *topic.Entry, p uint32, from int64, want map[string]uint64, done func([]uint64)) {
+func (s *Scheduler) scanFor(ctx actor.Context, e *registry.Entry, p uint32, from int64, want map[string]uint64, done func([]uint64)) {
 	var got []uint64
 	var step func(off int64)
 	began := time.Now()
 	step = func(off int64) {
-		if len(want) == 0 || !topic.Same(s.o.Topics.Get(e.Name), e) {
+		if len(want) == 0 || !registry.Same(s.o.Topics.Get(e.Name), e) {
 			done(got) // all found, or the topic is gone (with what was in it)
 			return
 		}
@@ -866,7 +866,7 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 		}
 		at = req.DeliverAtMs
 	}
-	if topic.IsInternal(req.Topic) {
+	if registry.IsInternal(req.Topic) {
 		respond(ctx, to, invalid(f.Id, "topic %q is internal: clients cannot produce to it", req.Topic))
 		return
 	}

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"github.com/heraldmq/herald/registry"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"io"
 	"log/slog"
@@ -20,7 +21,7 @@ type rig struct {
 	t     *testing.T
 	sys   *actor.ActorSystem
 	mgr   *actor.PID
-	reg   *topic.Registry
+	reg   *registry.Registry
 	sched *actor.PID
 	o     Options
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"github.com/heraldmq/herald/registry"
 	"math"
 	"slices"
 	"strconv"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/RoaringBitmap/roaring/v2/roaring64"
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -41,7 +41,7 @@ type fireChunk struct {
 	ids      []uint64 // the ids in its records' herald-schedule-id (refs, or the originals of moved ones)
 	from     int64    // where its partition's log ended when it was announced
 	retrying bool     // its group is counted in Scheduler.retrying
-	entry    *topic.Entry
+	entry    *registry.Entry
 	part     uint32
 	refs     []uint64
 	ats      []int64
@@ -310,7 +310,7 @@ func (s *Scheduler) buildRound(r *fireRound) {
 	// millisecond for the same partition share a chunk (one append), in
 	// entry order, however the partitions interleave.
 	type chunkKey struct {
-		e    *topic.Entry
+		e    *registry.Entry
 		part uint32
 	}
 	open := map[chunkKey]*fireChunk{}
@@ -413,7 +413,7 @@ func (s *Scheduler) sendChunks(ctx actor.Context, cs []*fireChunk) {
 		}
 	}
 	type key struct {
-		e    *topic.Entry
+		e    *registry.Entry
 		part uint32
 	}
 	groups := map[key][][]*fireChunk{}
@@ -485,7 +485,7 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 		ok := resp != nil
 		switch {
 		case ok:
-		case !topic.Same(s.o.Topics.Get(c0.entry.Name), c0.entry):
+		case !registry.Same(s.o.Topics.Get(c0.entry.Name), c0.entry):
 			e = heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q was deleted", c0.entry.Name)
 		case retriable(e):
 			// An error does not prove the append failed (a partition that

@@ -1,10 +1,10 @@
 package scheduler
 
 import (
+	"github.com/heraldmq/herald/registry"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -46,7 +46,7 @@ func (s *Scheduler) forgetMoved(ref uint64) {
 
 // maybeRewrite starts moving the pending batches that pin __schedule's
 // start at cut, when that is worth it.
-func (s *Scheduler) maybeRewrite(ctx actor.Context, e *topic.Entry, cut int64) {
+func (s *Scheduler) maybeRewrite(ctx actor.Context, e *registry.Entry, cut int64) {
 	if s.rewriteOn || s.pending.IsEmpty() || e.Stats[0].SizeBytes.Load() < s.o.RewriteBytes {
 		return
 	}

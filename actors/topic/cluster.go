@@ -3,6 +3,7 @@ package topic
 import (
 	"context"
 	"fmt"
+	"github.com/heraldmq/herald/registry"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -141,7 +142,7 @@ var (
 // leader, and an idempotent producer's is answered NOT_LEADER (its
 // client goes to the leader itself).
 type remoteProxy struct {
-	reg       *Registry
+	reg       *registry.Registry
 	transport Transport
 	sys       *actor.ActorSystem
 	self      uint64
@@ -360,7 +361,7 @@ func (m *Manager) onAssign(ctx actor.Context, a *Assign) {
 		m.cluster.swept = true
 		m.sweepReplicas(a)
 	}
-	m.reg.synced.Store(true)
+	m.reg.SetSynced()
 }
 
 // sweepReplicas deletes, once at the first metadata (which is caught up
@@ -511,8 +512,8 @@ func (m *Manager) spawnReplicated(ctx actor.Context, rec *heraldpb.TopicRecord) 
 		stop()
 		return err
 	}
-	m.reg.update(func(reg map[string]*Entry) {
-		reg[rec.Name] = &Entry{Name: rec.Name, Config: rec.Config, Topic: tpid, Partitions: pids, Stats: stats, Record: rec, Dirs: dirs, Remote: m.cluster.remote}
+	m.reg.Update(func(reg map[string]*registry.Entry) {
+		reg[rec.Name] = &registry.Entry{Name: rec.Name, Config: rec.Config, Topic: tpid, Partitions: pids, Stats: stats, Record: rec, Dirs: dirs, Remote: m.cluster.remote}
 	})
 	return nil
 }
@@ -531,7 +532,7 @@ func groupOf(rec *heraldpb.TopicRecord, p uint32) string {
 // its record: it starts the replicas of partitions moved (or being moved)
 // to this node, stops those moved away and deletes their logs, and tells
 // every local replica its partition's target.
-func (m *Manager) reconcile(ctx actor.Context, e *Entry, rec *heraldpb.TopicRecord) {
+func (m *Manager) reconcile(ctx actor.Context, e *registry.Entry, rec *heraldpb.TopicRecord) {
 	pids, stats, dirs := slices.Clone(e.Partitions), slices.Clone(e.Stats), slices.Clone(e.Dirs)
 	for i, pa := range rec.Partitions {
 		p := uint32(i)
@@ -573,8 +574,8 @@ func (m *Manager) reconcile(ctx actor.Context, e *Entry, rec *heraldpb.TopicReco
 	if rec == e.Record && slices.Equal(pids, e.Partitions) && slices.Equal(dirs, e.Dirs) {
 		return // nothing changed for this topic
 	}
-	m.reg.update(func(reg map[string]*Entry) {
-		reg[rec.Name] = &Entry{Name: rec.Name, Config: rec.Config, Topic: e.Topic, Partitions: pids, Stats: stats, Record: rec, Dirs: dirs, Remote: m.cluster.remote}
+	m.reg.Update(func(reg map[string]*registry.Entry) {
+		reg[rec.Name] = &registry.Entry{Name: rec.Name, Config: rec.Config, Topic: e.Topic, Partitions: pids, Stats: stats, Record: rec, Dirs: dirs, Remote: m.cluster.remote}
 	})
 }
 
@@ -627,8 +628,8 @@ func (m *Manager) onTargetReached(ctx actor.Context, r *targetReached) {
 // removeReplicated stops a cluster topic's local replicas and deletes
 // their logs, then runs done (if set) and reconciles again with the
 // latest metadata (a topic re-created under the same name starts then).
-func (m *Manager) removeReplicated(ctx actor.Context, e *Entry, done func(error)) {
-	m.reg.update(func(reg map[string]*Entry) { delete(reg, e.Name) })
+func (m *Manager) removeReplicated(ctx actor.Context, e *registry.Entry, done func(error)) {
+	m.reg.Update(func(reg map[string]*registry.Entry) { delete(reg, e.Name) })
 	m.deleting[e.Name] = true
 	pids := []*actor.PID{e.Topic}
 	for p, dir := range e.Dirs {
@@ -750,7 +751,7 @@ func (m *Manager) onClusterOpDone(ctx actor.Context, d *clusterOpDone) {
 // a local topic is writable, by idempotent producers (the SDK's default)
 // too unless the topic is internal; every local replica of a cluster
 // topic knows its leader.
-func (e *Entry) ready(remote *actor.PID, internal bool) bool {
+func ready(e *registry.Entry, remote *actor.PID, internal bool) bool {
 	for i, st := range e.Stats {
 		switch {
 		case e.Record == nil && (!st.Writable.Load() || (!internal && !st.Idempotent.Load())):

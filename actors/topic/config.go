@@ -97,13 +97,6 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// ValidName reports whether name may name a client topic: 1-200
-// characters of A-Z a-z 0-9 . _ -, not "." or "..", and not an internal
-// topic's (starting with __). CreateTopic refuses any other name.
-func ValidName(name string) bool {
-	return validName.MatchString(name) && name != "." && name != ".." && !IsInternal(name)
-}
-
 // ttlProblem checks a create request's message_ttl_ms (milliseconds from
 // a record's append time; 0 = none), or returns why it is invalid.
 func ttlProblem(cfg *heraldpb.TopicConfig) string {

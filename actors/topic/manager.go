@@ -4,9 +4,9 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"github.com/heraldmq/herald/registry"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"time"
 
@@ -20,13 +20,11 @@ import (
 // ManagerName is the manager's actor name.
 const ManagerName = "topics"
 
-var validName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
-
 // Manager is the node's topic manager actor. Create it with Spawn.
 type Manager struct {
 	cfg      Config
 	sys      *actor.ActorSystem
-	reg      *Registry
+	reg      *registry.Registry
 	deleting map[string]bool
 
 	cluster       *clusterState   // nil on a single node
@@ -37,7 +35,7 @@ type Manager struct {
 
 // Spawn starts the manager (which reopens every topic in the catalog) and
 // returns its PID and the registry it maintains.
-func Spawn(sys *actor.ActorSystem, cfg Config) (*actor.PID, *Registry, error) {
+func Spawn(sys *actor.ActorSystem, cfg Config) (*actor.PID, *registry.Registry, error) {
 	cfg.EnsureDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err
@@ -52,7 +50,7 @@ func Spawn(sys *actor.ActorSystem, cfg Config) (*actor.PID, *Registry, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	reg := &Registry{}
+	reg := &registry.Registry{}
 	sup := actor.NewOneForOneStrategy(10, 10*time.Second, actor.DefaultDecider)
 	props := actor.PropsFromProducer(func() actor.Actor {
 		return &Manager{cfg: cfg, sys: sys, reg: reg, deleting: map[string]bool{}, moving: map[string]bool{}, completing: map[string]bool{}}
@@ -64,7 +62,7 @@ func Spawn(sys *actor.ActorSystem, cfg Config) (*actor.PID, *Registry, error) {
 	// Reopen the catalog's topics before serving: the spawn requests queue
 	// ahead of any client request.
 	for _, t := range topics {
-		if cfg.Clustered && IsInternal(t.Name) {
+		if cfg.Clustered && registry.IsInternal(t.Name) {
 			// A node that ran alone before: in a cluster the internal
 			// topics are the controller's, replicated. The old log stays
 			// on disk, not served.
@@ -82,7 +80,7 @@ func Spawn(sys *actor.ActorSystem, cfg Config) (*actor.PID, *Registry, error) {
 		return nil, nil, e
 	}
 	if !cfg.Clustered {
-		reg.synced.Store(true) // the catalog is the node's own
+		reg.SetSynced() // the catalog is the node's own
 	}
 	return pid, reg, nil
 }
@@ -134,7 +132,7 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame) {
 		if !m.reg.Synced() {
 			// Not caught up with the controller: a topic missing here may
 			// exist (issue 14: TOPIC_NOT_FOUND for a topic that exists).
-			ctx.Respond(heraldpb.ErrorFrame(f.Id, NotReady(requestedTopic(f))))
+			ctx.Respond(heraldpb.ErrorFrame(f.Id, registry.NotReady(requestedTopic(f))))
 			return
 		}
 		m.onRead(ctx, f)
@@ -162,8 +160,8 @@ func (m *Manager) onRead(ctx actor.Context, f *heraldpb.Frame) {
 	case *heraldpb.Frame_ListTopics:
 		resp := &heraldpb.ListTopicsResponse{}
 		for _, e := range m.reg.All() {
-			if !IsInternal(e.Name) { // internal topics: DescribeTopic by name
-				resp.Topics = append(resp.Topics, e.info(uint32(m.cfg.NodeID)))
+			if !registry.IsInternal(e.Name) { // internal topics: DescribeTopic by name
+				resp.Topics = append(resp.Topics, e.Info(uint32(m.cfg.NodeID)))
 			}
 		}
 		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListTopicsResponse{ListTopicsResponse: resp}})
@@ -173,7 +171,7 @@ func (m *Manager) onRead(ctx actor.Context, f *heraldpb.Frame) {
 			ctx.Respond(heraldpb.ErrorFrame(f.Id, topicNotFound(b.DescribeTopic.Name)))
 			return
 		}
-		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_DescribeTopicResponse{DescribeTopicResponse: &heraldpb.DescribeTopicResponse{Topic: e.info(uint32(m.cfg.NodeID))}}})
+		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_DescribeTopicResponse{DescribeTopicResponse: &heraldpb.DescribeTopicResponse{Topic: e.Info(uint32(m.cfg.NodeID))}}})
 	case *heraldpb.Frame_Metadata:
 		resp := &heraldpb.MetadataResponse{Brokers: []*heraldpb.BrokerInfo{{NodeId: uint32(m.cfg.NodeID), Addr: m.cfg.Advertise}}}
 		if m.cluster != nil && len(m.cluster.brokers) > 0 {
@@ -184,8 +182,8 @@ func (m *Manager) onRead(ctx actor.Context, f *heraldpb.Frame) {
 			want[t] = true
 		}
 		for _, e := range m.reg.All() {
-			if (len(want) == 0 && !IsInternal(e.Name)) || want[e.Name] {
-				resp.Topics = append(resp.Topics, e.info(uint32(m.cfg.NodeID)))
+			if (len(want) == 0 && !registry.IsInternal(e.Name)) || want[e.Name] {
+				resp.Topics = append(resp.Topics, e.Info(uint32(m.cfg.NodeID)))
 				delete(want, e.Name)
 			}
 		}
@@ -207,10 +205,10 @@ func (m *Manager) normalize(name string, in *heraldpb.TopicConfig) (*heraldpb.To
 	bad := func(format string, args ...any) *heraldpb.Error {
 		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, format, args...)
 	}
-	if !validName.MatchString(name) || name == "." || name == ".." {
+	if !registry.WellFormed(name) {
 		return nil, bad("topic name %q must be 1-200 characters of A-Z a-z 0-9 . _ -", name)
 	}
-	if IsInternal(name) {
+	if registry.IsInternal(name) {
 		return nil, bad("topic name %q: names starting with __ are reserved for internal topics", name)
 	}
 	cfg := &heraldpb.TopicConfig{}
@@ -316,7 +314,7 @@ func (m *Manager) awaitWritable(ctx actor.Context, w *awaitCreated) {
 	if m.cluster != nil {
 		remote = m.cluster.remote
 	}
-	ready := e.ready(remote, w.internal)
+	ready := ready(e, remote, w.internal)
 	if !ready && time.Now().Before(w.deadline) {
 		self, sys := ctx.Self(), m.sys
 		time.AfterFunc(2*time.Millisecond, func() { sys.Root.Send(self, w) })
@@ -330,7 +328,7 @@ func (m *Manager) awaitWritable(ctx actor.Context, w *awaitCreated) {
 		ctx.Send(w.replyTo, &EnsureInternalResult{Err: err})
 		return
 	}
-	ctx.Send(w.replyTo, &heraldpb.Frame{Id: w.frameID, Body: &heraldpb.Frame_CreateTopicResponse{CreateTopicResponse: &heraldpb.CreateTopicResponse{Topic: e.info(uint32(m.cfg.NodeID))}}})
+	ctx.Send(w.replyTo, &heraldpb.Frame{Id: w.frameID, Body: &heraldpb.Frame_CreateTopicResponse{CreateTopicResponse: &heraldpb.CreateTopicResponse{Topic: e.Info(uint32(m.cfg.NodeID))}}})
 }
 
 // internalSegmentCache is how many older log segments an internal
@@ -350,7 +348,7 @@ func (m *Manager) partitionConfig(name string, p uint32, cfg *heraldpb.TopicConf
 	// while it appends fire records and looks up cancels): with one cached
 	// segment, those reads took turns reloading whole segments.
 	segCache := 0
-	if IsInternal(name) {
+	if registry.IsInternal(name) {
 		segCache = internalSegmentCache
 	}
 	return partition.Config{
@@ -412,8 +410,8 @@ func (m *Manager) spawnTopic(ctx actor.Context, name string, cfg *heraldpb.Topic
 		stop()
 		return err
 	}
-	m.reg.update(func(reg map[string]*Entry) {
-		reg[name] = &Entry{Name: name, Config: cfg, Topic: tpid, Partitions: pids, Stats: stats}
+	m.reg.Update(func(reg map[string]*registry.Entry) {
+		reg[name] = &registry.Entry{Name: name, Config: cfg, Topic: tpid, Partitions: pids, Stats: stats}
 	})
 	return nil
 }
@@ -434,11 +432,8 @@ type EnsureInternal struct {
 // EnsureInternalResult answers EnsureInternal.
 type EnsureInternalResult struct{ Err error }
 
-// IsInternal reports whether name is reserved for internal topics.
-func IsInternal(name string) bool { return len(name) >= 2 && name[:2] == "__" }
-
 func (m *Manager) onEnsureInternal(ctx actor.Context, req *EnsureInternal) {
-	if !IsInternal(req.Name) || req.Partitions == 0 {
+	if !registry.IsInternal(req.Name) || req.Partitions == 0 {
 		ctx.Respond(&EnsureInternalResult{Err: fmt.Errorf("topic: %q is not an internal topic name, or has no partitions", req.Name)})
 		return
 	}
@@ -457,7 +452,7 @@ func (m *Manager) onEnsureInternal(ctx actor.Context, req *EnsureInternal) {
 }
 
 func (m *Manager) onDelete(ctx actor.Context, id uint64, req *heraldpb.DeleteTopicRequest) {
-	if IsInternal(req.Name) {
+	if registry.IsInternal(req.Name) {
 		ctx.Respond(heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic %q is internal and cannot be deleted", req.Name)))
 		return
 	}
@@ -475,7 +470,7 @@ func (m *Manager) onDelete(ctx actor.Context, id uint64, req *heraldpb.DeleteTop
 		return
 	}
 	// Unregister first: new requests get TOPIC_NOT_FOUND while the actors stop.
-	m.reg.update(func(reg map[string]*Entry) { delete(reg, req.Name) })
+	m.reg.Update(func(reg map[string]*registry.Entry) { delete(reg, req.Name) })
 	m.deleting[req.Name] = true
 	replyTo := ctx.Sender()
 	pids := append([]*actor.PID{e.Topic}, e.Partitions...)

@@ -3,18 +3,19 @@ package topic
 import (
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
 )
 
 // Router hands decoded client requests to actors. It implements
 // netio.Router: Route runs on a network event loop and never blocks.
 type Router struct {
 	sys     *actor.ActorSystem
-	reg     *Registry
+	reg     *registry.Registry
 	manager *actor.PID
 }
 
 // NewRouter routes through reg, sending admin requests to manager.
-func NewRouter(sys *actor.ActorSystem, reg *Registry, manager *actor.PID) *Router {
+func NewRouter(sys *actor.ActorSystem, reg *registry.Registry, manager *actor.PID) *Router {
 	return &Router{sys: sys, reg: reg, manager: manager}
 }
 
@@ -22,7 +23,7 @@ func NewRouter(sys *actor.ActorSystem, reg *Registry, manager *actor.PID) *Route
 func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_Produce:
-		if IsInternal(b.Produce.Topic) {
+		if registry.IsInternal(b.Produce.Topic) {
 			r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic %q is internal: clients cannot produce to it", b.Produce.Topic))
 			return
 		}
@@ -74,7 +75,7 @@ func (r *Router) toPartition(f *heraldpb.Frame, replyTo *actor.PID, topic string
 // metadata, NOT_READY before.
 func (r *Router) missing(topic string) *heraldpb.Error {
 	if !r.reg.Synced() {
-		return NotReady(topic)
+		return registry.NotReady(topic)
 	}
 	return topicNotFound(topic)
 }

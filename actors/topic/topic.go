@@ -4,6 +4,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
 )
 
 // topicActor routes produce requests of one topic to its partitions, as
@@ -11,16 +12,16 @@ import (
 // partitions move between nodes).
 type topicActor struct {
 	name       string
-	reg        *Registry
+	reg        *registry.Registry
 	partitions []*actor.PID
 	// stats, for a cluster topic: a produce with neither partition nor key
 	// goes round-robin over the partitions led by this node.
 	stats []*partition.Stats
-	entry *Entry // the registry's entry for the request being routed
-	next  uint32 // round-robin cursor
+	entry *registry.Entry // the registry's entry for the request being routed
+	next  uint32          // round-robin cursor
 }
 
-func topicProps(name string, reg *Registry) *actor.Props {
+func topicProps(name string, reg *registry.Registry) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &topicActor{name: name, reg: reg}
 	})

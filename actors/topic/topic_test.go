@@ -1,6 +1,7 @@
 package topic
 
 import (
+	"github.com/heraldmq/herald/registry"
 	"testing"
 	"time"
 
@@ -80,7 +81,7 @@ func TestRouteRefusesInternalFields(t *testing.T) {
 			got <- f
 		}
 	}))
-	r := NewRouter(sys, &Registry{}, nil)
+	r := NewRouter(sys, &registry.Registry{}, nil)
 	r.Route(&heraldpb.Frame{Id: 1, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), NotBeforeMs: 1}}}, inbox)
 	r.Route(&heraldpb.Frame{Id: 2, Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{Topic: "t", IncludeHeld: true}}}, inbox)
 	for i := 0; i < 2; i++ {

@@ -1,6 +1,13 @@
-package topic
+// Package registry is the node's table of live topics: for each, its
+// partitions' actors and published state, read by the network loops, the
+// actor rooms and the admin API without an actor hop. The topic manager
+// (actors/topic) writes it. It belongs to the shared layer that the actor
+// rooms use; it imports only actors/partition (for its published Stats)
+// and proto.
+package registry
 
 import (
+	"regexp"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -56,6 +63,10 @@ type Registry struct {
 // NOT_READY (NotReady), never TOPIC_NOT_FOUND.
 func (r *Registry) Synced() bool { return r.synced.Load() }
 
+// SetSynced marks the registry as listing the node's topics (the topic
+// manager, once it has them).
+func (r *Registry) SetSynced() { r.synced.Store(true) }
+
 // NotReadyRetryAfter is the retry-after of a NOT_READY answer.
 const NotReadyRetryAfter = 200 * time.Millisecond
 
@@ -104,7 +115,9 @@ func (r *Registry) Current(e *Entry) *Entry {
 	return e
 }
 
-func (r *Registry) update(fn func(m map[string]*Entry)) {
+// Update replaces the table with a copy that fn changed. Writers (the
+// topic manager) only; readers see either the old table or the new one.
+func (r *Registry) Update(fn func(m map[string]*Entry)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	next := make(map[string]*Entry)
@@ -117,8 +130,8 @@ func (r *Registry) update(fn func(m map[string]*Entry)) {
 	r.v.Store(&next)
 }
 
-// info renders an entry for Metadata and Describe.
-func (e *Entry) info(node uint32) *heraldpb.TopicInfo {
+// Info renders an entry for Metadata and Describe, as node sees it.
+func (e *Entry) Info(node uint32) *heraldpb.TopicInfo {
 	ti := &heraldpb.TopicInfo{Name: e.Name, Config: e.Config}
 	for i, s := range e.Stats {
 		leader := uint32(s.Leader.Load())
@@ -139,3 +152,18 @@ func (e *Entry) info(node uint32) *heraldpb.TopicInfo {
 	}
 	return ti
 }
+
+var validName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
+
+// ValidName reports whether name may name a client topic: 1-200
+// characters of A-Z a-z 0-9 . _ -, not "." or "..", and not an internal
+// topic's (starting with __). CreateTopic refuses any other name.
+func ValidName(name string) bool { return WellFormed(name) && !IsInternal(name) }
+
+// WellFormed reports whether name has a topic name's form (1-200
+// characters of A-Z a-z 0-9 . _ -, not "." or ".."), internal or not.
+func WellFormed(name string) bool { return validName.MatchString(name) && name != "." && name != ".." }
+
+// IsInternal reports whether name is an internal topic's (__groups,
+// __schedule, ...): clients cannot produce to it or create one.
+func IsInternal(name string) bool { return len(name) >= 2 && name[:2] == "__" }
