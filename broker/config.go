@@ -10,10 +10,10 @@ import (
 
 	"github.com/heraldmq/herald/actors/consumer"
 	"github.com/heraldmq/herald/actors/partition"
-	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/cluster"
 	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/retry"
 )
 
 // Config is the one configuration of a Herald node. `herald serve` fills it
@@ -60,7 +60,7 @@ type Config struct {
 	// request); 0 never stops one.
 	GroupIdleStop time.Duration
 	// RetryPolicy is the retry policy of subscriptions that name none
-	// (scheduler.ParseRetryPolicy syntax); empty means the default.
+	// (retry.ParsePolicy syntax); empty means the default.
 	RetryPolicy string
 	// MaxDelay bounds a delayed message's delay; MaxScheduled the delayed
 	// batches pending (more get THROTTLED).
@@ -97,7 +97,7 @@ type Config struct {
 	peers map[uint64]string // parsed by Validate
 
 	flush persistence.FlushPolicy // parsed by Validate
-	retry scheduler.RetryPolicy   // parsed by Validate
+	retry retry.Policy            // parsed by Validate
 
 	// Test hooks (not settings): compaction of __groups; 0 = defaults.
 	groupsCompactBytes int64
@@ -114,7 +114,7 @@ func Default() Config {
 		MaxInFlightProduceBytes: 16 << 20, DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second, GroupIdleStop: consumer.DefaultIdleStop,
-		RetryPolicy: scheduler.DefaultRetryPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 50 * time.Millisecond,
+		RetryPolicy: retry.DefaultPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 50 * time.Millisecond,
 		ShutdownTimeout: 10 * time.Second, LogLevel: "info", ClusterProvider: cluster.ProviderAutomanaged,
 		ReplicaGrace: 5 * time.Minute, ControllerCheckpointRecords: cluster.DefaultCheckpointRecords,
 		ControllerCheckpointBytes: cluster.DefaultCheckpointBytes,
@@ -228,9 +228,9 @@ func (c *Config) Validate() error {
 	if c.GroupIdleStop < 0 {
 		bad("group-idle-stop", "must not be negative (0 never stops an idle coordinator)")
 	}
-	c.retry = scheduler.DefaultRetryPolicy()
+	c.retry = retry.DefaultPolicy()
 	if c.RetryPolicy != "" {
-		if p, err := scheduler.ParseRetryPolicy(c.RetryPolicy); err != nil {
+		if p, err := retry.ParsePolicy(c.RetryPolicy); err != nil {
 			bad("retry-policy", "%v", err)
 		} else {
 			c.retry = p

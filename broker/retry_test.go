@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/heraldmq/herald/actors/scheduler"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/retry"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 )
@@ -114,7 +114,7 @@ func nack(t *testing.T, w *wire, sub uint64, d *heraldpb.DeliveredMessage, delay
 // checkDeadLetter checks the dead-letter headers of rec against the origin.
 func checkDeadLetter(t *testing.T, rec *heraldpb.Record, topicName string, part uint32, off int64, deliveries int, reason string, after time.Time) {
 	t.Helper()
-	o, err := scheduler.OriginOf(rec)
+	o, err := retry.OriginOf(rec)
 	if err != nil {
 		t.Fatalf("dead letter headers: %v (%v)", err, rec.Headers)
 	}
@@ -124,8 +124,8 @@ func checkDeadLetter(t *testing.T, rec *heraldpb.Record, topicName string, part 
 	if o.Time.Before(after.Add(-time.Millisecond)) || o.Time.After(time.Now().Add(time.Millisecond)) {
 		t.Fatalf("dead letter time %v, want between %v and now", o.Time, after)
 	}
-	if !strings.HasSuffix(header(rec, scheduler.HeaderDLQTime), "Z") {
-		t.Fatalf("dead letter time %q is not UTC", header(rec, scheduler.HeaderDLQTime))
+	if !strings.HasSuffix(header(rec, retry.HeaderDLQTime), "Z") {
+		t.Fatalf("dead letter time %q is not UTC", header(rec, retry.HeaderDLQTime))
 	}
 }
 
@@ -377,7 +377,7 @@ func TestTTLNeverDelivered(t *testing.T) {
 	dl := fetchRecords(t, w, "dead.dlq", 3)
 	reasons := map[string]string{}
 	for _, rec := range dl {
-		o, err := scheduler.OriginOf(rec)
+		o, err := retry.OriginOf(rec)
 		if err != nil {
 			t.Fatal(err)
 		}

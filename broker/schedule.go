@@ -2,7 +2,6 @@ package broker
 
 import (
 	"fmt"
-	"github.com/heraldmq/herald/registry"
 	"path/filepath"
 	"time"
 
@@ -10,6 +9,8 @@ import (
 	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
+	"github.com/heraldmq/herald/timewheel"
 )
 
 // startScheduler makes sure `__schedule` exists and starts the scheduler
@@ -21,7 +22,7 @@ func (b *Broker) startScheduler(reg *registry.Registry, clustered bool) error {
 		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled, AppendAhead: appendAhead(b.cfg.ScheduleAhead),
 		// Timers beyond the wheel's 65 s window wait on disk, one file per
 		// 65 s bucket, rebuilt from __schedule at every start.
-		NewFar: func() (scheduler.FarStore, error) { return scheduler.OpenDiskFar(farDir, scheduler.DiskFarOptions{}) },
+		NewFar: func() (timewheel.FarStore, error) { return timewheel.OpenDiskFar(farDir, timewheel.DiskFarOptions{}) },
 	})
 	if clustered {
 		return nil

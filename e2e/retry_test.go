@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/client"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/retry"
 )
 
 // failure is one delivery a handler failed.
@@ -109,7 +109,7 @@ func TestRetryAcrossSIGKILL(t *testing.T) {
 	for _, h := range dl[0].Headers {
 		rec.Headers = append(rec.Headers, &heraldpb.Header{Key: h.Key, Value: h.Value})
 	}
-	o, err := scheduler.OriginOf(rec)
+	o, err := retry.OriginOf(rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func TestFailingConsumerDeadLettersThenRedrive(t *testing.T) {
 	if len(dl) != total {
 		t.Fatalf("%d dead letters, want %d", len(dl), total)
 	}
-	if headerOf(dl[0], scheduler.HeaderDLQReason) != "db down" || headerOf(dl[0], scheduler.HeaderDLQDeliveries) != "3" || headerOf(dl[0], scheduler.HeaderDLQTopic) != "orders" {
+	if headerOf(dl[0], retry.HeaderDLQReason) != "db down" || headerOf(dl[0], retry.HeaderDLQDeliveries) != "3" || headerOf(dl[0], retry.HeaderDLQTopic) != "orders" {
 		t.Fatalf("dead letter headers %v", dl[0].Headers)
 	}
 	out, errs, code := herald(t, "", "dlq", "redrive", "--topic", "billing.dlq", "--addr="+n.Addr())
@@ -197,7 +197,7 @@ func TestFailingConsumerDeadLettersThenRedrive(t *testing.T) {
 	for p := int32(0); p < 2; p++ {
 		for _, m := range readPartition(t, c, "orders", p) {
 			seen[string(m.Value)]++
-			if headerOf(m, scheduler.HeaderDLQTopic) != "" {
+			if headerOf(m, retry.HeaderDLQTopic) != "" {
 				t.Fatalf("redriven record still carries dlq headers: %v", m.Headers)
 			}
 		}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/heraldmq/herald/actors/scheduler"
+	"github.com/heraldmq/herald/retry"
 )
 
 // A priority-9 message behind a backlog larger than MaxPending is delivered
@@ -105,7 +105,7 @@ func TestSubAheadModel(t *testing.T) {
 	}()
 	for seed := uint64(1); seed <= 20; seed++ {
 		r := rand.New(rand.NewPCG(seed, 7))
-		policy, err := scheduler.ParseRetryPolicy("100ms,1s max-deliveries=1000")
+		policy, err := retry.ParsePolicy("100ms,1s max-deliveries=1000")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +234,7 @@ func TestSubAheadModel(t *testing.T) {
 // An acked one is never delivered again, one in flight is not delivered a
 // second time meanwhile, and a nacked one keeps its delivery count.
 func TestSubAheadSurvivesRetentionSeek(t *testing.T) {
-	policy, err := scheduler.ParseRetryPolicy("1ms max-deliveries=10")
+	policy, err := retry.ParsePolicy("1ms max-deliveries=10")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,12 +3,12 @@ package consumer
 // Options and their defaults for the groups manager and its coordinators.
 
 import (
-	"github.com/heraldmq/herald/registry"
 	"log/slog"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/actors/scheduler"
+	"github.com/heraldmq/herald/registry"
+	"github.com/heraldmq/herald/retry"
 )
 
 // GroupsTopic is the internal topic that holds every group's progress.
@@ -52,8 +52,8 @@ type Options struct {
 	CompactBytes int64
 	CompactCheck time.Duration
 	// RetryPolicy applies to subscriptions that name none; the zero policy
-	// is scheduler.DefaultRetryPolicy().
-	RetryPolicy scheduler.RetryPolicy
+	// is retry.DefaultPolicy().
+	RetryPolicy retry.Policy
 	// TopicManager is the topic manager, which creates a group's
 	// dead-letter topic on its first dead letter (CreateTopic). Without it
 	// dead letters wait until the topic exists.

@@ -5,7 +5,6 @@ package consumer
 // admin.go, deadletter.go, idle.go).
 
 import (
-	"github.com/heraldmq/herald/registry"
 	"log/slog"
 	"maps"
 	"slices"
@@ -14,9 +13,10 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/filter"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
+	"github.com/heraldmq/herald/retry"
 )
 
 // storeKey names one progress record: a view of a group's subscription.
@@ -106,7 +106,7 @@ type live struct {
 	autoAck    bool
 	orderly    bool
 	ackTimeout time.Duration
-	retry      scheduler.RetryPolicy
+	retry      retry.Policy
 	dlqExpired bool
 	dlq        dlqState
 

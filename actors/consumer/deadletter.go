@@ -4,8 +4,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/actors/scheduler"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/retry"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -83,7 +83,7 @@ func (c *coordinator) pumpDLQ(ctx actor.Context) {
 		if err := proto.Unmarshal(h.rec, &rec); err != nil {
 			rec = heraldpb.Record{Value: h.rec} // the log's bytes, as they are
 		}
-		out := scheduler.DeadLetter(&rec, scheduler.Origin{Topic: l.topic, Partition: d.Partition, Offset: d.Offset,
+		out := retry.DeadLetter(&rec, retry.Origin{Topic: l.topic, Partition: d.Partition, Offset: d.Offset,
 			Deliveries: d.Deliveries, Reason: d.Reason, Time: now})
 		n := proto.Size(out)
 		if len(sent) > 0 && size+n > maxWriteBytes {

@@ -6,14 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/heraldmq/herald/actors/scheduler"
+	"github.com/heraldmq/herald/retry"
 )
 
 // An exponential policy with jitter retries the n-th failure after a delay
 // in [d*(1-jitter), d], d = min(initial*factor^(n-1), cap), whatever the
 // draw; the clock is the test's.
 func TestSubRetryJitterBounds(t *testing.T) {
-	policy, err := scheduler.ParseRetryPolicy("exponential initial=100ms factor=2 cap=1s jitter=0.2 max-deliveries=100")
+	policy, err := retry.ParsePolicy("exponential initial=100ms factor=2 cap=1s jitter=0.2 max-deliveries=100")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestSubRetryJitterBounds(t *testing.T) {
 
 // The policy is validated with the rest of the Config.
 func TestConfigValidatesRetryPolicy(t *testing.T) {
-	_, err := NewSub(Config{Mode: Shared, Partitions: 1, Retry: scheduler.RetryPolicy{Delays: []time.Duration{0}}}, nil)
+	_, err := NewSub(Config{Mode: Shared, Partitions: 1, Retry: retry.Policy{Delays: []time.Duration{0}}}, nil)
 	if !errors.Is(err, ErrBadConfig) {
 		t.Fatalf("NewSub with a zero delay: %v", err)
 	}

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/heraldmq/herald/actors/scheduler"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/retry"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/*.txt")
@@ -162,7 +162,7 @@ func (sc *scenario) run(t *testing.T, line string) string {
 			MaxPending: num("pending", 0), Orderly: slices.Contains(pos, "orderly"), AutoAck: slices.Contains(pos, "auto-ack"),
 			DeadLetterExpired: slices.Contains(pos, "dlq-expired")}
 		if r, ok := kv["retry"]; ok {
-			if cfg.Retry, err = scheduler.ParseRetryPolicy(strings.ReplaceAll(r, "+", " ")); err != nil {
+			if cfg.Retry, err = retry.ParsePolicy(strings.ReplaceAll(r, "+", " ")); err != nil {
 				t.Fatalf("%s: %v", line, err)
 			}
 		}

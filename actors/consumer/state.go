@@ -30,8 +30,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/heraldmq/herald/actors/scheduler"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/retry"
 )
 
 // Mode is how a group's members share a topic's messages.
@@ -105,8 +105,8 @@ type Config struct {
 	// Retry decides when a failed delivery (a nack without a delay, an ack
 	// timeout) is delivered again, and after how many deliveries a message
 	// goes to the dead-letter queue instead. The zero policy is
-	// scheduler.DefaultRetryPolicy().
-	Retry scheduler.RetryPolicy
+	// retry.DefaultPolicy().
+	Retry retry.Policy
 	// DeadLetterExpired sends messages whose time-to-live ran out to the
 	// dead-letter queue (reason ReasonExpired) instead of dropping them.
 	DeadLetterExpired bool

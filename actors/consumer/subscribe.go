@@ -5,16 +5,16 @@ package consumer
 import (
 	"errors"
 	"fmt"
-	"github.com/heraldmq/herald/registry"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/filter"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
+	"github.com/heraldmq/herald/retry"
 )
 
 var wireModes = map[heraldpb.SubscriptionMode]Mode{
@@ -171,16 +171,16 @@ func (c *coordinator) onSubscribe(ctx actor.Context, m *subscribeMsg) {
 
 // retrySettings resolves a subscription's retry policy (empty: the broker's)
 // and dead-letter topic, or says why they are invalid (INVALID_REQUEST).
-func (c *coordinator) retrySettings(req *heraldpb.SubscribeRequest) (scheduler.RetryPolicy, string, *heraldpb.Error) {
+func (c *coordinator) retrySettings(req *heraldpb.SubscribeRequest) (retry.Policy, string, *heraldpb.Error) {
 	policy := c.o.RetryPolicy
 	if req.RetryPolicy != "" {
-		p, err := scheduler.ParseRetryPolicy(req.RetryPolicy)
+		p, err := retry.ParsePolicy(req.RetryPolicy)
 		if err != nil {
 			return policy, "", heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "retry policy: %v", err)
 		}
 		policy = p
 	}
-	dlq := scheduler.DeadLetterTopic(c.group, req.DeadLetterTopic)
+	dlq := retry.DeadLetterTopic(c.group, req.DeadLetterTopic)
 	switch {
 	case dlq == req.Topic:
 		return policy, "", heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "dead-letter topic %q is the group's own topic", dlq)
@@ -190,7 +190,7 @@ func (c *coordinator) retrySettings(req *heraldpb.SubscribeRequest) (scheduler.R
 	return policy, dlq, nil
 }
 
-func (c *coordinator) newLive(entry *registry.Entry, req *heraldpb.SubscribeRequest, mode Mode, filt *filter.Filter, ackTimeout time.Duration, policy scheduler.RetryPolicy, dlqTopic string, start []int64) (*live, *heraldpb.Error) {
+func (c *coordinator) newLive(entry *registry.Entry, req *heraldpb.SubscribeRequest, mode Mode, filt *filter.Filter, ackTimeout time.Duration, policy retry.Policy, dlqTopic string, start []int64) (*live, *heraldpb.Error) {
 	cfg := Config{Mode: mode, Partitions: len(entry.Partitions), AckTimeout: ackTimeout, AutoAck: req.AutoAck, Orderly: req.Orderly,
 		Retry: policy, DeadLetterExpired: req.DeadLetterExpired}
 	sub, err := NewSub(cfg, start)

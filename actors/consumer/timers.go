@@ -5,7 +5,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/heraldmq/herald/actors/scheduler"
+	"github.com/heraldmq/herald/timewheel"
 )
 
 // timers finds the time-driven work of a subscription (ack deadlines of
@@ -45,7 +45,7 @@ import (
 type timers struct {
 	on   bool      // started: timers are kept
 	base time.Time // the wheel's time 0
-	w    *scheduler.Wheel
+	w    *timewheel.Wheel
 	// refs holds what every pending timer (in w or head) names, in the
 	// slot Ref&0xffffffff; Ref>>32 is the slot's generation, so that a
 	// freed slot's next timer has another Ref. A slot is freed when its
@@ -61,7 +61,7 @@ type timers struct {
 	// hence a heap, O(log n) a push or pop.
 	head     []headEntry
 	hw       int64 // ns since base: the latest now given to Tick or NextDeadline
-	buf      []scheduler.Entry
+	buf      []timewheel.Entry
 	rebuilds int // for tests
 }
 
@@ -129,7 +129,7 @@ func (fl *inflight) start(now time.Time) int64 {
 func (fl *inflight) rebuild() {
 	tm := &fl.tm
 	tm.rebuilds++
-	tm.w = scheduler.NewWheel(msOf(tm.hw), nil)
+	tm.w = timewheel.NewWheel(msOf(tm.hw), nil)
 	if live := fl.nflights + len(fl.retry); cap(tm.refs) > 2*(staleFactor*live+staleSlack) {
 		tm.refs, tm.free, tm.head = nil, nil, nil
 	}
@@ -161,7 +161,7 @@ func (tm *timers) arm(id msgID, t time.Time, retry bool) uint64 {
 	ref := uint64(gen)<<32 | uint64(slot)
 	d := tm.since(t)
 	if ms := msOf(d); ms > tm.w.Now() {
-		tm.w.Add(scheduler.Entry{At: ms, Ref: ref})
+		tm.w.Add(timewheel.Entry{At: ms, Ref: ref})
 	} else {
 		tm.push(headEntry{at: d, ref: ref})
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/heraldmq/herald/actors/scheduler"
+	"github.com/heraldmq/herald/retry"
 )
 
 // scanExpired is Tick's old linear computation: the flights whose ack
@@ -211,7 +211,7 @@ func TestTimersMatchScan(t *testing.T) {
 
 func timersModel(t *testing.T, mode Mode, mono bool, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, uint64(mode)))
-	policy, err := scheduler.ParseRetryPolicy("exponential initial=20ms factor=3 cap=3m jitter=0.5 max-deliveries=6")
+	policy, err := retry.ParsePolicy("exponential initial=20ms factor=3 cap=3m jitter=0.5 max-deliveries=6")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,11 @@
+// Package scheduler is the scheduler room: delayed and scheduled delivery.
+// Its actor keeps every pending delayed message in `__schedule` (raft-
+// backed) and in a timing wheel (package timewheel), and fires due batches
+// to their topics.
 package scheduler
 
 import (
 	"fmt"
-	"github.com/heraldmq/herald/registry"
 	"log/slog"
 	"strconv"
 	"time"
@@ -11,6 +14,8 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
+	"github.com/heraldmq/herald/timewheel"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
@@ -45,8 +50,8 @@ type Options struct {
 	Logger *slog.Logger
 	// NewFar opens the store of the timers beyond the wheel's near window
 	// (65.536 s), empty, each time the actor (re)starts; nil keeps them in
-	// memory. The broker opens a DiskFar.
-	NewFar func() (FarStore, error)
+	// memory. The broker opens a timewheel.DiskFar.
+	NewFar func() (timewheel.FarStore, error)
 	// MaxDelay bounds delay_ms and deliver_at_ms - now. Default 366 days.
 	MaxDelay time.Duration
 	// MaxPending bounds the delayed batches waiting; more are refused with
@@ -202,8 +207,8 @@ type Scheduler struct {
 	loaded bool
 	queue  []stashed // requests that arrived while loading
 
-	wheel   *Wheel
-	far     FarStore
+	wheel   *timewheel.Wheel
+	far     timewheel.FarStore
 	pending *roaring64.Bitmap // batches scheduled and neither fired nor cancelled (durably)
 
 	// loading
@@ -227,7 +232,7 @@ type Scheduler struct {
 	// firing
 	timerGen   uint64
 	timerAt    int64 // when the armed timer fires, 0 if none
-	dueQ       []Entry
+	dueQ       []timewheel.Entry
 	rounds     int          // rounds between their read and their last append
 	hold       []*fireChunk // announced appends waiting for their time, by time
 	heldBytes  int          // their records' bytes
@@ -307,7 +312,7 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		// Ids unique across restarts of the actor: answers to an earlier
 		// incarnation's requests may still arrive.
 		s.nextID = uint64(s.loadStart.UnixNano())
-		var far FarStore
+		var far timewheel.FarStore
 		if s.o.NewFar != nil {
 			f, err := s.o.NewFar()
 			if err != nil {
@@ -317,7 +322,7 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 			}
 		}
 		s.far = far
-		s.wheel = NewWheel(s.loadStart.UnixMilli(), far)
+		s.wheel = timewheel.NewWheel(s.loadStart.UnixMilli(), far)
 		if len(s.sh.orphans) > 0 {
 			s.log.Info("waiting for the previous incarnation's requests before loading", "requests", len(s.sh.orphans))
 			s.after(orphanWait, &orphansTimeout{})
@@ -639,7 +644,7 @@ func (s *Scheduler) apply(off uint64, ev *heraldpb.ScheduleEvent) {
 	switch x := ev.Event.(type) {
 	case *heraldpb.ScheduleEvent_Schedule:
 		s.pending.Add(off)
-		s.wheel.Add(Entry{At: x.Schedule.DeliverAtMs, Ref: off})
+		s.wheel.Add(timewheel.Entry{At: x.Schedule.DeliverAtMs, Ref: off})
 		if x.Schedule.Id != nil {
 			s.noteMoved(x.Schedule.GetId(), off)
 		}
@@ -934,7 +939,7 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 		}
 		ref := uint64(base)
 		s.pending.Add(ref)
-		s.wheel.Add(Entry{At: at, Ref: ref})
+		s.wheel.Add(timewheel.Entry{At: at, Ref: ref})
 		s.armTimer()
 		mScheduled.Inc()
 		mPending.Set(float64(s.pending.GetCardinality()))
@@ -996,7 +1001,7 @@ func (s *Scheduler) onCancel(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		delete(s.cancelling, ref)
 		if werr != nil {
 			if at != 0 {
-				s.wheel.Add(Entry{At: at, Ref: ref}) // came due meanwhile: fire it after all
+				s.wheel.Add(timewheel.Entry{At: at, Ref: ref}) // came due meanwhile: fire it after all
 				s.armTimer()
 			}
 			respond(ctx, to, heraldpb.ErrorFrame(f.Id, werr))

@@ -2,8 +2,6 @@ package scheduler
 
 import (
 	"fmt"
-	"github.com/heraldmq/herald/registry"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -13,6 +11,9 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
+	"github.com/heraldmq/herald/timewheel"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -179,7 +180,9 @@ func TestSchedulerFarTimersAcrossRestart(t *testing.T) {
 	dir := t.TempDir()
 	clk := &jumpClock{}
 	opts := func() Options {
-		return Options{Now: clk.now, NewFar: func() (FarStore, error) { return OpenDiskFar(dir+"/far", DiskFarOptions{MaxBuffered: 2}) }}
+		return Options{Now: clk.now, NewFar: func() (timewheel.FarStore, error) {
+			return timewheel.OpenDiskFar(dir+"/far", timewheel.DiskFarOptions{MaxBuffered: 2})
+		}}
 	}
 	r := newRig(t, dir+"/data", opts())
 	delays := map[string]time.Duration{

@@ -1,11 +1,11 @@
 package scheduler
 
 import (
+	"cmp"
 	"container/heap"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
-	"github.com/heraldmq/herald/registry"
 	"math"
 	"slices"
 	"strconv"
@@ -14,6 +14,8 @@ import (
 	"github.com/RoaringBitmap/roaring/v2/roaring64"
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
+	"github.com/heraldmq/herald/timewheel"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -23,7 +25,7 @@ import (
 type fireRound struct {
 	owner   *Scheduler // the incarnation that started it
 	token   uint64     // random: its appended records carry it
-	entries []Entry
+	entries []timewheel.Entry
 	missing []uint64          // refs not yet read, ascending
 	raw     map[uint64][]byte // records read (nil: missing from the log)
 	built   bool              // chunks built (off the actor's goroutine)
@@ -85,7 +87,7 @@ func (s *Scheduler) armTimer() {
 func (s *Scheduler) onTick(ctx actor.Context) {
 	before := len(s.dueQ)
 	s.dueQ = s.wheel.Advance(s.nowMs()+s.o.Lead.Milliseconds(), s.dueQ)
-	if d, ok := s.far.(*DiskFar); ok {
+	if d, ok := s.far.(*timewheel.DiskFar); ok {
 		st := d.Stats()
 		mFarBuffered.Set(float64(st.Buffered))
 		mFarFiles.Set(float64(st.Files))
@@ -275,7 +277,7 @@ func (s *Scheduler) writeFiring(ctx actor.Context, r *fireRound) {
 		// the last append would make the next due batches wait for it).
 		s.rounds--
 		for _, c := range r.chunks {
-			i, _ := slices.BinarySearchFunc(s.hold, c.at, func(h *fireChunk, at int64) int { return cmpInt(h.at, at+1) })
+			i, _ := slices.BinarySearchFunc(s.hold, c.at, func(h *fireChunk, at int64) int { return cmp.Compare(h.at, at+1) })
 			s.hold = slices.Insert(s.hold, i, c)
 			s.heldBytes += len(c.records)
 		}

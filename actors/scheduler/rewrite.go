@@ -1,11 +1,12 @@
 package scheduler
 
 import (
-	"github.com/heraldmq/herald/registry"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
+	"github.com/heraldmq/herald/timewheel"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -156,7 +157,7 @@ func (s *Scheduler) rewriteWrite(ctx actor.Context, refs []uint64, got map[uint6
 				s.pending.Remove(old)
 				s.forgetMoved(old)
 				s.pending.Add(ref)
-				s.wheel.Add(Entry{At: at, Ref: ref})
+				s.wheel.Add(timewheel.Entry{At: at, Ref: ref})
 				s.noteMoved(id, ref)
 				mMoved.Inc()
 			}

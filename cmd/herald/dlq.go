@@ -21,10 +21,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/heraldmq/herald/filter"
-	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/client"
+	"github.com/heraldmq/herald/filter"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/retry"
 )
 
 func init() { register("dlq", cliRunner(dlqCmd)) }
@@ -56,7 +56,7 @@ const dlqFetchWait = 100 * time.Millisecond
 // nothing.
 func dlqCmd(ctx context.Context, args []string, io cliIO) error {
 	fs, cf := newCLIFlagSet("dlq", io.err)
-	topic := fs.String("topic", "", "peek, redrive: the dead-letter topic, a name ending in "+scheduler.DLQSuffix)
+	topic := fs.String("topic", "", "peek, redrive: the dead-letter topic, a name ending in "+retry.DLQSuffix)
 	partition := fs.Int("partition", -1, "peek, redrive: read only this partition of the dead-letter topic (-1 = all)")
 	from := fs.String("from", "earliest", "peek, redrive: first offset to read: earliest (the log start), an OFFSET for every partition read, or P:OFFSET,... for each")
 	to := fs.String("to", "latest", "redrive: stop before this offset: latest (the high watermark when the command starts), an OFFSET, or P:OFFSET,...")
@@ -102,9 +102,9 @@ func dlqCmd(ctx context.Context, args []string, io cliIO) error {
 
 	switch {
 	case *topic == "":
-		return usagef("dlq %s needs --topic G%s", sub, scheduler.DLQSuffix)
-	case !strings.HasSuffix(*topic, scheduler.DLQSuffix) || *topic == scheduler.DLQSuffix:
-		return usagef("%q is not a dead-letter topic: their names end in %s (herald dlq list shows them)", *topic, scheduler.DLQSuffix)
+		return usagef("dlq %s needs --topic G%s", sub, retry.DLQSuffix)
+	case !strings.HasSuffix(*topic, retry.DLQSuffix) || *topic == retry.DLQSuffix:
+		return usagef("%q is not a dead-letter topic: their names end in %s (herald dlq list shows them)", *topic, retry.DLQSuffix)
 	case *partition < -1:
 		return usagef("--partition must be >= 0 (or -1 for all)")
 	case *count < 0:
@@ -401,14 +401,14 @@ func dlqPeek(ctx context.Context, c *client.Client, io cliIO, rs dlqReadSpec, ra
 
 func printDeadLetter(w io.Writer, m *client.Message, rec *heraldpb.Record, valueBytes int) {
 	fmt.Fprintf(w, "partition=%d offset=%d ", m.Partition, m.Offset)
-	if o, err := scheduler.OriginOf(rec); err != nil {
-		fmt.Fprintf(w, "not-a-dead-letter=%q", strings.TrimPrefix(err.Error(), scheduler.ErrNotDeadLetter.Error()+": "))
+	if o, err := retry.OriginOf(rec); err != nil {
+		fmt.Fprintf(w, "not-a-dead-letter=%q", strings.TrimPrefix(err.Error(), retry.ErrNotDeadLetter.Error()+": "))
 	} else {
 		fmt.Fprintf(w, "origin=%s/%d@%d deliveries=%d dead-lettered=%s reason=%q",
 			o.Topic, o.Partition, o.Offset, o.Deliveries, o.Time.UTC().Format(dlqTimeFormat), o.Reason)
 	}
 	fmt.Fprintf(w, " key=%q", m.Key)
-	for _, h := range scheduler.Redriven(rec).GetHeaders() {
+	for _, h := range retry.Redriven(rec).GetHeaders() {
 		fmt.Fprintf(w, " header.%s=%q", h.GetKey(), h.GetValue())
 	}
 	v, more := m.Value, ""
@@ -433,7 +433,7 @@ type dlqDest struct {
 // explicitly. An unkeyed record goes back to its origin partition while the
 // topic has it, else anywhere (-1, the broker round-robins). The second
 // result is the partition for printing ("any" for -1).
-func redrivePartition(key []byte, o scheduler.Origin, d dlqDest) (int32, string) {
+func redrivePartition(key []byte, o retry.Origin, d dlqDest) (int32, string) {
 	switch {
 	case len(key) > 0:
 		return -1, strconv.Itoa(int(client.PartitionForKey(key, uint32(d.partitions))))
@@ -461,7 +461,7 @@ func (r *redriveReport) line(count *int, format string, args ...any) {
 }
 
 // dlqRedrive sends every matching dead letter of ranges back to its origin
-// topic as scheduler.Redriven makes it (dead-letter headers stripped; key,
+// topic as retry.Redriven makes it (dead-letter headers stripped; key,
 // value, tags, other headers and timestamp kept), with acks=all, and prints
 // one line per matching record and a summary ending with the --from of the
 // next run. The DLQ is not modified: a second run over the same offsets
@@ -515,7 +515,7 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 			rep.mu.Lock()
 			rep.matched++
 			rep.mu.Unlock()
-			o, err := scheduler.OriginOf(rec)
+			o, err := retry.OriginOf(rec)
 			if err != nil {
 				rep.line(&rep.skipped, "skipped %s: %v", at, cliOneLine(err))
 				return false
@@ -530,7 +530,7 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 				rep.line(&rep.redriven, "would redrive %s -> %s/%s", at, o.Topic, partName)
 				return false
 			}
-			back := scheduler.Redriven(rec)
+			back := retry.Redriven(rec)
 			out := &client.Message{Topic: o.Topic, Partition: part, Key: back.GetKey(), Value: back.GetValue(), Tags: back.GetTags()}
 			if ts := back.GetTimestampMs(); ts != 0 {
 				out.Timestamp = time.UnixMilli(ts)
@@ -611,7 +611,7 @@ func dlqList(ctx context.Context, c *client.Client, io cliIO) error {
 	tw := tabwriter.NewWriter(io.out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "TOPIC\tPARTITIONS\tMESSAGES\tOLDEST\tNEWEST")
 	for _, t := range topics {
-		if !strings.HasSuffix(t.GetName(), scheduler.DLQSuffix) {
+		if !strings.HasSuffix(t.GetName(), retry.DLQSuffix) {
 			continue
 		}
 		var (
@@ -656,7 +656,7 @@ func dlqTimeAt(ctx context.Context, c *client.Client, topic string, partition in
 		return time.Time{}, err
 	}
 	m := res.Messages[0]
-	if o, err := scheduler.OriginOf(dlqRecord(m)); err == nil {
+	if o, err := retry.OriginOf(dlqRecord(m)); err == nil {
 		return o.Time, nil
 	}
 	return m.Timestamp, nil

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/client"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/retry"
 )
 
 // dlqFixture is a real broker holding the topics orders (3 partitions) and
@@ -44,15 +44,15 @@ func newDLQFixture(t *testing.T, ctx context.Context) *dlqFixture {
 	}
 	ts := time.Date(2026, 11, 29, 13, 0, 0, 0, time.UTC).UnixMilli()
 	f.sent = []*heraldpb.Record{
-		scheduler.DeadLetter(&heraldpb.Record{Key: []byte("customer-42"), Value: []byte("order-1 paid"), TimestampMs: ts,
+		retry.DeadLetter(&heraldpb.Record{Key: []byte("customer-42"), Value: []byte("order-1 paid"), TimestampMs: ts,
 			Headers: []*heraldpb.Header{{Key: "app", Value: []byte("x")}}},
-			scheduler.Origin{Topic: "orders", Partition: 1, Offset: 17, Deliveries: 5, Reason: "ack timeout", Time: dlqTime}),
-		scheduler.DeadLetter(&heraldpb.Record{Value: []byte("v1"), TimestampMs: ts, Tags: []string{"red"}},
-			scheduler.Origin{Topic: "orders", Partition: 2, Offset: 3, Deliveries: 16, Reason: "nack: db down", Time: dlqTime.Add(time.Second)}),
+			retry.Origin{Topic: "orders", Partition: 1, Offset: 17, Deliveries: 5, Reason: "ack timeout", Time: dlqTime}),
+		retry.DeadLetter(&heraldpb.Record{Value: []byte("v1"), TimestampMs: ts, Tags: []string{"red"}},
+			retry.Origin{Topic: "orders", Partition: 2, Offset: 3, Deliveries: 16, Reason: "nack: db down", Time: dlqTime.Add(time.Second)}),
 		{Value: []byte("stray"), Headers: []*heraldpb.Header{{Key: "app", Value: []byte("y")}}},
-		scheduler.DeadLetter(&heraldpb.Record{Key: []byte("k3"), Value: []byte("charge 9"), TimestampMs: ts,
+		retry.DeadLetter(&heraldpb.Record{Key: []byte("k3"), Value: []byte("charge 9"), TimestampMs: ts,
 			Headers: []*heraldpb.Header{{Key: "trace", Value: []byte("t3")}}},
-			scheduler.Origin{Topic: "payments", Partition: 0, Offset: 9, Deliveries: 3, Reason: "ack timeout", Time: dlqTime.Add(2 * time.Second)}),
+			retry.Origin{Topic: "payments", Partition: 0, Offset: 9, Deliveries: 3, Reason: "ack timeout", Time: dlqTime.Add(2 * time.Second)}),
 	}
 	produceRecords(t, ctx, c, "g.dlq", 0, f.sent...)
 	return f
@@ -257,8 +257,8 @@ func TestDlqRedriveFailuresAndPartitions(t *testing.T) {
 		}
 	}
 	dl := func(topic string, part uint32, value string) *heraldpb.Record {
-		return scheduler.DeadLetter(&heraldpb.Record{Value: []byte(value)},
-			scheduler.Origin{Topic: topic, Partition: part, Deliveries: 1, Reason: "nack", Time: dlqTime})
+		return retry.DeadLetter(&heraldpb.Record{Value: []byte(value)},
+			retry.Origin{Topic: topic, Partition: part, Deliveries: 1, Reason: "nack", Time: dlqTime})
 	}
 	produceRecords(t, ctx, c, "h.dlq", 0, dl("orders", 1, "a"), dl("gone", 0, "b"))
 	produceRecords(t, ctx, c, "h.dlq", 1, dl("orders", 7, "c"), dl("orders", 0, "d"), dl("orders", 0, "e"))

@@ -1,9 +1,11 @@
-// Package scheduler holds Herald's scheduler: delayed and scheduled
-// delivery, retries with backoff, dead-lettering, TTL. This file and its
-// siblings are its pure core (no goroutines, clock, disk or network; time
-// comes in as arguments, in Unix milliseconds). The scheduler actor owns
-// them; they are not safe for concurrent use.
-package scheduler
+// Package timewheel is the hierarchical timing wheel that the scheduler
+// and the consumer groups' timers use, with its far store (in memory, or
+// on disk: DiskFar) for timers beyond the wheel's span. It is pure (no
+// goroutines or clock; time comes in as arguments, in Unix milliseconds;
+// DiskFar does its I/O through a vfs.FS) and belongs to the shared layer the
+// actor rooms use. Its owner (one actor) calls it; it is not safe for
+// concurrent use.
+package timewheel
 
 import (
 	"container/heap"

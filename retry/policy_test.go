@@ -1,4 +1,4 @@
-package scheduler
+package retry
 
 import (
 	"errors"
@@ -12,7 +12,7 @@ import (
 var below1 = math.Nextafter(1, 0)
 
 func TestRetryDelayList(t *testing.T) {
-	p := RetryPolicy{Delays: []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute}}
+	p := Policy{Delays: []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute}}
 	for _, tc := range []struct {
 		attempt int
 		want    time.Duration
@@ -32,25 +32,25 @@ func TestRetryDelayList(t *testing.T) {
 
 func TestRetryDelayExponential(t *testing.T) {
 	for _, tc := range []struct {
-		p       RetryPolicy
+		p       Policy
 		attempt int
 		want    time.Duration
 	}{
-		{RetryPolicy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 0, 100 * time.Millisecond},
-		{RetryPolicy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 1, 100 * time.Millisecond},
-		{RetryPolicy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 2, 200 * time.Millisecond},
-		{RetryPolicy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 3, 400 * time.Millisecond},
-		{RetryPolicy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 7, 6400 * time.Millisecond},
-		{RetryPolicy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 8, 10 * time.Second},
-		{RetryPolicy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 9, 10 * time.Second},
-		{RetryPolicy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 2000, 10 * time.Second},
-		{RetryPolicy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, math.MaxInt, 10 * time.Second},
-		{RetryPolicy{Initial: time.Second, Factor: 1.5, Cap: time.Hour}, 3, 2250 * time.Millisecond},
+		{Policy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 0, 100 * time.Millisecond},
+		{Policy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 1, 100 * time.Millisecond},
+		{Policy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 2, 200 * time.Millisecond},
+		{Policy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 3, 400 * time.Millisecond},
+		{Policy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 7, 6400 * time.Millisecond},
+		{Policy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 8, 10 * time.Second},
+		{Policy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 9, 10 * time.Second},
+		{Policy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, 2000, 10 * time.Second},
+		{Policy{Initial: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second}, math.MaxInt, 10 * time.Second},
+		{Policy{Initial: time.Second, Factor: 1.5, Cap: time.Hour}, 3, 2250 * time.Millisecond},
 		// Initial == Cap: constant.
-		{RetryPolicy{Initial: time.Minute, Factor: 3, Cap: time.Minute}, 1, time.Minute},
-		{RetryPolicy{Initial: time.Minute, Factor: 3, Cap: time.Minute}, 5, time.Minute},
+		{Policy{Initial: time.Minute, Factor: 3, Cap: time.Minute}, 1, time.Minute},
+		{Policy{Initial: time.Minute, Factor: 3, Cap: time.Minute}, 5, time.Minute},
 		// The longest delay.
-		{RetryPolicy{Initial: time.Hour, Factor: 10, Cap: MaxRetryDelay}, 1000, MaxRetryDelay},
+		{Policy{Initial: time.Hour, Factor: 10, Cap: MaxRetryDelay}, 1000, MaxRetryDelay},
 	} {
 		if got := tc.p.Delay(tc.attempt, 0); got != tc.want {
 			t.Errorf("%v: Delay(%d, 0) = %v, want %v", tc.p, tc.attempt, got, tc.want)
@@ -59,7 +59,7 @@ func TestRetryDelayExponential(t *testing.T) {
 }
 
 func TestRetryDelayJitter(t *testing.T) {
-	p := RetryPolicy{Initial: time.Second, Factor: 2, Cap: 10 * time.Second, Jitter: 0.2}
+	p := Policy{Initial: time.Second, Factor: 2, Cap: 10 * time.Second, Jitter: 0.2}
 	for _, tc := range []struct {
 		attempt int
 		u       float64
@@ -85,7 +85,7 @@ func TestRetryDelayJitter(t *testing.T) {
 	// Bounds: for every attempt and draw, the delay is in
 	// [base*(1-Jitter), base] and never above Cap.
 	for _, j := range []float64{0, 0.1, 0.2, 0.5, 1} {
-		p := RetryPolicy{Initial: 3 * time.Millisecond, Factor: 1.7, Cap: 7 * time.Hour, Jitter: j}
+		p := Policy{Initial: 3 * time.Millisecond, Factor: 1.7, Cap: 7 * time.Hour, Jitter: j}
 		for attempt := 1; attempt <= 60; attempt++ {
 			base := p.Delay(attempt, 0)
 			lo := max(time.Duration(float64(base)*(1-j)), MinRetryDelay)
@@ -99,14 +99,14 @@ func TestRetryDelayJitter(t *testing.T) {
 	}
 
 	// Jitter 1 may shorten a delay to nothing; it is floored at 1 ms.
-	p = RetryPolicy{Initial: time.Second, Factor: 2, Cap: time.Minute, Jitter: 1}
+	p = Policy{Initial: time.Second, Factor: 2, Cap: time.Minute, Jitter: 1}
 	if got := p.Delay(1, below1); got != MinRetryDelay {
 		t.Errorf("jitter 1: Delay(1, below1) = %v, want %v", got, MinRetryDelay)
 	}
 }
 
 func TestRetryDelayDefault(t *testing.T) {
-	for _, p := range []RetryPolicy{{}, DefaultRetryPolicy()} {
+	for _, p := range []Policy{{}, DefaultPolicy()} {
 		var sum time.Duration
 		for n := 1; n < DefaultMaxDeliveries; n++ {
 			sum += p.Delay(n, 0)
@@ -122,7 +122,7 @@ func TestRetryDelayDefault(t *testing.T) {
 
 // An invalid policy still gets a delay in [MinRetryDelay, MaxRetryDelay].
 func TestRetryDelayInvalidPolicy(t *testing.T) {
-	for _, p := range []RetryPolicy{
+	for _, p := range []Policy{
 		{Delays: []time.Duration{-time.Second, 0, math.MaxInt64}},
 		{Initial: -time.Second, Factor: 2, Cap: time.Minute},
 		{Initial: time.Second, Factor: math.NaN(), Cap: time.Minute},
@@ -154,7 +154,7 @@ func TestRetryDeadLetter(t *testing.T) {
 		{0, 15, false}, {0, 16, true}, // 0 means DefaultMaxDeliveries
 		{math.MaxInt, math.MaxInt - 1, false}, {math.MaxInt, math.MaxInt, true},
 	} {
-		p := RetryPolicy{MaxDeliveries: tc.max}
+		p := Policy{MaxDeliveries: tc.max}
 		if got := p.DeadLetter(tc.deliveries); got != tc.want {
 			t.Errorf("MaxDeliveries %d: DeadLetter(%d) = %v, want %v", tc.max, tc.deliveries, got, tc.want)
 		}
@@ -167,27 +167,27 @@ func TestRetryPolicyValidate(t *testing.T) {
 		many[i] = time.Second
 	}
 	for _, tc := range []struct {
-		p    RetryPolicy
+		p    Policy
 		want []string // substrings of the error; none: valid
 	}{
-		{RetryPolicy{}, nil},
-		{DefaultRetryPolicy(), nil},
-		{RetryPolicy{Delays: []time.Duration{time.Millisecond, MaxRetryDelay}}, nil},
-		{RetryPolicy{Delays: many[:MaxRetryDelays]}, nil},
-		{RetryPolicy{Initial: time.Second, Factor: 1.01, Cap: time.Second, Jitter: 1, MaxDeliveries: 1}, nil},
-		{RetryPolicy{Delays: many}, []string{"65 delays > 64"}},
-		{RetryPolicy{Delays: []time.Duration{time.Second, 0, -time.Second, time.Microsecond, MaxRetryDelay + 1}},
+		{Policy{}, nil},
+		{DefaultPolicy(), nil},
+		{Policy{Delays: []time.Duration{time.Millisecond, MaxRetryDelay}}, nil},
+		{Policy{Delays: many[:MaxRetryDelays]}, nil},
+		{Policy{Initial: time.Second, Factor: 1.01, Cap: time.Second, Jitter: 1, MaxDeliveries: 1}, nil},
+		{Policy{Delays: many}, []string{"65 delays > 64"}},
+		{Policy{Delays: []time.Duration{time.Second, 0, -time.Second, time.Microsecond, MaxRetryDelay + 1}},
 			[]string{"delay 2: 0h < 1ms", "delay 3: -1s < 1ms", "delay 4: 1us < 1ms", "delay 5: 7776000000000001ns > 2160h"}},
-		{RetryPolicy{Delays: []time.Duration{time.Second}, Jitter: 0.2}, []string{"a delay list with exponential fields"}},
-		{RetryPolicy{Delays: []time.Duration{time.Second}, MaxDeliveries: -1}, []string{"max deliveries -1 < 1"}},
-		{RetryPolicy{Initial: time.Second}, []string{"factor: 0 is not a finite number > 1", "cap: 0h < 1ms", "cap 0h < initial 1s"}},
-		{RetryPolicy{Initial: time.Second, Factor: 1, Cap: time.Minute}, []string{"factor: 1 is not"}},
-		{RetryPolicy{Initial: time.Second, Factor: math.Inf(1), Cap: time.Minute}, []string{"factor: +Inf is not"}},
-		{RetryPolicy{Initial: time.Second, Factor: math.NaN(), Cap: time.Minute}, []string{"factor: NaN is not"}},
-		{RetryPolicy{Initial: time.Second, Factor: 2, Cap: time.Minute, Jitter: 1.5}, []string{"jitter: 1.5 not in [0, 1]"}},
-		{RetryPolicy{Initial: time.Second, Factor: 2, Cap: time.Minute, Jitter: math.NaN()}, []string{"jitter: NaN not in [0, 1]"}},
-		{RetryPolicy{Initial: time.Hour, Factor: 2, Cap: time.Minute}, []string{"cap 1m < initial 1h"}},
-		{RetryPolicy{Initial: 0, Factor: 2, Cap: 100 * 24 * time.Hour, Jitter: -0.1, MaxDeliveries: -5},
+		{Policy{Delays: []time.Duration{time.Second}, Jitter: 0.2}, []string{"a delay list with exponential fields"}},
+		{Policy{Delays: []time.Duration{time.Second}, MaxDeliveries: -1}, []string{"max deliveries -1 < 1"}},
+		{Policy{Initial: time.Second}, []string{"factor: 0 is not a finite number > 1", "cap: 0h < 1ms", "cap 0h < initial 1s"}},
+		{Policy{Initial: time.Second, Factor: 1, Cap: time.Minute}, []string{"factor: 1 is not"}},
+		{Policy{Initial: time.Second, Factor: math.Inf(1), Cap: time.Minute}, []string{"factor: +Inf is not"}},
+		{Policy{Initial: time.Second, Factor: math.NaN(), Cap: time.Minute}, []string{"factor: NaN is not"}},
+		{Policy{Initial: time.Second, Factor: 2, Cap: time.Minute, Jitter: 1.5}, []string{"jitter: 1.5 not in [0, 1]"}},
+		{Policy{Initial: time.Second, Factor: 2, Cap: time.Minute, Jitter: math.NaN()}, []string{"jitter: NaN not in [0, 1]"}},
+		{Policy{Initial: time.Hour, Factor: 2, Cap: time.Minute}, []string{"cap 1m < initial 1h"}},
+		{Policy{Initial: 0, Factor: 2, Cap: 100 * 24 * time.Hour, Jitter: -0.1, MaxDeliveries: -5},
 			// Every problem at once.
 			[]string{"initial: 0h < 1ms", "cap: 2400h > 2160h (90 days)", "jitter: -0.1 not in", "max deliveries -5 < 1"}},
 	} {
@@ -198,8 +198,8 @@ func TestRetryPolicyValidate(t *testing.T) {
 			}
 			continue
 		}
-		if !errors.Is(err, ErrBadRetryPolicy) {
-			t.Errorf("%#v: Validate() = %v, want ErrBadRetryPolicy", tc.p, err)
+		if !errors.Is(err, ErrBadPolicy) {
+			t.Errorf("%#v: Validate() = %v, want ErrBadPolicy", tc.p, err)
 			continue
 		}
 		for _, w := range tc.want {
@@ -211,29 +211,29 @@ func TestRetryPolicyValidate(t *testing.T) {
 }
 
 func TestParseRetryPolicy(t *testing.T) {
-	def := DefaultRetryPolicy()
+	def := DefaultPolicy()
 	for _, tc := range []struct {
 		in   string
-		want RetryPolicy
+		want Policy
 	}{
-		{"1s,5s,30s,2m,10m", RetryPolicy{Delays: []time.Duration{time.Second, 5 * time.Second, 30 * time.Second,
+		{"1s,5s,30s,2m,10m", Policy{Delays: []time.Duration{time.Second, 5 * time.Second, 30 * time.Second,
 			2 * time.Minute, 10 * time.Minute}, MaxDeliveries: 16}},
-		{"  500ms\tmax-deliveries=3\n", RetryPolicy{Delays: []time.Duration{500 * time.Millisecond}, MaxDeliveries: 3}},
-		{"1.5s,1h30m,2160h", RetryPolicy{Delays: []time.Duration{1500 * time.Millisecond, 90 * time.Minute, MaxRetryDelay},
+		{"  500ms\tmax-deliveries=3\n", Policy{Delays: []time.Duration{500 * time.Millisecond}, MaxDeliveries: 3}},
+		{"1.5s,1h30m,2160h", Policy{Delays: []time.Duration{1500 * time.Millisecond, 90 * time.Minute, MaxRetryDelay},
 			MaxDeliveries: 16}},
 		{"exponential", def},
-		{"exponential max-deliveries=4", RetryPolicy{Initial: def.Initial, Factor: def.Factor, Cap: def.Cap,
+		{"exponential max-deliveries=4", Policy{Initial: def.Initial, Factor: def.Factor, Cap: def.Cap,
 			Jitter: def.Jitter, MaxDeliveries: 4}},
-		{"exponential initial=100ms factor=2 cap=10m jitter=0.2", RetryPolicy{Initial: 100 * time.Millisecond,
+		{"exponential initial=100ms factor=2 cap=10m jitter=0.2", Policy{Initial: 100 * time.Millisecond,
 			Factor: 2, Cap: 10 * time.Minute, Jitter: 0.2, MaxDeliveries: 16}},
-		{"exponential jitter=0 cap=1h max-deliveries=1 factor=1.5 initial=1m", RetryPolicy{Initial: time.Minute,
+		{"exponential jitter=0 cap=1h max-deliveries=1 factor=1.5 initial=1m", Policy{Initial: time.Minute,
 			Factor: 1.5, Cap: time.Hour, Jitter: 0, MaxDeliveries: 1}},
-		{"exponential initial=10m", RetryPolicy{Initial: 10 * time.Minute, Factor: 2, Cap: 10 * time.Minute,
+		{"exponential initial=10m", Policy{Initial: 10 * time.Minute, Factor: 2, Cap: 10 * time.Minute,
 			Jitter: 0.2, MaxDeliveries: 16}},
 	} {
-		got, err := ParseRetryPolicy(tc.in)
+		got, err := ParsePolicy(tc.in)
 		if err != nil || !got.Equal(tc.want) {
-			t.Errorf("ParseRetryPolicy(%q) = %#v, %v; want %#v", tc.in, got, err, tc.want)
+			t.Errorf("ParsePolicy(%q) = %#v, %v; want %#v", tc.in, got, err, tc.want)
 		}
 	}
 }
@@ -285,19 +285,19 @@ func TestParseRetryPolicyErrors(t *testing.T) {
 		{"exponential cap=500ms", 12, "cap=500ms", "cap 500ms < initial 1s"},
 		{"exponential initial=1h", 12, "initial=1h", "initial 1h > cap 10m (the default); give a cap"},
 	} {
-		_, err := ParseRetryPolicy(tc.in)
-		var pe *RetryPolicyError
-		if !errors.Is(err, ErrBadRetryPolicy) || !errors.As(err, &pe) {
-			t.Errorf("ParseRetryPolicy(%q) = %v, want a *RetryPolicyError", tc.in, err)
+		_, err := ParsePolicy(tc.in)
+		var pe *PolicyError
+		if !errors.Is(err, ErrBadPolicy) || !errors.As(err, &pe) {
+			t.Errorf("ParsePolicy(%q) = %v, want a *PolicyError", tc.in, err)
 			continue
 		}
 		if pe.Offset != tc.off || pe.Token != tc.token || !strings.Contains(pe.Reason, tc.reason) {
-			t.Errorf("ParseRetryPolicy(%q) = %q at %d: %q; want %q at %d: ...%q...",
+			t.Errorf("ParsePolicy(%q) = %q at %d: %q; want %q at %d: ...%q...",
 				tc.in, pe.Token, pe.Offset, pe.Reason, tc.token, tc.off, tc.reason)
 		}
 	}
 
-	_, err := ParseRetryPolicy("exponential factor=1")
+	_, err := ParsePolicy("exponential factor=1")
 	if want := `herald: bad retry policy: "factor=1" at byte 12: factor: 1 is not a finite number > 1`; err == nil || err.Error() != want {
 		t.Errorf("error text %q, want %q", err, want)
 	}
@@ -305,62 +305,62 @@ func TestParseRetryPolicyErrors(t *testing.T) {
 
 func TestRetryPolicyString(t *testing.T) {
 	for _, tc := range []struct {
-		p    RetryPolicy
+		p    Policy
 		want string
 	}{
-		{RetryPolicy{}, "exponential initial=1s factor=2 cap=10m jitter=0.2 max-deliveries=16"},
-		{DefaultRetryPolicy(), "exponential initial=1s factor=2 cap=10m jitter=0.2 max-deliveries=16"},
-		{RetryPolicy{Delays: []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute}},
+		{Policy{}, "exponential initial=1s factor=2 cap=10m jitter=0.2 max-deliveries=16"},
+		{DefaultPolicy(), "exponential initial=1s factor=2 cap=10m jitter=0.2 max-deliveries=16"},
+		{Policy{Delays: []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 10 * time.Minute}},
 			"1s,5s,30s,2m,10m max-deliveries=16"},
-		{RetryPolicy{Delays: []time.Duration{1500 * time.Millisecond, 90 * time.Second, 90 * time.Minute, MaxRetryDelay,
+		{Policy{Delays: []time.Duration{1500 * time.Millisecond, 90 * time.Second, 90 * time.Minute, MaxRetryDelay,
 			1001 * time.Microsecond, time.Second + 100*time.Nanosecond}, MaxDeliveries: 3},
 			"1500ms,90s,90m,2160h,1001us,1000000100ns max-deliveries=3"},
-		{RetryPolicy{Initial: time.Millisecond, Factor: math.Nextafter(1, 2), Cap: MaxRetryDelay, Jitter: 1e-5, MaxDeliveries: 1},
+		{Policy{Initial: time.Millisecond, Factor: math.Nextafter(1, 2), Cap: MaxRetryDelay, Jitter: 1e-5, MaxDeliveries: 1},
 			"exponential initial=1ms factor=1.0000000000000002 cap=2160h jitter=1e-05 max-deliveries=1"},
-		{RetryPolicy{Initial: time.Minute, Factor: 1e300, Cap: time.Hour, Jitter: 1, MaxDeliveries: math.MaxInt},
+		{Policy{Initial: time.Minute, Factor: 1e300, Cap: time.Hour, Jitter: 1, MaxDeliveries: math.MaxInt},
 			"exponential initial=1m factor=1e+300 cap=1h jitter=1 max-deliveries=9223372036854775807"},
-		{RetryPolicy{Initial: time.Second, Factor: 2, Cap: time.Minute, MaxDeliveries: 5},
+		{Policy{Initial: time.Second, Factor: 2, Cap: time.Minute, MaxDeliveries: 5},
 			"exponential initial=1s factor=2 cap=1m jitter=0 max-deliveries=5"},
 	} {
 		s := tc.p.String()
 		if s != tc.want {
 			t.Errorf("%#v.String() = %q, want %q", tc.p, s, tc.want)
 		}
-		got, err := ParseRetryPolicy(s)
+		got, err := ParsePolicy(s)
 		if want := tc.p.WithDefaults(); err != nil || !got.Equal(want) {
-			t.Errorf("ParseRetryPolicy(%q) = %#v, %v; want %#v", s, got, err, want)
+			t.Errorf("ParsePolicy(%q) = %#v, %v; want %#v", s, got, err, want)
 		}
 	}
 }
 
-// FuzzParseRetryPolicy guarantees that ParseRetryPolicy never panics; that
-// its errors are *RetryPolicyError values matching ErrBadRetryPolicy whose
+// FuzzParseRetryPolicy guarantees that ParsePolicy never panics; that
+// its errors are *PolicyError values matching ErrBadPolicy whose
 // Token sits at Offset in the input; and that a policy it returns is valid,
 // has every field set, prints with String to a text that parses back to an
 // Equal policy, and yields delays within the schedule's bounds.
 func FuzzParseRetryPolicy(f *testing.F) {
-	f.Add(DefaultRetryPolicy().String())
+	f.Add(DefaultPolicy().String())
 	f.Fuzz(func(t *testing.T, s string) {
-		p, err := ParseRetryPolicy(s)
+		p, err := ParsePolicy(s)
 		if err != nil {
-			var pe *RetryPolicyError
-			if !errors.Is(err, ErrBadRetryPolicy) || !errors.As(err, &pe) {
-				t.Fatalf("ParseRetryPolicy(%q) = %v, want a *RetryPolicyError", s, err)
+			var pe *PolicyError
+			if !errors.Is(err, ErrBadPolicy) || !errors.As(err, &pe) {
+				t.Fatalf("ParsePolicy(%q) = %v, want a *PolicyError", s, err)
 			}
 			if pe.Offset < 0 || pe.Offset+len(pe.Token) > len(s) || s[pe.Offset:pe.Offset+len(pe.Token)] != pe.Token {
-				t.Fatalf("ParseRetryPolicy(%q): token %q not at byte %d", s, pe.Token, pe.Offset)
+				t.Fatalf("ParsePolicy(%q): token %q not at byte %d", s, pe.Token, pe.Offset)
 			}
 			return
 		}
 		if err := p.Validate(); err != nil {
-			t.Fatalf("ParseRetryPolicy(%q) = %#v, which does not Validate: %v", s, p, err)
+			t.Fatalf("ParsePolicy(%q) = %#v, which does not Validate: %v", s, p, err)
 		}
 		if !p.Equal(p.WithDefaults()) {
-			t.Fatalf("ParseRetryPolicy(%q) = %#v, with fields left to defaults", s, p)
+			t.Fatalf("ParsePolicy(%q) = %#v, with fields left to defaults", s, p)
 		}
-		q, err := ParseRetryPolicy(p.String())
+		q, err := ParsePolicy(p.String())
 		if err != nil || !q.Equal(p) {
-			t.Fatalf("ParseRetryPolicy(%q) = %#v; its String %q parses to %#v, %v", s, p, p.String(), q, err)
+			t.Fatalf("ParsePolicy(%q) = %#v; its String %q parses to %#v, %v", s, p, p.String(), q, err)
 		}
 		prev := time.Duration(0)
 		for attempt := 1; attempt <= 70; attempt++ {

@@ -1,4 +1,10 @@
-package scheduler
+// Package retry holds the retry and dead-letter policy that consumer groups
+// apply: when a message is delivered again (Policy: fixed delays or
+// exponential backoff with jitter, and the deliveries after which it is
+// dead-lettered), the dead-letter topic's name, and the headers that record
+// where a dead letter came from (Origin) and that a redrive strips. It is
+// pure and belongs to the shared layer the actor rooms use.
+package retry
 
 import (
 	"errors"
@@ -10,11 +16,11 @@ import (
 	"time"
 )
 
-// ErrBadRetryPolicy marks every error of ParseRetryPolicy and
-// RetryPolicy.Validate; check it with errors.Is.
-var ErrBadRetryPolicy = errors.New("herald: bad retry policy")
+// ErrBadPolicy marks every error of ParsePolicy and
+// Policy.Validate; check it with errors.Is.
+var ErrBadPolicy = errors.New("herald: bad retry policy")
 
-// Bounds and defaults of a RetryPolicy.
+// Bounds and defaults of a Policy.
 const (
 	// MinRetryDelay is the shortest delay a policy may name and Delay may
 	// return: the scheduler fires to the millisecond.
@@ -28,7 +34,7 @@ const (
 	DefaultMaxDeliveries = 16
 )
 
-// RetryPolicy says when a subscription redelivers a message whose delivery
+// Policy says when a subscription redelivers a message whose delivery
 // failed (a nack without an explicit delay, or an ack timeout) and when it
 // gives up and dead-letters it. It is a value: no clock, no randomness, no
 // state; the caller passes the failed delivery count and a random draw.
@@ -43,14 +49,14 @@ const (
 //   - Exponential: Delays is empty. The n-th failed delivery is retried after
 //     min(Initial*Factor^(n-1), Cap), shortened by jitter (see Delay).
 //
-// The zero RetryPolicy is DefaultRetryPolicy(): a policy whose Delays,
+// The zero Policy is DefaultPolicy(): a policy whose Delays,
 // Initial, Factor, Cap and Jitter are all zero takes the default exponential
 // schedule, and MaxDeliveries 0 means DefaultMaxDeliveries. No other field
 // has a default. Validate reports what is wrong after these defaults.
 //
 // Delays is shared when a policy is copied: do not change it once the policy
 // is handed to a subscription.
-type RetryPolicy struct {
+type Policy struct {
 	// Delays is the list schedule, 1 to MaxRetryDelays delays, each in
 	// [MinRetryDelay, MaxRetryDelay].
 	Delays []time.Duration
@@ -72,21 +78,21 @@ type RetryPolicy struct {
 	MaxDeliveries int
 }
 
-// DefaultRetryPolicy is the policy of a subscription that sets none:
+// DefaultPolicy is the policy of a subscription that sets none:
 // exponential from 1s, doubling, capped at 10m, jitter 0.2, and
 // DefaultMaxDeliveries (16) deliveries. Its 15 retry delays add up to 4023 s,
 // so a message that always fails is dead-lettered at most about 67 minutes
 // (plus processing and ack timeouts) after its first delivery.
-func DefaultRetryPolicy() RetryPolicy {
-	return RetryPolicy{Initial: time.Second, Factor: 2, Cap: 10 * time.Minute, Jitter: 0.2,
+func DefaultPolicy() Policy {
+	return Policy{Initial: time.Second, Factor: 2, Cap: 10 * time.Minute, Jitter: 0.2,
 		MaxDeliveries: DefaultMaxDeliveries}
 }
 
-// WithDefaults returns p with its zero fields replaced as the RetryPolicy
+// WithDefaults returns p with its zero fields replaced as the Policy
 // doc says. It does not validate.
-func (p RetryPolicy) WithDefaults() RetryPolicy {
+func (p Policy) WithDefaults() Policy {
 	if len(p.Delays) == 0 && p.Initial == 0 && p.Factor == 0 && p.Cap == 0 && p.Jitter == 0 {
-		d := DefaultRetryPolicy()
+		d := DefaultPolicy()
 		p.Initial, p.Factor, p.Cap, p.Jitter = d.Initial, d.Factor, d.Cap, d.Jitter
 	}
 	if p.MaxDeliveries == 0 {
@@ -117,7 +123,7 @@ func (p RetryPolicy) WithDefaults() RetryPolicy {
 //
 // The result is always in [MinRetryDelay, MaxRetryDelay], even for a policy
 // that does not Validate; Delay never panics.
-func (p RetryPolicy) Delay(attempt int, u float64) time.Duration {
+func (p Policy) Delay(attempt int, u float64) time.Duration {
 	p = p.WithDefaults()
 	attempt = max(attempt, 1)
 	var d time.Duration
@@ -156,20 +162,20 @@ func (p RetryPolicy) Delay(attempt int, u float64) time.Duration {
 // DeadLetter reports whether a message whose delivery number deliveries
 // (1: the first) just failed goes to the dead-letter topic rather than
 // being retried: deliveries >= MaxDeliveries (after defaults).
-func (p RetryPolicy) DeadLetter(deliveries int) bool {
+func (p Policy) DeadLetter(deliveries int) bool {
 	return deliveries >= p.WithDefaults().MaxDeliveries
 }
 
-// Equal reports whether p and q are the same policy field by field (RetryPolicy
+// Equal reports whether p and q are the same policy field by field (Policy
 // holds a slice, so == does not compile). It does not apply defaults.
-func (p RetryPolicy) Equal(q RetryPolicy) bool {
+func (p Policy) Equal(q Policy) bool {
 	return slices.Equal(p.Delays, q.Delays) && p.Initial == q.Initial && p.Factor == q.Factor &&
 		p.Cap == q.Cap && p.Jitter == q.Jitter && p.MaxDeliveries == q.MaxDeliveries
 }
 
 // Validate reports every problem with p at once, after defaults, as one
-// error that matches ErrBadRetryPolicy.
-func (p RetryPolicy) Validate() error {
+// error that matches ErrBadPolicy.
+func (p Policy) Validate() error {
 	p = p.WithDefaults()
 	var errs []string
 	add := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
@@ -207,7 +213,7 @@ func (p RetryPolicy) Validate() error {
 		add("max deliveries %d < 1", p.MaxDeliveries)
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("%w: %s", ErrBadRetryPolicy, strings.Join(errs, "; "))
+		return fmt.Errorf("%w: %s", ErrBadPolicy, strings.Join(errs, "; "))
 	}
 	return nil
 }
@@ -236,10 +242,10 @@ func checkRetryJitter(j float64) string {
 	return ""
 }
 
-// String formats p (after defaults) in the syntax of ParseRetryPolicy, every
-// field written out. For a valid p, ParseRetryPolicy(p.String()) returns a
+// String formats p (after defaults) in the syntax of ParsePolicy, every
+// field written out. For a valid p, ParsePolicy(p.String()) returns a
 // policy Equal to p.WithDefaults().
-func (p RetryPolicy) String() string {
+func (p Policy) String() string {
 	p = p.WithDefaults()
 	var b strings.Builder
 	if len(p.Delays) > 0 {
@@ -273,9 +279,9 @@ func formatRetryDelay(d time.Duration) string {
 	return strconv.FormatInt(int64(d), 10) + "ns"
 }
 
-// RetryPolicyError is the error of ParseRetryPolicy: the first token that
-// is wrong, where it is and why. It matches ErrBadRetryPolicy.
-type RetryPolicyError struct {
+// PolicyError is the error of ParsePolicy: the first token that
+// is wrong, where it is and why. It matches ErrBadPolicy.
+type PolicyError struct {
 	// Offset is the byte offset of Token in the parsed text.
 	Offset int
 	// Token is the offending text: a list item, an option ("factor=1"), the
@@ -284,12 +290,12 @@ type RetryPolicyError struct {
 	Reason string
 }
 
-func (e *RetryPolicyError) Error() string {
-	return fmt.Sprintf("%v: %q at byte %d: %s", ErrBadRetryPolicy, e.Token, e.Offset, e.Reason)
+func (e *PolicyError) Error() string {
+	return fmt.Sprintf("%v: %q at byte %d: %s", ErrBadPolicy, e.Token, e.Offset, e.Reason)
 }
 
-// Unwrap makes errors.Is(err, ErrBadRetryPolicy) hold.
-func (e *RetryPolicyError) Unwrap() error { return ErrBadRetryPolicy }
+// Unwrap makes errors.Is(err, ErrBadPolicy) hold.
+func (e *PolicyError) Unwrap() error { return ErrBadPolicy }
 
 // retryToken is one whitespace-separated word of a policy text.
 type retryToken struct {
@@ -297,7 +303,7 @@ type retryToken struct {
 	text string
 }
 
-// ParseRetryPolicy parses a retry policy as the CLI and the config file
+// ParsePolicy parses a retry policy as the CLI and the config file
 // write it: a schedule, then options, separated by spaces.
 //
 //	1s,5s,30s,2m,10m
@@ -318,11 +324,11 @@ type retryToken struct {
 //	max-deliveries=N    >= 1; default 16
 //
 // The result has every field set (MaxDeliveries included) and is valid. An
-// error is a *RetryPolicyError naming the first wrong token and its byte
-// offset, and matches ErrBadRetryPolicy.
-func ParseRetryPolicy(s string) (RetryPolicy, error) {
-	bad := func(t retryToken, format string, args ...any) (RetryPolicy, error) {
-		return RetryPolicy{}, &RetryPolicyError{Offset: t.off, Token: t.text, Reason: fmt.Sprintf(format, args...)}
+// error is a *PolicyError naming the first wrong token and its byte
+// offset, and matches ErrBadPolicy.
+func ParsePolicy(s string) (Policy, error) {
+	bad := func(t retryToken, format string, args ...any) (Policy, error) {
+		return Policy{}, &PolicyError{Offset: t.off, Token: t.text, Reason: fmt.Sprintf(format, args...)}
 	}
 	var toks []retryToken
 	for i := 0; i < len(s); {
@@ -341,11 +347,11 @@ func ParseRetryPolicy(s string) (RetryPolicy, error) {
 		return bad(retryToken{0, ""}, "empty; want a delay list such as 1s,5s,30s or exponential")
 	}
 
-	var p RetryPolicy
+	var p Policy
 	sched := toks[0]
 	exp := sched.text == "exponential"
 	if exp {
-		d := DefaultRetryPolicy()
+		d := DefaultPolicy()
 		p.Initial, p.Factor, p.Cap, p.Jitter = d.Initial, d.Factor, d.Cap, d.Jitter
 	} else {
 		if !strings.ContainsAny(sched.text, ",0123456789") {
