@@ -353,6 +353,90 @@ func (c *Client) refreshLeader(ctx context.Context, topic string, partition int3
 	return c.partitionLeader(topic, partition), nil
 }
 
+// leaderMovedFrom asks a broker other than cn's, within leaderCheck, which
+// node leads topic/partition. When it names a node other than cn's, it
+// marks cn's broker suspect (tried last for a while: it did not answer in
+// time) and returns that node; otherwise 0 (no news, or no answer). The
+// answer refreshes the cached metadata, so the next leaderConn goes to the
+// node named.
+func (c *Client) leaderMovedFrom(ctx context.Context, cn *conn, topic string, partition int32) uint32 {
+	cctx, cancel := context.WithTimeout(ctx, leaderCheck)
+	defer cancel()
+	leader, err := c.refreshLeader(cctx, topic, partition, cn.addr)
+	if err != nil || leader == 0 || leader == cn.nodeID {
+		return 0
+	}
+	c.markSuspect(cn.addr, suspectFor)
+	return leader
+}
+
+// readFailovers bounds how many times one idempotent read (callLeader) is
+// sent again to another node after its broker did not answer.
+const readFailovers = 2
+
+// callLeader sends req, an idempotent read of topic/partition (Fetch,
+// ListOffsets), to the partition's leader and waits for the answer,
+// bounded by the request timeout plus extra (a long poll's wait).
+//
+// A leader that is frozen (a stopped process, a stalled disk) does not
+// answer, and its followers elect another within about a second. So once
+// the answer is extra+leaderCheck late, callLeader asks another broker for
+// the partition's leader every leaderCheck (leaderMovedFrom); once that
+// names another node, it gives the attempt up and sends req there, the
+// silent broker being tried last for a while. A request timeout or a dead
+// connection has it ask another broker the same way: the request is sent
+// again when that names another leader; otherwise the error is returned
+// (after a timeout, with the topic's metadata dropped). At most
+// readFailovers times per call. Other errors, NOT_LEADER from a broker
+// included, are returned as they come.
+func (c *Client) callLeader(ctx context.Context, topic string, partition int32, req *heraldpb.Frame, extra time.Duration) (*heraldpb.Frame, error) {
+	timeout := c.cfg.requestTimeout
+	if timeout > 0 {
+		timeout += extra
+	}
+	for attempt := 0; ; attempt++ {
+		cn, err := c.leaderConn(ctx, topic, partition)
+		if err != nil {
+			return nil, err
+		}
+		ch, err := cn.send(ctx, func(dst []byte, id uint64) ([]byte, error) {
+			req.Id = id
+			return heraldpb.AppendFrame(dst, req)
+		}, nil)
+		var moved uint32 // the node another broker names as leader now
+		var f *heraldpb.Frame
+		if err == nil {
+			f, err = cn.awaitWatchedAfter(ctx, ch, timeout, extra+leaderCheck, leaderCheck, func() error {
+				if moved = c.leaderMovedFrom(ctx, cn, topic, partition); moved != 0 {
+					return &Error{Code: heraldpb.ErrorCode_NOT_LEADER, Retriable: true, Leader: moved,
+						Message: fmt.Sprintf("node %d (%s) has not answered a request for %s-%d; node %d leads it now", cn.nodeID, cn.addr, topic, partition, moved)}
+				}
+				return nil
+			})
+		}
+		if err == nil {
+			return f, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		timedOut := errors.Is(err, ErrRequestTimeout)
+		if moved == 0 && (timedOut || errors.Is(err, ErrConnectionLost)) {
+			if timedOut {
+				c.markSuspect(cn.addr, suspectFor)
+			}
+			if moved = c.leaderMovedFrom(ctx, cn, topic, partition); moved == 0 && timedOut {
+				c.invalidate(topic)
+			}
+		}
+		if moved == 0 || attempt >= readFailovers {
+			return nil, err
+		}
+		c.cfg.logger.Debug("herald: read sent to the new leader", "topic", topic, "partition", partition,
+			"from", cn.nodeID, "to", moved, "err", err)
+	}
+}
+
 // notLeader handles a NOT_LEADER answer for topic/partition: with the
 // leader named, the cached metadata points at it; otherwise the topic's
 // metadata is fetched again on next use.

@@ -464,13 +464,20 @@ func (c *conn) exchangeQueued(ctx context.Context, req *heraldpb.Frame, timeout 
 // error when it returns one. The request stays registered: its window
 // slot frees when the broker answers at last, or the connection dies.
 func (c *conn) awaitWatched(ctx context.Context, ch chan *heraldpb.Frame, timeout, every time.Duration, check func() error) (*heraldpb.Frame, error) {
+	return c.awaitWatchedAfter(ctx, ch, timeout, every, every, check)
+}
+
+// awaitWatchedAfter is awaitWatched whose first check comes after first
+// rather than after every: a long-polling fetch is not checked while the
+// broker may legitimately hold it.
+func (c *conn) awaitWatchedAfter(ctx context.Context, ch chan *heraldpb.Frame, timeout, first, every time.Duration, check func() error) (*heraldpb.Frame, error) {
 	var timer <-chan time.Time
 	if timeout > 0 {
 		t := time.NewTimer(timeout)
 		defer t.Stop()
 		timer = t.C
 	}
-	tick := time.NewTicker(every)
+	tick := time.NewTimer(first)
 	defer tick.Stop()
 	for {
 		select {
@@ -481,6 +488,7 @@ func (c *conn) awaitWatched(ctx context.Context, ch chan *heraldpb.Frame, timeou
 		case <-timer:
 			return nil, c.timedOut(timeout)
 		case <-tick.C:
+			tick.Reset(every)
 			if err := check(); err != nil {
 				select {
 				case f := <-ch: // it answered meanwhile after all

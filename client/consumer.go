@@ -19,7 +19,8 @@ type Offsets struct {
 // ListOffsets looks up an offset of a partition: spec OFFSET_SPEC_EARLIEST
 // (the log start), OFFSET_SPEC_LATEST (the high watermark) or
 // OFFSET_SPEC_TIMESTAMP (the first record with timestamp >= ts; the high
-// watermark when there is none).
+// watermark when there is none). It goes to the partition's leader, and to
+// a new one when that leader does not answer, as Fetch does.
 func (c *Client) ListOffsets(ctx context.Context, topic string, partition int32, spec heraldpb.OffsetSpec, ts time.Time) (Offsets, error) {
 	if partition < 0 {
 		return Offsets{}, fmt.Errorf("herald: ListOffsets needs a partition, got %d", partition)
@@ -28,11 +29,7 @@ func (c *Client) ListOffsets(ctx context.Context, topic string, partition int32,
 	if spec == heraldpb.OffsetSpec_OFFSET_SPEC_TIMESTAMP {
 		req.TimestampMs = ts.UnixMilli()
 	}
-	cn, err := c.leaderConn(ctx, topic, partition)
-	if err != nil {
-		return Offsets{}, err
-	}
-	f, err := c.call(ctx, cn, &heraldpb.Frame{Body: &heraldpb.Frame_ListOffsets{ListOffsets: req}}, 0)
+	f, err := c.callLeader(ctx, topic, partition, &heraldpb.Frame{Body: &heraldpb.Frame_ListOffsets{ListOffsets: req}}, 0)
 	if err != nil {
 		return Offsets{}, err
 	}
@@ -58,6 +55,13 @@ type FetchResult struct {
 // available it long-polls up to maxWait. maxBytes caps the response (the
 // broker returns at least one batch). An offset outside [log start, high
 // watermark] fails with an OFFSET_OUT_OF_RANGE *Error.
+//
+// Fetch goes to the partition's leader. A leader that does not answer
+// within maxWait plus 500 ms (a frozen process, a stalled disk) is asked
+// about at another broker every 500 ms; once that names a new leader, the
+// fetch is sent there, in the same call (see callLeader). A request
+// timeout or a lost connection does the same when another broker already
+// names a new leader; otherwise Fetch returns the (retryable) error.
 func (c *Client) Fetch(ctx context.Context, topic string, partition int32, offset int64, maxBytes int, maxWait time.Duration) (*FetchResult, error) {
 	if partition < 0 {
 		return nil, fmt.Errorf("herald: Fetch needs a partition, got %d", partition)
@@ -69,11 +73,7 @@ func (c *Client) Fetch(ctx context.Context, topic string, partition int32, offse
 		MaxBytes:  uint32(max(maxBytes, 0)),
 		MaxWaitMs: uint32(max(maxWait, 0) / time.Millisecond),
 	}
-	cn, err := c.leaderConn(ctx, topic, partition)
-	if err != nil {
-		return nil, err
-	}
-	f, err := c.call(ctx, cn, &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: req}}, maxWait)
+	f, err := c.callLeader(ctx, topic, partition, &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: req}}, maxWait)
 	if err != nil {
 		return nil, err
 	}

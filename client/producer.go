@@ -725,13 +725,10 @@ func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey, queue
 		f, err = cn.await(p.ctx, ch, timeout)
 	} else {
 		f, err = cn.awaitWatched(p.ctx, ch, timeout, leaderCheck, func() error {
-			cctx, cancel := context.WithTimeout(p.ctx, leaderCheck)
-			defer cancel()
-			leader, lerr := p.c.refreshLeader(cctx, key.topic, key.partition, cn.addr)
-			if lerr != nil || leader == 0 || leader == cn.nodeID {
+			leader := p.c.leaderMovedFrom(p.ctx, cn, key.topic, key.partition)
+			if leader == 0 {
 				return nil // no news: keep waiting
 			}
-			p.c.markSuspect(cn.addr, suspectFor)
 			return &Error{Code: heraldpb.ErrorCode_NOT_LEADER, Retriable: true, Leader: leader, OutcomeUnknown: true,
 				Message: fmt.Sprintf("node %d (%s) has not answered a produce to %s-%d; node %d leads it now", cn.nodeID, cn.addr, key.topic, key.partition, leader)}
 		})

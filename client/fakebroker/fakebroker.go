@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +69,13 @@ type Broker struct {
 	ln       net.Listener
 	window   uint32
 	maxFrame uint32
+	node     uint32 // node id in Hello and metadata
+
+	// brokers and leader, set by SetCluster: the nodes metadata lists
+	// and the node it names as every partition's leader (nil: this one
+	// alone).
+	brokers []*heraldpb.BrokerInfo
+	leader  uint32
 
 	mu       sync.Mutex
 	topics   map[string]*topic
@@ -122,6 +130,9 @@ func Window(n uint32) Opt { return func(b *Broker) { b.window = n } }
 // MaxFrameBytes sets the frame limit the broker negotiates.
 func MaxFrameBytes(n uint32) Opt { return func(b *Broker) { b.maxFrame = n } }
 
+// Node sets the node id the broker gives in Hello and metadata (default 1).
+func Node(id uint32) Opt { return func(b *Broker) { b.node = id } }
+
 // Topic pre-creates a topic with n partitions.
 func Topic(name string, n uint32) Opt {
 	return func(b *Broker) { b.createTopic(name, &heraldpb.TopicConfig{Partitions: n, ReplicationFactor: 1}) }
@@ -136,6 +147,7 @@ func New(opts ...Opt) (*Broker, error) {
 	b := &Broker{
 		ln:       ln,
 		window:   64,
+		node:     1,
 		maxFrame: heraldpb.DefaultMaxFrameBytes,
 		topics:   map[string]*topic{},
 		changed:  make(chan struct{}),
@@ -154,6 +166,17 @@ func New(opts ...Opt) (*Broker, error) {
 
 // Addr is the broker's host:port.
 func (b *Broker) Addr() string { return b.ln.Addr().String() }
+
+// SetCluster has the broker's metadata list brokers (itself among them)
+// and name leader as the leader of every partition, replicated on every
+// broker listed, as a member of a cluster would. Nothing else changes:
+// each fake keeps its own topics and answers every request itself, leader
+// or not.
+func (b *Broker) SetCluster(brokers []*heraldpb.BrokerInfo, leader uint32) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.brokers, b.leader = brokers, leader
+}
 
 // SetHook installs (or with nil removes) the request hook.
 func (b *Broker) SetHook(h Hook) {
@@ -397,7 +420,7 @@ func (s *session) handleHello(f *heraldpb.Frame) bool {
 		mf = v
 	}
 	s.write(&heraldpb.Frame{Id: f.GetId(), Body: &heraldpb.Frame_HelloResponse{HelloResponse: &heraldpb.HelloResponse{
-		ProtocolVersion: heraldpb.ProtocolVersion, MaxFrameBytes: mf, MaxInFlight: win, NodeId: 1, ServerVersion: "fake",
+		ProtocolVersion: heraldpb.ProtocolVersion, MaxFrameBytes: mf, MaxInFlight: win, NodeId: s.b.node, ServerVersion: "fake",
 	}}})
 	return true
 }
@@ -420,7 +443,13 @@ func (s *session) handle(f *heraldpb.Frame) {
 	switch body := f.GetBody().(type) {
 	case *heraldpb.Frame_Metadata:
 		b.mu.Lock()
-		resp := &heraldpb.MetadataResponse{Brokers: []*heraldpb.BrokerInfo{{NodeId: 1, Addr: b.Addr()}}}
+		resp := &heraldpb.MetadataResponse{Brokers: []*heraldpb.BrokerInfo{{NodeId: b.node, Addr: b.Addr()}}}
+		if b.brokers != nil {
+			resp.Brokers = nil
+			for _, bi := range b.brokers {
+				resp.Brokers = append(resp.Brokers, proto.Clone(bi).(*heraldpb.BrokerInfo))
+			}
+		}
 		names := body.Metadata.GetTopics()
 		if len(names) == 0 {
 			for n := range b.topics {
@@ -512,8 +541,15 @@ func (b *Broker) createTopic(name string, cfg *heraldpb.TopicConfig) *topic {
 
 func (b *Broker) infoLocked(name string, t *topic) *heraldpb.TopicInfo {
 	info := &heraldpb.TopicInfo{Name: name, Config: proto.Clone(t.cfg).(*heraldpb.TopicConfig)}
+	leader, replicas := b.node, []uint32{b.node}
+	if b.brokers != nil {
+		leader, replicas = b.leader, nil
+		for _, bi := range b.brokers {
+			replicas = append(replicas, bi.GetNodeId())
+		}
+	}
 	for i, p := range t.parts {
-		info.Partitions = append(info.Partitions, &heraldpb.PartitionInfo{Id: uint32(i), Leader: 1, Replicas: []uint32{1}, HighWatermark: p.hw})
+		info.Partitions = append(info.Partitions, &heraldpb.PartitionInfo{Id: uint32(i), Leader: leader, Replicas: slices.Clone(replicas), HighWatermark: p.hw})
 	}
 	return info
 }

@@ -1,0 +1,169 @@
+package client
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/heraldmq/herald/client/fakebroker"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// twoNodes starts fakes of nodes 1 and 2, each with topic "t" of one
+// partition holding the one record value1 (node 1) or value2 (node 2),
+// whose metadata name leader1 (node 1's) and leader2 (node 2's) as the
+// partition's leader; and a client that bootstraps from node 1, so that it
+// believes node 1 first.
+func twoNodes(t *testing.T, leader1, leader2 uint32, opts ...Option) (n1, n2 *fakebroker.Broker, c *Client) {
+	t.Helper()
+	n1 = newBroker(t, fakebroker.Node(1), fakebroker.Topic("t", 1))
+	n2 = newBroker(t, fakebroker.Node(2), fakebroker.Topic("t", 1))
+	for _, x := range []struct {
+		b *fakebroker.Broker
+		v string
+	}{{n1, "value1"}, {n2, "value2"}} {
+		one := dial(t, x.b)
+		if _, err := one.NewProducer().Send(testCtx(t), &Message{Topic: "t", Partition: 0, Value: []byte(x.v)}); err != nil {
+			t.Fatal(err)
+		}
+		one.Close()
+	}
+	brokers := []*heraldpb.BrokerInfo{{NodeId: 1, Addr: n1.Addr()}, {NodeId: 2, Addr: n2.Addr()}}
+	n1.SetCluster(brokers, leader1)
+	n2.SetCluster(brokers, leader2)
+	c, err := Dial(testCtx(t), n1.Addr()+","+n2.Addr(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return n1, n2, c
+}
+
+// count counts the requests a hook sees that match.
+func count(n *atomic.Int64, act fakebroker.Action, match func(*heraldpb.Frame) bool) fakebroker.Hook {
+	return func(_ int, f *heraldpb.Frame) fakebroker.Action {
+		if match(f) {
+			n.Add(1)
+			return act
+		}
+		return fakebroker.Action{}
+	}
+}
+
+func isFetch(f *heraldpb.Frame) bool    { return f.GetFetch() != nil }
+func isMetadata(f *heraldpb.Frame) bool { return f.GetMetadata() != nil }
+
+// A fetch its leader never answers (a frozen node) goes to the leader
+// another broker names once its long poll plus 500 ms has passed, within
+// the same Fetch call and long before the 30 s request timeout; later
+// fetches go there directly.
+func TestFetchLeavesSilentLeader(t *testing.T) {
+	n1, _, c := twoNodes(t, 1, 2)
+	var fetches1 atomic.Int64
+	n1.SetHook(count(&fetches1, fakebroker.Action{Drop: true}, isFetch))
+	const maxWait = 100 * time.Millisecond
+	start := time.Now()
+	res, err := c.Fetch(testCtx(t), "t", 0, 0, 1<<20, maxWait)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("fetch: %v", err)
+	}
+	if len(res.Messages) != 1 || string(res.Messages[0].Value) != "value2" {
+		t.Fatalf("fetched %v, want value2 from node 2", res.Messages)
+	}
+	if took < maxWait+leaderCheck || took > 2*time.Second {
+		t.Fatalf("fetch took %v; want from %v (the long poll and a margin) to 2s", took, maxWait+leaderCheck)
+	}
+	if n := fetches1.Load(); n != 1 {
+		t.Fatalf("node 1 got %d fetches, want 1", n)
+	}
+	if _, err := c.Fetch(testCtx(t), "t", 0, 1, 1<<20, maxWait); err != nil {
+		t.Fatalf("next fetch: %v", err)
+	}
+	if n := fetches1.Load(); n != 1 {
+		t.Fatalf("node 1 got %d fetches after the failover, want 1: the next fetch went back to it", n)
+	}
+	t.Logf("the fetch left the silent leader after %v", took.Round(time.Millisecond))
+}
+
+// ListOffsets follows a new leader the same way (with no long poll: after
+// 500 ms).
+func TestListOffsetsLeavesSilentLeader(t *testing.T) {
+	n1, _, c := twoNodes(t, 1, 2)
+	n1.SetHook(func(_ int, f *heraldpb.Frame) fakebroker.Action {
+		return fakebroker.Action{Drop: f.GetListOffsets() != nil}
+	})
+	start := time.Now()
+	o, err := c.ListOffsets(testCtx(t), "t", 0, heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 2*time.Second || o.HighWatermark != 1 {
+		t.Fatalf("ListOffsets took %v, answered %+v", took, o)
+	}
+}
+
+// A long poll is not cut off: no other broker is asked while the leader
+// may still be holding the fetch (its max wait plus 500 ms), and past that
+// the fetch goes on waiting for its answer while the other broker names
+// the same leader.
+func TestFetchLongPollIsNotCutOff(t *testing.T) {
+	n1, n2, c := twoNodes(t, 1, 1)
+	var meta2 atomic.Int64
+	n2.SetHook(count(&meta2, fakebroker.Action{}, isMetadata))
+	// A long poll at the end of the log, answered after its max wait.
+	const maxWait = 800 * time.Millisecond
+	start := time.Now()
+	res, err := c.Fetch(testCtx(t), "t", 0, 1, 1<<20, maxWait)
+	if err != nil || len(res.Messages) != 0 || time.Since(start) < maxWait {
+		t.Fatalf("long poll: %v after %v, err %v", res, time.Since(start), err)
+	}
+	if n := meta2.Load(); n != 0 {
+		t.Fatalf("node 2 was asked for metadata %d times during a long poll of %v", n, maxWait)
+	}
+	// An answer late by 1.2 s past the long poll: node 2 is asked, names
+	// node 1, and the fetch waits for node 1's answer.
+	var fetches1 atomic.Int64
+	n1.SetHook(count(&fetches1, fakebroker.Action{Delay: 1300 * time.Millisecond}, isFetch))
+	res, err = c.Fetch(testCtx(t), "t", 0, 0, 1<<20, 100*time.Millisecond)
+	if err != nil {
+		t.Fatalf("slow fetch: %v", err)
+	}
+	if len(res.Messages) != 1 || string(res.Messages[0].Value) != "value1" {
+		t.Fatalf("fetched %v, want value1 from node 1", res.Messages)
+	}
+	if meta2.Load() == 0 || fetches1.Load() != 1 {
+		t.Fatalf("node 2 asked %d times, node 1 fetched from %d times; want >0 and 1", meta2.Load(), fetches1.Load())
+	}
+}
+
+// A fetch whose connection dies asks another broker for the leader, and
+// when that names another node, fetches there in the same call.
+func TestFetchAfterLostConnectionGoesToNewLeader(t *testing.T) {
+	n1, _, c := twoNodes(t, 1, 2)
+	n1.SetHook(func(_ int, f *heraldpb.Frame) fakebroker.Action {
+		return fakebroker.Action{Close: isFetch(f)}
+	})
+	res, err := c.Fetch(testCtx(t), "t", 0, 0, 1<<20, 100*time.Millisecond)
+	if err != nil {
+		t.Fatalf("fetch: %v", err)
+	}
+	if len(res.Messages) != 1 || string(res.Messages[0].Value) != "value2" {
+		t.Fatalf("fetched %v, want value2 from node 2", res.Messages)
+	}
+}
+
+// With no other leader named, a lost connection is returned as it came,
+// retryable, and the fetch is not sent again within the call.
+func TestFetchLostConnectionSameLeader(t *testing.T) {
+	n1, _, c := twoNodes(t, 1, 1)
+	var fetches1 atomic.Int64
+	n1.SetHook(count(&fetches1, fakebroker.Action{Close: true}, isFetch))
+	_, err := c.Fetch(testCtx(t), "t", 0, 0, 1<<20, 100*time.Millisecond)
+	if !IsRetryable(err) {
+		t.Fatalf("fetch: %v, want a retryable error", err)
+	}
+	if n := fetches1.Load(); n != 1 {
+		t.Fatalf("node 1 got %d fetches, want 1", n)
+	}
+}
