@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/heraldmq/herald/registry"
 	"log/slog"
 	"maps"
 	"math"
@@ -32,6 +31,7 @@ import (
 	"github.com/heraldmq/herald/internal/slogfloor"
 	"github.com/heraldmq/herald/netio"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -151,7 +151,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		return math.MaxInt32
 	}
 	b.groupsProps = consumer.Props(consumer.Options{
-		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout, Push: push, PushRoom: pushRoom,
+		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout, Push: push, PushRoom: pushRoom, Writer: sessionWriter{&srv},
 		CompactBytes: cfg.groupsCompactBytes, CompactCheck: cfg.groupsCompactCheck,
 		Breaker:     consumer.BreakerConfig{ConsecutiveFailures: cfg.BreakerFailures, CoolDown: cfg.BreakerCoolDown},
 		RetryPolicy: cfg.retry, TopicManager: b.manager, IdleStop: idleStop(cfg.GroupIdleStop),
@@ -508,4 +508,20 @@ func idleStop(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// sessionWriter is the consumer room's consumer.SessionWriter: the network
+// server once it exists (no connection, so no member, exists before).
+type sessionWriter struct{ srv *atomic.Pointer[netio.Server] }
+
+func (w sessionWriter) SendRaw(conn *actor.PID, frame []byte) {
+	if s := w.srv.Load(); s != nil {
+		s.SendRaw(conn, frame)
+	}
+}
+
+func (w sessionWriter) WriteThen(conn *actor.PID, f *heraldpb.Frame, notify *actor.PID, done any) {
+	if s := w.srv.Load(); s != nil {
+		s.WriteThen(conn, f, notify, done)
+	}
 }

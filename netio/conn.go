@@ -10,9 +10,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/panjf2000/gnet/v2"
-
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/panjf2000/gnet/v2"
 )
 
 // conn is one client connection. Fields marked "loop" are touched only on
@@ -326,7 +325,11 @@ func (a *session) Receive(ctx actor.Context) {
 		a.onRaw(m)
 	case *WriteThen:
 		a.onFrame(m.Frame)
-		ctx.Send(m.Notify, &Written{})
+		if m.Done != nil {
+			ctx.Send(m.Notify, m.Done)
+		} else {
+			ctx.Send(m.Notify, &Written{})
+		}
 	case *actor.Stopping:
 		a.c.releaseAll()
 	}
@@ -338,6 +341,9 @@ func (a *session) Receive(ctx actor.Context) {
 type WriteThen struct {
 	Frame  *heraldpb.Frame
 	Notify *actor.PID
+	// Done, when not nil, is sent instead of Written: the notified actor's
+	// own message, so that it need not know netio's types.
+	Done any
 }
 
 // Written answers WriteThen.

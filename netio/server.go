@@ -15,11 +15,10 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/panjf2000/gnet/v2/pkg/logging"
 	"google.golang.org/protobuf/reflect/protoreflect"
-
-	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 // Router hands a decoded request to the actors. It is called on a gnet event
@@ -82,6 +81,16 @@ type Server struct {
 // it); the frame is then dropped and counted. Push never refuses for the
 // soft bound: senders ask PushRoom first and hold their pushes while it is
 // <= 0.
+// SendRaw writes an encoded push through the session actor conn (a
+// RawPush): in order with the responses that actor writes.
+func (s *Server) SendRaw(conn *actor.PID, frame []byte) { s.system.Root.Send(conn, RawPush(frame)) }
+
+// WriteThen has the session actor conn write f, then send done to notify
+// (see the WriteThen message).
+func (s *Server) WriteThen(conn *actor.PID, f *heraldpb.Frame, notify *actor.PID, done any) {
+	s.system.Root.Send(conn, &WriteThen{Frame: f, Notify: notify, Done: done})
+}
+
 func (s *Server) Push(id string, frame []byte) bool {
 	v, ok := s.sessions.Load(id)
 	if !ok {

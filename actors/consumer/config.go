@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
 	"github.com/heraldmq/herald/retry"
 )
@@ -45,6 +46,9 @@ type Options struct {
 	// members, credits untouched, until it has room again. nil: no bound
 	// but credits.
 	PushRoom func(id string) int
+	// Writer writes to a connection through its session actor (the
+	// broker's netio.Server); required once members subscribe.
+	Writer SessionWriter
 	// DefaultAckTimeout applies when a subscription gives none; 0 = 30 s.
 	DefaultAckTimeout time.Duration
 	// CompactBytes is the size of __groups above which the manager
@@ -68,6 +72,16 @@ type Options struct {
 	IdleStop time.Duration
 	// Clock reads the time and sets the timers; nil = the system clock.
 	Clock Clock
+}
+
+// SessionWriter is what the consumer room needs of the network server to
+// write to a connection through the connection's session actor (in order
+// with the responses it writes): an encoded push, or a frame followed by a
+// message of the room's own once it is written. The broker supplies it
+// (netio.Server), so that the room does not import the network layer.
+type SessionWriter interface {
+	SendRaw(conn *actor.PID, frame []byte)
+	WriteThen(conn *actor.PID, f *heraldpb.Frame, notify *actor.PID, done any)
 }
 
 // Clock is how the groups manager and its coordinators read time and set

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/netio"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -22,6 +21,7 @@ type Router struct {
 	remote  func(id string) string
 	inbox   func(id string) string                  // a connection's inbox name
 	resolve func(inbox string) (id string, ok bool) // an inbox's connection
+	raw     func(conn *actor.PID, frame []byte)     // an encoded push through the session actor
 	gate    func() (coordinator uint64, here bool)  // nil: groups are always here
 }
 
@@ -66,12 +66,13 @@ type Connections interface {
 	Inbox(id string) string
 	InboxSession(inbox string) (id string, ok bool)
 	Push(id string, frame []byte) bool
+	SessionWriter
 }
 
 // SetConnections sets how the router reaches client connections; before
 // the first request.
 func (r *Router) SetConnections(cs Connections) {
-	r.lookup, r.remote, r.push, r.inbox, r.resolve = cs.Session, cs.RemoteAddr, cs.Push, cs.Inbox, cs.InboxSession
+	r.lookup, r.remote, r.push, r.inbox, r.resolve, r.raw = cs.Session, cs.RemoteAddr, cs.Push, cs.Inbox, cs.InboxSession, cs.SendRaw
 }
 
 // subscribeMsg is a SubscribeRequest with what the coordinator needs to
@@ -217,7 +218,7 @@ func (r *Router) reply(f *heraldpb.Frame, req *heraldpb.ReplyRequest, replyTo *a
 		return
 	}
 	if r.push == nil || !r.push(id, push) {
-		r.sys.Root.Send(pid, netio.RawPush(push))
+		r.raw(pid, push)
 	}
 	mReplies.WithLabelValues("ok").Inc()
 	r.sys.Root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ReplyResponse{ReplyResponse: &heraldpb.ReplyResponse{}}})

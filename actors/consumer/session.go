@@ -4,7 +4,6 @@ import (
 	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/netio"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -28,6 +27,8 @@ type memberSession struct {
 	// once the session actor has written hello; frames before that wait in
 	// early.
 	push func(id string, frame []byte) bool
+	// writer writes through the connection's session actor.
+	writer SessionWriter
 	// transit is the coordinator's count of record bytes on their way
 	// through this session (member.transit); nil when not counted.
 	transit *atomic.Int64
@@ -51,6 +52,8 @@ type (
 		member MemberID
 		subID  uint64
 	}
+	// helloWritten: the connection wrote the SubscribeResponse.
+	helloWritten struct{}
 	// memberGone: the member's connection closed.
 	memberGone struct {
 		member MemberID
@@ -61,9 +64,9 @@ type (
 func (s *memberSession) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
-		ctx.Send(s.conn, &netio.WriteThen{Frame: s.hello, Notify: ctx.Self()})
+		s.writer.WriteThen(s.conn, s.hello, ctx.Self(), &helloWritten{})
 		ctx.Watch(s.conn)
-	case *netio.Written:
+	case *helloWritten:
 		s.ready = true
 		ctx.Send(ctx.Parent(), &memberReady{member: s.member, subID: s.subID})
 		for _, f := range s.early {
@@ -96,7 +99,7 @@ func (s *memberSession) write(ctx actor.Context, frame []byte) {
 	case s.push != nil:
 		s.push(s.conn.Id, frame)
 	default:
-		ctx.Send(s.conn, netio.RawPush(frame))
+		s.writer.SendRaw(s.conn, frame)
 	}
 }
 

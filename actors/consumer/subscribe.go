@@ -273,11 +273,11 @@ func (c *coordinator) join(ctx actor.Context, m *subscribeMsg) {
 	hello := &heraldpb.Frame{Id: m.f.Id, Body: &heraldpb.Frame_SubscribeResponse{SubscribeResponse: &heraldpb.SubscribeResponse{
 		SubscriptionId: subID, MemberId: string(mid), Partitions: uint32(len(l.entry.Partitions)),
 	}}}
-	maxFrame, push := m.maxFrame, c.o.Push
+	maxFrame, push, writer := m.maxFrame, c.o.Push, c.o.Writer
 	mb.transit = new(atomic.Int64)
 	transit := mb.transit
 	mb.session = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
-		return &memberSession{member: mid, subID: subID, conn: m.replyTo, maxFrame: maxFrame, hello: hello, push: push, transit: transit}
+		return &memberSession{member: mid, subID: subID, conn: m.replyTo, maxFrame: maxFrame, hello: hello, push: push, writer: writer, transit: transit}
 	}), "m")
 	l.members[mid] = mb
 	l.bySub[subID] = mb

@@ -1,0 +1,97 @@
+// Package arch holds the test of the house's shape: which packages may
+// import which (DESIGN.md, "Layout").
+package arch
+
+import (
+	"bufio"
+	"bytes"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const mod = "github.com/heraldmq/herald/"
+
+// Actor rooms are siblings: each imports actors/partition, the shared
+// layer, proto and persistence where it must, never another room, netio,
+// the broker or the cluster.
+var rooms = []string{"actors/topic", "actors/consumer", "actors/scheduler", "actors/txn"}
+
+// rules maps a package (or a prefix ending in "/...") to the module
+// packages it must not import (a prefix ending in "/..." covers a tree).
+var rules = map[string][]string{
+	"proto":             {"..."},
+	"persistence/...":   {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "registry", "retry", "timewheel", "filter"},
+	"actors/partition":  {"actors/topic", "actors/consumer", "actors/scheduler", "actors/txn", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "registry", "retry", "timewheel", "filter"},
+	"actors/mailbox":    {"..."},
+	"registry":          {"actors/topic", "actors/consumer", "actors/scheduler", "actors/txn", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/..."},
+	"retry":             {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/..."},
+	"timewheel":         {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/..."},
+	"filter":            {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/..."},
+	"netio":             {"actors/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/..."},
+	"cluster/...":       {"broker/...", "netio/...", "client/...", "cmd/...", "actors/topic", "actors/consumer", "actors/scheduler", "actors/txn"},
+	"client/...":        {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "filter", "internal/..."},
+	"cmd/...":           {"actors/...", "netio/...", "cluster/...", "persistence/...", "registry", "timewheel"},
+	"internal/raftwire": {"actors/...", "netio/...", "broker/...", "cmd/...", "client/..."},
+}
+
+func init() {
+	for _, r := range rooms {
+		var deny []string
+		for _, o := range rooms {
+			if o != r {
+				deny = append(deny, o)
+			}
+		}
+		rules[r] = append(deny, "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...")
+	}
+}
+
+func covers(pattern, pkg string) bool {
+	if pattern == "..." {
+		return true
+	}
+	if p, ok := strings.CutSuffix(pattern, "/..."); ok {
+		return pkg == p || strings.HasPrefix(pkg, p+"/")
+	}
+	return pkg == pattern
+}
+
+// TestImportDirections fails on an import arrow the house does not allow
+// in a package's code. Tests may reach further (a room's integration test
+// starts the topic manager to have topics; e2e drives everything).
+func TestImportDirections(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	checked := map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		pkg, _ := strings.CutPrefix(f[0], mod)
+		for pattern, deny := range rules {
+			if !covers(pattern, pkg) {
+				continue
+			}
+			checked[pattern] = true
+			for _, imp := range f[1:] {
+				dep, ok := strings.CutPrefix(imp, mod)
+				if !ok || dep == pkg || strings.HasPrefix(dep, pkg+"/") {
+					continue
+				}
+				for _, d := range deny {
+					if covers(d, dep) {
+						t.Errorf("%s imports %s: the house does not allow %s -> %s", pkg, dep, pattern, d)
+					}
+				}
+			}
+		}
+	}
+	for pattern := range rules {
+		if !checked[pattern] && pattern != "actors/txn" {
+			t.Errorf("no package matches rule %q: the house changed shape, update the rules", pattern)
+		}
+	}
+}
