@@ -34,6 +34,58 @@ type Entry struct {
 	// Remote, for a cluster topic, is the stand-in that forwards requests
 	// to the nodes holding a partition's replicas.
 	Remote *actor.PID
+	// next is the round-robin cursor of produces that name neither a
+	// partition nor a key (Route).
+	next atomic.Uint32
+}
+
+// Route chooses the partition of a produce request and the actor it goes
+// to from this node: the named partition, else the first record key's
+// hash, else round robin (over the partitions this node leads, for a
+// cluster topic, when it leads any). An idempotent produce must name its
+// partition, and goes to the partition's actor here even if a follower
+// (which answers NOT_LEADER naming the leader): its batches must reach the
+// leader in order. Safe for concurrent use (the network loops call it).
+func (e *Entry) Route(req *heraldpb.ProduceRequest) (uint32, *actor.PID, *heraldpb.Error) {
+	n := uint32(len(e.Partitions))
+	var part uint32
+	switch {
+	case req.ProducerId != 0 && req.Partition == nil:
+		return 0, nil, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "an idempotent produce (producer_id %d) must name its partition", req.ProducerId)
+	case req.Partition != nil:
+		if *req.Partition >= n {
+			return 0, nil, heraldpb.NewError(heraldpb.ErrorCode_PARTITION_NOT_FOUND, "topic %q has %d partitions; there is no partition %d", e.Name, n, *req.Partition)
+		}
+		part = *req.Partition
+	default:
+		info, err := heraldpb.ScanBatch(req.Records)
+		if err != nil {
+			return 0, nil, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "%v", err)
+		}
+		if len(info.FirstKey) > 0 {
+			part = heraldpb.PartitionForKey(info.FirstKey, n)
+		} else {
+			part = e.roundRobin(n)
+		}
+	}
+	if req.ProducerId != 0 {
+		return part, e.Partitions[part], nil
+	}
+	return part, e.Writer(int(part)), nil
+}
+
+// roundRobin is the next partition in turn; for a cluster topic, the next
+// one this node leads, if it leads any.
+func (e *Entry) roundRobin(n uint32) uint32 {
+	if e.Record != nil {
+		for range n {
+			p := (e.next.Add(1) - 1) % n
+			if e.Stats[p].Writable.Load() {
+				return p
+			}
+		}
+	}
+	return (e.next.Add(1) - 1) % n
 }
 
 // Writer is where a produce to partition p goes from this node: its

@@ -36,7 +36,15 @@ func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
 			r.fail(f, replyTo, r.missing(b.Produce.Topic))
 			return
 		}
-		r.sys.Root.RequestWithCustomSender(e.Topic, f, replyTo)
+		// The routing table decides on the network loop: no mailbox hop
+		// between the connection and the partition.
+		part, to, perr := e.Route(b.Produce)
+		if perr != nil {
+			r.fail(f, replyTo, perr)
+			return
+		}
+		b.Produce.Partition = &part
+		r.sys.Root.RequestWithCustomSender(to, f, replyTo)
 	case *heraldpb.Frame_Fetch:
 		if b.Fetch.IncludeHeld {
 			r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "include_held is internal to the broker"))

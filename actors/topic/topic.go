@@ -2,23 +2,17 @@ package topic
 
 import (
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
 )
 
-// topicActor routes produce requests of one topic to its partitions, as
-// the registry lists them (a cluster topic's local replicas come and go as
-// partitions move between nodes).
+// topicActor routes the produce requests sent to a topic's PID (the
+// consumer room's dead letters) through the registry's routing
+// (registry.Entry.Route), as the network loops route clients' produces
+// themselves. Its PID is also the topic's identity (registry.Same).
 type topicActor struct {
-	name       string
-	reg        *registry.Registry
-	partitions []*actor.PID
-	// stats, for a cluster topic: a produce with neither partition nor key
-	// goes round-robin over the partitions led by this node.
-	stats []*partition.Stats
-	entry *registry.Entry // the registry's entry for the request being routed
-	next  uint32          // round-robin cursor
+	name string
+	reg  *registry.Registry
 }
 
 func topicProps(name string, reg *registry.Registry) *actor.Props {
@@ -42,54 +36,11 @@ func (t *topicActor) Receive(ctx actor.Context) {
 		ctx.Send(ctx.Sender(), heraldpb.ErrorFrame(f.Id, topicNotFound(t.name))) // deleted meanwhile
 		return
 	}
-	t.partitions, t.stats = e.Partitions, nil
-	if e.Record != nil {
-		t.stats = e.Stats
-	}
-	t.entry = e
-	part, err := t.route(req)
-	if err != nil {
-		ctx.Send(ctx.Sender(), heraldpb.ErrorFrame(f.Id, err))
+	part, to, perr := e.Route(req)
+	if perr != nil {
+		ctx.Send(ctx.Sender(), heraldpb.ErrorFrame(f.Id, perr))
 		return
 	}
 	req.Partition = &part
-	to := t.entry.Writer(int(part))
-	if req.ProducerId != 0 {
-		// An idempotent producer goes to the leader itself, in order: its
-		// local follower answers NOT_LEADER naming the leader.
-		to = t.partitions[part]
-	}
 	ctx.RequestWithCustomSender(to, f, ctx.Sender())
-}
-
-// route picks the partition of a produce request.
-func (t *topicActor) route(req *heraldpb.ProduceRequest) (uint32, *heraldpb.Error) {
-	n := uint32(len(t.partitions))
-	if req.ProducerId != 0 && req.Partition == nil {
-		// Sequences are per partition: the producer must choose it.
-		return 0, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "an idempotent produce (producer_id %d) must name its partition", req.ProducerId)
-	}
-	if req.Partition != nil {
-		if *req.Partition >= n {
-			return 0, partitionNotFound(t.name, *req.Partition, int(n))
-		}
-		return *req.Partition, nil
-	}
-	info, err := heraldpb.ScanBatch(req.Records)
-	if err != nil {
-		return 0, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "%v", err)
-	}
-	if len(info.FirstKey) > 0 {
-		return heraldpb.PartitionForKey(info.FirstKey, n), nil
-	}
-	for range t.stats {
-		p := t.next % n
-		t.next++
-		if t.stats[p].Writable.Load() {
-			return p, nil
-		}
-	}
-	p := t.next % n
-	t.next++
-	return p, nil
 }
