@@ -16,7 +16,7 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-// TestReadmePushExample checks that README.md shows pushAndRequest byte for
+// TestReadmePushExample checks that docs/sdk.md shows pushAndRequest byte for
 // byte, and runs it against the in-process fake broker (the e2e tests run
 // the SDK against the real one).
 func TestReadmePushExample(t *testing.T) {
@@ -32,12 +32,12 @@ func TestReadmePushExample(t *testing.T) {
 	}
 	end := strings.Index(s[start:], "\n}\n")
 	fn := s[start+1 : start+end+3]
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/sdk.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(readme), fn) {
-		t.Errorf("README.md's push-consumer example differs from pushAndRequest in client/readme_test.go; copy it:\n%s", fn)
+		t.Errorf("docs/sdk.md's push-consumer example differs from pushAndRequest in client/readme_test.go; copy it:\n%s", fn)
 	}
 
 	b, err := fakebroker.New()

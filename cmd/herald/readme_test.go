@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,11 +25,24 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
+// readREADME returns the manual: README.md and every page of docs/, one
+// after the other (the tables and examples checked here live in docs/).
 func readREADME(t *testing.T) string {
 	t.Helper()
 	b, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
+	}
+	pages, err := filepath.Glob("../../docs/*.md")
+	if err != nil || len(pages) == 0 {
+		t.Fatalf("docs/*.md: %v %v", pages, err)
+	}
+	for _, p := range pages {
+		d, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = append(append(b, '\n'), d...)
 	}
 	return string(b)
 }
