@@ -7,35 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/heraldmq/herald/actors/consumer"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
-
-// gauge reads a gauge of the default registry (-1 when absent).
-func gauge(t *testing.T, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue next
-				}
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return -1
-}
 
 // groupLag is the group's lag as `group list` shows it.
 func groupLag(w *wire, group string) (int64, error) {
@@ -78,7 +52,7 @@ func TestGroupWithoutMembers(t *testing.T) {
 			if lag, err := groupLag(w, "gi"); err != nil || lag != want {
 				return fmt.Errorf("group list lag %d (%v), want %d", lag, err, want)
 			}
-			if g := gauge(t, "herald_consumer_lag", map[string]string{"group": "gi"}); g != float64(want) {
+			if g := metric(t, "herald_consumer_lag", map[string]string{"group": "gi"}); g != float64(want) {
 				return fmt.Errorf("herald_consumer_lag %v, want %d", g, want)
 			}
 			return nil
@@ -108,7 +82,7 @@ func TestGroupWithoutMembers(t *testing.T) {
 		if lag, err := groupLag(w, "gi"); err != nil || lag != 35 {
 			return fmt.Errorf("group list lag %d (%v), want 35", lag, err)
 		}
-		if g := gauge(t, "herald_consumer_lag", map[string]string{"group": "gi"}); g != 35 {
+		if g := metric(t, "herald_consumer_lag", map[string]string{"group": "gi"}); g != 35 {
 			return fmt.Errorf("herald_consumer_lag %v, want 35", g)
 		}
 		return nil

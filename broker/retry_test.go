@@ -71,7 +71,7 @@ func header(r *heraldpb.Record, k string) string {
 	return ""
 }
 
-// metric reads a counter of the default registry (0 when absent).
+// metric reads a counter or gauge of the default registry (0 when absent).
 func metric(t *testing.T, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := prometheus.DefaultGatherer.Gather()
@@ -89,7 +89,7 @@ func metric(t *testing.T, name string, labels map[string]string) float64 {
 					continue next
 				}
 			}
-			return m.GetCounter().GetValue()
+			return m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}
 	return 0

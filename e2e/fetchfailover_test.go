@@ -174,16 +174,7 @@ func TestPausedLeaderFetchFailover(t *testing.T) {
 		}
 		return nil
 	})
-	victim := uint64(leaderOf(t, c, "orders", 0))
-	if victim == 0 {
-		t.Fatal("no leader of partition 0")
-	}
-	p := tc.nodes[victim]
-	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	pausedAt := time.Now()
-	t.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGCONT) })
+	victim, p, pausedAt := freezeLeader(t, tc, c, "orders", 0)
 
 	// What the frozen node had sent is read within 200 ms (loopback);
 	// past that, records come from another node.

@@ -39,16 +39,7 @@ func TestPausedLeaderFailover(t *testing.T) {
 		}
 		return nil
 	})
-	victim := uint64(leaderOf(t, c, "orders", 0))
-	if victim == 0 {
-		t.Fatal("no leader of partition 0")
-	}
-	p := tc.nodes[victim]
-	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	pausedAt := time.Now()
-	t.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGCONT) })
+	victim, p, pausedAt := freezeLeader(t, tc, c, "orders", 0)
 	var resumed time.Duration
 	for time.Since(pausedAt) < pause {
 		if resumed == 0 && load.countSince(0, pausedAt) >= 20 {
@@ -161,4 +152,20 @@ func TestRestartUnderLoadReady(t *testing.T) {
 	if load.failed > 0 {
 		t.Fatalf("%d records failed; last: %v", load.failed, load.lastErr)
 	}
+}
+
+// freezeLeader SIGSTOPs the node leading topic's partition part (SIGCONT at
+// cleanup) and returns its id, its process and when it was frozen.
+func freezeLeader(t *testing.T, tc *testCluster, c *client.Client, topic string, part int) (uint64, *proc, time.Time) {
+	t.Helper()
+	victim := uint64(leaderOf(t, c, topic, part))
+	if victim == 0 {
+		t.Fatalf("no leader of partition %d", part)
+	}
+	p := tc.nodes[victim]
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.cmd.Process.Signal(syscall.SIGCONT) })
+	return victim, p, time.Now()
 }

@@ -142,12 +142,7 @@ func (c *Config) EnsureDefaults() {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
 	}
-	switch {
-	case c.IdleTimeout == 0:
-		c.IdleTimeout = DefaultIdleTimeout
-	case c.IdleTimeout < 0:
-		c.IdleTimeout = 0
-	}
+	c.IdleTimeout = durationOrOff(c.IdleTimeout, DefaultIdleTimeout)
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
@@ -157,21 +152,11 @@ func (c *Config) EnsureDefaults() {
 	if c.MaxPendingOutputHard == 0 {
 		c.MaxPendingOutputHard = max(DefaultMaxPendingOutputHard, c.MaxPendingOutput+2*c.MaxFrameBytes)
 	}
-	switch {
-	case c.WriteStallTimeout == 0:
-		c.WriteStallTimeout = DefaultWriteStallTimeout
-	case c.WriteStallTimeout < 0:
-		c.WriteStallTimeout = 0
-	}
+	c.WriteStallTimeout = durationOrOff(c.WriteStallTimeout, DefaultWriteStallTimeout)
 	if c.MaxQueuedRequestBytes == 0 {
 		c.MaxQueuedRequestBytes = DefaultMaxQueuedRequestBytes
 	}
-	switch {
-	case c.FrameTimeout == 0:
-		c.FrameTimeout = DefaultFrameTimeout
-	case c.FrameTimeout < 0:
-		c.FrameTimeout = 0
-	}
+	c.FrameTimeout = durationOrOff(c.FrameTimeout, DefaultFrameTimeout)
 	switch {
 	case c.MaxInFlightProduceBytes == 0:
 		c.MaxInFlightProduceBytes = DefaultMaxInFlightProduceBytes
@@ -233,4 +218,16 @@ func (c Config) Validate() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(probs, "; "))
+}
+
+// durationOrOff is a duration setting's value: 0 takes the default, a
+// negative value turns the setting off (0).
+func durationOrOff(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return d
 }
