@@ -38,6 +38,7 @@ type conn struct {
 	out          atomic.Int64 // bytes handed to gnet and not yet written to the socket
 	reserved     atomic.Int64 // response bytes routed requests may still add (responseEstimate)
 	progress     atomic.Int64 // unix nanos: output last reached the socket, or became pending
+	kernelQueue  atomic.Int64 // the socket's unsent bytes at the last tick (-1: not known)
 	partialSince atomic.Int64 // unix nanos: an incomplete frame is buffered since; 0 = none
 	limitClosed  atomic.Bool  // a limit closed the connection (logged and counted once)
 	enq          int64        // loop: bytes gnet accepted from every write so far

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -638,4 +639,42 @@ func TestBudgetPausedConnectionsResume(t *testing.T) {
 		waitFor(t, "a gone and the budget free", func() bool { return h.srv.conns.Load() == 1 && h.srv.queued.Load() == 0 })
 	}
 	h.router.release()
+}
+
+// TestSlowSteadyReaderIsNotStalled: a client that reads steadily but slowly
+// (64 KiB every 100 ms) is not a stalled one. gnet sees its output drain
+// only when the kernel reports the socket writable again, after about a
+// third of the send buffer is free (MiBs, with autotuning), which at this
+// rate takes longer than the 1 s stall timeout; the kernel's unsent count
+// (SIOCOUTQ) going down counts as progress.
+func TestSlowSteadyReaderIsNotStalled(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the kernel's unsent count is read on Linux only")
+	}
+	h := newHarness(t, func(c *Config) { c.WriteStallTimeout = time.Second })
+	before := counter(reasonWriteStall)
+	slow := h.dialNoRead()
+	slow.hello(1, 0)
+	const size = 4 << 20
+	slow.send(fetch(2, size))
+	start := time.Now()
+	var hdr [4]byte
+	_ = slow.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(slow.c, hdr[:]); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
+	for off := 0; off < len(body); {
+		time.Sleep(100 * time.Millisecond)
+		_ = slow.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := io.ReadFull(slow.c, body[off:min(off+64<<10, len(body))])
+		off += n
+		if err != nil {
+			t.Fatalf("slow reader cut off after %d bytes in %v: %v", off, time.Since(start), err)
+		}
+	}
+	if got := counter(reasonWriteStall); got != before {
+		t.Fatalf("limit_closed_total{reason=write_stall} went %v -> %v", before, got)
+	}
+	t.Logf("slow reader read %d bytes in %v without a stall close", len(body), time.Since(start).Round(time.Millisecond))
 }

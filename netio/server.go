@@ -528,6 +528,18 @@ func (h *handler) OnTick() (time.Duration, gnet.Action) {
 			}
 			continue
 		}
+		if stall > 0 && c.out.Load() > 0 {
+			// gnet learns that the socket drained only once the kernel
+			// reports it writable, after about a third of its send buffer
+			// (up to MiBs) is free: a slow, steady reader would look
+			// stalled. The kernel's own unsent count moving down is
+			// progress too.
+			if q, ok := unsentBytes(c.gc.Fd()); ok {
+				if prev := c.kernelQueue.Swap(int64(q)); q < int(prev) {
+					c.progress.Store(now)
+				}
+			}
+		}
 		if stall > 0 && c.out.Load() > 0 && now-c.progress.Load() > stall {
 			c.closeFor(reasonWriteStall, "pending output made no progress",
 				"pending_bytes", c.out.Load(), "timeout", s.cfg.WriteStallTimeout)
