@@ -16,17 +16,19 @@ type Offsets struct {
 	HighWatermark int64 // offset the next committed record will get
 }
 
-// ListOffsets looks up an offset of a partition: spec OFFSET_SPEC_EARLIEST
-// (the log start), OFFSET_SPEC_LATEST (the high watermark) or
-// OFFSET_SPEC_TIMESTAMP (the first record with timestamp >= ts; the high
-// watermark when there is none). It goes to the partition's leader, and to
-// a new one when that leader does not answer, as Fetch does.
+// ListOffsets looks up an offset of a partition: spec OffsetEarliest (the
+// log start), OffsetLatest (the high watermark) or OffsetTimestamp (the
+// first record with timestamp >= ts; the high watermark when there is
+// none); ts is used only with OffsetTimestamp. It goes to the partition's
+// leader, and to a new one when that leader does not answer, as Fetch does:
+//
+//	o, err := c.ListOffsets(ctx, "orders", 0, client.OffsetLatest, time.Time{})
 func (c *Client) ListOffsets(ctx context.Context, topic string, partition int32, spec heraldpb.OffsetSpec, ts time.Time) (Offsets, error) {
 	if partition < 0 {
 		return Offsets{}, fmt.Errorf("herald: ListOffsets needs a partition, got %d", partition)
 	}
 	req := &heraldpb.ListOffsetsRequest{Topic: topic, Partition: uint32(partition), Spec: spec}
-	if spec == heraldpb.OffsetSpec_OFFSET_SPEC_TIMESTAMP {
+	if spec == OffsetTimestamp {
 		req.TimestampMs = ts.UnixMilli()
 	}
 	f, err := c.callLeader(ctx, topic, partition, &heraldpb.Frame{Body: &heraldpb.Frame_ListOffsets{ListOffsets: req}}, 0)
@@ -188,11 +190,11 @@ func (pc *PartitionConsumer) Resolve(ctx context.Context) error {
 	)
 	switch pc.from.kind {
 	case startEarliest, startDefault:
-		o, err = pc.c.ListOffsets(ctx, pc.topic, pc.partition, heraldpb.OffsetSpec_OFFSET_SPEC_EARLIEST, time.Time{})
+		o, err = pc.c.ListOffsets(ctx, pc.topic, pc.partition, OffsetEarliest, time.Time{})
 	case startLatest:
-		o, err = pc.c.ListOffsets(ctx, pc.topic, pc.partition, heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, time.Time{})
+		o, err = pc.c.ListOffsets(ctx, pc.topic, pc.partition, OffsetLatest, time.Time{})
 	case startTime:
-		o, err = pc.c.ListOffsets(ctx, pc.topic, pc.partition, heraldpb.OffsetSpec_OFFSET_SPEC_TIMESTAMP, pc.from.time)
+		o, err = pc.c.ListOffsets(ctx, pc.topic, pc.partition, OffsetTimestamp, pc.from.time)
 	case startOffset:
 		o.Offset = pc.from.offset
 	}
@@ -216,7 +218,7 @@ func (pc *PartitionConsumer) Poll(ctx context.Context) ([]*Message, error) {
 	}
 	res, err := pc.c.Fetch(ctx, pc.topic, pc.partition, pc.next, pc.cfg.maxBytes, pc.cfg.maxWait)
 	if IsCode(err, heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE) {
-		o, lerr := pc.c.ListOffsets(ctx, pc.topic, pc.partition, heraldpb.OffsetSpec_OFFSET_SPEC_EARLIEST, time.Time{})
+		o, lerr := pc.c.ListOffsets(ctx, pc.topic, pc.partition, OffsetEarliest, time.Time{})
 		if lerr != nil {
 			return nil, lerr
 		}

@@ -155,7 +155,7 @@ type producerConfig struct {
 func defaultProducerConfig() producerConfig {
 	return producerConfig{
 		idempotent:   true,
-		acks:         heraldpb.Acks_ACKS_ALL,
+		acks:         AcksAll,
 		linger:       DefaultLinger,
 		batchBytes:   DefaultBatchBytes,
 		bufferBytes:  DefaultBufferBytes,
@@ -188,9 +188,11 @@ func WithIdempotence(on bool) ProducerOpt {
 	return producerOpt(func(c *producerConfig) { c.idempotent = on })
 }
 
-// WithAcks sets when the broker acknowledges a batch: heraldpb.Acks_ACKS_ALL
-// (default, after quorum commit), Acks_ACKS_LEADER (after the leader's write)
-// or Acks_ACKS_NONE (on receipt; results carry Offset -1).
+// WithAcks sets when the broker acknowledges a batch: AcksAll (default,
+// after quorum commit), AcksLeader (after the leader's write) or AcksNone
+// (on receipt; results carry Offset -1):
+//
+//	p := c.NewProducer(client.WithAcks(client.AcksLeader))
 func WithAcks(a heraldpb.Acks) ProducerOpt {
 	return producerOpt(func(c *producerConfig) { c.acks = a })
 }

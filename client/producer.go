@@ -558,7 +558,7 @@ func (p *Producer) run(b *batcher, bt *batch) {
 			continue
 		}
 		off := int64(-1)
-		if resp.GetBaseOffset() >= 0 && p.cfg.acks != heraldpb.Acks_ACKS_NONE {
+		if resp.GetBaseOffset() >= 0 && p.cfg.acks != AcksNone {
 			off = resp.GetBaseOffset() + int64(i)
 		}
 		res := Result{Partition: int32(resp.GetPartition()), Offset: off, ScheduleID: resp.GetScheduleId()}

@@ -18,7 +18,9 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-func init() { register("bench", cliRunner(benchCmd)) }
+func init() {
+	register("bench", "measure produce and consume throughput and latency ('bench rr': request-reply)", cliRunner(benchCmd))
+}
 
 // benchHeader is the prefix of every bench record value: the send time in
 // Unix nanoseconds (the intended send time under --rate, so latency
@@ -195,12 +197,15 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	if bc.acks, err = parseCLIAcks(*acks); err != nil {
 		return err
 	}
-	sum, err := runReported(io, bc.json, func(progress progressWriter) (*benchSummary, error) { return runBench(ctx, &bc, progress) })
+	sum, err := runReported(io, bc.json, func(progress progressWriter) (*benchSummary, error) {
+		s, err := runBench(ctx, &bc, progress)
+		return s, cliTopicErr(err, bc.topic, bc.partitions)
+	})
 	if err != nil {
 		return err
 	}
 	if sum.ProduceErrors > 0 {
-		return fmt.Errorf("%d records failed to produce, first: %s", sum.ProduceErrors, sum.FirstError)
+		return fmt.Errorf("%s failed to produce, first: %s", plural(sum.ProduceErrors, "record"), sum.FirstError)
 	}
 	if ctx.Err() != nil {
 		return nil // interrupted: what was done is reported
@@ -210,10 +215,10 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 		if sum.Consumed == 0 && bc.group != "" {
 			hint = "; a group with stored progress ignores --from: use a new --group, or herald group reset"
 		}
-		return fmt.Errorf("%d of %d records were not consumed (none new for --drain-timeout %s%s)", sum.Missing, sum.Expected, bc.drainTimeout, hint)
+		return fmt.Errorf("%d of %s %s not consumed (none new for --drain-timeout %s%s)", sum.Missing, plural(sum.Expected, "record"), wasWere(sum.Missing), bc.drainTimeout, hint)
 	}
 	if sum.UnexpectedDuplicates > 0 {
-		return fmt.Errorf("%d records were consumed twice without a redelivery (stored twice by a producer retry, or delivered twice)", sum.UnexpectedDuplicates)
+		return fmt.Errorf("%s %s consumed twice without a redelivery (stored twice by a producer retry, or delivered twice)", plural(sum.UnexpectedDuplicates, "record"), wasWere(sum.UnexpectedDuplicates))
 	}
 	return nil
 }
@@ -324,13 +329,14 @@ func (s *benchSummary) print(w io.Writer) {
 		cons = fmt.Sprintf("push: group %s, %s, window %d, %s, concurrency %d", s.Group, s.ConsumeMode, s.Window, ack, s.Concurrency)
 	}
 	if s.Producers == 0 {
-		fmt.Fprintf(w, "topic %s: %d partitions, %d consumers (%s), records written before this run\n",
-			s.Topic, s.Partitions, s.Consumers, cons)
+		fmt.Fprintf(w, "topic %s: %s, %s (%s), records written before this run\n",
+			s.Topic, plural(s.Partitions, "partition"), plural(s.Consumers, "consumer"), cons)
 	} else {
-		fmt.Fprintf(w, "topic %s: %d partitions, %d producers, %d consumers (%s), %d-byte records, acks %s\n",
-			s.Topic, s.Partitions, s.Producers, s.Consumers, cons, s.Size, s.Acks)
-		fmt.Fprintf(w, "produced %d records in %.2fs: %.0f msg/s, %.2f MB/s (%d errors, %d of them timeouts; %d attempts THROTTLED, %d retries)\n",
-			s.Produced, s.Seconds, s.ProducedPerSec, s.ProducedMBPerSec, s.ProduceErrors, s.ProduceTimeouts, s.Throttled, s.Retries)
+		fmt.Fprintf(w, "topic %s: %s, %s, %s (%s), %d-byte records, acks %s\n",
+			s.Topic, plural(s.Partitions, "partition"), plural(s.Producers, "producer"), plural(s.Consumers, "consumer"), cons, s.Size, s.Acks)
+		fmt.Fprintf(w, "produced %s in %.2fs: %.0f msg/s, %.2f MB/s (%s, %d of them timeouts; %s THROTTLED, %s)\n",
+			plural(s.Produced, "record"), s.Seconds, s.ProducedPerSec, s.ProducedMBPerSec, plural(s.ProduceErrors, "error"), s.ProduceTimeouts,
+			plural(s.Throttled, "attempt"), plural(s.Retries, "retry"))
 		if s.Produced > 0 {
 			fmt.Fprintf(w, "latency produce-to-ack: p50 %.3fms p90 %.3fms p99 %.3fms p99.9 %.3fms max %.3fms\n",
 				s.AckLatencyP50Ms, s.AckLatencyP90Ms, s.AckLatencyP99Ms, s.AckLatencyP999Ms, s.AckLatencyMaxMs)
@@ -339,8 +345,8 @@ func (s *benchSummary) print(w io.Writer) {
 	if s.Consumers == 0 {
 		return
 	}
-	fmt.Fprintf(w, "consumed %d of %d records in %.2fs: %.0f msg/s, %.2f MB/s; %d missing, %d duplicates (%d unexpected), %d redelivered, %d ignored\n",
-		s.Consumed, s.Expected, s.ConsumeSeconds, s.ConsumedPerSec, s.ConsumedMBPerSec, s.Missing, s.Duplicates, s.UnexpectedDuplicates, s.Redelivered, s.Ignored)
+	fmt.Fprintf(w, "consumed %d of %s in %.2fs: %.0f msg/s, %.2f MB/s; %d missing, %s (%d unexpected), %d redelivered, %d ignored\n",
+		s.Consumed, plural(s.Expected, "record"), s.ConsumeSeconds, s.ConsumedPerSec, s.ConsumedMBPerSec, s.Missing, plural(s.Duplicates, "duplicate"), s.UnexpectedDuplicates, s.Redelivered, s.Ignored)
 	if s.ConsumeErrors > 0 {
 		fmt.Fprintf(w, "consumer errors: %d, first: %s\n", s.ConsumeErrors, s.FirstConsumeError)
 	}

@@ -74,12 +74,15 @@ func benchRRCmd(ctx context.Context, args []string, io cliIO) error {
 	case rc.topic == "" || rc.group == "":
 		return usagef("--topic and --group must not be empty")
 	}
-	sum, err := runReported(io, rc.json, func(progress progressWriter) (*benchRRSummary, error) { return runBenchRR(ctx, &rc, progress) })
+	sum, err := runReported(io, rc.json, func(progress progressWriter) (*benchRRSummary, error) {
+		s, err := runBenchRR(ctx, &rc, progress)
+		return s, cliTopicErr(err, rc.topic, 1)
+	})
 	if err != nil {
 		return err
 	}
 	if sum.Errors > 0 && ctx.Err() == nil {
-		return fmt.Errorf("%d calls failed, first: %s", sum.Errors, sum.FirstError)
+		return fmt.Errorf("%s failed, first: %s", plural(sum.Errors, "call"), sum.FirstError)
 	}
 	return nil
 }
@@ -116,9 +119,9 @@ func (s *benchRRSummary) print(w io.Writer) {
 	if s.Rate > 0 {
 		loop = fmt.Sprintf("%.0f calls/s in total", s.Rate)
 	}
-	fmt.Fprintf(w, "request-reply on topic %s: %d responders (group %s, concurrency %d, window %d), %d clients (%s), %d-byte requests\n",
-		s.Topic, s.Responders, s.Group, s.Concurrency, s.Window, s.Clients, loop, s.Size)
-	fmt.Fprintf(w, "calls %d in %.2fs: %.0f calls/s (%d errors, %d responder errors)\n", s.Calls, s.Seconds, s.CallsPerSec, s.Errors, s.ResponderErrors)
+	fmt.Fprintf(w, "request-reply on topic %s: %s (group %s, concurrency %d, window %d), %s (%s), %d-byte requests\n",
+		s.Topic, plural(s.Responders, "responder"), s.Group, s.Concurrency, s.Window, plural(s.Clients, "client"), loop, s.Size)
+	fmt.Fprintf(w, "calls %d in %.2fs: %.0f calls/s (%s, %s)\n", s.Calls, s.Seconds, s.CallsPerSec, plural(s.Errors, "error"), plural(s.ResponderErrors, "responder error"))
 	if s.FirstError != "" {
 		fmt.Fprintf(w, "first error: %s\n", s.FirstError)
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -54,15 +55,17 @@ func newCLIFlagSet(name string, w io.Writer) (*flag.FlagSet, *cliFlags) {
 
 // parseCLIArgs parses args allowing flags and positional arguments in any
 // order (herald topic create NAME --partitions 3), and returns the
-// positional ones. Parse errors become usage errors.
+// positional ones. Parse errors become one-line usage errors (an unknown
+// flag with the nearest known one, see flagParseError) without the flag
+// package's usage dump; -h prints the usage.
 func parseCLIArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseQuietly(fs, args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, errCLIHelp
 			}
-			return nil, usagef("%v", err)
+			return nil, flagParseError(fs, err)
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
@@ -151,7 +154,25 @@ func cliBytes(n float64) string {
 type cliAcks = heraldpb.Acks
 
 const (
-	cliAcksAll    = heraldpb.Acks_ACKS_ALL
-	cliAcksLeader = heraldpb.Acks_ACKS_LEADER
-	cliAcksNone   = heraldpb.Acks_ACKS_NONE
+	cliAcksAll    = client.AcksAll
+	cliAcksLeader = client.AcksLeader
+	cliAcksNone   = client.AcksNone
 )
+
+// cliTopicErr is cliOneLine(err) with, when the broker said that the topic
+// does not exist (TOPIC_NOT_FOUND), how to create it: "...; create it with:
+// herald topic create NAME --partitions N". topic "" prints NAME, and
+// partitions 0 prints N.
+func cliTopicErr(err error, topic string, partitions int) error {
+	if client.IsCode(err, heraldpb.ErrorCode_TOPIC_NOT_FOUND) {
+		name, n := topic, "N"
+		if name == "" {
+			name = "NAME"
+		}
+		if partitions > 0 {
+			n = strconv.Itoa(partitions)
+		}
+		err = fmt.Errorf("%w; create it with: herald topic create %s --partitions %s", err, name, n)
+	}
+	return cliOneLine(err)
+}

@@ -11,7 +11,9 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-func init() { register("cluster", cliRunner(clusterCmd)) }
+func init() {
+	register("cluster", "move replicas: add a node, remove a node, rebalance", cliRunner(clusterCmd))
+}
 
 const clusterUsage = "usage: herald cluster add-node NODE-ID | remove-node NODE-ID | rebalance [--dry-run] [--wait] [--wait-timeout D]"
 
@@ -71,7 +73,7 @@ func clusterCmd(ctx context.Context, args []string, io cliIO) error {
 	if *dryRun {
 		verb = "would move"
 	}
-	fmt.Fprintf(io.out, "%s %d partitions\n", verb, len(resp.GetMoves()))
+	fmt.Fprintf(io.out, "%s %s\n", verb, plural(len(resp.GetMoves()), "partition"))
 	if len(resp.GetMoves()) > 0 {
 		tw := tabwriter.NewWriter(io.out, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "TOPIC\tPARTITION\tFROM\tTO")
@@ -87,7 +89,7 @@ func clusterCmd(ctx context.Context, args []string, io cliIO) error {
 	defer cancel()
 	start := time.Now()
 	if left, err := c.WaitForMoves(wctx, 500*time.Millisecond); err != nil {
-		return cliOneLine(fmt.Errorf("%d partitions still moving after %v: %w", left, time.Since(start).Round(time.Second), err))
+		return cliOneLine(fmt.Errorf("%s still moving after %v: %w", plural(left, "partition"), time.Since(start).Round(time.Second), err))
 	}
 	fmt.Fprintf(io.out, "all moves done in %v\n", time.Since(start).Round(100*time.Millisecond))
 	return nil

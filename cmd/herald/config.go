@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/heraldmq/herald/broker"
@@ -161,7 +162,7 @@ func envName(flagName string) string {
 
 // newServeFlags binds every setting to c, with defaults, plus --config.
 func newServeFlags(c *broker.Config, configFile *string) *flag.FlagSet {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs := flag.NewFlagSet("herald serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	d := broker.Default()
 	for _, s := range settings() {
@@ -175,7 +176,8 @@ func newServeFlags(c *broker.Config, configFile *string) *flag.FlagSet {
 
 // loadServeConfig fills a broker.Config from defaults, the config file, the
 // environment and args, then validates it. Usage problems (unknown flags,
-// unparsable values) are usageErrors naming the setting.
+// unparsable values) are usageErrors naming the setting; an unknown flag or
+// file key names the nearest known one when it is close.
 func loadServeConfig(args []string, getenv func(string) string) (*broker.Config, error) {
 	c := &broker.Config{}
 	var configFile string
@@ -186,7 +188,7 @@ func loadServeConfig(args []string, getenv func(string) string) (*broker.Config,
 			printServeHelp(fs)
 			return nil, errHelp
 		}
-		return nil, usagef("%v", err)
+		return nil, flagParseError(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return nil, usagef("unexpected argument %q", fs.Arg(0))
@@ -214,7 +216,15 @@ func loadServeConfig(args []string, getenv func(string) string) (*broker.Config,
 		sort.Strings(keys)
 		for _, k := range keys {
 			if fs.Lookup(k) == nil || k == "config" {
-				return nil, usagef("config file %s: unknown setting %q", configFile, k)
+				var names []string
+				for _, s := range settings() {
+					names = append(names, s.name)
+				}
+				near := suggest(k, names)
+				for i := range near {
+					near[i] = strconv.Quote(near[i])
+				}
+				return nil, usagef("config file %s: unknown setting %q%s", configFile, k, didYouMean("", near))
 			}
 			if err := fs.Set(k, fmt.Sprint(kv[k])); err != nil {
 				return nil, usagef("config file %s: setting %q: value %v: %v", configFile, k, kv[k], err)
@@ -229,7 +239,7 @@ func loadServeConfig(args []string, getenv func(string) string) (*broker.Config,
 		}
 	}
 	if err := fs.Parse(args); err != nil {
-		return nil, usagef("%v", err)
+		return nil, flagParseError(fs, err)
 	}
 	if err := c.Validate(); err != nil {
 		return nil, usagef("%v", err)

@@ -6,15 +6,17 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/heraldmq/herald/client"
-	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-func init() { register("consume", cliRunner(consumeCmd)) }
+func init() {
+	register("consume", "print a topic's records, by partition or as a consumer group member", cliRunner(consumeCmd))
+}
 
 // groupOnlyFlags are the consume flags that need --group.
 var groupOnlyFlags = []string{"mode", "tags", "filter", "ack", "window", "orderly", "ack-timeout", "name"}
@@ -93,7 +95,7 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 	} else {
 		n, err := c.Partitions(ctx, *topic)
 		if err != nil {
-			return cliOneLine(err)
+			return cliTopicErr(err, *topic, 0)
 		}
 		for i := 0; i < n; i++ {
 			parts = append(parts, int32(i))
@@ -137,9 +139,9 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 		// Read each partition up to the high watermark it had at start.
 		skipped := 0
 		for _, p := range parts {
-			end, err := c.ListOffsets(ctx, *topic, p, heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, time.Time{})
+			end, err := c.ListOffsets(ctx, *topic, p, client.OffsetLatest, time.Time{})
 			if err != nil {
-				return cliOneLine(fmt.Errorf("partition %d: %w", p, err))
+				return cliTopicErr(fmt.Errorf("partition %d: %w", p, err), *topic, 0)
 			}
 			if pastEnd(p, end.Offset) {
 				skipped++
@@ -148,7 +150,7 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 			pc := c.NewPartitionConsumer(*topic, p, start, opts...)
 			for {
 				if err := pc.Resolve(ctx); err != nil {
-					return cliOneLine(fmt.Errorf("partition %d: %w", p, err))
+					return cliTopicErr(fmt.Errorf("partition %d: %w", p, err), *topic, 0)
 				}
 				if next, _ := pc.Position(); next >= end.Offset {
 					break
@@ -158,7 +160,7 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 					if ctx.Err() != nil {
 						return nil // interrupted
 					}
-					return cliOneLine(fmt.Errorf("partition %d: %w", p, err))
+					return cliTopicErr(fmt.Errorf("partition %d: %w", p, err), *topic, 0)
 				}
 				for _, m := range ms {
 					if m.Offset >= end.Offset {
@@ -184,9 +186,9 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 
 	if fromOffset >= 0 {
 		for _, p := range parts {
-			end, err := c.ListOffsets(ctx, *topic, p, heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, time.Time{})
+			end, err := c.ListOffsets(ctx, *topic, p, client.OffsetLatest, time.Time{})
 			if err != nil {
-				return cliOneLine(fmt.Errorf("partition %d: %w", p, err))
+				return cliTopicErr(fmt.Errorf("partition %d: %w", p, err), *topic, 0)
 			}
 			pastEnd(p, end.Offset)
 		}
@@ -207,7 +209,7 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 			if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 				return nil // SIGINT ends --follow normally
 			}
-			return cliOneLine(err)
+			return cliTopicErr(err, *topic, 0)
 		}
 	}
 }
@@ -292,6 +294,7 @@ func consumeGroup(ctx context.Context, cf *cliFlags, opts client.SubscribeOption
 		return cliOneLine(err)
 	}
 	defer c.Close()
+	warnModeChange(ctx, c, opts, io.err)
 
 	w := bufio.NewWriterSize(io.out, 64<<10)
 	var mu sync.Mutex // one record printed at a time
@@ -330,7 +333,7 @@ func consumeGroup(ctx context.Context, cf *cliFlags, opts client.SubscribeOption
 		if ctx.Err() != nil {
 			return nil // interrupted while subscribing
 		}
-		return cliOneLine(err)
+		return cliTopicErr(err, opts.Topic, 0)
 	}
 	var runErr error
 	select {
@@ -343,4 +346,23 @@ func consumeGroup(ctx context.Context, cf *cliFlags, opts client.SubscribeOption
 		runErr = err
 	}
 	return cliOneLine(runErr)
+}
+
+// warnModeChange warns on stderr when subscribing with opts is about to
+// change the group's mode: the group is known (it has a topic) in another
+// mode and has no live members, so the broker builds the group anew in
+// opts.Mode (actors/consumer/subscribe.go), and every member that joins
+// after must use it. With live members it warns of nothing: the broker
+// refuses the subscription with GROUP_CONFLICT, which names the modes. A
+// group the broker does not know (GROUP_NOT_FOUND), or any failure to
+// describe it, warns of nothing either: the subscription says what fails.
+func warnModeChange(ctx context.Context, c *client.Client, opts client.SubscribeOptions, w io.Writer) {
+	gi, err := c.DescribeGroup(ctx, opts.Group)
+	if err != nil || gi.GetTopic() == "" || len(gi.GetMembers()) > 0 {
+		return
+	}
+	if cur := modeName(gi.GetMode()); cur != opts.Mode.String() {
+		fmt.Fprintf(w, "herald consume: warning: group %s is in %s mode; subscribing in %s mode changes it for every member\n",
+			opts.Group, cur, opts.Mode)
+	}
 }

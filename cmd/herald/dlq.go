@@ -27,7 +27,7 @@ import (
 	"github.com/heraldmq/herald/retry"
 )
 
-func init() { register("dlq", cliRunner(dlqCmd)) }
+func init() { register("dlq", "list, peek at and redrive dead-lettered messages", cliRunner(dlqCmd)) }
 
 const dlqUsage = "usage: herald dlq list" +
 	" | peek --topic G.dlq [--partition P] [--from earliest|OFFSET|P:OFFSET,...] [--count N] [--filter SQL] [--value-bytes N]" +
@@ -272,7 +272,7 @@ func (rs dlqReadSpec) resolve(ctx context.Context, c *client.Client, w io.Writer
 	var parts []int32
 	if rs.partition >= 0 {
 		if int(rs.partition) >= n {
-			return nil, usagef("--partition %d: %s has %d partition(s)", rs.partition, rs.topic, n)
+			return nil, usagef("--partition %d: %s has %s", rs.partition, rs.topic, plural(n, "partition"))
 		}
 		parts = []int32{rs.partition}
 	} else {
@@ -288,7 +288,7 @@ func (rs dlqReadSpec) resolve(ctx context.Context, c *client.Client, w io.Writer
 	}
 	out := make([]dlqRange, 0, len(parts))
 	for _, p := range parts {
-		o, err := c.ListOffsets(ctx, rs.topic, p, heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, time.Time{})
+		o, err := c.ListOffsets(ctx, rs.topic, p, client.OffsetLatest, time.Time{})
 		if err != nil {
 			return nil, cliOneLine(fmt.Errorf("partition %d: %w", p, err))
 		}
@@ -471,7 +471,7 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 	rep := &redriveReport{w: bufio.NewWriterSize(cio.out, 64<<10)}
 	defer rep.w.Flush()
 	for _, r := range ranges {
-		fmt.Fprintf(rep.w, "%s partition %d: offsets %d to %d (%d records)\n", rs.topic, r.partition, r.lo, r.hi, r.hi-r.lo)
+		fmt.Fprintf(rep.w, "%s partition %d: offsets %d to %d (%s)\n", rs.topic, r.partition, r.lo, r.hi, plural(r.hi-r.lo, "record"))
 	}
 	var p *client.Producer
 	if !dryRun {
@@ -559,11 +559,11 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 	defer rep.mu.Unlock()
 	w := rep.w
 	if dryRun {
-		fmt.Fprintf(w, "matched %d of %d records read: would redrive %d, skip %d, fail %d (dry run: nothing written)\n",
-			rep.matched, rep.read, rep.redriven, rep.skipped, rep.failed)
+		fmt.Fprintf(w, "matched %d of %s read: would redrive %d, skip %d, fail %d (dry run: nothing written)\n",
+			rep.matched, plural(rep.read, "record"), rep.redriven, rep.skipped, rep.failed)
 	} else {
-		fmt.Fprintf(w, "matched %d of %d records read: redriven %d, skipped %d, failed %d\n",
-			rep.matched, rep.read, rep.redriven, rep.skipped, rep.failed)
+		fmt.Fprintf(w, "matched %d of %s read: redriven %d, skipped %d, failed %d\n",
+			rep.matched, plural(rep.read, "record"), rep.redriven, rep.skipped, rep.failed)
 		fmt.Fprintf(w, "next run: %s\n", nextFromFlags(rs, ranges, next))
 	}
 	if err := w.Flush(); err != nil {
@@ -575,9 +575,9 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 	case readErr != nil:
 		return cliOneLine(readErr)
 	case rep.failed > 0 && dryRun:
-		return fmt.Errorf("%d of %d matched records would fail", rep.failed, rep.matched)
+		return fmt.Errorf("%d of %s would fail", rep.failed, plural(rep.matched, "matched record"))
 	case rep.failed > 0:
-		return fmt.Errorf("%d of %d matched records failed (redrive one again with --partition P --from OFFSET --to OFFSET+1)", rep.failed, rep.matched)
+		return fmt.Errorf("%d of %s failed (redrive one again with --partition P --from OFFSET --to OFFSET+1)", rep.failed, plural(rep.matched, "matched record"))
 	}
 	return nil
 }

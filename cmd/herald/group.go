@@ -13,7 +13,7 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-func init() { register("group", cliRunner(groupCmd)) }
+func init() { register("group", "list, describe or reset consumer groups", cliRunner(groupCmd)) }
 
 const groupUsage = "usage: herald group list | describe GROUP | reset GROUP --to earliest|latest|OFFSET|RFC3339 [--force] [--partitions 0,1,...]"
 
@@ -84,10 +84,11 @@ func groupCmd(ctx context.Context, args []string, io cliIO) error {
 	case "describe":
 		gi, err := c.DescribeGroup(ctx, rest[0])
 		if err != nil {
-			return cliOneLine(err)
+			return cliTopicErr(err, "", 0)
 		}
 		printGroup(io, gi)
 	case "reset":
+		topic := "" // the group's, when known: for the TOPIC_NOT_FOUND hint
 		if !*force {
 			// The broker refuses too (GROUP_HAS_MEMBERS); checking first
 			// gives a clearer message.
@@ -95,14 +96,15 @@ func groupCmd(ctx context.Context, args []string, io cliIO) error {
 			if err != nil {
 				return cliOneLine(err)
 			}
+			topic = gi.GetTopic()
 			if ms := gi.GetMembers(); len(ms) > 0 {
-				return fmt.Errorf("group %s has %d live member(s) (%s): stop them, or pass --force to end their subscriptions",
-					rest[0], len(ms), memberNames(ms))
+				return fmt.Errorf("group %s has %s (%s): stop them, or pass --force to end their subscriptions",
+					rest[0], plural(len(ms), "live member"), memberNames(ms))
 			}
 		}
 		gi, err := c.ResetGroup(ctx, rest[0], start, *force, parts...)
 		if err != nil {
-			return cliOneLine(err)
+			return cliTopicErr(err, topic, 0)
 		}
 		fmt.Fprintf(io.out, "reset group %s to %s\n\n", rest[0], start)
 		printGroupPartitions(io, gi)

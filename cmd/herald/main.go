@@ -8,9 +8,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime/pprof"
 	"sort"
+	"text/tabwriter"
 )
 
 // usageError marks an error as a usage error (exit code 2).
@@ -20,11 +22,21 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
-// commands maps each subcommand to its runner. Each runner parses its own
-// flags from args (the words after the subcommand).
-var commands = map[string]func(args []string) error{}
+// command is one subcommand: its one-line description for `herald --help`
+// and its runner, which parses its own flags from args (the words after
+// the subcommand).
+type command struct {
+	desc string
+	run  func(args []string) error
+}
 
-func register(name string, run func(args []string) error) { commands[name] = run }
+// commands maps each subcommand's name to it.
+var commands = map[string]command{}
+
+// register adds a subcommand; desc is its line in `herald --help`.
+func register(name, desc string, run func(args []string) error) {
+	commands[name] = command{desc: desc, run: run}
+}
 
 func main() {
 	os.Exit(profiled(func() int { return run(os.Args[1:]) }))
@@ -52,21 +64,29 @@ func profiled(fn func() int) int {
 	return fn()
 }
 
+// run runs the command line args (without the program name) and returns
+// the exit code. Asked for (-h, --help, help), the usage goes to stdout;
+// without a command, or with an unknown one, to stderr with exit code 2.
 func run(args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		printUsage()
-		if len(args) == 0 {
-			return 2
-		}
+	if len(args) == 0 {
+		printUsage(os.Stderr)
+		return 2
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		printUsage(os.Stdout)
 		return 0
 	}
 	cmd, ok := commands[args[0]]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "herald: unknown command %q\n", args[0])
-		printUsage()
+		names := make([]string, 0, len(commands))
+		for n := range commands {
+			names = append(names, n)
+		}
+		fmt.Fprintf(os.Stderr, "herald: unknown command %q%s\n", args[0], didYouMean("", suggest(args[0], names)))
+		printUsage(os.Stderr)
 		return 2
 	}
-	if err := cmd(args[1:]); err != nil {
+	if err := cmd.run(args[1:]); err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {
 			fmt.Fprintf(os.Stderr, "herald %s: %s\n", args[0], ue.msg)
@@ -78,16 +98,19 @@ func run(args []string) int {
 	return 0
 }
 
-func printUsage() {
+// printUsage lists the commands, each with its description.
+func printUsage(w io.Writer) {
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	fmt.Fprintln(os.Stderr, "usage: herald <command> [flags]")
-	fmt.Fprintln(os.Stderr, "commands:")
+	fmt.Fprintln(w, "usage: herald <command> [flags]")
+	fmt.Fprintln(w, "commands:")
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
 	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %s\n", n)
+		fmt.Fprintf(tw, "  %s\t%s\n", n, commands[n].desc)
 	}
-	fmt.Fprintln(os.Stderr, "run 'herald <command> -h' for a command's flags")
+	tw.Flush()
+	fmt.Fprintln(w, "run 'herald <command> -h' for a command's flags")
 }

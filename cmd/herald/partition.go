@@ -7,7 +7,9 @@ import (
 	"strings"
 )
 
-func init() { register("partition", cliRunner(partitionCmd)) }
+func init() {
+	register("partition", "repair a damaged partition (show the loss, accept it)", cliRunner(partitionCmd))
+}
 
 const partitionUsage = "usage: herald partition repair TOPIC/N [--accept-loss] [--addr HOST:PORT]"
 

@@ -12,7 +12,9 @@ import (
 	"github.com/heraldmq/herald/client"
 )
 
-func init() { register("produce", cliRunner(produceCmd)) }
+func init() {
+	register("produce", "send stdin lines (or synthetic records) to a topic", cliRunner(produceCmd))
+}
 
 // produceCmd runs "herald produce": one record per stdin line, or --count
 // synthetic records. It reports the acknowledged count on stderr and fails
@@ -120,16 +122,16 @@ func produceCmd(ctx context.Context, args []string, io cliIO) error {
 		readErr = sc.Err()
 	}
 	closeErr := p.Close(ctx)
-	fmt.Fprintf(io.err, "%d of %d records acknowledged\n", acked.Load(), sent.Load())
+	fmt.Fprintf(io.err, "%d of %s acknowledged\n", acked.Load(), plural(sent.Load(), "record"))
 	mu.Lock()
 	defer mu.Unlock()
 	switch {
 	case readErr != nil:
 		return fmt.Errorf("reading stdin: %v", readErr)
 	case firstErr != nil:
-		return cliOneLine(fmt.Errorf("%d records failed, first: %w", sent.Load()-acked.Load(), firstErr))
+		return cliTopicErr(fmt.Errorf("%s failed, first: %w", plural(sent.Load()-acked.Load(), "record"), firstErr), *topic, 0)
 	case closeErr != nil:
-		return cliOneLine(closeErr)
+		return cliTopicErr(closeErr, *topic, 0)
 	case ctx.Err() != nil:
 		return ctx.Err()
 	}

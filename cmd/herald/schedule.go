@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-func init() { register("schedule", cliRunner(scheduleCmd)) }
+func init() { register("schedule", "list or cancel delayed messages", cliRunner(scheduleCmd)) }
 
 const scheduleUsage = "usage: herald schedule list [--topic T] [--limit N] | cancel ID..."
 

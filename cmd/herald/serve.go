@@ -10,7 +10,7 @@ import (
 	"github.com/heraldmq/herald/broker"
 )
 
-func init() { register("serve", runServe) }
+func init() { register("serve", "run the broker", runServe) }
 
 func runServe(args []string) error {
 	cfg, err := loadServeConfig(args, os.Getenv)

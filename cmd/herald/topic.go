@@ -11,7 +11,7 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-func init() { register("topic", cliRunner(topicCmd)) }
+func init() { register("topic", "create, list, describe or delete topics", cliRunner(topicCmd)) }
 
 const topicUsage = "usage: herald topic create NAME --partitions N [--replication R] [--retention D] [--retention-bytes B] [--max-message-bytes B] [--message-ttl D] | list | describe NAME | delete NAME"
 
@@ -77,7 +77,7 @@ func topicCmd(ctx context.Context, args []string, io cliIO) error {
 		if err != nil {
 			return cliOneLine(err)
 		}
-		fmt.Fprintf(io.out, "created topic %s with %d partitions\n", ti.GetName(), len(ti.GetPartitions()))
+		fmt.Fprintf(io.out, "created topic %s with %s\n", ti.GetName(), plural(len(ti.GetPartitions()), "partition"))
 	case "list":
 		topics, err := c.ListTopics(ctx)
 		if err != nil {
@@ -87,7 +87,7 @@ func topicCmd(ctx context.Context, args []string, io cliIO) error {
 	case "describe":
 		ti, err := c.DescribeTopic(ctx, rest[0])
 		if err != nil {
-			return cliOneLine(err)
+			return cliTopicErr(err, rest[0], 0)
 		}
 		printTopic(io, ti)
 	case "delete":

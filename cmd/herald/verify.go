@@ -15,7 +15,9 @@ import (
 	"github.com/heraldmq/herald/client"
 )
 
-func init() { register("verify", cliRunner(verifyCmd)) }
+func init() {
+	register("verify", "check that every record a bench --ack-log lists as acknowledged is stored", cliRunner(verifyCmd))
+}
 
 const verifyUsage = "usage: herald verify --topic T --ack-log FILE [--addr HOST:PORT,...]"
 
@@ -224,10 +226,17 @@ func verifyCmd(ctx context.Context, args []string, io cliIO) error {
 			}
 		}
 	}
-	fmt.Fprintf(io.out, "verified %d acknowledged records of topic %s: %d missing, %d stored more than once; %d stored records of the run were not acknowledged (allowed: the producer gave up or was killed before the answer), %d records of other runs\n",
-		nAcked, *topic, missing, dups, unacked, others)
-	if missing > 0 {
-		return cliOneLine(fmt.Errorf("%d acknowledged records are missing", missing))
+	notAcked := plural(unacked, "stored record") + " of the run were not acknowledged"
+	if unacked == 1 {
+		notAcked = "1 stored record of the run was not acknowledged"
+	}
+	fmt.Fprintf(io.out, "verified %s of topic %s: %d missing, %d stored more than once; %s (allowed: the producer gave up or was killed before the answer), %s of other runs\n",
+		plural(nAcked, "acknowledged record"), *topic, missing, dups, notAcked, plural(others, "record"))
+	switch {
+	case missing == 1:
+		return errors.New("1 acknowledged record is missing")
+	case missing > 0:
+		return fmt.Errorf("%d acknowledged records are missing", missing)
 	}
 	return nil
 }
