@@ -376,3 +376,19 @@ func produceAndConsume(ctx context.Context, addr string) error {
 	}
 	return nil
 }
+
+// TestDocsCLIHelp checks that docs/cli.md shows the command list `herald
+// --help` prints, line for line.
+func TestDocsCLIHelp(t *testing.T) {
+	var b strings.Builder
+	printUsage(&b)
+	doc, err := os.ReadFile("../../docs/cli.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(b.String(), "\n") {
+		if strings.HasPrefix(line, "  ") && !strings.Contains(string(doc), line+"\n") {
+			t.Errorf("docs/cli.md lacks the help line %q", line)
+		}
+	}
+}
