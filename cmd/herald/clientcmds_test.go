@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -217,5 +219,55 @@ func TestBenchJSON(t *testing.T) {
 	}
 	if _, _, err := runCLI(t, ctx, benchCmd, b.Addr(), "", "--size", "8"); !isUsage(err) {
 		t.Fatalf("bench --size 8: %v", err)
+	}
+}
+
+// TestCommandWaitsForAStartingBroker: a command run while the broker is
+// still starting (its port not yet listening, as right after a restart)
+// waits up to --connect-timeout for it instead of failing with "connection
+// refused" (issue 15: consume failed where produce retried).
+func TestCommandWaitsForAStartingBroker(t *testing.T) {
+	b := fakeBroker(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there yet
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := runCLI(t, ctxT(t), topicCmd, addr, "", "list", "--connect-timeout", "10s")
+		done <- err
+	}()
+	// The broker starts a moment later: a proxy to the fake broker on the
+	// address the command dials.
+	time.Sleep(300 * time.Millisecond)
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", b.Addr())
+			if err != nil {
+				c.Close()
+				return
+			}
+			go func() { io.Copy(u, c); u.Close() }()
+			go func() { io.Copy(c, u); c.Close() }()
+		}
+	}()
+	if err := <-done; err != nil {
+		t.Fatalf("topic list against a broker that started 300 ms later: %v", err)
+	}
+	// With nothing listening at all, it gives up after --connect-timeout.
+	start := time.Now()
+	if _, _, err := runCLI(t, ctxT(t), topicCmd, "127.0.0.1:1", "", "list", "--connect-timeout", "300ms"); err == nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("no broker: %v after %v", err, time.Since(start))
 	}
 }

@@ -37,6 +37,9 @@ var errCLIHelp = errors.New("help requested")
 type cliFlags struct {
 	addr    string
 	timeout time.Duration
+	// connect is how long dial waits for a broker to be reachable: a
+	// command run right after a broker (re)starts waits for it to listen.
+	connect time.Duration
 }
 
 // newCLIFlagSet returns a flag set with the common client flags.
@@ -50,6 +53,7 @@ func newCLIFlagSet(name string, w io.Writer) (*flag.FlagSet, *cliFlags) {
 	}
 	fs.StringVar(&cf.addr, "addr", addr, "broker `HOST:PORT[,HOST:PORT...]` (env HERALD_ADDR)")
 	fs.DurationVar(&cf.timeout, "timeout", client.DefaultRequestTimeout, "per-request timeout")
+	fs.DurationVar(&cf.connect, "connect-timeout", 5*time.Second, "how long to wait for a broker to be reachable (a broker still starting)")
 	return fs, cf
 }
 
@@ -97,7 +101,18 @@ func (cf *cliFlags) dial(ctx context.Context) (*client.Client, error) {
 	if strings.TrimSpace(cf.addr) == "" {
 		return nil, usagef("--addr is empty")
 	}
-	return client.Dial(ctx, cf.addr, client.WithClientID("herald-cli"), client.WithRequestTimeout(cf.timeout))
+	deadline := time.Now().Add(cf.connect)
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		c, err := client.Dial(ctx, cf.addr, client.WithClientID("herald-cli"), client.WithRequestTimeout(cf.timeout))
+		if err == nil || !errors.Is(err, client.ErrNoBrokers) || time.Now().Add(wait).After(deadline) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+	}
 }
 
 // cliRunner runs fn with a context cancelled by SIGINT or SIGTERM and
