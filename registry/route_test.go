@@ -70,4 +70,3 @@ func TestRoute(t *testing.T) {
 		t.Fatalf("bad batch: %v", err)
 	}
 }
-
