@@ -51,7 +51,6 @@ func TestRequestFieldChecks(t *testing.T) {
 		old := MaxFetchWait
 		MaxFetchWait = 200
 		t.Cleanup(func() { MaxFetchWait = old })
-		start := time.Now()
 		ch := w.send(&heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{Topic: "t", Partition: 0, Offset: 1 << 20, MaxWaitMs: math.MaxUint32}}})
 		select {
 		case r := <-ch:
@@ -63,7 +62,7 @@ func TestRequestFieldChecks(t *testing.T) {
 			t.Fatal("fetch past the end: no answer")
 		}
 		lo := w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListOffsets{ListOffsets: &heraldpb.ListOffsetsRequest{Topic: "t", Partition: 0, Spec: heraldpb.OffsetSpec_OFFSET_SPEC_LATEST}}})
-		start = time.Now()
+		start := time.Now()
 		ch = w.send(&heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{Topic: "t", Partition: 0, Offset: lo.GetListOffsetsResponse().Offset, MaxWaitMs: math.MaxUint32}}})
 		select {
 		case r := <-ch:

@@ -444,21 +444,6 @@ func (c *conn) roundTripHook(ctx context.Context, req *heraldpb.Frame, timeout t
 	}, timeout, hook)
 }
 
-// exchangeQueued is roundTrip with queued run as soon as the request is
-// queued on the connection, before its response arrives (or as the send
-// fails).
-func (c *conn) exchangeQueued(ctx context.Context, req *heraldpb.Frame, timeout time.Duration, queued func()) (*heraldpb.Frame, error) {
-	ch, err := c.send(ctx, func(dst []byte, id uint64) ([]byte, error) {
-		req.Id = id
-		return heraldpb.AppendFrame(dst, req)
-	}, nil)
-	queued()
-	if err != nil {
-		return nil, err
-	}
-	return c.await(ctx, ch, timeout)
-}
-
 // awaitWatched is await that, while no response has come, calls check
 // every `every` (from the waiting goroutine) and gives up with check's
 // error when it returns one. The request stays registered: its window
