@@ -226,6 +226,13 @@ type RespondFunc func(ctx context.Context, req *Delivered) (*Message, error)
 // to the topic are delivered to fn too, and its result is then dropped.
 // Failed replies are reported to OnError. Close the subscription to stop
 // responding.
+//
+// group is a consumer group like any other: after the last responder
+// closes, it stays listed (`herald group list`) with its progress in
+// `__groups`, its coordinator stops after the broker's --group-idle-stop,
+// and the next Respond or Subscribe with the same group resumes it. Use
+// one group per service, not one per process, so that groups do not pile
+// up.
 func (c *Client) Respond(ctx context.Context, topic, group string, fn RespondFunc, opts ...func(*SubscribeOptions)) (*Subscription, error) {
 	if fn == nil {
 		return nil, errors.New("herald: respond: nil function")
