@@ -14,6 +14,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -189,7 +190,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		WriteStallTimeout: neverIfZero(cfg.WriteStallTimeout), MaxQueuedRequestBytes: cfg.MaxQueuedRequestBytes,
 		FrameTimeout: neverIfZero(cfg.FrameTimeout), MaxFrameBytesBeforeHello: cfg.MaxFrameBytesBeforeHello,
 		MaxInFlightProduceBytes: offIfZero(cfg.MaxInFlightProduceBytes), NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
-	}, b.sys, router{sys: b.sys, groups: groupRouter, topics: topic.NewRouter(b.sys, reg, b.manager), sched: b.routeScheduled})
+	}, b.sys, newRouter(b.sys, groupRouter, topic.NewRouter(b.sys, reg, b.manager), b.routeScheduled))
 	if err != nil {
 		b.stopActors()
 		return nil, err
@@ -386,14 +387,42 @@ func (b *Broker) stopActors() {
 	b.reclaim.stop()
 }
 
-// router sends consumer-group and request-reply requests to the groups
-// side, delayed produces and schedule requests to the scheduler, and
-// everything else to the topics side.
+// router is the node's one routing table: a handler per request body
+// type, merged from the rooms' (topic.Router.Routes, consumer.Router.Routes)
+// and the scheduler's, consulted on the network loop for every request.
+// Delayed produces and schedule requests go to the scheduler.
 type router struct {
-	sys    *actor.ActorSystem
-	groups *consumer.Router
-	topics *topic.Router
-	sched  func(f *heraldpb.Frame, replyTo *actor.PID)
+	sys   *actor.ActorSystem
+	table map[reflect.Type]topic.Handler
+}
+
+// newRouter builds the table. A request type claimed twice is a wiring
+// bug, and panics at start.
+func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Router, sched topic.Handler) router {
+	table := map[reflect.Type]topic.Handler{}
+	add := func(routes map[reflect.Type]topic.Handler) {
+		for t, h := range routes {
+			if _, dup := table[t]; dup {
+				panic(fmt.Sprintf("broker: two handlers for %v", t))
+			}
+			table[t] = h
+		}
+	}
+	add(topics.Routes())
+	add(groups.Routes())
+	produce := table[reflect.TypeOf(&heraldpb.Frame_Produce{})]
+	table[reflect.TypeOf(&heraldpb.Frame_Produce{})] = func(f *heraldpb.Frame, replyTo *actor.PID) {
+		if toScheduler(f) {
+			sched(f, replyTo)
+			return
+		}
+		produce(f, replyTo)
+	}
+	add(map[reflect.Type]topic.Handler{
+		reflect.TypeOf(&heraldpb.Frame_CancelScheduled{}): sched,
+		reflect.TypeOf(&heraldpb.Frame_ListScheduled{}):   sched,
+	})
+	return router{sys: sys, table: table}
 }
 
 func (r router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
@@ -401,13 +430,11 @@ func (r router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
 		r.sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, e))
 		return
 	}
-	if toScheduler(f) {
-		r.sched(f, replyTo)
+	if h := r.table[reflect.TypeOf(f.Body)]; h != nil {
+		h(f, replyTo)
 		return
 	}
-	if !r.groups.Route(f, replyTo) {
-		r.topics.Route(f, replyTo)
-	}
+	r.sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_UNKNOWN_REQUEST, "no handler for %T", f.Body)))
 }
 
 // reclaimer hands memory freed by idle partitions back to the OS. An idle

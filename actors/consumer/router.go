@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"reflect"
+
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
@@ -95,46 +97,59 @@ type callMsg struct {
 	corr   uint64
 }
 
-// Route handles f if it is a consumer-group or request-reply request and
-// reports whether it did.
-func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) bool {
-	switch f.Body.(type) {
-	case *heraldpb.Frame_Subscribe, *heraldpb.Frame_ListGroups, *heraldpb.Frame_DescribeGroup, *heraldpb.Frame_ResetGroup, *heraldpb.Frame_Call:
-		if r.elsewhere(f, replyTo) {
-			return true
-		}
-	}
-	switch b := f.Body.(type) {
-	case *heraldpb.Frame_Subscribe:
-		maxFrame := heraldpb.DefaultMaxFrameBytes
-		if r.lookup != nil {
-			if _, mf, ok := r.lookup(replyTo.Id); ok {
-				maxFrame = mf
+// Routes is the consumer room's part of the node's routing table: a
+// handler per request body type (the broker merges every room's into one
+// table). Handlers run on the network event loops and never block.
+func (r *Router) Routes() map[reflect.Type]func(f *heraldpb.Frame, replyTo *actor.PID) {
+	// Requests that need the groups manager go to the coordinating node.
+	here := func(h func(f *heraldpb.Frame, replyTo *actor.PID)) func(f *heraldpb.Frame, replyTo *actor.PID) {
+		return func(f *heraldpb.Frame, replyTo *actor.PID) {
+			if !r.elsewhere(f, replyTo) {
+				h(f, replyTo)
 			}
 		}
-		addr := ""
-		if r.remote != nil {
-			addr = r.remote(replyTo.Id)
-		}
-		r.sys.Root.Send(r.manager, &subscribeMsg{f: f, replyTo: replyTo, maxFrame: maxFrame, addr: addr})
-	case *heraldpb.Frame_Ack:
-		r.toSub(f, replyTo, b.Ack.SubscriptionId)
-	case *heraldpb.Frame_Nack:
-		r.toSub(f, replyTo, b.Nack.SubscriptionId)
-	case *heraldpb.Frame_Commit:
-		r.toSub(f, replyTo, b.Commit.SubscriptionId)
-	case *heraldpb.Frame_Unsubscribe:
-		r.toSub(f, replyTo, b.Unsubscribe.SubscriptionId)
-	case *heraldpb.Frame_ListGroups, *heraldpb.Frame_DescribeGroup, *heraldpb.Frame_ResetGroup:
-		r.sys.Root.RequestWithCustomSender(r.manager, f, replyTo)
-	case *heraldpb.Frame_Call:
-		r.call(f, b.Call, replyTo)
-	case *heraldpb.Frame_Reply:
-		r.reply(f, b.Reply, replyTo)
-	default:
-		return false
 	}
-	return true
+	admin := here(func(f *heraldpb.Frame, replyTo *actor.PID) { r.sys.Root.RequestWithCustomSender(r.manager, f, replyTo) })
+	return map[reflect.Type]func(f *heraldpb.Frame, replyTo *actor.PID){
+		reflect.TypeOf(&heraldpb.Frame_Subscribe{}): here(r.subscribe),
+		reflect.TypeOf(&heraldpb.Frame_Ack{}): func(f *heraldpb.Frame, replyTo *actor.PID) {
+			r.toSub(f, replyTo, f.GetAck().SubscriptionId)
+		},
+		reflect.TypeOf(&heraldpb.Frame_Nack{}): func(f *heraldpb.Frame, replyTo *actor.PID) {
+			r.toSub(f, replyTo, f.GetNack().SubscriptionId)
+		},
+		reflect.TypeOf(&heraldpb.Frame_Commit{}): func(f *heraldpb.Frame, replyTo *actor.PID) {
+			r.toSub(f, replyTo, f.GetCommit().SubscriptionId)
+		},
+		reflect.TypeOf(&heraldpb.Frame_Unsubscribe{}): func(f *heraldpb.Frame, replyTo *actor.PID) {
+			r.toSub(f, replyTo, f.GetUnsubscribe().SubscriptionId)
+		},
+		reflect.TypeOf(&heraldpb.Frame_ListGroups{}):    admin,
+		reflect.TypeOf(&heraldpb.Frame_DescribeGroup{}): admin,
+		reflect.TypeOf(&heraldpb.Frame_ResetGroup{}):    admin,
+		reflect.TypeOf(&heraldpb.Frame_Call{}): here(func(f *heraldpb.Frame, replyTo *actor.PID) {
+			r.call(f, f.GetCall(), replyTo)
+		}),
+		reflect.TypeOf(&heraldpb.Frame_Reply{}): func(f *heraldpb.Frame, replyTo *actor.PID) {
+			r.reply(f, f.GetReply(), replyTo)
+		},
+	}
+}
+
+// subscribe hands a Subscribe to the groups manager with what it needs of
+// the connection.
+func (r *Router) subscribe(f *heraldpb.Frame, replyTo *actor.PID) {
+	maxFrame := heraldpb.DefaultMaxFrameBytes
+	if r.lookup != nil {
+		if _, mf, ok := r.lookup(replyTo.Id); ok {
+			maxFrame = mf
+		}
+	}
+	addr := ""
+	if r.remote != nil {
+		addr = r.remote(replyTo.Id)
+	}
+	r.sys.Root.Send(r.manager, &subscribeMsg{f: f, replyTo: replyTo, maxFrame: maxFrame, addr: addr})
 }
 
 func (r *Router) toSub(f *heraldpb.Frame, replyTo *actor.PID, id uint64) {

@@ -1,6 +1,8 @@
 package topic
 
 import (
+	"reflect"
+
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
@@ -19,50 +21,77 @@ func NewRouter(sys *actor.ActorSystem, reg *registry.Registry, manager *actor.PI
 	return &Router{sys: sys, reg: reg, manager: manager}
 }
 
-// Route sends f to the actor that serves it; that actor answers replyTo.
-func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
-	switch b := f.Body.(type) {
-	case *heraldpb.Frame_Produce:
-		if registry.IsInternal(b.Produce.Topic) {
-			r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic %q is internal: clients cannot produce to it", b.Produce.Topic))
-			return
-		}
-		if b.Produce.NotBeforeMs != 0 {
-			r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "not_before_ms is internal to the broker: use deliver_at_ms or delay_ms"))
-			return
-		}
-		e := r.reg.Get(b.Produce.Topic)
-		if e == nil {
-			r.fail(f, replyTo, r.missing(b.Produce.Topic))
-			return
-		}
-		// The routing table decides on the network loop: no mailbox hop
-		// between the connection and the partition.
-		part, to, perr := e.Route(b.Produce)
-		if perr != nil {
-			r.fail(f, replyTo, perr)
-			return
-		}
-		b.Produce.Partition = &part
-		r.sys.Root.RequestWithCustomSender(to, f, replyTo)
-	case *heraldpb.Frame_Fetch:
-		if b.Fetch.IncludeHeld {
-			r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "include_held is internal to the broker"))
-			return
-		}
-		r.toPartition(f, replyTo, b.Fetch.Topic, b.Fetch.Partition)
-	case *heraldpb.Frame_ListOffsets:
-		r.toPartition(f, replyTo, b.ListOffsets.Topic, b.ListOffsets.Partition)
-	case *heraldpb.Frame_RepairPartition:
+// Handler serves one request type: it sends f to the actor that serves
+// it (which answers replyTo) or answers replyTo itself. Handlers run on
+// the network event loops and never block.
+type Handler = func(f *heraldpb.Frame, replyTo *actor.PID)
+
+// Routes is the topic room's part of the node's routing table: a handler
+// per request body type (the broker merges every room's into one table).
+func (r *Router) Routes() map[reflect.Type]Handler {
+	admin := func(f *heraldpb.Frame, replyTo *actor.PID) { r.sys.Root.RequestWithCustomSender(r.manager, f, replyTo) }
+	return map[reflect.Type]Handler{
+		reflect.TypeOf(&heraldpb.Frame_Produce{}): r.produce,
+		reflect.TypeOf(&heraldpb.Frame_Fetch{}): func(f *heraldpb.Frame, replyTo *actor.PID) {
+			b := f.GetFetch()
+			if b.IncludeHeld {
+				r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "include_held is internal to the broker"))
+				return
+			}
+			r.toPartition(f, replyTo, b.Topic, b.Partition)
+		},
+		reflect.TypeOf(&heraldpb.Frame_ListOffsets{}): func(f *heraldpb.Frame, replyTo *actor.PID) {
+			r.toPartition(f, replyTo, f.GetListOffsets().Topic, f.GetListOffsets().Partition)
+		},
 		// The node's own replica: a node without one answers through its
 		// stand-in, which refuses (repair is per replica).
-		r.toPartition(f, replyTo, b.RepairPartition.Topic, b.RepairPartition.Partition)
-	case *heraldpb.Frame_Metadata, *heraldpb.Frame_CreateTopic, *heraldpb.Frame_DeleteTopic,
-		*heraldpb.Frame_ListTopics, *heraldpb.Frame_DescribeTopic, *heraldpb.Frame_ClusterAdmin:
-		r.sys.Root.RequestWithCustomSender(r.manager, f, replyTo)
-	default:
-		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_UNKNOWN_REQUEST, "no handler for %T", f.Body))
+		reflect.TypeOf(&heraldpb.Frame_RepairPartition{}): func(f *heraldpb.Frame, replyTo *actor.PID) {
+			r.toPartition(f, replyTo, f.GetRepairPartition().Topic, f.GetRepairPartition().Partition)
+		},
+		reflect.TypeOf(&heraldpb.Frame_Metadata{}):      admin,
+		reflect.TypeOf(&heraldpb.Frame_CreateTopic{}):   admin,
+		reflect.TypeOf(&heraldpb.Frame_DeleteTopic{}):   admin,
+		reflect.TypeOf(&heraldpb.Frame_ListTopics{}):    admin,
+		reflect.TypeOf(&heraldpb.Frame_DescribeTopic{}): admin,
+		reflect.TypeOf(&heraldpb.Frame_ClusterAdmin{}):  admin,
 	}
+}
+
+// Route serves f through Routes (tests; the broker routes through its
+// merged table).
+func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
+	if h := r.Routes()[reflect.TypeOf(f.Body)]; h != nil {
+		h(f, replyTo)
+		return
+	}
+	r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_UNKNOWN_REQUEST, "no handler for %T", f.Body))
+}
+
+// produce routes a Produce on the network loop, through the registry's
+// routing, straight to the partition's actor: no mailbox hop between the
+// connection and the partition.
+func (r *Router) produce(f *heraldpb.Frame, replyTo *actor.PID) {
+	b := f.GetProduce()
+	if registry.IsInternal(b.Topic) {
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic %q is internal: clients cannot produce to it", b.Topic))
+		return
+	}
+	if b.NotBeforeMs != 0 {
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "not_before_ms is internal to the broker: use deliver_at_ms or delay_ms"))
+		return
+	}
+	e := r.reg.Get(b.Topic)
+	if e == nil {
+		r.fail(f, replyTo, r.missing(b.Topic))
+		return
+	}
+	part, to, perr := e.Route(b)
+	if perr != nil {
+		r.fail(f, replyTo, perr)
+		return
+	}
+	b.Partition = &part
+	r.sys.Root.RequestWithCustomSender(to, f, replyTo)
 }
 
 func (r *Router) toPartition(f *heraldpb.Frame, replyTo *actor.PID, topic string, part uint32) {
