@@ -3,7 +3,6 @@ package topic
 import (
 	"context"
 	"fmt"
-	"github.com/heraldmq/herald/registry"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -12,8 +11,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promauto"
+	"github.com/heraldmq/herald/registry"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -119,17 +117,6 @@ const maxProxied = 1024
 
 // maxProxiedWaitMs caps the long poll of a forwarded fetch.
 const maxProxiedWaitMs = 500
-
-var (
-	mProxied = promauto.NewCounterVec(prometheus.CounterOpts{
-		Name: "herald_remote_partition_requests_total",
-		Help: "Requests for partitions with no local replica, forwarded to a node that holds one, by outcome (answered, not_leader, failed, throttled).",
-	}, []string{"outcome"})
-	mProxiedInFlight = promauto.NewGauge(prometheus.GaugeOpts{
-		Name: "herald_remote_partition_requests_in_flight",
-		Help: "Requests for partitions with no local replica waiting for the other node's answer (at most 1024).",
-	})
-)
 
 // remoteProxy stands in for the partitions this node holds no replica
 // of: it forwards each produce, fetch or list-offsets request to a node

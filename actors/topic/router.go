@@ -120,17 +120,3 @@ func (r *Router) missing(topic string) *heraldpb.Error {
 func (r *Router) fail(f *heraldpb.Frame, replyTo *actor.PID, e *heraldpb.Error) {
 	r.sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, e))
 }
-
-func topicNotFound(name string) *heraldpb.Error {
-	return heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", name)
-}
-
-func partitionNotFound(topic string, part uint32, n int) *heraldpb.Error {
-	return heraldpb.NewError(heraldpb.ErrorCode_PARTITION_NOT_FOUND, "topic %q has %d partitions; there is no partition %d", topic, n, part)
-}
-
-func clusterStarting() *heraldpb.Error {
-	e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "the node is joining its cluster; try again shortly")
-	e.RetryAfterMs = 500
-	return e
-}
