@@ -263,7 +263,7 @@ type dlqRange struct {
 func (rs dlqReadSpec) resolve(ctx context.Context, c *client.Client, w io.Writer) ([]dlqRange, error) {
 	ti, err := c.DescribeTopic(ctx, rs.topic)
 	if client.IsCode(err, heraldpb.ErrorCode_TOPIC_NOT_FOUND) {
-		return nil, fmt.Errorf("dead-letter topic %s does not exist (herald dlq list shows the dead-letter topics)", rs.topic)
+		return nil, fmt.Errorf("dead-letter topic %s does not exist yet: a group's dead-letter topic is created with its first dead letter, though `herald group describe` names it before (herald dlq list shows the ones that exist)", rs.topic)
 	}
 	if err != nil {
 		return nil, cliOneLine(err)
