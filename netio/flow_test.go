@@ -529,21 +529,7 @@ func TestWriteStallCloses(t *testing.T) {
 	start := time.Now()
 
 	// slow reads the 8 MiB response, 256 KiB every 100ms.
-	var hdr [4]byte
-	_ = slow.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(slow.c, hdr[:]); err != nil {
-		t.Fatal(err)
-	}
-	body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
-	for off := 0; off < len(body); {
-		time.Sleep(100 * time.Millisecond)
-		_ = slow.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		n, err := io.ReadFull(slow.c, body[off:min(off+256<<10, len(body))])
-		off += n
-		if err != nil {
-			t.Fatalf("slow reader cut off after %d bytes in %v: %v", off, time.Since(start), err)
-		}
-	}
+	body := readSlowly(t, slow, 256<<10, start)
 	if f, err := heraldpb.DecodeFrame(body); err != nil || f.Id != 2 || len(f.GetFetchResponse().GetBatches()[0].GetRecords()) != size {
 		t.Fatalf("slow reader's response: %v", err)
 	}
@@ -658,23 +644,31 @@ func TestSlowSteadyReaderIsNotStalled(t *testing.T) {
 	const size = 4 << 20
 	slow.send(fetch(2, size))
 	start := time.Now()
+	body := readSlowly(t, slow, 64<<10, start)
+	if got := counter(reasonWriteStall); got != before {
+		t.Fatalf("limit_closed_total{reason=write_stall} went %v -> %v", before, got)
+	}
+	t.Logf("slow reader read %d bytes in %v without a stall close", len(body), time.Since(start).Round(time.Millisecond))
+}
+
+// readSlowly reads one frame from c, chunk bytes every 100 ms, and returns
+// its payload; it fails the test if the broker cuts the connection off.
+func readSlowly(t *testing.T, c *client, chunk int, start time.Time) []byte {
+	t.Helper()
 	var hdr [4]byte
-	_ = slow.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := io.ReadFull(slow.c, hdr[:]); err != nil {
+	_ = c.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c.c, hdr[:]); err != nil {
 		t.Fatal(err)
 	}
 	body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
 	for off := 0; off < len(body); {
-		time.Sleep(100 * time.Millisecond)
-		_ = slow.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		n, err := io.ReadFull(slow.c, body[off:min(off+64<<10, len(body))])
+		time.Sleep(100 * time.Millisecond) // the reader's pace, not a wait for the broker
+		_ = c.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := io.ReadFull(c.c, body[off:min(off+chunk, len(body))])
 		off += n
 		if err != nil {
 			t.Fatalf("slow reader cut off after %d bytes in %v: %v", off, time.Since(start), err)
 		}
 	}
-	if got := counter(reasonWriteStall); got != before {
-		t.Fatalf("limit_closed_total{reason=write_stall} went %v -> %v", before, got)
-	}
-	t.Logf("slow reader read %d bytes in %v without a stall close", len(body), time.Since(start).Round(time.Millisecond))
+	return body
 }
