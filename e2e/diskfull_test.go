@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -37,17 +38,7 @@ func mountTmpfs(t *testing.T, size string) string {
 // keeps answering, and once space is freed producing works again with every
 // acknowledged record intact.
 func TestDiskFull(t *testing.T) {
-	fs := mountTmpfs(t, "24m")
-	filler := filepath.Join(fs, "filler")
-	if err := os.WriteFile(filler, make([]byte, 8<<20), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	n := startProc(t, filepath.Join(fs, "data"), "--segment-bytes=1048576")
-	c := dial(t, n, client.WithRequestTimeout(10*time.Second))
-	ctx := ctxT(t, 120*time.Second)
-	if _, err := c.CreateTopic(ctx, "full", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
-		t.Fatal(err)
-	}
+	filler, c, ctx := fullDiskBroker(t, 120*time.Second)
 	p := c.NewProducer(client.WithMaxRetries(0))
 	acked := map[string]ackedRecord{}
 	val := strings.Repeat("z", 60<<10)
@@ -114,17 +105,7 @@ func withoutPadding(acked map[string]ackedRecord) map[string]ackedRecord {
 // (Measured: 30-130 of about 400 failed records were stored, all reported
 // outcome unknown; with failPending's OutcomeUnknown removed it fails.)
 func TestDiskFullOutcomeUnknown(t *testing.T) {
-	fs := mountTmpfs(t, "24m")
-	filler := filepath.Join(fs, "filler")
-	if err := os.WriteFile(filler, make([]byte, 8<<20), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	n := startProc(t, filepath.Join(fs, "data"), "--segment-bytes=1048576")
-	c := dial(t, n, client.WithRequestTimeout(10*time.Second))
-	ctx := ctxT(t, 180*time.Second)
-	if _, err := c.CreateTopic(ctx, "full", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
-		t.Fatal(err)
-	}
+	filler, c, ctx := fullDiskBroker(t, 180*time.Second)
 	const writers, failuresEach = 12, 8
 	val := strings.Repeat("z", 8<<10)
 	var (
@@ -218,4 +199,23 @@ func TestDiskFullOutcomeUnknown(t *testing.T) {
 		sort.Strings(wrong)
 		t.Fatalf("%d records reported failed without outcome unknown were stored, e.g. %v", len(wrong), wrong[:min(5, len(wrong))])
 	}
+}
+
+// fullDiskBroker starts a broker process whose data dir is on a 24 MiB
+// tmpfs already holding an 8 MiB filler file (returned, to free space
+// later), with 1 MiB segments and a one-partition topic "full".
+func fullDiskBroker(t *testing.T, d time.Duration) (string, *client.Client, context.Context) {
+	t.Helper()
+	fs := mountTmpfs(t, "24m")
+	filler := filepath.Join(fs, "filler")
+	if err := os.WriteFile(filler, make([]byte, 8<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n := startProc(t, filepath.Join(fs, "data"), "--segment-bytes=1048576")
+	c := dial(t, n, client.WithRequestTimeout(10*time.Second))
+	ctx := ctxT(t, d)
+	if _, err := c.CreateTopic(ctx, "full", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return filler, c, ctx
 }

@@ -14,11 +14,14 @@ type Router struct {
 	sys     *actor.ActorSystem
 	reg     *registry.Registry
 	manager *actor.PID
+	routes  map[reflect.Type]Handler
 }
 
 // NewRouter routes through reg, sending admin requests to manager.
 func NewRouter(sys *actor.ActorSystem, reg *registry.Registry, manager *actor.PID) *Router {
-	return &Router{sys: sys, reg: reg, manager: manager}
+	r := &Router{sys: sys, reg: reg, manager: manager}
+	r.routes = r.Routes()
+	return r
 }
 
 // Handler serves one request type: it sends f to the actor that serves
@@ -60,7 +63,7 @@ func (r *Router) Routes() map[reflect.Type]Handler {
 // Route serves f through Routes (tests; the broker routes through its
 // merged table).
 func (r *Router) Route(f *heraldpb.Frame, replyTo *actor.PID) {
-	if h := r.Routes()[reflect.TypeOf(f.Body)]; h != nil {
+	if h := r.routes[reflect.TypeOf(f.Body)]; h != nil {
 		h(f, replyTo)
 		return
 	}
