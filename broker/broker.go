@@ -189,7 +189,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		MaxPendingOutput: cfg.MaxPendingOutput, MaxPendingOutputHard: cfg.MaxPendingOutputHard,
 		WriteStallTimeout: neverIfZero(cfg.WriteStallTimeout), MaxQueuedRequestBytes: cfg.MaxQueuedRequestBytes,
 		FrameTimeout: neverIfZero(cfg.FrameTimeout), MaxFrameBytesBeforeHello: cfg.MaxFrameBytesBeforeHello,
-		MaxInFlightProduceBytes: offIfZero(cfg.MaxInFlightProduceBytes), NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
+		MaxInFlightProduceBytes: offIfZero(cfg.MaxInFlightProduceBytes), MaxProduceDefer: neverIfZero(cfg.MaxProduceDefer), NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
 	}, b.sys, newRouter(b.sys, groupRouter, topic.NewRouter(b.sys, reg, b.manager), b.routeScheduled))
 	if err != nil {
 		b.stopActors()

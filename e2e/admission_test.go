@@ -25,21 +25,18 @@ import (
 // with a retry-after and nothing else (no timeout, no other error); the
 // SDK producers retry their THROTTLED batches and fail none; every light
 // record succeeds.
+//
+// It runs with --max-produce-defer=0, so that admission answers at once;
+// TestOverloadDefersInOrder covers the default, where a produce first
+// waits for its connection's turn.
 func TestOverloadThrottlesFairly(t *testing.T) {
-	n := startProc(t, t.TempDir(), "--max-inflight-produce-bytes=1048576")
+	n := startProc(t, t.TempDir(), "--max-inflight-produce-bytes=1048576", "--max-produce-defer=0")
 	admin := dial(t, n)
 	createTopic(t, admin, "heavy", 2)
 	createTopic(t, admin, "light", 1)
 
 	value := bytes.Repeat([]byte("h"), 1024)
-	var recs []*heraldpb.Record
-	for range 250 {
-		recs = append(recs, &heraldpb.Record{Value: value})
-	}
-	batch, err := proto.Marshal(&heraldpb.RecordBatch{Records: recs}) // about 256 KiB
-	if err != nil {
-		t.Fatal(err)
-	}
+	batch := heavyBatch(t)
 
 	const (
 		heavyConns = 4
@@ -49,11 +46,7 @@ func TestOverloadThrottlesFairly(t *testing.T) {
 	stop := make(chan struct{})
 	lightDone := steadyProducer(t, n, "light", stop)
 
-	type tally struct {
-		ok, throttled int
-		err           error
-	}
-	results := make([]tally, heavyConns)
+	results := make([]floodResult, heavyConns)
 	var wg sync.WaitGroup
 	for i := range heavyConns {
 		nc, err := net.Dial("tcp", n.Addr())
@@ -130,17 +123,117 @@ func TestOverloadThrottlesFairly(t *testing.T) {
 	if sent == 0 {
 		t.Errorf("light producer sent nothing")
 	}
-	t.Logf("heavy raw: %+v; SDK: %d ok, stats %+v; light: %d sent, worst %v", results, sdkOK, sdkStats, sent, worst)
+	t.Logf("heavy raw: %d THROTTLED, written per connection %v; SDK: %d ok, stats %+v; light: %d sent, worst %v", throttled, writtenPer(results), sdkOK, sdkStats, sent, worst)
+}
+
+// TestOverloadDefersInOrder: with the default --max-produce-defer (1 s),
+// a produce over its connection's fair share is not refused but left
+// unread until the connection's turn. Four raw connections pipelining 16
+// frames of 256 KiB against a 1 MiB limit (a share is a fifth of it,
+// smaller than one frame) get nearly every frame written, in the order
+// sent, with no error; the broker counts the waits
+// (herald_produce_deferred_total); a light producer on another topic
+// fails nothing.
+func TestOverloadDefersInOrder(t *testing.T) {
+	n := startProc(t, t.TempDir(), "--max-inflight-produce-bytes=1048576")
+	admin := dial(t, n)
+	createTopic(t, admin, "heavy", 2)
+	createTopic(t, admin, "light", 1)
+	batch := heavyBatch(t)
+	deferredBefore := metricSum(t, n, "herald_produce_deferred_total")
+
+	const heavyConns, pipeline, runFor = 4, 16, 3 * time.Second
+	stop := make(chan struct{})
+	lightDone := steadyProducer(t, n, "light", stop)
+	results := make([]floodResult, heavyConns)
+	var wg sync.WaitGroup
+	for i := range heavyConns {
+		nc, err := net.Dial("tcp", n.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = rawFlood(nc, batch, uint32(i%2), pipeline, time.Now().Add(runFor))
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	_, sent, lightErrs := lightDone()
+
+	ok, throttled := 0, 0
+	for i, r := range results {
+		if r.err != nil {
+			t.Errorf("heavy connection %d: %v", i, r.err)
+		}
+		if r.ok == 0 {
+			t.Errorf("heavy connection %d: no produce written in %v", i, runFor)
+		}
+		for j := 1; j < len(r.bases); j++ {
+			if r.bases[j] <= r.bases[j-1] {
+				t.Errorf("heavy connection %d: batch %d written at offset %d, after batch %d at %d: out of the order sent", i, j, r.bases[j], j-1, r.bases[j-1])
+				break
+			}
+		}
+		ok += r.ok
+		throttled += r.throttled
+	}
+	// A frame is refused only after waiting a whole second for its turn;
+	// with four connections taking turns that should be rare.
+	if throttled*10 > ok {
+		t.Errorf("%d frames THROTTLED against %d written: the waits did not let them in", throttled, ok)
+	}
+	if d := metricSum(t, n, "herald_produce_deferred_total") - deferredBefore; d == 0 {
+		t.Errorf("herald_produce_deferred_total did not move: no produce waited for its turn")
+	}
+	if len(lightErrs) > 0 {
+		t.Errorf("light producer: %d of %d sends failed, first: %v", len(lightErrs), sent+len(lightErrs), lightErrs[0])
+	}
+	if sent == 0 {
+		t.Errorf("light producer sent nothing")
+	}
+	t.Logf("heavy: %d written, %d THROTTLED; light: %d sent", ok, throttled, sent)
+}
+
+func writtenPer(rs []floodResult) []int {
+	var n []int
+	for _, r := range rs {
+		n = append(n, r.ok)
+	}
+	return n
+}
+
+// heavyBatch is an encoded RecordBatch of 250 records of 1 KiB (about
+// 256 KiB).
+func heavyBatch(t *testing.T) []byte {
+	value := bytes.Repeat([]byte("h"), 1024)
+	var recs []*heraldpb.Record
+	for range 250 {
+		recs = append(recs, &heraldpb.Record{Value: value})
+	}
+	batch, err := proto.Marshal(&heraldpb.RecordBatch{Records: recs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return batch
+}
+
+// floodResult is what rawFlood saw: answers by kind, the base offsets of
+// the batches written in the order their frames were sent, and the error
+// that ended it, if any.
+type floodResult struct {
+	ok, throttled int
+	bases         []int64
+	err           error
 }
 
 // rawFlood keeps pipeline produce frames of batch in flight on nc to
 // heavy/part until end, then reads the remaining answers. It counts
 // ProduceResponses and THROTTLED errors; anything else (another error, a
 // THROTTLED without retry-after, no answer within 30s) ends it with err.
-func rawFlood(nc net.Conn, batch []byte, part uint32, pipeline int, end time.Time) (r struct {
-	ok, throttled int
-	err           error
-}) {
+func rawFlood(nc net.Conn, batch []byte, part uint32, pipeline int, end time.Time) (r floodResult) {
 	br := bufio.NewReaderSize(nc, 64<<10)
 	send := func(f *heraldpb.Frame) error {
 		raw, err := heraldpb.AppendFrame(nil, f)
@@ -192,6 +285,7 @@ func rawFlood(nc net.Conn, batch []byte, part uint32, pipeline int, end time.Tim
 		switch e := f.GetError(); {
 		case f.GetProduceResponse() != nil:
 			r.ok++
+			r.bases = append(r.bases, f.GetProduceResponse().GetBaseOffset())
 		case e.GetCode() == heraldpb.ErrorCode_THROTTLED && e.GetRetryAfterMs() > 0 && e.GetRetriable():
 			r.throttled++
 		default:

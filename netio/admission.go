@@ -3,6 +3,11 @@ package netio
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // Admission: overload of produce requests is fair between connections and
@@ -25,9 +30,16 @@ import (
 //   - a request bigger than a share, from a connection with nothing in
 //     flight, is admitted while the total with it stays within the limit
 //     (or when nothing at all is in flight, so that any request can pass);
-//   - else it is answered THROTTLED at once, with a retry-after of how
-//     long the connection's excess over its share takes to drain at its
-//     share of the measured drain rate (bytes answered per second).
+//   - else the connection waits: the frame stays unread at the head of its
+//     input and reads pause (deferProduce) until one of the connection's
+//     produces is answered or the retry-after below passes, and is decided
+//     again then. A frame still refused after MaxProduceDefer (1 s) is
+//     answered THROTTLED, with a retry-after of how long the connection's
+//     excess over its share takes to drain at its share of the measured
+//     drain rate (bytes answered per second). Waiting costs the broker
+//     nothing (the bytes stay in the kernel) and keeps a pipelining
+//     producer's order; answering at once made every frame the producer
+//     had in flight behind the refused one a wasted read and a retry.
 //
 // The limit is therefore exceeded only by connections within their share
 // (whose shares sum to the limit), so the total stays below about twice
@@ -94,13 +106,20 @@ func newAdmission(limit int64) *admission {
 // admits, the bytes are counted until release; otherwise it returns how
 // long the connection should wait before sending more.
 func (a *admission) admit(c *admitCounter, size, now int64) (verdict, time.Duration) {
-	if a.limit == 0 {
+	v, wait := a.decide(c, size, now)
+	if v == admitted {
 		a.take(c, size)
+	}
+	return v, wait
+}
+
+// decide is admit's decision, counting nothing.
+func (a *admission) decide(c *admitCounter, size, now int64) (verdict, time.Duration) {
+	if a.limit == 0 {
 		return admitted, 0
 	}
 	total, own := a.inflight.Load(), c.own.Load()
 	if total+size <= a.soft {
-		a.take(c, size)
 		return admitted, 0
 	}
 	act := a.active.Load()
@@ -110,7 +129,6 @@ func (a *admission) admit(c *admitCounter, size, now int64) (verdict, time.Durat
 	act = max(act, 1)
 	share := a.limit / act
 	if own+size <= share || own == 0 && (total+size <= a.limit || total == 0) {
-		a.take(c, size)
 		return admitted, 0
 	}
 	v := throttledShare
@@ -190,3 +208,82 @@ func (a *admission) retryAfter(excess, act int64) time.Duration {
 
 // drainRate is the measured drain rate in bytes per second (0: unknown).
 func (a *admission) drainRate() int64 { return a.rate.Load() }
+
+// deferProduce, on the event loop, decides whether the frame at the head of
+// the connection's input (payload, n bytes on the wire) waits: a produce
+// over the connection's fair share stays in the input, reads pause
+// (pauseThrottle), and the loop looks again when one of the connection's
+// produces is answered or after the retry-after admission computes.
+// Nothing is read, decoded or refused meanwhile, so a producer that
+// pipelines keeps its order, the broker spends no work on bytes it would
+// throw away, and TCP flow control slows the producer. Once the frame has
+// waited MaxProduceDefer, it goes on to onFrame, which answers THROTTLED.
+func (c *conn) deferProduce(gc gnet.Conn, payload []byte, n int) bool {
+	maxDefer := int64(c.s.cfg.MaxProduceDefer)
+	if c.s.adm.limit == 0 || maxDefer <= 0 || !isProduce(payload) {
+		c.deferSince = 0
+		return false
+	}
+	now := time.Now().UnixNano()
+	v, wait := c.s.adm.decide(&c.adm, int64(n), now)
+	if v == admitted {
+		c.deferSince = 0
+		return false
+	}
+	if c.deferSince == 0 {
+		c.deferSince = now
+	} else if now-c.deferSince >= maxDefer {
+		c.deferSince = 0
+		return false // onFrame answers THROTTLED
+	}
+	mProduceDeferred.Inc()
+	c.deferred.Store(true)
+	c.pause(gc, pauseThrottle)
+	wait = min(wait, time.Duration(maxDefer-(now-c.deferSince)))
+	if c.deferTimer == nil {
+		c.deferTimer = time.AfterFunc(wait, func() {
+			if c.deferred.CompareAndSwap(true, false) {
+				_ = gc.Wake(nil)
+			}
+		})
+	} else {
+		c.deferTimer.Reset(wait)
+	}
+	return true
+}
+
+// isProduce reports whether an encoded Frame's body is a ProduceRequest,
+// reading only its top-level field tags. As in protobuf decoding, the last
+// field of the body oneof wins. It never panics; a payload it cannot walk
+// is not a produce (DecodeFrame then reports it).
+func isProduce(payload []byte) bool {
+	last := protowire.Number(0)
+	for len(payload) > 0 {
+		num, typ, n := protowire.ConsumeTag(payload)
+		if n < 0 {
+			return false
+		}
+		payload = payload[n:]
+		m := protowire.ConsumeFieldValue(num, typ, payload)
+		if m < 0 {
+			return false
+		}
+		payload = payload[m:]
+		if bodyFields[num] {
+			last = num
+		}
+	}
+	return last == produceField
+}
+
+// produceField is Frame.produce's field number; bodyFields are the field
+// numbers of Frame's body oneof.
+var produceField, bodyFields = func() (protowire.Number, map[protowire.Number]bool) {
+	d := (&heraldpb.Frame{}).ProtoReflect().Descriptor()
+	body := map[protowire.Number]bool{}
+	fs := d.Oneofs().ByName("body").Fields()
+	for i := range fs.Len() {
+		body[fs.Get(i).Number()] = true
+	}
+	return d.Fields().ByName("produce").Number(), body
+}()

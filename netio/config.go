@@ -36,6 +36,10 @@ const (
 	// DefaultMaxInFlightProduceBytes is the default admission limit of
 	// produce bytes in flight (see Config.MaxInFlightProduceBytes).
 	DefaultMaxInFlightProduceBytes = 16 << 20
+	// DefaultMaxProduceDefer is how long a produce over its connection's
+	// fair share waits unread before it is answered THROTTLED (see
+	// Config.MaxProduceDefer).
+	DefaultMaxProduceDefer = time.Second
 )
 
 // Config configures a Server. The zero value of every field means "use the
@@ -117,6 +121,12 @@ type Config struct {
 	// Default DefaultMaxInFlightProduceBytes (16 MiB); negative turns
 	// admission off (EnsureDefaults turns it into 0, which then means off).
 	MaxInFlightProduceBytes int64
+	// MaxProduceDefer is how long a produce refused by admission waits,
+	// unread at the head of its connection's input with reads paused, for
+	// its connection's turn before it is answered THROTTLED (admission.go).
+	// Default DefaultMaxProduceDefer (1s); negative answers THROTTLED at
+	// once (EnsureDefaults turns it into 0, which then means no wait).
+	MaxProduceDefer time.Duration
 	// NodeID and ServerVersion are reported in HelloResponse.
 	NodeID        uint32
 	ServerVersion string
@@ -163,6 +173,7 @@ func (c *Config) EnsureDefaults() {
 	case c.MaxInFlightProduceBytes < 0:
 		c.MaxInFlightProduceBytes = 0
 	}
+	c.MaxProduceDefer = durationOrOff(c.MaxProduceDefer, DefaultMaxProduceDefer)
 	if c.MaxFrameBytesBeforeHello == 0 {
 		c.MaxFrameBytesBeforeHello = min(DefaultMaxFrameBytesBeforeHello, c.MaxFrameBytes)
 	}

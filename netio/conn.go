@@ -45,6 +45,9 @@ type conn struct {
 	sent         int64        // loop: of those, bytes known written to the socket
 	slotAt       []int64      // loop: per written response, the enq offset where it ends
 	slotHead     int          // loop: first live entry of slotAt
+	deferSince   int64        // loop: unix nanos the produce at the head of the input was first deferred; 0 = none
+	deferTimer   *time.Timer  // loop: wakes a deferred connection after the retry-after
+	deferred     atomic.Bool  // reads are paused for admission until a response or deferTimer wakes the loop
 	paused       uint8        // loop: pauseOutput|pauseBudget; reads are paused while non-zero
 	held         int64        // loop: inbound buffered bytes counted in Server.queued
 
@@ -264,6 +267,9 @@ func (c *conn) answer(id uint64) (ok bool, est int64) {
 	c.s.releaseQueued(size)
 	if produce > 0 {
 		c.s.adm.release(&c.adm, produce, time.Now().UnixNano())
+		if c.deferred.CompareAndSwap(true, false) {
+			_ = c.gc.Wake(nil) // its deferred produce may fit now
+		}
 		mProduceInflight.Sub(float64(produce))
 		mProduceDrainRate.Set(float64(c.s.adm.drainRate()))
 	}

@@ -56,6 +56,10 @@ var (
 		Name: "herald_produce_inflight_bytes",
 		Help: "Bytes of produce requests admitted and not yet answered, all connections (admission control).",
 	})
+	mProduceDeferred = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_produce_deferred_total",
+		Help: "Times a produce frame over its connection's fair share was left unread until the connection's turn (admission control; THROTTLED only after --max-produce-defer).",
+	})
 	mProduceThrottled = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_produce_throttled_total",
 		Help: "Produce requests answered THROTTLED by admission control, by reason (fair_share: over half the limit and the connection over its share; limit: over the limit and the connection over its share).",
@@ -81,8 +85,9 @@ const (
 	badNotRequest  = "not_a_request"
 	badTruncated   = "truncated"
 
-	pauseReasonOutput = "output"
-	pauseReasonBudget = "budget"
+	pauseReasonOutput   = "output"
+	pauseReasonBudget   = "budget"
+	pauseReasonThrottle = "throttle"
 
 	reasonOutputOverflow = "output_overflow"
 	reasonWriteStall     = "write_stall"

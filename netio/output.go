@@ -52,6 +52,7 @@ import (
 const (
 	pauseOutput uint8 = 1 << iota
 	pauseBudget
+	pauseThrottle // a produce waits for its connection's fair share (deferProduce)
 )
 
 // Estimated response sizes (conn.reserved): a Fetch may answer its max_bytes
@@ -259,6 +260,9 @@ func (c *conn) unpause(gc gnet.Conn, reason uint8) {
 func pauseName(reason uint8) string {
 	if reason == pauseBudget {
 		return pauseReasonBudget
+	}
+	if reason == pauseThrottle {
+		return pauseReasonThrottle
 	}
 	return pauseReasonOutput
 }

@@ -372,7 +372,10 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	}
 	gc.SetContext(nil)
 	s := h.s
-	if gc.InboundBuffered() > 0 && !c.final.Load() {
+	if c.deferTimer != nil {
+		c.deferTimer.Stop()
+	}
+	if gc.InboundBuffered() > 0 && !c.final.Load() && c.deferSince == 0 {
 		mBadFrames.WithLabelValues(badTruncated).Inc()
 	}
 	c.closed.Store(true)
@@ -438,10 +441,16 @@ func (s *Server) serve(c *conn, gc gnet.Conn) gnet.Action {
 		c.partialSince.Store(0)
 		return gnet.None
 	}
+	if c.paused&pauseThrottle != 0 {
+		if c.deferred.Load() {
+			return gnet.None // its produce still waits for its turn
+		}
+		c.unpause(gc, pauseThrottle)
+	}
 	var out []byte
 	action := gnet.None
 	consumed := false
-	full := false
+	full, deferred := false, false
 	for action == gnet.None {
 		if full = c.outputFull(); full {
 			break
@@ -471,6 +480,10 @@ func (s *Server) serve(c *conn, gc gnet.Conn) gnet.Action {
 		if err != nil {
 			break // cannot happen: the header was checked above
 		}
+		if c.deferProduce(gc, payload, n) {
+			deferred = true
+			break
+		}
 		f, derr := heraldpb.DecodeFrame(payload)
 		_, _ = gc.Discard(n)
 		consumed = true
@@ -493,7 +506,7 @@ func (s *Server) serve(c *conn, gc gnet.Conn) gnet.Action {
 	buffered := int64(gc.InboundBuffered())
 	c.setHeld(buffered)
 	switch {
-	case buffered == 0 || full:
+	case buffered == 0 || full || deferred:
 		// Nothing incomplete, or whole frames wait for output room: the
 		// client is not slow to send (WriteStallTimeout covers the rest).
 		c.partialSince.Store(0)

@@ -69,8 +69,11 @@ func settings() []setting {
 		{"max-queued-request-bytes", "broker-wide bytes of incomplete and queued requests; at it the broker stops reading connections", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.Int64Var(&c.MaxQueuedRequestBytes, "max-queued-request-bytes", d.MaxQueuedRequestBytes, "")
 		}},
-		{"max-inflight-produce-bytes", "admission limit: broker-wide bytes of produce requests admitted and not yet answered; over half of it a connection over its fair share gets THROTTLED with a retry-after (0 = off)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+		{"max-inflight-produce-bytes", "admission limit: broker-wide bytes of produce requests admitted and not yet answered; over half of it a connection over its fair share waits for its turn, then gets THROTTLED with a retry-after (0 = off)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.Int64Var(&c.MaxInFlightProduceBytes, "max-inflight-produce-bytes", d.MaxInFlightProduceBytes, "")
+		}},
+		{"max-produce-defer", "how long a produce over its connection's fair share waits unread for its turn before it is answered THROTTLED (0 = THROTTLED at once)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.MaxProduceDefer, "max-produce-defer", d.MaxProduceDefer, "")
 		}},
 		{"frame-timeout", "close a connection that does not complete a started frame within this (0 = never)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.DurationVar(&c.FrameTimeout, "frame-timeout", d.FrameTimeout, "")
