@@ -32,7 +32,7 @@ func benchMessages(c benchCase) []*Message {
 		for j := range v {
 			v[j] = byte('a' + (i+j)%26)
 		}
-		m := &Message{Topic: "bench", Partition: 0, Value: v}
+		m := &Message{Topic: "bench", Value: v}
 		if c.extra {
 			m.Key = []byte(fmt.Sprintf("key-%06d", i))
 			m.Headers = []Header{{Key: "trace-id", Value: []byte("0123456789abcdef")}, {Key: "source", Value: []byte("bench")}}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -137,7 +138,7 @@ func TestInFlightWindowRespected(t *testing.T) {
 func TestLingerBatchesRecords(t *testing.T) {
 	b := newBroker(t, fakebroker.Topic("t", 1))
 	c := dial(t, b)
-	p := c.NewProducer(WithLinger(200 * time.Millisecond))
+	p := c.NewProducer(WithLinger(200*time.Millisecond), WithManualPartitions())
 	ctx := testCtx(t)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -163,7 +164,7 @@ func TestLingerBatchesRecords(t *testing.T) {
 func TestBatchBytesSealsFullBatches(t *testing.T) {
 	b := newBroker(t, fakebroker.Topic("t", 1))
 	c := dial(t, b)
-	p := c.NewProducer(WithLinger(time.Hour), WithBatchBytes(1000))
+	p := c.NewProducer(WithLinger(time.Hour), WithBatchBytes(1000), WithManualPartitions())
 	ctx := testCtx(t)
 	var done atomic.Int64
 	for i := 0; i < 100; i++ {
@@ -205,7 +206,7 @@ func TestRetryHonoursRetryAfter(t *testing.T) {
 	})
 	p := c.NewProducer(WithRetryBackoff(time.Millisecond, 2*time.Millisecond))
 	start := time.Now()
-	m := &Message{Topic: "t", Partition: -1, Value: []byte("x")}
+	m := &Message{Topic: "t", Value: []byte("x")}
 	r, err := p.Send(testCtx(t), m)
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +232,7 @@ func TestNoRetryOnFinalErrorAndRetryLimit(t *testing.T) {
 		return fakebroker.Action{}
 	})
 	ctx := testCtx(t)
-	p := c.NewProducer(WithRetryBackoff(time.Millisecond, time.Millisecond), WithMaxRetries(3), WithFailoverTimeout(0))
+	p := c.NewProducer(WithRetryBackoff(time.Millisecond, time.Millisecond), WithMaxRetries(3), WithFailoverTimeout(0), WithManualPartitions())
 	_, err := p.Send(ctx, &Message{Topic: "t", Partition: 0, Value: []byte("x")})
 	var he *Error
 	if !errors.As(err, &he) || he.Code != code || IsRetryable(err) || attempts.Load() != 1 {
@@ -246,7 +247,7 @@ func TestNoRetryOnFinalErrorAndRetryLimit(t *testing.T) {
 	// With a failover timeout, a moving leader is retried past the retry
 	// count until the timeout.
 	attempts.Store(0)
-	p = c.NewProducer(WithRetryBackoff(time.Millisecond, time.Millisecond), WithMaxRetries(3), WithFailoverTimeout(300*time.Millisecond))
+	p = c.NewProducer(WithRetryBackoff(time.Millisecond, time.Millisecond), WithMaxRetries(3), WithFailoverTimeout(300*time.Millisecond), WithManualPartitions())
 	start := time.Now()
 	_, err = p.Send(ctx, &Message{Topic: "t", Partition: 0, Value: []byte("x")})
 	if !IsCode(err, code) || attempts.Load() <= 4 || time.Since(start) < 300*time.Millisecond {
@@ -264,7 +265,7 @@ func TestOrderPreservedAcrossRetries(t *testing.T) {
 		}
 		return fakebroker.Action{}
 	})
-	p := c.NewProducer(WithBatchBytes(200), WithLinger(0), WithRetryBackoff(time.Millisecond, time.Millisecond))
+	p := c.NewProducer(WithBatchBytes(200), WithLinger(0), WithRetryBackoff(time.Millisecond, time.Millisecond), WithManualPartitions())
 	ctx := testCtx(t)
 	const total = 300
 	for i := 0; i < total; i++ {
@@ -317,7 +318,7 @@ func TestKeyedMessagesStableAndExplicit(t *testing.T) {
 	for i := 0; i < 200; i++ {
 		key := []byte(fmt.Sprintf("k%d", i%17))
 		wg.Add(1)
-		p.SendAsync(ctx, &Message{Topic: "t", Partition: -1, Key: key, Value: []byte("v")}, func(r Result, err error) {
+		p.SendAsync(ctx, &Message{Topic: "t", Key: key, Value: []byte("v")}, func(r Result, err error) {
 			defer wg.Done()
 			if err != nil {
 				t.Error(err)
@@ -333,6 +334,149 @@ func TestKeyedMessagesStableAndExplicit(t *testing.T) {
 		if !pr.Explicit {
 			t.Fatalf("keyed batch sent without an explicit partition: %+v", pr)
 		}
+	}
+}
+
+// The zero Message goes to any partition: a keyed one to PartitionForKey,
+// the others spread over the topic's partitions; Send reports where each
+// went.
+func TestZeroPartitionIsAny(t *testing.T) {
+	b := newBroker(t, fakebroker.Topic("t", 4))
+	c := dial(t, b)
+	ctx := testCtx(t)
+	p := c.NewProducer(WithBatchBytes(64), WithLinger(time.Millisecond))
+	for i := 0; i < 20; i++ {
+		key := []byte(fmt.Sprintf("k%d", i))
+		m := &Message{Topic: "t", Key: key, Value: []byte("keyed")}
+		r, err := p.Send(ctx, m)
+		if want := int32(PartitionForKey(key, 4)); err != nil || r.Partition != want || m.Partition != want || m.Offset != r.Offset {
+			t.Fatalf("key %s: result %+v, message partition %d offset %d, err %v; want partition %d", key, r, m.Partition, m.Offset, err, want)
+		}
+	}
+	var mu sync.Mutex
+	got := map[int32]int{}
+	for i := 0; i < 400; i++ {
+		p.SendAsync(ctx, &Message{Topic: "t", Value: []byte(fmt.Sprintf("%04d", i))}, func(r Result, err error) {
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			got[r.Partition]++
+			mu.Unlock()
+		})
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for part := int32(0); part < 4; part++ {
+		if got[part] < 40 {
+			t.Errorf("partition %d got %d of 400 unkeyed records: %v", part, got[part], got)
+		}
+	}
+}
+
+// Without WithManualPartitions a producer ignores Message.Partition, -1 and
+// out-of-range values included: keyed messages go to their key's
+// partition, unkeyed ones where the producer (idempotent) or the broker
+// (not) spreads them.
+func TestPartitionIgnoredWithoutManual(t *testing.T) {
+	b := newBroker(t, fakebroker.Topic("t", 4))
+	c := dial(t, b)
+	ctx := testCtx(t)
+	p := c.NewProducer()
+	key := []byte("customer-42")
+	want := int32(PartitionForKey(key, 4))
+	for _, part := range []int32{-1, 0, (want + 1) % 4, 99} {
+		if r, err := p.Send(ctx, &Message{Topic: "t", Partition: part, Key: key, Value: []byte("v")}); err != nil || r.Partition != want {
+			t.Fatalf("keyed with Partition %d: %+v, %v; want partition %d", part, r, err, want)
+		}
+	}
+	spread := map[int32]bool{}
+	for i := 0; i < 8; i++ { // each Send is a batch of its own: the next goes to the next partition
+		r, err := p.Send(ctx, &Message{Topic: "t", Partition: 2, Value: []byte("v")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		spread[r.Partition] = true
+	}
+	if len(spread) != 4 {
+		t.Fatalf("unkeyed records with Partition 2 went to partitions %v, want all 4", spread)
+	}
+	before := len(b.Produced())
+	if _, err := c.NewProducer(WithIdempotence(false)).Send(ctx, &Message{Topic: "t", Partition: 3, Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	if prs := b.Produced()[before:]; len(prs) != 1 || prs[0].Explicit {
+		t.Fatalf("batches %+v; want one without a partition, for the broker to choose", prs)
+	}
+}
+
+// WithManualPartitions writes each message to its Partition exactly, key
+// or not, partition 0 included.
+func TestManualPartitions(t *testing.T) {
+	b := newBroker(t, fakebroker.Topic("t", 4))
+	c := dial(t, b)
+	ctx := testCtx(t)
+	key := []byte("customer-42")
+	other := int32(PartitionForKey(key, 4)+1) % 4
+	for _, idem := range []bool{true, false} {
+		p := c.NewProducer(WithManualPartitions(), WithIdempotence(idem))
+		before := len(b.Produced())
+		for _, m := range []*Message{
+			{Topic: "t", Value: []byte("zero")},
+			{Topic: "t", Partition: 3, Value: []byte("three")},
+			{Topic: "t", Partition: other, Key: key, Value: []byte("keyed")},
+		} {
+			want := m.Partition
+			r, err := p.Send(ctx, m)
+			if err != nil || r.Partition != want || m.Partition != want {
+				t.Fatalf("idempotence %v: %s went to %+v (message partition %d), %v; want %d", idem, m.Value, r, m.Partition, err, want)
+			}
+		}
+		for _, pr := range b.Produced()[before:] {
+			if !pr.Explicit || (pr.ProducerID != 0) != idem {
+				t.Fatalf("idempotence %v: batch %+v; want an explicit partition", idem, pr)
+			}
+		}
+	}
+	want := map[uint32]int{0: 2, 3: 2}
+	want[uint32(other)] += 2
+	for part := uint32(0); part < 4; part++ {
+		if n := len(b.Records("t", part)); n != want[part] {
+			t.Errorf("partition %d holds %d records, want %d", part, n, want[part])
+		}
+	}
+}
+
+// With WithManualPartitions a negative partition fails at once with
+// ErrInvalidPartition, nothing sent; one the topic does not have fails
+// with the broker's PARTITION_NOT_FOUND. Neither is retried.
+func TestManualNegativePartitionIsTypedError(t *testing.T) {
+	b := newBroker(t, fakebroker.Topic("t", 2))
+	c := dial(t, b)
+	ctx := testCtx(t)
+	p := c.NewProducer(WithManualPartitions(), WithRetryBackoff(time.Millisecond, time.Millisecond))
+	for _, part := range []int32{-1, -2, math.MinInt32} {
+		m := &Message{Topic: "t", Partition: part, Key: []byte("k"), Value: []byte("v")}
+		if _, err := p.Send(ctx, m); !errors.Is(err, ErrInvalidPartition) || IsRetryable(err) || m.Partition != part {
+			t.Fatalf("Send to partition %d: %v; want ErrInvalidPartition, the message unchanged", part, err)
+		}
+		var calls atomic.Int64
+		var got error
+		p.SendAsync(ctx, m, func(_ Result, err error) { calls.Add(1); got = err })
+		if calls.Load() != 1 || !errors.Is(got, ErrInvalidPartition) { // called before SendAsync returns
+			t.Fatalf("SendAsync to partition %d: %d callbacks, %v", part, calls.Load(), got)
+		}
+	}
+	if n := len(b.Produced()); n != 0 || p.Buffered() != 0 {
+		t.Fatalf("%d batches sent, %d buffered after refused messages", n, p.Buffered())
+	}
+	if _, err := p.Send(ctx, &Message{Topic: "t", Partition: 2, Value: []byte("v")}); !IsCode(err, heraldpb.ErrorCode_PARTITION_NOT_FOUND) || IsRetryable(err) {
+		t.Fatalf("Send to partition 2 of 2: %v; want PARTITION_NOT_FOUND", err)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -438,7 +582,7 @@ func TestFlushAndCloseDeliverEverything(t *testing.T) {
 	var ok atomic.Int64
 	const total = 1000
 	for i := 0; i < total; i++ {
-		m := &Message{Topic: "t", Partition: -1, Value: []byte(strconv.Itoa(i))}
+		m := &Message{Topic: "t", Value: []byte(strconv.Itoa(i))}
 		if i%3 == 0 {
 			m.Key = []byte(strconv.Itoa(i))
 		}
@@ -456,7 +600,7 @@ func TestFlushAndCloseDeliverEverything(t *testing.T) {
 	if ok.Load() != total || p.Buffered() != 0 {
 		t.Fatalf("after Flush: %d acknowledged, %d buffered", ok.Load(), p.Buffered())
 	}
-	p.SendAsync(ctx, &Message{Topic: "t", Partition: 1, Value: []byte("last")}, nil)
+	p.SendAsync(ctx, &Message{Topic: "t", Value: []byte("last")}, nil)
 	if err := p.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -468,7 +612,7 @@ func TestFlushAndCloseDeliverEverything(t *testing.T) {
 		t.Fatalf("stored %d, want %d", stored, total+1)
 	}
 	errc := make(chan error, 1)
-	p.SendAsync(ctx, &Message{Topic: "t", Partition: 0}, func(_ Result, err error) { errc <- err })
+	p.SendAsync(ctx, &Message{Topic: "t"}, func(_ Result, err error) { errc <- err })
 	if err := <-errc; !errors.Is(err, ErrClosed) {
 		t.Fatalf("SendAsync after Close: %v", err)
 	}
@@ -483,7 +627,7 @@ func TestCloseGivesUpOnContext(t *testing.T) {
 		return fakebroker.Action{}
 	})
 	c := dial(t, b)
-	p := c.NewProducer()
+	p := c.NewProducer(WithManualPartitions())
 	errc := make(chan error, 1)
 	p.SendAsync(testCtx(t), &Message{Topic: "t", Partition: 0, Value: []byte("x")}, func(_ Result, err error) { errc <- err })
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -508,14 +652,14 @@ func TestBufferFull(t *testing.T) {
 	fill := func(p *Producer) {
 		p.SendAsync(testCtx(t), &Message{Topic: "t", Partition: 0, Value: make([]byte, 900)}, nil)
 	}
-	nb := c.NewProducer(WithBufferBytes(1000), WithNonBlocking())
+	nb := c.NewProducer(WithBufferBytes(1000), WithNonBlocking(), WithManualPartitions())
 	fill(nb)
 	errc := make(chan error, 1)
 	nb.SendAsync(testCtx(t), &Message{Topic: "t", Partition: 0, Value: make([]byte, 200)}, func(_ Result, err error) { errc <- err })
 	if err := <-errc; !errors.Is(err, ErrBufferFull) {
 		t.Fatalf("non-blocking: %v, want ErrBufferFull", err)
 	}
-	bl := c.NewProducer(WithBufferBytes(1000))
+	bl := c.NewProducer(WithBufferBytes(1000), WithManualPartitions())
 	fill(bl)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -534,7 +678,7 @@ func TestFetchSkipsAndStampsRecords(t *testing.T) {
 	b := newBroker(t, fakebroker.Topic("t", 1))
 	c := dial(t, b)
 	ctx := testCtx(t)
-	p := c.NewProducer(WithLinger(time.Hour))
+	p := c.NewProducer(WithLinger(time.Hour), WithManualPartitions())
 	stamp := time.UnixMilli(1_700_000_000_000)
 	for i := 0; i < 5; i++ {
 		m := &Message{Topic: "t", Partition: 0, Key: []byte("k"), Value: []byte(strconv.Itoa(i)),
@@ -585,7 +729,7 @@ func TestFetchLongPollWakesOnProduce(t *testing.T) {
 	}()
 	waitFor(t, 5*time.Second, "fetch in flight", func() bool { return b.MaxInFlightSeen() >= 1 })
 	start := time.Now()
-	if _, err := c.NewProducer().Send(ctx, &Message{Topic: "t", Partition: 0, Value: []byte("x")}); err != nil {
+	if _, err := c.NewProducer(WithManualPartitions()).Send(ctx, &Message{Topic: "t", Partition: 0, Value: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
 	res := <-resc
@@ -598,7 +742,7 @@ func TestConsumers(t *testing.T) {
 	b := newBroker(t, fakebroker.Topic("t", 3))
 	c := dial(t, b)
 	ctx := testCtx(t)
-	p := c.NewProducer()
+	p := c.NewProducer(WithManualPartitions())
 	send := func(from, to int) {
 		for i := from; i < to; i++ {
 			p.SendAsync(ctx, &Message{Topic: "t", Partition: int32(i % 3), Value: []byte(strconv.Itoa(i))}, nil)

@@ -39,7 +39,7 @@ func randString(r *rand.Rand) string {
 // randMessage returns a message exercising every field: empty and nil byte
 // slices, duplicate and empty headers and tags, zero and set timestamps.
 func randMessage(r *rand.Rand) *Message {
-	m := &Message{Topic: "t", Partition: -1, Key: randBytes(r, 20), Value: randBytes(r, 300)}
+	m := &Message{Topic: "t", Key: randBytes(r, 20), Value: randBytes(r, 300)}
 	for range r.IntN(4) {
 		h := Header{Key: randString(r), Value: randBytes(r, 10)}
 		m.Headers = append(m.Headers, h)

@@ -30,7 +30,7 @@ func ExampleWithAcks() {
 	defer c.Close()
 	p := c.NewProducer(client.WithAcks(client.AcksLeader))
 	defer p.Close(ctx)
-	r, err := p.Send(ctx, &client.Message{Topic: "orders", Partition: 0, Value: []byte("order 1")})
+	r, err := p.Send(ctx, &client.Message{Topic: "orders", Value: []byte("order 1")})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -31,6 +31,10 @@ var (
 	// ErrRecordTooLarge means a single record does not fit the producer's
 	// batch size or the connection's negotiated frame size.
 	ErrRecordTooLarge = errors.New("herald: record too large")
+	// ErrInvalidPartition fails a message whose Partition is negative,
+	// sent by a producer with WithManualPartitions (without it Partition is
+	// ignored). Nothing is sent. Not retryable.
+	ErrInvalidPartition = errors.New("herald: invalid partition")
 	// ErrProtocol means the broker sent something this client cannot
 	// understand (an unexpected response body, an undecodable batch).
 	ErrProtocol = errors.New("herald: protocol violation")

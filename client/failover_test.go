@@ -23,7 +23,7 @@ func twoNodes(t *testing.T, leader1, leader2 uint32, opts ...Option) (n1, n2 *fa
 		v string
 	}{{n1, "value1"}, {n2, "value2"}} {
 		one := dial(t, x.b)
-		if _, err := one.NewProducer().Send(testCtx(t), &Message{Topic: "t", Partition: 0, Value: []byte(x.v)}); err != nil {
+		if _, err := one.NewProducer(WithManualPartitions()).Send(testCtx(t), &Message{Topic: "t", Partition: 0, Value: []byte(x.v)}); err != nil {
 			t.Fatal(err)
 		}
 		one.Close()

@@ -52,7 +52,7 @@ func TestIdempotentRetryOfLostResponse(t *testing.T) {
 		}
 		return fakebroker.Action{}
 	})
-	p := c.NewProducer(WithBatchBytes(100), WithLinger(0), WithRetryBackoff(time.Millisecond, time.Millisecond))
+	p := c.NewProducer(WithBatchBytes(100), WithLinger(0), WithRetryBackoff(time.Millisecond, time.Millisecond), WithManualPartitions())
 	ctx := testCtx(t)
 	const total = 200
 	var mu sync.Mutex
@@ -100,7 +100,7 @@ func TestIdempotentSpreadsUnkeyedRecords(t *testing.T) {
 	p := c.NewProducer(WithBatchBytes(64), WithLinger(time.Millisecond))
 	ctx := testCtx(t)
 	for i := 0; i < 400; i++ {
-		p.SendAsync(ctx, &Message{Topic: "t", Partition: -1, Value: []byte(fmt.Sprintf("%04d", i))}, func(_ Result, err error) {
+		p.SendAsync(ctx, &Message{Topic: "t", Value: []byte(fmt.Sprintf("%04d", i))}, func(_ Result, err error) {
 			if err != nil {
 				t.Error(err)
 			}
@@ -135,7 +135,7 @@ func TestIdempotentOutOfOrderFailsTyped(t *testing.T) {
 		}
 		return fakebroker.Action{}
 	})
-	p := c.NewProducer(WithRetryBackoff(time.Millisecond, time.Millisecond))
+	p := c.NewProducer(WithRetryBackoff(time.Millisecond, time.Millisecond), WithManualPartitions())
 	ctx := testCtx(t)
 	if _, err := p.Send(ctx, &Message{Topic: "t", Partition: 0, Value: []byte("a")}); err != nil {
 		t.Fatal(err)
@@ -169,7 +169,7 @@ func TestIdempotentPipelinedRetriesKeepOrder(t *testing.T) {
 		}
 		return fakebroker.Action{}
 	})
-	p := c.NewProducer(WithPartitionInFlight(10), WithBatchBytes(60), WithLinger(0), WithRetryBackoff(time.Millisecond, 2*time.Millisecond))
+	p := c.NewProducer(WithPartitionInFlight(10), WithBatchBytes(60), WithLinger(0), WithRetryBackoff(time.Millisecond, 2*time.Millisecond), WithManualPartitions())
 	ctx := testCtx(t)
 	const total = 400
 	for i := 0; i < total; i++ {
@@ -198,19 +198,20 @@ func TestIdempotentPipelinedRetriesKeepOrder(t *testing.T) {
 }
 
 // WithIdempotence(false) sends no producer id, and leaves the partition of
-// records without key to the broker.
+// records without key to the broker; with WithManualPartitions too, the
+// record goes to its partition, still without producer id.
 func TestIdempotenceOff(t *testing.T) {
 	b := newBroker(t, fakebroker.Topic("t", 3))
 	c := dial(t, b)
-	p := c.NewProducer(WithIdempotence(false))
 	ctx := testCtx(t)
-	for _, m := range []*Message{{Topic: "t", Partition: -1, Value: []byte("x")}, {Topic: "t", Partition: 2, Value: []byte("y")}} {
-		if _, err := p.Send(ctx, m); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := c.NewProducer(WithIdempotence(false)).Send(ctx, &Message{Topic: "t", Value: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.NewProducer(WithIdempotence(false), WithManualPartitions()).Send(ctx, &Message{Topic: "t", Partition: 2, Value: []byte("y")}); err != nil {
+		t.Fatal(err)
 	}
 	prs := b.Produced()
-	if len(prs) != 2 || prs[0].Explicit || prs[0].ProducerID != 0 || prs[1].ProducerID != 0 {
+	if len(prs) != 2 || prs[0].Explicit || prs[0].ProducerID != 0 || !prs[1].Explicit || prs[1].Partition != 2 || prs[1].ProducerID != 0 {
 		t.Fatalf("batches %+v; want no producer id, and no partition for the record without key", prs)
 	}
 }

@@ -28,10 +28,17 @@ type Header struct {
 // slices are capped, so appending to one never overwrites another.
 type Message struct {
 	Topic string
-	// Partition to produce to; -1 means any: the producer picks
-	// PartitionForKey(Key, partitions) for a keyed message and lets the
-	// broker round-robin an unkeyed one. Set on consumed messages and, by
-	// Send, to the partition the message was written to.
+	// Partition is where a consumed message was read from and, after a
+	// successful Send, where the message was written.
+	//
+	// On produce it is ignored unless the producer has
+	// WithManualPartitions: by default the producer picks the partition,
+	// PartitionForKey(Key, partitions) for a keyed message and, for one
+	// without a key, round-robin a batch at a time (the broker's round
+	// robin without idempotence). So the zero value means any partition;
+	// Partition: -1 is no longer needed. With WithManualPartitions the
+	// message goes to Partition exactly, key or not, and a negative
+	// Partition fails with ErrInvalidPartition.
 	Partition int32
 	Key       []byte
 	Value     []byte

@@ -130,8 +130,9 @@ const (
 	// a new leader is usually elected within about a second, and waiting
 	// the full exponential backoff would add up to a second more.
 	failoverBackoff = 50 * time.Millisecond
-	// DefaultMaxInFlightUnpartitioned is how many batches without an
-	// explicit partition (no key, Partition -1) may be in flight per topic.
+	// DefaultMaxInFlightUnpartitioned is how many batches without a
+	// partition (no key, and no WithManualPartitions) may be in flight per
+	// topic when the broker chooses their partition.
 	DefaultMaxInFlightUnpartitioned = 4
 )
 
@@ -147,6 +148,9 @@ type producerConfig struct {
 	backoffMax  time.Duration
 	failover    time.Duration
 	anyInFlight int
+	// manual: Message.Partition is honoured (WithManualPartitions);
+	// otherwise the producer ignores it and picks the partition itself.
+	manual bool
 	// partInFlight is the batches in flight per partition (1 keeps order
 	// across retries).
 	partInFlight int
@@ -172,12 +176,12 @@ func defaultProducerConfig() producerConfig {
 // Kafka since 3.0) or off. The producer then has a random 64-bit producer
 // id and numbers the records it sends to each partition; the partition's
 // leader writes each batch once, so a retry after a lost response, a
-// timeout or a leader change never stores a record twice. Records with
-// neither key nor partition get their partition from the producer (a batch
-// at a time, round-robin over the topic's partitions, from metadata)
-// instead of the broker, and at most 5 batches per partition are in flight
-// (WithPartitionInFlight above 5 counts as 5). Delayed messages (DeliverAt,
-// Delay) are not idempotent.
+// timeout or a leader change never stores a record twice. Records without
+// a key (and without WithManualPartitions) get their partition from the
+// producer (a batch at a time, round-robin over the topic's partitions,
+// from metadata) instead of the broker, and at most 5 batches per
+// partition are in flight (WithPartitionInFlight above 5 counts as 5).
+// Delayed messages (DeliverAt, Delay) are not idempotent.
 //
 // A batch the broker refuses with OUT_OF_ORDER_SEQUENCE fails its records
 // with that *Error (not retryable). After a batch fails for good (an
@@ -186,6 +190,24 @@ func defaultProducerConfig() producerConfig {
 // Off, a retried batch may be written twice (at least once).
 func WithIdempotence(on bool) ProducerOpt {
 	return producerOpt(func(c *producerConfig) { c.idempotent = on })
+}
+
+// WithManualPartitions makes Send and SendAsync write each message to
+// Message.Partition exactly, whether or not it has a key, as Kafka clients'
+// manual partitioners do. A negative Partition then fails the message with
+// ErrInvalidPartition (the producer sends nothing), and one the topic does
+// not have fails with the broker's PARTITION_NOT_FOUND *Error.
+//
+// Without it (the default) the producer ignores Message.Partition and picks
+// the partition itself: PartitionForKey(Key, partitions) for a keyed
+// message, and for one without a key, round-robin a batch at a time with
+// idempotence (WithIdempotence), else the broker's round robin. So the
+// zero Message goes to any partition:
+//
+//	p := c.NewProducer(client.WithManualPartitions())
+//	r, err := p.Send(ctx, &client.Message{Topic: "orders", Partition: 2, Value: v})
+func WithManualPartitions() ProducerOpt {
+	return producerOpt(func(c *producerConfig) { c.manual = true })
 }
 
 // WithAcks sets when the broker acknowledges a batch: AcksAll (default,
@@ -272,11 +294,11 @@ func WithRetryBackoff(min, max time.Duration) ProducerOpt {
 	})
 }
 
-// WithUnpartitionedInFlight sets how many batches of records with no key and
-// no partition may be in flight per topic at once (default 4) when the
-// broker chooses their partition: without idempotence, and for delayed
-// messages. Such records have no order to keep, as the broker spreads them
-// round-robin.
+// WithUnpartitionedInFlight sets how many batches of records with no key
+// (and no WithManualPartitions) may be in flight per topic at once
+// (default 4) when the broker chooses their partition: without
+// idempotence, and for delayed messages. Such records have no order to
+// keep, as the broker spreads them round-robin.
 func WithUnpartitionedInFlight(n int) ProducerOpt {
 	return producerOpt(func(c *producerConfig) {
 		if n > 0 {

@@ -22,15 +22,21 @@ import (
 // Batching: a batch is sent when it reaches WithBatchBytes, when its linger
 // (WithLinger) has passed, on Flush, or at once for a synchronous Send.
 //
-// Ordering: messages to one explicit partition (Partition >= 0, or a key)
-// are written in the order SendAsync accepted them, also across retries,
-// because each partition has at most one batch in flight (by default); the
-// next batch waits until the previous one succeeded or finally failed.
-// Messages with neither key nor partition go, with idempotence, to a
-// partition the producer picks round-robin (a batch per partition in turn);
-// without it, to the broker without a partition (it picks one round-robin),
-// up to WithUnpartitionedInFlight such batches per topic in flight, in no
-// particular order.
+// Partitioning: by default the producer picks each message's partition
+// and ignores Message.Partition: a keyed message goes to
+// PartitionForKey(Key, partitions). A message without a key goes, with
+// idempotence, to a partition the producer picks round-robin (a batch per
+// partition in turn); without it, to the broker without a partition (it
+// picks one round-robin). With WithManualPartitions every message goes to
+// its Message.Partition.
+//
+// Ordering: messages to one partition (one key, or one Partition with
+// WithManualPartitions) are written in the order SendAsync accepted them,
+// also across retries, because each partition has at most one batch in
+// flight (by default); the next batch waits until the previous one
+// succeeded or finally failed. Messages the broker spreads (no key, no
+// idempotence) go up to WithUnpartitionedInFlight batches per topic in
+// flight, in no particular order.
 //
 // Delivery: the producer is idempotent by default (WithIdempotence): each
 // batch carries the producer's id and the sequence of its first record in
@@ -52,7 +58,7 @@ type Producer struct {
 	mu       sync.Mutex
 	batchers map[batchKey]*batcher
 	seqs     map[batchKey]*seqState // idempotence: per partition, kept while the producer lives
-	sticky   map[string]*sticky     // idempotence: partition of records with neither key nor partition, per topic
+	sticky   map[string]*sticky     // idempotence: partition of records without key, per topic
 	buffered int64                  // estimated bytes of accepted, unfinished records
 	records  int                    // accepted, unfinished records
 	freed    chan struct{}          // closed (and replaced) whenever records finish
@@ -99,8 +105,8 @@ type seqState struct {
 	inflight []int64 // base sequences of pid's batches sent and not finished, ascending
 }
 
-// sticky is the partition records with neither key nor partition go to, an
-// open batch at a time. Guarded by Producer.mu.
+// sticky is the partition records without key (and without manual
+// partitions) go to, an open batch at a time. Guarded by Producer.mu.
 type sticky struct {
 	part int32
 	cur  *batch // the open batch they went into last
@@ -214,11 +220,12 @@ func (p *Producer) Send(ctx context.Context, m *Message) (Result, error) {
 //
 // SendAsync blocks while the producer's buffer is full, until space frees
 // up or ctx ends (then cb gets ctx.Err()); with WithNonBlocking it fails
-// with ErrBufferFull instead. A message with Partition -1 may also wait on
-// ctx for the topic's metadata (one with a key, or any not delayed with
-// idempotence). Once buffered, m is no longer tied
-// to ctx: it is delivered or fails after the producer's retries. The
-// producer does not modify m; do not modify m until cb runs.
+// with ErrBufferFull instead. Without WithManualPartitions a message may
+// also wait on ctx for the topic's metadata (one with a key, or any not
+// delayed with idempotence). With WithManualPartitions a negative
+// Partition fails at once with ErrInvalidPartition. Once buffered, m is no
+// longer tied to ctx: it is delivered or fails after the producer's
+// retries. The producer does not modify m; do not modify m until cb runs.
 func (p *Producer) SendAsync(ctx context.Context, m *Message, cb func(Result, error)) {
 	if cb == nil {
 		cb = func(Result, error) {}
@@ -232,10 +239,16 @@ func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error),
 		return
 	}
 	delayed := !m.DeliverAt.IsZero() || m.Delay != 0
-	part := m.Partition
+	part := int32(-1) // any: picked below, or by the broker
+	if p.cfg.manual {
+		if m.Partition < 0 {
+			cb(Result{}, fmt.Errorf("%w %d: with WithManualPartitions, Partition must be 0 or more", ErrInvalidPartition, m.Partition))
+			return
+		}
+		part = m.Partition
+	}
 	nparts := 0 // partitions to spread records without key over (idempotence)
 	if part < 0 {
-		part = -1
 		if len(m.Key) > 0 || p.cfg.idempotent && !delayed {
 			n, err := p.c.Partitions(ctx, m.Topic)
 			if err != nil {
@@ -346,10 +359,11 @@ func (p *Producer) idempotent(key batchKey) bool {
 }
 
 // stickyLocked returns the partition state for the next record of topic
-// with neither key nor partition, of about size bytes: the partition of the
-// open batch the previous such record joined, or the next partition once
-// that batch was sealed or would overflow with this record (it is sealed
-// then). The first partition is random, so that producers spread.
+// without key (and without manual partitions), of about size bytes: the
+// partition of the open batch the previous such record joined, or the
+// next partition once that batch was sealed or would overflow with this
+// record (it is sealed then). The first partition is random, so that
+// producers spread.
 func (p *Producer) stickyLocked(topic string, n int, size int64) *sticky {
 	st := p.sticky[topic]
 	if st == nil {

@@ -94,7 +94,7 @@ func pushAndRequest(ctx context.Context, addr string) error {
 	}
 	p := c.NewProducer()
 	for i := 0; i < n; i++ {
-		p.SendAsync(ctx, &client.Message{Topic: "invoices", Partition: -1, Value: []byte(fmt.Sprintf("inv-%d", i))}, nil)
+		p.SendAsync(ctx, &client.Message{Topic: "invoices", Value: []byte(fmt.Sprintf("inv-%d", i))}, nil)
 	}
 	if err := p.Close(ctx); err != nil {
 		return err

@@ -25,7 +25,7 @@ func produceN(t *testing.T, c *Client, topic string, n, keys int) {
 	defer p.Close(context.Background())
 	ctx := testCtx(t)
 	for i := 0; i < n; i++ {
-		m := &Message{Topic: topic, Partition: -1, Value: []byte(fmt.Sprintf("v%d", i))}
+		m := &Message{Topic: topic, Value: []byte(fmt.Sprintf("v%d", i))}
 		if keys > 0 {
 			m.Key = []byte(fmt.Sprintf("k%d", i%keys))
 		}

@@ -75,7 +75,7 @@ func TestOverloadThrottlesFairly(t *testing.T) {
 			defer sdkWG.Done()
 			end := time.Now().Add(runFor)
 			for time.Now().Before(end) {
-				p.SendAsync(context.Background(), &client.Message{Topic: "heavy", Partition: -1, Value: value}, func(_ client.Result, err error) {
+				p.SendAsync(context.Background(), &client.Message{Topic: "heavy", Value: value}, func(_ client.Result, err error) {
 					sdkMu.Lock()
 					defer sdkMu.Unlock()
 					if err != nil {

@@ -42,7 +42,7 @@ func loadUntilKilled(t *testing.T, n *proc, topic string, round, minAcked int) m
 			p := c.NewProducer(client.WithLinger(time.Millisecond), client.WithMaxRetries(0))
 			for i := 0; ctx.Err() == nil; i++ {
 				v := fmt.Sprintf("w%d-r%03d-%08d", w, round, i)
-				p.SendAsync(ctx, &client.Message{Topic: topic, Partition: -1, Key: []byte(fmt.Sprintf("w%d", w)), Value: []byte(v)},
+				p.SendAsync(ctx, &client.Message{Topic: topic, Key: []byte(fmt.Sprintf("w%d", w)), Value: []byte(v)},
 					func(r client.Result, err error) {
 						if err == nil {
 							mu.Lock()
@@ -148,7 +148,7 @@ func TestTornTailRecovery(t *testing.T) {
 		if _, err := c.CreateTopic(ctx, "torn", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
 			t.Fatal(err)
 		}
-		p := c.NewProducer()
+		p := c.NewProducer(client.WithManualPartitions())
 		acked := map[string]ackedRecord{}
 		for i := 0; i < 100; i++ {
 			v := fmt.Sprintf("w0-%08d", i)
@@ -174,7 +174,7 @@ func TestTornTailRecovery(t *testing.T) {
 		n.Start(t)
 		c = dial(t, n)
 		verifyAcked(t, c, "torn", 1, acked)
-		r, err := c.NewProducer().Send(ctx, &client.Message{Topic: "torn", Partition: 0, Value: []byte("w0-99999999")})
+		r, err := c.NewProducer(client.WithManualPartitions()).Send(ctx, &client.Message{Topic: "torn", Partition: 0, Value: []byte("w0-99999999")})
 		if err != nil {
 			t.Fatalf("produce after torn-tail recovery: %v", err)
 		}

@@ -53,7 +53,7 @@ func flipByte(t testing.TB, path string, at float64) {
 func produceNumbered(t *testing.T, c *client.Client, topic string, from, count, size int) map[int64]string {
 	t.Helper()
 	ctx := ctxT(t, 60*time.Second)
-	p := c.NewProducer()
+	p := c.NewProducer(client.WithManualPartitions())
 	out := map[int64]string{}
 	for i := from; i < from+count; i++ {
 		v := fmt.Sprintf("v-%06d-%s", i, strings.Repeat("x", size))
@@ -111,7 +111,7 @@ func TestFlippedByteKeepsEveryRecordBeforeIt(t *testing.T) {
 		}
 	}
 	// Writes are refused with the loss named.
-	_, err := c.NewProducer().Send(ctx, &client.Message{Topic: "t", Partition: 0, Value: []byte("new")})
+	_, err := c.NewProducer(client.WithManualPartitions()).Send(ctx, &client.Message{Topic: "t", Partition: 0, Value: []byte("new")})
 	he := damagedErr(t, err)
 	if he.LostFrom != int64(len(kept)) || he.LostTo != 1000 {
 		t.Fatalf("lost [%d, %d), want [%d, 1000): %v", he.LostFrom, he.LostTo, len(kept), he)
@@ -154,7 +154,7 @@ func TestFlippedByteKeepsEveryRecordBeforeIt(t *testing.T) {
 	n.Stop(t)
 	n.Start(t)
 	c = dial(t, n)
-	r, err := c.NewProducer().Send(ctx, &client.Message{Topic: "t", Partition: 0, Value: []byte("after restart")})
+	r, err := c.NewProducer(client.WithManualPartitions()).Send(ctx, &client.Message{Topic: "t", Partition: 0, Value: []byte("after restart")})
 	if err != nil || r.Offset != 1005 {
 		t.Fatalf("produce after restart: %v %v, want offset 1005", r, err)
 	}
@@ -189,7 +189,7 @@ func TestLiveReadFindsCorruption(t *testing.T) {
 				return fmt.Errorf("fetch: %v", err) // the read found it; the reopen follows
 			}
 		}
-		_, err := c.NewProducer().Send(ctx, &client.Message{Topic: "live", Partition: 0, Value: []byte("x")})
+		_, err := c.NewProducer(client.WithManualPartitions()).Send(ctx, &client.Message{Topic: "live", Partition: 0, Value: []byte("x")})
 		var he *client.Error
 		if errors.As(err, &he) && he.Code == heraldpb.ErrorCode_PARTITION_DAMAGED {
 			return nil
@@ -241,7 +241,7 @@ func TestDamagedFollowerRebuildsFromLeader(t *testing.T) {
 	t.Logf("node %d (follower) restarted with a damaged log; node %d (leader) killed", follower, leader)
 	checkFor(t, 60*time.Second, "writes to resume without the old leader", func() error {
 		ctx := ctxT(t, 5*time.Second)
-		r, err := c.NewProducer().Send(ctx, &client.Message{Topic: "dmg", Partition: 0, Value: []byte("v-resume")})
+		r, err := c.NewProducer(client.WithManualPartitions()).Send(ctx, &client.Message{Topic: "dmg", Partition: 0, Value: []byte("v-resume")})
 		if err != nil {
 			return err
 		}
@@ -313,7 +313,7 @@ func TestEveryReplicaDamaged(t *testing.T) {
 	}
 	defer c.Close()
 	checkFor(t, 60*time.Second, "produce to be refused with PARTITION_DAMAGED", func() error {
-		_, err := c.NewProducer().Send(ctxT(t, 10*time.Second), &client.Message{Topic: "alld", Partition: 0, Value: []byte("x")})
+		_, err := c.NewProducer(client.WithManualPartitions()).Send(ctxT(t, 10*time.Second), &client.Message{Topic: "alld", Partition: 0, Value: []byte("x")})
 		var he *client.Error
 		if errors.As(err, &he) && he.Code == heraldpb.ErrorCode_PARTITION_DAMAGED {
 			return nil
@@ -345,7 +345,7 @@ func TestEveryReplicaDamaged(t *testing.T) {
 	}
 	var first int64 = -1
 	checkFor(t, 60*time.Second, "writes after the repair", func() error {
-		r, err := c.NewProducer().Send(ctxT(t, 10*time.Second), &client.Message{Topic: "alld", Partition: 0, Value: []byte("v-after")})
+		r, err := c.NewProducer(client.WithManualPartitions()).Send(ctxT(t, 10*time.Second), &client.Message{Topic: "alld", Partition: 0, Value: []byte("v-after")})
 		if err != nil {
 			return err
 		}

@@ -39,7 +39,7 @@ func mountTmpfs(t *testing.T, size string) string {
 // acknowledged record intact.
 func TestDiskFull(t *testing.T) {
 	filler, c, ctx := fullDiskBroker(t, 120*time.Second)
-	p := c.NewProducer(client.WithMaxRetries(0))
+	p := c.NewProducer(client.WithMaxRetries(0), client.WithManualPartitions())
 	acked := map[string]ackedRecord{}
 	val := strings.Repeat("z", 60<<10)
 	var storageErr *client.Error
@@ -117,7 +117,7 @@ func TestDiskFullOutcomeUnknown(t *testing.T) {
 	for w := 0; w < writers; w++ {
 		// Half the writers idempotent (the default), half not; each keeps
 		// up to 32 records in flight (SendAsync), batched.
-		p := c.NewProducer(client.WithMaxRetries(0), client.WithIdempotence(w%2 == 0), client.WithLinger(time.Millisecond))
+		p := c.NewProducer(client.WithMaxRetries(0), client.WithIdempotence(w%2 == 0), client.WithLinger(time.Millisecond), client.WithManualPartitions())
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -163,7 +163,7 @@ func TestDiskFullOutcomeUnknown(t *testing.T) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	p := c.NewProducer()
+	p := c.NewProducer(client.WithManualPartitions())
 	checkFor(t, 60*time.Second, "produce to succeed after freeing space", func() error {
 		r, err := p.Send(ctx, &client.Message{Topic: "full", Partition: 0, Value: []byte("after-00000000")})
 		if err == nil {

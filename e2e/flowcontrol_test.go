@@ -65,7 +65,7 @@ func watchRSS(t testing.TB, pid int, stop <-chan struct{}) func() int64 {
 // and returns its worst latency and its failures.
 func steadyProducer(t testing.TB, n node, topic string, stop <-chan struct{}) func() (time.Duration, int, []error) {
 	c := dial(t, n)
-	p := c.NewProducer()
+	p := c.NewProducer(client.WithManualPartitions())
 	var (
 		mu    sync.Mutex
 		worst time.Duration
@@ -126,7 +126,7 @@ func TestNeverReadingClients(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p := c.NewProducer()
+	p := c.NewProducer(client.WithManualPartitions())
 	val := bytes.Repeat([]byte("x"), 250<<10)
 	for i := 0; i < 80; i++ { // 20 MB
 		if _, err := p.Send(ctx, &client.Message{Topic: "big", Partition: 0, Value: val}); err != nil {

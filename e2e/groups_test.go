@@ -37,7 +37,7 @@ func produceErr(c *client.Client, topic, prefix string, n, keys int) error {
 	p := c.NewProducer(client.WithLinger(time.Millisecond))
 	var failed atomic.Int64
 	for i := 0; i < n; i++ {
-		p.SendAsync(ctx, &client.Message{Topic: topic, Partition: -1, Key: []byte(fmt.Sprintf("k%d", i%keys)), Value: []byte(fmt.Sprintf("%s-%06d", prefix, i))},
+		p.SendAsync(ctx, &client.Message{Topic: topic, Key: []byte(fmt.Sprintf("k%d", i%keys)), Value: []byte(fmt.Sprintf("%s-%06d", prefix, i))},
 			func(_ client.Result, err error) {
 				if err != nil {
 					failed.Add(1)

@@ -151,7 +151,7 @@ func produceThrough(t *testing.T, addr, topic, tag string, total int, opts ...cl
 	var failed []error
 	for i := 0; i < total; i++ {
 		v := fmt.Sprintf("%s-%06d", tag, i)
-		m := &client.Message{Topic: topic, Partition: -1, Value: []byte(v)}
+		m := &client.Message{Topic: topic, Value: []byte(v)}
 		if i%2 == 0 {
 			m.Key = []byte(fmt.Sprintf("k%d", i%10))
 		}
@@ -285,7 +285,7 @@ func TestIdempotentKillMidLoad(t *testing.T) {
 				mu.Lock()
 				sent++
 				mu.Unlock()
-				p.SendAsync(ctx, &client.Message{Topic: "crash", Partition: -1, Key: []byte(fmt.Sprintf("w%d", w)), Value: []byte(v)},
+				p.SendAsync(ctx, &client.Message{Topic: "crash", Key: []byte(fmt.Sprintf("w%d", w)), Value: []byte(v)},
 					func(r client.Result, err error) {
 						mu.Lock()
 						defer mu.Unlock()
@@ -362,7 +362,7 @@ func TestIdempotentPipelinedBatchesArriveInOrder(t *testing.T) {
 	n := startProc(t, t.TempDir())
 	c := dial(t, n)
 	createTopic(t, c, "pipelined", 2)
-	p := c.NewProducer(client.WithPartitionInFlight(5), client.WithBatchBytes(1000), client.WithLinger(0))
+	p := c.NewProducer(client.WithPartitionInFlight(5), client.WithBatchBytes(1000), client.WithLinger(0), client.WithManualPartitions())
 	for i := 0; i < 20000; i++ {
 		p.SendAsync(ctxT(t, 30*time.Second), &client.Message{Topic: "pipelined", Partition: int32(i % 2), Value: []byte(fmt.Sprintf("%06d", i))}, func(_ client.Result, err error) {
 			if err != nil {

@@ -130,7 +130,7 @@ func TestChaosNetworkPartition(t *testing.T) {
 	}
 	acked := map[string]int64{}
 	produce := func(c *client.Client, prefix string, n int, opts ...client.ProducerOpt) (ok, failed int) {
-		p := c.NewProducer(opts...)
+		p := c.NewProducer(append(opts, client.WithManualPartitions())...)
 		for i := 0; i < n; i++ {
 			id := fmt.Sprintf("%s-%04d", prefix, i)
 			r, err := p.Send(ctxT(t, 30*time.Second), &client.Message{Topic: "t", Partition: 0, Value: []byte(id)})

@@ -110,7 +110,7 @@ func TestRestartUnderLoadReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer only.Close()
-	prod := only.NewProducer()
+	prod := only.NewProducer(client.WithManualPartitions())
 	ctx := ctxT(t, 60*time.Second)
 	if _, err := only.DescribeTopic(ctx, "orders"); err != nil {
 		t.Fatalf("describe on the restarted node: %v", err)

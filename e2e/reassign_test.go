@@ -403,7 +403,7 @@ func TestGroupReadsPartitionsHeldElsewhere(t *testing.T) {
 	}
 	produce := func(prefix string, n int) {
 		t.Helper()
-		p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL))
+		p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithManualPartitions())
 		for i := 0; i < n; i++ {
 			if _, err := p.Send(ctxT(t, 10*time.Second), &client.Message{Topic: "spread", Partition: int32(i % 3), Value: fmt.Appendf(nil, "%s-%03d", prefix, i)}); err != nil {
 				t.Fatal(err)
@@ -553,7 +553,7 @@ func TestDelayedMessagesSurviveSchedulerFailover(t *testing.T) {
 		m.Ack()
 	})
 	const n, delay = 60, 4 * time.Second
-	p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL))
+	p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithManualPartitions())
 	sent := time.Now()
 	for i := 0; i < n; i++ {
 		if _, err := p.Send(ctxT(t, 10*time.Second), &client.Message{Topic: "orders", Partition: int32(i % 3), Value: fmt.Appendf(nil, "d-%03d", i), Delay: delay}); err != nil {
@@ -655,7 +655,7 @@ func TestSingleNodeRestartsAsCluster(t *testing.T) {
 			m.Ack()
 		})
 	}
-	p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL))
+	p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithManualPartitions())
 	if _, err := p.Send(ctxT(t, 10*time.Second), &client.Message{Topic: "after", Partition: 0, Value: []byte("delayed"), Delay: 500 * time.Millisecond}); err != nil {
 		t.Fatalf("delayed produce: %v", err)
 	}

@@ -171,7 +171,7 @@ func startLoad(t *testing.T, addrs, topic string, producers, partitions int, eve
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithLinger(time.Millisecond), client.WithMaxRetries(30))
+		p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithLinger(time.Millisecond), client.WithMaxRetries(30), client.WithManualPartitions())
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
@@ -471,7 +471,7 @@ func TestReplicaCatchesUpFromSnapshot(t *testing.T) {
 	if _, err := c.CreateTopic(ctxT(t, 15*time.Second), "logs", &heraldpb.TopicConfig{Partitions: 1, ReplicationFactor: 3, RetentionBytes: 256 << 10}); err != nil {
 		t.Fatal(err)
 	}
-	p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL))
+	p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithManualPartitions())
 	produce := func(from, n int) {
 		t.Helper()
 		for i := from; i < from+n; i++ {

@@ -62,7 +62,7 @@ func TestRetryAcrossSIGKILL(t *testing.T) {
 	if !client.IsCode(err, heraldpb.ErrorCode_INVALID_REQUEST) {
 		t.Fatalf("a bad retry policy: %v, want INVALID_REQUEST", err)
 	}
-	if _, err := c.NewProducer().Send(ctxT(t, 10*time.Second), &client.Message{Topic: "invoices", Partition: -1, Key: []byte("k"), Value: []byte("inv-1")}); err != nil {
+	if _, err := c.NewProducer().Send(ctxT(t, 10*time.Second), &client.Message{Topic: "invoices", Key: []byte("k"), Value: []byte("inv-1")}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -74,7 +74,7 @@ func TestRoundTripKeyOrder(t *testing.T) {
 		for i := 0; i < perKey; i++ {
 			for k := 0; k < keys; k++ {
 				v := fmt.Sprintf("k%d-%04d", k, i)
-				p.SendAsync(ctx, &client.Message{Topic: "orders", Partition: -1, Key: []byte(fmt.Sprintf("k%d", k)), Value: []byte(v)},
+				p.SendAsync(ctx, &client.Message{Topic: "orders", Key: []byte(fmt.Sprintf("k%d", k)), Value: []byte(v)},
 					func(r client.Result, err error) {
 						mu.Lock()
 						defer mu.Unlock()
@@ -130,7 +130,7 @@ func TestRestartKeepsData(t *testing.T) {
 		if _, err := c.CreateTopic(ctx, "r", &heraldpb.TopicConfig{Partitions: 2}); err != nil {
 			t.Fatal(err)
 		}
-		p := c.NewProducer()
+		p := c.NewProducer(client.WithManualPartitions())
 		for i := 0; i < 50; i++ {
 			if _, err := p.Send(ctx, &client.Message{Topic: "r", Partition: int32(i % 2), Value: []byte(fmt.Sprint(i))}); err != nil {
 				t.Fatal(err)
@@ -152,7 +152,7 @@ func TestRestartKeepsData(t *testing.T) {
 				}
 			}
 		}
-		r, err := c.NewProducer().Send(ctx, &client.Message{Topic: "r", Partition: 0, Value: []byte("after")})
+		r, err := c.NewProducer(client.WithManualPartitions()).Send(ctx, &client.Message{Topic: "r", Partition: 0, Value: []byte("after")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -225,7 +225,7 @@ func TestRetention(t *testing.T) {
 		if _, err := c.CreateTopic(ctx, "ret", &heraldpb.TopicConfig{Partitions: 1, RetentionBytes: 256 << 10}); err != nil {
 			t.Fatal(err)
 		}
-		p := c.NewProducer()
+		p := c.NewProducer(client.WithManualPartitions())
 		val := strings.Repeat("x", 1000)
 		for i := 0; i < 1000; i++ {
 			p.SendAsync(ctx, &client.Message{Topic: "ret", Partition: 0, Value: []byte(fmt.Sprintf("%06d%s", i, val))}, nil)
@@ -283,7 +283,7 @@ func TestThrottledUnderOverload(t *testing.T) {
 				defer wg.Done()
 				pc := dial(t, n)
 				// Linger 0 and tiny batches: many small concurrent requests.
-				p := pc.NewProducer(client.WithLinger(0), client.WithBatchBytes(256), client.WithMaxRetries(1000))
+				p := pc.NewProducer(client.WithLinger(0), client.WithBatchBytes(256), client.WithMaxRetries(1000), client.WithManualPartitions())
 				for i := 0; i < each; i++ {
 					p.SendAsync(ctx, &client.Message{Topic: "hot", Partition: 0, Value: []byte(fmt.Sprintf("%d-%d", w, i))}, func(_ client.Result, err error) {
 						if err != nil {
@@ -438,7 +438,7 @@ func TestBadFrames(t *testing.T) {
 		rc.write([]byte{0, 0, 0, 100, 1, 2, 3})
 		rc.c.Close()
 		// The healthy connection carries on.
-		if _, err := good.NewProducer().Send(ctx, &client.Message{Topic: "ok", Partition: 0, Value: []byte("still here")}); err != nil {
+		if _, err := good.NewProducer(client.WithManualPartitions()).Send(ctx, &client.Message{Topic: "ok", Partition: 0, Value: []byte("still here")}); err != nil {
 			t.Fatalf("healthy connection broken by another's bad frames: %v", err)
 		}
 		// An invalid batch inside a valid frame is a request error, not a

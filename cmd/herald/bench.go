@@ -1008,7 +1008,8 @@ func (bp *benchPush) stop() {
 // the rate, open loop: each record is stamped with its intended send time.
 func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfig, id int, n int64, start time.Time, clock benchClock, stats *benchStats, live *atomic.Pointer[client.Producer]) error {
 	p := c.NewProducer(client.WithAcks(bc.acks), client.WithLinger(bc.linger), client.WithBatchBytes(bc.batchBytes), client.WithBufferBytes(bc.bufferBytes),
-		client.WithUnpartitionedInFlight(bc.inFlight*max(bc.partitions, 1)), client.WithPartitionInFlight(bc.inFlight))
+		client.WithUnpartitionedInFlight(bc.inFlight*max(bc.partitions, 1)), client.WithPartitionInFlight(bc.inFlight),
+		client.WithManualPartitions()) // each producer spreads its records over the partitions itself, below
 	live.Store(p)
 	defer func() {
 		st := p.Stats()

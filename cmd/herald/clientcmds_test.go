@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/heraldmq/herald/client"
 	"github.com/heraldmq/herald/client/fakebroker"
 )
 
@@ -156,6 +158,41 @@ func TestProduceAndConsume(t *testing.T) {
 	}
 	if _, _, err := runCLI(t, ctx, produceCmd, b.Addr(), "x\n", "--topic", "missing"); err == nil || isUsage(err) {
 		t.Errorf("produce to a missing topic: %v", err)
+	}
+}
+
+// TestProducePartitionFlag: --partition N writes every record to N, 0
+// included and whatever the key; without it (or with -1) a keyed record
+// goes to its key's partition.
+func TestProducePartitionFlag(t *testing.T) {
+	b := fakeBroker(t, fakebroker.Topic("t", 3))
+	ctx := ctxT(t)
+	key := "user-1"
+	keyed := client.PartitionForKey([]byte(key), 3)
+	manual := (keyed + 1) % 3
+	for _, c := range []struct {
+		args []string
+		part uint32
+	}{
+		{[]string{"--key", key}, keyed},
+		{[]string{"--key", key, "--partition", "-1"}, keyed},
+		{[]string{"--key", key, "--partition", strconv.Itoa(int(manual))}, manual},
+		{[]string{"--partition", "0"}, 0},
+	} {
+		before := len(b.Records("t", c.part))
+		args := append([]string{"--topic", "t"}, c.args...)
+		if _, stderr, err := runCLI(t, ctx, produceCmd, b.Addr(), "a\nb\n", args...); err != nil || !strings.Contains(stderr, "2 of 2 records acknowledged") {
+			t.Fatalf("produce %v: %q %v", c.args, stderr, err)
+		}
+		if n := len(b.Records("t", c.part)) - before; n != 2 {
+			t.Fatalf("produce %v: partition %d got %d of 2 records", c.args, c.part, n)
+		}
+	}
+	if _, _, err := runCLI(t, ctx, produceCmd, b.Addr(), "a\n", "--topic", "t", "--partition", "-2"); !isUsage(err) {
+		t.Fatalf("--partition -2: %v, want a usage error", err)
+	}
+	if _, _, err := runCLI(t, ctx, produceCmd, b.Addr(), "a\n", "--topic", "t", "--partition", "3"); err == nil || !strings.Contains(err.Error(), "PARTITION_NOT_FOUND") {
+		t.Fatalf("--partition 3 of 3: %v, want PARTITION_NOT_FOUND", err)
 	}
 }
 

@@ -426,17 +426,18 @@ type dlqDest struct {
 }
 
 // redrivePartition is where a redriven record goes. A keyed record goes
-// where its key goes now (-1: the producer picks PartitionForKey over the
-// topic's current partitions), so it stays in order with newer records of
-// its key even if the topic gained partitions; that is its origin partition
-// unless the topic was resized or the original producer chose a partition
-// explicitly. An unkeyed record goes back to its origin partition while the
-// topic has it, else anywhere (-1, the broker round-robins). The second
-// result is the partition for printing ("any" for -1).
+// where its key goes now (PartitionForKey over the topic's current
+// partitions), so it stays in order with newer records of its key even if
+// the topic gained partitions; that is its origin partition unless the
+// topic was resized or the original producer chose a partition explicitly.
+// An unkeyed record goes back to its origin partition while the topic has
+// it, else anywhere (-1: a producer without WithManualPartitions spreads
+// it). The second result is the partition for printing ("any" for -1).
 func redrivePartition(key []byte, o retry.Origin, d dlqDest) (int32, string) {
 	switch {
 	case len(key) > 0:
-		return -1, strconv.Itoa(int(client.PartitionForKey(key, uint32(d.partitions))))
+		part := int32(client.PartitionForKey(key, uint32(d.partitions)))
+		return part, strconv.Itoa(int(part))
 	case int(o.Partition) < d.partitions:
 		return int32(o.Partition), strconv.Itoa(int(o.Partition))
 	}
@@ -473,9 +474,12 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 	for _, r := range ranges {
 		fmt.Fprintf(rep.w, "%s partition %d: offsets %d to %d (%s)\n", rs.topic, r.partition, r.lo, r.hi, plural(r.hi-r.lo, "record"))
 	}
-	var p *client.Producer
+	// manual writes the records redrivePartition names a partition for,
+	// which keeps them in order; anyPart the others, which have none.
+	var manual, anyPart *client.Producer
 	if !dryRun {
-		p = c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL))
+		manual = c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithManualPartitions())
+		anyPart = c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL))
 	}
 	// A record the reader took is finished even when the command is
 	// interrupted: SIGINT stops the reading between records, not the
@@ -531,7 +535,11 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 				return false
 			}
 			back := retry.Redriven(rec)
-			out := &client.Message{Topic: o.Topic, Partition: part, Key: back.GetKey(), Value: back.GetValue(), Tags: back.GetTags()}
+			out := &client.Message{Topic: o.Topic, Key: back.GetKey(), Value: back.GetValue(), Tags: back.GetTags()}
+			p := anyPart
+			if part >= 0 {
+				p, out.Partition = manual, part
+			}
 			if ts := back.GetTimestampMs(); ts != 0 {
 				out.Timestamp = time.UnixMilli(ts)
 			}
@@ -551,8 +559,10 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 			readErr = fmt.Errorf("partition %d: %w", r.partition, readErr)
 		}
 	}
-	if p != nil {
-		_ = p.Close(context.Background()) // every callback has run; failures were counted there
+	if manual != nil {
+		// Every callback has run once both are closed; failures were counted there.
+		_ = manual.Close(context.Background())
+		_ = anyPart.Close(context.Background())
 	}
 
 	rep.mu.Lock()

@@ -61,7 +61,7 @@ func newDLQFixture(t *testing.T, ctx context.Context) *dlqFixture {
 // produceRecords writes recs to one partition of topic, in order, acks=all.
 func produceRecords(t *testing.T, ctx context.Context, c *client.Client, topic string, partition int32, recs ...*heraldpb.Record) {
 	t.Helper()
-	p := c.NewProducer()
+	p := c.NewProducer(client.WithManualPartitions())
 	defer p.Close(ctx)
 	for _, r := range recs {
 		m := &client.Message{Topic: topic, Partition: partition, Key: r.GetKey(), Value: r.GetValue(), Tags: r.GetTags()}

@@ -22,8 +22,8 @@ func init() {
 func produceCmd(ctx context.Context, args []string, io cliIO) error {
 	fs, cf := newCLIFlagSet("produce", io.err)
 	topic := fs.String("topic", "", "topic to produce to (required)")
-	key := fs.String("key", "", "record key (records with a key go to PartitionForKey(key))")
-	partition := fs.Int("partition", -1, "partition (-1 = by key, or round-robin)")
+	key := fs.String("key", "", "record key (records with a key go to PartitionForKey(key), unless --partition names one)")
+	partition := fs.Int("partition", -1, "write every record to this partition (-1 = any: the key's partition, or spread over the partitions)")
 	acks := fs.String("acks", "all", "acknowledgement: none, leader or all")
 	count := fs.Int("count", 0, "produce N synthetic records instead of reading stdin")
 	size := fs.Int("size", 100, "value size in bytes of synthetic records (--count)")
@@ -77,7 +77,11 @@ func produceCmd(ctx context.Context, args []string, io cliIO) error {
 		return cliOneLine(err)
 	}
 	defer c.Close()
-	p := c.NewProducer(client.WithAcks(ack), client.WithLinger(*linger), client.WithBatchBytes(*batchBytes))
+	opts := []client.ProducerOpt{client.WithAcks(ack), client.WithLinger(*linger), client.WithBatchBytes(*batchBytes)}
+	if *partition >= 0 {
+		opts = append(opts, client.WithManualPartitions()) // Message.Partition is honoured
+	}
+	p := c.NewProducer(opts...)
 
 	var (
 		sent, acked atomic.Int64
@@ -85,8 +89,11 @@ func produceCmd(ctx context.Context, args []string, io cliIO) error {
 		firstErr    error
 	)
 	send := func(value []byte) {
-		m := &client.Message{Topic: *topic, Partition: int32(*partition), Value: value,
+		m := &client.Message{Topic: *topic, Value: value,
 			Priority: uint8(*priority), TTL: *ttl, Delay: *delay, DeliverAt: deliverAt}
+		if *partition >= 0 {
+			m.Partition = int32(*partition)
+		}
 		if *key != "" {
 			m.Key = []byte(*key)
 		}

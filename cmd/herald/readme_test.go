@@ -318,13 +318,15 @@ func produceAndConsume(ctx context.Context, addr string) error {
 	// A producer batches per partition (linger, batch size), keeps at most one
 	// batch per partition in flight so keyed records stay in order, and retries
 	// retryable errors itself (WithMaxRetries, WithRetryBackoff). It is
-	// idempotent: a retried batch is written once (WithIdempotence).
+	// idempotent: a retried batch is written once (WithIdempotence). It picks
+	// the partition: the key's (PartitionForKey), or spread for records
+	// without a key. WithManualPartitions makes it use Message.Partition.
 	p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithLinger(5*time.Millisecond))
 	defer p.Close(context.Background())
 
 	var failed atomic.Int64
 	for i := 0; i < 100; i++ {
-		m := &client.Message{Topic: "orders", Partition: -1, Key: []byte("customer-42"),
+		m := &client.Message{Topic: "orders", Key: []byte("customer-42"),
 			Value: []byte(fmt.Sprintf("event %d", i))}
 		p.SendAsync(ctx, m, func(r client.Result, err error) {
 			if err != nil { // runs on a producer goroutine
@@ -340,7 +342,7 @@ func produceAndConsume(ctx context.Context, addr string) error {
 	}
 
 	// Send waits for the acknowledgement and returns where the record went.
-	r, err := p.Send(ctx, &client.Message{Topic: "orders", Partition: -1, Key: []byte("customer-42"),
+	r, err := p.Send(ctx, &client.Message{Topic: "orders", Key: []byte("customer-42"),
 		Value: []byte("order-1 shipped")})
 	if err != nil {
 		var he *client.Error
