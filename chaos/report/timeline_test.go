@@ -48,4 +48,3 @@ func TestBucket(t *testing.T) {
 		t.Fatalf("latencies not sorted: %v", secs[0].lat)
 	}
 }
-
