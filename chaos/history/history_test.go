@@ -1,3 +1,5 @@
+// The Recorder under concurrency and write errors, Read's errors, and FuzzRead.
+
 package history
 
 import (

@@ -1,5 +1,5 @@
-// Read: parses a history written by the Recorder, naming the line of the
-// first malformed op.
+// Read: parses a history, naming the line of the first malformed op.
+
 package history
 
 import (

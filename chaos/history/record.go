@@ -1,4 +1,5 @@
 // The Recorder: appends ops to a history as JSON lines while a run goes on.
+
 package history
 
 import (
