@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
 
@@ -213,4 +214,63 @@ func TestRealENOSPC(t *testing.T) {
 	if _, la2 := mustIndexes(t, l); la2 != la+8 {
 		t.Fatalf("last after recovery save = %d", la2)
 	}
+}
+
+// An errorfs FS with IncludeWAL reaches the WAL that tidwall writes
+// through package os: a failed WAL fsync or write fails the Log as the
+// test wrapper's faults do, and the delay slows WAL writes and fsyncs.
+func TestErrorFSReachesWAL(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		arm  func(fs *errorfs.FS)
+	}{
+		{"fsync", func(fs *errorfs.FS) { fs.FailNextSyncs(0, nil) }},
+		{"write", func(fs *errorfs.FS) { fs.FailWrites(syscall.EIO) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts, _ := testOptions(t, t.TempDir())
+			fs := errorfs.Wrap(OSFS).IncludeWAL()
+			opts.FS = fs
+			l := mustOpen(t, opts)
+			g := &gen{term: 1, recLen: 64}
+			mustSave(t, l, raftpb.HardState{Term: 1, Vote: 1, Commit: 10}, g.entries(1, 10, 1))
+			tc.arm(fs)
+			// No state-file write: the hard state is unchanged, so the only
+			// writes are the WAL's.
+			err := l.Save(raftpb.HardState{Term: 1, Vote: 1, Commit: 10}, g.entries(11, 2, 1))
+			if !errors.Is(err, ErrStorage) || !errors.Is(err, syscall.EIO) {
+				t.Fatalf("Save: %v, want ErrStorage and EIO", err)
+			}
+			if a := fs.Armed(); a.FailedSyncs+a.FailedWrites != 1 {
+				t.Fatalf("faults hit %+v, want one", a)
+			}
+			// Reads go on.
+			if ents, err := l.Entries(1, 11, 1<<20); err != nil || len(ents) != 10 {
+				t.Fatalf("Entries after the failure: %d %v", len(ents), err)
+			}
+			fs.Reset()
+			l.Close()
+			l = mustOpen(t, opts)
+			defer l.Close()
+			if _, la := mustIndexes(t, l); la < 10 {
+				t.Fatalf("lost saved entries: last = %d", la)
+			}
+		})
+	}
+	t.Run("delay", func(t *testing.T) {
+		opts, _ := testOptions(t, t.TempDir())
+		fs := errorfs.Wrap(OSFS).IncludeWAL()
+		opts.FS = fs
+		l := mustOpen(t, opts)
+		defer l.Close()
+		g := &gen{term: 1, recLen: 64}
+		mustSave(t, l, raftpb.HardState{Term: 1, Vote: 1}, g.entries(1, 1, 1))
+		const d = 20 * time.Millisecond
+		fs.SetDelay(d)
+		start := time.Now()
+		mustSave(t, l, raftpb.HardState{Term: 1, Vote: 1}, g.entries(2, 1, 1))
+		if took := time.Since(start); took < 2*d {
+			t.Fatalf("Save on a slow disk took %v, want at least %v (a write and an fsync)", took, 2*d)
+		}
+	})
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/wal"
+
+	"github.com/heraldmq/herald/persistence/vfs"
 )
 
 // walLog is the part of *wal.Log that Log uses. It exists so tests can wrap
@@ -90,7 +92,33 @@ func (l *Log) openWAL() (walLog, error) {
 	if l.opts.wrapWAL != nil {
 		wl = l.opts.wrapWAL(wl)
 	}
+	if h, ok := l.fs.(vfs.WALHook); ok {
+		wl = &hookedWAL{walLog: wl, hook: h, dir: l.walDir}
+	}
 	return wl, nil
+}
+
+// hookedWAL asks a fault-injecting FS (vfs.WALHook) before each batch
+// write and fsync of the WAL. Only a test or chaos FS implements the
+// hook; a log on the real filesystem never has this wrapper.
+type hookedWAL struct {
+	walLog
+	hook vfs.WALHook
+	dir  string
+}
+
+func (w *hookedWAL) WriteBatch(b *wal.Batch) error {
+	if err := w.hook.BeforeWALWrite(w.dir); err != nil {
+		return err
+	}
+	return w.walLog.WriteBatch(b)
+}
+
+func (w *hookedWAL) Sync() error {
+	if err := w.hook.BeforeWALSync(w.dir); err != nil {
+		return err
+	}
+	return w.walLog.Sync()
 }
 
 // resetWALDir replaces the WAL directory with an empty log whose first

@@ -26,6 +26,20 @@ type FS interface {
 	SyncDir(dir string) error
 }
 
+// WALHook is implemented by an FS that injects faults into the WAL as
+// well. tidwall/wal writes its segments through package os, out of any
+// FS's reach, so package persistence asks an FS that implements WALHook
+// before each WAL batch write and each WAL fsync; the real filesystem
+// does not implement it, and a WAL opened on it has no hook at all.
+type WALHook interface {
+	// BeforeWALWrite is called before a batch is written to the WAL in
+	// dir. A non-nil error fails the write, and nothing is written.
+	BeforeWALWrite(dir string) error
+	// BeforeWALSync is called before the WAL in dir is fsynced. A non-nil
+	// error fails the fsync, which is not attempted.
+	BeforeWALSync(dir string) error
+}
+
 // File is an open file of an FS.
 type File interface {
 	io.Reader
