@@ -27,10 +27,13 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/consumer"
 	"github.com/heraldmq/herald/actors/partition"
+	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/actors/topic"
 	"github.com/heraldmq/herald/cluster"
+	"github.com/heraldmq/herald/internal/faults"
 	"github.com/heraldmq/herald/internal/slogfloor"
 	"github.com/heraldmq/herald/netio"
+	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -74,6 +77,13 @@ type Broker struct {
 	schedHere     atomic.Bool
 	schedLeader   atomic.Uint64
 	schedForwards chan struct{} // forwarded requests in flight (maxSchedForwards)
+
+	// The node's clock and data-dir filesystem: the system's, except in
+	// a chaos build (internal/faults), where /debug/faults moves and
+	// breaks them. stopFaults ends the scheduler's clock-jump pokes.
+	clock      faults.Clock
+	fs         persistence.FS
+	stopFaults func()
 }
 
 // Start opens the data dir, reopens every topic and starts serving. The
@@ -98,13 +108,23 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		return nil, err
 	}
 	b := &Broker{cfg: &cfg, log: logger, lock: lock, reclaim: startReclaimer(time.Minute), nodeID: nodeID,
-		schedForwards: make(chan struct{}, maxSchedForwards), readyStop: make(chan struct{})}
+		schedForwards: make(chan struct{}, maxSchedForwards), readyStop: make(chan struct{}),
+		clock: faults.NodeClock(), fs: faults.NodeFS()}
+	if faults.Enabled {
+		logger.Warn("chaos build: faults can be injected at the admin listener's " + faults.Path + "; never run it in production")
+	}
 	b.readiness.started = time.Now()
 	actorLog := logger.With("component", "actor")
 	b.sys = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slogfloor.New(actorLog.Handler(), slog.LevelWarn)
 	}))
 	logFailures(b.sys, logger)
+	// The scheduler's timers run on real time: after a jump of the clock
+	// it looks again (the groups' timers follow the clock by themselves).
+	sys := b.sys
+	b.stopFaults = faults.OnClockChange(func() {
+		sys.Root.Send(actor.NewPID(sys.Address(), scheduler.ActorName), &scheduler.ClockJumped{})
+	})
 	b.readers = partition.NewReaderPool(b.sys, 4, 1024)
 	advertise := cfg.Advertise
 	if advertise == "" {
@@ -112,7 +132,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 	}
 	var reg *registry.Registry
 	b.manager, reg, err = topic.Spawn(b.sys, topic.Config{
-		DataDir: cfg.DataDir, NodeID: nodeID, Advertise: advertise,
+		DataDir: cfg.DataDir, NodeID: nodeID, Advertise: advertise, FS: b.fs, Clock: b.clock,
 		Flush: cfg.flush, SegmentBytes: cfg.SegmentBytes,
 		DefaultPartitions: uint32(cfg.DefaultParts), MaxMessageBytes: uint32(cfg.MaxMessageBytes),
 		RetentionCheck: cfg.RetentionCheck, MailboxLimit: cfg.PartitionMailbox, WindowBytes: cfg.WindowBytes,
@@ -120,6 +140,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		Clustered: cfg.Cluster != "" && len(cfg.peers) > 0,
 	})
 	if err != nil {
+		b.stopFaults()
 		lock.Close()
 		return nil, err
 	}
@@ -155,7 +176,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		Topics: reg, Dir: dir, Logger: logger, DefaultAckTimeout: cfg.AckTimeout, Push: push, PushRoom: pushRoom, Writer: sessionWriter{&srv},
 		CompactBytes: cfg.groupsCompactBytes, CompactCheck: cfg.groupsCompactCheck,
 		Breaker:     consumer.BreakerConfig{ConsecutiveFailures: cfg.BreakerFailures, CoolDown: cfg.BreakerCoolDown},
-		RetryPolicy: cfg.retry, TopicManager: b.manager, IdleStop: idleStop(cfg.GroupIdleStop),
+		RetryPolicy: cfg.retry, TopicManager: b.manager, IdleStop: idleStop(cfg.GroupIdleStop), Clock: b.clock,
 	})
 	if !clustered {
 		if b.groups, err = b.sys.Root.SpawnNamed(b.groupsProps, consumer.ManagerName); err != nil {
@@ -217,6 +238,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 			Self:    &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr, Rack: cfg.Rack, HealthAddress: b.member.HealthAddr()},
 			OnApply: b.onMetadata, ReplicaGrace: cfg.ReplicaGrace,
 			CheckpointRecords: cfg.ControllerCheckpointRecords, CheckpointBytes: cfg.ControllerCheckpointBytes,
+			FS: b.fs, Clock: b.clock,
 		})
 		if err != nil {
 			b.server.Shutdown(context.Background())
@@ -285,6 +307,7 @@ func (b *Broker) startAdmin() error {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	faults.Register(mux) // /debug/faults, in a chaos build only
 	b.adminLn = ln
 	b.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go b.admin.Serve(ln)
@@ -353,6 +376,7 @@ func (b *Broker) onMetadata(md *cluster.Metadata) {
 }
 
 func (b *Broker) stopActors() {
+	b.stopFaults()
 	if b.coordStop != nil {
 		close(b.coordStop)
 		b.coordDone.Wait()

@@ -20,9 +20,12 @@ func (b *Broker) startScheduler(reg *registry.Registry, clustered bool) error {
 	farDir := filepath.Join(b.cfg.DataDir, "scheduler-far")
 	b.schedProps = scheduler.Props(scheduler.Options{
 		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled, AppendAhead: appendAhead(b.cfg.ScheduleAhead),
+		Now: b.clock.Now,
 		// Timers beyond the wheel's 65 s window wait on disk, one file per
 		// 65 s bucket, rebuilt from __schedule at every start.
-		NewFar: func() (timewheel.FarStore, error) { return timewheel.OpenDiskFar(farDir, timewheel.DiskFarOptions{}) },
+		NewFar: func() (timewheel.FarStore, error) {
+			return timewheel.OpenDiskFar(farDir, timewheel.DiskFarOptions{FS: b.fs})
+		},
 	})
 	if clustered {
 		return nil

@@ -93,7 +93,12 @@ type ControllerConfig struct {
 	// leader logs ErrCheckpointTooLarge and the log keeps growing).
 	// Default DefaultMaxCheckpointBytes.
 	MaxCheckpointBytes int
-	Logger             *slog.Logger
+	// FS is the controller log's filesystem; nil = persistence.OSFS.
+	FS persistence.FS
+	// Clock is the controller replica's clock (partition.Config.Clock);
+	// nil = partition.SystemClock.
+	Clock  partition.Clock
+	Logger *slog.Logger
 }
 
 // Metadata is the state the controller group's log builds. It is
@@ -200,8 +205,9 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 		Topic: ControllerTopic, Partition: 0, ReplicaID: cfg.Self.NodeId, Peers: peers, Transport: cfg.Node, Join: !c.voter,
 		Liveness: cfg.Node.Up, MaxMessageBytes: cfg.MaxCheckpointBytes,
 		Open: func() (partition.Storage, error) {
-			return persistence.Open(persistence.Options{Dir: dir, Group: "__controller-0", Logger: cfg.Logger})
+			return persistence.Open(persistence.Options{Dir: dir, FS: cfg.FS, Group: "__controller-0", Logger: cfg.Logger})
 		},
+		Clock:  cfg.Clock,
 		Logger: cfg.Logger,
 	}, c.stats)
 	if err != nil {

@@ -28,6 +28,15 @@ const ScheduleTopic = "__schedule"
 // ActorName is the scheduler actor's name.
 const ActorName = "scheduler"
 
+// ClockJumped tells the scheduler that its clock (Options.Now) jumped: its
+// timers run on real time, armed for the time it had, so it looks at the
+// time now, fires what is due and re-arms. Send it after moving the clock
+// (the chaos build's /debug/faults does); a jump back needs nothing, since
+// nothing fires before its time by the clock, but costs nothing either.
+// Before the scheduler has loaded __schedule it is ignored: the end of the
+// load looks at the time.
+type ClockJumped struct{}
+
 // Headers the scheduler adds to every record of a batch it appends to the
 // batch's topic.
 const (
@@ -166,7 +175,6 @@ type (
 	compactTick    struct{}
 	retryWrite     struct{}
 	loadRetry      struct{}
-	pokeMsg        struct{} // tests with a clock that jumps: look at the time now
 	sweepCalls     struct{}
 	scanStep       struct{ fn func() }
 	settleRetry    struct{ found []uint64 }
@@ -269,7 +277,10 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		msg.fn()
 	case *settleRetry:
 		s.settleRecovered(ctx, msg.found)
-	case *pokeMsg:
+	case *ClockJumped:
+		if !s.loaded {
+			return // finishing the load looks at the time
+		}
 		s.timerAt, s.sendAt = 0, 0 // a clock that jumped: timers armed earlier are too late
 		s.onTick(ctx)
 		s.sendDue(ctx)

@@ -207,7 +207,7 @@ func TestSchedulerFarTimersAcrossRestart(t *testing.T) {
 	for i, v := range want {
 		clk.jump(delays[v] - moved) // just past v's time (real time has passed too)
 		moved = delays[v]
-		r.sys.Root.Send(r.sched, &pokeMsg{})
+		r.sys.Root.Send(r.sched, &ClockJumped{})
 		waitFor(t, v, func() bool { vals, _ := r.read(0); return len(vals) > i })
 		vals, idOf := r.read(0)
 		if len(vals) != i+1 || vals[i] != v || idOf[v] != ids[v] {
@@ -215,7 +215,7 @@ func TestSchedulerFarTimersAcrossRestart(t *testing.T) {
 		}
 	}
 	clk.jump(100 * 24 * time.Hour)
-	r.sys.Root.Send(r.sched, &pokeMsg{})
+	r.sys.Root.Send(r.sched, &ClockJumped{})
 	// The list is empty once the last fire is recorded; nothing more came.
 	waitFor(t, "no pending", func() bool {
 		l := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListScheduled{ListScheduled: &heraldpb.ListScheduledRequest{}}}, r.sched).GetListScheduledResponse()
@@ -276,7 +276,7 @@ func TestSchedulerMovesLongPendingBatch(t *testing.T) {
 	}
 	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CancelScheduled{CancelScheduled: &heraldpb.CancelScheduledRequest{Id: doomed}}}, r.sched)
 	clk.jump(72 * time.Hour)
-	r.sys.Root.Send(r.sched, &pokeMsg{})
+	r.sys.Root.Send(r.sched, &ClockJumped{})
 	waitFor(t, "the far batch", func() bool { v, _ := r.read(1); return len(v) >= 1 })
 	r.settle(10 * time.Millisecond)
 	vals, ids := r.read(1)

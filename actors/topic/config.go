@@ -29,7 +29,11 @@ type Config struct {
 	// Advertise is the client address returned in Metadata.
 	Advertise string
 	// FS is how the manager reaches the filesystem; nil = persistence.OSFS.
+	// Every partition's log uses it too.
 	FS persistence.FS
+	// Clock is every partition's clock (partition.Config.Clock): append
+	// times, holds, retention by age; nil = partition.SystemClock.
+	Clock partition.Clock
 
 	// Log options for every partition.
 	Flush        persistence.FlushPolicy

@@ -370,6 +370,7 @@ func (m *Manager) partitionConfig(name string, p uint32, cfg *heraldpb.TopicConf
 		WindowBytes:       m.cfg.WindowBytes,
 		Readers:           m.cfg.Readers,
 		OnRelease:         m.cfg.OnIdleRelease,
+		Clock:             m.cfg.Clock,
 		Logger:            m.cfg.Logger,
 	}
 }
