@@ -276,7 +276,23 @@ func (m *Manager) onCreate(ctx actor.Context, id uint64, req *heraldpb.CreateTop
 		return
 	}
 	if err := m.saveCatalog(); err != nil {
-		ctx.Respond(heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_STORAGE_ERROR, "saving catalog: %v", err)))
+		// The catalog on disk does not name the topic, so a restart would
+		// forget it: undo the creation instead of keeping a topic that
+		// lives only until then (a retry would have been told it exists).
+		e := m.reg.Get(req.Name)
+		m.reg.Update(func(reg map[string]*registry.Entry) { delete(reg, req.Name) })
+		m.deleting[req.Name] = true
+		replyTo := ctx.Sender()
+		m.stopAll(ctx, append([]*actor.PID{e.Topic}, e.Partitions...), func() {
+			delete(m.deleting, req.Name)
+			for p := range e.Partitions {
+				partition.DeleteMetrics(req.Name, uint32(p))
+				if rerr := m.cfg.FS.RemoveAll(m.partitionDir(req.Name, uint32(p))); rerr != nil {
+					m.cfg.Logger.Warn("removing the partition of a topic whose creation failed", "topic", req.Name, "partition", p, "err", rerr)
+				}
+			}
+			ctx.Send(replyTo, heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_STORAGE_ERROR, "saving catalog: %v; topic %q was not created", err, req.Name)))
+		})
 		return
 	}
 	m.awaitWritable(ctx, &awaitCreated{name: req.Name, frameID: id, replyTo: ctx.Sender(), deadline: time.Now().Add(createWait)})
