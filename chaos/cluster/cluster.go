@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -280,7 +281,7 @@ func (c *Cluster) spawn(p *proc) error {
 	// If the test process dies, so do its brokers. (ip netns exec execs
 	// the broker in place, which keeps the signal.)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := startOnSpawnThread(cmd); err != nil {
 		return fmt.Errorf("chaos: starting node %d: %w", in.ID, err)
 	}
 	done := make(chan struct{})
@@ -293,6 +294,37 @@ func (c *Cluster) spawn(p *proc) error {
 		close(done)
 	}()
 	return nil
+}
+
+// spawnReqs carries the commands to start to the spawn thread.
+var (
+	spawnOnce sync.Once
+	spawnReqs chan spawnReq
+)
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// startOnSpawnThread starts cmd from one OS thread that lives as long as
+// the process. Pdeathsig fires when the thread that forked the child
+// exits, not the process: a broker forked from a thread that the Go
+// runtime later ends (a goroutine that exits locked to its thread, as
+// namespace code does) would be killed with it.
+func startOnSpawnThread(cmd *exec.Cmd) error {
+	spawnOnce.Do(func() {
+		spawnReqs = make(chan spawnReq)
+		go func() {
+			runtime.LockOSThread() // never unlocked: this goroutine never returns
+			for r := range spawnReqs {
+				r.done <- r.cmd.Start()
+			}
+		}()
+	})
+	r := spawnReq{cmd, make(chan error, 1)}
+	spawnReqs <- r
+	return <-r.done
 }
 
 // waitServing polls node p's /healthz until it answers 200, its process

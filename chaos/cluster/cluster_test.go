@@ -11,12 +11,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/heraldmq/herald/client"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"golang.org/x/sys/unix"
 )
 
 // heraldBin is the binary built once by TestMain.
@@ -289,5 +291,68 @@ func TestFaultsRequests(t *testing.T) {
 	}
 	if !c.Running(1) || c.Paused(1) {
 		t.Fatal("an attached node counts as running, unpaused")
+	}
+}
+
+var errMainThread = errors.New("on the main thread")
+
+// checkForT polls cond until it holds or total passes.
+func checkForT(t *testing.T, total time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s: %v", total, what, err)
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
+// TestNodeOutlivesStarterThread: a node started from a goroutine that
+// exits locked to its OS thread (which ends the thread) keeps running.
+// Pdeathsig follows the forking thread, so brokers must not be forked
+// from threads that can end.
+func TestNodeOutlivesStarterThread(t *testing.T) {
+	c := startCluster(t, Config{Nodes: 1})
+	if err := c.Kill(1); err != nil {
+		t.Fatal(err)
+	}
+	// The goroutine must run on a thread other than the main one, which
+	// the runtime never ends.
+	var tid int
+	for tries := 0; ; tries++ {
+		errc := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			if tid = unix.Gettid(); tid == os.Getpid() {
+				runtime.UnlockOSThread()
+				errc <- errMainThread
+				return
+			}
+			errc <- c.StartNode(ctxT(t, 60*time.Second), 1)
+		}()
+		err := <-errc
+		if err == nil {
+			break
+		}
+		if err != errMainThread || tries == 100 {
+			t.Fatal(err)
+		}
+	}
+	checkForT(t, 10*time.Second, "the starter thread to end", func() error {
+		if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid)); err == nil {
+			return errors.New("still there")
+		}
+		return nil
+	})
+	if err := c.WaitReady(ctxT(t, 30*time.Second), 1); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Running(1) {
+		t.Fatal("the node died with the thread that started it")
 	}
 }

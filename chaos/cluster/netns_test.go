@@ -36,7 +36,7 @@ func ipOut(t *testing.T, args ...string) string {
 // reachable reports whether the host reaches node id's admin endpoint.
 func reachable(c *Cluster, id uint64) bool {
 	n, _ := c.Node(id)
-	hc := http.Client{Timeout: 500 * time.Millisecond}
+	hc := http.Client{Timeout: 2 * time.Second}
 	resp, err := hc.Get("http://" + n.Admin + "/healthz")
 	if err != nil {
 		return false
@@ -77,8 +77,12 @@ func TestNetNSCluster(t *testing.T) {
 	if got := nw.Blocked(); len(got) != 4 {
 		t.Fatalf("blocked %v, want 4 links", got)
 	}
-	if !reachable(c, old) {
-		t.Fatal("the host cannot reach the cut-off node")
+	deadline := time.Now().Add(10 * time.Second)
+	for !reachable(c, old) {
+		if time.Now().After(deadline) {
+			t.Fatal("the host cannot reach the cut-off node")
+		}
+		time.Sleep(pollEvery) // polling interval
 	}
 	var others []uint64
 	for _, id := range c.IDs() {
@@ -97,7 +101,7 @@ func TestNetNSCluster(t *testing.T) {
 	}
 	// The majority elects another leader; ask only it (the cut-off node
 	// may still believe it leads, and the majority needs 2 of 3 votes).
-	deadline := time.Now().Add(30 * time.Second)
+	deadline = time.Now().Add(30 * time.Second)
 	for {
 		l, err := c.Leader(ctxT(t, 5*time.Second), "t", 0)
 		if err == nil && l != old {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
@@ -84,6 +85,13 @@ func newNetwork() (*Network, error) {
 		down:   map[uint64]int{},
 	}
 	n.bridge = "hxb" + n.tag
+	// Test processes pick subnets at once: one at a time, under a lock
+	// shared by every process on the machine.
+	unlock, err := lockFile(filepath.Join(os.TempDir(), "herald-chaos-net.lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	used, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output()
 	for i := 0; i < 256; i++ {
 		k := (pid*7 + int(seq)*13 + i) % 256
@@ -109,6 +117,20 @@ func newNetwork() (*Network, error) {
 		}
 	}
 	return n, nil
+}
+
+// lockFile takes an exclusive flock on path (created) and returns its
+// release.
+func lockFile(path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // sweepStale deletes the namespaces and interfaces of this package whose
@@ -427,16 +449,27 @@ func (n *Network) Reach(ctx context.Context, from, to uint64) error {
 	}
 	res := make(chan error, 1)
 	go func() {
-		// Never unlocked: the thread ends with this goroutine, still in
-		// from's namespace, and no other goroutine runs on it.
+		// The thread goes into from's namespace and back; it is unlocked
+		// only once back, so no other goroutine ever runs in from's
+		// namespace. If going back fails, the thread stays locked and
+		// ends with this goroutine.
 		runtime.LockOSThread()
+		home, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			runtime.UnlockOSThread()
+			res <- err
+			return
+		}
+		defer home.Close()
 		f, err := os.Open("/var/run/netns/" + n.NS(from))
 		if err != nil {
+			runtime.UnlockOSThread()
 			res <- err
 			return
 		}
 		defer f.Close()
 		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			res <- fmt.Errorf("setns %s: %w", n.NS(from), err)
 			return
 		}
@@ -444,6 +477,9 @@ func (n *Network) Reach(ctx context.Context, from, to uint64) error {
 		conn, err := d.DialContext(ctx, "tcp", net.JoinHostPort(n.IP(to), strconv.Itoa(nsAdminPort)))
 		if err == nil {
 			conn.Close()
+		}
+		if unix.Setns(int(home.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
 		}
 		res <- err
 	}()

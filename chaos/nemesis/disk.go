@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -104,25 +105,26 @@ func DiskFull(e *Env, t Target) Nemesis {
 			}
 			return fmt.Sprintf("deleted the fillers of nodes %v", filled), errors.Join(errs...)
 		}
-		detail := ""
+		var details []string
+		detail := func() string { return strings.Join(details, "; ") }
 		for _, id := range ids {
 			n, err := e.Cluster.Node(id)
 			if err != nil {
-				return filled, detail, undo, err
+				return filled, detail(), undo, err
 			}
 			if n.DiskDir == "" {
-				return filled, detail, undo, fmt.Errorf("%w: a full disk needs the data dirs on tmpfs (Config.DiskBytes)", ErrUnsupported)
+				return filled, detail(), undo, fmt.Errorf("%w: a full disk needs the data dirs on tmpfs (Config.DiskBytes)", ErrUnsupported)
 			}
 			path := filepath.Join(n.DiskDir, fillerName)
 			files = append(files, path)
 			size, err := fill(path)
 			if err != nil {
-				return filled, detail, undo, fmt.Errorf("filling node %d's disk: %w", id, err)
+				return filled, detail(), undo, fmt.Errorf("filling node %d's disk: %w", id, err)
 			}
 			filled = append(filled, id)
-			detail += fmt.Sprintf("node %d: %s filled with %d MiB; ", id, n.DiskDir, size>>20)
+			details = append(details, fmt.Sprintf("node %d: %s filled with %d MiB", id, n.DiskDir, size>>20))
 		}
-		return filled, detail, undo, nil
+		return filled, detail(), undo, nil
 	})
 }
 
@@ -198,34 +200,35 @@ func DamageWAL(e *Env, t Target, topic string, partition int32, d Damage) Nemesi
 			return nil, "", nil, err
 		}
 		var done []uint64
-		detail := ""
+		var details []string
+		detail := func() string { return strings.Join(details, "; ") }
 		heal := nothing("nothing to heal: the damage stays")
 		for _, id := range ids {
 			n, err := e.Cluster.Node(id)
 			if err != nil {
-				return done, detail, heal, err
+				return done, detail(), heal, err
+			}
+			dir, err := walDir(n.DataDir, topic, partition)
+			if err != nil {
+				return done, detail(), heal, fmt.Errorf("node %d: %w", id, err)
 			}
 			wasUp := e.Cluster.Running(id)
 			if wasUp {
 				if err := e.Cluster.Kill(id); err != nil && !errors.Is(err, cluster.ErrNotRunning) {
-					return done, detail, heal, err
+					return done, detail(), heal, err
 				}
 			}
-			dir, err := walDir(n.DataDir, topic, partition)
-			if err == nil {
-				var what string
-				what, err = damage(e, dir, d)
-				detail += fmt.Sprintf("node %d: %s; ", id, what)
-			}
+			what, err := damage(e, dir, d)
+			details = append(details, fmt.Sprintf("node %d: %s", id, what))
 			if wasUp {
 				err = errors.Join(err, e.Cluster.StartNode(ctx, id))
 			}
 			if err != nil {
-				return done, detail, heal, fmt.Errorf("node %d: %w", id, err)
+				return done, detail(), heal, fmt.Errorf("node %d: %w", id, err)
 			}
 			done = append(done, id)
 		}
-		return done, detail, heal, nil
+		return done, detail(), heal, nil
 	})
 }
 

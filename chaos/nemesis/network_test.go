@@ -32,7 +32,7 @@ func needNetNS(t *testing.T) {
 // reachable reports whether the host reaches node id's admin endpoint.
 func reachable(w *world, id uint64) bool {
 	n, _ := w.c.Node(id)
-	hc := http.Client{Timeout: 500 * time.Millisecond}
+	hc := http.Client{Timeout: 2 * time.Second}
 	resp, err := hc.Get("http://" + n.Admin + "/healthz")
 	if err != nil {
 		return false
@@ -97,9 +97,12 @@ func TestNetworkNemeses(t *testing.T) {
 	if got, want := sees(t, w), []string{fmt.Sprintf("%d>%d", others[0], others[1]), fmt.Sprintf("%d>%d", others[1], others[0])}; !slices.Equal(got, want) {
 		t.Fatalf("with node %d isolated the nodes reach %v, want %v", old, got, want)
 	}
-	if !reachable(w, old) {
-		t.Fatal("the isolated leader is not reachable from the host")
-	}
+	checkFor(t, 10*time.Second, "the host to reach the isolated leader", func() error {
+		if !reachable(w, old) {
+			return errors.New("unreachable")
+		}
+		return nil
+	})
 	w.newLeader("t", 0, old)
 	w.stop(iso)
 	if got := linksOf(t, w); len(got) != 0 {
