@@ -93,12 +93,28 @@ func poll(ctx context.Context, base error, what string, try func() (done bool, w
 // errNotSettled is the base of Settle's error.
 var errNotSettled = fmt.Errorf("chaos: cluster not settled")
 
+// served counts the nodes that have served at least once (each
+// registered itself with the controller). Every node of an attached
+// cluster counts.
+func (c *Cluster) served() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, p := range c.nodes {
+		if p.served || !c.managed {
+			n++
+		}
+	}
+	return n
+}
+
 // Settle waits until every running, unpaused node is ready (/readyz),
 // and, in a cluster, agrees with the others on a controller leader and
-// holds every node's registration under its current client address.
+// holds the registration of every node that ever served, under its
+// current client address.
 func (c *Cluster) Settle(ctx context.Context) error {
 	return poll(ctx, errNotSettled, "waiting for every node to be ready and registered", func() (bool, string) {
-		total := len(c.IDs())
+		total := c.served()
 		addr := map[uint64]string{}
 		for _, n := range c.Nodes() {
 			addr[n.ID] = n.Addr

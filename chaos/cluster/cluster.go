@@ -62,6 +62,7 @@ type proc struct {
 	done   chan struct{} // closed once cmd has exited; nil before the first start
 	exit   error         // cmd's exit, once done is closed
 	paused bool
+	served bool // it served once: the controller has its registration
 }
 
 func (p *proc) running() bool {
@@ -345,6 +346,9 @@ func (c *Cluster) waitServing(ctx context.Context, p *proc) error {
 		default:
 		}
 		if code, _, err := c.get(ctx, in.Admin, "/healthz"); err == nil && code == http.StatusOK {
+			c.mu.Lock()
+			p.served = true
+			c.mu.Unlock()
 			return nil
 		}
 		select {
@@ -581,6 +585,8 @@ func (c *Cluster) AddNode(ctx context.Context) (Node, error) {
 		return Node{}, err
 	}
 	if err := c.waitServing(ctx, p); err != nil {
+		// Left down: a node that never served is not waited for.
+		c.Kill(id)
 		return Node{}, fmt.Errorf("%w%s", err, c.logTail(id))
 	}
 	if err := c.Settle(ctx); err != nil {
