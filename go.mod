@@ -12,6 +12,7 @@ require (
 	github.com/tidwall/wal v1.2.1
 	go.etcd.io/etcd/client/v3 v3.5.10
 	go.etcd.io/raft/v3 v3.6.0
+	golang.org/x/sys v0.48.0
 	gonum.org/v1/plot v0.17.0
 	google.golang.org/grpc v1.60.1
 	google.golang.org/protobuf v1.36.12
@@ -80,7 +81,6 @@ require (
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
-	golang.org/x/sys v0.48.0
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 )
 
