@@ -57,8 +57,8 @@ func Timeline(w io.Writer, title string, samples []Sample, windows []Window) err
 	okPts, failPts := make(plotter.XYs, len(secs)), make(plotter.XYs, len(secs))
 	maxRate := 1.0
 	for i, s := range secs {
-		okPts[i] = plotter.XY{X: float64(i), Y: float64(s.ok)}
-		failPts[i] = plotter.XY{X: float64(i), Y: float64(s.failed)}
+		okPts[i] = plotter.XY{X: float64(i) + 0.5, Y: float64(s.ok)}
+		failPts[i] = plotter.XY{X: float64(i) + 0.5, Y: float64(s.failed)}
 		maxRate = math.Max(maxRate, float64(s.ok+s.failed))
 	}
 	tp.Y.Min, tp.Y.Max = 0, maxRate*1.1
@@ -88,9 +88,9 @@ func Timeline(w io.Writer, title string, samples []Sample, windows []Window) err
 		q := func(p float64) float64 {
 			return math.Max(float64(s.lat[min(len(s.lat)-1, int(p*float64(len(s.lat))))])/1e6, 0.01)
 		}
-		p50 = append(p50, plotter.XY{X: float64(i), Y: q(0.5)})
-		p99 = append(p99, plotter.XY{X: float64(i), Y: q(0.99)})
-		pmax = append(pmax, plotter.XY{X: float64(i), Y: q(1)})
+		p50 = append(p50, plotter.XY{X: float64(i) + 0.5, Y: q(0.5)})
+		p99 = append(p99, plotter.XY{X: float64(i) + 0.5, Y: q(0.99)})
+		pmax = append(pmax, plotter.XY{X: float64(i) + 0.5, Y: q(1)})
 		hi, lo = math.Max(hi, q(1)), math.Min(lo, q(0))
 	}
 	lo = math.Max(0.01, math.Min(lo, 1)/2)

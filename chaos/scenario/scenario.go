@@ -41,8 +41,31 @@ type Scenario struct {
 	Topic      Topic    `json:"topic"`
 	Workload   Workload `json:"workload"`
 	Nemesis    Nemesis  `json:"nemesis"`
-	// Checks that must pass (default: every check the checker has).
-	Checks []string `json:"checks,omitempty"`
+	// Goals are availability figures the run reports as missed when
+	// exceeded (they are not violations of a promise).
+	Goals Goals `json:"goals,omitempty"`
+}
+
+// Goals: for every fault, writes stop for at most Unavailable while it is
+// on, and resume within Recovery of its end (0 = no goal).
+type Goals struct {
+	Unavailable Duration `json:"unavailable,omitempty"`
+	Recovery    Duration `json:"recovery,omitempty"`
+}
+
+// Uses reports whether the scenario's nemesis has faults of kind.
+func (s *Scenario) Uses(kind string) bool {
+	for _, st := range s.Nemesis.Timeline {
+		if st.Kind == kind {
+			return true
+		}
+	}
+	for _, f := range s.Nemesis.Faults {
+		if f.Kind == kind {
+			return true
+		}
+	}
+	return false
 }
 
 // Topic is the topic the workload uses.
