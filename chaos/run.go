@@ -88,7 +88,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if progress == nil {
 		progress = io.Discard
 	}
-	say := func(format string, args ...any) { fmt.Fprintf(progress, "chaos %s: "+format+"\n", append([]any{s.Name}, args...)...) }
+	say := func(format string, args ...any) {
+		fmt.Fprintf(progress, "chaos %s: "+format+"\n", append([]any{s.Name}, args...)...)
+	}
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, err
 	}
