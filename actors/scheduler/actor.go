@@ -2,15 +2,17 @@
 // Its actor keeps every pending delayed message in `__schedule` (raft-
 // backed) and in a timing wheel (package timewheel), and fires due batches
 // to their topics.
+//
+// This file is the actor: Receive, loading, requests and the writes to
+// __schedule; fire.go fires due batches and rewrite.go compacts. Its pure
+// core, the pending set and the decisions on it, is in state.go.
 package scheduler
 
 import (
-	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
 
-	"github.com/RoaringBitmap/roaring/v2/roaring64"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -44,14 +46,6 @@ const (
 	HeaderDeliverAt  = "herald-deliver-at" // Unix ms
 	HeaderFireToken  = "herald-fire-token" // the fire round's random token (recovery checks it)
 )
-
-// fireKey is what recovery looks for in an appended record: its schedule
-// id and its round's token.
-func fireKey(ref, token uint64) string {
-	return strconv.FormatUint(ref, 10) + "/" + tokenText(token)
-}
-
-func tokenText(token uint64) string { return fmt.Sprintf("%016x", token) }
 
 // Props returns the scheduler actor's props. The internal topic
 // ScheduleTopic must exist and be writable before it starts.
@@ -108,13 +102,13 @@ type Scheduler struct {
 	loaded bool
 	queue  []stashed // requests that arrived while loading
 
-	wheel   *timewheel.Wheel
-	far     timewheel.FarStore
-	pending *roaring64.Bitmap // batches scheduled and neither fired nor cancelled (durably)
+	state // the pending set and its bookkeeping (state.go)
+
+	wheel *timewheel.Wheel
+	far   timewheel.FarStore
 
 	// loading
 	loadNext, loadHW int64
-	intents          map[uint64]*heraldpb.FireIntent // firings without a fire, while loading
 	loadStart        time.Time
 	loadRecords      int
 
@@ -141,16 +135,9 @@ type Scheduler struct {
 	sendAt     int64
 	firedPrev  []uint64                // refs appended (or dropped) whose fire is not yet written
 	firedWrite bool                    // a write of fires is queued or in flight
-	busy       map[uint64]struct{}     // refs announced, appending or appended: cancel is too late
 	rcache     []*heraldpb.StoredBatch // the last read of __schedule, for fire rounds
-	// batches compaction moved up the log: id -> current ref, and back
-	moved      map[uint64]uint64
-	origOf     map[uint64]uint64
-	rewriting  map[uint64]bool // refs being moved now
 	rewriteOn  bool
-	retrying   int              // batches in appends being retried
-	cancelling map[uint64]int64 // cancel being written: ref -> At if it came due meanwhile (0 if not)
-	rr         uint32
+	retrying   int // batches in appends being retried
 
 	compactArmed bool
 	listing      int
@@ -203,11 +190,7 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		s.sh.incs++
 		s.inc = s.sh.incs
 		s.calls = map[uint64]func(*heraldpb.Frame){}
-		s.busy = map[uint64]struct{}{}
-		s.cancelling = map[uint64]int64{}
-		s.moved, s.origOf, s.rewriting = map[uint64]uint64{}, map[uint64]uint64{}, map[uint64]bool{}
-		s.pending = roaring64.New()
-		s.intents = map[uint64]*heraldpb.FireIntent{}
+		s.state = newState()
 		s.loadStart = s.o.Now()
 		// Ids unique across restarts of the actor: answers to an earlier
 		// incarnation's requests may still arrive.
@@ -364,9 +347,7 @@ func respond(ctx actor.Context, to *actor.PID, f *heraldpb.Frame) {
 }
 
 func throttled(id uint64, why string) *heraldpb.Frame {
-	e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "%s", why)
-	e.RetryAfterMs = 100
-	return heraldpb.ErrorFrame(id, e)
+	return heraldpb.ErrorFrame(id, throttledErr(why))
 }
 
 func (s *Scheduler) id() uint64 {
@@ -516,7 +497,9 @@ func (s *Scheduler) onLoaded(ctx actor.Context, fr *heraldpb.FetchResponse) {
 				s.log.Warn("skipping unreadable __schedule record", "offset", off, "err", err)
 				return true
 			}
-			s.apply(uint64(off), ev)
+			if t, ok := s.apply(uint64(off), ev); ok {
+				s.wheel.Add(t)
+			}
 			return true
 		})
 	}
@@ -542,80 +525,26 @@ func decodeEvent(rec []byte) (*heraldpb.ScheduleEvent, error) {
 	return &ev, nil
 }
 
-// apply replays one event of __schedule at offset off.
-func (s *Scheduler) apply(off uint64, ev *heraldpb.ScheduleEvent) {
-	switch x := ev.Event.(type) {
-	case *heraldpb.ScheduleEvent_Schedule:
-		s.pending.Add(off)
-		s.wheel.Add(timewheel.Entry{At: x.Schedule.DeliverAtMs, Ref: off})
-		if x.Schedule.Id != nil {
-			s.noteMoved(x.Schedule.GetId(), off)
-		}
-	case *heraldpb.ScheduleEvent_Cancel:
-		s.pending.Remove(x.Cancel.Ref)
-		s.forgetMoved(x.Cancel.Ref)
-	case *heraldpb.ScheduleEvent_Firing:
-		for _, in := range x.Firing.Intents {
-			for _, r := range in.Refs {
-				s.intents[r] = in
-			}
-		}
-	case *heraldpb.ScheduleEvent_Fired:
-		for _, r := range x.Fired.Refs {
-			s.pending.Remove(r)
-			delete(s.intents, r)
-			s.forgetMoved(r)
-		}
-	}
-}
-
 // recover settles the batches whose firing was written but not their
 // fire: each is looked for on its partition, from where the log ended
 // when the firing was written, by its herald-schedule-id header. Found
 // ones are recorded fired; the others fire again as due.
 func (s *Scheduler) recover(ctx actor.Context) {
-	type span struct {
-		topic string
-		part  uint32
-	}
-	type refFrom struct {
-		ref   uint64
-		from  int64
-		token uint64
-	}
-	byPart := map[span][]refFrom{}
-	for ref, in := range s.intents {
-		if s.pending.Contains(ref) {
-			k := span{in.Topic, in.Partition}
-			byPart[k] = append(byPart[k], refFrom{ref, in.FromOffset, in.Token})
-		}
-	}
+	rs := s.recoveries()
 	s.intents = nil
-	if len(byPart) == 0 {
+	if len(rs) == 0 {
 		s.finishLoad(ctx)
 		return
 	}
-	waiting := len(byPart)
+	waiting := len(rs)
 	var found []uint64
-	for k, ins := range byPart {
-		want := map[string]uint64{}
-		from := int64(-1)
-		for _, in := range ins {
-			id := in.ref
-			if o, ok := s.origOf[in.ref]; ok {
-				id = o
-			}
-			want[fireKey(id, in.token)] = in.ref
-			if from < 0 || in.from < from {
-				from = in.from
-			}
-		}
-		e := s.o.Topics.Get(k.topic)
-		if e == nil || int(k.part) >= len(e.Partitions) {
+	for _, r := range rs {
+		e := s.o.Topics.Get(r.topic)
+		if e == nil || int(r.part) >= len(e.Partitions) {
 			waiting--
 			continue // fires again; the topic is gone, so it is dropped then
 		}
-		s.scanFor(ctx, e, k.part, from, want, func(got []uint64) {
+		s.scanFor(ctx, e, r.part, r.from, r.want, func(got []uint64) {
 			found = append(found, got...)
 			waiting--
 			if waiting == 0 {
@@ -748,73 +677,10 @@ func invalid(id uint64, format string, args ...any) *heraldpb.Frame {
 // onSchedule stores a delayed batch.
 func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.ProduceRequest, to *actor.PID) {
 	now := s.o.Now()
-	if req.DeliverAtMs != 0 && req.DelayMs != 0 {
-		respond(ctx, to, invalid(f.Id, "set deliver_at_ms or delay_ms, not both"))
+	at, part, n, e := s.checkDelayed(req, s.o.Topics.Get(req.Topic), now, s.o.MaxDelay)
+	if e != nil {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
 		return
-	}
-	if req.ProducerId != 0 {
-		respond(ctx, to, invalid(f.Id, "a delayed batch cannot be idempotent: send it with producer_id 0"))
-		return
-	}
-	var at int64
-	switch {
-	case req.DelayMs != 0:
-		if req.DelayMs > uint64(s.o.MaxDelay/time.Millisecond) {
-			respond(ctx, to, invalid(f.Id, "delay_ms %d is longer than the broker's max delay %v", req.DelayMs, s.o.MaxDelay))
-			return
-		}
-		at = now.UnixMilli() + int64(req.DelayMs)
-	case req.DeliverAtMs < 0:
-		respond(ctx, to, invalid(f.Id, "deliver_at_ms %d is negative", req.DeliverAtMs))
-		return
-	default:
-		if req.DeliverAtMs > now.Add(s.o.MaxDelay).UnixMilli() {
-			respond(ctx, to, invalid(f.Id, "deliver_at_ms %d is more than the broker's max delay %v away", req.DeliverAtMs, s.o.MaxDelay))
-			return
-		}
-		at = req.DeliverAtMs
-	}
-	if registry.IsInternal(req.Topic) {
-		respond(ctx, to, invalid(f.Id, "topic %q is internal: clients cannot produce to it", req.Topic))
-		return
-	}
-	e := s.o.Topics.Get(req.Topic)
-	if e == nil {
-		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", req.Topic)))
-		return
-	}
-	info, err := heraldpb.ScanBatch(req.Records)
-	if err != nil {
-		respond(ctx, to, invalid(f.Id, "%v", err))
-		return
-	}
-	if info.Count == 0 {
-		respond(ctx, to, invalid(f.Id, "the batch has no records"))
-		return
-	}
-	// At its time every record gets the scheduler's headers: the batch
-	// must fit the topic's limit with them, or it could never be appended.
-	if limit := int(e.Config.GetMaxMessageBytes()); limit > 0 && len(req.Records)+info.Count*tagBytes > limit {
-		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_MESSAGE_TOO_LARGE,
-			"delayed batch of %d bytes and %d records exceeds max message size %d with the %d bytes of headers each record gets when it is delivered",
-			len(req.Records), info.Count, limit, tagBytes)))
-		return
-	}
-	n := uint32(len(e.Partitions))
-	var part uint32
-	switch {
-	case req.Partition != nil:
-		if *req.Partition >= n {
-			respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_PARTITION_NOT_FOUND,
-				"topic %q has %d partitions; there is no partition %d", req.Topic, n, *req.Partition)))
-			return
-		}
-		part = *req.Partition
-	case len(info.FirstKey) > 0:
-		part = heraldpb.PartitionForKey(info.FirstKey, n)
-	default:
-		part = s.rr % n
-		s.rr++
 	}
 	if s.pending.GetCardinality()+uint64(s.queued) >= s.o.MaxPending {
 		mRefused.WithLabelValues("max_pending").Inc()
@@ -827,14 +693,14 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 		return
 	}
 	ev := &heraldpb.ScheduleEvent{Event: &heraldpb.ScheduleEvent_Schedule{Schedule: &heraldpb.ScheduledBatch{
-		Topic: req.Topic, Partition: part, DeliverAtMs: at, CreatedMs: now.UnixMilli(), Count: uint32(info.Count), Records: req.Records,
+		Topic: req.Topic, Partition: part, DeliverAtMs: at, CreatedMs: now.UnixMilli(), Count: uint32(n), Records: req.Records,
 	}}}
 	raw, merr := proto.Marshal(ev)
 	if merr != nil {
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding: %v", merr)))
 		return
 	}
-	count := uint32(info.Count)
+	count := uint32(n)
 	s.write(ctx, writeOp{events: [][]byte{raw}, client: true, done: func(base int64, werr *heraldpb.Error) {
 		if werr != nil {
 			respond(ctx, to, heraldpb.ErrorFrame(f.Id, werr))
@@ -854,43 +720,10 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 	s.flushWrites(ctx)
 }
 
-// tagBytes bounds what AppendBatchHeaders adds to one record at fire time:
-// the two headers with the longest values, and a longer length prefix.
-var tagBytes = func() int {
-	one, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{}}})
-	tagged, _ := heraldpb.AppendBatchHeaders(one, [2]string{HeaderScheduleID, "18446744073709551615"},
-		[2]string{HeaderDeliverAt, "-9223372036854775808"}, [2]string{HeaderFireToken, tokenText(1<<64 - 1)})
-	return len(tagged) - len(one) + 2
-}()
-
-// ParseID reads a schedule id.
-func ParseID(id string) (uint64, bool) {
-	ref, err := strconv.ParseUint(id, 10, 64)
-	return ref, err == nil
-}
-
 func (s *Scheduler) onCancel(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.CancelScheduledRequest, to *actor.PID) {
-	ref, ok := ParseID(req.Id)
-	if !ok {
-		respond(ctx, to, invalid(f.Id, "schedule id %q is not a number", req.Id))
-		return
-	}
-	if cur, ok := s.moved[ref]; ok {
-		ref = cur // moved up the log by compaction
-	}
-	if s.rewriting[ref] {
-		respond(ctx, to, throttled(f.Id, "the batch is being moved by compaction"))
-		return
-	}
-	notFound := func(why string) {
-		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_SCHEDULE_NOT_FOUND, "scheduled batch %s %s", req.Id, why)))
-	}
-	if _, firing := s.busy[ref]; firing {
-		notFound("is being delivered")
-		return
-	}
-	if _, dup := s.cancelling[ref]; dup || !s.pending.Contains(ref) {
-		notFound("is not pending (unknown, delivered or cancelled)")
+	ref, e := s.cancelTarget(req.Id)
+	if e != nil {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
 		return
 	}
 	if s.queued >= s.o.MaxQueued {
@@ -1022,13 +855,7 @@ func (s *Scheduler) compact(ctx actor.Context) {
 	if e == nil || !s.loaded {
 		return // before the load, pending is not known: nothing may go
 	}
-	cut := e.Stats[0].HighWatermark.Load()
-	if !s.pending.IsEmpty() {
-		cut = min(cut, int64(s.pending.Minimum()))
-	}
-	for r := range s.busy {
-		cut = min(cut, int64(r))
-	}
+	cut := s.compactCut(e.Stats[0].HighWatermark.Load())
 	if cut <= e.Stats[0].StartOffset.Load() {
 		s.maybeRewrite(ctx, e, cut)
 		s.armCompact()

@@ -1,5 +1,7 @@
 package scheduler
 
+// Firing: due batches read, announced and appended in rounds, their fires recorded; the list of pending batches.
+
 import (
 	"cmp"
 	"container/heap"
@@ -98,23 +100,7 @@ func (s *Scheduler) onTick(ctx actor.Context) {
 			panic(fmt.Sprintf("scheduler: far store read failed: %v", d.Err()))
 		}
 	}
-	kept := s.dueQ[:before]
-	for _, e := range s.dueQ[before:] {
-		if !s.pending.Contains(e.Ref) {
-			continue // cancelled (the wheel keeps cancelled timers until due)
-		}
-		if _, ok := s.busy[e.Ref]; ok {
-			continue
-		}
-		if at, ok := s.cancelling[e.Ref]; ok {
-			if at == 0 {
-				s.cancelling[e.Ref] = e.At
-			}
-			continue
-		}
-		kept = append(kept, e)
-	}
-	s.dueQ = kept
+	s.dueQ = append(s.dueQ[:before], s.keepDue(s.dueQ[before:])...)
 	mDue.Set(float64(len(s.dueQ)))
 	s.startRounds(ctx)
 	s.armTimer()
@@ -131,24 +117,8 @@ func (s *Scheduler) startRounds(ctx actor.Context) {
 	// wait in the wheel's order, 16 bytes each) until they get through.
 	for s.rounds < s.o.MaxRounds && len(s.dueQ) > 0 && s.retrying < maxRetrying && s.heldBytes < s.o.MaxHeldBytes {
 		r := &fireRound{owner: s, raw: map[uint64][]byte{}, token: randomToken()}
-		n := 0
-		for ; n < len(s.dueQ) && len(r.entries) < s.o.FireBatch; n++ {
-			e := s.dueQ[n]
-			if _, dup := s.busy[e.Ref]; dup {
-				continue // a timer added twice (a far store kept across a restart)
-			}
-			if !s.pending.Contains(e.Ref) {
-				continue // cancelled while it waited for a round
-			}
-			if at, ok := s.cancelling[e.Ref]; ok {
-				if at == 0 {
-					s.cancelling[e.Ref] = e.At // fires after all if the cancel fails
-				}
-				continue
-			}
-			s.busy[e.Ref] = struct{}{}
-			r.entries = append(r.entries, e)
-		}
+		var n int
+		r.entries, n = s.takeRound(s.dueQ, s.o.FireBatch)
 		s.dueQ = s.dueQ[n:] // not slices.Delete: that copies the rest, per round
 		if len(r.entries) > 0 {
 			s.rounds++
@@ -171,7 +141,7 @@ func (s *Scheduler) readRound(ctx actor.Context, r *fireRound) {
 		slices.Sort(r.missing)
 		r.missing = slices.Compact(r.missing)
 	}
-	s.takeCached(r)
+	takeCached(s.rcache, r)
 	if len(r.missing) == 0 {
 		s.writeFiring(ctx, r)
 		return
@@ -187,7 +157,7 @@ func (s *Scheduler) readRound(ctx actor.Context, r *fireRound) {
 			return
 		}
 		s.rcache = fr.GetBatches()
-		s.takeCached(r)
+		takeCached(s.rcache, r)
 		if len(r.missing) > 0 && r.missing[0] == next {
 			// The fetch did not reach it: below the log start or past the
 			// end, which a pending batch never is. Drop it, loudly.
@@ -198,48 +168,6 @@ func (s *Scheduler) readRound(ctx actor.Context, r *fireRound) {
 		}
 		s.readRound(ctx, r)
 	})
-}
-
-// takeCached moves the round's missing records found in the read cache
-// into r.raw (aliasing the fetched bytes, which nothing modifies): one
-// pass over each cached batch that holds some. Decoding them is left to
-// buildRound, off the actor's goroutine.
-func (s *Scheduler) takeCached(r *fireRound) {
-	if len(s.rcache) == 0 || len(r.missing) == 0 {
-		return
-	}
-	found := map[uint64]bool{}
-	mi := 0
-	for _, b := range s.rcache {
-		lo, hi := uint64(b.BaseOffset), uint64(b.BaseOffset+int64(b.Count))
-		for mi < len(r.missing) && r.missing[mi] < lo {
-			mi++
-		}
-		if mi == len(r.missing) {
-			break
-		}
-		if r.missing[mi] >= hi {
-			continue
-		}
-		_ = heraldpb.ForEachRawRecord(b.Records, func(k int, rec []byte) bool {
-			ref := lo + uint64(k)
-			for mi < len(r.missing) && r.missing[mi] < ref {
-				mi++
-			}
-			if mi == len(r.missing) {
-				return false
-			}
-			if r.missing[mi] != ref {
-				return true
-			}
-			r.raw[ref] = rec
-			found[ref] = true
-			return true
-		})
-	}
-	if len(found) > 0 {
-		r.missing = slices.DeleteFunc(r.missing, func(ref uint64) bool { return found[ref] })
-	}
 }
 
 // writeFiring announces the round's appends, then holds them for their
@@ -414,53 +342,9 @@ func (s *Scheduler) sendChunks(ctx actor.Context, cs []*fireChunk) {
 			mSendLateness.Observe(float64(max(nowUs-(at*1000-ahead), 0)) / 1e6)
 		}
 	}
-	type key struct {
-		e    *registry.Entry
-		part uint32
+	for _, g := range groupChunks(cs, nowUs) {
+		s.sendGroup(ctx, g)
 	}
-	groups := map[key][][]*fireChunk{}
-	var order []key
-	for _, c := range cs {
-		k := key{c.entry, c.part}
-		g := groups[k]
-		if g == nil {
-			order = append(order, k)
-		}
-		limit := int(c.entry.Config.GetMaxMessageBytes())
-		if limit == 0 {
-			limit = 1 << 20
-		}
-		// A chunk not due yet starts its own append unless due in the
-		// same millisecond as the last: an append is readable from its
-		// latest time, and must not hold an earlier chunk past its own.
-		if n := len(g); n == 0 || groupBytes(g[n-1])+len(c.records) > limit ||
-			(c.at*1000 > nowUs && c.at != g[n-1][len(g[n-1])-1].at) {
-			g = append(g, nil)
-		}
-		g[len(g)-1] = append(g[len(g)-1], c)
-		groups[k] = g
-	}
-	for _, k := range order {
-		for _, g := range groups[k] {
-			s.sendGroup(ctx, g)
-		}
-	}
-}
-
-func groupRefs(g []*fireChunk) int {
-	n := 0
-	for _, c := range g {
-		n += len(c.refs)
-	}
-	return n
-}
-
-func groupBytes(g []*fireChunk) int {
-	n := 0
-	for _, c := range g {
-		n += len(c.records)
-	}
-	return n
 }
 
 // sendGroup appends chunks of one partition in one request; a retriable
@@ -556,18 +440,6 @@ func (s *Scheduler) settleGroup(ctx actor.Context, g []*fireChunk, ok bool, e *h
 			s.finishRound(ctx, r)
 		}
 	}
-}
-
-// retriable reports whether an append may succeed later: a topic that is
-// throttled, short of disk, or moving leader. A deleted topic or a batch
-// it refuses is not.
-func retriable(e *heraldpb.Error) bool {
-	switch e.GetCode() {
-	case heraldpb.ErrorCode_TOPIC_NOT_FOUND, heraldpb.ErrorCode_PARTITION_NOT_FOUND,
-		heraldpb.ErrorCode_MESSAGE_TOO_LARGE, heraldpb.ErrorCode_INVALID_REQUEST:
-		return false
-	}
-	return true
 }
 
 func (s *Scheduler) finishRound(ctx actor.Context, r *fireRound) {

@@ -1,5 +1,7 @@
 package scheduler
 
+// Compaction of __schedule: long-pending batches moved up the log so that its start can be cut.
+
 import (
 	"time"
 
@@ -25,55 +27,14 @@ const (
 	rewriteNotBefore = 10 * time.Minute
 )
 
-// noteMoved records that batch id now lives at ref.
-func (s *Scheduler) noteMoved(id, ref uint64) {
-	if old, ok := s.moved[id]; ok {
-		delete(s.origOf, old)
-	}
-	s.moved[id] = ref
-	s.origOf[ref] = id
-}
-
-// forgetMoved drops the move record of ref, which is done (fired,
-// cancelled, or moved again).
-func (s *Scheduler) forgetMoved(ref uint64) {
-	if id, ok := s.origOf[ref]; ok {
-		delete(s.origOf, ref)
-		if s.moved[id] == ref {
-			delete(s.moved, id)
-		}
-	}
-}
-
 // maybeRewrite starts moving the pending batches that pin __schedule's
 // start at cut, when that is worth it.
 func (s *Scheduler) maybeRewrite(ctx actor.Context, e *registry.Entry, cut int64) {
 	if s.rewriteOn || s.pending.IsEmpty() || e.Stats[0].SizeBytes.Load() < s.o.RewriteBytes {
 		return
 	}
-	hw := e.Stats[0].HighWatermark.Load()
-	mid := cut + (hw-cut)/2
-	if mid <= cut {
-		return
-	}
-	var refs []uint64
-	it := s.pending.Iterator()
-	it.AdvanceIfNeeded(uint64(cut))
-	for it.HasNext() && len(refs) < rewriteMax {
-		ref := it.Next()
-		if int64(ref) >= mid {
-			break
-		}
-		if _, busy := s.busy[ref]; busy {
-			continue
-		}
-		if _, c := s.cancelling[ref]; c {
-			continue
-		}
-		refs = append(refs, ref)
-	}
-	// Moving pays when the older half is mostly done batches.
-	if len(refs) == 0 || int64(len(refs))*10 > mid-cut {
+	refs, mid := s.toMove(cut, e.Stats[0].HighWatermark.Load())
+	if len(refs) == 0 {
 		return
 	}
 	s.rewriteOn = true

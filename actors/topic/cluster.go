@@ -1,5 +1,7 @@
 package topic
 
+// Cluster mode: the manager as this node's replica manager, and the stand-in actor for partitions held elsewhere.
+
 import (
 	"context"
 	"fmt"
@@ -177,20 +179,12 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 		ctx.Respond(heraldpb.ErrorFrame(f.Id, e))
 		return
 	}
-	pa := e.Record.Partitions[part]
-	var nodes []uint64
 	key := partKey(topic, part)
+	var hint uint64
 	if h, ok := r.hints.Load(key); ok {
-		nodes = append(nodes, h.(uint64)) // the leader, as the last produce found it
+		hint = h.(uint64) // the leader, as the last produce found it
 	}
-	if l := e.Stats[part].Leader.Load(); l != 0 && l != r.self && !slices.Contains(nodes, l) {
-		nodes = append(nodes, l)
-	}
-	for _, n := range append(slices.Clone(pa.Replicas), pa.Target...) {
-		if n != r.self && !slices.Contains(nodes, n) {
-			nodes = append(nodes, n)
-		}
-	}
+	nodes := proxyNodes(hint, e.Stats[part].Leader.Load(), r.self, e.Record.Partitions[part])
 	sender, st, group := ctx.Sender(), e.Stats[part], groupOf(e.Record, part)
 	if int(part) < len(e.Dirs) && e.Dirs[part] != "" {
 		st = nil // a local follower's: its actor publishes them
@@ -217,37 +211,6 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 		}
 		r.sys.Root.Send(sender, resp)
 	}()
-}
-
-// noteRemote keeps the published state of a partition with no local
-// replica from the answers the stand-in relays (the node that took a
-// produce leads it; a fetch gives the log's bounds), so that metadata
-// and group lag show more than zeros for it.
-func noteRemote(st *partition.Stats, f, resp *heraldpb.Frame, from uint64) {
-	if st == nil {
-		return
-	}
-	// The bounds only grow: an answer from a replica that lags must not
-	// make readers think the log ends earlier than they read.
-	bounds := func(hw, start int64) {
-		if hw > st.HighWatermark.Load() {
-			st.HighWatermark.Store(hw)
-		}
-		if start > st.StartOffset.Load() {
-			st.StartOffset.Store(start)
-		}
-	}
-	switch {
-	case resp.GetProduceResponse() != nil:
-		st.Leader.Store(from)
-	case resp.GetFetchResponse() != nil && !f.GetFetch().GetIncludeHeld():
-		// (an include_held answer's end counts batches not readable yet)
-		bounds(resp.GetFetchResponse().HighWatermark, resp.GetFetchResponse().LogStartOffset)
-	case resp.GetListOffsetsResponse() != nil:
-		bounds(resp.GetListOffsetsResponse().HighWatermark, resp.GetListOffsetsResponse().LogStartOffset)
-	case resp.GetError().GetCode() == heraldpb.ErrorCode_NOT_LEADER && f.GetProduce() != nil:
-		st.Leader.Store(uint64(resp.GetError().GetLeader()))
-	}
 }
 
 // forward tries nodes in turn (a leader named by NOT_LEADER next), at
@@ -364,7 +327,7 @@ func (m *Manager) sweepReplicas(a *Assign) {
 	keep := map[string]bool{}
 	for _, rec := range a.Topics {
 		for _, pa := range rec.Partitions {
-			if dir := m.localDir(rec, pa); dir != "" {
+			if dir := replicaDir(m.cfg.DataDir, m.cfg.NodeID, rec, pa); dir != "" {
 				keep[dir] = true
 			}
 		}
@@ -385,32 +348,6 @@ func (m *Manager) sweepReplicas(a *Assign) {
 // message is handled (not the latest now: newer may be queued already).
 func (m *Manager) reassignLater(ctx actor.Context) {
 	ctx.Send(ctx.Self(), &reconcileAgain{})
-}
-
-func sortedKeys[V any](mp map[string]V) []string {
-	out := make([]string, 0, len(mp))
-	for k := range mp {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
-
-// localDir is the log folder of this node's replica of a partition, or ""
-// when this node holds none (it is neither among the replicas nor in the
-// target). The topic's id keeps a re-created topic of the same name from
-// reopening an old log, and the id of the move that added this node a
-// replica added again after it left.
-func (m *Manager) localDir(rec *heraldpb.TopicRecord, pa *heraldpb.PartitionAssignment) string {
-	self := m.cfg.NodeID
-	if !slices.Contains(pa.Replicas, self) && !slices.Contains(pa.Target, self) {
-		return ""
-	}
-	name := fmt.Sprintf("%s-%d-%s", rec.Name, pa.Id, rec.RequestId)
-	if j := pa.Joined[self]; j != "" {
-		name += "-" + j
-	}
-	return filepath.Join(m.cfg.DataDir, "replicas", name)
 }
 
 // spawnReplica starts this node's replica of a partition, in dir. Its
@@ -483,7 +420,7 @@ func (m *Manager) spawnReplicated(ctx actor.Context, rec *heraldpb.TopicRecord) 
 			return fmt.Errorf("topic %q: partition %d is listed at position %d", rec.Name, pa.Id, i)
 		}
 		pids[i], stats[i] = m.cluster.remote, &partition.Stats{}
-		dir := m.localDir(rec, pa)
+		dir := replicaDir(m.cfg.DataDir, m.cfg.NodeID, rec, pa)
 		if dir == "" || m.moving[partKey(rec.Name, pa.Id)] {
 			continue
 		}
@@ -505,16 +442,6 @@ func (m *Manager) spawnReplicated(ctx actor.Context, rec *heraldpb.TopicRecord) 
 	return nil
 }
 
-func partKey(topic string, p uint32) string { return fmt.Sprintf("%s/%d", topic, p) }
-
-// groupOf is the transport name of a cluster topic partition's raft
-// group: with the topic's id, so that the replicas of a topic deleted
-// and made again under its name (one node may run an old one for a
-// moment) never take each other's raft messages.
-func groupOf(rec *heraldpb.TopicRecord, p uint32) string {
-	return partition.Name(rec.Name, p) + "@" + rec.RequestId
-}
-
 // reconcile brings a running cluster topic's local replicas in line with
 // its record: it starts the replicas of partitions moved (or being moved)
 // to this node, stops those moved away and deletes their logs, and tells
@@ -524,7 +451,7 @@ func (m *Manager) reconcile(ctx actor.Context, e *registry.Entry, rec *heraldpb.
 	for i, pa := range rec.Partitions {
 		p := uint32(i)
 		key := partKey(rec.Name, p)
-		want := m.localDir(rec, pa)
+		want := replicaDir(m.cfg.DataDir, m.cfg.NodeID, rec, pa)
 		switch {
 		case m.moving[key]:
 			// the old replica is stopping; reconciled again once it stopped
@@ -564,11 +491,6 @@ func (m *Manager) reconcile(ctx actor.Context, e *registry.Entry, rec *heraldpb.
 	m.reg.Update(func(reg map[string]*registry.Entry) {
 		reg[rec.Name] = &registry.Entry{Name: rec.Name, Config: rec.Config, Topic: e.Topic, Partitions: pids, Stats: stats, Record: rec, Dirs: dirs, Remote: m.cluster.remote}
 	})
-}
-
-// setTarget tells a replica its partition's target, by raft id.
-func setTarget(pa *heraldpb.PartitionAssignment) *partition.SetTarget {
-	return &partition.SetTarget{Target: pa.RaftIDs(pa.Target), Joined: pa.Joined}
 }
 
 // targetReached is a local leader's report that its group has the
@@ -732,20 +654,4 @@ func (m *Manager) onClusterOpDone(ctx actor.Context, d *clusterOpDone) {
 		}
 	}
 	m.awaitWritable(ctx, &awaitCreated{name: d.name, frameID: d.frameID, replyTo: d.replyTo, deadline: time.Now().Add(createWait)})
-}
-
-// ready reports whether a new topic can take writes: every partition of
-// a local topic is writable, by idempotent producers (the SDK's default)
-// too unless the topic is internal; every local replica of a cluster
-// topic knows its leader.
-func ready(e *registry.Entry, remote *actor.PID, internal bool) bool {
-	for i, st := range e.Stats {
-		switch {
-		case e.Record == nil && (!st.Writable.Load() || (!internal && !st.Idempotent.Load())):
-			return false
-		case e.Record != nil && e.Partitions[i] != remote && st.Leader.Load() == 0:
-			return false
-		}
-	}
-	return true
 }

@@ -1,5 +1,7 @@
 package topic
 
+// The topic room's routes: client requests handed to partition actors and to the manager, on the network loops.
+
 import (
 	"reflect"
 

@@ -32,6 +32,7 @@ var rules = map[string][]string{
 	"cluster/...":       {"broker/...", "netio/...", "client/...", "cmd/...", "actors/topic", "actors/consumer", "actors/scheduler", "actors/txn", "chaos/..."},
 	"client/...":        {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "filter", "internal/..."},
 	"cmd/...":           {"actors/...", "netio/...", "cluster/...", "persistence/...", "registry", "timewheel"},
+	"examples/...":      {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "filter", "internal/..."},
 	"internal/raftwire": {"actors/...", "netio/...", "broker/...", "cmd/...", "client/..."},
 	// The chaos suite drives real brokers from outside, through the SDK
 	// and the wire format, and reads data dirs with persistence; no node

@@ -1,20 +1,19 @@
 package topic
 
+// The topic room's actors: the node's topic manager (Receive, its onX handlers, the catalog file) and the topic actors it spawns.
+
 import (
 	"cmp"
-	"encoding/json"
 	"fmt"
-	"github.com/heraldmq/herald/registry"
 	"os"
 	"path/filepath"
-	"sort"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
 	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
-	"google.golang.org/protobuf/encoding/protojson"
+	"github.com/heraldmq/herald/registry"
 )
 
 // ManagerName is the manager's actor name.
@@ -141,29 +140,11 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame) {
 	}
 }
 
-// requestedTopic names a topic of a metadata request, for messages.
-func requestedTopic(f *heraldpb.Frame) string {
-	switch b := f.Body.(type) {
-	case *heraldpb.Frame_DescribeTopic:
-		return b.DescribeTopic.Name
-	case *heraldpb.Frame_Metadata:
-		if len(b.Metadata.Topics) > 0 {
-			return b.Metadata.Topics[0]
-		}
-	}
-	return "*"
-}
-
 // onRead answers ListTopics, DescribeTopic and Metadata from the registry.
 func (m *Manager) onRead(ctx actor.Context, f *heraldpb.Frame) {
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_ListTopics:
-		resp := &heraldpb.ListTopicsResponse{}
-		for _, e := range m.reg.All() {
-			if !registry.IsInternal(e.Name) { // internal topics: DescribeTopic by name
-				resp.Topics = append(resp.Topics, e.Info(uint32(m.cfg.NodeID)))
-			}
-		}
+		resp := listTopics(m.reg.All(), uint32(m.cfg.NodeID))
 		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListTopicsResponse{ListTopicsResponse: resp}})
 	case *heraldpb.Frame_DescribeTopic:
 		e := m.reg.Get(b.DescribeTopic.Name)
@@ -173,88 +154,21 @@ func (m *Manager) onRead(ctx actor.Context, f *heraldpb.Frame) {
 		}
 		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_DescribeTopicResponse{DescribeTopicResponse: &heraldpb.DescribeTopicResponse{Topic: e.Info(uint32(m.cfg.NodeID))}}})
 	case *heraldpb.Frame_Metadata:
-		resp := &heraldpb.MetadataResponse{Brokers: []*heraldpb.BrokerInfo{{NodeId: uint32(m.cfg.NodeID), Addr: m.cfg.Advertise}}}
+		brokers := []*heraldpb.BrokerInfo{{NodeId: uint32(m.cfg.NodeID), Addr: m.cfg.Advertise}}
 		if m.cluster != nil && len(m.cluster.brokers) > 0 {
-			resp.Brokers = m.cluster.brokers
+			brokers = m.cluster.brokers
 		}
-		want := map[string]bool{}
-		for _, t := range b.Metadata.Topics {
-			want[t] = true
-		}
-		for _, e := range m.reg.All() {
-			if (len(want) == 0 && !registry.IsInternal(e.Name)) || want[e.Name] {
-				resp.Topics = append(resp.Topics, e.Info(uint32(m.cfg.NodeID)))
-				delete(want, e.Name)
-			}
-		}
-		if len(want) > 0 {
-			var missing []string
-			for t := range want {
-				missing = append(missing, t)
-			}
-			sort.Strings(missing)
-			ctx.Respond(heraldpb.ErrorFrame(f.Id, topicNotFound(missing[0])))
+		resp, e := metadata(m.reg.All(), b.Metadata.Topics, brokers, uint32(m.cfg.NodeID))
+		if e != nil {
+			ctx.Respond(heraldpb.ErrorFrame(f.Id, e))
 			return
 		}
 		ctx.Respond(&heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_MetadataResponse{MetadataResponse: resp}})
 	}
 }
 
-// normalize validates a create request's config and fills its defaults.
-func (m *Manager) normalize(name string, in *heraldpb.TopicConfig) (*heraldpb.TopicConfig, *heraldpb.Error) {
-	bad := func(format string, args ...any) *heraldpb.Error {
-		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, format, args...)
-	}
-	if !registry.WellFormed(name) {
-		return nil, bad("topic name %q must be 1-200 characters of A-Z a-z 0-9 . _ -", name)
-	}
-	if registry.IsInternal(name) {
-		return nil, bad("topic name %q: names starting with __ are reserved for internal topics", name)
-	}
-	cfg := &heraldpb.TopicConfig{}
-	if in != nil {
-		cfg = &heraldpb.TopicConfig{Partitions: in.Partitions, ReplicationFactor: in.ReplicationFactor,
-			RetentionMs: in.RetentionMs, RetentionBytes: in.RetentionBytes, MaxMessageBytes: in.MaxMessageBytes,
-			MessageTtlMs: in.MessageTtlMs}
-	}
-	if p := ttlProblem(cfg); p != "" {
-		return nil, bad("%s", p)
-	}
-	if cfg.Partitions == 0 {
-		if in != nil {
-			// A config that states 0 partitions is a mistake (the CLI
-			// refuses it too); only a request without a config takes the
-			// broker's default.
-			return nil, bad("partitions must be at least 1 (omit the config to take the broker's default-partitions, %d)", m.cfg.DefaultPartitions)
-		}
-		cfg.Partitions = m.cfg.DefaultPartitions
-	}
-	if cfg.Partitions > m.cfg.MaxPartitions {
-		return nil, bad("partitions %d exceeds the broker's max of %d", cfg.Partitions, m.cfg.MaxPartitions)
-	}
-	if !m.cfg.Clustered {
-		if cfg.ReplicationFactor == 0 {
-			cfg.ReplicationFactor = 1
-		}
-		if cfg.ReplicationFactor > 1 {
-			return nil, bad("replication factor %d needs %d nodes; this cluster has 1", cfg.ReplicationFactor, cfg.ReplicationFactor)
-		}
-	}
-	cfg.MinInsyncReplicas = in.GetMinInsyncReplicas()
-	if cfg.RetentionMs < 0 || cfg.RetentionBytes < 0 {
-		return nil, bad("retention must not be negative")
-	}
-	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = m.cfg.MaxMessageBytes
-	}
-	if cfg.MaxMessageBytes > m.cfg.MaxMessageBytes {
-		return nil, bad("max message bytes %d exceeds the broker's max of %d", cfg.MaxMessageBytes, m.cfg.MaxMessageBytes)
-	}
-	return cfg, nil
-}
-
 func (m *Manager) onCreate(ctx actor.Context, id uint64, req *heraldpb.CreateTopicRequest) {
-	cfg, e := m.normalize(req.Name, req.Config)
+	cfg, e := normalize(&m.cfg, req.Name, req.Config)
 	if e != nil {
 		ctx.Respond(heraldpb.ErrorFrame(id, e))
 		return
@@ -528,10 +442,6 @@ func (m *Manager) stopAll(ctx actor.Context, pids []*actor.PID, done func()) {
 // group takes its place when Herald becomes a cluster.
 const catalogFile = "catalog.json"
 
-type catalogDoc struct {
-	Topics []json.RawMessage `json:"topics"`
-}
-
 func loadCatalog(fs persistence.FS, dir string) ([]*heraldpb.TopicInfo, error) {
 	f, err := fs.OpenFile(filepath.Join(dir, catalogFile), os.O_RDONLY, 0)
 	if os.IsNotExist(err) {
@@ -541,36 +451,52 @@ func loadCatalog(fs persistence.FS, dir string) ([]*heraldpb.TopicInfo, error) {
 		return nil, fmt.Errorf("topic: opening catalog: %w", err)
 	}
 	defer f.Close()
-	var doc catalogDoc
-	if err := json.NewDecoder(f).Decode(&doc); err != nil {
-		return nil, fmt.Errorf("topic: catalog %s is damaged: %w", filepath.Join(dir, catalogFile), err)
-	}
-	var out []*heraldpb.TopicInfo
-	for _, raw := range doc.Topics {
-		ti := &heraldpb.TopicInfo{}
-		if err := protojson.Unmarshal(raw, ti); err != nil {
-			return nil, fmt.Errorf("topic: catalog entry: %w", err)
-		}
-		out = append(out, ti)
-	}
-	return out, nil
+	return decodeCatalog(f, filepath.Join(dir, catalogFile))
 }
 
 func (m *Manager) saveCatalog() error {
-	var doc catalogDoc
-	for _, e := range m.reg.All() {
-		if e.Record != nil {
-			continue // a cluster topic: the controller holds it
-		}
-		raw, err := protojson.Marshal(&heraldpb.TopicInfo{Name: e.Name, Config: e.Config})
-		if err != nil {
-			return err
-		}
-		doc.Topics = append(doc.Topics, raw)
-	}
-	data, err := json.MarshalIndent(doc, "", "  ")
+	data, err := encodeCatalog(m.reg.All())
 	if err != nil {
 		return err
 	}
 	return persistence.WriteFileAtomic(m.cfg.FS, filepath.Join(m.cfg.DataDir, catalogFile), data, 0o644)
+}
+
+// topicActor routes the produce requests sent to a topic's PID (the
+// consumer room's dead letters) through the registry's routing
+// (registry.Entry.Route), as the network loops route clients' produces
+// themselves. Its PID is also the topic's identity (registry.Same).
+type topicActor struct {
+	name string
+	reg  *registry.Registry
+}
+
+func topicProps(name string, reg *registry.Registry) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &topicActor{name: name, reg: reg}
+	})
+}
+
+func (t *topicActor) Receive(ctx actor.Context) {
+	f, ok := ctx.Message().(*heraldpb.Frame)
+	if !ok {
+		return
+	}
+	req := f.GetProduce()
+	if req == nil {
+		ctx.Send(ctx.Sender(), heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic actors route produce requests only")))
+		return
+	}
+	e := t.reg.Get(t.name)
+	if e == nil || e.Topic == nil || !e.Topic.Equal(ctx.Self()) {
+		ctx.Send(ctx.Sender(), heraldpb.ErrorFrame(f.Id, topicNotFound(t.name))) // deleted meanwhile
+		return
+	}
+	part, to, perr := e.Route(req)
+	if perr != nil {
+		ctx.Send(ctx.Sender(), heraldpb.ErrorFrame(f.Id, perr))
+		return
+	}
+	req.Partition = &part
+	ctx.RequestWithCustomSender(to, f, ctx.Sender())
 }

@@ -1,8 +1,10 @@
 package consumer
 
-// The group coordinator actor: its state, Receive and the frames it serves; the
-// concerns live beside it (subscribe.go, read.go, dispatch.go, acks.go,
-// admin.go, deadletter.go, idle.go).
+// The group coordinator actor: its state, Receive and the onX dispatch of what it
+// serves; the concerns live beside it (subscribe.go, read.go, dispatch.go,
+// acks.go, admin.go, deadletter.go, idle.go), its pure core in state.go, and the
+// groups manager (manager.go) and member sessions (session.go) are the room's
+// other actors.
 
 import (
 	"log/slog"
@@ -230,11 +232,7 @@ func newCoordinator(o *Options, group string, st *groupStore) *coordinator {
 func (c *coordinator) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
-		c.sys, c.self = ctx.ActorSystem(), ctx.Self()
-		c.o.Dir.forgetCoordinator(c.self)
-		c.idleSince = c.o.Clock.Now()
-		c.updateSummary()
-		c.armStats()
+		c.onStarted(ctx)
 	case *stopIdle:
 		c.onStopIdle(ctx)
 	case *idleNotNow:
@@ -244,25 +242,13 @@ func (c *coordinator) Receive(ctx actor.Context) {
 	case *heraldpb.Frame:
 		c.onFrame(ctx, m)
 	case *memberGone:
-		if c.live != nil {
-			if mb := c.live.bySub[m.subID]; mb != nil && mb.id == m.member {
-				c.leave(ctx, mb, c.o.Clock.Now())
-			}
-		}
+		c.onMemberGone(ctx, m)
 	case *callMsg:
 		c.onCall(ctx, m)
 	case *memberReady:
-		if mb := c.memberOf(m.subID); mb != nil && mb.id == m.member && mb.responder && mb.lane == nil {
-			mb.lane = &laneMember{member: mb.id, subID: mb.subID, conn: mb.conn.Id}
-			c.live.lane.lane.set(func(ms []*laneMember) []*laneMember { return append(ms, mb.lane) })
-			c.refill(mb)
-		}
+		c.onMemberReady(m)
 	case *refillMsg:
-		if c.live != nil {
-			if mb := c.live.members[m.lm.member]; mb != nil && mb.lane == m.lm {
-				c.refill(mb)
-			}
-		}
+		c.onRefill(m)
 	case *deadlineMsg:
 		c.deadlineAt = time.Time{}
 		c.onDeadline(ctx)
@@ -281,23 +267,7 @@ func (c *coordinator) Receive(ctx actor.Context) {
 	case *dlqRetryMsg, *dlqTimeoutMsg:
 		c.onDLQTimer(ctx, m)
 	case *checkpoint:
-		// Write the latest record of every view again, so that every
-		// older record of the group is superseded (compaction).
-		pending := map[storeKey]bool{}
-		for _, r := range c.writeRecs {
-			pending[keyOf(r)] = true
-		}
-		for _, r := range c.toWrite {
-			pending[keyOf(r)] = true
-		}
-		for _, k := range slices.SortedFunc(maps.Keys(c.st.stored), func(a, b storeKey) int {
-			return strings.Compare(a.topic+"\x00"+a.subscriber, b.topic+"\x00"+b.subscriber)
-		}) {
-			if !pending[k] {
-				c.toWrite = append(c.toWrite, c.st.stored[k])
-			}
-		}
-		c.flushAll(ctx, m.round)
+		c.onCheckpoint(ctx, m)
 	case *FlushGroup:
 		c.flushAll(ctx, 0)
 	case *EndSessions:
@@ -310,16 +280,76 @@ func (c *coordinator) Receive(ctx actor.Context) {
 			c.dispatch(ctx)
 		}
 	case *actor.Stopping:
-		if c.live != nil {
-			for _, mb := range c.live.members {
-				mb.breaker.Close()
-				c.o.Dir.removeSub(mb.subID)
-			}
-		}
-		c.o.Dir.forgetCoordinator(c.self)
-		ForgetBreakerGroup(c.group)
-		deleteGroupMetrics(c.group)
+		c.onStopping()
 	}
+}
+
+func (c *coordinator) onStarted(ctx actor.Context) {
+	c.sys, c.self = ctx.ActorSystem(), ctx.Self()
+	c.o.Dir.forgetCoordinator(c.self)
+	c.idleSince = c.o.Clock.Now()
+	c.updateSummary()
+	c.armStats()
+}
+
+// onStopping lets go of what the group holds outside the actor: its
+// members' breakers and directory entries, and its metrics.
+func (c *coordinator) onStopping() {
+	if c.live != nil {
+		for _, mb := range c.live.members {
+			mb.breaker.Close()
+			c.o.Dir.removeSub(mb.subID)
+		}
+	}
+	c.o.Dir.forgetCoordinator(c.self)
+	ForgetBreakerGroup(c.group)
+	deleteGroupMetrics(c.group)
+}
+
+// onMemberGone: a member's connection closed; it leaves the group.
+func (c *coordinator) onMemberGone(ctx actor.Context, m *memberGone) {
+	if c.live != nil {
+		if mb := c.live.bySub[m.subID]; mb != nil && mb.id == m.member {
+			c.leave(ctx, mb, c.o.Clock.Now())
+		}
+	}
+}
+
+// onMemberReady gives a responder that is ready its lane for direct calls.
+func (c *coordinator) onMemberReady(m *memberReady) {
+	if mb := c.memberOf(m.subID); mb != nil && mb.id == m.member && mb.responder && mb.lane == nil {
+		mb.lane = &laneMember{member: mb.id, subID: mb.subID, conn: mb.conn.Id}
+		c.live.lane.lane.set(func(ms []*laneMember) []*laneMember { return append(ms, mb.lane) })
+		c.refill(mb)
+	}
+}
+
+func (c *coordinator) onRefill(m *refillMsg) {
+	if c.live != nil {
+		if mb := c.live.members[m.lm.member]; mb != nil && mb.lane == m.lm {
+			c.refill(mb)
+		}
+	}
+}
+
+// onCheckpoint writes the latest record of every view again, so that
+// every older record of the group is superseded (compaction).
+func (c *coordinator) onCheckpoint(ctx actor.Context, m *checkpoint) {
+	pending := map[storeKey]bool{}
+	for _, r := range c.writeRecs {
+		pending[keyOf(r)] = true
+	}
+	for _, r := range c.toWrite {
+		pending[keyOf(r)] = true
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(c.st.stored), func(a, b storeKey) int {
+		return strings.Compare(a.topic+"\x00"+a.subscriber, b.topic+"\x00"+b.subscriber)
+	}) {
+		if !pending[k] {
+			c.toWrite = append(c.toWrite, c.st.stored[k])
+		}
+	}
+	c.flushAll(ctx, m.round)
 }
 
 func (c *coordinator) after(d time.Duration, msg any) {
