@@ -112,12 +112,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = cl.Stop()
-		}
-	}()
+	defer cl.Stop() // after the final reads: it unmounts tmpfs data dirs
 	admin, err := cl.Dial(ctx)
 	if err != nil {
 		return nil, err
@@ -199,9 +194,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		say("workload errors: %v", errs)
 	}
 	say("stopping the nodes")
-	stopped = true
-	if err := cl.Stop(); err != nil {
-		say("stopping: %v", err)
+	for _, id := range cl.IDs() {
+		if cl.Running(id) {
+			if err := cl.Shutdown(hctx, id); err != nil {
+				say("stopping node %d: %v", id, err)
+			}
+		}
 	}
 	dirs := map[int]string{}
 	for _, n := range cl.Nodes() {
