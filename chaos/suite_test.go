@@ -3,36 +3,19 @@ package chaos
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/heraldmq/herald/chaos/scenario"
+	"github.com/heraldmq/herald/internal/testbin"
 )
 
 // heraldChaos is the herald binary built with -tags chaos for the suite.
 var heraldChaos string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "herald-chaos-suite")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	heraldChaos = filepath.Join(dir, "herald")
-	build := exec.Command("go", "build", "-tags", "chaos", "-o", heraldChaos, "../cmd/herald")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building herald -tags chaos:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testbin.Main(m, &heraldChaos, "chaos") }
 
 // TestCISubset runs every scenario marked "ci" (issue 16 §6: leader kill,
 // leader pause, a minority partition, a bit flip on a follower, disk full,

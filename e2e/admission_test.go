@@ -46,20 +46,7 @@ func TestOverloadThrottlesFairly(t *testing.T) {
 	stop := make(chan struct{})
 	lightDone := steadyProducer(t, n, "light", stop)
 
-	results := make([]floodResult, heavyConns)
-	var wg sync.WaitGroup
-	for i := range heavyConns {
-		nc, err := net.Dial("tcp", n.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { nc.Close() })
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = rawFlood(nc, batch, uint32(i%2), pipeline, time.Now().Add(runFor))
-		}()
-	}
+	wait := floodFrom(t, n, heavyConns, batch, pipeline, runFor)
 
 	// Two SDK producers flood too: they must see THROTTLED as retries,
 	// never as failures.
@@ -96,7 +83,7 @@ func TestOverloadThrottlesFairly(t *testing.T) {
 		}()
 	}
 
-	wg.Wait()
+	results := wait()
 	sdkWG.Wait()
 	close(stop)
 	worst, sent, lightErrs := lightDone()
@@ -145,21 +132,8 @@ func TestOverloadDefersInOrder(t *testing.T) {
 	const heavyConns, pipeline, runFor = 4, 16, 3 * time.Second
 	stop := make(chan struct{})
 	lightDone := steadyProducer(t, n, "light", stop)
-	results := make([]floodResult, heavyConns)
-	var wg sync.WaitGroup
-	for i := range heavyConns {
-		nc, err := net.Dial("tcp", n.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { nc.Close() })
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = rawFlood(nc, batch, uint32(i%2), pipeline, time.Now().Add(runFor))
-		}()
-	}
-	wg.Wait()
+	wait := floodFrom(t, n, heavyConns, batch, pipeline, runFor)
+	results := wait()
 	close(stop)
 	_, sent, lightErrs := lightDone()
 
@@ -203,6 +177,30 @@ func writtenPer(rs []floodResult) []int {
 		n = append(n, r.ok)
 	}
 	return n
+}
+
+// floodFrom runs rawFlood on conns raw connections to n (connection i to
+// partition i%2 of "heavy") for runFor; the function it returns waits for
+// them and gives their results.
+func floodFrom(t *testing.T, n node, conns int, batch []byte, pipeline int, runFor time.Duration) func() []floodResult {
+	results := make([]floodResult, conns)
+	var wg sync.WaitGroup
+	for i := range conns {
+		nc, err := net.Dial("tcp", n.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = rawFlood(nc, batch, uint32(i%2), pipeline, time.Now().Add(runFor))
+		}()
+	}
+	return func() []floodResult {
+		wg.Wait()
+		return results
+	}
 }
 
 // heavyBatch is an encoded RecordBatch of 250 records of 1 KiB (about

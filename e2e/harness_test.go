@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -19,28 +17,13 @@ import (
 
 	"github.com/heraldmq/herald/broker"
 	"github.com/heraldmq/herald/client"
+	"github.com/heraldmq/herald/internal/testbin"
 )
 
 // heraldBin is the binary built once by TestMain for subprocess tests.
 var heraldBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "herald-e2e-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	heraldBin = filepath.Join(dir, "herald")
-	build := exec.Command("go", "build", "-o", heraldBin, "../cmd/herald")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building herald:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testbin.Main(m, &heraldBin) }
 
 // checkFor polls cond until it holds or total passes.
 func checkFor(t testing.TB, total time.Duration, what string, cond func() error) {

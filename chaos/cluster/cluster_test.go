@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/heraldmq/herald/client"
+	"github.com/heraldmq/herald/internal/testbin"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"golang.org/x/sys/unix"
 )
@@ -24,23 +24,7 @@ import (
 // heraldBin is the binary built once by TestMain.
 var heraldBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "herald-chaos-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	heraldBin = filepath.Join(dir, "herald")
-	build := exec.Command("go", "build", "-o", heraldBin, "../../cmd/herald")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building herald:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testbin.Main(m, &heraldBin) }
 
 func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -13,29 +11,14 @@ import (
 
 	"github.com/heraldmq/herald/chaos/cluster"
 	"github.com/heraldmq/herald/client"
+	"github.com/heraldmq/herald/internal/testbin"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 // heraldBin is the binary built once by TestMain.
 var heraldBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "herald-nemesis-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	heraldBin = filepath.Join(dir, "herald")
-	build := exec.Command("go", "build", "-o", heraldBin, "../../cmd/herald")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building herald:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testbin.Main(m, &heraldBin) }
 
 func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
