@@ -210,7 +210,7 @@ func TestCleanHistoryPasses(t *testing.T) {
 		t.Fatalf("counts %v, want %v\n%s", got, want, r)
 	}
 	for name, checked := range map[string]int{
-		Lost: 10, Duplicated: 10, Diverged: 32, OrderProducer: 9, OrderKey: 4, OrderUnpromised: 1,
+		Lost: 10, Duplicated: 10, Diverged: 32, OrderProducer: 7, OrderKey: 4, // the two delayed messages are not order-checked OrderUnpromised: 1,
 		CommitBackwards: 4, AckedRedelivered: 10, Early: 2, DLQBoth: 3, DLQNeither: 3, ReplyTwice: 1, ReplyMisrouted: 1,
 	} {
 		if got := r.Section(name).Checked; got != checked {

@@ -278,7 +278,9 @@ type sent struct {
 // records of each producer, and of each producer and key, come in send
 // order (Seq). The order is promised for records of an idempotent producer
 // and for keyed records; unkeyed records of a non-idempotent producer may
-// be reordered by the client (informational).
+// be reordered by the client (informational). Delayed messages (Due set)
+// are appended in the order they come due, not the order they were sent:
+// they are left out.
 func (c *checker) checkOrder() {
 	type pk struct{ producer, key string }
 	for _, p := range c.parts() {
@@ -297,6 +299,9 @@ func (c *checker) checkOrder() {
 				continue
 			}
 			op := c.ops[i]
+			if op.Due != 0 {
+				continue
+			}
 			cur := sent{pos: i, seq: op.Seq, value: v, offset: o}
 			out := func(name string, prev sent, what string) {
 				c.add(name, c.ex([]int{prev.pos, i}, []string{prev.value, v},

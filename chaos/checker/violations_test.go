@@ -56,6 +56,19 @@ func TestViolations(t *testing.T) {
 		{name: "idempotent unkeyed records reordered", edit: func(h *hist) {
 			h.setRecords("jobs", 0, "j-0", "j-2", "j-1")
 		}, want: map[string]int{OrderProducer: 1}},
+		{name: "delayed messages appended in due order, not send order", edit: func(h *hist) {
+			for i, v := range []string{"late-0", "late-1"} {
+				o := op{Process: "delayed-9", Type: invoke, F: history.Produce, Topic: "orders", Value: v, Seq: int64(i), Idempotent: true, Due: int64(10-i) * int64(time.Second)}
+				h.at(int64(20 + i)).add(o)
+				o.Type, o.Offset = ok, -1
+				h.add(o)
+			}
+			var vals []string
+			for _, rec := range h.reads("orders", 0)[0].Records {
+				vals = append(vals, rec.Value)
+			}
+			h.setRecords("orders", 0, append(vals, "late-1", "late-0")...)
+		}, valid: true},
 		{name: "non-idempotent unkeyed records reordered: informational", edit: func(h *hist) {
 			h.at(12).produce("producer-1", "orders", 1, 3, "", "p1-2", 2, false, ok)
 			h.setRecords("orders", 1, "p1-2", "p1-0", "p0-1", "p1-0")
