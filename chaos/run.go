@@ -9,14 +9,17 @@
 package chaos
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -324,7 +327,9 @@ func target(s *scenario.Scenario, name string) (nemesis.Target, error) {
 // every delayed message is due, and every group has acked everything in
 // the log; it reports whether it got there (the run drained).
 func settle(ctx context.Context, cl *cluster.Cluster, rec *history.Recorder, s *scenario.Scenario, now func() time.Duration) bool {
-	deadline := time.Now().Add(s.Settle.D())
+	// A node whose clock ran ahead scheduled its delayed messages that
+	// much later in real time: wait for them too.
+	deadline := time.Now().Add(s.Settle.D() + s.MaxClockOffset())
 	sctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	if cl.Settle(sctx) != nil {
@@ -340,13 +345,62 @@ func settle(ctx context.Context, cl *cluster.Cluster, rec *history.Recorder, s *
 	}
 	defer c.Close()
 	for {
-		if now() >= lastDue && groupsDone(sctx, c, s) {
+		if now() >= lastDue && schedulesDone(sctx, cl) && groupsDone(sctx, c, s) {
 			return true
 		}
 		if waitUntil(sctx, time.Now().Add(200*time.Millisecond)) != nil {
 			return false
 		}
 	}
+}
+
+// schedulesDone reports whether no node holds a delayed message not yet
+// appended (herald_scheduler_pending) or a batch held unreadable until its
+// time (herald_partition_held_batches).
+func schedulesDone(ctx context.Context, cl *cluster.Cluster) bool {
+	for _, n := range cl.Nodes() {
+		if !cl.Running(n.ID) {
+			continue
+		}
+		for _, m := range []string{"herald_scheduler_pending", "herald_partition_held_batches"} {
+			v, err := metricSum(ctx, n.Admin, m)
+			if err != nil || v > 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// metricSum adds up every sample of metric on the node's /metrics.
+func metricSum(ctx context.Context, admin, metric string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, metric) {
+			continue
+		}
+		rest := line[len(metric):]
+		if rest == "" || rest[0] != ' ' && rest[0] != '{' {
+			continue // another metric whose name starts the same
+		}
+		f := strings.Fields(rest)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+			sum += v
+		}
+	}
+	return sum, sc.Err()
 }
 
 // groupsDone reports whether every group of s has acked every record.

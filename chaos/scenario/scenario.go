@@ -53,6 +53,19 @@ type Goals struct {
 	Recovery    Duration `json:"recovery,omitempty"`
 }
 
+// MaxClockOffset is the largest clock jump (either way) of the scenario's
+// faults, 0 without any.
+func (s *Scenario) MaxClockOffset() time.Duration {
+	var m time.Duration
+	for _, st := range s.Nemesis.Timeline {
+		m = max(m, st.Offset.D(), -st.Offset.D())
+	}
+	for _, f := range s.Nemesis.Faults {
+		m = max(m, f.Offset.D(), -f.Offset.D())
+	}
+	return m
+}
+
 // Uses reports whether the scenario's nemesis has faults of kind.
 func (s *Scenario) Uses(kind string) bool {
 	for _, st := range s.Nemesis.Timeline {
