@@ -442,7 +442,10 @@ func TestGroupResetAndReplay(t *testing.T) {
 	w := dialWire(t, b.ClientAddr())
 	newTopic(t, w, "t", 1)
 	produce(t, w, "t", 0, 5)
-	before := time.Now()
+	// Append times are in milliseconds: the second five go in a later
+	// one than the first, so that `before` lies between them.
+	before := time.Now().Truncate(time.Millisecond).Add(time.Millisecond)
+	time.Sleep(time.Until(before)) // waits for the clock itself, not for an event
 	produce(t, w, "t", 0, 5)
 	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Credits: 100})
 	ackAll(t, w, sub, w.deliveries(10, 5*time.Second), 0)
