@@ -4788,11 +4788,15 @@ type PartitionLag struct {
 	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
 	// For broadcast groups: the member whose progress this is.
 	Subscriber string `protobuf:"bytes,2,opt,name=subscriber,proto3" json:"subscriber,omitempty"`
-	AckFloor   int64  `protobuf:"varint,3,opt,name=ack_floor,json=ackFloor,proto3" json:"ack_floor,omitempty"`
-	// Offsets acked above the floor.
+	// The durable floor: the one in the view's last progress record written
+	// to __groups, from which a coordinator taking over resumes. It does not
+	// go back across a failover.
+	AckFloor int64 `protobuf:"varint,3,opt,name=ack_floor,json=ackFloor,proto3" json:"ack_floor,omitempty"`
+	// Offsets done above the floor in the coordinator's memory, acks whose
+	// record is still being written included (capped at 2^32-1).
 	AckedAbove    uint32 `protobuf:"varint,4,opt,name=acked_above,json=ackedAbove,proto3" json:"acked_above,omitempty"`
 	HighWatermark int64  `protobuf:"varint,5,opt,name=high_watermark,json=highWatermark,proto3" json:"high_watermark,omitempty"`
-	// high_watermark - ack_floor - acked_above.
+	// high_watermark - ack_floor - acked_above: the messages not done.
 	Lag           int64  `protobuf:"varint,6,opt,name=lag,proto3" json:"lag,omitempty"`
 	Owner         string `protobuf:"bytes,7,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -4,13 +4,14 @@ package consumer
 
 import (
 	"cmp"
-	"github.com/heraldmq/herald/registry"
+	"math"
 	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
 )
 
 func (c *coordinator) armStats() {
@@ -193,8 +194,12 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 			}
 			c.toWrite = append(c.toWrite, rec)
 		}
-		// describe sees the queued records: the group as it will be.
-		c.waiters = append(c.waiters, waiter{to: replyTo, f: &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ResetGroupResponse{ResetGroupResponse: &heraldpb.ResetGroupResponse{Group: c.describe()}}}})
+		// The answer waits until these records are written: it shows the
+		// group as they leave it, not as describe (durable floors only)
+		// shows it now.
+		gi := c.info()
+		storedInfo(gi, c.o.Topics, topicName, c.latestRecords(topicName))
+		c.waiters = append(c.waiters, waiter{to: replyTo, f: &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ResetGroupResponse{ResetGroupResponse: &heraldpb.ResetGroupResponse{Group: gi}}}})
 		c.flush(ctx)
 	})
 }
@@ -219,12 +224,28 @@ func (c *coordinator) partitionStats(entry *registry.Entry, p int) *partition.St
 	return c.current(entry).Stats[p]
 }
 
-func (c *coordinator) describe() *heraldpb.GroupInfo {
-	gi := &heraldpb.GroupInfo{Group: c.group, DeadLettered: c.st.deadLettered, Expired: c.st.expired,
+// info is the group's DescribeGroup answer without its members and
+// partitions.
+func (c *coordinator) info() *heraldpb.GroupInfo {
+	return &heraldpb.GroupInfo{Group: c.group, DeadLettered: c.st.deadLettered, Expired: c.st.expired,
 		RetryPolicy: c.st.lastPolicy, DeadLetterTopic: c.st.lastDLQ}
+}
+
+// describe is the group as DescribeGroup, ListGroups and the lag gauges
+// show it. Its ack floors are durable: each is the floor in the view's
+// last progress record written to __groups (or loaded from it), the floor
+// a coordinator taking over now would resume from, so a failover never
+// shows one go back. What the coordinator holds as done above it in
+// memory (acks whose record is still being written among them) counts in
+// AckedAbove, and the lag is what is not done: high watermark - floor -
+// acked above, the messages the group's consumers still have to handle.
+func (c *coordinator) describe() *heraldpb.GroupInfo {
+	gi := c.info()
 	l := c.live
 	if l == nil {
-		storedInfo(gi, c.o.Topics, c.st.lastTop, c.latestRecords(c.st.lastTop))
+		// Only written records: those still being written (a leaving
+		// subscription's last progress) show once they are durable.
+		storedInfo(gi, c.o.Topics, c.st.lastTop, storedRecords(c.st, c.st.lastTop))
 		return gi
 	}
 	gi.Topic, gi.Mode, gi.FilterType, gi.Filter = l.topic, wireMode(l.mode), l.filterType, l.filterText
@@ -244,7 +265,9 @@ func (c *coordinator) describe() *heraldpb.GroupInfo {
 		gi.InFlight += mi.InFlight
 		gi.Redelivered += mb.redelivered
 	}
+	cur := c.current(l.entry)
 	for _, v := range l.sub.Views() {
+		stored := c.st.stored[storeKey{topic: l.topic, subscriber: string(v)}]
 		for p := range l.entry.Partitions {
 			owner := ""
 			if l.mode == Clustering {
@@ -252,17 +275,52 @@ func (c *coordinator) describe() *heraldpb.GroupInfo {
 					owner = string(o)
 				}
 			}
-			gi.Partitions = append(gi.Partitions, lagOf(uint32(p), string(v), l.sub.Progress(v, uint32(p)), c.current(l.entry), owner))
+			prog := l.sub.Progress(v, uint32(p))
+			floor := durableFloor(stored, uint32(p), l.sub.Start(uint32(p)), prog)
+			gi.Partitions = append(gi.Partitions, lagOf(uint32(p), string(v), floor, prog, cur, owner))
 		}
 	}
 	return gi
 }
 
-func lagOf(p uint32, subscriber string, prog *Progress, entry *registry.Entry, owner string) *heraldpb.PartitionLag {
-	pl := &heraldpb.PartitionLag{Partition: p, Subscriber: subscriber, AckFloor: prog.Floor(), AckedAbove: uint32(prog.Pending()), Owner: owner}
+// durableFloor is a view's floor in partition p as a coordinator taking
+// over now would resume from it: the floor in stored, the view's last
+// record written to __groups or loaded from it (nil: none). A view with
+// no record of p yet (a subscription before its first write) shows where
+// it started, start (its resolved start position, which a new coordinator
+// resolves again no lower), or prog's floor where that is lower (restored
+// from a record still being written, or moved back by a seek).
+func durableFloor(stored *heraldpb.GroupProgress, p uint32, start int64, prog *Progress) int64 {
+	if pp := partitionOf(stored, p); pp != nil {
+		return pp.AckFloor
+	}
+	return min(start, prog.Floor())
+}
+
+// partitionOf is g's progress of partition p, or nil.
+func partitionOf(g *heraldpb.GroupProgress, p uint32) *heraldpb.PartitionProgress {
+	ps := g.GetPartitions()
+	if int(p) < len(ps) && ps[p].GetPartition() == p {
+		return ps[p] // records list their partitions in order
+	}
+	for _, pp := range ps {
+		if pp.GetPartition() == p {
+			return pp
+		}
+	}
+	return nil
+}
+
+// lagOf is partition p's line of DescribeGroup for a view whose durable
+// floor is floor and whose progress in memory is prog. AckedAbove counts
+// prog's done offsets at or above floor (capped at 2^32-1; the lag is
+// computed before the cap).
+func lagOf(p uint32, subscriber string, floor int64, prog *Progress, entry *registry.Entry, owner string) *heraldpb.PartitionLag {
+	above := prog.DoneFrom(floor)
+	pl := &heraldpb.PartitionLag{Partition: p, Subscriber: subscriber, AckFloor: floor, AckedAbove: uint32(min(above, math.MaxUint32)), Owner: owner}
 	if entry != nil && int(p) < len(entry.Stats) {
 		pl.HighWatermark = entry.Stats[p].HighWatermark.Load()
-		pl.Lag = max(pl.HighWatermark-pl.AckFloor-int64(pl.AckedAbove), 0)
+		pl.Lag = max(pl.HighWatermark-floor-above, 0)
 	}
 	return pl
 }

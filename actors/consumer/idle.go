@@ -90,7 +90,7 @@ func storedInfo(gi *heraldpb.GroupInfo, topics *registry.Registry, topicName str
 				continue
 			}
 			gi.Retrying += uint32(len(pp.Retries))
-			gi.Partitions = append(gi.Partitions, lagOf(pp.Partition, r.Subscriber, prog, entry, ""))
+			gi.Partitions = append(gi.Partitions, lagOf(pp.Partition, r.Subscriber, prog.Floor(), prog, entry, ""))
 		}
 	}
 }

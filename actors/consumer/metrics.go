@@ -10,7 +10,7 @@ import (
 var (
 	mLag = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "herald_consumer_lag",
-		Help: "Messages of a partition not yet acknowledged by the group (high watermark - ack floor - acked above the floor), per group, subscriber view and partition.",
+		Help: "Messages of a partition not yet acknowledged by the group (high watermark - durable ack floor - offsets done above it, acks still being written included), per group, subscriber view and partition.",
 	}, []string{"group", "topic", "partition"})
 	mInFlight = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "herald_consumer_in_flight",

@@ -194,6 +194,20 @@ func (p *Progress) Pending() int {
 	return n
 }
 
+// DoneFrom is the number of done offsets at or above from: below the
+// floor every offset counts, above it the acknowledged ones. DescribeGroup
+// uses it to count, above a view's durable floor, what the coordinator
+// holds as done in memory.
+func (p *Progress) DoneFrom(from int64) int64 {
+	from = max(from, 0)
+	var n int64
+	if from < p.floor {
+		n = p.floor - from
+	}
+	p.runs(func(s, e int64) { n += max(e-max(s, from), 0) })
+	return n
+}
+
 // String renders the progress as "floor=5 acked=[7 9-11]" (ranges inclusive).
 func (p *Progress) String() string {
 	var b strings.Builder

@@ -155,6 +155,16 @@ func TestProgressModel(t *testing.T) {
 					t.Fatalf("Done(%d) = %v", o, p.Done(o))
 				}
 			}
+			from := f + int64(r.IntN(2*span+10)) - int64(span) - 5
+			want := int64(0)
+			for o := range done {
+				if o >= from && o >= 0 { // negative acks are ignored
+					want++
+				}
+			}
+			if got := p.DoneFrom(from); got != want {
+				t.Fatalf("%s: DoneFrom(%d) = %d, model %d", p, from, got, want)
+			}
 		}
 		q, err := DecodeProgress(p.Encode(3), span)
 		if err != nil || q.String() != p.String() {

@@ -408,6 +408,15 @@ func (s *Sub) Progress(v MemberID, p uint32) *Progress {
 	return nil
 }
 
+// Start is where a view with no stored progress starts in p: the start
+// position NewSub was given (0 for a partition it has none of).
+func (s *Sub) Start(p uint32) int64 {
+	if int(p) < len(s.start) {
+		return s.start[p]
+	}
+	return 0
+}
+
 // ReadFrom is the offset from which the actor should read p's log for
 // view, and how many messages Append would accept now (0: the view is
 // paused, by MaxPending or by the span bound). Retries and dead letters
