@@ -366,7 +366,7 @@ type Subscription struct {
 	progress  chan struct{} // closed and replaced when acks resolve
 	assigned  map[int32]struct{}
 	stats     SubscriptionStats
-	lostSeen  uint64 // stats.Lost already reported by Flush
+	lost      lostAcks // acks and nacks lost, by sequence number, for Flush
 }
 
 type ackEntry struct {
@@ -409,6 +409,7 @@ type ackUnit struct {
 type ackReq struct {
 	frame       *heraldpb.Frame
 	acks, nacks int
+	seqs        []uint64 // of its acks and nacks, lost together when it fails
 }
 
 // Subscribe joins opts.Group and calls h for every message the broker
@@ -700,8 +701,11 @@ func (s *Subscription) endSession(ss *subSession) {
 	s.mu.Lock()
 	if s.cur == ss {
 		s.cur = nil
-		n := len(s.acks) + len(s.nacks)
-		s.stats.Lost += uint64(n)
+		for _, q := range [][]ackEntry{s.acks, s.nacks} {
+			for _, e := range q {
+				s.loseLocked(e.seq)
+			}
+		}
 		s.acks, s.nacks = s.acks[:0], s.nacks[:0]
 		s.credits = 0
 		s.assigned = nil
@@ -938,14 +942,13 @@ func (s *Subscription) queueSettleLocked(d *Delivered, nack bool, delay time.Dur
 	if s.opts.AutoAck || d.IsRequest() {
 		return false // done on the broker already; requests are not in the log
 	}
+	s.seqQueued++
 	if d.sess != s.cur {
-		s.stats.Lost++ // its session ended: the broker redelivers it
+		s.loseLocked(s.seqQueued) // its session ended: the broker redelivers it
 		return false
 	}
-	e := ackEntry{partition: uint32(d.Partition), offset: d.Offset}
+	e := ackEntry{seq: s.seqQueued, partition: uint32(d.Partition), offset: d.Offset}
 	s.markPendingLocked()
-	s.seqQueued++
-	e.seq = s.seqQueued
 	if nack {
 		e.delayMs = -1
 		if delay >= 0 {
@@ -1070,11 +1073,13 @@ func (s *Subscription) takeUnit(full bool) *ackUnit {
 		chunk := s.acks[i:min(i+AckBatch, nAcks)]
 		r := &heraldpb.AckRequest{SubscriptionId: ss.id, Credits: credits,
 			Partitions: make([]uint32, len(chunk)), Offsets: make([]int64, len(chunk))}
+		seqs := make([]uint64, len(chunk))
 		for j, e := range chunk {
 			r.Partitions[j], r.Offsets[j] = e.partition, e.offset
+			seqs[j] = e.seq
 			u.lo = min(u.lo, e.seq)
 		}
-		u.reqs = append(u.reqs, ackReq{frame: &heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: r}}, acks: len(chunk)})
+		u.reqs = append(u.reqs, ackReq{frame: &heraldpb.Frame{Body: &heraldpb.Frame_Ack{Ack: r}}, acks: len(chunk), seqs: seqs})
 		credits = 0
 	}
 	if len(s.nacks) > 0 {
@@ -1092,11 +1097,13 @@ func (s *Subscription) takeUnit(full bool) *ackUnit {
 			if d := s.nacks[i].delayMs; d >= 0 {
 				r.DelayMs = proto.Uint32(uint32(d))
 			}
+			seqs := make([]uint64, j-i)
 			for k, e := range s.nacks[i:j] {
 				r.Partitions[k], r.Offsets[k] = e.partition, e.offset
+				seqs[k] = e.seq
 				u.lo = min(u.lo, e.seq)
 			}
-			u.reqs = append(u.reqs, ackReq{frame: &heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: r}}, nacks: j - i})
+			u.reqs = append(u.reqs, ackReq{frame: &heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: r}}, nacks: j - i, seqs: seqs})
 			credits = 0
 			i = j
 		}
@@ -1143,7 +1150,7 @@ func (s *Subscription) doneLocked() uint64 {
 // until the next session; over-granting would break the window.
 func (s *Subscription) sendUnit(u *ackUnit) {
 	defer func() { <-s.unitSlots }()
-	var acked, nacked, lost int
+	var acked, nacked int
 	// The requests of a unit are pipelined: an AckResponse waits for the
 	// progress write (an fsync), and credits ride on the first request.
 	errs := make([]error, len(u.reqs))
@@ -1157,6 +1164,7 @@ func (s *Subscription) sendUnit(u *ackUnit) {
 	}
 	errs[0] = s.sendAck(u.sess, u.reqs[0].frame)
 	wg.Wait()
+	var lost []uint64
 	for i, r := range u.reqs {
 		err := errs[i]
 		if err == nil {
@@ -1164,7 +1172,7 @@ func (s *Subscription) sendUnit(u *ackUnit) {
 			nacked += r.nacks
 			continue
 		}
-		lost += r.acks + r.nacks
+		lost = append(lost, r.seqs...)
 		if IsCode(err, heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND) {
 			u.sess.end()
 		}
@@ -1176,7 +1184,9 @@ func (s *Subscription) sendUnit(u *ackUnit) {
 	s.units = slices.DeleteFunc(s.units, func(x *ackUnit) bool { return x == u })
 	s.stats.Acked += uint64(acked)
 	s.stats.Nacked += uint64(nacked)
-	s.stats.Lost += uint64(lost)
+	for _, seq := range lost {
+		s.loseLocked(seq)
+	}
 	s.progressLocked()
 	s.mu.Unlock()
 }
@@ -1203,25 +1213,28 @@ func (s *Subscription) sendAck(ss *subSession, f *heraldpb.Frame) error {
 
 // Flush sends every queued ack and nack now and waits until the broker has
 // confirmed (made durable) each one queued before the call, or ctx ends.
-// It fails with ErrAcksLost if an ack or nack could not be confirmed since
-// the last Flush (its session ended or the broker refused it); those
-// messages are redelivered.
+// It returns nil only when every one of them was confirmed. It fails with
+// ErrAcksLost if one of them could not be confirmed (its session ended or
+// the broker refused it; those messages are redelivered) and no Flush that
+// returned before this call reported it. Acks queued after the call are
+// left to a later Flush, even when they are lost while this one waits.
 func (s *Subscription) Flush(ctx context.Context) error {
 	s.mu.Lock()
 	target := s.seqQueued
+	since := s.lost.begin()
 	s.flushing++
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
 		s.flushing--
+		s.lost.end(since)
 		s.mu.Unlock()
 	}()
 	s.wakeAcks(true)
 	for {
 		s.mu.Lock()
 		if s.doneLocked() >= target {
-			lost := s.stats.Lost - s.lostSeen
-			s.lostSeen = s.stats.Lost
+			lost := s.lost.report(target, since)
 			s.mu.Unlock()
 			if lost > 0 {
 				return fmt.Errorf("%w: %d of %s/%s", ErrAcksLost, lost, s.opts.Group, s.opts.Topic)
@@ -1350,4 +1363,103 @@ func (s *Subscription) close(ctx context.Context) error {
 	s.quiet.Store(true)
 	s.cancel()
 	return errors.Join(errs...)
+}
+
+// loseLocked counts the ack or nack with sequence number seq as lost: it
+// will never be confirmed. s.mu is held.
+func (s *Subscription) loseLocked(seq uint64) {
+	s.stats.Lost++
+	s.lost.add(seq)
+}
+
+// maxLostRuns bounds the losses a subscription remembers for Flush. Past
+// it (that many losses while no Flush reports them) they are folded into
+// one run, which Flush reports conservatively: to every Flush that covers
+// any part of it, until one covers all of it.
+const maxLostRuns = 4096
+
+// lostAcks remembers lost acks and nacks by sequence number, so that each
+// Flush reports the losses among the acks queued before it was called, and
+// not those of acks queued later. Flush verdicts are numbered from 1; a
+// Flush call is known by how many verdicts were given before it (since).
+// A run is forgotten once every Flush still waiting began after the verdict
+// that reported it. Guarded by Subscription.mu.
+type lostAcks struct {
+	runs     []lostRun
+	verdicts uint64         // Flush verdicts given so far
+	waiting  map[uint64]int // Flush calls waiting, by since
+}
+
+// lostRun is n losses with sequence numbers in [lo, hi] (lo == hi unless
+// folded), first reported by verdict reported (0: not yet).
+type lostRun struct {
+	lo, hi, n uint64
+	reported  uint64
+}
+
+func (l *lostAcks) add(seq uint64) {
+	l.runs = append(l.runs, lostRun{lo: seq, hi: seq, n: 1})
+	if len(l.runs) <= maxLostRuns {
+		return
+	}
+	l.gc()
+	if len(l.runs) <= maxLostRuns {
+		return
+	}
+	f := lostRun{lo: math.MaxUint64}
+	all := true
+	for _, r := range l.runs {
+		f.lo, f.hi, f.n = min(f.lo, r.lo), max(f.hi, r.hi), f.n+r.n
+		f.reported = max(f.reported, r.reported)
+		all = all && r.reported != 0
+	}
+	if !all {
+		f.reported = 0
+	}
+	l.runs = append(l.runs[:0], f)
+}
+
+// begin registers a Flush call and returns its since.
+func (l *lostAcks) begin() uint64 {
+	if l.waiting == nil {
+		l.waiting = map[uint64]int{}
+	}
+	l.waiting[l.verdicts]++
+	return l.verdicts
+}
+
+// end unregisters the Flush call begun with since.
+func (l *lostAcks) end(since uint64) {
+	if l.waiting[since]--; l.waiting[since] <= 0 {
+		delete(l.waiting, since)
+	}
+	l.gc()
+}
+
+// report is the verdict of the Flush call begun with since whose acks are
+// those with sequence numbers up to target: how many of them were lost and
+// not reported by a verdict given before the call.
+func (l *lostAcks) report(target, since uint64) uint64 {
+	l.verdicts++
+	var n uint64
+	for i := range l.runs {
+		r := &l.runs[i]
+		if r.lo > target || (r.reported != 0 && r.reported <= since) {
+			continue
+		}
+		n += r.n
+		if r.reported == 0 && r.hi <= target {
+			r.reported = l.verdicts
+		}
+	}
+	return n
+}
+
+// gc forgets the runs that no waiting or later Flush can report.
+func (l *lostAcks) gc() {
+	oldest := uint64(math.MaxUint64)
+	for since := range l.waiting {
+		oldest = min(oldest, since)
+	}
+	l.runs = slices.DeleteFunc(l.runs, func(r lostRun) bool { return r.reported != 0 && r.reported <= oldest })
 }

@@ -990,3 +990,91 @@ func hostname(t *testing.T) string {
 	}
 	return h
 }
+
+// A Flush answers for the acks queued before it was called, and only for
+// them: an ack queued after a Flush started and lost while it waits is
+// reported by the Flush that covers it, not swallowed by the earlier one.
+// (The chaos run groups-dlq-seed1: a Flush blocked through a coordinator
+// failover took the losses of acks queued meanwhile, and the next Flush,
+// which covered those acks, returned nil.)
+func TestFlushReportsLostAcksToTheFlushThatCoversThem(t *testing.T) {
+	b := newBroker(t, fakebroker.Topic("t", 1))
+	c := dial(t, b)
+	produceN(t, c, "t", 1, 0)
+	var col collector
+	s := subscribe(t, c, SubscribeOptions{Group: "g", Topic: "t", Mode: Shared, From: Earliest(), AckLinger: time.Hour,
+		RetryBackoffMin: time.Millisecond}, func(_ context.Context, m *Delivered) { col.add(m) })
+	waitFor(t, 5*time.Second, "v0 handled", func() bool { return col.len() == 1 && s.Stats().InFlight == 0 })
+
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	b.SetHook(func(_ int, f *heraldpb.Frame) fakebroker.Action {
+		a := f.GetAck()
+		switch {
+		case a == nil || len(a.Offsets) == 0:
+			return fakebroker.Action{}
+		case a.Offsets[0] == 0: // v0's ack: held until released
+			once.Do(func() { close(held) })
+			<-release
+			return fakebroker.Action{}
+		default: // v1's ack: refused, so it is lost
+			return fakebroker.Action{Error: heraldpb.NewError(heraldpb.ErrorCode_SUBSCRIPTION_NOT_FOUND, "gone")}
+		}
+	})
+	first := make(chan error, 1)
+	go func() { first <- s.Flush(testCtx(t)) }()
+	<-held
+	produceN(t, c, "t", 1, 0) // v1, handled and acked while the first Flush waits
+	waitFor(t, 5*time.Second, "v1's ack lost", func() bool { return s.Stats().Lost == 1 })
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("first flush (v0's ack, confirmed): %v", err)
+	}
+	if err := s.Flush(testCtx(t)); !errors.Is(err, ErrAcksLost) {
+		t.Fatalf("second flush (v1's ack, lost): %v", err)
+	}
+	if err := s.Flush(testCtx(t)); err != nil {
+		t.Fatalf("third flush (nothing new): %v", err)
+	}
+}
+
+// lostAcks gives each Flush the losses among its own acks: concurrent
+// Flushes both report a loss they cover, a Flush called after a verdict
+// does not report it again, and folded losses are reported conservatively.
+func TestLostAcksVerdicts(t *testing.T) {
+	var l lostAcks
+	a, b := l.begin(), l.begin() // Flush a covers seqs 1-10, b covers 1-20
+	l.add(5)
+	l.add(15)
+	if n := l.report(20, b); n != 2 {
+		t.Fatalf("b: %d lost, want 2", n)
+	}
+	if n := l.report(10, a); n != 1 {
+		t.Fatalf("a (reported after b's verdict, but a began before it): %d lost, want 1", n)
+	}
+	l.end(a)
+	l.end(b)
+	c := l.begin()
+	if n := l.report(20, c); n != 0 {
+		t.Fatalf("c (after both verdicts): %d lost, want 0", n)
+	}
+	l.end(c)
+	if len(l.runs) != 0 {
+		t.Fatalf("runs kept: %+v", l.runs)
+	}
+
+	for seq := uint64(100); seq < 100+maxLostRuns+1; seq++ {
+		l.add(seq)
+	}
+	if len(l.runs) != 1 || l.runs[0].n != maxLostRuns+1 {
+		t.Fatalf("not folded: %d runs", len(l.runs))
+	}
+	for i, want := range []uint64{0, maxLostRuns + 1, maxLostRuns + 1, 0} {
+		target := []uint64{99, 100, 100 + maxLostRuns, 100 + maxLostRuns}[i]
+		f := l.begin()
+		if n := l.report(target, f); n != want {
+			t.Fatalf("flush %d up to %d: %d lost, want %d", i, target, n, want)
+		}
+		l.end(f)
+	}
+}

@@ -331,14 +331,16 @@ func (w *Workload) subscribe(ctx context.Context, g scenario.Group, m int) error
 			settle.F = history.Nack
 		}
 		w.record(settle)
-		pmu.Lock()
-		pending = append(pending, settle)
-		pmu.Unlock()
+		// Queue the ack before the flusher can see the op: a Flush covers
+		// only the acks queued before its call.
 		if failIt {
 			d.Fail("chaos: failing share")
 		} else {
 			d.Ack()
 		}
+		pmu.Lock()
+		pending = append(pending, settle)
+		pmu.Unlock()
 	})
 	if err != nil {
 		return fmt.Errorf("workload: %s: %w", proc, err)
