@@ -29,7 +29,11 @@ type clusterView struct {
 	Rejoins int `json:"rejoins"`
 }
 
-func getView(t *testing.T, p *proc) (clusterView, error) {
+// adminNode is a broker whose admin endpoint a helper asks: a *proc of
+// this harness, or a node of a chaos cluster (chaosNode).
+type adminNode interface{ AdminAddr() string }
+
+func getView(t *testing.T, p adminNode) (clusterView, error) {
 	t.Helper()
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + p.AdminAddr() + "/cluster")
@@ -60,7 +64,7 @@ func (v clusterView) memberOf(id uint64) string {
 }
 
 // waitClusterView polls the live nodes' /cluster until each sees exactly want.
-func waitClusterView(t *testing.T, what string, nodes map[uint64]*proc, want ...uint64) map[uint64]clusterView {
+func waitClusterView[N adminNode](t *testing.T, what string, nodes map[uint64]N, want ...uint64) map[uint64]clusterView {
 	t.Helper()
 	deadline := time.Now().Add(40 * time.Second)
 	for {

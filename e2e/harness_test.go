@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os/exec"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -158,7 +157,6 @@ func (w testWriter) Write(p []byte) (int, error) {
 type proc struct {
 	dir   string
 	extra []string
-	wrap  []string // a command the broker runs under (e.g. ip netns exec NS)
 	cmd   *exec.Cmd
 	addr  string
 	admin string
@@ -170,12 +168,7 @@ type proc struct {
 var servingLine = regexp.MustCompile(`msg="herald serving".* clients=(\S+) admin=(\S+)`)
 
 func startProc(t testing.TB, dir string, extra ...string) *proc {
-	return startWrapped(t, nil, dir, extra...)
-}
-
-// startWrapped starts a broker under the command wrap (nil: directly).
-func startWrapped(t testing.TB, wrap []string, dir string, extra ...string) *proc {
-	p := &proc{dir: dir, extra: extra, wrap: wrap}
+	p := &proc{dir: dir, extra: extra}
 	p.Start(t)
 	t.Cleanup(func() {
 		if p.cmd != nil {
@@ -200,11 +193,7 @@ func (p *proc) Start(t testing.TB) {
 		listen, admin = p.addr, p.admin
 	}
 	args := append([]string{"serve", "--data", p.dir, "--listen", listen, "--admin", admin}, p.extra...)
-	args = append([]string{heraldBin}, args...)
-	if len(p.wrap) > 0 {
-		args = append(slices.Clone(p.wrap), args...)
-	}
-	cmd := exec.Command(args[0], args[1:]...)
+	cmd := exec.Command(heraldBin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -125,13 +125,29 @@ func clusterWithTopic(t *testing.T, topic string, parts uint32) (*testCluster, *
 // highWatermarks is each node's high watermark of topic's partition part,
 // as the node itself reports it (nodes 1, 2, 3).
 func (tc *testCluster) highWatermarks(t *testing.T, topic string, part int) ([]int64, error) {
-	var hws []int64
+	var addrs []string
 	for _, id := range []uint64{1, 2, 3} {
-		cc := dialNode(t, tc.nodes[id])
+		addrs = append(addrs, tc.nodes[id].Addr())
+	}
+	return highWatermarksAt(t, topic, part, addrs...)
+}
+
+// highWatermarksAt is the high watermark of topic's partition part as
+// each broker at addrs reports it, in the order of addrs.
+func highWatermarksAt(t *testing.T, topic string, part int, addrs ...string) ([]int64, error) {
+	var hws []int64
+	for _, a := range addrs {
+		cc, err := client.Dial(ctxT(t, 10*time.Second), a)
+		if err != nil {
+			return nil, err
+		}
 		info, err := cc.DescribeTopic(ctxT(t, 5*time.Second), topic)
 		cc.Close()
 		if err != nil {
 			return nil, err
+		}
+		if part >= len(info.Partitions) {
+			return nil, fmt.Errorf("%s: %s has %d partitions", a, topic, len(info.Partitions))
 		}
 		hws = append(hws, info.Partitions[part].HighWatermark)
 	}
