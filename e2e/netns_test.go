@@ -62,11 +62,7 @@ func startNetNSCluster(t *testing.T, n int) *cluster.Cluster {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, n := range c.Nodes() {
-				raw, _ := os.ReadFile(n.LogPath)
-				lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
-				t.Logf("node %d's log (last lines):\n%s", n.ID, strings.Join(lines[max(0, len(lines)-25):], "\n"))
-			}
+			t.Log(c.LogTails())
 		}
 		if err := c.Stop(); err != nil {
 			t.Errorf("stopping the cluster: %v", err)

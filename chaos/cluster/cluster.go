@@ -112,7 +112,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	}
 	fail := func(err error) (*Cluster, error) {
 		c.Stop()
-		return nil, fmt.Errorf("%w%s", err, c.logTails())
+		return nil, fmt.Errorf("%w%s", err, c.LogTails())
 	}
 	if cfg.NetNS {
 		var err error
@@ -645,7 +645,9 @@ func (c *Cluster) logTail(id uint64) string {
 	return fmt.Sprintf("\n--- last lines of node %d's log %s:\n%s", id, n.LogPath, strings.Join(lines, "\n"))
 }
 
-func (c *Cluster) logTails() string {
+// LogTails is the last lines of every node's log, for a failed test or
+// run to show.
+func (c *Cluster) LogTails() string {
 	var b bytes.Buffer
 	for _, id := range c.IDs() {
 		b.WriteString(c.logTail(id))

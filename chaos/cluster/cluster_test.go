@@ -54,7 +54,7 @@ func startCluster(t *testing.T, cfg Config) *Cluster {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Log(c.logTails())
+			t.Log(c.LogTails())
 		}
 		if err := c.Stop(); err != nil {
 			t.Errorf("stopping the cluster: %v", err)

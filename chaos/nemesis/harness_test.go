@@ -3,7 +3,6 @@ package nemesis
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -98,11 +97,7 @@ func newWorld(t *testing.T, cfg cluster.Config) *world {
 	w := &world{t: t, c: c, ev: &events{}}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, n := range c.Nodes() {
-				raw, _ := os.ReadFile(n.LogPath)
-				lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
-				t.Logf("node %d's log (last lines):\n%s", n.ID, strings.Join(lines[max(0, len(lines)-25):], "\n"))
-			}
+			t.Log(c.LogTails())
 		}
 		if err := c.Stop(); err != nil {
 			t.Errorf("stopping the cluster: %v", err)
