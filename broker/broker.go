@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -84,6 +85,9 @@ type Broker struct {
 	clock      faults.Clock
 	fs         persistence.FS
 	stopFaults func()
+	// clockID names clock for the rooms that share it (the scheduler and
+	// the partitions: partition.Config.ClockID), drawn at each start.
+	clockID uint64
 }
 
 // Start opens the data dir, reopens every topic and starts serving. The
@@ -109,7 +113,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 	}
 	b := &Broker{cfg: &cfg, log: logger, lock: lock, reclaim: startReclaimer(time.Minute), nodeID: nodeID,
 		schedForwards: make(chan struct{}, maxSchedForwards), readyStop: make(chan struct{}),
-		clock: faults.NodeClock(), fs: faults.NodeFS()}
+		clock: faults.NodeClock(), fs: faults.NodeFS(), clockID: rand.Uint64() | 1}
 	if faults.Enabled {
 		logger.Warn("chaos build: faults can be injected at the admin listener's " + faults.Path + "; never run it in production")
 	}
@@ -132,7 +136,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 	}
 	var reg *registry.Registry
 	b.manager, reg, err = topic.Spawn(b.sys, topic.Config{
-		DataDir: cfg.DataDir, NodeID: nodeID, Advertise: advertise, FS: b.fs, Clock: b.clock,
+		DataDir: cfg.DataDir, NodeID: nodeID, Advertise: advertise, FS: b.fs, Clock: b.clock, ClockID: b.clockID,
 		Flush: cfg.flush, SegmentBytes: cfg.SegmentBytes,
 		DefaultPartitions: uint32(cfg.DefaultParts), MaxMessageBytes: uint32(cfg.MaxMessageBytes),
 		RetentionCheck: cfg.RetentionCheck, MailboxLimit: cfg.PartitionMailbox, WindowBytes: cfg.WindowBytes,

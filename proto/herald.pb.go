@@ -2895,8 +2895,26 @@ type ProduceRequest struct {
 	// clients with INVALID_REQUEST): the batch is committed now but becomes
 	// readable only at this time (Unix ms, on the partition's clock, at most
 	// partition.MaxHold after its append), and so does everything appended
-	// after it. The answer comes when it becomes readable.
-	NotBeforeMs   int64 `protobuf:"varint,11,opt,name=not_before_ms,json=notBeforeMs,proto3" json:"not_before_ms,omitempty"`
+	// after it. The answer comes when it becomes readable. Partitions that
+	// know hold_us hold the batch for the longer of the two, or by this
+	// alone when they share the sender's clock (clock_id).
+	NotBeforeMs int64 `protobuf:"varint,11,opt,name=not_before_ms,json=notBeforeMs,proto3" json:"not_before_ms,omitempty"`
+	// Internal, like not_before_ms (refused from clients): hold the batch
+	// unreadable for this long (µs) after the partition's leader receives
+	// the request, measured on the leader's own clock, at most
+	// partition.MaxHold. The sender computes it from its own clock (its
+	// time for the batch minus its now, rounded up), so that no offset
+	// between the sender's clock and the partition's can make the batch
+	// readable before the sender's time. A partition that predates the
+	// field ignores it and holds by not_before_ms alone.
+	HoldUs uint32 `protobuf:"varint,12,opt,name=hold_us,json=holdUs,proto3" json:"hold_us,omitempty"`
+	// Internal, like not_before_ms (refused from clients): the clock
+	// not_before_ms and hold_us were read from, as an id the broker draws
+	// at its start and gives the scheduler and its partitions (0: none). A
+	// partition leader on the same clock holds by not_before_ms alone,
+	// which is exact there, rather than by hold_us, which also counts the
+	// request's trip to it.
+	ClockId       uint64 `protobuf:"varint,13,opt,name=clock_id,json=clockId,proto3" json:"clock_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3004,6 +3022,20 @@ func (x *ProduceRequest) GetBaseSequence() int64 {
 func (x *ProduceRequest) GetNotBeforeMs() int64 {
 	if x != nil {
 		return x.NotBeforeMs
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetHoldUs() uint32 {
+	if x != nil {
+		return x.HoldUs
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetClockId() uint64 {
+	if x != nil {
+		return x.ClockId
 	}
 	return 0
 }
@@ -6131,7 +6163,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\x85\x03\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\xb9\x03\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -6146,7 +6178,9 @@ const file_herald_proto_rawDesc = "" +
 	"\x0eproducer_epoch\x18\t \x01(\rR\rproducerEpoch\x12#\n" +
 	"\rbase_sequence\x18\n" +
 	" \x01(\x03R\fbaseSequence\x12\"\n" +
-	"\rnot_before_ms\x18\v \x01(\x03R\vnotBeforeMsB\f\n" +
+	"\rnot_before_ms\x18\v \x01(\x03R\vnotBeforeMs\x12\x17\n" +
+	"\ahold_us\x18\f \x01(\rR\x06holdUs\x12\x19\n" +
+	"\bclock_id\x18\r \x01(\x04R\aclockIdB\f\n" +
 	"\n" +
 	"_partition\"\x95\x02\n" +
 	"\x0fProduceResponse\x12\x1c\n" +

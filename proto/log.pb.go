@@ -43,10 +43,22 @@ type LogEntry struct {
 	// producer's recent batches when it applies the entry. 0: not idempotent.
 	ProducerId   uint64 `protobuf:"varint,7,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
 	BaseSequence int64  `protobuf:"varint,8,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
-	// ProduceRequest.not_before_ms as the leader stamped it: every replica
-	// holds the entry (and the ones after it) unreadable until then, or
-	// until partition.MaxHold after append_time_ms, whichever comes first.
-	NotBeforeMs   int64 `protobuf:"varint,9,opt,name=not_before_ms,json=notBeforeMs,proto3" json:"not_before_ms,omitempty"`
+	// When the entry becomes readable by the leader's clock (its receipt
+	// plus hold_us, rounded up to a ms; 0: not held). Replicas that know
+	// hold_us use it only for entries without hold_us (written by a leader
+	// that predates it); older replicas hold the entry (and the ones after
+	// it) unreadable until this time by their own clock, at most
+	// partition.MaxHold.
+	NotBeforeMs int64 `protobuf:"varint,9,opt,name=not_before_ms,json=notBeforeMs,proto3" json:"not_before_ms,omitempty"`
+	// The hold the leader decided for the entry, once (µs, at most its
+	// partition.MaxHold; 0: not held): every replica holds the entry, and
+	// the ones after it, unreadable for this long from when the entry
+	// reached it (the leader: the produce request's receipt; a follower:
+	// the entry's arrival, or its apply), each measured on the replica's own
+	// clock. None of these is before the leader's receipt, so no replica
+	// makes the entry readable before the hold ends by the leader's
+	// reckoning, whatever the offsets between the replicas' clocks.
+	HoldUs        uint32 `protobuf:"varint,10,opt,name=hold_us,json=holdUs,proto3" json:"hold_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -140,6 +152,13 @@ func (x *LogEntry) GetBaseSequence() int64 {
 func (x *LogEntry) GetNotBeforeMs() int64 {
 	if x != nil {
 		return x.NotBeforeMs
+	}
+	return 0
+}
+
+func (x *LogEntry) GetHoldUs() uint32 {
+	if x != nil {
+		return x.HoldUs
 	}
 	return 0
 }
@@ -575,7 +594,7 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xb8\x02\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xd1\x02\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -587,7 +606,9 @@ const file_log_proto_rawDesc = "" +
 	"\vproducer_id\x18\a \x01(\x04R\n" +
 	"producerId\x12#\n" +
 	"\rbase_sequence\x18\b \x01(\x03R\fbaseSequence\x12\"\n" +
-	"\rnot_before_ms\x18\t \x01(\x03R\vnotBeforeMs\"\xe1\x01\n" +
+	"\rnot_before_ms\x18\t \x01(\x03R\vnotBeforeMs\x12\x17\n" +
+	"\ahold_us\x18\n" +
+	" \x01(\rR\x06holdUs\"\xe1\x01\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +

@@ -27,8 +27,12 @@ type LogEntryHeader struct {
 	// on it check its range.
 	ProducerID   uint64
 	BaseSequence int64
-	// NotBeforeMs: the entry is held unreadable until then (0: not held).
+	// NotBeforeMs: the entry is held unreadable until then, by the
+	// leader's clock (0: not held).
 	NotBeforeMs int64
+	// HoldUs: the hold the leader decided (µs; 0: none, or a leader that
+	// predates the field); see LogEntry.hold_us.
+	HoldUs uint32
 }
 
 // ScanLogEntry decodes a marshalled heraldpb.LogEntry without copying its
@@ -44,7 +48,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		}
 		b = b[n:]
 		switch {
-		case (num >= 1 && num <= 4 || num >= 6 && num <= 9) && typ == protowire.VarintType:
+		case (num >= 1 && num <= 4 || num >= 6 && num <= 10) && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
@@ -67,6 +71,8 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 				h.BaseSequence = int64(v)
 			case 9:
 				h.NotBeforeMs = int64(v)
+			case 10:
+				h.HoldUs = uint32(min(v, math.MaxUint32))
 			}
 		case num == 5 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
@@ -75,7 +81,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 			}
 			b = b[n:]
 			records = v
-		case num >= 1 && num <= 9:
+		case num >= 1 && num <= 10:
 			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)

@@ -9,7 +9,7 @@ import (
 
 func TestScanLogEntryProducer(t *testing.T) {
 	data, err := proto.Marshal(&LogEntry{BaseOffset: 7, Count: 3, AppendTimeMs: 11, MaxTimestampMs: 12, Records: []byte{1, 2},
-		MaxPriority: 4, ProducerId: 1 << 63, BaseSequence: 1<<40 + 5, NotBeforeMs: 1_800_000_000_123})
+		MaxPriority: 4, ProducerId: 1 << 63, BaseSequence: 1<<40 + 5, NotBeforeMs: 1_800_000_000_123, HoldUs: 47_000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -17,7 +17,8 @@ func TestScanLogEntryProducer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := LogEntryHeader{BaseOffset: 7, Count: 3, AppendTimeMs: 11, MaxTimestampMs: 12, MaxPriority: 4, ProducerID: 1 << 63, BaseSequence: 1<<40 + 5, NotBeforeMs: 1_800_000_000_123}
+	want := LogEntryHeader{BaseOffset: 7, Count: 3, AppendTimeMs: 11, MaxTimestampMs: 12, MaxPriority: 4, ProducerID: 1 << 63, BaseSequence: 1<<40 + 5,
+		NotBeforeMs: 1_800_000_000_123, HoldUs: 47_000}
 	if h != want || string(recs) != "\x01\x02" {
 		t.Fatalf("scanned %+v %v, want %+v", h, recs, want)
 	}
@@ -25,13 +26,14 @@ func TestScanLogEntryProducer(t *testing.T) {
 
 // FuzzScanLogEntry: ScanLogEntry never panics, and whatever it accepts that
 // proto.Unmarshal accepts too has the same header fields, except that a
-// max_priority beyond 32 bits is clamped where protobuf truncates it
-// (testdata/fuzz/FuzzScanLogEntry).
+// max_priority or hold_us beyond 32 bits is clamped where protobuf
+// truncates it (testdata/fuzz/FuzzScanLogEntry).
 func FuzzScanLogEntry(f *testing.F) {
 	for _, e := range []*LogEntry{
 		{BaseOffset: 7, Count: 3, Records: []byte{1}},
 		{BaseOffset: 100, Count: 1, ProducerId: 42, BaseSequence: 9, MaxPriority: 2},
 		{BaseOffset: 5, Count: 2, NotBeforeMs: 1_800_000_000_000, Records: []byte{3}},
+		{BaseOffset: 6, Count: 1, NotBeforeMs: 1_800_000_000_050, HoldUs: 50_000, Records: []byte{4}},
 		{},
 	} {
 		b, _ := proto.Marshal(e)
@@ -49,8 +51,11 @@ func FuzzScanLogEntry(f *testing.F) {
 		if h.MaxPriority == math.MaxUint32 {
 			e.MaxPriority = math.MaxUint32
 		}
+		if h.HoldUs == math.MaxUint32 {
+			e.HoldUs = math.MaxUint32
+		}
 		got := LogEntryHeader{BaseOffset: e.BaseOffset, Count: e.Count, AppendTimeMs: e.AppendTimeMs, MaxTimestampMs: e.MaxTimestampMs,
-			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs}
+			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs}
 		if h != got || string(recs) != string(e.Records) {
 			t.Fatalf("ScanLogEntry %+v, Unmarshal %+v", h, got)
 		}

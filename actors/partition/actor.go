@@ -135,8 +135,11 @@ type Actor struct {
 
 	// Batches committed but not readable yet (hold.go).
 	holds       []hold
-	holdTimerAt int64  // the time the armed timer is for (Unix ms; 0: none)
-	holdGen     uint64 // numbers the timers: only the last one counts
+	holdTimerAt time.Time // the time the armed timer is for (zero: none)
+	holdGen     uint64    // numbers the timers: only the last one counts
+	// When held entries not applied yet reached this replica (the
+	// leader's receipt, a follower's arrival): their holds run from then.
+	heldFrom map[holdKey]time.Time
 }
 
 // Props returns the props of a partition replica actor. sys answers shed
@@ -236,7 +239,7 @@ func (a *Actor) Receive(ctx actor.Context) {
 			a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(m.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "partition actors do not handle %T", m.Body)))
 		}
 	}
-	if len(a.holds) > 0 && a.holds[0].until <= a.cfg.Clock.Now().UnixMilli() {
+	if len(a.holds) > 0 && !a.cfg.Clock.Now().Before(a.holds[0].until) {
 		// Due before its timer got through (a busy node): release now.
 		a.releaseHolds(ctx)
 	}
@@ -338,6 +341,7 @@ func (a *Actor) open() error {
 	a.applied = applied
 	a.hw = a.endOffsetAt(applied)
 	a.holds = nil
+	a.heldFrom = nil // (what follows is applied again, held from then)
 	if err := a.restoreHolds(); err != nil {
 		a.store, a.rn = nil, nil
 		a.stopWriter()
@@ -634,6 +638,7 @@ func (a *Actor) onReady(ctx actor.Context) {
 			m := rd.Messages[i]
 			switch m.To {
 			case raft.LocalAppendThread:
+				a.noteArrivals(m.Entries)
 				a.appendsQueued++
 				a.writer.submit(m)
 			case raft.LocalApplyThread:
@@ -713,6 +718,7 @@ func (a *Actor) installSnapshot(ctx actor.Context, snap *raftpb.Snapshot) {
 	}
 	a.log.Info("installed a snapshot from the leader", "index", snap.Metadata.Index, "next_offset", a.hw)
 	a.dropHolds(ctx) // what they held is gone
+	a.heldFrom = nil
 	a.applied = snap.Metadata.Index
 	a.appliedTerm = snap.Metadata.Term
 	cs := snap.Metadata.ConfState
@@ -855,6 +861,9 @@ func (a *Actor) apply(ctx actor.Context, ents []raftpb.Entry) {
 			a.stats.Idempotent.Store(a.idempotentReady())
 		}
 	}
+	if len(a.heldFrom) > 0 {
+		a.sweepArrivals()
+	}
 }
 
 func (a *Actor) applyConfState(index uint64, cs *raftpb.ConfState) {
@@ -898,12 +907,12 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 	if ok {
 		delete(a.pending, k)
 	}
-	if until := a.holdUntil(h, a.cfg.Clock.Now().UnixMilli()); until > 0 {
-		var held *proposal
+	if from, until, held := a.holdOf(e.Term, h, a.cfg.Clock.Now()); held {
+		var wait *proposal
 		if ok {
-			held = &p // answered when it becomes readable
+			wait = &p // answered when it becomes readable
 		}
-		a.addHold(ctx, h.BaseOffset, until, held)
+		a.addHold(ctx, h.BaseOffset, from, until, wait)
 		return
 	}
 	if ok {
@@ -993,14 +1002,15 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	if req.ProducerId != 0 && a.checkIdempotent(ctx, replyTo, f.Id, req, uint32(info.Count)) {
 		return
 	}
-	now := a.cfg.Clock.Now().UnixMilli()
-	// A held batch (hold.go) counts as appended when it becomes readable;
-	// it is held at most MaxHold.
-	notBefore := min(req.NotBeforeMs, now+a.cfg.MaxHold.Milliseconds())
-	if notBefore <= now {
-		notBefore = 0
+	received := a.cfg.Clock.Now()
+	// A held batch (hold.go) counts as appended when it becomes readable
+	// by this clock; it is held at most MaxHold, from its receipt.
+	hold := a.holdFor(req, received)
+	appendTime, notBefore, holdUs := received.UnixMilli(), int64(0), uint32(0)
+	if hold > 0 {
+		notBefore, holdUs = ceilMilli(received.Add(hold)), ceilMicros(hold)
+		appendTime = notBefore
 	}
-	appendTime := max(now, notBefore)
 	maxTs := info.MaxTimestamp
 	if maxTs == 0 {
 		maxTs = appendTime
@@ -1009,7 +1019,7 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	data, err := proto.Marshal(&heraldpb.LogEntry{
 		BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: appendTime, MaxTimestampMs: maxTs, Records: req.Records,
 		MaxPriority: uint32(info.MaxPriority), ProducerId: req.ProducerId, BaseSequence: req.BaseSequence,
-		NotBeforeMs: notBefore,
+		NotBeforeMs: notBefore, HoldUs: holdUs,
 	})
 	if err != nil {
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err))
@@ -1033,6 +1043,9 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		return
 	}
 	a.tail = base + int64(info.Count)
+	if holdUs > 0 {
+		a.noteReceipt(holdKey{term: a.term, base: base}, received)
+	}
 	if req.ProducerId != 0 {
 		a.inflight[req.ProducerId] = append(a.inflight[req.ProducerId], inflightSeq{seq: req.BaseSequence, count: uint32(info.Count), offset: base, term: a.term})
 	}

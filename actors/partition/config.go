@@ -202,8 +202,15 @@ type Config struct {
 	Readers *ReaderPool
 
 	Clock Clock
-	// MaxHold bounds how long a batch appended with not_before_ms is held
-	// unreadable (hold.go). Default MaxHold (1 s).
+	// ClockID names Clock among the broker's rooms (0: none): a held
+	// produce request with this clock_id was timed on this very clock, so
+	// its not_before_ms is exact here and the hold is that alone (hold.go).
+	// The broker draws one at its start for all of them; a room given
+	// another clock must not share the id.
+	ClockID uint64
+	// MaxHold bounds how long a batch appended with a hold (hold_us,
+	// not_before_ms) is held unreadable (hold.go). Default MaxHold (1 s);
+	// at most maxHoldLimit (1 h: holds travel as 32-bit µs counts).
 	MaxHold time.Duration
 	Logger  *slog.Logger
 }
@@ -288,6 +295,9 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatTicks >= c.ElectionTicks {
 		errs = append(errs, fmt.Errorf("partition: HeartbeatTicks (%d) must be below ElectionTicks (%d)", c.HeartbeatTicks, c.ElectionTicks))
+	}
+	if c.MaxHold > maxHoldLimit {
+		errs = append(errs, fmt.Errorf("partition: MaxHold %v is above %v", c.MaxHold, maxHoldLimit))
 	}
 	if c.WindowBytes < 0 || c.MailboxLimit < 0 || c.MaxParkedFetches < 0 || c.MaxMessageBytes < 0 || c.MaxProducers < 0 {
 		errs = append(errs, errors.New("partition: limits must not be negative"))

@@ -2,6 +2,7 @@ package partition
 
 import (
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -208,20 +209,208 @@ func TestHoldSurvivesRestart(t *testing.T) {
 	}
 }
 
-// TestHoldIsCappedOnEachReplica: a replica holds a batch at most MaxHold
-// from its own clock, whatever time the leader stamped (a leader whose
-// clock is ahead must not hold the others' readers longer).
-func TestHoldIsCappedOnEachReplica(t *testing.T) {
-	a := &Actor{cfg: Config{Clock: SystemClock, MaxHold: MaxHold}}
-	now := time.Now().UnixMilli()
-	h := heraldpb.LogEntryHeader{NotBeforeMs: now + 5000, AppendTimeMs: now + 5000}
-	if until := a.holdUntil(h, now); until != now+MaxHold.Milliseconds() {
-		t.Fatalf("held until %d ms from now, want %d", until-now, MaxHold.Milliseconds())
+// TestHoldIsDecidedAtTheLeader: the leader holds a batch for the
+// sender's hold_us, or until not_before_ms by its own clock when that is
+// later (until not_before_ms alone when the sender shares its clock), at
+// most MaxHold; a replica holds an entry for the recorded hold
+// from when the entry reached it, capped by its own MaxHold; an entry of a
+// leader that predates hold_us is held until its time on this clock.
+func TestHoldIsDecidedAtTheLeader(t *testing.T) {
+	a := &Actor{cfg: Config{Clock: SystemClock, MaxHold: MaxHold, ClockID: 9}}
+	now := time.Now()
+	nowMs := now.UnixMilli()
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name     string
+		req      *heraldpb.ProduceRequest
+		min, max time.Duration
+	}{
+		{"hold_us alone", &heraldpb.ProduceRequest{HoldUs: 50_000}, 50 * ms, 50 * ms},
+		{"the leader's clock behind the sender's: its time is later", &heraldpb.ProduceRequest{HoldUs: 50_000, NotBeforeMs: nowMs + 200}, 199 * ms, 200 * ms},
+		{"the leader's clock ahead of the sender's: hold_us", &heraldpb.ProduceRequest{HoldUs: 50_000, NotBeforeMs: nowMs - 30_000}, 50 * ms, 50 * ms},
+		{"another clock: the later of the two", &heraldpb.ProduceRequest{HoldUs: 50_000, NotBeforeMs: nowMs + 20, ClockId: 8}, 50 * ms, 50 * ms},
+		{"the leader's own clock: its time alone", &heraldpb.ProduceRequest{HoldUs: 50_000, NotBeforeMs: nowMs + 20, ClockId: 9}, 19 * ms, 20 * ms},
+		{"the leader's own clock, a time that has come", &heraldpb.ProduceRequest{HoldUs: 50_000, NotBeforeMs: nowMs - 1, ClockId: 9}, 0, 0},
+		{"hold_us capped", &heraldpb.ProduceRequest{HoldUs: 5_000_000}, MaxHold, MaxHold},
+		{"not_before_ms alone, capped", &heraldpb.ProduceRequest{NotBeforeMs: nowMs + 3_600_000}, MaxHold, MaxHold},
+		{"not_before_ms alone", &heraldpb.ProduceRequest{NotBeforeMs: nowMs + 20}, 19 * ms, 20 * ms},
+		{"a past time", &heraldpb.ProduceRequest{NotBeforeMs: nowMs - 1}, 0, 0},
+		{"nothing", &heraldpb.ProduceRequest{}, 0, 0},
+	} {
+		if got := a.holdFor(tc.req, now); got < tc.min || got > tc.max {
+			t.Errorf("%s: hold %v, want %v-%v", tc.name, got, tc.min, tc.max)
+		}
 	}
-	if until := a.holdUntil(heraldpb.LogEntryHeader{NotBeforeMs: now + 20}, now); until != now+20 {
-		t.Fatalf("held until %d ms from now, want 20", until-now)
+
+	// From the entry's arrival when it was seen, else from now; capped.
+	arrived := now.Add(-20 * time.Millisecond)
+	a.noteReceipt(holdKey{term: 3, base: 7}, arrived)
+	if from, until, ok := a.holdOf(3, heraldpb.LogEntryHeader{BaseOffset: 7, HoldUs: 50_000}, now); !ok || !from.Equal(arrived) || !until.Equal(arrived.Add(50*time.Millisecond)) {
+		t.Errorf("held from its arrival: %v %v %v", from, until, ok)
 	}
-	if until := a.holdUntil(heraldpb.LogEntryHeader{NotBeforeMs: now - 1}, now); until != 0 {
-		t.Fatalf("a past time held until %d", until)
+	if len(a.heldFrom) != 0 {
+		t.Errorf("the arrival is still kept after the apply: %v", a.heldFrom)
+	}
+	if from, until, ok := a.holdOf(4, heraldpb.LogEntryHeader{BaseOffset: 7, HoldUs: 5_000_000}, now); !ok || !from.Equal(now) || !until.Equal(now.Add(MaxHold)) {
+		t.Errorf("held from its apply, capped: %v %v %v", from, until, ok)
+	}
+	// An arrival after now (the clock went back since): from now.
+	a.noteReceipt(holdKey{term: 3, base: 8}, now.Add(30*time.Second))
+	if from, _, ok := a.holdOf(3, heraldpb.LogEntryHeader{BaseOffset: 8, HoldUs: 50_000}, now); !ok || !from.Equal(now) {
+		t.Errorf("an arrival after now: held from %v, want now", from)
+	}
+	// Over by its apply.
+	a.noteReceipt(holdKey{term: 3, base: 9}, now.Add(-time.Second))
+	if _, _, ok := a.holdOf(3, heraldpb.LogEntryHeader{BaseOffset: 9, HoldUs: 50_000}, now); ok {
+		t.Error("a hold over before its apply is held")
+	}
+	// A leader that predates hold_us: its time on this clock.
+	if _, until, ok := a.holdOf(1, heraldpb.LogEntryHeader{NotBeforeMs: nowMs + 20}, now); !ok || until.Sub(now) > 20*time.Millisecond || until.Sub(now) < 19*time.Millisecond {
+		t.Errorf("a time 20 ms away held until %v from now", until.Sub(now))
+	}
+	if _, until, ok := a.holdOf(1, heraldpb.LogEntryHeader{NotBeforeMs: nowMs + 5000, AppendTimeMs: nowMs + 5000}, now); !ok || !until.Equal(now.Add(MaxHold)) {
+		t.Errorf("a time 5 s away held until %v from now, want MaxHold", until.Sub(now))
+	}
+	if _, _, ok := a.holdOf(1, heraldpb.LogEntryHeader{NotBeforeMs: nowMs - 1}, now); ok {
+		t.Error("a past time is held")
+	}
+	// Restored: the whole hold again, from now.
+	if until, ok := a.restoredHold(heraldpb.LogEntryHeader{HoldUs: 50_000, NotBeforeMs: nowMs - 30_000}, now); !ok || !until.Equal(now.Add(50*time.Millisecond)) {
+		t.Errorf("restored hold until %v from now, want 50 ms", until.Sub(now))
+	}
+}
+
+// TestHoldRequest: the sender asks for the rest of its time, rounded up
+// to a µs, and names the time and its clock for partitions on the same
+// clock and those that predate hold_us.
+func TestHoldRequest(t *testing.T) {
+	now := time.UnixMilli(1_800_000_000_000).Add(300*time.Microsecond + 1)
+	var req heraldpb.ProduceRequest
+	HoldRequest(&req, 1_800_000_000_050, now, 7)
+	if req.HoldUs != 49_700 || req.NotBeforeMs != 1_800_000_000_050 || req.ClockId != 7 {
+		t.Fatalf("50 ms away: %v", &req)
+	}
+	HoldRequest(&req, 1_800_000_000_000, now, 0)
+	if req.HoldUs != 0 || req.NotBeforeMs != 1_800_000_000_000 || req.ClockId != 0 {
+		t.Fatalf("a time that has come: %v", &req)
+	}
+}
+
+// TestHoldRestartsWhenTheClockGoesBack: a clock that goes back during a
+// hold (the chaos build's clock: its monotonic reading moves too) holds
+// the batch for its length again from then, not for as long as the step.
+func TestHoldRestartsWhenTheClockGoesBack(t *testing.T) {
+	clock := &jumpClock{}
+	sys := actor.NewActorSystem()
+	reps := spawnGroupWith(t, sys, 1, func(_ *replica, cfg *Config) { cfg.Clock = clock })
+	leader := leaderOf(t, reps, map[uint64]bool{1: true})
+	produceRetrying(t, sys, leader.pid, newInbox(sys), heraldpb.Acks_ACKS_ALL, "a")
+
+	sent := time.Now()
+	f := produceFrame("t", heraldpb.Acks_ACKS_ALL, "b")
+	HoldRequest(f.GetProduce(), clock.Now().Add(300*time.Millisecond).UnixMilli(), clock.Now(), 0)
+	held := newInbox(sys)
+	sys.Root.RequestWithCustomSender(leader.pid, f, held.pid)
+	checkFor(t, 5*time.Second, "the held batch committed", func() bool {
+		return records(askFrame(t, sys, leader.pid, fetchHeld(1)).GetFetchResponse().GetBatches()) == 1
+	})
+	if records(askFrame(t, sys, leader.pid, fetchFrame("t", 1, 0)).GetFetchResponse().GetBatches()) != 0 {
+		t.Fatal("readable before the clock went back")
+	}
+	clock.set(-30 * time.Second)
+	resp := held.next(t).GetProduceResponse()
+	if waited := time.Since(sent); resp == nil || waited < 300*time.Millisecond || waited > 3*time.Second {
+		t.Fatalf("after the clock went back 30 s: answered %v after %v, want about 300-600 ms", resp, waited)
+	}
+	if records(askFrame(t, sys, leader.pid, fetchFrame("t", 1, 0)).GetFetchResponse().GetBatches()) != 1 {
+		t.Fatal("not readable after its hold")
+	}
+}
+
+// jumpClock is the real time plus an offset that a test moves.
+type jumpClock struct{ off atomic.Int64 }
+
+func (c *jumpClock) Now() time.Time      { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *jumpClock) set(d time.Duration) { c.off.Store(int64(d)) }
+
+// offsetClock is a node's clock off the real time by d (as the chaos
+// build's clock: its monotonic reading moves with it).
+type offsetClock struct{ d time.Duration }
+
+func (c offsetClock) Now() time.Time { return time.Now().Add(c.d) }
+
+// TestHoldUnderClockSkew: the scheduler (on the real clock here) appends
+// a batch ahead of its time; replicas whose clocks are off the
+// scheduler's, ahead or behind, the leader's included, never make it
+// readable before its time by the scheduler's clock, and make it readable
+// soon after (within MaxHold when a clock is behind).
+func TestHoldUnderClockSkew(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		clocks [3]time.Duration // replicas 1-3
+		late   time.Duration    // the longest a replica may take past the time
+	}{
+		{"partition ahead", [3]time.Duration{30 * time.Second, 30 * time.Second, 30 * time.Second}, 500 * time.Millisecond},
+		{"partition behind", [3]time.Duration{-30 * time.Second, -30 * time.Second, -30 * time.Second}, MaxHold + 500*time.Millisecond},
+		{"replicas disagree", [3]time.Duration{30 * time.Second, -30 * time.Second, 2 * time.Second}, MaxHold + 500*time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sys := actor.NewActorSystem()
+			reps := spawnGroupWith(t, sys, 3, func(r *replica, cfg *Config) { cfg.Clock = offsetClock{tc.clocks[r.id-1]} })
+			all := map[uint64]bool{1: true, 2: true, 3: true}
+			leader := leaderOf(t, reps, all)
+			produceRetrying(t, sys, leader.pid, newInbox(sys), heraldpb.Acks_ACKS_ALL, "a")
+			checkFor(t, 5*time.Second, "every replica reads the first record", func() bool {
+				for _, r := range reps {
+					if r.stats.HighWatermark.Load() != 1 {
+						return false
+					}
+				}
+				return true
+			})
+
+			// Sent 300 ms ahead of its time, as the scheduler sends it.
+			sent := time.Now()
+			at := time.UnixMilli(sent.Add(300 * time.Millisecond).UnixMilli())
+			f := produceFrame("t", heraldpb.Acks_ACKS_ALL, "b")
+			HoldRequest(f.GetProduce(), at.UnixMilli(), sent, 0)
+			held := newInbox(sys)
+			sys.Root.RequestWithCustomSender(leader.pid, f, held.pid)
+
+			readable := map[uint64]time.Time{}
+			checks := 0
+			deadline := at.Add(tc.late)
+			for len(readable) < len(reps) {
+				for _, r := range reps {
+					if _, ok := readable[r.id]; ok {
+						continue
+					}
+					resp := askFrame(t, sys, r.pid, fetchFrame("t", 1, 0)).GetFetchResponse()
+					now := time.Now()
+					if records(resp.GetBatches()) == 0 {
+						if now.After(deadline) {
+							t.Fatalf("replica %d (clock %v): not readable %v after its time", r.id, tc.clocks[r.id-1], now.Sub(at))
+						}
+						checks++
+						continue
+					}
+					if now.Before(at) {
+						t.Fatalf("replica %d (clock %v, leader %d): readable %v before its time", r.id, tc.clocks[r.id-1], leader.id, at.Sub(now))
+					}
+					readable[r.id] = now
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			if checks == 0 {
+				t.Fatal("nothing was checked before the time")
+			}
+			resp := held.next(t).GetProduceResponse()
+			if resp == nil || resp.BaseOffset != 1 {
+				t.Fatalf("held produce's answer: %v", resp)
+			}
+			for id, when := range readable {
+				t.Logf("replica %d (clock %v): readable %v after its time", id, tc.clocks[id-1], when.Sub(at))
+			}
+		})
 	}
 }

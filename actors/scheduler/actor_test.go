@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/partition"
 	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
@@ -29,10 +30,17 @@ type rig struct {
 
 func newRig(t *testing.T, dir string, o Options) *rig {
 	t.Helper()
+	return newRigClock(t, dir, o, nil, 0)
+}
+
+// newRigClock is newRig with the partitions on clock (nil: the system's)
+// named clockID (partition.Config.ClockID), the scheduler on o.Now.
+func newRigClock(t *testing.T, dir string, o Options, clock partition.Clock, clockID uint64) *rig {
+	t.Helper()
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(slog.NewTextHandler(io.Discard, nil))
 	}))
-	mgr, reg, err := topic.Spawn(sys, topic.Config{DataDir: dir, NodeID: 1, Advertise: "x", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	mgr, reg, err := topic.Spawn(sys, topic.Config{DataDir: dir, NodeID: 1, Advertise: "x", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clock, ClockID: clockID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,5 +332,85 @@ func TestSchedulerHeldBytesBound(t *testing.T) {
 	}
 	if limit := float64(2 * 8 * 64); peak >= limit {
 		t.Fatalf("held bytes peaked at %.0f, want below two rounds (%.0f)", peak, limit)
+	}
+}
+
+// offsetClock is a node's clock off the real time by d.
+type offsetClock struct{ d time.Duration }
+
+func (c offsetClock) Now() time.Time { return time.Now().Add(c.d) }
+
+// TestFireNotEarlyUnderPartitionClockSkew: the scheduler appends a batch
+// AppendAhead before its time; a partition whose clock is ahead of the
+// scheduler's still keeps it unreadable until its time by the scheduler's
+// clock, and one whose clock is behind makes it readable at most
+// partition.MaxHold after it.
+func TestFireNotEarlyUnderPartitionClockSkew(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		skew time.Duration
+		late time.Duration
+	}{
+		{"partition ahead", 30 * time.Second, 500 * time.Millisecond},
+		{"partition behind", -30 * time.Second, partition.MaxHold + 500*time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRigClock(t, t.TempDir(), Options{AppendAhead: 200 * time.Millisecond}, offsetClock{tc.skew}, 0)
+			defer r.stop()
+			at := time.UnixMilli(time.Now().Add(700 * time.Millisecond).UnixMilli())
+			r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+				Topic: "t", Partition: proto.Uint32(0), DeliverAtMs: at.UnixMilli(), Records: batchOf("d"),
+			}}}, r.sched)
+			checks := 0
+			for {
+				vals, _ := r.read(0)
+				now := time.Now()
+				if len(vals) > 0 {
+					if now.Before(at) {
+						t.Fatalf("readable %v before its time (partition clock %v)", at.Sub(now), tc.skew)
+					}
+					t.Logf("readable %v after its time", now.Sub(at))
+					break
+				}
+				if now.After(at.Add(tc.late)) {
+					t.Fatalf("not readable %v after its time", now.Sub(at))
+				}
+				checks++
+				time.Sleep(2 * time.Millisecond)
+			}
+			if checks == 0 {
+				t.Fatal("nothing was checked before the time")
+			}
+		})
+	}
+}
+
+// TestFireOnTheSameClock: partitions that share the scheduler's clock
+// (the same ClockID, as in one broker) hold its appends until their time
+// alone: the batch becomes readable at its time, its append time is its
+// time, and the trip to the partition is not added to the hold.
+func TestFireOnTheSameClock(t *testing.T) {
+	r := newRigClock(t, t.TempDir(), Options{AppendAhead: 200 * time.Millisecond, ClockID: 5}, nil, 5)
+	defer r.stop()
+	at := time.UnixMilli(time.Now().Add(700 * time.Millisecond).UnixMilli())
+	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: "t", Partition: proto.Uint32(0), DeliverAtMs: at.UnixMilli(), Records: batchOf("d"),
+	}}}, r.sched)
+	for {
+		res := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{Topic: "t", Partition: 0, MaxBytes: 1 << 20}}}, r.reg.Get("t").Partitions[0])
+		now := time.Now()
+		if bs := res.GetFetchResponse().GetBatches(); len(bs) > 0 {
+			if now.Before(at) {
+				t.Fatalf("readable %v before its time", at.Sub(now))
+			}
+			if bs[0].AppendTimeMs != at.UnixMilli() {
+				t.Fatalf("append time %d, want its time %d (held by its time alone)", bs[0].AppendTimeMs, at.UnixMilli())
+			}
+			return
+		}
+		if now.After(at.Add(5 * time.Second)) {
+			t.Fatal("not readable 5 s after its time")
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }

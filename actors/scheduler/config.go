@@ -65,6 +65,10 @@ type Options struct {
 	RewriteBytes int64
 	// Now is the clock; nil = time.Now.
 	Now func() time.Time
+	// ClockID names Now among the broker's rooms (partition.Config.ClockID;
+	// 0: none): a partition on the same clock holds the appends by their
+	// time alone, without the trip to it.
+	ClockID uint64
 
 	// crashAfterAppend (tests) is asked after a round's batches are
 	// appended and before their fire is recorded: true panics the actor,

@@ -15,6 +15,7 @@ import (
 
 	"github.com/RoaringBitmap/roaring/v2/roaring64"
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
 	"github.com/heraldmq/herald/timewheel"
@@ -360,10 +361,15 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 	}
 	req := &heraldpb.ProduceRequest{Topic: c0.entry.Name, Partition: proto.Uint32(c0.part), Acks: heraldpb.Acks_ACKS_ALL, Records: recs}
 	if s.o.AppendAhead > 0 {
-		// Readable from the latest time of its chunks on: none is early.
+		// Readable from the latest time of its chunks on, by this clock:
+		// the partition holds it for the rest of that time from when it
+		// gets the request, on its own clock, so that no offset between
+		// the two clocks makes one early (partition/hold.go).
+		var at int64
 		for _, c := range g {
-			req.NotBeforeMs = max(req.NotBeforeMs, c.at)
+			at = max(at, c.at)
 		}
+		partition.HoldRequest(req, at, s.o.Now(), s.o.ClockID)
 	}
 	s.call(ctx, s.o.Topics.Current(c0.entry).Writer(int(c0.part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}, func(f *heraldpb.Frame) {
 		e := f.GetError()

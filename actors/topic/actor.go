@@ -301,6 +301,7 @@ func (m *Manager) partitionConfig(name string, p uint32, cfg *heraldpb.TopicConf
 		Readers:           m.cfg.Readers,
 		OnRelease:         m.cfg.OnIdleRelease,
 		Clock:             m.cfg.Clock,
+		ClockID:           m.cfg.ClockID,
 		Logger:            m.cfg.Logger,
 	}
 }

@@ -34,6 +34,8 @@ type Config struct {
 	// Clock is every partition's clock (partition.Config.Clock): append
 	// times, holds, retention by age; nil = partition.SystemClock.
 	Clock partition.Clock
+	// ClockID names Clock (partition.Config.ClockID); 0: none.
+	ClockID uint64
 
 	// Log options for every partition.
 	Flush        persistence.FlushPolicy

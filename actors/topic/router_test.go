@@ -30,8 +30,9 @@ func TestPartitionForKeyIsFNV1a(t *testing.T) {
 	}
 }
 
-// TestRouteRefusesInternalFields: not_before_ms and include_held are the
-// scheduler's; a client that sets them gets INVALID_REQUEST.
+// TestRouteRefusesInternalFields: not_before_ms, hold_us, clock_id and
+// include_held are the scheduler's; a client that sets them gets
+// INVALID_REQUEST.
 func TestRouteRefusesInternalFields(t *testing.T) {
 	sys := actor.NewActorSystem()
 	got := make(chan *heraldpb.Frame, 2)
@@ -43,7 +44,9 @@ func TestRouteRefusesInternalFields(t *testing.T) {
 	r := NewRouter(sys, &registry.Registry{}, nil)
 	r.Route(&heraldpb.Frame{Id: 1, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), NotBeforeMs: 1}}}, inbox)
 	r.Route(&heraldpb.Frame{Id: 2, Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{Topic: "t", IncludeHeld: true}}}, inbox)
-	for i := 0; i < 2; i++ {
+	r.Route(&heraldpb.Frame{Id: 3, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), HoldUs: 50_000}}}, inbox)
+	r.Route(&heraldpb.Frame{Id: 4, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), ClockId: 7}}}, inbox)
+	for i := 0; i < 4; i++ {
 		select {
 		case f := <-got:
 			if f.GetError().GetCode() != heraldpb.ErrorCode_INVALID_REQUEST {
