@@ -309,6 +309,8 @@ func target(s *scenario.Scenario, name string) (nemesis.Target, error) {
 		return nemesis.PartitionLeader(s.Topic.Name, 0), nil
 	case "follower":
 		return nemesis.PartitionFollower(s.Topic.Name, 0), nil
+	case "leader-not-scheduler":
+		return nemesis.LeaderNotLeading(s.Topic.Name, int32(s.Topic.Partitions), "__schedule"), nil
 	case "controller":
 		return nemesis.ControllerLeader(), nil
 	case "majority":

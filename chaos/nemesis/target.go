@@ -172,3 +172,28 @@ func Minority() Target {
 		return e.shuffled(run)[:size], nil
 	}}
 }
+
+// LeaderNotLeading is the leader of one of topic's first partitions
+// partitions that does not also lead other's partition 0: a partition
+// leader away from, say, the scheduler (other "__schedule"), for a fault
+// meant to hit the one and not the other. ErrNoTarget when every leader
+// of topic leads other too.
+func LeaderNotLeading(topic string, partitions int32, other string) Target {
+	desc := fmt.Sprintf("a leader of %s that does not lead %s", topic, other)
+	return Target{desc, func(ctx context.Context, e *Env) ([]uint64, error) {
+		avoid, err := e.Cluster.Leader(ctx, other, 0)
+		if err != nil {
+			return nil, err
+		}
+		for p := range partitions {
+			l, err := e.Cluster.Leader(ctx, topic, p)
+			if err != nil {
+				return nil, err
+			}
+			if l != avoid {
+				return []uint64{l}, nil
+			}
+		}
+		return nil, fmt.Errorf("node %d leads every partition of %s and %s", avoid, topic, other)
+	}}
+}

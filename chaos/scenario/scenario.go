@@ -170,7 +170,10 @@ var Kinds = map[string]bool{
 }
 
 // Targets are the targets a fault may name; "node:N" names node N.
-var Targets = []string{"random", "leader", "follower", "controller", "majority", "minority", "all"}
+// "leader" and "follower" are of the topic's partition 0;
+// "leader-not-scheduler" is the leader of a partition of the topic on a
+// node that does not run the scheduler (the __schedule leader).
+var Targets = []string{"random", "leader", "follower", "leader-not-scheduler", "controller", "majority", "minority", "all"}
 
 // Modes are the consumer group modes.
 var Modes = []string{"clustering", "shared", "key-shared", "broadcast"}

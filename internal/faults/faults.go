@@ -25,6 +25,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/heraldmq/herald/persistence/errorfs"
 	"github.com/heraldmq/herald/persistence/vfs"
@@ -86,13 +87,39 @@ func New(inner vfs.FS) *State {
 	return &State{fs: errorfs.Wrap(inner).IncludeWAL(), timers: map[*timer]struct{}{}, listeners: map[int]func(){}}
 }
 
-// Now is the real time plus the offset. Like the real time it carries a
-// monotonic reading, moved by the offset too: a duration measured across
-// a change of the offset includes the change (unlike a step of the
-// machine's clock, which Go's monotonic clock hides from Sub). Times kept
-// as Unix milliseconds, as schedules, holds and TTLs are, see the change
-// either way.
-func (s *State) Now() time.Time { return time.Now().Add(time.Duration(s.offset.Load())) }
+// Now is the real time plus the offset, as a step of the machine's clock
+// (an NTP step) would make it: the wall clock moves by the offset, the
+// monotonic reading does not. So times kept as Unix milliseconds
+// (schedules, TTLs, a hold's end by another node's clock) see a change of
+// the offset, while a duration measured with Sub across it (a hold held
+// for a duration) does not, as with Go's monotonic clock on a real
+// machine.
+func (s *State) Now() time.Time { return wallShift(time.Now(), time.Duration(s.offset.Load())) }
+
+// wallShift is t moved by d on the wall clock only. Go has no API for
+// that (Add moves the monotonic reading too), so it sets the monotonic
+// reading of t.Add(d) back to t's through time.Time's layout ({wall
+// uint64; ext int64; loc}, ext the monotonic reading when the wall's top
+// bit says there is one), which TestNowShiftsTheWallClockOnly pins. Only
+// chaos builds call it with d != 0.
+func wallShift(t time.Time, d time.Duration) time.Time {
+	if d == 0 {
+		return t
+	}
+	s := t.Add(d)
+	type layout struct {
+		wall uint64
+		ext  int64
+		loc  *time.Location
+	}
+	const hasMonotonic = 1 << 63
+	ts, ss := (*layout)(unsafe.Pointer(&t)), (*layout)(unsafe.Pointer(&s))
+	if ts.wall&hasMonotonic == 0 || ss.wall&hasMonotonic == 0 {
+		return s // no monotonic reading to keep
+	}
+	ss.ext = ts.ext
+	return s
+}
 
 // AfterFunc calls f in its own goroutine when Now reaches Now()+d: a
 // jump forward brings it sooner, a jump back delays it.
@@ -131,7 +158,7 @@ func (s *State) SetOffset(d time.Duration) error {
 	s.offset.Store(int64(d))
 	now := s.Now()
 	for tm := range s.timers {
-		tm.t.Reset(max(tm.at.Sub(now), 0))
+		tm.t.Reset(max(tm.at.Round(0).Sub(now.Round(0)), 0)) // by the wall clock: a jump moves the timers
 	}
 	ls := make([]func(), 0, len(s.listeners))
 	for _, f := range s.listeners {

@@ -236,3 +236,34 @@ func TestNodeHooks(t *testing.T) {
 		t.Fatalf("NodeFS is %T, want vfs.Default", NodeFS())
 	}
 }
+
+// TestNowShiftsTheWallClockOnly: an offset moves what Now says the time is
+// (Unix milliseconds) but not the durations measured between two Nows, as
+// a step of the machine's clock leaves Go's monotonic clock alone; and it
+// pins time.Time's layout, which wallShift relies on.
+func TestNowShiftsTheWallClockOnly(t *testing.T) {
+	s := New(vfs.Default)
+	before := s.Now()
+	if err := s.SetOffset(time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	after := s.Now()
+	if d := after.Sub(before); d < 0 || d > time.Minute {
+		t.Fatalf("a duration measured across a +1h step is %v, want the real time between the two reads", d)
+	}
+	if d := after.Round(0).Sub(before.Round(0)); d < time.Hour || d > time.Hour+time.Minute {
+		t.Fatalf("the wall clock moved %v across a +1h step, want about 1h", d)
+	}
+	if got, want := after.UnixMilli()-time.Now().UnixMilli(), time.Hour.Milliseconds(); got < want-60_000 || got > want+60_000 {
+		t.Fatalf("Now is %d ms from the real time, want about %d", got, want)
+	}
+	if err := s.SetOffset(-time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if back := s.Now(); back.Sub(after) < 0 || !back.After(after) && !back.Equal(after) {
+		t.Fatalf("after a -2h step, Now (%v) is before the earlier reading (%v) by the monotonic clock", back, after)
+	}
+	if w := wallShift(time.Unix(100, 0), time.Second); w.Unix() != 101 {
+		t.Fatalf("wallShift of a time without a monotonic reading: %v", w)
+	}
+}
