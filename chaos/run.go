@@ -227,7 +227,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := checker.Check(ops, checker.Options{Drained: drained, Grace: 2 * time.Second})
+	// Delays and due times travel in milliseconds (DeliverAt, not_before_ms):
+	// a due time rounded down to its millisecond may be up to 1 ms before
+	// the client's, which it measured in nanoseconds before sending.
+	rep := checker.Check(ops, checker.Options{Drained: drained, Grace: 2 * time.Second, EarlyTolerance: time.Millisecond})
 	res := &Result{Scenario: s.Name, Seed: o.Seed, Ops: len(ops), Report: rep, Dir: o.Out, GoalsMissed: goals(&s, rep)}
 	return res, writeReport(o.Out, &s, res, ops)
 }
