@@ -27,17 +27,7 @@ func TestMain(m *testing.M) { testbin.Main(m, &heraldBin) }
 // checkFor polls cond until it holds or total passes.
 func checkFor(t testing.TB, total time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %v", total, what, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testbin.Poll(t, total, 10*time.Millisecond, what, cond)
 }
 
 // node is one running broker under test.

@@ -283,17 +283,7 @@ var errMainThread = errors.New("on the main thread")
 // checkForT polls cond until it holds or total passes.
 func checkForT(t *testing.T, total time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %v", total, what, err)
-		}
-		time.Sleep(pollEvery)
-	}
+	testbin.Poll(t, total, pollEvery, what, cond)
 }
 
 // TestNodeOutlivesStarterThread: a node started from a goroutine that

@@ -28,17 +28,7 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 // checkFor polls cond every 50 ms until it holds or total passes.
 func checkFor(t testing.TB, total time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %v", total, what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testbin.Poll(t, total, 50*time.Millisecond, what, cond)
 }
 
 // events records what the nemeses report.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Main builds ./cmd/herald (with the build tags given, e.g. "chaos") into
@@ -36,4 +37,22 @@ func Main(m *testing.M, bin *string, tags ...string) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// Poll calls cond every interval until it returns nil, failing t with
+// cond's last error once total has passed: the tests' way to wait for a
+// condition instead of sleeping a fixed time.
+func Poll(t testing.TB, total, every time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s: %v", total, what, err)
+		}
+		time.Sleep(every)
+	}
 }
