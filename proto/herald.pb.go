@@ -102,7 +102,8 @@ const (
 	// The node id is not registered with the cluster.
 	ErrorCode_NODE_NOT_FOUND ErrorCode = 31
 	// This node does not coordinate consumer groups (in a cluster, the leader
-	// of __groups does). Retriable at the node Error.leader names.
+	// of __groups does) or transactions (the leader of __txn does).
+	// Retriable at the node Error.leader names.
 	ErrorCode_NOT_COORDINATOR ErrorCode = 32
 	// The partition's log is damaged (a corrupt or missing part found on start
 	// or while reading): it serves the records before the damage and refuses
@@ -113,6 +114,9 @@ const (
 	// The node has not caught up yet (it is loading metadata or replaying a
 	// log after a start). Retriable after retry_after_ms, here or elsewhere.
 	ErrorCode_NOT_READY ErrorCode = 34
+	// The half message (transaction) is not pending: unknown id, or already
+	// committed or rolled back. Error.message says which when known.
+	ErrorCode_TXN_NOT_FOUND ErrorCode = 35
 )
 
 // Enum value maps for ErrorCode.
@@ -153,6 +157,7 @@ var (
 		32: "NOT_COORDINATOR",
 		33: "PARTITION_DAMAGED",
 		34: "NOT_READY",
+		35: "TXN_NOT_FOUND",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED": 0,
@@ -190,6 +195,7 @@ var (
 		"NOT_COORDINATOR":        32,
 		"PARTITION_DAMAGED":      33,
 		"NOT_READY":              34,
+		"TXN_NOT_FOUND":          35,
 	}
 )
 
@@ -272,6 +278,59 @@ func (Acks) EnumDescriptor() ([]byte, []int) {
 	return file_herald_proto_rawDescGZIP(), []int{1}
 }
 
+// What happens to a half message still unresolved after its last check.
+type HalfExhaustedPolicy int32
+
+const (
+	// The broker default: roll back.
+	HalfExhaustedPolicy_HALF_EXHAUSTED_DEFAULT  HalfExhaustedPolicy = 0
+	HalfExhaustedPolicy_HALF_EXHAUSTED_ROLLBACK HalfExhaustedPolicy = 1
+	// Keep it pending without further checks, until resolved by hand
+	// (`herald txn commit|rollback ID`).
+	HalfExhaustedPolicy_HALF_EXHAUSTED_KEEP HalfExhaustedPolicy = 2
+)
+
+// Enum value maps for HalfExhaustedPolicy.
+var (
+	HalfExhaustedPolicy_name = map[int32]string{
+		0: "HALF_EXHAUSTED_DEFAULT",
+		1: "HALF_EXHAUSTED_ROLLBACK",
+		2: "HALF_EXHAUSTED_KEEP",
+	}
+	HalfExhaustedPolicy_value = map[string]int32{
+		"HALF_EXHAUSTED_DEFAULT":  0,
+		"HALF_EXHAUSTED_ROLLBACK": 1,
+		"HALF_EXHAUSTED_KEEP":     2,
+	}
+)
+
+func (x HalfExhaustedPolicy) Enum() *HalfExhaustedPolicy {
+	p := new(HalfExhaustedPolicy)
+	*p = x
+	return p
+}
+
+func (x HalfExhaustedPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (HalfExhaustedPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_herald_proto_enumTypes[2].Descriptor()
+}
+
+func (HalfExhaustedPolicy) Type() protoreflect.EnumType {
+	return &file_herald_proto_enumTypes[2]
+}
+
+func (x HalfExhaustedPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use HalfExhaustedPolicy.Descriptor instead.
+func (HalfExhaustedPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{2}
+}
+
 type OffsetSpec int32
 
 const (
@@ -306,11 +365,11 @@ func (x OffsetSpec) String() string {
 }
 
 func (OffsetSpec) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[2].Descriptor()
+	return file_herald_proto_enumTypes[3].Descriptor()
 }
 
 func (OffsetSpec) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[2]
+	return &file_herald_proto_enumTypes[3]
 }
 
 func (x OffsetSpec) Number() protoreflect.EnumNumber {
@@ -319,7 +378,7 @@ func (x OffsetSpec) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OffsetSpec.Descriptor instead.
 func (OffsetSpec) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{2}
+	return file_herald_proto_rawDescGZIP(), []int{3}
 }
 
 type SubscriptionMode int32
@@ -363,11 +422,11 @@ func (x SubscriptionMode) String() string {
 }
 
 func (SubscriptionMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[3].Descriptor()
+	return file_herald_proto_enumTypes[4].Descriptor()
 }
 
 func (SubscriptionMode) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[3]
+	return &file_herald_proto_enumTypes[4]
 }
 
 func (x SubscriptionMode) Number() protoreflect.EnumNumber {
@@ -376,7 +435,7 @@ func (x SubscriptionMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SubscriptionMode.Descriptor instead.
 func (SubscriptionMode) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{3}
+	return file_herald_proto_rawDescGZIP(), []int{4}
 }
 
 type FilterType int32
@@ -414,11 +473,11 @@ func (x FilterType) String() string {
 }
 
 func (FilterType) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[4].Descriptor()
+	return file_herald_proto_enumTypes[5].Descriptor()
 }
 
 func (FilterType) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[4]
+	return &file_herald_proto_enumTypes[5]
 }
 
 func (x FilterType) Number() protoreflect.EnumNumber {
@@ -427,7 +486,7 @@ func (x FilterType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FilterType.Descriptor instead.
 func (FilterType) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{4}
+	return file_herald_proto_rawDescGZIP(), []int{5}
 }
 
 type BreakerState int32
@@ -463,11 +522,11 @@ func (x BreakerState) String() string {
 }
 
 func (BreakerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[5].Descriptor()
+	return file_herald_proto_enumTypes[6].Descriptor()
 }
 
 func (BreakerState) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[5]
+	return &file_herald_proto_enumTypes[6]
 }
 
 func (x BreakerState) Number() protoreflect.EnumNumber {
@@ -476,7 +535,57 @@ func (x BreakerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BreakerState.Descriptor instead.
 func (BreakerState) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{5}
+	return file_herald_proto_rawDescGZIP(), []int{6}
+}
+
+type HalfAction int32
+
+const (
+	// The producer does not know yet: the broker asks again later.
+	HalfAction_HALF_UNKNOWN  HalfAction = 0
+	HalfAction_HALF_COMMIT   HalfAction = 1
+	HalfAction_HALF_ROLLBACK HalfAction = 2
+)
+
+// Enum value maps for HalfAction.
+var (
+	HalfAction_name = map[int32]string{
+		0: "HALF_UNKNOWN",
+		1: "HALF_COMMIT",
+		2: "HALF_ROLLBACK",
+	}
+	HalfAction_value = map[string]int32{
+		"HALF_UNKNOWN":  0,
+		"HALF_COMMIT":   1,
+		"HALF_ROLLBACK": 2,
+	}
+)
+
+func (x HalfAction) Enum() *HalfAction {
+	p := new(HalfAction)
+	*p = x
+	return p
+}
+
+func (x HalfAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (HalfAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_herald_proto_enumTypes[7].Descriptor()
+}
+
+func (HalfAction) Type() protoreflect.EnumType {
+	return &file_herald_proto_enumTypes[7]
+}
+
+func (x HalfAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use HalfAction.Descriptor instead.
+func (HalfAction) EnumDescriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{7}
 }
 
 type ClusterAdminRequest_Op int32
@@ -519,11 +628,11 @@ func (x ClusterAdminRequest_Op) String() string {
 }
 
 func (ClusterAdminRequest_Op) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[6].Descriptor()
+	return file_herald_proto_enumTypes[8].Descriptor()
 }
 
 func (ClusterAdminRequest_Op) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[6]
+	return &file_herald_proto_enumTypes[8]
 }
 
 func (x ClusterAdminRequest_Op) Number() protoreflect.EnumNumber {
@@ -693,10 +802,17 @@ type Frame struct {
 	//	*Frame_ClusterAdminResponse
 	//	*Frame_RepairPartition
 	//	*Frame_RepairPartitionResponse
+	//	*Frame_EndHalf
+	//	*Frame_EndHalfResponse
+	//	*Frame_RegisterProducer
+	//	*Frame_RegisterProducerResponse
+	//	*Frame_ListTxn
+	//	*Frame_ListTxnResponse
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
 	//	*Frame_SubscriptionEnded
+	//	*Frame_HalfCheck
 	//	*Frame_Error
 	Body          isFrame_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
@@ -1161,6 +1277,60 @@ func (x *Frame) GetRepairPartitionResponse() *RepairPartitionResponse {
 	return nil
 }
 
+func (x *Frame) GetEndHalf() *EndHalfRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_EndHalf); ok {
+			return x.EndHalf
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetEndHalfResponse() *EndHalfResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_EndHalfResponse); ok {
+			return x.EndHalfResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetRegisterProducer() *RegisterProducerRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_RegisterProducer); ok {
+			return x.RegisterProducer
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetRegisterProducerResponse() *RegisterProducerResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_RegisterProducerResponse); ok {
+			return x.RegisterProducerResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListTxn() *ListTxnRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListTxn); ok {
+			return x.ListTxn
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListTxnResponse() *ListTxnResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListTxnResponse); ok {
+			return x.ListTxnResponse
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetDelivery() *Delivery {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Delivery); ok {
@@ -1192,6 +1362,15 @@ func (x *Frame) GetSubscriptionEnded() *SubscriptionEnded {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_SubscriptionEnded); ok {
 			return x.SubscriptionEnded
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetHalfCheck() *HalfCheck {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_HalfCheck); ok {
+			return x.HalfCheck
 		}
 	}
 	return nil
@@ -1394,6 +1573,30 @@ type Frame_RepairPartitionResponse struct {
 	RepairPartitionResponse *RepairPartitionResponse `protobuf:"bytes,55,opt,name=repair_partition_response,json=repairPartitionResponse,proto3,oneof"`
 }
 
+type Frame_EndHalf struct {
+	EndHalf *EndHalfRequest `protobuf:"bytes,56,opt,name=end_half,json=endHalf,proto3,oneof"`
+}
+
+type Frame_EndHalfResponse struct {
+	EndHalfResponse *EndHalfResponse `protobuf:"bytes,57,opt,name=end_half_response,json=endHalfResponse,proto3,oneof"`
+}
+
+type Frame_RegisterProducer struct {
+	RegisterProducer *RegisterProducerRequest `protobuf:"bytes,58,opt,name=register_producer,json=registerProducer,proto3,oneof"`
+}
+
+type Frame_RegisterProducerResponse struct {
+	RegisterProducerResponse *RegisterProducerResponse `protobuf:"bytes,59,opt,name=register_producer_response,json=registerProducerResponse,proto3,oneof"`
+}
+
+type Frame_ListTxn struct {
+	ListTxn *ListTxnRequest `protobuf:"bytes,70,opt,name=list_txn,json=listTxn,proto3,oneof"`
+}
+
+type Frame_ListTxnResponse struct {
+	ListTxnResponse *ListTxnResponse `protobuf:"bytes,71,opt,name=list_txn_response,json=listTxnResponse,proto3,oneof"`
+}
+
 type Frame_Delivery struct {
 	// Server pushes (frame id 0): never requests, never answered.
 	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
@@ -1409,6 +1612,10 @@ type Frame_ReplyDelivery struct {
 
 type Frame_SubscriptionEnded struct {
 	SubscriptionEnded *SubscriptionEnded `protobuf:"bytes,63,opt,name=subscription_ended,json=subscriptionEnded,proto3,oneof"`
+}
+
+type Frame_HalfCheck struct {
+	HalfCheck *HalfCheck `protobuf:"bytes,64,opt,name=half_check,json=halfCheck,proto3,oneof"`
 }
 
 type Frame_Error struct {
@@ -1507,6 +1714,18 @@ func (*Frame_RepairPartition) isFrame_Body() {}
 
 func (*Frame_RepairPartitionResponse) isFrame_Body() {}
 
+func (*Frame_EndHalf) isFrame_Body() {}
+
+func (*Frame_EndHalfResponse) isFrame_Body() {}
+
+func (*Frame_RegisterProducer) isFrame_Body() {}
+
+func (*Frame_RegisterProducerResponse) isFrame_Body() {}
+
+func (*Frame_ListTxn) isFrame_Body() {}
+
+func (*Frame_ListTxnResponse) isFrame_Body() {}
+
 func (*Frame_Delivery) isFrame_Body() {}
 
 func (*Frame_Assignment) isFrame_Body() {}
@@ -1514,6 +1733,8 @@ func (*Frame_Assignment) isFrame_Body() {}
 func (*Frame_ReplyDelivery) isFrame_Body() {}
 
 func (*Frame_SubscriptionEnded) isFrame_Body() {}
+
+func (*Frame_HalfCheck) isFrame_Body() {}
 
 func (*Frame_Error) isFrame_Body() {}
 
@@ -2914,7 +3135,14 @@ type ProduceRequest struct {
 	// partition leader on the same clock holds by not_before_ms alone,
 	// which is exact there, rather than by hold_us, which also counts the
 	// request's trip to it.
-	ClockId       uint64 `protobuf:"varint,13,opt,name=clock_id,json=clockId,proto3" json:"clock_id,omitempty"`
+	ClockId uint64 `protobuf:"varint,13,opt,name=clock_id,json=clockId,proto3" json:"clock_id,omitempty"`
+	// A half (transactional) message: stored by the transaction coordinator
+	// (in __txn, raft-backed), invisible to every consumer until an
+	// EndHalfRequest commits it (then appended to its topic, at
+	// deliver_at_ms / delay_ms if set) or rolls it back. Needs a
+	// producer_group; not idempotent (a retried half is a second half, which
+	// the check-back resolves like the first).
+	Half          *HalfOptions `protobuf:"bytes,14,opt,name=half,proto3" json:"half,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3040,6 +3268,87 @@ func (x *ProduceRequest) GetClockId() uint64 {
 	return 0
 }
 
+func (x *ProduceRequest) GetHalf() *HalfOptions {
+	if x != nil {
+		return x.Half
+	}
+	return nil
+}
+
+// How the broker resolves a half message nobody ends.
+type HalfOptions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The producer group: a check-back goes to any live producer that
+	// registered this group (RegisterProducerRequest).
+	ProducerGroup string `protobuf:"bytes,1,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	// Ask for the outcome this long after the half was stored, then with
+	// backoff (doubling, at most 8x). 0: the broker default (6 s).
+	CheckIntervalMs uint32 `protobuf:"varint,2,opt,name=check_interval_ms,json=checkIntervalMs,proto3" json:"check_interval_ms,omitempty"`
+	// Checks before the policy applies. 0: the broker default (15).
+	MaxChecks     uint32              `protobuf:"varint,3,opt,name=max_checks,json=maxChecks,proto3" json:"max_checks,omitempty"`
+	OnExhausted   HalfExhaustedPolicy `protobuf:"varint,4,opt,name=on_exhausted,json=onExhausted,proto3,enum=herald.v1.HalfExhaustedPolicy" json:"on_exhausted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HalfOptions) Reset() {
+	*x = HalfOptions{}
+	mi := &file_herald_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HalfOptions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HalfOptions) ProtoMessage() {}
+
+func (x *HalfOptions) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HalfOptions.ProtoReflect.Descriptor instead.
+func (*HalfOptions) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *HalfOptions) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+func (x *HalfOptions) GetCheckIntervalMs() uint32 {
+	if x != nil {
+		return x.CheckIntervalMs
+	}
+	return 0
+}
+
+func (x *HalfOptions) GetMaxChecks() uint32 {
+	if x != nil {
+		return x.MaxChecks
+	}
+	return 0
+}
+
+func (x *HalfOptions) GetOnExhausted() HalfExhaustedPolicy {
+	if x != nil {
+		return x.OnExhausted
+	}
+	return HalfExhaustedPolicy_HALF_EXHAUSTED_DEFAULT
+}
+
 type ProduceResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
@@ -3057,14 +3366,17 @@ type ProduceResponse struct {
 	// An idempotent produce that retried a batch already written: nothing was
 	// appended, and base_offset is where the batch was written the first time
 	// (append_time_ms and commit_time_us are then 0).
-	Duplicate     bool `protobuf:"varint,8,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
+	Duplicate bool `protobuf:"varint,8,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
+	// Half messages: the id to commit or roll back by (base_offset is -1;
+	// partition is the one it will go to).
+	HalfId        string `protobuf:"bytes,9,opt,name=half_id,json=halfId,proto3" json:"half_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProduceResponse) Reset() {
 	*x = ProduceResponse{}
-	mi := &file_herald_proto_msgTypes[26]
+	mi := &file_herald_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3076,7 +3388,7 @@ func (x *ProduceResponse) String() string {
 func (*ProduceResponse) ProtoMessage() {}
 
 func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[26]
+	mi := &file_herald_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3089,7 +3401,7 @@ func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResponse.ProtoReflect.Descriptor instead.
 func (*ProduceResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{26}
+	return file_herald_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ProduceResponse) GetPartition() uint32 {
@@ -3148,6 +3460,13 @@ func (x *ProduceResponse) GetDuplicate() bool {
 	return false
 }
 
+func (x *ProduceResponse) GetHalfId() string {
+	if x != nil {
+		return x.HalfId
+	}
+	return ""
+}
+
 type FetchRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Topic     string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
@@ -3175,7 +3494,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_herald_proto_msgTypes[27]
+	mi := &file_herald_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3187,7 +3506,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[27]
+	mi := &file_herald_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3200,7 +3519,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{27}
+	return file_herald_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FetchRequest) GetTopic() string {
@@ -3277,7 +3596,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_herald_proto_msgTypes[28]
+	mi := &file_herald_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3289,7 +3608,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[28]
+	mi := &file_herald_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3302,7 +3621,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{28}
+	return file_herald_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *FetchResponse) GetPartition() uint32 {
@@ -3352,7 +3671,7 @@ type ListOffsetsRequest struct {
 
 func (x *ListOffsetsRequest) Reset() {
 	*x = ListOffsetsRequest{}
-	mi := &file_herald_proto_msgTypes[29]
+	mi := &file_herald_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3364,7 +3683,7 @@ func (x *ListOffsetsRequest) String() string {
 func (*ListOffsetsRequest) ProtoMessage() {}
 
 func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[29]
+	mi := &file_herald_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3377,7 +3696,7 @@ func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*ListOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{29}
+	return file_herald_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListOffsetsRequest) GetTopic() string {
@@ -3420,7 +3739,7 @@ type ListOffsetsResponse struct {
 
 func (x *ListOffsetsResponse) Reset() {
 	*x = ListOffsetsResponse{}
-	mi := &file_herald_proto_msgTypes[30]
+	mi := &file_herald_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3432,7 +3751,7 @@ func (x *ListOffsetsResponse) String() string {
 func (*ListOffsetsResponse) ProtoMessage() {}
 
 func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[30]
+	mi := &file_herald_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3445,7 +3764,7 @@ func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*ListOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{30}
+	return file_herald_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListOffsetsResponse) GetPartition() uint32 {
@@ -3493,7 +3812,7 @@ type StartPosition struct {
 
 func (x *StartPosition) Reset() {
 	*x = StartPosition{}
-	mi := &file_herald_proto_msgTypes[31]
+	mi := &file_herald_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3505,7 +3824,7 @@ func (x *StartPosition) String() string {
 func (*StartPosition) ProtoMessage() {}
 
 func (x *StartPosition) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[31]
+	mi := &file_herald_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3518,7 +3837,7 @@ func (x *StartPosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartPosition.ProtoReflect.Descriptor instead.
 func (*StartPosition) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{31}
+	return file_herald_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StartPosition) GetAt() isStartPosition_At {
@@ -3629,7 +3948,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_herald_proto_msgTypes[32]
+	mi := &file_herald_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3641,7 +3960,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[32]
+	mi := &file_herald_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3654,7 +3973,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{32}
+	return file_herald_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SubscribeRequest) GetGroup() string {
@@ -3773,7 +4092,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_herald_proto_msgTypes[33]
+	mi := &file_herald_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3785,7 +4104,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[33]
+	mi := &file_herald_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3798,7 +4117,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{33}
+	return file_herald_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SubscribeResponse) GetSubscriptionId() uint64 {
@@ -3838,7 +4157,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_herald_proto_msgTypes[34]
+	mi := &file_herald_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3850,7 +4169,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[34]
+	mi := &file_herald_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3863,7 +4182,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{34}
+	return file_herald_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *AckRequest) GetSubscriptionId() uint64 {
@@ -3902,7 +4221,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_herald_proto_msgTypes[35]
+	mi := &file_herald_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3914,7 +4233,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[35]
+	mi := &file_herald_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3927,7 +4246,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{35}
+	return file_herald_proto_rawDescGZIP(), []int{36}
 }
 
 // Gives messages back for redelivery, no earlier than delay_ms from now and
@@ -3948,7 +4267,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_herald_proto_msgTypes[36]
+	mi := &file_herald_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3960,7 +4279,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[36]
+	mi := &file_herald_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3973,7 +4292,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{36}
+	return file_herald_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *NackRequest) GetSubscriptionId() uint64 {
@@ -4026,7 +4345,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_herald_proto_msgTypes[37]
+	mi := &file_herald_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4038,7 +4357,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[37]
+	mi := &file_herald_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4051,7 +4370,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{37}
+	return file_herald_proto_rawDescGZIP(), []int{38}
 }
 
 // Kafka-style commit (clustering mode): every offset below `offset` of a
@@ -4067,7 +4386,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_herald_proto_msgTypes[38]
+	mi := &file_herald_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4079,7 +4398,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[38]
+	mi := &file_herald_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4092,7 +4411,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{38}
+	return file_herald_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CommitRequest) GetSubscriptionId() uint64 {
@@ -4124,7 +4443,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_herald_proto_msgTypes[39]
+	mi := &file_herald_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4136,7 +4455,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[39]
+	mi := &file_herald_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4149,7 +4468,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{39}
+	return file_herald_proto_rawDescGZIP(), []int{40}
 }
 
 // Leaves the group; unacked messages are redelivered to other members.
@@ -4162,7 +4481,7 @@ type UnsubscribeRequest struct {
 
 func (x *UnsubscribeRequest) Reset() {
 	*x = UnsubscribeRequest{}
-	mi := &file_herald_proto_msgTypes[40]
+	mi := &file_herald_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4174,7 +4493,7 @@ func (x *UnsubscribeRequest) String() string {
 func (*UnsubscribeRequest) ProtoMessage() {}
 
 func (x *UnsubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[40]
+	mi := &file_herald_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4187,7 +4506,7 @@ func (x *UnsubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnsubscribeRequest.ProtoReflect.Descriptor instead.
 func (*UnsubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{40}
+	return file_herald_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *UnsubscribeRequest) GetSubscriptionId() uint64 {
@@ -4205,7 +4524,7 @@ type UnsubscribeResponse struct {
 
 func (x *UnsubscribeResponse) Reset() {
 	*x = UnsubscribeResponse{}
-	mi := &file_herald_proto_msgTypes[41]
+	mi := &file_herald_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4217,7 +4536,7 @@ func (x *UnsubscribeResponse) String() string {
 func (*UnsubscribeResponse) ProtoMessage() {}
 
 func (x *UnsubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[41]
+	mi := &file_herald_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4230,7 +4549,7 @@ func (x *UnsubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnsubscribeResponse.ProtoReflect.Descriptor instead.
 func (*UnsubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{41}
+	return file_herald_proto_rawDescGZIP(), []int{42}
 }
 
 // DeliveredMessage is one pushed message. `record` is the Record exactly as
@@ -4252,7 +4571,7 @@ type DeliveredMessage struct {
 
 func (x *DeliveredMessage) Reset() {
 	*x = DeliveredMessage{}
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4264,7 +4583,7 @@ func (x *DeliveredMessage) String() string {
 func (*DeliveredMessage) ProtoMessage() {}
 
 func (x *DeliveredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4277,7 +4596,7 @@ func (x *DeliveredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveredMessage.ProtoReflect.Descriptor instead.
 func (*DeliveredMessage) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{42}
+	return file_herald_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeliveredMessage) GetPartition() uint32 {
@@ -4340,7 +4659,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4352,7 +4671,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4365,7 +4684,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{43}
+	return file_herald_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Delivery) GetSubscriptionId() uint64 {
@@ -4396,7 +4715,7 @@ type AssignmentChange struct {
 
 func (x *AssignmentChange) Reset() {
 	*x = AssignmentChange{}
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4408,7 +4727,7 @@ func (x *AssignmentChange) String() string {
 func (*AssignmentChange) ProtoMessage() {}
 
 func (x *AssignmentChange) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4421,7 +4740,7 @@ func (x *AssignmentChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentChange.ProtoReflect.Descriptor instead.
 func (*AssignmentChange) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{44}
+	return file_herald_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AssignmentChange) GetSubscriptionId() uint64 {
@@ -4457,7 +4776,7 @@ type SubscriptionEnded struct {
 
 func (x *SubscriptionEnded) Reset() {
 	*x = SubscriptionEnded{}
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4469,7 +4788,7 @@ func (x *SubscriptionEnded) String() string {
 func (*SubscriptionEnded) ProtoMessage() {}
 
 func (x *SubscriptionEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4482,7 +4801,7 @@ func (x *SubscriptionEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscriptionEnded.ProtoReflect.Descriptor instead.
 func (*SubscriptionEnded) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{45}
+	return file_herald_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SubscriptionEnded) GetSubscriptionId() uint64 {
@@ -4507,7 +4826,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4519,7 +4838,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4532,7 +4851,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{46}
+	return file_herald_proto_rawDescGZIP(), []int{47}
 }
 
 type GroupSummary struct {
@@ -4548,7 +4867,7 @@ type GroupSummary struct {
 
 func (x *GroupSummary) Reset() {
 	*x = GroupSummary{}
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4560,7 +4879,7 @@ func (x *GroupSummary) String() string {
 func (*GroupSummary) ProtoMessage() {}
 
 func (x *GroupSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4573,7 +4892,7 @@ func (x *GroupSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupSummary.ProtoReflect.Descriptor instead.
 func (*GroupSummary) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{47}
+	return file_herald_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GroupSummary) GetGroup() string {
@@ -4620,7 +4939,7 @@ type ListGroupsResponse struct {
 
 func (x *ListGroupsResponse) Reset() {
 	*x = ListGroupsResponse{}
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4632,7 +4951,7 @@ func (x *ListGroupsResponse) String() string {
 func (*ListGroupsResponse) ProtoMessage() {}
 
 func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4645,7 +4964,7 @@ func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{48}
+	return file_herald_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListGroupsResponse) GetGroups() []*GroupSummary {
@@ -4664,7 +4983,7 @@ type DescribeGroupRequest struct {
 
 func (x *DescribeGroupRequest) Reset() {
 	*x = DescribeGroupRequest{}
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4676,7 +4995,7 @@ func (x *DescribeGroupRequest) String() string {
 func (*DescribeGroupRequest) ProtoMessage() {}
 
 func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4689,7 +5008,7 @@ func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupRequest.ProtoReflect.Descriptor instead.
 func (*DescribeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{49}
+	return file_herald_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DescribeGroupRequest) GetGroup() string {
@@ -4717,7 +5036,7 @@ type MemberInfo struct {
 
 func (x *MemberInfo) Reset() {
 	*x = MemberInfo{}
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4729,7 +5048,7 @@ func (x *MemberInfo) String() string {
 func (*MemberInfo) ProtoMessage() {}
 
 func (x *MemberInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4742,7 +5061,7 @@ func (x *MemberInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberInfo.ProtoReflect.Descriptor instead.
 func (*MemberInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{50}
+	return file_herald_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MemberInfo) GetMemberId() string {
@@ -4837,7 +5156,7 @@ type PartitionLag struct {
 
 func (x *PartitionLag) Reset() {
 	*x = PartitionLag{}
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4849,7 +5168,7 @@ func (x *PartitionLag) String() string {
 func (*PartitionLag) ProtoMessage() {}
 
 func (x *PartitionLag) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4862,7 +5181,7 @@ func (x *PartitionLag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionLag.ProtoReflect.Descriptor instead.
 func (*PartitionLag) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{51}
+	return file_herald_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PartitionLag) GetPartition() uint32 {
@@ -4937,7 +5256,7 @@ type GroupInfo struct {
 
 func (x *GroupInfo) Reset() {
 	*x = GroupInfo{}
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4949,7 +5268,7 @@ func (x *GroupInfo) String() string {
 func (*GroupInfo) ProtoMessage() {}
 
 func (x *GroupInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4962,7 +5281,7 @@ func (x *GroupInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupInfo.ProtoReflect.Descriptor instead.
 func (*GroupInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{52}
+	return file_herald_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GroupInfo) GetGroup() string {
@@ -5072,7 +5391,7 @@ type DescribeGroupResponse struct {
 
 func (x *DescribeGroupResponse) Reset() {
 	*x = DescribeGroupResponse{}
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5084,7 +5403,7 @@ func (x *DescribeGroupResponse) String() string {
 func (*DescribeGroupResponse) ProtoMessage() {}
 
 func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5097,7 +5416,7 @@ func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupResponse.ProtoReflect.Descriptor instead.
 func (*DescribeGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{53}
+	return file_herald_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DescribeGroupResponse) GetGroup() *GroupInfo {
@@ -5122,7 +5441,7 @@ type ResetGroupRequest struct {
 
 func (x *ResetGroupRequest) Reset() {
 	*x = ResetGroupRequest{}
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5134,7 +5453,7 @@ func (x *ResetGroupRequest) String() string {
 func (*ResetGroupRequest) ProtoMessage() {}
 
 func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5147,7 +5466,7 @@ func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupRequest.ProtoReflect.Descriptor instead.
 func (*ResetGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{54}
+	return file_herald_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ResetGroupRequest) GetGroup() string {
@@ -5187,7 +5506,7 @@ type ResetGroupResponse struct {
 
 func (x *ResetGroupResponse) Reset() {
 	*x = ResetGroupResponse{}
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5199,7 +5518,7 @@ func (x *ResetGroupResponse) String() string {
 func (*ResetGroupResponse) ProtoMessage() {}
 
 func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5212,7 +5531,7 @@ func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupResponse.ProtoReflect.Descriptor instead.
 func (*ResetGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{55}
+	return file_herald_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ResetGroupResponse) GetGroup() *GroupInfo {
@@ -5233,7 +5552,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5245,7 +5564,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5258,7 +5577,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{56}
+	return file_herald_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CallRequest) GetTopic() string {
@@ -5293,7 +5612,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_herald_proto_msgTypes[57]
+	mi := &file_herald_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5305,7 +5624,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[57]
+	mi := &file_herald_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5318,7 +5637,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{57}
+	return file_herald_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CallResponse) GetInbox() string {
@@ -5346,7 +5665,7 @@ type ReplyRequest struct {
 
 func (x *ReplyRequest) Reset() {
 	*x = ReplyRequest{}
-	mi := &file_herald_proto_msgTypes[58]
+	mi := &file_herald_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5358,7 +5677,7 @@ func (x *ReplyRequest) String() string {
 func (*ReplyRequest) ProtoMessage() {}
 
 func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[58]
+	mi := &file_herald_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5371,7 +5690,7 @@ func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyRequest.ProtoReflect.Descriptor instead.
 func (*ReplyRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{58}
+	return file_herald_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ReplyRequest) GetInbox() string {
@@ -5403,7 +5722,7 @@ type ReplyResponse struct {
 
 func (x *ReplyResponse) Reset() {
 	*x = ReplyResponse{}
-	mi := &file_herald_proto_msgTypes[59]
+	mi := &file_herald_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5415,7 +5734,7 @@ func (x *ReplyResponse) String() string {
 func (*ReplyResponse) ProtoMessage() {}
 
 func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[59]
+	mi := &file_herald_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5428,7 +5747,7 @@ func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyResponse.ProtoReflect.Descriptor instead.
 func (*ReplyResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{59}
+	return file_herald_proto_rawDescGZIP(), []int{60}
 }
 
 // Push: a reply to an earlier CallRequest of this connection.
@@ -5442,7 +5761,7 @@ type ReplyDelivery struct {
 
 func (x *ReplyDelivery) Reset() {
 	*x = ReplyDelivery{}
-	mi := &file_herald_proto_msgTypes[60]
+	mi := &file_herald_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5454,7 +5773,7 @@ func (x *ReplyDelivery) String() string {
 func (*ReplyDelivery) ProtoMessage() {}
 
 func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[60]
+	mi := &file_herald_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5467,7 +5786,7 @@ func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyDelivery.ProtoReflect.Descriptor instead.
 func (*ReplyDelivery) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{60}
+	return file_herald_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ReplyDelivery) GetCorrelationId() uint64 {
@@ -5494,7 +5813,7 @@ type CancelScheduledRequest struct {
 
 func (x *CancelScheduledRequest) Reset() {
 	*x = CancelScheduledRequest{}
-	mi := &file_herald_proto_msgTypes[61]
+	mi := &file_herald_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5506,7 +5825,7 @@ func (x *CancelScheduledRequest) String() string {
 func (*CancelScheduledRequest) ProtoMessage() {}
 
 func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[61]
+	mi := &file_herald_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5519,7 +5838,7 @@ func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelScheduledRequest.ProtoReflect.Descriptor instead.
 func (*CancelScheduledRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{61}
+	return file_herald_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CancelScheduledRequest) GetId() string {
@@ -5539,7 +5858,7 @@ type CancelScheduledResponse struct {
 
 func (x *CancelScheduledResponse) Reset() {
 	*x = CancelScheduledResponse{}
-	mi := &file_herald_proto_msgTypes[62]
+	mi := &file_herald_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5551,7 +5870,7 @@ func (x *CancelScheduledResponse) String() string {
 func (*CancelScheduledResponse) ProtoMessage() {}
 
 func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[62]
+	mi := &file_herald_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5564,7 +5883,7 @@ func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelScheduledResponse.ProtoReflect.Descriptor instead.
 func (*CancelScheduledResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{62}
+	return file_herald_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CancelScheduledResponse) GetTopic() string {
@@ -5594,7 +5913,7 @@ type ListScheduledRequest struct {
 
 func (x *ListScheduledRequest) Reset() {
 	*x = ListScheduledRequest{}
-	mi := &file_herald_proto_msgTypes[63]
+	mi := &file_herald_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5606,7 +5925,7 @@ func (x *ListScheduledRequest) String() string {
 func (*ListScheduledRequest) ProtoMessage() {}
 
 func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[63]
+	mi := &file_herald_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5619,7 +5938,7 @@ func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScheduledRequest.ProtoReflect.Descriptor instead.
 func (*ListScheduledRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{63}
+	return file_herald_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListScheduledRequest) GetTopic() string {
@@ -5651,7 +5970,7 @@ type ScheduledInfo struct {
 
 func (x *ScheduledInfo) Reset() {
 	*x = ScheduledInfo{}
-	mi := &file_herald_proto_msgTypes[64]
+	mi := &file_herald_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5663,7 +5982,7 @@ func (x *ScheduledInfo) String() string {
 func (*ScheduledInfo) ProtoMessage() {}
 
 func (x *ScheduledInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[64]
+	mi := &file_herald_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5676,7 +5995,7 @@ func (x *ScheduledInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduledInfo.ProtoReflect.Descriptor instead.
 func (*ScheduledInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{64}
+	return file_herald_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ScheduledInfo) GetId() string {
@@ -5739,7 +6058,7 @@ type ListScheduledResponse struct {
 
 func (x *ListScheduledResponse) Reset() {
 	*x = ListScheduledResponse{}
-	mi := &file_herald_proto_msgTypes[65]
+	mi := &file_herald_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5751,7 +6070,7 @@ func (x *ListScheduledResponse) String() string {
 func (*ListScheduledResponse) ProtoMessage() {}
 
 func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[65]
+	mi := &file_herald_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5764,7 +6083,7 @@ func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScheduledResponse.ProtoReflect.Descriptor instead.
 func (*ListScheduledResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{65}
+	return file_herald_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListScheduledResponse) GetScheduled() []*ScheduledInfo {
@@ -5807,7 +6126,7 @@ type RepairPartitionRequest struct {
 
 func (x *RepairPartitionRequest) Reset() {
 	*x = RepairPartitionRequest{}
-	mi := &file_herald_proto_msgTypes[66]
+	mi := &file_herald_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5819,7 +6138,7 @@ func (x *RepairPartitionRequest) String() string {
 func (*RepairPartitionRequest) ProtoMessage() {}
 
 func (x *RepairPartitionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[66]
+	mi := &file_herald_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5832,7 +6151,7 @@ func (x *RepairPartitionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPartitionRequest.ProtoReflect.Descriptor instead.
 func (*RepairPartitionRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{66}
+	return file_herald_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RepairPartitionRequest) GetTopic() string {
@@ -5896,7 +6215,7 @@ type RepairPartitionResponse struct {
 
 func (x *RepairPartitionResponse) Reset() {
 	*x = RepairPartitionResponse{}
-	mi := &file_herald_proto_msgTypes[67]
+	mi := &file_herald_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5908,7 +6227,7 @@ func (x *RepairPartitionResponse) String() string {
 func (*RepairPartitionResponse) ProtoMessage() {}
 
 func (x *RepairPartitionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[67]
+	mi := &file_herald_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5921,7 +6240,7 @@ func (x *RepairPartitionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPartitionResponse.ProtoReflect.Descriptor instead.
 func (*RepairPartitionResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{67}
+	return file_herald_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *RepairPartitionResponse) GetDamaged() bool {
@@ -5994,6 +6313,622 @@ func (x *RepairPartitionResponse) GetLastIndex() uint64 {
 	return 0
 }
 
+// Ends a half message: commit (it is appended to its topic, or handed to
+// its delivery time) or roll back (discarded). Idempotent: ending a half
+// again the same way answers OK with already_ended; the other way is
+// TXN_NOT_FOUND.
+type EndHalfRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Action HalfAction             `protobuf:"varint,2,opt,name=action,proto3,enum=herald.v1.HalfAction" json:"action,omitempty"`
+	// The answer to a HalfCheck (unknown is only valid here).
+	FromCheck bool `protobuf:"varint,3,opt,name=from_check,json=fromCheck,proto3" json:"from_check,omitempty"`
+	// Set by `herald txn commit|rollback`: ends a half by hand.
+	Manual        bool `protobuf:"varint,4,opt,name=manual,proto3" json:"manual,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndHalfRequest) Reset() {
+	*x = EndHalfRequest{}
+	mi := &file_herald_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndHalfRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndHalfRequest) ProtoMessage() {}
+
+func (x *EndHalfRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndHalfRequest.ProtoReflect.Descriptor instead.
+func (*EndHalfRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *EndHalfRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *EndHalfRequest) GetAction() HalfAction {
+	if x != nil {
+		return x.Action
+	}
+	return HalfAction_HALF_UNKNOWN
+}
+
+func (x *EndHalfRequest) GetFromCheck() bool {
+	if x != nil {
+		return x.FromCheck
+	}
+	return false
+}
+
+func (x *EndHalfRequest) GetManual() bool {
+	if x != nil {
+		return x.Manual
+	}
+	return false
+}
+
+type EndHalfResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Topic     string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Committed and appended: the offset of its first record; -1 when rolled
+	// back, left unknown, or waiting for its delivery time.
+	BaseOffset    int64 `protobuf:"varint,3,opt,name=base_offset,json=baseOffset,proto3" json:"base_offset,omitempty"`
+	DeliverAtMs   int64 `protobuf:"varint,4,opt,name=deliver_at_ms,json=deliverAtMs,proto3" json:"deliver_at_ms,omitempty"`
+	AlreadyEnded  bool  `protobuf:"varint,5,opt,name=already_ended,json=alreadyEnded,proto3" json:"already_ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndHalfResponse) Reset() {
+	*x = EndHalfResponse{}
+	mi := &file_herald_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndHalfResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndHalfResponse) ProtoMessage() {}
+
+func (x *EndHalfResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndHalfResponse.ProtoReflect.Descriptor instead.
+func (*EndHalfResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *EndHalfResponse) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *EndHalfResponse) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *EndHalfResponse) GetBaseOffset() int64 {
+	if x != nil {
+		return x.BaseOffset
+	}
+	return 0
+}
+
+func (x *EndHalfResponse) GetDeliverAtMs() int64 {
+	if x != nil {
+		return x.DeliverAtMs
+	}
+	return 0
+}
+
+func (x *EndHalfResponse) GetAlreadyEnded() bool {
+	if x != nil {
+		return x.AlreadyEnded
+	}
+	return false
+}
+
+// Registers this connection as a live producer of a producer group, which
+// check-backs (HalfCheck) of the group's half messages may be sent to.
+// The registration lasts while the connection is open; the SDK repeats it
+// every heartbeat_ms (a coordinator that moved learns it so).
+type RegisterProducerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProducerGroup string                 `protobuf:"bytes,1,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	// Stop being a producer of the group on this connection.
+	Unregister    bool `protobuf:"varint,2,opt,name=unregister,proto3" json:"unregister,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterProducerRequest) Reset() {
+	*x = RegisterProducerRequest{}
+	mi := &file_herald_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterProducerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterProducerRequest) ProtoMessage() {}
+
+func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterProducerRequest.ProtoReflect.Descriptor instead.
+func (*RegisterProducerRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *RegisterProducerRequest) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+func (x *RegisterProducerRequest) GetUnregister() bool {
+	if x != nil {
+		return x.Unregister
+	}
+	return false
+}
+
+type RegisterProducerResponse struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	HeartbeatMs uint32                 `protobuf:"varint,1,opt,name=heartbeat_ms,json=heartbeatMs,proto3" json:"heartbeat_ms,omitempty"`
+	// Half messages of the group pending now.
+	Pending       uint32 `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterProducerResponse) Reset() {
+	*x = RegisterProducerResponse{}
+	mi := &file_herald_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterProducerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterProducerResponse) ProtoMessage() {}
+
+func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterProducerResponse.ProtoReflect.Descriptor instead.
+func (*RegisterProducerResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *RegisterProducerResponse) GetHeartbeatMs() uint32 {
+	if x != nil {
+		return x.HeartbeatMs
+	}
+	return 0
+}
+
+func (x *RegisterProducerResponse) GetPending() uint32 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+// Push: the broker asks a producer of the group for a half message's
+// outcome. Answer with EndHalfRequest{from_check: true}.
+type HalfCheck struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ProducerGroup string                 `protobuf:"bytes,2,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	Topic         string                 `protobuf:"bytes,3,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition     uint32                 `protobuf:"varint,4,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The half's encoded RecordBatch as it was sent.
+	Records []byte `protobuf:"bytes,5,opt,name=records,proto3" json:"records,omitempty"`
+	// This is check number `check` (from 1) of at most max_checks.
+	Check         uint32 `protobuf:"varint,6,opt,name=check,proto3" json:"check,omitempty"`
+	MaxChecks     uint32 `protobuf:"varint,7,opt,name=max_checks,json=maxChecks,proto3" json:"max_checks,omitempty"`
+	CreatedMs     int64  `protobuf:"varint,8,opt,name=created_ms,json=createdMs,proto3" json:"created_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HalfCheck) Reset() {
+	*x = HalfCheck{}
+	mi := &file_herald_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HalfCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HalfCheck) ProtoMessage() {}
+
+func (x *HalfCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HalfCheck.ProtoReflect.Descriptor instead.
+func (*HalfCheck) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *HalfCheck) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *HalfCheck) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+func (x *HalfCheck) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *HalfCheck) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *HalfCheck) GetRecords() []byte {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+func (x *HalfCheck) GetCheck() uint32 {
+	if x != nil {
+		return x.Check
+	}
+	return 0
+}
+
+func (x *HalfCheck) GetMaxChecks() uint32 {
+	if x != nil {
+		return x.MaxChecks
+	}
+	return 0
+}
+
+func (x *HalfCheck) GetCreatedMs() int64 {
+	if x != nil {
+		return x.CreatedMs
+	}
+	return 0
+}
+
+// Lists pending half messages, oldest first.
+type ListTxnRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty: every group.
+	ProducerGroup string `protobuf:"bytes,1,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	// Only this one (`herald txn describe ID`).
+	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Limit         uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTxnRequest) Reset() {
+	*x = ListTxnRequest{}
+	mi := &file_herald_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTxnRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTxnRequest) ProtoMessage() {}
+
+func (x *ListTxnRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTxnRequest.ProtoReflect.Descriptor instead.
+func (*ListTxnRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *ListTxnRequest) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+func (x *ListTxnRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ListTxnRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type HalfInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ProducerGroup string                 `protobuf:"bytes,2,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	Topic         string                 `protobuf:"bytes,3,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition     uint32                 `protobuf:"varint,4,opt,name=partition,proto3" json:"partition,omitempty"`
+	CreatedMs     int64                  `protobuf:"varint,5,opt,name=created_ms,json=createdMs,proto3" json:"created_ms,omitempty"`
+	// pending (waiting for an outcome), kept (checks exhausted, policy
+	// keep), committed (waiting for deliver_at_ms or its append).
+	State         string `protobuf:"bytes,6,opt,name=state,proto3" json:"state,omitempty"`
+	Checks        uint32 `protobuf:"varint,7,opt,name=checks,proto3" json:"checks,omitempty"`
+	MaxChecks     uint32 `protobuf:"varint,8,opt,name=max_checks,json=maxChecks,proto3" json:"max_checks,omitempty"`
+	NextCheckMs   int64  `protobuf:"varint,9,opt,name=next_check_ms,json=nextCheckMs,proto3" json:"next_check_ms,omitempty"`
+	DeliverAtMs   int64  `protobuf:"varint,10,opt,name=deliver_at_ms,json=deliverAtMs,proto3" json:"deliver_at_ms,omitempty"`
+	Count         uint32 `protobuf:"varint,11,opt,name=count,proto3" json:"count,omitempty"`
+	Bytes         uint32 `protobuf:"varint,12,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HalfInfo) Reset() {
+	*x = HalfInfo{}
+	mi := &file_herald_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HalfInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HalfInfo) ProtoMessage() {}
+
+func (x *HalfInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HalfInfo.ProtoReflect.Descriptor instead.
+func (*HalfInfo) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{75}
+}
+
+func (x *HalfInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *HalfInfo) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+func (x *HalfInfo) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *HalfInfo) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *HalfInfo) GetCreatedMs() int64 {
+	if x != nil {
+		return x.CreatedMs
+	}
+	return 0
+}
+
+func (x *HalfInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *HalfInfo) GetChecks() uint32 {
+	if x != nil {
+		return x.Checks
+	}
+	return 0
+}
+
+func (x *HalfInfo) GetMaxChecks() uint32 {
+	if x != nil {
+		return x.MaxChecks
+	}
+	return 0
+}
+
+func (x *HalfInfo) GetNextCheckMs() int64 {
+	if x != nil {
+		return x.NextCheckMs
+	}
+	return 0
+}
+
+func (x *HalfInfo) GetDeliverAtMs() int64 {
+	if x != nil {
+		return x.DeliverAtMs
+	}
+	return 0
+}
+
+func (x *HalfInfo) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *HalfInfo) GetBytes() uint32 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+type ListTxnResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Halves []*HalfInfo            `protobuf:"bytes,1,rep,name=halves,proto3" json:"halves,omitempty"`
+	// Pending in all (the list stops at limit).
+	Total         uint32 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTxnResponse) Reset() {
+	*x = ListTxnResponse{}
+	mi := &file_herald_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTxnResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTxnResponse) ProtoMessage() {}
+
+func (x *ListTxnResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTxnResponse.ProtoReflect.Descriptor instead.
+func (*ListTxnResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *ListTxnResponse) GetHalves() []*HalfInfo {
+	if x != nil {
+		return x.Halves
+	}
+	return nil
+}
+
+func (x *ListTxnResponse) GetTotal() uint32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
 var File_herald_proto protoreflect.FileDescriptor
 
 const file_herald_proto_rawDesc = "" +
@@ -6007,7 +6942,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x06leader\x18\x05 \x01(\rR\x06leader\x12\x1b\n" +
 	"\tlost_from\x18\x06 \x01(\x03R\blostFrom\x12\x17\n" +
 	"\alost_to\x18\a \x01(\x03R\x06lostTo\x12'\n" +
-	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\x91\x1c\n" +
+	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\x84 \n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -6059,13 +6994,21 @@ const file_herald_proto_rawDesc = "" +
 	"\rcluster_admin\x184 \x01(\v2\x1e.herald.v1.ClusterAdminRequestH\x00R\fclusterAdmin\x12W\n" +
 	"\x16cluster_admin_response\x185 \x01(\v2\x1f.herald.v1.ClusterAdminResponseH\x00R\x14clusterAdminResponse\x12N\n" +
 	"\x10repair_partition\x186 \x01(\v2!.herald.v1.RepairPartitionRequestH\x00R\x0frepairPartition\x12`\n" +
-	"\x19repair_partition_response\x187 \x01(\v2\".herald.v1.RepairPartitionResponseH\x00R\x17repairPartitionResponse\x121\n" +
+	"\x19repair_partition_response\x187 \x01(\v2\".herald.v1.RepairPartitionResponseH\x00R\x17repairPartitionResponse\x126\n" +
+	"\bend_half\x188 \x01(\v2\x19.herald.v1.EndHalfRequestH\x00R\aendHalf\x12H\n" +
+	"\x11end_half_response\x189 \x01(\v2\x1a.herald.v1.EndHalfResponseH\x00R\x0fendHalfResponse\x12Q\n" +
+	"\x11register_producer\x18: \x01(\v2\".herald.v1.RegisterProducerRequestH\x00R\x10registerProducer\x12c\n" +
+	"\x1aregister_producer_response\x18; \x01(\v2#.herald.v1.RegisterProducerResponseH\x00R\x18registerProducerResponse\x126\n" +
+	"\blist_txn\x18F \x01(\v2\x19.herald.v1.ListTxnRequestH\x00R\alistTxn\x12H\n" +
+	"\x11list_txn_response\x18G \x01(\v2\x1a.herald.v1.ListTxnResponseH\x00R\x0flistTxnResponse\x121\n" +
 	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
 	"assignment\x12A\n" +
 	"\x0ereply_delivery\x18> \x01(\v2\x18.herald.v1.ReplyDeliveryH\x00R\rreplyDelivery\x12M\n" +
-	"\x12subscription_ended\x18? \x01(\v2\x1c.herald.v1.SubscriptionEndedH\x00R\x11subscriptionEnded\x12(\n" +
+	"\x12subscription_ended\x18? \x01(\v2\x1c.herald.v1.SubscriptionEndedH\x00R\x11subscriptionEnded\x125\n" +
+	"\n" +
+	"half_check\x18@ \x01(\v2\x14.herald.v1.HalfCheckH\x00R\thalfCheck\x12(\n" +
 	"\x05error\x18d \x01(\v2\x10.herald.v1.ErrorH\x00R\x05errorB\x06\n" +
 	"\x04body\"\xa2\x01\n" +
 	"\fHelloRequest\x12\x1b\n" +
@@ -6163,7 +7106,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xb9\x03\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\xe5\x03\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -6180,9 +7123,16 @@ const file_herald_proto_rawDesc = "" +
 	" \x01(\x03R\fbaseSequence\x12\"\n" +
 	"\rnot_before_ms\x18\v \x01(\x03R\vnotBeforeMs\x12\x17\n" +
 	"\ahold_us\x18\f \x01(\rR\x06holdUs\x12\x19\n" +
-	"\bclock_id\x18\r \x01(\x04R\aclockIdB\f\n" +
+	"\bclock_id\x18\r \x01(\x04R\aclockId\x12*\n" +
+	"\x04half\x18\x0e \x01(\v2\x16.herald.v1.HalfOptionsR\x04halfB\f\n" +
 	"\n" +
-	"_partition\"\x95\x02\n" +
+	"_partition\"\xc2\x01\n" +
+	"\vHalfOptions\x12%\n" +
+	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12*\n" +
+	"\x11check_interval_ms\x18\x02 \x01(\rR\x0fcheckIntervalMs\x12\x1d\n" +
+	"\n" +
+	"max_checks\x18\x03 \x01(\rR\tmaxChecks\x12A\n" +
+	"\fon_exhausted\x18\x04 \x01(\x0e2\x1e.herald.v1.HalfExhaustedPolicyR\vonExhausted\"\xae\x02\n" +
 	"\x0fProduceResponse\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1f\n" +
 	"\vbase_offset\x18\x02 \x01(\x03R\n" +
@@ -6193,7 +7143,8 @@ const file_herald_proto_rawDesc = "" +
 	"scheduleId\x12\"\n" +
 	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\x12$\n" +
 	"\x0ecommit_time_us\x18\a \x01(\x03R\fcommitTimeUs\x12\x1c\n" +
-	"\tduplicate\x18\b \x01(\bR\tduplicate\"\xf5\x01\n" +
+	"\tduplicate\x18\b \x01(\bR\tduplicate\x12\x17\n" +
+	"\ahalf_id\x18\t \x01(\tR\x06halfId\"\xf5\x01\n" +
 	"\fFetchRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
@@ -6425,7 +7376,62 @@ const file_herald_proto_rawDesc = "" +
 	"\x04node\x18\t \x01(\rR\x04node\x12\x1d\n" +
 	"\n" +
 	"last_index\x18\n" +
-	" \x01(\x04R\tlastIndex*\xf7\x05\n" +
+	" \x01(\x04R\tlastIndex\"\x86\x01\n" +
+	"\x0eEndHalfRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12-\n" +
+	"\x06action\x18\x02 \x01(\x0e2\x15.herald.v1.HalfActionR\x06action\x12\x1d\n" +
+	"\n" +
+	"from_check\x18\x03 \x01(\bR\tfromCheck\x12\x16\n" +
+	"\x06manual\x18\x04 \x01(\bR\x06manual\"\xaf\x01\n" +
+	"\x0fEndHalfResponse\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1f\n" +
+	"\vbase_offset\x18\x03 \x01(\x03R\n" +
+	"baseOffset\x12\"\n" +
+	"\rdeliver_at_ms\x18\x04 \x01(\x03R\vdeliverAtMs\x12#\n" +
+	"\ralready_ended\x18\x05 \x01(\bR\falreadyEnded\"`\n" +
+	"\x17RegisterProducerRequest\x12%\n" +
+	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12\x1e\n" +
+	"\n" +
+	"unregister\x18\x02 \x01(\bR\n" +
+	"unregister\"W\n" +
+	"\x18RegisterProducerResponse\x12!\n" +
+	"\fheartbeat_ms\x18\x01 \x01(\rR\vheartbeatMs\x12\x18\n" +
+	"\apending\x18\x02 \x01(\rR\apending\"\xe4\x01\n" +
+	"\tHalfCheck\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
+	"\x0eproducer_group\x18\x02 \x01(\tR\rproducerGroup\x12\x14\n" +
+	"\x05topic\x18\x03 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x04 \x01(\rR\tpartition\x12\x18\n" +
+	"\arecords\x18\x05 \x01(\fR\arecords\x12\x14\n" +
+	"\x05check\x18\x06 \x01(\rR\x05check\x12\x1d\n" +
+	"\n" +
+	"max_checks\x18\a \x01(\rR\tmaxChecks\x12\x1d\n" +
+	"\n" +
+	"created_ms\x18\b \x01(\x03R\tcreatedMs\"]\n" +
+	"\x0eListTxnRequest\x12%\n" +
+	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\"\xd5\x02\n" +
+	"\bHalfInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
+	"\x0eproducer_group\x18\x02 \x01(\tR\rproducerGroup\x12\x14\n" +
+	"\x05topic\x18\x03 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x04 \x01(\rR\tpartition\x12\x1d\n" +
+	"\n" +
+	"created_ms\x18\x05 \x01(\x03R\tcreatedMs\x12\x14\n" +
+	"\x05state\x18\x06 \x01(\tR\x05state\x12\x16\n" +
+	"\x06checks\x18\a \x01(\rR\x06checks\x12\x1d\n" +
+	"\n" +
+	"max_checks\x18\b \x01(\rR\tmaxChecks\x12\"\n" +
+	"\rnext_check_ms\x18\t \x01(\x03R\vnextCheckMs\x12\"\n" +
+	"\rdeliver_at_ms\x18\n" +
+	" \x01(\x03R\vdeliverAtMs\x12\x14\n" +
+	"\x05count\x18\v \x01(\rR\x05count\x12\x14\n" +
+	"\x05bytes\x18\f \x01(\rR\x05bytes\"T\n" +
+	"\x0fListTxnResponse\x12+\n" +
+	"\x06halves\x18\x01 \x03(\v2\x13.herald.v1.HalfInfoR\x06halves\x12\x14\n" +
+	"\x05total\x18\x02 \x01(\rR\x05total*\x8a\x06\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -6463,11 +7469,16 @@ const file_herald_proto_rawDesc = "" +
 	"\x0eNODE_NOT_FOUND\x10\x1f\x12\x13\n" +
 	"\x0fNOT_COORDINATOR\x10 \x12\x15\n" +
 	"\x11PARTITION_DAMAGED\x10!\x12\r\n" +
-	"\tNOT_READY\x10\"*4\n" +
+	"\tNOT_READY\x10\"\x12\x11\n" +
+	"\rTXN_NOT_FOUND\x10#*4\n" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +
-	"\tACKS_NONE\x10\x02*Y\n" +
+	"\tACKS_NONE\x10\x02*g\n" +
+	"\x13HalfExhaustedPolicy\x12\x1a\n" +
+	"\x16HALF_EXHAUSTED_DEFAULT\x10\x00\x12\x1b\n" +
+	"\x17HALF_EXHAUSTED_ROLLBACK\x10\x01\x12\x17\n" +
+	"\x13HALF_EXHAUSTED_KEEP\x10\x02*Y\n" +
 	"\n" +
 	"OffsetSpec\x12\x16\n" +
 	"\x12OFFSET_SPEC_LATEST\x10\x00\x12\x18\n" +
@@ -6488,7 +7499,12 @@ const file_herald_proto_rawDesc = "" +
 	"\fBreakerState\x12\x12\n" +
 	"\x0eBREAKER_CLOSED\x10\x00\x12\x15\n" +
 	"\x11BREAKER_HALF_OPEN\x10\x01\x12\x10\n" +
-	"\fBREAKER_OPEN\x10\x02B+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"\fBREAKER_OPEN\x10\x02*B\n" +
+	"\n" +
+	"HalfAction\x12\x10\n" +
+	"\fHALF_UNKNOWN\x10\x00\x12\x0f\n" +
+	"\vHALF_COMMIT\x10\x01\x12\x11\n" +
+	"\rHALF_ROLLBACK\x10\x02B+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_herald_proto_rawDescOnce sync.Once
@@ -6502,178 +7518,200 @@ func file_herald_proto_rawDescGZIP() []byte {
 	return file_herald_proto_rawDescData
 }
 
-var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
 var file_herald_proto_goTypes = []any{
-	(ErrorCode)(0),                  // 0: herald.v1.ErrorCode
-	(Acks)(0),                       // 1: herald.v1.Acks
-	(OffsetSpec)(0),                 // 2: herald.v1.OffsetSpec
-	(SubscriptionMode)(0),           // 3: herald.v1.SubscriptionMode
-	(FilterType)(0),                 // 4: herald.v1.FilterType
-	(BreakerState)(0),               // 5: herald.v1.BreakerState
-	(ClusterAdminRequest_Op)(0),     // 6: herald.v1.ClusterAdminRequest.Op
-	(*Error)(nil),                   // 7: herald.v1.Error
-	(*Frame)(nil),                   // 8: herald.v1.Frame
-	(*HelloRequest)(nil),            // 9: herald.v1.HelloRequest
-	(*HelloResponse)(nil),           // 10: herald.v1.HelloResponse
-	(*TopicConfig)(nil),             // 11: herald.v1.TopicConfig
-	(*PartitionInfo)(nil),           // 12: herald.v1.PartitionInfo
-	(*TopicInfo)(nil),               // 13: herald.v1.TopicInfo
-	(*BrokerInfo)(nil),              // 14: herald.v1.BrokerInfo
-	(*MetadataRequest)(nil),         // 15: herald.v1.MetadataRequest
-	(*MetadataResponse)(nil),        // 16: herald.v1.MetadataResponse
-	(*CreateTopicRequest)(nil),      // 17: herald.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),     // 18: herald.v1.CreateTopicResponse
-	(*DeleteTopicRequest)(nil),      // 19: herald.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil),     // 20: herald.v1.DeleteTopicResponse
-	(*ClusterAdminRequest)(nil),     // 21: herald.v1.ClusterAdminRequest
-	(*PartitionMove)(nil),           // 22: herald.v1.PartitionMove
-	(*ClusterAdminResponse)(nil),    // 23: herald.v1.ClusterAdminResponse
-	(*ListTopicsRequest)(nil),       // 24: herald.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),      // 25: herald.v1.ListTopicsResponse
-	(*DescribeTopicRequest)(nil),    // 26: herald.v1.DescribeTopicRequest
-	(*DescribeTopicResponse)(nil),   // 27: herald.v1.DescribeTopicResponse
-	(*Header)(nil),                  // 28: herald.v1.Header
-	(*Record)(nil),                  // 29: herald.v1.Record
-	(*RecordBatch)(nil),             // 30: herald.v1.RecordBatch
-	(*StoredBatch)(nil),             // 31: herald.v1.StoredBatch
-	(*ProduceRequest)(nil),          // 32: herald.v1.ProduceRequest
-	(*ProduceResponse)(nil),         // 33: herald.v1.ProduceResponse
-	(*FetchRequest)(nil),            // 34: herald.v1.FetchRequest
-	(*FetchResponse)(nil),           // 35: herald.v1.FetchResponse
-	(*ListOffsetsRequest)(nil),      // 36: herald.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),     // 37: herald.v1.ListOffsetsResponse
-	(*StartPosition)(nil),           // 38: herald.v1.StartPosition
-	(*SubscribeRequest)(nil),        // 39: herald.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),       // 40: herald.v1.SubscribeResponse
-	(*AckRequest)(nil),              // 41: herald.v1.AckRequest
-	(*AckResponse)(nil),             // 42: herald.v1.AckResponse
-	(*NackRequest)(nil),             // 43: herald.v1.NackRequest
-	(*NackResponse)(nil),            // 44: herald.v1.NackResponse
-	(*CommitRequest)(nil),           // 45: herald.v1.CommitRequest
-	(*CommitResponse)(nil),          // 46: herald.v1.CommitResponse
-	(*UnsubscribeRequest)(nil),      // 47: herald.v1.UnsubscribeRequest
-	(*UnsubscribeResponse)(nil),     // 48: herald.v1.UnsubscribeResponse
-	(*DeliveredMessage)(nil),        // 49: herald.v1.DeliveredMessage
-	(*Delivery)(nil),                // 50: herald.v1.Delivery
-	(*AssignmentChange)(nil),        // 51: herald.v1.AssignmentChange
-	(*SubscriptionEnded)(nil),       // 52: herald.v1.SubscriptionEnded
-	(*ListGroupsRequest)(nil),       // 53: herald.v1.ListGroupsRequest
-	(*GroupSummary)(nil),            // 54: herald.v1.GroupSummary
-	(*ListGroupsResponse)(nil),      // 55: herald.v1.ListGroupsResponse
-	(*DescribeGroupRequest)(nil),    // 56: herald.v1.DescribeGroupRequest
-	(*MemberInfo)(nil),              // 57: herald.v1.MemberInfo
-	(*PartitionLag)(nil),            // 58: herald.v1.PartitionLag
-	(*GroupInfo)(nil),               // 59: herald.v1.GroupInfo
-	(*DescribeGroupResponse)(nil),   // 60: herald.v1.DescribeGroupResponse
-	(*ResetGroupRequest)(nil),       // 61: herald.v1.ResetGroupRequest
-	(*ResetGroupResponse)(nil),      // 62: herald.v1.ResetGroupResponse
-	(*CallRequest)(nil),             // 63: herald.v1.CallRequest
-	(*CallResponse)(nil),            // 64: herald.v1.CallResponse
-	(*ReplyRequest)(nil),            // 65: herald.v1.ReplyRequest
-	(*ReplyResponse)(nil),           // 66: herald.v1.ReplyResponse
-	(*ReplyDelivery)(nil),           // 67: herald.v1.ReplyDelivery
-	(*CancelScheduledRequest)(nil),  // 68: herald.v1.CancelScheduledRequest
-	(*CancelScheduledResponse)(nil), // 69: herald.v1.CancelScheduledResponse
-	(*ListScheduledRequest)(nil),    // 70: herald.v1.ListScheduledRequest
-	(*ScheduledInfo)(nil),           // 71: herald.v1.ScheduledInfo
-	(*ListScheduledResponse)(nil),   // 72: herald.v1.ListScheduledResponse
-	(*RepairPartitionRequest)(nil),  // 73: herald.v1.RepairPartitionRequest
-	(*RepairPartitionResponse)(nil), // 74: herald.v1.RepairPartitionResponse
+	(ErrorCode)(0),                   // 0: herald.v1.ErrorCode
+	(Acks)(0),                        // 1: herald.v1.Acks
+	(HalfExhaustedPolicy)(0),         // 2: herald.v1.HalfExhaustedPolicy
+	(OffsetSpec)(0),                  // 3: herald.v1.OffsetSpec
+	(SubscriptionMode)(0),            // 4: herald.v1.SubscriptionMode
+	(FilterType)(0),                  // 5: herald.v1.FilterType
+	(BreakerState)(0),                // 6: herald.v1.BreakerState
+	(HalfAction)(0),                  // 7: herald.v1.HalfAction
+	(ClusterAdminRequest_Op)(0),      // 8: herald.v1.ClusterAdminRequest.Op
+	(*Error)(nil),                    // 9: herald.v1.Error
+	(*Frame)(nil),                    // 10: herald.v1.Frame
+	(*HelloRequest)(nil),             // 11: herald.v1.HelloRequest
+	(*HelloResponse)(nil),            // 12: herald.v1.HelloResponse
+	(*TopicConfig)(nil),              // 13: herald.v1.TopicConfig
+	(*PartitionInfo)(nil),            // 14: herald.v1.PartitionInfo
+	(*TopicInfo)(nil),                // 15: herald.v1.TopicInfo
+	(*BrokerInfo)(nil),               // 16: herald.v1.BrokerInfo
+	(*MetadataRequest)(nil),          // 17: herald.v1.MetadataRequest
+	(*MetadataResponse)(nil),         // 18: herald.v1.MetadataResponse
+	(*CreateTopicRequest)(nil),       // 19: herald.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),      // 20: herald.v1.CreateTopicResponse
+	(*DeleteTopicRequest)(nil),       // 21: herald.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),      // 22: herald.v1.DeleteTopicResponse
+	(*ClusterAdminRequest)(nil),      // 23: herald.v1.ClusterAdminRequest
+	(*PartitionMove)(nil),            // 24: herald.v1.PartitionMove
+	(*ClusterAdminResponse)(nil),     // 25: herald.v1.ClusterAdminResponse
+	(*ListTopicsRequest)(nil),        // 26: herald.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),       // 27: herald.v1.ListTopicsResponse
+	(*DescribeTopicRequest)(nil),     // 28: herald.v1.DescribeTopicRequest
+	(*DescribeTopicResponse)(nil),    // 29: herald.v1.DescribeTopicResponse
+	(*Header)(nil),                   // 30: herald.v1.Header
+	(*Record)(nil),                   // 31: herald.v1.Record
+	(*RecordBatch)(nil),              // 32: herald.v1.RecordBatch
+	(*StoredBatch)(nil),              // 33: herald.v1.StoredBatch
+	(*ProduceRequest)(nil),           // 34: herald.v1.ProduceRequest
+	(*HalfOptions)(nil),              // 35: herald.v1.HalfOptions
+	(*ProduceResponse)(nil),          // 36: herald.v1.ProduceResponse
+	(*FetchRequest)(nil),             // 37: herald.v1.FetchRequest
+	(*FetchResponse)(nil),            // 38: herald.v1.FetchResponse
+	(*ListOffsetsRequest)(nil),       // 39: herald.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),      // 40: herald.v1.ListOffsetsResponse
+	(*StartPosition)(nil),            // 41: herald.v1.StartPosition
+	(*SubscribeRequest)(nil),         // 42: herald.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 43: herald.v1.SubscribeResponse
+	(*AckRequest)(nil),               // 44: herald.v1.AckRequest
+	(*AckResponse)(nil),              // 45: herald.v1.AckResponse
+	(*NackRequest)(nil),              // 46: herald.v1.NackRequest
+	(*NackResponse)(nil),             // 47: herald.v1.NackResponse
+	(*CommitRequest)(nil),            // 48: herald.v1.CommitRequest
+	(*CommitResponse)(nil),           // 49: herald.v1.CommitResponse
+	(*UnsubscribeRequest)(nil),       // 50: herald.v1.UnsubscribeRequest
+	(*UnsubscribeResponse)(nil),      // 51: herald.v1.UnsubscribeResponse
+	(*DeliveredMessage)(nil),         // 52: herald.v1.DeliveredMessage
+	(*Delivery)(nil),                 // 53: herald.v1.Delivery
+	(*AssignmentChange)(nil),         // 54: herald.v1.AssignmentChange
+	(*SubscriptionEnded)(nil),        // 55: herald.v1.SubscriptionEnded
+	(*ListGroupsRequest)(nil),        // 56: herald.v1.ListGroupsRequest
+	(*GroupSummary)(nil),             // 57: herald.v1.GroupSummary
+	(*ListGroupsResponse)(nil),       // 58: herald.v1.ListGroupsResponse
+	(*DescribeGroupRequest)(nil),     // 59: herald.v1.DescribeGroupRequest
+	(*MemberInfo)(nil),               // 60: herald.v1.MemberInfo
+	(*PartitionLag)(nil),             // 61: herald.v1.PartitionLag
+	(*GroupInfo)(nil),                // 62: herald.v1.GroupInfo
+	(*DescribeGroupResponse)(nil),    // 63: herald.v1.DescribeGroupResponse
+	(*ResetGroupRequest)(nil),        // 64: herald.v1.ResetGroupRequest
+	(*ResetGroupResponse)(nil),       // 65: herald.v1.ResetGroupResponse
+	(*CallRequest)(nil),              // 66: herald.v1.CallRequest
+	(*CallResponse)(nil),             // 67: herald.v1.CallResponse
+	(*ReplyRequest)(nil),             // 68: herald.v1.ReplyRequest
+	(*ReplyResponse)(nil),            // 69: herald.v1.ReplyResponse
+	(*ReplyDelivery)(nil),            // 70: herald.v1.ReplyDelivery
+	(*CancelScheduledRequest)(nil),   // 71: herald.v1.CancelScheduledRequest
+	(*CancelScheduledResponse)(nil),  // 72: herald.v1.CancelScheduledResponse
+	(*ListScheduledRequest)(nil),     // 73: herald.v1.ListScheduledRequest
+	(*ScheduledInfo)(nil),            // 74: herald.v1.ScheduledInfo
+	(*ListScheduledResponse)(nil),    // 75: herald.v1.ListScheduledResponse
+	(*RepairPartitionRequest)(nil),   // 76: herald.v1.RepairPartitionRequest
+	(*RepairPartitionResponse)(nil),  // 77: herald.v1.RepairPartitionResponse
+	(*EndHalfRequest)(nil),           // 78: herald.v1.EndHalfRequest
+	(*EndHalfResponse)(nil),          // 79: herald.v1.EndHalfResponse
+	(*RegisterProducerRequest)(nil),  // 80: herald.v1.RegisterProducerRequest
+	(*RegisterProducerResponse)(nil), // 81: herald.v1.RegisterProducerResponse
+	(*HalfCheck)(nil),                // 82: herald.v1.HalfCheck
+	(*ListTxnRequest)(nil),           // 83: herald.v1.ListTxnRequest
+	(*HalfInfo)(nil),                 // 84: herald.v1.HalfInfo
+	(*ListTxnResponse)(nil),          // 85: herald.v1.ListTxnResponse
 }
 var file_herald_proto_depIdxs = []int32{
 	0,  // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
-	9,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
-	10, // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
-	15, // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
-	16, // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
-	17, // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
-	18, // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
-	19, // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
-	20, // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
-	24, // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
-	25, // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
-	26, // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
-	27, // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
-	32, // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
-	33, // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
-	34, // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
-	35, // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
-	36, // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
-	37, // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
-	39, // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
-	40, // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
-	41, // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
-	42, // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
-	43, // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
-	44, // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
-	45, // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
-	46, // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
-	47, // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
-	48, // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
-	53, // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
-	55, // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
-	56, // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
-	60, // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
-	61, // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
-	62, // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
-	63, // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
-	64, // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
-	65, // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
-	66, // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
-	68, // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
-	69, // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
-	70, // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
-	72, // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
-	21, // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
-	23, // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
-	73, // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
-	74, // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
-	50, // 47: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	51, // 48: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	67, // 49: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	52, // 50: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	7,  // 51: herald.v1.Frame.error:type_name -> herald.v1.Error
-	11, // 52: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	12, // 53: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	14, // 54: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	13, // 55: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	11, // 56: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	13, // 57: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	6,  // 58: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
-	22, // 59: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
-	13, // 60: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	13, // 61: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	28, // 62: herald.v1.Record.headers:type_name -> herald.v1.Header
-	29, // 63: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	1,  // 64: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	31, // 65: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	2,  // 66: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	3,  // 67: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	4,  // 68: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	38, // 69: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	29, // 70: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	49, // 71: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	7,  // 72: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	3,  // 73: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	54, // 74: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	5,  // 75: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	3,  // 76: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	4,  // 77: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	57, // 78: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	58, // 79: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	59, // 80: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	38, // 81: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	59, // 82: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	29, // 83: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	29, // 84: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	29, // 85: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	71, // 86: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	87, // [87:87] is the sub-list for method output_type
-	87, // [87:87] is the sub-list for method input_type
-	87, // [87:87] is the sub-list for extension type_name
-	87, // [87:87] is the sub-list for extension extendee
-	0,  // [0:87] is the sub-list for field type_name
+	11, // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
+	12, // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
+	17, // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
+	18, // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
+	19, // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
+	20, // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
+	21, // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
+	22, // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
+	26, // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
+	27, // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
+	28, // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
+	29, // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
+	34, // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
+	36, // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
+	37, // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
+	38, // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
+	39, // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
+	40, // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
+	42, // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
+	43, // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
+	44, // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
+	45, // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
+	46, // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
+	47, // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
+	48, // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
+	49, // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
+	50, // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
+	51, // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
+	56, // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
+	58, // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
+	59, // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
+	63, // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
+	64, // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
+	65, // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
+	66, // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
+	67, // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
+	68, // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
+	69, // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
+	71, // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
+	72, // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
+	73, // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
+	75, // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
+	23, // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
+	25, // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
+	76, // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
+	77, // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
+	78, // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
+	79, // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
+	80, // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
+	81, // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
+	83, // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
+	85, // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
+	53, // 53: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	54, // 54: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	70, // 55: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	55, // 56: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	82, // 57: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
+	9,  // 58: herald.v1.Frame.error:type_name -> herald.v1.Error
+	13, // 59: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	14, // 60: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	16, // 61: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	15, // 62: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	13, // 63: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	15, // 64: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	8,  // 65: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	24, // 66: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	15, // 67: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	15, // 68: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	30, // 69: herald.v1.Record.headers:type_name -> herald.v1.Header
+	31, // 70: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	1,  // 71: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	35, // 72: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
+	2,  // 73: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	33, // 74: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	3,  // 75: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	4,  // 76: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	5,  // 77: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	41, // 78: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	31, // 79: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	52, // 80: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	9,  // 81: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	4,  // 82: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	57, // 83: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	6,  // 84: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	4,  // 85: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	5,  // 86: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	60, // 87: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	61, // 88: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	62, // 89: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	41, // 90: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	62, // 91: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	31, // 92: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	31, // 93: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	31, // 94: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	74, // 95: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	7,  // 96: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	84, // 97: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	98, // [98:98] is the sub-list for method output_type
+	98, // [98:98] is the sub-list for method input_type
+	98, // [98:98] is the sub-list for extension type_name
+	98, // [98:98] is the sub-list for extension extendee
+	0,  // [0:98] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -6728,27 +7766,34 @@ func file_herald_proto_init() {
 		(*Frame_ClusterAdminResponse)(nil),
 		(*Frame_RepairPartition)(nil),
 		(*Frame_RepairPartitionResponse)(nil),
+		(*Frame_EndHalf)(nil),
+		(*Frame_EndHalfResponse)(nil),
+		(*Frame_RegisterProducer)(nil),
+		(*Frame_RegisterProducerResponse)(nil),
+		(*Frame_ListTxn)(nil),
+		(*Frame_ListTxnResponse)(nil),
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),
 		(*Frame_SubscriptionEnded)(nil),
+		(*Frame_HalfCheck)(nil),
 		(*Frame_Error)(nil),
 	}
 	file_herald_proto_msgTypes[25].OneofWrappers = []any{}
-	file_herald_proto_msgTypes[31].OneofWrappers = []any{
+	file_herald_proto_msgTypes[32].OneofWrappers = []any{
 		(*StartPosition_Earliest)(nil),
 		(*StartPosition_Latest)(nil),
 		(*StartPosition_Offset)(nil),
 		(*StartPosition_TimestampMs)(nil),
 	}
-	file_herald_proto_msgTypes[36].OneofWrappers = []any{}
+	file_herald_proto_msgTypes[37].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
-			NumEnums:      7,
-			NumMessages:   68,
+			NumEnums:      9,
+			NumMessages:   77,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
