@@ -51,6 +51,7 @@ type Broker struct {
 	manager   *actor.PID
 	groups    *actor.PID
 	sched     *actor.PID
+	txn       *actor.PID
 	readers   *partition.ReaderPool
 	server    *netio.Server
 	admin     *http.Server
@@ -78,6 +79,10 @@ type Broker struct {
 	schedHere     atomic.Bool
 	schedLeader   atomic.Uint64
 	schedForwards chan struct{} // forwarded requests in flight (maxSchedForwards)
+	// The transaction coordinator in a cluster: on the leader of __txn.
+	txnProps  *actor.Props
+	txnHere   atomic.Bool
+	txnLeader atomic.Uint64
 
 	// The node's clock and data-dir filesystem: the system's, except in
 	// a chaos build (internal/faults), where /debug/faults moves and
@@ -192,6 +197,10 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		b.stopActors()
 		return nil, err
 	}
+	if err := b.startTxn(clustered, sessionWriter{&srv}); err != nil {
+		b.stopActors()
+		return nil, err
+	}
 	if cfg.Cluster != "" {
 		b.member, err = cluster.Start(cluster.Config{
 			NodeID: nodeID, Bind: cfg.Cluster, HealthBind: cfg.ClusterHealth, Peers: cfg.peers,
@@ -215,7 +224,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		WriteStallTimeout: neverIfZero(cfg.WriteStallTimeout), MaxQueuedRequestBytes: cfg.MaxQueuedRequestBytes,
 		FrameTimeout: neverIfZero(cfg.FrameTimeout), MaxFrameBytesBeforeHello: cfg.MaxFrameBytesBeforeHello,
 		MaxInFlightProduceBytes: offIfZero(cfg.MaxInFlightProduceBytes), MaxProduceDefer: neverIfZero(cfg.MaxProduceDefer), NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
-	}, b.sys, newRouter(b.sys, groupRouter, topic.NewRouter(b.sys, reg, b.manager), b.routeScheduled))
+	}, b.sys, newRouter(b.sys, groupRouter, topic.NewRouter(b.sys, reg, b.manager), b.routeScheduled, b.routeTxn))
 	if err != nil {
 		b.stopActors()
 		return nil, err
@@ -402,6 +411,11 @@ func (b *Broker) stopActors() {
 			b.log.Error("stopping the scheduler", "err", err)
 		}
 	}
+	if b.txn != nil {
+		if _, err := b.sys.Root.StopFuture(b.txn).Result(); err != nil {
+			b.log.Error("stopping the transaction coordinator", "err", err)
+		}
+	}
 	if b.groups != nil {
 		if _, err := b.sys.Root.StopFuture(b.groups).Result(); err != nil {
 			b.log.Error("stopping group actors", "err", err)
@@ -417,8 +431,10 @@ func (b *Broker) stopActors() {
 
 // router is the node's one routing table: a handler per request body
 // type, merged from the rooms' (topic.Router.Routes, consumer.Router.Routes)
-// and the scheduler's, consulted on the network loop for every request.
-// Delayed produces and schedule requests go to the scheduler.
+// and the scheduler's and transaction coordinator's, consulted on the
+// network loop for every request. Half messages and transaction requests
+// go to the transaction coordinator; delayed produces and schedule
+// requests to the scheduler.
 type router struct {
 	sys   *actor.ActorSystem
 	table map[reflect.Type]topic.Handler
@@ -426,7 +442,7 @@ type router struct {
 
 // newRouter builds the table. A request type claimed twice is a wiring
 // bug, and panics at start.
-func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Router, sched topic.Handler) router {
+func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Router, sched, txns topic.Handler) router {
 	table := map[reflect.Type]topic.Handler{}
 	add := func(routes map[reflect.Type]topic.Handler) {
 		for t, h := range routes {
@@ -440,6 +456,10 @@ func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Ro
 	add(groups.Routes())
 	produce := table[reflect.TypeOf(&heraldpb.Frame_Produce{})]
 	table[reflect.TypeOf(&heraldpb.Frame_Produce{})] = func(f *heraldpb.Frame, replyTo *actor.PID) {
+		if toTxn(f) {
+			txns(f, replyTo)
+			return
+		}
 		if toScheduler(f) {
 			sched(f, replyTo)
 			return
@@ -449,6 +469,9 @@ func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Ro
 	add(map[reflect.Type]topic.Handler{
 		reflect.TypeOf(&heraldpb.Frame_CancelScheduled{}): sched,
 		reflect.TypeOf(&heraldpb.Frame_ListScheduled{}):   sched,
+		reflect.TypeOf(&heraldpb.Frame_EndHalf{}):         txns,
+		reflect.TypeOf(&heraldpb.Frame_RegisterProducer{}): txns,
+		reflect.TypeOf(&heraldpb.Frame_ListTxn{}):         txns,
 	})
 	return router{sys: sys, table: table}
 }

@@ -70,8 +70,14 @@ type Config struct {
 	// ScheduleAhead is how long before their time delayed messages are
 	// appended, held unreadable by their partition until then (0: at
 	// their time).
-	ScheduleAhead   time.Duration
-	ShutdownTimeout time.Duration
+	ScheduleAhead time.Duration
+	// TxnCheckInterval and TxnMaxChecks are the half messages' default
+	// check-back interval and number of checks; MaxHalfPending bounds the
+	// half messages pending (more get THROTTLED).
+	TxnCheckInterval time.Duration
+	TxnMaxChecks     int
+	MaxHalfPending   int
+	ShutdownTimeout  time.Duration
 	LogLevel        string
 	// Cluster is the node's cluster address (host:port; empty: a single
 	// node); ClusterHealth its membership health endpoint (empty: the
@@ -116,6 +122,7 @@ func Default() Config {
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second, GroupIdleStop: consumer.DefaultIdleStop,
 		RetryPolicy: retry.DefaultPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 50 * time.Millisecond,
+		TxnCheckInterval: 6 * time.Second, TxnMaxChecks: 15, MaxHalfPending: 100_000,
 		ShutdownTimeout: 10 * time.Second, LogLevel: "info", ClusterProvider: cluster.ProviderAutomanaged,
 		ReplicaGrace: 5 * time.Minute, ControllerCheckpointRecords: cluster.DefaultCheckpointRecords,
 		ControllerCheckpointBytes: cluster.DefaultCheckpointBytes,
@@ -219,6 +226,15 @@ func (c *Config) Validate() error {
 	}
 	if c.ScheduleAhead < 0 || c.ScheduleAhead > partition.MaxHold {
 		bad("schedule-ahead", "%v is outside [0, %v]", c.ScheduleAhead, partition.MaxHold)
+	}
+	if c.TxnCheckInterval < 100*time.Millisecond {
+		bad("txn-check-interval", "%v is below 100ms", c.TxnCheckInterval)
+	}
+	if c.TxnMaxChecks < 1 || c.TxnMaxChecks > 1000 {
+		bad("txn-max-checks", "%d is outside [1, 1000]", c.TxnMaxChecks)
+	}
+	if c.MaxHalfPending < 1 {
+		bad("max-half-pending", "must be at least 1")
 	}
 	if c.AckTimeout < time.Millisecond {
 		bad("ack-timeout", "must be at least 1ms")

@@ -8,6 +8,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/consumer"
 	"github.com/heraldmq/herald/actors/scheduler"
+	"github.com/heraldmq/herald/actors/txn"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -47,7 +48,7 @@ func (b *Broker) coordinateInternal(reg *registry.Registry) {
 		for _, it := range []struct {
 			name       string
 			maxMessage uint32
-		}{{consumer.GroupsTopic, uint32(b.cfg.MaxMessageBytes)}, {scheduler.ScheduleTopic, b.scheduleMaxMessage()}} {
+		}{{consumer.GroupsTopic, uint32(b.cfg.MaxMessageBytes)}, {scheduler.ScheduleTopic, b.scheduleMaxMessage()}, {txn.Topic, b.scheduleMaxMessage()}} {
 			if md.Topics[it.name] == nil && b.ctrl.Leader() == b.nodeID && len(md.Nodes) >= min(3, len(b.cfg.peers)) &&
 				time.Since(lastCreate[it.name]) > 2*time.Second {
 				lastCreate[it.name] = time.Now()
@@ -92,6 +93,7 @@ func (b *Broker) coordinateInternal(reg *registry.Registry) {
 			b.sched = nil
 			b.log.Info("stopped the scheduler: this node no longer leads __schedule", "leader", sLeader)
 		}
+		b.followTxn(reg)
 		b.groupsMu.Unlock()
 	}
 }

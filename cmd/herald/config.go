@@ -105,6 +105,15 @@ func settings() []setting {
 		{"schedule-ahead", "how long before their time delayed messages are appended to their topic, held unreadable until their time so that the commit is not late (0 = at their time; at most 1s)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.DurationVar(&c.ScheduleAhead, "schedule-ahead", d.ScheduleAhead, "")
 		}},
+		{"txn-check-interval", "default wait before a half message nobody ended is checked back with a producer of its group (then doubling, at most 8x)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.TxnCheckInterval, "txn-check-interval", d.TxnCheckInterval, "")
+		}},
+		{"txn-max-checks", "default number of check-backs before a half message's policy applies (roll back, or keep)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.TxnMaxChecks, "txn-max-checks", d.TxnMaxChecks, "")
+		}},
+		{"max-half-pending", "half (transactional) messages pending at most; more are refused with THROTTLED", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.IntVar(&c.MaxHalfPending, "max-half-pending", d.MaxHalfPending, "")
+		}},
 		{"cluster", "this node's cluster address HOST:PORT (node-to-node traffic; empty = a single node)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Cluster, "cluster", d.Cluster, "")
 		}},

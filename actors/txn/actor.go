@@ -1,0 +1,519 @@
+// Package txn is the transaction room: half (transactional) messages with
+// check-back, in the RocketMQ model. Its actor, the transaction
+// coordinator, keeps every half message in the internal `__txn` partition
+// (raft-backed) until it is committed, then appends it to its topic (at
+// its delivery time, for a delayed one), or discards it on rollback. A
+// half nobody ends is checked back: the coordinator asks a live producer
+// of the half's producer group (a connection that registered it) for the
+// outcome, with backoff, and after the last check applies the half's
+// policy (roll back, or keep it for a manual end).
+//
+// This file is the actor: Receive, loading and the writes to __txn;
+// requests.go answers the requests, commit.go appends committed halves
+// (exactly once, across crashes), check.go runs the check-backs and keeps
+// the producer registrations. Its pure core is in state.go.
+package txn
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/partition"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+// Topic is the internal partition holding the coordinator's state.
+const Topic = "__txn"
+
+// ActorName is the coordinator actor's name.
+const ActorName = "txn"
+
+// Headers the coordinator adds to every record of a committed half it
+// appends to the half's topic.
+const (
+	HeaderHalfID   = "herald-half-id"
+	HeaderTxnToken = "herald-txn-token" // the commit's random token (recovery checks it)
+)
+
+// callTimeout bounds the wait for a partition's answer to a read or an
+// append. A write to __txn is waited for longer: one that lands after the
+// coordinator gave up would leave its state behind its log.
+const (
+	callTimeout  = 10 * time.Second
+	writeTimeout = 60 * time.Second
+)
+
+// Props returns the coordinator's props. The internal topic Topic must
+// exist before it starts.
+func Props(o Options) *actor.Props {
+	o.ensureDefaults()
+	sh := &shared{}
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &Coordinator{o: &o, sh: sh, log: o.Logger.With("component", "txn")}
+	})
+}
+
+// shared is what one incarnation of the actor leaves the next (after a
+// panic): its writes to __txn in flight. The next one loads __txn only
+// once they are answered, so it sees every event the last one wrote.
+type shared struct {
+	writes []*actor.Future
+}
+
+func (s *shared) forget(f *actor.Future) {
+	for i, w := range s.writes {
+		if w == f {
+			s.writes = append(s.writes[:i], s.writes[i+1:]...)
+			return
+		}
+	}
+}
+
+// Coordinator is the transaction coordinator actor.
+type Coordinator struct {
+	o    *Options
+	sh   *shared
+	log  *slog.Logger
+	self *actor.PID
+	sys  *actor.ActorSystem
+	dead bool // stopping or restarting: continuations of this incarnation do nothing
+
+	loaded bool
+	queue  []stashed // requests that arrived while loading
+
+	state // the pending halves (state.go)
+
+	loadNext, loadHW int64
+	loadStart        time.Time
+	loadRecords      int
+
+	// writes to __txn: one in flight; the rest queue and go together
+	wq       []writeOp
+	inflight []writeOp // the write in flight
+	writing  bool
+	queued  int // client requests in wq
+
+	producers     producers // check.go
+	checking      int       // check-backs reading their half
+	appending     int       // committed halves being appended
+	checkTimerAt  int64
+	checkTimerGen uint64
+	dueTimerAt    int64
+	dueTimerGen   uint64
+	pendingChecks map[uint64]uint32 // counts to write (HalfChecks)
+	compactArmed  bool
+}
+
+type stashed struct {
+	f      *heraldpb.Frame
+	sender *actor.PID
+}
+
+// writeOp is one group of events for __txn; done gets the offset of its
+// first event once the write is durable, or the error.
+type writeOp struct {
+	events [][]byte
+	client bool
+	done   func(base int64, e *heraldpb.Error)
+}
+
+// Timer and internal messages.
+type (
+	checkTick   struct{ gen uint64 }
+	dueTick     struct{ gen uint64 }
+	compactTick struct{}
+	retryWrite  struct{}
+	loadRetry   struct{}
+	lapseTick   struct{}
+	retryStep   struct{ fn func() }
+)
+
+// Receive is the coordinator's entry point.
+func (c *Coordinator) Receive(ctx actor.Context) {
+	m := ctx.Message()
+	if t, ok := m.(*timed); ok {
+		if t.to != c {
+			return // an earlier incarnation's timer
+		}
+		m = t.msg
+	}
+	switch msg := m.(type) {
+	case *actor.Started:
+		c.self, c.sys = ctx.Self(), ctx.ActorSystem()
+		c.state = newState()
+		c.producers = newProducers()
+		c.pendingChecks = map[uint64]uint32{}
+		c.loadStart = time.Now()
+		c.waitOrphans(ctx)
+	case *actor.Restarting, *actor.Stopping:
+		c.dead = true
+		// Requests waiting for a write get an answer: TIMEOUT, as the
+		// write in flight may or may not have been stored.
+		e := heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "the transaction coordinator restarted before the write finished; the request may or may not have taken effect")
+		e.Retriable = true
+		e.OutcomeUnknown = true
+		for _, op := range append(c.inflight, c.wq...) {
+			if op.client {
+				op.done(-1, e)
+			}
+		}
+		c.wq, c.inflight = nil, nil
+		for _, x := range c.queue {
+			respond(ctx, x.sender, heraldpb.ErrorFrame(x.f.Id, throttledErr("the transaction coordinator is stopping")))
+		}
+		c.queue = nil
+		mProducers.Set(0)
+	case *loadRetry:
+		c.load(ctx)
+	case *retryStep:
+		msg.fn()
+	case *retryWrite:
+		c.flushWrites(ctx)
+	case *checkTick:
+		if msg.gen == c.checkTimerGen {
+			c.checkTimerAt = 0
+			c.runChecks(ctx)
+		}
+	case *dueTick:
+		if msg.gen == c.dueTimerGen {
+			c.dueTimerAt = 0
+			c.runDue(ctx)
+		}
+	case *lapseTick:
+		c.lapseProducers(ctx)
+	case *compactTick:
+		c.compactArmed = false
+		c.compact(ctx)
+	case *partition.DeleteBeforeResult:
+		if msg.Err != nil {
+			c.log.Error("compacting __txn", "err", msg.Err)
+		}
+		if c.loaded {
+			c.armCompact()
+		}
+	case *actor.Terminated:
+		c.producers.dropConn(msg.Who)
+	case *heraldpb.Frame:
+		if !c.loaded {
+			if len(c.queue) >= c.o.MaxQueued {
+				respond(ctx, ctx.Sender(), heraldpb.ErrorFrame(msg.Id, throttledErr("the transaction coordinator is still loading")))
+				return
+			}
+			c.queue = append(c.queue, stashed{f: msg, sender: ctx.Sender()})
+			return
+		}
+		c.onRequest(ctx, msg, ctx.Sender())
+	}
+}
+
+func respond(ctx actor.Context, to *actor.PID, f *heraldpb.Frame) {
+	if to != nil {
+		ctx.Send(to, f)
+	}
+}
+
+func throttledErr(why string) *heraldpb.Error {
+	e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "%s", why)
+	e.RetryAfterMs = 100
+	return e
+}
+
+func (c *Coordinator) nowMs() int64 { return c.o.Now().UnixMilli() }
+
+// after sends msg to the actor after d, tagged with this incarnation.
+func (c *Coordinator) after(d time.Duration, msg any) {
+	self, sys := c.self, c.sys
+	time.AfterFunc(d, func() { sys.Root.Send(self, &timed{to: c, msg: msg}) })
+}
+
+// timed is a message the actor sent itself through after.
+type timed struct {
+	to  *Coordinator
+	msg any
+}
+
+// request sends f to pid and runs fn on the actor with the answer (an
+// error frame when none came within timeout); nothing runs once this
+// incarnation is stopping or restarting.
+func (c *Coordinator) request(ctx actor.Context, pid *actor.PID, f *heraldpb.Frame, timeout time.Duration, fn func(*heraldpb.Frame)) *actor.Future {
+	fut := ctx.RequestFuture(pid, f, timeout)
+	ctx.ReenterAfter(fut, func(res any, err error) {
+		if c.dead {
+			return
+		}
+		ans, ok := res.(*heraldpb.Frame)
+		if err != nil || !ok {
+			e := heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "no answer from %s: %v", pid.Id, err)
+			e.Retriable = true
+			ans = heraldpb.ErrorFrame(0, e)
+		}
+		fn(ans)
+	})
+	return fut
+}
+
+// ---- loading -------------------------------------------------------------
+
+// waitOrphans waits for the writes a previous incarnation left in flight,
+// then loads.
+func (c *Coordinator) waitOrphans(ctx actor.Context) {
+	for len(c.sh.writes) > 0 {
+		f := c.sh.writes[0]
+		c.sh.writes = c.sh.writes[1:]
+		ctx.ReenterAfter(f, func(any, error) {
+			if !c.dead {
+				c.waitOrphans(ctx)
+			}
+		})
+		return
+	}
+	c.load(ctx)
+}
+
+// load reads __txn from its start to the high watermark it had when the
+// coordinator started: nothing else writes it.
+func (c *Coordinator) load(ctx actor.Context) {
+	e := c.o.Topics.Get(Topic)
+	if e == nil {
+		c.log.Error("internal topic is missing; retrying", "topic", Topic)
+		c.after(time.Second, &loadRetry{})
+		return
+	}
+	if c.loadHW == 0 {
+		c.loadHW = e.Stats[0].HighWatermark.Load()
+		c.loadNext = e.Stats[0].StartOffset.Load()
+	}
+	if c.loadNext >= c.loadHW {
+		c.recover(ctx)
+		return
+	}
+	c.request(ctx, e.Partitions[0], &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+		Topic: Topic, Offset: c.loadNext, MaxBytes: 4 << 20,
+	}}}, callTimeout, func(f *heraldpb.Frame) {
+		fr := f.GetFetchResponse()
+		if fr == nil {
+			if start := e.Stats[0].StartOffset.Load(); f.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && c.loadNext < start {
+				c.loadNext = start // compacted meanwhile: only records of ended halves go
+				c.load(ctx)
+				return
+			}
+			c.log.Warn("reading __txn; retrying", "err", f.GetError().GetMessage())
+			c.after(100*time.Millisecond, &loadRetry{})
+			return
+		}
+		c.onLoaded(ctx, fr)
+	})
+}
+
+func (c *Coordinator) onLoaded(ctx actor.Context, fr *heraldpb.FetchResponse) {
+	for _, b := range fr.Batches {
+		_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
+			off := b.BaseOffset + int64(i)
+			if off < c.loadNext {
+				return true
+			}
+			c.loadNext = off + 1
+			c.loadRecords++
+			ev, err := decodeEvent(rec)
+			if err != nil {
+				c.log.Warn("skipping unreadable __txn record", "offset", off, "err", err)
+				return true
+			}
+			c.state.apply(uint64(off), ev, c.defaults)
+			return true
+		})
+	}
+	if len(fr.Batches) == 0 {
+		c.loadNext = max(c.loadNext, fr.LogStartOffset)
+		if fr.HighWatermark <= c.loadNext {
+			c.loadHW = c.loadNext
+		}
+	}
+	c.load(ctx)
+}
+
+// defaults resolves a half's check settings against the broker's.
+func (c *Coordinator) defaults(hs *heraldpb.HalfStored) (time.Duration, uint32, bool) {
+	iv := c.o.CheckInterval
+	if hs.CheckIntervalMs > 0 {
+		iv = time.Duration(hs.CheckIntervalMs) * time.Millisecond
+	}
+	mc := c.o.MaxChecks
+	if hs.MaxChecks > 0 {
+		mc = hs.MaxChecks
+	}
+	return iv, mc, hs.OnExhausted == heraldpb.HalfExhaustedPolicy_HALF_EXHAUSTED_KEEP
+}
+
+// decodeEvent reads the TxnEvent in a __txn record.
+func decodeEvent(rec []byte) (*heraldpb.TxnEvent, error) {
+	v, err := heraldpb.RecordValue(rec)
+	if err != nil {
+		return nil, err
+	}
+	var ev heraldpb.TxnEvent
+	if err := proto.Unmarshal(v, &ev); err != nil {
+		return nil, err
+	}
+	return &ev, nil
+}
+
+// finishLoad starts serving: the halves' timers are armed, and the
+// requests that waited are answered.
+func (c *Coordinator) finishLoad(ctx actor.Context) {
+	if c.loaded {
+		return
+	}
+	c.loaded = true
+	now := c.nowMs()
+	for _, h := range c.halves {
+		switch h.state {
+		case statePending:
+			// Checks resume where they were, the next one an interval
+			// from now at the earliest.
+			h.nextCheck = max(h.created+h.interval.Milliseconds(), now+h.interval.Milliseconds())
+			if h.checks == 0 {
+				h.nextCheck = max(h.created+h.interval.Milliseconds(), now)
+			}
+			c.checkQ.add(h.nextCheck, h.ref)
+		case stateCommitted:
+			c.dueQ.add(h.deliverAt, h.ref)
+		}
+	}
+	mHalfPending.Set(float64(len(c.halves)))
+	c.log.Info("transaction coordinator loaded", "halves", len(c.halves), "records", c.loadRecords,
+		"took", time.Since(c.loadStart).Round(time.Millisecond))
+	q := c.queue
+	c.queue = nil
+	for _, x := range q {
+		c.onRequest(ctx, x.f, x.sender)
+	}
+	c.armChecks()
+	c.runDue(ctx)
+	c.armCompact()
+	c.after(c.o.Heartbeat, &lapseTick{})
+}
+
+// ---- writes to __txn -----------------------------------------------------
+
+func (c *Coordinator) write(op writeOp) {
+	c.wq = append(c.wq, op)
+	if op.client {
+		c.queued++
+	}
+	mWriteQueue.Set(float64(len(c.wq)))
+}
+
+// flushWrites sends the queued events as one batch unless a write is in
+// flight; its answer sends the next.
+func (c *Coordinator) flushWrites(ctx actor.Context) {
+	e := c.o.Topics.Get(Topic)
+	if c.writing || len(c.wq) == 0 || e == nil {
+		return
+	}
+	var batch []byte
+	size, n := 0, 0
+	for _, op := range c.wq {
+		opSize := 0
+		for _, ev := range op.events {
+			opSize += len(ev) + 16
+		}
+		if n > 0 && size+opSize > c.o.WriteBytes {
+			break
+		}
+		for _, ev := range op.events {
+			batch = appendEventRecord(batch, ev)
+		}
+		size += opSize
+		n++
+	}
+	ops := c.wq[:n:n]
+	c.wq = c.wq[n:]
+	c.writing = true
+	c.inflight = ops
+	var fut *actor.Future
+	fut = c.request(ctx, e.Partitions[0], &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: Topic, Partition: proto.Uint32(0), Acks: heraldpb.Acks_ACKS_ALL, Records: batch,
+	}}}, writeTimeout, func(f *heraldpb.Frame) {
+		c.sh.forget(fut)
+		c.writing = false
+		c.inflight = nil
+		pr := f.GetProduceResponse()
+		var err *heraldpb.Error
+		base := int64(-1)
+		if pr != nil {
+			base = pr.BaseOffset
+		} else {
+			err = f.GetError()
+			if err == nil {
+				err = heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "unexpected answer %T from __txn", f.Body)
+			}
+			c.log.Warn("writing __txn", "err", err.Message)
+		}
+		for _, op := range ops {
+			if op.client {
+				c.queued--
+			}
+			op.done(base, err)
+			if base >= 0 {
+				base += int64(len(op.events))
+			}
+		}
+		mWriteQueue.Set(float64(len(c.wq)))
+		if err != nil && len(c.wq) > 0 {
+			c.after(100*time.Millisecond, &retryWrite{})
+			return
+		}
+		c.flushWrites(ctx)
+	})
+	c.sh.writes = append(c.sh.writes, fut)
+}
+
+// appendEventRecord appends a RecordBatch field holding a Record whose
+// value is ev.
+func appendEventRecord(b, ev []byte) []byte {
+	recLen := protowire.SizeTag(2) + protowire.SizeBytes(len(ev))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(recLen))
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	return protowire.AppendBytes(b, ev)
+}
+
+func event(ev *heraldpb.TxnEvent) []byte {
+	b, _ := proto.Marshal(ev)
+	return b
+}
+
+// ---- compaction ----------------------------------------------------------
+
+func (c *Coordinator) armCompact() {
+	if !c.compactArmed {
+		c.compactArmed = true
+		c.after(c.o.CompactCheck, &compactTick{})
+	}
+}
+
+// compact removes the records of __txn below the oldest pending half:
+// every event there concerns halves that ended.
+func (c *Coordinator) compact(ctx actor.Context) {
+	e := c.o.Topics.Get(Topic)
+	if e == nil || !c.loaded {
+		return
+	}
+	cut := e.Stats[0].HighWatermark.Load()
+	if c.writing || len(c.wq) > 0 {
+		c.armCompact() // a write in flight may still name a half below the cut
+		return
+	}
+	for ref := range c.halves {
+		cut = min(cut, int64(ref))
+	}
+	if cut <= e.Stats[0].StartOffset.Load() {
+		c.armCompact()
+		return
+	}
+	ctx.Request(e.Partitions[0], &partition.DeleteBefore{Offset: cut})
+}

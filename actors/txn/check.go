@@ -1,0 +1,225 @@
+package txn
+
+// Check-backs: a half nobody ended is asked about, over the connection of
+// a live producer of its group; and the producers' registrations.
+
+import (
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// producers are the connections registered as producers of each group.
+type producers struct {
+	groups map[string]*groupRegs
+	conns  map[string]map[string]bool // connection (PID id) -> its groups
+	n      int
+}
+
+type groupRegs struct {
+	regs []*registration
+	next int // round robin
+}
+
+type registration struct {
+	conn *actor.PID
+	seen time.Time
+}
+
+func newProducers() producers {
+	return producers{groups: map[string]*groupRegs{}, conns: map[string]map[string]bool{}}
+}
+
+// add registers conn as a producer of group (or renews it). It reports
+// whether conn is new (to be watched), and false when the limit is reached.
+func (p *producers) add(conn *actor.PID, group string, now time.Time, limit int) (newConn, ok bool) {
+	g := p.groups[group]
+	if g != nil {
+		for _, r := range g.regs {
+			if r.conn.Equal(conn) {
+				r.seen = now
+				return false, true
+			}
+		}
+	}
+	if p.n >= limit {
+		return false, false
+	}
+	if g == nil {
+		g = &groupRegs{}
+		p.groups[group] = g
+	}
+	g.regs = append(g.regs, &registration{conn: conn, seen: now})
+	p.n++
+	gs := p.conns[conn.Id]
+	if gs == nil {
+		gs = map[string]bool{}
+		p.conns[conn.Id] = gs
+		newConn = true
+	}
+	gs[group] = true
+	return newConn, true
+}
+
+// remove ends conn's registration in group.
+func (p *producers) remove(conn *actor.PID, group string) {
+	g := p.groups[group]
+	if g == nil {
+		return
+	}
+	for i, r := range g.regs {
+		if r.conn.Equal(conn) {
+			g.regs = append(g.regs[:i], g.regs[i+1:]...)
+			p.n--
+			break
+		}
+	}
+	if len(g.regs) == 0 {
+		delete(p.groups, group)
+	}
+	if gs := p.conns[conn.Id]; gs != nil {
+		delete(gs, group)
+		if len(gs) == 0 {
+			delete(p.conns, conn.Id)
+		}
+	}
+}
+
+// dropConn ends every registration of a closed connection.
+func (p *producers) dropConn(conn *actor.PID) {
+	for g := range p.conns[conn.Id] {
+		p.remove(conn, g)
+	}
+	mProducers.Set(float64(p.n))
+}
+
+// pick is the next producer of group in turn, nil if none.
+func (p *producers) pick(group string) *actor.PID {
+	g := p.groups[group]
+	if g == nil || len(g.regs) == 0 {
+		return nil
+	}
+	g.next = (g.next + 1) % len(g.regs)
+	return g.regs[g.next].conn
+}
+
+// lapse ends the registrations not renewed since cut.
+func (p *producers) lapse(cut time.Time) {
+	for group, g := range p.groups {
+		for _, r := range append([]*registration(nil), g.regs...) {
+			if r.seen.Before(cut) {
+				p.remove(r.conn, group)
+			}
+		}
+	}
+	mProducers.Set(float64(p.n))
+}
+
+func (c *Coordinator) lapseProducers(_ actor.Context) {
+	c.producers.lapse(c.o.Now().Add(-3 * c.o.Heartbeat))
+	c.after(c.o.Heartbeat, &lapseTick{})
+}
+
+// armChecks arms the check timer for the earliest check due.
+func (c *Coordinator) armChecks() {
+	next, ok := c.checkQ.next()
+	if !ok || c.checkTimerAt != 0 && c.checkTimerAt <= next {
+		return
+	}
+	c.checkTimerGen++
+	c.checkTimerAt = next
+	c.after(max(time.Duration(next-c.nowMs())*time.Millisecond, 0), &checkTick{gen: c.checkTimerGen})
+}
+
+// runChecks checks back the halves due: each is asked about (or, past its
+// last check, gets its policy), and its next check is armed.
+func (c *Coordinator) runChecks(ctx actor.Context) {
+	now := c.nowMs()
+	var exhausted []*half
+	for {
+		at, ok := c.checkQ.next()
+		if !ok || at > now {
+			break
+		}
+		if c.checking >= c.o.MaxChecksInFlight {
+			// Busy reading halves: the rest go in 100 ms.
+			c.checkTimerGen++
+			c.checkTimerAt = now + 100
+			c.after(100*time.Millisecond, &checkTick{gen: c.checkTimerGen})
+			break
+		}
+		te := c.checkQ.pop()
+		h := c.halves[te.ref]
+		if h == nil || h.state != statePending || h.nextCheck != te.at {
+			continue // ended, or its timer moved
+		}
+		if h.checks >= h.maxChecks {
+			h.nextCheck = 0
+			if h.keep {
+				h.state = stateKept
+				mExhausted.WithLabelValues("keep").Inc()
+				c.log.Warn("half message unresolved after its last check; kept until ended by hand", "id", h.ref, "group", h.group, "checks", h.checks)
+				continue
+			}
+			mExhausted.WithLabelValues("rollback").Inc()
+			c.log.Warn("half message unresolved after its last check; rolled back", "id", h.ref, "group", h.group, "checks", h.checks)
+			exhausted = append(exhausted, h)
+			continue
+		}
+		h.checks++
+		c.pendingChecks[h.ref] = h.checks
+		h.nextCheck = now + backoff(h.interval, h.checks).Milliseconds()
+		c.checkQ.add(h.nextCheck, h.ref)
+		conn := c.producers.pick(h.group)
+		if conn == nil {
+			mChecks.WithLabelValues("no_producer").Inc()
+			continue
+		}
+		mChecks.WithLabelValues("sent").Inc()
+		c.sendCheck(ctx, h, conn)
+	}
+	if len(exhausted) > 0 {
+		c.rollback(ctx, exhausted, "exhausted", nil)
+	}
+	c.writeChecks(ctx)
+	c.armChecks()
+}
+
+// sendCheck reads h's records and pushes a HalfCheck to conn.
+func (c *Coordinator) sendCheck(ctx actor.Context, h *half, conn *actor.PID) {
+	c.checking++
+	check := h.checks
+	c.readHalf(ctx, h.ref, func(hs *heraldpb.HalfStored, err *heraldpb.Error) {
+		c.checking--
+		if err != nil {
+			c.log.Warn("reading a half message for its check-back", "id", h.ref, "err", err.Message)
+			return
+		}
+		buf, perr := heraldpb.AppendFrame(nil, &heraldpb.Frame{Body: &heraldpb.Frame_HalfCheck{HalfCheck: &heraldpb.HalfCheck{
+			Id: FormatID(h.ref), ProducerGroup: h.group, Topic: h.topic, Partition: h.part, Records: hs.Records,
+			Check: check, MaxChecks: h.maxChecks, CreatedMs: h.created,
+		}}})
+		if perr != nil {
+			c.log.Error("encoding a check-back", "id", h.ref, "err", perr)
+			return
+		}
+		c.o.Push.SendRaw(conn, buf)
+	})
+}
+
+// writeChecks records the checks done since the last write (best effort:
+// a count lost to a crash means one more check).
+func (c *Coordinator) writeChecks(ctx actor.Context) {
+	if len(c.pendingChecks) == 0 {
+		return
+	}
+	ev := &heraldpb.HalfChecks{}
+	for ref, n := range c.pendingChecks {
+		ev.Refs = append(ev.Refs, ref)
+		ev.Counts = append(ev.Counts, n)
+	}
+	clear(c.pendingChecks)
+	c.write(writeOp{events: [][]byte{event(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Checks{Checks: ev}})}, done: func(int64, *heraldpb.Error) {}})
+	c.flushWrites(ctx)
+}

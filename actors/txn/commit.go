@@ -1,0 +1,329 @@
+package txn
+
+// Committing: the decision is written first (HalfCommit, naming where the
+// target partition's log ended), then the half's records are appended to
+// their topic, tagged with the half's id and the commit's token, then the
+// half is recorded done. After a crash, a half committed but not done is
+// looked for on its partition from that offset, so it is appended once.
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
+)
+
+// maxAppending bounds the committed halves being appended at once; the
+// rest wait in the due queue.
+const maxAppending = 256
+
+// commit decides h committed and, once that is durable, appends it now
+// (answering with its offset) or at its delivery time (answering at once
+// with -1).
+func (c *Coordinator) commit(ctx actor.Context, h *half, by string, answer func(int64, *heraldpb.Error)) {
+	e := c.o.Topics.Get(h.topic)
+	if e == nil || int(h.part) >= len(e.Partitions) {
+		c.rollback(ctx, []*half{h}, "topic_gone", nil)
+		answer(-1, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "the topic %q of half message %d is gone; the half is rolled back", h.topic, h.ref))
+		return
+	}
+	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Commit{Commit: &heraldpb.HalfCommit{
+		Ref: h.ref, FromOffset: e.Stats[h.part].HighWatermark.Load(), Token: randomToken(), By: by,
+	}}}
+	c.write(writeOp{events: [][]byte{event(ev)}, client: true, done: func(_ int64, err *heraldpb.Error) {
+		if err != nil {
+			answer(-1, err)
+			return
+		}
+		if c.halves[h.ref] != h {
+			answer(-1, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "half message %d ended meanwhile", h.ref))
+			return
+		}
+		c.apply(0, ev, c.defaults)
+		mHalfEnded.WithLabelValues("commit", by).Inc()
+		if h.deliverAt > c.nowMs() {
+			c.dueQ.add(h.deliverAt, h.ref)
+			c.armDue()
+			answer(-1, nil)
+			return
+		}
+		c.appendHalf(ctx, h, answer)
+	}})
+	c.flushWrites(ctx)
+}
+
+// runDue appends the committed halves whose time has come.
+func (c *Coordinator) runDue(ctx actor.Context) {
+	now := c.nowMs()
+	for c.appending < maxAppending {
+		at, ok := c.dueQ.next()
+		if !ok || at > now {
+			break
+		}
+		te := c.dueQ.pop()
+		if h := c.halves[te.ref]; h != nil && h.state == stateCommitted && !h.appending {
+			c.appendHalf(ctx, h, nil)
+		}
+	}
+	c.armDue()
+}
+
+func (c *Coordinator) armDue() {
+	next, ok := c.dueQ.next()
+	if !ok || c.appending >= maxAppending || c.dueTimerAt != 0 && c.dueTimerAt <= next {
+		return
+	}
+	c.dueTimerGen++
+	c.dueTimerAt = next
+	c.after(max(time.Duration(next-c.nowMs())*time.Millisecond, 0), &dueTick{gen: c.dueTimerGen})
+}
+
+// appendHalf appends committed h to its partition, retrying until it is
+// there (or its topic is gone), then records it done. answer, if not nil,
+// gets the offset of its first record.
+func (c *Coordinator) appendHalf(ctx actor.Context, h *half, answer func(int64, *heraldpb.Error)) {
+	h.appending = true
+	c.appending++
+	finish := func(base int64, err *heraldpb.Error) {
+		h.appending = false
+		c.appending--
+		if answer != nil {
+			answer(base, err)
+		}
+		c.runDue(ctx)
+	}
+	c.readHalf(ctx, h.ref, func(hs *heraldpb.HalfStored, err *heraldpb.Error) {
+		if err != nil {
+			// The half's own record cannot be read: nothing can be appended.
+			c.log.Error("a committed half message cannot be read from __txn; dropped", "id", h.ref, "err", err.Message)
+			c.recordDone(ctx, h, "unreadable")
+			finish(-1, err)
+			return
+		}
+		hdr := heraldpb.EncodeHeaders(nil, [2]string{HeaderHalfID, FormatID(h.ref)}, [2]string{HeaderTxnToken, tokenText(h.token)})
+		recs, aerr := heraldpb.AppendBatchWithHeaders(nil, hs.Records, hdr)
+		if aerr != nil {
+			c.log.Error("a committed half message is unreadable; dropped", "id", h.ref, "err", aerr)
+			c.recordDone(ctx, h, "unreadable")
+			finish(-1, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "half message %d is unreadable: %v", h.ref, aerr))
+			return
+		}
+		backoff := 50 * time.Millisecond
+		var send func()
+		send = func() {
+			e := c.o.Topics.Get(h.topic)
+			if e == nil || int(h.part) >= len(e.Partitions) {
+				c.log.Warn("the topic of a committed half message is gone; dropped", "id", h.ref, "topic", h.topic)
+				c.recordDone(ctx, h, "topic_gone")
+				finish(-1, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q is gone", h.topic))
+				return
+			}
+			c.request(ctx, e.Writer(int(h.part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+				Topic: h.topic, Partition: &h.part, Acks: heraldpb.Acks_ACKS_ALL, Records: recs,
+			}}}, callTimeout, func(f *heraldpb.Frame) {
+				if pr := f.GetProduceResponse(); pr != nil {
+					mHalfAppended.Inc()
+					if c.o.crashAfterAppend != nil && c.o.crashAfterAppend() {
+						panic("txn: crash after append (test)")
+					}
+					c.recordDone(ctx, h, "")
+					finish(pr.BaseOffset, nil)
+					return
+				}
+				// Committed: it must get there. Retry (a follower's
+				// NOT_LEADER, a busy or electing partition, a full disk)
+				// with backoff, whatever the error.
+				c.log.Warn("appending a committed half message; retrying", "id", h.ref, "topic", h.topic, "partition", h.part,
+					"err", f.GetError().GetMessage(), "in", backoff)
+				c.after(backoff, &retryStep{fn: send})
+				backoff = min(backoff*2, 5*time.Second)
+			})
+		}
+		send()
+	})
+}
+
+// recordDone writes h done and forgets it once that is durable.
+func (c *Coordinator) recordDone(ctx actor.Context, h *half, dropped string) {
+	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Done{Done: &heraldpb.HalfDone{Refs: []uint64{h.ref}}}}
+	c.write(writeOp{events: [][]byte{event(ev)}, done: func(_ int64, err *heraldpb.Error) {
+		if err != nil {
+			c.log.Warn("recording a half message appended; retrying", "id", h.ref, "err", err.Message)
+			c.after(100*time.Millisecond, &retryStep{fn: func() { c.recordDone(ctx, h, dropped) }})
+			return
+		}
+		c.apply(0, ev, c.defaults)
+		mHalfPending.Set(float64(len(c.halves)))
+		if dropped != "" {
+			mHalfEnded.WithLabelValues("dropped", dropped).Inc()
+		}
+	}})
+	c.flushWrites(ctx)
+}
+
+// readHalf reads the HalfStored event at ref in __txn.
+func (c *Coordinator) readHalf(ctx actor.Context, ref uint64, fn func(*heraldpb.HalfStored, *heraldpb.Error)) {
+	e := c.o.Topics.Get(Topic)
+	if e == nil {
+		fn(nil, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "internal topic %s is missing", Topic))
+		return
+	}
+	tries := 0
+	var read func()
+	read = func() {
+		c.request(ctx, e.Partitions[0], &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+			Topic: Topic, Offset: int64(ref), MaxBytes: 1,
+		}}}, callTimeout, func(f *heraldpb.Frame) {
+			fr := f.GetFetchResponse()
+			if fr == nil {
+				if tries++; heraldpb.IsRetriableCode(f.GetError().GetCode()) && tries < 50 {
+					c.after(100*time.Millisecond, &retryStep{fn: read})
+					return
+				}
+				fn(nil, f.GetError())
+				return
+			}
+			var hs *heraldpb.HalfStored
+			for _, b := range fr.Batches {
+				if int64(ref) < b.BaseOffset || int64(ref) >= b.BaseOffset+int64(b.Count) {
+					continue
+				}
+				_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
+					if b.BaseOffset+int64(i) != int64(ref) {
+						return true
+					}
+					if ev, err := decodeEvent(rec); err == nil {
+						hs = ev.GetHalf()
+					}
+					return false
+				})
+			}
+			if hs == nil {
+				fn(nil, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "no half message at offset %d of __txn", ref))
+				return
+			}
+			fn(hs, nil)
+		})
+	}
+	read()
+}
+
+func tokenText(t uint64) string { return strconv.FormatUint(t, 16) }
+
+// ---- recovery ------------------------------------------------------------
+
+// recover settles the halves committed but not recorded done: each is
+// looked for on its partition from where the log ended when the commit
+// was written, by its herald-half-id and herald-txn-token headers. Found
+// ones are recorded done; the others are appended when due.
+func (c *Coordinator) recover(ctx actor.Context) {
+	type key struct {
+		topic string
+		part  uint32
+	}
+	scans := map[key]map[string]*half{}
+	from := map[key]int64{}
+	for _, h := range c.halves {
+		if h.state != stateCommitted {
+			continue
+		}
+		k := key{h.topic, h.part}
+		if scans[k] == nil {
+			scans[k] = map[string]*half{}
+			from[k] = h.from
+		}
+		scans[k][FormatID(h.ref)+"/"+tokenText(h.token)] = h
+		from[k] = min(from[k], h.from)
+	}
+	if len(scans) == 0 {
+		c.finishLoad(ctx)
+		return
+	}
+	waiting := len(scans)
+	var found []*half
+	for k, want := range scans {
+		e := c.o.Topics.Get(k.topic)
+		if e == nil || int(k.part) >= len(e.Partitions) {
+			waiting-- // appended again when due; the topic is gone, so it is dropped then
+			continue
+		}
+		c.scanFor(ctx, e, k.part, from[k], want, func(got []*half) {
+			found = append(found, got...)
+			if waiting--; waiting == 0 {
+				c.settleRecovered(ctx, found)
+			}
+		})
+	}
+	if waiting == 0 {
+		c.settleRecovered(ctx, found)
+	}
+}
+
+func (c *Coordinator) settleRecovered(ctx actor.Context, found []*half) {
+	if len(found) > 0 {
+		c.log.Info("committed half messages found appended after a crash; recorded done", "count", len(found))
+	}
+	for _, h := range found {
+		h.appending = true // not appended again while its done is written
+		c.recordDone(ctx, h, "")
+	}
+	c.finishLoad(ctx)
+}
+
+// scanFor reads partition p of e from offset from to its end, collecting
+// the halves of want (by "id/token") whose records it finds.
+func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, from int64, want map[string]*half, done func([]*half)) {
+	var got []*half
+	began := time.Now()
+	var step func(off int64)
+	step = func(off int64) {
+		cur := c.o.Topics.Get(e.Name)
+		if len(want) == 0 || !registry.Same(cur, e) {
+			done(got)
+			return
+		}
+		c.request(ctx, cur.Partitions[p], &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+			Topic: e.Name, Partition: p, Offset: off, MaxBytes: 4 << 20, IncludeHeld: true,
+		}}}, callTimeout, func(f *heraldpb.Frame) {
+			fr := f.GetFetchResponse()
+			if fr == nil {
+				if start := cur.Stats[p].StartOffset.Load(); f.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && off < start {
+					step(start) // retention removed the start: what it removed was appended before
+					return
+				}
+				if heraldpb.IsRetriableCode(f.GetError().GetCode()) && time.Since(began) < 5*time.Minute {
+					// Giving up here would append again what may be there.
+					c.after(100*time.Millisecond, &retryStep{fn: func() { step(off) }})
+					return
+				}
+				c.log.Warn("recovering commits: reading the target partition failed; treating the rest as not appended",
+					"topic", e.Name, "partition", p, "err", f.GetError().GetMessage())
+				done(got)
+				return
+			}
+			next := off
+			for _, b := range fr.Batches {
+				next = max(next, b.BaseOffset+int64(b.Count))
+				_ = heraldpb.ForEachRawRecord(b.Records, func(_ int, rec []byte) bool {
+					if v, ok := heraldpb.RecordHeader(rec, HeaderHalfID); ok {
+						tok, _ := heraldpb.RecordHeader(rec, HeaderTxnToken)
+						k := string(v) + "/" + string(tok)
+						if h, ok := want[k]; ok {
+							got = append(got, h)
+							delete(want, k)
+						}
+					}
+					return true
+				})
+			}
+			if next == off || next >= fr.HighWatermark {
+				done(got)
+				return
+			}
+			step(next)
+		})
+	}
+	step(from)
+}

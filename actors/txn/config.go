@@ -1,0 +1,101 @@
+package txn
+
+// The transaction coordinator's options and their defaults.
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/registry"
+)
+
+// Pusher writes an encoded server push to a client connection (its session
+// actor); the broker hands in the network server's.
+type Pusher interface {
+	SendRaw(conn *actor.PID, frame []byte)
+}
+
+// Options configure the transaction coordinator.
+type Options struct {
+	Topics *registry.Registry
+	Logger *slog.Logger
+	// Push writes HalfCheck pushes to producers' connections.
+	Push Pusher
+	// CheckInterval is the default wait before a half message's first
+	// check-back (HalfOptions.check_interval_ms overrides it). Default 6 s.
+	CheckInterval time.Duration
+	// MaxChecks is the default number of check-backs before the exhausted
+	// policy applies. Default 15.
+	MaxChecks uint32
+	// MaxPending bounds the half messages pending (waiting for an outcome,
+	// or committed and waiting for their time or their append); more are
+	// refused with THROTTLED. Default 100,000.
+	MaxPending int
+	// MaxProducers bounds the producer registrations (connection, group);
+	// more are refused with THROTTLED. Default 65,536.
+	MaxProducers int
+	// MaxQueued bounds the requests waiting for a write to __txn (and, while
+	// the coordinator loads, for it to finish); more get THROTTLED.
+	// Default 65,536.
+	MaxQueued int
+	// WriteBytes is the most one write to __txn packs (one event alone may
+	// exceed it). Default 1 MiB.
+	WriteBytes int
+	// MaxDelay bounds a half message's delivery delay. Default 366 days.
+	MaxDelay time.Duration
+	// Heartbeat is how often producers repeat their registration.
+	// Default 2 s; a registration not repeated for 3 heartbeats lapses.
+	Heartbeat time.Duration
+	// CompactCheck is how often the records of __txn below the oldest
+	// pending half are removed. Default 10 s.
+	CompactCheck time.Duration
+	// MaxChecksInFlight bounds the check-backs reading their half from
+	// __txn at once; due ones wait for the next tick. Default 256.
+	MaxChecksInFlight int
+	// Now is the clock; nil = time.Now.
+	Now func() time.Time
+
+	// crashAfterAppend (tests) is asked after a committed half is appended
+	// and before its HalfDone is written: true panics the actor there.
+	crashAfterAppend func() bool
+}
+
+func (o *Options) ensureDefaults() {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.CheckInterval <= 0 {
+		o.CheckInterval = 6 * time.Second
+	}
+	if o.MaxChecks == 0 {
+		o.MaxChecks = 15
+	}
+	if o.MaxPending <= 0 {
+		o.MaxPending = 100_000
+	}
+	if o.MaxProducers <= 0 {
+		o.MaxProducers = 65_536
+	}
+	if o.MaxQueued <= 0 {
+		o.MaxQueued = 65_536
+	}
+	if o.WriteBytes <= 0 {
+		o.WriteBytes = 1 << 20
+	}
+	if o.MaxDelay <= 0 {
+		o.MaxDelay = 366 * 24 * time.Hour
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = 2 * time.Second
+	}
+	if o.CompactCheck <= 0 {
+		o.CompactCheck = 10 * time.Second
+	}
+	if o.MaxChecksInFlight <= 0 {
+		o.MaxChecksInFlight = 256
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}

@@ -1,0 +1,393 @@
+package e2e
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/proto"
+)
+
+// txnConn is a raw protocol connection for the half-message tests: it
+// sends requests and collects the HalfCheck pushes that arrive meanwhile.
+type txnConn struct {
+	*rawConn
+	next   uint64
+	checks []*heraldpb.HalfCheck
+}
+
+func dialTxn(t testing.TB, n node) *txnConn {
+	tc := &txnConn{rawConn: rawDial(t, n), next: 1}
+	if f := tc.call(&heraldpb.Frame{Body: &heraldpb.Frame_Hello{Hello: &heraldpb.HelloRequest{ProtocolVersion: heraldpb.ProtocolVersion}}}); f.GetHelloResponse() == nil {
+		t.Fatalf("hello: %v", f)
+	}
+	return tc
+}
+
+// call sends f and returns its answer.
+func (tc *txnConn) call(f *heraldpb.Frame) *heraldpb.Frame {
+	tc.t.Helper()
+	tc.next++
+	f.Id = tc.next
+	tc.send(f)
+	for {
+		r := tc.read()
+		if r == nil {
+			tc.t.Fatalf("connection closed waiting for the answer to %T", f.Body)
+		}
+		if r.Id == 0 {
+			if hc := r.GetHalfCheck(); hc != nil {
+				tc.checks = append(tc.checks, hc)
+			}
+			continue
+		}
+		if r.Id == f.Id {
+			return r
+		}
+	}
+}
+
+// waitCheck reads frames until a HalfCheck arrives (or one already has).
+func (tc *txnConn) waitCheck() *heraldpb.HalfCheck {
+	tc.t.Helper()
+	for len(tc.checks) == 0 {
+		r := tc.read()
+		if r == nil {
+			tc.t.Fatal("connection closed waiting for a check-back")
+		}
+		if hc := r.GetHalfCheck(); hc != nil {
+			tc.checks = append(tc.checks, hc)
+		}
+	}
+	hc := tc.checks[0]
+	tc.checks = tc.checks[1:]
+	return hc
+}
+
+func oneRecord(value string) []byte {
+	b, err := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte(value)}}})
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// sendHalf stores a half message and returns its id.
+func (tc *txnConn) sendHalf(topic, value string, opt *heraldpb.HalfOptions) string {
+	tc.t.Helper()
+	f := tc.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: topic, Partition: proto.Uint32(0), Records: oneRecord(value), Half: opt,
+	}}})
+	pr := f.GetProduceResponse()
+	if pr == nil || pr.HalfId == "" {
+		tc.t.Fatalf("half produce answered %v", f)
+	}
+	return pr.HalfId
+}
+
+func (tc *txnConn) end(id string, a heraldpb.HalfAction, fromCheck bool) *heraldpb.Frame {
+	tc.t.Helper()
+	return tc.call(&heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: id, Action: a, FromCheck: fromCheck}}})
+}
+
+func (tc *txnConn) list(group string) []*heraldpb.HalfInfo {
+	tc.t.Helper()
+	f := tc.call(&heraldpb.Frame{Body: &heraldpb.Frame_ListTxn{ListTxn: &heraldpb.ListTxnRequest{ProducerGroup: group}}})
+	if f.GetListTxnResponse() == nil {
+		tc.t.Fatalf("list txn answered %v", f)
+	}
+	return f.GetListTxnResponse().Halves
+}
+
+func values(t testing.TB, n node, topic string) []string {
+	c := dial(t, n)
+	var out []string
+	for _, m := range readPartition(t, c, topic, 0) {
+		out = append(out, string(m.Value))
+	}
+	return out
+}
+
+// TestHalfCommitAndRollback: a half message is invisible until committed,
+// then appended once with its id; a rolled-back one never appears; ends
+// are idempotent, and the wrong second end is a typed TXN_NOT_FOUND.
+func TestHalfCommitAndRollback(t *testing.T) {
+	n := startInProc(t, t.TempDir())
+	createTopic(t, dial(t, n), "orders", 1)
+	tc := dialTxn(t, n)
+	opt := &heraldpb.HalfOptions{ProducerGroup: "order-service", CheckIntervalMs: 60_000}
+	a := tc.sendHalf("orders", "a", opt)
+	b := tc.sendHalf("orders", "b", opt)
+	if got := values(t, n, "orders"); len(got) != 0 {
+		t.Fatalf("half messages visible before commit: %v", got)
+	}
+	if l := tc.list("order-service"); len(l) != 2 || l[0].Id != a || l[0].State != "pending" || l[1].Id != b {
+		t.Fatalf("txn list: %v", l)
+	}
+	r := tc.end(a, heraldpb.HalfAction_HALF_COMMIT, false).GetEndHalfResponse()
+	if r == nil || r.BaseOffset != 0 || r.Topic != "orders" {
+		t.Fatalf("commit answered %v", r)
+	}
+	if r := tc.end(b, heraldpb.HalfAction_HALF_ROLLBACK, false).GetEndHalfResponse(); r == nil || r.BaseOffset != -1 {
+		t.Fatalf("rollback answered %v", r)
+	}
+	c := dial(t, n)
+	msgs := readPartition(t, c, "orders", 0)
+	if len(msgs) != 1 || string(msgs[0].Value) != "a" || headerOf(msgs[0], "herald-half-id") != a {
+		t.Fatalf("after commit of %s and rollback of %s: %v", a, b, msgs)
+	}
+	if r := tc.end(a, heraldpb.HalfAction_HALF_COMMIT, false).GetEndHalfResponse(); r == nil || !r.AlreadyEnded {
+		t.Fatalf("second commit answered %v", r)
+	}
+	if e := tc.end(a, heraldpb.HalfAction_HALF_ROLLBACK, false).GetError(); e.GetCode() != heraldpb.ErrorCode_TXN_NOT_FOUND {
+		t.Fatalf("rollback of a committed half answered %v", e)
+	}
+	if e := tc.end(b, heraldpb.HalfAction_HALF_COMMIT, false).GetError(); e.GetCode() != heraldpb.ErrorCode_TXN_NOT_FOUND {
+		t.Fatalf("commit of a rolled-back half answered %v", e)
+	}
+	if e := tc.end("999999", heraldpb.HalfAction_HALF_COMMIT, false).GetError(); e.GetCode() != heraldpb.ErrorCode_TXN_NOT_FOUND {
+		t.Fatalf("commit of an unknown id answered %v", e)
+	}
+	for _, bad := range []*heraldpb.ProduceRequest{
+		{Topic: "orders", Records: oneRecord("x"), Half: &heraldpb.HalfOptions{}},
+		{Topic: "nope", Records: oneRecord("x"), Half: opt},
+		{Topic: "orders", Records: oneRecord("x"), Half: opt, ProducerId: 7, Partition: proto.Uint32(0)},
+		{Topic: "__txn", Records: oneRecord("x"), Half: opt},
+	} {
+		if e := tc.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: bad}}).GetError(); e == nil || e.Retriable {
+			t.Errorf("bad half %v answered %v, want a final error", bad, e)
+		}
+	}
+	if l := tc.list(""); len(l) != 0 {
+		t.Fatalf("halves left pending: %v", l)
+	}
+}
+
+// TestHalfCheckBack: a half nobody ends is checked back over the
+// connection of a registered producer of its group, and its answer
+// decides; with no producer connected, the checks run out and the half is
+// rolled back (the default policy), or kept with policy keep.
+func TestHalfCheckBack(t *testing.T) {
+	n := startInProc(t, t.TempDir())
+	createTopic(t, dial(t, n), "orders", 1)
+	sender := dialTxn(t, n)
+	checker := dialTxn(t, n)
+	if f := checker.call(&heraldpb.Frame{Body: &heraldpb.Frame_RegisterProducer{RegisterProducer: &heraldpb.RegisterProducerRequest{ProducerGroup: "g"}}}); f.GetRegisterProducerResponse() == nil {
+		t.Fatalf("register answered %v", f)
+	}
+	fast := &heraldpb.HalfOptions{ProducerGroup: "g", CheckIntervalMs: 200, MaxChecks: 3}
+	id := sender.sendHalf("orders", "checked", fast)
+	hc := checker.waitCheck()
+	if hc.Id != id || hc.Topic != "orders" || hc.Check != 1 || hc.MaxChecks != 3 {
+		t.Fatalf("check-back %v for half %s", hc, id)
+	}
+	// Unknown first: asked again.
+	if r := checker.end(id, heraldpb.HalfAction_HALF_UNKNOWN, true).GetEndHalfResponse(); r == nil {
+		t.Fatal("unknown not accepted")
+	}
+	if hc = checker.waitCheck(); hc.Id != id || hc.Check != 2 {
+		t.Fatalf("second check-back %v", hc)
+	}
+	if r := checker.end(id, heraldpb.HalfAction_HALF_COMMIT, true).GetEndHalfResponse(); r == nil || r.BaseOffset != 0 {
+		t.Fatalf("commit from the check answered %v", r)
+	}
+	if got := values(t, n, "orders"); !slices.Equal(got, []string{"checked"}) {
+		t.Fatalf("after the check's commit: %v", got)
+	}
+
+	// Group "nobody" has no producer: 2 checks, then rolled back; the
+	// other is kept.
+	gone := sender.sendHalf("orders", "exhausted", &heraldpb.HalfOptions{ProducerGroup: "nobody", CheckIntervalMs: 100, MaxChecks: 2})
+	kept := sender.sendHalf("orders", "kept", &heraldpb.HalfOptions{ProducerGroup: "nobody", CheckIntervalMs: 100, MaxChecks: 2, OnExhausted: heraldpb.HalfExhaustedPolicy_HALF_EXHAUSTED_KEEP})
+	checkFor(t, 20*time.Second, "the exhausted half rolled back and the other kept", func() error {
+		l := sender.list("nobody")
+		if len(l) != 1 || l[0].Id != kept || l[0].State != "kept" || l[0].Checks != 2 {
+			return fmt.Errorf("pending %v (rolled back %s, kept %s)", l, gone, kept)
+		}
+		return nil
+	})
+	if e := sender.end(gone, heraldpb.HalfAction_HALF_COMMIT, false).GetError(); e.GetCode() != heraldpb.ErrorCode_TXN_NOT_FOUND {
+		t.Fatalf("commit after the exhausted rollback answered %v", e)
+	}
+	if r := sender.call(&heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: kept, Action: heraldpb.HalfAction_HALF_COMMIT, Manual: true}}}).GetEndHalfResponse(); r == nil || r.BaseOffset != 1 {
+		t.Fatalf("manual commit of the kept half answered %v", r)
+	}
+	if got := values(t, n, "orders"); !slices.Equal(got, []string{"checked", "kept"}) {
+		t.Fatalf("at the end: %v", got)
+	}
+	if v := metricSum(t, n, `herald_txn_checks_exhausted_total{policy="rollback"}`); v != 1 {
+		t.Errorf("exhausted rollbacks: %v", v)
+	}
+}
+
+// TestHalfDelayedCommit: a delayed half is committed at once and appended
+// at its time, not before.
+func TestHalfDelayedCommit(t *testing.T) {
+	n := startInProc(t, t.TempDir())
+	createTopic(t, dial(t, n), "orders", 1)
+	tc := dialTxn(t, n)
+	f := tc.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: "orders", Partition: proto.Uint32(0), Records: oneRecord("later"), DelayMs: 1500,
+		Half: &heraldpb.HalfOptions{ProducerGroup: "g", CheckIntervalMs: 60_000},
+	}}})
+	pr := f.GetProduceResponse()
+	if pr == nil {
+		t.Fatalf("delayed half answered %v", f)
+	}
+	at := time.UnixMilli(pr.DeliverAtMs)
+	if r := tc.end(pr.HalfId, heraldpb.HalfAction_HALF_COMMIT, false).GetEndHalfResponse(); r == nil || r.BaseOffset != -1 || r.DeliverAtMs != pr.DeliverAtMs {
+		t.Fatalf("commit of a delayed half answered %v", r)
+	}
+	if l := tc.list(""); len(l) != 1 || l[0].State != "committed" {
+		t.Fatalf("list after the commit: %v", l)
+	}
+	c := dial(t, n)
+	checkFor(t, 15*time.Second, "the delayed half", func() error {
+		msgs := readPartition(t, c, "orders", 0)
+		if len(msgs) == 0 {
+			return fmt.Errorf("not yet")
+		}
+		if now := time.Now(); len(msgs) != 1 || msgs[0].Timestamp.Before(at) && now.Before(at) {
+			return fmt.Errorf("got %v at %v, due %v", msgs, now, at)
+		}
+		return nil
+	})
+}
+
+// TestHalfSurvivesKill: the broker is SIGKILLed while half messages are
+// pending and while commits are being appended. After the restart the
+// pending halves are still there and checked back, and every half whose
+// commit was answered is on its topic exactly once; none appears twice.
+func TestHalfSurvivesKill(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	createTopic(t, dial(t, n), "orders", 1)
+	tc := dialTxn(t, n)
+	opt := &heraldpb.HalfOptions{ProducerGroup: "g", CheckIntervalMs: 300}
+	pending := tc.sendHalf("orders", "pending", opt)
+
+	// Committers on their own connections, until the kill.
+	var mu sync.Mutex
+	committed := map[string]bool{} // value -> commit answered
+	sent := map[string]string{}    // value -> id
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wc := &txnConn{rawConn: rawDial(t, n), next: 1}
+			if wc.trySend(&heraldpb.Frame{Id: 1, Body: &heraldpb.Frame_Hello{Hello: &heraldpb.HelloRequest{ProtocolVersion: heraldpb.ProtocolVersion}}}) == nil {
+				return
+			}
+			for i := 0; ; i++ {
+				v := fmt.Sprintf("w%d-%d", w, i)
+				wc.next++
+				r := wc.trySend(&heraldpb.Frame{Id: wc.next, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+					Topic: "orders", Partition: proto.Uint32(0), Records: oneRecord(v), Half: opt,
+				}}})
+				if r.GetProduceResponse() == nil {
+					return
+				}
+				id := r.GetProduceResponse().HalfId
+				mu.Lock()
+				sent[v] = id
+				mu.Unlock()
+				wc.next++
+				if wc.trySend(&heraldpb.Frame{Id: wc.next, Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: id, Action: heraldpb.HalfAction_HALF_COMMIT}}}).GetEndHalfResponse() == nil {
+					return
+				}
+				mu.Lock()
+				committed[v] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	checkFor(t, 30*time.Second, "commits under way", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(committed) < 200 {
+			return fmt.Errorf("%d committed", len(committed))
+		}
+		return nil
+	})
+	n.Kill(t)
+	wg.Wait()
+	n.Start(t)
+
+	checker := dialTxn(t, n)
+	if f := checker.call(&heraldpb.Frame{Body: &heraldpb.Frame_RegisterProducer{RegisterProducer: &heraldpb.RegisterProducerRequest{ProducerGroup: "g"}}}); f.GetRegisterProducerResponse() == nil {
+		t.Fatalf("register answered %v", f)
+	}
+	// Every pending half (the first, and any whose commit the kill cut
+	// off) is checked back; the checker commits them all.
+	checkFor(t, 60*time.Second, "every half resolved", func() error {
+		for len(checker.checks) > 0 {
+			hc := checker.checks[0]
+			checker.checks = checker.checks[1:]
+			checker.end(hc.Id, heraldpb.HalfAction_HALF_COMMIT, true)
+		}
+		// (list collects the check-backs pushed meanwhile)
+		if l := checker.list(""); len(l) > 0 {
+			return fmt.Errorf("%d halves pending: %v", len(l), l)
+		}
+		return nil
+	})
+	_ = pending
+	got := map[string]int{}
+	for _, v := range values(t, n, "orders") {
+		got[v]++
+	}
+	for v, k := range got {
+		if k != 1 {
+			t.Errorf("%s appended %d times", v, k)
+		}
+	}
+	for v := range committed {
+		if got[v] != 1 {
+			t.Errorf("%s (half %s) was committed but is not on the topic", v, sent[v])
+		}
+	}
+	for v := range sent {
+		if got[v] != 1 {
+			t.Errorf("%s (half %s) was stored but never appended after the checks committed everything", v, sent[v])
+		}
+	}
+	if got["pending"] != 1 {
+		t.Errorf("the pending half was not committed by its check-back")
+	}
+	t.Logf("%d halves stored, %d commits answered before the kill, %d records", len(sent), len(committed), len(got))
+}
+
+// trySend sends f and returns the next frame answering it, or nil once
+// the connection fails (for goroutines that outlive a killed broker).
+func (tc *txnConn) trySend(f *heraldpb.Frame) *heraldpb.Frame {
+	raw, err := heraldpb.AppendFrame(nil, f)
+	if err != nil {
+		return nil
+	}
+	if _, err := tc.c.Write(raw); err != nil {
+		return nil
+	}
+	for {
+		tc.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		var hdr [4]byte
+		if _, err := io.ReadFull(tc.r, hdr[:]); err != nil {
+			return nil
+		}
+		buf := make([]byte, binary.BigEndian.Uint32(hdr[:]))
+		if _, err := io.ReadFull(tc.r, buf); err != nil {
+			return nil
+		}
+		r, err := heraldpb.DecodeFrame(buf)
+		if err != nil {
+			return nil
+		}
+		if r.Id == f.Id {
+			return r
+		}
+	}
+}
