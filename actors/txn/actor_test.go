@@ -1,0 +1,215 @@
+package txn
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/topic"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
+	"google.golang.org/protobuf/proto"
+)
+
+// rig is a topic manager with real partitions on disk, and a coordinator.
+type rig struct {
+	t   *testing.T
+	sys *actor.ActorSystem
+	mgr *actor.PID
+	reg *registry.Registry
+	txn *actor.PID
+}
+
+type noPush struct{}
+
+func (noPush) SendRaw(*actor.PID, []byte) {}
+
+func newRig(t *testing.T, dir string, o Options) *rig {
+	t.Helper()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
+	mgr, reg, err := topic.Spawn(sys, topic.Config{DataDir: dir, NodeID: 1, Advertise: "x", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, sys: sys, mgr: mgr, reg: reg}
+	res, err := sys.Root.RequestFuture(mgr, &topic.EnsureInternal{Name: Topic, Partitions: 1, MaxMessageBytes: 2 << 20}, 10*time.Second).Result()
+	if err != nil || res.(*topic.EnsureInternalResult).Err != nil {
+		t.Fatal(err, res)
+	}
+	if reg.Get("t") == nil {
+		r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CreateTopic{CreateTopic: &heraldpb.CreateTopicRequest{Name: "t", Config: &heraldpb.TopicConfig{Partitions: 1}}}}, mgr)
+	}
+	o.Topics, o.Logger, o.Push = reg, quiet, noPush{}
+	r.txn = sys.Root.Spawn(Props(o))
+	t.Cleanup(func() {
+		_, _ = sys.Root.StopFuture(r.txn).Result()
+		_, _ = sys.Root.StopFuture(mgr).Result()
+		sys.Shutdown()
+	})
+	return r
+}
+
+func (r *rig) call(f *heraldpb.Frame, to *actor.PID) *heraldpb.Frame {
+	r.t.Helper()
+	res, err := r.sys.Root.RequestFuture(to, f, 20*time.Second).Result()
+	if err != nil {
+		r.t.Fatalf("%T: %v", f.Body, err)
+	}
+	return res.(*heraldpb.Frame)
+}
+
+func (r *rig) ok(f *heraldpb.Frame, to *actor.PID) *heraldpb.Frame {
+	r.t.Helper()
+	res := r.call(f, to)
+	if e := res.GetError(); e != nil {
+		r.t.Fatalf("%T: %v", f.Body, e)
+	}
+	return res
+}
+
+func (r *rig) half(v string) string {
+	r.t.Helper()
+	b, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte(v)}}})
+	return r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: "t", Records: b, Half: &heraldpb.HalfOptions{ProducerGroup: "g", CheckIntervalMs: 60_000},
+	}}}, r.txn).GetProduceResponse().HalfId
+}
+
+func (r *rig) values() []string {
+	r.t.Helper()
+	res := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{Topic: "t", MaxBytes: 16 << 20}}}, r.reg.Get("t").Partitions[0])
+	var out []string
+	for _, b := range res.GetFetchResponse().Batches {
+		_ = heraldpb.ForEachRawRecord(b.Records, func(_ int, rec []byte) bool {
+			var m heraldpb.Record
+			_ = proto.Unmarshal(rec, &m)
+			out = append(out, string(m.Value))
+			return true
+		})
+	}
+	return out
+}
+
+func (r *rig) pending() int {
+	r.t.Helper()
+	return int(r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListTxn{ListTxn: &heraldpb.ListTxnRequest{}}}, r.txn).GetListTxnResponse().Total)
+}
+
+func waitFor(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s: %v", what, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A crash of the coordinator between appending a committed half and
+// recording it done (a panic there; the supervisor restarts the actor,
+// which rebuilds from __txn) leaves the half on its topic once: recovery
+// finds it by its id and token and records it done without appending it
+// again.
+func TestCrashAfterAppendAppendsOnce(t *testing.T) {
+	var crashes atomic.Int32
+	r := newRig(t, t.TempDir(), Options{crashAfterAppend: func() bool { return crashes.Add(1) <= 2 }})
+	a, b, c := r.half("a"), r.half("b"), r.half("c")
+	for _, id := range []string{a, b} {
+		// The commit's answer is lost to the crash (the requester times
+		// out or gets TIMEOUT); the half is still committed.
+		_, _ = r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: id, Action: heraldpb.HalfAction_HALF_COMMIT}}}, 3*time.Second).Result()
+	}
+	waitFor(t, "two crashes, then both halves done", func() error {
+		if n := crashes.Load(); n < 2 {
+			return fmt.Errorf("%d crashes", n)
+		}
+		if n := r.pending(); n != 1 {
+			return fmt.Errorf("%d pending", n)
+		}
+		return nil
+	})
+	if e := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: c, Action: heraldpb.HalfAction_HALF_COMMIT}}}, r.txn).GetEndHalfResponse(); e == nil || e.BaseOffset != 2 {
+		t.Fatalf("commit of the third: %v", e)
+	}
+	if got := r.values(); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("topic holds %v, want a, b, c once each", got)
+	}
+	// Ending a recovered half again says it ended.
+	if res := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: a, Action: heraldpb.HalfAction_HALF_COMMIT}}}, r.txn); !res.GetEndHalfResponse().AlreadyEnded {
+		t.Fatalf("second commit of %s: %v", a, res)
+	}
+}
+
+// The coordinator stops and a new one starts on the same data (a broker
+// restart): pending halves, their check counts and committed ones carry
+// over; __txn below the oldest pending half is compacted away.
+func TestReloadAndCompact(t *testing.T) {
+	dir := t.TempDir()
+	r := newRig(t, dir, Options{CompactCheck: 50 * time.Millisecond})
+	var ids []string
+	for i := range 5 {
+		ids = append(ids, r.half(fmt.Sprint(i)))
+	}
+	for _, id := range ids[:3] {
+		r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: id, Action: heraldpb.HalfAction_HALF_ROLLBACK}}}, r.txn)
+	}
+	e := r.reg.Get(Topic)
+	waitFor(t, "compaction below the oldest pending half", func() error {
+		if s := e.Stats[0].StartOffset.Load(); s != 3 {
+			return fmt.Errorf("__txn starts at %d", s)
+		}
+		return nil
+	})
+	if _, err := r.sys.Root.StopFuture(r.txn).Result(); err != nil {
+		t.Fatal(err)
+	}
+	r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	if n := r.pending(); n != 2 {
+		t.Fatalf("%d pending after the reload, want 2", n)
+	}
+	if e := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: ids[0], Action: heraldpb.HalfAction_HALF_COMMIT}}}, r.txn).GetError(); e.GetCode() != heraldpb.ErrorCode_TXN_NOT_FOUND {
+		t.Fatalf("commit of a rolled-back half after the reload: %v", e)
+	}
+	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: ids[4], Action: heraldpb.HalfAction_HALF_COMMIT}}}, r.txn)
+	if got := r.values(); !slices.Equal(got, []string{"4"}) {
+		t.Fatalf("topic holds %v", got)
+	}
+}
+
+// FuzzDecodeEvent: any bytes as a __txn record decode or fail, never
+// panic; what decodes applies to a state without panicking.
+func FuzzDecodeEvent(f *testing.F) {
+	for _, ev := range []*heraldpb.TxnEvent{
+		{Event: &heraldpb.TxnEvent_Half{Half: &heraldpb.HalfStored{ProducerGroup: "g", Topic: "t", Count: 1, Records: []byte{10, 3, 18, 1, 'x'}}}},
+		{Event: &heraldpb.TxnEvent_Commit{Commit: &heraldpb.HalfCommit{Ref: 0, FromOffset: 5, Token: 7, By: "producer"}}},
+		{Event: &heraldpb.TxnEvent_Rollback{Rollback: &heraldpb.HalfRollback{Refs: []uint64{0, 1}, By: "check"}}},
+		{Event: &heraldpb.TxnEvent_Done{Done: &heraldpb.HalfDone{Refs: []uint64{0}}}},
+		{Event: &heraldpb.TxnEvent_Checks{Checks: &heraldpb.HalfChecks{Refs: []uint64{0, 3}, Counts: []uint32{2}}}},
+	} {
+		v, _ := proto.Marshal(ev)
+		rec, _ := proto.Marshal(&heraldpb.Record{Value: v})
+		f.Add(rec)
+	}
+	f.Fuzz(func(t *testing.T, rec []byte) {
+		ev, err := decodeEvent(rec)
+		if err != nil {
+			return
+		}
+		st := newState()
+		def := func(*heraldpb.HalfStored) (time.Duration, uint32, bool) { return time.Second, 2, true }
+		st.apply(0, &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Half{Half: &heraldpb.HalfStored{}}}, def)
+		st.apply(1, ev, def)
+		st.apply(2, ev, def)
+	})
+}
