@@ -391,3 +391,92 @@ func (tc *txnConn) trySend(f *heraldpb.Frame) *heraldpb.Frame {
 		}
 	}
 }
+
+// TestHalfSurvivesCoordinatorFailover: three nodes; __txn is replicated
+// (RF=3) and the coordinator runs on its leader, which every other node
+// names in NOT_COORDINATOR. Twenty halves are stored there, ten of them
+// committed, then that node is SIGKILLed. The new leader of __txn loads
+// the halves from its replica and checks back the other ten with a
+// producer registered there; at the end each of the twenty is on its
+// topic exactly once.
+func TestHalfSurvivesCoordinatorFailover(t *testing.T) {
+	tc, c := clusterWithTopic(t, "orders", 1)
+	leader := awaitInternalLeader(t, c, "__txn")
+	var other *proc
+	for id, p := range tc.nodes {
+		if uint32(id) != leader {
+			other = p
+		}
+	}
+	oc := dialTxn(t, other)
+	var e *heraldpb.Error
+	checkFor(t, 20*time.Second, "NOT_COORDINATOR naming the leader of __txn", func() error {
+		e = oc.call(&heraldpb.Frame{Body: &heraldpb.Frame_ListTxn{ListTxn: &heraldpb.ListTxnRequest{}}}).GetError()
+		if e.GetCode() != heraldpb.ErrorCode_NOT_COORDINATOR || e.Leader != leader {
+			return fmt.Errorf("a follower answered %v (leader %d)", e, leader)
+		}
+		return nil
+	})
+	lc := dialTxn(t, tc.nodes[uint64(leader)])
+	opt := &heraldpb.HalfOptions{ProducerGroup: "g", CheckIntervalMs: 500}
+	var ids []string
+	checkFor(t, 20*time.Second, "the coordinator serving", func() error {
+		f := lc.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+			Topic: "orders", Records: oneRecord("h-00"), Half: opt,
+		}}})
+		if f.GetProduceResponse() == nil {
+			return fmt.Errorf("half produce answered %v", f)
+		}
+		ids = append(ids, f.GetProduceResponse().HalfId)
+		return nil
+	})
+	for i := 1; i < 20; i++ {
+		ids = append(ids, lc.sendHalf("orders", fmt.Sprintf("h-%02d", i), opt))
+	}
+	for _, id := range ids[:10] {
+		if r := lc.end(id, heraldpb.HalfAction_HALF_COMMIT, false).GetEndHalfResponse(); r == nil {
+			t.Fatalf("commit of %s failed", id)
+		}
+	}
+	tc.nodes[uint64(leader)].Kill(t)
+	delete(tc.nodes, uint64(leader))
+	var next uint32
+	checkFor(t, 30*time.Second, "a new leader of __txn", func() error {
+		if next = internalLeader(t, dialNode(t, other), "__txn"); next == 0 || next == leader {
+			return fmt.Errorf("leader %d", next)
+		}
+		return nil
+	})
+	nc := dialTxn(t, tc.nodes[uint64(next)])
+	checkFor(t, 30*time.Second, "registered at the new coordinator", func() error {
+		f := nc.call(&heraldpb.Frame{Body: &heraldpb.Frame_RegisterProducer{RegisterProducer: &heraldpb.RegisterProducerRequest{ProducerGroup: "g"}}})
+		if f.GetRegisterProducerResponse() == nil {
+			return fmt.Errorf("register answered %v", f)
+		}
+		return nil
+	})
+	checkFor(t, 60*time.Second, "every half resolved at the new coordinator", func() error {
+		for len(nc.checks) > 0 {
+			hc := nc.checks[0]
+			nc.checks = nc.checks[1:]
+			nc.end(hc.Id, heraldpb.HalfAction_HALF_COMMIT, true)
+		}
+		f := nc.call(&heraldpb.Frame{Body: &heraldpb.Frame_ListTxn{ListTxn: &heraldpb.ListTxnRequest{}}})
+		if l := f.GetListTxnResponse(); l == nil || len(l.Halves) > 0 {
+			return fmt.Errorf("list answered %v", f)
+		}
+		return nil
+	})
+	got := map[string]int{}
+	for _, m := range readPartition(t, dialNode(t, tc.nodes[uint64(next)]), "orders", 0) {
+		got[string(m.Value)]++
+	}
+	for i := range 20 {
+		if v := fmt.Sprintf("h-%02d", i); got[v] != 1 {
+			t.Errorf("%s is on the topic %d times", v, got[v])
+		}
+	}
+	if len(got) != 20 {
+		t.Errorf("the topic holds %d distinct records: %v", len(got), got)
+	}
+}
