@@ -96,7 +96,10 @@ func endHalves(ctx context.Context, c *client.Client, sub string, ids []string, 
 		end, err := c.EndHalfManually(ctx, id, action)
 		switch {
 		case err != nil:
-			fmt.Fprintf(io.err, "%s: %v\n", id, cliTxnErr(err, id))
+			if !client.IsCode(err, heraldpb.ErrorCode_TXN_NOT_FOUND) {
+				err = fmt.Errorf("%s: %w", id, err)
+			}
+			fmt.Fprintln(io.err, cliTxnErr(err, id))
 			failed++
 		case end.AlreadyEnded:
 			fmt.Fprintf(io.out, "%s %s already (%s/%d)\n", id, done, end.Topic, end.Partition)
@@ -114,7 +117,8 @@ func endHalves(ctx context.Context, c *client.Client, sub string, ids []string, 
 	return nil
 }
 
-// cliTxnErr is cliOneLine(err), saying what TXN_NOT_FOUND means for id.
+// cliTxnErr is cliOneLine(err), saying what TXN_NOT_FOUND means for the
+// half id.
 func cliTxnErr(err error, id string) error {
 	if client.IsCode(err, heraldpb.ErrorCode_TXN_NOT_FOUND) {
 		err = fmt.Errorf("no pending half message %s (unknown, or already committed or rolled back; 'herald txn list' shows the pending ones): %w", id, err)

@@ -82,7 +82,7 @@ func TestTxnCommands(t *testing.T) {
 	// Unknown ids, and halves ended the other way: exit 1 with a clear line.
 	out, stderr, err = runCLI(t, ctx, txnCmd, b.Addr(), "", "commit", "nope", hs[1].ID)
 	if err == nil || isUsage(err) || err.Error() != "2 of 2 not committed" || out != "" ||
-		!strings.HasPrefix(stderr, "nope: no pending half message nope (unknown, or already committed or rolled back; 'herald txn list' shows the pending ones): herald TXN_NOT_FOUND") ||
+		!strings.HasPrefix(stderr, "no pending half message nope (unknown, or already committed or rolled back; 'herald txn list' shows the pending ones): herald TXN_NOT_FOUND") ||
 		strings.Count(stderr, "\n") != 2 {
 		t.Fatalf("commit of unknown ids: %q %q %v", out, stderr, err)
 	}
