@@ -45,9 +45,12 @@ type Client struct {
 	cancel  context.CancelFunc
 
 	corrID atomic.Uint64 // correlation ids of Requests
-	// coordinator is the node coordinating consumer groups, as the last
-	// NOT_COORDINATOR named it (0: unknown; coordinator.go).
-	coordinator atomic.Uint32
+	// groups and txn are the nodes coordinating consumer groups and
+	// transactions (coordinator.go).
+	groups, txn coordinator
+	// checkers are the transaction checkers registered, by producer group
+	// (txncheck.go).
+	checkers map[string]*txnChecker
 }
 
 type dialCall struct {

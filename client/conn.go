@@ -52,6 +52,9 @@ type conn struct {
 	calls map[uint64]*callWaiter // pending Requests: correlation id -> waiter
 	wbuf  []byte                 // frames queued for the writer
 	err   error                  // why the connection died; set once
+	// checkers are the check-back targets: producer group -> checker
+	// (txncheck.go).
+	checkers map[string]*txnChecker
 
 	wake chan struct{} // signals the writer, capacity 1
 	dead chan struct{} // closed when the connection dies
@@ -313,8 +316,8 @@ func readPayload(br *bufio.Reader, max int) ([]byte, error) {
 
 // readLoop reads frames until the connection dies. Responses go to their
 // waiting request; pushes (frame id 0: Delivery, AssignmentChange,
-// ReplyDelivery) go to their subscription or pending Request without
-// blocking (see pushDelivery and push).
+// ReplyDelivery, HalfCheck) go to their subscription, pending Request or
+// transaction checker without blocking (see pushDelivery and push).
 func (c *conn) readLoop(br *bufio.Reader) {
 	for {
 		payload, err := readPayload(br, c.maxFrame)
@@ -399,7 +402,7 @@ func (c *conn) fail(cause error) {
 		w.ch <- nil // buffered 1 and empty while registered; under the lock, see push
 	}
 	pending := c.pending
-	c.pending, c.hooks, c.subs, c.calls = nil, nil, nil, nil
+	c.pending, c.hooks, c.subs, c.calls, c.checkers = nil, nil, nil, nil, nil
 	c.wbuf = nil
 	c.mu.Unlock()
 	close(c.dead)
@@ -638,9 +641,10 @@ func (c *conn) deliver(subID uint64, msgs []Delivered) {
 // push hands a frame with id 0 to its push target and reports whether it
 // was a push. It runs on the reader goroutine and never blocks: a
 // subscription buffers at most its credit window (see
-// Subscription.deliver), and a pending Request's channel has room for its
-// one reply. Pushes for unknown subscriptions or calls (ended, cancelled)
-// are dropped.
+// Subscription.deliver), a pending Request's channel has room for its
+// one reply, and a transaction checker runs a bounded number of checks
+// and drops the others (txnChecker.check). Pushes for unknown
+// subscriptions, calls (ended, cancelled) or producer groups are dropped.
 func (c *conn) push(f *heraldpb.Frame) bool {
 	switch body := f.GetBody().(type) {
 	case *heraldpb.Frame_Delivery:
@@ -657,10 +661,20 @@ func (c *conn) push(f *heraldpb.Frame) bool {
 		e := body.SubscriptionEnded
 		if ss := c.session(e.GetSubscriptionId()); ss != nil {
 			if r := e.GetReason(); r.GetCode() == heraldpb.ErrorCode_NOT_COORDINATOR {
-				ss.sub.c.coordinator.Store(r.GetLeader()) // groups moved: subscribe there
+				ss.sub.c.groups.node.Store(r.GetLeader()) // groups moved: subscribe there
 			}
 			ss.sub.report(fmt.Errorf("herald: subscription to %s/%s ended by the broker: %w", ss.sub.opts.Group, ss.sub.opts.Topic, fromWire(e.GetReason())))
 			ss.end()
+		}
+	case *heraldpb.Frame_HalfCheck:
+		hc := body.HalfCheck
+		c.mu.Lock()
+		k := c.checkers[hc.GetProducerGroup()]
+		c.mu.Unlock()
+		if k != nil {
+			k.check(hc)
+		} else {
+			c.log.Debug("herald: half check for a producer group not registered here", "addr", c.addr, "group", hc.GetProducerGroup(), "id", hc.GetId())
 		}
 	case *heraldpb.Frame_ReplyDelivery:
 		rd := body.ReplyDelivery
@@ -726,4 +740,28 @@ func (c *conn) removeCall(corr uint64) {
 	c.mu.Lock()
 	delete(c.calls, corr)
 	c.mu.Unlock()
+}
+
+// addChecker makes k the target of the check-backs of its producer group
+// pushed on c; false if the connection is dead.
+func (c *conn) addChecker(k *txnChecker) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return false
+	}
+	if c.checkers == nil {
+		c.checkers = make(map[string]*txnChecker)
+	}
+	c.checkers[k.group] = k
+	return true
+}
+
+// removeChecker undoes addChecker(k).
+func (c *conn) removeChecker(k *txnChecker) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.checkers[k.group] == k {
+		delete(c.checkers, k.group)
+	}
 }

@@ -3,21 +3,28 @@ package client
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-// Consumer groups in a cluster are coordinated by one node (the leader of
-// __groups); any other node answers subscriptions, group admin requests
-// and request-reply calls with NOT_COORDINATOR naming it. The client
-// remembers that node and goes there; after the coordinator moves, the
-// broker ends its subscriptions naming the new one.
+// In a cluster, consumer groups are coordinated by one node (the leader of
+// __groups) and transactions by one node (the leader of __txn), not
+// necessarily the same; any other node answers their requests with
+// NOT_COORDINATOR naming the coordinator. The client remembers each
+// area's coordinator separately and goes there; after the groups
+// coordinator moves, the broker ends its subscriptions naming the new one.
 
-// groupConn returns the connection to the group coordinator when one is
-// known, else any connection.
-func (c *Client) groupConn(ctx context.Context) (*conn, error) {
-	if id := c.coordinator.Load(); id != 0 {
+// coordinator is the node coordinating one area, as the last
+// NOT_COORDINATOR answer to a request of that area named it (0: unknown,
+// ask any node).
+type coordinator struct{ node atomic.Uint32 }
+
+// coordConn returns the connection to co's node when one is known, else
+// any connection.
+func (c *Client) coordConn(ctx context.Context, co *coordinator) (*conn, error) {
+	if id := co.node.Load(); id != 0 {
 		c.mu.Lock()
 		addr := c.brokers[id]
 		c.mu.Unlock()
@@ -32,22 +39,22 @@ func (c *Client) groupConn(ctx context.Context) (*conn, error) {
 				return cn, nil
 			}
 		}
-		c.coordinator.CompareAndSwap(id, 0) // gone: ask any node again
+		co.node.CompareAndSwap(id, 0) // gone: ask any node again
 	}
 	return c.anyConn(ctx)
 }
 
-// followCoordinator reports whether err is NOT_COORDINATOR and the
-// request should be sent again: to the node it names (at once the first
+// follow reports whether err is NOT_COORDINATOR and the request of co's
+// area should be sent again: to the node it names (at once the first
 // time), else after a pause that grows to a second while no node
 // coordinates (an election, a new coordinator loading), for as long as
 // ctx lasts.
-func (c *Client) followCoordinator(ctx context.Context, err error, hop int) bool {
+func (c *Client) follow(ctx context.Context, co *coordinator, err error, hop int) bool {
 	var he *Error
 	if !errors.As(err, &he) || he.Code != heraldpb.ErrorCode_NOT_COORDINATOR {
 		return false
 	}
-	c.coordinator.Store(he.Leader)
+	co.node.Store(he.Leader)
 	if he.Leader != 0 && hop == 0 {
 		return true
 	}
@@ -59,15 +66,15 @@ func (c *Client) followCoordinator(ctx context.Context, err error, hop int) bool
 	}
 }
 
-// callGroups sends a group request to the coordinator.
+// callGroups sends a group request to the groups coordinator.
 func (c *Client) callGroups(ctx context.Context, req *heraldpb.Frame) (*heraldpb.Frame, error) {
 	for hop := 0; ; hop++ {
-		cn, err := c.groupConn(ctx)
+		cn, err := c.coordConn(ctx, &c.groups)
 		if err != nil {
 			return nil, err
 		}
 		f, err := c.call(ctx, cn, req, 0)
-		if c.followCoordinator(ctx, err, hop) {
+		if c.follow(ctx, &c.groups, err, hop) {
 			continue
 		}
 		return f, err

@@ -37,3 +37,19 @@ const (
 	// time given to ListOffsets (the high watermark when there is none).
 	OffsetTimestamp heraldpb.OffsetSpec = heraldpb.OffsetSpec_OFFSET_SPEC_TIMESTAMP
 )
+
+// HalfAction is the outcome of a half (transactional) message: what
+// EndHalf does with it, and what a TransactionChecker answers.
+type HalfAction = heraldpb.HalfAction
+
+// Outcomes of a half message (HalfAction).
+const (
+	// HalfUnknown is a TransactionChecker's "not known yet": the broker
+	// asks again later. EndHalf refuses it.
+	HalfUnknown HalfAction = heraldpb.HalfAction_HALF_UNKNOWN
+	// HalfCommit makes the half message visible: the broker appends it to
+	// its topic (at its delivery time, if it has one).
+	HalfCommit HalfAction = heraldpb.HalfAction_HALF_COMMIT
+	// HalfRollback discards the half message.
+	HalfRollback HalfAction = heraldpb.HalfAction_HALF_ROLLBACK
+)

@@ -51,6 +51,10 @@ var (
 	// sent and then timed out, lost its connection, or was answered with
 	// an Error marked OutcomeUnknown. See IsOutcomeUnknown.
 	ErrOutcomeUnknown = errors.New("herald: outcome unknown")
+	// ErrRollback, wrapped by the error of SendInTransaction's local
+	// function, rolls the half message back; any other error leaves it to
+	// the check-back.
+	ErrRollback = errors.New("herald: roll back")
 )
 
 // Error is a failure reported by the broker: one wire heraldpb.Error. Callers

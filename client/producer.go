@@ -233,6 +233,24 @@ func (p *Producer) SendAsync(ctx context.Context, m *Message, cb func(Result, er
 	p.send(ctx, m, cb, false)
 }
 
+// deliveryTime checks m's DeliverAt and Delay and returns them as a
+// produce request's deliver_at_ms and delay_ms (both 0: not delayed).
+func deliveryTime(m *Message) (at, delay int64, err error) {
+	switch {
+	case !m.DeliverAt.IsZero() && m.Delay != 0:
+		return 0, 0, errors.New("herald: set DeliverAt or Delay, not both")
+	case m.Delay < 0:
+		return 0, 0, fmt.Errorf("herald: negative delay %v", m.Delay)
+	case m.Delay > 0:
+		delay = int64(max((m.Delay+time.Millisecond-1)/time.Millisecond, 1))
+	case !m.DeliverAt.IsZero():
+		if at = m.DeliverAt.UnixMilli(); at <= 0 {
+			return 0, 0, fmt.Errorf("herald: DeliverAt %v before 1970", m.DeliverAt)
+		}
+	}
+	return at, delay, nil
+}
+
 func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error), urgent bool) {
 	if m == nil || m.Topic == "" {
 		cb(Result{}, errors.New("herald: message without topic"))
@@ -266,21 +284,10 @@ func (p *Producer) send(ctx context.Context, m *Message, cb func(Result, error),
 			}
 		}
 	}
-	var at, delay int64
-	switch {
-	case !m.DeliverAt.IsZero() && m.Delay != 0:
-		cb(Result{}, errors.New("herald: set DeliverAt or Delay, not both"))
+	at, delay, err := deliveryTime(m)
+	if err != nil {
+		cb(Result{}, err)
 		return
-	case m.Delay < 0:
-		cb(Result{}, fmt.Errorf("herald: negative delay %v", m.Delay))
-		return
-	case m.Delay > 0:
-		delay = int64(max((m.Delay+time.Millisecond-1)/time.Millisecond, 1))
-	case !m.DeliverAt.IsZero():
-		if at = m.DeliverAt.UnixMilli(); at <= 0 {
-			cb(Result{}, fmt.Errorf("herald: DeliverAt %v before 1970", m.DeliverAt))
-			return
-		}
 	}
 	size := estimateSize(m)
 	if err := p.reserve(ctx, size); err != nil {

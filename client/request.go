@@ -77,12 +77,12 @@ func (c *Client) Request(ctx context.Context, topic string, msg *Message) (*Mess
 		msg = &Message{}
 	}
 	for hop := 0; ; hop++ {
-		cn, err := c.groupConn(ctx)
+		cn, err := c.coordConn(ctx, &c.groups)
 		if err != nil {
 			return nil, err
 		}
 		m, err := c.requestOn(ctx, cn, topic, msg)
-		if c.followCoordinator(ctx, err, hop) {
+		if c.follow(ctx, &c.groups, err, hop) {
 			continue
 		}
 		return m, err

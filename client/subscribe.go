@@ -547,12 +547,12 @@ func (s *Subscription) subscribeRequest(credits int) *heraldpb.Frame {
 // follow the response at once are taken.
 func (s *Subscription) subscribeOnce(ctx context.Context) (*subSession, error) {
 	for hop := 0; ; hop++ {
-		cn, err := s.c.groupConn(ctx)
+		cn, err := s.c.coordConn(ctx, &s.c.groups)
 		if err != nil {
 			return nil, err
 		}
 		ss, err := s.subscribeOn(ctx, cn)
-		if s.c.followCoordinator(ctx, err, hop) {
+		if s.c.follow(ctx, &s.c.groups, err, hop) {
 			continue
 		}
 		return ss, err

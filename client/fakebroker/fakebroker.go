@@ -5,7 +5,9 @@
 // connection) in the style of franz-go's kfake.
 //
 // It also runs consumer groups (push with credits, acks, nacks, group
-// admin) and request-reply in a simplified form: see groups.go. It
+// admin) and request-reply in a simplified form: see groups.go; and half
+// (transactional) messages, with check-backs sent when a test asks: see
+// txn.go. It
 // deduplicates idempotent produces as the broker does (each producer's last
 // 5 batches per partition, OUT_OF_ORDER_SEQUENCE on a gap), without a limit
 // on producers.
@@ -38,9 +40,9 @@ type Action struct {
 	Delay time.Duration   // wait this long before handling (or erroring)
 	Close bool            // close the connection instead of answering
 	Drop  bool            // never answer
-	// LoseReply (produce requests): handle the request, then close the
-	// connection instead of sending its answer, as when a response is lost
-	// after the broker wrote the batch.
+	// LoseReply (produce requests, half ones too): handle the request,
+	// then close the connection instead of sending its answer, as when a
+	// response is lost after the broker wrote the batch.
 	LoseReply bool
 }
 
@@ -93,6 +95,8 @@ type Broker struct {
 	nextSub  uint64
 	subReqs  []*heraldpb.SubscribeRequest
 	ackLog   []AckLog
+
+	txn txnState // half messages (txn.go)
 
 	maxSeen    atomic.Int64 // most requests seen outstanding on one connection
 	violations atomic.Int64 // requests past the window
@@ -289,6 +293,7 @@ func (b *Broker) serve(id int, nc net.Conn) {
 		delete(b.conns, id)
 		delete(b.sessions, id)
 		b.dropConnLocked(id)
+		b.dropProducerLocked(id)
 		b.mu.Unlock()
 	}()
 	s := &session{b: b, id: id, nc: nc, ctx: ctx}
@@ -512,7 +517,12 @@ func (s *session) handle(f *heraldpb.Frame) {
 		}
 		s.reply(&heraldpb.Frame{Id: id, Body: &heraldpb.Frame_DescribeTopicResponse{DescribeTopicResponse: &heraldpb.DescribeTopicResponse{Topic: info}}})
 	case *heraldpb.Frame_Produce:
-		resp := b.produce(s.id, id, body.Produce)
+		var resp *heraldpb.Frame
+		if body.Produce.GetHalf() != nil {
+			resp = b.produceHalf(s.id, id, body.Produce)
+		} else {
+			resp = b.produce(s.id, id, body.Produce)
+		}
 		if act.LoseReply {
 			s.inFlight.Add(-1)
 			s.nc.Close()
@@ -524,7 +534,7 @@ func (s *session) handle(f *heraldpb.Frame) {
 	case *heraldpb.Frame_ListOffsets:
 		s.reply(b.listOffsets(id, body.ListOffsets))
 	default:
-		if !s.handleGroups(f) {
+		if !s.handleTxn(f) && !s.handleGroups(f) {
 			s.reply(errFrame(id, heraldpb.ErrorCode_UNKNOWN_REQUEST, "unexpected %T", body))
 		}
 	}
@@ -564,6 +574,21 @@ func fnv32a(key []byte, n uint32) uint32 {
 	return h % n
 }
 
+// pick returns the partition a produce goes to: the one it names (false
+// if the topic has no such partition), its first key's, or the next in
+// round robin. b.mu is held.
+func (t *topic) pick(req *heraldpb.ProduceRequest, info heraldpb.BatchInfo) (uint32, bool) {
+	n := uint32(len(t.parts))
+	switch {
+	case req.Partition != nil:
+		return req.GetPartition(), req.GetPartition() < n
+	case len(info.FirstKey) > 0:
+		return fnv32a(info.FirstKey, n), true
+	}
+	t.rr++
+	return (t.rr - 1) % n, true
+}
+
 func (b *Broker) produce(conn int, id uint64, req *heraldpb.ProduceRequest) *heraldpb.Frame {
 	info, err := heraldpb.ScanBatch(req.GetRecords())
 	if err != nil || info.Count == 0 {
@@ -575,22 +600,12 @@ func (b *Broker) produce(conn int, id uint64, req *heraldpb.ProduceRequest) *her
 	if t == nil {
 		return errFrame(id, heraldpb.ErrorCode_TOPIC_NOT_FOUND, "no topic %q", req.GetTopic())
 	}
-	n := uint32(len(t.parts))
 	if req.GetProducerId() != 0 && req.Partition == nil {
 		return errFrame(id, heraldpb.ErrorCode_INVALID_REQUEST, "an idempotent produce must name its partition")
 	}
-	var part uint32
-	switch {
-	case req.Partition != nil:
-		part = req.GetPartition()
-		if part >= n {
-			return errFrame(id, heraldpb.ErrorCode_PARTITION_NOT_FOUND, "no partition %d", part)
-		}
-	case len(info.FirstKey) > 0:
-		part = fnv32a(info.FirstKey, n)
-	default:
-		part = t.rr % n
-		t.rr++
+	part, ok := t.pick(req, info)
+	if !ok {
+		return errFrame(id, heraldpb.ErrorCode_PARTITION_NOT_FOUND, "no partition %d", req.GetPartition())
 	}
 	p := t.parts[part]
 	if pid, seq := req.GetProducerId(), req.GetBaseSequence(); pid != 0 {
