@@ -1,14 +1,21 @@
 package e2e
 
 import (
+	"bufio"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/heraldmq/herald/client"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -479,4 +486,147 @@ func TestHalfSurvivesCoordinatorFailover(t *testing.T) {
 	if len(got) != 20 {
 		t.Errorf("the topic holds %d distinct records: %v", len(got), got)
 	}
+}
+
+// startOutbox starts examples/outbox with args against n and returns its
+// process and a channel of its output lines.
+func startOutbox(t *testing.T, bin string, n node, args ...string) (*exec.Cmd, <-chan string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "HERALD_ADDR="+n.Addr())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	return cmd, lines
+}
+
+// expectLine waits for a line of lines containing want.
+func expectLine(t *testing.T, lines <-chan string, want string) string {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("output ended before %q", want)
+			}
+			if strings.Contains(l, want) {
+				return l
+			}
+		case <-deadline:
+			t.Fatalf("no %q within 30s", want)
+		}
+	}
+}
+
+// TestOutboxProducerKilled is the half-message example (examples/outbox)
+// as processes: one order service is SIGKILLed after storing its order
+// and before committing, another after sending its half and before
+// storing; a third places its order whole. A second process of the same
+// producer group, started afterwards, answers the broker's check-backs
+// from the database: the first order is published once, the second
+// never, the third once.
+func TestOutboxProducerKilled(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "outbox")
+	if out, err := exec.Command("go", "build", "-o", bin, "../examples/outbox").CombinedOutput(); err != nil {
+		t.Fatalf("building examples/outbox: %v\n%s", err, out)
+	}
+	db := filepath.Join(dir, "orders.db")
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "orders", 1)
+
+	p1, l1 := startOutbox(t, bin, n, "--db", db, "--stop-after", "stored", "place", "o-1")
+	expectLine(t, l1, "stored o-1")
+	_ = p1.Process.Kill()
+	p2, l2 := startOutbox(t, bin, n, "--db", db, "--stop-after", "half", "place", "o-2")
+	expectLine(t, l2, "half ")
+	_ = p2.Process.Kill()
+	_, l3 := startOutbox(t, bin, n, "--db", db, "place", "o-3")
+	expectLine(t, l3, "o-3 is published")
+	if got := values(t, n, "orders"); !slices.Equal(got, []string{"o-3 created"}) {
+		t.Fatalf("before any check-back the topic holds %v", got)
+	}
+
+	_, lc := startOutbox(t, bin, n, "--db", db, "checker")
+	expectLine(t, lc, "checker registered")
+	checkFor(t, 30*time.Second, "both halves resolved by the checker", func() error {
+		halves, total, err := c.ListTxn(ctxT(t, 5*time.Second), "", 0)
+		if err != nil || total > 0 {
+			return fmt.Errorf("pending %v (%d), err %v", halves, total, err)
+		}
+		return nil
+	})
+	got := values(t, n, "orders")
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"o-1 created", "o-3 created"}) {
+		t.Fatalf("the topic holds %v, want o-1 and o-3 once each", got)
+	}
+}
+
+// TestHalfSDKAcrossCoordinatorFailover: the Go SDK in a 3-node cluster
+// finds the transaction coordinator through NOT_COORDINATOR, and its
+// registered checker follows the coordinator when that node is killed:
+// halves left pending before the kill are checked back by the new
+// coordinator over the checker's new connection and each is published
+// once.
+func TestHalfSDKAcrossCoordinatorFailover(t *testing.T) {
+	tc, c := clusterWithTopic(t, "orders", 2)
+	leader := awaitInternalLeader(t, c, "__txn")
+	var decided sync.Map // id -> true once the checker answered
+	stop, err := c.RegisterTransactionChecker(ctxT(t, 30*time.Second), "g", func(_ context.Context, hc *client.HalfCheck) client.HalfAction {
+		decided.Store(hc.ID, true)
+		return client.HalfCommit
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	opt := client.HalfOptions{ProducerGroup: "g", CheckInterval: 3 * time.Second}
+	var ids []string
+	for i := range 10 {
+		h, err := c.SendHalf(ctxT(t, 20*time.Second), &client.Message{Topic: "orders", Key: fmt.Appendf(nil, "k%d", i), Value: fmt.Appendf(nil, "v%d", i)}, opt)
+		if err != nil {
+			t.Fatalf("half %d: %v", i, err)
+		}
+		ids = append(ids, h.ID)
+	}
+	tc.nodes[uint64(leader)].Kill(t)
+	delete(tc.nodes, uint64(leader))
+	checkFor(t, 60*time.Second, "every half checked back and committed by the new coordinator", func() error {
+		halves, total, err := c.ListTxn(ctxT(t, 10*time.Second), "", 0)
+		if err != nil || total > 0 {
+			return fmt.Errorf("pending %d %v, err %v", total, halves, err)
+		}
+		return nil
+	})
+	got := map[string]int{}
+	for p := range int32(2) {
+		for _, m := range readPartition(t, c, "orders", p) {
+			got[string(m.Value)]++
+		}
+	}
+	for i := range 10 {
+		if v := fmt.Sprintf("v%d", i); got[v] != 1 {
+			t.Errorf("%s published %d times", v, got[v])
+		}
+	}
+	n := 0
+	decided.Range(func(any, any) bool { n++; return true })
+	t.Logf("%d halves, %d decided by check-backs, leader of __txn was node %d", len(ids), n, leader)
 }
