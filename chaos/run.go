@@ -316,6 +316,8 @@ func target(s *scenario.Scenario, name string) (nemesis.Target, error) {
 		return nemesis.LeaderNotLeading(s.Topic.Name, int32(s.Topic.Partitions), "__schedule"), nil
 	case "controller":
 		return nemesis.ControllerLeader(), nil
+	case "txn-coordinator":
+		return nemesis.PartitionLeader("__txn", 0), nil
 	case "majority":
 		return nemesis.Majority(), nil
 	case "minority":
@@ -329,8 +331,9 @@ func target(s *scenario.Scenario, name string) (nemesis.Target, error) {
 }
 
 // settle waits, up to the scenario's Settle, until the cluster is settled,
-// every delayed message is due, and every group has acked everything in
-// the log; it reports whether it got there (the run drained).
+// every delayed message is due, every half message is ended, and every
+// group has acked everything in the log; it reports whether it got there
+// (the run drained).
 func settle(ctx context.Context, cl *cluster.Cluster, rec *history.Recorder, s *scenario.Scenario, now func() time.Duration) bool {
 	// A node whose clock ran ahead scheduled its delayed messages that
 	// much later in real time: wait for them too.
@@ -360,14 +363,15 @@ func settle(ctx context.Context, cl *cluster.Cluster, rec *history.Recorder, s *
 }
 
 // schedulesDone reports whether no node holds a delayed message not yet
-// appended (herald_scheduler_pending) or a batch held unreadable until its
-// time (herald_partition_held_batches).
+// appended (herald_scheduler_pending), a batch held unreadable until its
+// time (herald_partition_held_batches), or a half message not yet on its
+// topic or rolled back (herald_txn_half_pending).
 func schedulesDone(ctx context.Context, cl *cluster.Cluster) bool {
 	for _, n := range cl.Nodes() {
 		if !cl.Running(n.ID) {
 			continue
 		}
-		for _, m := range []string{"herald_scheduler_pending", "herald_partition_held_batches"} {
+		for _, m := range []string{"herald_scheduler_pending", "herald_partition_held_batches", "herald_txn_half_pending"} {
 			v, err := metricSum(ctx, n.Admin, m)
 			if err != nil || v > 0 {
 				return false

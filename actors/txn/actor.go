@@ -166,6 +166,7 @@ func (c *Coordinator) Receive(ctx actor.Context) {
 		}
 		c.queue = nil
 		mProducers.Set(0)
+		mHalfPending.Set(0) // the next coordinator, here or elsewhere, counts its own
 	case *loadRetry:
 		c.load(ctx)
 	case *retryStep:

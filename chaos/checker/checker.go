@@ -102,6 +102,7 @@ func Check(ops []history.Op, opts Options) Report {
 	c.checkDelays()
 	c.checkDLQ()
 	c.checkReplies()
+	c.checkHalves()
 	c.checkAvailability()
 	return *c.r
 }
@@ -116,7 +117,7 @@ type checker struct {
 	inv  []int // position of each op's invoke: itself for an invoke or an unpaired completion
 	done []int // position of each invoke's completion, -1 while unfinished
 
-	produces map[string][]int // value -> positions of its produce ops
+	produces map[string][]int // value -> positions of its produce ops (and half sends)
 	reads    map[part][]*replica
 	logs     map[part]*replica // the longest read of each partition
 }
@@ -154,7 +155,7 @@ func newChecker(ops []history.Op, opts Options) *checker {
 	c.pair()
 	c.produces = map[string][]int{}
 	for i, op := range ops {
-		if op.F == history.Produce && op.Value != "" {
+		if (op.F == history.Produce || op.F == history.HalfSend) && op.Value != "" {
 			c.produces[op.Value] = append(c.produces[op.Value], i)
 		}
 	}

@@ -45,6 +45,18 @@ func (h *hist) produce(proc, topic string, partition int32, offset int64, key, v
 	return h.add(o)
 }
 
+// half is a half message's send to topic "halves", meant to end with
+// outcome, completing with type t at the current time.
+func (h *hist) half(value, outcome string, t history.Type) *hist {
+	o := op{Process: "half-0", Type: invoke, F: history.HalfSend, Topic: "halves", Value: value, Outcome: outcome, Idempotent: true}
+	h.add(o)
+	o.Type = t
+	if t == ok {
+		o.RequestID = "7"
+	}
+	return h.add(o)
+}
+
 // read is the final read of topic/partition from node.
 func (h *hist) read(topic string, partition int32, node int, values ...string) *hist {
 	o := op{Process: "reader", Type: ok, F: history.FinalRead, Topic: topic, Partition: partition, Node: node}

@@ -73,10 +73,11 @@ func (c *checker) parts() []part {
 	})
 }
 
-// acked returns the position of value's first ok produce, or -1.
+// acked returns the position of value's first ok produce, or -1 (half
+// messages are appended in the order they are committed: not here).
 func (c *checker) acked(value string) int {
 	for _, i := range c.produces[value] {
-		if c.ops[i].Type == history.OK {
+		if c.ops[i].Type == history.OK && c.ops[i].F == history.Produce {
 			return i
 		}
 	}

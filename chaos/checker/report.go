@@ -27,6 +27,9 @@ const (
 	DLQPending            = "dlq-pending"
 	ReplyTwice            = "reply-twice"
 	ReplyMisrouted        = "reply-misrouted"
+	HalfLost              = "half-lost"
+	HalfAborted           = "half-aborted"
+	HalfUnsettled         = "half-unsettled"
 )
 
 var sections = []struct {
@@ -50,6 +53,9 @@ var sections = []struct {
 	{DLQPending, "messages neither acked nor dead-lettered yet (informational, run not drained)", true},
 	{ReplyTwice, "requests answered twice", false},
 	{ReplyMisrouted, "replies delivered to another requester", false},
+	{HalfLost, "committed half messages missing from the log", false},
+	{HalfAborted, "rolled-back half messages visible in the log", false},
+	{HalfUnsettled, "half messages meant to be committed, not checked (informational, run not drained)", true},
 }
 
 // Report is what Check found. It is JSON-serialisable; String gives the

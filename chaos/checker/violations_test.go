@@ -117,6 +117,27 @@ func TestViolations(t *testing.T) {
 				}
 			}
 		}, valid: true},
+		{name: "committed half missing, drained", edit: func(h *hist) {
+			h.half("h-1", history.OutcomeCommit, ok).read("halves", 0, 1)
+		}, want: map[string]int{HalfLost: 1}},
+		{name: "committed half missing, not drained", undrained: true, edit: func(h *hist) {
+			h.half("h-1", history.OutcomeCommit, ok).read("halves", 0, 1)
+		}, want: map[string]int{HalfUnsettled: 1}, valid: true},
+		{name: "rolled-back half visible", edit: func(h *hist) {
+			h.half("h-1", history.OutcomeRollback, ok).read("halves", 0, 1, "h-1")
+		}, want: map[string]int{HalfAborted: 1}},
+		{name: "half appended twice", edit: func(h *hist) {
+			h.half("h-1", history.OutcomeCommit, ok).read("halves", 0, 1, "h-1", "h-1")
+		}, want: map[string]int{Duplicated: 1}},
+		{name: "half whose send failed, visible", edit: func(h *hist) {
+			h.half("h-1", history.OutcomeCommit, fail).read("halves", 0, 1, "h-1")
+		}, want: map[string]int{FailedVisible: 1}},
+		{name: "half of unknown send, committed by its check-back", edit: func(h *hist) {
+			h.half("h-1", history.OutcomeCommit, info).read("halves", 0, 1, "h-1")
+		}, valid: true},
+		{name: "half of unknown send, never stored", edit: func(h *hist) {
+			h.half("h-1", history.OutcomeCommit, info).read("halves", 0, 1)
+		}, valid: true},
 		{name: "request answered twice", edit: func(h *hist) {
 			h.at(25).add(op{Process: "requester-0", Type: ok, F: history.Reply, RequestID: "r-0"})
 		}, want: map[string]int{ReplyTwice: 1}},

@@ -58,6 +58,21 @@ const (
 	// FinalRead is the final read of a partition's whole log from one
 	// replica (Node), in Records.
 	FinalRead F = "read"
+	// HalfSend sends one half (transactional) message; Value is its unique
+	// id, Outcome the end the workload intends for it (commit or rollback,
+	// by its producer or by the answer to its check-back). The ok op
+	// carries the half's id in RequestID and its Partition.
+	HalfSend F = "half"
+	// HalfEnd is a producer's commit or rollback (Outcome) of Value's half.
+	HalfEnd F = "end-half"
+	// HalfCheck is a check-back of Value's half answered (ok) with Outcome.
+	HalfCheck F = "check-half"
+)
+
+// Half-message outcomes, as in Op.Outcome.
+const (
+	OutcomeCommit   = "commit"
+	OutcomeRollback = "rollback"
 )
 
 // Consumer modes, as in Op.Mode.
@@ -96,6 +111,7 @@ type Op struct {
 	Attempt       int    `json:"attempt,omitempty"`
 
 	RequestID string `json:"request_id,omitempty"`
+	Outcome   string `json:"outcome,omitempty"` // half messages: commit or rollback
 	ReplyTo   string `json:"reply_to,omitempty"`
 
 	Fault string `json:"fault,omitempty"` // the nemesis' fault name
@@ -127,7 +143,7 @@ func (op Op) Validate() error {
 		bad = append(bad, fmt.Sprintf("unknown type %q", op.Type))
 	}
 	switch op.F {
-	case Produce, Consume, Ack, Nack, Commit, Request, Reply, Nemesis, FinalRead:
+	case Produce, Consume, Ack, Nack, Commit, Request, Reply, Nemesis, FinalRead, HalfSend, HalfEnd, HalfCheck:
 	default:
 		bad = append(bad, fmt.Sprintf("unknown f %q", op.F))
 	}

@@ -106,6 +106,9 @@ type Workload struct {
 	Delayed *Delayed `json:"delayed,omitempty"`
 	// Requests: request-reply calls per second through the broker.
 	Requests *Requests `json:"requests,omitempty"`
+	// Halves: half (transactional) messages per second, ended by their
+	// producer or left to a check-back.
+	Halves *Halves `json:"halves,omitempty"`
 }
 
 // Group is a consumer group of Members push consumers in Mode
@@ -124,6 +127,15 @@ type Group struct {
 type Delayed struct {
 	Rate  int      `json:"rate"`
 	Delay Duration `json:"delay"`
+}
+
+// Halves is the half-message workload: Rate halves per second to the
+// topic, of which 7 in 10 are committed by their producer, 2 in 10 rolled
+// back, and 1 in 10 left for the check-back (which commits half of those),
+// each first checked CheckInterval after it is stored (default 1s).
+type Halves struct {
+	Rate          int      `json:"rate"`
+	CheckInterval Duration `json:"check_interval,omitempty"`
 }
 
 // Requests is the request-reply workload.
@@ -173,7 +185,7 @@ var Kinds = map[string]bool{
 // "leader" and "follower" are of the topic's partition 0;
 // "leader-not-scheduler" is the leader of a partition of the topic on a
 // node that does not run the scheduler (the __schedule leader).
-var Targets = []string{"random", "leader", "follower", "leader-not-scheduler", "controller", "majority", "minority", "all"}
+var Targets = []string{"random", "leader", "follower", "leader-not-scheduler", "controller", "txn-coordinator", "majority", "minority", "all"}
 
 // Modes are the consumer group modes.
 var Modes = []string{"clustering", "shared", "key-shared", "broadcast"}
@@ -305,6 +317,9 @@ func (s *Scenario) Validate() error {
 	}
 	if r := w.Requests; r != nil && r.Rate < 1 {
 		bad("requests: want rate >= 1")
+	}
+	if h := w.Halves; h != nil && (h.Rate < 1 || h.CheckInterval < 0 || h.CheckInterval > 0 && h.CheckInterval.D() < 100*time.Millisecond) {
+		bad("halves: want rate >= 1 and a check interval of at least 100ms (or none)")
 	}
 	n := s.Nemesis
 	if n.Random && len(n.Faults) == 0 {

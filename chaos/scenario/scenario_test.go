@@ -30,9 +30,11 @@ func TestEmbeddedScenariosAreValid(t *testing.T) {
 			t.Errorf("scenario %s is not in the CI subset %v", want, ci)
 		}
 	}
-	// About 10 minutes on 2 cores with the cluster's start and the checks.
-	if ciTime > 5*time.Minute {
-		t.Errorf("the CI subset runs %v of faults and settling, want at most 5m", ciTime)
+	// About 10 minutes on 2 cores with the clusters' starts and the
+	// checks (5m of budget ran in about 5m under -race: settling rarely
+	// takes its whole budget).
+	if ciTime > 6*time.Minute {
+		t.Errorf("the CI subset runs %v of faults and settling, want at most 6m", ciTime)
 	}
 }
 

@@ -2,8 +2,9 @@
 // records every operation they invoke, and how it ended, in the run's
 // history: producers of unique numbered records, a pull reader, push
 // consumer groups acking (and failing a share into the dead-letter topic),
-// delayed messages with their due times, request-reply calls, and the
-// groups' progress as the broker reports it.
+// delayed messages with their due times, request-reply calls, half
+// (transactional) messages with their check-backs, and the groups'
+// progress as the broker reports it.
 package workload
 
 import (
@@ -49,6 +50,7 @@ type Workload struct {
 	mu      sync.Mutex
 	clients []*client.Client
 	subs    []*client.Subscription
+	stops   []func() // the half-message checker's
 	errs    []error
 }
 
@@ -121,6 +123,11 @@ func Start(ctx context.Context, cfg Config) (*Workload, error) {
 			return fail(err)
 		}
 	}
+	if h := s.Halves; h != nil {
+		if err := w.startHalves(ctx, genCtx, *h); err != nil {
+			return fail(err)
+		}
+	}
 	return w, nil
 }
 
@@ -138,9 +145,14 @@ func (w *Workload) Stop(ctx context.Context) []error {
 	w.StopGenerators()
 	w.mu.Lock()
 	subs := append([]*client.Subscription(nil), w.subs...)
+	stops := w.stops
+	w.stops = nil
 	w.mu.Unlock()
 	for _, s := range subs {
 		_ = s.Close(ctx)
+	}
+	for _, stop := range stops {
+		stop()
 	}
 	w.stopAll()
 	w.cons.Wait()
