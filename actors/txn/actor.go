@@ -94,7 +94,7 @@ type Coordinator struct {
 	wq       []writeOp
 	inflight []writeOp // the write in flight
 	writing  bool
-	queued  int // client requests in wq
+	queued   int // client requests in wq
 
 	producers     producers // check.go
 	checking      int       // check-backs reading their half

@@ -278,7 +278,9 @@ func (h *half) info() *heraldpb.HalfInfo {
 	}
 }
 
-func (h *half) String() string { return fmt.Sprintf("half %d (%s, %s/%d)", h.ref, h.group, h.topic, h.part) }
+func (h *half) String() string {
+	return fmt.Sprintf("half %d (%s, %s/%d)", h.ref, h.group, h.topic, h.part)
+}
 
 // timeQ is a min-heap of (time, ref); entries that no longer match their
 // half's timer are skipped when popped.
@@ -289,10 +291,12 @@ type timeEntry struct {
 	ref uint64
 }
 
-func (q timeQ) Len() int           { return len(q) }
-func (q timeQ) Less(i, j int) bool { return q[i].at < q[j].at || q[i].at == q[j].at && q[i].ref < q[j].ref }
-func (q timeQ) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
-func (q *timeQ) Push(x any)        { *q = append(*q, x.(timeEntry)) }
+func (q timeQ) Len() int { return len(q) }
+func (q timeQ) Less(i, j int) bool {
+	return q[i].at < q[j].at || q[i].at == q[j].at && q[i].ref < q[j].ref
+}
+func (q timeQ) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *timeQ) Push(x any)   { *q = append(*q, x.(timeEntry)) }
 func (q *timeQ) Pop() any {
 	old := *q
 	x := old[len(old)-1]
