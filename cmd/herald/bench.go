@@ -19,7 +19,7 @@ import (
 )
 
 func init() {
-	register("bench", "measure produce and consume throughput and latency ('bench rr': request-reply)", cliRunner(benchCmd))
+	register("bench", "measure produce and consume throughput and latency ('bench rr': request-reply; 'bench half': half messages)", cliRunner(benchCmd))
 }
 
 // benchHeader is the prefix of every bench record value: the send time in
@@ -88,13 +88,19 @@ type benchConfig struct {
 
 // benchCmd runs "herald bench": producers and consumers against one topic,
 // reporting throughput and produce-to-consume latency. "herald bench rr"
-// runs the request-reply benchmark instead (benchRRCmd).
+// runs the request-reply benchmark instead (benchRRCmd), and "herald bench
+// half" the half-message one (benchHalfCmd).
 func benchCmd(ctx context.Context, args []string, io cliIO) error {
-	if len(args) > 0 && args[0] == "rr" {
-		return benchRRCmd(ctx, args[1:], io)
+	if len(args) > 0 {
+		switch args[0] {
+		case "rr":
+			return benchRRCmd(ctx, args[1:], io)
+		case "half":
+			return benchHalfCmd(ctx, args[1:], io)
+		}
 	}
 	fs, cf := newCLIFlagSet("bench", io.err)
-	benchUsage(fs, "herald bench [flags]\n  (herald bench rr [flags]: the request-reply benchmark)")
+	benchUsage(fs, "herald bench [flags]\n  (herald bench rr [flags]: the request-reply benchmark;\n   herald bench half [flags]: half messages, SendHalf and Commit or check-backs)")
 	bc := benchConfig{cf: cf}
 	fs.IntVar(&bc.producers, "producers", 1, "producers, each with its own connection (0 = consume only: needs --group, --from and --count)")
 	fs.IntVar(&bc.consumers, "consumers", 1, "consumers, each with its own connection (0 = produce only); pull consumers share the partitions, push consumers are members of --group")
@@ -130,8 +136,8 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	switch {
 	case err != nil:
 		return err
-	case len(pos) > 0 && pos[0] == "rr":
-		return usagef("rr comes first: herald bench rr [flags]")
+	case len(pos) > 0 && (pos[0] == "rr" || pos[0] == "half"):
+		return usagef("%s comes first: herald bench %s [flags]", pos[0], pos[0])
 	case len(pos) > 0:
 		return usagef("unexpected argument %q", pos[0])
 	}

@@ -5,11 +5,14 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/heraldmq/herald/broker"
+	"github.com/heraldmq/herald/client"
 )
 
 // startBroker starts a real in-process broker on loopback with a temporary
@@ -26,7 +29,18 @@ func startBroker(t *testing.T) string {
 	return b.ClientAddr()
 }
 
-// benchJSON runs herald bench (args may start with "rr") with --json and
+// dialT dials the broker at addr, closed by t.Cleanup.
+func dialT(t *testing.T, ctx context.Context, addr string) *client.Client {
+	t.Helper()
+	c, err := client.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// benchJSON runs herald bench (args may start with "rr" or "half") with --json and
 // decodes its summary into sum.
 func benchJSON(t *testing.T, ctx context.Context, addr string, sum any, args ...string) {
 	t.Helper()
@@ -40,12 +54,18 @@ func benchJSON(t *testing.T, ctx context.Context, addr string, sum any, args ...
 }
 
 // benchFn returns the command that runs args: benchRRCmd for "rr ...",
-// with "rr" taken off (runCLI puts --addr before the arguments), else
-// benchCmd.
+// benchHalfCmd for "half ...", with the word taken off (runCLI puts --addr
+// before the arguments), else benchCmd.
 func benchFn(args *[]string) func(context.Context, []string, cliIO) error {
-	if len(*args) > 0 && (*args)[0] == "rr" {
-		*args = (*args)[1:]
-		return benchRRCmd
+	if len(*args) > 0 {
+		switch (*args)[0] {
+		case "rr":
+			*args = (*args)[1:]
+			return benchRRCmd
+		case "half":
+			*args = (*args)[1:]
+			return benchHalfCmd
+		}
 	}
 	return benchCmd
 }
@@ -82,16 +102,43 @@ func TestBenchFlags(t *testing.T) {
 		{"rr", "--duration", "0"},
 		{"rr", "--group", ""},
 		{"rr", "extra"},
+		{"--size", "100", "half"}, // half comes first
+		{"half", "--producers", "0"},
+		{"half", "--size", "0"},
+		{"half", "--partitions", "0"},
+		{"half", "--group", ""},
+		{"half", "--duration", "0"},
+		{"half", "--count", "-1"},
+		{"half", "--check", "-1"},
+		{"half", "--check", "10", "--count", "10"},
+		{"half", "--check", "10", "--duration", "1s"},
+		{"half", "--check-after", "50ms"},
+		{"half", "--check-after", "2000h"},
+		{"half", "--max-checks", "-1"},
+		{"half", "--drain-timeout", "1s"}, // needs --check
+		{"half", "--check", "10", "--drain-timeout", "-1s"},
+		{"half", "extra"},
 	} {
 		if _, _, err := runCLI(t, ctx, benchFn(&args), addr, "", args...); !isUsage(err) {
 			t.Errorf("bench %v: %v, want a usage error", args, err)
 		}
 	}
-	for _, args := range [][]string{{"-h"}, {"rr", "-h"}} {
-		_, stderr, err := runCLI(t, ctx, benchFn(&args), addr, "", args...)
-		if !errors.Is(err, errCLIHelp) || !strings.Contains(stderr, "usage: herald bench") || !strings.Contains(stderr, "-concurrency") {
-			t.Errorf("bench %v: %v\n%s", args, err, stderr)
+	for _, c := range []struct{ args []string }{{[]string{"-h"}}, {[]string{"rr", "-h"}}, {[]string{"half", "-h"}}} {
+		args := c.args
+		flag := "-concurrency"
+		if args[0] == "half" {
+			flag = "-check-after"
 		}
+		_, stderr, err := runCLI(t, ctx, benchFn(&args), addr, "", args...)
+		if !errors.Is(err, errCLIHelp) || !strings.Contains(stderr, "usage: herald bench") || !strings.Contains(stderr, flag) {
+			t.Errorf("bench %v: %v\n%s", c.args, err, stderr)
+		}
+	}
+	// herald bench dispatches to the subcommand named first.
+	var stderr strings.Builder
+	if err := benchCmd(ctx, []string{"half", "-h"}, cliIO{in: strings.NewReader(""), out: io.Discard, err: &stderr}); !errors.Is(err, errCLIHelp) ||
+		!strings.Contains(stderr.String(), "usage: herald bench half") {
+		t.Errorf("bench half -h: %v\n%s", err, stderr.String())
 	}
 }
 
@@ -165,6 +212,90 @@ func TestBenchRR(t *testing.T) {
 	}
 	out, _, err := runCLI(t, ctx, benchRRCmd, addr, "", "--duration", "300ms", "--rate", "300", "--report-interval", "100ms", "--topic", "rr2")
 	for _, want := range []string{"calls", "/s  rtt p50", "300 calls/s in total", "(0 errors, 0 responder errors)", "rtt: p50"} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Fatalf("missing %q in\n%s(%v)", want, out, err)
+		}
+	}
+}
+
+func TestBenchHalf(t *testing.T) {
+	addr := startBroker(t)
+	ctx := ctxT(t)
+	var sum benchHalfSummary
+	benchJSON(t, ctx, addr, &sum, "half", "--count", "50", "--producers", "2", "--size", "64", "--partitions", "2")
+	if sum.Mode != "commit" || sum.Stored != 50 || sum.Committed != 50 || sum.SendErrors != 0 || sum.CommitErrors != 0 || sum.FirstError != "" ||
+		sum.Producers != 2 || sum.Partitions != 2 || sum.Topic != "herald-bench-half" || sum.Group != "herald-bench-half" ||
+		sum.CommittedPerSec <= 0 || sum.CommittedMBPerSec <= 0 || sum.Seconds <= 0 {
+		t.Fatalf("commit: %+v", sum)
+	}
+	for _, l := range [][4]float64{
+		{sum.SendP50Ms, sum.SendP90Ms, sum.SendP99Ms, sum.SendMaxMs},
+		{sum.CommitP50Ms, sum.CommitP90Ms, sum.CommitP99Ms, sum.CommitMaxMs},
+		{sum.WholeP50Ms, sum.WholeP90Ms, sum.WholeP99Ms, sum.WholeMaxMs},
+	} {
+		if l[0] <= 0 || l[0] > l[1] || l[1] > l[2] || l[2] > l[3] {
+			t.Fatalf("latency quantiles %v out of order: %+v", l, sum)
+		}
+	}
+	if sum.WholeMaxMs < sum.SendMaxMs || sum.WholeMaxMs < sum.CommitMaxMs || sum.WholeP50Ms < sum.SendP50Ms {
+		t.Fatalf("send and commit take longer than both: %+v", sum)
+	}
+	// Every committed half was appended, once.
+	c := dialT(t, ctx, addr)
+	if hw, err := benchHighWatermarks(ctx, c, "herald-bench-half", 2); err != nil || hw != 50 {
+		t.Fatalf("topic holds %d records (%v), want 50", hw, err)
+	}
+	if _, n, err := c.ListTxn(ctx, "herald-bench-half", 1); err != nil || n != 0 {
+		t.Fatalf("%d halves left pending (%v)", n, err)
+	}
+
+	// The text summary and progress lines, for a duration.
+	out, _, err := runCLI(t, ctx, benchHalfCmd, addr, "", "--duration", "300ms", "--report-interval", "100ms", "--topic", "half2", "--size", "10")
+	for _, want := range []string{"committed ", "/s  send p50", "SendHalf then Commit in a closed loop", "failed: 0 sends, 0 commits",
+		"latency SendHalf: p50", "latency Commit:   p50", "latency both:     p50"} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Fatalf("missing %q in\n%s(%v)", want, out, err)
+		}
+	}
+}
+
+func TestBenchHalfCheck(t *testing.T) {
+	addr := startBroker(t)
+	ctx := ctxT(t)
+	var sum benchHalfSummary
+	benchJSON(t, ctx, addr, &sum, "half", "--check", "50", "--check-after", "300ms", "--producers", "5", "--size", "64", "--topic", "checked")
+	if sum.Mode != "check" || sum.Stored != 50 || sum.Committed != 0 || sum.SendErrors != 0 || sum.FirstError != "" || sum.StoredPerSec <= 0 ||
+		sum.Resolved != 50 || sum.Pending != 0 || sum.Appended != 50 || sum.HalvesChecked != 50 || sum.ChecksReceived < 50 ||
+		sum.CheckSeconds <= 0 || sum.ResolvedPerSec <= 0 || sum.LastCheck < 1 || sum.LastCheck > sum.MaxChecks || sum.MaxChecks != 15 ||
+		sum.SendMaxMs <= 0 || sum.CommitMaxMs != 0 || sum.CheckAfterMs != 300 {
+		t.Fatalf("check: %+v", sum)
+	}
+	// Each half needed as many checks as it got plus those skipped.
+	if sum.ChecksSkipped < 0 || sum.ChecksReceived+sum.ChecksSkipped < int64(sum.LastCheck) {
+		t.Fatalf("check counts: %+v", sum)
+	}
+	c := dialT(t, ctx, addr)
+	if _, n, err := c.ListTxn(ctx, "herald-bench-half", 1); err != nil || n != 0 {
+		t.Fatalf("%d halves left pending (%v)", n, err)
+	}
+	if hw, err := benchHighWatermarks(ctx, c, "checked", 4); err != nil || hw != 50 {
+		t.Fatalf("topic holds %d records (%v), want 50", hw, err)
+	}
+
+	// A group with a half pending from elsewhere is refused: the checker
+	// would resolve it too.
+	if _, err := c.SendHalf(ctx, &client.Message{Topic: "checked", Value: []byte("x")}, client.HalfOptions{ProducerGroup: "busy", CheckInterval: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := runCLI(t, ctx, benchHalfCmd, addr, "", "--check", "5", "--group", "busy", "--report-interval", "0")
+	if err == nil || isUsage(err) || !strings.Contains(err.Error(), "producer group busy has 1 half message pending already") {
+		t.Fatalf("busy group: %v", err)
+	}
+
+	// The text summary.
+	out, _, err := runCLI(t, ctx, benchHalfCmd, addr, "", "--check", "20", "--check-after", "300ms", "--producers", "4", "--group", "text", "--report-interval", "0")
+	for _, want := range []string{"1 checker commits each at its check-back", "stored 20 half messages in", "from the first check-back: ",
+		"checks: ", "received for 20 half messages", "left pending: 0; topic grew by 20 records"} {
 		if err != nil || !strings.Contains(out, want) {
 			t.Fatalf("missing %q in\n%s(%v)", want, out, err)
 		}
