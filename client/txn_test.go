@@ -385,8 +385,9 @@ func TestTxnCheckerAnswers(t *testing.T) {
 	stop()
 }
 
-// At most maxChecksRunning checks run at once; the checks beyond them and
-// a check of a half being checked already are not answered.
+// At most maxChecksRunning checks run at once; the checks beyond them
+// queue and are answered as the running ones finish; a check of a half
+// being checked (or queued) already is not run twice.
 func TestTxnCheckerBounded(t *testing.T) {
 	b := newBroker(t, fakebroker.Topic("t", 1))
 	c := dial(t, b)
@@ -420,19 +421,23 @@ func TestTxnCheckerBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	k := c.checkers["pg"]
+	waitFor(t, 5*time.Second, "the workers started", func() bool { return started.Load() == maxChecksRunning })
 	k.mu.Lock()
-	running := len(k.running)
+	held, workers, queued := len(k.running), k.workers, len(k.queue)
 	k.mu.Unlock()
-	if running != maxChecksRunning {
-		t.Fatalf("%d checks running, want %d", running, maxChecksRunning)
+	if held != maxChecksRunning+4 || workers != maxChecksRunning || queued != 4 {
+		t.Fatalf("%d checks held, %d workers, %d queued; want %d, %d, 4", held, workers, queued, maxChecksRunning+4, maxChecksRunning)
+	}
+	if n := started.Load(); n != maxChecksRunning {
+		t.Fatalf("checker ran %d times before any finished, want %d", n, maxChecksRunning)
 	}
 	close(release)
-	waitFor(t, 5*time.Second, "the answers", func() bool { return len(checkAnswers(b)) == maxChecksRunning })
-	if n := started.Load(); n != maxChecksRunning {
-		t.Fatalf("checker ran %d times, want %d", n, maxChecksRunning)
+	waitFor(t, 5*time.Second, "the answers", func() bool { return len(checkAnswers(b)) == maxChecksRunning+4 })
+	if n := started.Load(); n != maxChecksRunning+4 {
+		t.Fatalf("checker ran %d times, want %d", n, maxChecksRunning+4)
 	}
-	if len(b.Ends()) != maxChecksRunning {
-		t.Fatalf("%d answers sent, want %d", len(b.Ends()), maxChecksRunning)
+	if len(b.Ends()) != maxChecksRunning+4 {
+		t.Fatalf("%d answers sent, want %d", len(b.Ends()), maxChecksRunning+4)
 	}
 }
 

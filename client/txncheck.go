@@ -32,9 +32,12 @@ type HalfCheck struct {
 type TransactionChecker func(ctx context.Context, hc *HalfCheck) HalfAction
 
 const (
-	// maxChecksRunning bounds the checks a checker runs at once; a check
-	// pushed beyond that is not answered (the broker asks again later).
+	// maxChecksRunning bounds the checks a checker runs at once; the
+	// checks pushed meanwhile wait in a queue.
 	maxChecksRunning = 16
+	// maxChecksQueued bounds the checks running and waiting; a check
+	// pushed beyond that is not answered (the broker asks again later).
+	maxChecksQueued = 4096
 	// defaultTxnHeartbeat is how often a producer registers again when
 	// the broker does not say.
 	defaultTxnHeartbeat = 2 * time.Second
@@ -52,7 +55,6 @@ type txnChecker struct {
 
 	ctx    context.Context // ended by stop and by the client's Close
 	cancel context.CancelFunc
-	sem    chan struct{}  // a slot per check running
 	wg     sync.WaitGroup // check goroutines
 	done   chan struct{}  // closed when run returns
 	once   sync.Once
@@ -60,7 +62,9 @@ type txnChecker struct {
 	mu      sync.Mutex
 	stopped bool
 	cn      *conn           // where the last registration succeeded
-	running map[string]bool // ids of the checks running
+	running map[string]bool         // ids of the checks running or queued
+	queue   []*heraldpb.HalfCheck   // checks waiting for a worker
+	workers int                     // goroutines answering checks
 }
 
 // RegisterTransactionChecker registers this client as a live producer of
@@ -72,8 +76,9 @@ type txnChecker struct {
 // The registration is repeated every heartbeat the broker asks for (2 s
 // by default), at once on a new connection after the old one died, and on
 // the new coordinator after it moved. fn runs on its own goroutine for
-// each check, at most 16 at once (a check beyond that is not answered, and
-// the broker asks again later); a panic in fn answers HalfUnknown. Its
+// each check, at most 16 at once; the checks pushed meanwhile queue (4,096
+// at most: a check beyond that is not answered, and the broker asks again
+// later); a panic in fn answers HalfUnknown. Its
 // answer is sent with EndHalfRequest{from_check: true}.
 //
 // stop unregisters (best effort), ends the heartbeats, cancels the
@@ -86,7 +91,7 @@ func (c *Client) RegisterTransactionChecker(ctx context.Context, group string, f
 	if fn == nil {
 		return nil, errors.New("herald: transaction checker: nil function")
 	}
-	k := &txnChecker{c: c, group: group, fn: fn, sem: make(chan struct{}, maxChecksRunning), done: make(chan struct{}), running: map[string]bool{}}
+	k := &txnChecker{c: c, group: group, fn: fn, done: make(chan struct{}), running: map[string]bool{}}
 	k.ctx, k.cancel = context.WithCancel(c.ctx)
 	c.mu.Lock()
 	switch {
@@ -227,35 +232,51 @@ func (k *txnChecker) stop() {
 	})
 }
 
-// check starts a goroutine answering hc, unless the checker is stopped,
-// hc's half is being checked already, or maxChecksRunning checks are
-// running. It runs on a connection's reader goroutine: it never blocks.
+// check hands hc to a worker goroutine (at most maxChecksRunning run; the
+// rest queue), unless the checker is stopped, hc's half is being checked
+// or queued already, or maxChecksQueued are. It runs on a connection's
+// reader goroutine: it never blocks.
 func (k *txnChecker) check(hc *heraldpb.HalfCheck) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.stopped || k.running[hc.GetId()] {
 		return
 	}
-	select {
-	case k.sem <- struct{}{}:
-	default:
-		k.c.cfg.logger.Debug("herald: half check not answered: checks running at the limit", "group", k.group, "id", hc.GetId(), "limit", maxChecksRunning)
+	if len(k.running) >= maxChecksQueued {
+		k.c.cfg.logger.Debug("herald: half check not answered: checks queued at the limit", "group", k.group, "id", hc.GetId(), "limit", maxChecksQueued)
 		return
 	}
 	k.running[hc.GetId()] = true
-	k.wg.Add(1)
-	go k.answer(hc)
+	if k.workers < maxChecksRunning {
+		k.workers++
+		k.wg.Add(1)
+		go k.work(hc)
+		return
+	}
+	k.queue = append(k.queue, hc)
+}
+
+// work answers hc, then the queued checks, until none is left.
+func (k *txnChecker) work(hc *heraldpb.HalfCheck) {
+	defer k.wg.Done()
+	for hc != nil {
+		k.answer(hc)
+		k.mu.Lock()
+		delete(k.running, hc.GetId())
+		hc = nil
+		if len(k.queue) > 0 && !k.stopped {
+			hc = k.queue[0]
+			k.queue[0] = nil
+			k.queue = k.queue[1:]
+		} else {
+			k.workers--
+		}
+		k.mu.Unlock()
+	}
 }
 
 // answer runs the checker on hc and sends its answer to the coordinator.
 func (k *txnChecker) answer(hc *heraldpb.HalfCheck) {
-	defer func() {
-		k.mu.Lock()
-		delete(k.running, hc.GetId())
-		k.mu.Unlock()
-		<-k.sem
-		k.wg.Done()
-	}()
 	action := HalfUnknown
 	if m, err := halfCheckFromWire(hc); err != nil {
 		k.c.cfg.logger.Warn("herald: half check with undecodable records; answering unknown", "group", k.group, "id", hc.GetId(), "err", err)

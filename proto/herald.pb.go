@@ -117,6 +117,17 @@ const (
 	// The half message (transaction) is not pending: unknown id, or already
 	// committed or rolled back. Error.message says which when known.
 	ErrorCode_TXN_NOT_FOUND ErrorCode = 35
+	// A newer session of the transactional id exists (InitProducerId was
+	// called again, or the request's epoch is older than the
+	// transaction's): this producer is a zombie. Not retriable: it must stop.
+	ErrorCode_PRODUCER_FENCED ErrorCode = 36
+	// The coordinator aborted the transaction after its timeout. Not
+	// retriable as is: call InitProducerId again and redo the transaction.
+	ErrorCode_TXN_TIMED_OUT ErrorCode = 37
+	// The request does not fit the transaction's state: an EndTxn with no
+	// transaction open, a transactional produce past the transaction's
+	// limits. The message says which. Not retriable.
+	ErrorCode_INVALID_TXN_STATE ErrorCode = 38
 )
 
 // Enum value maps for ErrorCode.
@@ -158,6 +169,9 @@ var (
 		33: "PARTITION_DAMAGED",
 		34: "NOT_READY",
 		35: "TXN_NOT_FOUND",
+		36: "PRODUCER_FENCED",
+		37: "TXN_TIMED_OUT",
+		38: "INVALID_TXN_STATE",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED": 0,
@@ -196,6 +210,9 @@ var (
 		"PARTITION_DAMAGED":      33,
 		"NOT_READY":              34,
 		"TXN_NOT_FOUND":          35,
+		"PRODUCER_FENCED":        36,
+		"TXN_TIMED_OUT":          37,
+		"INVALID_TXN_STATE":      38,
 	}
 )
 
@@ -808,6 +825,10 @@ type Frame struct {
 	//	*Frame_RegisterProducerResponse
 	//	*Frame_ListTxn
 	//	*Frame_ListTxnResponse
+	//	*Frame_InitProducerId
+	//	*Frame_InitProducerIdResponse
+	//	*Frame_EndTxn
+	//	*Frame_EndTxnResponse
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
@@ -1331,6 +1352,42 @@ func (x *Frame) GetListTxnResponse() *ListTxnResponse {
 	return nil
 }
 
+func (x *Frame) GetInitProducerId() *InitProducerIdRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_InitProducerId); ok {
+			return x.InitProducerId
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetInitProducerIdResponse() *InitProducerIdResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_InitProducerIdResponse); ok {
+			return x.InitProducerIdResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetEndTxn() *EndTxnRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_EndTxn); ok {
+			return x.EndTxn
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetEndTxnResponse() *EndTxnResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_EndTxnResponse); ok {
+			return x.EndTxnResponse
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetDelivery() *Delivery {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Delivery); ok {
@@ -1597,6 +1654,22 @@ type Frame_ListTxnResponse struct {
 	ListTxnResponse *ListTxnResponse `protobuf:"bytes,71,opt,name=list_txn_response,json=listTxnResponse,proto3,oneof"`
 }
 
+type Frame_InitProducerId struct {
+	InitProducerId *InitProducerIdRequest `protobuf:"bytes,72,opt,name=init_producer_id,json=initProducerId,proto3,oneof"`
+}
+
+type Frame_InitProducerIdResponse struct {
+	InitProducerIdResponse *InitProducerIdResponse `protobuf:"bytes,73,opt,name=init_producer_id_response,json=initProducerIdResponse,proto3,oneof"`
+}
+
+type Frame_EndTxn struct {
+	EndTxn *EndTxnRequest `protobuf:"bytes,74,opt,name=end_txn,json=endTxn,proto3,oneof"`
+}
+
+type Frame_EndTxnResponse struct {
+	EndTxnResponse *EndTxnResponse `protobuf:"bytes,75,opt,name=end_txn_response,json=endTxnResponse,proto3,oneof"`
+}
+
 type Frame_Delivery struct {
 	// Server pushes (frame id 0): never requests, never answered.
 	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
@@ -1725,6 +1798,14 @@ func (*Frame_RegisterProducerResponse) isFrame_Body() {}
 func (*Frame_ListTxn) isFrame_Body() {}
 
 func (*Frame_ListTxnResponse) isFrame_Body() {}
+
+func (*Frame_InitProducerId) isFrame_Body() {}
+
+func (*Frame_InitProducerIdResponse) isFrame_Body() {}
+
+func (*Frame_EndTxn) isFrame_Body() {}
+
+func (*Frame_EndTxnResponse) isFrame_Body() {}
 
 func (*Frame_Delivery) isFrame_Body() {}
 
@@ -3142,9 +3223,16 @@ type ProduceRequest struct {
 	// deliver_at_ms / delay_ms if set) or rolls it back. Needs a
 	// producer_group; not idempotent (a retried half is a second half, which
 	// the check-back resolves like the first).
-	Half          *HalfOptions `protobuf:"bytes,14,opt,name=half,proto3" json:"half,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Half *HalfOptions `protobuf:"bytes,14,opt,name=half,proto3" json:"half,omitempty"`
+	// A transactional produce: staged by the transaction coordinator in the
+	// open transaction of this id (producer_id and producer_epoch as
+	// InitProducerId or the last EndTxn gave them; base_sequence counts the
+	// transaction's records from 0, so that a retry is staged once), and
+	// appended to its topic only when EndTxn commits the transaction. Not
+	// with half, delays or acks other than all.
+	TransactionalId string `protobuf:"bytes,15,opt,name=transactional_id,json=transactionalId,proto3" json:"transactional_id,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ProduceRequest) Reset() {
@@ -3273,6 +3361,13 @@ func (x *ProduceRequest) GetHalf() *HalfOptions {
 		return x.Half
 	}
 	return nil
+}
+
+func (x *ProduceRequest) GetTransactionalId() string {
+	if x != nil {
+		return x.TransactionalId
+	}
+	return ""
 }
 
 // How the broker resolves a half message nobody ends.
@@ -6685,8 +6780,11 @@ type ListTxnRequest struct {
 	// Empty: every group.
 	ProducerGroup string `protobuf:"bytes,1,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
 	// Only this one (`herald txn describe ID`).
-	Id            string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
-	Limit         uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	Id    string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Limit uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// List transactions (open or completing) instead of half messages; id
+	// then names a transactional id.
+	Transactions  bool `protobuf:"varint,4,opt,name=transactions,proto3" json:"transactions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6740,6 +6838,13 @@ func (x *ListTxnRequest) GetLimit() uint32 {
 		return x.Limit
 	}
 	return 0
+}
+
+func (x *ListTxnRequest) GetTransactions() bool {
+	if x != nil {
+		return x.Transactions
+	}
+	return false
 }
 
 type HalfInfo struct {
@@ -6880,7 +6985,8 @@ type ListTxnResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Halves []*HalfInfo            `protobuf:"bytes,1,rep,name=halves,proto3" json:"halves,omitempty"`
 	// Pending in all (the list stops at limit).
-	Total         uint32 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	Total         uint32     `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	Transactions  []*TxnInfo `protobuf:"bytes,3,rep,name=transactions,proto3" json:"transactions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6929,6 +7035,384 @@ func (x *ListTxnResponse) GetTotal() uint32 {
 	return 0
 }
 
+func (x *ListTxnResponse) GetTransactions() []*TxnInfo {
+	if x != nil {
+		return x.Transactions
+	}
+	return nil
+}
+
+// Starts a session of a transactional producer: returns the producer id of
+// the transactional id and a new epoch. A transaction the previous session
+// left open is aborted first, and every request of an older epoch is
+// refused from then on with PRODUCER_FENCED (zombie fencing).
+type InitProducerIdRequest struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TransactionalId string                 `protobuf:"bytes,1,opt,name=transactional_id,json=transactionalId,proto3" json:"transactional_id,omitempty"`
+	// Abort a transaction open longer than this. 0: the broker's default
+	// (60 s); at most the broker's maximum.
+	TransactionTimeoutMs uint32 `protobuf:"varint,2,opt,name=transaction_timeout_ms,json=transactionTimeoutMs,proto3" json:"transaction_timeout_ms,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *InitProducerIdRequest) Reset() {
+	*x = InitProducerIdRequest{}
+	mi := &file_herald_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InitProducerIdRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InitProducerIdRequest) ProtoMessage() {}
+
+func (x *InitProducerIdRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InitProducerIdRequest.ProtoReflect.Descriptor instead.
+func (*InitProducerIdRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *InitProducerIdRequest) GetTransactionalId() string {
+	if x != nil {
+		return x.TransactionalId
+	}
+	return ""
+}
+
+func (x *InitProducerIdRequest) GetTransactionTimeoutMs() uint32 {
+	if x != nil {
+		return x.TransactionTimeoutMs
+	}
+	return 0
+}
+
+type InitProducerIdResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProducerId    uint64                 `protobuf:"varint,1,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	ProducerEpoch uint32                 `protobuf:"varint,2,opt,name=producer_epoch,json=producerEpoch,proto3" json:"producer_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InitProducerIdResponse) Reset() {
+	*x = InitProducerIdResponse{}
+	mi := &file_herald_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InitProducerIdResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InitProducerIdResponse) ProtoMessage() {}
+
+func (x *InitProducerIdResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InitProducerIdResponse.ProtoReflect.Descriptor instead.
+func (*InitProducerIdResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *InitProducerIdResponse) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *InitProducerIdResponse) GetProducerEpoch() uint32 {
+	if x != nil {
+		return x.ProducerEpoch
+	}
+	return 0
+}
+
+// Commits or aborts the open transaction of a transactional id. A commit
+// is answered once every staged record is on its topic; the epoch is then
+// bumped, and the producer's next transaction uses next_epoch, so that a
+// delayed or repeated EndTxn of this transaction cannot touch the next.
+type EndTxnRequest struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TransactionalId string                 `protobuf:"bytes,1,opt,name=transactional_id,json=transactionalId,proto3" json:"transactional_id,omitempty"`
+	ProducerId      uint64                 `protobuf:"varint,2,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	ProducerEpoch   uint32                 `protobuf:"varint,3,opt,name=producer_epoch,json=producerEpoch,proto3" json:"producer_epoch,omitempty"`
+	Commit          bool                   `protobuf:"varint,4,opt,name=commit,proto3" json:"commit,omitempty"`
+	// `herald txn abort ID`: abort whatever is open, without the epoch.
+	Manual        bool `protobuf:"varint,5,opt,name=manual,proto3" json:"manual,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndTxnRequest) Reset() {
+	*x = EndTxnRequest{}
+	mi := &file_herald_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndTxnRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndTxnRequest) ProtoMessage() {}
+
+func (x *EndTxnRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndTxnRequest.ProtoReflect.Descriptor instead.
+func (*EndTxnRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *EndTxnRequest) GetTransactionalId() string {
+	if x != nil {
+		return x.TransactionalId
+	}
+	return ""
+}
+
+func (x *EndTxnRequest) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *EndTxnRequest) GetProducerEpoch() uint32 {
+	if x != nil {
+		return x.ProducerEpoch
+	}
+	return 0
+}
+
+func (x *EndTxnRequest) GetCommit() bool {
+	if x != nil {
+		return x.Commit
+	}
+	return false
+}
+
+func (x *EndTxnRequest) GetManual() bool {
+	if x != nil {
+		return x.Manual
+	}
+	return false
+}
+
+type EndTxnResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	NextEpoch uint32                 `protobuf:"varint,1,opt,name=next_epoch,json=nextEpoch,proto3" json:"next_epoch,omitempty"`
+	// What the transaction held.
+	Records    uint32   `protobuf:"varint,2,opt,name=records,proto3" json:"records,omitempty"`
+	Partitions []string `protobuf:"bytes,3,rep,name=partitions,proto3" json:"partitions,omitempty"` // "topic/partition"
+	// Ending the transaction of this epoch again the same way: OK, nothing
+	// done.
+	AlreadyEnded  bool `protobuf:"varint,4,opt,name=already_ended,json=alreadyEnded,proto3" json:"already_ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndTxnResponse) Reset() {
+	*x = EndTxnResponse{}
+	mi := &file_herald_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndTxnResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndTxnResponse) ProtoMessage() {}
+
+func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndTxnResponse.ProtoReflect.Descriptor instead.
+func (*EndTxnResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *EndTxnResponse) GetNextEpoch() uint32 {
+	if x != nil {
+		return x.NextEpoch
+	}
+	return 0
+}
+
+func (x *EndTxnResponse) GetRecords() uint32 {
+	if x != nil {
+		return x.Records
+	}
+	return 0
+}
+
+func (x *EndTxnResponse) GetPartitions() []string {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *EndTxnResponse) GetAlreadyEnded() bool {
+	if x != nil {
+		return x.AlreadyEnded
+	}
+	return false
+}
+
+type TxnInfo struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TransactionalId string                 `protobuf:"bytes,1,opt,name=transactional_id,json=transactionalId,proto3" json:"transactional_id,omitempty"`
+	ProducerId      uint64                 `protobuf:"varint,2,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	ProducerEpoch   uint32                 `protobuf:"varint,3,opt,name=producer_epoch,json=producerEpoch,proto3" json:"producer_epoch,omitempty"`
+	// empty (a session, no transaction open), open, committing, aborting.
+	State         string   `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	Partitions    []string `protobuf:"bytes,5,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	StartedMs     int64    `protobuf:"varint,6,opt,name=started_ms,json=startedMs,proto3" json:"started_ms,omitempty"`
+	Records       uint32   `protobuf:"varint,7,opt,name=records,proto3" json:"records,omitempty"`
+	Bytes         uint64   `protobuf:"varint,8,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	TimeoutMs     uint32   `protobuf:"varint,9,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnInfo) Reset() {
+	*x = TxnInfo{}
+	mi := &file_herald_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnInfo) ProtoMessage() {}
+
+func (x *TxnInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnInfo.ProtoReflect.Descriptor instead.
+func (*TxnInfo) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *TxnInfo) GetTransactionalId() string {
+	if x != nil {
+		return x.TransactionalId
+	}
+	return ""
+}
+
+func (x *TxnInfo) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *TxnInfo) GetProducerEpoch() uint32 {
+	if x != nil {
+		return x.ProducerEpoch
+	}
+	return 0
+}
+
+func (x *TxnInfo) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *TxnInfo) GetPartitions() []string {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *TxnInfo) GetStartedMs() int64 {
+	if x != nil {
+		return x.StartedMs
+	}
+	return 0
+}
+
+func (x *TxnInfo) GetRecords() uint32 {
+	if x != nil {
+		return x.Records
+	}
+	return 0
+}
+
+func (x *TxnInfo) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *TxnInfo) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
 var File_herald_proto protoreflect.FileDescriptor
 
 const file_herald_proto_rawDesc = "" +
@@ -6942,7 +7426,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x06leader\x18\x05 \x01(\rR\x06leader\x12\x1b\n" +
 	"\tlost_from\x18\x06 \x01(\x03R\blostFrom\x12\x17\n" +
 	"\alost_to\x18\a \x01(\x03R\x06lostTo\x12'\n" +
-	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\x84 \n" +
+	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\xae\"\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -7000,7 +7484,11 @@ const file_herald_proto_rawDesc = "" +
 	"\x11register_producer\x18: \x01(\v2\".herald.v1.RegisterProducerRequestH\x00R\x10registerProducer\x12c\n" +
 	"\x1aregister_producer_response\x18; \x01(\v2#.herald.v1.RegisterProducerResponseH\x00R\x18registerProducerResponse\x126\n" +
 	"\blist_txn\x18F \x01(\v2\x19.herald.v1.ListTxnRequestH\x00R\alistTxn\x12H\n" +
-	"\x11list_txn_response\x18G \x01(\v2\x1a.herald.v1.ListTxnResponseH\x00R\x0flistTxnResponse\x121\n" +
+	"\x11list_txn_response\x18G \x01(\v2\x1a.herald.v1.ListTxnResponseH\x00R\x0flistTxnResponse\x12L\n" +
+	"\x10init_producer_id\x18H \x01(\v2 .herald.v1.InitProducerIdRequestH\x00R\x0einitProducerId\x12^\n" +
+	"\x19init_producer_id_response\x18I \x01(\v2!.herald.v1.InitProducerIdResponseH\x00R\x16initProducerIdResponse\x123\n" +
+	"\aend_txn\x18J \x01(\v2\x18.herald.v1.EndTxnRequestH\x00R\x06endTxn\x12E\n" +
+	"\x10end_txn_response\x18K \x01(\v2\x19.herald.v1.EndTxnResponseH\x00R\x0eendTxnResponse\x121\n" +
 	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
@@ -7106,7 +7594,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xe5\x03\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\x90\x04\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -7124,7 +7612,8 @@ const file_herald_proto_rawDesc = "" +
 	"\rnot_before_ms\x18\v \x01(\x03R\vnotBeforeMs\x12\x17\n" +
 	"\ahold_us\x18\f \x01(\rR\x06holdUs\x12\x19\n" +
 	"\bclock_id\x18\r \x01(\x04R\aclockId\x12*\n" +
-	"\x04half\x18\x0e \x01(\v2\x16.herald.v1.HalfOptionsR\x04halfB\f\n" +
+	"\x04half\x18\x0e \x01(\v2\x16.herald.v1.HalfOptionsR\x04half\x12)\n" +
+	"\x10transactional_id\x18\x0f \x01(\tR\x0ftransactionalIdB\f\n" +
 	"\n" +
 	"_partition\"\xc2\x01\n" +
 	"\vHalfOptions\x12%\n" +
@@ -7408,11 +7897,12 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"max_checks\x18\a \x01(\rR\tmaxChecks\x12\x1d\n" +
 	"\n" +
-	"created_ms\x18\b \x01(\x03R\tcreatedMs\"]\n" +
+	"created_ms\x18\b \x01(\x03R\tcreatedMs\"\x81\x01\n" +
 	"\x0eListTxnRequest\x12%\n" +
 	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
-	"\x05limit\x18\x03 \x01(\rR\x05limit\"\xd5\x02\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\"\n" +
+	"\ftransactions\x18\x04 \x01(\bR\ftransactions\"\xd5\x02\n" +
 	"\bHalfInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
 	"\x0eproducer_group\x18\x02 \x01(\tR\rproducerGroup\x12\x14\n" +
@@ -7428,10 +7918,48 @@ const file_herald_proto_rawDesc = "" +
 	"\rdeliver_at_ms\x18\n" +
 	" \x01(\x03R\vdeliverAtMs\x12\x14\n" +
 	"\x05count\x18\v \x01(\rR\x05count\x12\x14\n" +
-	"\x05bytes\x18\f \x01(\rR\x05bytes\"T\n" +
+	"\x05bytes\x18\f \x01(\rR\x05bytes\"\x8c\x01\n" +
 	"\x0fListTxnResponse\x12+\n" +
 	"\x06halves\x18\x01 \x03(\v2\x13.herald.v1.HalfInfoR\x06halves\x12\x14\n" +
-	"\x05total\x18\x02 \x01(\rR\x05total*\x8a\x06\n" +
+	"\x05total\x18\x02 \x01(\rR\x05total\x126\n" +
+	"\ftransactions\x18\x03 \x03(\v2\x12.herald.v1.TxnInfoR\ftransactions\"x\n" +
+	"\x15InitProducerIdRequest\x12)\n" +
+	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x124\n" +
+	"\x16transaction_timeout_ms\x18\x02 \x01(\rR\x14transactionTimeoutMs\"`\n" +
+	"\x16InitProducerIdResponse\x12\x1f\n" +
+	"\vproducer_id\x18\x01 \x01(\x04R\n" +
+	"producerId\x12%\n" +
+	"\x0eproducer_epoch\x18\x02 \x01(\rR\rproducerEpoch\"\xb2\x01\n" +
+	"\rEndTxnRequest\x12)\n" +
+	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x1f\n" +
+	"\vproducer_id\x18\x02 \x01(\x04R\n" +
+	"producerId\x12%\n" +
+	"\x0eproducer_epoch\x18\x03 \x01(\rR\rproducerEpoch\x12\x16\n" +
+	"\x06commit\x18\x04 \x01(\bR\x06commit\x12\x16\n" +
+	"\x06manual\x18\x05 \x01(\bR\x06manual\"\x8e\x01\n" +
+	"\x0eEndTxnResponse\x12\x1d\n" +
+	"\n" +
+	"next_epoch\x18\x01 \x01(\rR\tnextEpoch\x12\x18\n" +
+	"\arecords\x18\x02 \x01(\rR\arecords\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x03 \x03(\tR\n" +
+	"partitions\x12#\n" +
+	"\ralready_ended\x18\x04 \x01(\bR\falreadyEnded\"\xa0\x02\n" +
+	"\aTxnInfo\x12)\n" +
+	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x1f\n" +
+	"\vproducer_id\x18\x02 \x01(\x04R\n" +
+	"producerId\x12%\n" +
+	"\x0eproducer_epoch\x18\x03 \x01(\rR\rproducerEpoch\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x05 \x03(\tR\n" +
+	"partitions\x12\x1d\n" +
+	"\n" +
+	"started_ms\x18\x06 \x01(\x03R\tstartedMs\x12\x18\n" +
+	"\arecords\x18\a \x01(\rR\arecords\x12\x14\n" +
+	"\x05bytes\x18\b \x01(\x04R\x05bytes\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\t \x01(\rR\ttimeoutMs*\xc9\x06\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -7470,7 +7998,10 @@ const file_herald_proto_rawDesc = "" +
 	"\x0fNOT_COORDINATOR\x10 \x12\x15\n" +
 	"\x11PARTITION_DAMAGED\x10!\x12\r\n" +
 	"\tNOT_READY\x10\"\x12\x11\n" +
-	"\rTXN_NOT_FOUND\x10#*4\n" +
+	"\rTXN_NOT_FOUND\x10#\x12\x13\n" +
+	"\x0fPRODUCER_FENCED\x10$\x12\x11\n" +
+	"\rTXN_TIMED_OUT\x10%\x12\x15\n" +
+	"\x11INVALID_TXN_STATE\x10&*4\n" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +
@@ -7519,7 +8050,7 @@ func file_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                   // 0: herald.v1.ErrorCode
 	(Acks)(0),                        // 1: herald.v1.Acks
@@ -7607,111 +8138,121 @@ var file_herald_proto_goTypes = []any{
 	(*ListTxnRequest)(nil),           // 83: herald.v1.ListTxnRequest
 	(*HalfInfo)(nil),                 // 84: herald.v1.HalfInfo
 	(*ListTxnResponse)(nil),          // 85: herald.v1.ListTxnResponse
+	(*InitProducerIdRequest)(nil),    // 86: herald.v1.InitProducerIdRequest
+	(*InitProducerIdResponse)(nil),   // 87: herald.v1.InitProducerIdResponse
+	(*EndTxnRequest)(nil),            // 88: herald.v1.EndTxnRequest
+	(*EndTxnResponse)(nil),           // 89: herald.v1.EndTxnResponse
+	(*TxnInfo)(nil),                  // 90: herald.v1.TxnInfo
 }
 var file_herald_proto_depIdxs = []int32{
-	0,  // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
-	11, // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
-	12, // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
-	17, // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
-	18, // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
-	19, // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
-	20, // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
-	21, // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
-	22, // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
-	26, // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
-	27, // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
-	28, // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
-	29, // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
-	34, // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
-	36, // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
-	37, // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
-	38, // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
-	39, // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
-	40, // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
-	42, // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
-	43, // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
-	44, // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
-	45, // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
-	46, // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
-	47, // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
-	48, // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
-	49, // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
-	50, // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
-	51, // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
-	56, // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
-	58, // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
-	59, // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
-	63, // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
-	64, // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
-	65, // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
-	66, // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
-	67, // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
-	68, // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
-	69, // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
-	71, // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
-	72, // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
-	73, // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
-	75, // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
-	23, // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
-	25, // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
-	76, // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
-	77, // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
-	78, // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
-	79, // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
-	80, // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
-	81, // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
-	83, // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
-	85, // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
-	53, // 53: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	54, // 54: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	70, // 55: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	55, // 56: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	82, // 57: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
-	9,  // 58: herald.v1.Frame.error:type_name -> herald.v1.Error
-	13, // 59: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	14, // 60: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	16, // 61: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	15, // 62: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	13, // 63: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	15, // 64: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	8,  // 65: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
-	24, // 66: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
-	15, // 67: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	15, // 68: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	30, // 69: herald.v1.Record.headers:type_name -> herald.v1.Header
-	31, // 70: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	1,  // 71: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	35, // 72: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
-	2,  // 73: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	33, // 74: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	3,  // 75: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	4,  // 76: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	5,  // 77: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	41, // 78: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	31, // 79: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	52, // 80: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	9,  // 81: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	4,  // 82: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	57, // 83: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	6,  // 84: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	4,  // 85: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	5,  // 86: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	60, // 87: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	61, // 88: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	62, // 89: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	41, // 90: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	62, // 91: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	31, // 92: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	31, // 93: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	31, // 94: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	74, // 95: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	7,  // 96: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
-	84, // 97: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	98, // [98:98] is the sub-list for method output_type
-	98, // [98:98] is the sub-list for method input_type
-	98, // [98:98] is the sub-list for extension type_name
-	98, // [98:98] is the sub-list for extension extendee
-	0,  // [0:98] is the sub-list for field type_name
+	0,   // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
+	11,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
+	12,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
+	17,  // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
+	18,  // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
+	19,  // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
+	20,  // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
+	21,  // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
+	22,  // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
+	26,  // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
+	27,  // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
+	28,  // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
+	29,  // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
+	34,  // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
+	36,  // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
+	37,  // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
+	38,  // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
+	39,  // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
+	40,  // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
+	42,  // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
+	43,  // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
+	44,  // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
+	45,  // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
+	46,  // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
+	47,  // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
+	48,  // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
+	49,  // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
+	50,  // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
+	51,  // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
+	56,  // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
+	58,  // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
+	59,  // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
+	63,  // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
+	64,  // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
+	65,  // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
+	66,  // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
+	67,  // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
+	68,  // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
+	69,  // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
+	71,  // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
+	72,  // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
+	73,  // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
+	75,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
+	23,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
+	25,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
+	76,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
+	77,  // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
+	78,  // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
+	79,  // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
+	80,  // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
+	81,  // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
+	83,  // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
+	85,  // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
+	86,  // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
+	87,  // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
+	88,  // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
+	89,  // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
+	53,  // 57: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	54,  // 58: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	70,  // 59: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	55,  // 60: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	82,  // 61: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
+	9,   // 62: herald.v1.Frame.error:type_name -> herald.v1.Error
+	13,  // 63: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	14,  // 64: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	16,  // 65: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	15,  // 66: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	13,  // 67: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	15,  // 68: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	8,   // 69: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	24,  // 70: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	15,  // 71: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	15,  // 72: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	30,  // 73: herald.v1.Record.headers:type_name -> herald.v1.Header
+	31,  // 74: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	1,   // 75: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	35,  // 76: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
+	2,   // 77: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	33,  // 78: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	3,   // 79: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	4,   // 80: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	5,   // 81: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	41,  // 82: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	31,  // 83: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	52,  // 84: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	9,   // 85: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	4,   // 86: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	57,  // 87: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	6,   // 88: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	4,   // 89: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	5,   // 90: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	60,  // 91: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	61,  // 92: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	62,  // 93: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	41,  // 94: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	62,  // 95: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	31,  // 96: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	31,  // 97: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	31,  // 98: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	74,  // 99: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	7,   // 100: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	84,  // 101: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	90,  // 102: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	103, // [103:103] is the sub-list for method output_type
+	103, // [103:103] is the sub-list for method input_type
+	103, // [103:103] is the sub-list for extension type_name
+	103, // [103:103] is the sub-list for extension extendee
+	0,   // [0:103] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -7772,6 +8313,10 @@ func file_herald_proto_init() {
 		(*Frame_RegisterProducerResponse)(nil),
 		(*Frame_ListTxn)(nil),
 		(*Frame_ListTxnResponse)(nil),
+		(*Frame_InitProducerId)(nil),
+		(*Frame_InitProducerIdResponse)(nil),
+		(*Frame_EndTxn)(nil),
+		(*Frame_EndTxnResponse)(nil),
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),
@@ -7793,7 +8338,7 @@ func file_herald_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   77,
+			NumMessages:   82,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

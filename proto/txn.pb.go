@@ -35,6 +35,10 @@ type TxnEvent struct {
 	//	*TxnEvent_Rollback
 	//	*TxnEvent_Done
 	//	*TxnEvent_Checks
+	//	*TxnEvent_Init
+	//	*TxnEvent_Data
+	//	*TxnEvent_End
+	//	*TxnEvent_Complete
 	Event         isTxnEvent_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -122,6 +126,42 @@ func (x *TxnEvent) GetChecks() *HalfChecks {
 	return nil
 }
 
+func (x *TxnEvent) GetInit() *TxnInit {
+	if x != nil {
+		if x, ok := x.Event.(*TxnEvent_Init); ok {
+			return x.Init
+		}
+	}
+	return nil
+}
+
+func (x *TxnEvent) GetData() *TxnData {
+	if x != nil {
+		if x, ok := x.Event.(*TxnEvent_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *TxnEvent) GetEnd() *TxnEnd {
+	if x != nil {
+		if x, ok := x.Event.(*TxnEvent_End); ok {
+			return x.End
+		}
+	}
+	return nil
+}
+
+func (x *TxnEvent) GetComplete() *TxnComplete {
+	if x != nil {
+		if x, ok := x.Event.(*TxnEvent_Complete); ok {
+			return x.Complete
+		}
+	}
+	return nil
+}
+
 type isTxnEvent_Event interface {
 	isTxnEvent_Event()
 }
@@ -146,6 +186,22 @@ type TxnEvent_Checks struct {
 	Checks *HalfChecks `protobuf:"bytes,5,opt,name=checks,proto3,oneof"`
 }
 
+type TxnEvent_Init struct {
+	Init *TxnInit `protobuf:"bytes,6,opt,name=init,proto3,oneof"`
+}
+
+type TxnEvent_Data struct {
+	Data *TxnData `protobuf:"bytes,7,opt,name=data,proto3,oneof"`
+}
+
+type TxnEvent_End struct {
+	End *TxnEnd `protobuf:"bytes,8,opt,name=end,proto3,oneof"`
+}
+
+type TxnEvent_Complete struct {
+	Complete *TxnComplete `protobuf:"bytes,9,opt,name=complete,proto3,oneof"`
+}
+
 func (*TxnEvent_Half) isTxnEvent_Event() {}
 
 func (*TxnEvent_Commit) isTxnEvent_Event() {}
@@ -155,6 +211,399 @@ func (*TxnEvent_Rollback) isTxnEvent_Event() {}
 func (*TxnEvent_Done) isTxnEvent_Event() {}
 
 func (*TxnEvent_Checks) isTxnEvent_Event() {}
+
+func (*TxnEvent_Init) isTxnEvent_Event() {}
+
+func (*TxnEvent_Data) isTxnEvent_Event() {}
+
+func (*TxnEvent_End) isTxnEvent_Event() {}
+
+func (*TxnEvent_Complete) isTxnEvent_Event() {}
+
+// A session of a transactional producer: its id and the session's first
+// epoch. Requests of older epochs are fenced from here on.
+type TxnInit struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TransactionalId string                 `protobuf:"bytes,1,opt,name=transactional_id,json=transactionalId,proto3" json:"transactional_id,omitempty"`
+	ProducerId      uint64                 `protobuf:"varint,2,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	// The epoch of the session's next transaction.
+	Epoch     uint32 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	TimeoutMs uint32 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// The session's first epoch (0: epoch): requests of older epochs are
+	// fenced. Compaction rewrites a session's state with the two apart.
+	SessionEpoch  uint32 `protobuf:"varint,5,opt,name=session_epoch,json=sessionEpoch,proto3" json:"session_epoch,omitempty"`
+	UsedMs        int64  `protobuf:"varint,6,opt,name=used_ms,json=usedMs,proto3" json:"used_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnInit) Reset() {
+	*x = TxnInit{}
+	mi := &file_txn_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnInit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnInit) ProtoMessage() {}
+
+func (x *TxnInit) ProtoReflect() protoreflect.Message {
+	mi := &file_txn_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnInit.ProtoReflect.Descriptor instead.
+func (*TxnInit) Descriptor() ([]byte, []int) {
+	return file_txn_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TxnInit) GetTransactionalId() string {
+	if x != nil {
+		return x.TransactionalId
+	}
+	return ""
+}
+
+func (x *TxnInit) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *TxnInit) GetEpoch() uint32 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *TxnInit) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *TxnInit) GetSessionEpoch() uint32 {
+	if x != nil {
+		return x.SessionEpoch
+	}
+	return 0
+}
+
+func (x *TxnInit) GetUsedMs() int64 {
+	if x != nil {
+		return x.UsedMs
+	}
+	return 0
+}
+
+// Records staged in the open transaction of epoch.
+type TxnData struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TransactionalId string                 `protobuf:"bytes,1,opt,name=transactional_id,json=transactionalId,proto3" json:"transactional_id,omitempty"`
+	Epoch           uint32                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Topic           string                 `protobuf:"bytes,3,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition       uint32                 `protobuf:"varint,4,opt,name=partition,proto3" json:"partition,omitempty"`
+	BaseSequence    int64                  `protobuf:"varint,5,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
+	Count           uint32                 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	Records         []byte                 `protobuf:"bytes,7,opt,name=records,proto3" json:"records,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TxnData) Reset() {
+	*x = TxnData{}
+	mi := &file_txn_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnData) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnData) ProtoMessage() {}
+
+func (x *TxnData) ProtoReflect() protoreflect.Message {
+	mi := &file_txn_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnData.ProtoReflect.Descriptor instead.
+func (*TxnData) Descriptor() ([]byte, []int) {
+	return file_txn_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TxnData) GetTransactionalId() string {
+	if x != nil {
+		return x.TransactionalId
+	}
+	return ""
+}
+
+func (x *TxnData) GetEpoch() uint32 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *TxnData) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *TxnData) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *TxnData) GetBaseSequence() int64 {
+	if x != nil {
+		return x.BaseSequence
+	}
+	return 0
+}
+
+func (x *TxnData) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *TxnData) GetRecords() []byte {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+// The end of the transaction of epoch: committed (its staged records are
+// appended to their partitions, each record tagged with the transaction's
+// token and its staged batch's ref) or aborted. For a commit, where each
+// partition's log ended, so recovery can tell which appends happened.
+type TxnEnd struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TransactionalId string                 `protobuf:"bytes,1,opt,name=transactional_id,json=transactionalId,proto3" json:"transactional_id,omitempty"`
+	Epoch           uint32                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Commit          bool                   `protobuf:"varint,3,opt,name=commit,proto3" json:"commit,omitempty"`
+	// producer, timeout, fenced (a new session), manual.
+	By            string           `protobuf:"bytes,4,opt,name=by,proto3" json:"by,omitempty"`
+	Token         uint64           `protobuf:"fixed64,5,opt,name=token,proto3" json:"token,omitempty"`
+	From          []*TxnAppendFrom `protobuf:"bytes,6,rep,name=from,proto3" json:"from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnEnd) Reset() {
+	*x = TxnEnd{}
+	mi := &file_txn_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnEnd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnEnd) ProtoMessage() {}
+
+func (x *TxnEnd) ProtoReflect() protoreflect.Message {
+	mi := &file_txn_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnEnd.ProtoReflect.Descriptor instead.
+func (*TxnEnd) Descriptor() ([]byte, []int) {
+	return file_txn_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TxnEnd) GetTransactionalId() string {
+	if x != nil {
+		return x.TransactionalId
+	}
+	return ""
+}
+
+func (x *TxnEnd) GetEpoch() uint32 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *TxnEnd) GetCommit() bool {
+	if x != nil {
+		return x.Commit
+	}
+	return false
+}
+
+func (x *TxnEnd) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *TxnEnd) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *TxnEnd) GetFrom() []*TxnAppendFrom {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+type TxnAppendFrom struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition     uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	Offset        int64                  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnAppendFrom) Reset() {
+	*x = TxnAppendFrom{}
+	mi := &file_txn_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnAppendFrom) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnAppendFrom) ProtoMessage() {}
+
+func (x *TxnAppendFrom) ProtoReflect() protoreflect.Message {
+	mi := &file_txn_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnAppendFrom.ProtoReflect.Descriptor instead.
+func (*TxnAppendFrom) Descriptor() ([]byte, []int) {
+	return file_txn_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TxnAppendFrom) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *TxnAppendFrom) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *TxnAppendFrom) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+// Every record of the committed transaction of epoch is on its topic (or
+// its topic is gone); or, for an abort, written only to close it.
+type TxnComplete struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TransactionalId string                 `protobuf:"bytes,1,opt,name=transactional_id,json=transactionalId,proto3" json:"transactional_id,omitempty"`
+	Epoch           uint32                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TxnComplete) Reset() {
+	*x = TxnComplete{}
+	mi := &file_txn_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnComplete) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnComplete) ProtoMessage() {}
+
+func (x *TxnComplete) ProtoReflect() protoreflect.Message {
+	mi := &file_txn_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnComplete.ProtoReflect.Descriptor instead.
+func (*TxnComplete) Descriptor() ([]byte, []int) {
+	return file_txn_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *TxnComplete) GetTransactionalId() string {
+	if x != nil {
+		return x.TransactionalId
+	}
+	return ""
+}
+
+func (x *TxnComplete) GetEpoch() uint32 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
 
 // A half message, waiting for its outcome.
 type HalfStored struct {
@@ -178,7 +627,7 @@ type HalfStored struct {
 
 func (x *HalfStored) Reset() {
 	*x = HalfStored{}
-	mi := &file_txn_proto_msgTypes[1]
+	mi := &file_txn_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -190,7 +639,7 @@ func (x *HalfStored) String() string {
 func (*HalfStored) ProtoMessage() {}
 
 func (x *HalfStored) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[1]
+	mi := &file_txn_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -203,7 +652,7 @@ func (x *HalfStored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfStored.ProtoReflect.Descriptor instead.
 func (*HalfStored) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{1}
+	return file_txn_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HalfStored) GetProducerGroup() string {
@@ -292,7 +741,7 @@ type HalfCommit struct {
 
 func (x *HalfCommit) Reset() {
 	*x = HalfCommit{}
-	mi := &file_txn_proto_msgTypes[2]
+	mi := &file_txn_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +753,7 @@ func (x *HalfCommit) String() string {
 func (*HalfCommit) ProtoMessage() {}
 
 func (x *HalfCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[2]
+	mi := &file_txn_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +766,7 @@ func (x *HalfCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfCommit.ProtoReflect.Descriptor instead.
 func (*HalfCommit) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{2}
+	return file_txn_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HalfCommit) GetRef() uint64 {
@@ -359,7 +808,7 @@ type HalfRollback struct {
 
 func (x *HalfRollback) Reset() {
 	*x = HalfRollback{}
-	mi := &file_txn_proto_msgTypes[3]
+	mi := &file_txn_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -371,7 +820,7 @@ func (x *HalfRollback) String() string {
 func (*HalfRollback) ProtoMessage() {}
 
 func (x *HalfRollback) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[3]
+	mi := &file_txn_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -384,7 +833,7 @@ func (x *HalfRollback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfRollback.ProtoReflect.Descriptor instead.
 func (*HalfRollback) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{3}
+	return file_txn_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HalfRollback) GetRefs() []uint64 {
@@ -411,7 +860,7 @@ type HalfDone struct {
 
 func (x *HalfDone) Reset() {
 	*x = HalfDone{}
-	mi := &file_txn_proto_msgTypes[4]
+	mi := &file_txn_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -423,7 +872,7 @@ func (x *HalfDone) String() string {
 func (*HalfDone) ProtoMessage() {}
 
 func (x *HalfDone) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[4]
+	mi := &file_txn_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -436,7 +885,7 @@ func (x *HalfDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfDone.ProtoReflect.Descriptor instead.
 func (*HalfDone) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{4}
+	return file_txn_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HalfDone) GetRefs() []uint64 {
@@ -457,7 +906,7 @@ type HalfChecks struct {
 
 func (x *HalfChecks) Reset() {
 	*x = HalfChecks{}
-	mi := &file_txn_proto_msgTypes[5]
+	mi := &file_txn_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +918,7 @@ func (x *HalfChecks) String() string {
 func (*HalfChecks) ProtoMessage() {}
 
 func (x *HalfChecks) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[5]
+	mi := &file_txn_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +931,7 @@ func (x *HalfChecks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfChecks.ProtoReflect.Descriptor instead.
 func (*HalfChecks) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{5}
+	return file_txn_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HalfChecks) GetRefs() []uint64 {
@@ -503,14 +952,49 @@ var File_txn_proto protoreflect.FileDescriptor
 
 const file_txn_proto_rawDesc = "" +
 	"\n" +
-	"\ttxn.proto\x12\therald.v1\x1a\fherald.proto\"\x84\x02\n" +
+	"\ttxn.proto\x12\therald.v1\x1a\fherald.proto\"\xb5\x03\n" +
 	"\bTxnEvent\x12+\n" +
 	"\x04half\x18\x01 \x01(\v2\x15.herald.v1.HalfStoredH\x00R\x04half\x12/\n" +
 	"\x06commit\x18\x02 \x01(\v2\x15.herald.v1.HalfCommitH\x00R\x06commit\x125\n" +
 	"\brollback\x18\x03 \x01(\v2\x17.herald.v1.HalfRollbackH\x00R\brollback\x12)\n" +
 	"\x04done\x18\x04 \x01(\v2\x13.herald.v1.HalfDoneH\x00R\x04done\x12/\n" +
-	"\x06checks\x18\x05 \x01(\v2\x15.herald.v1.HalfChecksH\x00R\x06checksB\a\n" +
-	"\x05event\"\xe8\x02\n" +
+	"\x06checks\x18\x05 \x01(\v2\x15.herald.v1.HalfChecksH\x00R\x06checks\x12(\n" +
+	"\x04init\x18\x06 \x01(\v2\x12.herald.v1.TxnInitH\x00R\x04init\x12(\n" +
+	"\x04data\x18\a \x01(\v2\x12.herald.v1.TxnDataH\x00R\x04data\x12%\n" +
+	"\x03end\x18\b \x01(\v2\x11.herald.v1.TxnEndH\x00R\x03end\x124\n" +
+	"\bcomplete\x18\t \x01(\v2\x16.herald.v1.TxnCompleteH\x00R\bcompleteB\a\n" +
+	"\x05event\"\xc8\x01\n" +
+	"\aTxnInit\x12)\n" +
+	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x1f\n" +
+	"\vproducer_id\x18\x02 \x01(\x04R\n" +
+	"producerId\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\rR\x05epoch\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x04 \x01(\rR\ttimeoutMs\x12#\n" +
+	"\rsession_epoch\x18\x05 \x01(\rR\fsessionEpoch\x12\x17\n" +
+	"\aused_ms\x18\x06 \x01(\x03R\x06usedMs\"\xd3\x01\n" +
+	"\aTxnData\x12)\n" +
+	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\rR\x05epoch\x12\x14\n" +
+	"\x05topic\x18\x03 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x04 \x01(\rR\tpartition\x12#\n" +
+	"\rbase_sequence\x18\x05 \x01(\x03R\fbaseSequence\x12\x14\n" +
+	"\x05count\x18\x06 \x01(\rR\x05count\x12\x18\n" +
+	"\arecords\x18\a \x01(\fR\arecords\"\xb5\x01\n" +
+	"\x06TxnEnd\x12)\n" +
+	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\rR\x05epoch\x12\x16\n" +
+	"\x06commit\x18\x03 \x01(\bR\x06commit\x12\x0e\n" +
+	"\x02by\x18\x04 \x01(\tR\x02by\x12\x14\n" +
+	"\x05token\x18\x05 \x01(\x06R\x05token\x12,\n" +
+	"\x04from\x18\x06 \x03(\v2\x18.herald.v1.TxnAppendFromR\x04from\"[\n" +
+	"\rTxnAppendFrom\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\"N\n" +
+	"\vTxnComplete\x12)\n" +
+	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\rR\x05epoch\"\xe8\x02\n" +
 	"\n" +
 	"HalfStored\x12%\n" +
 	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12\x14\n" +
@@ -555,28 +1039,38 @@ func file_txn_proto_rawDescGZIP() []byte {
 	return file_txn_proto_rawDescData
 }
 
-var file_txn_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_txn_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_txn_proto_goTypes = []any{
 	(*TxnEvent)(nil),         // 0: herald.v1.TxnEvent
-	(*HalfStored)(nil),       // 1: herald.v1.HalfStored
-	(*HalfCommit)(nil),       // 2: herald.v1.HalfCommit
-	(*HalfRollback)(nil),     // 3: herald.v1.HalfRollback
-	(*HalfDone)(nil),         // 4: herald.v1.HalfDone
-	(*HalfChecks)(nil),       // 5: herald.v1.HalfChecks
-	(HalfExhaustedPolicy)(0), // 6: herald.v1.HalfExhaustedPolicy
+	(*TxnInit)(nil),          // 1: herald.v1.TxnInit
+	(*TxnData)(nil),          // 2: herald.v1.TxnData
+	(*TxnEnd)(nil),           // 3: herald.v1.TxnEnd
+	(*TxnAppendFrom)(nil),    // 4: herald.v1.TxnAppendFrom
+	(*TxnComplete)(nil),      // 5: herald.v1.TxnComplete
+	(*HalfStored)(nil),       // 6: herald.v1.HalfStored
+	(*HalfCommit)(nil),       // 7: herald.v1.HalfCommit
+	(*HalfRollback)(nil),     // 8: herald.v1.HalfRollback
+	(*HalfDone)(nil),         // 9: herald.v1.HalfDone
+	(*HalfChecks)(nil),       // 10: herald.v1.HalfChecks
+	(HalfExhaustedPolicy)(0), // 11: herald.v1.HalfExhaustedPolicy
 }
 var file_txn_proto_depIdxs = []int32{
-	1, // 0: herald.v1.TxnEvent.half:type_name -> herald.v1.HalfStored
-	2, // 1: herald.v1.TxnEvent.commit:type_name -> herald.v1.HalfCommit
-	3, // 2: herald.v1.TxnEvent.rollback:type_name -> herald.v1.HalfRollback
-	4, // 3: herald.v1.TxnEvent.done:type_name -> herald.v1.HalfDone
-	5, // 4: herald.v1.TxnEvent.checks:type_name -> herald.v1.HalfChecks
-	6, // 5: herald.v1.HalfStored.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	6,  // 0: herald.v1.TxnEvent.half:type_name -> herald.v1.HalfStored
+	7,  // 1: herald.v1.TxnEvent.commit:type_name -> herald.v1.HalfCommit
+	8,  // 2: herald.v1.TxnEvent.rollback:type_name -> herald.v1.HalfRollback
+	9,  // 3: herald.v1.TxnEvent.done:type_name -> herald.v1.HalfDone
+	10, // 4: herald.v1.TxnEvent.checks:type_name -> herald.v1.HalfChecks
+	1,  // 5: herald.v1.TxnEvent.init:type_name -> herald.v1.TxnInit
+	2,  // 6: herald.v1.TxnEvent.data:type_name -> herald.v1.TxnData
+	3,  // 7: herald.v1.TxnEvent.end:type_name -> herald.v1.TxnEnd
+	5,  // 8: herald.v1.TxnEvent.complete:type_name -> herald.v1.TxnComplete
+	4,  // 9: herald.v1.TxnEnd.from:type_name -> herald.v1.TxnAppendFrom
+	11, // 10: herald.v1.HalfStored.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_txn_proto_init() }
@@ -591,6 +1085,10 @@ func file_txn_proto_init() {
 		(*TxnEvent_Rollback)(nil),
 		(*TxnEvent_Done)(nil),
 		(*TxnEvent_Checks)(nil),
+		(*TxnEvent_Init)(nil),
+		(*TxnEvent_Data)(nil),
+		(*TxnEvent_End)(nil),
+		(*TxnEvent_Complete)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -598,7 +1096,7 @@ func file_txn_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txn_proto_rawDesc), len(file_txn_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
