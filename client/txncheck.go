@@ -61,10 +61,10 @@ type txnChecker struct {
 
 	mu      sync.Mutex
 	stopped bool
-	cn      *conn           // where the last registration succeeded
-	running map[string]bool         // ids of the checks running or queued
-	queue   []*heraldpb.HalfCheck   // checks waiting for a worker
-	workers int                     // goroutines answering checks
+	cn      *conn                 // where the last registration succeeded
+	running map[string]bool       // ids of the checks running or queued
+	queue   []*heraldpb.HalfCheck // checks waiting for a worker
+	workers int                   // goroutines answering checks
 }
 
 // RegisterTransactionChecker registers this client as a live producer of
