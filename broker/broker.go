@@ -472,6 +472,8 @@ func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Ro
 		reflect.TypeOf(&heraldpb.Frame_EndHalf{}):          txns,
 		reflect.TypeOf(&heraldpb.Frame_RegisterProducer{}): txns,
 		reflect.TypeOf(&heraldpb.Frame_ListTxn{}):          txns,
+		reflect.TypeOf(&heraldpb.Frame_InitProducerId{}):   txns,
+		reflect.TypeOf(&heraldpb.Frame_EndTxn{}):           txns,
 	})
 	return router{sys: sys, table: table}
 }

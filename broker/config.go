@@ -77,6 +77,10 @@ type Config struct {
 	TxnCheckInterval time.Duration
 	TxnMaxChecks     int
 	MaxHalfPending   int
+	// TxnTimeout is the default timeout of a transaction (across
+	// partitions); MaxTxnTimeout the largest a producer may ask for.
+	TxnTimeout    time.Duration
+	MaxTxnTimeout time.Duration
 	ShutdownTimeout  time.Duration
 	LogLevel         string
 	// Cluster is the node's cluster address (host:port; empty: a single
@@ -122,7 +126,7 @@ func Default() Config {
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second, GroupIdleStop: consumer.DefaultIdleStop,
 		RetryPolicy: retry.DefaultPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 50 * time.Millisecond,
-		TxnCheckInterval: 6 * time.Second, TxnMaxChecks: 15, MaxHalfPending: 100_000,
+		TxnCheckInterval: 6 * time.Second, TxnMaxChecks: 15, MaxHalfPending: 100_000, TxnTimeout: time.Minute, MaxTxnTimeout: 15 * time.Minute,
 		ShutdownTimeout: 10 * time.Second, LogLevel: "info", ClusterProvider: cluster.ProviderAutomanaged,
 		ReplicaGrace: 5 * time.Minute, ControllerCheckpointRecords: cluster.DefaultCheckpointRecords,
 		ControllerCheckpointBytes: cluster.DefaultCheckpointBytes,
@@ -235,6 +239,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxHalfPending < 1 {
 		bad("max-half-pending", "must be at least 1")
+	}
+	if c.TxnTimeout < 100*time.Millisecond {
+		bad("txn-timeout", "%v is below 100ms", c.TxnTimeout)
+	}
+	if c.MaxTxnTimeout < c.TxnTimeout {
+		bad("max-txn-timeout", "%v is below --txn-timeout %v", c.MaxTxnTimeout, c.TxnTimeout)
 	}
 	if c.AckTimeout < time.Millisecond {
 		bad("ack-timeout", "must be at least 1ms")

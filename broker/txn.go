@@ -18,7 +18,7 @@ func (b *Broker) startTxn(clustered bool, push txn.Pusher) error {
 	b.txnProps = txn.Props(txn.Options{
 		Topics: b.reg, Logger: b.log, Push: push, Now: b.clock.Now,
 		CheckInterval: b.cfg.TxnCheckInterval, MaxChecks: uint32(b.cfg.TxnMaxChecks), MaxPending: b.cfg.MaxHalfPending,
-		MaxDelay: b.cfg.MaxDelay,
+		MaxDelay: b.cfg.MaxDelay, TxnTimeout: b.cfg.TxnTimeout, MaxTxnTimeout: b.cfg.MaxTxnTimeout,
 	})
 	if clustered {
 		return nil
@@ -37,12 +37,13 @@ func (b *Broker) startTxn(clustered bool, push txn.Pusher) error {
 }
 
 // toTxn reports whether f is the transaction coordinator's: a half
-// message, an end, a producer registration or a listing.
+// message or a transactional produce, an end of either, a producer
+// registration or session, or a listing.
 func toTxn(f *heraldpb.Frame) bool {
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_Produce:
-		return b.Produce.GetHalf() != nil
-	case *heraldpb.Frame_EndHalf, *heraldpb.Frame_RegisterProducer, *heraldpb.Frame_ListTxn:
+		return b.Produce.GetHalf() != nil || b.Produce.GetTransactionalId() != ""
+	case *heraldpb.Frame_EndHalf, *heraldpb.Frame_RegisterProducer, *heraldpb.Frame_ListTxn, *heraldpb.Frame_InitProducerId, *heraldpb.Frame_EndTxn:
 		return true
 	}
 	return false

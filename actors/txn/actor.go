@@ -105,6 +105,7 @@ type Coordinator struct {
 	dueTimerGen   uint64
 	pendingChecks map[uint64]uint32 // counts to write (HalfChecks)
 	compactArmed  bool
+	txnSweepArmed bool
 }
 
 type stashed struct {
@@ -128,6 +129,7 @@ type (
 	retryWrite  struct{}
 	loadRetry   struct{}
 	lapseTick   struct{}
+	txnSweep    struct{}
 	retryStep   struct{ fn func() }
 )
 
@@ -167,6 +169,8 @@ func (c *Coordinator) Receive(ctx actor.Context) {
 		c.queue = nil
 		mProducers.Set(0)
 		mHalfPending.Set(0) // the next coordinator, here or elsewhere, counts its own
+		mTxnOpen.Set(0)
+		mTxnIDs.Set(0)
 	case *loadRetry:
 		c.load(ctx)
 	case *retryStep:
@@ -185,6 +189,8 @@ func (c *Coordinator) Receive(ctx actor.Context) {
 		}
 	case *lapseTick:
 		c.lapseProducers(ctx)
+	case *txnSweep:
+		c.sweepTxns(ctx)
 	case *compactTick:
 		c.compactArmed = false
 		c.compact(ctx)
@@ -324,6 +330,7 @@ func (c *Coordinator) onLoaded(ctx actor.Context, fr *heraldpb.FetchResponse) {
 				return true
 			}
 			c.state.apply(uint64(off), ev, c.defaults)
+			c.state.applyTxn(uint64(off), ev, c.nowMs())
 			return true
 		})
 	}
@@ -385,7 +392,9 @@ func (c *Coordinator) finishLoad(ctx actor.Context) {
 		}
 	}
 	mHalfPending.Set(float64(len(c.halves)))
-	c.log.Info("transaction coordinator loaded", "halves", len(c.halves), "records", c.loadRecords,
+	mTxnIDs.Set(float64(len(c.txns)))
+	c.gaugeOpen()
+	c.log.Info("transaction coordinator loaded", "halves", len(c.halves), "transactional_ids", len(c.txns), "records", c.loadRecords,
 		"took", time.Since(c.loadStart).Round(time.Millisecond))
 	q := c.queue
 	c.queue = nil
@@ -395,6 +404,14 @@ func (c *Coordinator) finishLoad(ctx actor.Context) {
 	c.armChecks()
 	c.runDue(ctx)
 	c.armCompact()
+	for _, m := range c.txns {
+		switch m.state {
+		case txnCommitting:
+			c.recoverTxn(ctx, m)
+		case txnOpen:
+			c.armTxnTimeouts()
+		}
+	}
 	c.after(c.o.Heartbeat, &lapseTick{})
 }
 
@@ -512,8 +529,45 @@ func (c *Coordinator) compact(ctx actor.Context) {
 	for ref := range c.halves {
 		cut = min(cut, int64(ref))
 	}
+	for _, m := range c.txns {
+		if len(m.staged) > 0 {
+			cut = min(cut, int64(m.staged[0].ref))
+		}
+	}
 	if cut <= e.Stats[0].StartOffset.Load() {
 		c.armCompact()
+		return
+	}
+	// Sessions whose newest event is below the cut are written again
+	// first (or forgotten, when idle long enough): the cut waits for the
+	// next round.
+	var snaps [][]byte
+	var metas []*txnMeta
+	expire := c.nowMs() - txnIDExpiry.Milliseconds()
+	for id, m := range c.txns {
+		if m.state != txnEmpty || int64(m.lastOff) >= cut {
+			continue
+		}
+		if m.used < expire {
+			delete(c.txns, id)
+			continue
+		}
+		snaps = append(snaps, event(m.snapshotEvent()))
+		metas = append(metas, m)
+	}
+	mTxnIDs.Set(float64(len(c.txns)))
+	if len(snaps) > 0 {
+		c.write(writeOp{events: snaps, done: func(base int64, err *heraldpb.Error) {
+			if err == nil {
+				for i, m := range metas {
+					if m.state == txnEmpty {
+						m.lastOff = uint64(base) + uint64(i)
+					}
+				}
+			}
+			c.armCompact()
+		}})
+		c.flushWrites(ctx)
 		return
 	}
 	ctx.Request(e.Partitions[0], &partition.DeleteBefore{Offset: cut})

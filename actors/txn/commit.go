@@ -110,38 +110,20 @@ func (c *Coordinator) appendHalf(ctx actor.Context, h *half, answer func(int64, 
 			finish(-1, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "half message %d is unreadable: %v", h.ref, aerr))
 			return
 		}
-		backoff := 50 * time.Millisecond
-		var send func()
-		send = func() {
-			e := c.o.Topics.Get(h.topic)
-			if e == nil || int(h.part) >= len(e.Partitions) {
+		c.appendUntilDone(ctx, h.topic, h.part, recs, func(base int64, gone bool) {
+			if gone {
 				c.log.Warn("the topic of a committed half message is gone; dropped", "id", h.ref, "topic", h.topic)
 				c.recordDone(ctx, h, "topic_gone")
 				finish(-1, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q is gone", h.topic))
 				return
 			}
-			c.request(ctx, e.Writer(int(h.part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
-				Topic: h.topic, Partition: &h.part, Acks: heraldpb.Acks_ACKS_ALL, Records: recs,
-			}}}, callTimeout, func(f *heraldpb.Frame) {
-				if pr := f.GetProduceResponse(); pr != nil {
-					mHalfAppended.Inc()
-					if c.o.crashAfterAppend != nil && c.o.crashAfterAppend() {
-						panic("txn: crash after append (test)")
-					}
-					c.recordDone(ctx, h, "")
-					finish(pr.BaseOffset, nil)
-					return
-				}
-				// Committed: it must get there. Retry (a follower's
-				// NOT_LEADER, a busy or electing partition, a full disk)
-				// with backoff, whatever the error.
-				c.log.Warn("appending a committed half message; retrying", "id", h.ref, "topic", h.topic, "partition", h.part,
-					"err", f.GetError().GetMessage(), "in", backoff)
-				c.after(backoff, &retryStep{fn: send})
-				backoff = min(backoff*2, 5*time.Second)
-			})
-		}
-		send()
+			mHalfAppended.Inc()
+			if c.o.crashAfterAppend != nil && c.o.crashAfterAppend() {
+				panic("txn: crash after append (test)")
+			}
+			c.recordDone(ctx, h, "")
+			finish(base, nil)
+		})
 	})
 }
 
@@ -163,8 +145,48 @@ func (c *Coordinator) recordDone(ctx actor.Context, h *half, dropped string) {
 	c.flushWrites(ctx)
 }
 
+// appendUntilDone appends recs (an encoded RecordBatch) to partition part
+// of topic with acks=all, retrying whatever the error (a follower's
+// NOT_LEADER, a busy or electing partition, a full disk) with backoff: a
+// committed append must get there. done gets the offset of its first
+// record, or gone when the topic (or partition) no longer exists.
+func (c *Coordinator) appendUntilDone(ctx actor.Context, topic string, part uint32, recs []byte, done func(base int64, gone bool)) {
+	backoff := 50 * time.Millisecond
+	var send func()
+	send = func() {
+		e := c.o.Topics.Get(topic)
+		if e == nil || int(part) >= len(e.Partitions) {
+			done(-1, true)
+			return
+		}
+		c.request(ctx, e.Writer(int(part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+			Topic: topic, Partition: &part, Acks: heraldpb.Acks_ACKS_ALL, Records: recs,
+		}}}, callTimeout, func(f *heraldpb.Frame) {
+			if pr := f.GetProduceResponse(); pr != nil {
+				done(pr.BaseOffset, false)
+				return
+			}
+			c.log.Warn("appending committed records; retrying", "topic", topic, "partition", part,
+				"err", f.GetError().GetMessage(), "in", backoff)
+			c.after(backoff, &retryStep{fn: send})
+			backoff = min(backoff*2, 5*time.Second)
+		})
+	}
+	send()
+}
+
 // readHalf reads the HalfStored event at ref in __txn.
 func (c *Coordinator) readHalf(ctx actor.Context, ref uint64, fn func(*heraldpb.HalfStored, *heraldpb.Error)) {
+	c.readEvent(ctx, ref, func(ev *heraldpb.TxnEvent, err *heraldpb.Error) {
+		if err == nil && ev.GetHalf() == nil {
+			err = heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "no half message at offset %d of __txn", ref)
+		}
+		fn(ev.GetHalf(), err)
+	})
+}
+
+// readEvent reads the event at ref in __txn.
+func (c *Coordinator) readEvent(ctx actor.Context, ref uint64, fn func(*heraldpb.TxnEvent, *heraldpb.Error)) {
 	e := c.o.Topics.Get(Topic)
 	if e == nil {
 		fn(nil, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "internal topic %s is missing", Topic))
@@ -185,7 +207,7 @@ func (c *Coordinator) readHalf(ctx actor.Context, ref uint64, fn func(*heraldpb.
 				fn(nil, f.GetError())
 				return
 			}
-			var hs *heraldpb.HalfStored
+			var got *heraldpb.TxnEvent
 			for _, b := range fr.Batches {
 				if int64(ref) < b.BaseOffset || int64(ref) >= b.BaseOffset+int64(b.Count) {
 					continue
@@ -195,16 +217,16 @@ func (c *Coordinator) readHalf(ctx actor.Context, ref uint64, fn func(*heraldpb.
 						return true
 					}
 					if ev, err := decodeEvent(rec); err == nil {
-						hs = ev.GetHalf()
+						got = ev
 					}
 					return false
 				})
 			}
-			if hs == nil {
-				fn(nil, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "no half message at offset %d of __txn", ref))
+			if got == nil {
+				fn(nil, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "no readable event at offset %d of __txn", ref))
 				return
 			}
-			fn(hs, nil)
+			fn(got, nil)
 		})
 	}
 	read()
@@ -249,8 +271,17 @@ func (c *Coordinator) recover(ctx actor.Context) {
 			waiting-- // appended again when due; the topic is gone, so it is dropped then
 			continue
 		}
-		c.scanFor(ctx, e, k.part, from[k], want, func(got []*half) {
-			found = append(found, got...)
+		c.scanFor(ctx, e, k.part, from[k], func(rec []byte) bool {
+			if v, ok := heraldpb.RecordHeader(rec, HeaderHalfID); ok {
+				tok, _ := heraldpb.RecordHeader(rec, HeaderTxnToken)
+				key := string(v) + "/" + string(tok)
+				if h, ok := want[key]; ok {
+					found = append(found, h)
+					delete(want, key)
+				}
+			}
+			return len(want) == 0
+		}, func() {
 			if waiting--; waiting == 0 {
 				c.settleRecovered(ctx, found)
 			}
@@ -272,16 +303,16 @@ func (c *Coordinator) settleRecovered(ctx actor.Context, found []*half) {
 	c.finishLoad(ctx)
 }
 
-// scanFor reads partition p of e from offset from to its end, collecting
-// the halves of want (by "id/token") whose records it finds.
-func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, from int64, want map[string]*half, done func([]*half)) {
-	var got []*half
+// scanFor reads partition p of e from offset from to its end, handing
+// each record to visit until visit says it has found all it looks for.
+func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, from int64, visit func(rec []byte) (all bool), done func()) {
 	began := time.Now()
+	all := false
 	var step func(off int64)
 	step = func(off int64) {
 		cur := c.o.Topics.Get(e.Name)
-		if len(want) == 0 || !registry.Same(cur, e) {
-			done(got)
+		if all || !registry.Same(cur, e) {
+			done()
 			return
 		}
 		c.request(ctx, cur.Partitions[p], &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
@@ -300,26 +331,22 @@ func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, fr
 				}
 				c.log.Warn("recovering commits: reading the target partition failed; treating the rest as not appended",
 					"topic", e.Name, "partition", p, "err", f.GetError().GetMessage())
-				done(got)
+				done()
 				return
 			}
 			next := off
 			for _, b := range fr.Batches {
 				next = max(next, b.BaseOffset+int64(b.Count))
-				_ = heraldpb.ForEachRawRecord(b.Records, func(_ int, rec []byte) bool {
-					if v, ok := heraldpb.RecordHeader(rec, HeaderHalfID); ok {
-						tok, _ := heraldpb.RecordHeader(rec, HeaderTxnToken)
-						k := string(v) + "/" + string(tok)
-						if h, ok := want[k]; ok {
-							got = append(got, h)
-							delete(want, k)
-						}
+				_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
+					if b.BaseOffset+int64(i) < off {
+						return true
 					}
-					return true
+					all = all || visit(rec)
+					return !all
 				})
 			}
-			if next == off || next >= fr.HighWatermark {
-				done(got)
+			if all || next == off || next >= fr.HighWatermark {
+				done()
 				return
 			}
 			step(next)

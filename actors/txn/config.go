@@ -53,6 +53,13 @@ type Options struct {
 	// MaxChecksInFlight bounds the check-backs reading their half from
 	// __txn at once; due ones wait for the next tick. Default 256.
 	MaxChecksInFlight int
+	// TxnTimeout is the default transaction timeout (InitProducerId's
+	// transaction_timeout_ms 0); MaxTxnTimeout the largest one allowed.
+	// Defaults 60 s and 15 min. An open transaction older than its timeout
+	// is aborted; TxnSweep is how often they are looked for (default 1 s).
+	TxnTimeout    time.Duration
+	MaxTxnTimeout time.Duration
+	TxnSweep      time.Duration
 	// Now is the clock; nil = time.Now.
 	Now func() time.Time
 
@@ -94,6 +101,16 @@ func (o *Options) ensureDefaults() {
 	}
 	if o.MaxChecksInFlight <= 0 {
 		o.MaxChecksInFlight = 256
+	}
+	if o.TxnTimeout <= 0 {
+		o.TxnTimeout = time.Minute
+	}
+	if o.MaxTxnTimeout <= 0 {
+		o.MaxTxnTimeout = 15 * time.Minute
+	}
+	o.MaxTxnTimeout = max(o.MaxTxnTimeout, o.TxnTimeout)
+	if o.TxnSweep <= 0 {
+		o.TxnSweep = time.Second
 	}
 	if o.Now == nil {
 		o.Now = time.Now

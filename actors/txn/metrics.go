@@ -39,6 +39,34 @@ var (
 		Name: "herald_txn_producers",
 		Help: "Producer registrations (connection and producer group) that check-backs can go to.",
 	})
+	mTxnOpen = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_txn_open",
+		Help: "Transactions open (records staged) or committing.",
+	})
+	mTxnIDs = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_txn_ids",
+		Help: "Transactional ids the coordinator keeps (sessions).",
+	})
+	mTxnEnded = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_txn_ended_total",
+		Help: "Transactions ended, by outcome (commit, abort) and by whom (producer, timeout, fenced: a new session of the id, manual).",
+	}, []string{"outcome", "by"})
+	mTxnStaged = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_txn_staged_records_total",
+		Help: "Records staged in transactions.",
+	})
+	mTxnCommitted = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_txn_committed_records_total",
+		Help: "Records of committed transactions appended to their topics.",
+	})
+	mTxnDropped = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_txn_dropped_total",
+		Help: "Staged batches of committed transactions dropped: their topic is gone, or their record in __txn is unreadable (logged).",
+	})
+	mTxnFenced = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_txn_fenced_total",
+		Help: "Transaction requests refused with PRODUCER_FENCED (a zombie of an older session).",
+	})
 	mWriteQueue = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_txn_write_queue",
 		Help: "Writes waiting for the one in flight to __txn.",

@@ -16,13 +16,25 @@ import (
 func (c *Coordinator) onRequest(ctx actor.Context, f *heraldpb.Frame, to *actor.PID) {
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_Produce:
+		if b.Produce.TransactionalId != "" {
+			c.onTxnProduce(ctx, f, b.Produce, to)
+			return
+		}
 		c.onHalf(ctx, f, b.Produce, to)
 	case *heraldpb.Frame_EndHalf:
 		c.onEnd(ctx, f, b.EndHalf, to)
 	case *heraldpb.Frame_RegisterProducer:
 		c.onRegister(ctx, f, b.RegisterProducer, to)
 	case *heraldpb.Frame_ListTxn:
+		if b.ListTxn.Transactions {
+			c.onListTxns(ctx, f, b.ListTxn, to)
+			return
+		}
 		c.onList(ctx, f, b.ListTxn, to)
+	case *heraldpb.Frame_InitProducerId:
+		c.onInit(ctx, f, b.InitProducerId, to)
+	case *heraldpb.Frame_EndTxn:
+		c.onEndTxn(ctx, f, b.EndTxn, to)
 	default:
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "the transaction coordinator does not handle %T", f.Body)))
 	}

@@ -88,13 +88,14 @@ func (e *ended) add(ref uint64, committed bool) {
 // state is the set of pending halves and the queues of their timers.
 type state struct {
 	halves map[uint64]*half
+	txns   map[string]*txnMeta // transactional ids (txns.go)
 	ended  ended
 	checkQ timeQ // pending halves by next check (stale entries skipped)
 	dueQ   timeQ // committed halves by delivery time
 	rr     uint32
 }
 
-func newState() state { return state{halves: map[uint64]*half{}} }
+func newState() state { return state{halves: map[uint64]*half{}, txns: map[string]*txnMeta{}} }
 
 // apply adds one __txn event, at offset off, to the state. It reports the
 // halves it ended, for the caller's bookkeeping.
@@ -188,36 +189,50 @@ func (st *state) checkHalf(req *heraldpb.ProduceRequest, e *registry.Entry, now 
 		return 0, 0, 0, invalid("delay_ms %d is longer than the broker's max delay %v", req.DelayMs, maxDelay)
 	case req.DeliverAtMs > now.Add(maxDelay).UnixMilli():
 		return 0, 0, 0, invalid("deliver_at_ms %d is more than the broker's max delay %v away", req.DeliverAtMs, maxDelay)
-	case registry.IsInternal(req.Topic):
-		return 0, 0, 0, invalid("topic %q is internal: clients cannot produce to it", req.Topic)
-	case e == nil:
-		return 0, 0, 0, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", req.Topic)
 	}
 	at = req.DeliverAtMs
 	if req.DelayMs != 0 {
 		at = now.UnixMilli() + int64(req.DelayMs)
 	}
+	part, count, err := st.routeBatch(req, e, tagBytes, "half message")
+	return at, part, count, err
+}
+
+// routeBatch checks a produce's batch against its topic (e; nil: none),
+// with tags bytes of headers added to each record when it is appended,
+// and picks its partition: the one named, else its first key's, else the
+// next in round robin. It returns the partition and the record count.
+func (st *state) routeBatch(req *heraldpb.ProduceRequest, e *registry.Entry, tags int, what string) (part uint32, count int, _ *heraldpb.Error) {
+	invalid := func(format string, args ...any) *heraldpb.Error {
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, format, args...)
+	}
+	switch {
+	case registry.IsInternal(req.Topic):
+		return 0, 0, invalid("topic %q is internal: clients cannot produce to it", req.Topic)
+	case e == nil:
+		return 0, 0, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", req.Topic)
+	}
 	info, err := heraldpb.ScanBatch(req.Records)
 	if err != nil {
-		return 0, 0, 0, invalid("%v", err)
+		return 0, 0, invalid("%v", err)
 	}
 	if info.Count == 0 {
-		return 0, 0, 0, invalid("the batch has no records")
+		return 0, 0, invalid("the batch has no records")
 	}
 	limit := int(e.Config.GetMaxMessageBytes())
 	if limit == 0 {
 		limit = 1 << 20
 	}
-	if len(req.Records)+info.Count*tagBytes > limit {
-		return 0, 0, 0, heraldpb.NewError(heraldpb.ErrorCode_MESSAGE_TOO_LARGE,
-			"half message of %d bytes and %d records exceeds max message size %d with the %d bytes of headers each record gets when it is committed",
-			len(req.Records), info.Count, limit, tagBytes)
+	if len(req.Records)+info.Count*tags > limit {
+		return 0, 0, heraldpb.NewError(heraldpb.ErrorCode_MESSAGE_TOO_LARGE,
+			"%s of %d bytes and %d records exceeds max message size %d with the %d bytes of headers each record gets when it is committed",
+			what, len(req.Records), info.Count, limit, tags)
 	}
 	n := uint32(len(e.Partitions))
 	switch {
 	case req.Partition != nil:
 		if *req.Partition >= n {
-			return 0, 0, 0, heraldpb.NewError(heraldpb.ErrorCode_PARTITION_NOT_FOUND,
+			return 0, 0, heraldpb.NewError(heraldpb.ErrorCode_PARTITION_NOT_FOUND,
 				"topic %q has %d partitions; there is no partition %d", req.Topic, n, *req.Partition)
 		}
 		part = *req.Partition
@@ -227,7 +242,7 @@ func (st *state) checkHalf(req *heraldpb.ProduceRequest, e *registry.Entry, now 
 		part = st.rr % n
 		st.rr++
 	}
-	return at, part, info.Count, nil
+	return part, info.Count, nil
 }
 
 // endTarget finds the half an EndHalf names, or says why there is none.

@@ -114,6 +114,12 @@ func settings() []setting {
 		{"max-half-pending", "half (transactional) messages pending at most; more are refused with THROTTLED", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.IntVar(&c.MaxHalfPending, "max-half-pending", d.MaxHalfPending, "")
 		}},
+		{"txn-timeout", "default timeout of a transaction across partitions: one open longer is aborted by the coordinator", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.TxnTimeout, "txn-timeout", d.TxnTimeout, "")
+		}},
+		{"max-txn-timeout", "the longest transaction timeout a producer may ask for", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.DurationVar(&c.MaxTxnTimeout, "max-txn-timeout", d.MaxTxnTimeout, "")
+		}},
 		{"cluster", "this node's cluster address HOST:PORT (node-to-node traffic; empty = a single node)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Cluster, "cluster", d.Cluster, "")
 		}},

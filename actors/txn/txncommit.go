@@ -1,0 +1,227 @@
+package txn
+
+// Committing a transaction: the decision (TxnEnd, commit) is written
+// first, with where each partition's log ended and a random token; then
+// the staged batches are read back from __txn and appended to their
+// partitions, each record tagged with the transactional id, its staged
+// batch's ref and the token; then TxnComplete. After a crash between the
+// two, the next coordinator looks for the token on each partition from
+// the recorded offset and appends only the staged batches not found, so
+// every record of a committed transaction is on its topic once.
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// Headers the coordinator adds to every record of a committed transaction.
+const (
+	HeaderTxnID  = "herald-txn-id"
+	HeaderTxnRef = "herald-txn-ref" // the staged batch's offset in __txn
+)
+
+// commitTxn decides m's transaction committed and appends it; the
+// waiters are answered once it is complete.
+func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
+	epoch := m.epoch
+	if len(m.staged) == 0 {
+		// Nothing staged: the transaction ends here.
+		c.completeTxn(ctx, m, epoch)
+		return
+	}
+	end := &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, Commit: true, By: by, Token: randomToken()}
+	for _, tp := range m.partitions() {
+		off := int64(0)
+		if e := c.o.Topics.Get(tp.topic); e != nil && int(tp.part) < len(e.Stats) {
+			off = e.Stats[tp.part].HighWatermark.Load()
+		}
+		end.From = append(end.From, &heraldpb.TxnAppendFrom{Topic: tp.topic, Partition: tp.part, Offset: off})
+	}
+	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: end}}
+	c.write(writeOp{events: [][]byte{event(ev)}, client: true, done: func(base int64, err *heraldpb.Error) {
+		if err != nil {
+			c.answerWaiters(ctx, m, err)
+			return
+		}
+		if m.epoch != epoch || m.state != txnOpen {
+			c.answerWaiters(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d ended meanwhile", m.id, epoch))
+			return
+		}
+		c.applyTxn(uint64(base), ev, c.nowMs())
+		c.appendTxn(ctx, m, nil)
+	}})
+	c.flushWrites(ctx)
+}
+
+// appendTxn appends the staged batches of committing m that are not in
+// found (refs already on their partitions), partition by partition in
+// parallel, then completes it.
+func (c *Coordinator) appendTxn(ctx actor.Context, m *txnMeta, found map[uint64]bool) {
+	epoch := m.epoch
+	groups := map[topicPart][]staged{}
+	var order []topicPart
+	for _, s := range m.staged {
+		if found[s.ref] {
+			continue
+		}
+		tp := topicPart{s.topic, s.part}
+		if groups[tp] == nil {
+			order = append(order, tp)
+		}
+		groups[tp] = append(groups[tp], s)
+	}
+	waiting := len(order)
+	if waiting == 0 {
+		c.completeTxn(ctx, m, epoch)
+		return
+	}
+	for _, tp := range order {
+		c.appendStaged(ctx, m, tp, groups[tp], func() {
+			if waiting--; waiting == 0 {
+				c.completeTxn(ctx, m, epoch)
+			}
+		})
+	}
+}
+
+// appendStaged appends refs (one partition's staged batches, in order),
+// packed into appends of up to the topic's max message size.
+func (c *Coordinator) appendStaged(ctx actor.Context, m *txnMeta, tp topicPart, refs []staged, done func()) {
+	limit := 1 << 20
+	if e := c.o.Topics.Get(tp.topic); e != nil && e.Config.GetMaxMessageBytes() > 0 {
+		limit = int(e.Config.GetMaxMessageBytes())
+	}
+	token := tokenText(m.token)
+	var chunk []byte
+	i := 0
+	var next func()
+	flush := func(then func()) {
+		recs := chunk
+		chunk = nil
+		c.appendUntilDone(ctx, tp.topic, tp.part, recs, func(_ int64, gone bool) {
+			if gone {
+				c.log.Warn("the topic of a committed transaction is gone; its records there are dropped", "transactional_id", m.id, "topic", tp.topic, "partition", tp.part)
+				mTxnDropped.Inc()
+			}
+			then()
+		})
+	}
+	next = func() {
+		if i == len(refs) {
+			if len(chunk) > 0 {
+				flush(done)
+				return
+			}
+			done()
+			return
+		}
+		s := refs[i]
+		i++
+		c.readEvent(ctx, s.ref, func(ev *heraldpb.TxnEvent, err *heraldpb.Error) {
+			d := ev.GetData()
+			if err != nil || d == nil {
+				c.log.Error("a staged batch of a committed transaction cannot be read from __txn; dropped", "transactional_id", m.id, "ref", s.ref, "err", err.GetMessage())
+				mTxnDropped.Inc()
+				next()
+				return
+			}
+			hdr := heraldpb.EncodeHeaders(nil, [2]string{HeaderTxnID, m.id}, [2]string{HeaderTxnRef, strconv.FormatUint(s.ref, 10)}, [2]string{HeaderTxnToken, token})
+			recs, aerr := heraldpb.AppendBatchWithHeaders(nil, d.Records, hdr)
+			if aerr != nil {
+				c.log.Error("a staged batch of a committed transaction is unreadable; dropped", "transactional_id", m.id, "ref", s.ref, "err", aerr)
+				mTxnDropped.Inc()
+				next()
+				return
+			}
+			if len(chunk) > 0 && len(chunk)+len(recs) > limit {
+				flush(func() {
+					chunk = recs
+					next()
+				})
+				return
+			}
+			chunk = append(chunk, recs...)
+			next()
+		})
+	}
+	next()
+}
+
+// completeTxn records m's transaction of epoch complete and answers the
+// EndTxn requests waiting for it.
+func (c *Coordinator) completeTxn(ctx actor.Context, m *txnMeta, epoch uint32) {
+	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Complete{Complete: &heraldpb.TxnComplete{TransactionalId: m.id, Epoch: epoch}}}
+	recs, parts := m.records(), m.partitions()
+	c.write(writeOp{events: [][]byte{event(ev)}, done: func(base int64, err *heraldpb.Error) {
+		if err != nil {
+			c.log.Warn("recording a committed transaction complete; retrying", "transactional_id", m.id, "err", err.Message)
+			c.after(100*time.Millisecond, &retryStep{fn: func() { c.completeTxn(ctx, m, epoch) }})
+			return
+		}
+		if m.epoch != epoch {
+			return
+		}
+		c.applyTxn(uint64(base), ev, c.nowMs())
+		mTxnEnded.WithLabelValues("commit", m.lastBy).Inc()
+		mTxnCommitted.Add(float64(recs))
+		c.gaugeOpen()
+		ws := m.waiters
+		m.waiters = nil
+		for _, w := range ws {
+			r := &heraldpb.EndTxnResponse{NextEpoch: m.epoch, Records: recs}
+			for _, tp := range parts {
+				r.Partitions = append(r.Partitions, tp.String())
+			}
+			respond(ctx, w.to, &heraldpb.Frame{Id: w.id, Body: &heraldpb.Frame_EndTxnResponse{EndTxnResponse: r}})
+		}
+	}})
+	c.flushWrites(ctx)
+}
+
+// answerWaiters fails the EndTxn requests waiting on m.
+func (c *Coordinator) answerWaiters(ctx actor.Context, m *txnMeta, e *heraldpb.Error) {
+	ws := m.waiters
+	m.waiters = nil
+	for _, w := range ws {
+		respond(ctx, w.to, heraldpb.ErrorFrame(w.id, e))
+	}
+}
+
+// recoverTxn finishes the commit of m found committing at load: each of
+// its partitions is scanned from where its log ended at the decision for
+// records carrying the commit's token, and the staged batches not found
+// are appended.
+func (c *Coordinator) recoverTxn(ctx actor.Context, m *txnMeta) {
+	token := tokenText(m.token)
+	found := map[uint64]bool{}
+	parts := m.partitions()
+	waiting := len(parts)
+	for _, tp := range parts {
+		e := c.o.Topics.Get(tp.topic)
+		if e == nil || int(tp.part) >= len(e.Partitions) {
+			waiting-- // appended again, and dropped then: the topic is gone
+			continue
+		}
+		c.scanFor(ctx, e, tp.part, m.from[tp], func(rec []byte) bool {
+			if tok, ok := heraldpb.RecordHeader(rec, HeaderTxnToken); ok && string(tok) == token {
+				if v, ok := heraldpb.RecordHeader(rec, HeaderTxnRef); ok {
+					if ref, err := strconv.ParseUint(string(v), 10, 64); err == nil {
+						found[ref] = true
+					}
+				}
+			}
+			return false
+		}, func() {
+			if waiting--; waiting == 0 {
+				c.log.Info("finishing a transaction committed before a restart", "transactional_id", m.id, "epoch", m.epoch, "batches_found", len(found), "batches", len(m.staged))
+				c.appendTxn(ctx, m, found)
+			}
+		})
+	}
+	if waiting == 0 {
+		c.appendTxn(ctx, m, found)
+	}
+}

@@ -1,0 +1,592 @@
+package txn
+
+// Transactions across partitions (the Kafka model, staged): a
+// transactional producer's records are staged in __txn, in its open
+// transaction, and appended to their partitions only when it commits, so
+// no consumer can ever read an uncommitted or aborted record. Each
+// transactional id has one session at a time: InitProducerId starts a new
+// one with a higher epoch, aborting what the last one left open, and every
+// request of an older epoch is refused (PRODUCER_FENCED). The epoch also
+// goes up at the end of every transaction, so a delayed or repeated
+// request of an earlier transaction never touches a later one.
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// txnState is where a transactional id's current transaction is.
+type txnState uint8
+
+const (
+	txnEmpty      txnState = iota // no transaction open
+	txnOpen                       // records staged
+	txnCommitting                 // commit decided, appends under way
+)
+
+func (s txnState) String() string {
+	switch s {
+	case txnOpen:
+		return "open"
+	case txnCommitting:
+		return "committing"
+	}
+	return "empty"
+}
+
+// staged is one batch staged in a transaction: its TxnData's offset in
+// __txn and where it goes.
+type staged struct {
+	ref   uint64
+	topic string
+	part  uint32
+	seq   int64
+	count uint32
+	size  uint32
+}
+
+type topicPart struct {
+	topic string
+	part  uint32
+}
+
+func (tp topicPart) String() string { return fmt.Sprintf("%s/%d", tp.topic, tp.part) }
+
+// txnMeta is a transactional id's session and its current transaction.
+type txnMeta struct {
+	id      string
+	pid     uint64
+	session uint32 // the session's first epoch: older ones are fenced
+	epoch   uint32 // the current transaction's epoch
+	timeout time.Duration
+	used    int64  // ms: last request
+	lastOff uint64 // offset of the newest event about it in __txn
+
+	state   txnState
+	started int64 // ms: first staged batch (this coordinator's clock)
+	staged  []staged
+	nextSeq int64 // durable
+	seqs    int64 // staged or being staged
+	bytes   uint64
+
+	// committing
+	token   uint64
+	from    map[topicPart]int64
+	by      string
+	waiters []endWaiter
+
+	// the last transaction ended
+	hasLast    bool
+	lastEpoch  uint32
+	lastCommit bool
+	lastBy     string
+}
+
+type endWaiter struct {
+	to *actor.PID
+	id uint64
+}
+
+// Limits of one transaction.
+const (
+	maxTxnBatches = 65536
+	maxTxnBytes   = 256 << 20
+	// maxTxnIDs bounds the transactional ids the coordinator keeps.
+	maxTxnIDs = 100_000
+	// txnIDExpiry: an id idle this long, with no transaction open, is
+	// forgotten at the next compaction (Kafka's transactional.id
+	// expiration).
+	txnIDExpiry = 7 * 24 * time.Hour
+)
+
+// applyTxn adds one transaction event, at offset off, to the state.
+func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
+	switch e := ev.Event.(type) {
+	case *heraldpb.TxnEvent_Init:
+		in := e.Init
+		m := st.txns[in.TransactionalId]
+		if m == nil {
+			m = &txnMeta{id: in.TransactionalId}
+			st.txns[in.TransactionalId] = m
+		}
+		m.pid, m.epoch, m.session = in.ProducerId, in.Epoch, in.SessionEpoch
+		if m.session == 0 || m.session > m.epoch {
+			m.session = m.epoch
+		}
+		m.timeout = time.Duration(in.TimeoutMs) * time.Millisecond
+		m.used = max(in.UsedMs, m.used)
+		m.resetTxn()
+		m.lastOff = off
+	case *heraldpb.TxnEvent_Data:
+		d := e.Data
+		m := st.txns[d.TransactionalId]
+		if m == nil || d.Epoch != m.epoch || m.state == txnCommitting {
+			return // of a transaction that ended (or of an unknown id): ignored
+		}
+		if m.state == txnEmpty {
+			m.state, m.started = txnOpen, now
+		}
+		m.staged = append(m.staged, staged{ref: off, topic: d.Topic, part: d.Partition, seq: d.BaseSequence, count: d.Count, size: uint32(len(d.Records))})
+		m.nextSeq = d.BaseSequence + int64(d.Count)
+		m.seqs = max(m.seqs, m.nextSeq)
+		m.bytes += uint64(len(d.Records))
+		m.lastOff = off
+	case *heraldpb.TxnEvent_End:
+		en := e.End
+		m := st.txns[en.TransactionalId]
+		if m == nil || en.Epoch != m.epoch {
+			return
+		}
+		m.lastOff = off
+		if en.Commit {
+			m.state, m.token, m.by = txnCommitting, en.Token, en.By
+			m.from = map[topicPart]int64{}
+			for _, f := range en.From {
+				m.from[topicPart{f.Topic, f.Partition}] = f.Offset
+			}
+			return
+		}
+		m.ended(false, en.By)
+	case *heraldpb.TxnEvent_Complete:
+		m := st.txns[e.Complete.TransactionalId]
+		if m == nil || e.Complete.Epoch != m.epoch {
+			return
+		}
+		m.lastOff = off
+		m.ended(true, m.by)
+	}
+}
+
+// ended closes the current transaction and moves to the next epoch.
+func (m *txnMeta) ended(commit bool, by string) {
+	m.hasLast, m.lastEpoch, m.lastCommit, m.lastBy = true, m.epoch, commit, by
+	m.epoch++
+	m.resetTxn()
+}
+
+func (m *txnMeta) resetTxn() {
+	m.state, m.staged, m.nextSeq, m.seqs, m.bytes, m.started = txnEmpty, nil, 0, 0, 0, 0
+	m.token, m.from, m.by = 0, nil, ""
+}
+
+// partitions lists the partitions m's transaction touches, in order.
+func (m *txnMeta) partitions() []topicPart {
+	var out []topicPart
+	seen := map[topicPart]bool{}
+	for _, s := range m.staged {
+		tp := topicPart{s.topic, s.part}
+		if !seen[tp] {
+			seen[tp] = true
+			out = append(out, tp)
+		}
+	}
+	slices.SortFunc(out, func(a, b topicPart) int { return cmp.Or(cmp.Compare(a.topic, b.topic), cmp.Compare(a.part, b.part)) })
+	return out
+}
+
+func (m *txnMeta) records() uint32 {
+	n := uint32(0)
+	for _, s := range m.staged {
+		n += s.count
+	}
+	return n
+}
+
+func (m *txnMeta) info() *heraldpb.TxnInfo {
+	ti := &heraldpb.TxnInfo{TransactionalId: m.id, ProducerId: m.pid, ProducerEpoch: m.epoch, State: m.state.String(),
+		StartedMs: m.started, Records: m.records(), Bytes: m.bytes, TimeoutMs: uint32(m.timeout.Milliseconds())}
+	for _, tp := range m.partitions() {
+		ti.Partitions = append(ti.Partitions, tp.String())
+	}
+	return ti
+}
+
+// checkEpoch checks a request's producer id and epoch against m's
+// session and current transaction. ended reports a request of the
+// transaction that just ended (the caller decides what that means).
+func (m *txnMeta) checkEpoch(pid uint64, epoch uint32) (e *heraldpb.Error, ended bool) {
+	switch {
+	case pid != m.pid || epoch < m.session:
+		return heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED,
+			"transactional id %q: producer %d epoch %d is fenced by a newer session (producer %d, epoch %d)", m.id, pid, epoch, m.pid, m.session), false
+	case epoch > m.epoch:
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE,
+			"transactional id %q: epoch %d is ahead of the coordinator's %d", m.id, epoch, m.epoch), false
+	case epoch < m.epoch:
+		if m.hasLast && m.lastEpoch == epoch {
+			if m.lastBy == "timeout" {
+				return heraldpb.NewError(heraldpb.ErrorCode_TXN_TIMED_OUT,
+					"transactional id %q: the transaction of epoch %d was aborted after its timeout of %v", m.id, epoch, m.timeout), true
+			}
+			return nil, true
+		}
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE,
+			"transactional id %q: the transaction of epoch %d ended; the current epoch is %d", m.id, epoch, m.epoch), false
+	}
+	return nil, false
+}
+
+// ---- requests ----------------------------------------------------------
+
+// txnTimeout resolves a requested transaction timeout.
+func (c *Coordinator) txnTimeout(ms uint32) (time.Duration, *heraldpb.Error) {
+	d := time.Duration(ms) * time.Millisecond
+	if d == 0 {
+		d = c.o.TxnTimeout
+	}
+	if d > c.o.MaxTxnTimeout {
+		return 0, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "transaction_timeout_ms %d is above the broker's maximum %v", ms, c.o.MaxTxnTimeout)
+	}
+	return d, nil
+}
+
+func validTxnID(id string) *heraldpb.Error {
+	if id == "" || len(id) > 255 {
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "transactional_id must be 1 to 255 bytes, not %d", len(id))
+	}
+	return nil
+}
+
+// onInit starts a new session of a transactional id.
+func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.InitProducerIdRequest, to *actor.PID) {
+	if e := validTxnID(req.TransactionalId); e != nil {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
+		return
+	}
+	timeout, e := c.txnTimeout(req.TransactionTimeoutMs)
+	if e != nil {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
+		return
+	}
+	m := c.txns[req.TransactionalId]
+	switch {
+	case m == nil && len(c.txns) >= maxTxnIDs:
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, throttledErr("too many transactional ids")))
+		return
+	case m != nil && m.state == txnCommitting:
+		e := throttledErr(fmt.Sprintf("transactional id %q: the last session's transaction is committing", req.TransactionalId))
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
+		return
+	case c.queued >= c.o.MaxQueued:
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, throttledErr("too many requests waiting for __txn")))
+		return
+	}
+	var events []*heraldpb.TxnEvent
+	pid, epoch := randomToken()>>1, uint32(0)
+	if m != nil {
+		pid, epoch = m.pid, m.epoch
+		if m.state == txnOpen {
+			// The last session's transaction: aborted, and fenced.
+			events = append(events, &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{
+				TransactionalId: m.id, Epoch: m.epoch, By: "fenced"}}})
+			epoch++
+		}
+		epoch++ // the new session's: every request of the old one is fenced
+		if epoch >= 1<<31 {
+			pid, epoch = randomToken()>>1, 0 // a new producer id rather than an epoch that wraps
+		}
+	}
+	init := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Init{Init: &heraldpb.TxnInit{
+		TransactionalId: req.TransactionalId, ProducerId: pid, Epoch: epoch, SessionEpoch: epoch,
+		TimeoutMs: uint32(timeout.Milliseconds()), UsedMs: c.nowMs(),
+	}}}
+	events = append(events, init)
+	raw := make([][]byte, len(events))
+	for i, ev := range events {
+		raw[i] = event(ev)
+	}
+	c.write(writeOp{events: raw, client: true, done: func(base int64, err *heraldpb.Error) {
+		if err != nil {
+			respond(ctx, to, heraldpb.ErrorFrame(f.Id, err))
+			return
+		}
+		for i, ev := range events {
+			if ev.GetEnd() != nil {
+				mTxnEnded.WithLabelValues("abort", "fenced").Inc()
+			}
+			c.applyTxn(uint64(base)+uint64(i), ev, c.nowMs())
+		}
+		mTxnIDs.Set(float64(len(c.txns)))
+		c.gaugeOpen()
+		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_InitProducerIdResponse{InitProducerIdResponse: &heraldpb.InitProducerIdResponse{
+			ProducerId: pid, ProducerEpoch: epoch,
+		}}})
+	}})
+	c.flushWrites(ctx)
+}
+
+// onTxnProduce stages a transactional produce.
+func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.ProduceRequest, to *actor.PID) {
+	fail := func(e *heraldpb.Error) { respond(ctx, to, heraldpb.ErrorFrame(f.Id, e)) }
+	invalid := func(format string, args ...any) {
+		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, format, args...))
+	}
+	switch {
+	case req.Half != nil, req.DelayMs != 0, req.DeliverAtMs != 0:
+		invalid("a transactional produce cannot be a half or a delayed message")
+		return
+	case req.Acks != heraldpb.Acks_ACKS_ALL:
+		invalid("a transactional produce needs acks=all")
+		return
+	case req.BaseSequence < 0:
+		invalid("base_sequence %d is negative", req.BaseSequence)
+		return
+	}
+	m := c.txns[req.TransactionalId]
+	if m == nil {
+		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q has no session: call InitProducerId first", req.TransactionalId))
+		return
+	}
+	if e, ended := m.checkEpoch(req.ProducerId, req.ProducerEpoch); e != nil || ended {
+		if e.GetCode() == heraldpb.ErrorCode_PRODUCER_FENCED {
+			mTxnFenced.Inc()
+		}
+		if e == nil {
+			e = heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d has ended", m.id, req.ProducerEpoch)
+		}
+		fail(e)
+		return
+	}
+	if m.state == txnCommitting {
+		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d is committing", m.id, m.epoch))
+		return
+	}
+	part, n, e := c.routeBatch(req, c.o.Topics.Get(req.Topic), txnTagBytes, "transactional batch")
+	if e != nil {
+		fail(e)
+		return
+	}
+	// Sequences: a retry of a staged batch is answered again; a batch
+	// still being staged is waited for by the client's retry.
+	switch {
+	case req.BaseSequence < m.nextSeq:
+		for _, s := range m.staged {
+			if s.seq == req.BaseSequence && s.count == uint32(n) {
+				respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
+					Partition: s.part, BaseOffset: -1, Count: s.count, Duplicate: true,
+				}}})
+				return
+			}
+		}
+		fail(heraldpb.NewError(heraldpb.ErrorCode_OUT_OF_ORDER_SEQUENCE, "transactional id %q: sequence %d overlaps the staged records (next %d)", m.id, req.BaseSequence, m.nextSeq))
+		return
+	case req.BaseSequence < m.seqs:
+		fail(throttledErr("the batch is being staged"))
+		return
+	case req.BaseSequence > m.seqs:
+		fail(heraldpb.NewError(heraldpb.ErrorCode_OUT_OF_ORDER_SEQUENCE, "transactional id %q: sequence %d, expected %d", m.id, req.BaseSequence, m.seqs))
+		return
+	case len(m.staged) >= maxTxnBatches || m.bytes+uint64(len(req.Records)) > maxTxnBytes:
+		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction holds %d batches and %d bytes, at its limit (%d batches, %d bytes)",
+			m.id, len(m.staged), m.bytes, maxTxnBatches, maxTxnBytes))
+		return
+	case c.queued >= c.o.MaxQueued:
+		fail(throttledErr("too many requests waiting for __txn"))
+		return
+	}
+	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Data{Data: &heraldpb.TxnData{
+		TransactionalId: m.id, Epoch: m.epoch, Topic: req.Topic, Partition: part, BaseSequence: req.BaseSequence, Count: uint32(n), Records: req.Records,
+	}}}
+	m.seqs = req.BaseSequence + int64(n)
+	epoch := m.epoch
+	c.write(writeOp{events: [][]byte{event(ev)}, client: true, done: func(base int64, err *heraldpb.Error) {
+		if err != nil {
+			if m.epoch == epoch {
+				m.seqs = m.nextSeq // not staged: the retry stages it
+			}
+			fail(err)
+			return
+		}
+		c.applyTxn(uint64(base), ev, c.nowMs())
+		m.used = c.nowMs()
+		if m.epoch != epoch || m.nextSeq != req.BaseSequence+int64(n) {
+			// The transaction ended while this was written: not staged.
+			fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d ended", m.id, epoch))
+			return
+		}
+		c.armTxnTimeouts()
+		c.gaugeOpen()
+		mTxnStaged.Add(float64(n))
+		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
+			Partition: part, BaseOffset: -1, Count: uint32(n), AppendTimeMs: c.nowMs(),
+		}}})
+	}})
+	c.flushWrites(ctx)
+}
+
+// txnTagBytes bounds the headers a committed transaction's records get
+// (herald-txn-id with an id of up to 255 bytes, herald-txn-ref and
+// herald-txn-token with their values).
+const txnTagBytes = 384
+
+// onEndTxn commits or aborts a transaction.
+func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.EndTxnRequest, to *actor.PID) {
+	fail := func(e *heraldpb.Error) { respond(ctx, to, heraldpb.ErrorFrame(f.Id, e)) }
+	m := c.txns[req.TransactionalId]
+	if m == nil {
+		fail(heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q is not known", req.TransactionalId))
+		return
+	}
+	answer := func(already bool, recs uint32, parts []topicPart) {
+		r := &heraldpb.EndTxnResponse{NextEpoch: m.epoch, Records: recs, AlreadyEnded: already}
+		for _, tp := range parts {
+			r.Partitions = append(r.Partitions, tp.String())
+		}
+		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_EndTxnResponse{EndTxnResponse: r}})
+	}
+	if req.Manual {
+		switch m.state {
+		case txnEmpty:
+			fail(heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q has no transaction open", m.id))
+		case txnCommitting:
+			fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d is committing", m.id, m.epoch))
+		default:
+			c.abortTxn(ctx, m, "manual", func(err *heraldpb.Error, recs uint32, parts []topicPart) {
+				if err != nil {
+					fail(err)
+					return
+				}
+				answer(false, recs, parts)
+			})
+		}
+		return
+	}
+	e, ended := m.checkEpoch(req.ProducerId, req.ProducerEpoch)
+	switch {
+	case e != nil:
+		if e.Code == heraldpb.ErrorCode_PRODUCER_FENCED {
+			mTxnFenced.Inc()
+		}
+		fail(e)
+		return
+	case ended:
+		if m.lastCommit != req.Commit {
+			fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d was already %s", m.id, req.ProducerEpoch, map[bool]string{true: "committed", false: "aborted"}[m.lastCommit]))
+			return
+		}
+		answer(true, 0, nil)
+		return
+	}
+	m.used = c.nowMs()
+	switch {
+	case m.state == txnCommitting:
+		if !req.Commit {
+			fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d is committing", m.id, m.epoch))
+			return
+		}
+		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id})
+	case m.seqs != m.nextSeq:
+		fail(throttledErr("a batch of the transaction is still being staged"))
+	case !req.Commit:
+		c.abortTxn(ctx, m, "producer", func(err *heraldpb.Error, recs uint32, parts []topicPart) {
+			if err != nil {
+				fail(err)
+				return
+			}
+			answer(false, recs, parts)
+		})
+	default:
+		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id})
+		c.commitTxn(ctx, m, "producer")
+	}
+}
+
+// abortTxn aborts m's transaction (or, with nothing staged, just ends
+// it): once durable, its staged records are forgotten and the epoch moves
+// on.
+func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done func(*heraldpb.Error, uint32, []topicPart)) {
+	epoch, recs, parts := m.epoch, m.records(), m.partitions()
+	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, By: by}}}
+	c.write(writeOp{events: [][]byte{event(ev)}, client: done != nil, done: func(base int64, err *heraldpb.Error) {
+		if err == nil && m.epoch == epoch && m.state != txnCommitting {
+			c.applyTxn(uint64(base), ev, c.nowMs())
+			mTxnEnded.WithLabelValues("abort", by).Inc()
+			c.gaugeOpen()
+		}
+		if done != nil {
+			done(err, recs, parts)
+		}
+	}})
+	c.flushWrites(ctx)
+}
+
+// gaugeOpen sets the open-transactions gauge.
+func (c *Coordinator) gaugeOpen() {
+	n := 0
+	for _, m := range c.txns {
+		if m.state != txnEmpty {
+			n++
+		}
+	}
+	mTxnOpen.Set(float64(n))
+}
+
+// armTxnTimeouts arms the timeout sweep while transactions are open.
+func (c *Coordinator) armTxnTimeouts() {
+	if !c.txnSweepArmed {
+		c.txnSweepArmed = true
+		c.after(c.o.TxnSweep, &txnSweep{})
+	}
+}
+
+// sweepTxns aborts the transactions open longer than their timeout.
+func (c *Coordinator) sweepTxns(ctx actor.Context) {
+	c.txnSweepArmed = false
+	now := c.nowMs()
+	open := false
+	for _, m := range c.txns {
+		if m.state != txnOpen {
+			continue
+		}
+		open = true
+		if now-m.started > m.timeout.Milliseconds() {
+			c.log.Warn("aborting a transaction open longer than its timeout", "transactional_id", m.id, "epoch", m.epoch, "timeout", m.timeout)
+			c.abortTxn(ctx, m, "timeout", nil)
+		}
+	}
+	if open {
+		c.armTxnTimeouts()
+	}
+}
+
+// onListTxns lists the transactional ids (one, with req.id), open ones
+// first.
+func (c *Coordinator) onListTxns(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.ListTxnRequest, to *actor.PID) {
+	var all []*txnMeta
+	for _, m := range c.txns {
+		if req.Id == "" || m.id == req.Id {
+			all = append(all, m)
+		}
+	}
+	if req.Id != "" && len(all) == 0 {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q is not known", req.Id)))
+		return
+	}
+	slices.SortFunc(all, func(a, b *txnMeta) int {
+		return cmp.Or(cmp.Compare(b.state, a.state), cmp.Compare(a.started, b.started), cmp.Compare(a.id, b.id))
+	})
+	limit := int(req.Limit)
+	if limit == 0 {
+		limit = 100
+	}
+	limit = min(limit, 10000)
+	resp := &heraldpb.ListTxnResponse{Total: uint32(len(all))}
+	for _, m := range all[:min(limit, len(all))] {
+		resp.Transactions = append(resp.Transactions, m.info())
+	}
+	respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListTxnResponse{ListTxnResponse: resp}})
+}
+
+// snapshotEvent is a session's state as one TxnInit, written by
+// compaction when the session's newest event is about to be removed.
+func (m *txnMeta) snapshotEvent() *heraldpb.TxnEvent {
+	return &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Init{Init: &heraldpb.TxnInit{
+		TransactionalId: m.id, ProducerId: m.pid, Epoch: m.epoch, SessionEpoch: m.session,
+		TimeoutMs: uint32(m.timeout.Milliseconds()), UsedMs: m.used,
+	}}}
+}
