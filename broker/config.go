@@ -79,10 +79,10 @@ type Config struct {
 	MaxHalfPending   int
 	// TxnTimeout is the default timeout of a transaction (across
 	// partitions); MaxTxnTimeout the largest a producer may ask for.
-	TxnTimeout    time.Duration
-	MaxTxnTimeout time.Duration
-	ShutdownTimeout  time.Duration
-	LogLevel         string
+	TxnTimeout      time.Duration
+	MaxTxnTimeout   time.Duration
+	ShutdownTimeout time.Duration
+	LogLevel        string
 	// Cluster is the node's cluster address (host:port; empty: a single
 	// node); ClusterHealth its membership health endpoint (empty: the
 	// cluster port + 1); Peers the cluster's nodes as ID@HOST:PORT,...;

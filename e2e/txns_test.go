@@ -199,7 +199,7 @@ func TestTxnTimeout(t *testing.T) {
 // stop: each transaction stages 4 records over the topic's partitions and
 // commits. It returns, per transaction ("w1-t7"), whether its commit was
 // answered, and every value staged.
-func runTxnLoad(t *testing.T, n node, parts uint32, workers int, stop <-chan struct{}) (func() (committed map[string]bool, txnOf map[string]string)) {
+func runTxnLoad(t *testing.T, n node, parts uint32, workers int, stop <-chan struct{}) func() (committed map[string]bool, txnOf map[string]string) {
 	var mu sync.Mutex
 	committed := map[string]bool{}
 	txnOf := map[string]string{}
