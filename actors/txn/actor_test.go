@@ -188,7 +188,8 @@ func TestReloadAndCompact(t *testing.T) {
 }
 
 // FuzzDecodeEvent: any bytes as a __txn record decode or fail, never
-// panic; what decodes applies to a state without panicking.
+// panic; what decodes applies (three times over, as a replay would) to a
+// state holding a half and a session without panicking.
 func FuzzDecodeEvent(f *testing.F) {
 	for _, ev := range []*heraldpb.TxnEvent{
 		{Event: &heraldpb.TxnEvent_Half{Half: &heraldpb.HalfStored{ProducerGroup: "g", Topic: "t", Count: 1, Records: []byte{10, 3, 18, 1, 'x'}}}},
@@ -209,7 +210,13 @@ func FuzzDecodeEvent(f *testing.F) {
 		st := newState()
 		def := func(*heraldpb.HalfStored) (time.Duration, uint32, bool) { return time.Second, 2, true }
 		st.apply(0, &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Half{Half: &heraldpb.HalfStored{}}}, def)
-		st.apply(1, ev, def)
-		st.apply(2, ev, def)
+		st.applyTxn(0, &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Init{Init: &heraldpb.TxnInit{TransactionalId: "t1", Epoch: 3}}}, 0)
+		for off := uint64(1); off < 4; off++ {
+			st.apply(off, ev, def)
+			st.applyTxn(off, ev, 0)
+		}
+		for _, m := range st.txns {
+			_ = m.info()
+		}
 	})
 }
