@@ -1,0 +1,82 @@
+package txn
+
+import (
+	"testing"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// The session state machine, applied from events as a load would: epochs
+// move at every end, and checkEpoch tells a fenced zombie, a request of
+// the transaction that just ended (and how it ended), and one of a
+// transaction long gone apart.
+func TestTxnEpochs(t *testing.T) {
+	st := newState()
+	off := uint64(0)
+	apply := func(ev *heraldpb.TxnEvent) {
+		st.applyTxn(off, ev, 1000)
+		off++
+	}
+	apply(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Init{Init: &heraldpb.TxnInit{TransactionalId: "a", ProducerId: 7, Epoch: 0, TimeoutMs: 1000}}})
+	m := st.txns["a"]
+	data := func(seq int64) *heraldpb.TxnEvent {
+		return &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Data{Data: &heraldpb.TxnData{TransactionalId: "a", Epoch: m.epoch, Topic: "t", BaseSequence: seq, Count: 2, Records: []byte{1, 2}}}}
+	}
+	apply(data(0))
+	apply(data(2))
+	if m.state != txnOpen || len(m.staged) != 2 || m.nextSeq != 4 || m.records() != 4 {
+		t.Fatalf("after staging: %+v", m)
+	}
+	// Committed: decided, then complete.
+	apply(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{TransactionalId: "a", Epoch: 0, Commit: true, Token: 5}}})
+	if m.state != txnCommitting || m.epoch != 0 {
+		t.Fatalf("after the decision: %+v", m)
+	}
+	apply(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Complete{Complete: &heraldpb.TxnComplete{TransactionalId: "a", Epoch: 0}}})
+	if m.state != txnEmpty || m.epoch != 1 || !m.hasLast || !m.lastCommit || m.lastEpoch != 0 {
+		t.Fatalf("after the commit: %+v", m)
+	}
+	// A delayed data event of epoch 0 is ignored.
+	apply(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Data{Data: &heraldpb.TxnData{TransactionalId: "a", Epoch: 0, Topic: "t", Count: 1}}})
+	if len(m.staged) != 0 {
+		t.Fatalf("a stale data event was staged: %+v", m)
+	}
+	for _, c := range []struct {
+		pid   uint64
+		epoch uint32
+		code  heraldpb.ErrorCode
+		ended bool
+	}{
+		{7, 1, 0, false}, // the open (next) transaction
+		{7, 0, 0, true},  // the one that just ended
+		{7, 2, heraldpb.ErrorCode_INVALID_TXN_STATE, false},
+		{8, 1, heraldpb.ErrorCode_PRODUCER_FENCED, false},
+	} {
+		e, ended := m.checkEpoch(c.pid, c.epoch)
+		if e.GetCode() != c.code || ended != c.ended {
+			t.Errorf("pid %d epoch %d: %v ended %v, want %v %v", c.pid, c.epoch, e, ended, c.code, c.ended)
+		}
+	}
+	// Aborted by its timeout: its requests get TXN_TIMED_OUT.
+	apply(data(0))
+	apply(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{TransactionalId: "a", Epoch: 1, By: "timeout"}}})
+	if e, _ := m.checkEpoch(7, 1); e.GetCode() != heraldpb.ErrorCode_TXN_TIMED_OUT {
+		t.Fatalf("a request of the timed-out transaction: %v", e)
+	}
+	if e, _ := m.checkEpoch(7, 0); e.GetCode() != heraldpb.ErrorCode_INVALID_TXN_STATE {
+		t.Fatalf("a request of a transaction long gone: %v", e)
+	}
+	// A new session fences every older epoch.
+	apply(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Init{Init: &heraldpb.TxnInit{TransactionalId: "a", ProducerId: 7, Epoch: 3, SessionEpoch: 3}}})
+	if e, _ := m.checkEpoch(7, 2); e.GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
+		t.Fatalf("the old session's epoch after a new session: %v", e)
+	}
+	// Compaction's snapshot keeps the session apart from the epoch.
+	m.epoch = 5
+	snap := m.snapshotEvent()
+	st2 := newState()
+	st2.applyTxn(0, snap, 0)
+	if m2 := st2.txns["a"]; m2.session != 3 || m2.epoch != 5 || m2.pid != 7 {
+		t.Fatalf("snapshot applied: %+v", m2)
+	}
+}
