@@ -103,6 +103,7 @@ func Check(ops []history.Op, opts Options) Report {
 	c.checkDLQ()
 	c.checkReplies()
 	c.checkHalves()
+	c.checkTxns()
 	c.checkAvailability()
 	return *c.r
 }
@@ -155,7 +156,7 @@ func newChecker(ops []history.Op, opts Options) *checker {
 	c.pair()
 	c.produces = map[string][]int{}
 	for i, op := range ops {
-		if (op.F == history.Produce || op.F == history.HalfSend) && op.Value != "" {
+		if (op.F == history.Produce || op.F == history.HalfSend || op.F == history.TxnSend) && op.Value != "" {
 			c.produces[op.Value] = append(c.produces[op.Value], i)
 		}
 	}

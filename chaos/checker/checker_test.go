@@ -57,6 +57,24 @@ func (h *hist) half(value, outcome string, t history.Type) *hist {
 	return h.add(o)
 }
 
+// txn is a transaction to topic "txns": its values staged (ok), then, if
+// outcome is set, its end completing with type t.
+func (h *hist) txn(id, outcome string, t history.Type, values ...string) *hist {
+	for _, v := range values {
+		o := op{Process: "txn-0", Type: invoke, F: history.TxnSend, Topic: "txns", Value: v, RequestID: id, Idempotent: true}
+		h.add(o)
+		o.Type = ok
+		h.add(o)
+	}
+	if outcome == "" {
+		return h
+	}
+	e := op{Process: "txn-0", Type: invoke, F: history.TxnEnd, RequestID: id, Outcome: outcome}
+	h.add(e)
+	e.Type = t
+	return h.add(e)
+}
+
 // read is the final read of topic/partition from node.
 func (h *hist) read(topic string, partition int32, node int, values ...string) *hist {
 	o := op{Process: "reader", Type: ok, F: history.FinalRead, Topic: topic, Partition: partition, Node: node}

@@ -30,6 +30,9 @@ const (
 	HalfLost              = "half-lost"
 	HalfAborted           = "half-aborted"
 	HalfUnsettled         = "half-unsettled"
+	TxnLost               = "txn-lost"
+	TxnPartial            = "txn-partial"
+	TxnAborted            = "txn-aborted"
 )
 
 var sections = []struct {
@@ -56,6 +59,9 @@ var sections = []struct {
 	{HalfLost, "committed half messages missing from the log", false},
 	{HalfAborted, "rolled-back half messages visible in the log", false},
 	{HalfUnsettled, "half messages meant to be committed, not checked (informational, run not drained)", true},
+	{TxnLost, "records of committed transactions missing from the log", false},
+	{TxnPartial, "transactions of unknown outcome partly visible", false},
+	{TxnAborted, "records of aborted or unfinished transactions visible", false},
 }
 
 // Report is what Check found. It is JSON-serialisable; String gives the

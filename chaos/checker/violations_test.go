@@ -138,6 +138,27 @@ func TestViolations(t *testing.T) {
 		{name: "half of unknown send, never stored", edit: func(h *hist) {
 			h.half("h-1", history.OutcomeCommit, info).read("halves", 0, 1)
 		}, valid: true},
+		{name: "committed transaction missing a record", edit: func(h *hist) {
+			h.txn("T1", history.OutcomeCommit, ok, "x1", "x2").read("txns", 0, 1, "x1")
+		}, want: map[string]int{TxnLost: 1}},
+		{name: "aborted transaction visible", edit: func(h *hist) {
+			h.txn("T1", history.OutcomeRollback, ok, "x1", "x2").read("txns", 0, 1, "x2")
+		}, want: map[string]int{TxnAborted: 1}},
+		{name: "unfinished transaction visible", edit: func(h *hist) {
+			h.txn("T1", "", ok, "x1").read("txns", 0, 1, "x1")
+		}, want: map[string]int{TxnAborted: 1}},
+		{name: "transaction of unknown end partly visible", edit: func(h *hist) {
+			h.txn("T1", history.OutcomeCommit, info, "x1", "x2").read("txns", 0, 1, "x2")
+		}, want: map[string]int{TxnPartial: 1}},
+		{name: "transaction of unknown end whole", edit: func(h *hist) {
+			h.txn("T1", history.OutcomeCommit, info, "x1", "x2").read("txns", 0, 1, "x2", "x1")
+		}, valid: true},
+		{name: "transaction of unknown end absent", edit: func(h *hist) {
+			h.txn("T1", history.OutcomeCommit, info, "x1", "x2").read("txns", 0, 1)
+		}, valid: true},
+		{name: "committed transaction's record twice", edit: func(h *hist) {
+			h.txn("T1", history.OutcomeCommit, ok, "x1").read("txns", 0, 1, "x1", "x1")
+		}, want: map[string]int{Duplicated: 1}},
 		{name: "request answered twice", edit: func(h *hist) {
 			h.at(25).add(op{Process: "requester-0", Type: ok, F: history.Reply, RequestID: "r-0"})
 		}, want: map[string]int{ReplyTwice: 1}},

@@ -67,6 +67,12 @@ const (
 	HalfEnd F = "end-half"
 	// HalfCheck is a check-back of Value's half answered (ok) with Outcome.
 	HalfCheck F = "check-half"
+	// TxnSend stages one record (Value, unique) in the transaction named
+	// by RequestID (unique per transaction, e.g. "txn-0-17").
+	TxnSend F = "txn-send"
+	// TxnEnd ends the transaction RequestID: Outcome commit or rollback
+	// (an abort).
+	TxnEnd F = "txn-end"
 )
 
 // Half-message outcomes, as in Op.Outcome.
@@ -143,7 +149,7 @@ func (op Op) Validate() error {
 		bad = append(bad, fmt.Sprintf("unknown type %q", op.Type))
 	}
 	switch op.F {
-	case Produce, Consume, Ack, Nack, Commit, Request, Reply, Nemesis, FinalRead, HalfSend, HalfEnd, HalfCheck:
+	case Produce, Consume, Ack, Nack, Commit, Request, Reply, Nemesis, FinalRead, HalfSend, HalfEnd, HalfCheck, TxnSend, TxnEnd:
 	default:
 		bad = append(bad, fmt.Sprintf("unknown f %q", op.F))
 	}
