@@ -630,3 +630,50 @@ func TestHalfSDKAcrossCoordinatorFailover(t *testing.T) {
 	decided.Range(func(any, any) bool { n++; return true })
 	t.Logf("%d halves, %d decided by check-backs, leader of __txn was node %d", len(ids), n, leader)
 }
+
+// TestHalfCheckFlowControl: a producer is sent at most 1,024 unanswered
+// check-backs; the checks beyond wait (postponed, not counted as checks)
+// until it answers some.
+func TestHalfCheckFlowControl(t *testing.T) {
+	n := startInProc(t, t.TempDir())
+	createTopic(t, dial(t, n), "orders", 1)
+	sender := dialTxn(t, n)
+	checker := dialTxn(t, n)
+	if f := checker.call(&heraldpb.Frame{Body: &heraldpb.Frame_RegisterProducer{RegisterProducer: &heraldpb.RegisterProducerRequest{ProducerGroup: "g"}}}); f.GetRegisterProducerResponse() == nil {
+		t.Fatalf("register answered %v", f)
+	}
+	fast := &heraldpb.HalfOptions{ProducerGroup: "g", CheckIntervalMs: 100}
+	for i := range 1100 {
+		sender.sendHalf("orders", fmt.Sprint("f", i), fast)
+	}
+	distinct := map[string]bool{}
+	checkFor(t, 30*time.Second, "1,024 check-backs and the rest postponed", func() error {
+		checker.list("g") // collects the pushes
+		for _, hc := range checker.checks {
+			distinct[hc.Id] = true
+		}
+		checker.checks = nil
+		if len(distinct) < 1024 || metricSum(t, n, `herald_txn_checks_total{result="postponed"}`) == 0 {
+			return fmt.Errorf("%d distinct halves checked", len(distinct))
+		}
+		return nil
+	})
+	if len(distinct) != 1024 {
+		t.Fatalf("%d halves checked with none answered, want 1024", len(distinct))
+	}
+	// Answering lets the others through.
+	for id := range distinct {
+		checker.end(id, heraldpb.HalfAction_HALF_COMMIT, true)
+	}
+	checkFor(t, 30*time.Second, "the other 76 checked", func() error {
+		checker.list("g")
+		for _, hc := range checker.checks {
+			distinct[hc.Id] = true
+		}
+		checker.checks = nil
+		if len(distinct) < 1100 {
+			return fmt.Errorf("%d distinct halves checked", len(distinct))
+		}
+		return nil
+	})
+}

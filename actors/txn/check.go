@@ -25,7 +25,18 @@ type groupRegs struct {
 type registration struct {
 	conn *actor.PID
 	seen time.Time
+	// out: the check-backs sent to it and not answered (half ref -> when
+	// sent, ms), at most maxOutstandingChecks: a producer is not sent
+	// more than it has answered (flow control).
+	out map[uint64]int64
 }
+
+// maxOutstandingChecks bounds the unanswered check-backs of one
+// registration; outstandingFor is how long one counts unanswered.
+const (
+	maxOutstandingChecks = 1024
+	outstandingFor       = 30 * time.Second
+)
 
 func newProducers() producers {
 	return producers{groups: map[string]*groupRegs{}, conns: map[string]map[string]bool{}}
@@ -50,7 +61,7 @@ func (p *producers) add(conn *actor.PID, group string, now time.Time, limit int)
 		g = &groupRegs{}
 		p.groups[group] = g
 	}
-	g.regs = append(g.regs, &registration{conn: conn, seen: now})
+	g.regs = append(g.regs, &registration{conn: conn, seen: now, out: map[uint64]int64{}})
 	p.n++
 	gs := p.conns[conn.Id]
 	if gs == nil {
@@ -94,14 +105,38 @@ func (p *producers) dropConn(conn *actor.PID) {
 	mProducers.Set(float64(p.n))
 }
 
-// pick is the next producer of group in turn, nil if none.
-func (p *producers) pick(group string) *actor.PID {
+// pick is the next producer of group in turn with room for another
+// check-back; none reports whether the group has no producer at all (nil
+// with none false: every producer has maxOutstandingChecks unanswered).
+// live says whether a half is still pending, for pruning.
+func (p *producers) pick(group string, now int64, live func(ref uint64) bool) (r *registration, none bool) {
 	g := p.groups[group]
 	if g == nil || len(g.regs) == 0 {
-		return nil
+		return nil, true
 	}
-	g.next = (g.next + 1) % len(g.regs)
-	return g.regs[g.next].conn
+	for range len(g.regs) {
+		g.next = (g.next + 1) % len(g.regs)
+		r := g.regs[g.next]
+		if len(r.out) >= maxOutstandingChecks {
+			for ref, at := range r.out {
+				if !live(ref) || now-at > outstandingFor.Milliseconds() {
+					delete(r.out, ref)
+				}
+			}
+		}
+		if len(r.out) < maxOutstandingChecks {
+			return r, false
+		}
+	}
+	return nil, false
+}
+
+// release forgets h's check-back as outstanding.
+func (h *half) release() {
+	if h.checkReg != nil {
+		delete(h.checkReg.out, h.ref)
+		h.checkReg = nil
+	}
 }
 
 // lapse ends the registrations not renewed since cut.
@@ -167,17 +202,28 @@ func (c *Coordinator) runChecks(ctx actor.Context) {
 			exhausted = append(exhausted, h)
 			continue
 		}
+		h.release()
+		reg, none := c.producers.pick(h.group, now, func(ref uint64) bool { return c.halves[ref] != nil })
+		if reg == nil && !none {
+			// Every producer of the group has its fill of unanswered
+			// checks: this one waits, without counting as a check.
+			mChecks.WithLabelValues("postponed").Inc()
+			h.nextCheck = now + 100
+			c.checkQ.add(h.nextCheck, h.ref)
+			continue
+		}
 		h.checks++
 		c.pendingChecks[h.ref] = h.checks
 		h.nextCheck = now + backoff(h.interval, h.checks).Milliseconds()
 		c.checkQ.add(h.nextCheck, h.ref)
-		conn := c.producers.pick(h.group)
-		if conn == nil {
+		if reg == nil {
 			mChecks.WithLabelValues("no_producer").Inc()
 			continue
 		}
 		mChecks.WithLabelValues("sent").Inc()
-		c.sendCheck(ctx, h, conn)
+		reg.out[h.ref] = now
+		h.checkReg = reg
+		c.sendCheck(ctx, h, reg.conn)
 	}
 	if len(exhausted) > 0 {
 		c.rollback(ctx, exhausted, "exhausted", nil)

@@ -25,7 +25,7 @@ var (
 	})
 	mChecks = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_txn_checks_total",
-		Help: "Check-backs due, by result: sent to a producer of the group (sent), or no producer of the group connected (no_producer).",
+		Help: "Check-backs due, by result: sent to a producer of the group (sent), no producer of the group connected (no_producer, counts as a check), or every producer of the group has 1,024 unanswered (postponed 100 ms, not counted as a check).",
 	}, []string{"result"})
 	mCheckAnswers = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_txn_check_answers_total",

@@ -100,6 +100,9 @@ func (c *Coordinator) onEnd(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.
 		mCheckAnswers.WithLabelValues(actionName(req.Action)).Inc()
 	}
 	h, e, already := c.endTarget(req)
+	if h != nil && req.FromCheck {
+		h.release()
+	}
 	switch {
 	case e != nil:
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))

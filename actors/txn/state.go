@@ -53,7 +53,8 @@ type half struct {
 	from      int64 // committed: where the target log ended at the decision
 	token     uint64
 	by        string
-	appending bool // an append is in flight
+	appending bool          // an append is in flight
+	checkReg  *registration // where its last check-back went, unanswered
 }
 
 // ended remembers how recent halves ended, so that a repeated end answers
