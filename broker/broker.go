@@ -467,11 +467,11 @@ func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Ro
 		produce(f, replyTo)
 	}
 	add(map[reflect.Type]topic.Handler{
-		reflect.TypeOf(&heraldpb.Frame_CancelScheduled{}): sched,
-		reflect.TypeOf(&heraldpb.Frame_ListScheduled{}):   sched,
-		reflect.TypeOf(&heraldpb.Frame_EndHalf{}):         txns,
+		reflect.TypeOf(&heraldpb.Frame_CancelScheduled{}):  sched,
+		reflect.TypeOf(&heraldpb.Frame_ListScheduled{}):    sched,
+		reflect.TypeOf(&heraldpb.Frame_EndHalf{}):          txns,
 		reflect.TypeOf(&heraldpb.Frame_RegisterProducer{}): txns,
-		reflect.TypeOf(&heraldpb.Frame_ListTxn{}):         txns,
+		reflect.TypeOf(&heraldpb.Frame_ListTxn{}):          txns,
 	})
 	return router{sys: sys, table: table}
 }

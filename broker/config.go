@@ -78,7 +78,7 @@ type Config struct {
 	TxnMaxChecks     int
 	MaxHalfPending   int
 	ShutdownTimeout  time.Duration
-	LogLevel        string
+	LogLevel         string
 	// Cluster is the node's cluster address (host:port; empty: a single
 	// node); ClusterHealth its membership health endpoint (empty: the
 	// cluster port + 1); Peers the cluster's nodes as ID@HOST:PORT,...;
