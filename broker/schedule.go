@@ -20,7 +20,7 @@ func (b *Broker) startScheduler(reg *registry.Registry, clustered bool) error {
 	farDir := filepath.Join(b.cfg.DataDir, "scheduler-far")
 	b.schedProps = scheduler.Props(scheduler.Options{
 		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled, AppendAhead: appendAhead(b.cfg.ScheduleAhead),
-		Now: b.clock.Now, ClockID: b.clockID,
+		Now: b.clock.Now,
 		// Timers beyond the wheel's 65 s window wait on disk, one file per
 		// 65 s bucket, rebuilt from __schedule at every start.
 		NewFar: func() (timewheel.FarStore, error) {

@@ -30,13 +30,15 @@ const ScheduleTopic = "__schedule"
 // ActorName is the scheduler actor's name.
 const ActorName = "scheduler"
 
-// ClockJumped tells the scheduler that its clock (Options.Now) jumped: its
-// timers run on real time, armed for the time it had, so it looks at the
-// time now, fires what is due and re-arms. Send it after moving the clock
-// (the chaos build's /debug/faults does); a jump back needs nothing, since
-// nothing fires before its time by the clock, but costs nothing either.
-// Before the scheduler has loaded __schedule it is ignored: the end of the
-// load looks at the time.
+// ClockJumped tells the scheduler that its clock (Options.Now) jumped: it
+// looks at its time now, fires what is due and re-arms its timers, which
+// run on real time. Only a jump of the clock's monotonic reading (a test
+// clock moved with time.Time.Add) moves the scheduler's time; a step of
+// the wall clock alone (NTP, `date -s`, the chaos build's offset) does not
+// (see Scheduler.now), so after one the look finds nothing new. The chaos
+// build's /debug/faults sends it after every change of the offset; it
+// costs one look at the time. Before the scheduler has loaded __schedule
+// it is ignored: the end of the load looks at the time.
 type ClockJumped struct{}
 
 // Headers the scheduler adds to every record of a batch it appends to the
@@ -106,6 +108,10 @@ type Scheduler struct {
 
 	wheel *timewheel.Wheel
 	far   timewheel.FarStore
+
+	// The scheduler's time (now): anchor is Options.Now() when this
+	// incarnation started, anchorWall its wall reading alone.
+	anchor, anchorWall time.Time
 
 	// loading
 	loadNext, loadHW int64
@@ -191,7 +197,9 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		s.inc = s.sh.incs
 		s.calls = map[uint64]func(*heraldpb.Frame){}
 		s.state = newState()
-		s.loadStart = s.o.Now()
+		s.anchor = s.o.Now()
+		s.anchorWall = s.anchor.Round(0)
+		s.loadStart = s.anchor
 		// Ids unique across restarts of the actor: answers to an earlier
 		// incarnation's requests may still arrive.
 		s.nextID = uint64(s.loadStart.UnixNano())
@@ -430,7 +438,23 @@ func (s *Scheduler) sweep() {
 	}
 }
 
-func (s *Scheduler) nowMs() int64 { return s.o.Now().UnixMilli() }
+// now is the scheduler's time, on which delayed batches come due: the
+// wall-clock time its clock (Options.Now) read when this incarnation
+// started, advanced since by the clock's monotonic reading (time.Time.Sub
+// uses it when both readings have one, as time.Now's do). A step of the
+// wall clock after the start (an NTP step, `date -s`, the chaos build's
+// offset) does not move it: a forward step does not make pending batches
+// due sooner in real time, a step back does not delay them. The next
+// start (a restart after a crash, or the scheduler moving to this node
+// again) takes the wall clock as it is then, step included. Between
+// steps the two readings advance at the same rate (NTP slews both), so
+// the scheduler's time stays on the wall clock it started with; a
+// machine whose monotonic clock stops while it is suspended puts it
+// behind (late, never early). A clock without monotonic readings is
+// followed as it goes.
+func (s *Scheduler) now() time.Time { return s.anchorWall.Add(s.o.Now().Sub(s.anchor)) }
+
+func (s *Scheduler) nowMs() int64 { return s.now().UnixMilli() }
 
 // after sends msg to the actor after d, tagged with this incarnation: a
 // later incarnation (after a restart) drops it, as the state it refers to
@@ -676,7 +700,7 @@ func invalid(id uint64, format string, args ...any) *heraldpb.Frame {
 
 // onSchedule stores a delayed batch.
 func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.ProduceRequest, to *actor.PID) {
-	now := s.o.Now()
+	now := s.now()
 	at, part, n, e := s.checkDelayed(req, s.o.Topics.Get(req.Topic), now, s.o.MaxDelay)
 	if e != nil {
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))

@@ -63,12 +63,11 @@ type Options struct {
 	// RewriteBytes: past this size of __schedule, long-pending batches that
 	// hold back its truncation are moved up the log. Default 64 MiB.
 	RewriteBytes int64
-	// Now is the clock; nil = time.Now.
+	// Now is the clock; nil = time.Now. The scheduler reads its wall
+	// clock once, when it starts, and from then on advances by its
+	// monotonic reading (Scheduler.now): a step of the wall clock while it
+	// runs does not move delayed messages.
 	Now func() time.Time
-	// ClockID names Now among the broker's rooms (partition.Config.ClockID;
-	// 0: none): a partition on the same clock holds the appends by their
-	// time alone, without the trip to it.
-	ClockID uint64
 
 	// crashAfterAppend (tests) is asked after a round's batches are
 	// appended and before their fire is recorded: true panics the actor,

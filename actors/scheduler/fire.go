@@ -82,7 +82,7 @@ func (s *Scheduler) armTimer() {
 	s.timerGen++
 	s.timerAt = at
 	gen := s.timerGen
-	s.after(max(time.UnixMilli(at).Sub(s.o.Now()), 0), &fireTick{gen: gen})
+	s.after(max(time.UnixMilli(at).Sub(s.now()), 0), &fireTick{gen: gen})
 }
 
 // onTick moves the wheel to now + Lead and starts rounds with what is due
@@ -329,14 +329,14 @@ func (s *Scheduler) sendDue(ctx actor.Context) {
 	}
 	s.sendGen++
 	s.sendAt = at
-	s.after(max(time.UnixMilli(at).Sub(s.o.Now()), 0), &sendTick{gen: s.sendGen})
+	s.after(max(time.UnixMilli(at).Sub(s.now()), 0), &sendTick{gen: s.sendGen})
 }
 
 // sendChunks appends due chunks, those of one partition together in one
 // produce request as far as its max message size allows and their times
 // agree (a scheduler that fell behind catches up in big appends).
 func (s *Scheduler) sendChunks(ctx actor.Context, cs []*fireChunk) {
-	nowUs := s.o.Now().UnixMicro()
+	nowUs := s.now().UnixMicro()
 	ahead := s.o.AppendAhead.Microseconds()
 	for _, c := range cs {
 		for _, at := range c.ats {
@@ -361,15 +361,21 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 	}
 	req := &heraldpb.ProduceRequest{Topic: c0.entry.Name, Partition: proto.Uint32(c0.part), Acks: heraldpb.Acks_ACKS_ALL, Records: recs}
 	if s.o.AppendAhead > 0 {
-		// Readable from the latest time of its chunks on, by this clock:
-		// the partition holds it for the rest of that time from when it
-		// gets the request, on its own clock, so that no offset between
-		// the two clocks makes one early (partition/hold.go).
+		// Readable from the latest time of its chunks on, by the
+		// scheduler's time: the partition holds it for the rest of that
+		// time from when it gets the request, on its own clock, so that
+		// no offset between the two clocks makes one early
+		// (partition/hold.go). It claims no clock id, not even to the
+		// partitions of its own node, which would then hold it until
+		// not_before_ms by their wall clock alone: once that clock has
+		// stepped forward it is ahead of the scheduler's time (now), and
+		// would release the batch early. hold_us is a duration, which no
+		// step moves; it counts the request's trip to the partition too.
 		var at int64
 		for _, c := range g {
 			at = max(at, c.at)
 		}
-		partition.HoldRequest(req, at, s.o.Now(), s.o.ClockID)
+		partition.HoldRequest(req, at, s.now(), 0)
 	}
 	s.call(ctx, s.o.Topics.Current(c0.entry).Writer(int(c0.part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}, func(f *heraldpb.Frame) {
 		e := f.GetError()
@@ -419,7 +425,7 @@ func (s *Scheduler) settleGroup(ctx actor.Context, g []*fireChunk, ok bool, e *h
 		s.retrying -= groupRefs(g)
 	}
 	if commitUs == 0 {
-		commitUs = s.o.Now().UnixMicro()
+		commitUs = s.now().UnixMicro()
 	}
 	for _, c := range g {
 		switch {

@@ -96,7 +96,7 @@ func (s *Scheduler) rewriteRead(ctx actor.Context, refs []uint64, got map[uint64
 // in one append each, and moves it in memory once that is durable.
 func (s *Scheduler) rewriteWrite(ctx actor.Context, refs []uint64, got map[uint64]*heraldpb.ScheduledBatch) {
 	waiting := 0
-	soon := s.o.Now().Add(rewriteNotBefore).UnixMilli()
+	soon := s.now().Add(rewriteNotBefore).UnixMilli()
 	for _, old := range refs {
 		sb := got[old]
 		if sb == nil || sb.DeliverAtMs <= soon || !s.pending.Contains(old) {
