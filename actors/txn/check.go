@@ -28,7 +28,8 @@ type registration struct {
 	// out: the check-backs sent to it and not answered (half ref -> when
 	// sent, ms), at most maxOutstandingChecks: a producer is not sent
 	// more than it has answered (flow control).
-	out map[uint64]int64
+	out    map[uint64]int64
+	pruned int64 // ms: the last sweep of out for answers lost
 }
 
 // maxOutstandingChecks bounds the unanswered check-backs of one
@@ -117,7 +118,8 @@ func (p *producers) pick(group string, now int64, live func(ref uint64) bool) (r
 	for range len(g.regs) {
 		g.next = (g.next + 1) % len(g.regs)
 		r := g.regs[g.next]
-		if len(r.out) >= maxOutstandingChecks {
+		if len(r.out) >= maxOutstandingChecks && now-r.pruned >= 1000 {
+			r.pruned = now
 			for ref, at := range r.out {
 				if !live(ref) || now-at > outstandingFor.Milliseconds() {
 					delete(r.out, ref)
@@ -172,6 +174,7 @@ func (c *Coordinator) armChecks() {
 func (c *Coordinator) runChecks(ctx actor.Context) {
 	now := c.nowMs()
 	var exhausted []*half
+	full := map[string]bool{} // groups whose producers are all at their limit, this round
 	for {
 		at, ok := c.checkQ.next()
 		if !ok || at > now {
@@ -203,8 +206,13 @@ func (c *Coordinator) runChecks(ctx actor.Context) {
 			continue
 		}
 		h.release()
-		reg, none := c.producers.pick(h.group, now, func(ref uint64) bool { return c.halves[ref] != nil })
+		var reg *registration
+		none := false
+		if !full[h.group] {
+			reg, none = c.producers.pick(h.group, now, func(ref uint64) bool { return c.halves[ref] != nil })
+		}
 		if reg == nil && !none {
+			full[h.group] = true
 			// Every producer of the group has its fill of unanswered
 			// checks: this one waits, without counting as a check.
 			mChecks.WithLabelValues("postponed").Inc()
