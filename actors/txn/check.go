@@ -30,6 +30,7 @@ type registration struct {
 	// more than it has answered (flow control).
 	out    map[uint64]int64
 	pruned int64 // ms: the last sweep of out for answers lost
+	gone   bool  // unregistered (its connection closed, or lapsed)
 }
 
 // maxOutstandingChecks bounds the unanswered check-backs of one
@@ -82,6 +83,7 @@ func (p *producers) remove(conn *actor.PID, group string) {
 	}
 	for i, r := range g.regs {
 		if r.conn.Equal(conn) {
+			r.gone = true
 			g.regs = append(g.regs[:i], g.regs[i+1:]...)
 			p.n--
 			break
@@ -205,11 +207,16 @@ func (c *Coordinator) runChecks(ctx actor.Context) {
 			exhausted = append(exhausted, h)
 			continue
 		}
-		h.release()
 		var reg *registration
 		none := false
-		if !full[h.group] {
+		switch {
+		case h.checkReg != nil && !h.checkReg.gone:
+			reg = h.checkReg // its last check is unanswered: asked again there, in the same slot
+		case !full[h.group]:
+			h.release()
 			reg, none = c.producers.pick(h.group, now, func(ref uint64) bool { return c.halves[ref] != nil })
+		default:
+			h.release()
 		}
 		if reg == nil && !none {
 			full[h.group] = true
