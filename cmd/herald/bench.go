@@ -328,7 +328,7 @@ type benchSummary struct {
 	CommitP99Ms        float64 `json:"commit_p99_ms,omitempty"`
 	CommitMaxMs        float64 `json:"commit_max_ms,omitempty"`
 	ProducedPerSec     float64 `json:"produced_msgs_per_sec"`
-	ProducedMBPerSec float64 `json:"produced_mb_per_sec"`
+	ProducedMBPerSec   float64 `json:"produced_mb_per_sec"`
 	// Expected is what the consumers should see: the records produced, or
 	// --count with --producers 0. Consumed counts distinct records (by
 	// producer and sequence number) of this run; Missing is Expected minus
