@@ -468,6 +468,9 @@ func (p *TransactionalProducer) stage(b *txnBatch) (*heraldpb.ProduceResponse, e
 	ctx, cancel := context.WithTimeout(p.ctx, p.retryFor())
 	defer cancel()
 	if err := p.ensureSession(ctx); err != nil {
+		if p.ctx.Err() != nil {
+			return nil, ErrClosed
+		}
 		return nil, err
 	}
 	p.mu.Lock()
@@ -491,6 +494,9 @@ func (p *TransactionalProducer) stage(b *txnBatch) (*heraldpb.ProduceResponse, e
 				return nil, unexpected(resp, "ProduceResponse")
 			}
 			return r, nil
+		}
+		if p.ctx.Err() != nil {
+			return nil, ErrClosed // the producer or its client was closed
 		}
 		if !IsRetryable(err) || ctx.Err() != nil || sleepCtx(ctx, max(backoff, retryAfter(err))) != nil {
 			return nil, err
