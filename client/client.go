@@ -1,6 +1,8 @@
 // Package client is Herald's Go SDK: admin calls, a batching producer, pull
-// consumers, push consumers in consumer groups (Subscribe) and
-// request-reply (Request, Respond) over Herald's framed protobuf protocol.
+// consumers, push consumers in consumer groups (Subscribe), request-reply
+// (Request, Respond), half messages (SendHalf) and transactions across
+// partitions (NewTransactionalProducer, TransformExactlyOnce) over
+// Herald's framed protobuf protocol.
 //
 // A Client holds one pipelined connection per broker address and is safe for
 // concurrent use. Every call takes a context; a call whose context ends

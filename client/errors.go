@@ -55,6 +55,24 @@ var (
 	// function, rolls the half message back; any other error leaves it to
 	// the check-back.
 	ErrRollback = errors.New("herald: roll back")
+	// ErrProducerFenced matches (errors.Is) the broker's PRODUCER_FENCED
+	// error: a newer session of the transactional id exists (another
+	// NewTransactionalProducer with the same id started). It is final: the
+	// TransactionalProducer returns it from every call from then on, and
+	// the process must stop producing under that id.
+	ErrProducerFenced = errors.New("herald: producer fenced")
+	// ErrTxnTimedOut matches (errors.Is) the broker's TXN_TIMED_OUT error:
+	// the coordinator aborted the transaction because it stayed open past
+	// its timeout (WithTransactionTimeout). Abort it (a no-op then) and
+	// begin again: the producer starts a new session first.
+	ErrTxnTimedOut = errors.New("herald: transaction timed out")
+	// ErrTxnFailed is wrapped, with the first failure, by the errors of
+	// Send, Flush and Commit once a record of the open transaction failed
+	// to be staged: the transaction cannot commit, only Abort.
+	ErrTxnFailed = errors.New("herald: transaction failed, abort it")
+	// ErrTxnAborted is the error of records sent in a transaction that
+	// Abort dropped before they were staged.
+	ErrTxnAborted = errors.New("herald: transaction aborted")
 )
 
 // Error is a failure reported by the broker: one wire heraldpb.Error. Callers
@@ -69,7 +87,8 @@ type Error struct {
 	RetryAfter time.Duration // wait at least this long before retrying; 0 = no hint
 	// Leader, with NOT_LEADER, is the node the broker knows to lead the
 	// partition; with NOT_COORDINATOR, the node coordinating consumer
-	// groups (0: unknown). The client goes there on its retry.
+	// groups or transactions (0: unknown). The client goes there on its
+	// retry.
 	Leader uint32
 	// LostFrom and LostTo, with PARTITION_DAMAGED, are the offsets
 	// [LostFrom, LostTo) the partition's damaged log lost.
@@ -85,6 +104,19 @@ func (e *Error) Error() string {
 		return fmt.Sprintf("herald %s: %s (retry after %s)", e.Code, e.Message, e.RetryAfter)
 	}
 	return fmt.Sprintf("herald %s: %s", e.Code, e.Message)
+}
+
+// Is makes errors.Is(err, ErrProducerFenced) and errors.Is(err,
+// ErrTxnTimedOut) hold for the broker's PRODUCER_FENCED and TXN_TIMED_OUT
+// errors, as IsCode does.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case ErrProducerFenced:
+		return e.Code == heraldpb.ErrorCode_PRODUCER_FENCED
+	case ErrTxnTimedOut:
+		return e.Code == heraldpb.ErrorCode_TXN_TIMED_OUT
+	}
+	return false
 }
 
 // fromWire converts a wire error. A broker that omits the retriable flag on a

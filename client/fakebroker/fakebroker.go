@@ -7,8 +7,8 @@
 // It also runs consumer groups (push with credits, acks, nacks, group
 // admin) and request-reply in a simplified form: see groups.go; and half
 // (transactional) messages, with check-backs sent when a test asks: see
-// txn.go. It
-// deduplicates idempotent produces as the broker does (each producer's last
+// txn.go; and transactions across partitions, staged until committed: see
+// txns.go. It deduplicates idempotent produces as the broker does (each producer's last
 // 5 batches per partition, OUT_OF_ORDER_SEQUENCE on a gap), without a limit
 // on producers.
 //
@@ -40,9 +40,10 @@ type Action struct {
 	Delay time.Duration   // wait this long before handling (or erroring)
 	Close bool            // close the connection instead of answering
 	Drop  bool            // never answer
-	// LoseReply (produce requests, half ones too): handle the request,
-	// then close the connection instead of sending its answer, as when a
-	// response is lost after the broker wrote the batch.
+	// LoseReply (produce requests, half and transactional ones too, and
+	// EndTxn): handle the request, then close the connection instead of
+	// sending its answer, as when a response is lost after the broker
+	// wrote the batch.
 	LoseReply bool
 }
 
@@ -518,11 +519,24 @@ func (s *session) handle(f *heraldpb.Frame) {
 		s.reply(&heraldpb.Frame{Id: id, Body: &heraldpb.Frame_DescribeTopicResponse{DescribeTopicResponse: &heraldpb.DescribeTopicResponse{Topic: info}}})
 	case *heraldpb.Frame_Produce:
 		var resp *heraldpb.Frame
-		if body.Produce.GetHalf() != nil {
+		switch {
+		case body.Produce.GetHalf() != nil:
 			resp = b.produceHalf(s.id, id, body.Produce)
-		} else {
+		case body.Produce.GetTransactionalId() != "":
+			resp = b.produceTxn(s.id, id, body.Produce)
+		default:
 			resp = b.produce(s.id, id, body.Produce)
 		}
+		if act.LoseReply {
+			s.inFlight.Add(-1)
+			s.nc.Close()
+			return
+		}
+		s.reply(resp)
+	case *heraldpb.Frame_InitProducerId:
+		s.reply(b.initProducerID(id, body.InitProducerId))
+	case *heraldpb.Frame_EndTxn:
+		resp := b.endTxn(id, body.EndTxn)
 		if act.LoseReply {
 			s.inFlight.Add(-1)
 			s.nc.Close()
@@ -628,21 +642,10 @@ func (b *Broker) produce(conn int, id uint64, req *heraldpb.ProduceRequest) *her
 		bs = append(bs, seqBatch{seq: seq, count: info.Count, offset: p.hw})
 		p.producers[pid] = bs[max(0, len(bs)-5):]
 	}
-	now := time.Now().UnixMilli()
-	sb := &heraldpb.StoredBatch{BaseOffset: p.hw, Count: uint32(info.Count), AppendTimeMs: now, Records: append([]byte(nil), req.GetRecords()...)}
-	p.batches = append(p.batches, sb)
-	p.hw += int64(info.Count)
-	var rb heraldpb.RecordBatch
-	_ = proto.Unmarshal(sb.Records, &rb)
-	for _, r := range rb.GetRecords() {
-		p.recs = append(p.recs, r)
-		p.appendMs = append(p.appendMs, now)
-	}
+	sb := b.appendLocked(p, req.GetRecords(), info.Count)
 	b.produced = append(b.produced, ProduceLog{Conn: conn, Topic: req.GetTopic(), Partition: part, Explicit: req.Partition != nil, Count: info.Count, Records: sb.Records,
 		ProducerID: req.GetProducerId(), BaseSequence: req.GetBaseSequence()})
-	close(b.changed)
-	b.changed = make(chan struct{})
-	b.pumpLocked()
+	now := sb.AppendTimeMs
 	base := sb.BaseOffset
 	if req.GetAcks() == heraldpb.Acks_ACKS_NONE {
 		base = -1
@@ -650,6 +653,25 @@ func (b *Broker) produce(conn int, id uint64, req *heraldpb.ProduceRequest) *her
 	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
 		Partition: part, BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: now,
 	}}}
+}
+
+// appendLocked appends a copy of records (count records) to p, wakes
+// fetches and pushes, and returns the stored batch. b.mu is held.
+func (b *Broker) appendLocked(p *partition, records []byte, count int) *heraldpb.StoredBatch {
+	now := time.Now().UnixMilli()
+	sb := &heraldpb.StoredBatch{BaseOffset: p.hw, Count: uint32(count), AppendTimeMs: now, Records: append([]byte(nil), records...)}
+	p.batches = append(p.batches, sb)
+	p.hw += int64(count)
+	var rb heraldpb.RecordBatch
+	_ = proto.Unmarshal(sb.Records, &rb)
+	for _, r := range rb.GetRecords() {
+		p.recs = append(p.recs, r)
+		p.appendMs = append(p.appendMs, now)
+	}
+	close(b.changed)
+	b.changed = make(chan struct{})
+	b.pumpLocked()
+	return sb
 }
 
 func (b *Broker) fetch(ctx context.Context, id uint64, req *heraldpb.FetchRequest) *heraldpb.Frame {

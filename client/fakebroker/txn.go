@@ -52,6 +52,7 @@ type txnState struct {
 	producers map[string][]int     // producer group -> registered connections, in registration order
 	ends      []EndLog
 	regs      []RegisterLog
+	ids       map[string]*fakeTxnID // transactional ids (txns.go)
 }
 
 type fakeHalf struct {
@@ -207,6 +208,10 @@ func (s *session) handleTxn(f *heraldpb.Frame) bool {
 			HeartbeatMs: hb, Pending: uint32(pending),
 		}}})
 	case *heraldpb.Frame_ListTxn:
+		if body.ListTxn.GetTransactions() {
+			s.reply(b.listTxns(id, body.ListTxn))
+			break
+		}
 		s.reply(b.listTxn(id, body.ListTxn))
 	default:
 		return false

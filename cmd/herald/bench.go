@@ -76,6 +76,8 @@ type benchConfig struct {
 	retryPolicy    string
 	fireRate       float64       // delayed messages due at this aggregate rate...
 	fireAfter      time.Duration // ...from this long after the start
+	isolation      string        // --isolation: checked, and reported; both levels read the same
+	txnSize        int           // --txn-size: records per transaction (0: no transactions)
 
 	// Push consumers (--group); pull consumers when group is empty.
 	group       string
@@ -126,6 +128,8 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.DurationVar(&bc.fireAfter, "fire-after", 20*time.Second, "with --fire-rate: when the first message is due (leave time to store them all)")
 	fs.BoolVar(&bc.json, "json", false, "print the final summary as JSON on stdout (progress goes to stderr)")
 	fs.StringVar(&bc.ackLog, "ack-log", "", "write which records were acknowledged to this file, for `herald verify`")
+	fs.IntVar(&bc.txnSize, "txn-size", 0, "records per transaction: each producer is a transactional producer (id herald-bench-N) committing every N records; latency to ack is then to the commit (0 = no transactions)")
+	fs.StringVar(&bc.isolation, "isolation", isolationCommitted, isolationUsage)
 	fs.StringVar(&bc.group, "group", "", "consume by push, as members of this consumer group (default: pull, fetching each partition)")
 	mode := fs.String("mode", "shared", "group mode: shared, clustering or key-shared (with --group)")
 	fs.IntVar(&bc.window, "window", benchDefaultWindow, "credits per consumer: records pushed and not yet handled, at most (with --group)")
@@ -166,6 +170,19 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 		return usagef("--fail-ratio must be in [0, 1), and needs acks (not --auto-ack)")
 	case bc.fireRate < 0 || bc.fireRate > 0 && (bc.count == 0 || bc.delay > 0 || bc.fireAfter <= 0):
 		return usagef("--fire-rate needs --count and a positive --fire-after, and excludes --delay")
+	case bc.txnSize < 0:
+		return usagef("--txn-size must not be negative")
+	case bc.txnSize > 0 && bc.producers == 0:
+		return usagef("--txn-size needs producers")
+	case bc.txnSize > 0 && (bc.delay > 0 || bc.fireRate > 0):
+		return usagef("--txn-size excludes --delay and --fire-rate: a transaction cannot hold delayed messages")
+	case bc.txnSize > 0 && set["acks"] && *acks != "all":
+		return usagef("--txn-size needs --acks all (a commit appends with acks all)")
+	case bc.txnSize > 0 && (set["linger"] || set["in-flight"]):
+		return usagef("--linger and --in-flight do not apply with --txn-size: a transactional producer stages one batch at a time, and its records wait for the commit")
+	}
+	if err := checkIsolation(bc.isolation); err != nil {
+		return err
 	}
 	if bc.group == "" {
 		for _, n := range benchGroupFlags {
@@ -272,6 +289,7 @@ type benchSummary struct {
 	Concurrency   int     `json:"concurrency,omitempty"`
 	Size          int     `json:"size_bytes"`
 	Acks          string  `json:"acks"`
+	Isolation     string  `json:"isolation"`
 	Rate          float64 `json:"target_rate"`
 	Seconds       float64 `json:"produce_seconds"`
 	Produced      int64   `json:"produced"`
@@ -294,8 +312,23 @@ type benchSummary struct {
 	AckLatencyP99Ms  float64 `json:"ack_latency_p99_ms"`
 	AckLatencyP999Ms float64 `json:"ack_latency_p999_ms"`
 	AckLatencyMaxMs  float64 `json:"ack_latency_max_ms"`
-	ProducedPerSec   float64 `json:"produced_msgs_per_sec"`
-	ProducedMBPerSec float64 `json:"produced_mb_per_sec"`
+	// Transactions (--txn-size): each producer commits every TxnSize
+	// records (the last transaction may hold fewer). Transactions counts
+	// the commits that succeeded, TxnFailed those that did not (their
+	// records are in ProduceErrors); the commit latency is Commit's (the
+	// flush of the records not staged yet, then EndTxn), over the
+	// successful ones. Produced counts only committed records, and the
+	// ack latency runs to their transaction's commit.
+	TxnSize            int     `json:"txn_size,omitempty"`
+	Transactions       int64   `json:"transactions,omitempty"`
+	TxnFailed          int64   `json:"txn_failed,omitempty"`
+	TransactionsPerSec float64 `json:"transactions_per_sec,omitempty"`
+	CommitP50Ms        float64 `json:"commit_p50_ms,omitempty"`
+	CommitP90Ms        float64 `json:"commit_p90_ms,omitempty"`
+	CommitP99Ms        float64 `json:"commit_p99_ms,omitempty"`
+	CommitMaxMs        float64 `json:"commit_max_ms,omitempty"`
+	ProducedPerSec     float64 `json:"produced_msgs_per_sec"`
+	ProducedMBPerSec   float64 `json:"produced_mb_per_sec"`
 	// Expected is what the consumers should see: the records produced, or
 	// --count with --producers 0. Consumed counts distinct records (by
 	// producer and sequence number) of this run; Missing is Expected minus
@@ -343,9 +376,17 @@ func (s *benchSummary) print(w io.Writer) {
 		fmt.Fprintf(w, "produced %s in %.2fs: %.0f msg/s, %.2f MB/s (%s, %d of them timeouts; %s THROTTLED, %s)\n",
 			plural(s.Produced, "record"), s.Seconds, s.ProducedPerSec, s.ProducedMBPerSec, plural(s.ProduceErrors, "error"), s.ProduceTimeouts,
 			plural(s.Throttled, "attempt"), plural(s.Retries, "retry"))
+		if s.TxnSize > 0 {
+			fmt.Fprintf(w, "transactions of %s: %d committed, %.1f/s (%d failed); commit latency p50 %.3fms p90 %.3fms p99 %.3fms max %.3fms\n",
+				plural(s.TxnSize, "record"), s.Transactions, s.TransactionsPerSec, s.TxnFailed, s.CommitP50Ms, s.CommitP90Ms, s.CommitP99Ms, s.CommitMaxMs)
+		}
 		if s.Produced > 0 {
-			fmt.Fprintf(w, "latency produce-to-ack: p50 %.3fms p90 %.3fms p99 %.3fms p99.9 %.3fms max %.3fms\n",
-				s.AckLatencyP50Ms, s.AckLatencyP90Ms, s.AckLatencyP99Ms, s.AckLatencyP999Ms, s.AckLatencyMaxMs)
+			to := "ack"
+			if s.TxnSize > 0 {
+				to = "commit"
+			}
+			fmt.Fprintf(w, "latency produce-to-%s: p50 %.3fms p90 %.3fms p99 %.3fms p99.9 %.3fms max %.3fms\n",
+				to, s.AckLatencyP50Ms, s.AckLatencyP90Ms, s.AckLatencyP99Ms, s.AckLatencyP999Ms, s.AckLatencyMaxMs)
 		}
 	}
 	if s.Consumers == 0 {
@@ -399,6 +440,8 @@ type benchStats struct {
 	produceTimeouts         atomic.Int64
 	throttled, retries      atomic.Int64 // summed as producers finish
 	acks                    []*benchSink // produce-to-ack latencies, one per producer
+	commits                 []*benchSink // --txn-size: commit latencies, one per producer
+	transactions, txnFailed atomic.Int64
 	consumeErrs             benchErrors
 	ignored                 atomic.Int64
 
@@ -713,6 +756,12 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 	for i := range stats.acks {
 		stats.acks[i] = &benchSink{hist: newBenchHistogram()}
 	}
+	if bc.txnSize > 0 {
+		stats.commits = make([]*benchSink, bc.producers)
+		for i := range stats.commits {
+			stats.commits[i] = &benchSink{hist: newBenchHistogram()}
+		}
+	}
 	for i, c := range pclients {
 		n := int64(-1)
 		if bc.count > 0 {
@@ -724,6 +773,10 @@ func runBench(ctx context.Context, bc *benchConfig, progress io.Writer) (*benchS
 		prodWG.Add(1)
 		go func() {
 			defer prodWG.Done()
+			if bc.txnSize > 0 {
+				errs <- benchProduceTxn(prodCtx, ctx, c, bc, i, n, start, clock, stats)
+				return
+			}
 			errs <- benchProduce(prodCtx, ctx, c, bc, i, n, start, clock, stats, &producers[i])
 		}()
 	}
@@ -827,7 +880,7 @@ wait:
 	sec := produceTime.Seconds()
 	sum := &benchSummary{
 		Topic: bc.topic, Partitions: nparts, Producers: bc.producers, Consumers: min(bc.consumers, nparts), ConsumeMode: "pull",
-		Size: bc.size, Acks: map[heraldpb.Acks]string{cliAcksAll: "all", cliAcksLeader: "leader", cliAcksNone: "none"}[bc.acks],
+		Size: bc.size, Acks: map[heraldpb.Acks]string{cliAcksAll: "all", cliAcksLeader: "leader", cliAcksNone: "none"}[bc.acks], Isolation: bc.isolation,
 		Rate: bc.rate, Seconds: sec,
 		Produced: stats.produced.Load(), ProduceErrors: stats.produceErrs.n.Load(), FirstError: stats.produceErrs.firstText(),
 		ProduceTimeouts: stats.produceTimeouts.Load(), Throttled: stats.throttled.Load(), Retries: stats.retries.Load(),
@@ -852,6 +905,18 @@ wait:
 		sum.AckLatencyP50Ms, sum.AckLatencyP90Ms = usToMs(h.ValueAtQuantile(50)), usToMs(h.ValueAtQuantile(90))
 		sum.AckLatencyP99Ms, sum.AckLatencyP999Ms = usToMs(h.ValueAtQuantile(99)), usToMs(h.ValueAtQuantile(99.9))
 		sum.AckLatencyMaxMs = usToMs(h.Max())
+	}
+	if bc.txnSize > 0 {
+		h := newBenchHistogram()
+		for _, k := range stats.commits {
+			k.mu.Lock()
+			h.Merge(k.hist)
+			k.mu.Unlock()
+		}
+		sum.TxnSize, sum.Transactions, sum.TxnFailed = bc.txnSize, stats.transactions.Load(), stats.txnFailed.Load()
+		sum.TransactionsPerSec = perSec(float64(sum.Transactions), sec)
+		sum.CommitP50Ms, sum.CommitP90Ms, sum.CommitP99Ms = usToMs(h.ValueAtQuantile(50)), usToMs(h.ValueAtQuantile(90)), usToMs(h.ValueAtQuantile(99))
+		sum.CommitMaxMs = usToMs(h.Max())
 	}
 	sum.ProducedPerSec = perSec(float64(sum.Produced), sec)
 	sum.ProducedMBPerSec = perSec(float64(stats.producedBytes.Load())/1e6, sec)

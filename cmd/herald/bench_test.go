@@ -91,6 +91,14 @@ func TestBenchFlags(t *testing.T) {
 		{"--group", "g", "--concurrency", "0"},
 		{"--keys", "-1"},
 		{"--size", "8"},
+		{"--txn-size", "-1"},
+		{"--txn-size", "10", "--delay", "1s"},
+		{"--txn-size", "10", "--fire-rate", "10", "--count", "10"},
+		{"--txn-size", "10", "--acks", "leader"},
+		{"--txn-size", "10", "--linger", "1ms"},
+		{"--txn-size", "10", "--in-flight", "8"},
+		{"--txn-size", "10", "--producers", "0", "--group", "g", "--count", "10", "--from", "earliest"},
+		{"--isolation", "read-committed"},
 		{"--rr"},
 		{"--size", "100", "rr"}, // rr comes first
 		{"rr", "--responders", "0"},
@@ -296,6 +304,41 @@ func TestBenchHalfCheck(t *testing.T) {
 	out, _, err := runCLI(t, ctx, benchHalfCmd, addr, "", "--check", "20", "--check-after", "300ms", "--producers", "4", "--group", "text", "--report-interval", "0")
 	for _, want := range []string{"1 checker commits each at its check-back", "stored 20 half messages in", "from the first check-back: ",
 		"checks: ", "received for 20 half messages", "left pending: 0; topic grew by 20 records"} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Fatalf("missing %q in\n%s(%v)", want, out, err)
+		}
+	}
+}
+
+// TestBenchTxn: with --txn-size each producer commits every N records
+// (the last transaction shorter); every record is consumed once, and the
+// summary gives the transactions, their rate and commit latency.
+func TestBenchTxn(t *testing.T) {
+	addr := startBroker(t)
+	ctx := ctxT(t)
+	var sum benchSummary
+	benchJSON(t, ctx, addr, &sum, "--count", "500", "--txn-size", "50", "--producers", "2", "--size", "64", "--partitions", "2", "--isolation", "read_uncommitted")
+	if sum.Produced != 500 || sum.ProduceErrors != 0 || sum.TxnSize != 50 || sum.Transactions != 10 || sum.TxnFailed != 0 || sum.TransactionsPerSec <= 0 ||
+		sum.Consumed != 500 || sum.Missing != 0 || sum.Duplicates != 0 || sum.Isolation != "read_uncommitted" ||
+		sum.CommitP50Ms <= 0 || sum.CommitP50Ms > sum.CommitP99Ms || sum.CommitP99Ms > sum.CommitMaxMs || sum.AckLatencyP50Ms < sum.CommitP50Ms/2 {
+		t.Fatalf("txn: %+v", sum)
+	}
+	// Keyed records, and a last transaction shorter than --txn-size.
+	sum = benchSummary{}
+	benchJSON(t, ctx, addr, &sum, "--count", "100", "--txn-size", "7", "--keys", "8", "--size", "64", "--topic", "keyed", "--partitions", "3")
+	if sum.Produced != 100 || sum.Transactions != 15 || sum.Consumed != 100 || sum.UnexpectedDuplicates != 0 || sum.Isolation != "read_committed" {
+		t.Fatalf("keyed txn: %+v", sum)
+	}
+	c := dialT(t, ctx, addr)
+	infos, _, err := c.ListTransactions(ctx, "herald-bench-0", 0)
+	if err != nil || len(infos) != 1 || infos[0].GetState() != "empty" {
+		t.Fatalf("herald-bench-0 after the run: %v %v", infos, err)
+	}
+
+	// The text summary.
+	out, _, err := runCLI(t, ctx, benchCmd, addr, "", "--count", "60", "--txn-size", "20", "--size", "64", "--topic", "text", "--report-interval", "0")
+	for _, want := range []string{"transactions of 20 records: 3 committed, ", "(0 failed); commit latency p50 ", "latency produce-to-commit: p50",
+		"consumed 60 of 60 records"} {
 		if err != nil || !strings.Contains(out, want) {
 			t.Fatalf("missing %q in\n%s(%v)", want, out, err)
 		}

@@ -21,6 +21,25 @@ func init() {
 // groupOnlyFlags are the consume flags that need --group.
 var groupOnlyFlags = []string{"mode", "tags", "filter", "ack", "window", "orderly", "ack-timeout", "name"}
 
+// Isolation levels (--isolation of consume and bench). Transactions are
+// staged by the coordinator and appended only when they commit, so a log
+// never holds a record of an open or aborted transaction: both levels
+// read the same records. The flag is accepted, and checked, for scripts
+// written for Kafka.
+const (
+	isolationCommitted   = "read_committed"
+	isolationUncommitted = "read_uncommitted"
+	isolationUsage       = "read_committed or read_uncommitted: both read only committed records (transactions are staged until they commit)"
+)
+
+// checkIsolation checks an --isolation value.
+func checkIsolation(v string) error {
+	if v != isolationCommitted && v != isolationUncommitted {
+		return usagef("--isolation must be %s or %s, not %q", isolationCommitted, isolationUncommitted, v)
+	}
+	return nil
+}
+
 // consumeCmd runs "herald consume": it prints one value per line. Without
 // --group it reads partitions: without --follow it stops at the high
 // watermarks seen at start; with --follow it long-polls until interrupted
@@ -35,6 +54,7 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 	maxN := fs.Int("max", 0, "stop after N records (0 = no limit)")
 	verbose := fs.Bool("verbose", false, "print partition, offset, timestamp and key (and delivery count with --group) before each value")
 	maxWait := fs.Duration("max-wait", client.DefaultFetchMaxWait, "long-poll wait of each fetch (not with --group)")
+	isolation := fs.String("isolation", isolationCommitted, isolationUsage)
 	var g groupFlags
 	fs.StringVar(&g.group, "group", "", "consume as a member of this consumer group (push delivery with acks)")
 	fs.StringVar(&g.mode, "mode", "clustering", "group mode: clustering, broadcast, shared or key-shared (with --group)")
@@ -50,6 +70,9 @@ func consumeCmd(ctx context.Context, args []string, io cliIO) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := checkIsolation(*isolation); err != nil {
+		return err
+	}
 	switch {
 	case *topic == "":
 		return usagef("--topic is required")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -12,17 +13,20 @@ import (
 )
 
 func init() {
-	register("txn", "list, describe, commit or roll back half (transactional) messages", cliRunner(txnCmd))
+	register("txn", "half messages: list, describe, commit, roll back; transactions: list, abort", cliRunner(txnCmd))
 }
 
-const txnUsage = "usage: herald txn list [--group G] [--limit N] | describe ID | commit ID... | rollback ID..."
+const txnUsage = "usage: herald txn list [--group G] [--limit N] | list --transactions [--limit N] | describe ID | commit ID... | rollback ID... | abort TRANSACTIONAL_ID..."
 
 // txnCmd runs "herald txn list|describe|commit|rollback": the half
-// messages the transaction coordinator holds, and ending them by hand.
+// messages the transaction coordinator holds, and ending them by hand;
+// and "herald txn list --transactions|abort": the transactional ids and
+// their open transactions, and aborting those by hand.
 func txnCmd(ctx context.Context, args []string, io cliIO) error {
 	fs, cf := newCLIFlagSet("txn", io.err)
 	group := fs.String("group", "", "list: only this producer group's half messages")
-	limit := fs.Int("limit", 100, "list: at most this many, oldest first")
+	limit := fs.Int("limit", 100, "list: at most this many, oldest first (with --transactions: open transactions first)")
+	transactions := fs.Bool("transactions", false, "list: the transactional ids and their transactions instead of half messages")
 	fs.Usage = func() {
 		fmt.Fprintln(io.err, txnUsage)
 		fs.PrintDefaults()
@@ -45,14 +49,19 @@ func txnCmd(ctx context.Context, args []string, io cliIO) error {
 		if *limit < 1 {
 			return usagef("--limit must be at least 1")
 		}
-	case "describe", "commit", "rollback":
+		if *transactions && set["group"] {
+			return usagef("--group is for half messages, not with --transactions")
+		}
+	case "describe", "commit", "rollback", "abort":
 		switch {
 		case sub == "describe" && len(rest) != 1:
 			return usagef("txn describe needs exactly one ID")
+		case sub == "abort" && len(rest) == 0:
+			return usagef("txn abort needs one or more transactional ids")
 		case len(rest) == 0:
 			return usagef("txn %s needs one or more IDs", sub)
 		}
-		for _, f := range []string{"group", "limit"} {
+		for _, f := range []string{"group", "limit", "transactions"} {
 			if set[f] {
 				return usagef("--%s is only for txn list", f)
 			}
@@ -67,6 +76,15 @@ func txnCmd(ctx context.Context, args []string, io cliIO) error {
 	defer c.Close()
 	switch sub {
 	case "list":
+		if *transactions {
+			infos, total, err := c.ListTransactions(ctx, "", *limit)
+			if err != nil {
+				return cliOneLine(err)
+			}
+			printTxnsList(io, infos, time.Now())
+			fmt.Fprintf(io.err, "%d shown, %s in all\n", len(infos), plural(total, "transactional id"))
+			return nil
+		}
 		halves, total, err := c.ListTxn(ctx, *group, *limit)
 		if err != nil {
 			return cliOneLine(err)
@@ -79,10 +97,66 @@ func txnCmd(ctx context.Context, args []string, io cliIO) error {
 			return cliTxnErr(err, rest[0])
 		}
 		printTxn(io, h, time.Now())
+	case "abort":
+		return abortTxns(ctx, c, rest, io)
 	default:
 		return endHalves(ctx, c, sub, rest, io)
 	}
 	return nil
+}
+
+// abortTxns aborts the open transaction of each transactional id by hand.
+func abortTxns(ctx context.Context, c *client.Client, ids []string, io cliIO) error {
+	failed := 0
+	for _, id := range ids {
+		end, err := c.AbortTransaction(ctx, id)
+		if err != nil {
+			if client.IsCode(err, heraldpb.ErrorCode_TXN_NOT_FOUND) {
+				err = fmt.Errorf("no open transaction of %s (an unknown id, or nothing open; 'herald txn list --transactions' shows them): %w", id, err)
+			} else {
+				err = fmt.Errorf("%s: %w", id, err)
+			}
+			fmt.Fprintln(io.err, cliOneLine(err))
+			failed++
+			continue
+		}
+		if len(end.Partitions) == 0 {
+			fmt.Fprintf(io.out, "aborted %s: nothing was staged\n", id)
+			continue
+		}
+		fmt.Fprintf(io.out, "aborted %s: %s dropped from %s\n", id, plural(end.Records, "record"), strings.Join(end.Partitions, ","))
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d not aborted", failed, len(ids))
+	}
+	return nil
+}
+
+// printTxnsList prints the transactional ids, one a line.
+func printTxnsList(io cliIO, infos []*heraldpb.TxnInfo, now time.Time) {
+	tw := tabwriter.NewWriter(io.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPRODUCER ID\tEPOCH\tSTATE\tPARTITIONS\tRECORDS\tAGE\tTIMEOUT")
+	for _, ti := range infos {
+		age := "-"
+		if ti.GetStartedMs() != 0 {
+			age = txnAge(now, ti.GetStartedMs())
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\n", ti.GetTransactionalId(), ti.GetProducerId(), ti.GetProducerEpoch(), ti.GetState(),
+			txnPartitions(ti.GetPartitions(), 3), ti.GetRecords(), age, time.Duration(ti.GetTimeoutMs())*time.Millisecond)
+	}
+	tw.Flush()
+}
+
+// txnPartitions lists "topic/partition"s, at most show of them then how
+// many more; "-" for none.
+func txnPartitions(parts []string, show int) string {
+	if len(parts) == 0 {
+		return "-"
+	}
+	if len(parts) <= show {
+		return strings.Join(parts, ",")
+	}
+	return fmt.Sprintf("%s +%d", strings.Join(parts[:show], ","), len(parts)-show)
 }
 
 // endHalves commits or rolls back (sub) each of ids by hand.

@@ -107,6 +107,10 @@ func TestTxnUsage(t *testing.T) {
 		{[]string{"commit"}, "txn commit needs one or more IDs"},
 		{[]string{"rollback", "a", "--group", "g"}, "--group is only for txn list"},
 		{[]string{"list", "--gruop", "g"}, "unknown flag --gruop; did you mean --group?"},
+		{[]string{"list", "--transactions", "--group", "g"}, "--group is for half messages, not with --transactions"},
+		{[]string{"abort"}, "txn abort needs one or more transactional ids"},
+		{[]string{"abort", "etl", "--transactions"}, "--transactions is only for txn list"},
+		{[]string{"commit", "h1", "--limit", "3"}, "--limit is only for txn list"},
 	} {
 		// Parsing fails before dialing: no broker is needed.
 		_, stderr, err := runCLI(t, ctx, txnCmd, "127.0.0.1:1", "", c.args...)
@@ -132,6 +136,119 @@ func TestPrintTxn(t *testing.T) {
 		"next check:  2023-11-14T22:13:19Z (due)\n", "deliver at:  2023-11-14T23:13:20Z\n", "bytes:       12\n"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("describe lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestTxnTransactionsCommands: txn list --transactions shows the
+// transactional ids, open transactions first; txn abort aborts one by
+// hand, and says so for an id with nothing open.
+func TestTxnTransactionsCommands(t *testing.T) {
+	b := fakeBroker(t, fakebroker.Topic("out", 2))
+	ctx := ctxT(t)
+	c, err := client.Dial(ctx, b.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	idle, err := c.NewTransactionalProducer(ctx, "idle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close(ctx)
+	p, err := c.NewTransactionalProducer(ctx, "etl-1", client.WithTransactionTimeout(90*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close(ctx)
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "b", "c"} {
+		if _, err := p.Send(ctx, &client.Message{Topic: "out", Key: []byte(k), Value: []byte(k)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	out, stderr, err := runCLI(t, ctx, txnCmd, b.Addr(), "", "list", "--transactions")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if err != nil || len(lines) != 3 || stderr != "2 shown, 2 transactional ids in all\n" {
+		t.Fatalf("list: %q %q %v", out, stderr, err)
+	}
+	if f := strings.Fields(lines[0]); strings.Join(f, " ") != "ID PRODUCER ID EPOCH STATE PARTITIONS RECORDS AGE TIMEOUT" {
+		t.Fatalf("list header %q", lines[0])
+	}
+	if f := strings.Fields(lines[1]); len(f) != 8 || f[0] != "etl-1" || f[3] != "open" || f[4] != "out/0,out/1" || f[5] != "3" || f[7] != "1m30s" {
+		t.Fatalf("list row %q", lines[1])
+	}
+	if f := strings.Fields(lines[2]); len(f) != 8 || f[0] != "idle" || f[3] != "empty" || f[4] != "-" || f[5] != "0" || f[6] != "-" || f[7] != "1m0s" {
+		t.Fatalf("list row %q", lines[2])
+	}
+	if out, stderr, err := runCLI(t, ctx, txnCmd, b.Addr(), "", "list", "--transactions", "--limit", "1"); err != nil || strings.Count(out, "\n") != 2 ||
+		stderr != "1 shown, 2 transactional ids in all\n" {
+		t.Fatalf("list --limit 1: %q %q %v", out, stderr, err)
+	}
+
+	out, _, err = runCLI(t, ctx, txnCmd, b.Addr(), "", "abort", "etl-1")
+	if err != nil || out != "aborted etl-1: 3 records dropped from out/0,out/1\n" {
+		t.Fatalf("abort: %q %v", out, err)
+	}
+	if info, _ := b.Txn("etl-1"); info.Open {
+		t.Fatalf("still open after the abort: %+v", info)
+	}
+	// The producer learns it at its next call; its Abort then succeeds.
+	if _, err := p.Commit(ctx); err == nil {
+		t.Fatal("a commit of the aborted transaction succeeded")
+	}
+	out, stderr, err = runCLI(t, ctx, txnCmd, b.Addr(), "", "abort", "etl-1", "nope")
+	if err == nil || isUsage(err) || err.Error() != "2 of 2 not aborted" || out != "" ||
+		!strings.HasPrefix(stderr, "no open transaction of etl-1 (an unknown id, or nothing open; 'herald txn list --transactions' shows them): herald TXN_NOT_FOUND") ||
+		strings.Count(stderr, "\n") != 2 {
+		t.Fatalf("abort with nothing open: %q %q %v", out, stderr, err)
+	}
+	for p := range uint32(2) {
+		if recs := b.Records("out", p); len(recs) != 0 {
+			t.Fatalf("records of the aborted transaction in out/%d: %v", p, recs)
+		}
+	}
+}
+
+func TestPrintTxnsPartitions(t *testing.T) {
+	for _, c := range []struct {
+		parts []string
+		want  string
+	}{
+		{nil, "-"},
+		{[]string{"a/0"}, "a/0"},
+		{[]string{"a/0", "a/1", "b/0"}, "a/0,a/1,b/0"},
+		{[]string{"a/0", "a/1", "b/0", "b/1", "c/0"}, "a/0,a/1,b/0 +2"},
+	} {
+		if got := txnPartitions(c.parts, 3); got != c.want {
+			t.Errorf("txnPartitions(%v) = %q, want %q", c.parts, got, c.want)
+		}
+	}
+}
+
+// TestTxnIsolationFlag: consume --isolation takes read_committed and
+// read_uncommitted, which read the same records, and refuses anything
+// else.
+func TestTxnIsolationFlag(t *testing.T) {
+	b := fakeBroker(t, fakebroker.Topic("t", 1))
+	ctx := ctxT(t)
+	if _, _, err := runCLI(t, ctx, produceCmd, b.Addr(), "x\ny\n", "--topic", "t"); err != nil {
+		t.Fatal(err)
+	}
+	for _, level := range []string{"read_committed", "read_uncommitted"} {
+		out, _, err := runCLI(t, ctx, consumeCmd, b.Addr(), "", "--topic", "t", "--isolation", level)
+		if err != nil || out != "x\ny\n" {
+			t.Fatalf("consume --isolation %s: %q %v", level, out, err)
+		}
+	}
+	for _, fn := range []func(context.Context, []string, cliIO) error{consumeCmd, benchCmd} {
+		args := []string{"--isolation", "snapshot"}
+		if _, _, err := runCLI(t, ctx, fn, "127.0.0.1:1", "", append([]string{"--topic", "t"}, args...)...); !isUsage(err) ||
+			err.Error() != `--isolation must be read_committed or read_uncommitted, not "snapshot"` {
+			t.Errorf("--isolation snapshot: %v", err)
 		}
 	}
 }

@@ -1,0 +1,823 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// Transactions across partitions, as Kafka has them (staged): a
+// TransactionalProducer's records go to the transaction coordinator, which
+// keeps them in __txn, invisible to every consumer, until Commit appends
+// all of them to their partitions, or Abort drops them. Each transactional
+// id has one live session: NewTransactionalProducer starts one (the
+// broker's InitProducerId), which aborts what an earlier session left open
+// and fences it (PRODUCER_FENCED from then on). See docs/sdk.md,
+// "Transactions".
+
+// TxnOpt configures a TransactionalProducer (NewTransactionalProducer);
+// a ProducerOpt cannot be passed in its place.
+type TxnOpt interface{ applyTxn(*txnConfig) }
+
+type txnOpt func(*txnConfig)
+
+func (f txnOpt) applyTxn(c *txnConfig) { f(c) }
+
+type txnConfig struct {
+	timeout     time.Duration // 0: the broker's default
+	batchBytes  int
+	bufferBytes int64
+}
+
+// defaultTxnTimeout is the broker's default transaction timeout: how long
+// a batch is retried when the producer did not set one.
+const defaultTxnTimeout = time.Minute
+
+// WithTransactionTimeout sets how long a transaction may stay open: the
+// coordinator aborts one open longer (from its first record), and the
+// producer's next call fails with ErrTxnTimedOut. Rounded up to a
+// millisecond. Default 0: the broker's (60 s; at most its
+// max-txn-timeout, 15 min by default). It also bounds how long a batch is
+// retried.
+func WithTransactionTimeout(d time.Duration) TxnOpt {
+	return txnOpt(func(c *txnConfig) { c.timeout = d })
+}
+
+// WithTxnBatchBytes caps the encoded size of one staged batch (default
+// 256 KiB, DefaultBatchBytes). A record larger than that goes alone.
+func WithTxnBatchBytes(n int) TxnOpt {
+	return txnOpt(func(c *txnConfig) {
+		if n > 0 {
+			c.batchBytes = n
+		}
+	})
+}
+
+// WithTxnBufferBytes bounds the bytes of records sent and not yet staged
+// (default 32 MiB, DefaultBufferBytes): SendAsync blocks on its context
+// while it is full.
+func WithTxnBufferBytes(n int64) TxnOpt {
+	return txnOpt(func(c *txnConfig) {
+		if n > 0 {
+			c.bufferBytes = n
+		}
+	})
+}
+
+// txnPhase is where the producer's current transaction is.
+type txnPhase uint8
+
+const (
+	txnNone       txnPhase = iota // no transaction begun
+	txnActive                     // begun: Send, Commit, Abort
+	txnFailed                     // a record failed to stage: Abort only
+	txnCommitting                 // Commit under way, or its outcome unknown: Commit again or Abort
+	txnAborting                   // Abort under way, or its outcome unknown: Abort again
+)
+
+// TransactionalProducer sends records in transactions: every record sent
+// between Begin and Commit becomes visible at once when Commit returns
+// (on every partition it went to), or never (Abort, a failure, a crash).
+// Create it with Client.NewTransactionalProducer; it is safe for
+// concurrent use, but a transaction is one sequence Begin, sends, Commit
+// or Abort. Close it before closing the Client.
+//
+// Partitioning is the Producer's: a keyed message goes to
+// PartitionForKey(Key, partitions), one without a key to the partition
+// the broker picks; Message.Partition is ignored. Records are batched per
+// partition and staged one batch at a time, in order: a batch is sent
+// when the previous one is staged (or at once when none is in flight),
+// so batches grow while the coordinator is busy; Flush and Commit send
+// what is left.
+//
+// Failures: the producer retries a batch after retryable errors
+// (NOT_COORDINATOR, which it follows to the transaction coordinator, a
+// lost connection, a timeout, THROTTLED) with the same base sequence, so
+// that the coordinator stages it once, for at most the transaction
+// timeout. Any other failure of a record sent in the transaction fails
+// the transaction: Send, Flush and Commit then return ErrTxnFailed with
+// the cause, and only Abort ends it. PRODUCER_FENCED is final
+// (ErrProducerFenced from every call). After TXN_TIMED_OUT
+// (ErrTxnTimedOut) Abort ends the transaction without a request and the
+// next transaction starts a new session first, as
+// NewTransactionalProducer does (so it, too, fences any other session of
+// the id).
+type TransactionalProducer struct {
+	c   *Client
+	id  string
+	cfg txnConfig
+
+	ctx    context.Context // ended by Close (and the client's Close): staging stops
+	cancel context.CancelFunc
+
+	initMu sync.Mutex // one InitProducerId at a time
+
+	mu       sync.Mutex
+	pid      uint64
+	epoch    uint32
+	needInit bool // the session's current transaction ended unexpectedly: start a new session first
+	phase    txnPhase
+	failure  error // txnFailed: the first failure
+	fenced   error // final
+	closed   bool
+	seq      int64 // base sequence of the next batch sealed
+	open     map[txnKey]*txnBatch
+	order    []txnKey    // keys of open, in the order they were opened
+	queue    []*txnBatch // sealed, staged in order by run
+	sending  bool        // run is working
+	pending  int         // records accepted and not yet staged, failed or dropped
+	buffered int64       // their estimated bytes
+	changed  chan struct{}
+}
+
+type txnKey struct {
+	topic string
+	part  int32 // -1: the broker picks
+}
+
+// txnBatch is records of one transaction for one partition, staged in
+// one produce request.
+type txnBatch struct {
+	key  txnKey
+	data []byte
+	cbs  []func(Result, error)
+	size int64
+	seq  int64 // set when sealed
+}
+
+// TxnEnd is what ending a transaction did.
+type TxnEnd struct {
+	// Records and Partitions ("topic/partition") are what the transaction
+	// held.
+	Records    int
+	Partitions []string
+	// AlreadyEnded: the transaction had been ended the same way already (a
+	// Commit retried after its outcome was unknown); nothing changed.
+	AlreadyEnded bool
+}
+
+// NewTransactionalProducer starts a session of transactionalID (1 to 255
+// bytes) on the transaction coordinator and returns its producer. Starting
+// a session aborts the transaction an earlier session of the id left
+// open, and fences that session: its every later request fails with
+// PRODUCER_FENCED. It waits (retrying THROTTLED) while an earlier
+// session's transaction is being committed, for as long as ctx lasts.
+func (c *Client) NewTransactionalProducer(ctx context.Context, transactionalID string, opts ...TxnOpt) (*TransactionalProducer, error) {
+	cfg := txnConfig{batchBytes: DefaultBatchBytes, bufferBytes: DefaultBufferBytes}
+	for _, o := range opts {
+		o.applyTxn(&cfg)
+	}
+	switch {
+	case transactionalID == "" || len(transactionalID) > 255:
+		return nil, fmt.Errorf("herald: transactional id must be 1 to 255 bytes, not %d", len(transactionalID))
+	case cfg.timeout < 0 || cfg.timeout/time.Millisecond >= math.MaxUint32:
+		return nil, fmt.Errorf("herald: transaction timeout %s out of range", cfg.timeout)
+	}
+	p := &TransactionalProducer{c: c, id: transactionalID, cfg: cfg, open: map[txnKey]*txnBatch{}, changed: make(chan struct{})}
+	p.ctx, p.cancel = context.WithCancel(c.ctx)
+	if err := p.initSession(ctx); err != nil {
+		p.cancel()
+		return nil, err
+	}
+	return p, nil
+}
+
+// TransactionalID returns the producer's transactional id.
+func (p *TransactionalProducer) TransactionalID() string { return p.id }
+
+// initSession sends InitProducerId and takes the session it answers.
+func (p *TransactionalProducer) initSession(ctx context.Context) error {
+	ms := uint32((p.cfg.timeout + time.Millisecond - 1) / time.Millisecond)
+	f, err := p.c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{
+		TransactionalId: p.id, TransactionTimeoutMs: ms,
+	}}}, true)
+	if err != nil {
+		return err
+	}
+	r := f.GetInitProducerIdResponse()
+	if r == nil {
+		return unexpected(f, "InitProducerIdResponse")
+	}
+	p.mu.Lock()
+	p.pid, p.epoch, p.needInit = r.GetProducerId(), r.GetProducerEpoch(), false
+	p.mu.Unlock()
+	return nil
+}
+
+// ensureSession starts a new session if the last one's transaction ended
+// unexpectedly (needInit).
+func (p *TransactionalProducer) ensureSession(ctx context.Context) error {
+	p.initMu.Lock()
+	defer p.initMu.Unlock()
+	p.mu.Lock()
+	need := p.needInit
+	p.mu.Unlock()
+	if !need {
+		return nil
+	}
+	return p.initSession(ctx)
+}
+
+// Begin starts a transaction. It sends nothing: the first record (or
+// Commit) does. It fails while a transaction is open, after Close, and
+// with ErrProducerFenced once fenced.
+func (p *TransactionalProducer) Begin() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.usableLocked(); err != nil {
+		return err
+	}
+	if p.phase != txnNone {
+		return errors.New("herald: a transaction is open already: Commit or Abort it first")
+	}
+	p.phase, p.failure = txnActive, nil
+	return nil
+}
+
+// usableLocked is the error every call returns once fenced or closed.
+func (p *TransactionalProducer) usableLocked() error {
+	switch {
+	case p.fenced != nil:
+		return p.fenced
+	case p.closed:
+		return ErrClosed
+	}
+	return nil
+}
+
+var errNoTxn = errors.New("herald: no transaction begun: call Begin first")
+
+// acceptErrLocked says why a record cannot join the transaction now.
+func (p *TransactionalProducer) acceptErrLocked() error {
+	if err := p.usableLocked(); err != nil {
+		return err
+	}
+	switch p.phase {
+	case txnNone:
+		return errNoTxn
+	case txnFailed:
+		return p.failedErrLocked()
+	case txnCommitting, txnAborting:
+		return errors.New("herald: the transaction is ending: Begin the next one first")
+	}
+	return nil
+}
+
+func (p *TransactionalProducer) failedErrLocked() error {
+	return fmt.Errorf("%w: %w", ErrTxnFailed, p.failure)
+}
+
+// Send stages m in the open transaction and waits until the coordinator
+// has it. It returns the partition m will be appended to (Result.Offset
+// is -1: offsets are known at commit), and sets m.Partition and m.Offset
+// the same way. If ctx ends first Send returns ctx.Err(), and m may still
+// be staged: Commit then waits for it. An error fails the transaction
+// (see TransactionalProducer).
+func (p *TransactionalProducer) Send(ctx context.Context, m *Message) (Result, error) {
+	type outcome struct {
+		r   Result
+		err error
+	}
+	ch := make(chan outcome, 1)
+	p.send(ctx, m, func(r Result, err error) { ch <- outcome{r, err} })
+	select {
+	case o := <-ch:
+		if o.err == nil {
+			m.Partition, m.Offset = o.r.Partition, o.r.Offset
+		}
+		return o.r, o.err
+	case <-ctx.Done():
+		return Result{}, ctx.Err()
+	}
+}
+
+// SendAsync adds m to the open transaction and calls cb once with the
+// outcome of staging it: its partition (Offset -1), or the error. cb runs
+// on the producer's goroutine (or the caller's when m is refused at
+// once); keep it short. SendAsync blocks while the producer's buffer is
+// full (WithTxnBufferBytes), until ctx ends; a keyed message may also
+// wait on ctx for the topic's metadata. A refused message, like one that
+// failed to stage, fails the transaction. Do not modify m until cb runs.
+func (p *TransactionalProducer) SendAsync(ctx context.Context, m *Message, cb func(Result, error)) {
+	if cb == nil {
+		cb = func(Result, error) {}
+	}
+	p.send(ctx, m, cb)
+}
+
+func (p *TransactionalProducer) send(ctx context.Context, m *Message, cb func(Result, error)) {
+	refuse := func(err error) {
+		p.mu.Lock()
+		p.failLocked(err)
+		p.mu.Unlock()
+		cb(Result{}, err)
+	}
+	p.mu.Lock()
+	err := p.acceptErrLocked()
+	p.mu.Unlock()
+	switch {
+	case err != nil:
+		cb(Result{}, err)
+		return
+	case m == nil || m.Topic == "":
+		refuse(errors.New("herald: message without topic"))
+		return
+	case !m.DeliverAt.IsZero() || m.Delay != 0:
+		refuse(errors.New("herald: a message in a transaction cannot be delayed (DeliverAt, Delay)"))
+		return
+	}
+	part := int32(-1)
+	if len(m.Key) > 0 {
+		n, err := p.c.Partitions(ctx, m.Topic)
+		if err == nil && n == 0 {
+			err = &Error{Code: heraldpb.ErrorCode_PARTITION_NOT_FOUND, Message: fmt.Sprintf("topic %q has no partitions", m.Topic)}
+		}
+		if err != nil {
+			refuse(err)
+			return
+		}
+		part = int32(PartitionForKey(m.Key, uint32(n)))
+	}
+	rec, err := encodeRecord(nil, m)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	size := int64(len(rec))
+	p.mu.Lock()
+	for {
+		if err := p.acceptErrLocked(); err != nil {
+			p.mu.Unlock()
+			cb(Result{}, err)
+			return
+		}
+		if p.buffered == 0 || p.buffered+size <= p.cfg.bufferBytes {
+			break
+		}
+		changed := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			refuse(ctx.Err())
+			return
+		case <-changed:
+		}
+		p.mu.Lock()
+	}
+	k := txnKey{topic: m.Topic, part: part}
+	b := p.open[k]
+	if b != nil && len(b.data)+len(rec) > p.cfg.batchBytes {
+		p.sealLocked(k)
+		b = nil
+	}
+	if b == nil {
+		b = &txnBatch{key: k}
+		p.open[k] = b
+		p.order = append(p.order, k)
+	}
+	b.data = append(b.data, rec...)
+	b.cbs = append(b.cbs, cb)
+	b.size += size
+	p.pending++
+	p.buffered += size
+	p.kickLocked()
+	p.mu.Unlock()
+}
+
+// sealLocked moves the open batch of k to the queue, numbering it.
+func (p *TransactionalProducer) sealLocked(k txnKey) {
+	b := p.open[k]
+	if b == nil {
+		return
+	}
+	delete(p.open, k)
+	for i, o := range p.order {
+		if o == k {
+			p.order = append(p.order[:i], p.order[i+1:]...)
+			break
+		}
+	}
+	b.seq = p.seq
+	p.seq += int64(len(b.cbs))
+	p.queue = append(p.queue, b)
+}
+
+// sealAllLocked seals every open batch, oldest first.
+func (p *TransactionalProducer) sealAllLocked() {
+	for len(p.order) > 0 {
+		p.sealLocked(p.order[0])
+	}
+}
+
+// kickLocked starts run when there is something to stage.
+func (p *TransactionalProducer) kickLocked() {
+	if !p.sending && (len(p.queue) > 0 || len(p.order) > 0) {
+		p.sending = true
+		go p.run()
+	}
+}
+
+// run stages the queued batches one at a time, in order; when the queue
+// is empty it seals the open batches and goes on, and it returns once
+// there is nothing left.
+func (p *TransactionalProducer) run() {
+	for {
+		p.mu.Lock()
+		if len(p.queue) == 0 {
+			p.sealAllLocked()
+		}
+		if len(p.queue) == 0 {
+			p.sending = false
+			p.mu.Unlock()
+			return
+		}
+		b := p.queue[0]
+		p.queue[0] = nil
+		p.queue = p.queue[1:]
+		err := p.usableLocked()
+		if err == nil && p.phase == txnFailed {
+			err = p.failedErrLocked()
+		}
+		p.mu.Unlock()
+		var r *heraldpb.ProduceResponse
+		if err == nil {
+			r, err = p.stage(b)
+		}
+		p.finish(b, r, err)
+	}
+}
+
+// retryFor is how long a batch is retried: the transaction timeout, past
+// which the coordinator has aborted the transaction anyway.
+func (p *TransactionalProducer) retryFor() time.Duration {
+	if p.cfg.timeout > 0 {
+		return p.cfg.timeout
+	}
+	return defaultTxnTimeout
+}
+
+// stage sends b to the coordinator, again with the same base sequence
+// after retryable failures, until it is staged, refused, or retryFor has
+// passed.
+func (p *TransactionalProducer) stage(b *txnBatch) (*heraldpb.ProduceResponse, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, p.retryFor())
+	defer cancel()
+	if err := p.ensureSession(ctx); err != nil {
+		if p.ctx.Err() != nil {
+			return nil, ErrClosed
+		}
+		return nil, err
+	}
+	p.mu.Lock()
+	pid, epoch := p.pid, p.epoch
+	p.mu.Unlock()
+	req := &heraldpb.ProduceRequest{Topic: b.key.topic, Acks: AcksAll, Records: b.data,
+		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: epoch, BaseSequence: b.seq}
+	if b.key.part >= 0 {
+		part := uint32(b.key.part)
+		req.Partition = &part
+	}
+	if t := p.c.cfg.requestTimeout; t > 0 {
+		req.TimeoutMs = uint32(min(t/time.Millisecond, math.MaxUint32))
+	}
+	f := &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}
+	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		resp, err := p.c.callTxn(ctx, f, true)
+		if err == nil {
+			r := resp.GetProduceResponse()
+			if r == nil {
+				return nil, unexpected(resp, "ProduceResponse")
+			}
+			return r, nil
+		}
+		if p.ctx.Err() != nil {
+			return nil, ErrClosed // the producer or its client was closed
+		}
+		if !IsRetryable(err) || ctx.Err() != nil || sleepCtx(ctx, max(backoff, retryAfter(err))) != nil {
+			return nil, err
+		}
+	}
+}
+
+// finish records b's outcome and runs its callbacks.
+func (p *TransactionalProducer) finish(b *txnBatch, r *heraldpb.ProduceResponse, err error) {
+	res := Result{Partition: -1, Offset: -1}
+	p.mu.Lock()
+	p.pending -= len(b.cbs)
+	p.buffered -= b.size
+	p.changedLocked()
+	if err == nil {
+		res.Partition = int32(r.GetPartition())
+	} else {
+		p.failLocked(err)
+	}
+	p.mu.Unlock()
+	for _, cb := range b.cbs {
+		cb(res, err)
+	}
+}
+
+func (p *TransactionalProducer) changedLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// failLocked notes that a record of the transaction failed with err.
+func (p *TransactionalProducer) failLocked(err error) {
+	if errors.Is(err, ErrProducerFenced) && p.fenced == nil {
+		p.fenced = err
+	}
+	if errors.Is(err, ErrTxnTimedOut) {
+		p.needInit = true
+	}
+	if (p.phase == txnActive || p.phase == txnCommitting) && !errors.Is(err, ErrClosed) {
+		p.phase, p.failure = txnFailed, err
+	}
+}
+
+// waitLocked waits, releasing p.mu meanwhile, until no record is
+// pending or ctx ends.
+func (p *TransactionalProducer) waitLocked(ctx context.Context) error {
+	for p.pending > 0 {
+		changed := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			p.mu.Lock()
+			return ctx.Err()
+		case <-changed:
+		}
+		p.mu.Lock()
+	}
+	return nil
+}
+
+// Flush sends the records of the open transaction not sent yet and waits
+// until every record sent so far is staged, or ctx ends. It returns
+// ErrTxnFailed (with the cause) when one failed.
+func (p *TransactionalProducer) Flush(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sealAllLocked()
+	p.kickLocked()
+	if err := p.waitLocked(ctx); err != nil {
+		return err
+	}
+	if err := p.usableLocked(); err != nil {
+		return err
+	}
+	if p.phase == txnFailed {
+		return p.failedErrLocked()
+	}
+	return nil
+}
+
+// Commit makes the open transaction's records visible, on every partition
+// at once: it flushes them, then asks the coordinator to commit, which
+// answers once every record is on its partition (consumers see them from
+// then on). Then the producer is ready for the next Begin.
+//
+// It fails with ErrTxnFailed (with the cause) when a record failed: only
+// Abort ends the transaction then. When the answer does not come (a lost
+// connection, a timeout, ctx ending; the error is marked
+// ErrOutcomeUnknown), the transaction may or may not be committed: call
+// Commit again (the coordinator answers a repeated commit with
+// TxnEnd.AlreadyEnded) or Abort (which fails with INVALID_TXN_STATE if it
+// was committed). After ErrTxnTimedOut, Abort and begin again.
+func (p *TransactionalProducer) Commit(ctx context.Context) (TxnEnd, error) {
+	p.mu.Lock()
+	if err := p.usableLocked(); err != nil {
+		p.mu.Unlock()
+		return TxnEnd{}, err
+	}
+	switch p.phase {
+	case txnNone:
+		p.mu.Unlock()
+		return TxnEnd{}, errNoTxn
+	case txnFailed:
+		err := p.failedErrLocked()
+		p.mu.Unlock()
+		return TxnEnd{}, err
+	case txnAborting:
+		p.mu.Unlock()
+		return TxnEnd{}, errors.New("herald: the transaction is being aborted: call Abort again")
+	}
+	p.phase = txnCommitting
+	p.sealAllLocked()
+	p.kickLocked()
+	if err := p.waitLocked(ctx); err != nil {
+		p.mu.Unlock()
+		return TxnEnd{}, err
+	}
+	if err := p.usableLocked(); err != nil {
+		p.mu.Unlock()
+		return TxnEnd{}, err
+	}
+	if p.phase == txnFailed {
+		err := p.failedErrLocked()
+		p.mu.Unlock()
+		return TxnEnd{}, err
+	}
+	p.mu.Unlock()
+	return p.end(ctx, true)
+}
+
+// Abort drops the open transaction: records not sent yet fail with
+// ErrTxnAborted, it waits for the one batch being staged, and asks the
+// coordinator to abort, which drops everything staged. After
+// ErrTxnTimedOut (the coordinator aborted already) it sends nothing. With
+// no transaction open it does nothing. An error marked ErrOutcomeUnknown
+// leaves the transaction aborting: call Abort again (a transaction left
+// open is aborted at its timeout, or by the id's next session). One that
+// fails with INVALID_TXN_STATE was committed (by a Commit whose outcome
+// was unknown) or is being committed; the producer is ready for the next
+// Begin either way.
+func (p *TransactionalProducer) Abort(ctx context.Context) error {
+	p.mu.Lock()
+	if err := p.usableLocked(); err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	if p.phase == txnNone {
+		p.mu.Unlock()
+		return nil
+	}
+	p.phase = txnAborting
+	dropped := p.dropLocked()
+	p.mu.Unlock()
+	for _, cb := range dropped {
+		cb(Result{}, ErrTxnAborted)
+	}
+	p.mu.Lock()
+	if err := p.waitLocked(ctx); err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	if err := p.usableLocked(); err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	if p.needInit {
+		// Timed out: the coordinator aborted it, and the next
+		// transaction starts a new session.
+		p.resetLocked()
+		p.mu.Unlock()
+		return nil
+	}
+	p.mu.Unlock()
+	_, err := p.end(ctx, false)
+	return err
+}
+
+// dropLocked takes the records not sent yet out of the transaction and
+// returns their callbacks.
+func (p *TransactionalProducer) dropLocked() []func(Result, error) {
+	var cbs []func(Result, error)
+	drop := func(b *txnBatch) {
+		cbs = append(cbs, b.cbs...)
+		p.pending -= len(b.cbs)
+		p.buffered -= b.size
+	}
+	for _, b := range p.queue {
+		drop(b)
+	}
+	for _, k := range p.order {
+		drop(p.open[k])
+		delete(p.open, k)
+	}
+	p.queue, p.order = nil, nil
+	if len(cbs) > 0 {
+		p.changedLocked()
+	}
+	return cbs
+}
+
+// resetLocked ends the transaction locally: the next one starts at
+// sequence 0.
+func (p *TransactionalProducer) resetLocked() {
+	p.phase, p.failure, p.seq = txnNone, nil, 0
+}
+
+// end sends EndTxn (commit or abort) for the current epoch and takes the
+// answer.
+func (p *TransactionalProducer) end(ctx context.Context, commit bool) (TxnEnd, error) {
+	if err := p.ensureSession(ctx); err != nil {
+		return TxnEnd{}, err // only after a Begin that followed a timeout: nothing was staged
+	}
+	p.mu.Lock()
+	pid, epoch := p.pid, p.epoch
+	p.mu.Unlock()
+	f, err := p.c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
+		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: epoch, Commit: commit,
+	}}}, true)
+	var r *heraldpb.EndTxnResponse
+	if err == nil {
+		if r = f.GetEndTxnResponse(); r == nil {
+			err = unexpected(f, "EndTxnResponse")
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.epoch != epoch || p.pid != pid {
+		return TxnEnd{}, fmt.Errorf("herald: the session of transactional id %q changed while ending its transaction", p.id)
+	}
+	what := map[bool]string{true: "committing", false: "aborting"}[commit]
+	switch {
+	case err == nil:
+		if next := r.GetNextEpoch(); next > epoch {
+			p.epoch = next
+		} else {
+			p.needInit = true
+		}
+		p.resetLocked()
+		return TxnEnd{Records: int(r.GetRecords()), Partitions: r.GetPartitions(), AlreadyEnded: r.GetAlreadyEnded()}, nil
+	case errors.Is(err, ErrProducerFenced):
+		p.fenced = err
+		return TxnEnd{}, err
+	case errors.Is(err, ErrTxnTimedOut):
+		p.needInit = true
+		if !commit {
+			p.resetLocked()
+			return TxnEnd{}, nil // aborted by the coordinator
+		}
+		p.phase, p.failure = txnFailed, err
+		return TxnEnd{}, err
+	case IsCode(err, heraldpb.ErrorCode_INVALID_TXN_STATE), IsCode(err, heraldpb.ErrorCode_TXN_NOT_FOUND):
+		// The coordinator ended it otherwise (committed, aborted by hand)
+		// or does not know it: the next transaction starts a new session.
+		p.needInit = true
+		p.resetLocked()
+		return TxnEnd{}, fmt.Errorf("herald: %s the transaction of %q (epoch %d): %w", what, p.id, epoch, err)
+	}
+	return TxnEnd{}, err // the outcome is unknown, or nothing was done: Commit or Abort again
+}
+
+// Close aborts the open transaction, if any (within ctx, as Abort), and
+// releases the producer: every call fails with ErrClosed from then on.
+// It returns the Abort's error. It does not close the Client.
+func (p *TransactionalProducer) Close(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	open := p.phase != txnNone && p.fenced == nil
+	p.mu.Unlock()
+	var err error
+	if open {
+		err = p.Abort(ctx)
+	}
+	p.mu.Lock()
+	p.closed = true
+	dropped := p.dropLocked()
+	p.mu.Unlock()
+	for _, cb := range dropped {
+		cb(Result{}, ErrClosed)
+	}
+	p.cancel() // the batch being staged, if any, fails at once
+	p.mu.Lock()
+	_ = p.waitLocked(context.Background())
+	p.mu.Unlock()
+	return err
+}
+
+// ListTransactions returns up to limit (0: the broker's default, 100) of
+// the transactional ids the coordinator knows, those with a transaction
+// open or committing first, and how many it knows in all; a non-empty id
+// asks for that one only (TXN_NOT_FOUND when it is not known).
+func (c *Client) ListTransactions(ctx context.Context, id string, limit int) ([]*heraldpb.TxnInfo, int, error) {
+	r, err := c.listTxn(ctx, &heraldpb.ListTxnRequest{Transactions: true, Id: id, Limit: uint32(min(int64(max(limit, 0)), math.MaxUint32))})
+	if err != nil {
+		return nil, 0, err
+	}
+	return r.GetTransactions(), int(r.GetTotal()), nil
+}
+
+// AbortTransaction aborts the open transaction of transactionalID by hand
+// (`herald txn abort ID`, EndTxnRequest.manual): its staged records are
+// dropped, and its producer's next request fails (its Abort then
+// succeeds). It fails with TXN_NOT_FOUND when the id is unknown or has no
+// transaction open, and with INVALID_TXN_STATE while it is committing. It
+// is not sent again after a lost answer: a second abort would fail with
+// TXN_NOT_FOUND.
+func (c *Client) AbortTransaction(ctx context.Context, transactionalID string) (TxnEnd, error) {
+	if transactionalID == "" {
+		return TxnEnd{}, errors.New("herald: AbortTransaction: empty transactional id")
+	}
+	f, err := c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
+		TransactionalId: transactionalID, Manual: true,
+	}}}, false)
+	if err != nil {
+		return TxnEnd{}, err
+	}
+	r := f.GetEndTxnResponse()
+	if r == nil {
+		return TxnEnd{}, unexpected(f, "EndTxnResponse")
+	}
+	return TxnEnd{Records: int(r.GetRecords()), Partitions: r.GetPartitions(), AlreadyEnded: r.GetAlreadyEnded()}, nil
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/heraldmq/herald/client"
+)
+
+// benchProduceTxn is benchProduce for --txn-size: the producer is a
+// transactional producer (id herald-bench-<id>) that commits every
+// bc.txnSize records, and the last, shorter transaction at the end. A
+// record counts as produced, with its latency, when its transaction
+// commits; the records of a transaction that fails to commit count as
+// errors. It runs until prodCtx ends or n records (n >= 0) were sent; a
+// commit waits at most --drain-timeout. Records without a key go where
+// the broker picks, a batch at a time, so a small transaction usually
+// lands on one partition; with --keys its records spread by key.
+func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchConfig, id int, n int64, start time.Time, clock benchClock, stats *benchStats) error {
+	tp, err := c.NewTransactionalProducer(ctx, fmt.Sprintf("herald-bench-%d", id),
+		client.WithTxnBatchBytes(bc.batchBytes), client.WithTxnBufferBytes(bc.bufferBytes))
+	if err != nil {
+		return fmt.Errorf("producer %d: %w", id, err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bc.drainTimeout)
+		defer cancel()
+		_ = tp.Close(cctx) // aborts a transaction left open by an interrupt
+	}()
+	ack, commitLat := stats.acks[id], stats.commits[id]
+	var interval time.Duration
+	if bc.rate > 0 {
+		interval = time.Duration(float64(time.Second) * float64(bc.producers) / bc.rate)
+	}
+	filler := make([]byte, bc.size-benchHeader)
+	for i := range filler {
+		filler[i] = byte('a' + i%26)
+	}
+	var stamps, seqs []int64 // of the open transaction's records
+	commit := func() {
+		cctx, cancel := context.WithTimeout(ctx, bc.drainTimeout)
+		defer cancel()
+		t0 := time.Now()
+		_, err := tp.Commit(cctx)
+		took := time.Since(t0)
+		if err != nil {
+			if ctx.Err() == nil {
+				stats.txnFailed.Add(1)
+				for range stamps {
+					stats.produceErrs.add(err)
+					if errors.Is(err, client.ErrRequestTimeout) || errors.Is(err, context.DeadlineExceeded) {
+						stats.produceTimeouts.Add(1)
+					}
+				}
+			}
+			_ = tp.Abort(cctx)
+		} else {
+			now := clock.now()
+			stats.transactions.Add(1)
+			stats.produced.Add(int64(len(stamps)))
+			stats.producedBytes.Add(int64(len(stamps) * bc.size))
+			ack.mu.Lock()
+			for _, stamp := range stamps {
+				us := max(now-stamp, 0) / int64(time.Microsecond)
+				_ = ack.hist.RecordValue(min(max(us, 1), ack.hist.HighestTrackableValue()))
+			}
+			ack.mu.Unlock()
+			commitLat.mu.Lock()
+			_ = commitLat.hist.RecordValue(min(max(took.Microseconds(), 1), commitLat.hist.HighestTrackableValue()))
+			commitLat.mu.Unlock()
+			if bc.acked != nil {
+				for _, seq := range seqs {
+					bc.acked.add(id, seq)
+				}
+			}
+		}
+		stamps, seqs = stamps[:0], seqs[:0]
+	}
+	startNs := start.UnixNano()
+	for seq := int64(0); n < 0 || seq < n; seq++ {
+		if prodCtx.Err() != nil {
+			break
+		}
+		var stamp int64
+		if interval > 0 {
+			due := time.Duration(seq) * interval
+			stamp = startNs + int64(due)
+			if d := due - time.Since(start); d > time.Millisecond {
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-prodCtx.Done():
+					t.Stop()
+				}
+				if prodCtx.Err() != nil {
+					break
+				}
+			}
+		} else {
+			stamp = clock.now()
+		}
+		if len(stamps) == 0 {
+			if err := tp.Begin(); err != nil {
+				return fmt.Errorf("producer %d: %w", id, err)
+			}
+		}
+		v := make([]byte, bc.size)
+		binary.BigEndian.PutUint64(v, uint64(stamp))
+		binary.BigEndian.PutUint64(v[8:], uint64(id)<<benchSeqBits|uint64(seq))
+		copy(v[benchHeader:], filler)
+		m := &client.Message{Topic: bc.topic, Value: v}
+		if bc.keys > 0 {
+			m.Key = binary.BigEndian.AppendUint32(nil, uint32(seq%int64(bc.keys)))
+		}
+		tp.SendAsync(ctx, m, nil) // a failure fails the transaction: its Commit says so
+		stamps, seqs = append(stamps, stamp), append(seqs, seq)
+		if len(stamps) == bc.txnSize {
+			commit()
+		}
+	}
+	if len(stamps) > 0 && ctx.Err() == nil {
+		commit() // interrupted: Close aborts it instead
+	}
+	return nil
+}

@@ -1,0 +1,377 @@
+package e2e
+
+// The SDK's transactions (client.TransactionalProducer,
+// client.TransformExactlyOnce) against a real broker process.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/heraldmq/herald/client"
+)
+
+// Environment of the transformer process (this test binary started again
+// by TestTxnSDKExactlyOnceKill): the broker's address, and an input
+// offset at which the transform stalls (for a minute), if any.
+const (
+	transformerEnv      = "HERALD_E2E_TRANSFORMER_ADDR"
+	transformerStallEnv = "HERALD_E2E_TRANSFORMER_STALL"
+)
+
+func init() {
+	// Runs before TestMain: a transformer process does not build herald
+	// or run tests.
+	if addr := os.Getenv(transformerEnv); addr != "" {
+		os.Exit(runTransformer(addr))
+	}
+}
+
+// runTransformer runs TransformExactlyOnce of in/0 until killed, printing
+// "commit FROM TO" for each transaction, and each failure it recovers
+// from on stderr.
+func runTransformer(addr string) int {
+	ctx := context.Background()
+	stall := int64(-1)
+	if v := os.Getenv(transformerStallEnv); v != "" {
+		stall, _ = strconv.ParseInt(v, 10, 64)
+	}
+	c, err := client.Dial(ctx, addr, client.WithRequestTimeout(3*time.Second))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dial:", err)
+		return 2
+	}
+	err = c.TransformExactlyOnce(ctx, client.TransformConfig{
+		TransactionalID: "enrich-0", Topic: "in", Partition: 0, ProgressTopic: "progress",
+		MaxRecords: 10, MaxWait: 100 * time.Millisecond, TransactionTimeout: 10 * time.Second,
+		OnCommit: func(tc client.TransformCommit) { fmt.Printf("commit %d %d\n", tc.From, tc.To) },
+		OnError:  func(err error) { fmt.Fprintln(os.Stderr, "recovering:", err) },
+	}, func(ctx context.Context, in *client.Message) ([]*client.Message, error) {
+		time.Sleep(3 * time.Millisecond) // work
+		if in.Offset == stall {
+			time.Sleep(time.Minute) // killed meanwhile, its transaction open
+		}
+		return []*client.Message{{Topic: "out", Key: in.Value, Value: append([]byte("out-"), in.Value...)}}, nil
+	})
+	fmt.Fprintln(os.Stderr, "transformer:", err)
+	return 1
+}
+
+// transformer is a transformer process; commits receives the end offset
+// of each of its transactions.
+type transformer struct {
+	cmd     *exec.Cmd
+	commits chan int64
+	mu      sync.Mutex
+	stderr  strings.Builder
+}
+
+func startTransformer(t *testing.T, addr string, env ...string) *transformer {
+	t.Helper()
+	tr := &transformer{cmd: exec.Command(os.Args[0], "-test.run=^$"), commits: make(chan int64, 1024)}
+	tr.cmd.Env = append(append(os.Environ(), transformerEnv+"="+addr), env...)
+	stdout, err := tr.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.cmd.Stderr = lockedWriter{&tr.mu, &tr.stderr}
+	if err := tr.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if f := strings.Fields(sc.Text()); len(f) == 3 && f[0] == "commit" {
+				to, _ := strconv.ParseInt(f[2], 10, 64)
+				tr.commits <- to
+			}
+		}
+		close(tr.commits)
+	}()
+	t.Cleanup(func() {
+		tr.kill()
+		if t.Failed() {
+			t.Logf("transformer %d stderr:\n%s", tr.cmd.Process.Pid, tr.logs())
+		}
+	})
+	return tr
+}
+
+func (tr *transformer) kill() {
+	if tr.cmd.ProcessState == nil {
+		tr.cmd.Process.Signal(syscall.SIGKILL)
+		tr.cmd.Wait()
+	}
+}
+
+func (tr *transformer) logs() string {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.stderr.String()
+}
+
+// waitCommits returns once the transformer has committed n transactions,
+// or up to offset to (n 0), and the last end offset.
+func (tr *transformer) waitCommits(t *testing.T, total time.Duration, n int, to int64) int64 {
+	t.Helper()
+	deadline := time.NewTimer(total)
+	defer deadline.Stop()
+	last := int64(-1)
+	for seen := 0; (n == 0 || seen < n) && (to == 0 || last < to); seen++ {
+		select {
+		case end, ok := <-tr.commits:
+			if !ok {
+				t.Fatalf("the transformer exited after %d commits (last to %d):\n%s", seen, last, tr.logs())
+			}
+			last = end
+		case <-deadline.C:
+			t.Fatalf("the transformer committed %d transactions (last to %d) in %v\n%s", seen, last, total, tr.logs())
+		}
+	}
+	return last
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *strings.Builder
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.w.Write(p)
+}
+
+func newTxnProducer(t *testing.T, c *client.Client, id string, opts ...client.TxnOpt) *client.TransactionalProducer {
+	t.Helper()
+	p, err := c.NewTransactionalProducer(ctxT(t, 10*time.Second), id, opts...)
+	if err != nil {
+		t.Fatalf("NewTransactionalProducer %s: %v", id, err)
+	}
+	t.Cleanup(func() { p.Close(context.Background()) })
+	return p
+}
+
+// sendAll stages values (keyed by themselves) in p's open transaction.
+func sendAll(t *testing.T, ctx context.Context, p *client.TransactionalProducer, topic string, values ...string) {
+	t.Helper()
+	for _, v := range values {
+		if _, err := p.Send(ctx, &client.Message{Topic: topic, Key: []byte(v), Value: []byte(v)}); err != nil {
+			t.Fatalf("send %s: %v", v, err)
+		}
+	}
+}
+
+// TestTxnSDKCommitAbort: a committed transaction's records, on two
+// partitions, appear once each, tagged with the transactional id, and
+// only after Commit returns; an aborted one's never appear.
+func TestTxnSDKCommitAbort(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "out", 2)
+	ctx := ctxT(t, 30*time.Second)
+	p := newTxnProducer(t, c, "etl-1")
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	committed := []string{"a0", "a1", "a2", "a3", "a4", "a5"}
+	sendAll(t, ctx, p, "out", committed...)
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := valuesOf(t, n, "out", 2); len(got) != 0 {
+		t.Fatalf("staged records visible before the commit: %v", got)
+	}
+	end, err := p.Commit(ctx)
+	if err != nil || end.Records != len(committed) || len(end.Partitions) != 2 {
+		t.Fatalf("Commit: %+v %v", end, err)
+	}
+	// Visible once Commit returned, each once, tagged.
+	for part := range int32(2) {
+		for _, m := range readPartition(t, c, "out", part) {
+			if !slices.ContainsFunc(m.Headers, func(h client.Header) bool { return h.Key == "herald-txn-id" && string(h.Value) == "etl-1" }) {
+				t.Errorf("%s/%d@%d lacks herald-txn-id: %v", m.Topic, m.Partition, m.Offset, m.Headers)
+			}
+		}
+	}
+	got := valuesOf(t, n, "out", 2)
+	for _, v := range committed {
+		if got[v] != 1 {
+			t.Fatalf("after the commit: %v", got)
+		}
+	}
+
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, ctx, p, "out", "b0", "b1", "b2")
+	if err := p.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, ctx, p, "out", "c0")
+	if _, err := p.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got = valuesOf(t, n, "out", 2)
+	if len(got) != len(committed)+1 || got["c0"] != 1 || got["b0"]+got["b1"]+got["b2"] != 0 {
+		t.Fatalf("after an abort and a commit: %v", got)
+	}
+	infos, _, err := c.ListTransactions(ctx, "etl-1", 0)
+	if err != nil || len(infos) != 1 || infos[0].GetState() != "empty" {
+		t.Fatalf("etl-1 after its transactions: %v %v", infos, err)
+	}
+}
+
+// TestTxnSDKFencing: a second producer of the same transactional id
+// fences the first: the first's Send and Commit fail with
+// ErrProducerFenced, and only the second's records appear.
+func TestTxnSDKFencing(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "out", 1)
+	ctx := ctxT(t, 30*time.Second)
+	old := newTxnProducer(t, c, "etl-1")
+	if err := old.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, ctx, old, "out", "zombie-0")
+	cur := newTxnProducer(t, dial(t, n), "etl-1")
+	if _, err := old.Send(ctx, &client.Message{Topic: "out", Value: []byte("zombie-1")}); !errors.Is(err, client.ErrProducerFenced) {
+		t.Fatalf("the zombie's Send: %v", err)
+	}
+	if _, err := old.Commit(ctx); !errors.Is(err, client.ErrProducerFenced) {
+		t.Fatalf("the zombie's Commit: %v", err)
+	}
+	if err := old.Begin(); !errors.Is(err, client.ErrProducerFenced) {
+		t.Fatalf("the zombie's Begin: %v", err)
+	}
+	if err := cur.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, ctx, cur, "out", "live-0")
+	if _, err := cur.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := valuesOf(t, n, "out", 1); len(got) != 1 || got["live-0"] != 1 {
+		t.Fatalf("the topic holds %v, want only live-0", got)
+	}
+}
+
+// TestTxnSDKTimeout: the coordinator aborts a transaction open past its
+// timeout; the producer's Send and Commit fail with ErrTxnTimedOut, Abort
+// ends it, and the next transaction (a new session) commits.
+func TestTxnSDKTimeout(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "out", 1)
+	ctx := ctxT(t, 30*time.Second)
+	p := newTxnProducer(t, c, "slow", client.WithTransactionTimeout(300*time.Millisecond))
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, ctx, p, "out", "x")
+	checkFor(t, 10*time.Second, "the timeout abort", func() error {
+		infos, _, err := c.ListTransactions(ctx, "slow", 0)
+		if err != nil || len(infos) != 1 || infos[0].GetState() != "empty" {
+			return fmt.Errorf("list: %v %v", infos, err)
+		}
+		return nil
+	})
+	if _, err := p.Send(ctx, &client.Message{Topic: "out", Value: []byte("y")}); !errors.Is(err, client.ErrTxnTimedOut) {
+		t.Fatalf("Send after the timeout: %v", err)
+	}
+	if _, err := p.Commit(ctx); !errors.Is(err, client.ErrTxnTimedOut) {
+		t.Fatalf("Commit after the timeout: %v", err)
+	}
+	if err := p.Abort(ctx); err != nil {
+		t.Fatalf("Abort after the timeout: %v", err)
+	}
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, ctx, p, "out", "z")
+	if _, err := p.Commit(ctx); err != nil {
+		t.Fatalf("a transaction after the timeout: %v", err)
+	}
+	if got := valuesOf(t, n, "out", 1); len(got) != 1 || got["z"] != 1 {
+		t.Fatalf("the topic holds %v, want only z", got)
+	}
+}
+
+// TestTxnSDKExactlyOnceKill: TransformExactlyOnce in a process of its
+// own, SIGKILLed in the middle of its work (its open transaction is
+// aborted by the next one's session); a new one resumes from the
+// committed progress, and the broker is SIGKILLed and restarted under it.
+// Every input's output appears once.
+func TestTxnSDKExactlyOnceKill(t *testing.T) {
+	const inputs = 400
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "in", 1)
+	createTopic(t, c, "out", 2)
+	createTopic(t, c, "progress", 1)
+	ctx := ctxT(t, 60*time.Second)
+	prod := c.NewProducer()
+	for i := range inputs {
+		prod.SendAsync(ctx, &client.Message{Topic: "in", Value: fmt.Appendf(nil, "%04d", i)}, nil)
+	}
+	if err := prod.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A stalls at input 55, its transaction of [50, 60) open with the
+	// outputs of 50-54 staged, and dies there.
+	a := startTransformer(t, n.Addr(), transformerStallEnv+"=55")
+	if last := a.waitCommits(t, 30*time.Second, 0, 50); last != 50 {
+		t.Fatalf("transformer A's commits end at %d, want 50", last)
+	}
+	open := func() error {
+		infos, _, err := c.ListTransactions(ctx, "enrich-0", 0)
+		if err != nil || len(infos) != 1 || infos[0].GetState() != "open" || infos[0].GetRecords() < 5 {
+			return fmt.Errorf("enrich-0: %v %v", infos, err)
+		}
+		return nil
+	}
+	checkFor(t, 10*time.Second, "transformer A's transaction open, 5 outputs staged", open)
+	a.kill()
+	if err := open(); err != nil {
+		t.Fatalf("after the SIGKILL: %v", err)
+	}
+
+	b := startTransformer(t, n.Addr())
+	last := b.waitCommits(t, 30*time.Second, 3, 0)
+	n.Kill(t)
+	t.Logf("broker SIGKILLed after transformer B's commit up to %d", last)
+	n.Start(t)
+	if last = b.waitCommits(t, 60*time.Second, 0, inputs); last != inputs {
+		t.Fatalf("transformer B's last commit ends at %d, want %d", last, inputs)
+	}
+	b.kill()
+
+	got := valuesOf(t, n, "out", 2)
+	for i := range inputs {
+		if v := fmt.Sprintf("out-%04d", i); got[v] != 1 {
+			t.Fatalf("%s appears %d times (of %d outputs)", v, got[v], len(got))
+		}
+	}
+	if len(got) != inputs {
+		t.Fatalf("%d distinct outputs, want %d", len(got), inputs)
+	}
+	// The SDK's retries may ride out the restart (a batch retried with
+	// its sequence, a commit sent again), or the transformer starts over
+	// from its progress: either way, once.
+	t.Logf("transformer B recovered %d times by starting over", strings.Count(b.logs(), "recovering:"))
+}
