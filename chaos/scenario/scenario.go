@@ -109,6 +109,9 @@ type Workload struct {
 	// Halves: half (transactional) messages per second, ended by their
 	// producer or left to a check-back.
 	Halves *Halves `json:"halves,omitempty"`
+	// Txns: transactions across partitions per second, each of Size
+	// records (default 4), four in five committed, one aborted.
+	Txns *Txns `json:"txns,omitempty"`
 }
 
 // Group is a consumer group of Members push consumers in Mode
@@ -136,6 +139,14 @@ type Delayed struct {
 type Halves struct {
 	Rate          int      `json:"rate"`
 	CheckInterval Duration `json:"check_interval,omitempty"`
+}
+
+// Txns is the transaction workload; Timeout is the transactions' timeout
+// (default 10s).
+type Txns struct {
+	Rate    int      `json:"rate"`
+	Size    int      `json:"size,omitempty"`
+	Timeout Duration `json:"timeout,omitempty"`
 }
 
 // Requests is the request-reply workload.
@@ -317,6 +328,9 @@ func (s *Scenario) Validate() error {
 	}
 	if r := w.Requests; r != nil && r.Rate < 1 {
 		bad("requests: want rate >= 1")
+	}
+	if tx := w.Txns; tx != nil && (tx.Rate < 1 || tx.Size < 0 || tx.Size > 1000 || tx.Timeout < 0) {
+		bad("txns: want rate >= 1, size 0 to 1000 and a timeout >= 0")
 	}
 	if h := w.Halves; h != nil && (h.Rate < 1 || h.CheckInterval < 0 || h.CheckInterval > 0 && h.CheckInterval.D() < 100*time.Millisecond) {
 		bad("halves: want rate >= 1 and a check interval of at least 100ms (or none)")

@@ -128,6 +128,11 @@ func Start(ctx context.Context, cfg Config) (*Workload, error) {
 			return fail(err)
 		}
 	}
+	if tx := s.Txns; tx != nil {
+		if err := w.startTxns(ctx, genCtx, *tx); err != nil {
+			return fail(err)
+		}
+	}
 	return w, nil
 }
 
