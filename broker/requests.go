@@ -18,6 +18,9 @@ func checkRequest(f *heraldpb.Frame) *heraldpb.Error {
 		if _, ok := heraldpb.Acks_name[int32(b.Produce.Acks)]; !ok {
 			return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "acks %d is not one of 0 (all), 1 (leader), 2 (none)", int32(b.Produce.Acks))
 		}
+		if b.Produce.ProducerEpoch != 0 && b.Produce.TransactionalId == "" {
+			return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "producer_epoch %d without a transactional_id: epochs belong to transactional producers", b.Produce.ProducerEpoch)
+		}
 	case *heraldpb.Frame_Fetch:
 		b.Fetch.MaxWaitMs = min(b.Fetch.MaxWaitMs, MaxFetchWait)
 	}

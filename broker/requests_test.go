@@ -23,6 +23,12 @@ func TestRequestFieldChecks(t *testing.T) {
 	newTopic(t, w, "t", 1)
 	recs, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte("v")}}})
 
+	t.Run("producer_epoch without a transaction", func(t *testing.T) {
+		r := w.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Partition: proto.Uint32(0), ProducerId: 5, ProducerEpoch: 2, Records: recs}}})
+		if e := r.GetError(); e.GetCode() != heraldpb.ErrorCode_INVALID_REQUEST || !strings.Contains(e.GetMessage(), "producer_epoch 2") {
+			t.Fatalf("producer_epoch 2 on a plain produce: %v", r)
+		}
+	})
 	t.Run("acks", func(t *testing.T) {
 		r := w.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Partition: proto.Uint32(0), Acks: 7, Records: recs}}})
 		if e := r.GetError(); e.GetCode() != heraldpb.ErrorCode_INVALID_REQUEST || !strings.Contains(e.GetMessage(), "acks 7") {

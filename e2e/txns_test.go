@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/heraldmq/herald/client"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -351,6 +352,34 @@ func TestTxnSurvivesKill(t *testing.T) {
 // killing the node that runs the transaction coordinator while
 // transactions commit; every replica of every partition is read.
 func TestTxnSurvivesCoordinatorKill(t *testing.T) {
+	txnClusterKill(t, func(_ *testing.T, _ *client.Client, coord uint32) uint32 { return coord })
+}
+
+// TestTxnSurvivesPartitionLeaderKill: the same, killing the leader of a
+// partition the transactions write to (not the coordinator's node): the
+// coordinator's appends there are retried until the partition's new
+// leader takes them.
+func TestTxnSurvivesPartitionLeaderKill(t *testing.T) {
+	txnClusterKill(t, func(t *testing.T, c *client.Client, coord uint32) uint32 {
+		for p := range 3 {
+			if l := leaderOf(t, c, "out", p); l != coord {
+				return l
+			}
+		}
+		for id := uint32(1); id <= 3; id++ {
+			if id != coord {
+				return id // every partition is led by the coordinator's node: a follower of them all
+			}
+		}
+		return 0
+	})
+}
+
+// txnClusterKill runs transactions through the coordinator of a 3-node
+// cluster, SIGKILLs the node victim picks, and checks every transaction
+// all-or-nothing on every surviving replica. A victim that is the
+// coordinator's node takes the load's connections with it.
+func txnClusterKill(t *testing.T, victim func(t *testing.T, c *client.Client, coord uint32) uint32) {
 	tc, c := clusterWithTopic(t, "out", 3)
 	leader := awaitInternalLeader(t, c, "__txn")
 	coord := tc.nodes[uint64(leader)]
@@ -362,8 +391,19 @@ func TestTxnSurvivesCoordinatorKill(t *testing.T) {
 		}
 		return nil
 	})
-	coord.Kill(t)
-	delete(tc.nodes, uint64(leader))
+	v := victim(t, c, leader)
+	tc.nodes[uint64(v)].Kill(t)
+	delete(tc.nodes, uint64(v))
+	if v != leader {
+		// The load goes on through the faults for a while.
+		base := metricSum(t, coord, "herald_txn_committed_records_total")
+		checkFor(t, 30*time.Second, "transactions committed after the kill", func() error {
+			if now := metricSum(t, coord, "herald_txn_committed_records_total"); now < base+100 {
+				return fmt.Errorf("%v records committed since the kill", now-base)
+			}
+			return nil
+		})
+	}
 	close(stop)
 	committed, txnOf := wait()
 	var next uint32
@@ -372,7 +412,7 @@ func TestTxnSurvivesCoordinatorKill(t *testing.T) {
 		any = p
 	}
 	checkFor(t, 30*time.Second, "a new coordinator with no transaction committing", func() error {
-		if next = internalLeader(t, dialNode(t, any), "__txn"); next == 0 || next == leader {
+		if next = internalLeader(t, dialNode(t, any), "__txn"); next == 0 || next == v {
 			return fmt.Errorf("leader of __txn: %d", next)
 		}
 		nc := dialTxn(t, tc.nodes[uint64(next)])

@@ -3190,7 +3190,9 @@ type ProduceRequest struct {
 	// last one gets OUT_OF_ORDER_SEQUENCE. Needs an explicit `partition`;
 	// delayed batches (deliver_at_ms, delay_ms) cannot be idempotent.
 	ProducerId uint64 `protobuf:"varint,8,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
-	// Reserved for fencing (transactions); the broker does not check it yet.
+	// A transactional producer's epoch (with transactional_id): checked by
+	// the transaction coordinator on every transactional produce (older
+	// epochs: PRODUCER_FENCED). Without transactional_id it must be 0.
 	ProducerEpoch uint32 `protobuf:"varint,9,opt,name=producer_epoch,json=producerEpoch,proto3" json:"producer_epoch,omitempty"`
 	BaseSequence  int64  `protobuf:"varint,10,opt,name=base_sequence,json=baseSequence,proto3" json:"base_sequence,omitempty"`
 	// Internal (the scheduler's fire appends; the broker refuses it from
@@ -3231,8 +3233,13 @@ type ProduceRequest struct {
 	// appended to its topic only when EndTxn commits the transaction. Not
 	// with half, delays or acks other than all.
 	TransactionalId string `protobuf:"bytes,15,opt,name=transactional_id,json=transactionalId,proto3" json:"transactional_id,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Internal, like not_before_ms (refused from clients): the sender (the
+	// transaction coordinator's appender) keeps one batch of this
+	// idempotent producer in flight, so a node without the partition's
+	// leader may forward it without reordering its batches.
+	SingleInFlight bool `protobuf:"varint,16,opt,name=single_in_flight,json=singleInFlight,proto3" json:"single_in_flight,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ProduceRequest) Reset() {
@@ -3368,6 +3375,13 @@ func (x *ProduceRequest) GetTransactionalId() string {
 		return x.TransactionalId
 	}
 	return ""
+}
+
+func (x *ProduceRequest) GetSingleInFlight() bool {
+	if x != nil {
+		return x.SingleInFlight
+	}
+	return false
 }
 
 // How the broker resolves a half message nobody ends.
@@ -7594,7 +7608,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\x90\x04\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\xba\x04\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -7613,7 +7627,8 @@ const file_herald_proto_rawDesc = "" +
 	"\ahold_us\x18\f \x01(\rR\x06holdUs\x12\x19\n" +
 	"\bclock_id\x18\r \x01(\x04R\aclockId\x12*\n" +
 	"\x04half\x18\x0e \x01(\v2\x16.herald.v1.HalfOptionsR\x04half\x12)\n" +
-	"\x10transactional_id\x18\x0f \x01(\tR\x0ftransactionalIdB\f\n" +
+	"\x10transactional_id\x18\x0f \x01(\tR\x0ftransactionalId\x12(\n" +
+	"\x10single_in_flight\x18\x10 \x01(\bR\x0esingleInFlightB\f\n" +
 	"\n" +
 	"_partition\"\xc2\x01\n" +
 	"\vHalfOptions\x12%\n" +

@@ -1064,6 +1064,22 @@ func (a *Actor) onFetch(ctx actor.Context, f *heraldpb.Frame) {
 		a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, storageError(a.failure)))
 		return
 	}
+	if req.IncludeHeld {
+		// A broker-internal read that looks for its own appends (the
+		// scheduler's and the transaction coordinator's, before appending
+		// again): only a leader that has applied an entry of its own term
+		// holds every committed entry, so only it answers.
+		switch {
+		case !a.isLeader:
+			a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, notLeader(a.cfg.Topic, a.cfg.Partition, a.leader)))
+			return
+		case !a.termApplied:
+			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d: new leader has not applied its log yet", a.cfg.Topic, a.cfg.Partition)
+			e.RetryAfterMs = uint32(a.cfg.ThrottleRetryAfter / time.Millisecond)
+			a.reply(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e))
+			return
+		}
+	}
 	start := a.store.StartOffset()
 	if req.Priority > 0 && req.Offset < start && req.Offset >= 0 {
 		// A sub-queue read below the log's start reads from the start.

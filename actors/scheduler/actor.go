@@ -592,7 +592,9 @@ func (s *Scheduler) scanFor(ctx actor.Context, e *registry.Entry, p uint32, from
 			done(got) // all found, or the topic is gone (with what was in it)
 			return
 		}
-		s.call(ctx, s.o.Topics.Current(e).Partitions[p], &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+		// From the leader (a follower may lack committed entries): the
+		// local replica when it leads, else the node's stand-in.
+		s.call(ctx, s.o.Topics.Current(e).Writer(int(p)), &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
 			Topic: e.Name, Partition: p, Offset: off, MaxBytes: 4 << 20, IncludeHeld: true,
 		}}}, func(f *heraldpb.Frame) {
 			fr := f.GetFetchResponse()

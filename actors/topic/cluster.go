@@ -149,7 +149,7 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 	idempotent := false
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_Produce:
-		topic, part, idempotent = b.Produce.Topic, b.Produce.GetPartition(), b.Produce.ProducerId != 0
+		topic, part, idempotent = b.Produce.Topic, b.Produce.GetPartition(), b.Produce.ProducerId != 0 && !b.Produce.SingleInFlight
 	case *heraldpb.Frame_Fetch:
 		topic, part = b.Fetch.Topic, b.Fetch.Partition
 	case *heraldpb.Frame_ListOffsets:
@@ -161,7 +161,8 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 	e := r.reg.Get(topic)
 	// An idempotent producer's pipelined batches must reach the leader in
 	// order, which forwarding each on its own would not keep: it is sent
-	// to the leader instead.
+	// to the leader instead, unless the sender keeps one in flight (the
+	// transaction coordinator's appends).
 	if e == nil || e.Record == nil || int(part) >= len(e.Record.Partitions) || idempotent {
 		var hint uint64
 		if h, ok := r.hints.Load(partKey(topic, part)); ok {

@@ -106,6 +106,7 @@ type Coordinator struct {
 	pendingChecks map[uint64]uint32 // counts to write (HalfChecks)
 	compactArmed  bool
 	txnSweepArmed bool
+	appenders     map[topicPart]*appender // commit.go
 }
 
 type stashed struct {
@@ -148,6 +149,7 @@ func (c *Coordinator) Receive(ctx actor.Context) {
 		c.state = newState()
 		c.producers = newProducers()
 		c.pendingChecks = map[uint64]uint32{}
+		c.appenders = map[topicPart]*appender{}
 		c.loadStart = time.Now()
 		c.waitOrphans(ctx)
 	case *actor.Restarting, *actor.Stopping:

@@ -110,7 +110,14 @@ func (c *Coordinator) appendHalf(ctx actor.Context, h *half, answer func(int64, 
 			finish(-1, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "half message %d is unreadable: %v", h.ref, aerr))
 			return
 		}
-		c.appendUntilDone(ctx, h.topic, h.part, recs, func(base int64, gone bool) {
+		find := func(found func(int64, bool)) {
+			c.findTagged(ctx, h.topic, h.part, h.from, func(rec []byte) bool {
+				v, ok := heraldpb.RecordHeader(rec, HeaderHalfID)
+				tok, _ := heraldpb.RecordHeader(rec, HeaderTxnToken)
+				return ok && string(v) == FormatID(h.ref) && string(tok) == tokenText(h.token)
+			}, found)
+		}
+		c.appendUntilDone(ctx, h.topic, h.part, recs, find, func(base int64, gone bool) {
 			if gone {
 				c.log.Warn("the topic of a committed half message is gone; dropped", "id", h.ref, "topic", h.topic)
 				c.recordDone(ctx, h, "topic_gone")
@@ -148,31 +155,172 @@ func (c *Coordinator) recordDone(ctx actor.Context, h *half, dropped string) {
 // appendUntilDone appends recs (an encoded RecordBatch) to partition part
 // of topic with acks=all, retrying whatever the error (a follower's
 // NOT_LEADER, a busy or electing partition, a full disk) with backoff: a
-// committed append must get there. done gets the offset of its first
-// record, or gone when the topic (or partition) no longer exists.
-func (c *Coordinator) appendUntilDone(ctx actor.Context, topic string, part uint32, recs []byte, done func(base int64, gone bool)) {
+// committed append must get there, once. Appends go through the
+// partition's appender (one batch in flight per partition), as an
+// idempotent producer of its own: a retry of an append whose leader died
+// after replicating it and before answering is answered with the
+// original offsets by the next leader, not written twice. find looks for
+// an append on the partition by its headers, for the one case where the
+// partition no longer knows the appender's producer
+// (OUT_OF_ORDER_SEQUENCE: it starts again as a new producer). done gets
+// the offset of its first record (-1 when found by find), or gone when
+// the topic (or partition) no longer exists.
+func (c *Coordinator) appendUntilDone(ctx actor.Context, topic string, part uint32, recs []byte, find func(found func(base int64, ok bool)), done func(base int64, gone bool)) {
+	tp := topicPart{topic, part}
+	a := c.appenders[tp]
+	if a == nil {
+		a = &appender{tp: tp, pid: randomToken() >> 1}
+		c.appenders[tp] = a
+	}
+	a.queue = append(a.queue, appendJob{recs: recs, find: find, done: done})
+	c.kickAppender(ctx, a)
+}
+
+// appender sends one partition's appends, one batch in flight, packing
+// the queued ones up to the topic's max message size, as an idempotent
+// producer (pid) whose sequence counts the records it appended.
+type appender struct {
+	tp      topicPart
+	pid     uint64
+	seq     int64
+	queue   []appendJob
+	sending bool
+}
+
+type appendJob struct {
+	recs  []byte
+	count int
+	find  func(found func(base int64, ok bool))
+	done  func(base int64, gone bool)
+}
+
+func (c *Coordinator) kickAppender(ctx actor.Context, a *appender) {
+	if a.sending || len(a.queue) == 0 {
+		return
+	}
+	e := c.o.Topics.Get(a.tp.topic)
+	if e == nil || int(a.tp.part) >= len(e.Partitions) {
+		q := a.queue
+		a.queue = nil
+		delete(c.appenders, a.tp)
+		for _, j := range q {
+			j.done(-1, true)
+		}
+		return
+	}
+	limit := 1 << 20
+	if l := int(e.Config.GetMaxMessageBytes()); l > 0 {
+		limit = l
+	}
+	n, size := 0, 0
+	for _, j := range a.queue {
+		if n > 0 && size+len(j.recs) > limit {
+			break
+		}
+		size += len(j.recs)
+		n++
+	}
+	jobs := a.queue[:n:n]
+	a.queue = a.queue[n:]
+	var batch []byte
+	count := 0
+	for i := range jobs {
+		if jobs[i].count == 0 {
+			if info, err := heraldpb.ScanBatch(jobs[i].recs); err == nil {
+				jobs[i].count = info.Count
+			}
+		}
+		count += jobs[i].count
+		batch = append(batch, jobs[i].recs...)
+	}
+	a.sending = true
 	backoff := 50 * time.Millisecond
+	pid, seq := a.pid, a.seq
+	finish := func(base int64, gone bool) {
+		a.sending = false
+		for _, j := range jobs {
+			j.done(base, gone)
+			if base >= 0 {
+				base += int64(j.count)
+			}
+		}
+		c.kickAppender(ctx, a)
+	}
 	var send func()
 	send = func() {
-		e := c.o.Topics.Get(topic)
-		if e == nil || int(part) >= len(e.Partitions) {
-			done(-1, true)
+		e := c.o.Topics.Get(a.tp.topic)
+		if e == nil || int(a.tp.part) >= len(e.Partitions) {
+			delete(c.appenders, a.tp)
+			finish(-1, true)
 			return
 		}
+		part := a.tp.part
 		c.request(ctx, e.Writer(int(part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
-			Topic: topic, Partition: &part, Acks: heraldpb.Acks_ACKS_ALL, Records: recs,
+			Topic: a.tp.topic, Partition: &part, Acks: heraldpb.Acks_ACKS_ALL, Records: batch,
+			ProducerId: pid, BaseSequence: seq, SingleInFlight: true,
 		}}}, callTimeout, func(f *heraldpb.Frame) {
 			if pr := f.GetProduceResponse(); pr != nil {
-				done(pr.BaseOffset, false)
+				if a.pid == pid {
+					a.seq = seq + int64(count)
+				}
+				finish(pr.BaseOffset, false)
 				return
 			}
-			c.log.Warn("appending committed records; retrying", "topic", topic, "partition", part,
+			if f.GetError().GetCode() == heraldpb.ErrorCode_OUT_OF_ORDER_SEQUENCE {
+				// The partition does not know where this producer stands
+				// (its table lost it): a new producer, and the jobs looked
+				// for before they are sent again.
+				c.log.Warn("an append's sequence was refused; appending as a new producer", "topic", a.tp.topic, "partition", part, "err", f.GetError().GetMessage())
+				a.pid, a.seq = randomToken()>>1, 0
+				a.sending = false
+				c.refind(ctx, a, jobs)
+				return
+			}
+			c.log.Warn("appending committed records; retrying", "topic", a.tp.topic, "partition", part,
 				"err", f.GetError().GetMessage(), "in", backoff)
 			c.after(backoff, &retryStep{fn: send})
 			backoff = min(backoff*2, 5*time.Second)
 		})
 	}
 	send()
+}
+
+// refind looks for each of jobs on its partition and queues again, at the
+// front, the ones not found.
+func (c *Coordinator) refind(ctx actor.Context, a *appender, jobs []appendJob) {
+	waiting := len(jobs)
+	var again []appendJob
+	for _, j := range jobs {
+		j.find(func(base int64, ok bool) {
+			if ok {
+				j.done(base, false)
+			} else {
+				again = append(again, j)
+			}
+			if waiting--; waiting == 0 {
+				a.queue = append(again, a.queue...)
+				c.kickAppender(ctx, a)
+			}
+		})
+	}
+}
+
+// findTagged scans partition part of topic from offset from for a record
+// match accepts, and reports the offset of the first one.
+func (c *Coordinator) findTagged(ctx actor.Context, topic string, part uint32, from int64, match func(rec []byte) bool, found func(base int64, ok bool)) {
+	e := c.o.Topics.Get(topic)
+	if e == nil || int(part) >= len(e.Partitions) {
+		found(-1, false) // the append finds the topic gone
+		return
+	}
+	at := int64(-1)
+	c.scanFor(ctx, e, part, from, func(off int64, rec []byte) bool {
+		if match(rec) {
+			at = off
+			return true
+		}
+		return false
+	}, func() { found(at, at >= 0) })
 }
 
 // readHalf reads the HalfStored event at ref in __txn.
@@ -271,7 +419,7 @@ func (c *Coordinator) recover(ctx actor.Context) {
 			waiting-- // appended again when due; the topic is gone, so it is dropped then
 			continue
 		}
-		c.scanFor(ctx, e, k.part, from[k], func(rec []byte) bool {
+		c.scanFor(ctx, e, k.part, from[k], func(_ int64, rec []byte) bool {
 			if v, ok := heraldpb.RecordHeader(rec, HeaderHalfID); ok {
 				tok, _ := heraldpb.RecordHeader(rec, HeaderTxnToken)
 				key := string(v) + "/" + string(tok)
@@ -305,7 +453,7 @@ func (c *Coordinator) settleRecovered(ctx actor.Context, found []*half) {
 
 // scanFor reads partition p of e from offset from to its end, handing
 // each record to visit until visit says it has found all it looks for.
-func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, from int64, visit func(rec []byte) (all bool), done func()) {
+func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, from int64, visit func(off int64, rec []byte) (all bool), done func()) {
 	began := time.Now()
 	all := false
 	var step func(off int64)
@@ -315,7 +463,9 @@ func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, fr
 			done()
 			return
 		}
-		c.request(ctx, cur.Partitions[p], &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+		// From the leader (a follower may lack committed entries): the
+		// local replica when it leads, else the node's stand-in.
+		c.request(ctx, cur.Writer(int(p)), &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
 			Topic: e.Name, Partition: p, Offset: off, MaxBytes: 4 << 20, IncludeHeld: true,
 		}}}, callTimeout, func(f *heraldpb.Frame) {
 			fr := f.GetFetchResponse()
@@ -341,7 +491,7 @@ func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, fr
 					if b.BaseOffset+int64(i) < off {
 						return true
 					}
-					all = all || visit(rec)
+					all = all || visit(b.BaseOffset+int64(i), rec)
 					return !all
 				})
 			}

@@ -98,10 +98,26 @@ func (c *Coordinator) appendStaged(ctx actor.Context, m *txnMeta, tp topicPart, 
 	var chunk []byte
 	i := 0
 	var next func()
+	from := m.from[tp]
 	flush := func(then func()) {
 		recs := chunk
 		chunk = nil
-		c.appendUntilDone(ctx, tp.topic, tp.part, recs, func(_ int64, gone bool) {
+		// The chunk is one append (one log entry): its first record
+		// tells whether it got there.
+		var first string
+		_ = heraldpb.ForEachRawRecord(recs, func(_ int, rec []byte) bool {
+			v, _ := heraldpb.RecordHeader(rec, HeaderTxnRef)
+			first = string(v)
+			return false
+		})
+		find := func(found func(int64, bool)) {
+			c.findTagged(ctx, tp.topic, tp.part, from, func(rec []byte) bool {
+				tok, _ := heraldpb.RecordHeader(rec, HeaderTxnToken)
+				ref, _ := heraldpb.RecordHeader(rec, HeaderTxnRef)
+				return string(tok) == token && string(ref) == first
+			}, found)
+		}
+		c.appendUntilDone(ctx, tp.topic, tp.part, recs, find, func(_ int64, gone bool) {
 			if gone {
 				c.log.Warn("the topic of a committed transaction is gone; its records there are dropped", "transactional_id", m.id, "topic", tp.topic, "partition", tp.part)
 				mTxnDropped.Inc()
@@ -205,7 +221,7 @@ func (c *Coordinator) recoverTxn(ctx actor.Context, m *txnMeta) {
 			waiting-- // appended again, and dropped then: the topic is gone
 			continue
 		}
-		c.scanFor(ctx, e, tp.part, m.from[tp], func(rec []byte) bool {
+		c.scanFor(ctx, e, tp.part, m.from[tp], func(_ int64, rec []byte) bool {
 			if tok, ok := heraldpb.RecordHeader(rec, HeaderTxnToken); ok && string(tok) == token {
 				if v, ok := heraldpb.RecordHeader(rec, HeaderTxnRef); ok {
 					if ref, err := strconv.ParseUint(string(v), 10, 64); err == nil {
