@@ -100,14 +100,16 @@ func (b *Broker) coordinateInternal(reg *registry.Registry) {
 
 // leads reports the leader of an internal cluster topic's partition 0 as
 // this node knows it, and whether it is this node (with its replica
-// accepting writes).
+// accepting writes and caught up with its log).
 func (b *Broker) leads(reg *registry.Registry, name string) (uint64, bool) {
 	e := reg.Get(name)
 	if e == nil || e.Record == nil || len(e.Stats) != 1 {
 		return 0, false
 	}
 	leader := e.Stats[0].Leader.Load()
-	return leader, e.Dirs[0] != "" && leader == b.nodeID && e.Stats[0].Writable.Load()
+	// Idempotent: the leader applied an entry of its own term, so it holds
+	// (and has applied) every committed entry the room loads its state from.
+	return leader, e.Dirs[0] != "" && leader == b.nodeID && e.Stats[0].Writable.Load() && e.Stats[0].Idempotent.Load()
 }
 
 // createInternal has the controller create an internal topic of one

@@ -535,6 +535,13 @@ func (c *Coordinator) compact(ctx actor.Context) {
 		if len(m.staged) > 0 {
 			cut = min(cut, int64(m.staged[0].ref))
 		}
+		if m.state != txnEmpty || m.deciding {
+			// Its session record stays until the transaction ends (then
+			// it is rewritten, or newer): without it a reload would not
+			// know the id, and would ignore the staged batches and the
+			// commit decision.
+			cut = min(cut, int64(m.sessOff))
+		}
 	}
 	if cut <= e.Stats[0].StartOffset.Load() {
 		c.armCompact()

@@ -13,6 +13,7 @@ import (
 	"github.com/heraldmq/herald/actors/topic"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -219,4 +220,85 @@ func FuzzDecodeEvent(f *testing.F) {
 			_ = m.info()
 		}
 	})
+}
+
+// Review findings, each a regression test: two ends of one half in flight
+// at once (a retried commit, a check-back's answer, a rollback) end it
+// once: it is on its topic once, or not at all.
+func TestHalfEndsRacing(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{})
+	end := func(id string, a heraldpb.HalfAction) *actor.Future {
+		return r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: id, Action: a}}}, 20*time.Second)
+	}
+	a, b := r.half("a"), r.half("b")
+	fs := []*actor.Future{end(a, heraldpb.HalfAction_HALF_COMMIT), end(a, heraldpb.HalfAction_HALF_COMMIT), end(b, heraldpb.HalfAction_HALF_COMMIT), end(b, heraldpb.HalfAction_HALF_ROLLBACK)}
+	var bCommitted bool
+	for i, f := range fs {
+		res, err := f.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fr := res.(*heraldpb.Frame)
+		if i == 2 && fr.GetEndHalfResponse() != nil {
+			bCommitted = true
+		}
+		if e := fr.GetError(); e != nil && e.Code != heraldpb.ErrorCode_THROTTLED && e.Code != heraldpb.ErrorCode_TXN_NOT_FOUND {
+			t.Fatalf("end %d: %v", i, e)
+		}
+	}
+	waitFor(t, "nothing pending", func() error {
+		if n := r.pending(); n != 0 {
+			return fmt.Errorf("%d pending", n)
+		}
+		return nil
+	})
+	want := []string{"a"}
+	if bCommitted {
+		want = append(want, "b")
+	}
+	if got := r.values(); !slices.Equal(got, want) {
+		t.Fatalf("topic holds %v, want %v", got, want)
+	}
+}
+
+// Compaction keeps the session record of an id whose transaction is
+// open: after a reload the staged batch is still there, and commits.
+func TestCompactionKeepsOpenTransactions(t *testing.T) {
+	dir := t.TempDir()
+	r := newRig(t, dir, Options{CompactCheck: 50 * time.Millisecond})
+	init := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: "x"}}}, r.txn).GetInitProducerIdResponse()
+	// Halves ended after the session record, so that compaction has
+	// something to cut.
+	for i := range 3 {
+		id := r.half(fmt.Sprint("h", i))
+		r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: id, Action: heraldpb.HalfAction_HALF_ROLLBACK}}}, r.txn)
+	}
+	b, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte("staged")}}})
+	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Partition: proto.Uint32(0), Records: b,
+		TransactionalId: "x", ProducerId: init.ProducerId, ProducerEpoch: init.ProducerEpoch}}}, r.txn)
+	e := r.reg.Get(Topic)
+	if v := testutil.ToFloat64(mTxnOpen); v != 1 {
+		t.Fatalf("open transactions: %v", v)
+	}
+	// Ten compaction rounds (every 50 ms) watched: none may cut below the
+	// open transaction's session record (offset 0). Without it, the cut
+	// went to the staged batch.
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if s := e.Stats[0].StartOffset.Load(); s > 0 {
+			t.Fatalf("__txn compacted to %d, past the open transaction's session record at 0", s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := r.sys.Root.StopFuture(r.txn).Result(); err != nil {
+		t.Fatal(err)
+	}
+	r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	res := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{TransactionalId: "x", ProducerId: init.ProducerId, ProducerEpoch: init.ProducerEpoch, Commit: true}}}, r.txn)
+	if res.GetEndTxnResponse().GetRecords() != 1 {
+		t.Fatalf("commit after the reload: %v", res)
+	}
+	if got := r.values(); !slices.Equal(got, []string{"staged"}) {
+		t.Fatalf("topic holds %v", got)
+	}
 }

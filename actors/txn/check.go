@@ -33,6 +33,9 @@ type registration struct {
 	gone   bool  // unregistered (its connection closed, or lapsed)
 }
 
+// maxGroupsPerConn bounds the producer groups one connection registers.
+const maxGroupsPerConn = 64
+
 // maxOutstandingChecks bounds the unanswered check-backs of one
 // registration; outstandingFor is how long one counts unanswered.
 const (
@@ -56,7 +59,7 @@ func (p *producers) add(conn *actor.PID, group string, now time.Time, limit int)
 			}
 		}
 	}
-	if p.n >= limit {
+	if p.n >= limit || len(p.conns[conn.Id]) >= maxGroupsPerConn {
 		return false, false
 	}
 	if g == nil {
@@ -193,6 +196,11 @@ func (c *Coordinator) runChecks(ctx actor.Context) {
 		h := c.halves[te.ref]
 		if h == nil || h.state != statePending || h.nextCheck != te.at {
 			continue // ended, or its timer moved
+		}
+		if h.ending {
+			h.nextCheck = now + 100 // being ended: looked at again once that is written
+			c.checkQ.add(h.nextCheck, h.ref)
+			continue
 		}
 		if h.checks >= h.maxChecks {
 			h.nextCheck = 0

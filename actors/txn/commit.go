@@ -32,7 +32,9 @@ func (c *Coordinator) commit(ctx actor.Context, h *half, by string, answer func(
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Commit{Commit: &heraldpb.HalfCommit{
 		Ref: h.ref, FromOffset: e.Stats[h.part].HighWatermark.Load(), Token: randomToken(), By: by,
 	}}}
+	h.ending = true // a second end waits until this one is durable (endTarget)
 	c.write(writeOp{events: [][]byte{event(ev)}, client: true, done: func(_ int64, err *heraldpb.Error) {
+		h.ending = false
 		if err != nil {
 			answer(-1, err)
 			return
@@ -255,10 +257,14 @@ func (c *Coordinator) kickAppender(ctx actor.Context, a *appender) {
 			return
 		}
 		part := a.tp.part
-		c.request(ctx, e.Writer(int(part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		// The next incarnation (after a panic) waits for the answer too
+		// before it loads: its recovery scan then sees this append.
+		var fut *actor.Future
+		fut = c.request(ctx, e.Writer(int(part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
 			Topic: a.tp.topic, Partition: &part, Acks: heraldpb.Acks_ACKS_ALL, Records: batch,
 			ProducerId: pid, BaseSequence: seq, SingleInFlight: true,
 		}}}, callTimeout, func(f *heraldpb.Frame) {
+			c.sh.forget(fut)
 			if pr := f.GetProduceResponse(); pr != nil {
 				if a.pid == pid {
 					a.seq = seq + int64(count)
@@ -276,11 +282,22 @@ func (c *Coordinator) kickAppender(ctx actor.Context, a *appender) {
 				c.refind(ctx, a, jobs)
 				return
 			}
+			switch f.GetError().GetCode() {
+			case heraldpb.ErrorCode_MESSAGE_TOO_LARGE, heraldpb.ErrorCode_INVALID_REQUEST, heraldpb.ErrorCode_PARTITION_NOT_FOUND, heraldpb.ErrorCode_TOPIC_NOT_FOUND:
+				// Never accepted as it is (the topic's limits changed, or
+				// it is gone): dropped, counted and logged, rather than
+				// blocking the partition's later appends for good.
+				c.log.Error("committed records refused for good by their partition; dropped", "topic", a.tp.topic, "partition", part, "err", f.GetError().GetMessage())
+				mTxnDropped.Inc()
+				finish(-1, false)
+				return
+			}
 			c.log.Warn("appending committed records; retrying", "topic", a.tp.topic, "partition", part,
 				"err", f.GetError().GetMessage(), "in", backoff)
 			c.after(backoff, &retryStep{fn: send})
 			backoff = min(backoff*2, 5*time.Second)
 		})
+		c.sh.writes = append(c.sh.writes, fut)
 	}
 	send()
 }

@@ -153,12 +153,25 @@ func actionName(a heraldpb.HalfAction) string {
 // rollback discards halves: once the rollback is durable they are gone.
 // done (may be nil) gets -1 or the write's error.
 func (c *Coordinator) rollback(ctx actor.Context, hs []*half, by string, done func(int64, *heraldpb.Error)) {
-	refs := make([]uint64, len(hs))
-	for i, h := range hs {
-		refs[i] = h.ref
+	refs := make([]uint64, 0, len(hs))
+	for _, h := range hs {
+		if h.ending || h.state == stateCommitted {
+			continue // being ended, or committed: not rolled back
+		}
+		h.ending = true
+		refs = append(refs, h.ref)
+	}
+	if len(refs) == 0 {
+		if done != nil {
+			done(-1, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "the half message is being committed"))
+		}
+		return
 	}
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Rollback{Rollback: &heraldpb.HalfRollback{Refs: refs, By: by}}}
 	c.write(writeOp{events: [][]byte{event(ev)}, client: done != nil, done: func(_ int64, e *heraldpb.Error) {
+		for _, h := range hs {
+			h.ending = false
+		}
 		if e == nil {
 			n := len(c.halves)
 			c.apply(0, ev, c.defaults)

@@ -54,6 +54,7 @@ type half struct {
 	token     uint64
 	by        string
 	appending bool          // an append is in flight
+	ending    bool          // a commit or rollback of it is being written
 	checkReg  *registration // where its last check-back went, unanswered
 }
 
@@ -111,12 +112,14 @@ func (st *state) apply(off uint64, ev *heraldpb.TxnEvent, defaults func(*heraldp
 			interval: iv, maxChecks: mc, keep: keep,
 		}
 	case *heraldpb.TxnEvent_Commit:
-		if h := st.halves[e.Commit.Ref]; h != nil {
+		// The first decision counts: a later commit (or rollback) of a
+		// committed half is ignored, as it was refused when it came.
+		if h := st.halves[e.Commit.Ref]; h != nil && h.state != stateCommitted {
 			h.state, h.from, h.token, h.by = stateCommitted, e.Commit.FromOffset, e.Commit.Token, e.Commit.By
 		}
 	case *heraldpb.TxnEvent_Rollback:
 		for _, r := range e.Rollback.Refs {
-			if _, ok := st.halves[r]; ok {
+			if h, ok := st.halves[r]; ok && h.state != stateCommitted {
 				delete(st.halves, r)
 				st.ended.add(r, false)
 			}
@@ -178,8 +181,8 @@ func (st *state) checkHalf(req *heraldpb.ProduceRequest, e *registry.Entry, now 
 		return 0, 0, 0, invalid("on_exhausted %d is not a policy", h.GetOnExhausted())
 	case h.GetMaxChecks() > 1000:
 		return 0, 0, 0, invalid("max_checks %d is more than 1000", h.GetMaxChecks())
-	case h.GetCheckIntervalMs() != 0 && h.GetCheckIntervalMs() < 100:
-		return 0, 0, 0, invalid("check_interval_ms %d is below 100", h.GetCheckIntervalMs())
+	case h.GetCheckIntervalMs() != 0 && (h.GetCheckIntervalMs() < 100 || h.GetCheckIntervalMs() > 3_600_000):
+		return 0, 0, 0, invalid("check_interval_ms %d is outside [100, 3600000]", h.GetCheckIntervalMs())
 	case req.ProducerId != 0:
 		return 0, 0, 0, invalid("a half message cannot be idempotent: send it with producer_id 0")
 	case req.DeliverAtMs != 0 && req.DelayMs != 0:
@@ -275,6 +278,9 @@ func (st *state) endTarget(req *heraldpb.EndHalfRequest) (*half, *heraldpb.Error
 			return nil, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "half message %s was already %s", req.Id, was), false
 		}
 		return nil, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "half message %s is not pending (unknown id, or ended long ago)", req.Id), false
+	}
+	if h.ending {
+		return nil, throttledErr(fmt.Sprintf("half message %s is being ended", req.Id)), false
 	}
 	if h.state == stateCommitted {
 		if req.Action == heraldpb.HalfAction_HALF_ROLLBACK {

@@ -41,7 +41,9 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
 		end.From = append(end.From, &heraldpb.TxnAppendFrom{Topic: tp.topic, Partition: tp.part, Offset: off})
 	}
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: end}}
+	m.deciding, m.decidingCommit = true, true
 	c.write(writeOp{events: [][]byte{event(ev)}, client: true, done: func(base int64, err *heraldpb.Error) {
+		m.deciding = false
 		if err != nil {
 			c.answerWaiters(ctx, m, err)
 			return

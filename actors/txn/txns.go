@@ -74,6 +74,11 @@ type txnMeta struct {
 	seqs    int64 // staged or being staged
 	bytes   uint64
 
+	// a commit decision or an abort being written (decidingCommit: which)
+	deciding       bool
+	decidingCommit bool
+	sessOff        uint64 // offset of its newest session record (init, abort, complete)
+
 	// committing
 	token   uint64
 	from    map[topicPart]int64
@@ -121,12 +126,12 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 		m.timeout = time.Duration(in.TimeoutMs) * time.Millisecond
 		m.used = max(in.UsedMs, m.used)
 		m.resetTxn()
-		m.lastOff = off
+		m.lastOff, m.sessOff = off, off
 	case *heraldpb.TxnEvent_Data:
 		d := e.Data
 		m := st.txns[d.TransactionalId]
-		if m == nil || d.Epoch != m.epoch || m.state == txnCommitting {
-			return // of a transaction that ended (or of an unknown id): ignored
+		if m == nil || d.Epoch != m.epoch || m.state == txnCommitting || d.BaseSequence != m.nextSeq {
+			return // of a transaction that ended (or of an unknown id), or out of sequence: ignored
 		}
 		if m.state == txnEmpty {
 			m.state, m.started = txnOpen, now
@@ -139,8 +144,8 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 	case *heraldpb.TxnEvent_End:
 		en := e.End
 		m := st.txns[en.TransactionalId]
-		if m == nil || en.Epoch != m.epoch {
-			return
+		if m == nil || en.Epoch != m.epoch || m.state == txnCommitting {
+			return // the first decision counts: nothing ends a committing transaction but its completion
 		}
 		m.lastOff = off
 		if en.Commit {
@@ -151,13 +156,14 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 			}
 			return
 		}
+		m.sessOff = off
 		m.ended(false, en.By)
 	case *heraldpb.TxnEvent_Complete:
 		m := st.txns[e.Complete.TransactionalId]
 		if m == nil || e.Complete.Epoch != m.epoch {
 			return
 		}
-		m.lastOff = off
+		m.lastOff, m.sessOff = off, off
 		m.ended(true, m.by)
 	}
 }
@@ -268,8 +274,8 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	case m == nil && len(c.txns) >= maxTxnIDs:
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, throttledErr("too many transactional ids")))
 		return
-	case m != nil && m.state == txnCommitting:
-		e := throttledErr(fmt.Sprintf("transactional id %q: the last session's transaction is committing", req.TransactionalId))
+	case m != nil && (m.state == txnCommitting || m.deciding):
+		e := throttledErr(fmt.Sprintf("transactional id %q: the last session's transaction is being ended", req.TransactionalId))
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
 		return
 	case c.queued >= c.o.MaxQueued:
@@ -362,8 +368,16 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 		return
 	}
 	// Sequences: a retry of a staged batch is answered again; a batch
-	// still being staged is waited for by the client's retry.
+	// still being staged is waited for by the client's retry, and so is
+	// the next one (one staging in flight, so that a failed one cannot
+	// leave a gap behind a later one).
 	switch {
+	case m.deciding:
+		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d is being ended", m.id, m.epoch))
+		return
+	case req.BaseSequence >= m.nextSeq && m.seqs != m.nextSeq:
+		fail(throttledErr("a batch of the transaction is being staged"))
+		return
 	case req.BaseSequence < m.nextSeq:
 		for _, s := range m.staged {
 			if s.seq == req.BaseSequence && s.count == uint32(n) {
@@ -474,6 +488,12 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 	}
 	m.used = c.nowMs()
 	switch {
+	case len(m.waiters) >= 16:
+		fail(throttledErr("too many requests waiting for the transaction's commit"))
+	case m.deciding && !(req.Commit && m.decidingCommit):
+		fail(throttledErr("the transaction is being ended"))
+	case m.deciding:
+		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id})
 	case m.state == txnCommitting:
 		if !req.Commit {
 			fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d is committing", m.id, m.epoch))
@@ -501,12 +521,24 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 // on.
 func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done func(*heraldpb.Error, uint32, []topicPart)) {
 	epoch, recs, parts := m.epoch, m.records(), m.partitions()
+	if m.deciding || m.state == txnCommitting {
+		if done != nil {
+			done(throttledErr("the transaction is being ended"), recs, parts)
+		}
+		return
+	}
+	m.deciding, m.decidingCommit = true, false
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, By: by}}}
 	c.write(writeOp{events: [][]byte{event(ev)}, client: done != nil, done: func(base int64, err *heraldpb.Error) {
-		if err == nil && m.epoch == epoch && m.state != txnCommitting {
-			c.applyTxn(uint64(base), ev, c.nowMs())
-			mTxnEnded.WithLabelValues("abort", by).Inc()
-			c.gaugeOpen()
+		m.deciding = false
+		if err == nil {
+			if m.epoch != epoch || m.state == txnCommitting {
+				err = heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d ended otherwise meanwhile", m.id, epoch)
+			} else {
+				c.applyTxn(uint64(base), ev, c.nowMs())
+				mTxnEnded.WithLabelValues("abort", by).Inc()
+				c.gaugeOpen()
+			}
 		}
 		if done != nil {
 			done(err, recs, parts)
@@ -540,7 +572,8 @@ func (c *Coordinator) sweepTxns(ctx actor.Context) {
 	now := c.nowMs()
 	open := false
 	for _, m := range c.txns {
-		if m.state != txnOpen {
+		if m.state != txnOpen || m.deciding {
+			open = open || m.state != txnEmpty
 			continue
 		}
 		open = true
