@@ -4,6 +4,7 @@ package txn
 // a live producer of its group; and the producers' registrations.
 
 import (
+	"container/heap"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -163,8 +164,20 @@ func (c *Coordinator) lapseProducers(_ actor.Context) {
 	c.after(c.o.Heartbeat, &lapseTick{})
 }
 
-// armChecks arms the check timer for the earliest check due.
+// armChecks arms the check timer for the earliest check due. A queue
+// grown mostly of stale entries (halves ended before their check) is
+// rebuilt from the pending halves first, so it stays bounded by them.
 func (c *Coordinator) armChecks() {
+	if len(c.checkQ) > 4*len(c.halves)+1024 {
+		q := make(timeQ, 0, len(c.halves))
+		for _, h := range c.halves {
+			if h.state == statePending && h.nextCheck != 0 {
+				q = append(q, timeEntry{at: h.nextCheck, ref: h.ref})
+			}
+		}
+		heap.Init(&q)
+		c.checkQ = q
+	}
 	next, ok := c.checkQ.next()
 	if !ok || c.checkTimerAt != 0 && c.checkTimerAt <= next {
 		return
