@@ -205,7 +205,7 @@ func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
 	// Balanced over every topic, the replicated internal ones included.
 	counts := replicaCounts(pl)
 	all := map[uint32]int{}
-	for _, name := range []string{"orders", "__groups", "__schedule"} {
+	for _, name := range []string{"orders", "__groups", "__schedule", "__txn"} {
 		ipl, err := placement(t, c, name)
 		if err != nil {
 			t.Fatal(err)
@@ -224,7 +224,7 @@ func TestAddAndRemoveNodeUnderLoad(t *testing.T) {
 	checkFor(t, 20*time.Second, "node 4 leads a partition", func() error {
 		c4 := dialNode(t, tc.nodes[4])
 		defer c4.Close()
-		for _, name := range []string{"orders", "__groups", "__schedule"} {
+		for _, name := range []string{"orders", "__groups", "__schedule", "__txn"} {
 			info, err := c4.DescribeTopic(ctxT(t, 5*time.Second), name)
 			if err != nil {
 				return err

@@ -197,8 +197,8 @@ func TestTopicAdmin(t *testing.T) {
 			_, err := c.Fetch(ctx, "a", 0, 0, 1024, 0)
 			return err
 		})
-		if entries, _ := os.ReadDir(filepath.Join(n.DataDir(), "topics")); len(entries) != 2 || entries[0].Name() != "__groups-0" || entries[1].Name() != "__schedule-0" {
-			t.Fatalf("deleted topic left partition dirs: %v (want only the internal __groups-0 and __schedule-0)", entries)
+		if entries, _ := os.ReadDir(filepath.Join(n.DataDir(), "topics")); len(entries) != 3 || entries[0].Name() != "__groups-0" || entries[1].Name() != "__schedule-0" || entries[2].Name() != "__txn-0" {
+			t.Fatalf("deleted topic left partition dirs: %v (want only the internal __groups-0, __schedule-0 and __txn-0)", entries)
 		}
 		// The name is free again.
 		if _, err := c.CreateTopic(ctx, "a", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
