@@ -548,9 +548,22 @@ func scanPending(sys *actor.ActorSystem, pid *actor.PID, pending *roaring64.Bitm
 		f, _ := res.(*heraldpb.Frame)
 		fr := f.GetFetchResponse()
 		if fr == nil {
-			if f.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && off < start() {
-				off = start() // compacted meanwhile: what was below is done
-				continue
+			if f.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && off < hw {
+				// Compacted meanwhile (what was below is done): on from
+				// the log's start as the partition has it (its published
+				// Stats may not show the truncation yet).
+				ls := start()
+				if res, err := sys.Root.RequestFuture(pid, &heraldpb.Frame{Body: &heraldpb.Frame_ListOffsets{ListOffsets: &heraldpb.ListOffsetsRequest{
+					Topic: ScheduleTopic, Spec: heraldpb.OffsetSpec_OFFSET_SPEC_EARLIEST,
+				}}}, 30*time.Second).Result(); err == nil {
+					if lr := res.(*heraldpb.Frame).GetListOffsetsResponse(); lr != nil {
+						ls = max(ls, lr.LogStartOffset)
+					}
+				}
+				if off < ls {
+					off = ls
+					continue
+				}
 			}
 			return nil, f.GetError()
 		}
