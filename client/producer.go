@@ -196,12 +196,19 @@ func (c *Client) NewProducer(opts ...ProducerOpt) *Producer {
 // returns them. If ctx ends first Send returns ctx.Err(), and m may still be
 // written.
 func (p *Producer) Send(ctx context.Context, m *Message) (Result, error) {
+	return sendSync(ctx, m, func(cb func(Result, error)) { p.send(ctx, m, cb, true) })
+}
+
+// sendSync runs send with a callback and waits for it (or ctx): the
+// synchronous Send of the producers. On success m gets its partition and
+// offset.
+func sendSync(ctx context.Context, m *Message, send func(cb func(Result, error))) (Result, error) {
 	type outcome struct {
 		r   Result
 		err error
 	}
 	ch := make(chan outcome, 1)
-	p.send(ctx, m, func(r Result, err error) { ch <- outcome{r, err} }, true)
+	send(func(r Result, err error) { ch <- outcome{r, err} })
 	select {
 	case o := <-ch:
 		if o.err == nil {

@@ -279,21 +279,7 @@ func (p *TransactionalProducer) failedErrLocked() error {
 // be staged: Commit then waits for it. An error fails the transaction
 // (see TransactionalProducer).
 func (p *TransactionalProducer) Send(ctx context.Context, m *Message) (Result, error) {
-	type outcome struct {
-		r   Result
-		err error
-	}
-	ch := make(chan outcome, 1)
-	p.send(ctx, m, func(r Result, err error) { ch <- outcome{r, err} })
-	select {
-	case o := <-ch:
-		if o.err == nil {
-			m.Partition, m.Offset = o.r.Partition, o.r.Offset
-		}
-		return o.r, o.err
-	case <-ctx.Done():
-		return Result{}, ctx.Err()
-	}
+	return sendSync(ctx, m, func(cb func(Result, error)) { p.send(ctx, m, cb) })
 }
 
 // SendAsync adds m to the open transaction and calls cb once with the

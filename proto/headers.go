@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
 // AppendBatchHeaders returns a copy of the encoded RecordBatch b in which
@@ -140,4 +141,25 @@ func RecordValue(rec []byte) ([]byte, error) {
 		rec = rec[m:]
 	}
 	return val, nil
+}
+
+// AppendValueRecord appends to b, an encoded RecordBatch, one Record whose
+// value is v (no key, headers or timestamp): how the broker's internal
+// logs (`__schedule`, `__txn`) store their events.
+func AppendValueRecord(b, v []byte) []byte {
+	recLen := protowire.SizeTag(2) + protowire.SizeBytes(len(v))
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(recLen))
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	return protowire.AppendBytes(b, v)
+}
+
+// UnmarshalRecordValue decodes the value of the encoded Record rec into m:
+// an internal log's event (AppendValueRecord).
+func UnmarshalRecordValue(rec []byte, m proto.Message) error {
+	v, err := RecordValue(rec)
+	if err != nil {
+		return err
+	}
+	return proto.Unmarshal(v, m)
 }

@@ -18,7 +18,6 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
 	"github.com/heraldmq/herald/timewheel"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -538,12 +537,8 @@ func (s *Scheduler) onLoaded(ctx actor.Context, fr *heraldpb.FetchResponse) {
 
 // decodeEvent reads the ScheduleEvent in a __schedule record.
 func decodeEvent(rec []byte) (*heraldpb.ScheduleEvent, error) {
-	v, err := heraldpb.RecordValue(rec)
-	if err != nil {
-		return nil, err
-	}
 	var ev heraldpb.ScheduleEvent
-	if err := proto.Unmarshal(v, &ev); err != nil {
+	if err := heraldpb.UnmarshalRecordValue(rec, &ev); err != nil {
 		return nil, err
 	}
 	return &ev, nil
@@ -805,7 +800,7 @@ func (s *Scheduler) flushWrites(ctx actor.Context) {
 			break
 		}
 		for _, ev := range op.events {
-			batch = appendEventRecord(batch, ev)
+			batch = heraldpb.AppendValueRecord(batch, ev)
 		}
 		size += opSize
 		events += len(op.events)
@@ -847,16 +842,6 @@ func (s *Scheduler) flushWrites(ctx actor.Context) {
 		}
 		s.flushWrites(ctx)
 	})
-}
-
-// appendEventRecord appends a RecordBatch field holding a Record whose
-// value is ev.
-func appendEventRecord(b, ev []byte) []byte {
-	recLen := protowire.SizeTag(2) + protowire.SizeBytes(len(ev))
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(recLen))
-	b = protowire.AppendTag(b, 2, protowire.BytesType)
-	return protowire.AppendBytes(b, ev)
 }
 
 func firedEvent(refs []uint64) []byte {

@@ -21,7 +21,6 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -360,12 +359,8 @@ func (c *Coordinator) defaults(hs *heraldpb.HalfStored) (time.Duration, uint32, 
 
 // decodeEvent reads the TxnEvent in a __txn record.
 func decodeEvent(rec []byte) (*heraldpb.TxnEvent, error) {
-	v, err := heraldpb.RecordValue(rec)
-	if err != nil {
-		return nil, err
-	}
 	var ev heraldpb.TxnEvent
-	if err := proto.Unmarshal(v, &ev); err != nil {
+	if err := heraldpb.UnmarshalRecordValue(rec, &ev); err != nil {
 		return nil, err
 	}
 	return &ev, nil
@@ -445,7 +440,7 @@ func (c *Coordinator) flushWrites(ctx actor.Context) {
 			break
 		}
 		for _, ev := range op.events {
-			batch = appendEventRecord(batch, ev)
+			batch = heraldpb.AppendValueRecord(batch, ev)
 		}
 		size += opSize
 		n++
@@ -490,16 +485,6 @@ func (c *Coordinator) flushWrites(ctx actor.Context) {
 		c.flushWrites(ctx)
 	})
 	c.sh.writes = append(c.sh.writes, fut)
-}
-
-// appendEventRecord appends a RecordBatch field holding a Record whose
-// value is ev.
-func appendEventRecord(b, ev []byte) []byte {
-	recLen := protowire.SizeTag(2) + protowire.SizeBytes(len(ev))
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(recLen))
-	b = protowire.AppendTag(b, 2, protowire.BytesType)
-	return protowire.AppendBytes(b, ev)
 }
 
 func event(ev *heraldpb.TxnEvent) []byte {

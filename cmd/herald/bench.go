@@ -1120,28 +1120,13 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 	chunk := max(1, min(benchChunk, benchChunkBytes/bc.size))
 	var values, keys []byte
 	var msgs []client.Message
-	startNs := start.UnixNano()
 	for seq := int64(0); n < 0 || seq < n; seq++ {
 		if prodCtx.Err() != nil {
 			break
 		}
-		var stamp int64
-		if interval > 0 {
-			due := time.Duration(seq) * interval
-			stamp = startNs + int64(due)
-			if d := due - time.Since(start); d > time.Millisecond {
-				t := time.NewTimer(d)
-				select {
-				case <-t.C:
-				case <-prodCtx.Done():
-					t.Stop()
-				}
-				if prodCtx.Err() != nil {
-					break
-				}
-			}
-		} else {
-			stamp = clock.now()
+		stamp := pace(prodCtx, start, interval, seq, clock)
+		if prodCtx.Err() != nil {
+			break
 		}
 		if len(msgs) == 0 {
 			values = make([]byte, chunk*bc.size)
@@ -1232,3 +1217,23 @@ func runReported[S interface{ print(io.Writer) }](cio cliIO, asJSON bool, run fu
 // progressWriter is io.Writer under a name the commands' cliIO parameter
 // (called io) does not shadow.
 type progressWriter = io.Writer
+
+// pace is a rate-paced producer's record seq: with an interval it waits
+// until the record's due time (start + seq*interval; returning early when
+// ctx ends) and stamps the record with that time, so latency counts from
+// when the record was due; without one the stamp is now.
+func pace(ctx context.Context, start time.Time, interval time.Duration, seq int64, clock benchClock) int64 {
+	if interval <= 0 {
+		return clock.now()
+	}
+	due := time.Duration(seq) * interval
+	if d := due - time.Since(start); d > time.Millisecond {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
+	return start.UnixNano() + int64(due)
+}

@@ -79,28 +79,13 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 		}
 		stamps, seqs = stamps[:0], seqs[:0]
 	}
-	startNs := start.UnixNano()
 	for seq := int64(0); n < 0 || seq < n; seq++ {
 		if prodCtx.Err() != nil {
 			break
 		}
-		var stamp int64
-		if interval > 0 {
-			due := time.Duration(seq) * interval
-			stamp = startNs + int64(due)
-			if d := due - time.Since(start); d > time.Millisecond {
-				t := time.NewTimer(d)
-				select {
-				case <-t.C:
-				case <-prodCtx.Done():
-					t.Stop()
-				}
-				if prodCtx.Err() != nil {
-					break
-				}
-			}
-		} else {
-			stamp = clock.now()
+		stamp := pace(prodCtx, start, interval, seq, clock)
+		if prodCtx.Err() != nil {
+			break
 		}
 		if len(stamps) == 0 {
 			if err := tp.Begin(); err != nil {
