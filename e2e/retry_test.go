@@ -211,3 +211,60 @@ func TestFailingConsumerDeadLettersThenRedrive(t *testing.T) {
 		t.Fatalf("%d distinct values on orders", len(seen))
 	}
 }
+
+// In a shared group, a retry avoids the member that failed it while
+// another member has credit. A member whose circuit breaker is open has
+// credit it cannot use: the retry must not wait for it through its
+// cool-down (60 s here) but go back to the member that failed it. Before
+// the fix it waited, and a chaos workload's group stalled for 30 s in CI.
+func TestSharedRetryDoesNotWaitForAnOpenBreaker(t *testing.T) {
+	n := startProc(t, t.TempDir(), "--breaker-failures=2", "--breaker-cooldown=60s")
+	c := dial(t, n)
+	createTopic(t, c, "invoices", 1)
+	opts := client.SubscribeOptions{Group: "billing", Topic: "invoices", Mode: client.Shared, From: client.Earliest(), RetryPolicy: "100ms max-deliveries=10"}
+	// b fails everything until its breaker opens.
+	opts.Name = "b"
+	if _, err := dial(t, n).Subscribe(ctxT(t, 10*time.Second), opts, func(_ context.Context, m *client.Delivered) { m.Fail("b is broken") }); err != nil {
+		t.Fatal(err)
+	}
+	produceN(t, c, "invoices", "early", 3, 3)
+	checkFor(t, 20*time.Second, "b's breaker open", func() error {
+		gi, err := c.DescribeGroup(ctxT(t, 5*time.Second), "billing")
+		if err != nil {
+			return err
+		}
+		for _, m := range gi.GetMembers() {
+			if m.GetName() == "b" && m.GetBreaker() == heraldpb.BreakerState_BREAKER_OPEN {
+				return nil
+			}
+		}
+		return fmt.Errorf("group %v", gi)
+	})
+	// a fails each message's first delivery and acks its redelivery.
+	var mu sync.Mutex
+	counts := map[string][]int{}
+	opts.Name = "a"
+	if _, err := dial(t, n).Subscribe(ctxT(t, 10*time.Second), opts, func(_ context.Context, m *client.Delivered) {
+		mu.Lock()
+		counts[string(m.Value)] = append(counts[string(m.Value)], m.DeliveryCount)
+		mu.Unlock()
+		if m.DeliveryCount == 1 {
+			m.Fail("a fails first deliveries")
+			return
+		}
+		m.Ack()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	produceN(t, c, "invoices", "late", 1, 1)
+	checkFor(t, 15*time.Second, "the late message redelivered to a", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for v, cs := range counts {
+			if strings.HasPrefix(v, "late") && len(cs) >= 2 {
+				return nil
+			}
+		}
+		return fmt.Errorf("a's deliveries: %v", counts)
+	})
+}

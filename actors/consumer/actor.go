@@ -276,9 +276,11 @@ func (c *coordinator) Receive(ctx actor.Context) {
 		}
 		ctx.Respond(&EndSessionsDone{})
 	case *breakerMsg:
-		if m.change.To != BreakerOpen {
-			c.dispatch(ctx)
+		if c.live != nil {
+			c.live.sub.Pause(m.change.Member, m.change.To != BreakerClosed)
 		}
+		// Open: the other members may now take the retries this one held.
+		c.dispatch(ctx)
 	case *actor.Stopping:
 		c.onStopping()
 	}

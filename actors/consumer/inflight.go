@@ -330,6 +330,18 @@ func (s *Sub) Credits(m MemberID) int {
 	return 0
 }
 
+// Pause marks m as taking no deliveries for now (its circuit breaker is
+// open or half-open) or, with paused false, as taking them again. In
+// shared mode a redelivery that avoids the member it failed on waits only
+// for members that are not paused: otherwise a member whose breaker opened
+// would hold, with its unused credits, the retries of every other member
+// for the whole cool-down. Unknown members are ignored.
+func (s *Sub) Pause(m MemberID, paused bool) {
+	if ms := s.members[m]; ms != nil {
+		ms.paused = paused
+	}
+}
+
 // InFlight is the number of messages delivered to m and not yet acked.
 func (s *Sub) InFlight(m MemberID) int { return s.fl.perMember[m] }
 
@@ -589,7 +601,7 @@ func (s *Sub) eligible(m MemberID, id msgID, key string, avoid MemberID) bool {
 	default: // Shared
 		if avoid == m {
 			for _, o := range s.order {
-				if o != m && s.members[o].credits > 0 {
+				if o != m && s.members[o].credits > 0 && !s.members[o].paused {
 					return false
 				}
 			}

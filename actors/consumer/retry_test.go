@@ -69,3 +69,47 @@ func TestConfigValidatesRetryPolicy(t *testing.T) {
 		t.Fatalf("NewSub with a zero delay: %v", err)
 	}
 }
+
+// In shared mode a redelivery avoids the member it failed on while another
+// member has credit, but not while that member is paused (its breaker
+// open): then the retry goes back to the member that failed it rather than
+// waiting out the cool-down. This stalled a workload in CI for 30 s.
+func TestSharedRetrySkipsPausedMembers(t *testing.T) {
+	policy, err := retry.ParsePolicy("exponential initial=100ms factor=2 cap=1s max-deliveries=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := NewSub(Config{Mode: Shared, Partitions: 1, Retry: policy}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []MemberID{"a", "b"} {
+		if _, err := sub.Join(m); err != nil {
+			t.Fatal(err)
+		}
+		if err := sub.Request(m, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub.Append("", Message{Offset: 0})
+	now := time.Unix(1000, 0)
+	ds, _ := sub.Deliver("a", now, 0)
+	if len(ds) != 1 {
+		t.Fatalf("first delivery: %v", ds)
+	}
+	r, err := sub.Nack("a", 0, 0, PolicyDelay, "x", now)
+	if err != nil || r.Dead {
+		t.Fatalf("nack: %v %v", r, err)
+	}
+	now = r.At
+	if ds, _ := sub.Deliver("a", now, 0); len(ds) != 0 {
+		t.Fatalf("the retry went back to a while b has credit: %v", ds)
+	}
+	sub.Pause("b", true)
+	ds, _ = sub.Deliver("a", now, 0)
+	if len(ds) != 1 || ds[0].Offset != 0 || ds[0].Count != 2 {
+		t.Fatalf("with b paused, a should get the retry: %v", ds)
+	}
+	sub.Pause("b", false)
+	sub.Pause("nobody", true) // unknown members are ignored
+}

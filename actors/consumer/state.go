@@ -175,6 +175,7 @@ type Sub struct {
 type memberState struct {
 	credits int
 	view    MemberID // Broadcast: the member itself; else ""
+	paused  bool     // its breaker is not closed: it takes no (or only probe) deliveries
 }
 
 // view is one progress over the topic: the group's, or in broadcast mode one

@@ -3,6 +3,7 @@ package workload
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -67,6 +68,7 @@ func TestWorkloadWithoutFaults(t *testing.T) {
 	for _, op := range readOps(t, buf.snapshot()) {
 		lastDue = max(lastDue, time.Duration(op.Due))
 	}
+	lag := ""
 	pollFor(t, 20*time.Second, "the groups caught up", func() bool {
 		if now() < lastDue+100*time.Millisecond {
 			return false
@@ -74,16 +76,18 @@ func TestWorkloadWithoutFaults(t *testing.T) {
 		for _, g := range []string{"g-cluster", "g-shared", "g-bcast"} {
 			info, err := c.DescribeGroup(ctx, g)
 			if err != nil {
+				lag = g + ": " + err.Error()
 				return false
 			}
 			for _, p := range info.GetPartitions() {
 				if p.GetAckFloor() < p.GetHighWatermark() {
+					lag = fmt.Sprintf("%s: %v", g, info)
 					return false
 				}
 			}
 		}
 		return true
-	})
+	}, func() string { return lag })
 	if errs := w.Stop(ctx); len(errs) > 0 {
 		t.Fatalf("workload errors: %v", errs)
 	}
@@ -159,12 +163,18 @@ func kinds(t *testing.T, b []byte) map[history.F]int {
 	return n
 }
 
-func pollFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+// pollFor polls cond until it holds or d passes; a detail func, when
+// given, says in the failure what was still missing.
+func pollFor(t *testing.T, d time.Duration, what string, cond func() bool, detail ...func() string) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
+			var more string
+			for _, f := range detail {
+				more += "; " + f()
+			}
+			t.Fatalf("timed out after %v waiting for %s%s", d, what, more)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
