@@ -574,15 +574,23 @@ func TestGroupBreakerOpensAndCloses(t *testing.T) {
 	produce(t, w, "t", 0, 10)
 	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: 3})
 	ds := w.deliveries(3, 5*time.Second)
-	nack := &heraldpb.NackRequest{SubscriptionId: sub, Credits: 5}
-	for _, d := range ds {
-		nack.Partitions = append(nack.Partitions, d.Partition)
-		nack.Offsets = append(nack.Offsets, d.Offset)
+	// One request is one failure, however many messages it names.
+	for i, d := range ds {
+		credits := uint32(0)
+		if i == len(ds)-1 {
+			credits = 5
+		}
+		if i == len(ds)-1 {
+			if d := describe(t, w, "g"); d.Members[0].Breaker != heraldpb.BreakerState_BREAKER_CLOSED {
+				t.Fatalf("breaker after %d nack requests: %v", i, d.Members[0])
+			}
+		}
+		w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: &heraldpb.NackRequest{SubscriptionId: sub, Credits: credits,
+			Partitions: []uint32{d.Partition}, Offsets: []int64{d.Offset}}}})
 	}
-	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: nack}})
 	opened := time.Now()
 	if d := describe(t, w, "g"); d.Members[0].Breaker != heraldpb.BreakerState_BREAKER_OPEN {
-		t.Fatalf("breaker after 3 nacks: %v", d.Members[0])
+		t.Fatalf("breaker after 3 nack requests: %v", d.Members[0])
 	}
 	// Open: nothing is delivered despite 5 credits, until the cool-down.
 	probe := w.deliveries(1, 5*time.Second)
@@ -978,5 +986,44 @@ func TestGroupTopicDeleted(t *testing.T) {
 		case <-deadline:
 			t.Fatal("no SubscriptionEnded after the topic was deleted")
 		}
+	}
+}
+
+// A NackRequest naming many messages is one failure for the breaker, as an
+// AckRequest is one success: the SDK batches settlements, so a member that
+// fails one message in five sends its nacks together, and counting them one
+// by one opened its breaker.
+func TestGroupBreakerCountsRequests(t *testing.T) {
+	cfg := Default()
+	cfg.DataDir, cfg.Listen, cfg.Admin = t.TempDir(), "127.0.0.1:0", ""
+	cfg.BreakerFailures, cfg.BreakerCoolDown = 3, time.Minute
+	b, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Shutdown()
+	w := dialWire(t, b.ClientAddr())
+	newTopic(t, w, "t", 1)
+	produce(t, w, "t", 0, 10)
+	sub := subscribe(t, w, &heraldpb.SubscribeRequest{Group: "g", Topic: "t", Mode: heraldpb.SubscriptionMode_MODE_SHARED, Credits: 10})
+	ds := w.deliveries(10, 5*time.Second)
+	// Five nacks in one request, then five acks, then the retries.
+	nack := &heraldpb.NackRequest{SubscriptionId: sub}
+	for _, d := range ds[:5] {
+		nack.Partitions = append(nack.Partitions, d.Partition)
+		nack.Offsets = append(nack.Offsets, d.Offset)
+	}
+	w.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Nack{Nack: nack}})
+	if d := describe(t, w, "g"); d.Members[0].Breaker != heraldpb.BreakerState_BREAKER_CLOSED {
+		t.Fatalf("breaker after one request of five nacks: %v", d.Members[0])
+	}
+	ackAll(t, w, sub, ds[5:], 10)
+	retries := w.deliveries(5, 10*time.Second)
+	if len(retries) != 5 {
+		t.Fatalf("%d retries, want 5", len(retries))
+	}
+	ackAll(t, w, sub, retries, 0)
+	if d := describe(t, w, "g"); d.Members[0].Breaker != heraldpb.BreakerState_BREAKER_CLOSED {
+		t.Fatalf("breaker at the end: %v", d.Members[0])
 	}
 }

@@ -39,12 +39,18 @@ func dial(t *testing.T, b *fakebroker.Broker, opts ...Option) *Client {
 }
 
 // waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+// waitFor polls cond until it holds or d passes; a detail func, when
+// given, says in the failure what the state was.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool, detail ...func() string) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			var more string
+			for _, f := range detail {
+				more += ": " + f()
+			}
+			t.Fatalf("timed out waiting for %s%s", what, more)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

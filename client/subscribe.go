@@ -1062,8 +1062,11 @@ func (s *Subscription) takeUnit(full bool) *ackUnit {
 	if ss == nil || ss.state != sessActive || !s.pendingLocked() {
 		return nil
 	}
+	// Queued nacks take every queued ack with them: the broker's circuit
+	// breaker counts a member's failures in a row, and acks lingering
+	// behind later nacks would hide the member's successes from it.
 	nAcks := len(s.acks)
-	if !full {
+	if !full && len(s.nacks) == 0 {
 		nAcks -= nAcks % AckBatch
 	}
 	u := &ackUnit{sess: ss, lo: math.MaxUint64}

@@ -94,7 +94,7 @@ func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	if req.DelayMs != nil {
 		delay = time.Duration(*req.DelayMs) * time.Millisecond
 	}
-	stale, failed, dead := 0, 0, false
+	stale, failed, dead, untokened := 0, 0, false, false
 	next := time.Time{}
 	for i, p := range req.Partitions {
 		r, err := l.sub.Nack(mb.id, p, req.Offsets[i], delay, req.Reason, now)
@@ -107,7 +107,7 @@ func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		if te, ok := l.toks[id]; ok && te.tok != 0 {
 			_ = mb.breaker.Failure(te.tok, FailNack)
 		} else {
-			mb.breaker.Record(FailNack)
+			untokened = true
 		}
 		delete(l.toks, id)
 		mNacked.WithLabelValues(c.group).Inc()
@@ -119,6 +119,15 @@ func (c *coordinator) onNack(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 				next = r.At
 			}
 		}
+	}
+	// One request is one failure for the closed breaker, as one AckRequest
+	// is one success, however many messages it names: the SDK batches and
+	// pipelines its settlements, so the messages of a NackRequest are not
+	// failures in a row (acks settled between them travel apart), and
+	// counting them one by one tripped members that fail one message in
+	// five.
+	if untokened {
+		mb.breaker.Record(FailNack)
 	}
 	if stale > 0 {
 		mStaleAcks.WithLabelValues(c.group).Add(float64(stale))

@@ -164,8 +164,9 @@ const (
 // BreakerConfig configures the breaker of each member of a push
 // subscription. The breaker opens when either trip rule holds.
 type BreakerConfig struct {
-	// ConsecutiveFailures opens the breaker at that many failed deliveries
-	// in a row (within Interval). 0 means DefaultBreakerConsecutiveFailures;
+	// ConsecutiveFailures opens the breaker at that many failures in a row
+	// (within Interval). The coordinator reports one outcome per ack or
+	// nack request (the SDK batches them) and one per ack timeout. 0 means DefaultBreakerConsecutiveFailures;
 	// -1 turns the rule off.
 	ConsecutiveFailures int
 	// FailureRatio, in (0, 1], opens the breaker when failures/outcomes
