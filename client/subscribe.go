@@ -120,6 +120,13 @@ type SubscribeOptions struct {
 	// DeadLetterExpired sends messages whose TTL ran out to the dead-letter
 	// topic (reason "expired") instead of dropping them.
 	DeadLetterExpired bool
+	// AssignOnly makes the member take part in the group's partition
+	// assignment (Clustering mode only) without being pushed anything: it
+	// grants no credits, and the handler may be nil. The member reads the
+	// partitions Assigned gives it itself (NewPartitionConsumer) and
+	// records its progress with Commit, as a Kafka consumer does.
+	// GroupTransform is built on it.
+	AssignOnly bool
 	// Window is the credit window: the most messages pushed to this
 	// subscription and not yet finished by a handler (default
 	// DefaultWindow, at most MaxWindow). The client buffers at most Window
@@ -182,6 +189,9 @@ func (o *SubscribeOptions) Validate() error {
 	}
 	if o.AckTimeout < 0 || o.AckTimeout/time.Millisecond > 1<<32-1 {
 		bad("herald: subscribe: AckTimeout %s out of range", o.AckTimeout)
+	}
+	if o.AssignOnly && o.Mode != Clustering {
+		bad("herald: subscribe: AssignOnly needs Clustering mode")
 	}
 	if o.Window < 0 || o.Window > MaxWindow {
 		bad("herald: subscribe: Window %d outside 0..%d", o.Window, MaxWindow)
@@ -423,6 +433,9 @@ type ackReq struct {
 // Messages that were buffered or being handled then are not acked (the
 // broker redelivers them); acks of them are dropped and counted as Lost.
 func (c *Client) Subscribe(ctx context.Context, opts SubscribeOptions, h Handler) (*Subscription, error) {
+	if h == nil && opts.AssignOnly {
+		h = func(context.Context, *Delivered) {} // never pushed to
+	}
 	if h == nil {
 		return nil, errors.New("herald: subscribe: nil handler")
 	}
@@ -570,6 +583,9 @@ func (s *Subscription) subscribeOn(ctx context.Context, cn *conn) (*subSession, 
 	s.cur = ss
 	s.credits = 0 // finished messages are free window below
 	credits := max(s.opts.Window-s.held, 0)
+	if s.opts.AssignOnly {
+		credits = 0
+	}
 	s.mu.Unlock()
 
 	hook := func(f *heraldpb.Frame) {

@@ -67,6 +67,8 @@ type TransformConfig struct {
 // TransformCommit describes one committed transaction of
 // TransformExactlyOnce.
 type TransformCommit struct {
+	// Partition is the input partition.
+	Partition int32
 	// From and To: the input offsets [From, To) it covered.
 	From, To int64
 	// Outputs is how many records it produced, the progress record not
@@ -226,7 +228,7 @@ func (c *Client) transformOnce(ctx context.Context, cfg *TransformConfig, tp *Tr
 		return err
 	}
 	if cfg.OnCommit != nil {
-		cfg.OnCommit(TransformCommit{From: ins[0].Offset, To: last.Offset + 1, Outputs: outputs})
+		cfg.OnCommit(TransformCommit{Partition: cfg.Partition, From: ins[0].Offset, To: last.Offset + 1, Outputs: outputs})
 	}
 	return nil
 }

@@ -27,6 +27,9 @@ import (
 const (
 	transformerEnv      = "HERALD_E2E_TRANSFORMER_ADDR"
 	transformerStallEnv = "HERALD_E2E_TRANSFORMER_STALL"
+	// transformerGroupEnv runs GroupTransform of gin in group "enrich"
+	// instead.
+	transformerGroupEnv = "HERALD_E2E_TRANSFORMER_GROUP"
 )
 
 func init() {
@@ -50,6 +53,19 @@ func runTransformer(addr string) int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dial:", err)
 		return 2
+	}
+	if os.Getenv(transformerGroupEnv) != "" {
+		err = c.GroupTransform(ctx, client.GroupTransformConfig{
+			Group: "enrich", Topic: "gin", TransactionalPrefix: "enrich", ProgressTopic: "gprogress", From: client.Earliest(),
+			MaxRecords: 10, MaxWait: 100 * time.Millisecond, TransactionTimeout: 10 * time.Second,
+			OnCommit: func(tc client.TransformCommit) { fmt.Printf("commit %d %d %d\n", tc.From, tc.To, tc.Partition) },
+			OnError:  func(p int32, err error) { fmt.Fprintln(os.Stderr, "recovering:", p, err) },
+		}, func(ctx context.Context, in *client.Message) ([]*client.Message, error) {
+			time.Sleep(time.Millisecond) // work
+			return []*client.Message{{Topic: "gout", Key: in.Value, Value: append([]byte("out-"), in.Value...)}}, nil
+		})
+		fmt.Fprintln(os.Stderr, "transformer:", err)
+		return 1
 	}
 	err = c.TransformExactlyOnce(ctx, client.TransformConfig{
 		TransactionalID: "enrich-0", Topic: "in", Partition: 0, ProgressTopic: "progress",
@@ -91,7 +107,7 @@ func startTransformer(t *testing.T, addr string, env ...string) *transformer {
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			if f := strings.Fields(sc.Text()); len(f) == 3 && f[0] == "commit" {
+			if f := strings.Fields(sc.Text()); len(f) >= 3 && f[0] == "commit" {
 				to, _ := strconv.ParseInt(f[2], 10, 64)
 				tr.commits <- to
 			}
@@ -374,4 +390,114 @@ func TestTxnSDKExactlyOnceKill(t *testing.T) {
 	// its sequence, a commit sent again), or the transformer starts over
 	// from its progress: either way, once.
 	t.Logf("transformer B recovered %d times by starting over", strings.Count(b.logs(), "recovering:"))
+}
+
+// TestGroupTransformExactlyOnceKills: an exactly-once pipeline in a
+// consumer group. Two GroupTransform processes share the four partitions
+// of gin while a producer writes to it; five times, one of them is
+// SIGKILLed mid-work and a new one joins in its place (the group moves
+// partitions each time, and the new owner of a partition fences the old
+// one's transactional id). At the end every input has exactly one output,
+// and a read_committed group reading the output saw only records of
+// committed transactions, each once.
+func TestGroupTransformExactlyOnceKills(t *testing.T) {
+	const inputs = 1500
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "gin", 4)
+	createTopic(t, c, "gout", 2)
+	createTopic(t, c, "gprogress", 1)
+	ctx := ctxT(t, 180*time.Second)
+
+	// A reader of the outputs, read_committed (the groups' default).
+	var wmu sync.Mutex
+	watched := map[string]int{}
+	if _, err := c.Subscribe(ctx, client.SubscribeOptions{Group: "watch", Topic: "gout", Mode: client.Shared, From: client.Earliest()},
+		func(_ context.Context, m *client.Delivered) {
+			wmu.Lock()
+			watched[string(m.Value)]++
+			wmu.Unlock()
+		}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The input, written under way: about 150 records a second.
+	produced := make(chan error, 1)
+	go func() {
+		prod := c.NewProducer()
+		defer prod.Close(context.Background())
+		for i := range inputs {
+			prod.SendAsync(ctx, &client.Message{Topic: "gin", Key: fmt.Appendf(nil, "%05d", i), Value: fmt.Appendf(nil, "%05d", i)}, nil)
+			if i%15 == 14 {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		produced <- prod.Flush(ctx)
+	}()
+
+	trs := []*transformer{
+		startTransformer(t, n.Addr(), transformerGroupEnv+"=1"),
+		startTransformer(t, n.Addr(), transformerGroupEnv+"=1"),
+	}
+	for kill := range 5 {
+		victim := kill % 2
+		trs[victim].waitCommits(t, 60*time.Second, 3, 0)
+		trs[victim].kill()
+		t.Logf("kill %d: transformer %d SIGKILLed", kill+1, trs[victim].cmd.Process.Pid)
+		trs[victim] = startTransformer(t, n.Addr(), transformerGroupEnv+"=1")
+	}
+	if err := <-produced; err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 90*time.Second, "an output for every input", func() error {
+		got := valuesOf(t, n, "gout", 2)
+		if len(got) < inputs {
+			return fmt.Errorf("%d distinct outputs of %d", len(got), inputs)
+		}
+		return nil
+	})
+	got := valuesOf(t, n, "gout", 2)
+	for i := range inputs {
+		if v := fmt.Sprintf("out-%05d", i); got[v] != 1 {
+			t.Fatalf("%s appears %d times (of %d outputs)", v, got[v], len(got))
+		}
+	}
+	if len(got) != inputs {
+		t.Fatalf("%d distinct outputs, want %d", len(got), inputs)
+	}
+	checkFor(t, 30*time.Second, "the reader caught up", func() error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		if len(watched) < inputs {
+			return fmt.Errorf("the reader saw %d of %d", len(watched), inputs)
+		}
+		return nil
+	})
+	wmu.Lock()
+	for v, k := range watched {
+		if got[v] != 1 || k != 1 {
+			t.Errorf("the reader saw %s %d times; it is in the output %d times", v, k, got[v])
+		}
+	}
+	wmu.Unlock()
+	// The group's own progress followed the committed one.
+	checkFor(t, 10*time.Second, "the group's progress at the end of the input", func() error {
+		gi, err := c.DescribeGroup(ctx, "enrich")
+		if err != nil {
+			return err
+		}
+		var floor int64
+		for _, p := range gi.GetPartitions() {
+			floor += p.GetAckFloor()
+		}
+		if floor != inputs {
+			return fmt.Errorf("group enrich: %v", gi)
+		}
+		return nil
+	})
+	recovered := 0
+	for _, tr := range trs {
+		recovered += strings.Count(tr.logs(), "recovering:")
+	}
+	t.Logf("the live transformers recovered %d times", recovered)
 }
