@@ -1078,3 +1078,23 @@ func TestLostAcksVerdicts(t *testing.T) {
 		l.end(f)
 	}
 }
+
+// An assign-only member grants no credits and needs no handler; it is
+// refused outside Clustering mode.
+func TestSubscribeAssignOnly(t *testing.T) {
+	b := newBroker(t, fakebroker.Topic("t", 2))
+	c := dial(t, b)
+	produceN(t, c, "t", 10, 0)
+	s, err := c.Subscribe(testCtx(t), SubscribeOptions{Group: "g", Topic: "t", AssignOnly: true, From: Earliest()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(testCtx(t))
+	waitFor(t, 5*time.Second, "the subscription", func() bool { return len(b.Subscriptions()) == 1 })
+	if si := b.Subscriptions()[0]; si.Granted != 0 || si.Delivered != 0 {
+		t.Fatalf("assign-only member: %+v", si)
+	}
+	if _, err := c.Subscribe(testCtx(t), SubscribeOptions{Group: "h", Topic: "t", Mode: Shared, AssignOnly: true}, nil); err == nil || !strings.Contains(err.Error(), "AssignOnly needs Clustering") {
+		t.Fatalf("AssignOnly in shared mode: %v", err)
+	}
+}
