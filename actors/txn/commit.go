@@ -256,6 +256,15 @@ func (c *Coordinator) kickAppender(ctx actor.Context, a *appender) {
 			finish(-1, true)
 			return
 		}
+		if !c.leadsTxn() {
+			// __txn's leadership is moving away: the next coordinator
+			// recovers this commit, and an append sent now could land
+			// after its recovery scan. Held until the replica leads again
+			// (the broker stops this actor when it does not).
+			c.after(backoff, &retryStep{fn: send})
+			backoff = min(backoff*2, 5*time.Second)
+			return
+		}
 		part := a.tp.part
 		// The next incarnation (after a panic) waits for the answer too
 		// before it loads: its recovery scan then sees this append.
@@ -300,6 +309,18 @@ func (c *Coordinator) kickAppender(ctx actor.Context, a *appender) {
 		c.sh.writes = append(c.sh.writes, fut)
 	}
 	send()
+}
+
+// leadsTxn reports whether this node's replica of __txn still leads. A
+// deposed leader that has not heard of its successor yet still answers
+// true: this narrows the window in which two coordinators append, it does
+// not close it (docs/limits.md).
+func (c *Coordinator) leadsTxn() bool {
+	e := c.o.Topics.Get(Topic)
+	if e == nil || len(e.Stats) != 1 {
+		return false
+	}
+	return e.Stats[0].Writable.Load()
 }
 
 // refind looks for each of jobs on its partition and queues again, at the
@@ -471,8 +492,8 @@ func (c *Coordinator) settleRecovered(ctx actor.Context, found []*half) {
 // scanFor reads partition p of e from offset from to its end, handing
 // each record to visit until visit says it has found all it looks for.
 func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, from int64, visit func(off int64, rec []byte) (all bool), done func()) {
-	began := time.Now()
 	all := false
+	backoff, warned := 100*time.Millisecond, time.Time{}
 	var step func(off int64)
 	step = func(off int64) {
 		cur := c.o.Topics.Get(e.Name)
@@ -491,14 +512,20 @@ func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, fr
 					step(start) // retention removed the start: what it removed was appended before
 					return
 				}
-				if heraldpb.IsRetriableCode(f.GetError().GetCode()) && time.Since(began) < 5*time.Minute {
-					// Giving up here would append again what may be there.
-					c.after(100*time.Millisecond, &retryStep{fn: func() { step(off) }})
+				if f.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && off >= cur.Stats[p].HighWatermark.Load() {
+					done() // nothing at or past off: the log ends before it
 					return
 				}
-				c.log.Warn("recovering commits: reading the target partition failed; treating the rest as not appended",
-					"topic", e.Name, "partition", p, "err", f.GetError().GetMessage())
-				done()
+				// Never given up while the topic exists: treating the rest
+				// as not appended would append again what may be there.
+				// The commits wait; a warning a minute says why.
+				if time.Since(warned) > time.Minute {
+					warned = time.Now()
+					c.log.Warn("recovering commits: reading the target partition failed; retrying until it answers",
+						"topic", e.Name, "partition", p, "err", f.GetError().GetMessage())
+				}
+				c.after(backoff, &retryStep{fn: func() { step(off) }})
+				backoff = min(2*backoff, 5*time.Second)
 				return
 			}
 			next := off
