@@ -152,6 +152,35 @@ func TestCrashAfterAppendAppendsOnce(t *testing.T) {
 	}
 }
 
+// A recovery scan that cannot read its partition (here: three reads fail
+// with a non-retryable error) retries until it can, rather than treating
+// the rest of the partition as not appended and appending again. It gave
+// up at once on such errors (and after 5 minutes on retryable ones).
+func TestRecoveryScanDoesNotGiveUp(t *testing.T) {
+	var crashes, fails atomic.Int32
+	r := newRig(t, t.TempDir(), Options{
+		crashAfterAppend: func() bool { return crashes.Add(1) == 1 },
+		failScan:         func() bool { return crashes.Load() >= 1 && fails.Add(1) <= 3 },
+	})
+	a := r.half("a")
+	_, _ = r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: a, Action: heraldpb.HalfAction_HALF_COMMIT}}}, 3*time.Second).Result()
+	waitFor(t, "the crash, then the half done", func() error {
+		if n := crashes.Load(); n < 1 {
+			return fmt.Errorf("%d crashes", n)
+		}
+		if n := r.pending(); n != 0 {
+			return fmt.Errorf("%d pending", n)
+		}
+		return nil
+	})
+	if got := r.values(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("topic holds %v, want a once", got)
+	}
+	if n := fails.Load(); n < 4 {
+		t.Fatalf("%d reads failed, want the scan to have read again after 3", n)
+	}
+}
+
 // The coordinator stops and a new one starts on the same data (a broker
 // restart): pending halves, their check counts and committed ones carry
 // over; __txn below the oldest pending half is compacted away.

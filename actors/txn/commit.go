@@ -506,6 +506,9 @@ func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, fr
 		c.request(ctx, cur.Writer(int(p)), &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
 			Topic: e.Name, Partition: p, Offset: off, MaxBytes: 4 << 20, IncludeHeld: true,
 		}}}, callTimeout, func(f *heraldpb.Frame) {
+			if c.o.failScan != nil && c.o.failScan() {
+				f = heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "test: a failed read"))
+			}
 			fr := f.GetFetchResponse()
 			if fr == nil {
 				if start := cur.Stats[p].StartOffset.Load(); f.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && off < start {
