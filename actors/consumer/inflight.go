@@ -420,6 +420,29 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 	}
 	clear(s.fl.retry[len(kept):])
 	s.fl.retry = kept
+	// Key-shared: a message waiting to be redelivered (nacked, timed out,
+	// or released by a member that left) holds back the later messages
+	// of its key, so each key's messages are first delivered in order and
+	// no later one overtakes an earlier one that a member never handled.
+	// (Orderly does this and more through orderlyPass.)
+	type partKeyOf struct {
+		part uint32
+		key  string
+	}
+	var heldKeys map[partKeyOf]int64 // lowest offset waiting, per partition and key
+	if s.cfg.Mode == KeyShared && !s.cfg.Orderly {
+		for _, r := range s.fl.retry {
+			if r.id.view != ms.view || r.id.off >= v.next[r.id.part] {
+				continue // not loaded yet: holds nothing (see above)
+			}
+			if heldKeys == nil {
+				heldKeys = map[partKeyOf]int64{}
+			}
+			if o, ok := heldKeys[partKeyOf{r.id.part, r.key}]; !ok || r.id.off < o {
+				heldKeys[partKeyOf{r.id.part, r.key}] = r.id.off
+			}
+		}
+	}
 
 	n := s.cfg.Partitions
 	pos := make([]int, n)
@@ -459,6 +482,9 @@ func (s *Sub) Deliver(m MemberID, now time.Time, max int) ([]Delivery, error) {
 					continue
 				}
 				if !orderlyPass(id, msg.Key) {
+					continue
+				}
+				if o, ok := heldKeys[partKeyOf{uint32(p), msg.Key}]; ok && msg.Offset > o {
 					continue
 				}
 				if !s.eligible(m, id, msg.Key, "") {

@@ -113,3 +113,41 @@ func TestSharedRetrySkipsPausedMembers(t *testing.T) {
 	sub.Pause("b", false)
 	sub.Pause("nobody", true) // unknown members are ignored
 }
+
+// Key-shared: a message waiting for redelivery holds back the later
+// messages of its key (not other keys), so no later message of a key is
+// first delivered before an earlier one was handled.
+func TestKeySharedRetryHoldsItsKey(t *testing.T) {
+	policy, err := retry.ParsePolicy("1s max-deliveries=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := NewSub(Config{Mode: KeyShared, Partitions: 1, Retry: policy}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sub.Join("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Request("a", 10); err != nil {
+		t.Fatal(err)
+	}
+	sub.Append("", Message{Offset: 0, Key: "k"})
+	now := time.Unix(1000, 0)
+	if ds, _ := sub.Deliver("a", now, 0); len(ds) != 1 {
+		t.Fatalf("first delivery: %v", ds)
+	}
+	r, err := sub.Nack("a", 0, 0, PolicyDelay, "x", now)
+	if err != nil || r.Dead {
+		t.Fatalf("nack: %v %v", r, err)
+	}
+	sub.Append("", Message{Offset: 1, Key: "k"}, Message{Offset: 2, Key: "other"})
+	ds, _ := sub.Deliver("a", now, 0)
+	if len(ds) != 1 || ds[0].Offset != 2 {
+		t.Fatalf("with k's offset 0 waiting: %v, want only offset 2 (another key)", ds)
+	}
+	ds, _ = sub.Deliver("a", r.At, 0)
+	if len(ds) != 2 || ds[0].Offset != 0 || ds[0].Count != 2 || ds[1].Offset != 1 {
+		t.Fatalf("once the retry is due: %v, want offset 0 again, then 1", ds)
+	}
+}

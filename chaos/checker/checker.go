@@ -99,6 +99,7 @@ func Check(ops []history.Op, opts Options) Report {
 	c.checkOrder()
 	c.checkCommits()
 	c.checkRedelivery()
+	c.checkKeyShared()
 	c.checkDelays()
 	c.checkDLQ()
 	c.checkReplies()

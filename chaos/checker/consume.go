@@ -47,6 +47,45 @@ func (c *checker) checkCommits() {
 	}
 }
 
+// checkKeyShared flags, in a key-shared group, a message whose first
+// delivery (to any member) came after the first delivery of a later
+// message of the same partition and key: the mode hands each key to one
+// member at a time, in order, and a message waiting to be redelivered
+// holds the later ones of its key back. Redeliveries are not compared
+// (a message already delivered once may come again after later ones).
+func (c *checker) checkKeyShared() {
+	type msg struct {
+		gpart
+		offset int64
+	}
+	type gkey struct {
+		gpart
+		key string
+	}
+	seen := map[msg]bool{}
+	highest := map[gkey]int{} // the first delivery of the highest offset so far
+	for i, op := range c.ops {
+		if op.F != history.Consume || op.Type != history.OK || op.Mode != history.ModeKeyShared || op.DLQ || op.Key == "" {
+			continue
+		}
+		m := msg{gpart{op.Group, op.Topic, op.Partition}, op.Offset}
+		if seen[m] {
+			continue
+		}
+		seen[m] = true
+		c.checked(OrderKeyShared, 1)
+		k := gkey{m.gpart, op.Key}
+		if j, ok := highest[k]; ok && c.ops[j].Offset > op.Offset {
+			prev := c.ops[j]
+			c.add(OrderKeyShared, c.ex([]int{j, i}, []string{prev.Value, op.Value},
+				"group %q on %s/%d, key %q: offset %d first delivered (to %s) after offset %d (to %s)",
+				op.Group, op.Topic, op.Partition, op.Key, op.Offset, op.Process, prev.Offset, prev.Process))
+			continue
+		}
+		highest[k] = i
+	}
+}
+
 // broadcastGroups returns the groups that any op names in broadcast mode.
 func (c *checker) broadcastGroups() map[string]bool {
 	b := map[string]bool{}

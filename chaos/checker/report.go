@@ -20,6 +20,7 @@ const (
 	OrderKey              = "order-key"
 	OrderUnpromised       = "order-unpromised"
 	CommitBackwards       = "commit-backwards"
+	OrderKeyShared        = "order-key-shared"
 	AckedRedelivered      = "acked-redelivered"
 	Early                 = "early"
 	DLQBoth               = "dlq-both"
@@ -49,6 +50,7 @@ var sections = []struct {
 	{OrderKey, "acknowledged records out of send order, per producer and key", false},
 	{OrderUnpromised, "unkeyed records of non-idempotent producers out of send order (informational)", true},
 	{CommitBackwards, "group progress went backwards", false},
+	{OrderKeyShared, "key-shared groups: a message first delivered after a later one of its key", false},
 	{AckedRedelivered, "messages delivered to a group again after its ack was acknowledged", false},
 	{Early, "delayed messages delivered early", false},
 	{DLQBoth, "messages both acked and dead-lettered", false},

@@ -91,6 +91,18 @@ func TestViolations(t *testing.T) {
 				op{Process: "consumer-9", Type: invoke, F: history.Consume, Topic: "jobs", Group: "workers"})
 			h.at(17).add(op{Process: "consumer-9", Type: ok, F: history.Consume, Topic: "jobs", Offset: 0, Value: "j-0", Group: "workers", Attempt: 2})
 		}, valid: true},
+		{name: "key-shared: a later message of a key first delivered before an earlier one", edit: func(h *hist) {
+			h.at(17).add(op{Process: "consumer-5", Type: ok, F: history.Consume, Topic: "orders", Offset: 3, Key: "k", Value: "p0-3", Group: "keys", Mode: history.ModeKeyShared, Attempt: 1},
+				op{Process: "consumer-6", Type: ok, F: history.Consume, Topic: "orders", Offset: 2, Key: "k", Value: "p0-2", Group: "keys", Mode: history.ModeKeyShared, Attempt: 1},
+				// a redelivery of offset 2 after 3 is fine
+				op{Process: "consumer-6", Type: ok, F: history.Consume, Topic: "orders", Offset: 2, Key: "k", Value: "p0-2", Group: "keys", Mode: history.ModeKeyShared, Attempt: 2})
+		}, want: map[string]int{OrderKeyShared: 1}},
+		{name: "key-shared: other keys and redeliveries in any order", edit: func(h *hist) {
+			h.at(17).add(op{Process: "consumer-5", Type: ok, F: history.Consume, Topic: "orders", Offset: 3, Key: "k", Value: "p0-3", Group: "keys", Mode: history.ModeKeyShared, Attempt: 1},
+				op{Process: "consumer-6", Type: ok, F: history.Consume, Topic: "orders", Offset: 2, Key: "j", Value: "p0-2", Group: "keys", Mode: history.ModeKeyShared, Attempt: 1},
+				op{Process: "consumer-6", Type: ok, F: history.Consume, Topic: "orders", Offset: 4, Key: "k", Value: "p0-4", Group: "keys", Mode: history.ModeKeyShared, Attempt: 1},
+				op{Process: "consumer-5", Type: ok, F: history.Consume, Topic: "orders", Offset: 3, Key: "k", Value: "p0-3", Group: "keys", Mode: history.ModeKeyShared, Attempt: 2})
+		}, valid: true},
 		{name: "delayed message early", edit: func(h *hist) {
 			h.at(21).add(op{Process: "consumer-8", Type: ok, F: history.Consume, Topic: "timers", Value: "d-1", Offset: 1, Group: "other"})
 		}, want: map[string]int{Early: 1}},

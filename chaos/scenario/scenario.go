@@ -98,6 +98,9 @@ type Workload struct {
 	Acks       string `json:"acks,omitempty"`
 	Idempotent bool   `json:"idempotent,omitempty"`
 	Keys       int    `json:"keys,omitempty"`
+	// PlainProducers are further producers, like the others but never
+	// idempotent, so that one run mixes both kinds.
+	PlainProducers int `json:"plain_producers,omitempty"`
 	// Pull: one consumer reads every partition by offset.
 	Pull bool `json:"pull,omitempty"`
 	// Groups of push consumers.
@@ -309,8 +312,8 @@ func (s *Scenario) Validate() error {
 		bad("topic: %d partitions with replication %d on %d nodes", s.Topic.Partitions, s.Topic.Replication, s.Nodes)
 	}
 	w := s.Workload
-	if w.Producers < 0 || w.Rate < 0 || w.Keys < 0 {
-		bad("workload: negative producers, rate or keys")
+	if w.Producers < 0 || w.PlainProducers < 0 || w.Rate < 0 || w.Keys < 0 {
+		bad("workload: negative producers, plain producers, rate or keys")
 	}
 	if w.Acks != "all" && w.Acks != "leader" {
 		bad("workload acks %q: want all or leader (acks none is not checkable)", w.Acks)

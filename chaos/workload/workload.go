@@ -70,14 +70,15 @@ func Start(ctx context.Context, cfg Config) (*Workload, error) {
 		w.Stop(context.Background())
 		return nil, err
 	}
-	for i := range s.Producers {
+	for i := range s.Producers + s.PlainProducers {
 		c, err := w.dial(ctx, fmt.Sprintf("producer-%d", i))
 		if err != nil {
 			return fail(err)
 		}
-		opts := []client.ProducerOpt{client.WithIdempotence(s.Idempotent), client.WithAcks(acks(s.Acks)), client.WithLinger(time.Millisecond)}
+		idem := s.Idempotent && i < s.Producers
+		opts := []client.ProducerOpt{client.WithIdempotence(idem), client.WithAcks(acks(s.Acks)), client.WithLinger(time.Millisecond)}
 		w.gen.Add(1)
-		go w.produce(genCtx, c.NewProducer(opts...), i)
+		go w.produce(genCtx, c.NewProducer(opts...), i, idem)
 	}
 	if d := s.Delayed; d != nil {
 		c, err := w.dial(ctx, "delayed-0")
@@ -217,7 +218,7 @@ func ticker(rate int) *time.Ticker {
 	return time.NewTicker(time.Second / time.Duration(max(rate, 1)))
 }
 
-func (w *Workload) produce(ctx context.Context, p *client.Producer, i int) {
+func (w *Workload) produce(ctx context.Context, p *client.Producer, i int, idempotent bool) {
 	defer w.gen.Done()
 	defer p.Close(context.Background())
 	proc := fmt.Sprintf("producer-%d", i)
@@ -229,7 +230,7 @@ func (w *Workload) produce(ctx context.Context, p *client.Producer, i int) {
 			return
 		case <-t.C:
 		}
-		op := history.Op{Process: proc, F: history.Produce, Topic: w.cfg.Topic, Value: fmt.Sprintf("p%d-%d", i, seq), Seq: seq, Idempotent: w.cfg.Spec.Idempotent}
+		op := history.Op{Process: proc, F: history.Produce, Topic: w.cfg.Topic, Value: fmt.Sprintf("p%d-%d", i, seq), Seq: seq, Idempotent: idempotent}
 		if k := w.cfg.Spec.Keys; k > 0 {
 			op.Key = fmt.Sprintf("k%d", seq%int64(k))
 		}

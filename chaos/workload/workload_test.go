@@ -45,9 +45,10 @@ func TestWorkloadWithoutFaults(t *testing.T) {
 	start := time.Now()
 	now := func() time.Duration { return time.Since(start) }
 	rec := history.NewRecorder(&buf, now)
-	spec := scenario.Workload{Producers: 2, Rate: 100, Acks: "all", Idempotent: true, Keys: 4, Pull: true,
+	spec := scenario.Workload{Producers: 2, PlainProducers: 1, Rate: 100, Acks: "all", Idempotent: true, Keys: 4, Pull: true,
 		Groups: []scenario.Group{
 			{Name: "g-cluster", Mode: "clustering", Members: 2},
+			{Name: "g-keys", Mode: "key-shared", Members: 2},
 			{Name: "g-shared", Mode: "shared", Members: 2, Fail: 0.2, MaxDeliveries: 2},
 			{Name: "g-bcast", Mode: "broadcast", Members: 2},
 		},
@@ -73,7 +74,7 @@ func TestWorkloadWithoutFaults(t *testing.T) {
 		if now() < lastDue+100*time.Millisecond {
 			return false
 		}
-		for _, g := range []string{"g-cluster", "g-shared", "g-bcast"} {
+		for _, g := range []string{"g-cluster", "g-keys", "g-shared", "g-bcast"} {
 			info, err := c.DescribeGroup(ctx, g)
 			if err != nil {
 				lag = g + ": " + err.Error()
