@@ -365,13 +365,15 @@ func settle(ctx context.Context, cl *cluster.Cluster, rec *history.Recorder, s *
 // schedulesDone reports whether no node holds a delayed message not yet
 // appended (herald_scheduler_pending), a batch held unreadable until its
 // time (herald_partition_held_batches), or a half message not yet on its
-// topic or rolled back (herald_txn_half_pending).
+// topic or rolled back (herald_txn_half_pending), or a committed
+// transaction whose records are still being appended
+// (herald_txn_committing).
 func schedulesDone(ctx context.Context, cl *cluster.Cluster) bool {
 	for _, n := range cl.Nodes() {
 		if !cl.Running(n.ID) {
 			continue
 		}
-		for _, m := range []string{"herald_scheduler_pending", "herald_partition_held_batches", "herald_txn_half_pending"} {
+		for _, m := range []string{"herald_scheduler_pending", "herald_partition_held_batches", "herald_txn_half_pending", "herald_txn_committing"} {
 			v, err := metricSum(ctx, n.Admin, m)
 			if err != nil || v > 0 {
 				return false

@@ -81,8 +81,9 @@ const (
 )
 
 // TransactionalProducer sends records in transactions: every record sent
-// between Begin and Commit becomes visible at once when Commit returns
-// (on every partition it went to), or never (Abort, a failure, a crash).
+// between Begin and Commit becomes visible once Commit has returned (on
+// every partition it went to, within milliseconds), or never (Abort, a
+// failure, a crash).
 // Create it with Client.NewTransactionalProducer; it is safe for
 // concurrent use, but a transaction is one sequence Begin, sends, Commit
 // or Abort. Close it before closing the Client.
@@ -563,10 +564,15 @@ func (p *TransactionalProducer) Flush(ctx context.Context) error {
 	return nil
 }
 
-// Commit makes the open transaction's records visible, on every partition
-// at once: it flushes them, then asks the coordinator to commit, which
-// answers once every record is on its partition (consumers see them from
-// then on). Then the producer is ready for the next Begin.
+// Commit commits the open transaction: it flushes its records, then asks
+// the coordinator to commit, which answers once the commit decision is
+// durable. From then on the transaction will be whole on every partition
+// it touched, whatever fails; the coordinator appends its records right
+// after (consumers see them within milliseconds, as after a Kafka commit
+// its markers). Then the producer is ready for the next Begin: the next
+// transaction stages while this one is appended, and its Commit waits
+// for this one's records to be on their partitions, so one producer's
+// records keep their order.
 //
 // It fails with ErrTxnFailed (with the cause) when a record failed: only
 // Abort ends the transaction then. When the answer does not come (a lost

@@ -67,6 +67,19 @@ func valuesOf(t testing.TB, n node, topic string, parts int32) map[string]int {
 	return got
 }
 
+// waitValues polls the values of topic until cond holds, and returns
+// them: a commit is answered once decided, and its records are appended
+// right after.
+func waitValues(t testing.TB, n node, topic string, parts int32, cond func(map[string]int) error) map[string]int {
+	t.Helper()
+	var got map[string]int
+	checkFor(t, 15*time.Second, "the committed records of "+topic, func() error {
+		got = valuesOf(t, n, topic, parts)
+		return cond(got)
+	})
+	return got
+}
+
 // TestTxnCommitAbortAndEpochs: a transaction's records, staged on two
 // partitions, are invisible until the commit, then on their partitions
 // once each; an aborted one's never appear. The epoch moves on at every
@@ -91,9 +104,13 @@ func TestTxnCommitAbortAndEpochs(t *testing.T) {
 	if r == nil || r.Records != 3 || len(r.Partitions) != 2 || r.NextEpoch != first.epoch+1 {
 		t.Fatalf("commit answered %v", r)
 	}
-	if got := valuesOf(t, n, "out", 2); len(got) != 3 || got["a0"] != 1 || got["a1"] != 1 || got["a2"] != 1 {
-		t.Fatalf("after the commit: %v", got)
-	}
+	// Answered once decided; the appends follow.
+	checkFor(t, 10*time.Second, "the committed records", func() error {
+		if got := valuesOf(t, n, "out", 2); len(got) != 3 || got["a0"] != 1 || got["a1"] != 1 || got["a2"] != 1 {
+			return fmt.Errorf("after the commit: %v", got)
+		}
+		return nil
+	})
 	// The next transaction: staged, then a replay of the first's commit
 	// and a delayed produce of the first's epoch.
 	if f := s.produce("out", 0, "b0"); f.GetProduceResponse() == nil {
@@ -125,9 +142,12 @@ func TestTxnCommitAbortAndEpochs(t *testing.T) {
 	if r := s.end(true).GetEndTxnResponse(); r == nil || r.Records != 1 {
 		t.Fatalf("commit answered %v", r)
 	}
-	if got := valuesOf(t, n, "out", 2); got["c0"] != 1 {
-		t.Fatalf("the retried record appears %d times", got["c0"])
-	}
+	checkFor(t, 10*time.Second, "the retried record, once", func() error {
+		if got := valuesOf(t, n, "out", 2); got["c0"] != 1 {
+			return fmt.Errorf("the retried record appears %d times", got["c0"])
+		}
+		return nil
+	})
 }
 
 // TestTxnZombieFencing: two sessions of one transactional id. Once the
@@ -157,9 +177,12 @@ func TestTxnZombieFencing(t *testing.T) {
 	if e := old.end(true).GetError(); e.GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
 		t.Fatalf("the zombie's late commit answered %v", e)
 	}
-	if got := valuesOf(t, n, "out", 1); len(got) != 1 || got["live-0"] != 1 {
-		t.Fatalf("the topic holds %v, want only live-0", got)
-	}
+	waitValues(t, n, "out", 1, func(got map[string]int) error {
+		if len(got) != 1 || got["live-0"] != 1 {
+			return fmt.Errorf("the topic holds %v, want only live-0", got)
+		}
+		return nil
+	})
 	if v := metricSum(t, n, "herald_txn_fenced_total"); v < 3 {
 		t.Errorf("herald_txn_fenced_total %v", v)
 	}

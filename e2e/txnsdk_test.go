@@ -212,7 +212,16 @@ func TestTxnSDKCommitAbort(t *testing.T) {
 	if err != nil || end.Records != len(committed) || len(end.Partitions) != 2 {
 		t.Fatalf("Commit: %+v %v", end, err)
 	}
-	// Visible once Commit returned, each once, tagged.
+	// Visible once appended (Commit returns once decided), each once,
+	// tagged.
+	waitValues(t, n, "out", 2, func(got map[string]int) error {
+		for _, v := range committed {
+			if got[v] != 1 {
+				return fmt.Errorf("after the commit: %v", got)
+			}
+		}
+		return nil
+	})
 	for part := range int32(2) {
 		for _, m := range readPartition(t, c, "out", part) {
 			if !slices.ContainsFunc(m.Headers, func(h client.Header) bool { return h.Key == "herald-txn-id" && string(h.Value) == "etl-1" }) {
@@ -241,14 +250,22 @@ func TestTxnSDKCommitAbort(t *testing.T) {
 	if _, err := p.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	got = valuesOf(t, n, "out", 2)
+	got = waitValues(t, n, "out", 2, func(got map[string]int) error {
+		if got["c0"] != 1 {
+			return fmt.Errorf("c0 appears %d times", got["c0"])
+		}
+		return nil
+	})
 	if len(got) != len(committed)+1 || got["c0"] != 1 || got["b0"]+got["b1"]+got["b2"] != 0 {
 		t.Fatalf("after an abort and a commit: %v", got)
 	}
-	infos, _, err := c.ListTransactions(ctx, "etl-1", 0)
-	if err != nil || len(infos) != 1 || infos[0].GetState() != "empty" {
-		t.Fatalf("etl-1 after its transactions: %v %v", infos, err)
-	}
+	checkFor(t, 10*time.Second, "etl-1 with nothing open or committing", func() error {
+		infos, _, err := c.ListTransactions(ctx, "etl-1", 0)
+		if err != nil || len(infos) != 1 || infos[0].GetState() != "empty" {
+			return fmt.Errorf("etl-1 after its transactions: %v %v", infos, err)
+		}
+		return nil
+	})
 }
 
 // TestTxnSDKFencing: a second producer of the same transactional id
@@ -281,9 +298,12 @@ func TestTxnSDKFencing(t *testing.T) {
 	if _, err := cur.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := valuesOf(t, n, "out", 1); len(got) != 1 || got["live-0"] != 1 {
-		t.Fatalf("the topic holds %v, want only live-0", got)
-	}
+	waitValues(t, n, "out", 1, func(got map[string]int) error {
+		if len(got) != 1 || got["live-0"] != 1 {
+			return fmt.Errorf("the topic holds %v, want only live-0", got)
+		}
+		return nil
+	})
 }
 
 // TestTxnSDKTimeout: the coordinator aborts a transaction open past its
@@ -322,9 +342,12 @@ func TestTxnSDKTimeout(t *testing.T) {
 	if _, err := p.Commit(ctx); err != nil {
 		t.Fatalf("a transaction after the timeout: %v", err)
 	}
-	if got := valuesOf(t, n, "out", 1); len(got) != 1 || got["z"] != 1 {
-		t.Fatalf("the topic holds %v, want only z", got)
-	}
+	waitValues(t, n, "out", 1, func(got map[string]int) error {
+		if len(got) != 1 || got["z"] != 1 {
+			return fmt.Errorf("the topic holds %v, want only z", got)
+		}
+		return nil
+	})
 }
 
 // TestTxnSDKExactlyOnceKill: TransformExactlyOnce in a process of its
@@ -377,7 +400,12 @@ func TestTxnSDKExactlyOnceKill(t *testing.T) {
 	}
 	b.kill()
 
-	got := valuesOf(t, n, "out", 2)
+	got := waitValues(t, n, "out", 2, func(got map[string]int) error {
+		if len(got) < inputs {
+			return fmt.Errorf("%d distinct outputs of %d", len(got), inputs)
+		}
+		return nil
+	})
 	for i := range inputs {
 		if v := fmt.Sprintf("out-%04d", i); got[v] != 1 {
 			t.Fatalf("%s appears %d times (of %d outputs)", v, got[v], len(got))

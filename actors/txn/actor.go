@@ -171,6 +171,7 @@ func (c *Coordinator) Receive(ctx actor.Context) {
 		mProducers.Set(0)
 		mHalfPending.Set(0) // the next coordinator, here or elsewhere, counts its own
 		mTxnOpen.Set(0)
+		mTxnCommitting.Set(0)
 		mTxnIDs.Set(0)
 	case *loadRetry:
 		c.load(ctx)
@@ -402,10 +403,10 @@ func (c *Coordinator) finishLoad(ctx actor.Context) {
 	c.runDue(ctx)
 	c.armCompact()
 	for _, m := range c.txns {
-		switch m.state {
-		case txnCommitting:
-			c.recoverTxn(ctx, m)
-		case txnOpen:
+		// Oldest first, each after the one before (a replay may hold more
+		// than one: a crash between an append and its TxnComplete, twice).
+		c.recoverJobs(ctx, m)
+		if m.state == txnOpen {
 			c.armTxnTimeouts()
 		}
 	}
@@ -520,6 +521,14 @@ func (c *Coordinator) compact(ctx actor.Context) {
 		if len(m.staged) > 0 {
 			cut = min(cut, int64(m.staged[0].ref))
 		}
+		for _, j := range m.completing {
+			// A replay needs its session record, staged batches and
+			// decision until its TxnComplete.
+			cut = min(cut, int64(j.sessOff))
+			if len(j.staged) > 0 {
+				cut = min(cut, int64(j.staged[0].ref))
+			}
+		}
 		if m.state != txnEmpty || m.deciding {
 			// Its session record stays until the transaction ends (then
 			// it is rewritten, or newer): without it a reload would not
@@ -539,7 +548,7 @@ func (c *Coordinator) compact(ctx actor.Context) {
 	var metas []*txnMeta
 	expire := c.nowMs() - txnIDExpiry.Milliseconds()
 	for id, m := range c.txns {
-		if m.state != txnEmpty || int64(m.lastOff) >= cut {
+		if m.busy() || int64(m.lastOff) >= cut {
 			continue
 		}
 		if m.used < expire {
@@ -554,8 +563,9 @@ func (c *Coordinator) compact(ctx actor.Context) {
 		c.write(writeOp{events: snaps, done: func(base int64, err *heraldpb.Error) {
 			if err == nil {
 				for i, m := range metas {
-					if m.state == txnEmpty {
+					if !m.busy() {
 						m.lastOff = uint64(base) + uint64(i)
+						m.sessOff = m.lastOff
 					}
 				}
 			}

@@ -327,7 +327,111 @@ func TestCompactionKeepsOpenTransactions(t *testing.T) {
 	if res.GetEndTxnResponse().GetRecords() != 1 {
 		t.Fatalf("commit after the reload: %v", res)
 	}
-	if got := r.values(); !slices.Equal(got, []string{"staged"}) {
-		t.Fatalf("topic holds %v", got)
+	// Answered once decided: the append follows.
+	waitFor(t, "the committed record on its topic", func() error {
+		if got := r.values(); !slices.Equal(got, []string{"staged"}) {
+			return fmt.Errorf("topic holds %v", got)
+		}
+		return nil
+	})
+}
+
+// txnSession starts a session of id and returns a stager of its records
+// and its commit/abort.
+type txnSession struct {
+	r     *rig
+	id    string
+	pid   uint64
+	epoch uint32
+	seq   int64
+}
+
+func (r *rig) session(id string) *txnSession {
+	init := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: id}}}, r.txn).GetInitProducerIdResponse()
+	return &txnSession{r: r, id: id, pid: init.ProducerId, epoch: init.ProducerEpoch}
+}
+
+func (s *txnSession) stage(v string) {
+	s.r.t.Helper()
+	b, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte(v)}}})
+	s.r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Partition: proto.Uint32(0), Records: b,
+		TransactionalId: s.id, ProducerId: s.pid, ProducerEpoch: s.epoch, BaseSequence: s.seq, Acks: heraldpb.Acks_ACKS_ALL}}}, s.r.txn)
+	s.seq++
+}
+
+func (s *txnSession) end(commit bool) *heraldpb.EndTxnResponse {
+	s.r.t.Helper()
+	res := s.r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{TransactionalId: s.id, ProducerId: s.pid, ProducerEpoch: s.epoch, Commit: commit}}}, s.r.txn).GetEndTxnResponse()
+	s.epoch, s.seq = res.NextEpoch, 0
+	return res
+}
+
+// A commit is answered once decided; the producer's next transaction
+// stages (and commits) while the first one's records are appended, and
+// the records of the two keep their order on the partition.
+func TestCommitAnsweredAtDecision(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{})
+	s := r.session("p")
+	for round := range 20 {
+		for i := range 3 {
+			s.stage(fmt.Sprintf("%02d-%d", round, i))
+		}
+		if res := s.end(true); res.Records != 3 {
+			t.Fatalf("commit %d: %v", round, res)
+		}
 	}
+	var want []string
+	for round := range 20 {
+		for i := range 3 {
+			want = append(want, fmt.Sprintf("%02d-%d", round, i))
+		}
+	}
+	waitFor(t, "every committed record, in order", func() error {
+		if got := r.values(); !slices.Equal(got, want) {
+			return fmt.Errorf("topic holds %v", got)
+		}
+		return nil
+	})
+	waitFor(t, "no commit appending", func() error {
+		infos := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListTxn{ListTxn: &heraldpb.ListTxnRequest{Transactions: true}}}, r.txn).GetListTxnResponse().GetTransactions()
+		if len(infos) != 1 || infos[0].GetState() != "empty" {
+			return fmt.Errorf("transactions: %v", infos)
+		}
+		return nil
+	})
+}
+
+// After an abort, the id's session record is the snapshot written with
+// the abort: compaction may cut below the first session record, and a
+// reload still knows the id and the next transaction's staged batch.
+// Before, the abort's TxnEnd became the session record, compaction cut
+// the TxnInit, and the reload ignored the staged batch (and would have
+// ignored a commit decision).
+func TestCompactionAfterAnAbortKeepsTheSession(t *testing.T) {
+	dir := t.TempDir()
+	r := newRig(t, dir, Options{CompactCheck: 20 * time.Millisecond})
+	s := r.session("x")
+	s.stage("aborted")
+	s.end(false)
+	s.stage("kept")
+	e := r.reg.Get(Topic)
+	waitFor(t, "a compaction past the first session record", func() error {
+		if st := e.Stats[0].StartOffset.Load(); st == 0 {
+			return fmt.Errorf("__txn starts at %d", st)
+		}
+		return nil
+	})
+	if _, err := r.sys.Root.StopFuture(r.txn).Result(); err != nil {
+		t.Fatal(err)
+	}
+	r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	if res := s.end(true); res.Records != 1 {
+		t.Fatalf("commit after the reload: %v", res)
+	}
+	waitFor(t, "the staged record on its topic", func() error {
+		if got := r.values(); !slices.Equal(got, []string{"kept"}) {
+			return fmt.Errorf("topic holds %v", got)
+		}
+		return nil
+	})
 }

@@ -43,6 +43,10 @@ var (
 		Name: "herald_txn_open",
 		Help: "Transactions open (records staged) or committing.",
 	})
+	mTxnCommitting = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_txn_committing",
+		Help: "Committed transactions (commit answered) whose records are still being appended.",
+	})
 	mTxnIDs = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_txn_ids",
 		Help: "Transactional ids the coordinator keeps (sessions).",

@@ -1,13 +1,17 @@
 package txn
 
 // Committing a transaction: the decision (TxnEnd, commit) is written
-// first, with where each partition's log ended and a random token; then
-// the staged batches are read back from __txn and appended to their
+// first, with where each partition's log ended and a random token, and
+// the producer is answered once it is durable: from then on the
+// transaction will be whole on its partitions. Then, as a commitJob, the
+// staged batches are read back from __txn and appended to their
 // partitions, each record tagged with the transactional id, its staged
-// batch's ref and the token; then TxnComplete. After a crash between the
-// two, the next coordinator looks for the token on each partition from
-// the recorded offset and appends only the staged batches not found, so
-// every record of a committed transaction is on its topic once.
+// batch's ref and the token; then TxnComplete. The producer's next
+// transaction stages meanwhile; its commit waits for this one's
+// TxnComplete. After a crash between the decision and TxnComplete, the
+// next coordinator looks for the token on each partition from the
+// recorded offset and appends only the staged batches not found, so every
+// record of a committed transaction is on its topic once.
 
 import (
 	"strconv"
@@ -23,15 +27,10 @@ const (
 	HeaderTxnRef = "herald-txn-ref" // the staged batch's offset in __txn
 )
 
-// commitTxn decides m's transaction committed and appends it; the
-// waiters are answered once it is complete.
+// commitTxn decides m's transaction committed, answers the waiters once
+// the decision is durable, and appends it.
 func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
 	epoch := m.epoch
-	if len(m.staged) == 0 {
-		// Nothing staged: the transaction ends here.
-		c.completeTxn(ctx, m, epoch)
-		return
-	}
 	end := &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, Commit: true, By: by, Token: randomToken()}
 	for _, tp := range m.partitions() {
 		off := int64(0)
@@ -41,31 +40,46 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
 		end.From = append(end.From, &heraldpb.TxnAppendFrom{Topic: tp.topic, Partition: tp.part, Offset: off})
 	}
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: end}}
-	m.deciding, m.decidingCommit = true, true
-	c.write(writeOp{events: [][]byte{event(ev)}, client: true, done: func(base int64, err *heraldpb.Error) {
+	snap := m.sessionAfterEnd()
+	m.deciding, m.decidingCommit, m.queuedCommit = true, true, false
+	c.write(writeOp{events: [][]byte{event(ev), event(snap)}, client: true, done: func(base int64, err *heraldpb.Error) {
 		m.deciding = false
 		if err != nil {
 			c.answerWaiters(ctx, m, err)
 			return
 		}
-		if m.epoch != epoch || m.state != txnOpen {
+		if m.epoch != epoch {
 			c.answerWaiters(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d ended meanwhile", m.id, epoch))
 			return
 		}
 		c.applyTxn(uint64(base), ev, c.nowMs())
-		c.appendTxn(ctx, m, nil)
+		c.applyTxn(uint64(base)+1, snap, c.nowMs())
+		j := m.completing[len(m.completing)-1]
+		recs, parts := j.records(), j.partitions()
+		mTxnEnded.WithLabelValues("commit", by).Inc()
+		mTxnCommitted.Add(float64(recs))
+		c.gaugeOpen()
+		ws := m.waiters
+		m.waiters = nil
+		for _, w := range ws {
+			r := &heraldpb.EndTxnResponse{NextEpoch: m.epoch, Records: recs}
+			for _, tp := range parts {
+				r.Partitions = append(r.Partitions, tp.String())
+			}
+			respond(ctx, w.to, &heraldpb.Frame{Id: w.id, Body: &heraldpb.Frame_EndTxnResponse{EndTxnResponse: r}})
+		}
+		c.appendTxn(ctx, m, j, nil)
 	}})
 	c.flushWrites(ctx)
 }
 
-// appendTxn appends the staged batches of committing m that are not in
-// found (refs already on their partitions), partition by partition in
-// parallel, then completes it.
-func (c *Coordinator) appendTxn(ctx actor.Context, m *txnMeta, found map[uint64]bool) {
-	epoch := m.epoch
+// appendTxn appends the staged batches of j, a committed transaction of
+// m, that are not in found (refs already on their partitions), partition
+// by partition in parallel, then completes it.
+func (c *Coordinator) appendTxn(ctx actor.Context, m *txnMeta, j *commitJob, found map[uint64]bool) {
 	groups := map[topicPart][]staged{}
 	var order []topicPart
-	for _, s := range m.staged {
+	for _, s := range j.staged {
 		if found[s.ref] {
 			continue
 		}
@@ -77,13 +91,13 @@ func (c *Coordinator) appendTxn(ctx actor.Context, m *txnMeta, found map[uint64]
 	}
 	waiting := len(order)
 	if waiting == 0 {
-		c.completeTxn(ctx, m, epoch)
+		c.completeTxn(ctx, m, j)
 		return
 	}
 	for _, tp := range order {
-		c.appendStaged(ctx, m, tp, groups[tp], func() {
+		c.appendStaged(ctx, m, j, tp, groups[tp], func() {
 			if waiting--; waiting == 0 {
-				c.completeTxn(ctx, m, epoch)
+				c.completeTxn(ctx, m, j)
 			}
 		})
 	}
@@ -91,16 +105,16 @@ func (c *Coordinator) appendTxn(ctx actor.Context, m *txnMeta, found map[uint64]
 
 // appendStaged appends refs (one partition's staged batches, in order),
 // packed into appends of up to the topic's max message size.
-func (c *Coordinator) appendStaged(ctx actor.Context, m *txnMeta, tp topicPart, refs []staged, done func()) {
+func (c *Coordinator) appendStaged(ctx actor.Context, m *txnMeta, j *commitJob, tp topicPart, refs []staged, done func()) {
 	limit := 1 << 20
 	if e := c.o.Topics.Get(tp.topic); e != nil && e.Config.GetMaxMessageBytes() > 0 {
 		limit = int(e.Config.GetMaxMessageBytes())
 	}
-	token := tokenText(m.token)
+	token := tokenText(j.token)
 	var chunk []byte
 	i := 0
 	var next func()
-	from := m.from[tp]
+	from := j.from[tp]
 	flush := func(then func()) {
 		recs := chunk
 		chunk = nil
@@ -168,32 +182,24 @@ func (c *Coordinator) appendStaged(ctx actor.Context, m *txnMeta, tp topicPart, 
 	next()
 }
 
-// completeTxn records m's transaction of epoch complete and answers the
-// EndTxn requests waiting for it.
-func (c *Coordinator) completeTxn(ctx actor.Context, m *txnMeta, epoch uint32) {
-	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Complete{Complete: &heraldpb.TxnComplete{TransactionalId: m.id, Epoch: epoch}}}
-	recs, parts := m.records(), m.partitions()
+// completeTxn records j, a committed transaction of m, complete; a
+// commit of m's next transaction waiting for it is decided then.
+func (c *Coordinator) completeTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
+	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Complete{Complete: &heraldpb.TxnComplete{TransactionalId: m.id, Epoch: j.epoch}}}
 	c.write(writeOp{events: [][]byte{event(ev)}, done: func(base int64, err *heraldpb.Error) {
 		if err != nil {
 			c.log.Warn("recording a committed transaction complete; retrying", "transactional_id", m.id, "err", err.Message)
-			c.after(100*time.Millisecond, &retryStep{fn: func() { c.completeTxn(ctx, m, epoch) }})
-			return
-		}
-		if m.epoch != epoch {
+			c.after(100*time.Millisecond, &retryStep{fn: func() { c.completeTxn(ctx, m, j) }})
 			return
 		}
 		c.applyTxn(uint64(base), ev, c.nowMs())
-		mTxnEnded.WithLabelValues("commit", m.lastBy).Inc()
-		mTxnCommitted.Add(float64(recs))
 		c.gaugeOpen()
-		ws := m.waiters
-		m.waiters = nil
-		for _, w := range ws {
-			r := &heraldpb.EndTxnResponse{NextEpoch: m.epoch, Records: recs}
-			for _, tp := range parts {
-				r.Partitions = append(r.Partitions, tp.String())
-			}
-			respond(ctx, w.to, &heraldpb.Frame{Id: w.id, Body: &heraldpb.Frame_EndTxnResponse{EndTxnResponse: r}})
+		switch {
+		case len(m.completing) > 0:
+			// Another one found at load (they run one at a time).
+			c.recoverTxn(ctx, m, m.completing[0])
+		case m.queuedCommit:
+			c.commitTxn(ctx, m, "producer")
 		}
 	}})
 	c.flushWrites(ctx)
@@ -208,14 +214,14 @@ func (c *Coordinator) answerWaiters(ctx actor.Context, m *txnMeta, e *heraldpb.E
 	}
 }
 
-// recoverTxn finishes the commit of m found committing at load: each of
+// recoverTxn finishes the commit j of m found appending at load: each of
 // its partitions is scanned from where its log ended at the decision for
 // records carrying the commit's token, and the staged batches not found
 // are appended.
-func (c *Coordinator) recoverTxn(ctx actor.Context, m *txnMeta) {
-	token := tokenText(m.token)
+func (c *Coordinator) recoverTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
+	token := tokenText(j.token)
 	found := map[uint64]bool{}
-	parts := m.partitions()
+	parts := j.partitions()
 	waiting := len(parts)
 	for _, tp := range parts {
 		e := c.o.Topics.Get(tp.topic)
@@ -223,7 +229,7 @@ func (c *Coordinator) recoverTxn(ctx actor.Context, m *txnMeta) {
 			waiting-- // appended again, and dropped then: the topic is gone
 			continue
 		}
-		c.scanFor(ctx, e, tp.part, m.from[tp], func(_ int64, rec []byte) bool {
+		c.scanFor(ctx, e, tp.part, j.from[tp], func(_ int64, rec []byte) bool {
 			if tok, ok := heraldpb.RecordHeader(rec, HeaderTxnToken); ok && string(tok) == token {
 				if v, ok := heraldpb.RecordHeader(rec, HeaderTxnRef); ok {
 					if ref, err := strconv.ParseUint(string(v), 10, 64); err == nil {
@@ -234,12 +240,20 @@ func (c *Coordinator) recoverTxn(ctx actor.Context, m *txnMeta) {
 			return false
 		}, func() {
 			if waiting--; waiting == 0 {
-				c.log.Info("finishing a transaction committed before a restart", "transactional_id", m.id, "epoch", m.epoch, "batches_found", len(found), "batches", len(m.staged))
-				c.appendTxn(ctx, m, found)
+				c.log.Info("finishing a transaction committed before a restart", "transactional_id", m.id, "epoch", j.epoch, "batches_found", len(found), "batches", len(j.staged))
+				c.appendTxn(ctx, m, j, found)
 			}
 		})
 	}
 	if waiting == 0 {
-		c.appendTxn(ctx, m, found)
+		c.appendTxn(ctx, m, j, found)
+	}
+}
+
+// recoverJobs finishes m's commits found appending at load, one after
+// the other, oldest first (completeTxn starts the next).
+func (c *Coordinator) recoverJobs(ctx actor.Context, m *txnMeta) {
+	if len(m.completing) > 0 {
+		c.recoverTxn(ctx, m, m.completing[0])
 	}
 }

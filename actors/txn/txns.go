@@ -24,17 +24,13 @@ import (
 type txnState uint8
 
 const (
-	txnEmpty      txnState = iota // no transaction open
-	txnOpen                       // records staged
-	txnCommitting                 // commit decided, appends under way
+	txnEmpty txnState = iota // no transaction open
+	txnOpen                  // records staged
 )
 
 func (s txnState) String() string {
-	switch s {
-	case txnOpen:
+	if s == txnOpen {
 		return "open"
-	case txnCommitting:
-		return "committing"
 	}
 	return "empty"
 }
@@ -79,11 +75,14 @@ type txnMeta struct {
 	decidingCommit bool
 	sessOff        uint64 // offset of its newest session record (init, abort, complete)
 
-	// committing
-	token   uint64
-	from    map[topicPart]int64
-	by      string
-	waiters []endWaiter
+	// the EndTxn requests waiting for the decision being written (or, with
+	// queuedCommit, for completing to end first)
+	waiters      []endWaiter
+	queuedCommit bool
+	// completing: committed transactions (decided) whose appends are under
+	// way, oldest first; at most one outside a replay. The current
+	// transaction (epoch) is the next one, which may stage meanwhile.
+	completing []*commitJob
 
 	// the last transaction ended
 	hasLast    bool
@@ -91,6 +90,20 @@ type txnMeta struct {
 	lastCommit bool
 	lastBy     string
 }
+
+// commitJob is a committed transaction being appended: what its decision
+// (TxnEnd, commit) recorded.
+type commitJob struct {
+	epoch   uint32
+	staged  []staged
+	token   uint64
+	from    map[topicPart]int64
+	by      string
+	sessOff uint64 // the session record its replay needs (compaction keeps it)
+}
+
+func (j *commitJob) partitions() []topicPart { return stagedPartitions(j.staged) }
+func (j *commitJob) records() uint32         { return stagedRecords(j.staged) }
 
 type endWaiter struct {
 	to *actor.PID
@@ -119,10 +132,9 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 			m = &txnMeta{id: in.TransactionalId}
 			st.txns[in.TransactionalId] = m
 		}
-		m.pid, m.epoch, m.session = in.ProducerId, in.Epoch, in.SessionEpoch
-		if m.session == 0 || m.session > m.epoch {
-			m.session = m.epoch
-		}
+		// (A session epoch of 0 is the first session's, not "unset": a
+		// snapshot of it after an end has epoch 1 or more.)
+		m.pid, m.epoch, m.session = in.ProducerId, in.Epoch, min(in.SessionEpoch, in.Epoch)
 		m.timeout = time.Duration(in.TimeoutMs) * time.Millisecond
 		m.used = max(in.UsedMs, m.used)
 		m.resetTxn()
@@ -130,7 +142,7 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 	case *heraldpb.TxnEvent_Data:
 		d := e.Data
 		m := st.txns[d.TransactionalId]
-		if m == nil || d.Epoch != m.epoch || m.state == txnCommitting || d.BaseSequence != m.nextSeq {
+		if m == nil || d.Epoch != m.epoch || d.BaseSequence != m.nextSeq {
 			return // of a transaction that ended (or of an unknown id), or out of sequence: ignored
 		}
 		if m.state == txnEmpty {
@@ -144,27 +156,31 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 	case *heraldpb.TxnEvent_End:
 		en := e.End
 		m := st.txns[en.TransactionalId]
-		if m == nil || en.Epoch != m.epoch || m.state == txnCommitting {
-			return // the first decision counts: nothing ends a committing transaction but its completion
+		if m == nil || en.Epoch != m.epoch {
+			return // the first decision counts: the epoch has moved on
 		}
 		m.lastOff = off
 		if en.Commit {
-			m.state, m.token, m.by = txnCommitting, en.Token, en.By
-			m.from = map[topicPart]int64{}
+			// Decided: the transaction is complete as far as its producer
+			// is concerned (the epoch moves on, the next one may stage),
+			// and its appends go on as a job until TxnComplete.
+			j := &commitJob{epoch: m.epoch, staged: m.staged, token: en.Token, by: en.By, sessOff: m.sessOff, from: map[topicPart]int64{}}
 			for _, f := range en.From {
-				m.from[topicPart{f.Topic, f.Partition}] = f.Offset
+				j.from[topicPart{f.Topic, f.Partition}] = f.Offset
 			}
-			return
+			m.completing = append(m.completing, j)
 		}
-		m.sessOff = off
-		m.ended(false, en.By)
+		// The session record stays the Init before it: an End cannot make
+		// the id known again on a replay (the coordinator writes a
+		// snapshot Init with each end, which becomes the session record).
+		m.ended(en.Commit, en.By)
 	case *heraldpb.TxnEvent_Complete:
 		m := st.txns[e.Complete.TransactionalId]
-		if m == nil || e.Complete.Epoch != m.epoch {
+		if m == nil {
 			return
 		}
-		m.lastOff, m.sessOff = off, off
-		m.ended(true, m.by)
+		m.completing = slices.DeleteFunc(m.completing, func(j *commitJob) bool { return j.epoch == e.Complete.Epoch })
+		m.lastOff = off
 	}
 }
 
@@ -177,14 +193,18 @@ func (m *txnMeta) ended(commit bool, by string) {
 
 func (m *txnMeta) resetTxn() {
 	m.state, m.staged, m.nextSeq, m.seqs, m.bytes, m.started = txnEmpty, nil, 0, 0, 0, 0
-	m.token, m.from, m.by = 0, nil, ""
 }
 
 // partitions lists the partitions m's transaction touches, in order.
-func (m *txnMeta) partitions() []topicPart {
+func (m *txnMeta) partitions() []topicPart { return stagedPartitions(m.staged) }
+
+func (m *txnMeta) records() uint32 { return stagedRecords(m.staged) }
+
+// stagedPartitions lists the partitions of batches, in order.
+func stagedPartitions(batches []staged) []topicPart {
 	var out []topicPart
 	seen := map[topicPart]bool{}
-	for _, s := range m.staged {
+	for _, s := range batches {
 		tp := topicPart{s.topic, s.part}
 		if !seen[tp] {
 			seen[tp] = true
@@ -195,22 +215,37 @@ func (m *txnMeta) partitions() []topicPart {
 	return out
 }
 
-func (m *txnMeta) records() uint32 {
+func stagedRecords(batches []staged) uint32 {
 	n := uint32(0)
-	for _, s := range m.staged {
+	for _, s := range batches {
 		n += s.count
 	}
 	return n
 }
 
+// info describes m's current transaction or, with none open and a commit
+// still appending, that one (state "committing").
 func (m *txnMeta) info() *heraldpb.TxnInfo {
 	ti := &heraldpb.TxnInfo{TransactionalId: m.id, ProducerId: m.pid, ProducerEpoch: m.epoch, State: m.state.String(),
 		StartedMs: m.started, Records: m.records(), Bytes: m.bytes, TimeoutMs: uint32(m.timeout.Milliseconds())}
-	for _, tp := range m.partitions() {
+	parts := m.partitions()
+	if m.state == txnEmpty && len(m.completing) > 0 {
+		j := m.completing[0]
+		ti.State, ti.ProducerEpoch, ti.Records, ti.Bytes = "committing", j.epoch, j.records(), 0
+		for _, s := range j.staged {
+			ti.Bytes += uint64(s.size)
+		}
+		parts = j.partitions()
+	}
+	for _, tp := range parts {
 		ti.Partitions = append(ti.Partitions, tp.String())
 	}
 	return ti
 }
+
+// busy reports whether m has a transaction open, being decided or still
+// appending.
+func (m *txnMeta) busy() bool { return m.state != txnEmpty || m.deciding || len(m.completing) > 0 }
 
 // checkEpoch checks a request's producer id and epoch against m's
 // session and current transaction. ended reports a request of the
@@ -274,7 +309,7 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	case m == nil && len(c.txns) >= maxTxnIDs:
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, throttledErr("too many transactional ids")))
 		return
-	case m != nil && (m.state == txnCommitting || m.deciding):
+	case m != nil && (len(m.completing) > 0 || m.deciding):
 		e := throttledErr(fmt.Sprintf("transactional id %q: the last session's transaction is being ended", req.TransactionalId))
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
 		return
@@ -356,10 +391,6 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 			e = heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d has ended", m.id, req.ProducerEpoch)
 		}
 		fail(e)
-		return
-	}
-	if m.state == txnCommitting {
-		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d is committing", m.id, m.epoch))
 		return
 	}
 	part, n, e := c.routeBatch(req, c.o.Topics.Get(req.Topic), txnTagBytes, "transactional batch")
@@ -457,8 +488,6 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 		switch m.state {
 		case txnEmpty:
 			fail(heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q has no transaction open", m.id))
-		case txnCommitting:
-			fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d is committing", m.id, m.epoch))
 		default:
 			c.abortTxn(ctx, m, "manual", func(err *heraldpb.Error, recs uint32, parts []topicPart) {
 				if err != nil {
@@ -494,12 +523,6 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 		fail(throttledErr("the transaction is being ended"))
 	case m.deciding:
 		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id})
-	case m.state == txnCommitting:
-		if !req.Commit {
-			fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d is committing", m.id, m.epoch))
-			return
-		}
-		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id})
 	case m.seqs != m.nextSeq:
 		fail(throttledErr("a batch of the transaction is still being staged"))
 	case !req.Commit:
@@ -510,6 +533,12 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 			}
 			answer(false, recs, parts)
 		})
+	case len(m.completing) > 0:
+		// The previous commit is still appending: this one is decided
+		// after it completes, so that the records of one producer keep
+		// their order on every partition. Nothing stages meanwhile.
+		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id})
+		m.deciding, m.decidingCommit, m.queuedCommit = true, true, true
 	default:
 		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id})
 		c.commitTxn(ctx, m, "producer")
@@ -521,7 +550,7 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 // on.
 func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done func(*heraldpb.Error, uint32, []topicPart)) {
 	epoch, recs, parts := m.epoch, m.records(), m.partitions()
-	if m.deciding || m.state == txnCommitting {
+	if m.deciding {
 		if done != nil {
 			done(throttledErr("the transaction is being ended"), recs, parts)
 		}
@@ -529,13 +558,15 @@ func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done fu
 	}
 	m.deciding, m.decidingCommit = true, false
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, By: by}}}
-	c.write(writeOp{events: [][]byte{event(ev)}, client: done != nil, done: func(base int64, err *heraldpb.Error) {
+	snap := m.sessionAfterEnd()
+	c.write(writeOp{events: [][]byte{event(ev), event(snap)}, client: done != nil, done: func(base int64, err *heraldpb.Error) {
 		m.deciding = false
 		if err == nil {
-			if m.epoch != epoch || m.state == txnCommitting {
+			if m.epoch != epoch {
 				err = heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d ended otherwise meanwhile", m.id, epoch)
 			} else {
 				c.applyTxn(uint64(base), ev, c.nowMs())
+				c.applyTxn(uint64(base)+1, snap, c.nowMs())
 				mTxnEnded.WithLabelValues("abort", by).Inc()
 				c.gaugeOpen()
 			}
@@ -550,12 +581,15 @@ func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done fu
 // gaugeOpen sets the open-transactions gauge.
 func (c *Coordinator) gaugeOpen() {
 	n := 0
+	committing := 0
 	for _, m := range c.txns {
-		if m.state != txnEmpty {
+		if m.state != txnEmpty || len(m.completing) > 0 {
 			n++
 		}
+		committing += len(m.completing)
 	}
 	mTxnOpen.Set(float64(n))
+	mTxnCommitting.Set(float64(committing))
 }
 
 // armTxnTimeouts arms the timeout sweep while transactions are open.
@@ -613,6 +647,17 @@ func (c *Coordinator) onListTxns(ctx actor.Context, f *heraldpb.Frame, req *hera
 		resp.Transactions = append(resp.Transactions, m.info())
 	}
 	respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListTxnResponse{ListTxnResponse: resp}})
+}
+
+// sessionAfterEnd is the session record written with an end of m's
+// current transaction (abort or commit decision), right after it: the
+// session as it is once the epoch has moved on. It is what a replay from
+// there needs to know the id, so compaction may drop what came before
+// (once no commit of the id is still appending).
+func (m *txnMeta) sessionAfterEnd() *heraldpb.TxnEvent {
+	ev := m.snapshotEvent()
+	ev.GetInit().Epoch = m.epoch + 1
+	return ev
 }
 
 // snapshotEvent is a session's state as one TxnInit, written by

@@ -27,18 +27,25 @@ func TestTxnEpochs(t *testing.T) {
 	if m.state != txnOpen || len(m.staged) != 2 || m.nextSeq != 4 || m.records() != 4 {
 		t.Fatalf("after staging: %+v", m)
 	}
-	// Committed: decided, then complete.
+	// Committed: decided (the epoch moves on, the commit appends as a
+	// job), then complete.
 	apply(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{TransactionalId: "a", Epoch: 0, Commit: true, Token: 5}}})
-	if m.state != txnCommitting || m.epoch != 0 {
+	if m.state != txnEmpty || m.epoch != 1 || !m.hasLast || !m.lastCommit || m.lastEpoch != 0 || len(m.completing) != 1 ||
+		m.completing[0].epoch != 0 || len(m.completing[0].staged) != 2 || m.completing[0].token != 5 {
 		t.Fatalf("after the decision: %+v", m)
 	}
+	// The next transaction stages while the commit appends.
+	apply(data(0))
+	if m.state != txnOpen || len(m.staged) != 1 || m.info().GetState() != "open" {
+		t.Fatalf("staging behind a commit appending: %+v", m)
+	}
 	apply(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Complete{Complete: &heraldpb.TxnComplete{TransactionalId: "a", Epoch: 0}}})
-	if m.state != txnEmpty || m.epoch != 1 || !m.hasLast || !m.lastCommit || m.lastEpoch != 0 {
+	if len(m.completing) != 0 || m.epoch != 1 || len(m.staged) != 1 {
 		t.Fatalf("after the commit: %+v", m)
 	}
 	// A delayed data event of epoch 0 is ignored.
 	apply(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Data{Data: &heraldpb.TxnData{TransactionalId: "a", Epoch: 0, Topic: "t", Count: 1}}})
-	if len(m.staged) != 0 {
+	if len(m.staged) != 1 {
 		t.Fatalf("a stale data event was staged: %+v", m)
 	}
 	for _, c := range []struct {
