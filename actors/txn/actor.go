@@ -172,6 +172,7 @@ func (c *Coordinator) Receive(ctx actor.Context) {
 		mHalfPending.Set(0) // the next coordinator, here or elsewhere, counts its own
 		mTxnOpen.Set(0)
 		mTxnCommitting.Set(0)
+		mStagedCache.Set(0)
 		mTxnIDs.Set(0)
 	case *loadRetry:
 		c.load(ctx)

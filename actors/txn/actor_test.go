@@ -435,3 +435,22 @@ func TestCompactionAfterAnAbortKeepsTheSession(t *testing.T) {
 		return nil
 	})
 }
+
+// Staged records past the in-memory budget are read back from __txn when
+// their transaction commits.
+func TestCommitReadsBackUncachedBatches(t *testing.T) {
+	old := stagedCacheBytes
+	stagedCacheBytes = 0
+	t.Cleanup(func() { stagedCacheBytes = old })
+	r := newRig(t, t.TempDir(), Options{})
+	s := r.session("p")
+	s.stage("a")
+	s.stage("b")
+	s.end(true)
+	waitFor(t, "the records read back and appended", func() error {
+		if got := r.values(); !slices.Equal(got, []string{"a", "b"}) {
+			return fmt.Errorf("topic holds %v", got)
+		}
+		return nil
+	})
+}

@@ -47,6 +47,10 @@ var (
 		Name: "herald_txn_committing",
 		Help: "Committed transactions (commit answered) whose records are still being appended.",
 	})
+	mStagedCache = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_txn_staged_cache_bytes",
+		Help: "Staged transactional records kept in memory for their commit (at most 64 MiB; the rest is read back from __txn).",
+	})
 	mTxnIDs = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_txn_ids",
 		Help: "Transactional ids the coordinator keeps (sessions).",

@@ -95,6 +95,7 @@ type state struct {
 	checkQ timeQ // pending halves by next check (stale entries skipped)
 	dueQ   timeQ // committed halves by delivery time
 	rr     uint32
+	cached int64 // bytes of staged records kept in memory (txns.go)
 }
 
 func newState() state { return state{halves: map[uint64]*half{}, txns: map[string]*txnMeta{}} }

@@ -141,7 +141,37 @@ func (c *Coordinator) appendStaged(ctx actor.Context, m *txnMeta, j *commitJob, 
 			then()
 		})
 	}
+	// add packs one staged batch's records into the chunk; it reports
+	// false when it flushed the chunk first (next is then called when
+	// that append is done).
+	add := func(s staged, records []byte) bool {
+		hdr := heraldpb.EncodeHeaders(nil, [2]string{HeaderTxnID, m.id}, [2]string{HeaderTxnRef, strconv.FormatUint(s.ref, 10)}, [2]string{HeaderTxnToken, token})
+		recs, aerr := heraldpb.AppendBatchWithHeaders(nil, records, hdr)
+		if aerr != nil {
+			c.log.Error("a staged batch of a committed transaction is unreadable; dropped", "transactional_id", m.id, "ref", s.ref, "err", aerr)
+			mTxnDropped.Inc()
+			return true
+		}
+		if len(chunk) > 0 && len(chunk)+len(recs) > limit {
+			flush(func() {
+				chunk = recs
+				next()
+			})
+			return false
+		}
+		chunk = append(chunk, recs...)
+		return true
+	}
 	next = func() {
+		// The batches kept in memory since they were staged, in a loop;
+		// the others are read back from __txn.
+		for i < len(refs) && refs[i].data != nil {
+			s := refs[i]
+			i++
+			if !add(s, s.data) {
+				return
+			}
+		}
 		if i == len(refs) {
 			if len(chunk) > 0 {
 				flush(done)
@@ -160,23 +190,9 @@ func (c *Coordinator) appendStaged(ctx actor.Context, m *txnMeta, j *commitJob, 
 				next()
 				return
 			}
-			hdr := heraldpb.EncodeHeaders(nil, [2]string{HeaderTxnID, m.id}, [2]string{HeaderTxnRef, strconv.FormatUint(s.ref, 10)}, [2]string{HeaderTxnToken, token})
-			recs, aerr := heraldpb.AppendBatchWithHeaders(nil, d.Records, hdr)
-			if aerr != nil {
-				c.log.Error("a staged batch of a committed transaction is unreadable; dropped", "transactional_id", m.id, "ref", s.ref, "err", aerr)
-				mTxnDropped.Inc()
+			if add(s, d.Records) {
 				next()
-				return
 			}
-			if len(chunk) > 0 && len(chunk)+len(recs) > limit {
-				flush(func() {
-					chunk = recs
-					next()
-				})
-				return
-			}
-			chunk = append(chunk, recs...)
-			next()
 		})
 	}
 	next()

@@ -11,6 +11,7 @@ package txn
 // request of an earlier transaction never touches a later one.
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"slices"
@@ -44,6 +45,36 @@ type staged struct {
 	seq   int64
 	count uint32
 	size  uint32
+	// data is the batch's records kept in memory (stagedCacheBytes in
+	// all), so that the commit need not read them back from __txn; nil:
+	// read back.
+	data []byte
+}
+
+// stagedCacheBytes bounds the staged records the coordinator keeps in
+// memory (herald_txn_staged_cache_bytes); the rest is read back from
+// __txn when its transaction commits.
+var stagedCacheBytes int64 = 64 << 20
+
+// cache keeps a copy of records for b if the budget allows.
+func (st *state) cache(b *staged, records []byte) {
+	if st.cached+int64(len(records)) > stagedCacheBytes {
+		return
+	}
+	b.data = bytes.Clone(records)
+	st.cached += int64(len(b.data))
+	mStagedCache.Set(float64(st.cached))
+}
+
+// release forgets the cached records of batches.
+func (st *state) release(batches []staged) {
+	for i := range batches {
+		if batches[i].data != nil {
+			st.cached -= int64(len(batches[i].data))
+			batches[i].data = nil
+		}
+	}
+	mStagedCache.Set(float64(st.cached))
 }
 
 type topicPart struct {
@@ -137,6 +168,7 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 		m.pid, m.epoch, m.session = in.ProducerId, in.Epoch, min(in.SessionEpoch, in.Epoch)
 		m.timeout = time.Duration(in.TimeoutMs) * time.Millisecond
 		m.used = max(in.UsedMs, m.used)
+		st.release(m.staged)
 		m.resetTxn()
 		m.lastOff, m.sessOff = off, off
 	case *heraldpb.TxnEvent_Data:
@@ -149,6 +181,7 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 			m.state, m.started = txnOpen, now
 		}
 		m.staged = append(m.staged, staged{ref: off, topic: d.Topic, part: d.Partition, seq: d.BaseSequence, count: d.Count, size: uint32(len(d.Records))})
+		st.cache(&m.staged[len(m.staged)-1], d.Records)
 		m.nextSeq = d.BaseSequence + int64(d.Count)
 		m.seqs = max(m.seqs, m.nextSeq)
 		m.bytes += uint64(len(d.Records))
@@ -169,6 +202,8 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 				j.from[topicPart{f.Topic, f.Partition}] = f.Offset
 			}
 			m.completing = append(m.completing, j)
+		} else {
+			st.release(m.staged)
 		}
 		// The session record stays the Init before it: an End cannot make
 		// the id known again on a replay (the coordinator writes a
@@ -179,7 +214,13 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 		if m == nil {
 			return
 		}
-		m.completing = slices.DeleteFunc(m.completing, func(j *commitJob) bool { return j.epoch == e.Complete.Epoch })
+		m.completing = slices.DeleteFunc(m.completing, func(j *commitJob) bool {
+			if j.epoch == e.Complete.Epoch {
+				st.release(j.staged)
+				return true
+			}
+			return false
+		})
 		m.lastOff = off
 	}
 }
