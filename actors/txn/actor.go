@@ -15,6 +15,7 @@
 package txn
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -168,6 +169,14 @@ func (c *Coordinator) Receive(ctx actor.Context) {
 			respond(ctx, x.sender, heraldpb.ErrorFrame(x.f.Id, throttledErr("the transaction coordinator is stopping")))
 		}
 		c.queue = nil
+		// Commits queued behind an append, and sessions waiting for one,
+		// have no write in flight: the same answer.
+		for _, m := range c.txns {
+			for _, w := range append(m.waiters, m.initWaiters...) {
+				respond(ctx, w.to, heraldpb.ErrorFrame(w.id, e))
+			}
+			m.waiters, m.initWaiters = nil, nil
+		}
 		mProducers.Set(0)
 		mHalfPending.Set(0) // the next coordinator, here or elsewhere, counts its own
 		mTxnOpen.Set(0)
@@ -480,6 +489,14 @@ func (c *Coordinator) flushWrites(ctx actor.Context) {
 			}
 		}
 		mWriteQueue.Set(float64(len(c.wq)))
+		if err != nil && (err.OutcomeUnknown || err.Code == heraldpb.ErrorCode_TIMEOUT) {
+			// The batch may have been stored all the same: what this
+			// coordinator holds in memory may now differ from __txn (a
+			// commit decision it answered as failed, which a retry would
+			// decide again with another token). It starts again and
+			// loads __txn, which is the truth.
+			panic(fmt.Sprintf("txn: a write to __txn of unknown outcome (%s): reloading", err.Message))
+		}
 		if err != nil && len(c.wq) > 0 {
 			c.after(100*time.Millisecond, &retryWrite{})
 			return
@@ -503,8 +520,8 @@ func (c *Coordinator) armCompact() {
 	}
 }
 
-// compact removes the records of __txn below the oldest pending half:
-// every event there concerns halves that ended.
+// compact removes the records of __txn below what the state still needs
+// (compactCut), once the sessions whose record would go are written again.
 func (c *Coordinator) compact(ctx actor.Context) {
 	e := c.o.Topics.Get(Topic)
 	if e == nil || !c.loaded {
@@ -515,29 +532,7 @@ func (c *Coordinator) compact(ctx actor.Context) {
 		c.armCompact() // a write in flight may still name a half below the cut
 		return
 	}
-	for ref := range c.halves {
-		cut = min(cut, int64(ref))
-	}
-	for _, m := range c.txns {
-		if len(m.staged) > 0 {
-			cut = min(cut, int64(m.staged[0].ref))
-		}
-		for _, j := range m.completing {
-			// A replay needs its session record, staged batches and
-			// decision until its TxnComplete.
-			cut = min(cut, int64(j.sessOff))
-			if len(j.staged) > 0 {
-				cut = min(cut, int64(j.staged[0].ref))
-			}
-		}
-		if m.state != txnEmpty || m.deciding {
-			// Its session record stays until the transaction ends (then
-			// it is rewritten, or newer): without it a reload would not
-			// know the id, and would ignore the staged batches and the
-			// commit decision.
-			cut = min(cut, int64(m.sessOff))
-		}
-	}
+	cut = c.state.compactCut(cut)
 	if cut <= e.Stats[0].StartOffset.Load() {
 		c.armCompact()
 		return
@@ -546,18 +541,9 @@ func (c *Coordinator) compact(ctx actor.Context) {
 	// first (or forgotten, when idle long enough): the cut waits for the
 	// next round.
 	var snaps [][]byte
-	var metas []*txnMeta
-	expire := c.nowMs() - txnIDExpiry.Milliseconds()
-	for id, m := range c.txns {
-		if m.busy() || int64(m.lastOff) >= cut {
-			continue
-		}
-		if m.used < expire {
-			delete(c.txns, id)
-			continue
-		}
+	metas := c.state.sessionsBelow(cut, c.nowMs())
+	for _, m := range metas {
 		snaps = append(snaps, event(m.snapshotEvent()))
-		metas = append(metas, m)
 	}
 	mTxnIDs.Set(float64(len(c.txns)))
 	if len(snaps) > 0 {
@@ -576,4 +562,53 @@ func (c *Coordinator) compact(ctx actor.Context) {
 		return
 	}
 	ctx.Request(e.Partitions[0], &partition.DeleteBefore{Offset: cut})
+}
+
+// compactCut lowers cut (the high watermark) to the oldest record of __txn
+// that a replay still needs: pending halves, staged batches, and the
+// session record of every id with a transaction open, being decided or
+// appending (and each appending commit's own).
+func (st *state) compactCut(cut int64) int64 {
+	for ref := range st.halves {
+		cut = min(cut, int64(ref))
+	}
+	for _, m := range st.txns {
+		if len(m.staged) > 0 {
+			cut = min(cut, int64(m.staged[0].ref))
+		}
+		for _, j := range m.completing {
+			// A replay needs its session record, staged batches and
+			// decision until its TxnComplete.
+			cut = min(cut, int64(j.sessOff))
+			if len(j.staged) > 0 {
+				cut = min(cut, int64(j.staged[0].ref))
+			}
+		}
+		if m.state != txnEmpty || m.deciding {
+			// Without its session record a reload would not know the id,
+			// and would ignore the staged batches and the decision.
+			cut = min(cut, int64(m.sessOff))
+		}
+	}
+	return cut
+}
+
+// sessionsBelow returns the idle ids whose session record (the Init a
+// replay needs to know them) is below cut, to be written again before
+// the cut; ids idle past txnIDExpiry are forgotten instead. Newer events
+// of an id (a TxnComplete) do not count: they cannot make it known.
+func (st *state) sessionsBelow(cut, nowMs int64) []*txnMeta {
+	var out []*txnMeta
+	expire := nowMs - txnIDExpiry.Milliseconds()
+	for id, m := range st.txns {
+		if m.busy() || int64(m.sessOff) >= cut {
+			continue
+		}
+		if m.used < expire {
+			delete(st.txns, id)
+			continue
+		}
+		out = append(out, m)
+	}
+	return out
 }

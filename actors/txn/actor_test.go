@@ -246,7 +246,7 @@ func FuzzDecodeEvent(f *testing.F) {
 			st.applyTxn(off, ev, 0)
 		}
 		for _, m := range st.txns {
-			_ = m.info()
+			_ = m.infos()
 		}
 	})
 }
@@ -453,4 +453,43 @@ func TestCommitReadsBackUncachedBatches(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A new session of an id whose last commit is still appending fences a
+// commit of the old session queued behind it (PRODUCER_FENCED, so a zombie
+// committing back to back cannot keep it out); it is answered once the
+// appends are done, and the fenced commit's records never appear.
+func TestNewSessionWaitsForTheAppendsAndFencesAQueuedCommit(t *testing.T) {
+	var hold atomic.Bool
+	hold.Store(true)
+	r := newRig(t, t.TempDir(), Options{holdAppends: hold.Load})
+	old := r.session("p")
+	old.stage("first")
+	old.end(true) // answered at the decision; its appends are held
+	old.stage("second")
+	queued := r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
+		TransactionalId: "p", ProducerId: old.pid, ProducerEpoch: old.epoch, Commit: true}}}, 20*time.Second)
+	waitFor(t, "the second commit queued", func() error {
+		infos := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListTxn{ListTxn: &heraldpb.ListTxnRequest{Transactions: true}}}, r.txn).GetListTxnResponse().GetTransactions()
+		if len(infos) != 2 || infos[0].GetState() != "committing" || infos[1].GetState() != "open" {
+			return fmt.Errorf("transactions: %v", infos)
+		}
+		return nil
+	})
+	init := r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: "p"}}}, 20*time.Second)
+	res, err := queued.Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := res.(*heraldpb.Frame).GetError(); e.GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
+		t.Fatalf("the queued commit of the old session: %v", res)
+	}
+	hold.Store(false)
+	res, err = init.Result()
+	if err != nil || res.(*heraldpb.Frame).GetInitProducerIdResponse() == nil {
+		t.Fatalf("the new session: %v %v", res, err)
+	}
+	if got := r.values(); !slices.Equal(got, []string{"first"}) {
+		t.Fatalf("when the new session was answered the topic held %v, want first (and not second)", got)
+	}
 }

@@ -69,6 +69,9 @@ type Options struct {
 	// failScan (tests), when it answers true, turns the answer to one read
 	// of a recovery scan into an INTERNAL error.
 	failScan func() bool
+	// holdAppends (tests), while it answers true, keeps committed
+	// transactions from starting their appends.
+	holdAppends func() bool
 }
 
 func (o *Options) ensureDefaults() {

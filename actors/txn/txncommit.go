@@ -19,6 +19,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
 )
 
 // Headers the coordinator adds to every record of a committed transaction.
@@ -77,6 +78,10 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
 // m, that are not in found (refs already on their partitions), partition
 // by partition in parallel, then completes it.
 func (c *Coordinator) appendTxn(ctx actor.Context, m *txnMeta, j *commitJob, found map[uint64]bool) {
+	if c.o.holdAppends != nil && c.o.holdAppends() {
+		c.after(10*time.Millisecond, &retryStep{fn: func() { c.appendTxn(ctx, m, j, found) }})
+		return
+	}
 	groups := map[topicPart][]staged{}
 	var order []topicPart
 	for _, s := range j.staged {
@@ -214,8 +219,23 @@ func (c *Coordinator) completeTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
 		case len(m.completing) > 0:
 			// Another one found at load (they run one at a time).
 			c.recoverTxn(ctx, m, m.completing[0])
+			return
 		case m.queuedCommit:
 			c.commitTxn(ctx, m, "producer")
+		}
+		if ws := m.initWaiters; len(ws) > 0 {
+			m.initWaiters = nil
+			res := m.initAnswer
+			if res.ProducerEpoch != m.session {
+				res = nil // a later session started meanwhile: these were fenced
+			}
+			for _, w := range ws {
+				if res == nil {
+					respond(ctx, w.to, heraldpb.ErrorFrame(w.id, heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED, "transactional id %q: a newer session started", m.id)))
+					continue
+				}
+				respond(ctx, w.to, &heraldpb.Frame{Id: w.id, Body: &heraldpb.Frame_InitProducerIdResponse{InitProducerIdResponse: res}})
+			}
 		}
 	}})
 	c.flushWrites(ctx)
@@ -237,14 +257,27 @@ func (c *Coordinator) answerWaiters(ctx actor.Context, m *txnMeta, e *heraldpb.E
 func (c *Coordinator) recoverTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
 	token := tokenText(j.token)
 	found := map[uint64]bool{}
-	parts := j.partitions()
-	waiting := len(parts)
-	for _, tp := range parts {
+	type scan struct {
+		tp topicPart
+		e  *registry.Entry
+	}
+	var scans []scan
+	for _, tp := range j.partitions() {
 		e := c.o.Topics.Get(tp.topic)
 		if e == nil || int(tp.part) >= len(e.Partitions) {
-			waiting-- // appended again, and dropped then: the topic is gone
-			continue
+			continue // appended again, and dropped then: the topic is gone
 		}
+		scans = append(scans, scan{tp, e})
+	}
+	if len(scans) == 0 {
+		c.appendTxn(ctx, m, j, found)
+		return
+	}
+	// (A scan may finish at once, inside the loop: the last one to
+	// finish appends, once.)
+	waiting := len(scans)
+	for _, sc := range scans {
+		tp, e := sc.tp, sc.e
 		c.scanFor(ctx, e, tp.part, j.from[tp], func(_ int64, rec []byte) bool {
 			if tok, ok := heraldpb.RecordHeader(rec, HeaderTxnToken); ok && string(tok) == token {
 				if v, ok := heraldpb.RecordHeader(rec, HeaderTxnRef); ok {
@@ -260,9 +293,6 @@ func (c *Coordinator) recoverTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
 				c.appendTxn(ctx, m, j, found)
 			}
 		})
-	}
-	if waiting == 0 {
-		c.appendTxn(ctx, m, j, found)
 	}
 }
 

@@ -110,6 +110,11 @@ type txnMeta struct {
 	// queuedCommit, for completing to end first)
 	waiters      []endWaiter
 	queuedCommit bool
+	// initWaiters: InitProducerId answers held until completing is empty
+	// (a new session reads its progress only once the last commit's
+	// records are on their partitions).
+	initWaiters []endWaiter
+	initAnswer  *heraldpb.InitProducerIdResponse
 	// completing: committed transactions (decided) whose appends are under
 	// way, oldest first; at most one outside a replay. The current
 	// transaction (epoch) is the next one, which may stage meanwhile.
@@ -264,24 +269,31 @@ func stagedRecords(batches []staged) uint32 {
 	return n
 }
 
-// info describes m's current transaction or, with none open and a commit
-// still appending, that one (state "committing").
-func (m *txnMeta) info() *heraldpb.TxnInfo {
-	ti := &heraldpb.TxnInfo{TransactionalId: m.id, ProducerId: m.pid, ProducerEpoch: m.epoch, State: m.state.String(),
-		StartedMs: m.started, Records: m.records(), Bytes: m.bytes, TimeoutMs: uint32(m.timeout.Milliseconds())}
-	parts := m.partitions()
-	if m.state == txnEmpty && len(m.completing) > 0 {
-		j := m.completing[0]
-		ti.State, ti.ProducerEpoch, ti.Records, ti.Bytes = "committing", j.epoch, j.records(), 0
+// infos describes m's transactions: each committed one still appending
+// (state "committing"), then the current one ("open"), or only "empty"
+// when there is neither.
+func (m *txnMeta) infos() []*heraldpb.TxnInfo {
+	var out []*heraldpb.TxnInfo
+	for _, j := range m.completing {
+		ti := &heraldpb.TxnInfo{TransactionalId: m.id, ProducerId: m.pid, ProducerEpoch: j.epoch, State: "committing",
+			Records: j.records(), TimeoutMs: uint32(m.timeout.Milliseconds())}
 		for _, s := range j.staged {
 			ti.Bytes += uint64(s.size)
 		}
-		parts = j.partitions()
+		for _, tp := range j.partitions() {
+			ti.Partitions = append(ti.Partitions, tp.String())
+		}
+		out = append(out, ti)
 	}
-	for _, tp := range parts {
+	if m.state == txnEmpty && len(out) > 0 {
+		return out
+	}
+	ti := &heraldpb.TxnInfo{TransactionalId: m.id, ProducerId: m.pid, ProducerEpoch: m.epoch, State: m.state.String(),
+		StartedMs: m.started, Records: m.records(), Bytes: m.bytes, TimeoutMs: uint32(m.timeout.Milliseconds())}
+	for _, tp := range m.partitions() {
 		ti.Partitions = append(ti.Partitions, tp.String())
 	}
-	return ti
+	return append(out, ti)
 }
 
 // busy reports whether m has a transaction open, being decided or still
@@ -350,7 +362,7 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	case m == nil && len(c.txns) >= maxTxnIDs:
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, throttledErr("too many transactional ids")))
 		return
-	case m != nil && (len(m.completing) > 0 || m.deciding):
+	case m != nil && m.deciding && !m.queuedCommit:
 		e := throttledErr(fmt.Sprintf("transactional id %q: the last session's transaction is being ended", req.TransactionalId))
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
 		return
@@ -360,6 +372,14 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	}
 	var events []*heraldpb.TxnEvent
 	pid, epoch := randomToken()>>1, uint32(0)
+	if m != nil && m.queuedCommit {
+		// A commit of the old session waits behind an append: it is
+		// fenced with the rest of that session (its transaction aborted
+		// below), so that a zombie committing back to back cannot keep a
+		// new session out.
+		m.queuedCommit, m.deciding = false, false
+		c.answerWaiters(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED, "transactional id %q: a new session started while this commit waited", m.id))
+	}
 	if m != nil {
 		pid, epoch = m.pid, m.epoch
 		if m.state == txnOpen {
@@ -395,9 +415,15 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		}
 		mTxnIDs.Set(float64(len(c.txns)))
 		c.gaugeOpen()
-		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_InitProducerIdResponse{InitProducerIdResponse: &heraldpb.InitProducerIdResponse{
-			ProducerId: pid, ProducerEpoch: epoch,
-		}}})
+		res := &heraldpb.InitProducerIdResponse{ProducerId: pid, ProducerEpoch: epoch}
+		if m := c.txns[req.TransactionalId]; m != nil && len(m.completing) > 0 {
+			// The old session's last commit is still appending: the
+			// answer waits for it (completeTxn).
+			m.initWaiters = append(m.initWaiters, endWaiter{to: to, id: f.Id})
+			m.initAnswer = res
+			return
+		}
+		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_InitProducerIdResponse{InitProducerIdResponse: res}})
 	}})
 	c.flushWrites(ctx)
 }
@@ -685,7 +711,7 @@ func (c *Coordinator) onListTxns(ctx actor.Context, f *heraldpb.Frame, req *hera
 	limit = min(limit, 10000)
 	resp := &heraldpb.ListTxnResponse{Total: uint32(len(all))}
 	for _, m := range all[:min(limit, len(all))] {
-		resp.Transactions = append(resp.Transactions, m.info())
+		resp.Transactions = append(resp.Transactions, m.infos()...)
 	}
 	respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListTxnResponse{ListTxnResponse: resp}})
 }

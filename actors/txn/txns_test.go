@@ -36,7 +36,7 @@ func TestTxnEpochs(t *testing.T) {
 	}
 	// The next transaction stages while the commit appends.
 	apply(data(0))
-	if m.state != txnOpen || len(m.staged) != 1 || m.info().GetState() != "open" {
+	if is := m.infos(); m.state != txnOpen || len(m.staged) != 1 || len(is) != 2 || is[0].GetState() != "committing" || is[1].GetState() != "open" {
 		t.Fatalf("staging behind a commit appending: %+v", m)
 	}
 	apply(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Complete{Complete: &heraldpb.TxnComplete{TransactionalId: "a", Epoch: 0}}})
@@ -85,5 +85,45 @@ func TestTxnEpochs(t *testing.T) {
 	st2.applyTxn(0, snap, 0)
 	if m2 := st2.txns["a"]; m2.session != 3 || m2.epoch != 5 || m2.pid != 7 {
 		t.Fatalf("snapshot applied: %+v", m2)
+	}
+}
+
+// Compaction, as the review found it: an idle id whose session record is
+// below the cut while its TxnComplete is above it must be written again
+// (a replay from the cut would not know it, and would ignore a later
+// decision of it). Another id's open transaction pins the cut between.
+func TestCompactionRewritesIdleSessions(t *testing.T) {
+	st := newState()
+	ev := func(e *heraldpb.TxnEvent) *heraldpb.TxnEvent { return e }
+	seq := []*heraldpb.TxnEvent{
+		ev(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Init{Init: &heraldpb.TxnInit{TransactionalId: "a", ProducerId: 1, UsedMs: 1000}}}),              // 0
+		ev(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Data{Data: &heraldpb.TxnData{TransactionalId: "a", Topic: "t", Count: 1, Records: []byte{1}}}}), // 1
+		ev(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{TransactionalId: "a", Commit: true, Token: 9}}}),                      // 2
+		ev(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Init{Init: &heraldpb.TxnInit{TransactionalId: "a", ProducerId: 1, Epoch: 1, UsedMs: 1000}}}),    // 3: the snapshot after the end
+		ev(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Init{Init: &heraldpb.TxnInit{TransactionalId: "b", ProducerId: 2, UsedMs: 1000}}}),              // 4
+		ev(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Data{Data: &heraldpb.TxnData{TransactionalId: "b", Topic: "t", Count: 1, Records: []byte{2}}}}), // 5
+		ev(&heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Complete{Complete: &heraldpb.TxnComplete{TransactionalId: "a"}}}),                               // 6
+	}
+	for off, e := range seq {
+		st.applyTxn(uint64(off), e, 1000)
+	}
+	a := st.txns["a"]
+	if len(a.completing) != 0 || a.sessOff != 3 || a.lastOff != 6 {
+		t.Fatalf("a: %+v", a)
+	}
+	cut := st.compactCut(7)
+	if cut != 4 {
+		t.Fatalf("cut %d, want 4 (b's session record)", cut)
+	}
+	if got := st.sessionsBelow(cut, 1000); len(got) != 1 || got[0].id != "a" {
+		t.Fatalf("sessions to write again: %v", got)
+	}
+	// While a's commit appends, its decision and session stay too.
+	st2 := newState()
+	for off, e := range seq[:4] {
+		st2.applyTxn(uint64(off), e, 1000)
+	}
+	if cut := st2.compactCut(4); cut != 0 {
+		t.Fatalf("cut %d with a's commit appending, want 0", cut)
 	}
 }
