@@ -391,3 +391,81 @@ func TestEveryReplicaDamaged(t *testing.T) {
 	}
 	t.Logf("kept %d records; writes resumed at offset %d", len(logs[0])-1, first)
 }
+
+// TestDamagedFollowersRebuildWithTheLeaderUp: RF=3, nothing killed. A
+// follower's log is corrupted while it is stopped; it restarts and must
+// rebuild from the leader as it is (before the fix it never did: the
+// leader's record of how far it had got could not be lowered, and the
+// chaos suite's disk-faults scenario stalled a partition for 90 s once
+// the other follower was damaged too). Then the other follower is damaged
+// the same way: writes go on, it rebuilds too, and every acknowledged
+// record is on every replica.
+func TestDamagedFollowersRebuildWithTheLeaderUp(t *testing.T) {
+	tc, c := clusterWithTopic(t, "dmg", 1)
+	acked := produceNumbered(t, c, "dmg", 0, 400, 90)
+	leader := func() uint64 {
+		var l uint64
+		checkFor(t, 20*time.Second, "a leader", func() error {
+			if l = uint64(leaderOf(t, c, "dmg", 0)); l == 0 {
+				return fmt.Errorf("no leader")
+			}
+			return nil
+		})
+		return l
+	}
+	next, prev := 400, uint64(0)
+	for round := range 2 {
+		l := leader()
+		follower := uint64(1)
+		for follower == l || follower == prev {
+			follower++
+		}
+		prev = follower
+		f := tc.nodes[follower]
+		f.Stop(t)
+		dirs, _ := filepath.Glob(filepath.Join(f.DataDir(), "replicas", "dmg-0-*"))
+		if len(dirs) != 1 {
+			t.Fatalf("replica dirs: %v", dirs)
+		}
+		flipByte(t, walSegments(t, dirs[0])[0], 0.5)
+		for off, v := range produceNumbered(t, c, "dmg", next, 200, 90) {
+			acked[off] = v
+		}
+		next += 200
+		f.Start(t)
+		t.Logf("round %d: node %d (a follower) restarted with a damaged log; node %d leads", round, follower, l)
+		checkFor(t, 60*time.Second, "the damaged follower to rebuild and every replica to catch up", func() error {
+			if !strings.Contains(f.logs(), "the log is damaged") {
+				return fmt.Errorf("the follower has not found the damage yet")
+			}
+			if m := metricSum(t, f, "herald_partition_damaged"); m != 0 {
+				return fmt.Errorf("follower still damaged")
+			}
+			hws, err := tc.highWatermarks(t, "dmg", 0)
+			if err != nil {
+				return err
+			}
+			if hws[0] != hws[1] || hws[1] != hws[2] {
+				return fmt.Errorf("high watermarks %v", hws)
+			}
+			return nil
+		})
+		for off, v := range produceNumbered(t, c, "dmg", next, 100, 90) {
+			acked[off] = v
+		}
+		next += 100
+	}
+	c.Close()
+	for _, id := range []uint64{1, 2, 3} {
+		tc.nodes[id].Stop(t)
+	}
+	for _, id := range []uint64{1, 2, 3} {
+		got := readReplica(t, tc.nodes[id].DataDir(), "dmg", 0)
+		for off, v := range acked {
+			if got[off] != v {
+				t.Fatalf("node %d: offset %d holds %q, acknowledged %q", id, off, got[off], v)
+			}
+		}
+	}
+	t.Logf("%d acknowledged records on all three replicas", len(acked))
+}

@@ -127,6 +127,7 @@ type Actor struct {
 	stale          map[uint64]bool     // nodes that now run another incarnation under the same raft id
 	lastAnnounce   int                 // tick of this (empty, joining) replica's last announcement
 	resetAsked     map[uint64]int      // leader: tick a follower that lost entries was last reset (damage.go)
+	restartRaft    bool                // leader: give the leadership up by starting raft again (damage.go)
 	leaderSeenTick int                 // last tick a leader was known (damage.go)
 	clearing       bool                // the writer is clearing the damage record (damage.go)
 	target         []uint64            // the replica set the group moves to, by raft id; nil: none
@@ -451,6 +452,14 @@ func (a *Actor) onTick(ctx actor.Context) {
 		return
 	}
 	a.writer.drain()
+	if a.restartRaft {
+		// A follower lost entries and no voter could take the leadership
+		// over (damage.go): a new term, from this replica's log.
+		a.restartRaft = false
+		a.closeLog(ctx, heraldpb.NewError(heraldpb.ErrorCode_NOT_LEADER, "partition %s-%d: the leader is starting a new term", a.cfg.Topic, a.cfg.Partition))
+		a.reopenAt = a.cfg.Clock.Now()
+		return
+	}
 	a.checkRebuilt()
 	if a.leader != 0 {
 		a.leaderSeenTick = a.ticks

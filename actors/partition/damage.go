@@ -24,6 +24,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 
 	heraldpb "github.com/heraldmq/herald/proto"
 )
@@ -117,10 +118,22 @@ func (a *Actor) checkRebuilt() {
 
 // onAppReject is the leader's look at a follower's rejection: a hint below
 // what the follower had matched means the follower lost entries it had
-// acknowledged (a damaged log it cut). raft never lowers a match, so it
-// would never send them again; a membership change that removes the
-// follower and adds it back (same voters, fresh progress) makes it probe
-// the follower from scratch.
+// acknowledged (a damaged log it cut). raft never lowers a match (a
+// rejection below it is taken as stale), so this leader would never send
+// them again, and the follower would stay behind for good; with a second
+// follower damaged the same way, nothing could commit. Only a new term
+// gives the group fresh progress records (every follower probed from
+// scratch): the leader hands its leadership to a voter that is caught up,
+// which then sends the damaged follower what it lost. With none (every
+// other voter behind, or a group of two), it gives the leadership up
+// itself (restartRaft: its raft node is started again from its log, and
+// the election that follows, which it can win, starts a new term).
+//
+// (A membership change removing and adding the follower back in one
+// ConfChangeV2 does not do it: raft applies two changes as a joint
+// configuration, and keeps the progress of a voter of the outgoing side.
+// The chaos suite's disk-faults scenario stalled a partition for 90 s on
+// that: a bit flip on one follower, then a truncated segment on the other.)
 func (a *Actor) onAppReject(m *raftpb.Message) {
 	if !a.isLeader || a.rn == nil {
 		return
@@ -136,28 +149,25 @@ func (a *Actor) onAppReject(m *raftpb.Message) {
 	if t, ok := a.resetAsked[m.From]; ok && a.ticks-t < 50 {
 		return
 	}
-	cs := st.Config
-	if len(cs.Voters[1]) > 0 {
-		return // in a joint configuration: wait for it to end
-	}
-	add := raftpb.ConfChangeAddNode
-	if _, learner := cs.Learners[m.From]; learner {
-		add = raftpb.ConfChangeAddLearnerNode
-	} else if _, voter := cs.Voters[0][m.From]; !voter {
-		return
-	}
-	cc := raftpb.ConfChangeV2{Changes: []raftpb.ConfChangeSingle{
-		{Type: raftpb.ConfChangeRemoveNode, NodeID: m.From},
-		{Type: add, NodeID: m.From},
-	}}
-	if err := a.rn.ProposeConfChange(cc); err != nil {
-		a.log.Warn("resetting a follower that lost entries", "follower", m.From, "err", err)
-		return
+	if st.LeadTransferee != 0 {
+		return // a handover is under way
 	}
 	a.resetAsked[m.From] = a.ticks
 	a.m.followerResets.Inc()
-	a.log.Warn("a follower lost entries it had acknowledged (a damaged log); removing and adding it back so that it is sent them again",
+	self := a.cfg.ReplicaID
+	for _, id := range sortedIDs(st.Config.Voters[0]) {
+		p, ok := st.Progress[id]
+		if id == self || id == m.From || !ok || p.IsLearner || p.State != tracker.StateReplicate || p.Match < st.Commit {
+			continue
+		}
+		a.log.Warn("a follower lost entries it had acknowledged (a damaged log); handing the leadership to a caught-up voter, whose fresh term sends them again",
+			"follower", m.From, "matched", pr.Match, "its_last_index", m.RejectHint, "to", id)
+		a.rn.TransferLeader(id)
+		return
+	}
+	a.log.Warn("a follower lost entries it had acknowledged (a damaged log), and no other voter is caught up; restarting this leader's raft node so that a new term sends them again",
 		"follower", m.From, "matched", pr.Match, "its_last_index", m.RejectHint)
+	a.restartRaft = true
 }
 
 // clampHeartbeat lowers a heartbeat's commit to this replica's last index.

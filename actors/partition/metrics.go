@@ -83,7 +83,7 @@ var (
 		Name: "herald_raft_votes_withheld_total", Help: "Vote requests and granted votes a replica rebuilding a damaged log did not send.",
 	})
 	followerResets = promauto.NewCounter(prometheus.CounterOpts{
-		Name: "herald_raft_follower_resets_total", Help: "Followers a leader removed and added back because they lost entries they had acknowledged.",
+		Name: "herald_raft_follower_resets_total", Help: "Followers a leader found to have lost entries they had acknowledged (a damaged log); each makes it hand its leadership over, or start a new term, so that they are sent them again.",
 	})
 	readerQueueDepth = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_log_reader_queue_depth", Help: "Catch-up fetches queued for the log reader pool.",
