@@ -70,25 +70,20 @@ func (c *coordinator) onFetched(ctx actor.Context, id uint64, resp *heraldpb.Fet
 		case heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE:
 			// Retention removed records below the position (they can never
 			// be delivered): skip to the log start. A position above the
-			// log's end (the topic was deleted and made again) moves back to
-			// the end.
+			// end of the replica read is never moved back: that replica
+			// lags, or is reopening or rebuilding after a storage failure
+			// or damage (its high watermark drops for a while), and moving
+			// the position back made the group deliver again everything it
+			// had acked (the chaos suite's disk-full and disk-faults runs:
+			// acked progress 738 went to 0, 3244 to 489). A topic made
+			// again under the name ends the subscription instead.
 			st := c.partitionStats(l.entry, int(k.part))
-			start, hw := st.StartOffset.Load(), st.HighWatermark.Load()
+			start := st.StartOffset.Load()
 			off, _ := l.sub.ReadFrom(k.view, k.part)
 			to := off
-			cur := c.current(l.entry)
-			remote := cur.Record != nil && int(k.part) < len(cur.Dirs) && cur.Dirs[k.part] == ""
-			switch {
-			case off < start:
+			if off < start {
 				c.log.Warn("records removed by retention before the group consumed them", "partition", k.part, "from", off, "to", start)
 				to = start
-			case off > hw && remote:
-				// Read through the stand-in: the replicas asked may lag
-				// behind the position; never move it back for that (a
-				// topic made again under the name ends the subscription).
-			case off > hw:
-				c.log.Warn("group position beyond the end of the log; moved to the end", "partition", k.part, "position", off, "end", hw)
-				to = hw
 			}
 			if to != off {
 				l.sub.Seek(k.view, k.part, to)
