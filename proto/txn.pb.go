@@ -229,10 +229,18 @@ type TxnInit struct {
 	// The epoch of the session's next transaction.
 	Epoch     uint32 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	TimeoutMs uint32 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
-	// The session's first epoch (0: epoch): requests of older epochs are
-	// fenced. Compaction rewrites a session's state with the two apart.
-	SessionEpoch  uint32 `protobuf:"varint,5,opt,name=session_epoch,json=sessionEpoch,proto3" json:"session_epoch,omitempty"`
-	UsedMs        int64  `protobuf:"varint,6,opt,name=used_ms,json=usedMs,proto3" json:"used_ms,omitempty"`
+	// The session's first epoch: requests of older epochs are fenced.
+	// Compaction rewrites a session's state with the two apart.
+	SessionEpoch uint32 `protobuf:"varint,5,opt,name=session_epoch,json=sessionEpoch,proto3" json:"session_epoch,omitempty"`
+	UsedMs       int64  `protobuf:"varint,6,opt,name=used_ms,json=usedMs,proto3" json:"used_ms,omitempty"`
+	// How the session's last transaction ended, in the snapshots written
+	// with each end and by compaction, so that a replay answers a repeated
+	// EndTxn of it as the live coordinator would (already ended, or timed
+	// out) once the end itself is compacted away.
+	HasLast       bool   `protobuf:"varint,7,opt,name=has_last,json=hasLast,proto3" json:"has_last,omitempty"`
+	LastEpoch     uint32 `protobuf:"varint,8,opt,name=last_epoch,json=lastEpoch,proto3" json:"last_epoch,omitempty"`
+	LastCommit    bool   `protobuf:"varint,9,opt,name=last_commit,json=lastCommit,proto3" json:"last_commit,omitempty"`
+	LastBy        string `protobuf:"bytes,10,opt,name=last_by,json=lastBy,proto3" json:"last_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -307,6 +315,34 @@ func (x *TxnInit) GetUsedMs() int64 {
 		return x.UsedMs
 	}
 	return 0
+}
+
+func (x *TxnInit) GetHasLast() bool {
+	if x != nil {
+		return x.HasLast
+	}
+	return false
+}
+
+func (x *TxnInit) GetLastEpoch() uint32 {
+	if x != nil {
+		return x.LastEpoch
+	}
+	return 0
+}
+
+func (x *TxnInit) GetLastCommit() bool {
+	if x != nil {
+		return x.LastCommit
+	}
+	return false
+}
+
+func (x *TxnInit) GetLastBy() string {
+	if x != nil {
+		return x.LastBy
+	}
+	return ""
 }
 
 // Records staged in the open transaction of epoch.
@@ -963,7 +999,7 @@ const file_txn_proto_rawDesc = "" +
 	"\x04data\x18\a \x01(\v2\x12.herald.v1.TxnDataH\x00R\x04data\x12%\n" +
 	"\x03end\x18\b \x01(\v2\x11.herald.v1.TxnEndH\x00R\x03end\x124\n" +
 	"\bcomplete\x18\t \x01(\v2\x16.herald.v1.TxnCompleteH\x00R\bcompleteB\a\n" +
-	"\x05event\"\xc8\x01\n" +
+	"\x05event\"\xbc\x02\n" +
 	"\aTxnInit\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x1f\n" +
 	"\vproducer_id\x18\x02 \x01(\x04R\n" +
@@ -972,7 +1008,14 @@ const file_txn_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\x04 \x01(\rR\ttimeoutMs\x12#\n" +
 	"\rsession_epoch\x18\x05 \x01(\rR\fsessionEpoch\x12\x17\n" +
-	"\aused_ms\x18\x06 \x01(\x03R\x06usedMs\"\xd3\x01\n" +
+	"\aused_ms\x18\x06 \x01(\x03R\x06usedMs\x12\x19\n" +
+	"\bhas_last\x18\a \x01(\bR\ahasLast\x12\x1d\n" +
+	"\n" +
+	"last_epoch\x18\b \x01(\rR\tlastEpoch\x12\x1f\n" +
+	"\vlast_commit\x18\t \x01(\bR\n" +
+	"lastCommit\x12\x17\n" +
+	"\alast_by\x18\n" +
+	" \x01(\tR\x06lastBy\"\xd3\x01\n" +
 	"\aTxnData\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\rR\x05epoch\x12\x14\n" +

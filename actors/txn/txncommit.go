@@ -41,7 +41,7 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
 		end.From = append(end.From, &heraldpb.TxnAppendFrom{Topic: tp.topic, Partition: tp.part, Offset: off})
 	}
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: end}}
-	snap := m.sessionAfterEnd()
+	snap := m.sessionAfterEnd(true, by)
 	m.deciding, m.decidingCommit, m.queuedCommit = true, true, false
 	c.write(writeOp{events: [][]byte{event(ev), event(snap)}, client: true, done: func(base int64, err *heraldpb.Error) {
 		m.deciding = false

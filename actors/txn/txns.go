@@ -171,6 +171,9 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 		// (A session epoch of 0 is the first session's, not "unset": a
 		// snapshot of it after an end has epoch 1 or more.)
 		m.pid, m.epoch, m.session = in.ProducerId, in.Epoch, min(in.SessionEpoch, in.Epoch)
+		if in.HasLast {
+			m.hasLast, m.lastEpoch, m.lastCommit, m.lastBy = true, in.LastEpoch, in.LastCommit, in.LastBy
+		}
 		m.timeout = time.Duration(in.TimeoutMs) * time.Millisecond
 		m.used = max(in.UsedMs, m.used)
 		st.release(m.staged)
@@ -625,7 +628,7 @@ func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done fu
 	}
 	m.deciding, m.decidingCommit = true, false
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, By: by}}}
-	snap := m.sessionAfterEnd()
+	snap := m.sessionAfterEnd(false, by)
 	c.write(writeOp{events: [][]byte{event(ev), event(snap)}, client: done != nil, done: func(base int64, err *heraldpb.Error) {
 		m.deciding = false
 		if err == nil {
@@ -721,9 +724,11 @@ func (c *Coordinator) onListTxns(ctx actor.Context, f *heraldpb.Frame, req *hera
 // session as it is once the epoch has moved on. It is what a replay from
 // there needs to know the id, so compaction may drop what came before
 // (once no commit of the id is still appending).
-func (m *txnMeta) sessionAfterEnd() *heraldpb.TxnEvent {
+func (m *txnMeta) sessionAfterEnd(commit bool, by string) *heraldpb.TxnEvent {
 	ev := m.snapshotEvent()
-	ev.GetInit().Epoch = m.epoch + 1
+	in := ev.GetInit()
+	in.Epoch = m.epoch + 1
+	in.HasLast, in.LastEpoch, in.LastCommit, in.LastBy = true, m.epoch, commit, by
 	return ev
 }
 
@@ -733,5 +738,6 @@ func (m *txnMeta) snapshotEvent() *heraldpb.TxnEvent {
 	return &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Init{Init: &heraldpb.TxnInit{
 		TransactionalId: m.id, ProducerId: m.pid, Epoch: m.epoch, SessionEpoch: m.session,
 		TimeoutMs: uint32(m.timeout.Milliseconds()), UsedMs: m.used,
+		HasLast: m.hasLast, LastEpoch: m.lastEpoch, LastCommit: m.lastCommit, LastBy: m.lastBy,
 	}}}
 }

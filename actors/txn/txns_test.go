@@ -127,3 +127,28 @@ func TestCompactionRewritesIdleSessions(t *testing.T) {
 		t.Fatalf("cut %d with a's commit appending, want 0", cut)
 	}
 }
+
+// The snapshot written with an end carries how it ended: a replay from it
+// alone (the end compacted away) answers a repeated EndTxn of that
+// transaction as the live coordinator does.
+func TestSnapshotAfterEndKeepsTheLastEnd(t *testing.T) {
+	st := newState()
+	st.applyTxn(0, &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Init{Init: &heraldpb.TxnInit{TransactionalId: "a", ProducerId: 7, Epoch: 4, SessionEpoch: 2}}}, 0)
+	m := st.txns["a"]
+	for _, c := range []struct {
+		commit bool
+		by     string
+		code   heraldpb.ErrorCode
+	}{{true, "producer", 0}, {false, "timeout", heraldpb.ErrorCode_TXN_TIMED_OUT}} {
+		snap := m.sessionAfterEnd(c.commit, c.by)
+		st2 := newState()
+		st2.applyTxn(0, snap, 0)
+		m2 := st2.txns["a"]
+		if m2.epoch != m.epoch+1 || m2.session != 2 || !m2.hasLast || m2.lastEpoch != m.epoch || m2.lastCommit != c.commit {
+			t.Fatalf("replayed from the snapshot: %+v", m2)
+		}
+		if e, ended := m2.checkEpoch(7, m.epoch); !ended || e.GetCode() != c.code {
+			t.Fatalf("a repeated end of epoch %d after a replay: %v ended %v, want %v", m.epoch, e, ended, c.code)
+		}
+	}
+}
