@@ -561,14 +561,7 @@ func TestRequestReplyWire(t *testing.T) {
 // A member that keeps nacking trips its breaker: delivery to it pauses for
 // the cool-down, then one probe goes out; acking it closes the breaker.
 func TestGroupBreakerOpensAndCloses(t *testing.T) {
-	cfg := Default()
-	cfg.DataDir, cfg.Listen, cfg.Admin = t.TempDir(), "127.0.0.1:0", ""
-	cfg.BreakerFailures, cfg.BreakerCoolDown = 3, 1500*time.Millisecond
-	b, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Shutdown()
+	b := startBreakerBroker(t, 3, 1500*time.Millisecond)
 	w := dialWire(t, b.ClientAddr())
 	newTopic(t, w, "t", 1)
 	produce(t, w, "t", 0, 10)
@@ -994,14 +987,7 @@ func TestGroupTopicDeleted(t *testing.T) {
 // fails one message in five sends its nacks together, and counting them one
 // by one opened its breaker.
 func TestGroupBreakerCountsRequests(t *testing.T) {
-	cfg := Default()
-	cfg.DataDir, cfg.Listen, cfg.Admin = t.TempDir(), "127.0.0.1:0", ""
-	cfg.BreakerFailures, cfg.BreakerCoolDown = 3, time.Minute
-	b, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Shutdown()
+	b := startBreakerBroker(t, 3, time.Minute)
 	w := dialWire(t, b.ClientAddr())
 	newTopic(t, w, "t", 1)
 	produce(t, w, "t", 0, 10)
@@ -1026,4 +1012,19 @@ func TestGroupBreakerCountsRequests(t *testing.T) {
 	if d := describe(t, w, "g"); d.Members[0].Breaker != heraldpb.BreakerState_BREAKER_CLOSED {
 		t.Fatalf("breaker at the end: %v", d.Members[0])
 	}
+}
+
+// startBreakerBroker starts a broker whose consumer breakers open after
+// failures in a row, for coolDown; it shuts down when the test ends.
+func startBreakerBroker(t *testing.T, failures int, coolDown time.Duration) *Broker {
+	t.Helper()
+	cfg := Default()
+	cfg.DataDir, cfg.Listen, cfg.Admin = t.TempDir(), "127.0.0.1:0", ""
+	cfg.BreakerFailures, cfg.BreakerCoolDown = failures, coolDown
+	b, err := Start(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Shutdown() })
+	return b
 }

@@ -270,18 +270,7 @@ func TestDamagedFollowerRebuildsFromLeader(t *testing.T) {
 		return nil
 	})
 	c.Close()
-	for _, id := range []uint64{1, 2, 3} {
-		tc.nodes[id].Stop(t)
-	}
-	for _, id := range []uint64{1, 2, 3} {
-		got := readReplica(t, tc.nodes[id].DataDir(), "dmg", 0)
-		for off, v := range acked {
-			if got[off] != v {
-				t.Fatalf("node %d: offset %d holds %q, acknowledged %q", id, off, got[off], v)
-			}
-		}
-	}
-	t.Logf("%d acknowledged records on all three replicas", len(acked))
+	ackedOnEveryReplica(t, tc, "dmg", acked)
 }
 
 // TestEveryReplicaDamaged: RF=3, and each replica's log is corrupted at a
@@ -456,11 +445,18 @@ func TestDamagedFollowersRebuildWithTheLeaderUp(t *testing.T) {
 		next += 100
 	}
 	c.Close()
+	ackedOnEveryReplica(t, tc, "dmg", acked)
+}
+
+// ackedOnEveryReplica stops the three nodes and checks that each replica
+// of topic's partition 0 holds every acknowledged record at its offset.
+func ackedOnEveryReplica(t *testing.T, tc *testCluster, topic string, acked map[int64]string) {
+	t.Helper()
 	for _, id := range []uint64{1, 2, 3} {
 		tc.nodes[id].Stop(t)
 	}
 	for _, id := range []uint64{1, 2, 3} {
-		got := readReplica(t, tc.nodes[id].DataDir(), "dmg", 0)
+		got := readReplica(t, tc.nodes[id].DataDir(), topic, 0)
 		for off, v := range acked {
 			if got[off] != v {
 				t.Fatalf("node %d: offset %d holds %q, acknowledged %q", id, off, got[off], v)
