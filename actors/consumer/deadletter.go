@@ -142,6 +142,11 @@ func (c *coordinator) onDLQ(ctx actor.Context, f *heraldpb.Frame) {
 			}
 		}
 		if n > 0 {
+			var offs []int64
+			for _, id := range sent[:min(len(sent), 8)] {
+				offs = append(offs, id.off)
+			}
+			c.log.Info("dead letters appended", "topic", l.dlq.topic, "count", n, "offsets", offs)
 			c.st.deadLettered += uint64(n)
 			mDeadLettered.WithLabelValues(c.group).Add(float64(n))
 			c.scheduleFlush()
