@@ -298,13 +298,20 @@ func TestNodeOutlivesStarterThread(t *testing.T) {
 	// The goroutine must run on a thread other than the main one, which
 	// the runtime never ends.
 	var tid int
+	release := make(chan struct{})
+	defer close(release)
 	for tries := 0; ; tries++ {
 		errc := make(chan error, 1)
 		go func() {
 			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
 			if tid = unix.Gettid(); tid == os.Getpid() {
-				runtime.UnlockOSThread()
+				// Landed on the main thread: keep it, locked and parked
+				// until the test ends, so that the next try runs on
+				// another (on a busy machine the runtime gave the main
+				// thread to 100 tries in a row).
 				errc <- errMainThread
+				<-release
+				runtime.UnlockOSThread()
 				return
 			}
 			errc <- c.StartNode(ctxT(t, 60*time.Second), 1)
