@@ -257,17 +257,7 @@ func TestDamagedFollowerRebuildsFromLeader(t *testing.T) {
 	tc.nodes[leader].Start(t)
 	tc.waitRegistered(t, tc.nodes)
 	checkFor(t, 60*time.Second, "the damaged follower to rebuild and every replica to catch up", func() error {
-		if m := metricSum(t, f, "herald_partition_damaged"); m != 0 {
-			return fmt.Errorf("follower still damaged")
-		}
-		hws, err := tc.highWatermarks(t, "dmg", 0)
-		if err != nil {
-			return err
-		}
-		if hws[0] != hws[1] || hws[1] != hws[2] {
-			return fmt.Errorf("high watermarks %v", hws)
-		}
-		return nil
+		return rebuiltAndCaughtUp(t, tc, f, "dmg")
 	})
 	c.Close()
 	ackedOnEveryReplica(t, tc, "dmg", acked)
@@ -427,17 +417,7 @@ func TestDamagedFollowersRebuildWithTheLeaderUp(t *testing.T) {
 			if !strings.Contains(f.logs(), "the log is damaged") {
 				return fmt.Errorf("the follower has not found the damage yet")
 			}
-			if m := metricSum(t, f, "herald_partition_damaged"); m != 0 {
-				return fmt.Errorf("follower still damaged")
-			}
-			hws, err := tc.highWatermarks(t, "dmg", 0)
-			if err != nil {
-				return err
-			}
-			if hws[0] != hws[1] || hws[1] != hws[2] {
-				return fmt.Errorf("high watermarks %v", hws)
-			}
-			return nil
+			return rebuiltAndCaughtUp(t, tc, f, "dmg")
 		})
 		for off, v := range produceNumbered(t, c, "dmg", next, 100, 90) {
 			acked[off] = v
@@ -464,4 +444,21 @@ func ackedOnEveryReplica(t *testing.T, tc *testCluster, topic string, acked map[
 		}
 	}
 	t.Logf("%d acknowledged records on all three replicas", len(acked))
+}
+
+// rebuiltAndCaughtUp reports why follower f's replica of topic's
+// partition 0 is not rebuilt (its damage record cleared) with every
+// replica's high watermark equal yet, or nil.
+func rebuiltAndCaughtUp(t *testing.T, tc *testCluster, f *proc, topic string) error {
+	if m := metricSum(t, f, "herald_partition_damaged"); m != 0 {
+		return fmt.Errorf("follower still damaged")
+	}
+	hws, err := tc.highWatermarks(t, topic, 0)
+	if err != nil {
+		return err
+	}
+	if hws[0] != hws[1] || hws[1] != hws[2] {
+		return fmt.Errorf("high watermarks %v", hws)
+	}
+	return nil
 }
