@@ -192,7 +192,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 	say("faults over; settling for up to %s", s.Settle.D())
 	wl.StopGenerators()
-	drained := settle(ctx, cl, rec, &s, now)
+	drained := settle(ctx, cl, wl.DLQCaughtUp, &s, now)
 	if errs := wl.Stop(hctx); len(errs) > 0 {
 		say("workload errors: %v", errs)
 	}
@@ -333,8 +333,9 @@ func target(s *scenario.Scenario, name string) (nemesis.Target, error) {
 // settle waits, up to the scenario's Settle, until the cluster is settled,
 // every delayed message is due, every half message is ended, and every
 // group has acked everything in the log; it reports whether it got there
-// (the run drained).
-func settle(ctx context.Context, cl *cluster.Cluster, rec *history.Recorder, s *scenario.Scenario, now func() time.Duration) bool {
+// (the run drained). Then it waits for the dead-letter readers to read
+// everything appended until the groups were done (dlqCaughtUp).
+func settle(ctx context.Context, cl *cluster.Cluster, dlqCaughtUp func(since time.Time) bool, s *scenario.Scenario, now func() time.Duration) bool {
 	// A node whose clock ran ahead scheduled its delayed messages that
 	// much later in real time: wait for them too.
 	deadline := time.Now().Add(s.Settle.D() + s.MaxClockOffset())
@@ -353,7 +354,13 @@ func settle(ctx context.Context, cl *cluster.Cluster, rec *history.Recorder, s *
 	}
 	defer c.Close()
 	for {
+		checked := time.Now()
 		if now() >= lastDue && schedulesDone(sctx, cl) && groupsDone(sctx, c, s) {
+			for !dlqCaughtUp(checked) {
+				if waitUntil(sctx, time.Now().Add(100*time.Millisecond)) != nil {
+					return false
+				}
+			}
 			return true
 		}
 		if waitUntil(sctx, time.Now().Add(200*time.Millisecond)) != nil {

@@ -52,6 +52,15 @@ type Workload struct {
 	subs    []*client.Subscription
 	stops   []func() // the half-message checker's
 	errs    []error
+	dlqRead map[string]dlqProgress // group -> its dead-letter reader's last fetch
+}
+
+// dlqProgress is a dead-letter reader's last completed fetch: when it was
+// sent, and whether it reached the topic's high watermark (or found no
+// topic, so no dead letter yet).
+type dlqProgress struct {
+	sent     time.Time
+	caughtUp bool
 }
 
 // Start connects the clients and starts every worker of the spec.
@@ -64,7 +73,7 @@ func Start(ctx context.Context, cfg Config) (*Workload, error) {
 	}
 	all, stopAll := context.WithCancel(context.Background())
 	genCtx, stopGen := context.WithCancel(all)
-	w := &Workload{cfg: cfg, ctx: all, stopAll: stopAll, stopGen: stopGen}
+	w := &Workload{cfg: cfg, ctx: all, stopAll: stopAll, stopGen: stopGen, dlqRead: map[string]dlqProgress{}}
 	s := cfg.Spec
 	fail := func(err error) (*Workload, error) {
 		w.Stop(context.Background())
@@ -397,16 +406,19 @@ func (w *Workload) subscribe(ctx context.Context, g scenario.Group, m int) error
 }
 
 // readDLQ reads group g's dead-letter topic from its start, recording
-// each dead letter for the group.
+// each dead letter for the group, and notes how far each fetch got
+// (DLQCaughtUp).
 func (w *Workload) readDLQ(ctx context.Context, c *client.Client, g scenario.Group) {
 	defer w.cons.Done()
 	topic := g.Name + ".dlq"
 	next := int64(0)
 	for ctx.Err() == nil {
+		sent := time.Now()
 		fctx, cancel := context.WithTimeout(ctx, w.cfg.OpTimeout)
 		res, err := c.Fetch(fctx, topic, 0, next, 1<<20, 500*time.Millisecond)
 		cancel()
 		if err != nil { // not created before the first dead letter
+			w.noteDLQ(g.Name, sent, client.IsCode(err, heraldpb.ErrorCode_TOPIC_NOT_FOUND))
 			pause(ctx, 200*time.Millisecond)
 			continue
 		}
@@ -415,7 +427,34 @@ func (w *Workload) readDLQ(ctx context.Context, c *client.Client, g scenario.Gro
 				Key: string(m.Key), Value: string(m.Value), Group: g.Name, DLQ: true})
 			next = m.Offset + 1
 		}
+		w.noteDLQ(g.Name, sent, next >= res.HighWatermark)
 	}
+}
+
+func (w *Workload) noteDLQ(group string, sent time.Time, caughtUp bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.dlqRead[group] = dlqProgress{sent: sent, caughtUp: caughtUp}
+}
+
+// DLQCaughtUp reports whether every dead-letter reader has read its topic
+// to the end as it stood at since: its last fetch was sent after since
+// and reached the high watermark it reported. A run settles only then, so
+// that a dead letter appended just before the groups were done is in the
+// history.
+func (w *Workload) DLQCaughtUp(since time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, g := range w.cfg.Spec.Groups {
+		if g.MaxDeliveries == 0 {
+			continue
+		}
+		p, ok := w.dlqRead[g.Name]
+		if !ok || !p.caughtUp || p.sent.Before(since) {
+			return false
+		}
+	}
+	return true
 }
 
 // watchProgress records group g's progress per partition (its ack floor,

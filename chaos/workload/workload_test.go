@@ -70,7 +70,9 @@ func TestWorkloadWithoutFaults(t *testing.T) {
 		lastDue = max(lastDue, time.Duration(op.Due))
 	}
 	lag := ""
+	var checked time.Time
 	pollFor(t, 20*time.Second, "the groups caught up", func() bool {
+		checked = time.Now()
 		if now() < lastDue+100*time.Millisecond {
 			return false
 		}
@@ -89,6 +91,9 @@ func TestWorkloadWithoutFaults(t *testing.T) {
 		}
 		return true
 	}, func() string { return lag })
+	// A dead letter appended just before the groups were done must be read
+	// too, or the checker finds it neither acked nor dead-lettered.
+	pollFor(t, 10*time.Second, "the dead-letter reader caught up", func() bool { return w.DLQCaughtUp(checked) })
 	if errs := w.Stop(ctx); len(errs) > 0 {
 		t.Fatalf("workload errors: %v", errs)
 	}
@@ -120,6 +125,34 @@ func TestWorkloadWithoutFaults(t *testing.T) {
 		t.Fatalf("the checker found violations in a run without faults:\n%s", report)
 	}
 	t.Logf("%d ops; report:\n%s", len(ops), report)
+}
+
+// TestDLQCaughtUp: a run is settled only once every dead-letter reader
+// read to the end of its topic in a fetch sent after the groups were seen
+// done; a fetch sent earlier, or one that stopped short of the high
+// watermark, does not count.
+func TestDLQCaughtUp(t *testing.T) {
+	w := &Workload{cfg: Config{Spec: scenario.Workload{Groups: []scenario.Group{
+		{Name: "plain"}, {Name: "dl-a", MaxDeliveries: 3}, {Name: "dl-b", MaxDeliveries: 2},
+	}}}, dlqRead: map[string]dlqProgress{}}
+	t0 := time.Now()
+	since := t0.Add(time.Second)
+	if w.DLQCaughtUp(since) {
+		t.Fatal("caught up before any fetch")
+	}
+	w.noteDLQ("dl-a", t0, true) // before since: it may have missed a dead letter
+	w.noteDLQ("dl-b", since.Add(time.Millisecond), true)
+	if w.DLQCaughtUp(since) {
+		t.Fatal("caught up with dl-a's last fetch sent before since")
+	}
+	w.noteDLQ("dl-a", since.Add(2*time.Millisecond), false) // stopped short of the high watermark
+	if w.DLQCaughtUp(since) {
+		t.Fatal("caught up with dl-a short of its high watermark")
+	}
+	w.noteDLQ("dl-a", since.Add(3*time.Millisecond), true)
+	if !w.DLQCaughtUp(since) {
+		t.Fatal("not caught up with both readers at their ends after since (a group without dead letters has no reader)")
+	}
 }
 
 // lockedBuffer is the history's file in memory, read while written.
