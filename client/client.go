@@ -392,8 +392,10 @@ const readFailovers = 2
 // connection has it ask another broker the same way: the request is sent
 // again when that names another leader; otherwise the error is returned
 // (after a timeout, with the topic's metadata dropped). At most
-// readFailovers times per call. Other errors, NOT_LEADER from a broker
-// included, are returned as they come.
+// readFailovers times per call. NOT_LEADER naming no leader (a node cut
+// off from the others) is handled the same way (unknownLeaderMoved).
+// Other errors, NOT_LEADER naming a leader included, are returned as they
+// come.
 func (c *Client) callLeader(ctx context.Context, topic string, partition int32, req *heraldpb.Frame, extra time.Duration) (*heraldpb.Frame, error) {
 	timeout := c.cfg.requestTimeout
 	if timeout > 0 {
@@ -426,6 +428,9 @@ func (c *Client) callLeader(ctx context.Context, topic string, partition int32, 
 			return nil, err
 		}
 		timedOut := errors.Is(err, ErrRequestTimeout)
+		if moved == 0 {
+			moved = c.unknownLeaderMoved(ctx, cn, topic, partition, err)
+		}
 		if moved == 0 && (timedOut || errors.Is(err, ErrConnectionLost)) {
 			if timedOut {
 				c.markSuspect(cn.addr, suspectFor)
@@ -440,6 +445,25 @@ func (c *Client) callLeader(ctx context.Context, topic string, partition int32, 
 		c.cfg.logger.Debug("herald: read sent to the new leader", "topic", topic, "partition", partition,
 			"from", cn.nodeID, "to", moved, "err", err)
 	}
+}
+
+// unknownLeaderMoved handles a NOT_LEADER answer from cn's broker that
+// names no leader. A node cut off from the others steps down within an
+// election timeout and then knows no leader, while the others elect one
+// within about a second: so another broker is asked (leaderMovedFrom,
+// which marks cn's broker suspect when it names another node). The node
+// it names is returned, and set as err's Leader; 0 when err is something
+// else, or when no other broker knows better either.
+func (c *Client) unknownLeaderMoved(ctx context.Context, cn *conn, topic string, partition int32, err error) uint32 {
+	var he *Error
+	if partition < 0 || !errors.As(err, &he) || he.Code != heraldpb.ErrorCode_NOT_LEADER || he.Leader != 0 {
+		return 0
+	}
+	moved := c.leaderMovedFrom(ctx, cn, topic, partition)
+	if moved != 0 {
+		he.Leader = moved
+	}
+	return moved
 }
 
 // notLeader handles a NOT_LEADER answer for topic/partition: with the

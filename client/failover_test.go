@@ -1,6 +1,7 @@
 package client
 
 import (
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -165,5 +166,59 @@ func TestFetchLostConnectionSameLeader(t *testing.T) {
 	}
 	if n := fetches1.Load(); n != 1 {
 		t.Fatalf("node 1 got %d fetches, want 1", n)
+	}
+}
+
+// notLeaderUnknown answers produces and fetches as a node cut off from
+// the others does once it stepped down: NOT_LEADER naming no leader.
+func notLeaderUnknown(n *atomic.Int64) fakebroker.Hook {
+	return count(n, fakebroker.Action{Error: &heraldpb.Error{Code: heraldpb.ErrorCode_NOT_LEADER, Message: "not the leader (leader unknown)"}},
+		func(f *heraldpb.Frame) bool { return f.GetProduce() != nil || f.GetFetch() != nil })
+}
+
+// A leader cut off from the other nodes (the clients still reach it)
+// steps down and answers NOT_LEADER naming no leader, and its own
+// metadata names itself or nobody; the others elected a new leader. The
+// producer asks another broker at once and writes there, instead of
+// asking the cut-off node again until the cut heals (the chaos scenario
+// minority-partition stopped every write for the whole 8 s cut).
+func TestProduceLeavesCutOffLeader(t *testing.T) {
+	for _, stale := range []uint32{0, 1} { // node 1's metadata: no leader, or itself
+		t.Run(fmt.Sprintf("node1-names-%d", stale), func(t *testing.T) {
+			n1, n2, c := twoNodes(t, stale, 2)
+			var refused atomic.Int64
+			n1.SetHook(notLeaderUnknown(&refused))
+			start := time.Now()
+			for _, p := range []*Producer{c.NewProducer(WithManualPartitions()), c.NewProducer(WithManualPartitions(), WithIdempotence(false))} {
+				if _, err := p.Send(testCtx(t), &Message{Topic: "t", Partition: 0, Value: []byte("moved")}); err != nil {
+					t.Fatalf("produce: %v", err)
+				}
+			}
+			took := time.Since(start)
+			if recs := n2.Records("t", 0); len(recs) != 3 || string(recs[1].Value) != "moved" {
+				t.Fatalf("node 2 holds %d records, want value2 and the two produced", len(recs))
+			}
+			if n := refused.Load(); n > 1 {
+				t.Fatalf("node 1 refused %d produces, want at most 1: the retries went back to it", n)
+			}
+			if took > 2*time.Second {
+				t.Fatalf("the produces took %v", took)
+			}
+		})
+	}
+}
+
+// A fetch answered NOT_LEADER naming no leader goes to the leader another
+// broker names, within the same call.
+func TestFetchLeavesCutOffLeader(t *testing.T) {
+	n1, _, c := twoNodes(t, 0, 2)
+	var refused atomic.Int64
+	n1.SetHook(notLeaderUnknown(&refused))
+	res, err := c.Fetch(testCtx(t), "t", 0, 0, 1<<20, 0)
+	if err != nil {
+		t.Fatalf("fetch: %v", err)
+	}
+	if len(res.Messages) != 1 || string(res.Messages[0].Value) != "value2" {
+		t.Fatalf("fetched %v, want value2 from node 2", res.Messages)
 	}
 }

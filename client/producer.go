@@ -726,7 +726,10 @@ const leaderCheck = 500 * time.Millisecond
 // the attempt gives up with a NOT_LEADER *Error (OutcomeUnknown) naming
 // it, and the frozen broker is tried last for a while (markSuspect). A
 // request timeout marks its broker the same way and drops the topic's
-// metadata, so the retry asks another broker where the leader is.
+// metadata, so the retry asks another broker where the leader is. A
+// NOT_LEADER naming no leader asks another broker at once
+// (unknownLeaderMoved): a leader cut off from the other nodes steps down
+// and knows no leader while they have elected one.
 func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey, queued func()) (_ *heraldpb.ProduceResponse, sent bool, _ error) {
 	defer queued()
 	cn, err := p.c.leaderConn(p.ctx, key.topic, key.partition)
@@ -765,6 +768,7 @@ func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey, queue
 		p.c.markSuspect(cn.addr, suspectFor)
 		p.c.invalidate(key.topic)
 	}
+	p.c.unknownLeaderMoved(p.ctx, cn, key.topic, key.partition, err)
 	if IsCode(err, heraldpb.ErrorCode_THROTTLED) {
 		p.throttled.Add(1)
 		throttled = true
