@@ -187,7 +187,9 @@ func startLoad(t *testing.T, addrs, topic string, producers, partitions int, eve
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithLinger(time.Millisecond), client.WithMaxRetries(30), client.WithManualPartitions())
+		// HERALD_LOAD_PLAIN=1: producers without idempotence.
+		p := c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithLinger(time.Millisecond), client.WithMaxRetries(30), client.WithManualPartitions(),
+			client.WithIdempotence(os.Getenv("HERALD_LOAD_PLAIN") == ""))
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
@@ -595,6 +597,9 @@ func TestReplicaCatchesUpFromSnapshot(t *testing.T) {
 // BENCHMARKS.md, not a test: skipped unless the variable is set.
 //
 //	HERALD_FAILOVER_KILLS=10 go test -run TestFailoverTimes -v -timeout 30m ./e2e/
+//
+// HERALD_LOAD_PLAIN=1 runs the producers without idempotence: their
+// batches may be forwarded by a follower's node to the leader.
 func TestFailoverTimes(t *testing.T) {
 	rounds, err := strconv.Atoi(os.Getenv("HERALD_FAILOVER_KILLS"))
 	if err != nil || rounds <= 0 {
@@ -614,10 +619,17 @@ func TestFailoverTimes(t *testing.T) {
 			}
 			return nil
 		})
-		info, err := c.DescribeTopic(ctxT(t, 5*time.Second), "orders")
-		if err != nil {
-			t.Fatal(err)
-		}
+		var info *heraldpb.TopicInfo
+		checkFor(t, 10*time.Second, "partition 0's leader known", func() error {
+			var err error
+			if info, err = c.DescribeTopic(ctxT(t, 5*time.Second), "orders"); err != nil {
+				return err
+			}
+			if tc.nodes[uint64(info.Partitions[0].Leader)] == nil {
+				return fmt.Errorf("leader %d", info.Partitions[0].Leader)
+			}
+			return nil
+		})
 		victim := uint64(info.Partitions[0].Leader)
 		var led []int32
 		for _, p := range info.Partitions {

@@ -4,6 +4,7 @@ package topic
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -198,9 +199,13 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 		f.GetFetch().MaxWaitMs = maxProxiedWaitMs
 	}
 	mProxiedInFlight.Inc()
+	leaderNow := e.Stats[part].Leader.Load
 	go func() {
-		defer func() { <-r.slots; mProxiedInFlight.Dec() }()
-		resp, from := r.forward(f, topic, group, part, key, nodes)
+		// A request given up on (its node no longer leads) still holds
+		// the slot until it ends: at most ForwardTimeout.
+		var pending sync.WaitGroup
+		defer func() { pending.Wait(); <-r.slots; mProxiedInFlight.Dec() }()
+		resp, from := r.forward(f, topic, group, part, key, nodes, leaderNow, &pending)
 		noteRemote(st, f, resp, from)
 		if resp.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE && from != 0 {
 			// The reader moves its position within the log's bounds:
@@ -214,9 +219,54 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 	}()
 }
 
+// proxyLeaderCheck is how often a forwarded request waiting for its answer
+// checks whether the node it went to still leads the partition.
+const proxyLeaderCheck = 100 * time.Millisecond
+
+// request sends f to node and waits for its answer, or until the
+// partition's leader as this node knows it (leaderNow) is another node,
+// or the node leaves the membership: then it gives the request up and
+// returns the new leader (0 if none is known yet) with errMoved. A node
+// killed mid-request answers nothing until the transport gives up (about
+// ForwardTimeout); a new leader is elected within about a second.
+// pending counts the request until it ends.
+func (r *remoteProxy) request(node uint64, group string, f *heraldpb.Frame, leaderNow func() uint64, pending *sync.WaitGroup) (*heraldpb.Frame, uint64, error) {
+	type answer struct {
+		f   *heraldpb.Frame
+		err error
+	}
+	before := leaderNow()
+	done := make(chan answer, 1)
+	pending.Add(1)
+	go func() {
+		defer pending.Done()
+		resp, err := r.transport.Request(node, group, f)
+		done <- answer{resp, err}
+	}()
+	tick := time.NewTicker(proxyLeaderCheck)
+	defer tick.Stop()
+	for {
+		select {
+		case a := <-done:
+			return a.f, 0, a.err
+		case <-tick.C:
+			if l := leaderNow(); l != before && l != 0 && l != node {
+				return nil, l, errMoved
+			}
+			if !r.transport.Up(node) {
+				return nil, 0, errMoved
+			}
+		}
+	}
+}
+
+// errMoved: a forwarded request was given up on, its node no longer
+// leading the partition or gone.
+var errMoved = errors.New("the node no longer leads the partition")
+
 // forward tries nodes in turn (a leader named by NOT_LEADER next), at
 // most 5 of them, and returns the answer and the node that gave it.
-func (r *remoteProxy) forward(f *heraldpb.Frame, topic, group string, part uint32, key string, nodes []uint64) (*heraldpb.Frame, uint64) {
+func (r *remoteProxy) forward(f *heraldpb.Frame, topic, group string, part uint32, key string, nodes []uint64, leaderNow func() uint64, pending *sync.WaitGroup) (*heraldpb.Frame, uint64) {
 	var last *heraldpb.Frame
 	var tried []uint64
 	var outOfRange uint64 // the last node that answered OFFSET_OUT_OF_RANGE
@@ -227,8 +277,19 @@ func (r *remoteProxy) forward(f *heraldpb.Frame, topic, group string, part uint3
 			continue
 		}
 		tried = append(tried, n)
-		resp, err := r.transport.Request(n, group, f)
+		resp, moved, err := r.request(n, group, f, leaderNow, pending)
+		if errors.Is(err, errMoved) {
+			r.hints.CompareAndDelete(key, n)
+			e := partition.NotLeader(topic, part, moved)
+			e.OutcomeUnknown = f.GetProduce() != nil // it may have reached n
+			last = heraldpb.ErrorFrame(f.Id, e)
+			if moved != 0 && moved != r.self && !slices.Contains(tried, moved) {
+				nodes = append([]uint64{moved}, nodes...)
+			}
+			continue
+		}
 		if err != nil {
+			r.hints.CompareAndDelete(key, n)
 			e := heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "partition %s-%d: %v", topic, part, err)
 			// A forwarded produce may have reached the leader.
 			e.OutcomeUnknown = f.GetProduce() != nil
@@ -261,7 +322,9 @@ func (r *remoteProxy) forward(f *heraldpb.Frame, topic, group string, part uint3
 	if last == nil || last.GetError().GetCode() == heraldpb.ErrorCode_NOT_LEADER {
 		// Let the client look the leader up itself.
 		mProxied.WithLabelValues("not_leader").Inc()
-		return heraldpb.ErrorFrame(f.Id, partition.NotLeader(topic, part, 0)), 0
+		e := partition.NotLeader(topic, part, 0)
+		e.OutcomeUnknown = last.GetError().GetOutcomeUnknown()
+		return heraldpb.ErrorFrame(f.Id, e), 0
 	}
 	if last.GetError().GetCode() == heraldpb.ErrorCode_OFFSET_OUT_OF_RANGE {
 		mProxied.WithLabelValues("answered").Inc()
