@@ -53,6 +53,7 @@ type Broker struct {
 	txn       *actor.PID
 	readers   *partition.ReaderPool
 	server    *netio.Server
+	tls       *tlsState // the TLS listener (tls.go); nil without one
 	admin     *http.Server
 	adminLn   net.Listener
 	lock      *os.File
@@ -234,6 +235,11 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		b.stopActors()
 		return nil, fmt.Errorf("client listener %s: %w", cfg.Listen, err)
 	}
+	if err := b.startTLS(); err != nil {
+		b.server.Shutdown(context.Background())
+		b.stopActors()
+		return nil, err
+	}
 	// The controller registers this node's client address: the bound
 	// one, unless an advertised one is set.
 	clientAddr := cfg.Advertise
@@ -254,6 +260,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		})
 		if err != nil {
 			b.server.Shutdown(context.Background())
+			b.stopTLS()
 			b.stopActors()
 			return nil, fmt.Errorf("controller: %w", err)
 		}
@@ -265,12 +272,13 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 	if cfg.Admin != "" {
 		if err := b.startAdmin(); err != nil {
 			b.server.Shutdown(context.Background())
+			b.stopTLS()
 			b.stopActors()
 			return nil, fmt.Errorf("admin listener %s: %w", cfg.Admin, err)
 		}
 	}
 	logger.Info("herald serving", "version", Version, "node", nodeID, "clients", b.server.Addr().String(),
-		"admin", b.AdminAddr(), "data", cfg.DataDir, "flush", cfg.flush.String())
+		"admin", b.AdminAddr(), "data", cfg.DataDir, "flush", cfg.flush.String(), "clients_tls", tlsAddrString(b.TLSAddr()))
 	go b.watchReady(b.readyStop)
 	return b, nil
 }
@@ -337,6 +345,7 @@ func (b *Broker) Shutdown() error {
 	if err != nil {
 		b.log.Warn("in-flight requests did not finish before the shutdown timeout", "err", err)
 	}
+	b.stopTLS()
 	b.flushGroups(ctx)
 	b.stopActors()
 	if b.admin != nil {

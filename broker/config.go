@@ -27,10 +27,17 @@ import (
 // field is one setting; its flag name, environment variable, default and
 // meaning are in settings below and in README.md's configuration table.
 type Config struct {
-	DataDir        string
-	Listen         string
-	Admin          string
-	Advertise      string
+	DataDir   string
+	Listen    string
+	Admin     string
+	Advertise string
+	// TLS client listener (netio/tls.go): its address ("" = none), the
+	// server certificate and key, and a CA bundle that makes it require
+	// client certificates. The files reload on SIGHUP and when they change.
+	ListenTLS      string
+	TLSCert        string
+	TLSKey         string
+	TLSClientCA    string
 	NodeID         uint64
 	Flush          string
 	SegmentBytes   int
@@ -150,6 +157,16 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.Admin); err != nil {
 			bad("admin", "%v", err)
 		}
+	}
+	if c.ListenTLS != "" {
+		if _, _, err := net.SplitHostPort(c.ListenTLS); err != nil {
+			bad("listen-tls", "%v", err)
+		}
+		if c.TLSCert == "" || c.TLSKey == "" {
+			bad("listen-tls", "needs --tls-cert and --tls-key")
+		}
+	} else if c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != "" {
+		bad("listen-tls", "--tls-cert, --tls-key and --tls-client-ca need a TLS listener (--listen-tls)")
 	}
 	if p, err := persistence.ParseFlushPolicy(c.Flush); err != nil {
 		bad("flush", "%v", err)

@@ -169,7 +169,7 @@ func (c *Client) dial(addr string, dc *dialCall) {
 		c.cfg.logger.Debug("herald: dial failed", "addr", addr, "err", err)
 		if !errors.Is(err, ErrClosed) {
 			var he *Error
-			if !errors.As(err, &he) {
+			if !errors.As(err, &he) && !errors.Is(err, ErrTLS) {
 				err = fmt.Errorf("%w: %v", ErrConnectionLost, err)
 			}
 		}
@@ -255,8 +255,8 @@ func (c *Client) anyConnExcept(ctx context.Context, except string) (*conn, error
 			return nil, err
 		}
 		var he *Error
-		if errors.As(err, &he) && !he.Retriable {
-			return nil, err // e.g. UNSUPPORTED_VERSION: another broker will say the same
+		if errors.As(err, &he) && !he.Retriable || errors.Is(err, ErrTLS) {
+			return nil, err // e.g. UNSUPPORTED_VERSION, a bad certificate: another broker will say the same
 		}
 		errs = append(errs, err)
 	}

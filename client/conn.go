@@ -3,6 +3,7 @@ package client
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -213,6 +214,11 @@ func dialConn(ctx context.Context, addr string, cfg *clientConfig) (*conn, error
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	if cfg.tls != nil {
+		if nc, err = handshakeTLS(ctx, nc, addr, cfg.tls); err != nil {
+			return nil, err
+		}
+	}
 	c := &conn{
 		addr:    addr,
 		nc:      nc,
@@ -226,12 +232,42 @@ func dialConn(ctx context.Context, addr string, cfg *clientConfig) (*conn, error
 	br := bufio.NewReaderSize(nc, 64<<10)
 	if err := c.hello(ctx, br, cfg); err != nil {
 		nc.Close()
+		// With TLS 1.3 the broker checks the client's certificate after
+		// the client's side of the handshake: its refusal arrives here.
+		var oe *net.OpError
+		if cfg.tls != nil && errors.As(err, &oe) && oe.Op == "remote error" {
+			return nil, fmt.Errorf("%w: %s refused the connection: %w", ErrTLS, addr, err)
+		}
 		return nil, err
 	}
 	c.slots = make(chan struct{}, c.window)
 	go c.readLoop(br)
 	go c.writeLoop()
 	return c, nil
+}
+
+// handshakeTLS runs the TLS handshake on nc within ctx. A broker that
+// answers with something other than TLS is most likely the plaintext
+// listener: the error says so.
+func handshakeTLS(ctx context.Context, nc net.Conn, addr string, cfg *tls.Config) (net.Conn, error) {
+	cfg = cfg.Clone()
+	if cfg.ServerName == "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		cfg.ServerName = host
+	}
+	tc := tls.Client(nc, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		nc.Close()
+		var rh tls.RecordHeaderError
+		if errors.As(err, &rh) {
+			return nil, fmt.Errorf("%w: %s did not answer with TLS (is it the broker's plaintext listener? TLS is served on --listen-tls): %w", ErrTLS, addr, err)
+		}
+		return nil, fmt.Errorf("%w: handshake with %s: %w", ErrTLS, addr, err)
+	}
+	return tc, nil
 }
 
 // hello runs the Hello exchange synchronously, before the reader and writer

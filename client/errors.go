@@ -38,6 +38,11 @@ var (
 	// ErrProtocol means the broker sent something this client cannot
 	// understand (an unexpected response body, an undecodable batch).
 	ErrProtocol = errors.New("herald: protocol violation")
+
+	// ErrTLS: the TLS handshake with a broker failed (WithTLS): an
+	// unknown certificate authority, an expired or missing certificate,
+	// or a port that does not speak TLS. Retrying does not help.
+	ErrTLS = errors.New("herald: TLS")
 	// ErrAcksLost is returned by Subscription.Flush and Close when acks or
 	// nacks could not be confirmed: their session ended first (the
 	// connection died) or the broker refused them. The broker redelivers

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"crypto/tls"
 	"log/slog"
 	"time"
 
@@ -50,6 +51,7 @@ type clientConfig struct {
 	maxFrameBytes  uint32
 	metadataMaxAge time.Duration
 	logger         *slog.Logger
+	tls            *tls.Config
 }
 
 func defaultClientConfig() clientConfig {
@@ -107,6 +109,16 @@ func WithMetadataMaxAge(d time.Duration) Option {
 }
 
 // WithLogger sets the logger for connection events. Default: discard.
+// WithTLS connects to the brokers with TLS (1.3) configured by cfg: its
+// RootCAs verify the brokers' certificates (nil: the system's roots) and
+// its Certificates, if any, are the client certificate for brokers that
+// require one. The addresses given to Dial must be the brokers' TLS
+// listeners (herald serve --listen-tls). ServerName defaults to the host
+// of each address dialled.
+func WithTLS(cfg *tls.Config) Option {
+	return clientOpt(func(c *clientConfig) { c.tls = cfg })
+}
+
 func WithLogger(l *slog.Logger) Option {
 	return clientOpt(func(c *clientConfig) {
 		if l != nil {

@@ -23,8 +23,11 @@ type conn struct {
 	pid   *actor.PID // the session actor; set before any frame is read
 	token uint64     // random, for the connection's request-reply inbox
 
-	helloDone bool  // loop
-	maxIn     int64 // loop: largest payload the peer may send now (MaxFrameBytesBeforeHello until Hello)
+	helloDone  bool // loop
+	peerLooked bool // loop: the TLS relay's registration was looked up (first traffic)
+	peer       atomic.Pointer[PeerInfo]
+
+	maxIn int64 // loop: largest payload the peer may send now (MaxFrameBytesBeforeHello until Hello)
 
 	maxFrame    atomic.Int64 // negotiated largest payload, both directions
 	window      atomic.Int64 // negotiated in-flight window

@@ -71,6 +71,7 @@ type Server struct {
 	regMu    sync.Mutex
 	registry map[*conn]struct{}
 	sessions sync.Map // session actor id -> *conn, for Session
+	tlsPeers sync.Map // the TLS relay's local address -> *PeerInfo (tls.go)
 }
 
 // Push writes an encoded server push (length prefix included, frame id 0)
@@ -144,14 +145,34 @@ func (s *Server) InboxSession(inbox string) (id string, ok bool) {
 	return id, true
 }
 
-// RemoteAddr is the peer address of live connection id, or "".
+// RemoteAddr is the peer address of live connection id (the client's,
+// for a connection of the TLS listener), or "".
 func (s *Server) RemoteAddr(id string) string {
 	if c := s.liveConn(id); c != nil {
+		if p := c.peer.Load(); p != nil {
+			return p.Remote
+		}
 		if a := c.gc.RemoteAddr(); a != nil {
 			return a.String()
 		}
 	}
 	return ""
+}
+
+// Peer is what is known of live connection id's client: its address, and
+// over TLS the verified client certificate's principal.
+func (s *Server) Peer(id string) (PeerInfo, bool) {
+	c := s.liveConn(id)
+	if c == nil {
+		return PeerInfo{}, false
+	}
+	if p := c.peer.Load(); p != nil {
+		return *p, true
+	}
+	if a := c.gc.RemoteAddr(); a != nil {
+		return PeerInfo{Remote: a.String()}, true
+	}
+	return PeerInfo{}, true
 }
 
 func (s *Server) liveConn(id string) *conn {
@@ -415,6 +436,15 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 	if !ok {
 		_, _ = gc.Discard(gc.InboundBuffered())
 		return gnet.None
+	}
+	if !c.peerLooked {
+		// A TLS relay registers its connection before relaying a byte.
+		c.peerLooked = true
+		if a := gc.RemoteAddr(); a != nil {
+			if p, ok := h.s.tlsPeers.Load(a.String()); ok {
+				c.peer.Store(p.(*PeerInfo))
+			}
+		}
 	}
 	c.sync(gc)
 	return h.s.serve(c, gc)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/heraldmq/herald/client"
+	"github.com/heraldmq/herald/internal/tlsconf"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -40,6 +41,8 @@ type cliFlags struct {
 	// connect is how long dial waits for a broker to be reachable: a
 	// command run right after a broker (re)starts waits for it to listen.
 	connect time.Duration
+	// TLS: any of these set connects with TLS (to --listen-tls).
+	tls tlsconf.ClientFiles
 }
 
 // newCLIFlagSet returns a flag set with the common client flags.
@@ -54,7 +57,24 @@ func newCLIFlagSet(name string, w io.Writer) (*flag.FlagSet, *cliFlags) {
 	fs.StringVar(&cf.addr, "addr", addr, "broker `HOST:PORT[,HOST:PORT...]` (env HERALD_ADDR)")
 	fs.DurationVar(&cf.timeout, "timeout", client.DefaultRequestTimeout, "per-request timeout")
 	fs.DurationVar(&cf.connect, "connect-timeout", 5*time.Second, "how long to wait for a broker to be reachable (a broker still starting)")
+	fs.StringVar(&cf.tls.CA, "tls-ca", os.Getenv("HERALD_TLS_CA"), "connect with TLS, trusting the broker certificates this PEM CA bundle signs (env HERALD_TLS_CA)")
+	fs.StringVar(&cf.tls.Cert, "tls-cert", os.Getenv("HERALD_TLS_CERT"), "connect with TLS, presenting this PEM client certificate (env HERALD_TLS_CERT)")
+	fs.StringVar(&cf.tls.Key, "tls-key", os.Getenv("HERALD_TLS_KEY"), "the PEM private key of --tls-cert (env HERALD_TLS_KEY)")
+	fs.StringVar(&cf.tls.ServerName, "tls-server-name", os.Getenv("HERALD_TLS_SERVER_NAME"), "the name to check the broker's certificate against (default: the host of --addr)")
 	return fs, cf
+}
+
+// clientOptions are the client options the flags ask for.
+func (cf *cliFlags) clientOptions() ([]client.Option, error) {
+	opts := []client.Option{client.WithClientID("herald-cli"), client.WithRequestTimeout(cf.timeout)}
+	if cf.tls != (tlsconf.ClientFiles{}) {
+		cfg, err := tlsconf.Client(cf.tls)
+		if err != nil {
+			return nil, usagef("%v", err)
+		}
+		opts = append(opts, client.WithTLS(cfg))
+	}
+	return opts, nil
 }
 
 // parseCLIArgs parses args allowing flags and positional arguments in any
@@ -101,9 +121,13 @@ func (cf *cliFlags) dial(ctx context.Context) (*client.Client, error) {
 	if strings.TrimSpace(cf.addr) == "" {
 		return nil, usagef("--addr is empty")
 	}
+	opts, err := cf.clientOptions()
+	if err != nil {
+		return nil, err
+	}
 	deadline := time.Now().Add(cf.connect)
 	for wait := 50 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
-		c, err := client.Dial(ctx, cf.addr, client.WithClientID("herald-cli"), client.WithRequestTimeout(cf.timeout))
+		c, err := client.Dial(ctx, cf.addr, opts...)
 		if err == nil || !errors.Is(err, client.ErrNoBrokers) || time.Now().Add(wait).After(deadline) {
 			return c, err
 		}

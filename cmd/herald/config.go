@@ -30,6 +30,18 @@ func settings() []setting {
 		{"listen", "client listener HOST:PORT", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Listen, "listen", d.Listen, "")
 		}},
+		{"listen-tls", "TLS client listener HOST:PORT (TLS 1.3); empty = none", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.ListenTLS, "listen-tls", d.ListenTLS, "")
+		}},
+		{"tls-cert", "PEM certificate chain of the TLS listener (reloaded on SIGHUP and when the file changes)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.TLSCert, "tls-cert", d.TLSCert, "")
+		}},
+		{"tls-key", "PEM private key of --tls-cert", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.TLSKey, "tls-key", d.TLSKey, "")
+		}},
+		{"tls-client-ca", "PEM CA bundle: the TLS listener requires client certificates it signs; empty = none required", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.TLSClientCA, "tls-client-ca", d.TLSClientCA, "")
+		}},
 		{"admin", "admin HTTP listener for /metrics, /healthz and /debug/pprof; empty disables", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Admin, "admin", d.Admin, "")
 		}},

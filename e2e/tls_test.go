@@ -1,0 +1,356 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/heraldmq/herald/client"
+	"github.com/heraldmq/herald/internal/tlsconf"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// tlsLab is a CA and a broker serving TLS with a certificate it signed.
+type tlsLab struct {
+	dir  string
+	ca   *tlsconf.CA
+	p    *proc
+	addr string // the TLS listener
+}
+
+var tlsLine = regexp.MustCompile(`msg="herald serving".* clients_tls=(\S+)`)
+
+// startTLSLab writes a CA, a server certificate for 127.0.0.1 and a client
+// certificate "alice", and starts a broker whose TLS listener requires
+// client certificates from that CA.
+func startTLSLab(t *testing.T) *tlsLab {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := tlsconf.NewCA("test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l := &tlsLab{dir: dir, ca: ca}
+	l.issue(t, "server", tlsconf.LeafSpec{Name: "herald", Hosts: []string{"127.0.0.1"}})
+	l.issue(t, "alice", tlsconf.LeafSpec{Name: "alice", Client: true})
+	l.p = startProc(t, t.TempDir(), "--listen-tls", "127.0.0.1:0",
+		"--tls-cert", filepath.Join(dir, "server.pem"), "--tls-key", filepath.Join(dir, "server-key.pem"),
+		"--tls-client-ca", filepath.Join(dir, "ca.pem"))
+	m := tlsLine.FindStringSubmatch(l.p.logs())
+	if m == nil {
+		t.Fatalf("no TLS address in the log:\n%s", l.p.logs())
+	}
+	l.addr = m[1]
+	return l
+}
+
+// issue writes name.pem and name-key.pem signed by the lab's CA, valid
+// for an hour from a minute ago unless spec says otherwise.
+func (l *tlsLab) issue(t *testing.T, name string, spec tlsconf.LeafSpec) tlsconf.Leaf {
+	t.Helper()
+	if spec.NotBefore.IsZero() {
+		spec.NotBefore, spec.NotAfter = time.Now().Add(-time.Minute), time.Now().Add(time.Hour)
+	}
+	leaf, err := l.ca.Issue(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leaf.Write(l.dir, name); err != nil {
+		t.Fatal(err)
+	}
+	return leaf
+}
+
+func (l *tlsLab) file(name string) string { return filepath.Join(l.dir, name) }
+
+// clientTLS is the client configuration trusting caFile with the client
+// certificate name ("" = none).
+func (l *tlsLab) clientTLS(t *testing.T, caFile, name string) *tls.Config {
+	t.Helper()
+	files := tlsconf.ClientFiles{CA: caFile}
+	if name != "" {
+		files.Cert, files.Key = l.file(name+".pem"), l.file(name+"-key.pem")
+	}
+	cfg, err := tlsconf.Client(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func (l *tlsLab) dial(t *testing.T, cfg *tls.Config) (*client.Client, error) {
+	t.Helper()
+	c, err := client.Dial(ctxT(t, 10*time.Second), l.addr, client.WithTLS(cfg))
+	if err == nil {
+		t.Cleanup(func() { c.Close() })
+	}
+	return c, err
+}
+
+// Everything works over the TLS listener: produce, fetch, and a push
+// subscription (the broker's pushes go through the relay too), with the
+// principal of the client certificate known to the broker.
+func TestTLSProduceFetchSubscribe(t *testing.T) {
+	l := startTLSLab(t)
+	c, err := l.dial(t, l.clientTLS(t, l.file("ca.pem"), "alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 30*time.Second)
+	if _, err := c.CreateTopic(ctx, "orders", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	p := c.NewProducer()
+	defer p.Close(context.Background())
+	const n = 200
+	for i := range n {
+		if _, err := p.Send(ctx, &client.Message{Topic: "orders", Value: []byte(fmt.Sprintf("m%d", i))}); err != nil {
+			t.Fatalf("produce %d over TLS: %v", i, err)
+		}
+	}
+	res, err := c.Fetch(ctx, "orders", 0, 0, 1<<20, 0)
+	if err != nil || len(res.Messages) != n || string(res.Messages[n-1].Value) != fmt.Sprintf("m%d", n-1) {
+		t.Fatalf("fetch over TLS: %d messages, err %v", len(res.Messages), err)
+	}
+	var got atomic.Int64
+	sub, err := c.Subscribe(ctx, client.SubscribeOptions{Group: "g", Topic: "orders", From: client.Earliest()},
+		func(_ context.Context, m *client.Delivered) {
+			got.Add(1)
+			m.Ack()
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close(context.Background())
+	checkFor(t, 20*time.Second, "every message pushed over TLS", func() error {
+		if g := got.Load(); g < n {
+			return fmt.Errorf("%d pushed", g)
+		}
+		return nil
+	})
+	if err := sub.Flush(ctx); err != nil {
+		t.Fatalf("acks over TLS: %v", err)
+	}
+}
+
+// Each way of getting TLS wrong gives a clear error at once, and the
+// broker stays up and serves a good client afterwards.
+func TestTLSRefusals(t *testing.T) {
+	l := startTLSLab(t)
+	other, err := tlsconf.NewCA("another CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(l.file("other-ca.pem"), other.CertPEM(), 0o644)
+	stranger, err := other.Issue(tlsconf.LeafSpec{Name: "mallory", Client: true, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger.Write(l.dir, "mallory")
+	l.issue(t, "expired", tlsconf.LeafSpec{Name: "expired", Client: true, NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
+
+	cases := []struct {
+		name string
+		dial func() error
+		want string // in the error
+		tls  bool   // the error is ErrTLS
+	}{
+		{"no client certificate", func() error { _, err := l.dial(t, l.clientTLS(t, l.file("ca.pem"), "")); return err }, "certificate required", true},
+		{"client certificate of another CA", func() error {
+			_, err := l.dial(t, l.clientTLS(t, l.file("ca.pem"), "mallory"))
+			return err
+		}, "refused the connection: remote error: tls: certificate required", true},
+		{"expired client certificate", func() error {
+			_, err := l.dial(t, l.clientTLS(t, l.file("ca.pem"), "expired"))
+			return err
+		}, "expired", true},
+		{"broker certificate of an unknown CA", func() error {
+			_, err := l.dial(t, l.clientTLS(t, l.file("other-ca.pem"), "alice"))
+			return err
+		}, "unknown authority", true},
+		{"plaintext to the TLS port", func() error {
+			_, err := client.Dial(ctxT(t, 10*time.Second), l.addr)
+			return err
+		}, "this port is the TLS listener", false},
+		{"TLS to the plaintext port", func() error {
+			_, err := client.Dial(ctxT(t, 10*time.Second), l.p.Addr(), client.WithTLS(l.clientTLS(t, l.file("ca.pem"), "alice")))
+			return err
+		}, "did not answer with TLS", true},
+	}
+	for _, tc := range cases {
+		start := time.Now()
+		err := tc.dial()
+		if err == nil {
+			t.Fatalf("%s: connected", tc.name)
+		}
+		if !strings.Contains(err.Error(), tc.want) || errors.Is(err, client.ErrTLS) != tc.tls {
+			t.Errorf("%s: error %q, want one containing %q (ErrTLS: %v)", tc.name, err, tc.want, tc.tls)
+		}
+		if took := time.Since(start); took > 3*time.Second {
+			t.Errorf("%s: the error took %v", tc.name, took)
+		}
+		t.Logf("%s: %v", tc.name, err)
+	}
+	c, err := l.dial(t, l.clientTLS(t, l.file("ca.pem"), "alice"))
+	if err != nil {
+		t.Fatalf("a good client after the refusals: %v", err)
+	}
+	if _, err := c.CreateTopic(ctxT(t, 10*time.Second), "after", nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// servedSerial is the serial number of the certificate the TLS listener
+// shows a new connection.
+func servedSerial(t *testing.T, l *tlsLab) (*big.Int, error) {
+	cfg := l.clientTLS(t, l.file("ca.pem"), "alice")
+	cfg.ServerName = "127.0.0.1"
+	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second}, Config: cfg}
+	nc, err := d.DialContext(context.Background(), "tcp", l.addr)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	return nc.(*tls.Conn).ConnectionState().PeerCertificates[0].SerialNumber, nil
+}
+
+// The server certificate is rotated twice under load, once with SIGHUP
+// and once by the file changing alone: new connections get the new
+// certificate, and no request of a producer writing throughout fails.
+func TestTLSCertificateRotationUnderLoad(t *testing.T) {
+	l := startTLSLab(t)
+	c, err := l.dial(t, l.clientTLS(t, l.file("ca.pem"), "alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateTopic(ctxT(t, 10*time.Second), "load", nil); err != nil {
+		t.Fatal(err)
+	}
+	var sent, failed atomic.Int64
+	var lastErr atomic.Value
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p := c.NewProducer()
+		defer p.Close(context.Background())
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// New connections too: each round dials once.
+			if _, err := p.Send(context.Background(), &client.Message{Topic: "load", Value: []byte("x")}); err != nil {
+				failed.Add(1)
+				lastErr.Store(err.Error())
+			}
+			sent.Add(1)
+		}
+	}()
+	rotate := func(how string) {
+		before, err := servedSerial(t, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Written to new files renamed over the old ones, as cert-manager
+		// and certbot do: a reader never sees half a file.
+		leaf, err := l.ca.Issue(tlsconf.LeafSpec{Name: "herald", Hosts: []string{"127.0.0.1"}, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf.Write(l.dir, "next")
+		os.Rename(l.file("next-key.pem"), l.file("server-key.pem"))
+		os.Rename(l.file("next.pem"), l.file("server.pem"))
+		if how == "SIGHUP" {
+			l.p.cmd.Process.Signal(syscall.SIGHUP)
+		}
+		checkFor(t, 15*time.Second, "new connections get the new certificate ("+how+")", func() error {
+			now, err := servedSerial(t, l)
+			if err != nil {
+				return err
+			}
+			if now.Cmp(before) == 0 {
+				return errors.New("still the old certificate")
+			}
+			return nil
+		})
+		// A client dialled now works with the new certificate.
+		if c2, err := l.dial(t, l.clientTLS(t, l.file("ca.pem"), "alice")); err != nil {
+			t.Fatalf("dial after the %s rotation: %v", how, err)
+		} else if _, err := c2.Fetch(ctxT(t, 10*time.Second), "load", 0, 0, 1024, 0); err != nil {
+			t.Fatalf("fetch after the %s rotation: %v", how, err)
+		}
+	}
+	checkFor(t, 10*time.Second, "load running", func() error {
+		if sent.Load() < 100 {
+			return fmt.Errorf("%d sent", sent.Load())
+		}
+		return nil
+	})
+	rotate("SIGHUP")
+	rotate("file change")
+	n := sent.Load()
+	checkFor(t, 10*time.Second, "load after the rotations", func() error {
+		if sent.Load() < n+100 {
+			return fmt.Errorf("%d sent since", sent.Load()-n)
+		}
+		return nil
+	})
+	close(stop)
+	<-done
+	if f := failed.Load(); f > 0 {
+		t.Fatalf("%d of %d produces failed during the rotations; last: %v", f, sent.Load(), lastErr.Load())
+	}
+	if !strings.Contains(l.p.logs(), `TLS certificates reloaded" why=SIGHUP`) || !strings.Contains(l.p.logs(), `why="files changed"`) {
+		t.Errorf("the reloads were not logged:\n%s", l.p.logs())
+	}
+	t.Logf("%d produces over TLS, none failed, across two rotations", sent.Load())
+}
+
+// herald dev-certs writes certificates a broker serves with and the CLI
+// connects with, and refuses to overwrite them.
+func TestDevCertsCLI(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	out, stderr, code := herald(t, "", "dev-certs", dir)
+	if code != 0 {
+		t.Fatalf("dev-certs: %d %s", code, stderr)
+	}
+	for _, f := range tlsconf.DevCertFiles {
+		if !strings.Contains(out, filepath.Join(dir, f)) {
+			t.Fatalf("dev-certs output does not list %s:\n%s", f, out)
+		}
+	}
+	p := startProc(t, t.TempDir(), "--listen-tls", "127.0.0.1:0", "--tls-cert", filepath.Join(dir, "server.pem"),
+		"--tls-key", filepath.Join(dir, "server-key.pem"), "--tls-client-ca", filepath.Join(dir, "ca.pem"))
+	addr := tlsLine.FindStringSubmatch(p.logs())[1]
+	tlsFlags := []string{"--addr", addr, "--tls-ca", filepath.Join(dir, "ca.pem"),
+		"--tls-cert", filepath.Join(dir, "client.pem"), "--tls-key", filepath.Join(dir, "client-key.pem")}
+	if _, stderr, code := herald(t, "", append([]string{"topic", "create", "t"}, tlsFlags...)...); code != 0 {
+		t.Fatalf("topic create over TLS: %d %s", code, stderr)
+	}
+	if _, stderr, code := herald(t, "", append([]string{"produce", "--topic", "t", "--count", "3"}, tlsFlags...)...); code != 0 {
+		t.Fatalf("produce over TLS: %d %s", code, stderr)
+	}
+	out, stderr, code = herald(t, "", append([]string{"topic", "list"}, tlsFlags[:4]...)...)
+	if code == 0 || !strings.Contains(stderr, "certificate required") {
+		t.Fatalf("topic list without a client certificate: %d %q %q", code, out, stderr)
+	}
+	if _, stderr, code := herald(t, "", "dev-certs", dir); code == 0 || !strings.Contains(stderr, "not overwriting") {
+		t.Fatalf("dev-certs over existing files: %d %s", code, stderr)
+	}
+}
