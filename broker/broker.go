@@ -253,7 +253,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		}
 		b.ctrl, err = cluster.StartController(cluster.ControllerConfig{
 			Node: b.member, Local: b.sys, DataDir: cfg.DataDir, Voters: cluster.Voters(ids), Logger: logger,
-			Self:    &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr, Rack: cfg.Rack, HealthAddress: b.member.HealthAddr()},
+			Self:    &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr, ClientTlsAddress: b.advertisedTLS(), Rack: cfg.Rack, HealthAddress: b.member.HealthAddr()},
 			OnApply: b.onMetadata, ReplicaGrace: cfg.ReplicaGrace,
 			CheckpointRecords: cfg.ControllerCheckpointRecords, CheckpointBytes: cfg.ControllerCheckpointBytes,
 			FS: b.fs, Clock: b.clock,
@@ -390,7 +390,7 @@ func (b *Broker) onMetadata(md *cluster.Metadata) {
 	brokers := make([]*heraldpb.BrokerInfo, 0, len(md.Nodes))
 	for _, id := range slices.Sorted(maps.Keys(md.Nodes)) {
 		if n := md.Nodes[id]; n.ClientAddress != "" {
-			brokers = append(brokers, &heraldpb.BrokerInfo{NodeId: uint32(id), Addr: n.ClientAddress})
+			brokers = append(brokers, &heraldpb.BrokerInfo{NodeId: uint32(id), Addr: n.ClientAddress, TlsAddr: n.ClientTlsAddress})
 		}
 	}
 	b.sys.Root.Send(b.manager, &topic.Assign{Topics: md.Topics, Brokers: brokers, Applied: md.Applied})

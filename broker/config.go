@@ -35,6 +35,7 @@ type Config struct {
 	// server certificate and key, and a CA bundle that makes it require
 	// client certificates. The files reload on SIGHUP and when they change.
 	ListenTLS      string
+	AdvertiseTLS   string // the TLS address given to clients in metadata; "" = the bound one
 	TLSCert        string
 	TLSKey         string
 	TLSClientCA    string
@@ -165,8 +166,8 @@ func (c *Config) Validate() error {
 		if c.TLSCert == "" || c.TLSKey == "" {
 			bad("listen-tls", "needs --tls-cert and --tls-key")
 		}
-	} else if c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != "" {
-		bad("listen-tls", "--tls-cert, --tls-key and --tls-client-ca need a TLS listener (--listen-tls)")
+	} else if c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != "" || c.AdvertiseTLS != "" {
+		bad("listen-tls", "--tls-cert, --tls-key, --tls-client-ca and --advertise-tls need a TLS listener (--listen-tls)")
 	}
 	if p, err := persistence.ParseFlushPolicy(c.Flush); err != nil {
 		bad("flush", "%v", err)

@@ -82,3 +82,13 @@ func tlsAddrString(a net.Addr) string {
 	}
 	return a.String()
 }
+
+// advertisedTLS is the TLS client address the controller registers for
+// this node, which metadata gives to clients that use TLS: --advertise-tls,
+// else the bound one ("" without a TLS listener).
+func (b *Broker) advertisedTLS() string {
+	if b.cfg.AdvertiseTLS != "" {
+		return b.cfg.AdvertiseTLS
+	}
+	return tlsAddrString(b.TLSAddr())
+}

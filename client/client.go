@@ -571,7 +571,15 @@ func (c *Client) noteMetadata(f *heraldpb.Frame) (*heraldpb.MetadataResponse, er
 	c.mu.Lock()
 	for _, b := range r.GetBrokers() {
 		if b.GetAddr() != "" {
-			c.brokers[b.GetNodeId()] = b.GetAddr()
+			addr := b.GetAddr()
+			if c.cfg.tls != nil {
+				// A TLS client connects to TLS listeners only.
+				addr = b.GetTlsAddr()
+			}
+			if addr == "" {
+				continue
+			}
+			c.brokers[b.GetNodeId()] = addr
 		}
 	}
 	for _, t := range r.GetTopics() {

@@ -568,7 +568,7 @@ func (c *Controller) onRegistration(ctx actor.Context) {
 	}
 	n := cmd.GetRegisterNode()
 	if have := c.state.Load().Nodes[n.NodeId]; have != nil && have.MemberId == n.MemberId &&
-		have.ClusterAddress == n.ClusterAddress && have.ClientAddress == n.ClientAddress && have.Rack == n.Rack && have.HealthAddress == n.HealthAddress &&
+		have.ClusterAddress == n.ClusterAddress && have.ClientAddress == n.ClientAddress && have.ClientTlsAddress == n.ClientTlsAddress && have.Rack == n.Rack && have.HealthAddress == n.HealthAddress &&
 		have.ReplicaRaftIds == n.ReplicaRaftIds {
 		return // applied already
 	}

@@ -354,3 +354,68 @@ func TestDevCertsCLI(t *testing.T) {
 		t.Fatalf("dev-certs over existing files: %d %s", code, stderr)
 	}
 }
+
+// In a cluster, metadata gives TLS clients each node's TLS address: a
+// client that bootstraps from one node's TLS listener produces to a
+// partition another node leads, over TLS.
+func TestTLSCluster(t *testing.T) {
+	dir := t.TempDir()
+	if _, stderr, code := herald(t, "", "dev-certs", dir); code != 0 {
+		t.Fatalf("dev-certs: %s", stderr)
+	}
+	tc := startCluster(t, 3, "--listen-tls", "127.0.0.1:0", "--tls-cert", filepath.Join(dir, "server.pem"),
+		"--tls-key", filepath.Join(dir, "server-key.pem"))
+	tlsAddr := map[uint64]string{}
+	for id, p := range tc.nodes {
+		tlsAddr[id] = tlsLine.FindStringSubmatch(p.logs())[1]
+	}
+	plain, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if _, err := plain.CreateTopic(ctxT(t, 15*time.Second), "orders", &heraldpb.TopicConfig{Partitions: 1, ReplicationFactor: 3}); err != nil {
+		t.Fatal(err)
+	}
+	var leader uint64
+	checkFor(t, 15*time.Second, "partition 0 has a leader", func() error {
+		info, err := plain.DescribeTopic(ctxT(t, 5*time.Second), "orders")
+		if err != nil {
+			return err
+		}
+		if leader = uint64(info.Partitions[0].Leader); tc.nodes[leader] == nil {
+			return fmt.Errorf("leader %d", leader)
+		}
+		return nil
+	})
+	boot := leader%3 + 1 // another node
+	cfg, err := tlsconf.Client(tlsconf.ClientFiles{CA: filepath.Join(dir, "ca.pem")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(ctxT(t, 10*time.Second), tlsAddr[boot], client.WithTLS(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p := c.NewProducer(client.WithManualPartitions())
+	defer p.Close(context.Background())
+	for i := range 20 {
+		r, err := p.Send(ctxT(t, 15*time.Second), &client.Message{Topic: "orders", Partition: 0, Value: []byte(fmt.Sprint(i))})
+		if err != nil {
+			t.Fatalf("produce over TLS through node %d to node %d's partition: %v", boot, leader, err)
+		}
+		if r.Offset != int64(i) {
+			t.Fatalf("offset %d, want %d", r.Offset, i)
+		}
+	}
+	md, err := c.Metadata(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range md.GetBrokers() {
+		if b.GetTlsAddr() != tlsAddr[uint64(b.GetNodeId())] {
+			t.Errorf("metadata gives node %d the TLS address %q, want %q", b.GetNodeId(), b.GetTlsAddr(), tlsAddr[uint64(b.GetNodeId())])
+		}
+	}
+}

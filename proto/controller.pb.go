@@ -726,8 +726,10 @@ type NodeRecord struct {
 	// that are not node ids. Moves assign such ids only while every
 	// registered node says so.
 	ReplicaRaftIds bool `protobuf:"varint,9,opt,name=replica_raft_ids,json=replicaRaftIds,proto3" json:"replica_raft_ids,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Its TLS client address ("" = no TLS listener).
+	ClientTlsAddress string `protobuf:"bytes,10,opt,name=client_tls_address,json=clientTlsAddress,proto3" json:"client_tls_address,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *NodeRecord) Reset() {
@@ -823,6 +825,13 @@ func (x *NodeRecord) GetReplicaRaftIds() bool {
 	return false
 }
 
+func (x *NodeRecord) GetClientTlsAddress() string {
+	if x != nil {
+		return x.ClientTlsAddress
+	}
+	return ""
+}
+
 var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
@@ -885,7 +894,7 @@ const file_controller_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12&\n" +
 	"\x0edecommissioned\x18\x02 \x01(\bR\x0edecommissioned\"!\n" +
 	"\vDeleteTopic\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xc4\x02\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xf2\x02\n" +
 	"\n" +
 	"NodeRecord\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12'\n" +
@@ -896,7 +905,9 @@ const file_controller_proto_rawDesc = "" +
 	"\rregistered_ms\x18\x06 \x01(\x03R\fregisteredMs\x12&\n" +
 	"\x0edecommissioned\x18\a \x01(\bR\x0edecommissioned\x12%\n" +
 	"\x0ehealth_address\x18\b \x01(\tR\rhealthAddress\x12(\n" +
-	"\x10replica_raft_ids\x18\t \x01(\bR\x0ereplicaRaftIdsB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"\x10replica_raft_ids\x18\t \x01(\bR\x0ereplicaRaftIds\x12,\n" +
+	"\x12client_tls_address\x18\n" +
+	" \x01(\tR\x10clientTlsAddressB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_controller_proto_rawDescOnce sync.Once

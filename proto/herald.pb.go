@@ -2231,9 +2231,12 @@ func (x *TopicInfo) GetPartitions() []*PartitionInfo {
 }
 
 type BrokerInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        uint32                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId uint32                 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Addr   string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	// The node's TLS client listener ("" = none): where clients that use
+	// TLS connect.
+	TlsAddr       string `protobuf:"bytes,3,opt,name=tls_addr,json=tlsAddr,proto3" json:"tls_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2278,6 +2281,13 @@ func (x *BrokerInfo) GetNodeId() uint32 {
 func (x *BrokerInfo) GetAddr() string {
 	if x != nil {
 		return x.Addr
+	}
+	return ""
+}
+
+func (x *BrokerInfo) GetTlsAddr() string {
+	if x != nil {
+		return x.TlsAddr
 	}
 	return ""
 }
@@ -7549,11 +7559,12 @@ const file_herald_proto_rawDesc = "" +
 	"\x06config\x18\x02 \x01(\v2\x16.herald.v1.TopicConfigR\x06config\x128\n" +
 	"\n" +
 	"partitions\x18\x03 \x03(\v2\x18.herald.v1.PartitionInfoR\n" +
-	"partitions\"9\n" +
+	"partitions\"T\n" +
 	"\n" +
 	"BrokerInfo\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\rR\x06nodeId\x12\x12\n" +
-	"\x04addr\x18\x02 \x01(\tR\x04addr\")\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x19\n" +
+	"\btls_addr\x18\x03 \x01(\tR\atlsAddr\")\n" +
 	"\x0fMetadataRequest\x12\x16\n" +
 	"\x06topics\x18\x01 \x03(\tR\x06topics\"q\n" +
 	"\x10MetadataResponse\x12/\n" +

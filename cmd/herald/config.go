@@ -33,6 +33,9 @@ func settings() []setting {
 		{"listen-tls", "TLS client listener HOST:PORT (TLS 1.3); empty = none", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.ListenTLS, "listen-tls", d.ListenTLS, "")
 		}},
+		{"advertise-tls", "TLS client address given to clients in metadata; empty = the TLS listener's address", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.AdvertiseTLS, "advertise-tls", d.AdvertiseTLS, "")
+		}},
 		{"tls-cert", "PEM certificate chain of the TLS listener (reloaded on SIGHUP and when the file changes)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.TLSCert, "tls-cert", d.TLSCert, "")
 		}},
