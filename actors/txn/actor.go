@@ -104,6 +104,10 @@ type Coordinator struct {
 	dueTimerAt    int64
 	dueTimerGen   uint64
 	pendingChecks map[uint64]uint32 // counts to write (HalfChecks)
+	// initing: transactional ids whose InitProducerId is being written.
+	// Another one for the same id is answered THROTTLED until it is
+	// applied: it would read the session the first one replaces.
+	initing map[string]bool
 	compactArmed  bool
 	txnSweepArmed bool
 	appenders     map[topicPart]*appender // commit.go

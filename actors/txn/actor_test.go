@@ -493,3 +493,54 @@ func TestNewSessionWaitsForTheAppendsAndFencesAQueuedCommit(t *testing.T) {
 		t.Fatalf("when the new session was answered the topic held %v, want first (and not second)", got)
 	}
 }
+
+// Two InitProducerId of one transactional id racing (two GroupTransform
+// members both assigned a partition during a rebalance) start two
+// sessions, each fencing the one before: the second is not given the
+// first one's producer id and epoch while the first one's Init is being
+// written. Before the fix both were answered the same session, and the
+// two producers ran unfenced, one failing later with "the transaction of
+// epoch 5 ended; the current epoch is 7" (e2e TestGroupTransformExactlyOnceKills).
+func TestConcurrentInitsStartTwoSessions(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{})
+	first := r.session("p")
+	first.stage("a")
+	first.end(true)
+	init := func() *actor.Future {
+		return r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: "p"}}}, 20*time.Second)
+	}
+	// Both in the coordinator's mailbox before the first Init is written;
+	// THROTTLED is retried, as the SDK does.
+	futures := []*actor.Future{init(), init()}
+	var sessions []*txnSession
+	for _, f := range futures {
+		for {
+			res, err := f.Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fr := res.(*heraldpb.Frame)
+			if e := fr.GetError(); e.GetCode() == heraldpb.ErrorCode_THROTTLED {
+				f = init()
+				continue
+			} else if e != nil {
+				t.Fatalf("InitProducerId: %v", e)
+			}
+			in := fr.GetInitProducerIdResponse()
+			sessions = append(sessions, &txnSession{r: r, id: "p", pid: in.ProducerId, epoch: in.ProducerEpoch})
+			break
+		}
+	}
+	a, b := sessions[0], sessions[1]
+	if a.pid == b.pid && a.epoch == b.epoch {
+		t.Fatalf("both InitProducerId were answered the same session (producer %d epoch %d)", a.pid, a.epoch)
+	}
+	older := a
+	if b.epoch < a.epoch {
+		older = b
+	}
+	res := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{TransactionalId: "p", ProducerId: older.pid, ProducerEpoch: older.epoch, Commit: true}}}, r.txn)
+	if res.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
+		t.Fatalf("the older of the two sessions is not fenced: %v", res)
+	}
+}

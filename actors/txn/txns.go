@@ -369,6 +369,10 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		e := throttledErr(fmt.Sprintf("transactional id %q: the last session's transaction is being ended", req.TransactionalId))
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
 		return
+	case c.initing[req.TransactionalId]:
+		e := throttledErr(fmt.Sprintf("transactional id %q: another session is starting", req.TransactionalId))
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
+		return
 	case c.queued >= c.o.MaxQueued:
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, throttledErr("too many requests waiting for __txn")))
 		return
@@ -405,7 +409,12 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	for i, ev := range events {
 		raw[i] = event(ev)
 	}
+	if c.initing == nil {
+		c.initing = map[string]bool{}
+	}
+	c.initing[req.TransactionalId] = true
 	c.write(writeOp{events: raw, client: true, done: func(base int64, err *heraldpb.Error) {
+		delete(c.initing, req.TransactionalId)
 		if err != nil {
 			respond(ctx, to, heraldpb.ErrorFrame(f.Id, err))
 			return
