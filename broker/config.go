@@ -97,6 +97,11 @@ type Config struct {
 	// ClusterProvider automanaged or etcd, with Etcd's endpoints.
 	Cluster         string
 	ClusterHealth   string
+	// Mutual TLS between nodes: a node certificate (serving and dialling)
+	// and the cluster CA that must sign every node's.
+	ClusterTLSCert string
+	ClusterTLSKey  string
+	ClusterTLSCA   string
 	Peers           string
 	ClusterProvider string
 	Etcd            string
@@ -331,6 +336,9 @@ func (c *Config) validateCluster(bad func(name, format string, args ...any)) {
 	for id == 0 || (c.NodeID == 0 && peers[id] != "") {
 		id++
 	}
+	if n := btoi(c.ClusterTLSCert != "") + btoi(c.ClusterTLSKey != "") + btoi(c.ClusterTLSCA != ""); n != 0 && n != 3 {
+		bad("cluster-tls-cert", "--cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca go together")
+	}
 	cc := cluster.Config{NodeID: id, Bind: c.Cluster, HealthBind: c.ClusterHealth, Peers: peers,
 		Provider: c.ClusterProvider, EtcdEndpoints: splitList(c.Etcd)}
 	if err := cc.Validate(); err != nil {
@@ -363,4 +371,11 @@ func neverIfZero(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

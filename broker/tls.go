@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/heraldmq/herald/cluster"
 	"github.com/heraldmq/herald/internal/tlsconf"
 	"github.com/heraldmq/herald/netio"
 )
@@ -15,64 +16,110 @@ import (
 // tlsWatchInterval is how often the TLS files are checked for changes.
 const tlsWatchInterval = 2 * time.Second
 
-// tlsState is the TLS listener and what reloads its certificates.
+// tlsState is the TLS listener and what reloads the certificates (the
+// client listener's and the cluster's).
 type tlsState struct {
-	ln    *netio.TLSListener
-	conf  *tlsconf.Server
-	stop  chan struct{}
-	sighs chan os.Signal
-	done  chan struct{}
+	ln      *netio.TLSListener // nil without a TLS client listener
+	confs   []*tlsconf.Server
+	stop    chan struct{}
+	sighs   chan os.Signal
+	done    chan struct{}
+	started bool
 }
 
-// startTLS starts the TLS client listener when one is configured: after
-// the gnet listener, whose connections it relays to.
+// clusterTLS loads the node certificate and the cluster CA, when
+// configured, for mutual TLS between nodes.
+func (b *Broker) clusterTLS() (*cluster.TLS, error) {
+	if b.cfg.ClusterTLSCert == "" {
+		return nil, nil
+	}
+	conf, err := tlsconf.NewServer(tlsconf.ServerFiles{Cert: b.cfg.ClusterTLSCert, Key: b.cfg.ClusterTLSKey, ClientCA: b.cfg.ClusterTLSCA}, b.log)
+	if err != nil {
+		return nil, fmt.Errorf("cluster TLS: %w", err)
+	}
+	client, err := conf.PeerClient()
+	if err != nil {
+		return nil, fmt.Errorf("cluster TLS: %w", err)
+	}
+	b.tlsState().confs = append(b.tlsState().confs, conf)
+	return &cluster.TLS{Server: conf.ConfigWithALPN("h2", "http/1.1"), Client: client}, nil
+}
+
+func (b *Broker) tlsState() *tlsState {
+	if b.tls == nil {
+		b.tls = &tlsState{stop: make(chan struct{}), sighs: make(chan os.Signal, 1), done: make(chan struct{})}
+	}
+	return b.tls
+}
+
+// startTLS starts the TLS client listener when one is configured (after
+// the gnet listener, whose connections it relays to), and the reloading
+// of every certificate: on SIGHUP, and when the files change.
 func (b *Broker) startTLS() error {
-	if b.cfg.ListenTLS == "" {
+	if b.cfg.ListenTLS != "" {
+		conf, err := tlsconf.NewServer(tlsconf.ServerFiles{Cert: b.cfg.TLSCert, Key: b.cfg.TLSKey, ClientCA: b.cfg.TLSClientCA}, b.log)
+		if err != nil {
+			return err
+		}
+		ln, err := b.server.ListenTLS(b.cfg.ListenTLS, conf.Config())
+		if err != nil {
+			return fmt.Errorf("TLS listener %s: %w", b.cfg.ListenTLS, err)
+		}
+		t := b.tlsState()
+		t.ln, t.confs = ln, append(t.confs, conf)
+	}
+	t := b.tls
+	if t == nil {
 		return nil
 	}
-	conf, err := tlsconf.NewServer(tlsconf.ServerFiles{Cert: b.cfg.TLSCert, Key: b.cfg.TLSKey, ClientCA: b.cfg.TLSClientCA}, b.log)
-	if err != nil {
-		return err
-	}
-	ln, err := b.server.ListenTLS(b.cfg.ListenTLS, conf.Config())
-	if err != nil {
-		return fmt.Errorf("TLS listener %s: %w", b.cfg.ListenTLS, err)
-	}
-	t := &tlsState{ln: ln, conf: conf, stop: make(chan struct{}), sighs: make(chan os.Signal, 1), done: make(chan struct{})}
+	t.started = true
 	signal.Notify(t.sighs, syscall.SIGHUP)
 	go func() {
 		defer close(t.done)
-		go conf.Watch(tlsWatchInterval, t.stop)
+		tick := time.NewTicker(tlsWatchInterval)
+		defer tick.Stop()
 		for {
 			select {
 			case <-t.stop:
 				return
 			case <-t.sighs:
-				conf.ReloadAndLog("SIGHUP")
+				for _, c := range t.confs {
+					c.ReloadAndLog("SIGHUP")
+				}
+			case <-tick.C:
+				for _, c := range t.confs {
+					if c.Changed() {
+						c.ReloadAndLog("files changed")
+					}
+				}
 			}
 		}
 	}()
-	b.tls = t
 	return nil
 }
 
 // TLSAddr is the TLS listener's bound address, or nil without one.
 func (b *Broker) TLSAddr() net.Addr {
-	if b.tls == nil {
+	if b.tls == nil || b.tls.ln == nil {
 		return nil
 	}
 	return b.tls.ln.Addr()
 }
 
-// stopTLS closes the TLS listener and its connections.
+// stopTLS closes the TLS listener and its connections, and stops the
+// reloading.
 func (b *Broker) stopTLS() {
-	if b.tls == nil {
+	t := b.tls
+	if t == nil || !t.started {
 		return
 	}
-	signal.Stop(b.tls.sighs)
-	close(b.tls.stop)
-	<-b.tls.done
-	b.tls.ln.Close()
+	t.started = false
+	signal.Stop(t.sighs)
+	close(t.stop)
+	<-t.done
+	if t.ln != nil {
+		t.ln.Close()
+	}
 }
 
 // tlsAddrString is the TLS address for the log: "" without a TLS listener.

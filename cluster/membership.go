@@ -39,6 +39,7 @@ import (
 	"github.com/labstack/echo"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
@@ -96,6 +97,8 @@ type Config struct {
 	// Register for raft messages from other nodes live.
 	Local  *actor.ActorSystem
 	Logger *slog.Logger
+	// TLS, if set, is mutual TLS between nodes (tls.go).
+	TLS *TLS
 }
 
 func (c *Config) ensureDefaults() {
@@ -372,7 +375,7 @@ func Start(cfg Config) (*Node, error) {
 	cfg.ensureDefaults()
 	n := &Node{cfg: cfg, log: cfg.Logger.With("component", "cluster", "node", cfg.NodeID),
 		changes: make(chan View, 64), stop: make(chan struct{}), groups: groups{local: cfg.Local, pids: map[string]*actor.PID{}}, forwardSlots: make(chan struct{}, MaxForwardedInFlight),
-		client: &http.Client{Timeout: 2 * time.Second}}
+		client: httpClient(cfg.TLS)}
 	inc, err := n.join()
 	if err != nil {
 		return nil, err
@@ -427,8 +430,14 @@ func (n *Node) join() (*incarnation, error) {
 		return slogfloor.New(actorLog.Handler(), slog.LevelError)
 	}))
 	max := n.cfg.MaxMessageBytes
+	creds := insecure.NewCredentials()
+	serverOpts := []grpc.ServerOption{}
+	if t := n.cfg.TLS; t != nil {
+		creds = credentials.NewTLS(t.Client)
+		serverOpts = append(serverOpts, grpc.Creds(loggedCreds{TransportCredentials: credentials.NewTLS(t.Server), n: n}))
+	}
 	rc := remote.Configure(host, port,
-		remote.WithServerOptions(
+		remote.WithServerOptions(append(serverOpts,
 			grpc.MaxRecvMsgSize(max),
 			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
@@ -438,11 +447,11 @@ func (n *Node) join() (*incarnation, error) {
 			grpc.InitialConnWindowSize(transportWindow),
 			grpc.ReadBufferSize(transportBuffer),
 			grpc.WriteBufferSize(transportBuffer),
-		),
+		)...),
 		// WithDialOptions replaces protoactor's defaults: credentials and
 		// keepalive have to be given here.
 		remote.WithDialOptions(
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithTransportCredentials(creds),
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max)),
 			experimental.WithRecvBufferPool(grpc.NewSharedBufferPool()),
@@ -474,6 +483,9 @@ func (n *Node) join() (*incarnation, error) {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.Listener = ln
+	if t := n.cfg.TLS; t != nil {
+		e.Listener = tlsListener{Listener: ln, cfg: t.Server, n: n}
+	}
 	_, hport, _ := splitHostPort(ln.Addr().String())
 	kinds := []string{kindPrefix + strconv.FormatUint(n.cfg.NodeID, 10)}
 	e.GET("/_health", func(c echo.Context) error {
@@ -514,6 +526,7 @@ func (n *Node) join() (*incarnation, error) {
 		}
 		slices.Sort(hosts)
 		provider = newPeersProvider(func() []string { return n.pollHosts(hosts) }, n.cfg.Refresh, peerFailuresTolerated, e, n.log)
+		provider.(*peersProvider).client, provider.(*peersProvider).scheme = httpClient(n.cfg.TLS), n.scheme()
 	}
 	kind := pcluster.NewKind(kindPrefix+strconv.FormatUint(n.cfg.NodeID, 10), actor.PropsFromFunc(func(actor.Context) {}))
 	cc := pcluster.Configure(n.cfg.Name, provider, disthash.New(), rc, pcluster.WithKinds(kind))
@@ -744,7 +757,7 @@ func (n *Node) blockedBy(member string) (uint64, bool) {
 	for _, id := range sortedKeys(peers) {
 		h := peers[id]
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+h+"/herald/blocked?member="+member, nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.scheme()+h+"/herald/blocked?member="+member, nil)
 		resp, err := n.client.Do(req)
 		if err != nil {
 			cancel()

@@ -33,6 +33,7 @@ type peersProvider struct {
 	tolerate int
 	server   *echo.Echo // serves this node's /_health (listener set)
 	client   *http.Client
+	scheme   string // "http://" or, with mutual TLS, "https://"
 	log      *slog.Logger
 
 	cluster *pcluster.Cluster
@@ -50,7 +51,7 @@ type peerState struct {
 
 func newPeersProvider(hosts func() []string, refresh time.Duration, tolerate int, server *echo.Echo, log *slog.Logger) *peersProvider {
 	return &peersProvider{hosts: hosts, refresh: refresh, tolerate: max(1, tolerate), server: server,
-		client: &http.Client{Timeout: 2 * time.Second}, log: log, peers: map[string]*peerState{}, stop: make(chan struct{})}
+		client: &http.Client{Timeout: 2 * time.Second}, scheme: "http://", log: log, peers: map[string]*peerState{}, stop: make(chan struct{})}
 }
 
 func (p *peersProvider) StartMember(cl *pcluster.Cluster) error {
@@ -153,7 +154,7 @@ func (st *peerState) member(tolerate int) *automanaged.NodeModel {
 func (p *peersProvider) check(host string) (*automanaged.NodeModel, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.client.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+host+"/_health", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.scheme+host+"/_health", nil)
 	if err != nil {
 		return nil, err
 	}

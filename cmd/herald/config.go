@@ -141,6 +141,15 @@ func settings() []setting {
 		{"cluster-health", "membership health endpoint HOST:PORT (empty = the cluster port + 1)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.ClusterHealth, "cluster-health", d.ClusterHealth, "")
 		}},
+		{"cluster-tls-cert", "PEM node certificate for mutual TLS between nodes (cluster port and health endpoint); with --cluster-tls-key and --cluster-tls-ca", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.ClusterTLSCert, "cluster-tls-cert", d.ClusterTLSCert, "")
+		}},
+		{"cluster-tls-key", "PEM private key of --cluster-tls-cert", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.ClusterTLSKey, "cluster-tls-key", d.ClusterTLSKey, "")
+		}},
+		{"cluster-tls-ca", "PEM cluster CA: every node's certificate must be signed by it; nodes without one are refused", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.ClusterTLSCA, "cluster-tls-ca", d.ClusterTLSCA, "")
+		}},
 		{"peers", "the cluster's nodes: ID@HOST:PORT,... (their --cluster addresses)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Peers, "peers", d.Peers, "")
 		}},

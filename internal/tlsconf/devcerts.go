@@ -59,6 +59,7 @@ type LeafSpec struct {
 	Name      string   // the subject's common name (a client's principal)
 	Hosts     []string // DNS names and IP addresses (server certificates)
 	Client    bool     // for client authentication, else for a server
+	Node      bool     // for both (a cluster node: it serves and dials)
 	NotBefore time.Time
 	NotAfter  time.Time
 }
@@ -74,7 +75,10 @@ func (ca *CA) Issue(spec LeafSpec) (Leaf, error) {
 		NotBefore: spec.NotBefore, NotAfter: spec.NotAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
-	if spec.Client {
+	switch {
+	case spec.Node:
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	case spec.Client:
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	}
 	for _, h := range spec.Hosts {
@@ -112,7 +116,7 @@ func (l Leaf) Write(dir, name string) error {
 }
 
 // DevCertFiles are the files WriteDevCerts writes in its directory.
-var DevCertFiles = []string{"ca.pem", "server.pem", "server-key.pem", "client.pem", "client-key.pem"}
+var DevCertFiles = []string{"ca.pem", "server.pem", "server-key.pem", "client.pem", "client-key.pem", "node.pem", "node-key.pem"}
 
 // DevValidity is how long development certificates are valid.
 const DevValidity = 365 * 24 * time.Hour
@@ -120,7 +124,9 @@ const DevValidity = 365 * 24 * time.Hour
 // WriteDevCerts writes a development CA (ca.pem; its key is not kept), a
 // server certificate for localhost, 127.0.0.1, ::1 and hosts
 // (server.pem, server-key.pem), and a client certificate whose principal
-// is client (client.pem, client-key.pem) into dir, creating it. It refuses
+// is client (client.pem, client-key.pem), and a node certificate for the
+// cluster port, for the same names (node.pem, node-key.pem), into dir,
+// creating it. It refuses
 // to overwrite existing files.
 func WriteDevCerts(dir string, hosts []string, client string) error {
 	if client == "" {
@@ -146,6 +152,14 @@ func WriteDevCerts(dir string, hosts []string, client string) error {
 	}
 	cl, err := ca.Issue(LeafSpec{Name: client, Client: true, NotBefore: now.Add(-time.Minute), NotAfter: now.Add(DevValidity)})
 	if err != nil {
+		return err
+	}
+	node, err := ca.Issue(LeafSpec{Name: "herald-node", Node: true, Hosts: append([]string{"localhost", "127.0.0.1", "::1"}, hosts...),
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(DevValidity)})
+	if err != nil {
+		return err
+	}
+	if err := node.Write(dir, "node"); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {

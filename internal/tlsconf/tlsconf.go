@@ -62,6 +62,40 @@ func (s *Server) Config() *tls.Config {
 	}
 }
 
+// ConfigWithALPN is Config offering the application protocols protos
+// (gRPC needs "h2").
+func (s *Server) ConfigWithALPN(protos ...string) *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		NextProtos: protos,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			c := s.cur.Load().Clone()
+			c.NextProtos = protos
+			return c, nil
+		},
+	}
+}
+
+// PeerClient is the configuration to dial a peer that serves with the
+// same files (the nodes of a cluster): it presents the certificate loaded
+// last and trusts the CA bundle (ClientCA) as it was at the start.
+func (s *Server) PeerClient() (*tls.Config, error) {
+	if s.files.ClientCA == "" {
+		return nil, errors.New("tls: a peer configuration needs the CA bundle")
+	}
+	pool, err := loadPool(s.files.ClientCA)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		RootCAs:    pool,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return &s.cur.Load().Certificates[0], nil
+		},
+	}, nil
+}
+
 // RequiresClientCert reports whether clients must present a certificate.
 func (s *Server) RequiresClientCert() bool { return s.files.ClientCA != "" }
 
@@ -108,23 +142,6 @@ func (s *Server) Changed() bool {
 		}
 	}
 	return false
-}
-
-// Watch reloads the files every interval when they changed, until stop is
-// closed. A failed reload is logged and keeps the configuration in use.
-func (s *Server) Watch(interval time.Duration, stop <-chan struct{}) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			if s.Changed() {
-				s.ReloadAndLog("files changed")
-			}
-		}
-	}
 }
 
 // ReloadAndLog reloads and logs the outcome (why: what asked for it).
