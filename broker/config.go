@@ -95,13 +95,13 @@ type Config struct {
 	// node); ClusterHealth its membership health endpoint (empty: the
 	// cluster port + 1); Peers the cluster's nodes as ID@HOST:PORT,...;
 	// ClusterProvider automanaged or etcd, with Etcd's endpoints.
-	Cluster         string
-	ClusterHealth   string
+	Cluster       string
+	ClusterHealth string
 	// Mutual TLS between nodes: a node certificate (serving and dialling)
 	// and the cluster CA that must sign every node's.
-	ClusterTLSCert string
-	ClusterTLSKey  string
-	ClusterTLSCA   string
+	ClusterTLSCert  string
+	ClusterTLSKey   string
+	ClusterTLSCA    string
 	Peers           string
 	ClusterProvider string
 	Etcd            string
