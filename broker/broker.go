@@ -328,10 +328,18 @@ func (b *Broker) startAdmin() error {
 		}
 		_ = json.NewEncoder(w).Encode(out)
 	})
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if b.cfg.AdminPprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	} else {
+		// Profiles and traces expose the process's memory layout and
+		// cost CPU: off unless asked for.
+		mux.HandleFunc("/debug/pprof/", func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "pprof is off: start the broker with --admin-pprof", http.StatusForbidden)
+		})
+	}
 	faults.Register(mux) // /debug/faults, in a chaos build only
 	b.adminLn = ln
 	b.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}

@@ -34,6 +34,7 @@ type Config struct {
 	// TLS client listener (netio/tls.go): its address ("" = none), the
 	// server certificate and key, and a CA bundle that makes it require
 	// client certificates. The files reload on SIGHUP and when they change.
+	AdminPprof     bool // serve /debug/pprof on the admin listener
 	ListenTLS      string
 	AdvertiseTLS   string // the TLS address given to clients in metadata; "" = the bound one
 	TLSCert        string

@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -547,4 +549,23 @@ func (l *lockedBuf) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// The profiler is refused unless the broker runs with --admin-pprof.
+func TestAdminPprofOffByDefault(t *testing.T) {
+	get := func(p *proc) (int, string) {
+		resp, err := http.Get("http://" + p.AdminAddr() + "/debug/pprof/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get(startProc(t, t.TempDir())); code != http.StatusForbidden || !strings.Contains(body, "--admin-pprof") {
+		t.Fatalf("pprof by default: %d %q", code, body)
+	}
+	if code, body := get(startProc(t, t.TempDir(), "--admin-pprof")); code != http.StatusOK || !strings.Contains(body, "goroutine") {
+		t.Fatalf("pprof with --admin-pprof: %d", code)
+	}
 }

@@ -45,8 +45,11 @@ func settings() []setting {
 		{"tls-client-ca", "PEM CA bundle: the TLS listener requires client certificates it signs; empty = none required", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.TLSClientCA, "tls-client-ca", d.TLSClientCA, "")
 		}},
-		{"admin", "admin HTTP listener for /metrics, /healthz and /debug/pprof; empty disables", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+		{"admin", "admin HTTP listener for /metrics, /healthz, /readyz and /cluster; empty disables", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Admin, "admin", d.Admin, "")
+		}},
+		{"admin-pprof", "serve Go's profiler at /debug/pprof on the admin listener (off: 403)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.BoolVar(&c.AdminPprof, "admin-pprof", d.AdminPprof, "")
 		}},
 		{"advertise", "client address given to clients in metadata; empty = the listen address", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Advertise, "advertise", d.Advertise, "")
