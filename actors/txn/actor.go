@@ -107,7 +107,7 @@ type Coordinator struct {
 	// initing: transactional ids whose InitProducerId is being written.
 	// Another one for the same id is answered THROTTLED until it is
 	// applied: it would read the session the first one replaces.
-	initing map[string]bool
+	initing       map[string]bool
 	compactArmed  bool
 	txnSweepArmed bool
 	appenders     map[topicPart]*appender // commit.go
