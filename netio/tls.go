@@ -65,7 +65,11 @@ type TLSListener struct {
 	conns map[net.Conn]struct{}
 }
 
-var relayBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+// relayBufs are the relay's copy buffers: two per TLS connection for its
+// whole life (an idle one blocks in Read holding its buffer), one TLS
+// record each, so that --max-connections TLS connections hold at most
+// 32 KiB each here, besides crypto/tls's own buffers.
+var relayBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
 
 // ListenTLS starts a TLS listener on addr whose connections are served
 // like the gnet listener's. The Server must be started. cfg is used as
