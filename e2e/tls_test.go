@@ -39,7 +39,7 @@ var tlsLine = regexp.MustCompile(`msg="herald serving".* clients_tls=(\S+)`)
 // startTLSLab writes a CA, a server certificate for 127.0.0.1 and a client
 // certificate "alice", and starts a broker whose TLS listener requires
 // client certificates from that CA.
-func startTLSLab(t *testing.T) *tlsLab {
+func startTLSLab(t *testing.T, extra ...string) *tlsLab {
 	t.Helper()
 	dir := t.TempDir()
 	ca, err := tlsconf.NewCA("test CA", time.Hour)
@@ -52,9 +52,9 @@ func startTLSLab(t *testing.T) *tlsLab {
 	l := &tlsLab{dir: dir, ca: ca}
 	l.issue(t, "server", tlsconf.LeafSpec{Name: "herald", Hosts: []string{"127.0.0.1"}})
 	l.issue(t, "alice", tlsconf.LeafSpec{Name: "alice", Client: true})
-	l.p = startProc(t, t.TempDir(), "--listen-tls", "127.0.0.1:0",
+	l.p = startProc(t, t.TempDir(), append([]string{"--listen-tls", "127.0.0.1:0",
 		"--tls-cert", filepath.Join(dir, "server.pem"), "--tls-key", filepath.Join(dir, "server-key.pem"),
-		"--tls-client-ca", filepath.Join(dir, "ca.pem"))
+		"--tls-client-ca", filepath.Join(dir, "ca.pem")}, extra...)...)
 	m := tlsLine.FindStringSubmatch(l.p.logs())
 	if m == nil {
 		t.Fatalf("no TLS address in the log:\n%s", l.p.logs())
@@ -568,4 +568,78 @@ func TestAdminPprofOffByDefault(t *testing.T) {
 	if code, body := get(startProc(t, t.TempDir(), "--admin-pprof")); code != http.StatusOK || !strings.Contains(body, "goroutine") {
 		t.Fatalf("pprof with --admin-pprof: %d", code)
 	}
+}
+
+// metricValue reads one unlabelled metric from a node's /metrics.
+func metricValue(t *testing.T, p *proc, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.AdminAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	return -1
+}
+
+// A TLS client that pipelines large fetches and never reads its answers
+// does not hold the relay and its connection slot for ever: the relay's
+// writes to it have the write-stall timeout, as the gnet side's have.
+func TestTLSNeverReadingClientIsDropped(t *testing.T) {
+	l := startTLSLab(t, "--write-stall-timeout", "1s")
+	c, err := l.dial(t, l.clientTLS(t, l.file("ca.pem"), "alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 30*time.Second)
+	if _, err := c.CreateTopic(ctx, "big", nil); err != nil {
+		t.Fatal(err)
+	}
+	p := c.NewProducer()
+	for i := range 64 {
+		if _, err := p.Send(ctx, &client.Message{Topic: "big", Value: make([]byte, 64<<10)}); err != nil {
+			t.Fatalf("produce %d: %v", i, err)
+		}
+	}
+	p.Close(ctx)
+	c.Close()
+	checkFor(t, 10*time.Second, "the client's connection closed", func() error {
+		if v := metricValue(t, l.p, "herald_tls_connections"); v != 0 {
+			return fmt.Errorf("%v TLS connections", v)
+		}
+		return nil
+	})
+	cfg := l.clientTLS(t, l.file("ca.pem"), "alice")
+	cfg.ServerName = "127.0.0.1"
+	raw, err := tls.Dial("tcp", l.addr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	var out []byte
+	for i := range 100 {
+		out, _ = heraldpb.AppendFrame(out, &heraldpb.Frame{Id: uint64(i + 1), Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{Topic: "big", MaxBytes: 4 << 20}}})
+	}
+	if _, err := raw.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 10*time.Second, "the never-reading client counted", func() error {
+		if v := metricValue(t, l.p, "herald_tls_connections"); v != 1 {
+			return fmt.Errorf("%v TLS connections", v)
+		}
+		return nil
+	})
+	checkFor(t, 30*time.Second, "the never-reading client dropped", func() error {
+		if v := metricValue(t, l.p, "herald_tls_connections"); v != 0 {
+			return fmt.Errorf("%v TLS connections", v)
+		}
+		return nil
+	})
 }

@@ -199,12 +199,28 @@ func (l *TLSListener) serve(nc net.Conn) {
 			_ = w.CloseWrite() // the broker sees the client's EOF
 		}
 	}()
-	relay(tc, pc) // broker -> client
+	// A client that stops reading must not hold the relay (and its
+	// connection slot) for ever: each write to it has the write-stall
+	// timeout the gnet side applies to its own sockets.
+	relay(stallWriter{tc, l.s.cfg.WriteStallTimeout}, pc) // broker -> client
 	// The broker closed (or half-closed after a final frame): say so in
 	// TLS, then end the client's side.
 	_ = tc.CloseWrite()
 	nc.Close()
 	<-done
+}
+
+// stallWriter fails a write that makes no progress for d (0 = never).
+type stallWriter struct {
+	c *tls.Conn
+	d time.Duration
+}
+
+func (w stallWriter) Write(b []byte) (int, error) {
+	if w.d > 0 {
+		_ = w.c.SetWriteDeadline(time.Now().Add(w.d))
+	}
+	return w.c.Write(b)
 }
 
 // relay copies from src to dst until either fails.
