@@ -207,10 +207,15 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 			b.stopActors()
 			return nil, err
 		}
+		secret, err := readClusterSecret(cfg.ClusterSecretFile)
+		if err != nil {
+			b.stopActors()
+			return nil, err
+		}
 		b.member, err = cluster.Start(cluster.Config{
 			NodeID: nodeID, Bind: cfg.Cluster, HealthBind: cfg.ClusterHealth, Peers: cfg.peers,
 			Provider: cfg.ClusterProvider, EtcdEndpoints: splitList(cfg.Etcd),
-			MaxMessageBytes: max(64<<20, 2*int(cfg.MaxMessageBytes)), Local: b.sys, Logger: logger, TLS: nodeTLS,
+			MaxMessageBytes: max(64<<20, 2*int(cfg.MaxMessageBytes)), Local: b.sys, Logger: logger, TLS: nodeTLS, Secret: secret,
 		})
 		if err != nil {
 			b.stopActors()

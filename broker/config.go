@@ -100,12 +100,15 @@ type Config struct {
 	ClusterHealth string
 	// Mutual TLS between nodes: a node certificate (serving and dialling)
 	// and the cluster CA that must sign every node's.
-	ClusterTLSCert  string
-	ClusterTLSKey   string
-	ClusterTLSCA    string
-	Peers           string
-	ClusterProvider string
-	Etcd            string
+	ClusterTLSCert string
+	ClusterTLSKey  string
+	ClusterTLSCA   string
+	// ClusterSecretFile holds the cluster secret every call between nodes
+	// carries (at least 16 bytes, surrounding white space ignored).
+	ClusterSecretFile string
+	Peers             string
+	ClusterProvider   string
+	Etcd              string
 	// Rack is the node's rack (or zone): replicas of a partition go to
 	// distinct racks where there are enough.
 	Rack string

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -138,4 +139,20 @@ func (b *Broker) advertisedTLS() string {
 		return b.cfg.AdvertiseTLS
 	}
 	return tlsAddrString(b.TLSAddr())
+}
+
+// readClusterSecret reads the cluster secret file ("" = none).
+func readClusterSecret(file string) ([]byte, error) {
+	if file == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("cluster secret: %w", err)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) < cluster.MinSecretBytes {
+		return nil, fmt.Errorf("cluster secret %s: %d bytes, at least %d needed", file, len(b), cluster.MinSecretBytes)
+	}
+	return b, nil
 }

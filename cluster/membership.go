@@ -13,6 +13,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,6 +100,9 @@ type Config struct {
 	Logger *slog.Logger
 	// TLS, if set, is mutual TLS between nodes (tls.go).
 	TLS *TLS
+	// Secret, if set, is the cluster secret every call between nodes
+	// carries (secret.go); at least MinSecretBytes.
+	Secret []byte
 }
 
 func (c *Config) ensureDefaults() {
@@ -136,6 +140,9 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := splitHostPort(c.Bind); err != nil {
 		errs = append(errs, fmt.Errorf("cluster address: %w", err))
+	}
+	if len(c.Secret) > 0 && len(c.Secret) < MinSecretBytes {
+		errs = append(errs, fmt.Errorf("cluster secret: %d bytes, at least %d needed", len(c.Secret), MinSecretBytes))
 	}
 	if c.HealthBind != "" {
 		if _, _, err := splitHostPort(c.HealthBind); err != nil {
@@ -375,7 +382,7 @@ func Start(cfg Config) (*Node, error) {
 	cfg.ensureDefaults()
 	n := &Node{cfg: cfg, log: cfg.Logger.With("component", "cluster", "node", cfg.NodeID),
 		changes: make(chan View, 64), stop: make(chan struct{}), groups: groups{local: cfg.Local, pids: map[string]*actor.PID{}}, forwardSlots: make(chan struct{}, MaxForwardedInFlight),
-		client: httpClient(cfg.TLS)}
+		client: httpClient(cfg.TLS, cfg.Secret)}
 	inc, err := n.join()
 	if err != nil {
 		return nil, err
@@ -436,6 +443,13 @@ func (n *Node) join() (*incarnation, error) {
 		creds = credentials.NewTLS(t.Client)
 		serverOpts = append(serverOpts, grpc.Creds(loggedCreds{TransportCredentials: credentials.NewTLS(t.Server), n: n}))
 	}
+	var secret *secretCheck
+	var dialSecret []grpc.DialOption
+	if len(n.cfg.Secret) > 0 {
+		secret = newSecretCheck(n.cfg.Secret, n)
+		serverOpts = append(serverOpts, secret.serverOptions()...)
+		dialSecret = append(dialSecret, grpc.WithPerRPCCredentials(secretCreds{hexSecret: hex.EncodeToString(n.cfg.Secret)}))
+	}
 	rc := remote.Configure(host, port,
 		remote.WithServerOptions(append(serverOpts,
 			grpc.MaxRecvMsgSize(max),
@@ -450,7 +464,7 @@ func (n *Node) join() (*incarnation, error) {
 		)...),
 		// WithDialOptions replaces protoactor's defaults: credentials and
 		// keepalive have to be given here.
-		remote.WithDialOptions(
+		remote.WithDialOptions(append(dialSecret,
 			grpc.WithTransportCredentials(creds),
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(max), grpc.MaxCallSendMsgSize(max)),
@@ -459,7 +473,7 @@ func (n *Node) join() (*incarnation, error) {
 			grpc.WithInitialConnWindowSize(transportWindow),
 			grpc.WithReadBufferSize(transportBuffer),
 			grpc.WithWriteBufferSize(transportBuffer),
-		),
+		)...),
 		remote.WithEndpointWriterQueueSize(n.cfg.QueueSize),
 		// At most 32 messages per gRPC batch: raft appends and forwarded
 		// frames are up to about 1 MiB each, so a batch stays at half the
@@ -485,6 +499,9 @@ func (n *Node) join() (*incarnation, error) {
 	e.Listener = ln
 	if t := n.cfg.TLS; t != nil {
 		e.Listener = tlsListener{Listener: ln, cfg: t.Server, n: n}
+	}
+	if secret != nil {
+		e.Use(secret.middleware)
 	}
 	_, hport, _ := splitHostPort(ln.Addr().String())
 	kinds := []string{kindPrefix + strconv.FormatUint(n.cfg.NodeID, 10)}
@@ -526,7 +543,7 @@ func (n *Node) join() (*incarnation, error) {
 		}
 		slices.Sort(hosts)
 		provider = newPeersProvider(func() []string { return n.pollHosts(hosts) }, n.cfg.Refresh, peerFailuresTolerated, e, n.log)
-		provider.(*peersProvider).client, provider.(*peersProvider).scheme = httpClient(n.cfg.TLS), n.scheme()
+		provider.(*peersProvider).client, provider.(*peersProvider).scheme = httpClient(n.cfg.TLS, n.cfg.Secret), n.scheme()
 	}
 	kind := pcluster.NewKind(kindPrefix+strconv.FormatUint(n.cfg.NodeID, 10), actor.PropsFromFunc(func(actor.Context) {}))
 	cc := pcluster.Configure(n.cfg.Name, provider, disthash.New(), rc, pcluster.WithKinds(kind))

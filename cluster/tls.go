@@ -10,6 +10,7 @@ package cluster
 import (
 	"context"
 	"crypto/tls"
+	"encoding/hex"
 	"net"
 	"net/http"
 	"time"
@@ -30,8 +31,8 @@ type TLS struct {
 }
 
 var mTLSRefused = promauto.NewCounterVec(prometheus.CounterOpts{
-	Name: "herald_cluster_tls_refused_total",
-	Help: "Connections to the cluster port or the health endpoint refused in the TLS handshake (no or a bad certificate), by listener (grpc, health).",
+	Name: "herald_cluster_refused_total",
+	Help: "Connections to the cluster port or the health endpoint refused: in the TLS handshake (no or a bad certificate), or without the cluster secret; by listener (grpc, health).",
 }, []string{"listener"})
 
 // scheme is the health endpoint's URL scheme.
@@ -43,10 +44,17 @@ func (n *Node) scheme() string {
 }
 
 // httpClient is the client for the peers' health endpoints.
-func httpClient(t *TLS) *http.Client {
+func httpClient(t *TLS, secret []byte) *http.Client {
 	c := &http.Client{Timeout: 2 * time.Second}
 	if t != nil {
 		c.Transport = &http.Transport{TLSClientConfig: t.Client.Clone(), ForceAttemptHTTP2: false}
+	}
+	if len(secret) > 0 {
+		base := c.Transport
+		if base == nil {
+			base = http.DefaultTransport
+		}
+		c.Transport = secretTransport{base: base, hexSecret: hex.EncodeToString(secret)}
 	}
 	return c
 }

@@ -480,18 +480,28 @@ func TestClusterMutualTLS(t *testing.T) {
 			t.Fatalf("produce on the mutual-TLS cluster: %v", err)
 		}
 	}
-	for _, intruder := range []struct {
-		name string
-		args []string
-	}{
+	refuseIntruders(t, tc, "TLS handshake failed", []intruder{
 		{"no certificate", nil},
 		{"another CA's certificate", []string{"--cluster-tls-cert", filepath.Join(dir, "rogue-node.pem"), "--cluster-tls-key", filepath.Join(dir, "rogue-node-key.pem"),
 			"--cluster-tls-ca", filepath.Join(dir, "rogue-ca.pem")}},
-	} {
+	})
+}
+
+// intruder is a process that names a cluster as its peers, with args.
+type intruder struct {
+	name string
+	args []string
+}
+
+// refuseIntruders starts each intruder as node 4 of tc and checks that the
+// nodes log a refusal (a line containing logged) and never register it.
+func refuseIntruders(t *testing.T, tc *testCluster, logged string, intruders []intruder) {
+	t.Helper()
+	for _, intruder := range intruders {
 		refusals := func() int {
 			n := 0
 			for _, q := range tc.nodes {
-				n += strings.Count(q.logs(), "TLS handshake failed")
+				n += strings.Count(q.logs(), logged)
 			}
 			return n
 		}
@@ -641,5 +651,31 @@ func TestTLSNeverReadingClientIsDropped(t *testing.T) {
 			return fmt.Errorf("%v TLS connections", v)
 		}
 		return nil
+	})
+}
+
+// With TLS off, a cluster secret keeps out a process that does not know
+// it: without it, or with another, it is refused (logged) and never
+// registered; the nodes that share it work as a cluster.
+func TestClusterSecret(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "secret"), filepath.Join(dir, "other")
+	os.WriteFile(good, []byte("correct horse battery staple\n"), 0o600)
+	os.WriteFile(bad, []byte("incorrect horse battery staple"), 0o600)
+	tc := startCluster(t, 3, "--cluster-secret-file", good)
+	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.CreateTopic(ctxT(t, 15*time.Second), "orders", &heraldpb.TopicConfig{Partitions: 1, ReplicationFactor: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.NewProducer().Send(ctxT(t, 15*time.Second), &client.Message{Topic: "orders", Value: []byte("v")}); err != nil {
+		t.Fatalf("produce with the secret: %v", err)
+	}
+	refuseIntruders(t, tc, "refused a connection without the cluster secret", []intruder{
+		{"no secret", nil},
+		{"another secret", []string{"--cluster-secret-file", bad}},
 	})
 }

@@ -153,6 +153,9 @@ func settings() []setting {
 		{"cluster-tls-ca", "PEM cluster CA: every node's certificate must be signed by it; nodes without one are refused", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.ClusterTLSCA, "cluster-tls-ca", d.ClusterTLSCA, "")
 		}},
+		{"cluster-secret-file", "file holding the cluster secret (16 bytes or more) every call between nodes must carry; nodes without it are refused", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.ClusterSecretFile, "cluster-secret-file", d.ClusterSecretFile, "")
+		}},
 		{"peers", "the cluster's nodes: ID@HOST:PORT,... (their --cluster addresses)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Peers, "peers", d.Peers, "")
 		}},
