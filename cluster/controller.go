@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"log/slog"
 	"maps"
 	"path/filepath"
@@ -146,17 +148,19 @@ type ControllerView struct {
 
 // Controller runs this node's part of the controller group.
 type Controller struct {
-	cfg    ControllerConfig
-	log    *slog.Logger
-	group  string
-	voter  bool
-	pid    *actor.PID
-	filter *actor.PID // on a voter: drops registrations already applied
-	sent   atomic.Int64
-	stats  *partition.Stats
-	state  atomic.Pointer[Metadata]
-	stop   chan struct{}
-	done   sync.WaitGroup
+	cfg ControllerConfig
+	log *slog.Logger
+
+	takeoverLogged time.Time // onRegistration: a refused takeover last logged
+	group          string
+	voter          bool
+	pid            *actor.PID
+	filter         *actor.PID // on a voter: drops registrations already applied
+	sent           atomic.Int64
+	stats          *partition.Stats
+	state          atomic.Pointer[Metadata]
+	stop           chan struct{}
+	done           sync.WaitGroup
 	// cpErr is the last error writing a checkpoint ("" after a success).
 	cpErr atomic.Pointer[string]
 }
@@ -572,7 +576,39 @@ func (c *Controller) onRegistration(ctx actor.Context) {
 		have.ReplicaRaftIds == n.ReplicaRaftIds {
 		return // applied already
 	}
+	if have := c.state.Load().Nodes[n.NodeId]; takeover(have, n, c.cfg.Node.View()) {
+		mTakeovers.Inc()
+		if time.Since(c.takeoverLogged) >= time.Second {
+			c.takeoverLogged = time.Now()
+			c.log.Warn("refused a registration: its node id is held by a live member at another address",
+				"node", n.NodeId, "live_member", have.MemberId, "live_address", have.ClusterAddress,
+				"refused_member", n.MemberId, "refused_address", n.ClusterAddress)
+		}
+		return
+	}
 	ctx.Send(c.pid, f)
+}
+
+var mTakeovers = promauto.NewCounter(prometheus.CounterOpts{
+	Name: "herald_cluster_takeovers_refused_total",
+	Help: "Registrations refused because their node id is held by a live member at another address (another process claiming a live node's id).",
+})
+
+// takeover reports whether registration n would take node n.NodeId over
+// from have, a member of the view (alive) at another cluster or health
+// address: another process claiming a live node's id. A node that
+// restarts at its addresses registers at once; one that moved waits until
+// its old member leaves the view (its process died).
+func takeover(have, n *heraldpb.NodeRecord, v View) bool {
+	if have == nil || have.MemberId == "" || have.MemberId == n.MemberId ||
+		(have.ClusterAddress == n.ClusterAddress && have.HealthAddress == n.HealthAddress) {
+		return false
+	}
+	alive := v.Self.MemberID == have.MemberId
+	for _, m := range v.Members {
+		alive = alive || m.MemberID == have.MemberId
+	}
+	return alive
 }
 
 // propose sends cmd to the group's leader: locally when this node leads,

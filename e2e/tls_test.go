@@ -679,3 +679,63 @@ func TestClusterSecret(t *testing.T) {
 		{"another secret", []string{"--cluster-secret-file", bad}},
 	})
 }
+
+// A second process that claims a live node's id, from another address,
+// does not take the node over: the controller refuses its registration
+// (logged) and the node's record keeps the live member's address.
+func TestNodeIDTakeoverRefused(t *testing.T) {
+	tc := startCluster(t, 3)
+	cv, _, err := getController(tc.nodes[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live string
+	for _, n := range cv.Nodes {
+		if n.NodeID == 2 {
+			live = n.ClientAddress
+		}
+	}
+	cl, health := pairPorts(t)
+	// It names the others at their addresses, and itself as node 2.
+	var peers []string
+	for _, p := range tc.peers {
+		if strings.HasPrefix(p, "2@") {
+			p = "2@" + cl
+		}
+		peers = append(peers, p)
+	}
+	cmd := exec.Command(heraldBin, "serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin", "",
+		"--node-id", "2", "--cluster", cl, "--cluster-health", health, "--peers", strings.Join(peers, ","))
+	var out lockedBuf
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	checkFor(t, 30*time.Second, "the controller refuses the impostor's registration", func() error {
+		for _, q := range tc.nodes {
+			if strings.Contains(q.logs(), "its node id is held by a live member") {
+				return nil
+			}
+		}
+		return fmt.Errorf("not refused (yet); the impostor:\n%s", tail(out.String(), 3000))
+	})
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		cv, _, err := getController(tc.nodes[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range cv.Nodes {
+			if n.NodeID == 2 && n.ClientAddress != live {
+				t.Fatalf("node 2 was taken over: registered at %s, the live node serves at %s\n%s", n.ClientAddress, live, out.String())
+			}
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
