@@ -108,9 +108,9 @@ func mapKeys[K comparable, V any](m map[K]V) []K {
 
 // clusterWithTopic starts three nodes and creates an RF=3 topic of parts
 // partitions through a client that knows all three.
-func clusterWithTopic(t *testing.T, topic string, parts uint32) (*testCluster, *client.Client) {
+func clusterWithTopic(t *testing.T, topic string, parts uint32, extra ...string) (*testCluster, *client.Client) {
 	t.Helper()
-	tc := startCluster(t, 3)
+	tc := startCluster(t, 3, extra...)
 	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
 	if err != nil {
 		t.Fatal(err)

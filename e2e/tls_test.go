@@ -368,19 +368,11 @@ func TestTLSCluster(t *testing.T) {
 	if _, stderr, code := herald(t, "", "dev-certs", dir); code != 0 {
 		t.Fatalf("dev-certs: %s", stderr)
 	}
-	tc := startCluster(t, 3, "--listen-tls", "127.0.0.1:0", "--tls-cert", filepath.Join(dir, "server.pem"),
+	tc, plain := clusterWithTopic(t, "orders", 1, "--listen-tls", "127.0.0.1:0", "--tls-cert", filepath.Join(dir, "server.pem"),
 		"--tls-key", filepath.Join(dir, "server-key.pem"))
 	tlsAddr := map[uint64]string{}
 	for id, p := range tc.nodes {
 		tlsAddr[id] = tlsLine.FindStringSubmatch(p.logs())[1]
-	}
-	plain, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Close()
-	if _, err := plain.CreateTopic(ctxT(t, 15*time.Second), "orders", &heraldpb.TopicConfig{Partitions: 1, ReplicationFactor: 3}); err != nil {
-		t.Fatal(err)
 	}
 	var leader uint64
 	checkFor(t, 15*time.Second, "partition 0 has a leader", func() error {
@@ -463,16 +455,8 @@ func TestClusterMutualTLS(t *testing.T) {
 	// startCluster gives every node the same flags, so the three share
 	// node-1's certificate: what is checked is the cluster CA's
 	// signature. The intruders below have none, or another CA's.
-	tc := startCluster(t, 3, "--cluster-tls-cert", filepath.Join(dir, "node-1.pem"), "--cluster-tls-key", filepath.Join(dir, "node-1-key.pem"),
+	tc, c := clusterWithTopic(t, "orders", 3, "--cluster-tls-cert", filepath.Join(dir, "node-1.pem"), "--cluster-tls-key", filepath.Join(dir, "node-1-key.pem"),
 		"--cluster-tls-ca", filepath.Join(dir, "ca.pem"))
-	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.CreateTopic(ctxT(t, 15*time.Second), "orders", &heraldpb.TopicConfig{Partitions: 3, ReplicationFactor: 3}); err != nil {
-		t.Fatal(err)
-	}
 	p := c.NewProducer()
 	defer p.Close(context.Background())
 	for i := range 30 {
@@ -510,8 +494,8 @@ func refuseIntruders(t *testing.T, tc *testCluster, logged string, intruders []i
 		peers := append(slices.Clone(tc.peers), "4@"+cl)
 		cmd := exec.Command(heraldBin, append([]string{"serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin", "",
 			"--node-id", "4", "--cluster", cl, "--cluster-health", health, "--peers", strings.Join(peers, ",")}, intruder.args...)...)
-		var out lockedBuf
-		cmd.Stdout, cmd.Stderr = &out, &out
+		out := lockedWriter{new(sync.Mutex), new(strings.Builder)}
+		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -543,23 +527,6 @@ func refuseIntruders(t *testing.T, tc *testCluster, logged string, intruders []i
 	}
 }
 
-// lockedBuf is an io.Writer safe for a process's two streams.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // The profiler is refused unless the broker runs with --admin-pprof.
 func TestAdminPprofOffByDefault(t *testing.T) {
@@ -662,15 +629,7 @@ func TestClusterSecret(t *testing.T) {
 	good, bad := filepath.Join(dir, "secret"), filepath.Join(dir, "other")
 	os.WriteFile(good, []byte("correct horse battery staple\n"), 0o600)
 	os.WriteFile(bad, []byte("incorrect horse battery staple"), 0o600)
-	tc := startCluster(t, 3, "--cluster-secret-file", good)
-	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.CreateTopic(ctxT(t, 15*time.Second), "orders", &heraldpb.TopicConfig{Partitions: 1, ReplicationFactor: 3}); err != nil {
-		t.Fatal(err)
-	}
+	tc, c := clusterWithTopic(t, "orders", 1, "--cluster-secret-file", good)
 	if _, err := c.NewProducer().Send(ctxT(t, 15*time.Second), &client.Message{Topic: "orders", Value: []byte("v")}); err != nil {
 		t.Fatalf("produce with the secret: %v", err)
 	}
@@ -706,8 +665,8 @@ func TestNodeIDTakeoverRefused(t *testing.T) {
 	}
 	cmd := exec.Command(heraldBin, "serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin", "",
 		"--node-id", "2", "--cluster", cl, "--cluster-health", health, "--peers", strings.Join(peers, ","))
-	var out lockedBuf
-	cmd.Stdout, cmd.Stderr = &out, &out
+	out := lockedWriter{new(sync.Mutex), new(strings.Builder)}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

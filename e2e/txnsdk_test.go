@@ -168,6 +168,12 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 	return w.w.Write(p)
 }
 
+func (w lockedWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.w.String()
+}
+
 func newTxnProducer(t *testing.T, c *client.Client, id string, opts ...client.TxnOpt) *client.TransactionalProducer {
 	t.Helper()
 	p, err := c.NewTransactionalProducer(ctxT(t, 10*time.Second), id, opts...)
