@@ -527,7 +527,6 @@ func refuseIntruders(t *testing.T, tc *testCluster, logged string, intruders []i
 	}
 }
 
-
 // The profiler is refused unless the broker runs with --admin-pprof.
 func TestAdminPprofOffByDefault(t *testing.T) {
 	get := func(p *proc) (int, string) {
