@@ -287,6 +287,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 			return nil, fmt.Errorf("admin listener %s: %w", cfg.Admin, err)
 		}
 	}
+	b.warnExposed()
 	logger.Info("herald serving", "version", Version, "node", nodeID, "clients", b.server.Addr().String(),
 		"admin", b.AdminAddr(), "data", cfg.DataDir, "flush", cfg.flush.String(), "clients_tls", tlsAddrString(b.TLSAddr()))
 	go b.watchReady(b.readyStop)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -188,14 +189,20 @@ func freezeAndRejoin(t *testing.T, nodes map[uint64]*proc, id uint64) {
 
 // pairPorts returns two loopback addresses with consecutive ports, both
 // free a moment ago: a cluster address and its health endpoint (port + 1).
+// They are picked at random below the kernel's ephemeral range, where
+// nothing else binds them meanwhile: a port taken from the ephemeral range
+// (port 0) can be handed to another process's outgoing connection or
+// listener between this check and the node's bind, as parallel test
+// packages do ("bind: address already in use" in CI).
 func pairPorts(t *testing.T) (string, string) {
 	t.Helper()
-	for i := 0; i < 100; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	lo := ephemeralLow()
+	for i := 0; i < 200; i++ {
+		port := 10000 + rand.IntN(lo-10001)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
 		ln2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+1))
 		ln.Close()
 		if err != nil {
@@ -206,6 +213,20 @@ func pairPorts(t *testing.T) (string, string) {
 	}
 	t.Fatal("no two consecutive free ports")
 	return "", ""
+}
+
+// ephemeralLow is the lowest port of the kernel's ephemeral range
+// (32768 where it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	var lo, hi int
+	if n, _ := fmt.Sscan(string(b), &lo, &hi); n != 2 || lo <= 12000 {
+		return 32768
+	}
+	return lo
 }
 
 // startEtcd runs a real etcd on loopback for the test. Without an etcd

@@ -647,23 +647,30 @@ func TestNodeIDTakeoverRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The impostor claims a node that does not lead the controller: its
+	// registration then goes to the leader (one claiming the leader's id
+	// runs a replica of the same raft id and sends it nowhere).
+	victim := uint64(1)
+	for victim == cv.Leader {
+		victim++
+	}
 	var live string
 	for _, n := range cv.Nodes {
-		if n.NodeID == 2 {
+		if n.NodeID == victim {
 			live = n.ClientAddress
 		}
 	}
 	cl, health := pairPorts(t)
-	// It names the others at their addresses, and itself as node 2.
+	// It names the others at their addresses, and itself as the victim.
 	var peers []string
 	for _, p := range tc.peers {
-		if strings.HasPrefix(p, "2@") {
-			p = "2@" + cl
+		if strings.HasPrefix(p, fmt.Sprintf("%d@", victim)) {
+			p = fmt.Sprintf("%d@%s", victim, cl)
 		}
 		peers = append(peers, p)
 	}
 	cmd := exec.Command(heraldBin, "serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--admin", "",
-		"--node-id", "2", "--cluster", cl, "--cluster-health", health, "--peers", strings.Join(peers, ","))
+		"--node-id", fmt.Sprint(victim), "--cluster", cl, "--cluster-health", health, "--peers", strings.Join(peers, ","))
 	out := lockedWriter{new(sync.Mutex), new(strings.Builder)}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -684,8 +691,8 @@ func TestNodeIDTakeoverRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, n := range cv.Nodes {
-			if n.NodeID == 2 && n.ClientAddress != live {
-				t.Fatalf("node 2 was taken over: registered at %s, the live node serves at %s\n%s", n.ClientAddress, live, out.String())
+			if n.NodeID == victim && n.ClientAddress != live {
+				t.Fatalf("node %d was taken over: registered at %s, the live node serves at %s\n%s", victim, n.ClientAddress, live, out.String())
 			}
 		}
 	}
