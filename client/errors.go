@@ -197,12 +197,15 @@ func leaderMoving(err error) bool {
 }
 
 // waitOut reports whether err asks the client to wait and try again: a
-// node not ready yet (replaying its log, loading metadata) or saturated.
-// Such errors are retried until the producer's failover timeout has passed
-// since the first of them, however many attempts that takes, each wait at
-// least the broker's retry-after hint.
+// node not ready yet (replaying its log, loading metadata) or saturated,
+// or a partition whose followers are not in sync for the moment (a
+// leader just elected, a follower rejoining after a cut). Such errors are
+// retried until the producer's failover timeout has passed since the
+// first of them, however many attempts that takes, each wait at least the
+// broker's retry-after hint.
 func waitOut(err error) bool {
-	return IsCode(err, heraldpb.ErrorCode_NOT_READY) || IsCode(err, heraldpb.ErrorCode_THROTTLED)
+	return IsCode(err, heraldpb.ErrorCode_NOT_READY) || IsCode(err, heraldpb.ErrorCode_THROTTLED) ||
+		IsCode(err, heraldpb.ErrorCode_NOT_ENOUGH_REPLICAS)
 }
 
 // retryAfter returns the broker's retry hint carried by err, or 0.

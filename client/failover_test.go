@@ -222,3 +222,27 @@ func TestFetchLeavesCutOffLeader(t *testing.T) {
 		t.Fatalf("fetched %v, want value2 from node 2", res.Messages)
 	}
 }
+
+// NOT_ENOUGH_REPLICAS (a leader just elected, a follower rejoining after a
+// cut) is waited out within the failover timeout, however many attempts
+// that takes, as NOT_READY and THROTTLED are: the chaos test
+// TestNetworkNemeses failed a produce after the 10 retries a reconnected
+// node's partition needed more than.
+func TestProduceWaitsOutNotEnoughReplicas(t *testing.T) {
+	b := newBroker(t, fakebroker.Topic("t", 1))
+	var refused atomic.Int64
+	b.SetHook(func(_ int, f *heraldpb.Frame) fakebroker.Action {
+		if f.GetProduce() != nil && refused.Add(1) <= 15 {
+			return fakebroker.Action{Error: &heraldpb.Error{Code: heraldpb.ErrorCode_NOT_ENOUGH_REPLICAS, Message: "1 in-sync replica", RetryAfterMs: 20}}
+		}
+		return fakebroker.Action{}
+	})
+	c := dial(t, b)
+	p := c.NewProducer(WithRetryBackoff(time.Millisecond, 20*time.Millisecond))
+	if _, err := p.Send(testCtx(t), &Message{Topic: "t", Value: []byte("v")}); err != nil {
+		t.Fatalf("produce after 15 NOT_ENOUGH_REPLICAS: %v", err)
+	}
+	if n := refused.Load(); n != 16 {
+		t.Fatalf("%d attempts, want 16", n)
+	}
+}
