@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -477,10 +478,24 @@ func (c *conn) roundTrip(ctx context.Context, req *heraldpb.Frame, timeout time.
 // frame. The hook must not block; it runs even when the caller has given
 // up waiting.
 func (c *conn) roundTripHook(ctx context.Context, req *heraldpb.Frame, timeout time.Duration, hook func(*heraldpb.Frame)) (*heraldpb.Frame, error) {
-	return c.exchange(ctx, func(dst []byte, id uint64) ([]byte, error) {
+	f, err := c.exchange(ctx, func(dst []byte, id uint64) ([]byte, error) {
 		req.Id = id
 		return heraldpb.AppendFrame(dst, req)
 	}, timeout, hook)
+	if errors.Is(err, ErrRequestTimeout) {
+		// Say which request: a timeout is otherwise anonymous.
+		err = fmt.Errorf("%s: %w", requestName(req), err)
+	}
+	return f, err
+}
+
+// requestName is the name of a request frame's body ("DescribeGroup").
+func requestName(f *heraldpb.Frame) string {
+	if f == nil || f.Body == nil {
+		return "request"
+	}
+	name := string(f.ProtoReflect().WhichOneof(f.ProtoReflect().Descriptor().Oneofs().ByName("body")).Message().Name())
+	return strings.TrimSuffix(name, "Request")
 }
 
 // awaitWatched is await that, while no response has come, calls check

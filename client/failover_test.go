@@ -246,3 +246,15 @@ func TestProduceWaitsOutNotEnoughReplicas(t *testing.T) {
 		t.Fatalf("%d attempts, want 16", n)
 	}
 }
+
+func TestRequestName(t *testing.T) {
+	for f, want := range map[*heraldpb.Frame]string{
+		{Body: &heraldpb.Frame_DescribeGroup{DescribeGroup: &heraldpb.DescribeGroupRequest{}}}: "DescribeGroup",
+		{Body: &heraldpb.Frame_Unsubscribe{Unsubscribe: &heraldpb.UnsubscribeRequest{}}}:       "Unsubscribe",
+		{}: "request",
+	} {
+		if got := requestName(f); got != want {
+			t.Errorf("requestName(%v) = %q, want %q", f, got, want)
+		}
+	}
+}
