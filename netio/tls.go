@@ -189,7 +189,7 @@ func (l *TLSListener) serve(nc net.Conn) {
 	// Registered before any byte is relayed: the gnet side looks it up on
 	// the connection's first traffic.
 	local := pc.LocalAddr().String()
-	l.s.tlsPeers.Store(local, &PeerInfo{Remote: nc.RemoteAddr().String(), Principal: peerPrincipal(tc.ConnectionState())})
+	l.s.tlsPeers.Store(local, &PeerInfo{Remote: nc.RemoteAddr().String(), Principal: tlsconf.Subject(tc.ConnectionState())})
 	defer l.s.tlsPeers.Delete(local)
 	done := make(chan struct{})
 	go func() {
@@ -255,6 +255,3 @@ func isCertificateError(err error) bool {
 	var ce *tls.CertificateVerificationError
 	return errors.As(err, &ae) || errors.As(err, &ce) || strings.Contains(err.Error(), "certificate")
 }
-
-// peerPrincipal is the subject of a verified client certificate.
-func peerPrincipal(st tls.ConnectionState) string { return tlsconf.Subject(st) }

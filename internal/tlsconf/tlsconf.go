@@ -53,14 +53,7 @@ func NewServer(files ServerFiles, log *slog.Logger) (*Server, error) {
 
 // Config is the tls.Config to serve with: each handshake takes the
 // configuration loaded last.
-func (s *Server) Config() *tls.Config {
-	return &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			return s.cur.Load(), nil
-		},
-	}
-}
+func (s *Server) Config() *tls.Config { return s.ConfigWithALPN() }
 
 // ConfigWithALPN is Config offering the application protocols protos
 // (gRPC needs "h2").
@@ -95,9 +88,6 @@ func (s *Server) PeerClient() (*tls.Config, error) {
 		},
 	}, nil
 }
-
-// RequiresClientCert reports whether clients must present a certificate.
-func (s *Server) RequiresClientCert() bool { return s.files.ClientCA != "" }
 
 // Reload reads the files again. On any error the configuration in use is
 // kept, and the error says which file is at fault.
