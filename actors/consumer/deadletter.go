@@ -117,9 +117,20 @@ func (c *coordinator) dlqRequest(ctx actor.Context, to *actor.PID, creating bool
 }
 
 // isDLQ reports whether f answers the live subscription's dead-letter
-// request.
+// request. Clients' requests reach the coordinator's mailbox too, with
+// ids of the client's own numbering: only an answer (a produce or create
+// response, or an error) may be taken for the dead-letter request's, or a
+// client's DescribeGroup or Ack with the same id would be swallowed and
+// would count dead letters appended before their append was acknowledged.
 func (c *coordinator) isDLQ(f *heraldpb.Frame) bool {
-	return c.live != nil && f.Id != 0 && f.Id == c.live.dlq.reqID
+	if c.live == nil || f.Id == 0 || f.Id != c.live.dlq.reqID {
+		return false
+	}
+	switch f.Body.(type) {
+	case *heraldpb.Frame_ProduceResponse, *heraldpb.Frame_CreateTopicResponse, *heraldpb.Frame_Error:
+		return true
+	}
+	return false
 }
 
 // onDLQ handles the answer to the dead-letter request in flight.
