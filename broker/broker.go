@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/heraldmq/herald/auth"
 	"log/slog"
 	"maps"
 	"math"
@@ -63,8 +64,11 @@ type Broker struct {
 	readiness readiness
 	readyStop chan struct{}
 	readyOnce sync.Once
-	member    *cluster.Node       // nil on a single node
-	ctrl      *cluster.Controller // nil on a single node or without --peers
+	member    *cluster.Node                      // nil on a single node
+	ctrl      *cluster.Controller                // nil on a single node or without --peers
+	ctrlReady atomic.Pointer[cluster.Controller] // ctrl, once started: for goroutines that may run before
+	auth      *auth.Service
+	users     *userStore
 	nodeID    uint64
 
 	// Consumer groups in a cluster (groups.go).
@@ -222,6 +226,10 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 			return nil, fmt.Errorf("cluster: %w", err)
 		}
 	}
+	if err := b.startAuth(clustered); err != nil {
+		b.stopActors()
+		return nil, err
+	}
 	groupRouter := consumer.NewRouter(b.sys, dir, actor.NewPID(b.sys.Address(), consumer.ManagerName))
 	if clustered {
 		groupRouter.SetGate(func() (uint64, bool) { return b.groupsLeader.Load(), b.groupsHere.Load() })
@@ -234,7 +242,8 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		WriteStallTimeout: neverIfZero(cfg.WriteStallTimeout), MaxQueuedRequestBytes: cfg.MaxQueuedRequestBytes,
 		FrameTimeout: neverIfZero(cfg.FrameTimeout), MaxFrameBytesBeforeHello: cfg.MaxFrameBytesBeforeHello,
 		MaxInFlightProduceBytes: offIfZero(cfg.MaxInFlightProduceBytes), MaxProduceDefer: neverIfZero(cfg.MaxProduceDefer), NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
-	}, b.sys, newRouter(b.sys, groupRouter, topic.NewRouter(b.sys, reg, b.manager), b.routeScheduled, b.routeTxn))
+		Auth: b.auth,
+	}, b.sys, newRouter(b.sys, groupRouter, topic.NewRouter(b.sys, reg, b.manager), b.routeScheduled, b.routeTxn, b.users.route))
 	if err != nil {
 		b.stopActors()
 		return nil, err
@@ -274,6 +283,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 			b.stopActors()
 			return nil, fmt.Errorf("controller: %w", err)
 		}
+		b.ctrlReady.Store(b.ctrl)
 		b.sys.Root.Send(b.manager, &topic.Clustered{Catalog: b.ctrl, Transport: b.member})
 		b.coordStop = make(chan struct{})
 		b.coordDone.Add(1)
@@ -287,6 +297,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 			return nil, fmt.Errorf("admin listener %s: %w", cfg.Admin, err)
 		}
 	}
+	b.users.bootstrapCluster(b.readyStop)
 	b.warnExposed()
 	logger.Info("herald serving", "version", Version, "node", nodeID, "clients", b.server.Addr().String(),
 		"admin", b.AdminAddr(), "data", cfg.DataDir, "flush", cfg.flush.String(), "clients_tls", tlsAddrString(b.TLSAddr()))
@@ -413,6 +424,9 @@ func (b *Broker) onMetadata(md *cluster.Metadata) {
 		}
 	}
 	b.sys.Root.Send(b.manager, &topic.Assign{Topics: md.Topics, Brokers: brokers, Applied: md.Applied})
+	if b.users != nil {
+		b.users.users.Set(md.Users)
+	}
 }
 
 func (b *Broker) stopActors() {
@@ -469,7 +483,7 @@ type router struct {
 
 // newRouter builds the table. A request type claimed twice is a wiring
 // bug, and panics at start.
-func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Router, sched, txns topic.Handler) router {
+func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Router, sched, txns, users topic.Handler) router {
 	table := map[reflect.Type]topic.Handler{}
 	add := func(routes map[reflect.Type]topic.Handler) {
 		for t, h := range routes {
@@ -501,6 +515,8 @@ func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Ro
 		reflect.TypeOf(&heraldpb.Frame_ListTxn{}):          txns,
 		reflect.TypeOf(&heraldpb.Frame_InitProducerId{}):   txns,
 		reflect.TypeOf(&heraldpb.Frame_EndTxn{}):           txns,
+		reflect.TypeOf(&heraldpb.Frame_AlterUser{}):        users,
+		reflect.TypeOf(&heraldpb.Frame_ListUsers{}):        users,
 	})
 	return router{sys: sys, table: table}
 }

@@ -3,6 +3,7 @@ package broker
 import (
 	"errors"
 	"fmt"
+	"github.com/heraldmq/herald/auth"
 	"log/slog"
 	"net"
 	"strings"
@@ -34,19 +35,27 @@ type Config struct {
 	// TLS client listener (netio/tls.go): its address ("" = none), the
 	// server certificate and key, and a CA bundle that makes it require
 	// client certificates. The files reload on SIGHUP and when they change.
-	AdminPprof     bool // serve /debug/pprof on the admin listener
-	ListenTLS      string
-	AdvertiseTLS   string // the TLS address given to clients in metadata; "" = the bound one
-	TLSCert        string
-	TLSKey         string
-	TLSClientCA    string
-	NodeID         uint64
-	Flush          string
-	SegmentBytes   int
-	MaxFrameBytes  int
-	MaxConnections int
-	IdleTimeout    time.Duration
-	MaxInFlight    int
+	AdminPprof   bool // serve /debug/pprof on the admin listener
+	ListenTLS    string
+	AdvertiseTLS string // the TLS address given to clients in metadata; "" = the bound one
+	TLSCert      string
+	TLSKey       string
+	TLSClientCA  string
+	// Client logins (auth package): --auth required|optional|off ("" =
+	// off when every client listener is on loopback, else required), the
+	// superusers (comma-separated names), and a user created at start
+	// when absent, with the password in BootstrapPasswordFile.
+	Auth                  string
+	Superusers            string
+	BootstrapUser         string
+	BootstrapPasswordFile string
+	NodeID                uint64
+	Flush                 string
+	SegmentBytes          int
+	MaxFrameBytes         int
+	MaxConnections        int
+	IdleTimeout           time.Duration
+	MaxInFlight           int
 	// Flow control of client connections (netio.Config has the details).
 	MaxPendingOutput         int
 	MaxPendingOutputHard     int // 0 = the larger of 64 MiB and MaxPendingOutput + 2*MaxFrameBytes
@@ -122,7 +131,8 @@ type Config struct {
 	ControllerCheckpointRecords int
 	ControllerCheckpointBytes   int
 
-	peers map[uint64]string // parsed by Validate
+	peers    map[uint64]string // parsed by Validate
+	authMode auth.Mode         // parsed by Validate
 
 	flush persistence.FlushPolicy // parsed by Validate
 	retry retry.Policy            // parsed by Validate
@@ -178,6 +188,7 @@ func (c *Config) Validate() error {
 	} else if c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != "" || c.AdvertiseTLS != "" {
 		bad("listen-tls", "--tls-cert, --tls-key, --tls-client-ca and --advertise-tls need a TLS listener (--listen-tls)")
 	}
+	c.validateAuth(bad)
 	if p, err := persistence.ParseFlushPolicy(c.Flush); err != nil {
 		bad("flush", "%v", err)
 	} else {

@@ -3,6 +3,7 @@ package broker
 import (
 	"bytes"
 	"fmt"
+	"github.com/heraldmq/herald/auth"
 	"net"
 	"os"
 	"os/signal"
@@ -158,26 +159,13 @@ func readClusterSecret(file string) ([]byte, error) {
 }
 
 // warnExposed logs, loudly, each listener reachable beyond loopback that
-// lets anyone in: the plaintext client listener (no authentication yet),
-// and the cluster port without mutual TLS or a cluster secret.
+// lets anyone in: a client listener with logins off (or optional, which
+// lets anonymous connections do everything until ACLs say otherwise), and
+// the cluster port without mutual TLS or a cluster secret.
 func (b *Broker) warnExposed() {
-	exposed := func(addr string) bool {
-		host, _, err := net.SplitHostPort(addr)
-		if err != nil {
-			return false
-		}
-		if host == "" {
-			return true // every interface
-		}
-		if host == "localhost" {
-			return false
-		}
-		ip := net.ParseIP(host)
-		return ip == nil || !ip.IsLoopback()
-	}
-	if exposed(b.cfg.Listen) {
-		b.log.Warn("SECURITY: the plaintext client listener is reachable beyond this host and has no authentication: anyone who reaches it can read, write and delete every topic; bind it to loopback and serve clients on --listen-tls with --tls-client-ca (docs/security.md)",
-			"listen", b.cfg.Listen)
+	if b.cfg.authMode != auth.Required && (exposed(b.cfg.Listen) || (b.cfg.ListenTLS != "" && exposed(b.cfg.ListenTLS))) {
+		b.log.Warn("SECURITY: a client listener is reachable beyond this host and does not require a login (--auth "+b.cfg.authMode.String()+"): anyone who reaches it can read, write and delete every topic; set --auth required with users, or bind it to loopback (docs/security.md)",
+			"listen", b.cfg.Listen, "listen_tls", b.cfg.ListenTLS)
 	}
 	if b.cfg.Cluster != "" && exposed(b.cfg.Cluster) && b.cfg.ClusterTLSCert == "" && b.cfg.ClusterSecretFile == "" {
 		b.log.Warn("SECURITY: the cluster port is reachable beyond this host with neither mutual TLS nor a cluster secret: any process that reaches it can join the cluster; set --cluster-tls-* or --cluster-secret-file (docs/security.md)",

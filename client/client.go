@@ -83,6 +83,9 @@ func Dial(ctx context.Context, addrs string, opts ...Option) (*Client, error) {
 	if len(list) == 0 {
 		return nil, fmt.Errorf("herald: no broker address given")
 	}
+	if l := cfg.login; l != nil && l.err != nil {
+		return nil, l.err
+	}
 	c := &Client{
 		cfg:     cfg,
 		addrs:   list,

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/xdg-go/scram"
 )
 
 // conn is one connection to one broker. Requests are pipelined: a caller
@@ -32,7 +33,10 @@ type conn struct {
 	maxFrame int    // negotiated
 	window   int    // negotiated
 	nodeID   uint32 // from HelloResponse
-	server   string
+	// principal is who the broker says the connection acts as ("" =
+	// anonymous).
+	principal string
+	server    string
 	// idleTimeout is the broker's idle timeout from Hello (0 = never or
 	// unknown).
 	idleTimeout time.Duration
@@ -277,12 +281,22 @@ func (c *conn) hello(ctx context.Context, br *bufio.Reader, cfg *clientConfig) e
 	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	id := c.nextID.Add(1)
-	req := &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_Hello{Hello: &heraldpb.HelloRequest{
+	hello := &heraldpb.HelloRequest{
 		ClientId:        cfg.clientID,
 		ProtocolVersion: heraldpb.ProtocolVersion,
 		MaxFrameBytes:   cfg.maxFrameBytes,
 		MaxInFlight:     cfg.maxInFlight,
-	}}}
+	}
+	var conv *scram.ClientConversation
+	if cfg.login != nil {
+		conv = cfg.login.client.NewConversation()
+		first, err := conv.Step("")
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrNotAuthenticated, err)
+		}
+		hello.SaslMechanism, hello.SaslData = scramMechanism, []byte(first)
+	}
+	req := &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_Hello{Hello: hello}}
 	b, err := heraldpb.AppendFrame(nil, req)
 	if err != nil {
 		return err
@@ -312,7 +326,48 @@ func (c *conn) hello(ctx context.Context, br *bufio.Reader, cfg *clientConfig) e
 	c.nodeID = hr.GetNodeId()
 	c.server = hr.GetServerVersion()
 	c.idleTimeout = time.Duration(hr.GetIdleTimeoutMs()) * time.Millisecond
+	c.principal = hr.GetPrincipal()
+	if conv != nil {
+		if err := c.authenticate(ctx, br, conv, hr.GetSaslData()); err != nil {
+			return err
+		}
+	}
 	_ = c.nc.SetDeadline(time.Time{})
+	return nil
+}
+
+// authenticate ends the SCRAM login Hello began: it answers the broker's
+// challenge and checks the broker's proof that it knows the credentials.
+func (c *conn) authenticate(ctx context.Context, br *bufio.Reader, conv *scram.ClientConversation, challenge []byte) error {
+	final, err := conv.Step(string(challenge))
+	if err != nil {
+		return fmt.Errorf("%w: %s: the broker's challenge: %w", ErrNotAuthenticated, c.addr, err)
+	}
+	id := c.nextID.Add(1)
+	b, err := heraldpb.AppendFrame(nil, &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_SaslAuthenticate{
+		SaslAuthenticate: &heraldpb.SaslAuthenticateRequest{SaslData: []byte(final)},
+	}})
+	if err != nil {
+		return err
+	}
+	if _, err := c.nc.Write(b); err != nil {
+		return ctxErr(ctx, err)
+	}
+	f, err := readFrame(br, heraldpb.DefaultMaxFrameBytes)
+	if err != nil {
+		return ctxErr(ctx, err)
+	}
+	if e := f.GetError(); e != nil {
+		return fromWire(e)
+	}
+	ar := f.GetSaslAuthenticateResponse()
+	if ar == nil || f.GetId() != id {
+		return fmt.Errorf("%w: SaslAuthenticate answered with %T id %d", ErrProtocol, f.GetBody(), f.GetId())
+	}
+	if _, err := conv.Step(string(ar.GetSaslData())); err != nil || !conv.Valid() {
+		return fmt.Errorf("%w: %s did not prove it knows the user's credentials: %v", ErrNotAuthenticated, c.addr, err)
+	}
+	c.principal = ar.GetPrincipal()
 	return nil
 }
 

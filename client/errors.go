@@ -111,15 +111,19 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("herald %s: %s", e.Code, e.Message)
 }
 
-// Is makes errors.Is(err, ErrProducerFenced) and errors.Is(err,
-// ErrTxnTimedOut) hold for the broker's PRODUCER_FENCED and TXN_TIMED_OUT
-// errors, as IsCode does.
+// Is makes errors.Is(err, ErrProducerFenced), ErrTxnTimedOut,
+// ErrNotAuthenticated and ErrNotAuthorized hold for the broker's errors of
+// those codes, as IsCode does.
 func (e *Error) Is(target error) bool {
 	switch target {
 	case ErrProducerFenced:
 		return e.Code == heraldpb.ErrorCode_PRODUCER_FENCED
 	case ErrTxnTimedOut:
 		return e.Code == heraldpb.ErrorCode_TXN_TIMED_OUT
+	case ErrNotAuthenticated:
+		return e.Code == heraldpb.ErrorCode_NOT_AUTHENTICATED
+	case ErrNotAuthorized:
+		return e.Code == heraldpb.ErrorCode_NOT_AUTHORIZED
 	}
 	return false
 }

@@ -52,6 +52,7 @@ type clientConfig struct {
 	metadataMaxAge time.Duration
 	logger         *slog.Logger
 	tls            *tls.Config
+	login          *scramLogin // WithSCRAM; nil = no login
 }
 
 func defaultClientConfig() clientConfig {

@@ -58,6 +58,9 @@ func checkpointOf(md *Metadata) *heraldpb.ControllerCheckpoint {
 	for _, name := range slices.Sorted(maps.Keys(md.Topics)) {
 		cp.Topics = append(cp.Topics, md.Topics[name])
 	}
+	for _, name := range slices.Sorted(maps.Keys(md.Users)) {
+		cp.Users = append(cp.Users, md.Users[name])
+	}
 	return cp
 }
 
@@ -73,7 +76,7 @@ func checkpointFrame(md *Metadata, limit int) (*heraldpb.Frame, error) {
 	return f, nil
 }
 
-// applyCheckpoint replaces md's nodes and topics with cp's, the
+// applyCheckpoint replaces md's nodes, topics and users with cp's, the
 // checkpoint stored at offset off.
 func applyCheckpoint(md *Metadata, cp *heraldpb.ControllerCheckpoint, off int64) {
 	md.Nodes = make(map[uint64]*heraldpb.NodeRecord, len(cp.Nodes))
@@ -86,6 +89,12 @@ func applyCheckpoint(md *Metadata, cp *heraldpb.ControllerCheckpoint, off int64)
 	for _, t := range cp.Topics {
 		if t.Name != "" {
 			md.Topics[t.Name] = t
+		}
+	}
+	md.Users = make(map[string]*heraldpb.UserRecord, len(cp.Users))
+	for _, u := range cp.Users {
+		if u.Name != "" {
+			md.Users[u.Name] = u
 		}
 	}
 	md.Checkpoint, md.SinceRecords, md.SinceBytes = off, 0, 0

@@ -108,6 +108,7 @@ type ControllerConfig struct {
 type Metadata struct {
 	Nodes   map[uint64]*heraldpb.NodeRecord
 	Topics  map[string]*heraldpb.TopicRecord
+	Users   map[string]*heraldpb.UserRecord
 	Applied int64 // offset after the last record applied
 	// Checkpoint is the offset of the last checkpoint applied (0: none).
 	// SinceRecords and SinceBytes count the records applied after it
@@ -121,7 +122,10 @@ type Metadata struct {
 // are shared and must not be).
 func (md *Metadata) clone() *Metadata {
 	c := *md
-	c.Nodes, c.Topics = maps.Clone(md.Nodes), maps.Clone(md.Topics)
+	c.Nodes, c.Topics, c.Users = maps.Clone(md.Nodes), maps.Clone(md.Topics), maps.Clone(md.Users)
+	if c.Users == nil {
+		c.Users = map[string]*heraldpb.UserRecord{}
+	}
 	return &c
 }
 
@@ -194,7 +198,7 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "controller"), group: partition.Name(ControllerTopic, 0),
 		voter: slices.Contains(cfg.Voters, cfg.Self.NodeId), stop: make(chan struct{})}
-	c.state.Store(&Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}, Topics: map[string]*heraldpb.TopicRecord{}})
+	c.state.Store(&Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}, Topics: map[string]*heraldpb.TopicRecord{}, Users: map[string]*heraldpb.UserRecord{}})
 	// Voters bootstrap the group together; any other node's replica
 	// starts empty and waits to be added as a learner.
 	peers := map[uint64]*actor.PID{cfg.Self.NodeId: nil}
@@ -454,6 +458,14 @@ func applyCommand(md *Metadata, cmd *heraldpb.ControllerCommand) {
 		applyComplete(md, cmd.GetCompleteReassignment())
 	case cmd.GetDecommissionNode() != nil:
 		applyDecommission(md, cmd.GetDecommissionNode())
+	case cmd.GetUpsertUser() != nil:
+		u := cmd.GetUpsertUser()
+		if u.Name != "" && !(u.Create && md.Users[u.Name] != nil) {
+			u.RequestId = cmd.RequestId
+			md.Users[u.Name] = u
+		}
+	case cmd.GetDeleteUser() != nil:
+		delete(md.Users, cmd.GetDeleteUser().Name)
 	}
 }
 
@@ -729,6 +741,37 @@ func (c *Controller) DeleteTopic(ctx context.Context, name string) error {
 	}
 	cmd := &heraldpb.ControllerCommand{RequestId: newRequestID(), Command: &heraldpb.ControllerCommand_DeleteTopic{DeleteTopic: &heraldpb.DeleteTopic{Name: name}}}
 	return c.await(ctx, cmd, func(md *Metadata) bool { return md.Topics[name] == nil })
+}
+
+// AlterUser has the controller group create, change or delete a user
+// (the broker checked the request) and returns once this node's replica
+// has applied it. Errors are *heraldpb.Error values.
+func (c *Controller) AlterUser(ctx context.Context, req *heraldpb.AlterUserRequest) error {
+	name := req.Name
+	have := c.state.Load().Users[name]
+	switch {
+	case req.Create && have != nil:
+		return heraldpb.NewError(heraldpb.ErrorCode_USER_ALREADY_EXISTS, "user %q already exists", name)
+	case !req.Create && have == nil:
+		return heraldpb.NewError(heraldpb.ErrorCode_USER_NOT_FOUND, "user %q does not exist", name)
+	}
+	id := newRequestID()
+	if req.Delete {
+		cmd := &heraldpb.ControllerCommand{RequestId: id, Command: &heraldpb.ControllerCommand_DeleteUser{DeleteUser: &heraldpb.DeleteUser{Name: name}}}
+		return c.await(ctx, cmd, func(md *Metadata) bool { return md.Users[name] == nil })
+	}
+	rec := &heraldpb.UserRecord{Name: name, ScramSha256: req.ScramSha256, UpdatedMs: time.Now().UnixMilli(), Create: req.Create}
+	cmd := &heraldpb.ControllerCommand{RequestId: id, Command: &heraldpb.ControllerCommand_UpsertUser{UpsertUser: rec}}
+	if err := c.await(ctx, cmd, func(md *Metadata) bool {
+		u := md.Users[name]
+		return u != nil && (u.RequestId == id || req.Create)
+	}); err != nil {
+		return err
+	}
+	if req.Create && c.state.Load().Users[name].GetRequestId() != id {
+		return heraldpb.NewError(heraldpb.ErrorCode_USER_ALREADY_EXISTS, "user %q already exists", name)
+	}
+	return nil
 }
 
 // Loads counts each node's replicas and preferred leaderships (those of

@@ -2,6 +2,7 @@ package netio
 
 import (
 	"fmt"
+	"github.com/heraldmq/herald/auth"
 	"log/slog"
 	"math"
 	"net"
@@ -127,6 +128,11 @@ type Config struct {
 	// Default DefaultMaxProduceDefer (1s); negative answers THROTTLED at
 	// once (EnsureDefaults turns it into 0, which then means no wait).
 	MaxProduceDefer time.Duration
+	// Auth authenticates connections (Hello's SASL login, SaslAuthenticate,
+	// the TLS listener's verified client certificates) and authorizes each
+	// request before it is routed. nil: every connection is anonymous and
+	// may do everything (--auth off).
+	Auth *auth.Service
 	// NodeID and ServerVersion are reported in HelloResponse.
 	NodeID        uint32
 	ServerVersion string

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/auth"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/panjf2000/gnet/v2"
 )
@@ -23,8 +24,11 @@ type conn struct {
 	pid   *actor.PID // the session actor; set before any frame is read
 	token uint64     // random, for the connection's request-reply inbox
 
-	helloDone  bool // loop
-	peerLooked bool // loop: the TLS relay's registration was looked up (first traffic)
+	helloDone  bool        // loop
+	login      *auth.Login // loop: the login under way (Hello began it, SaslAuthenticate ends it)
+	principal  string      // loop: who the connection acts as ("" = anonymous)
+	authed     bool        // loop: logged in (SCRAM, or a verified TLS client certificate)
+	peerLooked bool        // loop: the TLS relay's registration was looked up (first traffic)
 	peer       atomic.Pointer[PeerInfo]
 
 	maxIn int64 // loop: largest payload the peer may send now (MaxFrameBytesBeforeHello until Hello)
@@ -107,8 +111,22 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, 
 		return c.fail(gc, out, f.Id, heraldpb.NewError(heraldpb.ErrorCode_UNKNOWN_REQUEST, "%s is not a request", name))
 	}
 	mRequests.WithLabelValues(name).Inc()
-	if h, ok := f.Body.(*heraldpb.Frame_Hello); ok {
-		return c.appendFrame(out, c.hello(f.Id, h.Hello)), gnet.None
+	switch b := f.Body.(type) {
+	case *heraldpb.Frame_Hello:
+		resp, final := c.hello(f.Id, b.Hello)
+		if final != nil {
+			return c.fail(gc, out, f.Id, final)
+		}
+		return c.appendFrame(out, resp), gnet.None
+	case *heraldpb.Frame_SaslAuthenticate:
+		resp, final := c.authenticate(f.Id, b.SaslAuthenticate)
+		if final != nil {
+			return c.fail(gc, out, f.Id, final)
+		}
+		return c.appendFrame(out, resp), gnet.None
+	}
+	if e := c.authorize(f); e != nil {
+		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, e)), gnet.None
 	}
 	if c.s.shutting.Load() {
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_SHUTTING_DOWN, "broker is shutting down"))), gnet.None
@@ -150,14 +168,27 @@ func (c *conn) throttled(v verdict, wait time.Duration) *heraldpb.Error {
 	return e
 }
 
-// hello negotiates the connection's limits (see the package doc).
-func (c *conn) hello(id uint64, req *heraldpb.HelloRequest) *heraldpb.Frame {
+// hello negotiates the connection's limits (see the package doc) and
+// begins its login if it asks for one. A refused login is the final error
+// to answer instead.
+func (c *conn) hello(id uint64, req *heraldpb.HelloRequest) (*heraldpb.Frame, *heraldpb.Error) {
 	if c.helloDone {
-		return heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "hello was already negotiated on this connection"))
+		return heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "hello was already negotiated on this connection")), nil
 	}
 	if v := req.GetProtocolVersion(); v != heraldpb.ProtocolVersion {
 		return heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_UNSUPPORTED_VERSION,
-			"protocol version %d is not supported; this broker speaks %d", v, heraldpb.ProtocolVersion))
+			"protocol version %d is not supported; this broker speaks %d", v, heraldpb.ProtocolVersion)), nil
+	}
+	var challenge []byte
+	if mech := req.GetSaslMechanism(); mech != "" {
+		if c.s.cfg.Auth == nil {
+			return nil, heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHENTICATED, "this broker does not take logins (--auth off)")
+		}
+		l, ch, e := c.s.cfg.Auth.Begin(mech, req.GetSaslData(), c.remote())
+		if e != nil {
+			return nil, e
+		}
+		c.login, challenge = l, ch
 	}
 	c.helloDone = true
 	// A frame limit too small for an error frame would make the connection
@@ -174,7 +205,73 @@ func (c *conn) hello(id uint64, req *heraldpb.HelloRequest) *heraldpb.Frame {
 		NodeId:          c.s.cfg.NodeID,
 		ServerVersion:   c.s.cfg.ServerVersion,
 		IdleTimeoutMs:   uint32(min(c.s.cfg.IdleTimeout/time.Millisecond, math.MaxUint32)),
-	}}}
+		SaslMechanisms:  c.mechanisms(),
+		SaslData:        challenge,
+		Principal:       c.principalNow(),
+	}}}, nil
+}
+
+// mechanisms are the SASL mechanisms Hello offers.
+func (c *conn) mechanisms() []string {
+	if c.s.cfg.Auth == nil {
+		return nil
+	}
+	return c.s.cfg.Auth.Mechanisms()
+}
+
+// principalNow is the principal HelloResponse reports: none while a login
+// is under way.
+func (c *conn) principalNow() string {
+	if c.login != nil {
+		return ""
+	}
+	return c.principal
+}
+
+// authenticate ends the login Hello began. A failed login is the final
+// error to answer instead.
+func (c *conn) authenticate(id uint64, req *heraldpb.SaslAuthenticateRequest) (*heraldpb.Frame, *heraldpb.Error) {
+	if c.login == nil {
+		return nil, heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHENTICATED, "SaslAuthenticate without a login under way: Hello names the mechanism and carries its first message")
+	}
+	l := c.login
+	c.login = nil
+	reply, principal, e := l.Step(req.GetSaslData())
+	if e != nil {
+		return nil, e
+	}
+	c.principal, c.authed = principal, true
+	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_SaslAuthenticateResponse{SaslAuthenticateResponse: &heraldpb.SaslAuthenticateResponse{
+		SaslData: reply, Principal: principal,
+	}}}, nil
+}
+
+// authorize refuses a request the connection may not make: any before its
+// login when logins are required, and those its principal is not allowed.
+func (c *conn) authorize(f *heraldpb.Frame) *heraldpb.Error {
+	a := c.s.cfg.Auth
+	if a == nil {
+		return nil
+	}
+	if c.login != nil {
+		return heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHENTICATED, "the login is under way: send SaslAuthenticate first")
+	}
+	if !c.authed && a.Mode() == auth.Required {
+		return heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHENTICATED, "this broker requires a login (%s, or a TLS client certificate) before any request", auth.SCRAMSHA256)
+	}
+	return a.Authorize(c.principal, f)
+}
+
+// remote is the client's address (the TLS relay's client for its
+// connections).
+func (c *conn) remote() string {
+	if p := c.peer.Load(); p != nil {
+		return p.Remote
+	}
+	if a := c.gc.RemoteAddr(); a != nil {
+		return a.String()
+	}
+	return ""
 }
 
 // minNegotiatedFrame is the smallest frame limit Hello can negotiate.

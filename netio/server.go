@@ -442,7 +442,14 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 		c.peerLooked = true
 		if a := gc.RemoteAddr(); a != nil {
 			if p, ok := h.s.tlsPeers.Load(a.String()); ok {
-				c.peer.Store(p.(*PeerInfo))
+				pi := p.(*PeerInfo)
+				c.peer.Store(pi)
+				if pi.Principal != "" && h.s.cfg.Auth != nil {
+					// A verified client certificate logs the connection
+					// in as its subject (a SCRAM login may replace it).
+					c.principal, c.authed = pi.Principal, true
+					h.s.cfg.Auth.CertificateLogin()
+				}
 			}
 		}
 	}

@@ -37,6 +37,8 @@ type ControllerCommand struct {
 	//	*ControllerCommand_CompleteReassignment
 	//	*ControllerCommand_DecommissionNode
 	//	*ControllerCommand_Checkpoint
+	//	*ControllerCommand_UpsertUser
+	//	*ControllerCommand_DeleteUser
 	Command isControllerCommand_Command `protobuf_oneof:"command"`
 	// The proposer's id for the command, so that it can tell its own
 	// command's outcome from another node's in the log.
@@ -145,6 +147,24 @@ func (x *ControllerCommand) GetCheckpoint() *ControllerCheckpoint {
 	return nil
 }
 
+func (x *ControllerCommand) GetUpsertUser() *UserRecord {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_UpsertUser); ok {
+			return x.UpsertUser
+		}
+	}
+	return nil
+}
+
+func (x *ControllerCommand) GetDeleteUser() *DeleteUser {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_DeleteUser); ok {
+			return x.DeleteUser
+		}
+	}
+	return nil
+}
+
 func (x *ControllerCommand) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
@@ -198,6 +218,17 @@ type ControllerCommand_Checkpoint struct {
 	Checkpoint *ControllerCheckpoint `protobuf:"bytes,7,opt,name=checkpoint,proto3,oneof"`
 }
 
+type ControllerCommand_UpsertUser struct {
+	// Creates or replaces a user's credentials (with create: ignored when
+	// the user exists).
+	UpsertUser *UserRecord `protobuf:"bytes,8,opt,name=upsert_user,json=upsertUser,proto3,oneof"`
+}
+
+type ControllerCommand_DeleteUser struct {
+	// Deletes a user; ignored when it does not exist.
+	DeleteUser *DeleteUser `protobuf:"bytes,9,opt,name=delete_user,json=deleteUser,proto3,oneof"`
+}
+
 func (*ControllerCommand_RegisterNode) isControllerCommand_Command() {}
 
 func (*ControllerCommand_CreateTopic) isControllerCommand_Command() {}
@@ -212,6 +243,10 @@ func (*ControllerCommand_DecommissionNode) isControllerCommand_Command() {}
 
 func (*ControllerCommand_Checkpoint) isControllerCommand_Command() {}
 
+func (*ControllerCommand_UpsertUser) isControllerCommand_Command() {}
+
+func (*ControllerCommand_DeleteUser) isControllerCommand_Command() {}
+
 // The metadata as of offset: the state left by every record below it.
 // A checkpoint takes effect only when it is stored at offset, that is when
 // no other record came between the state the leader read and the
@@ -224,7 +259,9 @@ type ControllerCheckpoint struct {
 	// The node registry, by node id.
 	Nodes []*NodeRecord `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// The topics with their placement and running moves, by name.
-	Topics        []*TopicRecord `protobuf:"bytes,3,rep,name=topics,proto3" json:"topics,omitempty"`
+	Topics []*TopicRecord `protobuf:"bytes,3,rep,name=topics,proto3" json:"topics,omitempty"`
+	// The users, by name.
+	Users         []*UserRecord `protobuf:"bytes,4,rep,name=users,proto3" json:"users,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -280,6 +317,182 @@ func (x *ControllerCheckpoint) GetTopics() []*TopicRecord {
 	return nil
 }
 
+func (x *ControllerCheckpoint) GetUsers() []*UserRecord {
+	if x != nil {
+		return x.Users
+	}
+	return nil
+}
+
+// A user's salted, iterated credentials (never a password).
+type UserRecord struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	ScramSha256 *ScramCredential       `protobuf:"bytes,2,opt,name=scram_sha256,json=scramSha256,proto3" json:"scram_sha256,omitempty"`
+	UpdatedMs   int64                  `protobuf:"varint,3,opt,name=updated_ms,json=updatedMs,proto3" json:"updated_ms,omitempty"`
+	// Only when absent (the command of AlterUser create, and of
+	// --bootstrap-user).
+	Create bool `protobuf:"varint,4,opt,name=create,proto3" json:"create,omitempty"`
+	// The command that wrote it.
+	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserRecord) Reset() {
+	*x = UserRecord{}
+	mi := &file_controller_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserRecord) ProtoMessage() {}
+
+func (x *UserRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserRecord.ProtoReflect.Descriptor instead.
+func (*UserRecord) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *UserRecord) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UserRecord) GetScramSha256() *ScramCredential {
+	if x != nil {
+		return x.ScramSha256
+	}
+	return nil
+}
+
+func (x *UserRecord) GetUpdatedMs() int64 {
+	if x != nil {
+		return x.UpdatedMs
+	}
+	return 0
+}
+
+func (x *UserRecord) GetCreate() bool {
+	if x != nil {
+		return x.Create
+	}
+	return false
+}
+
+func (x *UserRecord) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type DeleteUser struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteUser) Reset() {
+	*x = DeleteUser{}
+	mi := &file_controller_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteUser) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteUser) ProtoMessage() {}
+
+func (x *DeleteUser) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteUser.ProtoReflect.Descriptor instead.
+func (*DeleteUser) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DeleteUser) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// The users of a single node (DATA/users), as one file.
+type UserList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Users         []*UserRecord          `protobuf:"bytes,1,rep,name=users,proto3" json:"users,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserList) Reset() {
+	*x = UserList{}
+	mi := &file_controller_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserList) ProtoMessage() {}
+
+func (x *UserList) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserList.ProtoReflect.Descriptor instead.
+func (*UserList) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *UserList) GetUsers() []*UserRecord {
+	if x != nil {
+		return x.Users
+	}
+	return nil
+}
+
 type TopicRecord struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -294,7 +507,7 @@ type TopicRecord struct {
 
 func (x *TopicRecord) Reset() {
 	*x = TopicRecord{}
-	mi := &file_controller_proto_msgTypes[2]
+	mi := &file_controller_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +519,7 @@ func (x *TopicRecord) String() string {
 func (*TopicRecord) ProtoMessage() {}
 
 func (x *TopicRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[2]
+	mi := &file_controller_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +532,7 @@ func (x *TopicRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicRecord.ProtoReflect.Descriptor instead.
 func (*TopicRecord) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{2}
+	return file_controller_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TopicRecord) GetName() string {
@@ -390,7 +603,7 @@ type PartitionAssignment struct {
 
 func (x *PartitionAssignment) Reset() {
 	*x = PartitionAssignment{}
-	mi := &file_controller_proto_msgTypes[3]
+	mi := &file_controller_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +615,7 @@ func (x *PartitionAssignment) String() string {
 func (*PartitionAssignment) ProtoMessage() {}
 
 func (x *PartitionAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[3]
+	mi := &file_controller_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +628,7 @@ func (x *PartitionAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionAssignment.ProtoReflect.Descriptor instead.
 func (*PartitionAssignment) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{3}
+	return file_controller_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PartitionAssignment) GetId() uint32 {
@@ -485,7 +698,7 @@ type ReassignPartitions struct {
 
 func (x *ReassignPartitions) Reset() {
 	*x = ReassignPartitions{}
-	mi := &file_controller_proto_msgTypes[4]
+	mi := &file_controller_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +710,7 @@ func (x *ReassignPartitions) String() string {
 func (*ReassignPartitions) ProtoMessage() {}
 
 func (x *ReassignPartitions) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[4]
+	mi := &file_controller_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +723,7 @@ func (x *ReassignPartitions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReassignPartitions.ProtoReflect.Descriptor instead.
 func (*ReassignPartitions) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{4}
+	return file_controller_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReassignPartitions) GetTopic() string {
@@ -553,7 +766,7 @@ type CompleteReassignment struct {
 
 func (x *CompleteReassignment) Reset() {
 	*x = CompleteReassignment{}
-	mi := &file_controller_proto_msgTypes[5]
+	mi := &file_controller_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -565,7 +778,7 @@ func (x *CompleteReassignment) String() string {
 func (*CompleteReassignment) ProtoMessage() {}
 
 func (x *CompleteReassignment) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[5]
+	mi := &file_controller_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -578,7 +791,7 @@ func (x *CompleteReassignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteReassignment.ProtoReflect.Descriptor instead.
 func (*CompleteReassignment) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{5}
+	return file_controller_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CompleteReassignment) GetTopic() string {
@@ -619,7 +832,7 @@ type DecommissionNode struct {
 
 func (x *DecommissionNode) Reset() {
 	*x = DecommissionNode{}
-	mi := &file_controller_proto_msgTypes[6]
+	mi := &file_controller_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +844,7 @@ func (x *DecommissionNode) String() string {
 func (*DecommissionNode) ProtoMessage() {}
 
 func (x *DecommissionNode) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[6]
+	mi := &file_controller_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +857,7 @@ func (x *DecommissionNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionNode.ProtoReflect.Descriptor instead.
 func (*DecommissionNode) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{6}
+	return file_controller_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DecommissionNode) GetNodeId() uint64 {
@@ -670,7 +883,7 @@ type DeleteTopic struct {
 
 func (x *DeleteTopic) Reset() {
 	*x = DeleteTopic{}
-	mi := &file_controller_proto_msgTypes[7]
+	mi := &file_controller_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +895,7 @@ func (x *DeleteTopic) String() string {
 func (*DeleteTopic) ProtoMessage() {}
 
 func (x *DeleteTopic) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[7]
+	mi := &file_controller_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +908,7 @@ func (x *DeleteTopic) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTopic.ProtoReflect.Descriptor instead.
 func (*DeleteTopic) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{7}
+	return file_controller_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteTopic) GetName() string {
@@ -734,7 +947,7 @@ type NodeRecord struct {
 
 func (x *NodeRecord) Reset() {
 	*x = NodeRecord{}
-	mi := &file_controller_proto_msgTypes[8]
+	mi := &file_controller_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +959,7 @@ func (x *NodeRecord) String() string {
 func (*NodeRecord) ProtoMessage() {}
 
 func (x *NodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[8]
+	mi := &file_controller_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +972,7 @@ func (x *NodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRecord.ProtoReflect.Descriptor instead.
 func (*NodeRecord) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{8}
+	return file_controller_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodeRecord) GetNodeId() uint64 {
@@ -836,7 +1049,7 @@ var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
 	"\n" +
-	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xae\x04\n" +
+	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xa2\x05\n" +
 	"\x11ControllerCommand\x12<\n" +
 	"\rregister_node\x18\x01 \x01(\v2\x15.herald.v1.NodeRecordH\x00R\fregisterNode\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.herald.v1.TopicRecordH\x00R\vcreateTopic\x12;\n" +
@@ -846,14 +1059,33 @@ const file_controller_proto_rawDesc = "" +
 	"\x11decommission_node\x18\x06 \x01(\v2\x1b.herald.v1.DecommissionNodeH\x00R\x10decommissionNode\x12A\n" +
 	"\n" +
 	"checkpoint\x18\a \x01(\v2\x1f.herald.v1.ControllerCheckpointH\x00R\n" +
-	"checkpoint\x12\x1d\n" +
+	"checkpoint\x128\n" +
+	"\vupsert_user\x18\b \x01(\v2\x15.herald.v1.UserRecordH\x00R\n" +
+	"upsertUser\x128\n" +
+	"\vdelete_user\x18\t \x01(\v2\x15.herald.v1.DeleteUserH\x00R\n" +
+	"deleteUser\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x0f \x01(\tR\trequestIdB\t\n" +
-	"\acommand\"\x8b\x01\n" +
+	"\acommand\"\xb8\x01\n" +
 	"\x14ControllerCheckpoint\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12+\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x15.herald.v1.NodeRecordR\x05nodes\x12.\n" +
-	"\x06topics\x18\x03 \x03(\v2\x16.herald.v1.TopicRecordR\x06topics\"\xcf\x01\n" +
+	"\x06topics\x18\x03 \x03(\v2\x16.herald.v1.TopicRecordR\x06topics\x12+\n" +
+	"\x05users\x18\x04 \x03(\v2\x15.herald.v1.UserRecordR\x05users\"\xb5\x01\n" +
+	"\n" +
+	"UserRecord\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12=\n" +
+	"\fscram_sha256\x18\x02 \x01(\v2\x1a.herald.v1.ScramCredentialR\vscramSha256\x12\x1d\n" +
+	"\n" +
+	"updated_ms\x18\x03 \x01(\x03R\tupdatedMs\x12\x16\n" +
+	"\x06create\x18\x04 \x01(\bR\x06create\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\" \n" +
+	"\n" +
+	"DeleteUser\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"7\n" +
+	"\bUserList\x12+\n" +
+	"\x05users\x18\x01 \x03(\v2\x15.herald.v1.UserRecordR\x05users\"\xcf\x01\n" +
 	"\vTopicRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x06config\x18\x02 \x01(\v2\x16.herald.v1.TopicConfigR\x06config\x12>\n" +
@@ -921,41 +1153,50 @@ func file_controller_proto_rawDescGZIP() []byte {
 	return file_controller_proto_rawDescData
 }
 
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_controller_proto_goTypes = []any{
 	(*ControllerCommand)(nil),    // 0: herald.v1.ControllerCommand
 	(*ControllerCheckpoint)(nil), // 1: herald.v1.ControllerCheckpoint
-	(*TopicRecord)(nil),          // 2: herald.v1.TopicRecord
-	(*PartitionAssignment)(nil),  // 3: herald.v1.PartitionAssignment
-	(*ReassignPartitions)(nil),   // 4: herald.v1.ReassignPartitions
-	(*CompleteReassignment)(nil), // 5: herald.v1.CompleteReassignment
-	(*DecommissionNode)(nil),     // 6: herald.v1.DecommissionNode
-	(*DeleteTopic)(nil),          // 7: herald.v1.DeleteTopic
-	(*NodeRecord)(nil),           // 8: herald.v1.NodeRecord
-	nil,                          // 9: herald.v1.PartitionAssignment.JoinedEntry
-	nil,                          // 10: herald.v1.PartitionAssignment.RaftIdsEntry
-	(*TopicConfig)(nil),          // 11: herald.v1.TopicConfig
+	(*UserRecord)(nil),           // 2: herald.v1.UserRecord
+	(*DeleteUser)(nil),           // 3: herald.v1.DeleteUser
+	(*UserList)(nil),             // 4: herald.v1.UserList
+	(*TopicRecord)(nil),          // 5: herald.v1.TopicRecord
+	(*PartitionAssignment)(nil),  // 6: herald.v1.PartitionAssignment
+	(*ReassignPartitions)(nil),   // 7: herald.v1.ReassignPartitions
+	(*CompleteReassignment)(nil), // 8: herald.v1.CompleteReassignment
+	(*DecommissionNode)(nil),     // 9: herald.v1.DecommissionNode
+	(*DeleteTopic)(nil),          // 10: herald.v1.DeleteTopic
+	(*NodeRecord)(nil),           // 11: herald.v1.NodeRecord
+	nil,                          // 12: herald.v1.PartitionAssignment.JoinedEntry
+	nil,                          // 13: herald.v1.PartitionAssignment.RaftIdsEntry
+	(*ScramCredential)(nil),      // 14: herald.v1.ScramCredential
+	(*TopicConfig)(nil),          // 15: herald.v1.TopicConfig
 }
 var file_controller_proto_depIdxs = []int32{
-	8,  // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
-	2,  // 1: herald.v1.ControllerCommand.create_topic:type_name -> herald.v1.TopicRecord
-	7,  // 2: herald.v1.ControllerCommand.delete_topic:type_name -> herald.v1.DeleteTopic
-	4,  // 3: herald.v1.ControllerCommand.reassign_partitions:type_name -> herald.v1.ReassignPartitions
-	5,  // 4: herald.v1.ControllerCommand.complete_reassignment:type_name -> herald.v1.CompleteReassignment
-	6,  // 5: herald.v1.ControllerCommand.decommission_node:type_name -> herald.v1.DecommissionNode
+	11, // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
+	5,  // 1: herald.v1.ControllerCommand.create_topic:type_name -> herald.v1.TopicRecord
+	10, // 2: herald.v1.ControllerCommand.delete_topic:type_name -> herald.v1.DeleteTopic
+	7,  // 3: herald.v1.ControllerCommand.reassign_partitions:type_name -> herald.v1.ReassignPartitions
+	8,  // 4: herald.v1.ControllerCommand.complete_reassignment:type_name -> herald.v1.CompleteReassignment
+	9,  // 5: herald.v1.ControllerCommand.decommission_node:type_name -> herald.v1.DecommissionNode
 	1,  // 6: herald.v1.ControllerCommand.checkpoint:type_name -> herald.v1.ControllerCheckpoint
-	8,  // 7: herald.v1.ControllerCheckpoint.nodes:type_name -> herald.v1.NodeRecord
-	2,  // 8: herald.v1.ControllerCheckpoint.topics:type_name -> herald.v1.TopicRecord
-	11, // 9: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
-	3,  // 10: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
-	9,  // 11: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
-	10, // 12: herald.v1.PartitionAssignment.raft_ids:type_name -> herald.v1.PartitionAssignment.RaftIdsEntry
-	3,  // 13: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	2,  // 7: herald.v1.ControllerCommand.upsert_user:type_name -> herald.v1.UserRecord
+	3,  // 8: herald.v1.ControllerCommand.delete_user:type_name -> herald.v1.DeleteUser
+	11, // 9: herald.v1.ControllerCheckpoint.nodes:type_name -> herald.v1.NodeRecord
+	5,  // 10: herald.v1.ControllerCheckpoint.topics:type_name -> herald.v1.TopicRecord
+	2,  // 11: herald.v1.ControllerCheckpoint.users:type_name -> herald.v1.UserRecord
+	14, // 12: herald.v1.UserRecord.scram_sha256:type_name -> herald.v1.ScramCredential
+	2,  // 13: herald.v1.UserList.users:type_name -> herald.v1.UserRecord
+	15, // 14: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
+	6,  // 15: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
+	12, // 16: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
+	13, // 17: herald.v1.PartitionAssignment.raft_ids:type_name -> herald.v1.PartitionAssignment.RaftIdsEntry
+	6,  // 18: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -972,6 +1213,8 @@ func file_controller_proto_init() {
 		(*ControllerCommand_CompleteReassignment)(nil),
 		(*ControllerCommand_DecommissionNode)(nil),
 		(*ControllerCommand_Checkpoint)(nil),
+		(*ControllerCommand_UpsertUser)(nil),
+		(*ControllerCommand_DeleteUser)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -979,7 +1222,7 @@ func file_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -128,6 +128,18 @@ const (
 	// transaction open, a transactional produce past the transaction's
 	// limits. The message says which. Not retriable.
 	ErrorCode_INVALID_TXN_STATE ErrorCode = 38
+	// The connection has not logged in and the broker requires it (--auth
+	// required): only Hello and SaslAuthenticate are served before. A failed
+	// login (unknown user or wrong password, said the same way) is final: the
+	// connection is closed.
+	ErrorCode_NOT_AUTHENTICATED ErrorCode = 39
+	// The connection's principal may not do this; the message names the
+	// operation and the resource. Not retriable.
+	ErrorCode_NOT_AUTHORIZED ErrorCode = 40
+	// AlterUser named a user that does not exist (passwd, delete).
+	ErrorCode_USER_NOT_FOUND ErrorCode = 41
+	// AlterUser with create named a user that exists.
+	ErrorCode_USER_ALREADY_EXISTS ErrorCode = 42
 )
 
 // Enum value maps for ErrorCode.
@@ -172,6 +184,10 @@ var (
 		36: "PRODUCER_FENCED",
 		37: "TXN_TIMED_OUT",
 		38: "INVALID_TXN_STATE",
+		39: "NOT_AUTHENTICATED",
+		40: "NOT_AUTHORIZED",
+		41: "USER_NOT_FOUND",
+		42: "USER_ALREADY_EXISTS",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED": 0,
@@ -213,6 +229,10 @@ var (
 		"PRODUCER_FENCED":        36,
 		"TXN_TIMED_OUT":          37,
 		"INVALID_TXN_STATE":      38,
+		"NOT_AUTHENTICATED":      39,
+		"NOT_AUTHORIZED":         40,
+		"USER_NOT_FOUND":         41,
+		"USER_ALREADY_EXISTS":    42,
 	}
 )
 
@@ -658,7 +678,7 @@ func (x ClusterAdminRequest_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClusterAdminRequest_Op.Descriptor instead.
 func (ClusterAdminRequest_Op) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{14, 0}
+	return file_herald_proto_rawDescGZIP(), []int{22, 0}
 }
 
 type Error struct {
@@ -829,6 +849,12 @@ type Frame struct {
 	//	*Frame_InitProducerIdResponse
 	//	*Frame_EndTxn
 	//	*Frame_EndTxnResponse
+	//	*Frame_SaslAuthenticate
+	//	*Frame_SaslAuthenticateResponse
+	//	*Frame_AlterUser
+	//	*Frame_AlterUserResponse
+	//	*Frame_ListUsers
+	//	*Frame_ListUsersResponse
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
@@ -1388,6 +1414,60 @@ func (x *Frame) GetEndTxnResponse() *EndTxnResponse {
 	return nil
 }
 
+func (x *Frame) GetSaslAuthenticate() *SaslAuthenticateRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_SaslAuthenticate); ok {
+			return x.SaslAuthenticate
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetSaslAuthenticateResponse() *SaslAuthenticateResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_SaslAuthenticateResponse); ok {
+			return x.SaslAuthenticateResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetAlterUser() *AlterUserRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_AlterUser); ok {
+			return x.AlterUser
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetAlterUserResponse() *AlterUserResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_AlterUserResponse); ok {
+			return x.AlterUserResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListUsers() *ListUsersRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListUsers); ok {
+			return x.ListUsers
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListUsersResponse() *ListUsersResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListUsersResponse); ok {
+			return x.ListUsersResponse
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetDelivery() *Delivery {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Delivery); ok {
@@ -1670,6 +1750,30 @@ type Frame_EndTxnResponse struct {
 	EndTxnResponse *EndTxnResponse `protobuf:"bytes,75,opt,name=end_txn_response,json=endTxnResponse,proto3,oneof"`
 }
 
+type Frame_SaslAuthenticate struct {
+	SaslAuthenticate *SaslAuthenticateRequest `protobuf:"bytes,76,opt,name=sasl_authenticate,json=saslAuthenticate,proto3,oneof"`
+}
+
+type Frame_SaslAuthenticateResponse struct {
+	SaslAuthenticateResponse *SaslAuthenticateResponse `protobuf:"bytes,77,opt,name=sasl_authenticate_response,json=saslAuthenticateResponse,proto3,oneof"`
+}
+
+type Frame_AlterUser struct {
+	AlterUser *AlterUserRequest `protobuf:"bytes,78,opt,name=alter_user,json=alterUser,proto3,oneof"`
+}
+
+type Frame_AlterUserResponse struct {
+	AlterUserResponse *AlterUserResponse `protobuf:"bytes,79,opt,name=alter_user_response,json=alterUserResponse,proto3,oneof"`
+}
+
+type Frame_ListUsers struct {
+	ListUsers *ListUsersRequest `protobuf:"bytes,80,opt,name=list_users,json=listUsers,proto3,oneof"`
+}
+
+type Frame_ListUsersResponse struct {
+	ListUsersResponse *ListUsersResponse `protobuf:"bytes,81,opt,name=list_users_response,json=listUsersResponse,proto3,oneof"`
+}
+
 type Frame_Delivery struct {
 	// Server pushes (frame id 0): never requests, never answered.
 	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
@@ -1807,6 +1911,18 @@ func (*Frame_EndTxn) isFrame_Body() {}
 
 func (*Frame_EndTxnResponse) isFrame_Body() {}
 
+func (*Frame_SaslAuthenticate) isFrame_Body() {}
+
+func (*Frame_SaslAuthenticateResponse) isFrame_Body() {}
+
+func (*Frame_AlterUser) isFrame_Body() {}
+
+func (*Frame_AlterUserResponse) isFrame_Body() {}
+
+func (*Frame_ListUsers) isFrame_Body() {}
+
+func (*Frame_ListUsersResponse) isFrame_Body() {}
+
 func (*Frame_Delivery) isFrame_Body() {}
 
 func (*Frame_Assignment) isFrame_Body() {}
@@ -1826,7 +1942,13 @@ type HelloRequest struct {
 	// Largest frame the client wants to send or receive; 0 = broker default.
 	MaxFrameBytes uint32 `protobuf:"varint,3,opt,name=max_frame_bytes,json=maxFrameBytes,proto3" json:"max_frame_bytes,omitempty"`
 	// Requests the client keeps outstanding at most; 0 = broker default.
-	MaxInFlight   uint32 `protobuf:"varint,4,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	MaxInFlight uint32 `protobuf:"varint,4,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// The SASL mechanism to log in with ("SCRAM-SHA-256"), or "" for none:
+	// the connection is then anonymous, or the subject of its verified TLS
+	// client certificate.
+	SaslMechanism string `protobuf:"bytes,5,opt,name=sasl_mechanism,json=saslMechanism,proto3" json:"sasl_mechanism,omitempty"`
+	// The mechanism's first message (SCRAM: the client-first-message).
+	SaslData      []byte `protobuf:"bytes,6,opt,name=sasl_data,json=saslData,proto3" json:"sasl_data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1889,6 +2011,20 @@ func (x *HelloRequest) GetMaxInFlight() uint32 {
 	return 0
 }
 
+func (x *HelloRequest) GetSaslMechanism() string {
+	if x != nil {
+		return x.SaslMechanism
+	}
+	return ""
+}
+
+func (x *HelloRequest) GetSaslData() []byte {
+	if x != nil {
+		return x.SaslData
+	}
+	return nil
+}
+
 type HelloResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
@@ -1900,6 +2036,14 @@ type HelloResponse struct {
 	// The broker closes a connection idle this long (0 = never): clients that
 	// only wait (idle subscriptions) send something sooner.
 	IdleTimeoutMs uint32 `protobuf:"varint,6,opt,name=idle_timeout_ms,json=idleTimeoutMs,proto3" json:"idle_timeout_ms,omitempty"`
+	// The SASL mechanisms this broker accepts.
+	SaslMechanisms []string `protobuf:"bytes,7,rep,name=sasl_mechanisms,json=saslMechanisms,proto3" json:"sasl_mechanisms,omitempty"`
+	// The mechanism's challenge (SCRAM: the server-first-message): the
+	// client goes on with SaslAuthenticate.
+	SaslData []byte `protobuf:"bytes,8,opt,name=sasl_data,json=saslData,proto3" json:"sasl_data,omitempty"`
+	// The principal the connection acts as ("" while a login is under way,
+	// or anonymous).
+	Principal     string `protobuf:"bytes,9,opt,name=principal,proto3" json:"principal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1976,6 +2120,463 @@ func (x *HelloResponse) GetIdleTimeoutMs() uint32 {
 	return 0
 }
 
+func (x *HelloResponse) GetSaslMechanisms() []string {
+	if x != nil {
+		return x.SaslMechanisms
+	}
+	return nil
+}
+
+func (x *HelloResponse) GetSaslData() []byte {
+	if x != nil {
+		return x.SaslData
+	}
+	return nil
+}
+
+func (x *HelloResponse) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+// The next step of the login Hello began. A failed step is answered with
+// NOT_AUTHENTICATED and the connection is closed.
+type SaslAuthenticateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// SCRAM: the client-final-message.
+	SaslData      []byte `protobuf:"bytes,1,opt,name=sasl_data,json=saslData,proto3" json:"sasl_data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SaslAuthenticateRequest) Reset() {
+	*x = SaslAuthenticateRequest{}
+	mi := &file_herald_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SaslAuthenticateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SaslAuthenticateRequest) ProtoMessage() {}
+
+func (x *SaslAuthenticateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SaslAuthenticateRequest.ProtoReflect.Descriptor instead.
+func (*SaslAuthenticateRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SaslAuthenticateRequest) GetSaslData() []byte {
+	if x != nil {
+		return x.SaslData
+	}
+	return nil
+}
+
+type SaslAuthenticateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// SCRAM: the server-final-message, which the client verifies.
+	SaslData []byte `protobuf:"bytes,1,opt,name=sasl_data,json=saslData,proto3" json:"sasl_data,omitempty"`
+	// The principal the connection now acts as.
+	Principal     string `protobuf:"bytes,2,opt,name=principal,proto3" json:"principal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SaslAuthenticateResponse) Reset() {
+	*x = SaslAuthenticateResponse{}
+	mi := &file_herald_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SaslAuthenticateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SaslAuthenticateResponse) ProtoMessage() {}
+
+func (x *SaslAuthenticateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SaslAuthenticateResponse.ProtoReflect.Descriptor instead.
+func (*SaslAuthenticateResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SaslAuthenticateResponse) GetSaslData() []byte {
+	if x != nil {
+		return x.SaslData
+	}
+	return nil
+}
+
+func (x *SaslAuthenticateResponse) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+// SCRAM credentials as RFC 5802 stores them: never the password.
+type ScramCredential struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Salt          []byte                 `protobuf:"bytes,1,opt,name=salt,proto3" json:"salt,omitempty"`
+	Iterations    uint32                 `protobuf:"varint,2,opt,name=iterations,proto3" json:"iterations,omitempty"`
+	StoredKey     []byte                 `protobuf:"bytes,3,opt,name=stored_key,json=storedKey,proto3" json:"stored_key,omitempty"`
+	ServerKey     []byte                 `protobuf:"bytes,4,opt,name=server_key,json=serverKey,proto3" json:"server_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScramCredential) Reset() {
+	*x = ScramCredential{}
+	mi := &file_herald_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScramCredential) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScramCredential) ProtoMessage() {}
+
+func (x *ScramCredential) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScramCredential.ProtoReflect.Descriptor instead.
+func (*ScramCredential) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ScramCredential) GetSalt() []byte {
+	if x != nil {
+		return x.Salt
+	}
+	return nil
+}
+
+func (x *ScramCredential) GetIterations() uint32 {
+	if x != nil {
+		return x.Iterations
+	}
+	return 0
+}
+
+func (x *ScramCredential) GetStoredKey() []byte {
+	if x != nil {
+		return x.StoredKey
+	}
+	return nil
+}
+
+func (x *ScramCredential) GetServerKey() []byte {
+	if x != nil {
+		return x.ServerKey
+	}
+	return nil
+}
+
+// Creates, changes or deletes a user. Needs a superuser when the broker
+// requires logins.
+type AlterUserRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The new SCRAM-SHA-256 credentials; unset with delete.
+	ScramSha256 *ScramCredential `protobuf:"bytes,2,opt,name=scram_sha256,json=scramSha256,proto3" json:"scram_sha256,omitempty"`
+	Delete      bool             `protobuf:"varint,3,opt,name=delete,proto3" json:"delete,omitempty"`
+	// Create only: USER_ALREADY_EXISTS when the user exists. Without it a
+	// change or delete of a user that does not exist is USER_NOT_FOUND.
+	Create        bool `protobuf:"varint,4,opt,name=create,proto3" json:"create,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AlterUserRequest) Reset() {
+	*x = AlterUserRequest{}
+	mi := &file_herald_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlterUserRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlterUserRequest) ProtoMessage() {}
+
+func (x *AlterUserRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlterUserRequest.ProtoReflect.Descriptor instead.
+func (*AlterUserRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *AlterUserRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AlterUserRequest) GetScramSha256() *ScramCredential {
+	if x != nil {
+		return x.ScramSha256
+	}
+	return nil
+}
+
+func (x *AlterUserRequest) GetDelete() bool {
+	if x != nil {
+		return x.Delete
+	}
+	return false
+}
+
+func (x *AlterUserRequest) GetCreate() bool {
+	if x != nil {
+		return x.Create
+	}
+	return false
+}
+
+type AlterUserResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AlterUserResponse) Reset() {
+	*x = AlterUserResponse{}
+	mi := &file_herald_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlterUserResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlterUserResponse) ProtoMessage() {}
+
+func (x *AlterUserResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlterUserResponse.ProtoReflect.Descriptor instead.
+func (*AlterUserResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{8}
+}
+
+type ListUsersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListUsersRequest) Reset() {
+	*x = ListUsersRequest{}
+	mi := &file_herald_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListUsersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListUsersRequest) ProtoMessage() {}
+
+func (x *ListUsersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListUsersRequest.ProtoReflect.Descriptor instead.
+func (*ListUsersRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{9}
+}
+
+type UserInfo struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Mechanisms []string               `protobuf:"bytes,2,rep,name=mechanisms,proto3" json:"mechanisms,omitempty"`
+	Iterations uint32                 `protobuf:"varint,3,opt,name=iterations,proto3" json:"iterations,omitempty"`
+	UpdatedMs  int64                  `protobuf:"varint,4,opt,name=updated_ms,json=updatedMs,proto3" json:"updated_ms,omitempty"`
+	// Named by --superusers.
+	Superuser     bool `protobuf:"varint,5,opt,name=superuser,proto3" json:"superuser,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UserInfo) Reset() {
+	*x = UserInfo{}
+	mi := &file_herald_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UserInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UserInfo) ProtoMessage() {}
+
+func (x *UserInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UserInfo.ProtoReflect.Descriptor instead.
+func (*UserInfo) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *UserInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UserInfo) GetMechanisms() []string {
+	if x != nil {
+		return x.Mechanisms
+	}
+	return nil
+}
+
+func (x *UserInfo) GetIterations() uint32 {
+	if x != nil {
+		return x.Iterations
+	}
+	return 0
+}
+
+func (x *UserInfo) GetUpdatedMs() int64 {
+	if x != nil {
+		return x.UpdatedMs
+	}
+	return 0
+}
+
+func (x *UserInfo) GetSuperuser() bool {
+	if x != nil {
+		return x.Superuser
+	}
+	return false
+}
+
+type ListUsersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Users         []*UserInfo            `protobuf:"bytes,1,rep,name=users,proto3" json:"users,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListUsersResponse) Reset() {
+	*x = ListUsersResponse{}
+	mi := &file_herald_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListUsersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListUsersResponse) ProtoMessage() {}
+
+func (x *ListUsersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListUsersResponse.ProtoReflect.Descriptor instead.
+func (*ListUsersResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListUsersResponse) GetUsers() []*UserInfo {
+	if x != nil {
+		return x.Users
+	}
+	return nil
+}
+
 type TopicConfig struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	Partitions        uint32                 `protobuf:"varint,1,opt,name=partitions,proto3" json:"partitions,omitempty"`
@@ -2000,7 +2601,7 @@ type TopicConfig struct {
 
 func (x *TopicConfig) Reset() {
 	*x = TopicConfig{}
-	mi := &file_herald_proto_msgTypes[4]
+	mi := &file_herald_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2012,7 +2613,7 @@ func (x *TopicConfig) String() string {
 func (*TopicConfig) ProtoMessage() {}
 
 func (x *TopicConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[4]
+	mi := &file_herald_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2025,7 +2626,7 @@ func (x *TopicConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicConfig.ProtoReflect.Descriptor instead.
 func (*TopicConfig) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{4}
+	return file_herald_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TopicConfig) GetPartitions() uint32 {
@@ -2093,7 +2694,7 @@ type PartitionInfo struct {
 
 func (x *PartitionInfo) Reset() {
 	*x = PartitionInfo{}
-	mi := &file_herald_proto_msgTypes[5]
+	mi := &file_herald_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2105,7 +2706,7 @@ func (x *PartitionInfo) String() string {
 func (*PartitionInfo) ProtoMessage() {}
 
 func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[5]
+	mi := &file_herald_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2118,7 +2719,7 @@ func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionInfo.ProtoReflect.Descriptor instead.
 func (*PartitionInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{5}
+	return file_herald_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PartitionInfo) GetId() uint32 {
@@ -2181,7 +2782,7 @@ type TopicInfo struct {
 
 func (x *TopicInfo) Reset() {
 	*x = TopicInfo{}
-	mi := &file_herald_proto_msgTypes[6]
+	mi := &file_herald_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2193,7 +2794,7 @@ func (x *TopicInfo) String() string {
 func (*TopicInfo) ProtoMessage() {}
 
 func (x *TopicInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[6]
+	mi := &file_herald_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2206,7 +2807,7 @@ func (x *TopicInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicInfo.ProtoReflect.Descriptor instead.
 func (*TopicInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{6}
+	return file_herald_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TopicInfo) GetName() string {
@@ -2243,7 +2844,7 @@ type BrokerInfo struct {
 
 func (x *BrokerInfo) Reset() {
 	*x = BrokerInfo{}
-	mi := &file_herald_proto_msgTypes[7]
+	mi := &file_herald_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2255,7 +2856,7 @@ func (x *BrokerInfo) String() string {
 func (*BrokerInfo) ProtoMessage() {}
 
 func (x *BrokerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[7]
+	mi := &file_herald_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2268,7 +2869,7 @@ func (x *BrokerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BrokerInfo.ProtoReflect.Descriptor instead.
 func (*BrokerInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{7}
+	return file_herald_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BrokerInfo) GetNodeId() uint32 {
@@ -2302,7 +2903,7 @@ type MetadataRequest struct {
 
 func (x *MetadataRequest) Reset() {
 	*x = MetadataRequest{}
-	mi := &file_herald_proto_msgTypes[8]
+	mi := &file_herald_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2915,7 @@ func (x *MetadataRequest) String() string {
 func (*MetadataRequest) ProtoMessage() {}
 
 func (x *MetadataRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[8]
+	mi := &file_herald_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2928,7 @@ func (x *MetadataRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetadataRequest.ProtoReflect.Descriptor instead.
 func (*MetadataRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{8}
+	return file_herald_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *MetadataRequest) GetTopics() []string {
@@ -2347,7 +2948,7 @@ type MetadataResponse struct {
 
 func (x *MetadataResponse) Reset() {
 	*x = MetadataResponse{}
-	mi := &file_herald_proto_msgTypes[9]
+	mi := &file_herald_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2359,7 +2960,7 @@ func (x *MetadataResponse) String() string {
 func (*MetadataResponse) ProtoMessage() {}
 
 func (x *MetadataResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[9]
+	mi := &file_herald_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2372,7 +2973,7 @@ func (x *MetadataResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetadataResponse.ProtoReflect.Descriptor instead.
 func (*MetadataResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{9}
+	return file_herald_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *MetadataResponse) GetBrokers() []*BrokerInfo {
@@ -2399,7 +3000,7 @@ type CreateTopicRequest struct {
 
 func (x *CreateTopicRequest) Reset() {
 	*x = CreateTopicRequest{}
-	mi := &file_herald_proto_msgTypes[10]
+	mi := &file_herald_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +3012,7 @@ func (x *CreateTopicRequest) String() string {
 func (*CreateTopicRequest) ProtoMessage() {}
 
 func (x *CreateTopicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[10]
+	mi := &file_herald_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +3025,7 @@ func (x *CreateTopicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTopicRequest.ProtoReflect.Descriptor instead.
 func (*CreateTopicRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{10}
+	return file_herald_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateTopicRequest) GetName() string {
@@ -2450,7 +3051,7 @@ type CreateTopicResponse struct {
 
 func (x *CreateTopicResponse) Reset() {
 	*x = CreateTopicResponse{}
-	mi := &file_herald_proto_msgTypes[11]
+	mi := &file_herald_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2462,7 +3063,7 @@ func (x *CreateTopicResponse) String() string {
 func (*CreateTopicResponse) ProtoMessage() {}
 
 func (x *CreateTopicResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[11]
+	mi := &file_herald_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2475,7 +3076,7 @@ func (x *CreateTopicResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTopicResponse.ProtoReflect.Descriptor instead.
 func (*CreateTopicResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{11}
+	return file_herald_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CreateTopicResponse) GetTopic() *TopicInfo {
@@ -2494,7 +3095,7 @@ type DeleteTopicRequest struct {
 
 func (x *DeleteTopicRequest) Reset() {
 	*x = DeleteTopicRequest{}
-	mi := &file_herald_proto_msgTypes[12]
+	mi := &file_herald_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2506,7 +3107,7 @@ func (x *DeleteTopicRequest) String() string {
 func (*DeleteTopicRequest) ProtoMessage() {}
 
 func (x *DeleteTopicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[12]
+	mi := &file_herald_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2519,7 +3120,7 @@ func (x *DeleteTopicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTopicRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTopicRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{12}
+	return file_herald_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteTopicRequest) GetName() string {
@@ -2537,7 +3138,7 @@ type DeleteTopicResponse struct {
 
 func (x *DeleteTopicResponse) Reset() {
 	*x = DeleteTopicResponse{}
-	mi := &file_herald_proto_msgTypes[13]
+	mi := &file_herald_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2549,7 +3150,7 @@ func (x *DeleteTopicResponse) String() string {
 func (*DeleteTopicResponse) ProtoMessage() {}
 
 func (x *DeleteTopicResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[13]
+	mi := &file_herald_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2562,7 +3163,7 @@ func (x *DeleteTopicResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTopicResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTopicResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{13}
+	return file_herald_proto_rawDescGZIP(), []int{21}
 }
 
 // Moves partition replicas between nodes (cluster mode only). Each move
@@ -2582,7 +3183,7 @@ type ClusterAdminRequest struct {
 
 func (x *ClusterAdminRequest) Reset() {
 	*x = ClusterAdminRequest{}
-	mi := &file_herald_proto_msgTypes[14]
+	mi := &file_herald_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2594,7 +3195,7 @@ func (x *ClusterAdminRequest) String() string {
 func (*ClusterAdminRequest) ProtoMessage() {}
 
 func (x *ClusterAdminRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[14]
+	mi := &file_herald_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2607,7 +3208,7 @@ func (x *ClusterAdminRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterAdminRequest.ProtoReflect.Descriptor instead.
 func (*ClusterAdminRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{14}
+	return file_herald_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ClusterAdminRequest) GetOp() ClusterAdminRequest_Op {
@@ -2643,7 +3244,7 @@ type PartitionMove struct {
 
 func (x *PartitionMove) Reset() {
 	*x = PartitionMove{}
-	mi := &file_herald_proto_msgTypes[15]
+	mi := &file_herald_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2655,7 +3256,7 @@ func (x *PartitionMove) String() string {
 func (*PartitionMove) ProtoMessage() {}
 
 func (x *PartitionMove) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[15]
+	mi := &file_herald_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2668,7 +3269,7 @@ func (x *PartitionMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionMove.ProtoReflect.Descriptor instead.
 func (*PartitionMove) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{15}
+	return file_herald_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PartitionMove) GetTopic() string {
@@ -2708,7 +3309,7 @@ type ClusterAdminResponse struct {
 
 func (x *ClusterAdminResponse) Reset() {
 	*x = ClusterAdminResponse{}
-	mi := &file_herald_proto_msgTypes[16]
+	mi := &file_herald_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2720,7 +3321,7 @@ func (x *ClusterAdminResponse) String() string {
 func (*ClusterAdminResponse) ProtoMessage() {}
 
 func (x *ClusterAdminResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[16]
+	mi := &file_herald_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2733,7 +3334,7 @@ func (x *ClusterAdminResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterAdminResponse.ProtoReflect.Descriptor instead.
 func (*ClusterAdminResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{16}
+	return file_herald_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ClusterAdminResponse) GetMoves() []*PartitionMove {
@@ -2751,7 +3352,7 @@ type ListTopicsRequest struct {
 
 func (x *ListTopicsRequest) Reset() {
 	*x = ListTopicsRequest{}
-	mi := &file_herald_proto_msgTypes[17]
+	mi := &file_herald_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2763,7 +3364,7 @@ func (x *ListTopicsRequest) String() string {
 func (*ListTopicsRequest) ProtoMessage() {}
 
 func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[17]
+	mi := &file_herald_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2776,7 +3377,7 @@ func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsRequest.ProtoReflect.Descriptor instead.
 func (*ListTopicsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{17}
+	return file_herald_proto_rawDescGZIP(), []int{25}
 }
 
 type ListTopicsResponse struct {
@@ -2788,7 +3389,7 @@ type ListTopicsResponse struct {
 
 func (x *ListTopicsResponse) Reset() {
 	*x = ListTopicsResponse{}
-	mi := &file_herald_proto_msgTypes[18]
+	mi := &file_herald_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2800,7 +3401,7 @@ func (x *ListTopicsResponse) String() string {
 func (*ListTopicsResponse) ProtoMessage() {}
 
 func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[18]
+	mi := &file_herald_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2813,7 +3414,7 @@ func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsResponse.ProtoReflect.Descriptor instead.
 func (*ListTopicsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{18}
+	return file_herald_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListTopicsResponse) GetTopics() []*TopicInfo {
@@ -2832,7 +3433,7 @@ type DescribeTopicRequest struct {
 
 func (x *DescribeTopicRequest) Reset() {
 	*x = DescribeTopicRequest{}
-	mi := &file_herald_proto_msgTypes[19]
+	mi := &file_herald_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2844,7 +3445,7 @@ func (x *DescribeTopicRequest) String() string {
 func (*DescribeTopicRequest) ProtoMessage() {}
 
 func (x *DescribeTopicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[19]
+	mi := &file_herald_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2857,7 +3458,7 @@ func (x *DescribeTopicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeTopicRequest.ProtoReflect.Descriptor instead.
 func (*DescribeTopicRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{19}
+	return file_herald_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DescribeTopicRequest) GetName() string {
@@ -2876,7 +3477,7 @@ type DescribeTopicResponse struct {
 
 func (x *DescribeTopicResponse) Reset() {
 	*x = DescribeTopicResponse{}
-	mi := &file_herald_proto_msgTypes[20]
+	mi := &file_herald_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2888,7 +3489,7 @@ func (x *DescribeTopicResponse) String() string {
 func (*DescribeTopicResponse) ProtoMessage() {}
 
 func (x *DescribeTopicResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[20]
+	mi := &file_herald_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2901,7 +3502,7 @@ func (x *DescribeTopicResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeTopicResponse.ProtoReflect.Descriptor instead.
 func (*DescribeTopicResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{20}
+	return file_herald_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DescribeTopicResponse) GetTopic() *TopicInfo {
@@ -2921,7 +3522,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_herald_proto_msgTypes[21]
+	mi := &file_herald_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2933,7 +3534,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[21]
+	mi := &file_herald_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2946,7 +3547,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{21}
+	return file_herald_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Header) GetKey() string {
@@ -2982,7 +3583,7 @@ type Record struct {
 
 func (x *Record) Reset() {
 	*x = Record{}
-	mi := &file_herald_proto_msgTypes[22]
+	mi := &file_herald_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2994,7 +3595,7 @@ func (x *Record) String() string {
 func (*Record) ProtoMessage() {}
 
 func (x *Record) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[22]
+	mi := &file_herald_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3007,7 +3608,7 @@ func (x *Record) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Record.ProtoReflect.Descriptor instead.
 func (*Record) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{22}
+	return file_herald_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Record) GetKey() []byte {
@@ -3070,7 +3671,7 @@ type RecordBatch struct {
 
 func (x *RecordBatch) Reset() {
 	*x = RecordBatch{}
-	mi := &file_herald_proto_msgTypes[23]
+	mi := &file_herald_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3683,7 @@ func (x *RecordBatch) String() string {
 func (*RecordBatch) ProtoMessage() {}
 
 func (x *RecordBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[23]
+	mi := &file_herald_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3696,7 @@ func (x *RecordBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordBatch.ProtoReflect.Descriptor instead.
 func (*RecordBatch) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{23}
+	return file_herald_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RecordBatch) GetRecords() []*Record {
@@ -3121,7 +3722,7 @@ type StoredBatch struct {
 
 func (x *StoredBatch) Reset() {
 	*x = StoredBatch{}
-	mi := &file_herald_proto_msgTypes[24]
+	mi := &file_herald_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3133,7 +3734,7 @@ func (x *StoredBatch) String() string {
 func (*StoredBatch) ProtoMessage() {}
 
 func (x *StoredBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[24]
+	mi := &file_herald_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3146,7 +3747,7 @@ func (x *StoredBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredBatch.ProtoReflect.Descriptor instead.
 func (*StoredBatch) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{24}
+	return file_herald_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StoredBatch) GetBaseOffset() int64 {
@@ -3254,7 +3855,7 @@ type ProduceRequest struct {
 
 func (x *ProduceRequest) Reset() {
 	*x = ProduceRequest{}
-	mi := &file_herald_proto_msgTypes[25]
+	mi := &file_herald_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3266,7 +3867,7 @@ func (x *ProduceRequest) String() string {
 func (*ProduceRequest) ProtoMessage() {}
 
 func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[25]
+	mi := &file_herald_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3279,7 +3880,7 @@ func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRequest.ProtoReflect.Descriptor instead.
 func (*ProduceRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{25}
+	return file_herald_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ProduceRequest) GetTopic() string {
@@ -3412,7 +4013,7 @@ type HalfOptions struct {
 
 func (x *HalfOptions) Reset() {
 	*x = HalfOptions{}
-	mi := &file_herald_proto_msgTypes[26]
+	mi := &file_herald_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3424,7 +4025,7 @@ func (x *HalfOptions) String() string {
 func (*HalfOptions) ProtoMessage() {}
 
 func (x *HalfOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[26]
+	mi := &file_herald_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3437,7 +4038,7 @@ func (x *HalfOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfOptions.ProtoReflect.Descriptor instead.
 func (*HalfOptions) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{26}
+	return file_herald_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HalfOptions) GetProducerGroup() string {
@@ -3495,7 +4096,7 @@ type ProduceResponse struct {
 
 func (x *ProduceResponse) Reset() {
 	*x = ProduceResponse{}
-	mi := &file_herald_proto_msgTypes[27]
+	mi := &file_herald_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3507,7 +4108,7 @@ func (x *ProduceResponse) String() string {
 func (*ProduceResponse) ProtoMessage() {}
 
 func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[27]
+	mi := &file_herald_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3520,7 +4121,7 @@ func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResponse.ProtoReflect.Descriptor instead.
 func (*ProduceResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{27}
+	return file_herald_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ProduceResponse) GetPartition() uint32 {
@@ -3613,7 +4214,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_herald_proto_msgTypes[28]
+	mi := &file_herald_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3625,7 +4226,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[28]
+	mi := &file_herald_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3638,7 +4239,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{28}
+	return file_herald_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *FetchRequest) GetTopic() string {
@@ -3715,7 +4316,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_herald_proto_msgTypes[29]
+	mi := &file_herald_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3727,7 +4328,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[29]
+	mi := &file_herald_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3740,7 +4341,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{29}
+	return file_herald_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *FetchResponse) GetPartition() uint32 {
@@ -3790,7 +4391,7 @@ type ListOffsetsRequest struct {
 
 func (x *ListOffsetsRequest) Reset() {
 	*x = ListOffsetsRequest{}
-	mi := &file_herald_proto_msgTypes[30]
+	mi := &file_herald_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3802,7 +4403,7 @@ func (x *ListOffsetsRequest) String() string {
 func (*ListOffsetsRequest) ProtoMessage() {}
 
 func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[30]
+	mi := &file_herald_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3815,7 +4416,7 @@ func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*ListOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{30}
+	return file_herald_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListOffsetsRequest) GetTopic() string {
@@ -3858,7 +4459,7 @@ type ListOffsetsResponse struct {
 
 func (x *ListOffsetsResponse) Reset() {
 	*x = ListOffsetsResponse{}
-	mi := &file_herald_proto_msgTypes[31]
+	mi := &file_herald_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3870,7 +4471,7 @@ func (x *ListOffsetsResponse) String() string {
 func (*ListOffsetsResponse) ProtoMessage() {}
 
 func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[31]
+	mi := &file_herald_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3883,7 +4484,7 @@ func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*ListOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{31}
+	return file_herald_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListOffsetsResponse) GetPartition() uint32 {
@@ -3931,7 +4532,7 @@ type StartPosition struct {
 
 func (x *StartPosition) Reset() {
 	*x = StartPosition{}
-	mi := &file_herald_proto_msgTypes[32]
+	mi := &file_herald_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3943,7 +4544,7 @@ func (x *StartPosition) String() string {
 func (*StartPosition) ProtoMessage() {}
 
 func (x *StartPosition) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[32]
+	mi := &file_herald_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3956,7 +4557,7 @@ func (x *StartPosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartPosition.ProtoReflect.Descriptor instead.
 func (*StartPosition) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{32}
+	return file_herald_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *StartPosition) GetAt() isStartPosition_At {
@@ -4067,7 +4668,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_herald_proto_msgTypes[33]
+	mi := &file_herald_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4079,7 +4680,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[33]
+	mi := &file_herald_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4092,7 +4693,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{33}
+	return file_herald_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SubscribeRequest) GetGroup() string {
@@ -4211,7 +4812,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_herald_proto_msgTypes[34]
+	mi := &file_herald_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4223,7 +4824,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[34]
+	mi := &file_herald_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4236,7 +4837,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{34}
+	return file_herald_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SubscribeResponse) GetSubscriptionId() uint64 {
@@ -4276,7 +4877,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_herald_proto_msgTypes[35]
+	mi := &file_herald_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4288,7 +4889,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[35]
+	mi := &file_herald_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4301,7 +4902,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{35}
+	return file_herald_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AckRequest) GetSubscriptionId() uint64 {
@@ -4340,7 +4941,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_herald_proto_msgTypes[36]
+	mi := &file_herald_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4352,7 +4953,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[36]
+	mi := &file_herald_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4365,7 +4966,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{36}
+	return file_herald_proto_rawDescGZIP(), []int{44}
 }
 
 // Gives messages back for redelivery, no earlier than delay_ms from now and
@@ -4386,7 +4987,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_herald_proto_msgTypes[37]
+	mi := &file_herald_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4398,7 +4999,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[37]
+	mi := &file_herald_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4411,7 +5012,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{37}
+	return file_herald_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *NackRequest) GetSubscriptionId() uint64 {
@@ -4464,7 +5065,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_herald_proto_msgTypes[38]
+	mi := &file_herald_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4476,7 +5077,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[38]
+	mi := &file_herald_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4489,7 +5090,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{38}
+	return file_herald_proto_rawDescGZIP(), []int{46}
 }
 
 // Kafka-style commit (clustering mode): every offset below `offset` of a
@@ -4505,7 +5106,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_herald_proto_msgTypes[39]
+	mi := &file_herald_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4517,7 +5118,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[39]
+	mi := &file_herald_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4530,7 +5131,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{39}
+	return file_herald_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CommitRequest) GetSubscriptionId() uint64 {
@@ -4562,7 +5163,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_herald_proto_msgTypes[40]
+	mi := &file_herald_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4574,7 +5175,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[40]
+	mi := &file_herald_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4587,7 +5188,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{40}
+	return file_herald_proto_rawDescGZIP(), []int{48}
 }
 
 // Leaves the group; unacked messages are redelivered to other members.
@@ -4600,7 +5201,7 @@ type UnsubscribeRequest struct {
 
 func (x *UnsubscribeRequest) Reset() {
 	*x = UnsubscribeRequest{}
-	mi := &file_herald_proto_msgTypes[41]
+	mi := &file_herald_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4612,7 +5213,7 @@ func (x *UnsubscribeRequest) String() string {
 func (*UnsubscribeRequest) ProtoMessage() {}
 
 func (x *UnsubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[41]
+	mi := &file_herald_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4625,7 +5226,7 @@ func (x *UnsubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnsubscribeRequest.ProtoReflect.Descriptor instead.
 func (*UnsubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{41}
+	return file_herald_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *UnsubscribeRequest) GetSubscriptionId() uint64 {
@@ -4643,7 +5244,7 @@ type UnsubscribeResponse struct {
 
 func (x *UnsubscribeResponse) Reset() {
 	*x = UnsubscribeResponse{}
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4655,7 +5256,7 @@ func (x *UnsubscribeResponse) String() string {
 func (*UnsubscribeResponse) ProtoMessage() {}
 
 func (x *UnsubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4668,7 +5269,7 @@ func (x *UnsubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnsubscribeResponse.ProtoReflect.Descriptor instead.
 func (*UnsubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{42}
+	return file_herald_proto_rawDescGZIP(), []int{50}
 }
 
 // DeliveredMessage is one pushed message. `record` is the Record exactly as
@@ -4690,7 +5291,7 @@ type DeliveredMessage struct {
 
 func (x *DeliveredMessage) Reset() {
 	*x = DeliveredMessage{}
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4702,7 +5303,7 @@ func (x *DeliveredMessage) String() string {
 func (*DeliveredMessage) ProtoMessage() {}
 
 func (x *DeliveredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4715,7 +5316,7 @@ func (x *DeliveredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveredMessage.ProtoReflect.Descriptor instead.
 func (*DeliveredMessage) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{43}
+	return file_herald_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DeliveredMessage) GetPartition() uint32 {
@@ -4778,7 +5379,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4790,7 +5391,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4803,7 +5404,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{44}
+	return file_herald_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *Delivery) GetSubscriptionId() uint64 {
@@ -4834,7 +5435,7 @@ type AssignmentChange struct {
 
 func (x *AssignmentChange) Reset() {
 	*x = AssignmentChange{}
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4846,7 +5447,7 @@ func (x *AssignmentChange) String() string {
 func (*AssignmentChange) ProtoMessage() {}
 
 func (x *AssignmentChange) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4859,7 +5460,7 @@ func (x *AssignmentChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentChange.ProtoReflect.Descriptor instead.
 func (*AssignmentChange) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{45}
+	return file_herald_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AssignmentChange) GetSubscriptionId() uint64 {
@@ -4895,7 +5496,7 @@ type SubscriptionEnded struct {
 
 func (x *SubscriptionEnded) Reset() {
 	*x = SubscriptionEnded{}
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4907,7 +5508,7 @@ func (x *SubscriptionEnded) String() string {
 func (*SubscriptionEnded) ProtoMessage() {}
 
 func (x *SubscriptionEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4920,7 +5521,7 @@ func (x *SubscriptionEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscriptionEnded.ProtoReflect.Descriptor instead.
 func (*SubscriptionEnded) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{46}
+	return file_herald_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SubscriptionEnded) GetSubscriptionId() uint64 {
@@ -4945,7 +5546,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4957,7 +5558,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4970,7 +5571,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{47}
+	return file_herald_proto_rawDescGZIP(), []int{55}
 }
 
 type GroupSummary struct {
@@ -4986,7 +5587,7 @@ type GroupSummary struct {
 
 func (x *GroupSummary) Reset() {
 	*x = GroupSummary{}
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4998,7 +5599,7 @@ func (x *GroupSummary) String() string {
 func (*GroupSummary) ProtoMessage() {}
 
 func (x *GroupSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5011,7 +5612,7 @@ func (x *GroupSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupSummary.ProtoReflect.Descriptor instead.
 func (*GroupSummary) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{48}
+	return file_herald_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GroupSummary) GetGroup() string {
@@ -5058,7 +5659,7 @@ type ListGroupsResponse struct {
 
 func (x *ListGroupsResponse) Reset() {
 	*x = ListGroupsResponse{}
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5070,7 +5671,7 @@ func (x *ListGroupsResponse) String() string {
 func (*ListGroupsResponse) ProtoMessage() {}
 
 func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5083,7 +5684,7 @@ func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{49}
+	return file_herald_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListGroupsResponse) GetGroups() []*GroupSummary {
@@ -5102,7 +5703,7 @@ type DescribeGroupRequest struct {
 
 func (x *DescribeGroupRequest) Reset() {
 	*x = DescribeGroupRequest{}
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5114,7 +5715,7 @@ func (x *DescribeGroupRequest) String() string {
 func (*DescribeGroupRequest) ProtoMessage() {}
 
 func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5127,7 +5728,7 @@ func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupRequest.ProtoReflect.Descriptor instead.
 func (*DescribeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{50}
+	return file_herald_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DescribeGroupRequest) GetGroup() string {
@@ -5155,7 +5756,7 @@ type MemberInfo struct {
 
 func (x *MemberInfo) Reset() {
 	*x = MemberInfo{}
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5167,7 +5768,7 @@ func (x *MemberInfo) String() string {
 func (*MemberInfo) ProtoMessage() {}
 
 func (x *MemberInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5180,7 +5781,7 @@ func (x *MemberInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberInfo.ProtoReflect.Descriptor instead.
 func (*MemberInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{51}
+	return file_herald_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *MemberInfo) GetMemberId() string {
@@ -5275,7 +5876,7 @@ type PartitionLag struct {
 
 func (x *PartitionLag) Reset() {
 	*x = PartitionLag{}
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5287,7 +5888,7 @@ func (x *PartitionLag) String() string {
 func (*PartitionLag) ProtoMessage() {}
 
 func (x *PartitionLag) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5300,7 +5901,7 @@ func (x *PartitionLag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionLag.ProtoReflect.Descriptor instead.
 func (*PartitionLag) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{52}
+	return file_herald_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *PartitionLag) GetPartition() uint32 {
@@ -5375,7 +5976,7 @@ type GroupInfo struct {
 
 func (x *GroupInfo) Reset() {
 	*x = GroupInfo{}
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5387,7 +5988,7 @@ func (x *GroupInfo) String() string {
 func (*GroupInfo) ProtoMessage() {}
 
 func (x *GroupInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5400,7 +6001,7 @@ func (x *GroupInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupInfo.ProtoReflect.Descriptor instead.
 func (*GroupInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{53}
+	return file_herald_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GroupInfo) GetGroup() string {
@@ -5510,7 +6111,7 @@ type DescribeGroupResponse struct {
 
 func (x *DescribeGroupResponse) Reset() {
 	*x = DescribeGroupResponse{}
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5522,7 +6123,7 @@ func (x *DescribeGroupResponse) String() string {
 func (*DescribeGroupResponse) ProtoMessage() {}
 
 func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5535,7 +6136,7 @@ func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupResponse.ProtoReflect.Descriptor instead.
 func (*DescribeGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{54}
+	return file_herald_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DescribeGroupResponse) GetGroup() *GroupInfo {
@@ -5560,7 +6161,7 @@ type ResetGroupRequest struct {
 
 func (x *ResetGroupRequest) Reset() {
 	*x = ResetGroupRequest{}
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5572,7 +6173,7 @@ func (x *ResetGroupRequest) String() string {
 func (*ResetGroupRequest) ProtoMessage() {}
 
 func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5585,7 +6186,7 @@ func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupRequest.ProtoReflect.Descriptor instead.
 func (*ResetGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{55}
+	return file_herald_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ResetGroupRequest) GetGroup() string {
@@ -5625,7 +6226,7 @@ type ResetGroupResponse struct {
 
 func (x *ResetGroupResponse) Reset() {
 	*x = ResetGroupResponse{}
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5637,7 +6238,7 @@ func (x *ResetGroupResponse) String() string {
 func (*ResetGroupResponse) ProtoMessage() {}
 
 func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5650,7 +6251,7 @@ func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupResponse.ProtoReflect.Descriptor instead.
 func (*ResetGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{56}
+	return file_herald_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ResetGroupResponse) GetGroup() *GroupInfo {
@@ -5671,7 +6272,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_herald_proto_msgTypes[57]
+	mi := &file_herald_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5683,7 +6284,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[57]
+	mi := &file_herald_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5696,7 +6297,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{57}
+	return file_herald_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CallRequest) GetTopic() string {
@@ -5731,7 +6332,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_herald_proto_msgTypes[58]
+	mi := &file_herald_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5743,7 +6344,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[58]
+	mi := &file_herald_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5756,7 +6357,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{58}
+	return file_herald_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *CallResponse) GetInbox() string {
@@ -5784,7 +6385,7 @@ type ReplyRequest struct {
 
 func (x *ReplyRequest) Reset() {
 	*x = ReplyRequest{}
-	mi := &file_herald_proto_msgTypes[59]
+	mi := &file_herald_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5796,7 +6397,7 @@ func (x *ReplyRequest) String() string {
 func (*ReplyRequest) ProtoMessage() {}
 
 func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[59]
+	mi := &file_herald_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5809,7 +6410,7 @@ func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyRequest.ProtoReflect.Descriptor instead.
 func (*ReplyRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{59}
+	return file_herald_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ReplyRequest) GetInbox() string {
@@ -5841,7 +6442,7 @@ type ReplyResponse struct {
 
 func (x *ReplyResponse) Reset() {
 	*x = ReplyResponse{}
-	mi := &file_herald_proto_msgTypes[60]
+	mi := &file_herald_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5853,7 +6454,7 @@ func (x *ReplyResponse) String() string {
 func (*ReplyResponse) ProtoMessage() {}
 
 func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[60]
+	mi := &file_herald_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5866,7 +6467,7 @@ func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyResponse.ProtoReflect.Descriptor instead.
 func (*ReplyResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{60}
+	return file_herald_proto_rawDescGZIP(), []int{68}
 }
 
 // Push: a reply to an earlier CallRequest of this connection.
@@ -5880,7 +6481,7 @@ type ReplyDelivery struct {
 
 func (x *ReplyDelivery) Reset() {
 	*x = ReplyDelivery{}
-	mi := &file_herald_proto_msgTypes[61]
+	mi := &file_herald_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5892,7 +6493,7 @@ func (x *ReplyDelivery) String() string {
 func (*ReplyDelivery) ProtoMessage() {}
 
 func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[61]
+	mi := &file_herald_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5905,7 +6506,7 @@ func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyDelivery.ProtoReflect.Descriptor instead.
 func (*ReplyDelivery) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{61}
+	return file_herald_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ReplyDelivery) GetCorrelationId() uint64 {
@@ -5932,7 +6533,7 @@ type CancelScheduledRequest struct {
 
 func (x *CancelScheduledRequest) Reset() {
 	*x = CancelScheduledRequest{}
-	mi := &file_herald_proto_msgTypes[62]
+	mi := &file_herald_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5944,7 +6545,7 @@ func (x *CancelScheduledRequest) String() string {
 func (*CancelScheduledRequest) ProtoMessage() {}
 
 func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[62]
+	mi := &file_herald_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5957,7 +6558,7 @@ func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelScheduledRequest.ProtoReflect.Descriptor instead.
 func (*CancelScheduledRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{62}
+	return file_herald_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *CancelScheduledRequest) GetId() string {
@@ -5977,7 +6578,7 @@ type CancelScheduledResponse struct {
 
 func (x *CancelScheduledResponse) Reset() {
 	*x = CancelScheduledResponse{}
-	mi := &file_herald_proto_msgTypes[63]
+	mi := &file_herald_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5989,7 +6590,7 @@ func (x *CancelScheduledResponse) String() string {
 func (*CancelScheduledResponse) ProtoMessage() {}
 
 func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[63]
+	mi := &file_herald_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6002,7 +6603,7 @@ func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelScheduledResponse.ProtoReflect.Descriptor instead.
 func (*CancelScheduledResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{63}
+	return file_herald_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *CancelScheduledResponse) GetTopic() string {
@@ -6032,7 +6633,7 @@ type ListScheduledRequest struct {
 
 func (x *ListScheduledRequest) Reset() {
 	*x = ListScheduledRequest{}
-	mi := &file_herald_proto_msgTypes[64]
+	mi := &file_herald_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6044,7 +6645,7 @@ func (x *ListScheduledRequest) String() string {
 func (*ListScheduledRequest) ProtoMessage() {}
 
 func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[64]
+	mi := &file_herald_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6057,7 +6658,7 @@ func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScheduledRequest.ProtoReflect.Descriptor instead.
 func (*ListScheduledRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{64}
+	return file_herald_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListScheduledRequest) GetTopic() string {
@@ -6089,7 +6690,7 @@ type ScheduledInfo struct {
 
 func (x *ScheduledInfo) Reset() {
 	*x = ScheduledInfo{}
-	mi := &file_herald_proto_msgTypes[65]
+	mi := &file_herald_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6101,7 +6702,7 @@ func (x *ScheduledInfo) String() string {
 func (*ScheduledInfo) ProtoMessage() {}
 
 func (x *ScheduledInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[65]
+	mi := &file_herald_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6114,7 +6715,7 @@ func (x *ScheduledInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduledInfo.ProtoReflect.Descriptor instead.
 func (*ScheduledInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{65}
+	return file_herald_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ScheduledInfo) GetId() string {
@@ -6177,7 +6778,7 @@ type ListScheduledResponse struct {
 
 func (x *ListScheduledResponse) Reset() {
 	*x = ListScheduledResponse{}
-	mi := &file_herald_proto_msgTypes[66]
+	mi := &file_herald_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6189,7 +6790,7 @@ func (x *ListScheduledResponse) String() string {
 func (*ListScheduledResponse) ProtoMessage() {}
 
 func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[66]
+	mi := &file_herald_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6202,7 +6803,7 @@ func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScheduledResponse.ProtoReflect.Descriptor instead.
 func (*ListScheduledResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{66}
+	return file_herald_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListScheduledResponse) GetScheduled() []*ScheduledInfo {
@@ -6245,7 +6846,7 @@ type RepairPartitionRequest struct {
 
 func (x *RepairPartitionRequest) Reset() {
 	*x = RepairPartitionRequest{}
-	mi := &file_herald_proto_msgTypes[67]
+	mi := &file_herald_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6257,7 +6858,7 @@ func (x *RepairPartitionRequest) String() string {
 func (*RepairPartitionRequest) ProtoMessage() {}
 
 func (x *RepairPartitionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[67]
+	mi := &file_herald_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6270,7 +6871,7 @@ func (x *RepairPartitionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPartitionRequest.ProtoReflect.Descriptor instead.
 func (*RepairPartitionRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{67}
+	return file_herald_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RepairPartitionRequest) GetTopic() string {
@@ -6334,7 +6935,7 @@ type RepairPartitionResponse struct {
 
 func (x *RepairPartitionResponse) Reset() {
 	*x = RepairPartitionResponse{}
-	mi := &file_herald_proto_msgTypes[68]
+	mi := &file_herald_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6346,7 +6947,7 @@ func (x *RepairPartitionResponse) String() string {
 func (*RepairPartitionResponse) ProtoMessage() {}
 
 func (x *RepairPartitionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[68]
+	mi := &file_herald_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6359,7 +6960,7 @@ func (x *RepairPartitionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPartitionResponse.ProtoReflect.Descriptor instead.
 func (*RepairPartitionResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{68}
+	return file_herald_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RepairPartitionResponse) GetDamaged() bool {
@@ -6450,7 +7051,7 @@ type EndHalfRequest struct {
 
 func (x *EndHalfRequest) Reset() {
 	*x = EndHalfRequest{}
-	mi := &file_herald_proto_msgTypes[69]
+	mi := &file_herald_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6462,7 +7063,7 @@ func (x *EndHalfRequest) String() string {
 func (*EndHalfRequest) ProtoMessage() {}
 
 func (x *EndHalfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[69]
+	mi := &file_herald_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6475,7 +7076,7 @@ func (x *EndHalfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndHalfRequest.ProtoReflect.Descriptor instead.
 func (*EndHalfRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{69}
+	return file_herald_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *EndHalfRequest) GetId() string {
@@ -6521,7 +7122,7 @@ type EndHalfResponse struct {
 
 func (x *EndHalfResponse) Reset() {
 	*x = EndHalfResponse{}
-	mi := &file_herald_proto_msgTypes[70]
+	mi := &file_herald_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6533,7 +7134,7 @@ func (x *EndHalfResponse) String() string {
 func (*EndHalfResponse) ProtoMessage() {}
 
 func (x *EndHalfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[70]
+	mi := &file_herald_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6546,7 +7147,7 @@ func (x *EndHalfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndHalfResponse.ProtoReflect.Descriptor instead.
 func (*EndHalfResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{70}
+	return file_herald_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *EndHalfResponse) GetTopic() string {
@@ -6599,7 +7200,7 @@ type RegisterProducerRequest struct {
 
 func (x *RegisterProducerRequest) Reset() {
 	*x = RegisterProducerRequest{}
-	mi := &file_herald_proto_msgTypes[71]
+	mi := &file_herald_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6611,7 +7212,7 @@ func (x *RegisterProducerRequest) String() string {
 func (*RegisterProducerRequest) ProtoMessage() {}
 
 func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[71]
+	mi := &file_herald_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6624,7 +7225,7 @@ func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterProducerRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{71}
+	return file_herald_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *RegisterProducerRequest) GetProducerGroup() string {
@@ -6652,7 +7253,7 @@ type RegisterProducerResponse struct {
 
 func (x *RegisterProducerResponse) Reset() {
 	*x = RegisterProducerResponse{}
-	mi := &file_herald_proto_msgTypes[72]
+	mi := &file_herald_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6664,7 +7265,7 @@ func (x *RegisterProducerResponse) String() string {
 func (*RegisterProducerResponse) ProtoMessage() {}
 
 func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[72]
+	mi := &file_herald_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6677,7 +7278,7 @@ func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterProducerResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{72}
+	return file_herald_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RegisterProducerResponse) GetHeartbeatMs() uint32 {
@@ -6714,7 +7315,7 @@ type HalfCheck struct {
 
 func (x *HalfCheck) Reset() {
 	*x = HalfCheck{}
-	mi := &file_herald_proto_msgTypes[73]
+	mi := &file_herald_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6726,7 +7327,7 @@ func (x *HalfCheck) String() string {
 func (*HalfCheck) ProtoMessage() {}
 
 func (x *HalfCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[73]
+	mi := &file_herald_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6739,7 +7340,7 @@ func (x *HalfCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfCheck.ProtoReflect.Descriptor instead.
 func (*HalfCheck) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{73}
+	return file_herald_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *HalfCheck) GetId() string {
@@ -6815,7 +7416,7 @@ type ListTxnRequest struct {
 
 func (x *ListTxnRequest) Reset() {
 	*x = ListTxnRequest{}
-	mi := &file_herald_proto_msgTypes[74]
+	mi := &file_herald_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6827,7 +7428,7 @@ func (x *ListTxnRequest) String() string {
 func (*ListTxnRequest) ProtoMessage() {}
 
 func (x *ListTxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[74]
+	mi := &file_herald_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6840,7 +7441,7 @@ func (x *ListTxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTxnRequest.ProtoReflect.Descriptor instead.
 func (*ListTxnRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{74}
+	return file_herald_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListTxnRequest) GetProducerGroup() string {
@@ -6893,7 +7494,7 @@ type HalfInfo struct {
 
 func (x *HalfInfo) Reset() {
 	*x = HalfInfo{}
-	mi := &file_herald_proto_msgTypes[75]
+	mi := &file_herald_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6905,7 +7506,7 @@ func (x *HalfInfo) String() string {
 func (*HalfInfo) ProtoMessage() {}
 
 func (x *HalfInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[75]
+	mi := &file_herald_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6918,7 +7519,7 @@ func (x *HalfInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfInfo.ProtoReflect.Descriptor instead.
 func (*HalfInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{75}
+	return file_herald_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *HalfInfo) GetId() string {
@@ -7017,7 +7618,7 @@ type ListTxnResponse struct {
 
 func (x *ListTxnResponse) Reset() {
 	*x = ListTxnResponse{}
-	mi := &file_herald_proto_msgTypes[76]
+	mi := &file_herald_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7029,7 +7630,7 @@ func (x *ListTxnResponse) String() string {
 func (*ListTxnResponse) ProtoMessage() {}
 
 func (x *ListTxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[76]
+	mi := &file_herald_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7042,7 +7643,7 @@ func (x *ListTxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTxnResponse.ProtoReflect.Descriptor instead.
 func (*ListTxnResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{76}
+	return file_herald_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ListTxnResponse) GetHalves() []*HalfInfo {
@@ -7082,7 +7683,7 @@ type InitProducerIdRequest struct {
 
 func (x *InitProducerIdRequest) Reset() {
 	*x = InitProducerIdRequest{}
-	mi := &file_herald_proto_msgTypes[77]
+	mi := &file_herald_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7094,7 +7695,7 @@ func (x *InitProducerIdRequest) String() string {
 func (*InitProducerIdRequest) ProtoMessage() {}
 
 func (x *InitProducerIdRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[77]
+	mi := &file_herald_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7107,7 +7708,7 @@ func (x *InitProducerIdRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitProducerIdRequest.ProtoReflect.Descriptor instead.
 func (*InitProducerIdRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{77}
+	return file_herald_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *InitProducerIdRequest) GetTransactionalId() string {
@@ -7134,7 +7735,7 @@ type InitProducerIdResponse struct {
 
 func (x *InitProducerIdResponse) Reset() {
 	*x = InitProducerIdResponse{}
-	mi := &file_herald_proto_msgTypes[78]
+	mi := &file_herald_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7146,7 +7747,7 @@ func (x *InitProducerIdResponse) String() string {
 func (*InitProducerIdResponse) ProtoMessage() {}
 
 func (x *InitProducerIdResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[78]
+	mi := &file_herald_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7159,7 +7760,7 @@ func (x *InitProducerIdResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitProducerIdResponse.ProtoReflect.Descriptor instead.
 func (*InitProducerIdResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{78}
+	return file_herald_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *InitProducerIdResponse) GetProducerId() uint64 {
@@ -7194,7 +7795,7 @@ type EndTxnRequest struct {
 
 func (x *EndTxnRequest) Reset() {
 	*x = EndTxnRequest{}
-	mi := &file_herald_proto_msgTypes[79]
+	mi := &file_herald_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7206,7 +7807,7 @@ func (x *EndTxnRequest) String() string {
 func (*EndTxnRequest) ProtoMessage() {}
 
 func (x *EndTxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[79]
+	mi := &file_herald_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7219,7 +7820,7 @@ func (x *EndTxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTxnRequest.ProtoReflect.Descriptor instead.
 func (*EndTxnRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{79}
+	return file_herald_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *EndTxnRequest) GetTransactionalId() string {
@@ -7272,7 +7873,7 @@ type EndTxnResponse struct {
 
 func (x *EndTxnResponse) Reset() {
 	*x = EndTxnResponse{}
-	mi := &file_herald_proto_msgTypes[80]
+	mi := &file_herald_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7284,7 +7885,7 @@ func (x *EndTxnResponse) String() string {
 func (*EndTxnResponse) ProtoMessage() {}
 
 func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[80]
+	mi := &file_herald_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7297,7 +7898,7 @@ func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTxnResponse.ProtoReflect.Descriptor instead.
 func (*EndTxnResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{80}
+	return file_herald_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *EndTxnResponse) GetNextEpoch() uint32 {
@@ -7346,7 +7947,7 @@ type TxnInfo struct {
 
 func (x *TxnInfo) Reset() {
 	*x = TxnInfo{}
-	mi := &file_herald_proto_msgTypes[81]
+	mi := &file_herald_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7358,7 +7959,7 @@ func (x *TxnInfo) String() string {
 func (*TxnInfo) ProtoMessage() {}
 
 func (x *TxnInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[81]
+	mi := &file_herald_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7371,7 +7972,7 @@ func (x *TxnInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnInfo.ProtoReflect.Descriptor instead.
 func (*TxnInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{81}
+	return file_herald_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *TxnInfo) GetTransactionalId() string {
@@ -7450,7 +8051,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x06leader\x18\x05 \x01(\rR\x06leader\x12\x1b\n" +
 	"\tlost_from\x18\x06 \x01(\x03R\blostFrom\x12\x17\n" +
 	"\alost_to\x18\a \x01(\x03R\x06lostTo\x12'\n" +
-	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\xae\"\n" +
+	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\x82&\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -7512,7 +8113,15 @@ const file_herald_proto_rawDesc = "" +
 	"\x10init_producer_id\x18H \x01(\v2 .herald.v1.InitProducerIdRequestH\x00R\x0einitProducerId\x12^\n" +
 	"\x19init_producer_id_response\x18I \x01(\v2!.herald.v1.InitProducerIdResponseH\x00R\x16initProducerIdResponse\x123\n" +
 	"\aend_txn\x18J \x01(\v2\x18.herald.v1.EndTxnRequestH\x00R\x06endTxn\x12E\n" +
-	"\x10end_txn_response\x18K \x01(\v2\x19.herald.v1.EndTxnResponseH\x00R\x0eendTxnResponse\x121\n" +
+	"\x10end_txn_response\x18K \x01(\v2\x19.herald.v1.EndTxnResponseH\x00R\x0eendTxnResponse\x12Q\n" +
+	"\x11sasl_authenticate\x18L \x01(\v2\".herald.v1.SaslAuthenticateRequestH\x00R\x10saslAuthenticate\x12c\n" +
+	"\x1asasl_authenticate_response\x18M \x01(\v2#.herald.v1.SaslAuthenticateResponseH\x00R\x18saslAuthenticateResponse\x12<\n" +
+	"\n" +
+	"alter_user\x18N \x01(\v2\x1b.herald.v1.AlterUserRequestH\x00R\talterUser\x12N\n" +
+	"\x13alter_user_response\x18O \x01(\v2\x1c.herald.v1.AlterUserResponseH\x00R\x11alterUserResponse\x12<\n" +
+	"\n" +
+	"list_users\x18P \x01(\v2\x1b.herald.v1.ListUsersRequestH\x00R\tlistUsers\x12N\n" +
+	"\x13list_users_response\x18Q \x01(\v2\x1c.herald.v1.ListUsersResponseH\x00R\x11listUsersResponse\x121\n" +
 	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
@@ -7522,19 +8131,58 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"half_check\x18@ \x01(\v2\x14.herald.v1.HalfCheckH\x00R\thalfCheck\x12(\n" +
 	"\x05error\x18d \x01(\v2\x10.herald.v1.ErrorH\x00R\x05errorB\x06\n" +
-	"\x04body\"\xa2\x01\n" +
+	"\x04body\"\xe6\x01\n" +
 	"\fHelloRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12&\n" +
 	"\x0fmax_frame_bytes\x18\x03 \x01(\rR\rmaxFrameBytes\x12\"\n" +
-	"\rmax_in_flight\x18\x04 \x01(\rR\vmaxInFlight\"\xee\x01\n" +
+	"\rmax_in_flight\x18\x04 \x01(\rR\vmaxInFlight\x12%\n" +
+	"\x0esasl_mechanism\x18\x05 \x01(\tR\rsaslMechanism\x12\x1b\n" +
+	"\tsasl_data\x18\x06 \x01(\fR\bsaslData\"\xd2\x02\n" +
 	"\rHelloResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12&\n" +
 	"\x0fmax_frame_bytes\x18\x02 \x01(\rR\rmaxFrameBytes\x12\"\n" +
 	"\rmax_in_flight\x18\x03 \x01(\rR\vmaxInFlight\x12\x17\n" +
 	"\anode_id\x18\x04 \x01(\rR\x06nodeId\x12%\n" +
 	"\x0eserver_version\x18\x05 \x01(\tR\rserverVersion\x12&\n" +
-	"\x0fidle_timeout_ms\x18\x06 \x01(\rR\ridleTimeoutMs\"\xaa\x02\n" +
+	"\x0fidle_timeout_ms\x18\x06 \x01(\rR\ridleTimeoutMs\x12'\n" +
+	"\x0fsasl_mechanisms\x18\a \x03(\tR\x0esaslMechanisms\x12\x1b\n" +
+	"\tsasl_data\x18\b \x01(\fR\bsaslData\x12\x1c\n" +
+	"\tprincipal\x18\t \x01(\tR\tprincipal\"6\n" +
+	"\x17SaslAuthenticateRequest\x12\x1b\n" +
+	"\tsasl_data\x18\x01 \x01(\fR\bsaslData\"U\n" +
+	"\x18SaslAuthenticateResponse\x12\x1b\n" +
+	"\tsasl_data\x18\x01 \x01(\fR\bsaslData\x12\x1c\n" +
+	"\tprincipal\x18\x02 \x01(\tR\tprincipal\"\x83\x01\n" +
+	"\x0fScramCredential\x12\x12\n" +
+	"\x04salt\x18\x01 \x01(\fR\x04salt\x12\x1e\n" +
+	"\n" +
+	"iterations\x18\x02 \x01(\rR\n" +
+	"iterations\x12\x1d\n" +
+	"\n" +
+	"stored_key\x18\x03 \x01(\fR\tstoredKey\x12\x1d\n" +
+	"\n" +
+	"server_key\x18\x04 \x01(\fR\tserverKey\"\x95\x01\n" +
+	"\x10AlterUserRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12=\n" +
+	"\fscram_sha256\x18\x02 \x01(\v2\x1a.herald.v1.ScramCredentialR\vscramSha256\x12\x16\n" +
+	"\x06delete\x18\x03 \x01(\bR\x06delete\x12\x16\n" +
+	"\x06create\x18\x04 \x01(\bR\x06create\"\x13\n" +
+	"\x11AlterUserResponse\"\x12\n" +
+	"\x10ListUsersRequest\"\x9b\x01\n" +
+	"\bUserInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1e\n" +
+	"\n" +
+	"mechanisms\x18\x02 \x03(\tR\n" +
+	"mechanisms\x12\x1e\n" +
+	"\n" +
+	"iterations\x18\x03 \x01(\rR\n" +
+	"iterations\x12\x1d\n" +
+	"\n" +
+	"updated_ms\x18\x04 \x01(\x03R\tupdatedMs\x12\x1c\n" +
+	"\tsuperuser\x18\x05 \x01(\bR\tsuperuser\">\n" +
+	"\x11ListUsersResponse\x12)\n" +
+	"\x05users\x18\x01 \x03(\v2\x13.herald.v1.UserInfoR\x05users\"\xaa\x02\n" +
 	"\vTopicConfig\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x01(\rR\n" +
@@ -7985,7 +8633,7 @@ const file_herald_proto_rawDesc = "" +
 	"\arecords\x18\a \x01(\rR\arecords\x12\x14\n" +
 	"\x05bytes\x18\b \x01(\x04R\x05bytes\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\t \x01(\rR\ttimeoutMs*\xc9\x06\n" +
+	"timeout_ms\x18\t \x01(\rR\ttimeoutMs*\xa1\a\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -8027,7 +8675,11 @@ const file_herald_proto_rawDesc = "" +
 	"\rTXN_NOT_FOUND\x10#\x12\x13\n" +
 	"\x0fPRODUCER_FENCED\x10$\x12\x11\n" +
 	"\rTXN_TIMED_OUT\x10%\x12\x15\n" +
-	"\x11INVALID_TXN_STATE\x10&*4\n" +
+	"\x11INVALID_TXN_STATE\x10&\x12\x15\n" +
+	"\x11NOT_AUTHENTICATED\x10'\x12\x12\n" +
+	"\x0eNOT_AUTHORIZED\x10(\x12\x12\n" +
+	"\x0eUSER_NOT_FOUND\x10)\x12\x17\n" +
+	"\x13USER_ALREADY_EXISTS\x10**4\n" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +
@@ -8076,7 +8728,7 @@ func file_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 90)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                   // 0: herald.v1.ErrorCode
 	(Acks)(0),                        // 1: herald.v1.Acks
@@ -8091,194 +8743,210 @@ var file_herald_proto_goTypes = []any{
 	(*Frame)(nil),                    // 10: herald.v1.Frame
 	(*HelloRequest)(nil),             // 11: herald.v1.HelloRequest
 	(*HelloResponse)(nil),            // 12: herald.v1.HelloResponse
-	(*TopicConfig)(nil),              // 13: herald.v1.TopicConfig
-	(*PartitionInfo)(nil),            // 14: herald.v1.PartitionInfo
-	(*TopicInfo)(nil),                // 15: herald.v1.TopicInfo
-	(*BrokerInfo)(nil),               // 16: herald.v1.BrokerInfo
-	(*MetadataRequest)(nil),          // 17: herald.v1.MetadataRequest
-	(*MetadataResponse)(nil),         // 18: herald.v1.MetadataResponse
-	(*CreateTopicRequest)(nil),       // 19: herald.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),      // 20: herald.v1.CreateTopicResponse
-	(*DeleteTopicRequest)(nil),       // 21: herald.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil),      // 22: herald.v1.DeleteTopicResponse
-	(*ClusterAdminRequest)(nil),      // 23: herald.v1.ClusterAdminRequest
-	(*PartitionMove)(nil),            // 24: herald.v1.PartitionMove
-	(*ClusterAdminResponse)(nil),     // 25: herald.v1.ClusterAdminResponse
-	(*ListTopicsRequest)(nil),        // 26: herald.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),       // 27: herald.v1.ListTopicsResponse
-	(*DescribeTopicRequest)(nil),     // 28: herald.v1.DescribeTopicRequest
-	(*DescribeTopicResponse)(nil),    // 29: herald.v1.DescribeTopicResponse
-	(*Header)(nil),                   // 30: herald.v1.Header
-	(*Record)(nil),                   // 31: herald.v1.Record
-	(*RecordBatch)(nil),              // 32: herald.v1.RecordBatch
-	(*StoredBatch)(nil),              // 33: herald.v1.StoredBatch
-	(*ProduceRequest)(nil),           // 34: herald.v1.ProduceRequest
-	(*HalfOptions)(nil),              // 35: herald.v1.HalfOptions
-	(*ProduceResponse)(nil),          // 36: herald.v1.ProduceResponse
-	(*FetchRequest)(nil),             // 37: herald.v1.FetchRequest
-	(*FetchResponse)(nil),            // 38: herald.v1.FetchResponse
-	(*ListOffsetsRequest)(nil),       // 39: herald.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),      // 40: herald.v1.ListOffsetsResponse
-	(*StartPosition)(nil),            // 41: herald.v1.StartPosition
-	(*SubscribeRequest)(nil),         // 42: herald.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),        // 43: herald.v1.SubscribeResponse
-	(*AckRequest)(nil),               // 44: herald.v1.AckRequest
-	(*AckResponse)(nil),              // 45: herald.v1.AckResponse
-	(*NackRequest)(nil),              // 46: herald.v1.NackRequest
-	(*NackResponse)(nil),             // 47: herald.v1.NackResponse
-	(*CommitRequest)(nil),            // 48: herald.v1.CommitRequest
-	(*CommitResponse)(nil),           // 49: herald.v1.CommitResponse
-	(*UnsubscribeRequest)(nil),       // 50: herald.v1.UnsubscribeRequest
-	(*UnsubscribeResponse)(nil),      // 51: herald.v1.UnsubscribeResponse
-	(*DeliveredMessage)(nil),         // 52: herald.v1.DeliveredMessage
-	(*Delivery)(nil),                 // 53: herald.v1.Delivery
-	(*AssignmentChange)(nil),         // 54: herald.v1.AssignmentChange
-	(*SubscriptionEnded)(nil),        // 55: herald.v1.SubscriptionEnded
-	(*ListGroupsRequest)(nil),        // 56: herald.v1.ListGroupsRequest
-	(*GroupSummary)(nil),             // 57: herald.v1.GroupSummary
-	(*ListGroupsResponse)(nil),       // 58: herald.v1.ListGroupsResponse
-	(*DescribeGroupRequest)(nil),     // 59: herald.v1.DescribeGroupRequest
-	(*MemberInfo)(nil),               // 60: herald.v1.MemberInfo
-	(*PartitionLag)(nil),             // 61: herald.v1.PartitionLag
-	(*GroupInfo)(nil),                // 62: herald.v1.GroupInfo
-	(*DescribeGroupResponse)(nil),    // 63: herald.v1.DescribeGroupResponse
-	(*ResetGroupRequest)(nil),        // 64: herald.v1.ResetGroupRequest
-	(*ResetGroupResponse)(nil),       // 65: herald.v1.ResetGroupResponse
-	(*CallRequest)(nil),              // 66: herald.v1.CallRequest
-	(*CallResponse)(nil),             // 67: herald.v1.CallResponse
-	(*ReplyRequest)(nil),             // 68: herald.v1.ReplyRequest
-	(*ReplyResponse)(nil),            // 69: herald.v1.ReplyResponse
-	(*ReplyDelivery)(nil),            // 70: herald.v1.ReplyDelivery
-	(*CancelScheduledRequest)(nil),   // 71: herald.v1.CancelScheduledRequest
-	(*CancelScheduledResponse)(nil),  // 72: herald.v1.CancelScheduledResponse
-	(*ListScheduledRequest)(nil),     // 73: herald.v1.ListScheduledRequest
-	(*ScheduledInfo)(nil),            // 74: herald.v1.ScheduledInfo
-	(*ListScheduledResponse)(nil),    // 75: herald.v1.ListScheduledResponse
-	(*RepairPartitionRequest)(nil),   // 76: herald.v1.RepairPartitionRequest
-	(*RepairPartitionResponse)(nil),  // 77: herald.v1.RepairPartitionResponse
-	(*EndHalfRequest)(nil),           // 78: herald.v1.EndHalfRequest
-	(*EndHalfResponse)(nil),          // 79: herald.v1.EndHalfResponse
-	(*RegisterProducerRequest)(nil),  // 80: herald.v1.RegisterProducerRequest
-	(*RegisterProducerResponse)(nil), // 81: herald.v1.RegisterProducerResponse
-	(*HalfCheck)(nil),                // 82: herald.v1.HalfCheck
-	(*ListTxnRequest)(nil),           // 83: herald.v1.ListTxnRequest
-	(*HalfInfo)(nil),                 // 84: herald.v1.HalfInfo
-	(*ListTxnResponse)(nil),          // 85: herald.v1.ListTxnResponse
-	(*InitProducerIdRequest)(nil),    // 86: herald.v1.InitProducerIdRequest
-	(*InitProducerIdResponse)(nil),   // 87: herald.v1.InitProducerIdResponse
-	(*EndTxnRequest)(nil),            // 88: herald.v1.EndTxnRequest
-	(*EndTxnResponse)(nil),           // 89: herald.v1.EndTxnResponse
-	(*TxnInfo)(nil),                  // 90: herald.v1.TxnInfo
+	(*SaslAuthenticateRequest)(nil),  // 13: herald.v1.SaslAuthenticateRequest
+	(*SaslAuthenticateResponse)(nil), // 14: herald.v1.SaslAuthenticateResponse
+	(*ScramCredential)(nil),          // 15: herald.v1.ScramCredential
+	(*AlterUserRequest)(nil),         // 16: herald.v1.AlterUserRequest
+	(*AlterUserResponse)(nil),        // 17: herald.v1.AlterUserResponse
+	(*ListUsersRequest)(nil),         // 18: herald.v1.ListUsersRequest
+	(*UserInfo)(nil),                 // 19: herald.v1.UserInfo
+	(*ListUsersResponse)(nil),        // 20: herald.v1.ListUsersResponse
+	(*TopicConfig)(nil),              // 21: herald.v1.TopicConfig
+	(*PartitionInfo)(nil),            // 22: herald.v1.PartitionInfo
+	(*TopicInfo)(nil),                // 23: herald.v1.TopicInfo
+	(*BrokerInfo)(nil),               // 24: herald.v1.BrokerInfo
+	(*MetadataRequest)(nil),          // 25: herald.v1.MetadataRequest
+	(*MetadataResponse)(nil),         // 26: herald.v1.MetadataResponse
+	(*CreateTopicRequest)(nil),       // 27: herald.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),      // 28: herald.v1.CreateTopicResponse
+	(*DeleteTopicRequest)(nil),       // 29: herald.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),      // 30: herald.v1.DeleteTopicResponse
+	(*ClusterAdminRequest)(nil),      // 31: herald.v1.ClusterAdminRequest
+	(*PartitionMove)(nil),            // 32: herald.v1.PartitionMove
+	(*ClusterAdminResponse)(nil),     // 33: herald.v1.ClusterAdminResponse
+	(*ListTopicsRequest)(nil),        // 34: herald.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),       // 35: herald.v1.ListTopicsResponse
+	(*DescribeTopicRequest)(nil),     // 36: herald.v1.DescribeTopicRequest
+	(*DescribeTopicResponse)(nil),    // 37: herald.v1.DescribeTopicResponse
+	(*Header)(nil),                   // 38: herald.v1.Header
+	(*Record)(nil),                   // 39: herald.v1.Record
+	(*RecordBatch)(nil),              // 40: herald.v1.RecordBatch
+	(*StoredBatch)(nil),              // 41: herald.v1.StoredBatch
+	(*ProduceRequest)(nil),           // 42: herald.v1.ProduceRequest
+	(*HalfOptions)(nil),              // 43: herald.v1.HalfOptions
+	(*ProduceResponse)(nil),          // 44: herald.v1.ProduceResponse
+	(*FetchRequest)(nil),             // 45: herald.v1.FetchRequest
+	(*FetchResponse)(nil),            // 46: herald.v1.FetchResponse
+	(*ListOffsetsRequest)(nil),       // 47: herald.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),      // 48: herald.v1.ListOffsetsResponse
+	(*StartPosition)(nil),            // 49: herald.v1.StartPosition
+	(*SubscribeRequest)(nil),         // 50: herald.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 51: herald.v1.SubscribeResponse
+	(*AckRequest)(nil),               // 52: herald.v1.AckRequest
+	(*AckResponse)(nil),              // 53: herald.v1.AckResponse
+	(*NackRequest)(nil),              // 54: herald.v1.NackRequest
+	(*NackResponse)(nil),             // 55: herald.v1.NackResponse
+	(*CommitRequest)(nil),            // 56: herald.v1.CommitRequest
+	(*CommitResponse)(nil),           // 57: herald.v1.CommitResponse
+	(*UnsubscribeRequest)(nil),       // 58: herald.v1.UnsubscribeRequest
+	(*UnsubscribeResponse)(nil),      // 59: herald.v1.UnsubscribeResponse
+	(*DeliveredMessage)(nil),         // 60: herald.v1.DeliveredMessage
+	(*Delivery)(nil),                 // 61: herald.v1.Delivery
+	(*AssignmentChange)(nil),         // 62: herald.v1.AssignmentChange
+	(*SubscriptionEnded)(nil),        // 63: herald.v1.SubscriptionEnded
+	(*ListGroupsRequest)(nil),        // 64: herald.v1.ListGroupsRequest
+	(*GroupSummary)(nil),             // 65: herald.v1.GroupSummary
+	(*ListGroupsResponse)(nil),       // 66: herald.v1.ListGroupsResponse
+	(*DescribeGroupRequest)(nil),     // 67: herald.v1.DescribeGroupRequest
+	(*MemberInfo)(nil),               // 68: herald.v1.MemberInfo
+	(*PartitionLag)(nil),             // 69: herald.v1.PartitionLag
+	(*GroupInfo)(nil),                // 70: herald.v1.GroupInfo
+	(*DescribeGroupResponse)(nil),    // 71: herald.v1.DescribeGroupResponse
+	(*ResetGroupRequest)(nil),        // 72: herald.v1.ResetGroupRequest
+	(*ResetGroupResponse)(nil),       // 73: herald.v1.ResetGroupResponse
+	(*CallRequest)(nil),              // 74: herald.v1.CallRequest
+	(*CallResponse)(nil),             // 75: herald.v1.CallResponse
+	(*ReplyRequest)(nil),             // 76: herald.v1.ReplyRequest
+	(*ReplyResponse)(nil),            // 77: herald.v1.ReplyResponse
+	(*ReplyDelivery)(nil),            // 78: herald.v1.ReplyDelivery
+	(*CancelScheduledRequest)(nil),   // 79: herald.v1.CancelScheduledRequest
+	(*CancelScheduledResponse)(nil),  // 80: herald.v1.CancelScheduledResponse
+	(*ListScheduledRequest)(nil),     // 81: herald.v1.ListScheduledRequest
+	(*ScheduledInfo)(nil),            // 82: herald.v1.ScheduledInfo
+	(*ListScheduledResponse)(nil),    // 83: herald.v1.ListScheduledResponse
+	(*RepairPartitionRequest)(nil),   // 84: herald.v1.RepairPartitionRequest
+	(*RepairPartitionResponse)(nil),  // 85: herald.v1.RepairPartitionResponse
+	(*EndHalfRequest)(nil),           // 86: herald.v1.EndHalfRequest
+	(*EndHalfResponse)(nil),          // 87: herald.v1.EndHalfResponse
+	(*RegisterProducerRequest)(nil),  // 88: herald.v1.RegisterProducerRequest
+	(*RegisterProducerResponse)(nil), // 89: herald.v1.RegisterProducerResponse
+	(*HalfCheck)(nil),                // 90: herald.v1.HalfCheck
+	(*ListTxnRequest)(nil),           // 91: herald.v1.ListTxnRequest
+	(*HalfInfo)(nil),                 // 92: herald.v1.HalfInfo
+	(*ListTxnResponse)(nil),          // 93: herald.v1.ListTxnResponse
+	(*InitProducerIdRequest)(nil),    // 94: herald.v1.InitProducerIdRequest
+	(*InitProducerIdResponse)(nil),   // 95: herald.v1.InitProducerIdResponse
+	(*EndTxnRequest)(nil),            // 96: herald.v1.EndTxnRequest
+	(*EndTxnResponse)(nil),           // 97: herald.v1.EndTxnResponse
+	(*TxnInfo)(nil),                  // 98: herald.v1.TxnInfo
 }
 var file_herald_proto_depIdxs = []int32{
 	0,   // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
 	11,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
 	12,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
-	17,  // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
-	18,  // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
-	19,  // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
-	20,  // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
-	21,  // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
-	22,  // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
-	26,  // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
-	27,  // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
-	28,  // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
-	29,  // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
-	34,  // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
-	36,  // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
-	37,  // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
-	38,  // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
-	39,  // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
-	40,  // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
-	42,  // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
-	43,  // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
-	44,  // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
-	45,  // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
-	46,  // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
-	47,  // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
-	48,  // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
-	49,  // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
-	50,  // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
-	51,  // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
-	56,  // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
-	58,  // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
-	59,  // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
-	63,  // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
-	64,  // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
-	65,  // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
-	66,  // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
-	67,  // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
-	68,  // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
-	69,  // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
-	71,  // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
-	72,  // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
-	73,  // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
-	75,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
-	23,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
-	25,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
-	76,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
-	77,  // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
-	78,  // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
-	79,  // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
-	80,  // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
-	81,  // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
-	83,  // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
-	85,  // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
-	86,  // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
-	87,  // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
-	88,  // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
-	89,  // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
-	53,  // 57: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	54,  // 58: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	70,  // 59: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	55,  // 60: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	82,  // 61: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
-	9,   // 62: herald.v1.Frame.error:type_name -> herald.v1.Error
-	13,  // 63: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	14,  // 64: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	16,  // 65: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	15,  // 66: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	13,  // 67: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	15,  // 68: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	8,   // 69: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
-	24,  // 70: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
-	15,  // 71: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	15,  // 72: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	30,  // 73: herald.v1.Record.headers:type_name -> herald.v1.Header
-	31,  // 74: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	1,   // 75: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	35,  // 76: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
-	2,   // 77: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	33,  // 78: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	3,   // 79: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	4,   // 80: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	5,   // 81: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	41,  // 82: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	31,  // 83: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	52,  // 84: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	9,   // 85: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	4,   // 86: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	57,  // 87: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	6,   // 88: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	4,   // 89: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	5,   // 90: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	60,  // 91: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	61,  // 92: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	62,  // 93: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	41,  // 94: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	62,  // 95: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	31,  // 96: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	31,  // 97: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	31,  // 98: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	74,  // 99: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	7,   // 100: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
-	84,  // 101: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	90,  // 102: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
-	103, // [103:103] is the sub-list for method output_type
-	103, // [103:103] is the sub-list for method input_type
-	103, // [103:103] is the sub-list for extension type_name
-	103, // [103:103] is the sub-list for extension extendee
-	0,   // [0:103] is the sub-list for field type_name
+	25,  // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
+	26,  // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
+	27,  // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
+	28,  // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
+	29,  // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
+	30,  // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
+	34,  // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
+	35,  // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
+	36,  // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
+	37,  // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
+	42,  // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
+	44,  // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
+	45,  // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
+	46,  // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
+	47,  // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
+	48,  // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
+	50,  // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
+	51,  // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
+	52,  // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
+	53,  // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
+	54,  // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
+	55,  // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
+	56,  // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
+	57,  // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
+	58,  // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
+	59,  // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
+	64,  // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
+	66,  // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
+	67,  // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
+	71,  // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
+	72,  // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
+	73,  // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
+	74,  // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
+	75,  // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
+	76,  // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
+	77,  // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
+	79,  // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
+	80,  // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
+	81,  // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
+	83,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
+	31,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
+	33,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
+	84,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
+	85,  // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
+	86,  // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
+	87,  // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
+	88,  // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
+	89,  // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
+	91,  // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
+	93,  // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
+	94,  // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
+	95,  // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
+	96,  // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
+	97,  // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
+	13,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
+	14,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
+	16,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
+	17,  // 60: herald.v1.Frame.alter_user_response:type_name -> herald.v1.AlterUserResponse
+	18,  // 61: herald.v1.Frame.list_users:type_name -> herald.v1.ListUsersRequest
+	20,  // 62: herald.v1.Frame.list_users_response:type_name -> herald.v1.ListUsersResponse
+	61,  // 63: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	62,  // 64: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	78,  // 65: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	63,  // 66: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	90,  // 67: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
+	9,   // 68: herald.v1.Frame.error:type_name -> herald.v1.Error
+	15,  // 69: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
+	19,  // 70: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
+	21,  // 71: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	22,  // 72: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	24,  // 73: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	23,  // 74: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	21,  // 75: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	23,  // 76: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	8,   // 77: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	32,  // 78: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	23,  // 79: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	23,  // 80: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	38,  // 81: herald.v1.Record.headers:type_name -> herald.v1.Header
+	39,  // 82: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	1,   // 83: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	43,  // 84: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
+	2,   // 85: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	41,  // 86: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	3,   // 87: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	4,   // 88: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	5,   // 89: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	49,  // 90: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	39,  // 91: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	60,  // 92: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	9,   // 93: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	4,   // 94: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	65,  // 95: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	6,   // 96: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	4,   // 97: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	5,   // 98: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	68,  // 99: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	69,  // 100: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	70,  // 101: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	49,  // 102: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	70,  // 103: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	39,  // 104: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	39,  // 105: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	39,  // 106: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	82,  // 107: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	7,   // 108: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	92,  // 109: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	98,  // 110: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	111, // [111:111] is the sub-list for method output_type
+	111, // [111:111] is the sub-list for method input_type
+	111, // [111:111] is the sub-list for extension type_name
+	111, // [111:111] is the sub-list for extension extendee
+	0,   // [0:111] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -8343,6 +9011,12 @@ func file_herald_proto_init() {
 		(*Frame_InitProducerIdResponse)(nil),
 		(*Frame_EndTxn)(nil),
 		(*Frame_EndTxnResponse)(nil),
+		(*Frame_SaslAuthenticate)(nil),
+		(*Frame_SaslAuthenticateResponse)(nil),
+		(*Frame_AlterUser)(nil),
+		(*Frame_AlterUserResponse)(nil),
+		(*Frame_ListUsers)(nil),
+		(*Frame_ListUsersResponse)(nil),
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),
@@ -8350,21 +9024,21 @@ func file_herald_proto_init() {
 		(*Frame_HalfCheck)(nil),
 		(*Frame_Error)(nil),
 	}
-	file_herald_proto_msgTypes[25].OneofWrappers = []any{}
-	file_herald_proto_msgTypes[32].OneofWrappers = []any{
+	file_herald_proto_msgTypes[33].OneofWrappers = []any{}
+	file_herald_proto_msgTypes[40].OneofWrappers = []any{
 		(*StartPosition_Earliest)(nil),
 		(*StartPosition_Latest)(nil),
 		(*StartPosition_Offset)(nil),
 		(*StartPosition_TimestampMs)(nil),
 	}
-	file_herald_proto_msgTypes[37].OneofWrappers = []any{}
+	file_herald_proto_msgTypes[45].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   82,
+			NumMessages:   90,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -43,6 +43,9 @@ type cliFlags struct {
 	connect time.Duration
 	// TLS: any of these set connects with TLS (to --listen-tls).
 	tls tlsconf.ClientFiles
+	// Login (SCRAM-SHA-256): the user, and the file holding the password
+	// (or HERALD_PASSWORD).
+	user, passwordFile string
 }
 
 // newCLIFlagSet returns a flag set with the common client flags.
@@ -61,6 +64,8 @@ func newCLIFlagSet(name string, w io.Writer) (*flag.FlagSet, *cliFlags) {
 	fs.StringVar(&cf.tls.Cert, "tls-cert", os.Getenv("HERALD_TLS_CERT"), "connect with TLS, presenting this PEM client certificate (env HERALD_TLS_CERT)")
 	fs.StringVar(&cf.tls.Key, "tls-key", os.Getenv("HERALD_TLS_KEY"), "the PEM private key of --tls-cert (env HERALD_TLS_KEY)")
 	fs.StringVar(&cf.tls.ServerName, "tls-server-name", os.Getenv("HERALD_TLS_SERVER_NAME"), "the name to check the broker's certificate against (default: the host of --addr)")
+	fs.StringVar(&cf.user, "user", os.Getenv("HERALD_USER"), "log in as this user (SCRAM-SHA-256; env HERALD_USER), with the password from --password-file or HERALD_PASSWORD")
+	fs.StringVar(&cf.passwordFile, "password-file", os.Getenv("HERALD_PASSWORD_FILE"), "file whose first line is --user's password (env HERALD_PASSWORD_FILE)")
 	return fs, cf
 }
 
@@ -74,7 +79,44 @@ func (cf *cliFlags) clientOptions() ([]client.Option, error) {
 		}
 		opts = append(opts, client.WithTLS(cfg))
 	}
+	switch {
+	case cf.user != "":
+		pw, err := cf.password()
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, client.WithSCRAM(cf.user, pw))
+	case cf.passwordFile != "":
+		return nil, usagef("--password-file needs --user")
+	}
 	return opts, nil
+}
+
+// password is --user's password: the first line of --password-file, or
+// HERALD_PASSWORD. Never a flag: command lines are visible to every user
+// of the machine.
+func (cf *cliFlags) password() (string, error) {
+	if cf.passwordFile == "" {
+		if pw := os.Getenv("HERALD_PASSWORD"); pw != "" {
+			return pw, nil
+		}
+		return "", usagef("--user %s needs its password in --password-file or HERALD_PASSWORD", cf.user)
+	}
+	return readFirstLine(cf.passwordFile)
+}
+
+// readFirstLine is the first line of path (a password file).
+func readFirstLine(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", usagef("%v", err)
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	line = strings.TrimSuffix(line, "\r")
+	if line == "" {
+		return "", usagef("%s: the first line is empty", path)
+	}
+	return line, nil
 }
 
 // parseCLIArgs parses args allowing flags and positional arguments in any

@@ -45,6 +45,18 @@ func settings() []setting {
 		{"tls-client-ca", "PEM CA bundle: the TLS listener requires client certificates it signs; empty = none required", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.TLSClientCA, "tls-client-ca", d.TLSClientCA, "")
 		}},
+		{"auth", "client logins: required (SCRAM-SHA-256 or a verified TLS client certificate before any request), optional, or off (anonymous); empty = off when the client listeners are on loopback, else required", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.Auth, "auth", d.Auth, "")
+		}},
+		{"superusers", "comma-separated users who may do everything, user administration included", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.Superusers, "superusers", d.Superusers, "")
+		}},
+		{"bootstrap-user", "a user created at start when absent (a superuser), with the password in --bootstrap-password-file", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.BootstrapUser, "bootstrap-user", d.BootstrapUser, "")
+		}},
+		{"bootstrap-password-file", "file holding --bootstrap-user's password (its first line)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.BootstrapPasswordFile, "bootstrap-password-file", d.BootstrapPasswordFile, "")
+		}},
 		{"admin", "admin HTTP listener for /metrics, /healthz, /readyz and /cluster; empty disables", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Admin, "admin", d.Admin, "")
 		}},
