@@ -102,6 +102,7 @@ type Config struct {
 	// Superusers may do everything, user administration included.
 	Superusers []string
 	Users      *Users
+	ACLs       *ACLs
 	// FailedLogins is how many failed logins one source address may have
 	// in a burst; afterwards one more per FailedLoginEvery. Defaults 10
 	// and 6 s.
@@ -126,6 +127,9 @@ type Service struct {
 func New(cfg Config) *Service {
 	if cfg.Users == nil {
 		cfg.Users = &Users{}
+	}
+	if cfg.ACLs == nil {
+		cfg.ACLs = &ACLs{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -265,20 +269,37 @@ func (l *Login) failed(reason string, err error) *heraldpb.Error {
 func (s *Service) CertificateLogin() { mLogins.WithLabelValues("TLS").Inc() }
 
 // Authorize decides whether principal ("" = anonymous) may make request
-// f. nil allows it.
+// f. nil allows it. With logins off everything is allowed; otherwise a
+// superuser may do everything, internal topics are out of everyone
+// else's reach, and every other request needs ACL rules allowing each
+// permission it takes (deny wins; nothing allows by default).
 func (s *Service) Authorize(principal string, f *heraldpb.Frame) *heraldpb.Error {
-	if s.cfg.Mode == Off {
+	if s.cfg.Mode == Off || s.Superuser(principal) {
 		return nil
 	}
-	switch f.Body.(type) {
-	case *heraldpb.Frame_AlterUser, *heraldpb.Frame_ListUsers:
-		if !s.Superuser(principal) {
+	need, known := checks(f)
+	if !known {
+		mDenied.Inc()
+		return heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHORIZED, "%s may not make a %T request: only superusers may", who(principal), f.Body)
+	}
+	if len(need) == 0 {
+		return nil
+	}
+	ps := s.principals(principal)
+	for _, c := range need {
+		if c.typ == heraldpb.AclResourceType_ACL_RESOURCE_TOPIC && isInternal(c.name) {
 			mDenied.Inc()
-			return heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHORIZED, "%s may not administer users: that needs a superuser (--superusers)", who(principal))
+			return heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHORIZED, "topic %q is internal: only superusers reach it", trim(c.name))
+		}
+		if !s.allowed(ps, c) {
+			return denied(principal, c)
 		}
 	}
 	return nil
 }
+
+// ACLs is the service's rule set.
+func (s *Service) ACLs() *ACLs { return s.cfg.ACLs }
 
 func who(principal string) string {
 	if principal == "" {

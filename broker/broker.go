@@ -426,6 +426,7 @@ func (b *Broker) onMetadata(md *cluster.Metadata) {
 	b.sys.Root.Send(b.manager, &topic.Assign{Topics: md.Topics, Brokers: brokers, Applied: md.Applied})
 	if b.users != nil {
 		b.users.users.Set(md.Users)
+		b.users.acls.Set(md.Acls)
 	}
 }
 
@@ -517,6 +518,8 @@ func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Ro
 		reflect.TypeOf(&heraldpb.Frame_EndTxn{}):           txns,
 		reflect.TypeOf(&heraldpb.Frame_AlterUser{}):        users,
 		reflect.TypeOf(&heraldpb.Frame_ListUsers{}):        users,
+		reflect.TypeOf(&heraldpb.Frame_AlterAcls{}):        users,
+		reflect.TypeOf(&heraldpb.Frame_ListAcls{}):         users,
 	})
 	return router{sys: sys, table: table}
 }

@@ -21,17 +21,19 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/auth"
 	"github.com/heraldmq/herald/auth/scramcred"
+	"github.com/heraldmq/herald/cluster"
 	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
 )
 
-// Users live in the node's metadata: the controller group's in a cluster
-// (replicated like topics, so every node can check a login), DATA/users
-// on a single node. Only salted, iterated SCRAM credentials are stored.
+// Users and ACL rules live in the node's metadata: the controller group's
+// in a cluster (replicated like topics, so every node can check a login
+// and a permission), DATA/security on a single node. Only salted, iterated
+// SCRAM credentials are stored.
 
-// usersFile is a single node's users, a heraldpb.UserList.
-const usersFile = "users"
+// securityFile is a single node's users and ACLs, a heraldpb.SecurityState.
+const securityFile = "security"
 
 // validUser is the shape of a user name.
 var validUser = regexp.MustCompile(`^[A-Za-z0-9._@-]{1,128}$`)
@@ -96,18 +98,20 @@ func exposed(addr string) bool {
 // userStore is where a node keeps its users.
 type userStore struct {
 	b         *Broker
-	clustered bool // the controller keeps them (else DATA/users)
+	clustered bool // the controller keeps them (else DATA/security)
 	users     *auth.Users
+	acls      *auth.ACLs
 	boot      *heraldpb.AlterUserRequest // --bootstrap-user, for the controller
 	mu        sync.Mutex                 // a single node's file: one change at a time
 }
 
-// loadUsers reads a single node's users file (none: no users).
-func loadUsers(fsys persistence.FS, dir string) (map[string]*heraldpb.UserRecord, error) {
-	path := filepath.Join(dir, usersFile)
+// loadSecurity reads a single node's security file (none: no users, no
+// rules).
+func loadSecurity(fsys persistence.FS, dir string) (*heraldpb.SecurityState, error) {
+	path := filepath.Join(dir, securityFile)
 	f, err := fsys.OpenFile(path, os.O_RDONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		return map[string]*heraldpb.UserRecord{}, nil
+		return &heraldpb.SecurityState{}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -117,26 +121,45 @@ func loadUsers(fsys persistence.FS, dir string) (map[string]*heraldpb.UserRecord
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	var list heraldpb.UserList
-	if err := proto.Unmarshal(data, &list); err != nil {
+	var st heraldpb.SecurityState
+	if err := proto.Unmarshal(data, &st); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	out := make(map[string]*heraldpb.UserRecord, len(list.Users))
-	for _, u := range list.Users {
-		out[u.Name] = u
-	}
-	return out, nil
+	return &st, nil
 }
 
-// alterLocal changes a single node's users: the file first (atomically,
-// synced), then the set logins check.
+func usersByName(list []*heraldpb.UserRecord) map[string]*heraldpb.UserRecord {
+	out := make(map[string]*heraldpb.UserRecord, len(list))
+	for _, u := range list {
+		out[u.Name] = u
+	}
+	return out
+}
+
+// saveLocal writes a single node's users and rules (atomically, synced)
+// and then makes them the ones logins and requests are checked against.
+func (s *userStore) saveLocal(users map[string]*heraldpb.UserRecord, acls []*heraldpb.AclRule) error {
+	st := &heraldpb.SecurityState{Acls: acls}
+	for _, n := range slices.Sorted(maps.Keys(users)) {
+		st.Users = append(st.Users, users[n])
+	}
+	data, err := proto.Marshal(st)
+	if err != nil {
+		return heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding users and ACLs: %v", err)
+	}
+	if err := persistence.WriteFileAtomic(s.b.fs, filepath.Join(s.b.cfg.DataDir, securityFile), data, 0o600); err != nil {
+		return heraldpb.NewError(heraldpb.ErrorCode_STORAGE_ERROR, "saving users and ACLs: %v; nothing changed", err)
+	}
+	s.users.Set(users)
+	s.acls.Set(acls)
+	return nil
+}
+
+// alterLocal changes a single node's users.
 func (s *userStore) alterLocal(req *heraldpb.AlterUserRequest) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cur := map[string]*heraldpb.UserRecord{}
-	for _, u := range s.users.List() {
-		cur[u.Name] = u
-	}
+	cur := usersByName(s.users.List())
 	have := cur[req.Name]
 	switch {
 	case req.Create && have != nil:
@@ -144,24 +167,25 @@ func (s *userStore) alterLocal(req *heraldpb.AlterUserRequest) error {
 	case !req.Create && have == nil:
 		return heraldpb.NewError(heraldpb.ErrorCode_USER_NOT_FOUND, "user %q does not exist", req.Name)
 	}
-	if req.Delete {
+	now := time.Now().UnixMilli()
+	switch {
+	case req.Delete:
 		delete(cur, req.Name)
-	} else {
-		cur[req.Name] = &heraldpb.UserRecord{Name: req.Name, ScramSha256: req.ScramSha256, UpdatedMs: time.Now().UnixMilli()}
+	case req.SetGroups:
+		n := proto.Clone(have).(*heraldpb.UserRecord)
+		n.Groups, n.UpdatedMs = req.Groups, now
+		cur[req.Name] = n
+	default:
+		cur[req.Name] = &heraldpb.UserRecord{Name: req.Name, ScramSha256: req.ScramSha256, UpdatedMs: now, Groups: req.Groups}
 	}
-	list := &heraldpb.UserList{}
-	for _, n := range slices.Sorted(maps.Keys(cur)) {
-		list.Users = append(list.Users, cur[n])
-	}
-	data, err := proto.Marshal(list)
-	if err != nil {
-		return heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding users: %v", err)
-	}
-	if err := persistence.WriteFileAtomic(s.b.fs, filepath.Join(s.b.cfg.DataDir, usersFile), data, 0o600); err != nil {
-		return heraldpb.NewError(heraldpb.ErrorCode_STORAGE_ERROR, "saving users: %v; nothing changed", err)
-	}
-	s.users.Set(cur)
-	return nil
+	return s.saveLocal(cur, s.acls.List(""))
+}
+
+// alterAclsLocal changes a single node's rules.
+func (s *userStore) alterAclsLocal(req *heraldpb.AlterAclsRequest) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.saveLocal(usersByName(s.users.List()), cluster.AlterRules(s.acls.List(""), req))
 }
 
 // alter applies a checked AlterUser where this node keeps its users.
@@ -183,12 +207,36 @@ func checkAlterUser(req *heraldpb.AlterUserRequest) *heraldpb.Error {
 	if !validUser.MatchString(req.Name) {
 		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "user name %q: must be 1-128 characters of A-Z a-z 0-9 . _ @ -", cut(req.Name))
 	}
+	if len(req.Groups) > 64 {
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "user %q: %d groups, at most 64", req.Name, len(req.Groups))
+	}
+	for _, g := range req.Groups {
+		if !auth.ValidName(g) {
+			return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "group name %q: must be 1-128 characters of A-Z a-z 0-9 . _ @ -", cut(g))
+		}
+	}
 	switch {
-	case req.Delete && (req.Create || req.ScramSha256 != nil):
-		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "delete takes neither create nor credentials")
+	case req.Delete && (req.Create || req.ScramSha256 != nil || req.SetGroups):
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "delete takes neither create, credentials nor groups")
+	case req.SetGroups && (req.Create || req.ScramSha256 != nil):
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "set_groups changes only the groups: no create, no credentials")
+	case req.SetGroups:
 	case !req.Delete:
 		if err := scramcred.Check(req.ScramSha256); err != nil {
 			return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "user %q: %v", req.Name, err)
+		}
+	}
+	return nil
+}
+
+// checkAlterAcls refuses an AlterAcls whose rules are malformed.
+func checkAlterAcls(req *heraldpb.AlterAclsRequest) *heraldpb.Error {
+	if n := len(req.Add) + len(req.Remove); n == 0 || n > 1000 {
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "%d rules: give 1 to 1000", n)
+	}
+	for _, r := range append(slices.Clone(req.Add), req.Remove...) {
+		if err := auth.CheckRule(r); err != nil {
+			return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "ACL rule: %v", err)
 		}
 	}
 	return nil
@@ -211,7 +259,7 @@ func (s *userStore) route(f *heraldpb.Frame, replyTo *actor.PID) {
 	case *heraldpb.Frame_ListUsers:
 		resp := &heraldpb.ListUsersResponse{}
 		for _, u := range s.users.List() {
-			info := &heraldpb.UserInfo{Name: u.Name, UpdatedMs: u.UpdatedMs, Superuser: s.b.auth.Superuser(u.Name)}
+			info := &heraldpb.UserInfo{Name: u.Name, UpdatedMs: u.UpdatedMs, Superuser: s.b.auth.Superuser(u.Name), Groups: u.Groups}
 			if c := u.ScramSha256; c != nil {
 				info.Mechanisms = []string{auth.SCRAMSHA256}
 				info.Iterations = c.Iterations
@@ -219,6 +267,34 @@ func (s *userStore) route(f *heraldpb.Frame, replyTo *actor.PID) {
 			resp.Users = append(resp.Users, info)
 		}
 		root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListUsersResponse{ListUsersResponse: resp}})
+	case *heraldpb.Frame_ListAcls:
+		root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListAclsResponse{ListAclsResponse: &heraldpb.ListAclsResponse{Rules: s.acls.List(body.ListAcls.Principal)}}})
+	case *heraldpb.Frame_AlterAcls:
+		req := body.AlterAcls
+		if e := checkAlterAcls(req); e != nil {
+			root.Send(replyTo, heraldpb.ErrorFrame(f.Id, e))
+			return
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), userRequestTimeout)
+			defer cancel()
+			var err error
+			if !s.clustered {
+				err = s.alterAclsLocal(req)
+			} else if ctrl := s.b.ctrlReady.Load(); ctrl == nil {
+				e := heraldpb.NewError(heraldpb.ErrorCode_NOT_READY, "the node is joining its cluster")
+				e.RetryAfterMs = 500
+				err = e
+			} else {
+				err = ctrl.AlterAcls(ctx, req)
+			}
+			if err != nil {
+				root.Send(replyTo, heraldpb.ErrorFrame(f.Id, asError(err)))
+				return
+			}
+			s.b.log.Info("ACLs changed", "added", len(req.Add), "removed", len(req.Remove))
+			root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_AlterAclsResponse{AlterAclsResponse: &heraldpb.AlterAclsResponse{}}})
+		}()
 	case *heraldpb.Frame_AlterUser:
 		req := body.AlterUser
 		if e := checkAlterUser(req); e != nil {
@@ -270,18 +346,20 @@ func readPasswordFile(path string) (string, error) {
 // startAuth makes the node's login service and user store: a single
 // node reads DATA/users, and creates --bootstrap-user now when absent.
 func (b *Broker) startAuth(clustered bool) error {
-	users := &auth.Users{}
+	users, acls := &auth.Users{}, &auth.ACLs{}
 	if !clustered {
-		have, err := loadUsers(b.fs, b.cfg.DataDir)
+		st, err := loadSecurity(b.fs, b.cfg.DataDir)
 		if err != nil {
-			return fmt.Errorf("users: %w", err)
+			return fmt.Errorf("users and ACLs: %w", err)
 		}
-		users.Set(have)
+		users.Set(usersByName(st.Users))
+		acls.Set(st.Acls)
 	} else {
 		users.Set(map[string]*heraldpb.UserRecord{})
+		acls.Set(nil)
 	}
-	b.auth = auth.New(auth.Config{Mode: b.cfg.authMode, Superusers: b.cfg.superusers(), Users: users, Logger: b.log})
-	b.users = &userStore{b: b, clustered: clustered, users: users}
+	b.auth = auth.New(auth.Config{Mode: b.cfg.authMode, Superusers: b.cfg.superusers(), Users: users, ACLs: acls, Logger: b.log})
+	b.users = &userStore{b: b, clustered: clustered, users: users, acls: acls}
 	name := b.cfg.BootstrapUser
 	if name == "" {
 		return nil

@@ -116,3 +116,35 @@ func (c *Client) ListUsers(ctx context.Context) ([]*heraldpb.UserInfo, error) {
 	}
 	return r.GetUsers(), nil
 }
+
+// SetUserGroups replaces an existing user's groups (its ACL principals
+// "group:NAME"); the credentials stay.
+func (c *Client) SetUserGroups(ctx context.Context, user string, groups []string) error {
+	return c.AlterUser(ctx, &heraldpb.AlterUserRequest{Name: user, Groups: groups, SetGroups: true})
+}
+
+// AlterAcls adds and removes ACL rules (needs admin on the cluster when
+// the broker requires logins).
+func (c *Client) AlterAcls(ctx context.Context, add, remove []*heraldpb.AclRule) error {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_AlterAcls{AlterAcls: &heraldpb.AlterAclsRequest{Add: add, Remove: remove}}})
+	if err != nil {
+		return err
+	}
+	if f.GetAlterAclsResponse() == nil {
+		return unexpected(f, "AlterAclsResponse")
+	}
+	return nil
+}
+
+// ListAcls returns the ACL rules (of principal, unless it is "").
+func (c *Client) ListAcls(ctx context.Context, principal string) ([]*heraldpb.AclRule, error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ListAcls{ListAcls: &heraldpb.ListAclsRequest{Principal: principal}}})
+	if err != nil {
+		return nil, err
+	}
+	r := f.GetListAclsResponse()
+	if r == nil {
+		return nil, unexpected(f, "ListAclsResponse")
+	}
+	return r.GetRules(), nil
+}

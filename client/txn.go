@@ -81,12 +81,12 @@ type Half struct {
 
 // Commit makes the half visible: see EndHalf.
 func (h *Half) Commit(ctx context.Context) (HalfEnd, error) {
-	return h.c.EndHalf(ctx, h.ID, HalfCommit)
+	return h.c.endHalf(ctx, &heraldpb.EndHalfRequest{Id: h.ID, Action: HalfCommit, ProducerGroup: h.ProducerGroup})
 }
 
 // Rollback discards the half: see EndHalf.
 func (h *Half) Rollback(ctx context.Context) error {
-	_, err := h.c.EndHalf(ctx, h.ID, HalfRollback)
+	_, err := h.c.endHalf(ctx, &heraldpb.EndHalfRequest{Id: h.ID, Action: HalfRollback, ProducerGroup: h.ProducerGroup})
 	return err
 }
 

@@ -286,7 +286,7 @@ func (k *txnChecker) answer(hc *heraldpb.HalfCheck) {
 	if k.ctx.Err() != nil {
 		return
 	}
-	req := &heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: hc.GetId(), Action: action, FromCheck: true}}}
+	req := &heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: hc.GetId(), Action: action, FromCheck: true, ProducerGroup: hc.GetProducerGroup()}}}
 	if _, err := k.c.callTxn(k.ctx, req, true); err != nil && k.ctx.Err() == nil && !IsCode(err, heraldpb.ErrorCode_TXN_NOT_FOUND) {
 		k.c.cfg.logger.Warn("herald: answering a half check", "group", k.group, "id", hc.GetId(), "action", action, "err", err)
 	}

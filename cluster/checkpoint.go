@@ -61,6 +61,7 @@ func checkpointOf(md *Metadata) *heraldpb.ControllerCheckpoint {
 	for _, name := range slices.Sorted(maps.Keys(md.Users)) {
 		cp.Users = append(cp.Users, md.Users[name])
 	}
+	cp.Acls = md.Acls
 	return cp
 }
 
@@ -76,7 +77,7 @@ func checkpointFrame(md *Metadata, limit int) (*heraldpb.Frame, error) {
 	return f, nil
 }
 
-// applyCheckpoint replaces md's nodes, topics and users with cp's, the
+// applyCheckpoint replaces md's nodes, topics, users and ACLs with cp's, the
 // checkpoint stored at offset off.
 func applyCheckpoint(md *Metadata, cp *heraldpb.ControllerCheckpoint, off int64) {
 	md.Nodes = make(map[uint64]*heraldpb.NodeRecord, len(cp.Nodes))
@@ -97,6 +98,7 @@ func applyCheckpoint(md *Metadata, cp *heraldpb.ControllerCheckpoint, off int64)
 			md.Users[u.Name] = u
 		}
 	}
+	md.Acls = cp.Acls
 	md.Checkpoint, md.SinceRecords, md.SinceBytes = off, 0, 0
 }
 

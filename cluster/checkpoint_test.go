@@ -200,9 +200,20 @@ func TestUsersInMetadata(t *testing.T) {
 	if len(md.Users) != 1 || md.Users["alice"] == nil {
 		t.Fatalf("users after deletes: %v", md.Users)
 	}
+	r1 := &heraldpb.AclRule{Principal: "user:alice", ResourceType: heraldpb.AclResourceType_ACL_RESOURCE_TOPIC, Resource: "t", Operation: heraldpb.AclOperation_ACL_OP_PRODUCE}
+	r2 := &heraldpb.AclRule{Principal: "group:g", ResourceType: heraldpb.AclResourceType_ACL_RESOURCE_CLUSTER, Operation: heraldpb.AclOperation_ACL_OP_ADMIN}
+	apply(&heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_AlterAcls{AlterAcls: &heraldpb.AlterAclsRequest{Add: []*heraldpb.AclRule{r1, r2, r1}}}})
+	apply(&heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_AlterAcls{AlterAcls: &heraldpb.AlterAclsRequest{Remove: []*heraldpb.AclRule{r2}}}})
+	if len(md.Acls) != 1 || !proto.Equal(md.Acls[0], r1) {
+		t.Fatalf("rules: %v, want only %v once", md.Acls, r1)
+	}
+	apply(&heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_UpsertUser{UpsertUser: &heraldpb.UserRecord{Name: "alice", Groups: []string{"g"}, GroupsOnly: true}}})
+	if u := md.Users["alice"]; len(u.Groups) != 1 || u.ScramSha256.Salt[0] != 3 {
+		t.Fatalf("groups only: %v", u)
+	}
 	restored := &Metadata{}
 	applyCheckpoint(restored, checkpointOf(md), 7)
-	if len(restored.Users) != 1 || !proto.Equal(restored.Users["alice"], md.Users["alice"]) {
-		t.Fatalf("checkpoint round trip: %v, want %v", restored.Users, md.Users)
+	if len(restored.Users) != 1 || !proto.Equal(restored.Users["alice"], md.Users["alice"]) || len(restored.Acls) != 1 || !proto.Equal(restored.Acls[0], r1) {
+		t.Fatalf("checkpoint round trip: %v %v, want %v %v", restored.Users, restored.Acls, md.Users, md.Acls)
 	}
 }

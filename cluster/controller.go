@@ -109,7 +109,8 @@ type Metadata struct {
 	Nodes   map[uint64]*heraldpb.NodeRecord
 	Topics  map[string]*heraldpb.TopicRecord
 	Users   map[string]*heraldpb.UserRecord
-	Applied int64 // offset after the last record applied
+	Acls    []*heraldpb.AclRule // in the order added; never changed in place
+	Applied int64               // offset after the last record applied
 	// Checkpoint is the offset of the last checkpoint applied (0: none).
 	// SinceRecords and SinceBytes count the records applied after it
 	// (from the log's start if none) and their bytes.
@@ -460,12 +461,21 @@ func applyCommand(md *Metadata, cmd *heraldpb.ControllerCommand) {
 		applyDecommission(md, cmd.GetDecommissionNode())
 	case cmd.GetUpsertUser() != nil:
 		u := cmd.GetUpsertUser()
-		if u.Name != "" && !(u.Create && md.Users[u.Name] != nil) {
+		have := md.Users[u.Name]
+		switch {
+		case u.Name == "" || u.Create && have != nil || u.GroupsOnly && have == nil:
+		case u.GroupsOnly:
+			n := proto.Clone(have).(*heraldpb.UserRecord)
+			n.Groups, n.UpdatedMs, n.RequestId = u.Groups, u.UpdatedMs, cmd.RequestId
+			md.Users[u.Name] = n
+		default:
 			u.RequestId = cmd.RequestId
 			md.Users[u.Name] = u
 		}
 	case cmd.GetDeleteUser() != nil:
 		delete(md.Users, cmd.GetDeleteUser().Name)
+	case cmd.GetAlterAcls() != nil:
+		md.Acls = AlterRules(md.Acls, cmd.GetAlterAcls())
 	}
 }
 
@@ -760,7 +770,8 @@ func (c *Controller) AlterUser(ctx context.Context, req *heraldpb.AlterUserReque
 		cmd := &heraldpb.ControllerCommand{RequestId: id, Command: &heraldpb.ControllerCommand_DeleteUser{DeleteUser: &heraldpb.DeleteUser{Name: name}}}
 		return c.await(ctx, cmd, func(md *Metadata) bool { return md.Users[name] == nil })
 	}
-	rec := &heraldpb.UserRecord{Name: name, ScramSha256: req.ScramSha256, UpdatedMs: time.Now().UnixMilli(), Create: req.Create}
+	rec := &heraldpb.UserRecord{Name: name, ScramSha256: req.ScramSha256, UpdatedMs: time.Now().UnixMilli(), Create: req.Create,
+		Groups: req.Groups, GroupsOnly: req.SetGroups}
 	cmd := &heraldpb.ControllerCommand{RequestId: id, Command: &heraldpb.ControllerCommand_UpsertUser{UpsertUser: rec}}
 	if err := c.await(ctx, cmd, func(md *Metadata) bool {
 		u := md.Users[name]
@@ -772,6 +783,45 @@ func (c *Controller) AlterUser(ctx context.Context, req *heraldpb.AlterUserReque
 		return heraldpb.NewError(heraldpb.ErrorCode_USER_ALREADY_EXISTS, "user %q already exists", name)
 	}
 	return nil
+}
+
+// AlterRules is rules with req's removals taken out and its additions
+// appended (a rule already there is not added twice), as a new slice.
+func AlterRules(rules []*heraldpb.AclRule, req *heraldpb.AlterAclsRequest) []*heraldpb.AclRule {
+	out := make([]*heraldpb.AclRule, 0, len(rules)+len(req.Add))
+	for _, r := range rules {
+		if !slices.ContainsFunc(req.Remove, func(x *heraldpb.AclRule) bool { return proto.Equal(x, r) }) {
+			out = append(out, r)
+		}
+	}
+	for _, r := range req.Add {
+		if !slices.ContainsFunc(out, func(x *heraldpb.AclRule) bool { return proto.Equal(x, r) }) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// AlterAcls has the controller group add and remove ACL rules (the broker
+// checked them) and returns once this node's replica has applied it.
+func (c *Controller) AlterAcls(ctx context.Context, req *heraldpb.AlterAclsRequest) error {
+	cmd := &heraldpb.ControllerCommand{RequestId: newRequestID(), Command: &heraldpb.ControllerCommand_AlterAcls{AlterAcls: req}}
+	has := func(md *Metadata, r *heraldpb.AclRule) bool {
+		return slices.ContainsFunc(md.Acls, func(x *heraldpb.AclRule) bool { return proto.Equal(x, r) })
+	}
+	return c.await(ctx, cmd, func(md *Metadata) bool {
+		for _, r := range req.Add {
+			if !has(md, r) {
+				return false
+			}
+		}
+		for _, r := range req.Remove {
+			if has(md, r) && !slices.ContainsFunc(req.Add, func(x *heraldpb.AclRule) bool { return proto.Equal(x, r) }) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // Loads counts each node's replicas and preferred leaderships (those of

@@ -24,11 +24,11 @@ type conn struct {
 	pid   *actor.PID // the session actor; set before any frame is read
 	token uint64     // random, for the connection's request-reply inbox
 
-	helloDone  bool        // loop
-	login      *auth.Login // loop: the login under way (Hello began it, SaslAuthenticate ends it)
-	principal  string      // loop: who the connection acts as ("" = anonymous)
-	authed     bool        // loop: logged in (SCRAM, or a verified TLS client certificate)
-	peerLooked bool        // loop: the TLS relay's registration was looked up (first traffic)
+	helloDone  bool                   // loop
+	login      *auth.Login            // loop: the login under way (Hello began it, SaslAuthenticate ends it)
+	principal  atomic.Pointer[string] // who the connection acts as (nil = anonymous); set on the loop, read by the session too
+	authed     bool                   // loop: logged in (SCRAM, or a verified TLS client certificate)
+	peerLooked bool                   // loop: the TLS relay's registration was looked up (first traffic)
 	peer       atomic.Pointer[PeerInfo]
 
 	maxIn int64 // loop: largest payload the peer may send now (MaxFrameBytesBeforeHello until Hello)
@@ -225,7 +225,15 @@ func (c *conn) principalNow() string {
 	if c.login != nil {
 		return ""
 	}
-	return c.principal
+	return c.who()
+}
+
+// who is the connection's principal ("" = anonymous).
+func (c *conn) who() string {
+	if p := c.principal.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // authenticate ends the login Hello began. A failed login is the final
@@ -240,7 +248,8 @@ func (c *conn) authenticate(id uint64, req *heraldpb.SaslAuthenticateRequest) (*
 	if e != nil {
 		return nil, e
 	}
-	c.principal, c.authed = principal, true
+	c.principal.Store(&principal)
+	c.authed = true
 	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_SaslAuthenticateResponse{SaslAuthenticateResponse: &heraldpb.SaslAuthenticateResponse{
 		SaslData: reply, Principal: principal,
 	}}}, nil
@@ -259,7 +268,7 @@ func (c *conn) authorize(f *heraldpb.Frame) *heraldpb.Error {
 	if !c.authed && a.Mode() == auth.Required {
 		return heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHENTICATED, "this broker requires a login (%s, or a TLS client certificate) before any request", auth.SCRAMSHA256)
 	}
-	return a.Authorize(c.principal, f)
+	return a.Authorize(c.who(), f)
 }
 
 // remote is the client's address (the TLS relay's client for its
@@ -477,6 +486,9 @@ func (a *session) onRaw(b RawPush) {
 func (a *session) onFrame(f *heraldpb.Frame) {
 	c := a.c
 	isResponse, est := c.answer(f.Id)
+	if a := c.s.cfg.Auth; a != nil && isResponse {
+		f = a.FilterResponse(c.who(), f) // listings show only what the principal may describe
+	}
 	if c.closed.Load() || c.final.Load() {
 		c.reserved.Add(-est)
 		mFramesDropped.Inc()

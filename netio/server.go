@@ -447,7 +447,8 @@ func (h *handler) OnTraffic(gc gnet.Conn) gnet.Action {
 				if pi.Principal != "" && h.s.cfg.Auth != nil {
 					// A verified client certificate logs the connection
 					// in as its subject (a SCRAM login may replace it).
-					c.principal, c.authed = pi.Principal, true
+					c.principal.Store(&pi.Principal)
+					c.authed = true
 					h.s.cfg.Auth.CertificateLogin()
 				}
 			}

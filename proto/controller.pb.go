@@ -39,6 +39,7 @@ type ControllerCommand struct {
 	//	*ControllerCommand_Checkpoint
 	//	*ControllerCommand_UpsertUser
 	//	*ControllerCommand_DeleteUser
+	//	*ControllerCommand_AlterAcls
 	Command isControllerCommand_Command `protobuf_oneof:"command"`
 	// The proposer's id for the command, so that it can tell its own
 	// command's outcome from another node's in the log.
@@ -165,6 +166,15 @@ func (x *ControllerCommand) GetDeleteUser() *DeleteUser {
 	return nil
 }
 
+func (x *ControllerCommand) GetAlterAcls() *AlterAclsRequest {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_AlterAcls); ok {
+			return x.AlterAcls
+		}
+	}
+	return nil
+}
+
 func (x *ControllerCommand) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
@@ -229,6 +239,11 @@ type ControllerCommand_DeleteUser struct {
 	DeleteUser *DeleteUser `protobuf:"bytes,9,opt,name=delete_user,json=deleteUser,proto3,oneof"`
 }
 
+type ControllerCommand_AlterAcls struct {
+	// Adds and removes ACL rules.
+	AlterAcls *AlterAclsRequest `protobuf:"bytes,10,opt,name=alter_acls,json=alterAcls,proto3,oneof"`
+}
+
 func (*ControllerCommand_RegisterNode) isControllerCommand_Command() {}
 
 func (*ControllerCommand_CreateTopic) isControllerCommand_Command() {}
@@ -247,6 +262,8 @@ func (*ControllerCommand_UpsertUser) isControllerCommand_Command() {}
 
 func (*ControllerCommand_DeleteUser) isControllerCommand_Command() {}
 
+func (*ControllerCommand_AlterAcls) isControllerCommand_Command() {}
+
 // The metadata as of offset: the state left by every record below it.
 // A checkpoint takes effect only when it is stored at offset, that is when
 // no other record came between the state the leader read and the
@@ -261,7 +278,9 @@ type ControllerCheckpoint struct {
 	// The topics with their placement and running moves, by name.
 	Topics []*TopicRecord `protobuf:"bytes,3,rep,name=topics,proto3" json:"topics,omitempty"`
 	// The users, by name.
-	Users         []*UserRecord `protobuf:"bytes,4,rep,name=users,proto3" json:"users,omitempty"`
+	Users []*UserRecord `protobuf:"bytes,4,rep,name=users,proto3" json:"users,omitempty"`
+	// The ACL rules, in the order they were added.
+	Acls          []*AclRule `protobuf:"bytes,5,rep,name=acls,proto3" json:"acls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -324,6 +343,13 @@ func (x *ControllerCheckpoint) GetUsers() []*UserRecord {
 	return nil
 }
 
+func (x *ControllerCheckpoint) GetAcls() []*AclRule {
+	if x != nil {
+		return x.Acls
+	}
+	return nil
+}
+
 // A user's salted, iterated credentials (never a password).
 type UserRecord struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -334,7 +360,10 @@ type UserRecord struct {
 	// --bootstrap-user).
 	Create bool `protobuf:"varint,4,opt,name=create,proto3" json:"create,omitempty"`
 	// The command that wrote it.
-	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string   `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Groups    []string `protobuf:"bytes,6,rep,name=groups,proto3" json:"groups,omitempty"`
+	// Replace only the groups of the user (ignored when it does not exist).
+	GroupsOnly    bool `protobuf:"varint,7,opt,name=groups_only,json=groupsOnly,proto3" json:"groups_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -404,6 +433,20 @@ func (x *UserRecord) GetRequestId() string {
 	return ""
 }
 
+func (x *UserRecord) GetGroups() []string {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *UserRecord) GetGroupsOnly() bool {
+	if x != nil {
+		return x.GroupsOnly
+	}
+	return false
+}
+
 type DeleteUser struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -448,28 +491,29 @@ func (x *DeleteUser) GetName() string {
 	return ""
 }
 
-// The users of a single node (DATA/users), as one file.
-type UserList struct {
+// The users and ACLs of a single node (DATA/security), as one file.
+type SecurityState struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Users         []*UserRecord          `protobuf:"bytes,1,rep,name=users,proto3" json:"users,omitempty"`
+	Acls          []*AclRule             `protobuf:"bytes,2,rep,name=acls,proto3" json:"acls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *UserList) Reset() {
-	*x = UserList{}
+func (x *SecurityState) Reset() {
+	*x = SecurityState{}
 	mi := &file_controller_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *UserList) String() string {
+func (x *SecurityState) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*UserList) ProtoMessage() {}
+func (*SecurityState) ProtoMessage() {}
 
-func (x *UserList) ProtoReflect() protoreflect.Message {
+func (x *SecurityState) ProtoReflect() protoreflect.Message {
 	mi := &file_controller_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -481,14 +525,21 @@ func (x *UserList) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use UserList.ProtoReflect.Descriptor instead.
-func (*UserList) Descriptor() ([]byte, []int) {
+// Deprecated: Use SecurityState.ProtoReflect.Descriptor instead.
+func (*SecurityState) Descriptor() ([]byte, []int) {
 	return file_controller_proto_rawDescGZIP(), []int{4}
 }
 
-func (x *UserList) GetUsers() []*UserRecord {
+func (x *SecurityState) GetUsers() []*UserRecord {
 	if x != nil {
 		return x.Users
+	}
+	return nil
+}
+
+func (x *SecurityState) GetAcls() []*AclRule {
+	if x != nil {
+		return x.Acls
 	}
 	return nil
 }
@@ -1049,7 +1100,7 @@ var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
 	"\n" +
-	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xa2\x05\n" +
+	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xe0\x05\n" +
 	"\x11ControllerCommand\x12<\n" +
 	"\rregister_node\x18\x01 \x01(\v2\x15.herald.v1.NodeRecordH\x00R\fregisterNode\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.herald.v1.TopicRecordH\x00R\vcreateTopic\x12;\n" +
@@ -1063,15 +1114,19 @@ const file_controller_proto_rawDesc = "" +
 	"\vupsert_user\x18\b \x01(\v2\x15.herald.v1.UserRecordH\x00R\n" +
 	"upsertUser\x128\n" +
 	"\vdelete_user\x18\t \x01(\v2\x15.herald.v1.DeleteUserH\x00R\n" +
-	"deleteUser\x12\x1d\n" +
+	"deleteUser\x12<\n" +
+	"\n" +
+	"alter_acls\x18\n" +
+	" \x01(\v2\x1b.herald.v1.AlterAclsRequestH\x00R\talterAcls\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x0f \x01(\tR\trequestIdB\t\n" +
-	"\acommand\"\xb8\x01\n" +
+	"\acommand\"\xe0\x01\n" +
 	"\x14ControllerCheckpoint\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12+\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x15.herald.v1.NodeRecordR\x05nodes\x12.\n" +
 	"\x06topics\x18\x03 \x03(\v2\x16.herald.v1.TopicRecordR\x06topics\x12+\n" +
-	"\x05users\x18\x04 \x03(\v2\x15.herald.v1.UserRecordR\x05users\"\xb5\x01\n" +
+	"\x05users\x18\x04 \x03(\v2\x15.herald.v1.UserRecordR\x05users\x12&\n" +
+	"\x04acls\x18\x05 \x03(\v2\x12.herald.v1.AclRuleR\x04acls\"\xee\x01\n" +
 	"\n" +
 	"UserRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12=\n" +
@@ -1080,12 +1135,16 @@ const file_controller_proto_rawDesc = "" +
 	"updated_ms\x18\x03 \x01(\x03R\tupdatedMs\x12\x16\n" +
 	"\x06create\x18\x04 \x01(\bR\x06create\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x05 \x01(\tR\trequestId\" \n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06groups\x18\x06 \x03(\tR\x06groups\x12\x1f\n" +
+	"\vgroups_only\x18\a \x01(\bR\n" +
+	"groupsOnly\" \n" +
 	"\n" +
 	"DeleteUser\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"7\n" +
-	"\bUserList\x12+\n" +
-	"\x05users\x18\x01 \x03(\v2\x15.herald.v1.UserRecordR\x05users\"\xcf\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"d\n" +
+	"\rSecurityState\x12+\n" +
+	"\x05users\x18\x01 \x03(\v2\x15.herald.v1.UserRecordR\x05users\x12&\n" +
+	"\x04acls\x18\x02 \x03(\v2\x12.herald.v1.AclRuleR\x04acls\"\xcf\x01\n" +
 	"\vTopicRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x06config\x18\x02 \x01(\v2\x16.herald.v1.TopicConfigR\x06config\x12>\n" +
@@ -1159,7 +1218,7 @@ var file_controller_proto_goTypes = []any{
 	(*ControllerCheckpoint)(nil), // 1: herald.v1.ControllerCheckpoint
 	(*UserRecord)(nil),           // 2: herald.v1.UserRecord
 	(*DeleteUser)(nil),           // 3: herald.v1.DeleteUser
-	(*UserList)(nil),             // 4: herald.v1.UserList
+	(*SecurityState)(nil),        // 4: herald.v1.SecurityState
 	(*TopicRecord)(nil),          // 5: herald.v1.TopicRecord
 	(*PartitionAssignment)(nil),  // 6: herald.v1.PartitionAssignment
 	(*ReassignPartitions)(nil),   // 7: herald.v1.ReassignPartitions
@@ -1169,8 +1228,10 @@ var file_controller_proto_goTypes = []any{
 	(*NodeRecord)(nil),           // 11: herald.v1.NodeRecord
 	nil,                          // 12: herald.v1.PartitionAssignment.JoinedEntry
 	nil,                          // 13: herald.v1.PartitionAssignment.RaftIdsEntry
-	(*ScramCredential)(nil),      // 14: herald.v1.ScramCredential
-	(*TopicConfig)(nil),          // 15: herald.v1.TopicConfig
+	(*AlterAclsRequest)(nil),     // 14: herald.v1.AlterAclsRequest
+	(*AclRule)(nil),              // 15: herald.v1.AclRule
+	(*ScramCredential)(nil),      // 16: herald.v1.ScramCredential
+	(*TopicConfig)(nil),          // 17: herald.v1.TopicConfig
 }
 var file_controller_proto_depIdxs = []int32{
 	11, // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
@@ -1182,21 +1243,24 @@ var file_controller_proto_depIdxs = []int32{
 	1,  // 6: herald.v1.ControllerCommand.checkpoint:type_name -> herald.v1.ControllerCheckpoint
 	2,  // 7: herald.v1.ControllerCommand.upsert_user:type_name -> herald.v1.UserRecord
 	3,  // 8: herald.v1.ControllerCommand.delete_user:type_name -> herald.v1.DeleteUser
-	11, // 9: herald.v1.ControllerCheckpoint.nodes:type_name -> herald.v1.NodeRecord
-	5,  // 10: herald.v1.ControllerCheckpoint.topics:type_name -> herald.v1.TopicRecord
-	2,  // 11: herald.v1.ControllerCheckpoint.users:type_name -> herald.v1.UserRecord
-	14, // 12: herald.v1.UserRecord.scram_sha256:type_name -> herald.v1.ScramCredential
-	2,  // 13: herald.v1.UserList.users:type_name -> herald.v1.UserRecord
-	15, // 14: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
-	6,  // 15: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
-	12, // 16: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
-	13, // 17: herald.v1.PartitionAssignment.raft_ids:type_name -> herald.v1.PartitionAssignment.RaftIdsEntry
-	6,  // 18: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	14, // 9: herald.v1.ControllerCommand.alter_acls:type_name -> herald.v1.AlterAclsRequest
+	11, // 10: herald.v1.ControllerCheckpoint.nodes:type_name -> herald.v1.NodeRecord
+	5,  // 11: herald.v1.ControllerCheckpoint.topics:type_name -> herald.v1.TopicRecord
+	2,  // 12: herald.v1.ControllerCheckpoint.users:type_name -> herald.v1.UserRecord
+	15, // 13: herald.v1.ControllerCheckpoint.acls:type_name -> herald.v1.AclRule
+	16, // 14: herald.v1.UserRecord.scram_sha256:type_name -> herald.v1.ScramCredential
+	2,  // 15: herald.v1.SecurityState.users:type_name -> herald.v1.UserRecord
+	15, // 16: herald.v1.SecurityState.acls:type_name -> herald.v1.AclRule
+	17, // 17: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
+	6,  // 18: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
+	12, // 19: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
+	13, // 20: herald.v1.PartitionAssignment.raft_ids:type_name -> herald.v1.PartitionAssignment.RaftIdsEntry
+	6,  // 21: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -1215,6 +1279,7 @@ func file_controller_proto_init() {
 		(*ControllerCommand_Checkpoint)(nil),
 		(*ControllerCommand_UpsertUser)(nil),
 		(*ControllerCommand_DeleteUser)(nil),
+		(*ControllerCommand_AlterAcls)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

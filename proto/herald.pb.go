@@ -263,6 +263,135 @@ func (ErrorCode) EnumDescriptor() ([]byte, []int) {
 	return file_herald_proto_rawDescGZIP(), []int{0}
 }
 
+type AclOperation int32
+
+const (
+	AclOperation_ACL_OP_UNSPECIFIED AclOperation = 0
+	AclOperation_ACL_OP_ALL         AclOperation = 1
+	AclOperation_ACL_OP_PRODUCE     AclOperation = 2
+	AclOperation_ACL_OP_CONSUME     AclOperation = 3
+	AclOperation_ACL_OP_CREATE      AclOperation = 4
+	AclOperation_ACL_OP_DELETE      AclOperation = 5
+	AclOperation_ACL_OP_ALTER       AclOperation = 6
+	// Implied by every other operation on the same resource.
+	AclOperation_ACL_OP_DESCRIBE AclOperation = 7
+	AclOperation_ACL_OP_ADMIN    AclOperation = 8
+)
+
+// Enum value maps for AclOperation.
+var (
+	AclOperation_name = map[int32]string{
+		0: "ACL_OP_UNSPECIFIED",
+		1: "ACL_OP_ALL",
+		2: "ACL_OP_PRODUCE",
+		3: "ACL_OP_CONSUME",
+		4: "ACL_OP_CREATE",
+		5: "ACL_OP_DELETE",
+		6: "ACL_OP_ALTER",
+		7: "ACL_OP_DESCRIBE",
+		8: "ACL_OP_ADMIN",
+	}
+	AclOperation_value = map[string]int32{
+		"ACL_OP_UNSPECIFIED": 0,
+		"ACL_OP_ALL":         1,
+		"ACL_OP_PRODUCE":     2,
+		"ACL_OP_CONSUME":     3,
+		"ACL_OP_CREATE":      4,
+		"ACL_OP_DELETE":      5,
+		"ACL_OP_ALTER":       6,
+		"ACL_OP_DESCRIBE":    7,
+		"ACL_OP_ADMIN":       8,
+	}
+)
+
+func (x AclOperation) Enum() *AclOperation {
+	p := new(AclOperation)
+	*p = x
+	return p
+}
+
+func (x AclOperation) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AclOperation) Descriptor() protoreflect.EnumDescriptor {
+	return file_herald_proto_enumTypes[1].Descriptor()
+}
+
+func (AclOperation) Type() protoreflect.EnumType {
+	return &file_herald_proto_enumTypes[1]
+}
+
+func (x AclOperation) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AclOperation.Descriptor instead.
+func (AclOperation) EnumDescriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{1}
+}
+
+type AclResourceType int32
+
+const (
+	AclResourceType_ACL_RESOURCE_UNSPECIFIED      AclResourceType = 0
+	AclResourceType_ACL_RESOURCE_CLUSTER          AclResourceType = 1
+	AclResourceType_ACL_RESOURCE_TOPIC            AclResourceType = 2
+	AclResourceType_ACL_RESOURCE_GROUP            AclResourceType = 3
+	AclResourceType_ACL_RESOURCE_TRANSACTIONAL_ID AclResourceType = 4
+	AclResourceType_ACL_RESOURCE_PRODUCER_GROUP   AclResourceType = 5
+	AclResourceType_ACL_RESOURCE_VHOST            AclResourceType = 6
+)
+
+// Enum value maps for AclResourceType.
+var (
+	AclResourceType_name = map[int32]string{
+		0: "ACL_RESOURCE_UNSPECIFIED",
+		1: "ACL_RESOURCE_CLUSTER",
+		2: "ACL_RESOURCE_TOPIC",
+		3: "ACL_RESOURCE_GROUP",
+		4: "ACL_RESOURCE_TRANSACTIONAL_ID",
+		5: "ACL_RESOURCE_PRODUCER_GROUP",
+		6: "ACL_RESOURCE_VHOST",
+	}
+	AclResourceType_value = map[string]int32{
+		"ACL_RESOURCE_UNSPECIFIED":      0,
+		"ACL_RESOURCE_CLUSTER":          1,
+		"ACL_RESOURCE_TOPIC":            2,
+		"ACL_RESOURCE_GROUP":            3,
+		"ACL_RESOURCE_TRANSACTIONAL_ID": 4,
+		"ACL_RESOURCE_PRODUCER_GROUP":   5,
+		"ACL_RESOURCE_VHOST":            6,
+	}
+)
+
+func (x AclResourceType) Enum() *AclResourceType {
+	p := new(AclResourceType)
+	*p = x
+	return p
+}
+
+func (x AclResourceType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AclResourceType) Descriptor() protoreflect.EnumDescriptor {
+	return file_herald_proto_enumTypes[2].Descriptor()
+}
+
+func (AclResourceType) Type() protoreflect.EnumType {
+	return &file_herald_proto_enumTypes[2]
+}
+
+func (x AclResourceType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AclResourceType.Descriptor instead.
+func (AclResourceType) EnumDescriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{2}
+}
+
 type Acks int32
 
 const (
@@ -299,11 +428,11 @@ func (x Acks) String() string {
 }
 
 func (Acks) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[1].Descriptor()
+	return file_herald_proto_enumTypes[3].Descriptor()
 }
 
 func (Acks) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[1]
+	return &file_herald_proto_enumTypes[3]
 }
 
 func (x Acks) Number() protoreflect.EnumNumber {
@@ -312,7 +441,7 @@ func (x Acks) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Acks.Descriptor instead.
 func (Acks) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{1}
+	return file_herald_proto_rawDescGZIP(), []int{3}
 }
 
 // What happens to a half message still unresolved after its last check.
@@ -352,11 +481,11 @@ func (x HalfExhaustedPolicy) String() string {
 }
 
 func (HalfExhaustedPolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[2].Descriptor()
+	return file_herald_proto_enumTypes[4].Descriptor()
 }
 
 func (HalfExhaustedPolicy) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[2]
+	return &file_herald_proto_enumTypes[4]
 }
 
 func (x HalfExhaustedPolicy) Number() protoreflect.EnumNumber {
@@ -365,7 +494,7 @@ func (x HalfExhaustedPolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HalfExhaustedPolicy.Descriptor instead.
 func (HalfExhaustedPolicy) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{2}
+	return file_herald_proto_rawDescGZIP(), []int{4}
 }
 
 type OffsetSpec int32
@@ -402,11 +531,11 @@ func (x OffsetSpec) String() string {
 }
 
 func (OffsetSpec) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[3].Descriptor()
+	return file_herald_proto_enumTypes[5].Descriptor()
 }
 
 func (OffsetSpec) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[3]
+	return &file_herald_proto_enumTypes[5]
 }
 
 func (x OffsetSpec) Number() protoreflect.EnumNumber {
@@ -415,7 +544,7 @@ func (x OffsetSpec) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OffsetSpec.Descriptor instead.
 func (OffsetSpec) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{3}
+	return file_herald_proto_rawDescGZIP(), []int{5}
 }
 
 type SubscriptionMode int32
@@ -459,11 +588,11 @@ func (x SubscriptionMode) String() string {
 }
 
 func (SubscriptionMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[4].Descriptor()
+	return file_herald_proto_enumTypes[6].Descriptor()
 }
 
 func (SubscriptionMode) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[4]
+	return &file_herald_proto_enumTypes[6]
 }
 
 func (x SubscriptionMode) Number() protoreflect.EnumNumber {
@@ -472,7 +601,7 @@ func (x SubscriptionMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SubscriptionMode.Descriptor instead.
 func (SubscriptionMode) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{4}
+	return file_herald_proto_rawDescGZIP(), []int{6}
 }
 
 type FilterType int32
@@ -510,11 +639,11 @@ func (x FilterType) String() string {
 }
 
 func (FilterType) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[5].Descriptor()
+	return file_herald_proto_enumTypes[7].Descriptor()
 }
 
 func (FilterType) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[5]
+	return &file_herald_proto_enumTypes[7]
 }
 
 func (x FilterType) Number() protoreflect.EnumNumber {
@@ -523,7 +652,7 @@ func (x FilterType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FilterType.Descriptor instead.
 func (FilterType) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{5}
+	return file_herald_proto_rawDescGZIP(), []int{7}
 }
 
 type BreakerState int32
@@ -559,11 +688,11 @@ func (x BreakerState) String() string {
 }
 
 func (BreakerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[6].Descriptor()
+	return file_herald_proto_enumTypes[8].Descriptor()
 }
 
 func (BreakerState) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[6]
+	return &file_herald_proto_enumTypes[8]
 }
 
 func (x BreakerState) Number() protoreflect.EnumNumber {
@@ -572,7 +701,7 @@ func (x BreakerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BreakerState.Descriptor instead.
 func (BreakerState) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{6}
+	return file_herald_proto_rawDescGZIP(), []int{8}
 }
 
 type HalfAction int32
@@ -609,11 +738,11 @@ func (x HalfAction) String() string {
 }
 
 func (HalfAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[7].Descriptor()
+	return file_herald_proto_enumTypes[9].Descriptor()
 }
 
 func (HalfAction) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[7]
+	return &file_herald_proto_enumTypes[9]
 }
 
 func (x HalfAction) Number() protoreflect.EnumNumber {
@@ -622,7 +751,7 @@ func (x HalfAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HalfAction.Descriptor instead.
 func (HalfAction) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{7}
+	return file_herald_proto_rawDescGZIP(), []int{9}
 }
 
 type ClusterAdminRequest_Op int32
@@ -665,11 +794,11 @@ func (x ClusterAdminRequest_Op) String() string {
 }
 
 func (ClusterAdminRequest_Op) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[8].Descriptor()
+	return file_herald_proto_enumTypes[10].Descriptor()
 }
 
 func (ClusterAdminRequest_Op) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[8]
+	return &file_herald_proto_enumTypes[10]
 }
 
 func (x ClusterAdminRequest_Op) Number() protoreflect.EnumNumber {
@@ -678,7 +807,7 @@ func (x ClusterAdminRequest_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClusterAdminRequest_Op.Descriptor instead.
 func (ClusterAdminRequest_Op) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{22, 0}
+	return file_herald_proto_rawDescGZIP(), []int{27, 0}
 }
 
 type Error struct {
@@ -855,6 +984,10 @@ type Frame struct {
 	//	*Frame_AlterUserResponse
 	//	*Frame_ListUsers
 	//	*Frame_ListUsersResponse
+	//	*Frame_AlterAcls
+	//	*Frame_AlterAclsResponse
+	//	*Frame_ListAcls
+	//	*Frame_ListAclsResponse
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
@@ -1468,6 +1601,42 @@ func (x *Frame) GetListUsersResponse() *ListUsersResponse {
 	return nil
 }
 
+func (x *Frame) GetAlterAcls() *AlterAclsRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_AlterAcls); ok {
+			return x.AlterAcls
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetAlterAclsResponse() *AlterAclsResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_AlterAclsResponse); ok {
+			return x.AlterAclsResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListAcls() *ListAclsRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListAcls); ok {
+			return x.ListAcls
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListAclsResponse() *ListAclsResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListAclsResponse); ok {
+			return x.ListAclsResponse
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetDelivery() *Delivery {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Delivery); ok {
@@ -1774,6 +1943,22 @@ type Frame_ListUsersResponse struct {
 	ListUsersResponse *ListUsersResponse `protobuf:"bytes,81,opt,name=list_users_response,json=listUsersResponse,proto3,oneof"`
 }
 
+type Frame_AlterAcls struct {
+	AlterAcls *AlterAclsRequest `protobuf:"bytes,82,opt,name=alter_acls,json=alterAcls,proto3,oneof"`
+}
+
+type Frame_AlterAclsResponse struct {
+	AlterAclsResponse *AlterAclsResponse `protobuf:"bytes,83,opt,name=alter_acls_response,json=alterAclsResponse,proto3,oneof"`
+}
+
+type Frame_ListAcls struct {
+	ListAcls *ListAclsRequest `protobuf:"bytes,84,opt,name=list_acls,json=listAcls,proto3,oneof"`
+}
+
+type Frame_ListAclsResponse struct {
+	ListAclsResponse *ListAclsResponse `protobuf:"bytes,85,opt,name=list_acls_response,json=listAclsResponse,proto3,oneof"`
+}
+
 type Frame_Delivery struct {
 	// Server pushes (frame id 0): never requests, never answered.
 	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
@@ -1922,6 +2107,14 @@ func (*Frame_AlterUserResponse) isFrame_Body() {}
 func (*Frame_ListUsers) isFrame_Body() {}
 
 func (*Frame_ListUsersResponse) isFrame_Body() {}
+
+func (*Frame_AlterAcls) isFrame_Body() {}
+
+func (*Frame_AlterAclsResponse) isFrame_Body() {}
+
+func (*Frame_ListAcls) isFrame_Body() {}
+
+func (*Frame_ListAclsResponse) isFrame_Body() {}
 
 func (*Frame_Delivery) isFrame_Body() {}
 
@@ -2321,7 +2514,12 @@ type AlterUserRequest struct {
 	Delete      bool             `protobuf:"varint,3,opt,name=delete,proto3" json:"delete,omitempty"`
 	// Create only: USER_ALREADY_EXISTS when the user exists. Without it a
 	// change or delete of a user that does not exist is USER_NOT_FOUND.
-	Create        bool `protobuf:"varint,4,opt,name=create,proto3" json:"create,omitempty"`
+	Create bool `protobuf:"varint,4,opt,name=create,proto3" json:"create,omitempty"`
+	// The user's groups (ACL principals "group:NAME"): set on create, and
+	// replaced by a change with set_groups.
+	Groups []string `protobuf:"bytes,5,rep,name=groups,proto3" json:"groups,omitempty"`
+	// Change the groups only; the credentials stay (scram_sha256 unset).
+	SetGroups     bool `protobuf:"varint,6,opt,name=set_groups,json=setGroups,proto3" json:"set_groups,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2380,6 +2578,20 @@ func (x *AlterUserRequest) GetDelete() bool {
 func (x *AlterUserRequest) GetCreate() bool {
 	if x != nil {
 		return x.Create
+	}
+	return false
+}
+
+func (x *AlterUserRequest) GetGroups() []string {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *AlterUserRequest) GetSetGroups() bool {
+	if x != nil {
+		return x.SetGroups
 	}
 	return false
 }
@@ -2463,7 +2675,8 @@ type UserInfo struct {
 	Iterations uint32                 `protobuf:"varint,3,opt,name=iterations,proto3" json:"iterations,omitempty"`
 	UpdatedMs  int64                  `protobuf:"varint,4,opt,name=updated_ms,json=updatedMs,proto3" json:"updated_ms,omitempty"`
 	// Named by --superusers.
-	Superuser     bool `protobuf:"varint,5,opt,name=superuser,proto3" json:"superuser,omitempty"`
+	Superuser     bool     `protobuf:"varint,5,opt,name=superuser,proto3" json:"superuser,omitempty"`
+	Groups        []string `protobuf:"bytes,6,rep,name=groups,proto3" json:"groups,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2533,6 +2746,282 @@ func (x *UserInfo) GetSuperuser() bool {
 	return false
 }
 
+func (x *UserInfo) GetGroups() []string {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+// One rule: principal may (or, with deny, may not) do operation on the
+// resources of resource_type named resource (or starting with it, with
+// prefix; the literal "*" names them all). A deny wins over any allow;
+// without an allow, a request is denied.
+type AclRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "user:NAME", "group:NAME", "user:*" (any logged-in user), or
+	// "anonymous".
+	Principal     string          `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	ResourceType  AclResourceType `protobuf:"varint,2,opt,name=resource_type,json=resourceType,proto3,enum=herald.v1.AclResourceType" json:"resource_type,omitempty"`
+	Resource      string          `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
+	Prefix        bool            `protobuf:"varint,4,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	Operation     AclOperation    `protobuf:"varint,5,opt,name=operation,proto3,enum=herald.v1.AclOperation" json:"operation,omitempty"`
+	Deny          bool            `protobuf:"varint,6,opt,name=deny,proto3" json:"deny,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AclRule) Reset() {
+	*x = AclRule{}
+	mi := &file_herald_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AclRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AclRule) ProtoMessage() {}
+
+func (x *AclRule) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AclRule.ProtoReflect.Descriptor instead.
+func (*AclRule) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *AclRule) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *AclRule) GetResourceType() AclResourceType {
+	if x != nil {
+		return x.ResourceType
+	}
+	return AclResourceType_ACL_RESOURCE_UNSPECIFIED
+}
+
+func (x *AclRule) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *AclRule) GetPrefix() bool {
+	if x != nil {
+		return x.Prefix
+	}
+	return false
+}
+
+func (x *AclRule) GetOperation() AclOperation {
+	if x != nil {
+		return x.Operation
+	}
+	return AclOperation_ACL_OP_UNSPECIFIED
+}
+
+func (x *AclRule) GetDeny() bool {
+	if x != nil {
+		return x.Deny
+	}
+	return false
+}
+
+// Adds and removes rules (a rule added twice is there once; removing one
+// that is not there does nothing). Needs admin on the cluster.
+type AlterAclsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Add           []*AclRule             `protobuf:"bytes,1,rep,name=add,proto3" json:"add,omitempty"`
+	Remove        []*AclRule             `protobuf:"bytes,2,rep,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AlterAclsRequest) Reset() {
+	*x = AlterAclsRequest{}
+	mi := &file_herald_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlterAclsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlterAclsRequest) ProtoMessage() {}
+
+func (x *AlterAclsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlterAclsRequest.ProtoReflect.Descriptor instead.
+func (*AlterAclsRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *AlterAclsRequest) GetAdd() []*AclRule {
+	if x != nil {
+		return x.Add
+	}
+	return nil
+}
+
+func (x *AlterAclsRequest) GetRemove() []*AclRule {
+	if x != nil {
+		return x.Remove
+	}
+	return nil
+}
+
+type AlterAclsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AlterAclsResponse) Reset() {
+	*x = AlterAclsResponse{}
+	mi := &file_herald_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlterAclsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlterAclsResponse) ProtoMessage() {}
+
+func (x *AlterAclsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlterAclsResponse.ProtoReflect.Descriptor instead.
+func (*AlterAclsResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{13}
+}
+
+type ListAclsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this principal's rules ("" = all).
+	Principal     string `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAclsRequest) Reset() {
+	*x = ListAclsRequest{}
+	mi := &file_herald_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAclsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAclsRequest) ProtoMessage() {}
+
+func (x *ListAclsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAclsRequest.ProtoReflect.Descriptor instead.
+func (*ListAclsRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListAclsRequest) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+type ListAclsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rules         []*AclRule             `protobuf:"bytes,1,rep,name=rules,proto3" json:"rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAclsResponse) Reset() {
+	*x = ListAclsResponse{}
+	mi := &file_herald_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAclsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAclsResponse) ProtoMessage() {}
+
+func (x *ListAclsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAclsResponse.ProtoReflect.Descriptor instead.
+func (*ListAclsResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListAclsResponse) GetRules() []*AclRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
 type ListUsersResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Users         []*UserInfo            `protobuf:"bytes,1,rep,name=users,proto3" json:"users,omitempty"`
@@ -2542,7 +3031,7 @@ type ListUsersResponse struct {
 
 func (x *ListUsersResponse) Reset() {
 	*x = ListUsersResponse{}
-	mi := &file_herald_proto_msgTypes[11]
+	mi := &file_herald_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2554,7 +3043,7 @@ func (x *ListUsersResponse) String() string {
 func (*ListUsersResponse) ProtoMessage() {}
 
 func (x *ListUsersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[11]
+	mi := &file_herald_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2567,7 +3056,7 @@ func (x *ListUsersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListUsersResponse.ProtoReflect.Descriptor instead.
 func (*ListUsersResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{11}
+	return file_herald_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListUsersResponse) GetUsers() []*UserInfo {
@@ -2601,7 +3090,7 @@ type TopicConfig struct {
 
 func (x *TopicConfig) Reset() {
 	*x = TopicConfig{}
-	mi := &file_herald_proto_msgTypes[12]
+	mi := &file_herald_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +3102,7 @@ func (x *TopicConfig) String() string {
 func (*TopicConfig) ProtoMessage() {}
 
 func (x *TopicConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[12]
+	mi := &file_herald_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +3115,7 @@ func (x *TopicConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicConfig.ProtoReflect.Descriptor instead.
 func (*TopicConfig) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{12}
+	return file_herald_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TopicConfig) GetPartitions() uint32 {
@@ -2694,7 +3183,7 @@ type PartitionInfo struct {
 
 func (x *PartitionInfo) Reset() {
 	*x = PartitionInfo{}
-	mi := &file_herald_proto_msgTypes[13]
+	mi := &file_herald_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2706,7 +3195,7 @@ func (x *PartitionInfo) String() string {
 func (*PartitionInfo) ProtoMessage() {}
 
 func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[13]
+	mi := &file_herald_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2719,7 +3208,7 @@ func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionInfo.ProtoReflect.Descriptor instead.
 func (*PartitionInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{13}
+	return file_herald_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PartitionInfo) GetId() uint32 {
@@ -2782,7 +3271,7 @@ type TopicInfo struct {
 
 func (x *TopicInfo) Reset() {
 	*x = TopicInfo{}
-	mi := &file_herald_proto_msgTypes[14]
+	mi := &file_herald_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2794,7 +3283,7 @@ func (x *TopicInfo) String() string {
 func (*TopicInfo) ProtoMessage() {}
 
 func (x *TopicInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[14]
+	mi := &file_herald_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2807,7 +3296,7 @@ func (x *TopicInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicInfo.ProtoReflect.Descriptor instead.
 func (*TopicInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{14}
+	return file_herald_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TopicInfo) GetName() string {
@@ -2844,7 +3333,7 @@ type BrokerInfo struct {
 
 func (x *BrokerInfo) Reset() {
 	*x = BrokerInfo{}
-	mi := &file_herald_proto_msgTypes[15]
+	mi := &file_herald_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2856,7 +3345,7 @@ func (x *BrokerInfo) String() string {
 func (*BrokerInfo) ProtoMessage() {}
 
 func (x *BrokerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[15]
+	mi := &file_herald_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2869,7 +3358,7 @@ func (x *BrokerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BrokerInfo.ProtoReflect.Descriptor instead.
 func (*BrokerInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{15}
+	return file_herald_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BrokerInfo) GetNodeId() uint32 {
@@ -2903,7 +3392,7 @@ type MetadataRequest struct {
 
 func (x *MetadataRequest) Reset() {
 	*x = MetadataRequest{}
-	mi := &file_herald_proto_msgTypes[16]
+	mi := &file_herald_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2915,7 +3404,7 @@ func (x *MetadataRequest) String() string {
 func (*MetadataRequest) ProtoMessage() {}
 
 func (x *MetadataRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[16]
+	mi := &file_herald_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2928,7 +3417,7 @@ func (x *MetadataRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetadataRequest.ProtoReflect.Descriptor instead.
 func (*MetadataRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{16}
+	return file_herald_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *MetadataRequest) GetTopics() []string {
@@ -2948,7 +3437,7 @@ type MetadataResponse struct {
 
 func (x *MetadataResponse) Reset() {
 	*x = MetadataResponse{}
-	mi := &file_herald_proto_msgTypes[17]
+	mi := &file_herald_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3449,7 @@ func (x *MetadataResponse) String() string {
 func (*MetadataResponse) ProtoMessage() {}
 
 func (x *MetadataResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[17]
+	mi := &file_herald_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3462,7 @@ func (x *MetadataResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetadataResponse.ProtoReflect.Descriptor instead.
 func (*MetadataResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{17}
+	return file_herald_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *MetadataResponse) GetBrokers() []*BrokerInfo {
@@ -3000,7 +3489,7 @@ type CreateTopicRequest struct {
 
 func (x *CreateTopicRequest) Reset() {
 	*x = CreateTopicRequest{}
-	mi := &file_herald_proto_msgTypes[18]
+	mi := &file_herald_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3012,7 +3501,7 @@ func (x *CreateTopicRequest) String() string {
 func (*CreateTopicRequest) ProtoMessage() {}
 
 func (x *CreateTopicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[18]
+	mi := &file_herald_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3025,7 +3514,7 @@ func (x *CreateTopicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTopicRequest.ProtoReflect.Descriptor instead.
 func (*CreateTopicRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{18}
+	return file_herald_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateTopicRequest) GetName() string {
@@ -3051,7 +3540,7 @@ type CreateTopicResponse struct {
 
 func (x *CreateTopicResponse) Reset() {
 	*x = CreateTopicResponse{}
-	mi := &file_herald_proto_msgTypes[19]
+	mi := &file_herald_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3063,7 +3552,7 @@ func (x *CreateTopicResponse) String() string {
 func (*CreateTopicResponse) ProtoMessage() {}
 
 func (x *CreateTopicResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[19]
+	mi := &file_herald_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3076,7 +3565,7 @@ func (x *CreateTopicResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTopicResponse.ProtoReflect.Descriptor instead.
 func (*CreateTopicResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{19}
+	return file_herald_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateTopicResponse) GetTopic() *TopicInfo {
@@ -3095,7 +3584,7 @@ type DeleteTopicRequest struct {
 
 func (x *DeleteTopicRequest) Reset() {
 	*x = DeleteTopicRequest{}
-	mi := &file_herald_proto_msgTypes[20]
+	mi := &file_herald_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3107,7 +3596,7 @@ func (x *DeleteTopicRequest) String() string {
 func (*DeleteTopicRequest) ProtoMessage() {}
 
 func (x *DeleteTopicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[20]
+	mi := &file_herald_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3120,7 +3609,7 @@ func (x *DeleteTopicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTopicRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTopicRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{20}
+	return file_herald_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteTopicRequest) GetName() string {
@@ -3138,7 +3627,7 @@ type DeleteTopicResponse struct {
 
 func (x *DeleteTopicResponse) Reset() {
 	*x = DeleteTopicResponse{}
-	mi := &file_herald_proto_msgTypes[21]
+	mi := &file_herald_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3150,7 +3639,7 @@ func (x *DeleteTopicResponse) String() string {
 func (*DeleteTopicResponse) ProtoMessage() {}
 
 func (x *DeleteTopicResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[21]
+	mi := &file_herald_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3163,7 +3652,7 @@ func (x *DeleteTopicResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTopicResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTopicResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{21}
+	return file_herald_proto_rawDescGZIP(), []int{26}
 }
 
 // Moves partition replicas between nodes (cluster mode only). Each move
@@ -3183,7 +3672,7 @@ type ClusterAdminRequest struct {
 
 func (x *ClusterAdminRequest) Reset() {
 	*x = ClusterAdminRequest{}
-	mi := &file_herald_proto_msgTypes[22]
+	mi := &file_herald_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3195,7 +3684,7 @@ func (x *ClusterAdminRequest) String() string {
 func (*ClusterAdminRequest) ProtoMessage() {}
 
 func (x *ClusterAdminRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[22]
+	mi := &file_herald_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3208,7 +3697,7 @@ func (x *ClusterAdminRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterAdminRequest.ProtoReflect.Descriptor instead.
 func (*ClusterAdminRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{22}
+	return file_herald_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ClusterAdminRequest) GetOp() ClusterAdminRequest_Op {
@@ -3244,7 +3733,7 @@ type PartitionMove struct {
 
 func (x *PartitionMove) Reset() {
 	*x = PartitionMove{}
-	mi := &file_herald_proto_msgTypes[23]
+	mi := &file_herald_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3256,7 +3745,7 @@ func (x *PartitionMove) String() string {
 func (*PartitionMove) ProtoMessage() {}
 
 func (x *PartitionMove) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[23]
+	mi := &file_herald_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3269,7 +3758,7 @@ func (x *PartitionMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionMove.ProtoReflect.Descriptor instead.
 func (*PartitionMove) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{23}
+	return file_herald_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PartitionMove) GetTopic() string {
@@ -3309,7 +3798,7 @@ type ClusterAdminResponse struct {
 
 func (x *ClusterAdminResponse) Reset() {
 	*x = ClusterAdminResponse{}
-	mi := &file_herald_proto_msgTypes[24]
+	mi := &file_herald_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3321,7 +3810,7 @@ func (x *ClusterAdminResponse) String() string {
 func (*ClusterAdminResponse) ProtoMessage() {}
 
 func (x *ClusterAdminResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[24]
+	mi := &file_herald_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3334,7 +3823,7 @@ func (x *ClusterAdminResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterAdminResponse.ProtoReflect.Descriptor instead.
 func (*ClusterAdminResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{24}
+	return file_herald_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ClusterAdminResponse) GetMoves() []*PartitionMove {
@@ -3352,7 +3841,7 @@ type ListTopicsRequest struct {
 
 func (x *ListTopicsRequest) Reset() {
 	*x = ListTopicsRequest{}
-	mi := &file_herald_proto_msgTypes[25]
+	mi := &file_herald_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3364,7 +3853,7 @@ func (x *ListTopicsRequest) String() string {
 func (*ListTopicsRequest) ProtoMessage() {}
 
 func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[25]
+	mi := &file_herald_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3377,7 +3866,7 @@ func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsRequest.ProtoReflect.Descriptor instead.
 func (*ListTopicsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{25}
+	return file_herald_proto_rawDescGZIP(), []int{30}
 }
 
 type ListTopicsResponse struct {
@@ -3389,7 +3878,7 @@ type ListTopicsResponse struct {
 
 func (x *ListTopicsResponse) Reset() {
 	*x = ListTopicsResponse{}
-	mi := &file_herald_proto_msgTypes[26]
+	mi := &file_herald_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3401,7 +3890,7 @@ func (x *ListTopicsResponse) String() string {
 func (*ListTopicsResponse) ProtoMessage() {}
 
 func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[26]
+	mi := &file_herald_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3414,7 +3903,7 @@ func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsResponse.ProtoReflect.Descriptor instead.
 func (*ListTopicsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{26}
+	return file_herald_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListTopicsResponse) GetTopics() []*TopicInfo {
@@ -3433,7 +3922,7 @@ type DescribeTopicRequest struct {
 
 func (x *DescribeTopicRequest) Reset() {
 	*x = DescribeTopicRequest{}
-	mi := &file_herald_proto_msgTypes[27]
+	mi := &file_herald_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3445,7 +3934,7 @@ func (x *DescribeTopicRequest) String() string {
 func (*DescribeTopicRequest) ProtoMessage() {}
 
 func (x *DescribeTopicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[27]
+	mi := &file_herald_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3458,7 +3947,7 @@ func (x *DescribeTopicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeTopicRequest.ProtoReflect.Descriptor instead.
 func (*DescribeTopicRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{27}
+	return file_herald_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DescribeTopicRequest) GetName() string {
@@ -3477,7 +3966,7 @@ type DescribeTopicResponse struct {
 
 func (x *DescribeTopicResponse) Reset() {
 	*x = DescribeTopicResponse{}
-	mi := &file_herald_proto_msgTypes[28]
+	mi := &file_herald_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3489,7 +3978,7 @@ func (x *DescribeTopicResponse) String() string {
 func (*DescribeTopicResponse) ProtoMessage() {}
 
 func (x *DescribeTopicResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[28]
+	mi := &file_herald_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3502,7 +3991,7 @@ func (x *DescribeTopicResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeTopicResponse.ProtoReflect.Descriptor instead.
 func (*DescribeTopicResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{28}
+	return file_herald_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DescribeTopicResponse) GetTopic() *TopicInfo {
@@ -3522,7 +4011,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_herald_proto_msgTypes[29]
+	mi := &file_herald_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3534,7 +4023,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[29]
+	mi := &file_herald_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3547,7 +4036,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{29}
+	return file_herald_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Header) GetKey() string {
@@ -3583,7 +4072,7 @@ type Record struct {
 
 func (x *Record) Reset() {
 	*x = Record{}
-	mi := &file_herald_proto_msgTypes[30]
+	mi := &file_herald_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +4084,7 @@ func (x *Record) String() string {
 func (*Record) ProtoMessage() {}
 
 func (x *Record) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[30]
+	mi := &file_herald_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +4097,7 @@ func (x *Record) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Record.ProtoReflect.Descriptor instead.
 func (*Record) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{30}
+	return file_herald_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Record) GetKey() []byte {
@@ -3671,7 +4160,7 @@ type RecordBatch struct {
 
 func (x *RecordBatch) Reset() {
 	*x = RecordBatch{}
-	mi := &file_herald_proto_msgTypes[31]
+	mi := &file_herald_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3683,7 +4172,7 @@ func (x *RecordBatch) String() string {
 func (*RecordBatch) ProtoMessage() {}
 
 func (x *RecordBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[31]
+	mi := &file_herald_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3696,7 +4185,7 @@ func (x *RecordBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordBatch.ProtoReflect.Descriptor instead.
 func (*RecordBatch) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{31}
+	return file_herald_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RecordBatch) GetRecords() []*Record {
@@ -3722,7 +4211,7 @@ type StoredBatch struct {
 
 func (x *StoredBatch) Reset() {
 	*x = StoredBatch{}
-	mi := &file_herald_proto_msgTypes[32]
+	mi := &file_herald_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3734,7 +4223,7 @@ func (x *StoredBatch) String() string {
 func (*StoredBatch) ProtoMessage() {}
 
 func (x *StoredBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[32]
+	mi := &file_herald_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3747,7 +4236,7 @@ func (x *StoredBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredBatch.ProtoReflect.Descriptor instead.
 func (*StoredBatch) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{32}
+	return file_herald_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StoredBatch) GetBaseOffset() int64 {
@@ -3855,7 +4344,7 @@ type ProduceRequest struct {
 
 func (x *ProduceRequest) Reset() {
 	*x = ProduceRequest{}
-	mi := &file_herald_proto_msgTypes[33]
+	mi := &file_herald_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3867,7 +4356,7 @@ func (x *ProduceRequest) String() string {
 func (*ProduceRequest) ProtoMessage() {}
 
 func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[33]
+	mi := &file_herald_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3880,7 +4369,7 @@ func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRequest.ProtoReflect.Descriptor instead.
 func (*ProduceRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{33}
+	return file_herald_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ProduceRequest) GetTopic() string {
@@ -4013,7 +4502,7 @@ type HalfOptions struct {
 
 func (x *HalfOptions) Reset() {
 	*x = HalfOptions{}
-	mi := &file_herald_proto_msgTypes[34]
+	mi := &file_herald_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4025,7 +4514,7 @@ func (x *HalfOptions) String() string {
 func (*HalfOptions) ProtoMessage() {}
 
 func (x *HalfOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[34]
+	mi := &file_herald_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4038,7 +4527,7 @@ func (x *HalfOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfOptions.ProtoReflect.Descriptor instead.
 func (*HalfOptions) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{34}
+	return file_herald_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *HalfOptions) GetProducerGroup() string {
@@ -4096,7 +4585,7 @@ type ProduceResponse struct {
 
 func (x *ProduceResponse) Reset() {
 	*x = ProduceResponse{}
-	mi := &file_herald_proto_msgTypes[35]
+	mi := &file_herald_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4108,7 +4597,7 @@ func (x *ProduceResponse) String() string {
 func (*ProduceResponse) ProtoMessage() {}
 
 func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[35]
+	mi := &file_herald_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4121,7 +4610,7 @@ func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResponse.ProtoReflect.Descriptor instead.
 func (*ProduceResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{35}
+	return file_herald_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ProduceResponse) GetPartition() uint32 {
@@ -4214,7 +4703,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_herald_proto_msgTypes[36]
+	mi := &file_herald_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4226,7 +4715,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[36]
+	mi := &file_herald_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4239,7 +4728,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{36}
+	return file_herald_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *FetchRequest) GetTopic() string {
@@ -4316,7 +4805,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_herald_proto_msgTypes[37]
+	mi := &file_herald_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4328,7 +4817,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[37]
+	mi := &file_herald_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4341,7 +4830,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{37}
+	return file_herald_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *FetchResponse) GetPartition() uint32 {
@@ -4391,7 +4880,7 @@ type ListOffsetsRequest struct {
 
 func (x *ListOffsetsRequest) Reset() {
 	*x = ListOffsetsRequest{}
-	mi := &file_herald_proto_msgTypes[38]
+	mi := &file_herald_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4403,7 +4892,7 @@ func (x *ListOffsetsRequest) String() string {
 func (*ListOffsetsRequest) ProtoMessage() {}
 
 func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[38]
+	mi := &file_herald_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4416,7 +4905,7 @@ func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*ListOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{38}
+	return file_herald_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListOffsetsRequest) GetTopic() string {
@@ -4459,7 +4948,7 @@ type ListOffsetsResponse struct {
 
 func (x *ListOffsetsResponse) Reset() {
 	*x = ListOffsetsResponse{}
-	mi := &file_herald_proto_msgTypes[39]
+	mi := &file_herald_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4471,7 +4960,7 @@ func (x *ListOffsetsResponse) String() string {
 func (*ListOffsetsResponse) ProtoMessage() {}
 
 func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[39]
+	mi := &file_herald_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4484,7 +4973,7 @@ func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*ListOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{39}
+	return file_herald_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListOffsetsResponse) GetPartition() uint32 {
@@ -4532,7 +5021,7 @@ type StartPosition struct {
 
 func (x *StartPosition) Reset() {
 	*x = StartPosition{}
-	mi := &file_herald_proto_msgTypes[40]
+	mi := &file_herald_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4544,7 +5033,7 @@ func (x *StartPosition) String() string {
 func (*StartPosition) ProtoMessage() {}
 
 func (x *StartPosition) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[40]
+	mi := &file_herald_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4557,7 +5046,7 @@ func (x *StartPosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartPosition.ProtoReflect.Descriptor instead.
 func (*StartPosition) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{40}
+	return file_herald_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StartPosition) GetAt() isStartPosition_At {
@@ -4668,7 +5157,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_herald_proto_msgTypes[41]
+	mi := &file_herald_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4680,7 +5169,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[41]
+	mi := &file_herald_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4693,7 +5182,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{41}
+	return file_herald_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SubscribeRequest) GetGroup() string {
@@ -4812,7 +5301,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4824,7 +5313,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4837,7 +5326,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{42}
+	return file_herald_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SubscribeResponse) GetSubscriptionId() uint64 {
@@ -4877,7 +5366,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4889,7 +5378,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4902,7 +5391,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{43}
+	return file_herald_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AckRequest) GetSubscriptionId() uint64 {
@@ -4941,7 +5430,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4953,7 +5442,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4966,7 +5455,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{44}
+	return file_herald_proto_rawDescGZIP(), []int{49}
 }
 
 // Gives messages back for redelivery, no earlier than delay_ms from now and
@@ -4987,7 +5476,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4999,7 +5488,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5012,7 +5501,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{45}
+	return file_herald_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *NackRequest) GetSubscriptionId() uint64 {
@@ -5065,7 +5554,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5077,7 +5566,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5090,7 +5579,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{46}
+	return file_herald_proto_rawDescGZIP(), []int{51}
 }
 
 // Kafka-style commit (clustering mode): every offset below `offset` of a
@@ -5106,7 +5595,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5118,7 +5607,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5131,7 +5620,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{47}
+	return file_herald_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CommitRequest) GetSubscriptionId() uint64 {
@@ -5163,7 +5652,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5175,7 +5664,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5188,7 +5677,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{48}
+	return file_herald_proto_rawDescGZIP(), []int{53}
 }
 
 // Leaves the group; unacked messages are redelivered to other members.
@@ -5201,7 +5690,7 @@ type UnsubscribeRequest struct {
 
 func (x *UnsubscribeRequest) Reset() {
 	*x = UnsubscribeRequest{}
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5213,7 +5702,7 @@ func (x *UnsubscribeRequest) String() string {
 func (*UnsubscribeRequest) ProtoMessage() {}
 
 func (x *UnsubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5226,7 +5715,7 @@ func (x *UnsubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnsubscribeRequest.ProtoReflect.Descriptor instead.
 func (*UnsubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{49}
+	return file_herald_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *UnsubscribeRequest) GetSubscriptionId() uint64 {
@@ -5244,7 +5733,7 @@ type UnsubscribeResponse struct {
 
 func (x *UnsubscribeResponse) Reset() {
 	*x = UnsubscribeResponse{}
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5256,7 +5745,7 @@ func (x *UnsubscribeResponse) String() string {
 func (*UnsubscribeResponse) ProtoMessage() {}
 
 func (x *UnsubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5269,7 +5758,7 @@ func (x *UnsubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnsubscribeResponse.ProtoReflect.Descriptor instead.
 func (*UnsubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{50}
+	return file_herald_proto_rawDescGZIP(), []int{55}
 }
 
 // DeliveredMessage is one pushed message. `record` is the Record exactly as
@@ -5291,7 +5780,7 @@ type DeliveredMessage struct {
 
 func (x *DeliveredMessage) Reset() {
 	*x = DeliveredMessage{}
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5303,7 +5792,7 @@ func (x *DeliveredMessage) String() string {
 func (*DeliveredMessage) ProtoMessage() {}
 
 func (x *DeliveredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5316,7 +5805,7 @@ func (x *DeliveredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveredMessage.ProtoReflect.Descriptor instead.
 func (*DeliveredMessage) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{51}
+	return file_herald_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DeliveredMessage) GetPartition() uint32 {
@@ -5379,7 +5868,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5391,7 +5880,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5404,7 +5893,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{52}
+	return file_herald_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Delivery) GetSubscriptionId() uint64 {
@@ -5435,7 +5924,7 @@ type AssignmentChange struct {
 
 func (x *AssignmentChange) Reset() {
 	*x = AssignmentChange{}
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5447,7 +5936,7 @@ func (x *AssignmentChange) String() string {
 func (*AssignmentChange) ProtoMessage() {}
 
 func (x *AssignmentChange) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5460,7 +5949,7 @@ func (x *AssignmentChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentChange.ProtoReflect.Descriptor instead.
 func (*AssignmentChange) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{53}
+	return file_herald_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AssignmentChange) GetSubscriptionId() uint64 {
@@ -5496,7 +5985,7 @@ type SubscriptionEnded struct {
 
 func (x *SubscriptionEnded) Reset() {
 	*x = SubscriptionEnded{}
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5508,7 +5997,7 @@ func (x *SubscriptionEnded) String() string {
 func (*SubscriptionEnded) ProtoMessage() {}
 
 func (x *SubscriptionEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5521,7 +6010,7 @@ func (x *SubscriptionEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscriptionEnded.ProtoReflect.Descriptor instead.
 func (*SubscriptionEnded) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{54}
+	return file_herald_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *SubscriptionEnded) GetSubscriptionId() uint64 {
@@ -5546,7 +6035,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5558,7 +6047,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5571,7 +6060,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{55}
+	return file_herald_proto_rawDescGZIP(), []int{60}
 }
 
 type GroupSummary struct {
@@ -5587,7 +6076,7 @@ type GroupSummary struct {
 
 func (x *GroupSummary) Reset() {
 	*x = GroupSummary{}
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5599,7 +6088,7 @@ func (x *GroupSummary) String() string {
 func (*GroupSummary) ProtoMessage() {}
 
 func (x *GroupSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5612,7 +6101,7 @@ func (x *GroupSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupSummary.ProtoReflect.Descriptor instead.
 func (*GroupSummary) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{56}
+	return file_herald_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *GroupSummary) GetGroup() string {
@@ -5659,7 +6148,7 @@ type ListGroupsResponse struct {
 
 func (x *ListGroupsResponse) Reset() {
 	*x = ListGroupsResponse{}
-	mi := &file_herald_proto_msgTypes[57]
+	mi := &file_herald_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5671,7 +6160,7 @@ func (x *ListGroupsResponse) String() string {
 func (*ListGroupsResponse) ProtoMessage() {}
 
 func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[57]
+	mi := &file_herald_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5684,7 +6173,7 @@ func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{57}
+	return file_herald_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListGroupsResponse) GetGroups() []*GroupSummary {
@@ -5703,7 +6192,7 @@ type DescribeGroupRequest struct {
 
 func (x *DescribeGroupRequest) Reset() {
 	*x = DescribeGroupRequest{}
-	mi := &file_herald_proto_msgTypes[58]
+	mi := &file_herald_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5715,7 +6204,7 @@ func (x *DescribeGroupRequest) String() string {
 func (*DescribeGroupRequest) ProtoMessage() {}
 
 func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[58]
+	mi := &file_herald_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5728,7 +6217,7 @@ func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupRequest.ProtoReflect.Descriptor instead.
 func (*DescribeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{58}
+	return file_herald_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DescribeGroupRequest) GetGroup() string {
@@ -5756,7 +6245,7 @@ type MemberInfo struct {
 
 func (x *MemberInfo) Reset() {
 	*x = MemberInfo{}
-	mi := &file_herald_proto_msgTypes[59]
+	mi := &file_herald_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5768,7 +6257,7 @@ func (x *MemberInfo) String() string {
 func (*MemberInfo) ProtoMessage() {}
 
 func (x *MemberInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[59]
+	mi := &file_herald_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5781,7 +6270,7 @@ func (x *MemberInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberInfo.ProtoReflect.Descriptor instead.
 func (*MemberInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{59}
+	return file_herald_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *MemberInfo) GetMemberId() string {
@@ -5876,7 +6365,7 @@ type PartitionLag struct {
 
 func (x *PartitionLag) Reset() {
 	*x = PartitionLag{}
-	mi := &file_herald_proto_msgTypes[60]
+	mi := &file_herald_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5888,7 +6377,7 @@ func (x *PartitionLag) String() string {
 func (*PartitionLag) ProtoMessage() {}
 
 func (x *PartitionLag) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[60]
+	mi := &file_herald_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5901,7 +6390,7 @@ func (x *PartitionLag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionLag.ProtoReflect.Descriptor instead.
 func (*PartitionLag) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{60}
+	return file_herald_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *PartitionLag) GetPartition() uint32 {
@@ -5976,7 +6465,7 @@ type GroupInfo struct {
 
 func (x *GroupInfo) Reset() {
 	*x = GroupInfo{}
-	mi := &file_herald_proto_msgTypes[61]
+	mi := &file_herald_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5988,7 +6477,7 @@ func (x *GroupInfo) String() string {
 func (*GroupInfo) ProtoMessage() {}
 
 func (x *GroupInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[61]
+	mi := &file_herald_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6001,7 +6490,7 @@ func (x *GroupInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupInfo.ProtoReflect.Descriptor instead.
 func (*GroupInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{61}
+	return file_herald_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *GroupInfo) GetGroup() string {
@@ -6111,7 +6600,7 @@ type DescribeGroupResponse struct {
 
 func (x *DescribeGroupResponse) Reset() {
 	*x = DescribeGroupResponse{}
-	mi := &file_herald_proto_msgTypes[62]
+	mi := &file_herald_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6123,7 +6612,7 @@ func (x *DescribeGroupResponse) String() string {
 func (*DescribeGroupResponse) ProtoMessage() {}
 
 func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[62]
+	mi := &file_herald_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6136,7 +6625,7 @@ func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupResponse.ProtoReflect.Descriptor instead.
 func (*DescribeGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{62}
+	return file_herald_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *DescribeGroupResponse) GetGroup() *GroupInfo {
@@ -6161,7 +6650,7 @@ type ResetGroupRequest struct {
 
 func (x *ResetGroupRequest) Reset() {
 	*x = ResetGroupRequest{}
-	mi := &file_herald_proto_msgTypes[63]
+	mi := &file_herald_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6173,7 +6662,7 @@ func (x *ResetGroupRequest) String() string {
 func (*ResetGroupRequest) ProtoMessage() {}
 
 func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[63]
+	mi := &file_herald_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6186,7 +6675,7 @@ func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupRequest.ProtoReflect.Descriptor instead.
 func (*ResetGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{63}
+	return file_herald_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ResetGroupRequest) GetGroup() string {
@@ -6226,7 +6715,7 @@ type ResetGroupResponse struct {
 
 func (x *ResetGroupResponse) Reset() {
 	*x = ResetGroupResponse{}
-	mi := &file_herald_proto_msgTypes[64]
+	mi := &file_herald_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6238,7 +6727,7 @@ func (x *ResetGroupResponse) String() string {
 func (*ResetGroupResponse) ProtoMessage() {}
 
 func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[64]
+	mi := &file_herald_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6251,7 +6740,7 @@ func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupResponse.ProtoReflect.Descriptor instead.
 func (*ResetGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{64}
+	return file_herald_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ResetGroupResponse) GetGroup() *GroupInfo {
@@ -6272,7 +6761,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_herald_proto_msgTypes[65]
+	mi := &file_herald_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6284,7 +6773,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[65]
+	mi := &file_herald_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6297,7 +6786,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{65}
+	return file_herald_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *CallRequest) GetTopic() string {
@@ -6332,7 +6821,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_herald_proto_msgTypes[66]
+	mi := &file_herald_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6344,7 +6833,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[66]
+	mi := &file_herald_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6357,7 +6846,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{66}
+	return file_herald_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *CallResponse) GetInbox() string {
@@ -6385,7 +6874,7 @@ type ReplyRequest struct {
 
 func (x *ReplyRequest) Reset() {
 	*x = ReplyRequest{}
-	mi := &file_herald_proto_msgTypes[67]
+	mi := &file_herald_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6397,7 +6886,7 @@ func (x *ReplyRequest) String() string {
 func (*ReplyRequest) ProtoMessage() {}
 
 func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[67]
+	mi := &file_herald_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6410,7 +6899,7 @@ func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyRequest.ProtoReflect.Descriptor instead.
 func (*ReplyRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{67}
+	return file_herald_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ReplyRequest) GetInbox() string {
@@ -6442,7 +6931,7 @@ type ReplyResponse struct {
 
 func (x *ReplyResponse) Reset() {
 	*x = ReplyResponse{}
-	mi := &file_herald_proto_msgTypes[68]
+	mi := &file_herald_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6454,7 +6943,7 @@ func (x *ReplyResponse) String() string {
 func (*ReplyResponse) ProtoMessage() {}
 
 func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[68]
+	mi := &file_herald_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6467,7 +6956,7 @@ func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyResponse.ProtoReflect.Descriptor instead.
 func (*ReplyResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{68}
+	return file_herald_proto_rawDescGZIP(), []int{73}
 }
 
 // Push: a reply to an earlier CallRequest of this connection.
@@ -6481,7 +6970,7 @@ type ReplyDelivery struct {
 
 func (x *ReplyDelivery) Reset() {
 	*x = ReplyDelivery{}
-	mi := &file_herald_proto_msgTypes[69]
+	mi := &file_herald_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6493,7 +6982,7 @@ func (x *ReplyDelivery) String() string {
 func (*ReplyDelivery) ProtoMessage() {}
 
 func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[69]
+	mi := &file_herald_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6506,7 +6995,7 @@ func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyDelivery.ProtoReflect.Descriptor instead.
 func (*ReplyDelivery) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{69}
+	return file_herald_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ReplyDelivery) GetCorrelationId() uint64 {
@@ -6533,7 +7022,7 @@ type CancelScheduledRequest struct {
 
 func (x *CancelScheduledRequest) Reset() {
 	*x = CancelScheduledRequest{}
-	mi := &file_herald_proto_msgTypes[70]
+	mi := &file_herald_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6545,7 +7034,7 @@ func (x *CancelScheduledRequest) String() string {
 func (*CancelScheduledRequest) ProtoMessage() {}
 
 func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[70]
+	mi := &file_herald_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6558,7 +7047,7 @@ func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelScheduledRequest.ProtoReflect.Descriptor instead.
 func (*CancelScheduledRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{70}
+	return file_herald_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CancelScheduledRequest) GetId() string {
@@ -6578,7 +7067,7 @@ type CancelScheduledResponse struct {
 
 func (x *CancelScheduledResponse) Reset() {
 	*x = CancelScheduledResponse{}
-	mi := &file_herald_proto_msgTypes[71]
+	mi := &file_herald_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6590,7 +7079,7 @@ func (x *CancelScheduledResponse) String() string {
 func (*CancelScheduledResponse) ProtoMessage() {}
 
 func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[71]
+	mi := &file_herald_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6603,7 +7092,7 @@ func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelScheduledResponse.ProtoReflect.Descriptor instead.
 func (*CancelScheduledResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{71}
+	return file_herald_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CancelScheduledResponse) GetTopic() string {
@@ -6633,7 +7122,7 @@ type ListScheduledRequest struct {
 
 func (x *ListScheduledRequest) Reset() {
 	*x = ListScheduledRequest{}
-	mi := &file_herald_proto_msgTypes[72]
+	mi := &file_herald_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6645,7 +7134,7 @@ func (x *ListScheduledRequest) String() string {
 func (*ListScheduledRequest) ProtoMessage() {}
 
 func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[72]
+	mi := &file_herald_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6658,7 +7147,7 @@ func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScheduledRequest.ProtoReflect.Descriptor instead.
 func (*ListScheduledRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{72}
+	return file_herald_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ListScheduledRequest) GetTopic() string {
@@ -6690,7 +7179,7 @@ type ScheduledInfo struct {
 
 func (x *ScheduledInfo) Reset() {
 	*x = ScheduledInfo{}
-	mi := &file_herald_proto_msgTypes[73]
+	mi := &file_herald_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6702,7 +7191,7 @@ func (x *ScheduledInfo) String() string {
 func (*ScheduledInfo) ProtoMessage() {}
 
 func (x *ScheduledInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[73]
+	mi := &file_herald_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6715,7 +7204,7 @@ func (x *ScheduledInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduledInfo.ProtoReflect.Descriptor instead.
 func (*ScheduledInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{73}
+	return file_herald_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ScheduledInfo) GetId() string {
@@ -6778,7 +7267,7 @@ type ListScheduledResponse struct {
 
 func (x *ListScheduledResponse) Reset() {
 	*x = ListScheduledResponse{}
-	mi := &file_herald_proto_msgTypes[74]
+	mi := &file_herald_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6790,7 +7279,7 @@ func (x *ListScheduledResponse) String() string {
 func (*ListScheduledResponse) ProtoMessage() {}
 
 func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[74]
+	mi := &file_herald_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6803,7 +7292,7 @@ func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScheduledResponse.ProtoReflect.Descriptor instead.
 func (*ListScheduledResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{74}
+	return file_herald_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ListScheduledResponse) GetScheduled() []*ScheduledInfo {
@@ -6846,7 +7335,7 @@ type RepairPartitionRequest struct {
 
 func (x *RepairPartitionRequest) Reset() {
 	*x = RepairPartitionRequest{}
-	mi := &file_herald_proto_msgTypes[75]
+	mi := &file_herald_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6858,7 +7347,7 @@ func (x *RepairPartitionRequest) String() string {
 func (*RepairPartitionRequest) ProtoMessage() {}
 
 func (x *RepairPartitionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[75]
+	mi := &file_herald_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6871,7 +7360,7 @@ func (x *RepairPartitionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPartitionRequest.ProtoReflect.Descriptor instead.
 func (*RepairPartitionRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{75}
+	return file_herald_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RepairPartitionRequest) GetTopic() string {
@@ -6935,7 +7424,7 @@ type RepairPartitionResponse struct {
 
 func (x *RepairPartitionResponse) Reset() {
 	*x = RepairPartitionResponse{}
-	mi := &file_herald_proto_msgTypes[76]
+	mi := &file_herald_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6947,7 +7436,7 @@ func (x *RepairPartitionResponse) String() string {
 func (*RepairPartitionResponse) ProtoMessage() {}
 
 func (x *RepairPartitionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[76]
+	mi := &file_herald_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6960,7 +7449,7 @@ func (x *RepairPartitionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPartitionResponse.ProtoReflect.Descriptor instead.
 func (*RepairPartitionResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{76}
+	return file_herald_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *RepairPartitionResponse) GetDamaged() bool {
@@ -7044,14 +7533,20 @@ type EndHalfRequest struct {
 	// The answer to a HalfCheck (unknown is only valid here).
 	FromCheck bool `protobuf:"varint,3,opt,name=from_check,json=fromCheck,proto3" json:"from_check,omitempty"`
 	// Set by `herald txn commit|rollback`: ends a half by hand.
-	Manual        bool `protobuf:"varint,4,opt,name=manual,proto3" json:"manual,omitempty"`
+	Manual bool `protobuf:"varint,4,opt,name=manual,proto3" json:"manual,omitempty"`
+	// The half's producer group, when the sender knows it (the SDK always
+	// does): the coordinator refuses, with TXN_NOT_FOUND, a half of another
+	// group. With it the broker's ACLs need produce on the producer group;
+	// without it (an operator's `herald txn commit ID`), alter on the
+	// cluster.
+	ProducerGroup string `protobuf:"bytes,5,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EndHalfRequest) Reset() {
 	*x = EndHalfRequest{}
-	mi := &file_herald_proto_msgTypes[77]
+	mi := &file_herald_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7063,7 +7558,7 @@ func (x *EndHalfRequest) String() string {
 func (*EndHalfRequest) ProtoMessage() {}
 
 func (x *EndHalfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[77]
+	mi := &file_herald_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7076,7 +7571,7 @@ func (x *EndHalfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndHalfRequest.ProtoReflect.Descriptor instead.
 func (*EndHalfRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{77}
+	return file_herald_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *EndHalfRequest) GetId() string {
@@ -7107,6 +7602,13 @@ func (x *EndHalfRequest) GetManual() bool {
 	return false
 }
 
+func (x *EndHalfRequest) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
 type EndHalfResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Topic     string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
@@ -7122,7 +7624,7 @@ type EndHalfResponse struct {
 
 func (x *EndHalfResponse) Reset() {
 	*x = EndHalfResponse{}
-	mi := &file_herald_proto_msgTypes[78]
+	mi := &file_herald_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7134,7 +7636,7 @@ func (x *EndHalfResponse) String() string {
 func (*EndHalfResponse) ProtoMessage() {}
 
 func (x *EndHalfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[78]
+	mi := &file_herald_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7147,7 +7649,7 @@ func (x *EndHalfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndHalfResponse.ProtoReflect.Descriptor instead.
 func (*EndHalfResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{78}
+	return file_herald_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *EndHalfResponse) GetTopic() string {
@@ -7200,7 +7702,7 @@ type RegisterProducerRequest struct {
 
 func (x *RegisterProducerRequest) Reset() {
 	*x = RegisterProducerRequest{}
-	mi := &file_herald_proto_msgTypes[79]
+	mi := &file_herald_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7212,7 +7714,7 @@ func (x *RegisterProducerRequest) String() string {
 func (*RegisterProducerRequest) ProtoMessage() {}
 
 func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[79]
+	mi := &file_herald_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7225,7 +7727,7 @@ func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterProducerRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{79}
+	return file_herald_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *RegisterProducerRequest) GetProducerGroup() string {
@@ -7253,7 +7755,7 @@ type RegisterProducerResponse struct {
 
 func (x *RegisterProducerResponse) Reset() {
 	*x = RegisterProducerResponse{}
-	mi := &file_herald_proto_msgTypes[80]
+	mi := &file_herald_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7265,7 +7767,7 @@ func (x *RegisterProducerResponse) String() string {
 func (*RegisterProducerResponse) ProtoMessage() {}
 
 func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[80]
+	mi := &file_herald_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7278,7 +7780,7 @@ func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterProducerResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{80}
+	return file_herald_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *RegisterProducerResponse) GetHeartbeatMs() uint32 {
@@ -7315,7 +7817,7 @@ type HalfCheck struct {
 
 func (x *HalfCheck) Reset() {
 	*x = HalfCheck{}
-	mi := &file_herald_proto_msgTypes[81]
+	mi := &file_herald_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7327,7 +7829,7 @@ func (x *HalfCheck) String() string {
 func (*HalfCheck) ProtoMessage() {}
 
 func (x *HalfCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[81]
+	mi := &file_herald_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7340,7 +7842,7 @@ func (x *HalfCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfCheck.ProtoReflect.Descriptor instead.
 func (*HalfCheck) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{81}
+	return file_herald_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *HalfCheck) GetId() string {
@@ -7416,7 +7918,7 @@ type ListTxnRequest struct {
 
 func (x *ListTxnRequest) Reset() {
 	*x = ListTxnRequest{}
-	mi := &file_herald_proto_msgTypes[82]
+	mi := &file_herald_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7428,7 +7930,7 @@ func (x *ListTxnRequest) String() string {
 func (*ListTxnRequest) ProtoMessage() {}
 
 func (x *ListTxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[82]
+	mi := &file_herald_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7441,7 +7943,7 @@ func (x *ListTxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTxnRequest.ProtoReflect.Descriptor instead.
 func (*ListTxnRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{82}
+	return file_herald_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ListTxnRequest) GetProducerGroup() string {
@@ -7494,7 +7996,7 @@ type HalfInfo struct {
 
 func (x *HalfInfo) Reset() {
 	*x = HalfInfo{}
-	mi := &file_herald_proto_msgTypes[83]
+	mi := &file_herald_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7506,7 +8008,7 @@ func (x *HalfInfo) String() string {
 func (*HalfInfo) ProtoMessage() {}
 
 func (x *HalfInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[83]
+	mi := &file_herald_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7519,7 +8021,7 @@ func (x *HalfInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfInfo.ProtoReflect.Descriptor instead.
 func (*HalfInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{83}
+	return file_herald_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *HalfInfo) GetId() string {
@@ -7618,7 +8120,7 @@ type ListTxnResponse struct {
 
 func (x *ListTxnResponse) Reset() {
 	*x = ListTxnResponse{}
-	mi := &file_herald_proto_msgTypes[84]
+	mi := &file_herald_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7630,7 +8132,7 @@ func (x *ListTxnResponse) String() string {
 func (*ListTxnResponse) ProtoMessage() {}
 
 func (x *ListTxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[84]
+	mi := &file_herald_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7643,7 +8145,7 @@ func (x *ListTxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTxnResponse.ProtoReflect.Descriptor instead.
 func (*ListTxnResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{84}
+	return file_herald_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ListTxnResponse) GetHalves() []*HalfInfo {
@@ -7683,7 +8185,7 @@ type InitProducerIdRequest struct {
 
 func (x *InitProducerIdRequest) Reset() {
 	*x = InitProducerIdRequest{}
-	mi := &file_herald_proto_msgTypes[85]
+	mi := &file_herald_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7695,7 +8197,7 @@ func (x *InitProducerIdRequest) String() string {
 func (*InitProducerIdRequest) ProtoMessage() {}
 
 func (x *InitProducerIdRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[85]
+	mi := &file_herald_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7708,7 +8210,7 @@ func (x *InitProducerIdRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitProducerIdRequest.ProtoReflect.Descriptor instead.
 func (*InitProducerIdRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{85}
+	return file_herald_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *InitProducerIdRequest) GetTransactionalId() string {
@@ -7735,7 +8237,7 @@ type InitProducerIdResponse struct {
 
 func (x *InitProducerIdResponse) Reset() {
 	*x = InitProducerIdResponse{}
-	mi := &file_herald_proto_msgTypes[86]
+	mi := &file_herald_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7747,7 +8249,7 @@ func (x *InitProducerIdResponse) String() string {
 func (*InitProducerIdResponse) ProtoMessage() {}
 
 func (x *InitProducerIdResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[86]
+	mi := &file_herald_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7760,7 +8262,7 @@ func (x *InitProducerIdResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitProducerIdResponse.ProtoReflect.Descriptor instead.
 func (*InitProducerIdResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{86}
+	return file_herald_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *InitProducerIdResponse) GetProducerId() uint64 {
@@ -7795,7 +8297,7 @@ type EndTxnRequest struct {
 
 func (x *EndTxnRequest) Reset() {
 	*x = EndTxnRequest{}
-	mi := &file_herald_proto_msgTypes[87]
+	mi := &file_herald_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7807,7 +8309,7 @@ func (x *EndTxnRequest) String() string {
 func (*EndTxnRequest) ProtoMessage() {}
 
 func (x *EndTxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[87]
+	mi := &file_herald_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7820,7 +8322,7 @@ func (x *EndTxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTxnRequest.ProtoReflect.Descriptor instead.
 func (*EndTxnRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{87}
+	return file_herald_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *EndTxnRequest) GetTransactionalId() string {
@@ -7873,7 +8375,7 @@ type EndTxnResponse struct {
 
 func (x *EndTxnResponse) Reset() {
 	*x = EndTxnResponse{}
-	mi := &file_herald_proto_msgTypes[88]
+	mi := &file_herald_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7885,7 +8387,7 @@ func (x *EndTxnResponse) String() string {
 func (*EndTxnResponse) ProtoMessage() {}
 
 func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[88]
+	mi := &file_herald_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7898,7 +8400,7 @@ func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTxnResponse.ProtoReflect.Descriptor instead.
 func (*EndTxnResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{88}
+	return file_herald_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *EndTxnResponse) GetNextEpoch() uint32 {
@@ -7947,7 +8449,7 @@ type TxnInfo struct {
 
 func (x *TxnInfo) Reset() {
 	*x = TxnInfo{}
-	mi := &file_herald_proto_msgTypes[89]
+	mi := &file_herald_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7959,7 +8461,7 @@ func (x *TxnInfo) String() string {
 func (*TxnInfo) ProtoMessage() {}
 
 func (x *TxnInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[89]
+	mi := &file_herald_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7972,7 +8474,7 @@ func (x *TxnInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnInfo.ProtoReflect.Descriptor instead.
 func (*TxnInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{89}
+	return file_herald_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *TxnInfo) GetTransactionalId() string {
@@ -8051,7 +8553,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x06leader\x18\x05 \x01(\rR\x06leader\x12\x1b\n" +
 	"\tlost_from\x18\x06 \x01(\x03R\blostFrom\x12\x17\n" +
 	"\alost_to\x18\a \x01(\x03R\x06lostTo\x12'\n" +
-	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\x82&\n" +
+	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\x98(\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -8121,7 +8623,12 @@ const file_herald_proto_rawDesc = "" +
 	"\x13alter_user_response\x18O \x01(\v2\x1c.herald.v1.AlterUserResponseH\x00R\x11alterUserResponse\x12<\n" +
 	"\n" +
 	"list_users\x18P \x01(\v2\x1b.herald.v1.ListUsersRequestH\x00R\tlistUsers\x12N\n" +
-	"\x13list_users_response\x18Q \x01(\v2\x1c.herald.v1.ListUsersResponseH\x00R\x11listUsersResponse\x121\n" +
+	"\x13list_users_response\x18Q \x01(\v2\x1c.herald.v1.ListUsersResponseH\x00R\x11listUsersResponse\x12<\n" +
+	"\n" +
+	"alter_acls\x18R \x01(\v2\x1b.herald.v1.AlterAclsRequestH\x00R\talterAcls\x12N\n" +
+	"\x13alter_acls_response\x18S \x01(\v2\x1c.herald.v1.AlterAclsResponseH\x00R\x11alterAclsResponse\x129\n" +
+	"\tlist_acls\x18T \x01(\v2\x1a.herald.v1.ListAclsRequestH\x00R\blistAcls\x12K\n" +
+	"\x12list_acls_response\x18U \x01(\v2\x1b.herald.v1.ListAclsResponseH\x00R\x10listAclsResponse\x121\n" +
 	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
@@ -8162,14 +8669,17 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"stored_key\x18\x03 \x01(\fR\tstoredKey\x12\x1d\n" +
 	"\n" +
-	"server_key\x18\x04 \x01(\fR\tserverKey\"\x95\x01\n" +
+	"server_key\x18\x04 \x01(\fR\tserverKey\"\xcc\x01\n" +
 	"\x10AlterUserRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12=\n" +
 	"\fscram_sha256\x18\x02 \x01(\v2\x1a.herald.v1.ScramCredentialR\vscramSha256\x12\x16\n" +
 	"\x06delete\x18\x03 \x01(\bR\x06delete\x12\x16\n" +
-	"\x06create\x18\x04 \x01(\bR\x06create\"\x13\n" +
+	"\x06create\x18\x04 \x01(\bR\x06create\x12\x16\n" +
+	"\x06groups\x18\x05 \x03(\tR\x06groups\x12\x1d\n" +
+	"\n" +
+	"set_groups\x18\x06 \x01(\bR\tsetGroups\"\x13\n" +
 	"\x11AlterUserResponse\"\x12\n" +
-	"\x10ListUsersRequest\"\x9b\x01\n" +
+	"\x10ListUsersRequest\"\xb3\x01\n" +
 	"\bUserInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1e\n" +
 	"\n" +
@@ -8180,7 +8690,23 @@ const file_herald_proto_rawDesc = "" +
 	"iterations\x12\x1d\n" +
 	"\n" +
 	"updated_ms\x18\x04 \x01(\x03R\tupdatedMs\x12\x1c\n" +
-	"\tsuperuser\x18\x05 \x01(\bR\tsuperuser\">\n" +
+	"\tsuperuser\x18\x05 \x01(\bR\tsuperuser\x12\x16\n" +
+	"\x06groups\x18\x06 \x03(\tR\x06groups\"\xe7\x01\n" +
+	"\aAclRule\x12\x1c\n" +
+	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12?\n" +
+	"\rresource_type\x18\x02 \x01(\x0e2\x1a.herald.v1.AclResourceTypeR\fresourceType\x12\x1a\n" +
+	"\bresource\x18\x03 \x01(\tR\bresource\x12\x16\n" +
+	"\x06prefix\x18\x04 \x01(\bR\x06prefix\x125\n" +
+	"\toperation\x18\x05 \x01(\x0e2\x17.herald.v1.AclOperationR\toperation\x12\x12\n" +
+	"\x04deny\x18\x06 \x01(\bR\x04deny\"d\n" +
+	"\x10AlterAclsRequest\x12$\n" +
+	"\x03add\x18\x01 \x03(\v2\x12.herald.v1.AclRuleR\x03add\x12*\n" +
+	"\x06remove\x18\x02 \x03(\v2\x12.herald.v1.AclRuleR\x06remove\"\x13\n" +
+	"\x11AlterAclsResponse\"/\n" +
+	"\x0fListAclsRequest\x12\x1c\n" +
+	"\tprincipal\x18\x01 \x01(\tR\tprincipal\"<\n" +
+	"\x10ListAclsResponse\x12(\n" +
+	"\x05rules\x18\x01 \x03(\v2\x12.herald.v1.AclRuleR\x05rules\">\n" +
 	"\x11ListUsersResponse\x12)\n" +
 	"\x05users\x18\x01 \x03(\v2\x13.herald.v1.UserInfoR\x05users\"\xaa\x02\n" +
 	"\vTopicConfig\x12\x1e\n" +
@@ -8539,13 +9065,14 @@ const file_herald_proto_rawDesc = "" +
 	"\x04node\x18\t \x01(\rR\x04node\x12\x1d\n" +
 	"\n" +
 	"last_index\x18\n" +
-	" \x01(\x04R\tlastIndex\"\x86\x01\n" +
+	" \x01(\x04R\tlastIndex\"\xad\x01\n" +
 	"\x0eEndHalfRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12-\n" +
 	"\x06action\x18\x02 \x01(\x0e2\x15.herald.v1.HalfActionR\x06action\x12\x1d\n" +
 	"\n" +
 	"from_check\x18\x03 \x01(\bR\tfromCheck\x12\x16\n" +
-	"\x06manual\x18\x04 \x01(\bR\x06manual\"\xaf\x01\n" +
+	"\x06manual\x18\x04 \x01(\bR\x06manual\x12%\n" +
+	"\x0eproducer_group\x18\x05 \x01(\tR\rproducerGroup\"\xaf\x01\n" +
 	"\x0fEndHalfResponse\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1f\n" +
@@ -8679,7 +9206,26 @@ const file_herald_proto_rawDesc = "" +
 	"\x11NOT_AUTHENTICATED\x10'\x12\x12\n" +
 	"\x0eNOT_AUTHORIZED\x10(\x12\x12\n" +
 	"\x0eUSER_NOT_FOUND\x10)\x12\x17\n" +
-	"\x13USER_ALREADY_EXISTS\x10**4\n" +
+	"\x13USER_ALREADY_EXISTS\x10**\xbd\x01\n" +
+	"\fAclOperation\x12\x16\n" +
+	"\x12ACL_OP_UNSPECIFIED\x10\x00\x12\x0e\n" +
+	"\n" +
+	"ACL_OP_ALL\x10\x01\x12\x12\n" +
+	"\x0eACL_OP_PRODUCE\x10\x02\x12\x12\n" +
+	"\x0eACL_OP_CONSUME\x10\x03\x12\x11\n" +
+	"\rACL_OP_CREATE\x10\x04\x12\x11\n" +
+	"\rACL_OP_DELETE\x10\x05\x12\x10\n" +
+	"\fACL_OP_ALTER\x10\x06\x12\x13\n" +
+	"\x0fACL_OP_DESCRIBE\x10\a\x12\x10\n" +
+	"\fACL_OP_ADMIN\x10\b*\xd5\x01\n" +
+	"\x0fAclResourceType\x12\x1c\n" +
+	"\x18ACL_RESOURCE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14ACL_RESOURCE_CLUSTER\x10\x01\x12\x16\n" +
+	"\x12ACL_RESOURCE_TOPIC\x10\x02\x12\x16\n" +
+	"\x12ACL_RESOURCE_GROUP\x10\x03\x12!\n" +
+	"\x1dACL_RESOURCE_TRANSACTIONAL_ID\x10\x04\x12\x1f\n" +
+	"\x1bACL_RESOURCE_PRODUCER_GROUP\x10\x05\x12\x16\n" +
+	"\x12ACL_RESOURCE_VHOST\x10\x06*4\n" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +
@@ -8727,226 +9273,242 @@ func file_herald_proto_rawDescGZIP() []byte {
 	return file_herald_proto_rawDescData
 }
 
-var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 90)
+var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                   // 0: herald.v1.ErrorCode
-	(Acks)(0),                        // 1: herald.v1.Acks
-	(HalfExhaustedPolicy)(0),         // 2: herald.v1.HalfExhaustedPolicy
-	(OffsetSpec)(0),                  // 3: herald.v1.OffsetSpec
-	(SubscriptionMode)(0),            // 4: herald.v1.SubscriptionMode
-	(FilterType)(0),                  // 5: herald.v1.FilterType
-	(BreakerState)(0),                // 6: herald.v1.BreakerState
-	(HalfAction)(0),                  // 7: herald.v1.HalfAction
-	(ClusterAdminRequest_Op)(0),      // 8: herald.v1.ClusterAdminRequest.Op
-	(*Error)(nil),                    // 9: herald.v1.Error
-	(*Frame)(nil),                    // 10: herald.v1.Frame
-	(*HelloRequest)(nil),             // 11: herald.v1.HelloRequest
-	(*HelloResponse)(nil),            // 12: herald.v1.HelloResponse
-	(*SaslAuthenticateRequest)(nil),  // 13: herald.v1.SaslAuthenticateRequest
-	(*SaslAuthenticateResponse)(nil), // 14: herald.v1.SaslAuthenticateResponse
-	(*ScramCredential)(nil),          // 15: herald.v1.ScramCredential
-	(*AlterUserRequest)(nil),         // 16: herald.v1.AlterUserRequest
-	(*AlterUserResponse)(nil),        // 17: herald.v1.AlterUserResponse
-	(*ListUsersRequest)(nil),         // 18: herald.v1.ListUsersRequest
-	(*UserInfo)(nil),                 // 19: herald.v1.UserInfo
-	(*ListUsersResponse)(nil),        // 20: herald.v1.ListUsersResponse
-	(*TopicConfig)(nil),              // 21: herald.v1.TopicConfig
-	(*PartitionInfo)(nil),            // 22: herald.v1.PartitionInfo
-	(*TopicInfo)(nil),                // 23: herald.v1.TopicInfo
-	(*BrokerInfo)(nil),               // 24: herald.v1.BrokerInfo
-	(*MetadataRequest)(nil),          // 25: herald.v1.MetadataRequest
-	(*MetadataResponse)(nil),         // 26: herald.v1.MetadataResponse
-	(*CreateTopicRequest)(nil),       // 27: herald.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),      // 28: herald.v1.CreateTopicResponse
-	(*DeleteTopicRequest)(nil),       // 29: herald.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil),      // 30: herald.v1.DeleteTopicResponse
-	(*ClusterAdminRequest)(nil),      // 31: herald.v1.ClusterAdminRequest
-	(*PartitionMove)(nil),            // 32: herald.v1.PartitionMove
-	(*ClusterAdminResponse)(nil),     // 33: herald.v1.ClusterAdminResponse
-	(*ListTopicsRequest)(nil),        // 34: herald.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),       // 35: herald.v1.ListTopicsResponse
-	(*DescribeTopicRequest)(nil),     // 36: herald.v1.DescribeTopicRequest
-	(*DescribeTopicResponse)(nil),    // 37: herald.v1.DescribeTopicResponse
-	(*Header)(nil),                   // 38: herald.v1.Header
-	(*Record)(nil),                   // 39: herald.v1.Record
-	(*RecordBatch)(nil),              // 40: herald.v1.RecordBatch
-	(*StoredBatch)(nil),              // 41: herald.v1.StoredBatch
-	(*ProduceRequest)(nil),           // 42: herald.v1.ProduceRequest
-	(*HalfOptions)(nil),              // 43: herald.v1.HalfOptions
-	(*ProduceResponse)(nil),          // 44: herald.v1.ProduceResponse
-	(*FetchRequest)(nil),             // 45: herald.v1.FetchRequest
-	(*FetchResponse)(nil),            // 46: herald.v1.FetchResponse
-	(*ListOffsetsRequest)(nil),       // 47: herald.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),      // 48: herald.v1.ListOffsetsResponse
-	(*StartPosition)(nil),            // 49: herald.v1.StartPosition
-	(*SubscribeRequest)(nil),         // 50: herald.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),        // 51: herald.v1.SubscribeResponse
-	(*AckRequest)(nil),               // 52: herald.v1.AckRequest
-	(*AckResponse)(nil),              // 53: herald.v1.AckResponse
-	(*NackRequest)(nil),              // 54: herald.v1.NackRequest
-	(*NackResponse)(nil),             // 55: herald.v1.NackResponse
-	(*CommitRequest)(nil),            // 56: herald.v1.CommitRequest
-	(*CommitResponse)(nil),           // 57: herald.v1.CommitResponse
-	(*UnsubscribeRequest)(nil),       // 58: herald.v1.UnsubscribeRequest
-	(*UnsubscribeResponse)(nil),      // 59: herald.v1.UnsubscribeResponse
-	(*DeliveredMessage)(nil),         // 60: herald.v1.DeliveredMessage
-	(*Delivery)(nil),                 // 61: herald.v1.Delivery
-	(*AssignmentChange)(nil),         // 62: herald.v1.AssignmentChange
-	(*SubscriptionEnded)(nil),        // 63: herald.v1.SubscriptionEnded
-	(*ListGroupsRequest)(nil),        // 64: herald.v1.ListGroupsRequest
-	(*GroupSummary)(nil),             // 65: herald.v1.GroupSummary
-	(*ListGroupsResponse)(nil),       // 66: herald.v1.ListGroupsResponse
-	(*DescribeGroupRequest)(nil),     // 67: herald.v1.DescribeGroupRequest
-	(*MemberInfo)(nil),               // 68: herald.v1.MemberInfo
-	(*PartitionLag)(nil),             // 69: herald.v1.PartitionLag
-	(*GroupInfo)(nil),                // 70: herald.v1.GroupInfo
-	(*DescribeGroupResponse)(nil),    // 71: herald.v1.DescribeGroupResponse
-	(*ResetGroupRequest)(nil),        // 72: herald.v1.ResetGroupRequest
-	(*ResetGroupResponse)(nil),       // 73: herald.v1.ResetGroupResponse
-	(*CallRequest)(nil),              // 74: herald.v1.CallRequest
-	(*CallResponse)(nil),             // 75: herald.v1.CallResponse
-	(*ReplyRequest)(nil),             // 76: herald.v1.ReplyRequest
-	(*ReplyResponse)(nil),            // 77: herald.v1.ReplyResponse
-	(*ReplyDelivery)(nil),            // 78: herald.v1.ReplyDelivery
-	(*CancelScheduledRequest)(nil),   // 79: herald.v1.CancelScheduledRequest
-	(*CancelScheduledResponse)(nil),  // 80: herald.v1.CancelScheduledResponse
-	(*ListScheduledRequest)(nil),     // 81: herald.v1.ListScheduledRequest
-	(*ScheduledInfo)(nil),            // 82: herald.v1.ScheduledInfo
-	(*ListScheduledResponse)(nil),    // 83: herald.v1.ListScheduledResponse
-	(*RepairPartitionRequest)(nil),   // 84: herald.v1.RepairPartitionRequest
-	(*RepairPartitionResponse)(nil),  // 85: herald.v1.RepairPartitionResponse
-	(*EndHalfRequest)(nil),           // 86: herald.v1.EndHalfRequest
-	(*EndHalfResponse)(nil),          // 87: herald.v1.EndHalfResponse
-	(*RegisterProducerRequest)(nil),  // 88: herald.v1.RegisterProducerRequest
-	(*RegisterProducerResponse)(nil), // 89: herald.v1.RegisterProducerResponse
-	(*HalfCheck)(nil),                // 90: herald.v1.HalfCheck
-	(*ListTxnRequest)(nil),           // 91: herald.v1.ListTxnRequest
-	(*HalfInfo)(nil),                 // 92: herald.v1.HalfInfo
-	(*ListTxnResponse)(nil),          // 93: herald.v1.ListTxnResponse
-	(*InitProducerIdRequest)(nil),    // 94: herald.v1.InitProducerIdRequest
-	(*InitProducerIdResponse)(nil),   // 95: herald.v1.InitProducerIdResponse
-	(*EndTxnRequest)(nil),            // 96: herald.v1.EndTxnRequest
-	(*EndTxnResponse)(nil),           // 97: herald.v1.EndTxnResponse
-	(*TxnInfo)(nil),                  // 98: herald.v1.TxnInfo
+	(AclOperation)(0),                // 1: herald.v1.AclOperation
+	(AclResourceType)(0),             // 2: herald.v1.AclResourceType
+	(Acks)(0),                        // 3: herald.v1.Acks
+	(HalfExhaustedPolicy)(0),         // 4: herald.v1.HalfExhaustedPolicy
+	(OffsetSpec)(0),                  // 5: herald.v1.OffsetSpec
+	(SubscriptionMode)(0),            // 6: herald.v1.SubscriptionMode
+	(FilterType)(0),                  // 7: herald.v1.FilterType
+	(BreakerState)(0),                // 8: herald.v1.BreakerState
+	(HalfAction)(0),                  // 9: herald.v1.HalfAction
+	(ClusterAdminRequest_Op)(0),      // 10: herald.v1.ClusterAdminRequest.Op
+	(*Error)(nil),                    // 11: herald.v1.Error
+	(*Frame)(nil),                    // 12: herald.v1.Frame
+	(*HelloRequest)(nil),             // 13: herald.v1.HelloRequest
+	(*HelloResponse)(nil),            // 14: herald.v1.HelloResponse
+	(*SaslAuthenticateRequest)(nil),  // 15: herald.v1.SaslAuthenticateRequest
+	(*SaslAuthenticateResponse)(nil), // 16: herald.v1.SaslAuthenticateResponse
+	(*ScramCredential)(nil),          // 17: herald.v1.ScramCredential
+	(*AlterUserRequest)(nil),         // 18: herald.v1.AlterUserRequest
+	(*AlterUserResponse)(nil),        // 19: herald.v1.AlterUserResponse
+	(*ListUsersRequest)(nil),         // 20: herald.v1.ListUsersRequest
+	(*UserInfo)(nil),                 // 21: herald.v1.UserInfo
+	(*AclRule)(nil),                  // 22: herald.v1.AclRule
+	(*AlterAclsRequest)(nil),         // 23: herald.v1.AlterAclsRequest
+	(*AlterAclsResponse)(nil),        // 24: herald.v1.AlterAclsResponse
+	(*ListAclsRequest)(nil),          // 25: herald.v1.ListAclsRequest
+	(*ListAclsResponse)(nil),         // 26: herald.v1.ListAclsResponse
+	(*ListUsersResponse)(nil),        // 27: herald.v1.ListUsersResponse
+	(*TopicConfig)(nil),              // 28: herald.v1.TopicConfig
+	(*PartitionInfo)(nil),            // 29: herald.v1.PartitionInfo
+	(*TopicInfo)(nil),                // 30: herald.v1.TopicInfo
+	(*BrokerInfo)(nil),               // 31: herald.v1.BrokerInfo
+	(*MetadataRequest)(nil),          // 32: herald.v1.MetadataRequest
+	(*MetadataResponse)(nil),         // 33: herald.v1.MetadataResponse
+	(*CreateTopicRequest)(nil),       // 34: herald.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),      // 35: herald.v1.CreateTopicResponse
+	(*DeleteTopicRequest)(nil),       // 36: herald.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),      // 37: herald.v1.DeleteTopicResponse
+	(*ClusterAdminRequest)(nil),      // 38: herald.v1.ClusterAdminRequest
+	(*PartitionMove)(nil),            // 39: herald.v1.PartitionMove
+	(*ClusterAdminResponse)(nil),     // 40: herald.v1.ClusterAdminResponse
+	(*ListTopicsRequest)(nil),        // 41: herald.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),       // 42: herald.v1.ListTopicsResponse
+	(*DescribeTopicRequest)(nil),     // 43: herald.v1.DescribeTopicRequest
+	(*DescribeTopicResponse)(nil),    // 44: herald.v1.DescribeTopicResponse
+	(*Header)(nil),                   // 45: herald.v1.Header
+	(*Record)(nil),                   // 46: herald.v1.Record
+	(*RecordBatch)(nil),              // 47: herald.v1.RecordBatch
+	(*StoredBatch)(nil),              // 48: herald.v1.StoredBatch
+	(*ProduceRequest)(nil),           // 49: herald.v1.ProduceRequest
+	(*HalfOptions)(nil),              // 50: herald.v1.HalfOptions
+	(*ProduceResponse)(nil),          // 51: herald.v1.ProduceResponse
+	(*FetchRequest)(nil),             // 52: herald.v1.FetchRequest
+	(*FetchResponse)(nil),            // 53: herald.v1.FetchResponse
+	(*ListOffsetsRequest)(nil),       // 54: herald.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),      // 55: herald.v1.ListOffsetsResponse
+	(*StartPosition)(nil),            // 56: herald.v1.StartPosition
+	(*SubscribeRequest)(nil),         // 57: herald.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 58: herald.v1.SubscribeResponse
+	(*AckRequest)(nil),               // 59: herald.v1.AckRequest
+	(*AckResponse)(nil),              // 60: herald.v1.AckResponse
+	(*NackRequest)(nil),              // 61: herald.v1.NackRequest
+	(*NackResponse)(nil),             // 62: herald.v1.NackResponse
+	(*CommitRequest)(nil),            // 63: herald.v1.CommitRequest
+	(*CommitResponse)(nil),           // 64: herald.v1.CommitResponse
+	(*UnsubscribeRequest)(nil),       // 65: herald.v1.UnsubscribeRequest
+	(*UnsubscribeResponse)(nil),      // 66: herald.v1.UnsubscribeResponse
+	(*DeliveredMessage)(nil),         // 67: herald.v1.DeliveredMessage
+	(*Delivery)(nil),                 // 68: herald.v1.Delivery
+	(*AssignmentChange)(nil),         // 69: herald.v1.AssignmentChange
+	(*SubscriptionEnded)(nil),        // 70: herald.v1.SubscriptionEnded
+	(*ListGroupsRequest)(nil),        // 71: herald.v1.ListGroupsRequest
+	(*GroupSummary)(nil),             // 72: herald.v1.GroupSummary
+	(*ListGroupsResponse)(nil),       // 73: herald.v1.ListGroupsResponse
+	(*DescribeGroupRequest)(nil),     // 74: herald.v1.DescribeGroupRequest
+	(*MemberInfo)(nil),               // 75: herald.v1.MemberInfo
+	(*PartitionLag)(nil),             // 76: herald.v1.PartitionLag
+	(*GroupInfo)(nil),                // 77: herald.v1.GroupInfo
+	(*DescribeGroupResponse)(nil),    // 78: herald.v1.DescribeGroupResponse
+	(*ResetGroupRequest)(nil),        // 79: herald.v1.ResetGroupRequest
+	(*ResetGroupResponse)(nil),       // 80: herald.v1.ResetGroupResponse
+	(*CallRequest)(nil),              // 81: herald.v1.CallRequest
+	(*CallResponse)(nil),             // 82: herald.v1.CallResponse
+	(*ReplyRequest)(nil),             // 83: herald.v1.ReplyRequest
+	(*ReplyResponse)(nil),            // 84: herald.v1.ReplyResponse
+	(*ReplyDelivery)(nil),            // 85: herald.v1.ReplyDelivery
+	(*CancelScheduledRequest)(nil),   // 86: herald.v1.CancelScheduledRequest
+	(*CancelScheduledResponse)(nil),  // 87: herald.v1.CancelScheduledResponse
+	(*ListScheduledRequest)(nil),     // 88: herald.v1.ListScheduledRequest
+	(*ScheduledInfo)(nil),            // 89: herald.v1.ScheduledInfo
+	(*ListScheduledResponse)(nil),    // 90: herald.v1.ListScheduledResponse
+	(*RepairPartitionRequest)(nil),   // 91: herald.v1.RepairPartitionRequest
+	(*RepairPartitionResponse)(nil),  // 92: herald.v1.RepairPartitionResponse
+	(*EndHalfRequest)(nil),           // 93: herald.v1.EndHalfRequest
+	(*EndHalfResponse)(nil),          // 94: herald.v1.EndHalfResponse
+	(*RegisterProducerRequest)(nil),  // 95: herald.v1.RegisterProducerRequest
+	(*RegisterProducerResponse)(nil), // 96: herald.v1.RegisterProducerResponse
+	(*HalfCheck)(nil),                // 97: herald.v1.HalfCheck
+	(*ListTxnRequest)(nil),           // 98: herald.v1.ListTxnRequest
+	(*HalfInfo)(nil),                 // 99: herald.v1.HalfInfo
+	(*ListTxnResponse)(nil),          // 100: herald.v1.ListTxnResponse
+	(*InitProducerIdRequest)(nil),    // 101: herald.v1.InitProducerIdRequest
+	(*InitProducerIdResponse)(nil),   // 102: herald.v1.InitProducerIdResponse
+	(*EndTxnRequest)(nil),            // 103: herald.v1.EndTxnRequest
+	(*EndTxnResponse)(nil),           // 104: herald.v1.EndTxnResponse
+	(*TxnInfo)(nil),                  // 105: herald.v1.TxnInfo
 }
 var file_herald_proto_depIdxs = []int32{
 	0,   // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
-	11,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
-	12,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
-	25,  // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
-	26,  // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
-	27,  // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
-	28,  // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
-	29,  // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
-	30,  // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
-	34,  // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
-	35,  // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
-	36,  // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
-	37,  // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
-	42,  // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
-	44,  // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
-	45,  // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
-	46,  // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
-	47,  // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
-	48,  // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
-	50,  // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
-	51,  // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
-	52,  // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
-	53,  // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
-	54,  // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
-	55,  // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
-	56,  // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
-	57,  // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
-	58,  // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
-	59,  // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
-	64,  // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
-	66,  // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
-	67,  // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
-	71,  // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
-	72,  // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
-	73,  // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
-	74,  // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
-	75,  // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
-	76,  // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
-	77,  // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
-	79,  // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
-	80,  // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
-	81,  // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
-	83,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
-	31,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
-	33,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
-	84,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
-	85,  // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
-	86,  // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
-	87,  // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
-	88,  // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
-	89,  // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
-	91,  // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
-	93,  // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
-	94,  // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
-	95,  // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
-	96,  // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
-	97,  // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
-	13,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
-	14,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
-	16,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
-	17,  // 60: herald.v1.Frame.alter_user_response:type_name -> herald.v1.AlterUserResponse
-	18,  // 61: herald.v1.Frame.list_users:type_name -> herald.v1.ListUsersRequest
-	20,  // 62: herald.v1.Frame.list_users_response:type_name -> herald.v1.ListUsersResponse
-	61,  // 63: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	62,  // 64: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	78,  // 65: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	63,  // 66: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	90,  // 67: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
-	9,   // 68: herald.v1.Frame.error:type_name -> herald.v1.Error
-	15,  // 69: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
-	19,  // 70: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
-	21,  // 71: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	22,  // 72: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	24,  // 73: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	23,  // 74: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	21,  // 75: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	23,  // 76: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	8,   // 77: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
-	32,  // 78: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
-	23,  // 79: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	23,  // 80: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	38,  // 81: herald.v1.Record.headers:type_name -> herald.v1.Header
-	39,  // 82: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	1,   // 83: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	43,  // 84: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
-	2,   // 85: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	41,  // 86: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	3,   // 87: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	4,   // 88: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	5,   // 89: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	49,  // 90: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	39,  // 91: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	60,  // 92: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	9,   // 93: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	4,   // 94: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	65,  // 95: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	6,   // 96: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	4,   // 97: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	5,   // 98: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	68,  // 99: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	69,  // 100: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	70,  // 101: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	49,  // 102: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	70,  // 103: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	39,  // 104: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	39,  // 105: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	39,  // 106: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	82,  // 107: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	7,   // 108: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
-	92,  // 109: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	98,  // 110: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
-	111, // [111:111] is the sub-list for method output_type
-	111, // [111:111] is the sub-list for method input_type
-	111, // [111:111] is the sub-list for extension type_name
-	111, // [111:111] is the sub-list for extension extendee
-	0,   // [0:111] is the sub-list for field type_name
+	13,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
+	14,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
+	32,  // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
+	33,  // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
+	34,  // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
+	35,  // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
+	36,  // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
+	37,  // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
+	41,  // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
+	42,  // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
+	43,  // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
+	44,  // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
+	49,  // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
+	51,  // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
+	52,  // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
+	53,  // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
+	54,  // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
+	55,  // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
+	57,  // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
+	58,  // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
+	59,  // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
+	60,  // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
+	61,  // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
+	62,  // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
+	63,  // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
+	64,  // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
+	65,  // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
+	66,  // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
+	71,  // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
+	73,  // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
+	74,  // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
+	78,  // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
+	79,  // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
+	80,  // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
+	81,  // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
+	82,  // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
+	83,  // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
+	84,  // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
+	86,  // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
+	87,  // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
+	88,  // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
+	90,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
+	38,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
+	40,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
+	91,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
+	92,  // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
+	93,  // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
+	94,  // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
+	95,  // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
+	96,  // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
+	98,  // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
+	100, // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
+	101, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
+	102, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
+	103, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
+	104, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
+	15,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
+	16,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
+	18,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
+	19,  // 60: herald.v1.Frame.alter_user_response:type_name -> herald.v1.AlterUserResponse
+	20,  // 61: herald.v1.Frame.list_users:type_name -> herald.v1.ListUsersRequest
+	27,  // 62: herald.v1.Frame.list_users_response:type_name -> herald.v1.ListUsersResponse
+	23,  // 63: herald.v1.Frame.alter_acls:type_name -> herald.v1.AlterAclsRequest
+	24,  // 64: herald.v1.Frame.alter_acls_response:type_name -> herald.v1.AlterAclsResponse
+	25,  // 65: herald.v1.Frame.list_acls:type_name -> herald.v1.ListAclsRequest
+	26,  // 66: herald.v1.Frame.list_acls_response:type_name -> herald.v1.ListAclsResponse
+	68,  // 67: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	69,  // 68: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	85,  // 69: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	70,  // 70: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	97,  // 71: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
+	11,  // 72: herald.v1.Frame.error:type_name -> herald.v1.Error
+	17,  // 73: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
+	2,   // 74: herald.v1.AclRule.resource_type:type_name -> herald.v1.AclResourceType
+	1,   // 75: herald.v1.AclRule.operation:type_name -> herald.v1.AclOperation
+	22,  // 76: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
+	22,  // 77: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
+	22,  // 78: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
+	21,  // 79: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
+	28,  // 80: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	29,  // 81: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	31,  // 82: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	30,  // 83: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	28,  // 84: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	30,  // 85: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	10,  // 86: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	39,  // 87: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	30,  // 88: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	30,  // 89: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	45,  // 90: herald.v1.Record.headers:type_name -> herald.v1.Header
+	46,  // 91: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	3,   // 92: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	50,  // 93: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
+	4,   // 94: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	48,  // 95: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	5,   // 96: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	6,   // 97: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	7,   // 98: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	56,  // 99: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	46,  // 100: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	67,  // 101: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	11,  // 102: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	6,   // 103: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	72,  // 104: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	8,   // 105: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	6,   // 106: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	7,   // 107: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	75,  // 108: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	76,  // 109: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	77,  // 110: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	56,  // 111: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	77,  // 112: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	46,  // 113: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	46,  // 114: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	46,  // 115: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	89,  // 116: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	9,   // 117: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	99,  // 118: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	105, // 119: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	120, // [120:120] is the sub-list for method output_type
+	120, // [120:120] is the sub-list for method input_type
+	120, // [120:120] is the sub-list for extension type_name
+	120, // [120:120] is the sub-list for extension extendee
+	0,   // [0:120] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -9017,6 +9579,10 @@ func file_herald_proto_init() {
 		(*Frame_AlterUserResponse)(nil),
 		(*Frame_ListUsers)(nil),
 		(*Frame_ListUsersResponse)(nil),
+		(*Frame_AlterAcls)(nil),
+		(*Frame_AlterAclsResponse)(nil),
+		(*Frame_ListAcls)(nil),
+		(*Frame_ListAclsResponse)(nil),
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),
@@ -9024,21 +9590,21 @@ func file_herald_proto_init() {
 		(*Frame_HalfCheck)(nil),
 		(*Frame_Error)(nil),
 	}
-	file_herald_proto_msgTypes[33].OneofWrappers = []any{}
-	file_herald_proto_msgTypes[40].OneofWrappers = []any{
+	file_herald_proto_msgTypes[38].OneofWrappers = []any{}
+	file_herald_proto_msgTypes[45].OneofWrappers = []any{
 		(*StartPosition_Earliest)(nil),
 		(*StartPosition_Latest)(nil),
 		(*StartPosition_Offset)(nil),
 		(*StartPosition_TimestampMs)(nil),
 	}
-	file_herald_proto_msgTypes[45].OneofWrappers = []any{}
+	file_herald_proto_msgTypes[50].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
-			NumEnums:      9,
-			NumMessages:   90,
+			NumEnums:      11,
+			NumMessages:   95,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

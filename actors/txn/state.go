@@ -280,6 +280,9 @@ func (st *state) endTarget(req *heraldpb.EndHalfRequest) (*half, *heraldpb.Error
 		}
 		return nil, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "half message %s is not pending (unknown id, or ended long ago)", req.Id), false
 	}
+	if req.ProducerGroup != "" && req.ProducerGroup != h.group {
+		return nil, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "half message %s is not of producer group %q", req.Id, req.ProducerGroup), false
+	}
 	if h.ending {
 		return nil, throttledErr(fmt.Sprintf("half message %s is being ended", req.Id)), false
 	}

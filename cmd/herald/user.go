@@ -11,14 +11,15 @@ import (
 	"time"
 
 	"github.com/heraldmq/herald/client"
+	heraldpb "github.com/heraldmq/herald/proto"
 	"golang.org/x/term"
 )
 
 func init() {
-	register("user", "users who log in (SCRAM-SHA-256): add, list, passwd, delete", cliRunner(userCmd))
+	register("user", "users who log in (SCRAM-SHA-256): add, list, passwd, groups, delete", cliRunner(userCmd))
 }
 
-const userUsage = "usage: herald user add NAME [--new-password-file F] [--iterations N] | list | passwd NAME [--new-password-file F] | delete NAME"
+const userUsage = "usage: herald user add NAME [--new-password-file F] [--iterations N] [--groups G,...] | list | passwd NAME [--new-password-file F] | groups NAME --groups G,... | delete NAME"
 
 // userCmd runs "herald user add|list|passwd|delete". The new password is
 // read from --new-password-file, else prompted for on a terminal (twice,
@@ -28,6 +29,7 @@ func userCmd(ctx context.Context, args []string, io cliIO) error {
 	fs, cf := newCLIFlagSet("user", io.err)
 	newPW := fs.String("new-password-file", "", "add, passwd: file whose first line is the new password (default: prompt, or the first line of standard input)")
 	iters := fs.Int("iterations", 0, "add, passwd: PBKDF2 iterations of the stored credentials (default 8192, at least 4096)")
+	groups := fs.String("groups", "", "add, groups: comma-separated groups of the user (ACL principals group:NAME)")
 	fs.Usage = func() {
 		fmt.Fprintln(io.err, userUsage)
 		fs.PrintDefaults()
@@ -47,18 +49,30 @@ func userCmd(ctx context.Context, args []string, io cliIO) error {
 		if len(rest) > 0 {
 			return usagef("user list takes no arguments")
 		}
-	case "add", "passwd", "delete":
+	case "add", "passwd", "delete", "groups":
 		if len(rest) != 1 {
 			return usagef("user %s needs exactly one NAME", sub)
 		}
 	default:
 		return usagef("unknown subcommand %q; %s", sub, userUsage)
 	}
-	if sub == "list" || sub == "delete" {
+	if sub == "list" || sub == "delete" || sub == "groups" {
 		for _, f := range []string{"new-password-file", "iterations"} {
 			if set[f] {
 				return usagef("--%s is only for user add and passwd", f)
 			}
+		}
+	}
+	if set["groups"] && sub != "add" && sub != "groups" {
+		return usagef("--groups is only for user add and groups")
+	}
+	if sub == "groups" && !set["groups"] {
+		return usagef("user groups needs --groups (empty: none)")
+	}
+	var groupList []string
+	for _, g := range strings.Split(*groups, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			groupList = append(groupList, g)
 		}
 	}
 	var password string
@@ -87,17 +101,30 @@ func userCmd(ctx context.Context, args []string, io cliIO) error {
 			return nil
 		}
 		tw := tabwriter.NewWriter(io.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "USER\tMECHANISMS\tITERATIONS\tSUPERUSER\tCHANGED")
+		fmt.Fprintln(tw, "USER\tMECHANISMS\tITERATIONS\tSUPERUSER\tGROUPS\tCHANGED")
 		for _, u := range users {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%s\n", u.Name, strings.Join(u.Mechanisms, ","), u.Iterations, u.Superuser,
+			g := strings.Join(u.Groups, ",")
+			if g == "" {
+				g = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%v\t%s\t%s\n", u.Name, strings.Join(u.Mechanisms, ","), u.Iterations, u.Superuser, g,
 				time.UnixMilli(u.UpdatedMs).UTC().Format(time.RFC3339))
 		}
 		return tw.Flush()
 	case "add":
-		if err := c.AddUser(ctx, rest[0], password, *iters); err != nil {
+		cred, err := client.NewSCRAMCredential(rest[0], password, *iters)
+		if err != nil {
+			return usagef("%v", err)
+		}
+		if err := c.AlterUser(ctx, &heraldpb.AlterUserRequest{Name: rest[0], ScramSha256: cred, Create: true, Groups: groupList}); err != nil {
 			return cliOneLine(err)
 		}
 		fmt.Fprintf(io.out, "created user %s\n", rest[0])
+	case "groups":
+		if err := c.SetUserGroups(ctx, rest[0], groupList); err != nil {
+			return cliOneLine(err)
+		}
+		fmt.Fprintf(io.out, "user %s is in groups [%s]\n", rest[0], strings.Join(groupList, ","))
 	case "passwd":
 		if err := c.SetPassword(ctx, rest[0], password, *iters); err != nil {
 			return cliOneLine(err)
