@@ -180,7 +180,8 @@ func checks(f *heraldpb.Frame) (out []check, ok bool) {
 			out = append(out, topicCheck(opDescribe, b.ListScheduled.Topic))
 		}
 	case *heraldpb.Frame_ClusterAdmin, *heraldpb.Frame_RepairPartition, *heraldpb.Frame_AlterUser,
-		*heraldpb.Frame_ListUsers, *heraldpb.Frame_AlterAcls, *heraldpb.Frame_ListAcls:
+		*heraldpb.Frame_ListUsers, *heraldpb.Frame_AlterAcls, *heraldpb.Frame_ListAcls,
+		*heraldpb.Frame_AlterVhost, *heraldpb.Frame_ListVhosts:
 		out = append(out, clusterCheck(opAdmin))
 	case *heraldpb.Frame_EndHalf:
 		// With the group named, the coordinator refuses a half of another
@@ -263,16 +264,44 @@ func opMatches(rule, want heraldpb.AclOperation) bool {
 
 func nameMatches(r *heraldpb.AclRule, name string) bool {
 	switch {
-	case r.ResourceType == heraldpb.AclResourceType_ACL_RESOURCE_CLUSTER, r.Resource == "*":
+	case r.ResourceType == heraldpb.AclResourceType_ACL_RESOURCE_CLUSTER:
 		return true
+	case r.Resource == "*":
+		// The default vhost's "*": a vhost's is the prefix of its names
+		// (netio rewrites it), and the vhost resource's matches them all.
+		return r.ResourceType == heraldpb.AclResourceType_ACL_RESOURCE_VHOST || !strings.Contains(name, vhostSep)
 	case r.Prefix:
 		return strings.HasPrefix(name, r.Resource)
 	}
 	return r.Resource == name
 }
 
-// isInternal reports whether a topic name is an internal topic's.
-func isInternal(name string) bool { return strings.HasPrefix(name, "__") }
+// vhostSep is registry.VhostSep (auth does not import the registry).
+const vhostSep = "~"
+
+// isInternal reports whether a topic name is an internal topic's (or one
+// starting with __ in a vhost, which cannot exist).
+func isInternal(name string) bool {
+	if _, local, ok := strings.Cut(name, vhostSep); ok {
+		name = local
+	}
+	return strings.HasPrefix(name, "__")
+}
+
+// MayUseVhost reports whether principal may work in vhost (a vhost other
+// than the default): a superuser, or one an ACL rule on the vhost allows
+// any operation. With logins off every vhost is open.
+func (s *Service) MayUseVhost(principal, vhost string) *heraldpb.Error {
+	if s.cfg.Mode == Off || s.Superuser(principal) {
+		return nil
+	}
+	c := check{opDescribe, heraldpb.AclResourceType_ACL_RESOURCE_VHOST, vhost}
+	if s.allowed(s.principals(principal), c) {
+		return nil
+	}
+	mDenied.Inc()
+	return heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHORIZED, "%s may not use vhost %q (needs an ACL allowing an operation on vhost %q)", who(principal), trim(vhost), trim(vhost))
+}
 
 // denied is the NOT_AUTHORIZED error of a check.
 func denied(principal string, c check) *heraldpb.Error {

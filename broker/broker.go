@@ -69,6 +69,7 @@ type Broker struct {
 	ctrlReady atomic.Pointer[cluster.Controller] // ctrl, once started: for goroutines that may run before
 	auth      *auth.Service
 	users     *userStore
+	tenancy   *tenancy
 	nodeID    uint64
 
 	// Consumer groups in a cluster (groups.go).
@@ -242,7 +243,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		WriteStallTimeout: neverIfZero(cfg.WriteStallTimeout), MaxQueuedRequestBytes: cfg.MaxQueuedRequestBytes,
 		FrameTimeout: neverIfZero(cfg.FrameTimeout), MaxFrameBytesBeforeHello: cfg.MaxFrameBytesBeforeHello,
 		MaxInFlightProduceBytes: offIfZero(cfg.MaxInFlightProduceBytes), MaxProduceDefer: neverIfZero(cfg.MaxProduceDefer), NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
-		Auth: b.auth,
+		Auth: b.auth, Tenancy: b.tenancy,
 	}, b.sys, newRouter(b.sys, groupRouter, topic.NewRouter(b.sys, reg, b.manager), b.routeScheduled, b.routeTxn, b.users.route))
 	if err != nil {
 		b.stopActors()
@@ -427,6 +428,7 @@ func (b *Broker) onMetadata(md *cluster.Metadata) {
 	if b.users != nil {
 		b.users.users.Set(md.Users)
 		b.users.acls.Set(md.Acls)
+		b.tenancy.setVhosts(slices.Collect(maps.Values(md.Vhosts)))
 	}
 }
 
@@ -520,6 +522,8 @@ func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Ro
 		reflect.TypeOf(&heraldpb.Frame_ListUsers{}):        users,
 		reflect.TypeOf(&heraldpb.Frame_AlterAcls{}):        users,
 		reflect.TypeOf(&heraldpb.Frame_ListAcls{}):         users,
+		reflect.TypeOf(&heraldpb.Frame_AlterVhost{}):       users,
+		reflect.TypeOf(&heraldpb.Frame_ListVhosts{}):       users,
 	})
 	return router{sys: sys, table: table}
 }

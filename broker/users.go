@@ -138,8 +138,8 @@ func usersByName(list []*heraldpb.UserRecord) map[string]*heraldpb.UserRecord {
 
 // saveLocal writes a single node's users and rules (atomically, synced)
 // and then makes them the ones logins and requests are checked against.
-func (s *userStore) saveLocal(users map[string]*heraldpb.UserRecord, acls []*heraldpb.AclRule) error {
-	st := &heraldpb.SecurityState{Acls: acls}
+func (s *userStore) saveLocal(users map[string]*heraldpb.UserRecord, acls []*heraldpb.AclRule, vhosts []*heraldpb.VhostRecord) error {
+	st := &heraldpb.SecurityState{Acls: acls, Vhosts: vhosts}
 	for _, n := range slices.Sorted(maps.Keys(users)) {
 		st.Users = append(st.Users, users[n])
 	}
@@ -152,6 +152,7 @@ func (s *userStore) saveLocal(users map[string]*heraldpb.UserRecord, acls []*her
 	}
 	s.users.Set(users)
 	s.acls.Set(acls)
+	s.b.tenancy.setVhosts(vhosts)
 	return nil
 }
 
@@ -175,17 +176,24 @@ func (s *userStore) alterLocal(req *heraldpb.AlterUserRequest) error {
 		n := proto.Clone(have).(*heraldpb.UserRecord)
 		n.Groups, n.UpdatedMs = req.Groups, now
 		cur[req.Name] = n
+	case req.SetQuotas:
+		n := proto.Clone(have).(*heraldpb.UserRecord)
+		n.Quotas, n.UpdatedMs = req.Quotas, now
+		cur[req.Name] = n
 	default:
-		cur[req.Name] = &heraldpb.UserRecord{Name: req.Name, ScramSha256: req.ScramSha256, UpdatedMs: now, Groups: req.Groups}
+		cur[req.Name] = &heraldpb.UserRecord{Name: req.Name, ScramSha256: req.ScramSha256, UpdatedMs: now, Groups: req.Groups, Quotas: req.Quotas}
+		if have != nil {
+			cur[req.Name].Groups, cur[req.Name].Quotas = have.Groups, have.Quotas // passwd keeps them
+		}
 	}
-	return s.saveLocal(cur, s.acls.List(""))
+	return s.saveLocal(cur, s.acls.List(""), s.b.tenancy.list())
 }
 
 // alterAclsLocal changes a single node's rules.
 func (s *userStore) alterAclsLocal(req *heraldpb.AlterAclsRequest) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.saveLocal(usersByName(s.users.List()), cluster.AlterRules(s.acls.List(""), req))
+	return s.saveLocal(usersByName(s.users.List()), cluster.AlterRules(s.acls.List(""), req), s.b.tenancy.list())
 }
 
 // alter applies a checked AlterUser where this node keeps its users.
@@ -218,9 +226,13 @@ func checkAlterUser(req *heraldpb.AlterUserRequest) *heraldpb.Error {
 	switch {
 	case req.Delete && (req.Create || req.ScramSha256 != nil || req.SetGroups):
 		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "delete takes neither create, credentials nor groups")
-	case req.SetGroups && (req.Create || req.ScramSha256 != nil):
-		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "set_groups changes only the groups: no create, no credentials")
-	case req.SetGroups:
+	case req.Delete && req.SetQuotas:
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "delete takes no quotas")
+	case (req.SetGroups || req.SetQuotas) && (req.Create || req.ScramSha256 != nil):
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "set_groups and set_quotas change only those: no create, no credentials")
+	case req.SetGroups && req.SetQuotas:
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "change the groups and the quotas one at a time")
+	case req.SetGroups, req.SetQuotas:
 	case !req.Delete:
 		if err := scramcred.Check(req.ScramSha256); err != nil {
 			return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "user %q: %v", req.Name, err)
@@ -259,7 +271,7 @@ func (s *userStore) route(f *heraldpb.Frame, replyTo *actor.PID) {
 	case *heraldpb.Frame_ListUsers:
 		resp := &heraldpb.ListUsersResponse{}
 		for _, u := range s.users.List() {
-			info := &heraldpb.UserInfo{Name: u.Name, UpdatedMs: u.UpdatedMs, Superuser: s.b.auth.Superuser(u.Name), Groups: u.Groups}
+			info := &heraldpb.UserInfo{Name: u.Name, UpdatedMs: u.UpdatedMs, Superuser: s.b.auth.Superuser(u.Name), Groups: u.Groups, Quotas: u.Quotas}
 			if c := u.ScramSha256; c != nil {
 				info.Mechanisms = []string{auth.SCRAMSHA256}
 				info.Iterations = c.Iterations
@@ -267,6 +279,8 @@ func (s *userStore) route(f *heraldpb.Frame, replyTo *actor.PID) {
 			resp.Users = append(resp.Users, info)
 		}
 		root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListUsersResponse{ListUsersResponse: resp}})
+	case *heraldpb.Frame_AlterVhost, *heraldpb.Frame_ListVhosts:
+		s.routeVhosts(f, replyTo)
 	case *heraldpb.Frame_ListAcls:
 		root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListAclsResponse{ListAclsResponse: &heraldpb.ListAclsResponse{Rules: s.acls.List(body.ListAcls.Principal)}}})
 	case *heraldpb.Frame_AlterAcls:
@@ -347,6 +361,7 @@ func readPasswordFile(path string) (string, error) {
 // node reads DATA/users, and creates --bootstrap-user now when absent.
 func (b *Broker) startAuth(clustered bool) error {
 	users, acls := &auth.Users{}, &auth.ACLs{}
+	b.tenancy = &tenancy{}
 	if !clustered {
 		st, err := loadSecurity(b.fs, b.cfg.DataDir)
 		if err != nil {
@@ -354,12 +369,16 @@ func (b *Broker) startAuth(clustered bool) error {
 		}
 		users.Set(usersByName(st.Users))
 		acls.Set(st.Acls)
+		b.tenancy.setVhosts(st.Vhosts)
 	} else {
 		users.Set(map[string]*heraldpb.UserRecord{})
 		acls.Set(nil)
+		b.tenancy.setVhosts(nil)
 	}
 	b.auth = auth.New(auth.Config{Mode: b.cfg.authMode, Superusers: b.cfg.superusers(), Users: users, ACLs: acls, Logger: b.log})
 	b.users = &userStore{b: b, clustered: clustered, users: users, acls: acls}
+	b.tenancy.store = b.users
+	b.tenancy.countEvery(b.reg, time.Second, b.readyStop)
 	name := b.cfg.BootstrapUser
 	if name == "" {
 		return nil

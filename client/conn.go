@@ -286,6 +286,7 @@ func (c *conn) hello(ctx context.Context, br *bufio.Reader, cfg *clientConfig) e
 		ProtocolVersion: heraldpb.ProtocolVersion,
 		MaxFrameBytes:   cfg.maxFrameBytes,
 		MaxInFlight:     cfg.maxInFlight,
+		Vhost:           cfg.vhost,
 	}
 	var conv *scram.ClientConversation
 	if cfg.login != nil {

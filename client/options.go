@@ -53,6 +53,7 @@ type clientConfig struct {
 	logger         *slog.Logger
 	tls            *tls.Config
 	login          *scramLogin // WithSCRAM; nil = no login
+	vhost          string      // WithVhost; "" = the default
 }
 
 func defaultClientConfig() clientConfig {
@@ -66,6 +67,12 @@ func defaultClientConfig() clientConfig {
 		logger:         slog.New(slog.DiscardHandler),
 	}
 }
+
+// WithVhost makes every connection work in vhost (a tenant): every topic,
+// group, transactional id and producer group the client names is that
+// vhost's, and it sees nothing of the others. Default: the default vhost
+// "/". A vhost that does not exist fails Dial with VHOST_NOT_FOUND.
+func WithVhost(vhost string) Option { return clientOpt(func(c *clientConfig) { c.vhost = vhost }) }
 
 // WithClientID names the client in Hello (for broker logs and metrics).
 func WithClientID(id string) Option { return clientOpt(func(c *clientConfig) { c.clientID = id }) }

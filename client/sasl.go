@@ -148,3 +148,35 @@ func (c *Client) ListAcls(ctx context.Context, principal string) ([]*heraldpb.Ac
 	}
 	return r.GetRules(), nil
 }
+
+// AlterVhost creates, changes or deletes a vhost (needs admin on the
+// cluster when the broker requires logins).
+func (c *Client) AlterVhost(ctx context.Context, req *heraldpb.AlterVhostRequest) error {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_AlterVhost{AlterVhost: req}})
+	if err != nil {
+		return err
+	}
+	if f.GetAlterVhostResponse() == nil {
+		return unexpected(f, "AlterVhostResponse")
+	}
+	return nil
+}
+
+// ListVhosts returns the vhosts, the default first, with their quotas
+// and usage as the answering node sees it.
+func (c *Client) ListVhosts(ctx context.Context) ([]*heraldpb.VhostInfo, error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ListVhosts{ListVhosts: &heraldpb.ListVhostsRequest{}}})
+	if err != nil {
+		return nil, err
+	}
+	r := f.GetListVhostsResponse()
+	if r == nil {
+		return nil, unexpected(f, "ListVhostsResponse")
+	}
+	return r.GetVhosts(), nil
+}
+
+// SetUserQuotas replaces an existing user's quotas (nil: none).
+func (c *Client) SetUserQuotas(ctx context.Context, user string, q *heraldpb.Quotas) error {
+	return c.AlterUser(ctx, &heraldpb.AlterUserRequest{Name: user, Quotas: q, SetQuotas: true})
+}

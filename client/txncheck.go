@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/proto"
+	"strings"
 	"sync"
 	"time"
 
@@ -286,7 +288,7 @@ func (k *txnChecker) answer(hc *heraldpb.HalfCheck) {
 	if k.ctx.Err() != nil {
 		return
 	}
-	req := &heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: hc.GetId(), Action: action, FromCheck: true, ProducerGroup: hc.GetProducerGroup()}}}
+	req := &heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: hc.GetId(), Action: action, FromCheck: true, ProducerGroup: k.group}}}
 	if _, err := k.c.callTxn(k.ctx, req, true); err != nil && k.ctx.Err() == nil && !IsCode(err, heraldpb.ErrorCode_TXN_NOT_FOUND) {
 		k.c.cfg.logger.Warn("herald: answering a half check", "group", k.group, "id", hc.GetId(), "action", action, "err", err)
 	}
@@ -310,6 +312,14 @@ func (k *txnChecker) decide(m *HalfCheck) (action HalfAction) {
 
 // halfCheckFromWire decodes a HalfCheck push.
 func halfCheckFromWire(hc *heraldpb.HalfCheck) (*HalfCheck, error) {
+	// A push names the broker's topic and group, which in a vhost carry
+	// its prefix (vhost~name): the checker sees its vhost's names.
+	hc = proto.Clone(hc).(*heraldpb.HalfCheck)
+	for _, p := range []*string{&hc.Topic, &hc.ProducerGroup} {
+		if _, local, ok := strings.Cut(*p, "~"); ok {
+			*p = local
+		}
+	}
 	part := int32(hc.GetPartition())
 	msgs, err := decodeBatch(hc.GetTopic(), part, &heraldpb.StoredBatch{Records: hc.GetRecords(), AppendTimeMs: hc.GetCreatedMs()}, 0, nil)
 	if err != nil {

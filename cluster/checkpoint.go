@@ -62,6 +62,9 @@ func checkpointOf(md *Metadata) *heraldpb.ControllerCheckpoint {
 		cp.Users = append(cp.Users, md.Users[name])
 	}
 	cp.Acls = md.Acls
+	for _, name := range slices.Sorted(maps.Keys(md.Vhosts)) {
+		cp.Vhosts = append(cp.Vhosts, md.Vhosts[name])
+	}
 	return cp
 }
 
@@ -99,6 +102,12 @@ func applyCheckpoint(md *Metadata, cp *heraldpb.ControllerCheckpoint, off int64)
 		}
 	}
 	md.Acls = cp.Acls
+	md.Vhosts = make(map[string]*heraldpb.VhostRecord, len(cp.Vhosts))
+	for _, v := range cp.Vhosts {
+		if v.Name != "" {
+			md.Vhosts[v.Name] = v
+		}
+	}
 	md.Checkpoint, md.SinceRecords, md.SinceBytes = off, 0, 0
 }
 

@@ -110,7 +110,8 @@ type Metadata struct {
 	Topics  map[string]*heraldpb.TopicRecord
 	Users   map[string]*heraldpb.UserRecord
 	Acls    []*heraldpb.AclRule // in the order added; never changed in place
-	Applied int64               // offset after the last record applied
+	Vhosts  map[string]*heraldpb.VhostRecord
+	Applied int64 // offset after the last record applied
 	// Checkpoint is the offset of the last checkpoint applied (0: none).
 	// SinceRecords and SinceBytes count the records applied after it
 	// (from the log's start if none) and their bytes.
@@ -126,6 +127,10 @@ func (md *Metadata) clone() *Metadata {
 	c.Nodes, c.Topics, c.Users = maps.Clone(md.Nodes), maps.Clone(md.Topics), maps.Clone(md.Users)
 	if c.Users == nil {
 		c.Users = map[string]*heraldpb.UserRecord{}
+	}
+	c.Vhosts = maps.Clone(md.Vhosts)
+	if c.Vhosts == nil {
+		c.Vhosts = map[string]*heraldpb.VhostRecord{}
 	}
 	return &c
 }
@@ -199,7 +204,7 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "controller"), group: partition.Name(ControllerTopic, 0),
 		voter: slices.Contains(cfg.Voters, cfg.Self.NodeId), stop: make(chan struct{})}
-	c.state.Store(&Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}, Topics: map[string]*heraldpb.TopicRecord{}, Users: map[string]*heraldpb.UserRecord{}})
+	c.state.Store(&Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}, Topics: map[string]*heraldpb.TopicRecord{}, Users: map[string]*heraldpb.UserRecord{}, Vhosts: map[string]*heraldpb.VhostRecord{}})
 	// Voters bootstrap the group together; any other node's replica
 	// starts empty and waits to be added as a learner.
 	peers := map[uint64]*actor.PID{cfg.Self.NodeId: nil}
@@ -464,18 +469,37 @@ func applyCommand(md *Metadata, cmd *heraldpb.ControllerCommand) {
 		have := md.Users[u.Name]
 		switch {
 		case u.Name == "" || u.Create && have != nil || u.GroupsOnly && have == nil:
+		case u.GroupsOnly && u.QuotasOnly:
 		case u.GroupsOnly:
 			n := proto.Clone(have).(*heraldpb.UserRecord)
 			n.Groups, n.UpdatedMs, n.RequestId = u.Groups, u.UpdatedMs, cmd.RequestId
 			md.Users[u.Name] = n
+		case u.QuotasOnly:
+			if have == nil {
+				break
+			}
+			n := proto.Clone(have).(*heraldpb.UserRecord)
+			n.Quotas, n.UpdatedMs, n.RequestId = u.Quotas, u.UpdatedMs, cmd.RequestId
+			md.Users[u.Name] = n
 		default:
 			u.RequestId = cmd.RequestId
+			if have != nil && !u.Create {
+				u.Groups, u.Quotas = have.Groups, have.Quotas // a new password keeps them
+			}
 			md.Users[u.Name] = u
 		}
 	case cmd.GetDeleteUser() != nil:
 		delete(md.Users, cmd.GetDeleteUser().Name)
 	case cmd.GetAlterAcls() != nil:
 		md.Acls = AlterRules(md.Acls, cmd.GetAlterAcls())
+	case cmd.GetUpsertVhost() != nil:
+		v := cmd.GetUpsertVhost()
+		if v.Name != "" && !(v.Create && md.Vhosts[v.Name] != nil) {
+			v.RequestId = cmd.RequestId
+			md.Vhosts[v.Name] = v
+		}
+	case cmd.GetDeleteVhost() != nil:
+		delete(md.Vhosts, cmd.GetDeleteVhost().Name)
 	}
 }
 
@@ -771,7 +795,7 @@ func (c *Controller) AlterUser(ctx context.Context, req *heraldpb.AlterUserReque
 		return c.await(ctx, cmd, func(md *Metadata) bool { return md.Users[name] == nil })
 	}
 	rec := &heraldpb.UserRecord{Name: name, ScramSha256: req.ScramSha256, UpdatedMs: time.Now().UnixMilli(), Create: req.Create,
-		Groups: req.Groups, GroupsOnly: req.SetGroups}
+		Groups: req.Groups, GroupsOnly: req.SetGroups, Quotas: req.Quotas, QuotasOnly: req.SetQuotas}
 	cmd := &heraldpb.ControllerCommand{RequestId: id, Command: &heraldpb.ControllerCommand_UpsertUser{UpsertUser: rec}}
 	if err := c.await(ctx, cmd, func(md *Metadata) bool {
 		u := md.Users[name]
@@ -822,6 +846,29 @@ func (c *Controller) AlterAcls(ctx context.Context, req *heraldpb.AlterAclsReque
 		}
 		return true
 	})
+}
+
+// AlterVhost has the controller group create, change or delete a vhost
+// (the broker checked the request) and returns once this node's replica
+// has applied it.
+func (c *Controller) AlterVhost(ctx context.Context, req *heraldpb.AlterVhostRequest) error {
+	id := newRequestID()
+	name := req.Name
+	if req.Delete {
+		cmd := &heraldpb.ControllerCommand{RequestId: id, Command: &heraldpb.ControllerCommand_DeleteVhost{DeleteVhost: &heraldpb.DeleteVhost{Name: name}}}
+		return c.await(ctx, cmd, func(md *Metadata) bool { return md.Vhosts[name] == nil })
+	}
+	cmd := &heraldpb.ControllerCommand{RequestId: id, Command: &heraldpb.ControllerCommand_UpsertVhost{UpsertVhost: &heraldpb.VhostRecord{Name: name, Quotas: req.Quotas, Create: req.Create}}}
+	if err := c.await(ctx, cmd, func(md *Metadata) bool {
+		v := md.Vhosts[name]
+		return v != nil && (v.RequestId == id || req.Create)
+	}); err != nil {
+		return err
+	}
+	if req.Create && c.state.Load().Vhosts[name].GetRequestId() != id {
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "vhost %q already exists", name)
+	}
+	return nil
 }
 
 // Loads counts each node's replicas and preferred leaderships (those of

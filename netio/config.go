@@ -133,6 +133,9 @@ type Config struct {
 	// request before it is routed. nil: every connection is anonymous and
 	// may do everything (--auth off).
 	Auth *auth.Service
+	// Tenancy knows the vhosts and the quotas. nil: only the default vhost,
+	// and no quotas.
+	Tenancy Tenancy
 	// NodeID and ServerVersion are reported in HelloResponse.
 	NodeID        uint32
 	ServerVersion string

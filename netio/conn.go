@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/auth"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
 	"github.com/panjf2000/gnet/v2"
 )
 
@@ -24,11 +25,14 @@ type conn struct {
 	pid   *actor.PID // the session actor; set before any frame is read
 	token uint64     // random, for the connection's request-reply inbox
 
-	helloDone  bool                   // loop
-	login      *auth.Login            // loop: the login under way (Hello began it, SaslAuthenticate ends it)
-	principal  atomic.Pointer[string] // who the connection acts as (nil = anonymous); set on the loop, read by the session too
-	authed     bool                   // loop: logged in (SCRAM, or a verified TLS client certificate)
-	peerLooked bool                   // loop: the TLS relay's registration was looked up (first traffic)
+	helloDone  bool                    // loop
+	login      *auth.Login             // loop: the login under way (Hello began it, SaslAuthenticate ends it)
+	principal  atomic.Pointer[string]  // who the connection acts as (nil = anonymous); set on the loop, read by the session too
+	authed     bool                    // loop: logged in (SCRAM, or a verified TLS client certificate)
+	vhost      atomic.Pointer[string]  // the vhost Hello chose (nil = the default); set on the loop, read by the session
+	vacct      atomic.Pointer[account] // the vhost's quota account (nil: the default vhost)
+	uacct      atomic.Pointer[account] // the user's quota account (nil: no user quotas)
+	peerLooked bool                    // loop: the TLS relay's registration was looked up (first traffic)
 	peer       atomic.Pointer[PeerInfo]
 
 	maxIn int64 // loop: largest payload the peer may send now (MaxFrameBytesBeforeHello until Hello)
@@ -125,7 +129,7 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, 
 		}
 		return c.appendFrame(out, resp), gnet.None
 	}
-	if e := c.authorize(f); e != nil {
+	if e := c.enter(f, int64(size)); e != nil {
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, e)), gnet.None
 	}
 	if c.s.shutting.Load() {
@@ -179,6 +183,9 @@ func (c *conn) hello(id uint64, req *heraldpb.HelloRequest) (*heraldpb.Frame, *h
 		return heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_UNSUPPORTED_VERSION,
 			"protocol version %d is not supported; this broker speaks %d", v, heraldpb.ProtocolVersion)), nil
 	}
+	if e := c.chooseVhost(req.GetVhost(), req.GetSaslMechanism() != ""); e != nil {
+		return nil, e
+	}
 	var challenge []byte
 	if mech := req.GetSaslMechanism(); mech != "" {
 		if c.s.cfg.Auth == nil {
@@ -208,7 +215,93 @@ func (c *conn) hello(id uint64, req *heraldpb.HelloRequest) (*heraldpb.Frame, *h
 		SaslMechanisms:  c.mechanisms(),
 		SaslData:        challenge,
 		Principal:       c.principalNow(),
+		Vhost:           c.vhostName(),
 	}}}, nil
+}
+
+// vhostName is the connection's vhost ("/" for the default).
+func (c *conn) vhostName() string {
+	if v := c.vhost.Load(); v != nil {
+		return *v
+	}
+	return registry.DefaultVhost
+}
+
+// chooseVhost checks Hello's vhost (it must exist, the connection's
+// principal must be let into it, its connection quota must have room)
+// and makes it the connection's. A login that Hello begins is let into
+// the vhost once it ends (authenticate). A refusal is final.
+func (c *conn) chooseVhost(vhost string, loggingIn bool) *heraldpb.Error {
+	if !registry.IsDefaultVhost(vhost) {
+		t := c.s.cfg.Tenancy
+		var q *heraldpb.Quotas
+		ok := false
+		if t != nil {
+			q, ok = t.Vhost(vhost)
+		}
+		if !ok {
+			return heraldpb.NewError(heraldpb.ErrorCode_VHOST_NOT_FOUND, "vhost %q does not exist", cutName(vhost))
+		}
+		if a := c.s.cfg.Auth; a != nil && !loggingIn {
+			if e := a.MayUseVhost(c.who(), vhost); e != nil {
+				return e
+			}
+		}
+		acct, ok := c.s.quotas.hold("vhost:"+vhost, q.GetMaxConnections())
+		if !ok {
+			return quotaExceeded("vhost:"+vhost, "connections", "vhost %q has its quota of %d connections on this node", vhost, q.GetMaxConnections())
+		}
+		c.vhost.Store(&vhost)
+		c.vacct.Store(acct)
+	}
+	if c.authed {
+		return c.holdUser()
+	}
+	return nil
+}
+
+// holdUser takes the logged-in user's quota account. A user at its
+// connection quota is refused (final).
+func (c *conn) holdUser() *heraldpb.Error {
+	t := c.s.cfg.Tenancy
+	if t == nil || c.uacct.Load() != nil {
+		return nil
+	}
+	user := c.who()
+	if user == "" {
+		return nil
+	}
+	// Every logged-in connection counts, so that a quota set later
+	// counts the connections already open.
+	q := t.UserQuotas(user)
+	acct, ok := c.s.quotas.hold("user:"+user, q.GetMaxConnections())
+	if !ok {
+		return quotaExceeded("user:"+user, "connections", "user %q has its quota of %d connections on this node", user, q.GetMaxConnections())
+	}
+	c.uacct.Store(acct)
+	return nil
+}
+
+// releaseAccounts gives back the connection's quota accounts (on close).
+func (c *conn) releaseAccounts() {
+	for _, p := range []*atomic.Pointer[account]{&c.vacct, &c.uacct} {
+		if a := p.Swap(nil); a != nil {
+			c.s.quotas.release(a)
+		}
+	}
+}
+
+// enter prepares a request for routing: its names into the broker's
+// (vhost.go), then authorization and quotas. A refusal is the error to
+// answer; the connection stays open.
+func (c *conn) enter(f *heraldpb.Frame, size int64) *heraldpb.Error {
+	if e := inVhost(c.vhostName(), f); e != nil {
+		return e
+	}
+	if e := c.authorize(f); e != nil {
+		return e
+	}
+	return c.checkQuota(f, size)
 }
 
 // mechanisms are the SASL mechanisms Hello offers.
@@ -250,6 +343,17 @@ func (c *conn) authenticate(id uint64, req *heraldpb.SaslAuthenticateRequest) (*
 	}
 	c.principal.Store(&principal)
 	c.authed = true
+	if c.uacct.Load() != nil { // a certificate's user before this login
+		c.s.quotas.release(c.uacct.Swap(nil))
+	}
+	if vh := c.vhostName(); !registry.IsDefaultVhost(vh) {
+		if e := c.s.cfg.Auth.MayUseVhost(principal, vh); e != nil {
+			return nil, e
+		}
+	}
+	if e := c.holdUser(); e != nil {
+		return nil, e
+	}
 	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_SaslAuthenticateResponse{SaslAuthenticateResponse: &heraldpb.SaslAuthenticateResponse{
 		SaslData: reply, Principal: principal,
 	}}}, nil
@@ -486,8 +590,11 @@ func (a *session) onRaw(b RawPush) {
 func (a *session) onFrame(f *heraldpb.Frame) {
 	c := a.c
 	isResponse, est := c.answer(f.Id)
-	if a := c.s.cfg.Auth; a != nil && isResponse {
-		f = a.FilterResponse(c.who(), f) // listings show only what the principal may describe
+	if isResponse {
+		if a := c.s.cfg.Auth; a != nil {
+			f = a.FilterResponse(c.who(), f) // listings show only what the principal may describe
+		}
+		f = ofVhost(c.vhostName(), f) // the broker's names back into the vhost's
 	}
 	if c.closed.Load() || c.final.Load() {
 		c.reserved.Add(-est)
@@ -508,5 +615,8 @@ func (a *session) onFrame(f *heraldpb.Frame) {
 	}
 	if c.write(buf, isResponse, est) {
 		c.lastActive.Store(time.Now().UnixNano())
+		if _, ok := f.Body.(*heraldpb.Frame_FetchResponse); ok {
+			c.chargeConsumed(len(buf))
+		}
 	}
 }

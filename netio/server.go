@@ -44,6 +44,7 @@ const (
 // Server is the client-protocol server. Create it with NewServer, then Start
 // it once and Shutdown it once. Its methods are safe for concurrent use.
 type Server struct {
+	quotas quotas // the vhosts' and users' accounts (quota.go)
 	cfg    Config
 	system *actor.ActorSystem
 	router Router
@@ -393,6 +394,7 @@ func (h *handler) OnClose(gc gnet.Conn, _ error) gnet.Action {
 	}
 	gc.SetContext(nil)
 	s := h.s
+	c.releaseAccounts()
 	if c.deferTimer != nil {
 		c.deferTimer.Stop()
 	}

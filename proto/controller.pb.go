@@ -40,6 +40,8 @@ type ControllerCommand struct {
 	//	*ControllerCommand_UpsertUser
 	//	*ControllerCommand_DeleteUser
 	//	*ControllerCommand_AlterAcls
+	//	*ControllerCommand_UpsertVhost
+	//	*ControllerCommand_DeleteVhost
 	Command isControllerCommand_Command `protobuf_oneof:"command"`
 	// The proposer's id for the command, so that it can tell its own
 	// command's outcome from another node's in the log.
@@ -175,6 +177,24 @@ func (x *ControllerCommand) GetAlterAcls() *AlterAclsRequest {
 	return nil
 }
 
+func (x *ControllerCommand) GetUpsertVhost() *VhostRecord {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_UpsertVhost); ok {
+			return x.UpsertVhost
+		}
+	}
+	return nil
+}
+
+func (x *ControllerCommand) GetDeleteVhost() *DeleteVhost {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_DeleteVhost); ok {
+			return x.DeleteVhost
+		}
+	}
+	return nil
+}
+
 func (x *ControllerCommand) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
@@ -244,6 +264,16 @@ type ControllerCommand_AlterAcls struct {
 	AlterAcls *AlterAclsRequest `protobuf:"bytes,10,opt,name=alter_acls,json=alterAcls,proto3,oneof"`
 }
 
+type ControllerCommand_UpsertVhost struct {
+	// Creates or changes a vhost (with create: ignored when it exists).
+	UpsertVhost *VhostRecord `protobuf:"bytes,11,opt,name=upsert_vhost,json=upsertVhost,proto3,oneof"`
+}
+
+type ControllerCommand_DeleteVhost struct {
+	// Deletes a vhost; ignored when it does not exist.
+	DeleteVhost *DeleteVhost `protobuf:"bytes,12,opt,name=delete_vhost,json=deleteVhost,proto3,oneof"`
+}
+
 func (*ControllerCommand_RegisterNode) isControllerCommand_Command() {}
 
 func (*ControllerCommand_CreateTopic) isControllerCommand_Command() {}
@@ -264,6 +294,10 @@ func (*ControllerCommand_DeleteUser) isControllerCommand_Command() {}
 
 func (*ControllerCommand_AlterAcls) isControllerCommand_Command() {}
 
+func (*ControllerCommand_UpsertVhost) isControllerCommand_Command() {}
+
+func (*ControllerCommand_DeleteVhost) isControllerCommand_Command() {}
+
 // The metadata as of offset: the state left by every record below it.
 // A checkpoint takes effect only when it is stored at offset, that is when
 // no other record came between the state the leader read and the
@@ -280,7 +314,9 @@ type ControllerCheckpoint struct {
 	// The users, by name.
 	Users []*UserRecord `protobuf:"bytes,4,rep,name=users,proto3" json:"users,omitempty"`
 	// The ACL rules, in the order they were added.
-	Acls          []*AclRule `protobuf:"bytes,5,rep,name=acls,proto3" json:"acls,omitempty"`
+	Acls []*AclRule `protobuf:"bytes,5,rep,name=acls,proto3" json:"acls,omitempty"`
+	// The vhosts but the default one, by name.
+	Vhosts        []*VhostRecord `protobuf:"bytes,6,rep,name=vhosts,proto3" json:"vhosts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -350,6 +386,125 @@ func (x *ControllerCheckpoint) GetAcls() []*AclRule {
 	return nil
 }
 
+func (x *ControllerCheckpoint) GetVhosts() []*VhostRecord {
+	if x != nil {
+		return x.Vhosts
+	}
+	return nil
+}
+
+type VhostRecord struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Quotas        *Quotas                `protobuf:"bytes,2,opt,name=quotas,proto3" json:"quotas,omitempty"`
+	Create        bool                   `protobuf:"varint,3,opt,name=create,proto3" json:"create,omitempty"`
+	RequestId     string                 `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VhostRecord) Reset() {
+	*x = VhostRecord{}
+	mi := &file_controller_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VhostRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VhostRecord) ProtoMessage() {}
+
+func (x *VhostRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VhostRecord.ProtoReflect.Descriptor instead.
+func (*VhostRecord) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *VhostRecord) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *VhostRecord) GetQuotas() *Quotas {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+func (x *VhostRecord) GetCreate() bool {
+	if x != nil {
+		return x.Create
+	}
+	return false
+}
+
+func (x *VhostRecord) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type DeleteVhost struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteVhost) Reset() {
+	*x = DeleteVhost{}
+	mi := &file_controller_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteVhost) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteVhost) ProtoMessage() {}
+
+func (x *DeleteVhost) ProtoReflect() protoreflect.Message {
+	mi := &file_controller_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteVhost.ProtoReflect.Descriptor instead.
+func (*DeleteVhost) Descriptor() ([]byte, []int) {
+	return file_controller_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DeleteVhost) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // A user's salted, iterated credentials (never a password).
 type UserRecord struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -363,14 +518,17 @@ type UserRecord struct {
 	RequestId string   `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	Groups    []string `protobuf:"bytes,6,rep,name=groups,proto3" json:"groups,omitempty"`
 	// Replace only the groups of the user (ignored when it does not exist).
-	GroupsOnly    bool `protobuf:"varint,7,opt,name=groups_only,json=groupsOnly,proto3" json:"groups_only,omitempty"`
+	GroupsOnly bool    `protobuf:"varint,7,opt,name=groups_only,json=groupsOnly,proto3" json:"groups_only,omitempty"`
+	Quotas     *Quotas `protobuf:"bytes,8,opt,name=quotas,proto3" json:"quotas,omitempty"`
+	// Replace only the quotas of the user (ignored when it does not exist).
+	QuotasOnly    bool `protobuf:"varint,9,opt,name=quotas_only,json=quotasOnly,proto3" json:"quotas_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UserRecord) Reset() {
 	*x = UserRecord{}
-	mi := &file_controller_proto_msgTypes[2]
+	mi := &file_controller_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -382,7 +540,7 @@ func (x *UserRecord) String() string {
 func (*UserRecord) ProtoMessage() {}
 
 func (x *UserRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[2]
+	mi := &file_controller_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -395,7 +553,7 @@ func (x *UserRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UserRecord.ProtoReflect.Descriptor instead.
 func (*UserRecord) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{2}
+	return file_controller_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *UserRecord) GetName() string {
@@ -447,6 +605,20 @@ func (x *UserRecord) GetGroupsOnly() bool {
 	return false
 }
 
+func (x *UserRecord) GetQuotas() *Quotas {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+func (x *UserRecord) GetQuotasOnly() bool {
+	if x != nil {
+		return x.QuotasOnly
+	}
+	return false
+}
+
 type DeleteUser struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -456,7 +628,7 @@ type DeleteUser struct {
 
 func (x *DeleteUser) Reset() {
 	*x = DeleteUser{}
-	mi := &file_controller_proto_msgTypes[3]
+	mi := &file_controller_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +640,7 @@ func (x *DeleteUser) String() string {
 func (*DeleteUser) ProtoMessage() {}
 
 func (x *DeleteUser) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[3]
+	mi := &file_controller_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +653,7 @@ func (x *DeleteUser) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteUser.ProtoReflect.Descriptor instead.
 func (*DeleteUser) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{3}
+	return file_controller_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DeleteUser) GetName() string {
@@ -496,13 +668,14 @@ type SecurityState struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Users         []*UserRecord          `protobuf:"bytes,1,rep,name=users,proto3" json:"users,omitempty"`
 	Acls          []*AclRule             `protobuf:"bytes,2,rep,name=acls,proto3" json:"acls,omitempty"`
+	Vhosts        []*VhostRecord         `protobuf:"bytes,3,rep,name=vhosts,proto3" json:"vhosts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SecurityState) Reset() {
 	*x = SecurityState{}
-	mi := &file_controller_proto_msgTypes[4]
+	mi := &file_controller_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +687,7 @@ func (x *SecurityState) String() string {
 func (*SecurityState) ProtoMessage() {}
 
 func (x *SecurityState) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[4]
+	mi := &file_controller_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +700,7 @@ func (x *SecurityState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SecurityState.ProtoReflect.Descriptor instead.
 func (*SecurityState) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{4}
+	return file_controller_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SecurityState) GetUsers() []*UserRecord {
@@ -540,6 +713,13 @@ func (x *SecurityState) GetUsers() []*UserRecord {
 func (x *SecurityState) GetAcls() []*AclRule {
 	if x != nil {
 		return x.Acls
+	}
+	return nil
+}
+
+func (x *SecurityState) GetVhosts() []*VhostRecord {
+	if x != nil {
+		return x.Vhosts
 	}
 	return nil
 }
@@ -558,7 +738,7 @@ type TopicRecord struct {
 
 func (x *TopicRecord) Reset() {
 	*x = TopicRecord{}
-	mi := &file_controller_proto_msgTypes[5]
+	mi := &file_controller_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +750,7 @@ func (x *TopicRecord) String() string {
 func (*TopicRecord) ProtoMessage() {}
 
 func (x *TopicRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[5]
+	mi := &file_controller_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +763,7 @@ func (x *TopicRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicRecord.ProtoReflect.Descriptor instead.
 func (*TopicRecord) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{5}
+	return file_controller_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TopicRecord) GetName() string {
@@ -654,7 +834,7 @@ type PartitionAssignment struct {
 
 func (x *PartitionAssignment) Reset() {
 	*x = PartitionAssignment{}
-	mi := &file_controller_proto_msgTypes[6]
+	mi := &file_controller_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -666,7 +846,7 @@ func (x *PartitionAssignment) String() string {
 func (*PartitionAssignment) ProtoMessage() {}
 
 func (x *PartitionAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[6]
+	mi := &file_controller_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -679,7 +859,7 @@ func (x *PartitionAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionAssignment.ProtoReflect.Descriptor instead.
 func (*PartitionAssignment) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{6}
+	return file_controller_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PartitionAssignment) GetId() uint32 {
@@ -749,7 +929,7 @@ type ReassignPartitions struct {
 
 func (x *ReassignPartitions) Reset() {
 	*x = ReassignPartitions{}
-	mi := &file_controller_proto_msgTypes[7]
+	mi := &file_controller_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +941,7 @@ func (x *ReassignPartitions) String() string {
 func (*ReassignPartitions) ProtoMessage() {}
 
 func (x *ReassignPartitions) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[7]
+	mi := &file_controller_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +954,7 @@ func (x *ReassignPartitions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReassignPartitions.ProtoReflect.Descriptor instead.
 func (*ReassignPartitions) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{7}
+	return file_controller_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReassignPartitions) GetTopic() string {
@@ -817,7 +997,7 @@ type CompleteReassignment struct {
 
 func (x *CompleteReassignment) Reset() {
 	*x = CompleteReassignment{}
-	mi := &file_controller_proto_msgTypes[8]
+	mi := &file_controller_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +1009,7 @@ func (x *CompleteReassignment) String() string {
 func (*CompleteReassignment) ProtoMessage() {}
 
 func (x *CompleteReassignment) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[8]
+	mi := &file_controller_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +1022,7 @@ func (x *CompleteReassignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompleteReassignment.ProtoReflect.Descriptor instead.
 func (*CompleteReassignment) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{8}
+	return file_controller_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CompleteReassignment) GetTopic() string {
@@ -883,7 +1063,7 @@ type DecommissionNode struct {
 
 func (x *DecommissionNode) Reset() {
 	*x = DecommissionNode{}
-	mi := &file_controller_proto_msgTypes[9]
+	mi := &file_controller_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +1075,7 @@ func (x *DecommissionNode) String() string {
 func (*DecommissionNode) ProtoMessage() {}
 
 func (x *DecommissionNode) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[9]
+	mi := &file_controller_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +1088,7 @@ func (x *DecommissionNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecommissionNode.ProtoReflect.Descriptor instead.
 func (*DecommissionNode) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{9}
+	return file_controller_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DecommissionNode) GetNodeId() uint64 {
@@ -934,7 +1114,7 @@ type DeleteTopic struct {
 
 func (x *DeleteTopic) Reset() {
 	*x = DeleteTopic{}
-	mi := &file_controller_proto_msgTypes[10]
+	mi := &file_controller_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1126,7 @@ func (x *DeleteTopic) String() string {
 func (*DeleteTopic) ProtoMessage() {}
 
 func (x *DeleteTopic) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[10]
+	mi := &file_controller_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1139,7 @@ func (x *DeleteTopic) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTopic.ProtoReflect.Descriptor instead.
 func (*DeleteTopic) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{10}
+	return file_controller_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteTopic) GetName() string {
@@ -998,7 +1178,7 @@ type NodeRecord struct {
 
 func (x *NodeRecord) Reset() {
 	*x = NodeRecord{}
-	mi := &file_controller_proto_msgTypes[11]
+	mi := &file_controller_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1010,7 +1190,7 @@ func (x *NodeRecord) String() string {
 func (*NodeRecord) ProtoMessage() {}
 
 func (x *NodeRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_controller_proto_msgTypes[11]
+	mi := &file_controller_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1023,7 +1203,7 @@ func (x *NodeRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRecord.ProtoReflect.Descriptor instead.
 func (*NodeRecord) Descriptor() ([]byte, []int) {
-	return file_controller_proto_rawDescGZIP(), []int{11}
+	return file_controller_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodeRecord) GetNodeId() uint64 {
@@ -1100,7 +1280,7 @@ var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
 	"\n" +
-	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xe0\x05\n" +
+	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xda\x06\n" +
 	"\x11ControllerCommand\x12<\n" +
 	"\rregister_node\x18\x01 \x01(\v2\x15.herald.v1.NodeRecordH\x00R\fregisterNode\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.herald.v1.TopicRecordH\x00R\vcreateTopic\x12;\n" +
@@ -1117,16 +1297,27 @@ const file_controller_proto_rawDesc = "" +
 	"deleteUser\x12<\n" +
 	"\n" +
 	"alter_acls\x18\n" +
-	" \x01(\v2\x1b.herald.v1.AlterAclsRequestH\x00R\talterAcls\x12\x1d\n" +
+	" \x01(\v2\x1b.herald.v1.AlterAclsRequestH\x00R\talterAcls\x12;\n" +
+	"\fupsert_vhost\x18\v \x01(\v2\x16.herald.v1.VhostRecordH\x00R\vupsertVhost\x12;\n" +
+	"\fdelete_vhost\x18\f \x01(\v2\x16.herald.v1.DeleteVhostH\x00R\vdeleteVhost\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x0f \x01(\tR\trequestIdB\t\n" +
-	"\acommand\"\xe0\x01\n" +
+	"\acommand\"\x90\x02\n" +
 	"\x14ControllerCheckpoint\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12+\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x15.herald.v1.NodeRecordR\x05nodes\x12.\n" +
 	"\x06topics\x18\x03 \x03(\v2\x16.herald.v1.TopicRecordR\x06topics\x12+\n" +
 	"\x05users\x18\x04 \x03(\v2\x15.herald.v1.UserRecordR\x05users\x12&\n" +
-	"\x04acls\x18\x05 \x03(\v2\x12.herald.v1.AclRuleR\x04acls\"\xee\x01\n" +
+	"\x04acls\x18\x05 \x03(\v2\x12.herald.v1.AclRuleR\x04acls\x12.\n" +
+	"\x06vhosts\x18\x06 \x03(\v2\x16.herald.v1.VhostRecordR\x06vhosts\"\x83\x01\n" +
+	"\vVhostRecord\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
+	"\x06quotas\x18\x02 \x01(\v2\x11.herald.v1.QuotasR\x06quotas\x12\x16\n" +
+	"\x06create\x18\x03 \x01(\bR\x06create\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\"!\n" +
+	"\vDeleteVhost\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xba\x02\n" +
 	"\n" +
 	"UserRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12=\n" +
@@ -1138,13 +1329,17 @@ const file_controller_proto_rawDesc = "" +
 	"request_id\x18\x05 \x01(\tR\trequestId\x12\x16\n" +
 	"\x06groups\x18\x06 \x03(\tR\x06groups\x12\x1f\n" +
 	"\vgroups_only\x18\a \x01(\bR\n" +
-	"groupsOnly\" \n" +
+	"groupsOnly\x12)\n" +
+	"\x06quotas\x18\b \x01(\v2\x11.herald.v1.QuotasR\x06quotas\x12\x1f\n" +
+	"\vquotas_only\x18\t \x01(\bR\n" +
+	"quotasOnly\" \n" +
 	"\n" +
 	"DeleteUser\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"d\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x94\x01\n" +
 	"\rSecurityState\x12+\n" +
 	"\x05users\x18\x01 \x03(\v2\x15.herald.v1.UserRecordR\x05users\x12&\n" +
-	"\x04acls\x18\x02 \x03(\v2\x12.herald.v1.AclRuleR\x04acls\"\xcf\x01\n" +
+	"\x04acls\x18\x02 \x03(\v2\x12.herald.v1.AclRuleR\x04acls\x12.\n" +
+	"\x06vhosts\x18\x03 \x03(\v2\x16.herald.v1.VhostRecordR\x06vhosts\"\xcf\x01\n" +
 	"\vTopicRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x06config\x18\x02 \x01(\v2\x16.herald.v1.TopicConfigR\x06config\x12>\n" +
@@ -1212,55 +1407,64 @@ func file_controller_proto_rawDescGZIP() []byte {
 	return file_controller_proto_rawDescData
 }
 
-var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_controller_proto_goTypes = []any{
 	(*ControllerCommand)(nil),    // 0: herald.v1.ControllerCommand
 	(*ControllerCheckpoint)(nil), // 1: herald.v1.ControllerCheckpoint
-	(*UserRecord)(nil),           // 2: herald.v1.UserRecord
-	(*DeleteUser)(nil),           // 3: herald.v1.DeleteUser
-	(*SecurityState)(nil),        // 4: herald.v1.SecurityState
-	(*TopicRecord)(nil),          // 5: herald.v1.TopicRecord
-	(*PartitionAssignment)(nil),  // 6: herald.v1.PartitionAssignment
-	(*ReassignPartitions)(nil),   // 7: herald.v1.ReassignPartitions
-	(*CompleteReassignment)(nil), // 8: herald.v1.CompleteReassignment
-	(*DecommissionNode)(nil),     // 9: herald.v1.DecommissionNode
-	(*DeleteTopic)(nil),          // 10: herald.v1.DeleteTopic
-	(*NodeRecord)(nil),           // 11: herald.v1.NodeRecord
-	nil,                          // 12: herald.v1.PartitionAssignment.JoinedEntry
-	nil,                          // 13: herald.v1.PartitionAssignment.RaftIdsEntry
-	(*AlterAclsRequest)(nil),     // 14: herald.v1.AlterAclsRequest
-	(*AclRule)(nil),              // 15: herald.v1.AclRule
-	(*ScramCredential)(nil),      // 16: herald.v1.ScramCredential
-	(*TopicConfig)(nil),          // 17: herald.v1.TopicConfig
+	(*VhostRecord)(nil),          // 2: herald.v1.VhostRecord
+	(*DeleteVhost)(nil),          // 3: herald.v1.DeleteVhost
+	(*UserRecord)(nil),           // 4: herald.v1.UserRecord
+	(*DeleteUser)(nil),           // 5: herald.v1.DeleteUser
+	(*SecurityState)(nil),        // 6: herald.v1.SecurityState
+	(*TopicRecord)(nil),          // 7: herald.v1.TopicRecord
+	(*PartitionAssignment)(nil),  // 8: herald.v1.PartitionAssignment
+	(*ReassignPartitions)(nil),   // 9: herald.v1.ReassignPartitions
+	(*CompleteReassignment)(nil), // 10: herald.v1.CompleteReassignment
+	(*DecommissionNode)(nil),     // 11: herald.v1.DecommissionNode
+	(*DeleteTopic)(nil),          // 12: herald.v1.DeleteTopic
+	(*NodeRecord)(nil),           // 13: herald.v1.NodeRecord
+	nil,                          // 14: herald.v1.PartitionAssignment.JoinedEntry
+	nil,                          // 15: herald.v1.PartitionAssignment.RaftIdsEntry
+	(*AlterAclsRequest)(nil),     // 16: herald.v1.AlterAclsRequest
+	(*AclRule)(nil),              // 17: herald.v1.AclRule
+	(*Quotas)(nil),               // 18: herald.v1.Quotas
+	(*ScramCredential)(nil),      // 19: herald.v1.ScramCredential
+	(*TopicConfig)(nil),          // 20: herald.v1.TopicConfig
 }
 var file_controller_proto_depIdxs = []int32{
-	11, // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
-	5,  // 1: herald.v1.ControllerCommand.create_topic:type_name -> herald.v1.TopicRecord
-	10, // 2: herald.v1.ControllerCommand.delete_topic:type_name -> herald.v1.DeleteTopic
-	7,  // 3: herald.v1.ControllerCommand.reassign_partitions:type_name -> herald.v1.ReassignPartitions
-	8,  // 4: herald.v1.ControllerCommand.complete_reassignment:type_name -> herald.v1.CompleteReassignment
-	9,  // 5: herald.v1.ControllerCommand.decommission_node:type_name -> herald.v1.DecommissionNode
+	13, // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
+	7,  // 1: herald.v1.ControllerCommand.create_topic:type_name -> herald.v1.TopicRecord
+	12, // 2: herald.v1.ControllerCommand.delete_topic:type_name -> herald.v1.DeleteTopic
+	9,  // 3: herald.v1.ControllerCommand.reassign_partitions:type_name -> herald.v1.ReassignPartitions
+	10, // 4: herald.v1.ControllerCommand.complete_reassignment:type_name -> herald.v1.CompleteReassignment
+	11, // 5: herald.v1.ControllerCommand.decommission_node:type_name -> herald.v1.DecommissionNode
 	1,  // 6: herald.v1.ControllerCommand.checkpoint:type_name -> herald.v1.ControllerCheckpoint
-	2,  // 7: herald.v1.ControllerCommand.upsert_user:type_name -> herald.v1.UserRecord
-	3,  // 8: herald.v1.ControllerCommand.delete_user:type_name -> herald.v1.DeleteUser
-	14, // 9: herald.v1.ControllerCommand.alter_acls:type_name -> herald.v1.AlterAclsRequest
-	11, // 10: herald.v1.ControllerCheckpoint.nodes:type_name -> herald.v1.NodeRecord
-	5,  // 11: herald.v1.ControllerCheckpoint.topics:type_name -> herald.v1.TopicRecord
-	2,  // 12: herald.v1.ControllerCheckpoint.users:type_name -> herald.v1.UserRecord
-	15, // 13: herald.v1.ControllerCheckpoint.acls:type_name -> herald.v1.AclRule
-	16, // 14: herald.v1.UserRecord.scram_sha256:type_name -> herald.v1.ScramCredential
-	2,  // 15: herald.v1.SecurityState.users:type_name -> herald.v1.UserRecord
-	15, // 16: herald.v1.SecurityState.acls:type_name -> herald.v1.AclRule
-	17, // 17: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
-	6,  // 18: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
-	12, // 19: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
-	13, // 20: herald.v1.PartitionAssignment.raft_ids:type_name -> herald.v1.PartitionAssignment.RaftIdsEntry
-	6,  // 21: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	4,  // 7: herald.v1.ControllerCommand.upsert_user:type_name -> herald.v1.UserRecord
+	5,  // 8: herald.v1.ControllerCommand.delete_user:type_name -> herald.v1.DeleteUser
+	16, // 9: herald.v1.ControllerCommand.alter_acls:type_name -> herald.v1.AlterAclsRequest
+	2,  // 10: herald.v1.ControllerCommand.upsert_vhost:type_name -> herald.v1.VhostRecord
+	3,  // 11: herald.v1.ControllerCommand.delete_vhost:type_name -> herald.v1.DeleteVhost
+	13, // 12: herald.v1.ControllerCheckpoint.nodes:type_name -> herald.v1.NodeRecord
+	7,  // 13: herald.v1.ControllerCheckpoint.topics:type_name -> herald.v1.TopicRecord
+	4,  // 14: herald.v1.ControllerCheckpoint.users:type_name -> herald.v1.UserRecord
+	17, // 15: herald.v1.ControllerCheckpoint.acls:type_name -> herald.v1.AclRule
+	2,  // 16: herald.v1.ControllerCheckpoint.vhosts:type_name -> herald.v1.VhostRecord
+	18, // 17: herald.v1.VhostRecord.quotas:type_name -> herald.v1.Quotas
+	19, // 18: herald.v1.UserRecord.scram_sha256:type_name -> herald.v1.ScramCredential
+	18, // 19: herald.v1.UserRecord.quotas:type_name -> herald.v1.Quotas
+	4,  // 20: herald.v1.SecurityState.users:type_name -> herald.v1.UserRecord
+	17, // 21: herald.v1.SecurityState.acls:type_name -> herald.v1.AclRule
+	2,  // 22: herald.v1.SecurityState.vhosts:type_name -> herald.v1.VhostRecord
+	20, // 23: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
+	8,  // 24: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
+	14, // 25: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
+	15, // 26: herald.v1.PartitionAssignment.raft_ids:type_name -> herald.v1.PartitionAssignment.RaftIdsEntry
+	8,  // 27: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
+	28, // [28:28] is the sub-list for method output_type
+	28, // [28:28] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -1280,6 +1484,8 @@ func file_controller_proto_init() {
 		(*ControllerCommand_UpsertUser)(nil),
 		(*ControllerCommand_DeleteUser)(nil),
 		(*ControllerCommand_AlterAcls)(nil),
+		(*ControllerCommand_UpsertVhost)(nil),
+		(*ControllerCommand_DeleteVhost)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1287,7 +1493,7 @@ func file_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_controller_proto_rawDesc), len(file_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

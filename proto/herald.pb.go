@@ -140,6 +140,13 @@ const (
 	ErrorCode_USER_NOT_FOUND ErrorCode = 41
 	// AlterUser with create named a user that exists.
 	ErrorCode_USER_ALREADY_EXISTS ErrorCode = 42
+	// Hello named a vhost that does not exist (or AlterVhost one to change
+	// or delete). Final in Hello: the connection is closed.
+	ErrorCode_VHOST_NOT_FOUND ErrorCode = 43
+	// A count or storage quota of the vhost or the user is reached
+	// (connections, topics, partitions, stored bytes); the message names
+	// it. Rate quotas answer THROTTLED instead. Final for connections.
+	ErrorCode_QUOTA_EXCEEDED ErrorCode = 44
 )
 
 // Enum value maps for ErrorCode.
@@ -188,6 +195,8 @@ var (
 		40: "NOT_AUTHORIZED",
 		41: "USER_NOT_FOUND",
 		42: "USER_ALREADY_EXISTS",
+		43: "VHOST_NOT_FOUND",
+		44: "QUOTA_EXCEEDED",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED": 0,
@@ -233,6 +242,8 @@ var (
 		"NOT_AUTHORIZED":         40,
 		"USER_NOT_FOUND":         41,
 		"USER_ALREADY_EXISTS":    42,
+		"VHOST_NOT_FOUND":        43,
+		"QUOTA_EXCEEDED":         44,
 	}
 )
 
@@ -807,7 +818,7 @@ func (x ClusterAdminRequest_Op) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ClusterAdminRequest_Op.Descriptor instead.
 func (ClusterAdminRequest_Op) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{27, 0}
+	return file_herald_proto_rawDescGZIP(), []int{33, 0}
 }
 
 type Error struct {
@@ -988,6 +999,10 @@ type Frame struct {
 	//	*Frame_AlterAclsResponse
 	//	*Frame_ListAcls
 	//	*Frame_ListAclsResponse
+	//	*Frame_AlterVhost
+	//	*Frame_AlterVhostResponse
+	//	*Frame_ListVhosts
+	//	*Frame_ListVhostsResponse
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
@@ -1637,6 +1652,42 @@ func (x *Frame) GetListAclsResponse() *ListAclsResponse {
 	return nil
 }
 
+func (x *Frame) GetAlterVhost() *AlterVhostRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_AlterVhost); ok {
+			return x.AlterVhost
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetAlterVhostResponse() *AlterVhostResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_AlterVhostResponse); ok {
+			return x.AlterVhostResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListVhosts() *ListVhostsRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListVhosts); ok {
+			return x.ListVhosts
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListVhostsResponse() *ListVhostsResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListVhostsResponse); ok {
+			return x.ListVhostsResponse
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetDelivery() *Delivery {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Delivery); ok {
@@ -1959,6 +2010,22 @@ type Frame_ListAclsResponse struct {
 	ListAclsResponse *ListAclsResponse `protobuf:"bytes,85,opt,name=list_acls_response,json=listAclsResponse,proto3,oneof"`
 }
 
+type Frame_AlterVhost struct {
+	AlterVhost *AlterVhostRequest `protobuf:"bytes,86,opt,name=alter_vhost,json=alterVhost,proto3,oneof"`
+}
+
+type Frame_AlterVhostResponse struct {
+	AlterVhostResponse *AlterVhostResponse `protobuf:"bytes,87,opt,name=alter_vhost_response,json=alterVhostResponse,proto3,oneof"`
+}
+
+type Frame_ListVhosts struct {
+	ListVhosts *ListVhostsRequest `protobuf:"bytes,88,opt,name=list_vhosts,json=listVhosts,proto3,oneof"`
+}
+
+type Frame_ListVhostsResponse struct {
+	ListVhostsResponse *ListVhostsResponse `protobuf:"bytes,89,opt,name=list_vhosts_response,json=listVhostsResponse,proto3,oneof"`
+}
+
 type Frame_Delivery struct {
 	// Server pushes (frame id 0): never requests, never answered.
 	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
@@ -2116,6 +2183,14 @@ func (*Frame_ListAcls) isFrame_Body() {}
 
 func (*Frame_ListAclsResponse) isFrame_Body() {}
 
+func (*Frame_AlterVhost) isFrame_Body() {}
+
+func (*Frame_AlterVhostResponse) isFrame_Body() {}
+
+func (*Frame_ListVhosts) isFrame_Body() {}
+
+func (*Frame_ListVhostsResponse) isFrame_Body() {}
+
 func (*Frame_Delivery) isFrame_Body() {}
 
 func (*Frame_Assignment) isFrame_Body() {}
@@ -2141,7 +2216,11 @@ type HelloRequest struct {
 	// client certificate.
 	SaslMechanism string `protobuf:"bytes,5,opt,name=sasl_mechanism,json=saslMechanism,proto3" json:"sasl_mechanism,omitempty"`
 	// The mechanism's first message (SCRAM: the client-first-message).
-	SaslData      []byte `protobuf:"bytes,6,opt,name=sasl_data,json=saslData,proto3" json:"sasl_data,omitempty"`
+	SaslData []byte `protobuf:"bytes,6,opt,name=sasl_data,json=saslData,proto3" json:"sasl_data,omitempty"`
+	// The vhost (tenant) the connection works in: every topic, group,
+	// transactional id and producer group it names is the vhost's. "" or
+	// "/" is the default vhost.
+	Vhost         string `protobuf:"bytes,7,opt,name=vhost,proto3" json:"vhost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2218,6 +2297,13 @@ func (x *HelloRequest) GetSaslData() []byte {
 	return nil
 }
 
+func (x *HelloRequest) GetVhost() string {
+	if x != nil {
+		return x.Vhost
+	}
+	return ""
+}
+
 type HelloResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
@@ -2236,7 +2322,9 @@ type HelloResponse struct {
 	SaslData []byte `protobuf:"bytes,8,opt,name=sasl_data,json=saslData,proto3" json:"sasl_data,omitempty"`
 	// The principal the connection acts as ("" while a login is under way,
 	// or anonymous).
-	Principal     string `protobuf:"bytes,9,opt,name=principal,proto3" json:"principal,omitempty"`
+	Principal string `protobuf:"bytes,9,opt,name=principal,proto3" json:"principal,omitempty"`
+	// The vhost the connection works in ("/" = the default).
+	Vhost         string `protobuf:"bytes,10,opt,name=vhost,proto3" json:"vhost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2330,6 +2418,13 @@ func (x *HelloResponse) GetSaslData() []byte {
 func (x *HelloResponse) GetPrincipal() string {
 	if x != nil {
 		return x.Principal
+	}
+	return ""
+}
+
+func (x *HelloResponse) GetVhost() string {
+	if x != nil {
+		return x.Vhost
 	}
 	return ""
 }
@@ -2519,7 +2614,11 @@ type AlterUserRequest struct {
 	// replaced by a change with set_groups.
 	Groups []string `protobuf:"bytes,5,rep,name=groups,proto3" json:"groups,omitempty"`
 	// Change the groups only; the credentials stay (scram_sha256 unset).
-	SetGroups     bool `protobuf:"varint,6,opt,name=set_groups,json=setGroups,proto3" json:"set_groups,omitempty"`
+	SetGroups bool `protobuf:"varint,6,opt,name=set_groups,json=setGroups,proto3" json:"set_groups,omitempty"`
+	// The user's rate and connection quotas: set on create, replaced by a
+	// change with set_quotas (which changes only them).
+	Quotas        *Quotas `protobuf:"bytes,7,opt,name=quotas,proto3" json:"quotas,omitempty"`
+	SetQuotas     bool    `protobuf:"varint,8,opt,name=set_quotas,json=setQuotas,proto3" json:"set_quotas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2592,6 +2691,20 @@ func (x *AlterUserRequest) GetGroups() []string {
 func (x *AlterUserRequest) GetSetGroups() bool {
 	if x != nil {
 		return x.SetGroups
+	}
+	return false
+}
+
+func (x *AlterUserRequest) GetQuotas() *Quotas {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+func (x *AlterUserRequest) GetSetQuotas() bool {
+	if x != nil {
+		return x.SetQuotas
 	}
 	return false
 }
@@ -2677,6 +2790,7 @@ type UserInfo struct {
 	// Named by --superusers.
 	Superuser     bool     `protobuf:"varint,5,opt,name=superuser,proto3" json:"superuser,omitempty"`
 	Groups        []string `protobuf:"bytes,6,rep,name=groups,proto3" json:"groups,omitempty"`
+	Quotas        *Quotas  `protobuf:"bytes,7,opt,name=quotas,proto3" json:"quotas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2749,6 +2863,13 @@ func (x *UserInfo) GetSuperuser() bool {
 func (x *UserInfo) GetGroups() []string {
 	if x != nil {
 		return x.Groups
+	}
+	return nil
+}
+
+func (x *UserInfo) GetQuotas() *Quotas {
+	if x != nil {
+		return x.Quotas
 	}
 	return nil
 }
@@ -3022,6 +3143,369 @@ func (x *ListAclsResponse) GetRules() []*AclRule {
 	return nil
 }
 
+// Limits of a vhost or a user; 0 = none.
+type Quotas struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Produce request bytes per second (THROTTLED with a retry-after past it).
+	ProduceBytesPerSec uint64 `protobuf:"varint,1,opt,name=produce_bytes_per_sec,json=produceBytesPerSec,proto3" json:"produce_bytes_per_sec,omitempty"`
+	// Fetch response bytes per second (later fetches THROTTLED past it).
+	ConsumeBytesPerSec uint64 `protobuf:"varint,2,opt,name=consume_bytes_per_sec,json=consumeBytesPerSec,proto3" json:"consume_bytes_per_sec,omitempty"`
+	// Connections at once (QUOTA_EXCEEDED, final, past it).
+	MaxConnections uint32 `protobuf:"varint,3,opt,name=max_connections,json=maxConnections,proto3" json:"max_connections,omitempty"`
+	// Vhosts only: topics, partitions in all, and stored bytes in all
+	// (QUOTA_EXCEEDED past them).
+	MaxTopics      uint32 `protobuf:"varint,4,opt,name=max_topics,json=maxTopics,proto3" json:"max_topics,omitempty"`
+	MaxPartitions  uint32 `protobuf:"varint,5,opt,name=max_partitions,json=maxPartitions,proto3" json:"max_partitions,omitempty"`
+	MaxStoredBytes uint64 `protobuf:"varint,6,opt,name=max_stored_bytes,json=maxStoredBytes,proto3" json:"max_stored_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Quotas) Reset() {
+	*x = Quotas{}
+	mi := &file_herald_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Quotas) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Quotas) ProtoMessage() {}
+
+func (x *Quotas) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Quotas.ProtoReflect.Descriptor instead.
+func (*Quotas) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Quotas) GetProduceBytesPerSec() uint64 {
+	if x != nil {
+		return x.ProduceBytesPerSec
+	}
+	return 0
+}
+
+func (x *Quotas) GetConsumeBytesPerSec() uint64 {
+	if x != nil {
+		return x.ConsumeBytesPerSec
+	}
+	return 0
+}
+
+func (x *Quotas) GetMaxConnections() uint32 {
+	if x != nil {
+		return x.MaxConnections
+	}
+	return 0
+}
+
+func (x *Quotas) GetMaxTopics() uint32 {
+	if x != nil {
+		return x.MaxTopics
+	}
+	return 0
+}
+
+func (x *Quotas) GetMaxPartitions() uint32 {
+	if x != nil {
+		return x.MaxPartitions
+	}
+	return 0
+}
+
+func (x *Quotas) GetMaxStoredBytes() uint64 {
+	if x != nil {
+		return x.MaxStoredBytes
+	}
+	return 0
+}
+
+// Creates, changes or deletes a vhost. Needs admin on the cluster. A
+// vhost with topics is not deleted (INVALID_REQUEST): delete them first.
+type AlterVhostRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Quotas *Quotas                `protobuf:"bytes,2,opt,name=quotas,proto3" json:"quotas,omitempty"`
+	Delete bool                   `protobuf:"varint,3,opt,name=delete,proto3" json:"delete,omitempty"`
+	// Create only: INVALID_REQUEST when it exists. Without it a change or
+	// delete of a vhost that does not exist is VHOST_NOT_FOUND.
+	Create        bool `protobuf:"varint,4,opt,name=create,proto3" json:"create,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AlterVhostRequest) Reset() {
+	*x = AlterVhostRequest{}
+	mi := &file_herald_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlterVhostRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlterVhostRequest) ProtoMessage() {}
+
+func (x *AlterVhostRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlterVhostRequest.ProtoReflect.Descriptor instead.
+func (*AlterVhostRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *AlterVhostRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AlterVhostRequest) GetQuotas() *Quotas {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+func (x *AlterVhostRequest) GetDelete() bool {
+	if x != nil {
+		return x.Delete
+	}
+	return false
+}
+
+func (x *AlterVhostRequest) GetCreate() bool {
+	if x != nil {
+		return x.Create
+	}
+	return false
+}
+
+type AlterVhostResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AlterVhostResponse) Reset() {
+	*x = AlterVhostResponse{}
+	mi := &file_herald_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlterVhostResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlterVhostResponse) ProtoMessage() {}
+
+func (x *AlterVhostResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlterVhostResponse.ProtoReflect.Descriptor instead.
+func (*AlterVhostResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{18}
+}
+
+type ListVhostsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListVhostsRequest) Reset() {
+	*x = ListVhostsRequest{}
+	mi := &file_herald_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListVhostsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListVhostsRequest) ProtoMessage() {}
+
+func (x *ListVhostsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListVhostsRequest.ProtoReflect.Descriptor instead.
+func (*ListVhostsRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{19}
+}
+
+type VhostInfo struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Quotas *Quotas                `protobuf:"bytes,2,opt,name=quotas,proto3" json:"quotas,omitempty"`
+	// Usage as this node sees it.
+	Topics        uint32 `protobuf:"varint,3,opt,name=topics,proto3" json:"topics,omitempty"`
+	Partitions    uint32 `protobuf:"varint,4,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	StoredBytes   uint64 `protobuf:"varint,5,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"`
+	Connections   uint32 `protobuf:"varint,6,opt,name=connections,proto3" json:"connections,omitempty"` // on this node
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VhostInfo) Reset() {
+	*x = VhostInfo{}
+	mi := &file_herald_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VhostInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VhostInfo) ProtoMessage() {}
+
+func (x *VhostInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VhostInfo.ProtoReflect.Descriptor instead.
+func (*VhostInfo) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *VhostInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *VhostInfo) GetQuotas() *Quotas {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+func (x *VhostInfo) GetTopics() uint32 {
+	if x != nil {
+		return x.Topics
+	}
+	return 0
+}
+
+func (x *VhostInfo) GetPartitions() uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
+func (x *VhostInfo) GetStoredBytes() uint64 {
+	if x != nil {
+		return x.StoredBytes
+	}
+	return 0
+}
+
+func (x *VhostInfo) GetConnections() uint32 {
+	if x != nil {
+		return x.Connections
+	}
+	return 0
+}
+
+type ListVhostsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Vhosts        []*VhostInfo           `protobuf:"bytes,1,rep,name=vhosts,proto3" json:"vhosts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListVhostsResponse) Reset() {
+	*x = ListVhostsResponse{}
+	mi := &file_herald_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListVhostsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListVhostsResponse) ProtoMessage() {}
+
+func (x *ListVhostsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListVhostsResponse.ProtoReflect.Descriptor instead.
+func (*ListVhostsResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListVhostsResponse) GetVhosts() []*VhostInfo {
+	if x != nil {
+		return x.Vhosts
+	}
+	return nil
+}
+
 type ListUsersResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Users         []*UserInfo            `protobuf:"bytes,1,rep,name=users,proto3" json:"users,omitempty"`
@@ -3031,7 +3515,7 @@ type ListUsersResponse struct {
 
 func (x *ListUsersResponse) Reset() {
 	*x = ListUsersResponse{}
-	mi := &file_herald_proto_msgTypes[16]
+	mi := &file_herald_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3043,7 +3527,7 @@ func (x *ListUsersResponse) String() string {
 func (*ListUsersResponse) ProtoMessage() {}
 
 func (x *ListUsersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[16]
+	mi := &file_herald_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3056,7 +3540,7 @@ func (x *ListUsersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListUsersResponse.ProtoReflect.Descriptor instead.
 func (*ListUsersResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{16}
+	return file_herald_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListUsersResponse) GetUsers() []*UserInfo {
@@ -3090,7 +3574,7 @@ type TopicConfig struct {
 
 func (x *TopicConfig) Reset() {
 	*x = TopicConfig{}
-	mi := &file_herald_proto_msgTypes[17]
+	mi := &file_herald_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3102,7 +3586,7 @@ func (x *TopicConfig) String() string {
 func (*TopicConfig) ProtoMessage() {}
 
 func (x *TopicConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[17]
+	mi := &file_herald_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3115,7 +3599,7 @@ func (x *TopicConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicConfig.ProtoReflect.Descriptor instead.
 func (*TopicConfig) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{17}
+	return file_herald_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TopicConfig) GetPartitions() uint32 {
@@ -3183,7 +3667,7 @@ type PartitionInfo struct {
 
 func (x *PartitionInfo) Reset() {
 	*x = PartitionInfo{}
-	mi := &file_herald_proto_msgTypes[18]
+	mi := &file_herald_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3195,7 +3679,7 @@ func (x *PartitionInfo) String() string {
 func (*PartitionInfo) ProtoMessage() {}
 
 func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[18]
+	mi := &file_herald_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3208,7 +3692,7 @@ func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionInfo.ProtoReflect.Descriptor instead.
 func (*PartitionInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{18}
+	return file_herald_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PartitionInfo) GetId() uint32 {
@@ -3271,7 +3755,7 @@ type TopicInfo struct {
 
 func (x *TopicInfo) Reset() {
 	*x = TopicInfo{}
-	mi := &file_herald_proto_msgTypes[19]
+	mi := &file_herald_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3283,7 +3767,7 @@ func (x *TopicInfo) String() string {
 func (*TopicInfo) ProtoMessage() {}
 
 func (x *TopicInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[19]
+	mi := &file_herald_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3296,7 +3780,7 @@ func (x *TopicInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicInfo.ProtoReflect.Descriptor instead.
 func (*TopicInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{19}
+	return file_herald_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TopicInfo) GetName() string {
@@ -3333,7 +3817,7 @@ type BrokerInfo struct {
 
 func (x *BrokerInfo) Reset() {
 	*x = BrokerInfo{}
-	mi := &file_herald_proto_msgTypes[20]
+	mi := &file_herald_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3345,7 +3829,7 @@ func (x *BrokerInfo) String() string {
 func (*BrokerInfo) ProtoMessage() {}
 
 func (x *BrokerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[20]
+	mi := &file_herald_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3358,7 +3842,7 @@ func (x *BrokerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BrokerInfo.ProtoReflect.Descriptor instead.
 func (*BrokerInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{20}
+	return file_herald_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BrokerInfo) GetNodeId() uint32 {
@@ -3392,7 +3876,7 @@ type MetadataRequest struct {
 
 func (x *MetadataRequest) Reset() {
 	*x = MetadataRequest{}
-	mi := &file_herald_proto_msgTypes[21]
+	mi := &file_herald_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3404,7 +3888,7 @@ func (x *MetadataRequest) String() string {
 func (*MetadataRequest) ProtoMessage() {}
 
 func (x *MetadataRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[21]
+	mi := &file_herald_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3417,7 +3901,7 @@ func (x *MetadataRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetadataRequest.ProtoReflect.Descriptor instead.
 func (*MetadataRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{21}
+	return file_herald_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MetadataRequest) GetTopics() []string {
@@ -3437,7 +3921,7 @@ type MetadataResponse struct {
 
 func (x *MetadataResponse) Reset() {
 	*x = MetadataResponse{}
-	mi := &file_herald_proto_msgTypes[22]
+	mi := &file_herald_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3449,7 +3933,7 @@ func (x *MetadataResponse) String() string {
 func (*MetadataResponse) ProtoMessage() {}
 
 func (x *MetadataResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[22]
+	mi := &file_herald_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3462,7 +3946,7 @@ func (x *MetadataResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetadataResponse.ProtoReflect.Descriptor instead.
 func (*MetadataResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{22}
+	return file_herald_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *MetadataResponse) GetBrokers() []*BrokerInfo {
@@ -3489,7 +3973,7 @@ type CreateTopicRequest struct {
 
 func (x *CreateTopicRequest) Reset() {
 	*x = CreateTopicRequest{}
-	mi := &file_herald_proto_msgTypes[23]
+	mi := &file_herald_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3501,7 +3985,7 @@ func (x *CreateTopicRequest) String() string {
 func (*CreateTopicRequest) ProtoMessage() {}
 
 func (x *CreateTopicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[23]
+	mi := &file_herald_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3514,7 +3998,7 @@ func (x *CreateTopicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTopicRequest.ProtoReflect.Descriptor instead.
 func (*CreateTopicRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{23}
+	return file_herald_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CreateTopicRequest) GetName() string {
@@ -3540,7 +4024,7 @@ type CreateTopicResponse struct {
 
 func (x *CreateTopicResponse) Reset() {
 	*x = CreateTopicResponse{}
-	mi := &file_herald_proto_msgTypes[24]
+	mi := &file_herald_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3552,7 +4036,7 @@ func (x *CreateTopicResponse) String() string {
 func (*CreateTopicResponse) ProtoMessage() {}
 
 func (x *CreateTopicResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[24]
+	mi := &file_herald_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3565,7 +4049,7 @@ func (x *CreateTopicResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTopicResponse.ProtoReflect.Descriptor instead.
 func (*CreateTopicResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{24}
+	return file_herald_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CreateTopicResponse) GetTopic() *TopicInfo {
@@ -3584,7 +4068,7 @@ type DeleteTopicRequest struct {
 
 func (x *DeleteTopicRequest) Reset() {
 	*x = DeleteTopicRequest{}
-	mi := &file_herald_proto_msgTypes[25]
+	mi := &file_herald_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3596,7 +4080,7 @@ func (x *DeleteTopicRequest) String() string {
 func (*DeleteTopicRequest) ProtoMessage() {}
 
 func (x *DeleteTopicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[25]
+	mi := &file_herald_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3609,7 +4093,7 @@ func (x *DeleteTopicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTopicRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTopicRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{25}
+	return file_herald_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteTopicRequest) GetName() string {
@@ -3627,7 +4111,7 @@ type DeleteTopicResponse struct {
 
 func (x *DeleteTopicResponse) Reset() {
 	*x = DeleteTopicResponse{}
-	mi := &file_herald_proto_msgTypes[26]
+	mi := &file_herald_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3639,7 +4123,7 @@ func (x *DeleteTopicResponse) String() string {
 func (*DeleteTopicResponse) ProtoMessage() {}
 
 func (x *DeleteTopicResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[26]
+	mi := &file_herald_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3652,7 +4136,7 @@ func (x *DeleteTopicResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTopicResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTopicResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{26}
+	return file_herald_proto_rawDescGZIP(), []int{32}
 }
 
 // Moves partition replicas between nodes (cluster mode only). Each move
@@ -3672,7 +4156,7 @@ type ClusterAdminRequest struct {
 
 func (x *ClusterAdminRequest) Reset() {
 	*x = ClusterAdminRequest{}
-	mi := &file_herald_proto_msgTypes[27]
+	mi := &file_herald_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3684,7 +4168,7 @@ func (x *ClusterAdminRequest) String() string {
 func (*ClusterAdminRequest) ProtoMessage() {}
 
 func (x *ClusterAdminRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[27]
+	mi := &file_herald_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3697,7 +4181,7 @@ func (x *ClusterAdminRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterAdminRequest.ProtoReflect.Descriptor instead.
 func (*ClusterAdminRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{27}
+	return file_herald_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ClusterAdminRequest) GetOp() ClusterAdminRequest_Op {
@@ -3733,7 +4217,7 @@ type PartitionMove struct {
 
 func (x *PartitionMove) Reset() {
 	*x = PartitionMove{}
-	mi := &file_herald_proto_msgTypes[28]
+	mi := &file_herald_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3745,7 +4229,7 @@ func (x *PartitionMove) String() string {
 func (*PartitionMove) ProtoMessage() {}
 
 func (x *PartitionMove) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[28]
+	mi := &file_herald_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3758,7 +4242,7 @@ func (x *PartitionMove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionMove.ProtoReflect.Descriptor instead.
 func (*PartitionMove) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{28}
+	return file_herald_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PartitionMove) GetTopic() string {
@@ -3798,7 +4282,7 @@ type ClusterAdminResponse struct {
 
 func (x *ClusterAdminResponse) Reset() {
 	*x = ClusterAdminResponse{}
-	mi := &file_herald_proto_msgTypes[29]
+	mi := &file_herald_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3810,7 +4294,7 @@ func (x *ClusterAdminResponse) String() string {
 func (*ClusterAdminResponse) ProtoMessage() {}
 
 func (x *ClusterAdminResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[29]
+	mi := &file_herald_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3823,7 +4307,7 @@ func (x *ClusterAdminResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterAdminResponse.ProtoReflect.Descriptor instead.
 func (*ClusterAdminResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{29}
+	return file_herald_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ClusterAdminResponse) GetMoves() []*PartitionMove {
@@ -3841,7 +4325,7 @@ type ListTopicsRequest struct {
 
 func (x *ListTopicsRequest) Reset() {
 	*x = ListTopicsRequest{}
-	mi := &file_herald_proto_msgTypes[30]
+	mi := &file_herald_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3853,7 +4337,7 @@ func (x *ListTopicsRequest) String() string {
 func (*ListTopicsRequest) ProtoMessage() {}
 
 func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[30]
+	mi := &file_herald_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3866,7 +4350,7 @@ func (x *ListTopicsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsRequest.ProtoReflect.Descriptor instead.
 func (*ListTopicsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{30}
+	return file_herald_proto_rawDescGZIP(), []int{36}
 }
 
 type ListTopicsResponse struct {
@@ -3878,7 +4362,7 @@ type ListTopicsResponse struct {
 
 func (x *ListTopicsResponse) Reset() {
 	*x = ListTopicsResponse{}
-	mi := &file_herald_proto_msgTypes[31]
+	mi := &file_herald_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3890,7 +4374,7 @@ func (x *ListTopicsResponse) String() string {
 func (*ListTopicsResponse) ProtoMessage() {}
 
 func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[31]
+	mi := &file_herald_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3903,7 +4387,7 @@ func (x *ListTopicsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTopicsResponse.ProtoReflect.Descriptor instead.
 func (*ListTopicsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{31}
+	return file_herald_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListTopicsResponse) GetTopics() []*TopicInfo {
@@ -3922,7 +4406,7 @@ type DescribeTopicRequest struct {
 
 func (x *DescribeTopicRequest) Reset() {
 	*x = DescribeTopicRequest{}
-	mi := &file_herald_proto_msgTypes[32]
+	mi := &file_herald_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3934,7 +4418,7 @@ func (x *DescribeTopicRequest) String() string {
 func (*DescribeTopicRequest) ProtoMessage() {}
 
 func (x *DescribeTopicRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[32]
+	mi := &file_herald_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3947,7 +4431,7 @@ func (x *DescribeTopicRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeTopicRequest.ProtoReflect.Descriptor instead.
 func (*DescribeTopicRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{32}
+	return file_herald_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DescribeTopicRequest) GetName() string {
@@ -3966,7 +4450,7 @@ type DescribeTopicResponse struct {
 
 func (x *DescribeTopicResponse) Reset() {
 	*x = DescribeTopicResponse{}
-	mi := &file_herald_proto_msgTypes[33]
+	mi := &file_herald_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3978,7 +4462,7 @@ func (x *DescribeTopicResponse) String() string {
 func (*DescribeTopicResponse) ProtoMessage() {}
 
 func (x *DescribeTopicResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[33]
+	mi := &file_herald_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3991,7 +4475,7 @@ func (x *DescribeTopicResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeTopicResponse.ProtoReflect.Descriptor instead.
 func (*DescribeTopicResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{33}
+	return file_herald_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DescribeTopicResponse) GetTopic() *TopicInfo {
@@ -4011,7 +4495,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_herald_proto_msgTypes[34]
+	mi := &file_herald_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4023,7 +4507,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[34]
+	mi := &file_herald_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4036,7 +4520,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{34}
+	return file_herald_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Header) GetKey() string {
@@ -4072,7 +4556,7 @@ type Record struct {
 
 func (x *Record) Reset() {
 	*x = Record{}
-	mi := &file_herald_proto_msgTypes[35]
+	mi := &file_herald_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4084,7 +4568,7 @@ func (x *Record) String() string {
 func (*Record) ProtoMessage() {}
 
 func (x *Record) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[35]
+	mi := &file_herald_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4097,7 +4581,7 @@ func (x *Record) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Record.ProtoReflect.Descriptor instead.
 func (*Record) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{35}
+	return file_herald_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Record) GetKey() []byte {
@@ -4160,7 +4644,7 @@ type RecordBatch struct {
 
 func (x *RecordBatch) Reset() {
 	*x = RecordBatch{}
-	mi := &file_herald_proto_msgTypes[36]
+	mi := &file_herald_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4172,7 +4656,7 @@ func (x *RecordBatch) String() string {
 func (*RecordBatch) ProtoMessage() {}
 
 func (x *RecordBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[36]
+	mi := &file_herald_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4185,7 +4669,7 @@ func (x *RecordBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordBatch.ProtoReflect.Descriptor instead.
 func (*RecordBatch) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{36}
+	return file_herald_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RecordBatch) GetRecords() []*Record {
@@ -4211,7 +4695,7 @@ type StoredBatch struct {
 
 func (x *StoredBatch) Reset() {
 	*x = StoredBatch{}
-	mi := &file_herald_proto_msgTypes[37]
+	mi := &file_herald_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4223,7 +4707,7 @@ func (x *StoredBatch) String() string {
 func (*StoredBatch) ProtoMessage() {}
 
 func (x *StoredBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[37]
+	mi := &file_herald_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4236,7 +4720,7 @@ func (x *StoredBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredBatch.ProtoReflect.Descriptor instead.
 func (*StoredBatch) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{37}
+	return file_herald_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *StoredBatch) GetBaseOffset() int64 {
@@ -4344,7 +4828,7 @@ type ProduceRequest struct {
 
 func (x *ProduceRequest) Reset() {
 	*x = ProduceRequest{}
-	mi := &file_herald_proto_msgTypes[38]
+	mi := &file_herald_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4356,7 +4840,7 @@ func (x *ProduceRequest) String() string {
 func (*ProduceRequest) ProtoMessage() {}
 
 func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[38]
+	mi := &file_herald_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4369,7 +4853,7 @@ func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRequest.ProtoReflect.Descriptor instead.
 func (*ProduceRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{38}
+	return file_herald_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ProduceRequest) GetTopic() string {
@@ -4502,7 +4986,7 @@ type HalfOptions struct {
 
 func (x *HalfOptions) Reset() {
 	*x = HalfOptions{}
-	mi := &file_herald_proto_msgTypes[39]
+	mi := &file_herald_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4514,7 +4998,7 @@ func (x *HalfOptions) String() string {
 func (*HalfOptions) ProtoMessage() {}
 
 func (x *HalfOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[39]
+	mi := &file_herald_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4527,7 +5011,7 @@ func (x *HalfOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfOptions.ProtoReflect.Descriptor instead.
 func (*HalfOptions) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{39}
+	return file_herald_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *HalfOptions) GetProducerGroup() string {
@@ -4585,7 +5069,7 @@ type ProduceResponse struct {
 
 func (x *ProduceResponse) Reset() {
 	*x = ProduceResponse{}
-	mi := &file_herald_proto_msgTypes[40]
+	mi := &file_herald_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4597,7 +5081,7 @@ func (x *ProduceResponse) String() string {
 func (*ProduceResponse) ProtoMessage() {}
 
 func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[40]
+	mi := &file_herald_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4610,7 +5094,7 @@ func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResponse.ProtoReflect.Descriptor instead.
 func (*ProduceResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{40}
+	return file_herald_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ProduceResponse) GetPartition() uint32 {
@@ -4703,7 +5187,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_herald_proto_msgTypes[41]
+	mi := &file_herald_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4715,7 +5199,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[41]
+	mi := &file_herald_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4728,7 +5212,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{41}
+	return file_herald_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *FetchRequest) GetTopic() string {
@@ -4805,7 +5289,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4817,7 +5301,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[42]
+	mi := &file_herald_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4830,7 +5314,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{42}
+	return file_herald_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *FetchResponse) GetPartition() uint32 {
@@ -4880,7 +5364,7 @@ type ListOffsetsRequest struct {
 
 func (x *ListOffsetsRequest) Reset() {
 	*x = ListOffsetsRequest{}
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4892,7 +5376,7 @@ func (x *ListOffsetsRequest) String() string {
 func (*ListOffsetsRequest) ProtoMessage() {}
 
 func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[43]
+	mi := &file_herald_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4905,7 +5389,7 @@ func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*ListOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{43}
+	return file_herald_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListOffsetsRequest) GetTopic() string {
@@ -4948,7 +5432,7 @@ type ListOffsetsResponse struct {
 
 func (x *ListOffsetsResponse) Reset() {
 	*x = ListOffsetsResponse{}
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4960,7 +5444,7 @@ func (x *ListOffsetsResponse) String() string {
 func (*ListOffsetsResponse) ProtoMessage() {}
 
 func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[44]
+	mi := &file_herald_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4973,7 +5457,7 @@ func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*ListOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{44}
+	return file_herald_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListOffsetsResponse) GetPartition() uint32 {
@@ -5021,7 +5505,7 @@ type StartPosition struct {
 
 func (x *StartPosition) Reset() {
 	*x = StartPosition{}
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5033,7 +5517,7 @@ func (x *StartPosition) String() string {
 func (*StartPosition) ProtoMessage() {}
 
 func (x *StartPosition) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[45]
+	mi := &file_herald_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5046,7 +5530,7 @@ func (x *StartPosition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartPosition.ProtoReflect.Descriptor instead.
 func (*StartPosition) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{45}
+	return file_herald_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *StartPosition) GetAt() isStartPosition_At {
@@ -5157,7 +5641,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5169,7 +5653,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[46]
+	mi := &file_herald_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5182,7 +5666,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{46}
+	return file_herald_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SubscribeRequest) GetGroup() string {
@@ -5301,7 +5785,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5313,7 +5797,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[47]
+	mi := &file_herald_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5326,7 +5810,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{47}
+	return file_herald_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *SubscribeResponse) GetSubscriptionId() uint64 {
@@ -5366,7 +5850,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5378,7 +5862,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[48]
+	mi := &file_herald_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5391,7 +5875,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{48}
+	return file_herald_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AckRequest) GetSubscriptionId() uint64 {
@@ -5430,7 +5914,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5442,7 +5926,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[49]
+	mi := &file_herald_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5455,7 +5939,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{49}
+	return file_herald_proto_rawDescGZIP(), []int{55}
 }
 
 // Gives messages back for redelivery, no earlier than delay_ms from now and
@@ -5476,7 +5960,7 @@ type NackRequest struct {
 
 func (x *NackRequest) Reset() {
 	*x = NackRequest{}
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5488,7 +5972,7 @@ func (x *NackRequest) String() string {
 func (*NackRequest) ProtoMessage() {}
 
 func (x *NackRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[50]
+	mi := &file_herald_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5501,7 +5985,7 @@ func (x *NackRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
 func (*NackRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{50}
+	return file_herald_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *NackRequest) GetSubscriptionId() uint64 {
@@ -5554,7 +6038,7 @@ type NackResponse struct {
 
 func (x *NackResponse) Reset() {
 	*x = NackResponse{}
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5566,7 +6050,7 @@ func (x *NackResponse) String() string {
 func (*NackResponse) ProtoMessage() {}
 
 func (x *NackResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[51]
+	mi := &file_herald_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5579,7 +6063,7 @@ func (x *NackResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NackResponse.ProtoReflect.Descriptor instead.
 func (*NackResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{51}
+	return file_herald_proto_rawDescGZIP(), []int{57}
 }
 
 // Kafka-style commit (clustering mode): every offset below `offset` of a
@@ -5595,7 +6079,7 @@ type CommitRequest struct {
 
 func (x *CommitRequest) Reset() {
 	*x = CommitRequest{}
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5607,7 +6091,7 @@ func (x *CommitRequest) String() string {
 func (*CommitRequest) ProtoMessage() {}
 
 func (x *CommitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[52]
+	mi := &file_herald_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5620,7 +6104,7 @@ func (x *CommitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitRequest.ProtoReflect.Descriptor instead.
 func (*CommitRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{52}
+	return file_herald_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CommitRequest) GetSubscriptionId() uint64 {
@@ -5652,7 +6136,7 @@ type CommitResponse struct {
 
 func (x *CommitResponse) Reset() {
 	*x = CommitResponse{}
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5664,7 +6148,7 @@ func (x *CommitResponse) String() string {
 func (*CommitResponse) ProtoMessage() {}
 
 func (x *CommitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[53]
+	mi := &file_herald_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5677,7 +6161,7 @@ func (x *CommitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitResponse.ProtoReflect.Descriptor instead.
 func (*CommitResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{53}
+	return file_herald_proto_rawDescGZIP(), []int{59}
 }
 
 // Leaves the group; unacked messages are redelivered to other members.
@@ -5690,7 +6174,7 @@ type UnsubscribeRequest struct {
 
 func (x *UnsubscribeRequest) Reset() {
 	*x = UnsubscribeRequest{}
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5702,7 +6186,7 @@ func (x *UnsubscribeRequest) String() string {
 func (*UnsubscribeRequest) ProtoMessage() {}
 
 func (x *UnsubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[54]
+	mi := &file_herald_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5715,7 +6199,7 @@ func (x *UnsubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnsubscribeRequest.ProtoReflect.Descriptor instead.
 func (*UnsubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{54}
+	return file_herald_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *UnsubscribeRequest) GetSubscriptionId() uint64 {
@@ -5733,7 +6217,7 @@ type UnsubscribeResponse struct {
 
 func (x *UnsubscribeResponse) Reset() {
 	*x = UnsubscribeResponse{}
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5745,7 +6229,7 @@ func (x *UnsubscribeResponse) String() string {
 func (*UnsubscribeResponse) ProtoMessage() {}
 
 func (x *UnsubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[55]
+	mi := &file_herald_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5758,7 +6242,7 @@ func (x *UnsubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnsubscribeResponse.ProtoReflect.Descriptor instead.
 func (*UnsubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{55}
+	return file_herald_proto_rawDescGZIP(), []int{61}
 }
 
 // DeliveredMessage is one pushed message. `record` is the Record exactly as
@@ -5780,7 +6264,7 @@ type DeliveredMessage struct {
 
 func (x *DeliveredMessage) Reset() {
 	*x = DeliveredMessage{}
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5792,7 +6276,7 @@ func (x *DeliveredMessage) String() string {
 func (*DeliveredMessage) ProtoMessage() {}
 
 func (x *DeliveredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[56]
+	mi := &file_herald_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5805,7 +6289,7 @@ func (x *DeliveredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliveredMessage.ProtoReflect.Descriptor instead.
 func (*DeliveredMessage) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{56}
+	return file_herald_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DeliveredMessage) GetPartition() uint32 {
@@ -5868,7 +6352,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_herald_proto_msgTypes[57]
+	mi := &file_herald_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5880,7 +6364,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[57]
+	mi := &file_herald_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5893,7 +6377,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{57}
+	return file_herald_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *Delivery) GetSubscriptionId() uint64 {
@@ -5924,7 +6408,7 @@ type AssignmentChange struct {
 
 func (x *AssignmentChange) Reset() {
 	*x = AssignmentChange{}
-	mi := &file_herald_proto_msgTypes[58]
+	mi := &file_herald_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5936,7 +6420,7 @@ func (x *AssignmentChange) String() string {
 func (*AssignmentChange) ProtoMessage() {}
 
 func (x *AssignmentChange) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[58]
+	mi := &file_herald_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5949,7 +6433,7 @@ func (x *AssignmentChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AssignmentChange.ProtoReflect.Descriptor instead.
 func (*AssignmentChange) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{58}
+	return file_herald_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *AssignmentChange) GetSubscriptionId() uint64 {
@@ -5985,7 +6469,7 @@ type SubscriptionEnded struct {
 
 func (x *SubscriptionEnded) Reset() {
 	*x = SubscriptionEnded{}
-	mi := &file_herald_proto_msgTypes[59]
+	mi := &file_herald_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5997,7 +6481,7 @@ func (x *SubscriptionEnded) String() string {
 func (*SubscriptionEnded) ProtoMessage() {}
 
 func (x *SubscriptionEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[59]
+	mi := &file_herald_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6010,7 +6494,7 @@ func (x *SubscriptionEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscriptionEnded.ProtoReflect.Descriptor instead.
 func (*SubscriptionEnded) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{59}
+	return file_herald_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *SubscriptionEnded) GetSubscriptionId() uint64 {
@@ -6035,7 +6519,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_herald_proto_msgTypes[60]
+	mi := &file_herald_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6047,7 +6531,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[60]
+	mi := &file_herald_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6060,7 +6544,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{60}
+	return file_herald_proto_rawDescGZIP(), []int{66}
 }
 
 type GroupSummary struct {
@@ -6076,7 +6560,7 @@ type GroupSummary struct {
 
 func (x *GroupSummary) Reset() {
 	*x = GroupSummary{}
-	mi := &file_herald_proto_msgTypes[61]
+	mi := &file_herald_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6088,7 +6572,7 @@ func (x *GroupSummary) String() string {
 func (*GroupSummary) ProtoMessage() {}
 
 func (x *GroupSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[61]
+	mi := &file_herald_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6101,7 +6585,7 @@ func (x *GroupSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupSummary.ProtoReflect.Descriptor instead.
 func (*GroupSummary) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{61}
+	return file_herald_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *GroupSummary) GetGroup() string {
@@ -6148,7 +6632,7 @@ type ListGroupsResponse struct {
 
 func (x *ListGroupsResponse) Reset() {
 	*x = ListGroupsResponse{}
-	mi := &file_herald_proto_msgTypes[62]
+	mi := &file_herald_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6160,7 +6644,7 @@ func (x *ListGroupsResponse) String() string {
 func (*ListGroupsResponse) ProtoMessage() {}
 
 func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[62]
+	mi := &file_herald_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6173,7 +6657,7 @@ func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{62}
+	return file_herald_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListGroupsResponse) GetGroups() []*GroupSummary {
@@ -6192,7 +6676,7 @@ type DescribeGroupRequest struct {
 
 func (x *DescribeGroupRequest) Reset() {
 	*x = DescribeGroupRequest{}
-	mi := &file_herald_proto_msgTypes[63]
+	mi := &file_herald_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6204,7 +6688,7 @@ func (x *DescribeGroupRequest) String() string {
 func (*DescribeGroupRequest) ProtoMessage() {}
 
 func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[63]
+	mi := &file_herald_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6217,7 +6701,7 @@ func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupRequest.ProtoReflect.Descriptor instead.
 func (*DescribeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{63}
+	return file_herald_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *DescribeGroupRequest) GetGroup() string {
@@ -6245,7 +6729,7 @@ type MemberInfo struct {
 
 func (x *MemberInfo) Reset() {
 	*x = MemberInfo{}
-	mi := &file_herald_proto_msgTypes[64]
+	mi := &file_herald_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6257,7 +6741,7 @@ func (x *MemberInfo) String() string {
 func (*MemberInfo) ProtoMessage() {}
 
 func (x *MemberInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[64]
+	mi := &file_herald_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6270,7 +6754,7 @@ func (x *MemberInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberInfo.ProtoReflect.Descriptor instead.
 func (*MemberInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{64}
+	return file_herald_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *MemberInfo) GetMemberId() string {
@@ -6365,7 +6849,7 @@ type PartitionLag struct {
 
 func (x *PartitionLag) Reset() {
 	*x = PartitionLag{}
-	mi := &file_herald_proto_msgTypes[65]
+	mi := &file_herald_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6377,7 +6861,7 @@ func (x *PartitionLag) String() string {
 func (*PartitionLag) ProtoMessage() {}
 
 func (x *PartitionLag) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[65]
+	mi := &file_herald_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6390,7 +6874,7 @@ func (x *PartitionLag) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionLag.ProtoReflect.Descriptor instead.
 func (*PartitionLag) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{65}
+	return file_herald_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *PartitionLag) GetPartition() uint32 {
@@ -6465,7 +6949,7 @@ type GroupInfo struct {
 
 func (x *GroupInfo) Reset() {
 	*x = GroupInfo{}
-	mi := &file_herald_proto_msgTypes[66]
+	mi := &file_herald_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6477,7 +6961,7 @@ func (x *GroupInfo) String() string {
 func (*GroupInfo) ProtoMessage() {}
 
 func (x *GroupInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[66]
+	mi := &file_herald_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6490,7 +6974,7 @@ func (x *GroupInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupInfo.ProtoReflect.Descriptor instead.
 func (*GroupInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{66}
+	return file_herald_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *GroupInfo) GetGroup() string {
@@ -6600,7 +7084,7 @@ type DescribeGroupResponse struct {
 
 func (x *DescribeGroupResponse) Reset() {
 	*x = DescribeGroupResponse{}
-	mi := &file_herald_proto_msgTypes[67]
+	mi := &file_herald_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6612,7 +7096,7 @@ func (x *DescribeGroupResponse) String() string {
 func (*DescribeGroupResponse) ProtoMessage() {}
 
 func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[67]
+	mi := &file_herald_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6625,7 +7109,7 @@ func (x *DescribeGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupResponse.ProtoReflect.Descriptor instead.
 func (*DescribeGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{67}
+	return file_herald_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *DescribeGroupResponse) GetGroup() *GroupInfo {
@@ -6650,7 +7134,7 @@ type ResetGroupRequest struct {
 
 func (x *ResetGroupRequest) Reset() {
 	*x = ResetGroupRequest{}
-	mi := &file_herald_proto_msgTypes[68]
+	mi := &file_herald_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6662,7 +7146,7 @@ func (x *ResetGroupRequest) String() string {
 func (*ResetGroupRequest) ProtoMessage() {}
 
 func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[68]
+	mi := &file_herald_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6675,7 +7159,7 @@ func (x *ResetGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupRequest.ProtoReflect.Descriptor instead.
 func (*ResetGroupRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{68}
+	return file_herald_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ResetGroupRequest) GetGroup() string {
@@ -6715,7 +7199,7 @@ type ResetGroupResponse struct {
 
 func (x *ResetGroupResponse) Reset() {
 	*x = ResetGroupResponse{}
-	mi := &file_herald_proto_msgTypes[69]
+	mi := &file_herald_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6727,7 +7211,7 @@ func (x *ResetGroupResponse) String() string {
 func (*ResetGroupResponse) ProtoMessage() {}
 
 func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[69]
+	mi := &file_herald_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6740,7 +7224,7 @@ func (x *ResetGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupResponse.ProtoReflect.Descriptor instead.
 func (*ResetGroupResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{69}
+	return file_herald_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ResetGroupResponse) GetGroup() *GroupInfo {
@@ -6761,7 +7245,7 @@ type CallRequest struct {
 
 func (x *CallRequest) Reset() {
 	*x = CallRequest{}
-	mi := &file_herald_proto_msgTypes[70]
+	mi := &file_herald_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6773,7 +7257,7 @@ func (x *CallRequest) String() string {
 func (*CallRequest) ProtoMessage() {}
 
 func (x *CallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[70]
+	mi := &file_herald_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6786,7 +7270,7 @@ func (x *CallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallRequest.ProtoReflect.Descriptor instead.
 func (*CallRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{70}
+	return file_herald_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CallRequest) GetTopic() string {
@@ -6821,7 +7305,7 @@ type CallResponse struct {
 
 func (x *CallResponse) Reset() {
 	*x = CallResponse{}
-	mi := &file_herald_proto_msgTypes[71]
+	mi := &file_herald_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6833,7 +7317,7 @@ func (x *CallResponse) String() string {
 func (*CallResponse) ProtoMessage() {}
 
 func (x *CallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[71]
+	mi := &file_herald_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6846,7 +7330,7 @@ func (x *CallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallResponse.ProtoReflect.Descriptor instead.
 func (*CallResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{71}
+	return file_herald_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *CallResponse) GetInbox() string {
@@ -6874,7 +7358,7 @@ type ReplyRequest struct {
 
 func (x *ReplyRequest) Reset() {
 	*x = ReplyRequest{}
-	mi := &file_herald_proto_msgTypes[72]
+	mi := &file_herald_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6886,7 +7370,7 @@ func (x *ReplyRequest) String() string {
 func (*ReplyRequest) ProtoMessage() {}
 
 func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[72]
+	mi := &file_herald_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6899,7 +7383,7 @@ func (x *ReplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyRequest.ProtoReflect.Descriptor instead.
 func (*ReplyRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{72}
+	return file_herald_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ReplyRequest) GetInbox() string {
@@ -6931,7 +7415,7 @@ type ReplyResponse struct {
 
 func (x *ReplyResponse) Reset() {
 	*x = ReplyResponse{}
-	mi := &file_herald_proto_msgTypes[73]
+	mi := &file_herald_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6943,7 +7427,7 @@ func (x *ReplyResponse) String() string {
 func (*ReplyResponse) ProtoMessage() {}
 
 func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[73]
+	mi := &file_herald_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6956,7 +7440,7 @@ func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyResponse.ProtoReflect.Descriptor instead.
 func (*ReplyResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{73}
+	return file_herald_proto_rawDescGZIP(), []int{79}
 }
 
 // Push: a reply to an earlier CallRequest of this connection.
@@ -6970,7 +7454,7 @@ type ReplyDelivery struct {
 
 func (x *ReplyDelivery) Reset() {
 	*x = ReplyDelivery{}
-	mi := &file_herald_proto_msgTypes[74]
+	mi := &file_herald_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6982,7 +7466,7 @@ func (x *ReplyDelivery) String() string {
 func (*ReplyDelivery) ProtoMessage() {}
 
 func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[74]
+	mi := &file_herald_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6995,7 +7479,7 @@ func (x *ReplyDelivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplyDelivery.ProtoReflect.Descriptor instead.
 func (*ReplyDelivery) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{74}
+	return file_herald_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ReplyDelivery) GetCorrelationId() uint64 {
@@ -7014,15 +7498,18 @@ func (x *ReplyDelivery) GetRecord() *Record {
 
 // Cancels a delayed batch before it is appended to its topic.
 type CancelScheduledRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Set by the broker from the connection's vhost ("" = the default):
+	// a delayed message of another vhost's topic is SCHEDULE_NOT_FOUND.
+	Vhost         string `protobuf:"bytes,2,opt,name=vhost,proto3" json:"vhost,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CancelScheduledRequest) Reset() {
 	*x = CancelScheduledRequest{}
-	mi := &file_herald_proto_msgTypes[75]
+	mi := &file_herald_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7034,7 +7521,7 @@ func (x *CancelScheduledRequest) String() string {
 func (*CancelScheduledRequest) ProtoMessage() {}
 
 func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[75]
+	mi := &file_herald_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7047,12 +7534,19 @@ func (x *CancelScheduledRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelScheduledRequest.ProtoReflect.Descriptor instead.
 func (*CancelScheduledRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{75}
+	return file_herald_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CancelScheduledRequest) GetId() string {
 	if x != nil {
 		return x.Id
+	}
+	return ""
+}
+
+func (x *CancelScheduledRequest) GetVhost() string {
+	if x != nil {
+		return x.Vhost
 	}
 	return ""
 }
@@ -7067,7 +7561,7 @@ type CancelScheduledResponse struct {
 
 func (x *CancelScheduledResponse) Reset() {
 	*x = CancelScheduledResponse{}
-	mi := &file_herald_proto_msgTypes[76]
+	mi := &file_herald_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7079,7 +7573,7 @@ func (x *CancelScheduledResponse) String() string {
 func (*CancelScheduledResponse) ProtoMessage() {}
 
 func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[76]
+	mi := &file_herald_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7092,7 +7586,7 @@ func (x *CancelScheduledResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelScheduledResponse.ProtoReflect.Descriptor instead.
 func (*CancelScheduledResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{76}
+	return file_herald_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *CancelScheduledResponse) GetTopic() string {
@@ -7122,7 +7616,7 @@ type ListScheduledRequest struct {
 
 func (x *ListScheduledRequest) Reset() {
 	*x = ListScheduledRequest{}
-	mi := &file_herald_proto_msgTypes[77]
+	mi := &file_herald_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7134,7 +7628,7 @@ func (x *ListScheduledRequest) String() string {
 func (*ListScheduledRequest) ProtoMessage() {}
 
 func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[77]
+	mi := &file_herald_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7147,7 +7641,7 @@ func (x *ListScheduledRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScheduledRequest.ProtoReflect.Descriptor instead.
 func (*ListScheduledRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{77}
+	return file_herald_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListScheduledRequest) GetTopic() string {
@@ -7179,7 +7673,7 @@ type ScheduledInfo struct {
 
 func (x *ScheduledInfo) Reset() {
 	*x = ScheduledInfo{}
-	mi := &file_herald_proto_msgTypes[78]
+	mi := &file_herald_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7191,7 +7685,7 @@ func (x *ScheduledInfo) String() string {
 func (*ScheduledInfo) ProtoMessage() {}
 
 func (x *ScheduledInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[78]
+	mi := &file_herald_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7204,7 +7698,7 @@ func (x *ScheduledInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScheduledInfo.ProtoReflect.Descriptor instead.
 func (*ScheduledInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{78}
+	return file_herald_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ScheduledInfo) GetId() string {
@@ -7267,7 +7761,7 @@ type ListScheduledResponse struct {
 
 func (x *ListScheduledResponse) Reset() {
 	*x = ListScheduledResponse{}
-	mi := &file_herald_proto_msgTypes[79]
+	mi := &file_herald_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7279,7 +7773,7 @@ func (x *ListScheduledResponse) String() string {
 func (*ListScheduledResponse) ProtoMessage() {}
 
 func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[79]
+	mi := &file_herald_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7292,7 +7786,7 @@ func (x *ListScheduledResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListScheduledResponse.ProtoReflect.Descriptor instead.
 func (*ListScheduledResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{79}
+	return file_herald_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ListScheduledResponse) GetScheduled() []*ScheduledInfo {
@@ -7335,7 +7829,7 @@ type RepairPartitionRequest struct {
 
 func (x *RepairPartitionRequest) Reset() {
 	*x = RepairPartitionRequest{}
-	mi := &file_herald_proto_msgTypes[80]
+	mi := &file_herald_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7347,7 +7841,7 @@ func (x *RepairPartitionRequest) String() string {
 func (*RepairPartitionRequest) ProtoMessage() {}
 
 func (x *RepairPartitionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[80]
+	mi := &file_herald_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7360,7 +7854,7 @@ func (x *RepairPartitionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPartitionRequest.ProtoReflect.Descriptor instead.
 func (*RepairPartitionRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{80}
+	return file_herald_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *RepairPartitionRequest) GetTopic() string {
@@ -7424,7 +7918,7 @@ type RepairPartitionResponse struct {
 
 func (x *RepairPartitionResponse) Reset() {
 	*x = RepairPartitionResponse{}
-	mi := &file_herald_proto_msgTypes[81]
+	mi := &file_herald_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7436,7 +7930,7 @@ func (x *RepairPartitionResponse) String() string {
 func (*RepairPartitionResponse) ProtoMessage() {}
 
 func (x *RepairPartitionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[81]
+	mi := &file_herald_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7449,7 +7943,7 @@ func (x *RepairPartitionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPartitionResponse.ProtoReflect.Descriptor instead.
 func (*RepairPartitionResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{81}
+	return file_herald_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RepairPartitionResponse) GetDamaged() bool {
@@ -7546,7 +8040,7 @@ type EndHalfRequest struct {
 
 func (x *EndHalfRequest) Reset() {
 	*x = EndHalfRequest{}
-	mi := &file_herald_proto_msgTypes[82]
+	mi := &file_herald_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7558,7 +8052,7 @@ func (x *EndHalfRequest) String() string {
 func (*EndHalfRequest) ProtoMessage() {}
 
 func (x *EndHalfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[82]
+	mi := &file_herald_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7571,7 +8065,7 @@ func (x *EndHalfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndHalfRequest.ProtoReflect.Descriptor instead.
 func (*EndHalfRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{82}
+	return file_herald_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *EndHalfRequest) GetId() string {
@@ -7624,7 +8118,7 @@ type EndHalfResponse struct {
 
 func (x *EndHalfResponse) Reset() {
 	*x = EndHalfResponse{}
-	mi := &file_herald_proto_msgTypes[83]
+	mi := &file_herald_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7636,7 +8130,7 @@ func (x *EndHalfResponse) String() string {
 func (*EndHalfResponse) ProtoMessage() {}
 
 func (x *EndHalfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[83]
+	mi := &file_herald_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7649,7 +8143,7 @@ func (x *EndHalfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndHalfResponse.ProtoReflect.Descriptor instead.
 func (*EndHalfResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{83}
+	return file_herald_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *EndHalfResponse) GetTopic() string {
@@ -7702,7 +8196,7 @@ type RegisterProducerRequest struct {
 
 func (x *RegisterProducerRequest) Reset() {
 	*x = RegisterProducerRequest{}
-	mi := &file_herald_proto_msgTypes[84]
+	mi := &file_herald_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7714,7 +8208,7 @@ func (x *RegisterProducerRequest) String() string {
 func (*RegisterProducerRequest) ProtoMessage() {}
 
 func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[84]
+	mi := &file_herald_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7727,7 +8221,7 @@ func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterProducerRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{84}
+	return file_herald_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RegisterProducerRequest) GetProducerGroup() string {
@@ -7755,7 +8249,7 @@ type RegisterProducerResponse struct {
 
 func (x *RegisterProducerResponse) Reset() {
 	*x = RegisterProducerResponse{}
-	mi := &file_herald_proto_msgTypes[85]
+	mi := &file_herald_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7767,7 +8261,7 @@ func (x *RegisterProducerResponse) String() string {
 func (*RegisterProducerResponse) ProtoMessage() {}
 
 func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[85]
+	mi := &file_herald_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7780,7 +8274,7 @@ func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterProducerResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{85}
+	return file_herald_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RegisterProducerResponse) GetHeartbeatMs() uint32 {
@@ -7817,7 +8311,7 @@ type HalfCheck struct {
 
 func (x *HalfCheck) Reset() {
 	*x = HalfCheck{}
-	mi := &file_herald_proto_msgTypes[86]
+	mi := &file_herald_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7829,7 +8323,7 @@ func (x *HalfCheck) String() string {
 func (*HalfCheck) ProtoMessage() {}
 
 func (x *HalfCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[86]
+	mi := &file_herald_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7842,7 +8336,7 @@ func (x *HalfCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfCheck.ProtoReflect.Descriptor instead.
 func (*HalfCheck) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{86}
+	return file_herald_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *HalfCheck) GetId() string {
@@ -7918,7 +8412,7 @@ type ListTxnRequest struct {
 
 func (x *ListTxnRequest) Reset() {
 	*x = ListTxnRequest{}
-	mi := &file_herald_proto_msgTypes[87]
+	mi := &file_herald_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7930,7 +8424,7 @@ func (x *ListTxnRequest) String() string {
 func (*ListTxnRequest) ProtoMessage() {}
 
 func (x *ListTxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[87]
+	mi := &file_herald_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7943,7 +8437,7 @@ func (x *ListTxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTxnRequest.ProtoReflect.Descriptor instead.
 func (*ListTxnRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{87}
+	return file_herald_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ListTxnRequest) GetProducerGroup() string {
@@ -7996,7 +8490,7 @@ type HalfInfo struct {
 
 func (x *HalfInfo) Reset() {
 	*x = HalfInfo{}
-	mi := &file_herald_proto_msgTypes[88]
+	mi := &file_herald_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8008,7 +8502,7 @@ func (x *HalfInfo) String() string {
 func (*HalfInfo) ProtoMessage() {}
 
 func (x *HalfInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[88]
+	mi := &file_herald_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8021,7 +8515,7 @@ func (x *HalfInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfInfo.ProtoReflect.Descriptor instead.
 func (*HalfInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{88}
+	return file_herald_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *HalfInfo) GetId() string {
@@ -8120,7 +8614,7 @@ type ListTxnResponse struct {
 
 func (x *ListTxnResponse) Reset() {
 	*x = ListTxnResponse{}
-	mi := &file_herald_proto_msgTypes[89]
+	mi := &file_herald_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8132,7 +8626,7 @@ func (x *ListTxnResponse) String() string {
 func (*ListTxnResponse) ProtoMessage() {}
 
 func (x *ListTxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[89]
+	mi := &file_herald_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8145,7 +8639,7 @@ func (x *ListTxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTxnResponse.ProtoReflect.Descriptor instead.
 func (*ListTxnResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{89}
+	return file_herald_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ListTxnResponse) GetHalves() []*HalfInfo {
@@ -8185,7 +8679,7 @@ type InitProducerIdRequest struct {
 
 func (x *InitProducerIdRequest) Reset() {
 	*x = InitProducerIdRequest{}
-	mi := &file_herald_proto_msgTypes[90]
+	mi := &file_herald_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8197,7 +8691,7 @@ func (x *InitProducerIdRequest) String() string {
 func (*InitProducerIdRequest) ProtoMessage() {}
 
 func (x *InitProducerIdRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[90]
+	mi := &file_herald_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8210,7 +8704,7 @@ func (x *InitProducerIdRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitProducerIdRequest.ProtoReflect.Descriptor instead.
 func (*InitProducerIdRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{90}
+	return file_herald_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *InitProducerIdRequest) GetTransactionalId() string {
@@ -8237,7 +8731,7 @@ type InitProducerIdResponse struct {
 
 func (x *InitProducerIdResponse) Reset() {
 	*x = InitProducerIdResponse{}
-	mi := &file_herald_proto_msgTypes[91]
+	mi := &file_herald_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8249,7 +8743,7 @@ func (x *InitProducerIdResponse) String() string {
 func (*InitProducerIdResponse) ProtoMessage() {}
 
 func (x *InitProducerIdResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[91]
+	mi := &file_herald_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8262,7 +8756,7 @@ func (x *InitProducerIdResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitProducerIdResponse.ProtoReflect.Descriptor instead.
 func (*InitProducerIdResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{91}
+	return file_herald_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *InitProducerIdResponse) GetProducerId() uint64 {
@@ -8297,7 +8791,7 @@ type EndTxnRequest struct {
 
 func (x *EndTxnRequest) Reset() {
 	*x = EndTxnRequest{}
-	mi := &file_herald_proto_msgTypes[92]
+	mi := &file_herald_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8309,7 +8803,7 @@ func (x *EndTxnRequest) String() string {
 func (*EndTxnRequest) ProtoMessage() {}
 
 func (x *EndTxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[92]
+	mi := &file_herald_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8322,7 +8816,7 @@ func (x *EndTxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTxnRequest.ProtoReflect.Descriptor instead.
 func (*EndTxnRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{92}
+	return file_herald_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *EndTxnRequest) GetTransactionalId() string {
@@ -8375,7 +8869,7 @@ type EndTxnResponse struct {
 
 func (x *EndTxnResponse) Reset() {
 	*x = EndTxnResponse{}
-	mi := &file_herald_proto_msgTypes[93]
+	mi := &file_herald_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8387,7 +8881,7 @@ func (x *EndTxnResponse) String() string {
 func (*EndTxnResponse) ProtoMessage() {}
 
 func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[93]
+	mi := &file_herald_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8400,7 +8894,7 @@ func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTxnResponse.ProtoReflect.Descriptor instead.
 func (*EndTxnResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{93}
+	return file_herald_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *EndTxnResponse) GetNextEpoch() uint32 {
@@ -8449,7 +8943,7 @@ type TxnInfo struct {
 
 func (x *TxnInfo) Reset() {
 	*x = TxnInfo{}
-	mi := &file_herald_proto_msgTypes[94]
+	mi := &file_herald_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8461,7 +8955,7 @@ func (x *TxnInfo) String() string {
 func (*TxnInfo) ProtoMessage() {}
 
 func (x *TxnInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[94]
+	mi := &file_herald_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8474,7 +8968,7 @@ func (x *TxnInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnInfo.ProtoReflect.Descriptor instead.
 func (*TxnInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{94}
+	return file_herald_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *TxnInfo) GetTransactionalId() string {
@@ -8553,7 +9047,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x06leader\x18\x05 \x01(\rR\x06leader\x12\x1b\n" +
 	"\tlost_from\x18\x06 \x01(\x03R\blostFrom\x12\x17\n" +
 	"\alost_to\x18\a \x01(\x03R\x06lostTo\x12'\n" +
-	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\x98(\n" +
+	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\xc0*\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -8628,7 +9122,13 @@ const file_herald_proto_rawDesc = "" +
 	"alter_acls\x18R \x01(\v2\x1b.herald.v1.AlterAclsRequestH\x00R\talterAcls\x12N\n" +
 	"\x13alter_acls_response\x18S \x01(\v2\x1c.herald.v1.AlterAclsResponseH\x00R\x11alterAclsResponse\x129\n" +
 	"\tlist_acls\x18T \x01(\v2\x1a.herald.v1.ListAclsRequestH\x00R\blistAcls\x12K\n" +
-	"\x12list_acls_response\x18U \x01(\v2\x1b.herald.v1.ListAclsResponseH\x00R\x10listAclsResponse\x121\n" +
+	"\x12list_acls_response\x18U \x01(\v2\x1b.herald.v1.ListAclsResponseH\x00R\x10listAclsResponse\x12?\n" +
+	"\valter_vhost\x18V \x01(\v2\x1c.herald.v1.AlterVhostRequestH\x00R\n" +
+	"alterVhost\x12Q\n" +
+	"\x14alter_vhost_response\x18W \x01(\v2\x1d.herald.v1.AlterVhostResponseH\x00R\x12alterVhostResponse\x12?\n" +
+	"\vlist_vhosts\x18X \x01(\v2\x1c.herald.v1.ListVhostsRequestH\x00R\n" +
+	"listVhosts\x12Q\n" +
+	"\x14list_vhosts_response\x18Y \x01(\v2\x1d.herald.v1.ListVhostsResponseH\x00R\x12listVhostsResponse\x121\n" +
 	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
@@ -8638,14 +9138,15 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"half_check\x18@ \x01(\v2\x14.herald.v1.HalfCheckH\x00R\thalfCheck\x12(\n" +
 	"\x05error\x18d \x01(\v2\x10.herald.v1.ErrorH\x00R\x05errorB\x06\n" +
-	"\x04body\"\xe6\x01\n" +
+	"\x04body\"\xfc\x01\n" +
 	"\fHelloRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12&\n" +
 	"\x0fmax_frame_bytes\x18\x03 \x01(\rR\rmaxFrameBytes\x12\"\n" +
 	"\rmax_in_flight\x18\x04 \x01(\rR\vmaxInFlight\x12%\n" +
 	"\x0esasl_mechanism\x18\x05 \x01(\tR\rsaslMechanism\x12\x1b\n" +
-	"\tsasl_data\x18\x06 \x01(\fR\bsaslData\"\xd2\x02\n" +
+	"\tsasl_data\x18\x06 \x01(\fR\bsaslData\x12\x14\n" +
+	"\x05vhost\x18\a \x01(\tR\x05vhost\"\xe8\x02\n" +
 	"\rHelloResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12&\n" +
 	"\x0fmax_frame_bytes\x18\x02 \x01(\rR\rmaxFrameBytes\x12\"\n" +
@@ -8655,7 +9156,9 @@ const file_herald_proto_rawDesc = "" +
 	"\x0fidle_timeout_ms\x18\x06 \x01(\rR\ridleTimeoutMs\x12'\n" +
 	"\x0fsasl_mechanisms\x18\a \x03(\tR\x0esaslMechanisms\x12\x1b\n" +
 	"\tsasl_data\x18\b \x01(\fR\bsaslData\x12\x1c\n" +
-	"\tprincipal\x18\t \x01(\tR\tprincipal\"6\n" +
+	"\tprincipal\x18\t \x01(\tR\tprincipal\x12\x14\n" +
+	"\x05vhost\x18\n" +
+	" \x01(\tR\x05vhost\"6\n" +
 	"\x17SaslAuthenticateRequest\x12\x1b\n" +
 	"\tsasl_data\x18\x01 \x01(\fR\bsaslData\"U\n" +
 	"\x18SaslAuthenticateResponse\x12\x1b\n" +
@@ -8669,7 +9172,7 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"stored_key\x18\x03 \x01(\fR\tstoredKey\x12\x1d\n" +
 	"\n" +
-	"server_key\x18\x04 \x01(\fR\tserverKey\"\xcc\x01\n" +
+	"server_key\x18\x04 \x01(\fR\tserverKey\"\x96\x02\n" +
 	"\x10AlterUserRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12=\n" +
 	"\fscram_sha256\x18\x02 \x01(\v2\x1a.herald.v1.ScramCredentialR\vscramSha256\x12\x16\n" +
@@ -8677,9 +9180,12 @@ const file_herald_proto_rawDesc = "" +
 	"\x06create\x18\x04 \x01(\bR\x06create\x12\x16\n" +
 	"\x06groups\x18\x05 \x03(\tR\x06groups\x12\x1d\n" +
 	"\n" +
-	"set_groups\x18\x06 \x01(\bR\tsetGroups\"\x13\n" +
+	"set_groups\x18\x06 \x01(\bR\tsetGroups\x12)\n" +
+	"\x06quotas\x18\a \x01(\v2\x11.herald.v1.QuotasR\x06quotas\x12\x1d\n" +
+	"\n" +
+	"set_quotas\x18\b \x01(\bR\tsetQuotas\"\x13\n" +
 	"\x11AlterUserResponse\"\x12\n" +
-	"\x10ListUsersRequest\"\xb3\x01\n" +
+	"\x10ListUsersRequest\"\xde\x01\n" +
 	"\bUserInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1e\n" +
 	"\n" +
@@ -8691,7 +9197,8 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"updated_ms\x18\x04 \x01(\x03R\tupdatedMs\x12\x1c\n" +
 	"\tsuperuser\x18\x05 \x01(\bR\tsuperuser\x12\x16\n" +
-	"\x06groups\x18\x06 \x03(\tR\x06groups\"\xe7\x01\n" +
+	"\x06groups\x18\x06 \x03(\tR\x06groups\x12)\n" +
+	"\x06quotas\x18\a \x01(\v2\x11.herald.v1.QuotasR\x06quotas\"\xe7\x01\n" +
 	"\aAclRule\x12\x1c\n" +
 	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12?\n" +
 	"\rresource_type\x18\x02 \x01(\x0e2\x1a.herald.v1.AclResourceTypeR\fresourceType\x12\x1a\n" +
@@ -8706,7 +9213,33 @@ const file_herald_proto_rawDesc = "" +
 	"\x0fListAclsRequest\x12\x1c\n" +
 	"\tprincipal\x18\x01 \x01(\tR\tprincipal\"<\n" +
 	"\x10ListAclsResponse\x12(\n" +
-	"\x05rules\x18\x01 \x03(\v2\x12.herald.v1.AclRuleR\x05rules\">\n" +
+	"\x05rules\x18\x01 \x03(\v2\x12.herald.v1.AclRuleR\x05rules\"\x87\x02\n" +
+	"\x06Quotas\x121\n" +
+	"\x15produce_bytes_per_sec\x18\x01 \x01(\x04R\x12produceBytesPerSec\x121\n" +
+	"\x15consume_bytes_per_sec\x18\x02 \x01(\x04R\x12consumeBytesPerSec\x12'\n" +
+	"\x0fmax_connections\x18\x03 \x01(\rR\x0emaxConnections\x12\x1d\n" +
+	"\n" +
+	"max_topics\x18\x04 \x01(\rR\tmaxTopics\x12%\n" +
+	"\x0emax_partitions\x18\x05 \x01(\rR\rmaxPartitions\x12(\n" +
+	"\x10max_stored_bytes\x18\x06 \x01(\x04R\x0emaxStoredBytes\"\x82\x01\n" +
+	"\x11AlterVhostRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
+	"\x06quotas\x18\x02 \x01(\v2\x11.herald.v1.QuotasR\x06quotas\x12\x16\n" +
+	"\x06delete\x18\x03 \x01(\bR\x06delete\x12\x16\n" +
+	"\x06create\x18\x04 \x01(\bR\x06create\"\x14\n" +
+	"\x12AlterVhostResponse\"\x13\n" +
+	"\x11ListVhostsRequest\"\xc7\x01\n" +
+	"\tVhostInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
+	"\x06quotas\x18\x02 \x01(\v2\x11.herald.v1.QuotasR\x06quotas\x12\x16\n" +
+	"\x06topics\x18\x03 \x01(\rR\x06topics\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x04 \x01(\rR\n" +
+	"partitions\x12!\n" +
+	"\fstored_bytes\x18\x05 \x01(\x04R\vstoredBytes\x12 \n" +
+	"\vconnections\x18\x06 \x01(\rR\vconnections\"B\n" +
+	"\x12ListVhostsResponse\x12,\n" +
+	"\x06vhosts\x18\x01 \x03(\v2\x14.herald.v1.VhostInfoR\x06vhosts\">\n" +
 	"\x11ListUsersResponse\x12)\n" +
 	"\x05users\x18\x01 \x03(\v2\x13.herald.v1.UserInfoR\x05users\"\xaa\x02\n" +
 	"\vTopicConfig\x12\x1e\n" +
@@ -9022,9 +9555,10 @@ const file_herald_proto_rawDesc = "" +
 	"\rReplyResponse\"a\n" +
 	"\rReplyDelivery\x12%\n" +
 	"\x0ecorrelation_id\x18\x01 \x01(\x04R\rcorrelationId\x12)\n" +
-	"\x06record\x18\x02 \x01(\v2\x11.herald.v1.RecordR\x06record\"(\n" +
+	"\x06record\x18\x02 \x01(\v2\x11.herald.v1.RecordR\x06record\">\n" +
 	"\x16CancelScheduledRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"S\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05vhost\x18\x02 \x01(\tR\x05vhost\"S\n" +
 	"\x17CancelScheduledResponse\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\"\n" +
 	"\rdeliver_at_ms\x18\x02 \x01(\x03R\vdeliverAtMs\"B\n" +
@@ -9160,7 +9694,7 @@ const file_herald_proto_rawDesc = "" +
 	"\arecords\x18\a \x01(\rR\arecords\x12\x14\n" +
 	"\x05bytes\x18\b \x01(\x04R\x05bytes\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\t \x01(\rR\ttimeoutMs*\xa1\a\n" +
+	"timeout_ms\x18\t \x01(\rR\ttimeoutMs*\xca\a\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -9206,7 +9740,9 @@ const file_herald_proto_rawDesc = "" +
 	"\x11NOT_AUTHENTICATED\x10'\x12\x12\n" +
 	"\x0eNOT_AUTHORIZED\x10(\x12\x12\n" +
 	"\x0eUSER_NOT_FOUND\x10)\x12\x17\n" +
-	"\x13USER_ALREADY_EXISTS\x10**\xbd\x01\n" +
+	"\x13USER_ALREADY_EXISTS\x10*\x12\x13\n" +
+	"\x0fVHOST_NOT_FOUND\x10+\x12\x12\n" +
+	"\x0eQUOTA_EXCEEDED\x10,*\xbd\x01\n" +
 	"\fAclOperation\x12\x16\n" +
 	"\x12ACL_OP_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -9274,7 +9810,7 @@ func file_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                   // 0: herald.v1.ErrorCode
 	(AclOperation)(0),                // 1: herald.v1.AclOperation
@@ -9303,212 +9839,227 @@ var file_herald_proto_goTypes = []any{
 	(*AlterAclsResponse)(nil),        // 24: herald.v1.AlterAclsResponse
 	(*ListAclsRequest)(nil),          // 25: herald.v1.ListAclsRequest
 	(*ListAclsResponse)(nil),         // 26: herald.v1.ListAclsResponse
-	(*ListUsersResponse)(nil),        // 27: herald.v1.ListUsersResponse
-	(*TopicConfig)(nil),              // 28: herald.v1.TopicConfig
-	(*PartitionInfo)(nil),            // 29: herald.v1.PartitionInfo
-	(*TopicInfo)(nil),                // 30: herald.v1.TopicInfo
-	(*BrokerInfo)(nil),               // 31: herald.v1.BrokerInfo
-	(*MetadataRequest)(nil),          // 32: herald.v1.MetadataRequest
-	(*MetadataResponse)(nil),         // 33: herald.v1.MetadataResponse
-	(*CreateTopicRequest)(nil),       // 34: herald.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),      // 35: herald.v1.CreateTopicResponse
-	(*DeleteTopicRequest)(nil),       // 36: herald.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil),      // 37: herald.v1.DeleteTopicResponse
-	(*ClusterAdminRequest)(nil),      // 38: herald.v1.ClusterAdminRequest
-	(*PartitionMove)(nil),            // 39: herald.v1.PartitionMove
-	(*ClusterAdminResponse)(nil),     // 40: herald.v1.ClusterAdminResponse
-	(*ListTopicsRequest)(nil),        // 41: herald.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),       // 42: herald.v1.ListTopicsResponse
-	(*DescribeTopicRequest)(nil),     // 43: herald.v1.DescribeTopicRequest
-	(*DescribeTopicResponse)(nil),    // 44: herald.v1.DescribeTopicResponse
-	(*Header)(nil),                   // 45: herald.v1.Header
-	(*Record)(nil),                   // 46: herald.v1.Record
-	(*RecordBatch)(nil),              // 47: herald.v1.RecordBatch
-	(*StoredBatch)(nil),              // 48: herald.v1.StoredBatch
-	(*ProduceRequest)(nil),           // 49: herald.v1.ProduceRequest
-	(*HalfOptions)(nil),              // 50: herald.v1.HalfOptions
-	(*ProduceResponse)(nil),          // 51: herald.v1.ProduceResponse
-	(*FetchRequest)(nil),             // 52: herald.v1.FetchRequest
-	(*FetchResponse)(nil),            // 53: herald.v1.FetchResponse
-	(*ListOffsetsRequest)(nil),       // 54: herald.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),      // 55: herald.v1.ListOffsetsResponse
-	(*StartPosition)(nil),            // 56: herald.v1.StartPosition
-	(*SubscribeRequest)(nil),         // 57: herald.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),        // 58: herald.v1.SubscribeResponse
-	(*AckRequest)(nil),               // 59: herald.v1.AckRequest
-	(*AckResponse)(nil),              // 60: herald.v1.AckResponse
-	(*NackRequest)(nil),              // 61: herald.v1.NackRequest
-	(*NackResponse)(nil),             // 62: herald.v1.NackResponse
-	(*CommitRequest)(nil),            // 63: herald.v1.CommitRequest
-	(*CommitResponse)(nil),           // 64: herald.v1.CommitResponse
-	(*UnsubscribeRequest)(nil),       // 65: herald.v1.UnsubscribeRequest
-	(*UnsubscribeResponse)(nil),      // 66: herald.v1.UnsubscribeResponse
-	(*DeliveredMessage)(nil),         // 67: herald.v1.DeliveredMessage
-	(*Delivery)(nil),                 // 68: herald.v1.Delivery
-	(*AssignmentChange)(nil),         // 69: herald.v1.AssignmentChange
-	(*SubscriptionEnded)(nil),        // 70: herald.v1.SubscriptionEnded
-	(*ListGroupsRequest)(nil),        // 71: herald.v1.ListGroupsRequest
-	(*GroupSummary)(nil),             // 72: herald.v1.GroupSummary
-	(*ListGroupsResponse)(nil),       // 73: herald.v1.ListGroupsResponse
-	(*DescribeGroupRequest)(nil),     // 74: herald.v1.DescribeGroupRequest
-	(*MemberInfo)(nil),               // 75: herald.v1.MemberInfo
-	(*PartitionLag)(nil),             // 76: herald.v1.PartitionLag
-	(*GroupInfo)(nil),                // 77: herald.v1.GroupInfo
-	(*DescribeGroupResponse)(nil),    // 78: herald.v1.DescribeGroupResponse
-	(*ResetGroupRequest)(nil),        // 79: herald.v1.ResetGroupRequest
-	(*ResetGroupResponse)(nil),       // 80: herald.v1.ResetGroupResponse
-	(*CallRequest)(nil),              // 81: herald.v1.CallRequest
-	(*CallResponse)(nil),             // 82: herald.v1.CallResponse
-	(*ReplyRequest)(nil),             // 83: herald.v1.ReplyRequest
-	(*ReplyResponse)(nil),            // 84: herald.v1.ReplyResponse
-	(*ReplyDelivery)(nil),            // 85: herald.v1.ReplyDelivery
-	(*CancelScheduledRequest)(nil),   // 86: herald.v1.CancelScheduledRequest
-	(*CancelScheduledResponse)(nil),  // 87: herald.v1.CancelScheduledResponse
-	(*ListScheduledRequest)(nil),     // 88: herald.v1.ListScheduledRequest
-	(*ScheduledInfo)(nil),            // 89: herald.v1.ScheduledInfo
-	(*ListScheduledResponse)(nil),    // 90: herald.v1.ListScheduledResponse
-	(*RepairPartitionRequest)(nil),   // 91: herald.v1.RepairPartitionRequest
-	(*RepairPartitionResponse)(nil),  // 92: herald.v1.RepairPartitionResponse
-	(*EndHalfRequest)(nil),           // 93: herald.v1.EndHalfRequest
-	(*EndHalfResponse)(nil),          // 94: herald.v1.EndHalfResponse
-	(*RegisterProducerRequest)(nil),  // 95: herald.v1.RegisterProducerRequest
-	(*RegisterProducerResponse)(nil), // 96: herald.v1.RegisterProducerResponse
-	(*HalfCheck)(nil),                // 97: herald.v1.HalfCheck
-	(*ListTxnRequest)(nil),           // 98: herald.v1.ListTxnRequest
-	(*HalfInfo)(nil),                 // 99: herald.v1.HalfInfo
-	(*ListTxnResponse)(nil),          // 100: herald.v1.ListTxnResponse
-	(*InitProducerIdRequest)(nil),    // 101: herald.v1.InitProducerIdRequest
-	(*InitProducerIdResponse)(nil),   // 102: herald.v1.InitProducerIdResponse
-	(*EndTxnRequest)(nil),            // 103: herald.v1.EndTxnRequest
-	(*EndTxnResponse)(nil),           // 104: herald.v1.EndTxnResponse
-	(*TxnInfo)(nil),                  // 105: herald.v1.TxnInfo
+	(*Quotas)(nil),                   // 27: herald.v1.Quotas
+	(*AlterVhostRequest)(nil),        // 28: herald.v1.AlterVhostRequest
+	(*AlterVhostResponse)(nil),       // 29: herald.v1.AlterVhostResponse
+	(*ListVhostsRequest)(nil),        // 30: herald.v1.ListVhostsRequest
+	(*VhostInfo)(nil),                // 31: herald.v1.VhostInfo
+	(*ListVhostsResponse)(nil),       // 32: herald.v1.ListVhostsResponse
+	(*ListUsersResponse)(nil),        // 33: herald.v1.ListUsersResponse
+	(*TopicConfig)(nil),              // 34: herald.v1.TopicConfig
+	(*PartitionInfo)(nil),            // 35: herald.v1.PartitionInfo
+	(*TopicInfo)(nil),                // 36: herald.v1.TopicInfo
+	(*BrokerInfo)(nil),               // 37: herald.v1.BrokerInfo
+	(*MetadataRequest)(nil),          // 38: herald.v1.MetadataRequest
+	(*MetadataResponse)(nil),         // 39: herald.v1.MetadataResponse
+	(*CreateTopicRequest)(nil),       // 40: herald.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),      // 41: herald.v1.CreateTopicResponse
+	(*DeleteTopicRequest)(nil),       // 42: herald.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),      // 43: herald.v1.DeleteTopicResponse
+	(*ClusterAdminRequest)(nil),      // 44: herald.v1.ClusterAdminRequest
+	(*PartitionMove)(nil),            // 45: herald.v1.PartitionMove
+	(*ClusterAdminResponse)(nil),     // 46: herald.v1.ClusterAdminResponse
+	(*ListTopicsRequest)(nil),        // 47: herald.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),       // 48: herald.v1.ListTopicsResponse
+	(*DescribeTopicRequest)(nil),     // 49: herald.v1.DescribeTopicRequest
+	(*DescribeTopicResponse)(nil),    // 50: herald.v1.DescribeTopicResponse
+	(*Header)(nil),                   // 51: herald.v1.Header
+	(*Record)(nil),                   // 52: herald.v1.Record
+	(*RecordBatch)(nil),              // 53: herald.v1.RecordBatch
+	(*StoredBatch)(nil),              // 54: herald.v1.StoredBatch
+	(*ProduceRequest)(nil),           // 55: herald.v1.ProduceRequest
+	(*HalfOptions)(nil),              // 56: herald.v1.HalfOptions
+	(*ProduceResponse)(nil),          // 57: herald.v1.ProduceResponse
+	(*FetchRequest)(nil),             // 58: herald.v1.FetchRequest
+	(*FetchResponse)(nil),            // 59: herald.v1.FetchResponse
+	(*ListOffsetsRequest)(nil),       // 60: herald.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),      // 61: herald.v1.ListOffsetsResponse
+	(*StartPosition)(nil),            // 62: herald.v1.StartPosition
+	(*SubscribeRequest)(nil),         // 63: herald.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 64: herald.v1.SubscribeResponse
+	(*AckRequest)(nil),               // 65: herald.v1.AckRequest
+	(*AckResponse)(nil),              // 66: herald.v1.AckResponse
+	(*NackRequest)(nil),              // 67: herald.v1.NackRequest
+	(*NackResponse)(nil),             // 68: herald.v1.NackResponse
+	(*CommitRequest)(nil),            // 69: herald.v1.CommitRequest
+	(*CommitResponse)(nil),           // 70: herald.v1.CommitResponse
+	(*UnsubscribeRequest)(nil),       // 71: herald.v1.UnsubscribeRequest
+	(*UnsubscribeResponse)(nil),      // 72: herald.v1.UnsubscribeResponse
+	(*DeliveredMessage)(nil),         // 73: herald.v1.DeliveredMessage
+	(*Delivery)(nil),                 // 74: herald.v1.Delivery
+	(*AssignmentChange)(nil),         // 75: herald.v1.AssignmentChange
+	(*SubscriptionEnded)(nil),        // 76: herald.v1.SubscriptionEnded
+	(*ListGroupsRequest)(nil),        // 77: herald.v1.ListGroupsRequest
+	(*GroupSummary)(nil),             // 78: herald.v1.GroupSummary
+	(*ListGroupsResponse)(nil),       // 79: herald.v1.ListGroupsResponse
+	(*DescribeGroupRequest)(nil),     // 80: herald.v1.DescribeGroupRequest
+	(*MemberInfo)(nil),               // 81: herald.v1.MemberInfo
+	(*PartitionLag)(nil),             // 82: herald.v1.PartitionLag
+	(*GroupInfo)(nil),                // 83: herald.v1.GroupInfo
+	(*DescribeGroupResponse)(nil),    // 84: herald.v1.DescribeGroupResponse
+	(*ResetGroupRequest)(nil),        // 85: herald.v1.ResetGroupRequest
+	(*ResetGroupResponse)(nil),       // 86: herald.v1.ResetGroupResponse
+	(*CallRequest)(nil),              // 87: herald.v1.CallRequest
+	(*CallResponse)(nil),             // 88: herald.v1.CallResponse
+	(*ReplyRequest)(nil),             // 89: herald.v1.ReplyRequest
+	(*ReplyResponse)(nil),            // 90: herald.v1.ReplyResponse
+	(*ReplyDelivery)(nil),            // 91: herald.v1.ReplyDelivery
+	(*CancelScheduledRequest)(nil),   // 92: herald.v1.CancelScheduledRequest
+	(*CancelScheduledResponse)(nil),  // 93: herald.v1.CancelScheduledResponse
+	(*ListScheduledRequest)(nil),     // 94: herald.v1.ListScheduledRequest
+	(*ScheduledInfo)(nil),            // 95: herald.v1.ScheduledInfo
+	(*ListScheduledResponse)(nil),    // 96: herald.v1.ListScheduledResponse
+	(*RepairPartitionRequest)(nil),   // 97: herald.v1.RepairPartitionRequest
+	(*RepairPartitionResponse)(nil),  // 98: herald.v1.RepairPartitionResponse
+	(*EndHalfRequest)(nil),           // 99: herald.v1.EndHalfRequest
+	(*EndHalfResponse)(nil),          // 100: herald.v1.EndHalfResponse
+	(*RegisterProducerRequest)(nil),  // 101: herald.v1.RegisterProducerRequest
+	(*RegisterProducerResponse)(nil), // 102: herald.v1.RegisterProducerResponse
+	(*HalfCheck)(nil),                // 103: herald.v1.HalfCheck
+	(*ListTxnRequest)(nil),           // 104: herald.v1.ListTxnRequest
+	(*HalfInfo)(nil),                 // 105: herald.v1.HalfInfo
+	(*ListTxnResponse)(nil),          // 106: herald.v1.ListTxnResponse
+	(*InitProducerIdRequest)(nil),    // 107: herald.v1.InitProducerIdRequest
+	(*InitProducerIdResponse)(nil),   // 108: herald.v1.InitProducerIdResponse
+	(*EndTxnRequest)(nil),            // 109: herald.v1.EndTxnRequest
+	(*EndTxnResponse)(nil),           // 110: herald.v1.EndTxnResponse
+	(*TxnInfo)(nil),                  // 111: herald.v1.TxnInfo
 }
 var file_herald_proto_depIdxs = []int32{
 	0,   // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
 	13,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
 	14,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
-	32,  // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
-	33,  // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
-	34,  // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
-	35,  // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
-	36,  // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
-	37,  // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
-	41,  // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
-	42,  // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
-	43,  // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
-	44,  // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
-	49,  // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
-	51,  // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
-	52,  // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
-	53,  // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
-	54,  // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
-	55,  // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
-	57,  // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
-	58,  // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
-	59,  // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
-	60,  // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
-	61,  // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
-	62,  // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
-	63,  // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
-	64,  // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
-	65,  // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
-	66,  // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
-	71,  // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
-	73,  // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
-	74,  // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
-	78,  // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
-	79,  // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
-	80,  // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
-	81,  // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
-	82,  // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
-	83,  // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
-	84,  // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
-	86,  // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
-	87,  // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
-	88,  // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
-	90,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
-	38,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
-	40,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
-	91,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
-	92,  // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
-	93,  // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
-	94,  // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
-	95,  // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
-	96,  // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
-	98,  // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
-	100, // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
-	101, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
-	102, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
-	103, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
-	104, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
+	38,  // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
+	39,  // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
+	40,  // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
+	41,  // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
+	42,  // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
+	43,  // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
+	47,  // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
+	48,  // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
+	49,  // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
+	50,  // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
+	55,  // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
+	57,  // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
+	58,  // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
+	59,  // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
+	60,  // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
+	61,  // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
+	63,  // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
+	64,  // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
+	65,  // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
+	66,  // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
+	67,  // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
+	68,  // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
+	69,  // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
+	70,  // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
+	71,  // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
+	72,  // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
+	77,  // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
+	79,  // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
+	80,  // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
+	84,  // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
+	85,  // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
+	86,  // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
+	87,  // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
+	88,  // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
+	89,  // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
+	90,  // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
+	92,  // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
+	93,  // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
+	94,  // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
+	96,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
+	44,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
+	46,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
+	97,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
+	98,  // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
+	99,  // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
+	100, // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
+	101, // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
+	102, // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
+	104, // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
+	106, // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
+	107, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
+	108, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
+	109, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
+	110, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
 	15,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
 	16,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
 	18,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
 	19,  // 60: herald.v1.Frame.alter_user_response:type_name -> herald.v1.AlterUserResponse
 	20,  // 61: herald.v1.Frame.list_users:type_name -> herald.v1.ListUsersRequest
-	27,  // 62: herald.v1.Frame.list_users_response:type_name -> herald.v1.ListUsersResponse
+	33,  // 62: herald.v1.Frame.list_users_response:type_name -> herald.v1.ListUsersResponse
 	23,  // 63: herald.v1.Frame.alter_acls:type_name -> herald.v1.AlterAclsRequest
 	24,  // 64: herald.v1.Frame.alter_acls_response:type_name -> herald.v1.AlterAclsResponse
 	25,  // 65: herald.v1.Frame.list_acls:type_name -> herald.v1.ListAclsRequest
 	26,  // 66: herald.v1.Frame.list_acls_response:type_name -> herald.v1.ListAclsResponse
-	68,  // 67: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	69,  // 68: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	85,  // 69: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	70,  // 70: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	97,  // 71: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
-	11,  // 72: herald.v1.Frame.error:type_name -> herald.v1.Error
-	17,  // 73: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
-	2,   // 74: herald.v1.AclRule.resource_type:type_name -> herald.v1.AclResourceType
-	1,   // 75: herald.v1.AclRule.operation:type_name -> herald.v1.AclOperation
-	22,  // 76: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
-	22,  // 77: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
-	22,  // 78: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
-	21,  // 79: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
-	28,  // 80: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	29,  // 81: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	31,  // 82: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	30,  // 83: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	28,  // 84: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	30,  // 85: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	10,  // 86: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
-	39,  // 87: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
-	30,  // 88: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	30,  // 89: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	45,  // 90: herald.v1.Record.headers:type_name -> herald.v1.Header
-	46,  // 91: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	3,   // 92: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	50,  // 93: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
-	4,   // 94: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	48,  // 95: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	5,   // 96: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	6,   // 97: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	7,   // 98: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	56,  // 99: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	46,  // 100: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	67,  // 101: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	11,  // 102: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	6,   // 103: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	72,  // 104: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	8,   // 105: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	6,   // 106: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	7,   // 107: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	75,  // 108: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	76,  // 109: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	77,  // 110: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	56,  // 111: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	77,  // 112: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	46,  // 113: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	46,  // 114: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	46,  // 115: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	89,  // 116: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	9,   // 117: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
-	99,  // 118: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	105, // 119: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
-	120, // [120:120] is the sub-list for method output_type
-	120, // [120:120] is the sub-list for method input_type
-	120, // [120:120] is the sub-list for extension type_name
-	120, // [120:120] is the sub-list for extension extendee
-	0,   // [0:120] is the sub-list for field type_name
+	28,  // 67: herald.v1.Frame.alter_vhost:type_name -> herald.v1.AlterVhostRequest
+	29,  // 68: herald.v1.Frame.alter_vhost_response:type_name -> herald.v1.AlterVhostResponse
+	30,  // 69: herald.v1.Frame.list_vhosts:type_name -> herald.v1.ListVhostsRequest
+	32,  // 70: herald.v1.Frame.list_vhosts_response:type_name -> herald.v1.ListVhostsResponse
+	74,  // 71: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	75,  // 72: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	91,  // 73: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	76,  // 74: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	103, // 75: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
+	11,  // 76: herald.v1.Frame.error:type_name -> herald.v1.Error
+	17,  // 77: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
+	27,  // 78: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
+	27,  // 79: herald.v1.UserInfo.quotas:type_name -> herald.v1.Quotas
+	2,   // 80: herald.v1.AclRule.resource_type:type_name -> herald.v1.AclResourceType
+	1,   // 81: herald.v1.AclRule.operation:type_name -> herald.v1.AclOperation
+	22,  // 82: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
+	22,  // 83: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
+	22,  // 84: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
+	27,  // 85: herald.v1.AlterVhostRequest.quotas:type_name -> herald.v1.Quotas
+	27,  // 86: herald.v1.VhostInfo.quotas:type_name -> herald.v1.Quotas
+	31,  // 87: herald.v1.ListVhostsResponse.vhosts:type_name -> herald.v1.VhostInfo
+	21,  // 88: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
+	34,  // 89: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	35,  // 90: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	37,  // 91: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	36,  // 92: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	34,  // 93: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	36,  // 94: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	10,  // 95: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	45,  // 96: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	36,  // 97: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	36,  // 98: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	51,  // 99: herald.v1.Record.headers:type_name -> herald.v1.Header
+	52,  // 100: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	3,   // 101: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	56,  // 102: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
+	4,   // 103: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	54,  // 104: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	5,   // 105: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	6,   // 106: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	7,   // 107: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	62,  // 108: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	52,  // 109: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	73,  // 110: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	11,  // 111: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	6,   // 112: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	78,  // 113: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	8,   // 114: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	6,   // 115: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	7,   // 116: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	81,  // 117: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	82,  // 118: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	83,  // 119: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	62,  // 120: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	83,  // 121: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	52,  // 122: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	52,  // 123: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	52,  // 124: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	95,  // 125: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	9,   // 126: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	105, // 127: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	111, // 128: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	129, // [129:129] is the sub-list for method output_type
+	129, // [129:129] is the sub-list for method input_type
+	129, // [129:129] is the sub-list for extension type_name
+	129, // [129:129] is the sub-list for extension extendee
+	0,   // [0:129] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -9583,6 +10134,10 @@ func file_herald_proto_init() {
 		(*Frame_AlterAclsResponse)(nil),
 		(*Frame_ListAcls)(nil),
 		(*Frame_ListAclsResponse)(nil),
+		(*Frame_AlterVhost)(nil),
+		(*Frame_AlterVhostResponse)(nil),
+		(*Frame_ListVhosts)(nil),
+		(*Frame_ListVhostsResponse)(nil),
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),
@@ -9590,21 +10145,21 @@ func file_herald_proto_init() {
 		(*Frame_HalfCheck)(nil),
 		(*Frame_Error)(nil),
 	}
-	file_herald_proto_msgTypes[38].OneofWrappers = []any{}
-	file_herald_proto_msgTypes[45].OneofWrappers = []any{
+	file_herald_proto_msgTypes[44].OneofWrappers = []any{}
+	file_herald_proto_msgTypes[51].OneofWrappers = []any{
 		(*StartPosition_Earliest)(nil),
 		(*StartPosition_Latest)(nil),
 		(*StartPosition_Offset)(nil),
 		(*StartPosition_TimestampMs)(nil),
 	}
-	file_herald_proto_msgTypes[50].OneofWrappers = []any{}
+	file_herald_proto_msgTypes[56].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   95,
+			NumMessages:   101,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -9,6 +9,7 @@ package registry
 import (
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -209,13 +210,27 @@ var validName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 
 // ValidName reports whether name may name a client topic: 1-200
 // characters of A-Z a-z 0-9 . _ -, not "." or "..", and not an internal
-// topic's (starting with __). CreateTopic refuses any other name.
+// topic's (starting with __), in the default vhost or after a vhost's
+// prefix (vhost.go). CreateTopic refuses any other name.
 func ValidName(name string) bool { return WellFormed(name) && !IsInternal(name) }
 
 // WellFormed reports whether name has a topic name's form (1-200
-// characters of A-Z a-z 0-9 . _ -, not "." or ".."), internal or not.
-func WellFormed(name string) bool { return validName.MatchString(name) && name != "." && name != ".." }
+// characters of A-Z a-z 0-9 . _ -, not "." or "..", after a vhost's
+// prefix if any), internal or not.
+func WellFormed(name string) bool {
+	if v, local, ok := strings.Cut(name, VhostSep); ok {
+		if !ValidVhost(v) {
+			return false
+		}
+		name = local
+	}
+	return validName.MatchString(name) && name != "." && name != ".."
+}
 
 // IsInternal reports whether name is an internal topic's (__groups,
-// __schedule, ...): clients cannot produce to it or create one.
-func IsInternal(name string) bool { return len(name) >= 2 && name[:2] == "__" }
+// __schedule, ...): clients cannot produce to it or create one. In a
+// vhost, names starting with __ are refused too.
+func IsInternal(name string) bool {
+	_, local := VhostOf(name)
+	return len(local) >= 2 && local[:2] == "__"
+}

@@ -505,6 +505,11 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame, sender *actor.PI
 // is named after it). The message quotes at most the name's first
 // maxQuoted characters.
 func checkGroupName(name string) *heraldpb.Error {
+	vhost, local := registry.VhostOf(name)
+	if !registry.IsDefaultVhost(vhost) && !registry.ValidVhost(vhost) {
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "group name %s: bad vhost", quoteName(name))
+	}
+	name = local
 	if !validGroup.MatchString(name) {
 		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "group name %s must be 1-200 characters of A-Z a-z 0-9 . _ -", quoteName(name))
 	}

@@ -301,6 +301,17 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 			s.log.Error("compacting __schedule", "err", msg.Err)
 		}
 		s.armCompact()
+	case *vhostChecked:
+		if !msg.ok {
+			e := msg.err
+			if e == nil {
+				e = heraldpb.NewError(heraldpb.ErrorCode_SCHEDULE_NOT_FOUND, "scheduled batch %s is not pending (unknown, delivered or cancelled)", msg.req.Id)
+			}
+			respond(ctx, msg.to, heraldpb.ErrorFrame(msg.f.Id, e))
+			return
+		}
+		msg.req.Vhost = "" // checked
+		s.onCancel(ctx, msg.f, msg.req, msg.to)
 	case *listFinished:
 		if msg.inc == s.inc {
 			s.listing--
@@ -747,6 +758,10 @@ func (s *Scheduler) onCancel(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
 		return
 	}
+	if req.Vhost != "" {
+		s.checkVhost(ctx, f, req, to, ref)
+		return
+	}
 	if s.queued >= s.o.MaxQueued {
 		respond(ctx, to, throttled(f.Id, "the scheduler's write queue is full"))
 		return
@@ -771,6 +786,53 @@ func (s *Scheduler) onCancel(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CancelScheduledResponse{CancelScheduledResponse: &heraldpb.CancelScheduledResponse{}}})
 	}})
 	s.flushWrites(ctx)
+}
+
+// vhostChecked is checkVhost's answer: whether the batch a cancel names
+// is of a topic of the cancel's vhost.
+type vhostChecked struct {
+	f   *heraldpb.Frame
+	req *heraldpb.CancelScheduledRequest
+	to  *actor.PID
+	ok  bool
+	err *heraldpb.Error
+}
+
+// checkVhost reads the batch at ref from __schedule (in a goroutine) and
+// answers whether its topic is in req.Vhost: a client of one vhost cannot
+// cancel another's delayed message by guessing its id. The cancel then
+// runs again, checked (compaction may have moved the batch meanwhile).
+func (s *Scheduler) checkVhost(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.CancelScheduledRequest, to *actor.PID, ref uint64) {
+	e := s.o.Topics.Get(ScheduleTopic)
+	if e == nil {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "internal topic %s is missing", ScheduleTopic)))
+		return
+	}
+	pid, sys, self := e.Partitions[0], ctx.ActorSystem(), ctx.Self()
+	go func() {
+		msg := &vhostChecked{f: f, req: req, to: to}
+		res, err := sys.Root.RequestFuture(pid, &heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{
+			Topic: ScheduleTopic, Offset: int64(ref), MaxBytes: 1 << 20,
+		}}}, 30*time.Second).Result()
+		if err != nil {
+			msg.err = heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "reading __schedule: %v", err)
+			sys.Root.Send(self, msg)
+			return
+		}
+		fr := res.(*heraldpb.Frame).GetFetchResponse()
+		for _, b := range fr.GetBatches() {
+			_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
+				if uint64(b.BaseOffset+int64(i)) != ref {
+					return true
+				}
+				if ev, err := decodeEvent(rec); err == nil && ev.GetSchedule() != nil {
+					msg.ok = registry.InVhostOf(req.Vhost, ev.GetSchedule().Topic)
+				}
+				return false
+			})
+		}
+		sys.Root.Send(self, msg)
+	}()
 }
 
 // ---- writes to __schedule -------------------------------------------------

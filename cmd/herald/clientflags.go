@@ -46,6 +46,8 @@ type cliFlags struct {
 	// Login (SCRAM-SHA-256): the user, and the file holding the password
 	// (or HERALD_PASSWORD).
 	user, passwordFile string
+	// vhost is the vhost (tenant) to work in ("" = the default).
+	vhost string
 }
 
 // newCLIFlagSet returns a flag set with the common client flags.
@@ -66,6 +68,7 @@ func newCLIFlagSet(name string, w io.Writer) (*flag.FlagSet, *cliFlags) {
 	fs.StringVar(&cf.tls.ServerName, "tls-server-name", os.Getenv("HERALD_TLS_SERVER_NAME"), "the name to check the broker's certificate against (default: the host of --addr)")
 	fs.StringVar(&cf.user, "user", os.Getenv("HERALD_USER"), "log in as this user (SCRAM-SHA-256; env HERALD_USER), with the password from --password-file or HERALD_PASSWORD")
 	fs.StringVar(&cf.passwordFile, "password-file", os.Getenv("HERALD_PASSWORD_FILE"), "file whose first line is --user's password (env HERALD_PASSWORD_FILE)")
+	fs.StringVar(&cf.vhost, "vhost", os.Getenv("HERALD_VHOST"), "the vhost (tenant) to work in (env HERALD_VHOST; default: the default vhost /)")
 	return fs, cf
 }
 
@@ -78,6 +81,9 @@ func (cf *cliFlags) clientOptions() ([]client.Option, error) {
 			return nil, usagef("%v", err)
 		}
 		opts = append(opts, client.WithTLS(cfg))
+	}
+	if cf.vhost != "" {
+		opts = append(opts, client.WithVhost(cf.vhost))
 	}
 	switch {
 	case cf.user != "":

@@ -247,8 +247,13 @@ func TestReadmeErrorCodes(t *testing.T) {
 			t.Errorf("%s: README retriable %q, want %q (heraldpb.IsRetriableCode)", name, r.retriable, want)
 		}
 		want := yesNo(final[ec])
-		if ec == heraldpb.ErrorCode_NOT_AUTHENTICATED {
+		switch ec { // final in some cases only
+		case heraldpb.ErrorCode_NOT_AUTHENTICATED:
 			want = "after a failed login" // a request before the login is answered, not closed
+		case heraldpb.ErrorCode_VHOST_NOT_FOUND:
+			want = "in Hello"
+		case heraldpb.ErrorCode_QUOTA_EXCEEDED:
+			want = "for connections"
 		}
 		if r.fin != want {
 			t.Errorf("%s: README final %q, want %q", name, r.fin, want)

@@ -16,10 +16,10 @@ import (
 )
 
 func init() {
-	register("user", "users who log in (SCRAM-SHA-256): add, list, passwd, groups, delete", cliRunner(userCmd))
+	register("user", "users who log in (SCRAM-SHA-256): add, list, passwd, groups, quota, delete", cliRunner(userCmd))
 }
 
-const userUsage = "usage: herald user add NAME [--new-password-file F] [--iterations N] [--groups G,...] | list | passwd NAME [--new-password-file F] | groups NAME --groups G,... | delete NAME"
+const userUsage = "usage: herald user add NAME [--new-password-file F] [--iterations N] [--groups G,...] | list | passwd NAME [--new-password-file F] | groups NAME --groups G,... | quota NAME [--produce-rate B] [--consume-rate B] [--max-connections N] | delete NAME"
 
 // userCmd runs "herald user add|list|passwd|delete". The new password is
 // read from --new-password-file, else prompted for on a terminal (twice,
@@ -29,6 +29,7 @@ func userCmd(ctx context.Context, args []string, io cliIO) error {
 	fs, cf := newCLIFlagSet("user", io.err)
 	newPW := fs.String("new-password-file", "", "add, passwd: file whose first line is the new password (default: prompt, or the first line of standard input)")
 	iters := fs.Int("iterations", 0, "add, passwd: PBKDF2 iterations of the stored credentials (default 8192, at least 4096)")
+	q := addQuotaFlags(fs, false)
 	groups := fs.String("groups", "", "add, groups: comma-separated groups of the user (ACL principals group:NAME)")
 	fs.Usage = func() {
 		fmt.Fprintln(io.err, userUsage)
@@ -49,14 +50,19 @@ func userCmd(ctx context.Context, args []string, io cliIO) error {
 		if len(rest) > 0 {
 			return usagef("user list takes no arguments")
 		}
-	case "add", "passwd", "delete", "groups":
+	case "add", "passwd", "delete", "groups", "quota":
 		if len(rest) != 1 {
 			return usagef("user %s needs exactly one NAME", sub)
 		}
 	default:
 		return usagef("unknown subcommand %q; %s", sub, userUsage)
 	}
-	if sub == "list" || sub == "delete" || sub == "groups" {
+	for _, f := range []string{"produce-rate", "consume-rate", "max-connections"} {
+		if set[f] && sub != "quota" {
+			return usagef("--%s is only for user quota", f)
+		}
+	}
+	if sub == "list" || sub == "delete" || sub == "groups" || sub == "quota" {
 		for _, f := range []string{"new-password-file", "iterations"} {
 			if set[f] {
 				return usagef("--%s is only for user add and passwd", f)
@@ -120,6 +126,11 @@ func userCmd(ctx context.Context, args []string, io cliIO) error {
 			return cliOneLine(err)
 		}
 		fmt.Fprintf(io.out, "created user %s\n", rest[0])
+	case "quota":
+		if err := c.SetUserQuotas(ctx, rest[0], q.wire()); err != nil {
+			return cliOneLine(err)
+		}
+		fmt.Fprintf(io.out, "user %s quotas: %s\n", rest[0], quotaText(q.wire()))
 	case "groups":
 		if err := c.SetUserGroups(ctx, rest[0], groupList); err != nil {
 			return cliOneLine(err)
