@@ -121,6 +121,7 @@ type Service struct {
 	secret  []byte // keys the stand-in credentials of unknown users
 	server  *scram.Server
 	limiter *limiter
+	pw      pwCache
 }
 
 // New makes a Service.

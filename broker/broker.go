@@ -4,6 +4,7 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"github.com/heraldmq/herald/auth"
@@ -68,6 +69,7 @@ type Broker struct {
 	ctrl      *cluster.Controller                // nil on a single node or without --peers
 	ctrlReady atomic.Pointer[cluster.Controller] // ctrl, once started: for goroutines that may run before
 	auth      *auth.Service
+	audit     *auditLog // nil: none (--audit-log off)
 	users     *userStore
 	tenancy   *tenancy
 	nodeID    uint64
@@ -243,7 +245,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		WriteStallTimeout: neverIfZero(cfg.WriteStallTimeout), MaxQueuedRequestBytes: cfg.MaxQueuedRequestBytes,
 		FrameTimeout: neverIfZero(cfg.FrameTimeout), MaxFrameBytesBeforeHello: cfg.MaxFrameBytesBeforeHello,
 		MaxInFlightProduceBytes: offIfZero(cfg.MaxInFlightProduceBytes), MaxProduceDefer: neverIfZero(cfg.MaxProduceDefer), NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
-		Auth: b.auth, Tenancy: b.tenancy,
+		Auth: b.auth, Tenancy: b.tenancy, Audit: b.auditHook(),
 	}, b.sys, newRouter(b.sys, groupRouter, topic.NewRouter(b.sys, reg, b.manager), b.routeScheduled, b.routeTxn, b.users.route))
 	if err != nil {
 		b.stopActors()
@@ -360,7 +362,11 @@ func (b *Broker) startAdmin() error {
 	}
 	faults.Register(mux) // /debug/faults, in a chaos build only
 	b.adminLn = ln
-	b.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	b.admin = &http.Server{Handler: b.guardAdmin(mux), ReadHeaderTimeout: 10 * time.Second}
+	if b.tls != nil && b.tls.admin != nil {
+		ln = tls.NewListener(ln, b.tls.admin.Config())
+		b.adminLn = ln
+	}
 	go b.admin.Serve(ln)
 	return nil
 }

@@ -45,8 +45,15 @@ type Config struct {
 	// off when every client listener is on loopback, else required), the
 	// superusers (comma-separated names), and a user created at start
 	// when absent, with the password in BootstrapPasswordFile.
-	Auth                  string
-	Superusers            string
+	Auth       string
+	Superusers string
+	// AuditLog is the audit log's path ("" = DATA/audit.log when logins
+	// are on, else none; "off" = none). AdminTLS serves the admin port
+	// with --tls-cert; AdminOpen lists the admin paths served without a
+	// login when logins are on.
+	AuditLog              string
+	AdminTLS              bool
+	AdminOpen             string
 	BootstrapUser         string
 	BootstrapPasswordFile string
 	NodeID                uint64
@@ -156,7 +163,7 @@ func Default() Config {
 		TxnCheckInterval: 6 * time.Second, TxnMaxChecks: 15, MaxHalfPending: 100_000, TxnTimeout: time.Minute, MaxTxnTimeout: 15 * time.Minute,
 		ShutdownTimeout: 10 * time.Second, LogLevel: "info", ClusterProvider: cluster.ProviderAutomanaged,
 		ReplicaGrace: 5 * time.Minute, ControllerCheckpointRecords: cluster.DefaultCheckpointRecords,
-		ControllerCheckpointBytes: cluster.DefaultCheckpointBytes,
+		ControllerCheckpointBytes: cluster.DefaultCheckpointBytes, AdminOpen: "/metrics,/healthz,/readyz",
 	}
 }
 
@@ -185,8 +192,11 @@ func (c *Config) Validate() error {
 		if c.TLSCert == "" || c.TLSKey == "" {
 			bad("listen-tls", "needs --tls-cert and --tls-key")
 		}
-	} else if c.TLSCert != "" || c.TLSKey != "" || c.TLSClientCA != "" || c.AdvertiseTLS != "" {
-		bad("listen-tls", "--tls-cert, --tls-key, --tls-client-ca and --advertise-tls need a TLS listener (--listen-tls)")
+	} else if c.TLSClientCA != "" || c.AdvertiseTLS != "" || (c.TLSCert != "" || c.TLSKey != "") && !c.AdminTLS {
+		bad("listen-tls", "--tls-cert, --tls-key, --tls-client-ca and --advertise-tls need a TLS listener (--listen-tls, or --admin-tls for the certificate)")
+	}
+	if c.AdminTLS && (c.TLSCert == "" || c.TLSKey == "" || c.Admin == "") {
+		bad("admin-tls", "needs --tls-cert, --tls-key and an admin listener")
 	}
 	c.validateAuth(bad)
 	if p, err := persistence.ParseFlushPolicy(c.Flush); err != nil {

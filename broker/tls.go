@@ -22,6 +22,7 @@ const tlsWatchInterval = 2 * time.Second
 // client listener's and the cluster's).
 type tlsState struct {
 	ln      *netio.TLSListener // nil without a TLS client listener
+	admin   *tlsconf.Server    // the admin port's certificate (--admin-tls), nil without
 	confs   []*tlsconf.Server
 	stop    chan struct{}
 	sighs   chan os.Signal
@@ -69,6 +70,14 @@ func (b *Broker) startTLS() error {
 		}
 		t := b.tlsState()
 		t.ln, t.confs = ln, append(t.confs, conf)
+	}
+	if b.cfg.AdminTLS {
+		conf, err := tlsconf.NewServer(tlsconf.ServerFiles{Cert: b.cfg.TLSCert, Key: b.cfg.TLSKey}, b.log)
+		if err != nil {
+			return fmt.Errorf("admin TLS: %w", err)
+		}
+		t := b.tlsState()
+		t.admin, t.confs = conf, append(t.confs, conf)
 	}
 	t := b.tls
 	if t == nil {

@@ -376,6 +376,13 @@ func (b *Broker) startAuth(clustered bool) error {
 		b.tenancy.setVhosts(nil)
 	}
 	b.auth = auth.New(auth.Config{Mode: b.cfg.authMode, Superusers: b.cfg.superusers(), Users: users, ACLs: acls, Logger: b.log})
+	if path := b.auditPath(); path != "" {
+		a, err := openAudit(path, b.log.Warn)
+		if err != nil {
+			return err
+		}
+		b.audit = a
+	}
 	b.users = &userStore{b: b, clustered: clustered, users: users, acls: acls}
 	b.tenancy.store = b.users
 	b.tenancy.countEvery(b.reg, time.Second, b.readyStop)

@@ -133,6 +133,9 @@ type Config struct {
 	// request before it is routed. nil: every connection is anonymous and
 	// may do everything (--auth off).
 	Auth *auth.Service
+	// Audit, if set, receives the audit log's entries (audit.go). It is
+	// called on the event loops and the session actors: keep it short.
+	Audit func(AuditEvent)
 	// Tenancy knows the vhosts and the quotas. nil: only the default vhost,
 	// and no quotas.
 	Tenancy Tenancy

@@ -65,8 +65,9 @@ type conn struct {
 	adm admitCounter // produce bytes admitted and not yet answered (admission.go)
 
 	mu       sync.Mutex
-	pending  map[uint64]pendingReq // request ids routed and not yet answered
-	inflight int                   // routed requests whose response has not left the outbound buffer
+	pending  map[uint64]pendingReq  // request ids routed and not yet answered
+	audits   map[uint64]*AuditEvent // administrative requests routed, reported with their answer (bounded by the window)
+	inflight int                    // routed requests whose response has not left the outbound buffer
 }
 
 // pendingReq is what the routed requests with one id hold: how many there
@@ -119,19 +120,24 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, 
 	case *heraldpb.Frame_Hello:
 		resp, final := c.hello(f.Id, b.Hello)
 		if final != nil {
+			c.audit(&AuditEvent{Action: "login", Resource: "vhost " + b.Hello.GetVhost()}, final)
 			return c.fail(gc, out, f.Id, final)
 		}
 		return c.appendFrame(out, resp), gnet.None
 	case *heraldpb.Frame_SaslAuthenticate:
 		resp, final := c.authenticate(f.Id, b.SaslAuthenticate)
 		if final != nil {
+			c.audit(&AuditEvent{Action: "login"}, final)
 			return c.fail(gc, out, f.Id, final)
 		}
 		return c.appendFrame(out, resp), gnet.None
 	}
+	ev := auditOf(f) // before enter renames
 	if e := c.enter(f, int64(size)); e != nil {
+		c.auditRequest(ev, f, e)
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, e)), gnet.None
 	}
+	c.auditRequest(ev, f, nil)
 	if c.s.shutting.Load() {
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_SHUTTING_DOWN, "broker is shutting down"))), gnet.None
 	}
@@ -591,6 +597,7 @@ func (a *session) onFrame(f *heraldpb.Frame) {
 	c := a.c
 	isResponse, est := c.answer(f.Id)
 	if isResponse {
+		c.auditAnswer(f)
 		if a := c.s.cfg.Auth; a != nil {
 			f = a.FilterResponse(c.who(), f) // listings show only what the principal may describe
 		}

@@ -57,6 +57,15 @@ func settings() []setting {
 		{"bootstrap-password-file", "file holding --bootstrap-user's password (its first line)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.BootstrapPasswordFile, "bootstrap-password-file", d.BootstrapPasswordFile, "")
 		}},
+		{"audit-log", "audit log file (JSON lines: admin actions, user, ACL and vhost changes, refusals, failed logins); empty = DATA/audit.log when logins are on, off = none", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.AuditLog, "audit-log", d.AuditLog, "")
+		}},
+		{"admin-tls", "serve the admin port over TLS with --tls-cert and --tls-key", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.BoolVar(&c.AdminTLS, "admin-tls", d.AdminTLS, "")
+		}},
+		{"admin-open", "comma-separated admin paths served without a login when logins are on", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.StringVar(&c.AdminOpen, "admin-open", d.AdminOpen, "")
+		}},
 		{"admin", "admin HTTP listener for /metrics, /healthz, /readyz and /cluster; empty disables", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Admin, "admin", d.Admin, "")
 		}},
