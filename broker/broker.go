@@ -70,9 +70,12 @@ type Broker struct {
 	ctrlReady atomic.Pointer[cluster.Controller] // ctrl, once started: for goroutines that may run before
 	auth      *auth.Service
 	audit     *auditLog // nil: none (--audit-log off)
-	users     *userStore
-	tenancy   *tenancy
-	nodeID    uint64
+	// nodeTLSClient dials the peers with the node certificate (nil
+	// without mutual TLS between nodes): verifyNode's.
+	nodeTLSClient *tls.Config
+	users         *userStore
+	tenancy       *tenancy
+	nodeID        uint64
 
 	// Consumer groups in a cluster (groups.go).
 	groupsProps  *actor.Props
@@ -276,7 +279,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		b.ctrl, err = cluster.StartController(cluster.ControllerConfig{
 			Node: b.member, Local: b.sys, DataDir: cfg.DataDir, Voters: cluster.Voters(ids), Logger: logger,
 			Self:    &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr, ClientTlsAddress: b.advertisedTLS(), Rack: cfg.Rack, HealthAddress: b.member.HealthAddr()},
-			OnApply: b.onMetadata, ReplicaGrace: cfg.ReplicaGrace,
+			OnApply: b.onMetadata, ReplicaGrace: cfg.ReplicaGrace, VerifyNode: b.nodeVerifier(),
 			CheckpointRecords: cfg.ControllerCheckpointRecords, CheckpointBytes: cfg.ControllerCheckpointBytes,
 			FS: b.fs, Clock: b.clock,
 		})
@@ -306,6 +309,15 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		"admin", b.AdminAddr(), "data", cfg.DataDir, "flush", cfg.flush.String(), "clients_tls", tlsAddrString(b.TLSAddr()))
 	go b.watchReady(b.readyStop)
 	return b, nil
+}
+
+// nodeVerifier is the controller's VerifyNode: with mutual TLS between
+// nodes, a registering node's certificate must name its id.
+func (b *Broker) nodeVerifier() func(*heraldpb.NodeRecord) error {
+	if b.nodeTLSClient == nil {
+		return nil
+	}
+	return b.verifyNode
 }
 
 func (b *Broker) startAdmin() error {

@@ -2,8 +2,10 @@ package broker
 
 import (
 	"bytes"
+	"crypto/tls"
 	"fmt"
 	"github.com/heraldmq/herald/auth"
+	heraldpb "github.com/heraldmq/herald/proto"
 	"net"
 	"os"
 	"os/signal"
@@ -45,7 +47,39 @@ func (b *Broker) clusterTLS() (*cluster.TLS, error) {
 		return nil, fmt.Errorf("cluster TLS: %w", err)
 	}
 	b.tlsState().confs = append(b.tlsState().confs, conf)
+	if leaf := conf.Leaf(); leaf != nil {
+		if err := tlsconf.NamesNode(leaf, b.nodeID); err != nil {
+			b.log.Warn("SECURITY: the node certificate does not name this node: the cluster's controller will refuse its registration; issue one with the URI urn:herald:node:ID (herald dev-certs writes node-ID.pem)",
+				"node", b.nodeID, "cert", b.cfg.ClusterTLSCert, "err", err)
+		}
+	}
+	b.nodeTLSClient = client
 	return &cluster.TLS{Server: conf.ConfigWithALPN("h2", "http/1.1"), Client: client}, nil
+}
+
+// verifyNode proves that a registering node is the node it says: its
+// cluster port and health endpoint both present a certificate of the
+// cluster CA that names its node id (urn:herald:node:ID). So a process
+// holding some node's certificate cannot register another node's id.
+func (b *Broker) verifyNode(n *heraldpb.NodeRecord) error {
+	for _, addr := range []string{n.ClusterAddress, n.HealthAddress} {
+		if addr == "" {
+			continue
+		}
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 2 * time.Second}, "tcp", addr, b.nodeTLSClient)
+		if err != nil {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+		certs := conn.ConnectionState().PeerCertificates
+		conn.Close()
+		if len(certs) == 0 {
+			return fmt.Errorf("%s presented no certificate", addr)
+		}
+		if err := tlsconf.NamesNode(certs[0], n.NodeId); err != nil {
+			return fmt.Errorf("%s: %w", addr, err)
+		}
+	}
+	return nil
 }
 
 func (b *Broker) tlsState() *tlsState {

@@ -76,6 +76,11 @@ type ControllerConfig struct {
 	// committed so far are applied (from the controller's goroutine; keep
 	// it short).
 	OnApply func(*Metadata)
+	// VerifyNode, if set, proves that a registering node (other than
+	// this one) is the node it says: the leader registers it only once
+	// VerifyNode returns nil (with mutual TLS between nodes: the node's
+	// certificate names its id). A refusal is logged and counted.
+	VerifyNode func(n *heraldpb.NodeRecord) error
 	// ReplicaGrace is how long a node may be down before the controller
 	// moves its replicas to other nodes. Default 5 minutes.
 	ReplicaGrace time.Duration
@@ -162,6 +167,12 @@ type Controller struct {
 	log *slog.Logger
 
 	takeoverLogged time.Time // onRegistration: a refused takeover last logged
+	// Registrations VerifyNode proved (by node id: its addresses) and
+	// those being proved (at most maxVerifying at a time).
+	vmu       sync.Mutex
+	verified  map[uint64]verifyKey
+	verifying map[verifyKey]bool
+	refusedAt time.Time
 	group          string
 	voter          bool
 	pid            *actor.PID
@@ -632,8 +643,66 @@ func (c *Controller) onRegistration(ctx actor.Context) {
 		}
 		return
 	}
+	if c.cfg.VerifyNode != nil && !c.proved(n, f) {
+		return
+	}
 	ctx.Send(c.pid, f)
 }
+
+// verifyKey is a registration's identity as VerifyNode proves it.
+type verifyKey struct {
+	id              uint64
+	cluster, health string
+}
+
+// maxVerifying bounds the registrations being proved at once.
+const maxVerifying = 8
+
+// proved reports whether registration n was proved already; if not, it
+// starts proving it (unless already under way), and registers it once
+// proved. A node repeats its registration until it sees it applied.
+func (c *Controller) proved(n *heraldpb.NodeRecord, f *heraldpb.Frame) bool {
+	key := verifyKey{n.NodeId, n.ClusterAddress, n.HealthAddress}
+	c.vmu.Lock()
+	defer c.vmu.Unlock()
+	if c.verified[n.NodeId] == key {
+		return true
+	}
+	if c.verifying == nil {
+		c.verifying, c.verified = map[verifyKey]bool{}, map[uint64]verifyKey{}
+	}
+	if c.verifying[key] || len(c.verifying) >= maxVerifying {
+		return false
+	}
+	c.verifying[key] = true
+	go func() {
+		err := c.cfg.VerifyNode(n)
+		c.vmu.Lock()
+		delete(c.verifying, key)
+		if err == nil {
+			c.verified[n.NodeId] = key
+		}
+		logIt := err != nil && time.Since(c.refusedAt) >= time.Second
+		if logIt {
+			c.refusedAt = time.Now()
+		}
+		c.vmu.Unlock()
+		if err != nil {
+			mIdentityRefused.Inc()
+			if logIt {
+				c.log.Warn("refused a registration: the node did not prove its id", "node", n.NodeId, "cluster_address", n.ClusterAddress, "err", err)
+			}
+			return
+		}
+		c.cfg.Local.Root.Send(c.pid, f)
+	}()
+	return false
+}
+
+var mIdentityRefused = promauto.NewCounter(prometheus.CounterOpts{
+	Name: "herald_cluster_identity_refused_total",
+	Help: "Registrations refused because the node did not prove its id (with mutual TLS: its certificate does not name it).",
+})
 
 var mTakeovers = promauto.NewCounter(prometheus.CounterOpts{
 	Name: "herald_cluster_takeovers_refused_total",

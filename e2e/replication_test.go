@@ -43,11 +43,21 @@ func startCluster(t *testing.T, n int, extra ...string) *testCluster {
 	tc := &testCluster{nodes: map[uint64]*proc{}, peers: peers, extra: extra}
 	for id := uint64(1); id <= uint64(n); id++ {
 		args := append([]string{"--node-id", fmt.Sprint(id), "--cluster", cl[id],
-			"--cluster-health", health[id], "--peers", strings.Join(peers, ",")}, extra...)
+			"--cluster-health", health[id], "--peers", strings.Join(peers, ",")}, perNode(extra, id)...)
 		tc.nodes[id] = startProc(t, t.TempDir(), args...)
 	}
 	tc.waitRegistered(t, tc.nodes)
 	return tc
+}
+
+// perNode is args with "{id}" replaced by node id (a node's own
+// certificate file, for example).
+func perNode(args []string, id uint64) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = strings.ReplaceAll(a, "{id}", fmt.Sprint(id))
+	}
+	return out
 }
 
 // add starts node id, which the running nodes' --peers do not list: it
@@ -59,7 +69,7 @@ func (tc *testCluster) add(t *testing.T, id uint64) *proc {
 	cl, health := pairPorts(t)
 	tc.peers = append(tc.peers, fmt.Sprintf("%d@%s", id, cl))
 	args := append([]string{"--node-id", fmt.Sprint(id), "--cluster", cl,
-		"--cluster-health", health, "--peers", strings.Join(tc.peers, ",")}, tc.extra...)
+		"--cluster-health", health, "--peers", strings.Join(tc.peers, ",")}, perNode(tc.extra, id)...)
 	tc.nodes[id] = startProc(t, t.TempDir(), args...)
 	tc.waitRegistered(t, tc.nodes)
 	return tc.nodes[id]

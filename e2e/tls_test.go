@@ -335,7 +335,7 @@ func TestDevCertsCLI(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("dev-certs: %d %s", code, stderr)
 	}
-	for _, f := range tlsconf.DevCertFiles {
+	for _, f := range tlsconf.DevCertFiles(3) {
 		if !strings.Contains(out, filepath.Join(dir, f)) {
 			t.Fatalf("dev-certs output does not list %s:\n%s", f, out)
 		}
@@ -428,15 +428,15 @@ func clusterCerts(t *testing.T, nodes int) string {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(dir, ca.file+".pem"), c.CertPEM(), 0o644)
-		names := []string{"rogue-node"}
+		names := map[string]uint64{"rogue-node": 4}
 		if ca.file == "ca" {
-			names = nil
+			names = map[string]uint64{}
 			for i := 1; i <= nodes; i++ {
-				names = append(names, fmt.Sprintf("node-%d", i))
+				names[fmt.Sprintf("node-%d", i)] = uint64(i)
 			}
 		}
-		for _, n := range names {
-			leaf, err := c.Issue(tlsconf.LeafSpec{Name: n, Node: true, Hosts: []string{"127.0.0.1"}, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)})
+		for n, id := range names {
+			leaf, err := c.Issue(tlsconf.LeafSpec{Name: n, Node: true, NodeID: id, Hosts: []string{"127.0.0.1"}, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -446,16 +446,14 @@ func clusterCerts(t *testing.T, nodes int) string {
 	return dir
 }
 
-// A cluster whose nodes talk mutual TLS works (an RF=3 topic takes
-// writes), and a process that names the cluster as its peers but holds
-// no certificate of the cluster CA, or one of another CA, is refused with
-// a logged reason and never registered.
+// A cluster whose nodes talk mutual TLS, each with a certificate naming
+// its node id, works (an RF=3 topic takes writes), and a process that
+// names the cluster as its peers but holds no certificate of the cluster
+// CA, or one of another CA, is refused with a logged reason and never
+// registered; so is one holding a valid certificate of another node id.
 func TestClusterMutualTLS(t *testing.T) {
 	dir := clusterCerts(t, 3)
-	// startCluster gives every node the same flags, so the three share
-	// node-1's certificate: what is checked is the cluster CA's
-	// signature. The intruders below have none, or another CA's.
-	tc, c := clusterWithTopic(t, "orders", 3, "--cluster-tls-cert", filepath.Join(dir, "node-1.pem"), "--cluster-tls-key", filepath.Join(dir, "node-1-key.pem"),
+	tc, c := clusterWithTopic(t, "orders", 3, "--cluster-tls-cert", filepath.Join(dir, "node-{id}.pem"), "--cluster-tls-key", filepath.Join(dir, "node-{id}-key.pem"),
 		"--cluster-tls-ca", filepath.Join(dir, "ca.pem"))
 	p := c.NewProducer()
 	defer p.Close(context.Background())
@@ -468,6 +466,10 @@ func TestClusterMutualTLS(t *testing.T) {
 		{"no certificate", nil},
 		{"another CA's certificate", []string{"--cluster-tls-cert", filepath.Join(dir, "rogue-node.pem"), "--cluster-tls-key", filepath.Join(dir, "rogue-node-key.pem"),
 			"--cluster-tls-ca", filepath.Join(dir, "rogue-ca.pem")}},
+	})
+	refuseIntruders(t, tc, `the node did not prove its id`, []intruder{
+		{"node 1's certificate, claiming node 4", []string{"--cluster-tls-cert", filepath.Join(dir, "node-1.pem"), "--cluster-tls-key", filepath.Join(dir, "node-1-key.pem"),
+			"--cluster-tls-ca", filepath.Join(dir, "ca.pem")}},
 	})
 }
 
@@ -501,7 +503,7 @@ func refuseIntruders(t *testing.T, tc *testCluster, logged string, intruders []i
 		}
 		checkFor(t, 20*time.Second, intruder.name+": the nodes log the refusal", func() error {
 			if refusals() <= before {
-				return errors.New("no refusal logged")
+				return fmt.Errorf("no refusal logged; the intruder's log:\n%s", lastLines(out.String(), 15))
 			}
 			return nil
 		})
@@ -703,4 +705,10 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

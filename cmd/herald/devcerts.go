@@ -14,7 +14,7 @@ func init() {
 	register("dev-certs", "write a development CA, server and client certificates for trying TLS (never for production)", cliRunner(devCertsCmd))
 }
 
-const devCertsUsage = "usage: herald dev-certs DIR [--host NAME,...] [--client NAME]"
+const devCertsUsage = "usage: herald dev-certs DIR [--host NAME,...] [--client NAME] [--nodes N]"
 
 // devCertsCmd runs "herald dev-certs DIR".
 func devCertsCmd(_ context.Context, args []string, io cliIO) error {
@@ -22,6 +22,7 @@ func devCertsCmd(_ context.Context, args []string, io cliIO) error {
 	fs.SetOutput(io.err)
 	hosts := fs.String("host", "", "more names and addresses for the server certificate, comma-separated (localhost, 127.0.0.1 and ::1 are always in it)")
 	clientName := fs.String("client", "dev-client", "the client certificate's name (the principal it authenticates as)")
+	nodes := fs.Int("nodes", 3, "node certificates to write, for node ids 1 to N (node-N.pem): each names its node id")
 	fs.Usage = func() {
 		fmt.Fprintln(io.err, devCertsUsage)
 		fs.PrintDefaults()
@@ -40,10 +41,13 @@ func devCertsCmd(_ context.Context, args []string, io cliIO) error {
 		}
 	}
 	dir := pos[0]
-	if err := tlsconf.WriteDevCerts(dir, extra, *clientName); err != nil {
+	if *nodes < 0 || *nodes > 1000 {
+		return usagef("--nodes %d: want 0 to 1000", *nodes)
+	}
+	if err := tlsconf.WriteDevCerts(dir, extra, *clientName, *nodes); err != nil {
 		return cliOneLine(err)
 	}
-	for _, f := range tlsconf.DevCertFiles {
+	for _, f := range tlsconf.DevCertFiles(*nodes) {
 		fmt.Fprintln(io.out, filepath.Join(dir, f))
 	}
 	fmt.Fprintf(io.out, "serve:   herald serve --listen-tls 127.0.0.1:7443 --tls-cert %s --tls-key %s [--tls-client-ca %s]\n",

@@ -60,6 +60,7 @@ type LeafSpec struct {
 	Hosts     []string // DNS names and IP addresses (server certificates)
 	Client    bool     // for client authentication, else for a server
 	Node      bool     // for both (a cluster node: it serves and dials)
+	NodeID    uint64   // a node's id, as the URI urn:herald:node:ID (NodeIDs)
 	NotBefore time.Time
 	NotAfter  time.Time
 }
@@ -80,6 +81,9 @@ func (ca *CA) Issue(spec LeafSpec) (Leaf, error) {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	case spec.Client:
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	}
+	if spec.NodeID != 0 {
+		tmpl.URIs = append(tmpl.URIs, NodeURI(spec.NodeID))
 	}
 	for _, h := range spec.Hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -115,8 +119,15 @@ func (l Leaf) Write(dir, name string) error {
 	return os.WriteFile(filepath.Join(dir, name+"-key.pem"), l.KeyPEM, 0o600)
 }
 
-// DevCertFiles are the files WriteDevCerts writes in its directory.
-var DevCertFiles = []string{"ca.pem", "server.pem", "server-key.pem", "client.pem", "client-key.pem", "node.pem", "node-key.pem"}
+// DevCertFiles are the files WriteDevCerts writes in its directory for
+// nodes node certificates.
+func DevCertFiles(nodes int) []string {
+	out := []string{"ca.pem", "server.pem", "server-key.pem", "client.pem", "client-key.pem"}
+	for i := 1; i <= nodes; i++ {
+		out = append(out, fmt.Sprintf("node-%d.pem", i), fmt.Sprintf("node-%d-key.pem", i))
+	}
+	return out
+}
 
 // DevValidity is how long development certificates are valid.
 const DevValidity = 365 * 24 * time.Hour
@@ -124,18 +135,19 @@ const DevValidity = 365 * 24 * time.Hour
 // WriteDevCerts writes a development CA (ca.pem; its key is not kept), a
 // server certificate for localhost, 127.0.0.1, ::1 and hosts
 // (server.pem, server-key.pem), and a client certificate whose principal
-// is client (client.pem, client-key.pem), and a node certificate for the
-// cluster port, for the same names (node.pem, node-key.pem), into dir,
+// is client (client.pem, client-key.pem), and node certificates for the
+// cluster port, for the same names, naming node ids 1 to nodes
+// (node-N.pem, node-N-key.pem), into dir,
 // creating it. It refuses
 // to overwrite existing files.
-func WriteDevCerts(dir string, hosts []string, client string) error {
+func WriteDevCerts(dir string, hosts []string, client string, nodes int) error {
 	if client == "" {
 		return errors.New("dev-certs: the client certificate needs a name")
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	for _, f := range DevCertFiles {
+	for _, f := range DevCertFiles(nodes) {
 		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
 			return fmt.Errorf("dev-certs: %s exists; not overwriting it", filepath.Join(dir, f))
 		}
@@ -154,13 +166,15 @@ func WriteDevCerts(dir string, hosts []string, client string) error {
 	if err != nil {
 		return err
 	}
-	node, err := ca.Issue(LeafSpec{Name: "herald-node", Node: true, Hosts: append([]string{"localhost", "127.0.0.1", "::1"}, hosts...),
-		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(DevValidity)})
-	if err != nil {
-		return err
-	}
-	if err := node.Write(dir, "node"); err != nil {
-		return err
+	for id := 1; id <= nodes; id++ {
+		node, err := ca.Issue(LeafSpec{Name: fmt.Sprintf("herald-node-%d", id), Node: true, NodeID: uint64(id),
+			Hosts: append([]string{"localhost", "127.0.0.1", "::1"}, hosts...), NotBefore: now.Add(-time.Minute), NotAfter: now.Add(DevValidity)})
+		if err != nil {
+			return err
+		}
+		if err := node.Write(dir, fmt.Sprintf("node-%d", id)); err != nil {
+			return err
+		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {
 		return err

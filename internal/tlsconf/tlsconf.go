@@ -72,6 +72,19 @@ func (s *Server) ConfigWithALPN(protos ...string) *tls.Config {
 // PeerClient is the configuration to dial a peer that serves with the
 // same files (the nodes of a cluster): it presents the certificate loaded
 // last and trusts the CA bundle (ClientCA) as it was at the start.
+// Leaf is the certificate in use, parsed (nil if it does not parse).
+func (s *Server) Leaf() *x509.Certificate {
+	c := s.cur.Load()
+	if c == nil || len(c.Certificates) == 0 || len(c.Certificates[0].Certificate) == 0 {
+		return nil
+	}
+	leaf, err := x509.ParseCertificate(c.Certificates[0].Certificate[0])
+	if err != nil {
+		return nil
+	}
+	return leaf
+}
+
 func (s *Server) PeerClient() (*tls.Config, error) {
 	if s.files.ClientCA == "" {
 		return nil, errors.New("tls: a peer configuration needs the CA bundle")

@@ -2,6 +2,7 @@ package tlsconf
 
 import (
 	"crypto/tls"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -86,8 +87,21 @@ func TestClientAndServerFileErrors(t *testing.T) {
 // overwrite them.
 func TestWriteDevCerts(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "certs")
-	if err := WriteDevCerts(dir, []string{"broker.example"}, "ops"); err != nil {
+	if err := WriteDevCerts(dir, []string{"broker.example"}, "ops", 2); err != nil {
 		t.Fatal(err)
+	}
+	for id := uint64(1); id <= 2; id++ {
+		cfg, err := Client(ClientFiles{CA: filepath.Join(dir, "ca.pem"), Cert: filepath.Join(dir, fmt.Sprintf("node-%d.pem", id)), Key: filepath.Join(dir, fmt.Sprintf("node-%d-key.pem", id))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf := cfg.Certificates[0].Leaf
+		if err := NamesNode(leaf, id); err != nil {
+			t.Fatal(err)
+		}
+		if err := NamesNode(leaf, id+5); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("names node [%d], not node %d", id, id+5)) {
+			t.Fatalf("node-%d names node %d: %v", id, id+5, err)
+		}
 	}
 	if _, err := NewServer(ServerFiles{Cert: filepath.Join(dir, "server.pem"), Key: filepath.Join(dir, "server-key.pem"), ClientCA: filepath.Join(dir, "ca.pem")}, nil); err != nil {
 		t.Fatal(err)
@@ -103,7 +117,7 @@ func TestWriteDevCerts(t *testing.T) {
 	if st, _ := os.Stat(filepath.Join(dir, "client-key.pem")); st.Mode().Perm() != 0o600 {
 		t.Fatalf("client key mode %v", st.Mode().Perm())
 	}
-	if err := WriteDevCerts(dir, nil, "ops"); err == nil || !strings.Contains(err.Error(), "not overwriting") {
+	if err := WriteDevCerts(dir, nil, "ops", 2); err == nil || !strings.Contains(err.Error(), "not overwriting") {
 		t.Fatalf("second WriteDevCerts: %v", err)
 	}
 }
