@@ -173,15 +173,15 @@ type Controller struct {
 	verified  map[uint64]verifyKey
 	verifying map[verifyKey]bool
 	refusedAt time.Time
-	group          string
-	voter          bool
-	pid            *actor.PID
-	filter         *actor.PID // on a voter: drops registrations already applied
-	sent           atomic.Int64
-	stats          *partition.Stats
-	state          atomic.Pointer[Metadata]
-	stop           chan struct{}
-	done           sync.WaitGroup
+	group     string
+	voter     bool
+	pid       *actor.PID
+	filter    *actor.PID // on a voter: drops registrations already applied
+	sent      atomic.Int64
+	stats     *partition.Stats
+	state     atomic.Pointer[Metadata]
+	stop      chan struct{}
+	done      sync.WaitGroup
 	// cpErr is the last error writing a checkpoint ("" after a success).
 	cpErr atomic.Pointer[string]
 }
