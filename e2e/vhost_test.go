@@ -237,3 +237,68 @@ func TestVhostQuotaThrottlesOneTenant(t *testing.T) {
 		t.Fatalf("A's fourth connection: %v", err)
 	}
 }
+
+// A consume quota holds a push subscription to its rate (the broker
+// pushes no faster than the bucket refills) and answers fetches past it
+// with THROTTLED and a retry-after.
+func TestVhostConsumeQuota(t *testing.T) {
+	p := startProc(t, t.TempDir())
+	const rate = 128 << 10
+	if _, errOut, code := herald(t, "", "vhost", "add", "C", "--consume-rate", "131072", "--addr", p.Addr()); code != 0 {
+		t.Fatal(errOut)
+	}
+	ctx := ctxT(t, 90*time.Second)
+	c := dial(t, p, client.WithVhost("C"))
+	if _, err := c.CreateTopic(ctx, "t", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	const n, size = 512, 1 << 10
+	pr := c.NewProducer()
+	for i := 0; i < n; i++ {
+		pr.SendAsync(ctx, &client.Message{Topic: "t", Value: make([]byte, size)}, nil)
+	}
+	if err := pr.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Push: 512 KiB at 128 KiB/s after a 128 KiB burst, less the step of
+	// 64 messages a dispatch may overshoot by, takes 2.5 s or more.
+	var got atomic.Int64
+	done := make(chan struct{})
+	start := time.Now()
+	sub, err := c.Subscribe(ctx, client.SubscribeOptions{Group: "g", Topic: "t", Mode: client.Shared, From: client.Earliest()}, func(_ context.Context, m *client.Delivered) {
+		m.Ack()
+		if got.Add(1) == n {
+			close(done)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close(ctx)
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("%d of %d pushed", got.Load(), n)
+	}
+	pushed := time.Since(start)
+	t.Logf("pushed %d KiB in %v against a quota of %d KiB/s", n*size>>10, pushed, rate>>10)
+	if min := time.Duration(float64(n*size-rate-64*size) / rate * float64(time.Second)); pushed < min {
+		t.Fatalf("pushed %d bytes in %v: faster than the quota allows (at least %v)", n*size, pushed, min)
+	}
+	// Fetch: reading it all again runs into THROTTLED.
+	var throttled error
+	for off := int64(0); off < n && throttled == nil; {
+		r, err := c.Fetch(ctx, "t", 0, off, 1<<20, 0)
+		switch {
+		case client.IsCode(err, heraldpb.ErrorCode_THROTTLED):
+			throttled = err
+		case err != nil:
+			t.Fatal(err)
+		default:
+			off = r.NextOffset
+		}
+	}
+	if throttled == nil || !strings.Contains(throttled.Error(), "consume_rate quota of 131072 bytes/s") {
+		t.Fatalf("fetching 512 KiB twice over a 128 KiB/s quota: %v", throttled)
+	}
+}

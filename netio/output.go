@@ -215,6 +215,9 @@ func (c *conn) outputFull() bool {
 // output is full (<= 0: none).
 func (c *conn) pushRoom() int {
 	r := int64(c.s.cfg.MaxPendingOutput) - c.out.Load() - c.reserved.Load()
+	if q := c.consumeRoom(); q < r {
+		r = q // a consume quota holds pushes until its bucket refills
+	}
 	return int(max(min(r, math.MaxInt32), math.MinInt32))
 }
 

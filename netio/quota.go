@@ -2,6 +2,7 @@ package netio
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -249,4 +250,28 @@ func (c *conn) chargeConsumed(n int) {
 			x.a.mu.Unlock()
 		}
 	}
+}
+
+// consumeRoom is how many bytes the connection's consume quotas let it
+// take now (math.MaxInt64 without one): the consumer groups' pushes wait
+// while it is not positive, and retry shortly (their congestion timer).
+func (c *conn) consumeRoom() int64 {
+	vq, uq := c.limits()
+	room := int64(math.MaxInt64)
+	now := time.Now()
+	for _, x := range []struct {
+		a *account
+		q *heraldpb.Quotas
+	}{{c.vacct.Load(), vq}, {c.uacct.Load(), uq}} {
+		if x.a == nil || x.q == nil || x.q.ConsumeBytesPerSec == 0 {
+			continue
+		}
+		x.a.mu.Lock()
+		x.a.consume.refill(x.q.ConsumeBytesPerSec, now)
+		if t := int64(x.a.consume.tokens); t < room {
+			room = t
+		}
+		x.a.mu.Unlock()
+	}
+	return room
 }

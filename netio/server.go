@@ -107,6 +107,7 @@ func (s *Server) Push(id string, frame []byte) bool {
 		return false
 	}
 	c.lastActive.Store(time.Now().UnixNano())
+	c.chargeConsumed(len(frame)) // pushes count against the consume rates
 	return true
 }
 
