@@ -400,6 +400,9 @@ func (b *Broker) Shutdown() error {
 	if b.admin != nil {
 		b.admin.Shutdown(ctx)
 	}
+	if b.audit != nil {
+		b.audit.close() // after the last request that could write to it
+	}
 	b.lock.Close()
 	b.log.Info("herald stopped")
 	return nil

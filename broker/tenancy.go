@@ -18,7 +18,7 @@ import (
 // quotas, and each vhost's usage counted from the registry every second.
 type tenancy struct {
 	vhosts atomic.Pointer[map[string]*heraldpb.VhostRecord]
-	usage  atomic.Pointer[map[string]vhostUsage]
+	usage  atomic.Pointer[map[string]vhostUsage] // by vhost, and by "user:NAME" for topic owners
 	store  *userStore
 }
 
@@ -80,6 +80,22 @@ func (t *tenancy) Usage(vhost string, fresh bool) (int, int, int64) {
 	return 0, 0, 0
 }
 
+// UserUsage is netio.Tenancy.UserUsage.
+func (t *tenancy) UserUsage(user string, fresh bool) (int, int, int64) {
+	return t.Usage("user:"+user, fresh)
+}
+
+// TopicOwner is netio.Tenancy.TopicOwner.
+func (t *tenancy) TopicOwner(topic string) string {
+	if t.store == nil {
+		return ""
+	}
+	if e := t.store.b.reg.Get(topic); e != nil {
+		return e.Config.GetOwner()
+	}
+	return ""
+}
+
 // nonZero is q, or nil when it sets no quota.
 func nonZero(q *heraldpb.Quotas) *heraldpb.Quotas {
 	if q == nil || proto.Equal(q, &heraldpb.Quotas{}) {
@@ -96,16 +112,24 @@ func (t *tenancy) count(reg *registry.Registry) {
 		if registry.IsInternal(e.Name) {
 			continue
 		}
-		v, _ := registry.VhostOf(e.Name)
-		u := m[v]
-		u.topics++
-		u.partitions += len(e.Partitions)
+		var stored int64
 		for _, s := range e.Stats {
 			if s != nil {
-				u.stored += s.SizeBytes.Load()
+				stored += s.SizeBytes.Load()
 			}
 		}
-		m[v] = u
+		v, _ := registry.VhostOf(e.Name)
+		keys := []string{v}
+		if o := e.Config.GetOwner(); o != "" {
+			keys = append(keys, "user:"+o) // vhost names hold no ':'
+		}
+		for _, k := range keys {
+			u := m[k]
+			u.topics++
+			u.partitions += len(e.Partitions)
+			u.stored += stored
+			m[k] = u
+		}
 	}
 	t.usage.Store(&m)
 }

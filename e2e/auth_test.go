@@ -192,7 +192,9 @@ func TestAuthByClientCertificate(t *testing.T) {
 func TestAuthUsersReplicated(t *testing.T) {
 	secrets := t.TempDir()
 	adminPW := writeSecret(t, secrets, "admin.pw", "admin-secret")
-	tc := startCluster(t, 3, "--auth", "required", "--bootstrap-user", "admin", "--bootstrap-password-file", adminPW)
+	// The harness reads /cluster without a login: open it.
+	tc := startCluster(t, 3, "--auth", "required", "--bootstrap-user", "admin", "--bootstrap-password-file", adminPW,
+		"--admin-open", "/metrics,/healthz,/readyz,/cluster")
 	login := func(p *proc, user, pw string) error {
 		c, err := client.Dial(ctxT(t, 10*time.Second), p.Addr(), client.WithSCRAM(user, pw))
 		if err == nil {
@@ -284,7 +286,7 @@ func TestACLEveryRequestType(t *testing.T) {
 	if err := admin.AddUser(ctx, "carol", "carol-secret", 0); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"t", "sched", "secret"} {
+	for _, name := range []string{"t", "sched", "secret", "offs", "rpc"} {
 		if _, err := admin.CreateTopic(ctx, name, &heraldpb.TopicConfig{Partitions: 1}); err != nil {
 			t.Fatal(err)
 		}
@@ -349,6 +351,50 @@ func TestACLEveryRequestType(t *testing.T) {
 			_, _, err := c.ListScheduled(ctx, "sched", 10)
 			return err
 		}},
+		{"ListOffsets", []*heraldpb.AclRule{allow(u, topicT, "offs", heraldpb.AclOperation_ACL_OP_DESCRIBE)}, func(ctx context.Context, c *client.Client) error {
+			_, err := c.ListOffsets(ctx, "offs", 0, heraldpb.OffsetSpec_OFFSET_SPEC_LATEST, time.Time{})
+			return err
+		}},
+		{"Call (request-reply)", []*heraldpb.AclRule{allow(u, topicT, "rpc", heraldpb.AclOperation_ACL_OP_PRODUCE)}, func(ctx context.Context, c *client.Client) error {
+			_, err := c.Request(ctx, "rpc", &client.Message{Value: []byte("ping")})
+			if client.IsCode(err, heraldpb.ErrorCode_NO_RESPONDERS) {
+				return nil // past the ACL: nobody answers
+			}
+			return err
+		}},
+		{"RegisterProducer (check-back)", []*heraldpb.AclRule{allow(u, pgT, "checked", heraldpb.AclOperation_ACL_OP_PRODUCE)}, func(ctx context.Context, c *client.Client) error {
+			stop, err := c.RegisterTransactionChecker(ctx, "checked", func(context.Context, *client.HalfCheck) client.HalfAction { return client.HalfCommit })
+			if err == nil {
+				stop()
+			}
+			return err
+		}},
+		{"ListTxn of a producer group", []*heraldpb.AclRule{allow(u, pgT, "listed", heraldpb.AclOperation_ACL_OP_DESCRIBE)}, func(ctx context.Context, c *client.Client) error {
+			_, _, err := c.ListTxn(ctx, "listed", 10)
+			return err
+		}},
+		{"Transaction (produce, EndTxn)", []*heraldpb.AclRule{allow(u, txnT, "tx2", heraldpb.AclOperation_ACL_OP_PRODUCE), allow(u, topicT, "t", heraldpb.AclOperation_ACL_OP_PRODUCE)}, func(ctx context.Context, c *client.Client) error {
+			tp, err := c.NewTransactionalProducer(ctx, "tx2")
+			if err != nil {
+				return err
+			}
+			defer tp.Close(ctx)
+			if err := tp.Begin(); err != nil {
+				return err
+			}
+			if _, err := tp.Send(ctx, &client.Message{Topic: "t", Partition: 0, Value: []byte("in a transaction")}); err != nil {
+				return err
+			}
+			_, err = tp.Commit(ctx)
+			return err
+		}},
+		{"CancelScheduled", []*heraldpb.AclRule{allow(u, clusterT, "", heraldpb.AclOperation_ACL_OP_ALTER)}, func(ctx context.Context, c *client.Client) error {
+			err := c.CancelScheduled(ctx, "999999")
+			if client.IsCode(err, heraldpb.ErrorCode_SCHEDULE_NOT_FOUND) {
+				return nil // past the ACL: no such delayed message
+			}
+			return err
+		}},
 		{"ListUsers (admin)", []*heraldpb.AclRule{allow(u, clusterT, "", heraldpb.AclOperation_ACL_OP_ADMIN)}, func(ctx context.Context, c *client.Client) error {
 			_, err := c.ListUsers(ctx)
 			return err
@@ -373,7 +419,7 @@ func TestACLEveryRequestType(t *testing.T) {
 	// Listings show only what carol may describe; internal topics are
 	// out of her reach whatever the rules say.
 	topics, err := carol.ListTopics(ctx)
-	if err != nil || len(topics) != 2 || topics[0].Name != "sched" || topics[1].Name != "t" {
+	if err != nil || len(topics) != 4 || topics[0].Name != "offs" || topics[1].Name != "rpc" || topics[2].Name != "sched" || topics[3].Name != "t" {
 		t.Fatalf("carol's topics: %v %v", topics, err)
 	}
 	if err := admin.AlterAcls(ctx, []*heraldpb.AclRule{allow(u, topicT, "*", heraldpb.AclOperation_ACL_OP_ALL)}, nil); err != nil {

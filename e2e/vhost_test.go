@@ -96,6 +96,25 @@ func TestVhostIsolation(t *testing.T) {
 		}
 		sub.Close(ctx)
 	}
+	// Delayed messages: another vhost can neither list nor cancel A's.
+	res, err := inA.NewProducer().Send(ctx, &client.Message{Topic: "orders", Value: []byte("later"), Delay: time.Hour})
+	if err != nil || res.ScheduleID == "" {
+		t.Fatalf("delayed produce in A: %v %v", res, err)
+	}
+	for _, c := range []*client.Client{inB, inDefault} {
+		if err := c.CancelScheduled(ctx, res.ScheduleID); !client.IsCode(err, heraldpb.ErrorCode_SCHEDULE_NOT_FOUND) {
+			t.Fatalf("cancel of A's delayed message from another vhost: %v", err)
+		}
+		if list, _, err := c.ListScheduled(ctx, "", 100); err != nil || len(list) != 0 {
+			t.Fatalf("another vhost lists A's delayed messages: %v %v", list, err)
+		}
+	}
+	if list, _, err := inA.ListScheduled(ctx, "", 100); err != nil || len(list) != 1 || list[0].Topic != "orders" {
+		t.Fatalf("A's delayed messages: %v %v", list, err)
+	}
+	if err := inA.CancelScheduled(ctx, res.ScheduleID); err != nil {
+		t.Fatalf("A cancels its own: %v", err)
+	}
 	// alice may work in A only.
 	if err := inDefault.AddUser(ctx, "alice", "alice-secret", 0); err != nil {
 		t.Fatal(err)
@@ -123,9 +142,18 @@ func TestVhostIsolation(t *testing.T) {
 	if !regexpLine(out, `^user:alice\s+allow\s+all\s+topic\s+\*\s+literal$`) {
 		t.Fatalf("acl list in A: %q", out)
 	}
-	// A user's connection quota.
-	if _, _, code := herald(t, "", append([]string{"user", "quota", "alice", "--max-connections", "2"}, as...)...); code != 0 {
-		t.Fatal("user quota")
+	// A user's quotas: the topics it creates, and its connections.
+	if _, errOut, code := herald(t, "", append([]string{"user", "quota", "alice", "--max-connections", "2", "--max-topics", "1"}, as...)...); code != 0 {
+		t.Fatalf("user quota: %s", errOut)
+	}
+	if _, err := alice.CreateTopic(ctx, "mine", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if ti, err := alice.DescribeTopic(ctx, "mine"); err != nil || ti.GetConfig().GetOwner() != "alice" {
+		t.Fatalf("mine's owner: %v %v", ti, err)
+	}
+	if _, err := alice.CreateTopic(ctx, "mine2", &heraldpb.TopicConfig{Partitions: 1}); !client.IsCode(err, heraldpb.ErrorCode_QUOTA_EXCEEDED) || !strings.Contains(err.Error(), `user "alice" has 1 topics, its quota is 1`) {
+		t.Fatalf("alice's second topic: %v", err)
 	}
 	checkFor(t, 10*time.Second, "alice's third connection refused", func() error {
 		c, err := client.Dial(ctxT(t, 10*time.Second), p.Addr(), client.WithSCRAM("alice", "alice-secret"), client.WithVhost("A"))
@@ -142,17 +170,17 @@ func TestVhostIsolation(t *testing.T) {
 	if _, err := client.Dial(ctxT(t, 10*time.Second), p.Addr(), client.WithSCRAM("admin", "admin-secret"), client.WithVhost("C")); !client.IsCode(err, heraldpb.ErrorCode_VHOST_NOT_FOUND) {
 		t.Fatalf("unknown vhost: %v", err)
 	}
-	if _, errOut, code := herald(t, "", append([]string{"vhost", "delete", "A"}, as...)...); code == 0 || !strings.Contains(errOut, "has 2 topics") {
+	if _, errOut, code := herald(t, "", append([]string{"vhost", "delete", "A"}, as...)...); code == 0 || !strings.Contains(errOut, "has 3 topics") {
 		t.Fatalf("delete A with topics: %d %q", code, errOut)
 	}
 	p.Stop(t)
 	p.Start(t)
 	a2 := dial(t, p, client.WithSCRAM("admin", "admin-secret"), client.WithVhost("A"))
-	if got := names(a2); got != "only-a,orders" {
+	if got := names(a2); got != "mine,only-a,orders" {
 		t.Fatalf("A after a restart: %q", got)
 	}
 	out, errOut, code = herald(t, "", append([]string{"vhost", "list"}, as...)...)
-	if code != 0 || !regexpLine(out, `^A\s+2\s+2\s+`) || !regexpLine(out, `^B\s+1\s+1\s+`) || !regexpLine(out, `^/\s+0\s+0\s+`) {
+	if code != 0 || !regexpLine(out, `^A\s+3\s+3\s+`) || !regexpLine(out, `^B\s+1\s+1\s+`) || !regexpLine(out, `^/\s+0\s+0\s+`) {
 		t.Fatalf("vhost list: %d %q %q", code, out, errOut)
 	}
 }

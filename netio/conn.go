@@ -304,6 +304,9 @@ func (c *conn) enter(f *heraldpb.Frame, size int64) *heraldpb.Error {
 	if e := inVhost(c.vhostName(), f); e != nil {
 		return e
 	}
+	if ct, ok := f.Body.(*heraldpb.Frame_CreateTopic); ok {
+		ct.CreateTopic.Owner = c.who() // the creator's user quotas count the topic
+	}
 	if e := c.authorize(f); e != nil {
 		return e
 	}

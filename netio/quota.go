@@ -23,6 +23,11 @@ type Tenancy interface {
 	// Usage is a vhost's topics, partitions and stored bytes: counted now
 	// when fresh, else as recently counted (at most a second ago).
 	Usage(vhost string, fresh bool) (topics, partitions int, stored int64)
+	// UserUsage is the same of the topics a user created (their owner).
+	UserUsage(user string, fresh bool) (topics, partitions int, stored int64)
+	// TopicOwner is the user that created topic (a broker name; "" for
+	// none or an unknown topic).
+	TopicOwner(topic string) string
 }
 
 // An account is what a vhost or a user uses of its quotas on this node:
@@ -175,6 +180,13 @@ func (c *conn) checkQuota(f *heraldpb.Frame, size int64) *heraldpb.Error {
 	if _, ok := f.Body.(*heraldpb.Frame_Produce); ok && !registry.IsDefaultVhost(vhost) {
 		mQuotaBytes.WithLabelValues(vhost, "produce").Add(float64(size))
 	}
+	if t := c.s.cfg.Tenancy; t != nil {
+		if p, ok := f.Body.(*heraldpb.Frame_Produce); ok {
+			if e := c.ownerStorage(p.Produce.Topic); e != nil {
+				return e
+			}
+		}
+	}
 	vq, uq := c.limits()
 	if vq == nil && uq == nil {
 		return nil
@@ -217,16 +229,49 @@ func (c *conn) checkQuota(f *heraldpb.Frame, size int64) *heraldpb.Error {
 		}
 		return rate(ua, uq, true)
 	case *heraldpb.Frame_CreateTopic:
-		if vq == nil || (vq.MaxTopics == 0 && vq.MaxPartitions == 0) {
-			return nil
+		n := int(max(1, b.CreateTopic.GetConfig().GetPartitions()))
+		if vq != nil && (vq.MaxTopics > 0 || vq.MaxPartitions > 0) {
+			topics, parts, _ := c.s.cfg.Tenancy.Usage(vhost, true)
+			if e := countQuota(va.key, fmt.Sprintf("vhost %q", vhost), vq, topics, parts, n); e != nil {
+				return e
+			}
 		}
-		topics, parts, _ := c.s.cfg.Tenancy.Usage(vhost, true)
-		if vq.MaxTopics > 0 && topics >= int(vq.MaxTopics) {
-			return quotaExceeded(va.key, "topics", "vhost %q has %d topics, its quota is %d", vhost, topics, vq.MaxTopics)
+		if uq != nil && (uq.MaxTopics > 0 || uq.MaxPartitions > 0) {
+			topics, parts, _ := c.s.cfg.Tenancy.UserUsage(c.who(), true)
+			if e := countQuota(ua.key, fmt.Sprintf("user %q", c.who()), uq, topics, parts, n); e != nil {
+				return e
+			}
 		}
-		if n := int(max(1, b.CreateTopic.GetConfig().GetPartitions())); vq.MaxPartitions > 0 && parts+n > int(vq.MaxPartitions) {
-			return quotaExceeded(va.key, "partitions", "vhost %q has %d partitions, %d more would pass its quota of %d", vhost, parts, n, vq.MaxPartitions)
-		}
+	}
+	return nil
+}
+
+// countQuota refuses a topic of n partitions past q's topics or
+// partitions, given what who has.
+func countQuota(account, who string, q *heraldpb.Quotas, topics, parts, n int) *heraldpb.Error {
+	if q.MaxTopics > 0 && topics >= int(q.MaxTopics) {
+		return quotaExceeded(account, "topics", "%s has %d topics, its quota is %d", who, topics, q.MaxTopics)
+	}
+	if q.MaxPartitions > 0 && parts+n > int(q.MaxPartitions) {
+		return quotaExceeded(account, "partitions", "%s has %d partitions, %d more would pass its quota of %d", who, parts, n, q.MaxPartitions)
+	}
+	return nil
+}
+
+// ownerStorage refuses a produce to a topic whose owner (the user that
+// created it) stores its quota of bytes already.
+func (c *conn) ownerStorage(topic string) *heraldpb.Error {
+	t := c.s.cfg.Tenancy
+	owner := t.TopicOwner(topic)
+	if owner == "" {
+		return nil
+	}
+	q := t.UserQuotas(owner)
+	if q == nil || q.MaxStoredBytes == 0 {
+		return nil
+	}
+	if _, _, stored := t.UserUsage(owner, false); stored >= int64(q.MaxStoredBytes) {
+		return quotaExceeded("user:"+owner, "stored_bytes", "user %q's topics store %d bytes, its quota is %d", owner, stored, q.MaxStoredBytes)
 	}
 	return nil
 }

@@ -3152,8 +3152,8 @@ type Quotas struct {
 	ConsumeBytesPerSec uint64 `protobuf:"varint,2,opt,name=consume_bytes_per_sec,json=consumeBytesPerSec,proto3" json:"consume_bytes_per_sec,omitempty"`
 	// Connections at once (QUOTA_EXCEEDED, final, past it).
 	MaxConnections uint32 `protobuf:"varint,3,opt,name=max_connections,json=maxConnections,proto3" json:"max_connections,omitempty"`
-	// Vhosts only: topics, partitions in all, and stored bytes in all
-	// (QUOTA_EXCEEDED past them).
+	// Topics, partitions in all, and stored bytes in all (QUOTA_EXCEEDED
+	// past them): a vhost's, or those of the topics a user created.
 	MaxTopics      uint32 `protobuf:"varint,4,opt,name=max_topics,json=maxTopics,proto3" json:"max_topics,omitempty"`
 	MaxPartitions  uint32 `protobuf:"varint,5,opt,name=max_partitions,json=maxPartitions,proto3" json:"max_partitions,omitempty"`
 	MaxStoredBytes uint64 `protobuf:"varint,6,opt,name=max_stored_bytes,json=maxStoredBytes,proto3" json:"max_stored_bytes,omitempty"`
@@ -3568,8 +3568,11 @@ type TopicConfig struct {
 	// than this, the leader included, are in sync. 0 = the broker default
 	// (2 when the replication factor is 3 or more, else 1).
 	MinInsyncReplicas uint32 `protobuf:"varint,7,opt,name=min_insync_replicas,json=minInsyncReplicas,proto3" json:"min_insync_replicas,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The principal that created the topic ("" = anonymous, or created
+	// before logins): its user quotas count the topic. Set by the broker.
+	Owner         string `protobuf:"bytes,8,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TopicConfig) Reset() {
@@ -3649,6 +3652,13 @@ func (x *TopicConfig) GetMinInsyncReplicas() uint32 {
 		return x.MinInsyncReplicas
 	}
 	return 0
+}
+
+func (x *TopicConfig) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 type PartitionInfo struct {
@@ -3964,9 +3974,11 @@ func (x *MetadataResponse) GetTopics() []*TopicInfo {
 }
 
 type CreateTopicRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Config        *TopicConfig           `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Config *TopicConfig           `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
+	// Set by the broker: the principal creating it (TopicConfig.owner).
+	Owner         string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4013,6 +4025,13 @@ func (x *CreateTopicRequest) GetConfig() *TopicConfig {
 		return x.Config
 	}
 	return nil
+}
+
+func (x *CreateTopicRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 type CreateTopicResponse struct {
@@ -9241,7 +9260,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x12ListVhostsResponse\x12,\n" +
 	"\x06vhosts\x18\x01 \x03(\v2\x14.herald.v1.VhostInfoR\x06vhosts\">\n" +
 	"\x11ListUsersResponse\x12)\n" +
-	"\x05users\x18\x01 \x03(\v2\x13.herald.v1.UserInfoR\x05users\"\xaa\x02\n" +
+	"\x05users\x18\x01 \x03(\v2\x13.herald.v1.UserInfoR\x05users\"\xc0\x02\n" +
 	"\vTopicConfig\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x01(\rR\n" +
@@ -9251,7 +9270,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x0fretention_bytes\x18\x04 \x01(\x03R\x0eretentionBytes\x12*\n" +
 	"\x11max_message_bytes\x18\x05 \x01(\rR\x0fmaxMessageBytes\x12$\n" +
 	"\x0emessage_ttl_ms\x18\x06 \x01(\x03R\fmessageTtlMs\x12.\n" +
-	"\x13min_insync_replicas\x18\a \x01(\rR\x11minInsyncReplicas\"\xec\x01\n" +
+	"\x13min_insync_replicas\x18\a \x01(\rR\x11minInsyncReplicas\x12\x14\n" +
+	"\x05owner\x18\b \x01(\tR\x05owner\"\xec\x01\n" +
 	"\rPartitionInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\rR\x06leader\x12\x1a\n" +
@@ -9276,10 +9296,11 @@ const file_herald_proto_rawDesc = "" +
 	"\x06topics\x18\x01 \x03(\tR\x06topics\"q\n" +
 	"\x10MetadataResponse\x12/\n" +
 	"\abrokers\x18\x01 \x03(\v2\x15.herald.v1.BrokerInfoR\abrokers\x12,\n" +
-	"\x06topics\x18\x02 \x03(\v2\x14.herald.v1.TopicInfoR\x06topics\"X\n" +
+	"\x06topics\x18\x02 \x03(\v2\x14.herald.v1.TopicInfoR\x06topics\"n\n" +
 	"\x12CreateTopicRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
-	"\x06config\x18\x02 \x01(\v2\x16.herald.v1.TopicConfigR\x06config\"A\n" +
+	"\x06config\x18\x02 \x01(\v2\x16.herald.v1.TopicConfigR\x06config\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\"A\n" +
 	"\x13CreateTopicResponse\x12*\n" +
 	"\x05topic\x18\x01 \x01(\v2\x14.herald.v1.TopicInfoR\x05topic\"(\n" +
 	"\x12DeleteTopicRequest\x12\x12\n" +

@@ -173,6 +173,7 @@ func (m *Manager) onCreate(ctx actor.Context, id uint64, req *heraldpb.CreateTop
 		ctx.Respond(heraldpb.ErrorFrame(id, e))
 		return
 	}
+	cfg.Owner = req.Owner
 	if m.reg.Get(req.Name) != nil || m.deleting[req.Name] {
 		ctx.Respond(heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_ALREADY_EXISTS, "topic %q already exists", req.Name)))
 		return

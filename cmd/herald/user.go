@@ -19,7 +19,7 @@ func init() {
 	register("user", "users who log in (SCRAM-SHA-256): add, list, passwd, groups, quota, delete", cliRunner(userCmd))
 }
 
-const userUsage = "usage: herald user add NAME [--new-password-file F] [--iterations N] [--groups G,...] | list | passwd NAME [--new-password-file F] | groups NAME --groups G,... | quota NAME [--produce-rate B] [--consume-rate B] [--max-connections N] | delete NAME"
+const userUsage = "usage: herald user add NAME [--new-password-file F] [--iterations N] [--groups G,...] | list | passwd NAME [--new-password-file F] | groups NAME --groups G,... | quota NAME [--produce-rate B] [--consume-rate B] [--max-connections N] [--max-topics N] [--max-partitions N] [--max-stored-bytes B] | delete NAME"
 
 // userCmd runs "herald user add|list|passwd|delete". The new password is
 // read from --new-password-file, else prompted for on a terminal (twice,
@@ -29,7 +29,7 @@ func userCmd(ctx context.Context, args []string, io cliIO) error {
 	fs, cf := newCLIFlagSet("user", io.err)
 	newPW := fs.String("new-password-file", "", "add, passwd: file whose first line is the new password (default: prompt, or the first line of standard input)")
 	iters := fs.Int("iterations", 0, "add, passwd: PBKDF2 iterations of the stored credentials (default 8192, at least 4096)")
-	q := addQuotaFlags(fs, false)
+	q := addQuotaFlags(fs, true)
 	groups := fs.String("groups", "", "add, groups: comma-separated groups of the user (ACL principals group:NAME)")
 	fs.Usage = func() {
 		fmt.Fprintln(io.err, userUsage)
@@ -57,7 +57,7 @@ func userCmd(ctx context.Context, args []string, io cliIO) error {
 	default:
 		return usagef("unknown subcommand %q; %s", sub, userUsage)
 	}
-	for _, f := range []string{"produce-rate", "consume-rate", "max-connections"} {
+	for _, f := range []string{"produce-rate", "consume-rate", "max-connections", "max-topics", "max-partitions", "max-stored-bytes"} {
 		if set[f] && sub != "quota" {
 			return usagef("--%s is only for user quota", f)
 		}

@@ -21,13 +21,13 @@ type quotaFlags struct {
 	conns, topics, parts     uint
 }
 
-func addQuotaFlags(fs *flag.FlagSet, vhost bool) *quotaFlags {
+func addQuotaFlags(fs *flag.FlagSet, counts bool) *quotaFlags {
 	q := &quotaFlags{}
 	fs.Uint64Var(&q.produce, "produce-rate", 0, "produce bytes per second at most (THROTTLED past it; 0 = none)")
 	fs.Uint64Var(&q.consume, "consume-rate", 0, "fetched bytes per second at most (THROTTLED past it; 0 = none)")
 	fs.UintVar(&q.conns, "max-connections", 0, "connections at once per node (QUOTA_EXCEEDED past it; 0 = none)")
-	if vhost {
-		fs.UintVar(&q.topics, "max-topics", 0, "topics at most (0 = none)")
+	if counts {
+		fs.UintVar(&q.topics, "max-topics", 0, "topics at most (a user's: those it created; 0 = none)")
 		fs.UintVar(&q.parts, "max-partitions", 0, "partitions in all at most (0 = none)")
 		fs.Uint64Var(&q.stored, "max-stored-bytes", 0, "stored bytes in all at most, as each node counts its replicas (0 = none)")
 	}
