@@ -59,6 +59,8 @@ func CheckRule(r *heraldpb.AclRule) error {
 		return fmt.Errorf("the cluster resource has no name (give none, or *)")
 	case r.ResourceType != heraldpb.AclResourceType_ACL_RESOURCE_CLUSTER && r.Resource == "":
 		return fmt.Errorf("no resource name (give * for all)")
+	case r.ResourceType == heraldpb.AclResourceType_ACL_RESOURCE_VHOST && r.Resource != "/" && r.Resource != "*" && !validName(r.Resource):
+		return fmt.Errorf("vhost %q: want a vhost name, / or *", trim(r.Resource))
 	case len(r.Resource) > 255:
 		return fmt.Errorf("resource name of %d bytes: at most 255", len(r.Resource))
 	}
@@ -111,6 +113,13 @@ func clusterCheck(op heraldpb.AclOperation) check {
 	return check{op, heraldpb.AclResourceType_ACL_RESOURCE_CLUSTER, ""}
 }
 
+func vhostCheck(op heraldpb.AclOperation, vhost string) check {
+	if vhost == "" {
+		vhost = "/"
+	}
+	return check{op, heraldpb.AclResourceType_ACL_RESOURCE_VHOST, vhost}
+}
+
 const (
 	opAll      = heraldpb.AclOperation_ACL_OP_ALL
 	opProduce  = heraldpb.AclOperation_ACL_OP_PRODUCE
@@ -122,11 +131,14 @@ const (
 	opAdmin    = heraldpb.AclOperation_ACL_OP_ADMIN
 )
 
-// checks are the permissions request f needs. A request that needs none
-// (it acts on what the connection already holds: an ack of its own
-// subscription, a reply to an inbox) returns none; a request type this
-// table does not know returns ok false, and is refused.
-func checks(f *heraldpb.Frame) (out []check, ok bool) {
+// checks are the permissions request f needs from a connection in vhost.
+// A request that needs none (it acts on what the connection already
+// holds: an ack of its own subscription, a reply to an inbox) returns
+// none; a request type this table does not know returns ok false, and is
+// refused. What concerns a vhost's resources without naming one (its
+// delayed messages, its transactions) needs a permission on the vhost;
+// the cluster's permissions are for operators.
+func checks(vhost string, f *heraldpb.Frame) (out []check, ok bool) {
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_Metadata:
 		if len(b.Metadata.Topics) == 0 {
@@ -171,11 +183,12 @@ func checks(f *heraldpb.Frame) (out []check, ok bool) {
 	case *heraldpb.Frame_Call:
 		out = append(out, topicCheck(opProduce, b.Call.Topic))
 	case *heraldpb.Frame_CancelScheduled:
-		// The id names no topic before the scheduler looks it up.
-		out = append(out, clusterCheck(opAlter))
+		// The id names no topic before the scheduler looks it up (and
+		// refuses one of another vhost's topics).
+		out = append(out, vhostCheck(opAlter, vhost))
 	case *heraldpb.Frame_ListScheduled:
 		if b.ListScheduled.Topic == "" {
-			out = append(out, clusterCheck(opDescribe))
+			out = append(out, vhostCheck(opDescribe, vhost)) // the answer lists the vhost's only
 		} else {
 			out = append(out, topicCheck(opDescribe, b.ListScheduled.Topic))
 		}
@@ -185,22 +198,27 @@ func checks(f *heraldpb.Frame) (out []check, ok bool) {
 		out = append(out, clusterCheck(opAdmin))
 	case *heraldpb.Frame_EndHalf:
 		// With the group named, the coordinator refuses a half of another
-		// group; without it (an operator's), the half may be anyone's.
+		// group; without it (an operator's), the half may be any
+		// vhost's.
 		if g := b.EndHalf.ProducerGroup; g != "" {
 			out = append(out, check{opProduce, heraldpb.AclResourceType_ACL_RESOURCE_PRODUCER_GROUP, g})
 		} else {
-			out = append(out, clusterCheck(opAlter))
+			out = append(out, clusterCheck(opAdmin))
 		}
 	case *heraldpb.Frame_RegisterProducer:
 		out = append(out, check{opProduce, heraldpb.AclResourceType_ACL_RESOURCE_PRODUCER_GROUP, b.RegisterProducer.ProducerGroup})
 	case *heraldpb.Frame_ListTxn:
 		switch l := b.ListTxn; {
-		case l.ProducerGroup != "":
-			out = append(out, check{opDescribe, heraldpb.AclResourceType_ACL_RESOURCE_PRODUCER_GROUP, l.ProducerGroup})
 		case l.Transactions && l.Id != "":
 			out = append(out, check{opDescribe, heraldpb.AclResourceType_ACL_RESOURCE_TRANSACTIONAL_ID, l.Id})
+		case l.Transactions:
+			out = append(out, vhostCheck(opDescribe, vhost)) // the answer lists the vhost's only
+		case l.ProducerGroup != "":
+			// With an id too, the coordinator answers only for a half of
+			// that group.
+			out = append(out, check{opDescribe, heraldpb.AclResourceType_ACL_RESOURCE_PRODUCER_GROUP, l.ProducerGroup})
 		default:
-			out = append(out, clusterCheck(opDescribe))
+			out = append(out, vhostCheck(opDescribe, vhost))
 		}
 	case *heraldpb.Frame_InitProducerId:
 		out = append(out, check{opProduce, heraldpb.AclResourceType_ACL_RESOURCE_TRANSACTIONAL_ID, b.InitProducerId.TransactionalId})
@@ -271,7 +289,9 @@ func nameMatches(r *heraldpb.AclRule, name string) bool {
 		// (netio rewrites it), and the vhost resource's matches them all.
 		return r.ResourceType == heraldpb.AclResourceType_ACL_RESOURCE_VHOST || !strings.Contains(name, vhostSep)
 	case r.Prefix:
-		return strings.HasPrefix(name, r.Resource)
+		// A prefix written in the default vhost (no separator) matches
+		// only the default vhost's names: "sh" must not match "shop~x".
+		return strings.HasPrefix(name, r.Resource) && (strings.Contains(r.Resource, vhostSep) || !strings.Contains(name, vhostSep))
 	}
 	return r.Resource == name
 }

@@ -73,9 +73,12 @@ func TestACLs(t *testing.T) {
 		{"bob", fetchFrom("__groups"), false, `topic "__groups" is internal`},
 		{"root", fetchFrom("__groups"), true, ""},
 		{"root", &heraldpb.Frame{Body: &heraldpb.Frame_ClusterAdmin{ClusterAdmin: &heraldpb.ClusterAdminRequest{}}}, true, ""},
+		// A prefix written in the default vhost stops at the vhost's names.
+		{"alice", produceTo("pay.x"), true, ""},
+		{"alice", produceTo("shop~pay.x"), false, "may not produce"},
 		{"alice", &heraldpb.Frame{Body: &heraldpb.Frame_ClusterAdmin{ClusterAdmin: &heraldpb.ClusterAdminRequest{}}}, false, "may not admin on the cluster"},
 	} {
-		e := s.Authorize(tc.who, tc.f)
+		e := s.Authorize(tc.who, "/", tc.f)
 		if (e == nil) != tc.allow {
 			t.Errorf("%q %T: %v, want allowed %v", tc.who, tc.f.Body, e, tc.allow)
 			continue
@@ -113,7 +116,7 @@ func TestEveryRequestTypeHasAPermission(t *testing.T) {
 		}
 		f := &heraldpb.Frame{}
 		f.ProtoReflect().Set(fd, protoreflect.ValueOfMessage(f.ProtoReflect().NewField(fd).Message()))
-		if _, ok := checks(f); !ok {
+		if _, ok := checks("/", f); !ok {
 			t.Errorf("%s has no permission in checks()", name)
 		}
 	}

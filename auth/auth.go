@@ -213,7 +213,7 @@ func (s *Service) Begin(mechanism string, first []byte, remote string) (*Login, 
 		mFailures.WithLabelValues(reasonMechanism).Inc()
 		return nil, nil, heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHENTICATED, "SASL mechanism %q is not supported; this broker takes %s", trim(mechanism), SCRAMSHA256)
 	}
-	if wait, ok := s.limiter.allow(host(remote), time.Now()); !ok {
+	if wait, ok := s.limiter.begin(host(remote), time.Now()); !ok {
 		mFailures.WithLabelValues(reasonThrottled).Inc()
 		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "too many failed logins from %s; try again in %v", host(remote), wait.Round(time.Millisecond))
 		e.RetryAfterMs = uint32((wait + time.Millisecond - 1) / time.Millisecond)
@@ -247,13 +247,13 @@ func (l *Login) Step(final []byte) ([]byte, string, *heraldpb.Error) {
 		return nil, "", l.failed(reasonAuthzid, fmt.Errorf("authorization id %q is not the user %q", trim(z), trim(name)))
 	}
 	mLogins.WithLabelValues(SCRAMSHA256).Inc()
+	l.s.limiter.refund(host(l.remote), time.Now())
 	return []byte(reply), name, nil
 }
 
-// failed counts and logs a failed login and charges its source.
+// failed counts and logs a failed login (Begin charged its source).
 func (l *Login) failed(reason string, err error) *heraldpb.Error {
 	mFailures.WithLabelValues(reason).Inc()
-	l.s.limiter.fail(host(l.remote), time.Now())
 	user := ""
 	if l.conv != nil {
 		user = trim(l.conv.Username())
@@ -269,16 +269,16 @@ func (l *Login) failed(reason string, err error) *heraldpb.Error {
 // client certificate.
 func (s *Service) CertificateLogin() { mLogins.WithLabelValues("TLS").Inc() }
 
-// Authorize decides whether principal ("" = anonymous) may make request
-// f. nil allows it. With logins off everything is allowed; otherwise a
+// Authorize decides whether principal ("" = anonymous), working in vhost,
+// may make request f (its names already the broker's). nil allows it. With logins off everything is allowed; otherwise a
 // superuser may do everything, internal topics are out of everyone
 // else's reach, and every other request needs ACL rules allowing each
 // permission it takes (deny wins; nothing allows by default).
-func (s *Service) Authorize(principal string, f *heraldpb.Frame) *heraldpb.Error {
+func (s *Service) Authorize(principal, vhost string, f *heraldpb.Frame) *heraldpb.Error {
 	if s.cfg.Mode == Off || s.Superuser(principal) {
 		return nil
 	}
-	need, known := checks(f)
+	need, known := checks(vhost, f)
 	if !known {
 		mDenied.Inc()
 		return heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHORIZED, "%s may not make a %T request: only superusers may", who(principal), f.Body)

@@ -125,11 +125,11 @@ func TestAuthorizeUserAdmin(t *testing.T) {
 		{"alice", alter, true}, {"alice", list, true}, {"", alter, true},
 		{"alice", produce, true}, // no ACL allows it
 	} {
-		if e := s.Authorize(tc.who, tc.f); (e != nil) != tc.deny || (e != nil && e.Code != heraldpb.ErrorCode_NOT_AUTHORIZED) {
+		if e := s.Authorize(tc.who, "/", tc.f); (e != nil) != tc.deny || (e != nil && e.Code != heraldpb.ErrorCode_NOT_AUTHORIZED) {
 			t.Errorf("%q %T: %v, deny %v", tc.who, tc.f.Body, e, tc.deny)
 		}
 	}
-	if e := New(Config{Mode: Off}).Authorize("", alter); e != nil {
+	if e := New(Config{Mode: Off}).Authorize("", "/", alter); e != nil {
 		t.Errorf("auth off refuses user admin: %v", e)
 	}
 }

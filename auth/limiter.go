@@ -61,6 +61,28 @@ func (l *limiter) allow(addr string, now time.Time) (time.Duration, bool) {
 	return time.Duration((1 - b.tokens) * float64(l.every)), false
 }
 
+// begin charges addr one login attempt up front, so that parallel logins
+// from one address cannot all pass before their failures count. It
+// reports whether addr had a token, and if not, how long until it has.
+// A login that succeeds gives its token back (refund).
+func (l *limiter) begin(addr string, now time.Time) (time.Duration, bool) {
+	if wait, ok := l.allow(addr, now); !ok {
+		return wait, false
+	}
+	l.fail(addr, now)
+	return 0, true
+}
+
+// refund gives back the token of a login that succeeded.
+func (l *limiter) refund(addr string, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if b := l.tables[addr]; b != nil {
+		l.refill(b, now)
+		b.tokens = min(l.burst, b.tokens+1)
+	}
+}
+
 // fail charges addr a failed login.
 func (l *limiter) fail(addr string, now time.Time) {
 	l.mu.Lock()

@@ -37,7 +37,18 @@ type pwCache struct {
 // NOT_AUTHENTICATED, or THROTTLED past the limiter.
 func (s *Service) CheckPassword(user, password, remote string) *heraldpb.Error {
 	now := time.Now()
-	if wait, ok := s.limiter.allow(host(remote), now); !ok {
+	cached := func() bool {
+		cred, _ := s.lookup(user)
+		sum := sha256.Sum256([]byte(user + "\x00" + password))
+		s.pw.mu.Lock()
+		defer s.pw.mu.Unlock()
+		e, ok := s.pw.m[user]
+		return ok && e.hash == sum && e.storedKey == string(cred.StoredKey) && now.Sub(e.at) < passwordCacheTTL
+	}
+	if cached() {
+		return nil // a password checked within the minute: no PBKDF2, no charge
+	}
+	if wait, ok := s.limiter.begin(host(remote), now); !ok {
 		mFailures.WithLabelValues(reasonThrottled).Inc()
 		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "too many failed logins from %s; try again in %v", host(remote), wait.Round(time.Millisecond))
 		e.RetryAfterMs = uint32((wait + time.Millisecond - 1) / time.Millisecond)
@@ -45,12 +56,6 @@ func (s *Service) CheckPassword(user, password, remote string) *heraldpb.Error {
 	}
 	cred, _ := s.lookup(user) // stand-in credentials for an unknown user: the same work, the same answer
 	sum := sha256.Sum256([]byte(user + "\x00" + password))
-	s.pw.mu.Lock()
-	if e, ok := s.pw.m[user]; ok && e.hash == sum && e.storedKey == string(cred.StoredKey) && now.Sub(e.at) < passwordCacheTTL {
-		s.pw.mu.Unlock()
-		return nil
-	}
-	s.pw.mu.Unlock()
 	ok := false
 	if c, err := scram.SHA256.NewClient(user, password, ""); err == nil {
 		got, err := c.GetStoredCredentialsWithError(cred.KeyFactors)
@@ -62,11 +67,11 @@ func (s *Service) CheckPassword(user, password, remote string) *heraldpb.Error {
 			reason = reasonUnknownUser
 		}
 		mFailures.WithLabelValues(reason).Inc()
-		s.limiter.fail(host(remote), now)
 		s.cfg.Logger.Warn("login failed", "remote", remote, "user", trim(user), "reason", reason, "mechanism", "password")
 		return errFailed()
 	}
 	mLogins.WithLabelValues("password").Inc()
+	s.limiter.refund(host(remote), now)
 	s.pw.mu.Lock()
 	if s.pw.m == nil || len(s.pw.m) >= passwordCacheMax {
 		s.pw.m = map[string]pwEntry{}

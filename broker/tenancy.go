@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"github.com/heraldmq/herald/cluster"
 	"maps"
 	"slices"
 	"sync/atomic"
@@ -230,5 +231,9 @@ func (s *userStore) alterVhost(ctx context.Context, req *heraldpb.AlterVhostRequ
 	if !req.Delete {
 		list = append(list, &heraldpb.VhostRecord{Name: req.Name, Quotas: req.Quotas})
 	}
-	return s.saveLocal(usersByName(s.users.List()), s.acls.List(""), list)
+	acls := s.acls.List("")
+	if req.Delete {
+		acls = cluster.RulesWithoutVhost(acls, req.Name)
+	}
+	return s.saveLocal(usersByName(s.users.List()), acls, list)
 }

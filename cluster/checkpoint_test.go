@@ -217,3 +217,31 @@ func TestUsersInMetadata(t *testing.T) {
 		t.Fatalf("checkpoint round trip: %v %v, want %v %v", restored.Users, restored.Acls, md.Users, md.Acls)
 	}
 }
+
+// Deleting a vhost takes its rules with it: on its resources, or letting
+// principals into it; others stay.
+func TestRulesWithoutVhost(t *testing.T) {
+	r := func(typ heraldpb.AclResourceType, res string) *heraldpb.AclRule {
+		return &heraldpb.AclRule{Principal: "user:a", ResourceType: typ, Resource: res, Operation: heraldpb.AclOperation_ACL_OP_ALL}
+	}
+	keep := []*heraldpb.AclRule{
+		r(heraldpb.AclResourceType_ACL_RESOURCE_TOPIC, "shopping"),
+		r(heraldpb.AclResourceType_ACL_RESOURCE_TOPIC, "other~t"),
+		r(heraldpb.AclResourceType_ACL_RESOURCE_VHOST, "other"),
+		r(heraldpb.AclResourceType_ACL_RESOURCE_CLUSTER, ""),
+	}
+	gone := []*heraldpb.AclRule{
+		r(heraldpb.AclResourceType_ACL_RESOURCE_TOPIC, "shop~t"),
+		r(heraldpb.AclResourceType_ACL_RESOURCE_GROUP, "shop~"),
+		r(heraldpb.AclResourceType_ACL_RESOURCE_VHOST, "shop"),
+	}
+	got := RulesWithoutVhost(append(slices.Clone(keep), gone...), "shop")
+	if len(got) != len(keep) {
+		t.Fatalf("left %v, want %v", got, keep)
+	}
+	for i := range keep {
+		if !proto.Equal(got[i], keep[i]) {
+			t.Fatalf("left %v, want %v", got, keep)
+		}
+	}
+}

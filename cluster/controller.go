@@ -12,6 +12,7 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -511,6 +512,7 @@ func applyCommand(md *Metadata, cmd *heraldpb.ControllerCommand) {
 		}
 	case cmd.GetDeleteVhost() != nil:
 		delete(md.Vhosts, cmd.GetDeleteVhost().Name)
+		md.Acls = RulesWithoutVhost(md.Acls, cmd.GetDeleteVhost().Name)
 	}
 }
 
@@ -893,6 +895,24 @@ func AlterRules(rules []*heraldpb.AclRule, req *heraldpb.AlterAclsRequest) []*he
 		}
 	}
 	return out
+}
+
+// RulesWithoutVhost is rules without those of vhost: on its resources
+// (names vhost~...) or letting principals into it. A vhost deleted and
+// made again starts with no rules.
+func RulesWithoutVhost(rules []*heraldpb.AclRule, vhost string) []*heraldpb.AclRule {
+	if vhost == "" || vhost == "/" {
+		return rules
+	}
+	return slices.DeleteFunc(slices.Clone(rules), func(r *heraldpb.AclRule) bool {
+		switch r.ResourceType {
+		case heraldpb.AclResourceType_ACL_RESOURCE_VHOST:
+			return r.Resource == vhost
+		case heraldpb.AclResourceType_ACL_RESOURCE_CLUSTER:
+			return false
+		}
+		return strings.HasPrefix(r.Resource, vhost+"~")
+	})
 }
 
 // AlterAcls has the controller group add and remove ACL rules (the broker

@@ -388,7 +388,7 @@ func TestACLEveryRequestType(t *testing.T) {
 			_, err = tp.Commit(ctx)
 			return err
 		}},
-		{"CancelScheduled", []*heraldpb.AclRule{allow(u, clusterT, "", heraldpb.AclOperation_ACL_OP_ALTER)}, func(ctx context.Context, c *client.Client) error {
+		{"CancelScheduled", []*heraldpb.AclRule{allow(u, heraldpb.AclResourceType_ACL_RESOURCE_VHOST, "/", heraldpb.AclOperation_ACL_OP_ALTER)}, func(ctx context.Context, c *client.Client) error {
 			err := c.CancelScheduled(ctx, "999999")
 			if client.IsCode(err, heraldpb.ErrorCode_SCHEDULE_NOT_FOUND) {
 				return nil // past the ACL: no such delayed message

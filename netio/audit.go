@@ -125,7 +125,11 @@ func (c *conn) auditRequest(ev *AuditEvent, f *heraldpb.Frame, refused *heraldpb
 	}
 	if refused != nil {
 		switch refused.Code {
-		case heraldpb.ErrorCode_NOT_AUTHORIZED, heraldpb.ErrorCode_NOT_AUTHENTICATED:
+		case heraldpb.ErrorCode_NOT_AUTHENTICATED:
+			// Requests before a login are noise anyone can make (and
+			// could flood the log with); failed logins are recorded.
+			return
+		case heraldpb.ErrorCode_NOT_AUTHORIZED:
 			if ev == nil {
 				name, _ := bodyKind(f)
 				ev = &AuditEvent{Action: name}

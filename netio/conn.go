@@ -120,7 +120,7 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, 
 	case *heraldpb.Frame_Hello:
 		resp, final := c.hello(f.Id, b.Hello)
 		if final != nil {
-			c.audit(&AuditEvent{Action: "login", Resource: "vhost " + b.Hello.GetVhost()}, final)
+			c.audit(&AuditEvent{Action: "login", Resource: "vhost " + cutName(b.Hello.GetVhost())}, final)
 			return c.fail(gc, out, f.Id, final)
 		}
 		return c.appendFrame(out, resp), gnet.None
@@ -137,7 +137,6 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, 
 		c.auditRequest(ev, f, e)
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, e)), gnet.None
 	}
-	c.auditRequest(ev, f, nil)
 	if c.s.shutting.Load() {
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_SHUTTING_DOWN, "broker is shutting down"))), gnet.None
 	}
@@ -158,6 +157,7 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, 
 		e.RetryAfterMs = retryAfterInFlightMs
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, e)), gnet.None
 	}
+	c.auditRequest(ev, f, nil) // routed: reported with its answer
 	c.s.router.Route(f, c.pid)
 	return out, gnet.None
 }
@@ -233,31 +233,52 @@ func (c *conn) vhostName() string {
 	return registry.DefaultVhost
 }
 
-// chooseVhost checks Hello's vhost (it must exist, the connection's
-// principal must be let into it, its connection quota must have room)
-// and makes it the connection's. A login that Hello begins is let into
-// the vhost once it ends (authenticate). A refusal is final.
+// chooseVhost checks Hello's vhost (it must exist) and makes it the
+// connection's. The principal is let into it, and takes a slot of its
+// connection quota, once known: now, or when the login Hello begins ends
+// (authenticate), so that a login never finished holds no slot. A refusal
+// is final.
 func (c *conn) chooseVhost(vhost string, loggingIn bool) *heraldpb.Error {
 	if !registry.IsDefaultVhost(vhost) {
-		t := c.s.cfg.Tenancy
-		var q *heraldpb.Quotas
-		ok := false
-		if t != nil {
-			q, ok = t.Vhost(vhost)
-		}
-		if !ok {
+		if !c.vhostExists(vhost) {
 			return heraldpb.NewError(heraldpb.ErrorCode_VHOST_NOT_FOUND, "vhost %q does not exist", cutName(vhost))
 		}
-		if a := c.s.cfg.Auth; a != nil && !loggingIn {
-			if e := a.MayUseVhost(c.who(), vhost); e != nil {
+		c.vhost.Store(&vhost)
+	}
+	if loggingIn {
+		return nil
+	}
+	return c.enterVhost()
+}
+
+// vhostExists reports whether vhost (not the default) exists.
+func (c *conn) vhostExists(vhost string) bool {
+	t := c.s.cfg.Tenancy
+	if t == nil {
+		return false
+	}
+	_, ok := t.Vhost(vhost)
+	return ok
+}
+
+// enterVhost lets the connection's principal into its vhost: the ACLs
+// must allow it (for a vhost other than the default), and the vhost's and
+// the user's connection quotas must have room.
+func (c *conn) enterVhost() *heraldpb.Error {
+	if vh := c.vhostName(); !registry.IsDefaultVhost(vh) && c.vacct.Load() == nil {
+		if a := c.s.cfg.Auth; a != nil {
+			if e := a.MayUseVhost(c.who(), vh); e != nil {
 				return e
 			}
 		}
-		acct, ok := c.s.quotas.hold("vhost:"+vhost, q.GetMaxConnections())
+		q, ok := c.s.cfg.Tenancy.Vhost(vh)
 		if !ok {
-			return quotaExceeded("vhost:"+vhost, "connections", "vhost %q has its quota of %d connections on this node", vhost, q.GetMaxConnections())
+			return heraldpb.NewError(heraldpb.ErrorCode_VHOST_NOT_FOUND, "vhost %q does not exist", cutName(vh))
 		}
-		c.vhost.Store(&vhost)
+		acct, ok := c.s.quotas.hold("vhost:"+vh, q.GetMaxConnections())
+		if !ok {
+			return quotaExceeded("vhost:"+vh, "connections", "vhost %q has its quota of %d connections on this node", vh, q.GetMaxConnections())
+		}
 		c.vacct.Store(acct)
 	}
 	if c.authed {
@@ -301,7 +322,11 @@ func (c *conn) releaseAccounts() {
 // (vhost.go), then authorization and quotas. A refusal is the error to
 // answer; the connection stays open.
 func (c *conn) enter(f *heraldpb.Frame, size int64) *heraldpb.Error {
-	if e := inVhost(c.vhostName(), f); e != nil {
+	vh := c.vhostName()
+	if !registry.IsDefaultVhost(vh) && !c.vhostExists(vh) {
+		return heraldpb.NewError(heraldpb.ErrorCode_VHOST_NOT_FOUND, "vhost %q was deleted", vh)
+	}
+	if e := inVhost(vh, f); e != nil {
 		return e
 	}
 	if ct, ok := f.Body.(*heraldpb.Frame_CreateTopic); ok {
@@ -355,12 +380,7 @@ func (c *conn) authenticate(id uint64, req *heraldpb.SaslAuthenticateRequest) (*
 	if c.uacct.Load() != nil { // a certificate's user before this login
 		c.s.quotas.release(c.uacct.Swap(nil))
 	}
-	if vh := c.vhostName(); !registry.IsDefaultVhost(vh) {
-		if e := c.s.cfg.Auth.MayUseVhost(principal, vh); e != nil {
-			return nil, e
-		}
-	}
-	if e := c.holdUser(); e != nil {
+	if e := c.enterVhost(); e != nil {
 		return nil, e
 	}
 	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_SaslAuthenticateResponse{SaslAuthenticateResponse: &heraldpb.SaslAuthenticateResponse{
@@ -381,7 +401,7 @@ func (c *conn) authorize(f *heraldpb.Frame) *heraldpb.Error {
 	if !c.authed && a.Mode() == auth.Required {
 		return heraldpb.NewError(heraldpb.ErrorCode_NOT_AUTHENTICATED, "this broker requires a login (%s, or a TLS client certificate) before any request", auth.SCRAMSHA256)
 	}
-	return a.Authorize(c.who(), f)
+	return a.Authorize(c.who(), c.vhostName(), f)
 }
 
 // remote is the client's address (the TLS relay's client for its

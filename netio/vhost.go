@@ -301,6 +301,20 @@ func ofVhost(vhost string, f *heraldpb.Frame) *heraldpb.Frame {
 			r.Total = uint32(len(r.Halves) + len(r.Transactions))
 		}
 		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListTxnResponse{ListTxnResponse: r}}
+	case *heraldpb.Frame_CancelScheduledResponse:
+		if def {
+			return f
+		}
+		r := proto.Clone(b.CancelScheduledResponse).(*heraldpb.CancelScheduledResponse)
+		r.Topic = local(r.Topic)
+		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CancelScheduledResponse{CancelScheduledResponse: r}}
+	case *heraldpb.Frame_EndHalfResponse:
+		if def {
+			return f
+		}
+		r := proto.Clone(b.EndHalfResponse).(*heraldpb.EndHalfResponse)
+		r.Topic = local(r.Topic)
+		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_EndHalfResponse{EndHalfResponse: r}}
 	case *heraldpb.Frame_ListAclsResponse:
 		r := &heraldpb.ListAclsResponse{}
 		for _, rule := range b.ListAclsResponse.Rules {

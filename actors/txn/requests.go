@@ -227,8 +227,18 @@ func (c *Coordinator) onList(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	if req.Id != "" {
 		ref, ok := ParseID(req.Id)
 		h := c.halves[ref]
+		if req.ProducerGroup != "" && h != nil && h.group != req.ProducerGroup {
+			// Another group's: as if unknown (the broker's ACLs checked
+			// the group the request names).
+			respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "half message %s is not pending in producer group %q", req.Id, req.ProducerGroup)))
+			return
+		}
 		if !ok || h == nil {
 			why := heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "half message %s is not pending", req.Id)
+			if req.ProducerGroup != "" {
+				respond(ctx, to, heraldpb.ErrorFrame(f.Id, why)) // how it ended is its group's to know
+				return
+			}
 			if committed, ok := c.ended.outcome[ref]; ok && committed {
 				why.Message += " (it was committed)"
 			} else if ok {
