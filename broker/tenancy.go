@@ -189,16 +189,10 @@ func (s *userStore) routeVhosts(f *heraldpb.Frame, replyTo *actor.PID) {
 				return
 			}
 		}
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), userRequestTimeout)
-			defer cancel()
-			if err := s.alterVhost(ctx, req); err != nil {
-				root.Send(replyTo, heraldpb.ErrorFrame(f.Id, asError(err)))
-				return
-			}
+		s.inBackground(f, replyTo, func(ctx context.Context) error { return s.alterVhost(ctx, req) }, func() *heraldpb.Frame {
 			s.b.log.Info("vhost changed", "vhost", req.Name, "create", req.Create, "delete", req.Delete)
-			root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_AlterVhostResponse{AlterVhostResponse: &heraldpb.AlterVhostResponse{}}})
-		}()
+			return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_AlterVhostResponse{AlterVhostResponse: &heraldpb.AlterVhostResponse{}}}
+		})
 	}
 }
 
@@ -216,11 +210,9 @@ func (s *userStore) topicsIn(vhost string) int {
 // alterVhost applies a checked AlterVhost where this node keeps them.
 func (s *userStore) alterVhost(ctx context.Context, req *heraldpb.AlterVhostRequest) error {
 	if s.clustered {
-		ctrl := s.b.ctrlReady.Load()
-		if ctrl == nil {
-			e := heraldpb.NewError(heraldpb.ErrorCode_NOT_READY, "the node is joining its cluster")
-			e.RetryAfterMs = 500
-			return e
+		ctrl, err := s.controller()
+		if err != nil {
+			return err
 		}
 		return ctrl.AlterVhost(ctx, req)
 	}

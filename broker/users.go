@@ -201,13 +201,37 @@ func (s *userStore) alter(ctx context.Context, req *heraldpb.AlterUserRequest) e
 	if !s.clustered {
 		return s.alterLocal(req)
 	}
+	ctrl, err := s.controller()
+	if err != nil {
+		return err
+	}
+	return ctrl.AlterUser(ctx, req)
+}
+
+// controller is the node's controller, or NOT_READY while it starts.
+func (s *userStore) controller() (*cluster.Controller, error) {
 	ctrl := s.b.ctrlReady.Load()
 	if ctrl == nil {
 		e := heraldpb.NewError(heraldpb.ErrorCode_NOT_READY, "the node is joining its cluster")
 		e.RetryAfterMs = 500
-		return e
+		return nil, e
 	}
-	return ctrl.AlterUser(ctx, req)
+	return ctrl, nil
+}
+
+// inBackground runs a change of the users, ACLs or vhosts off the
+// routing path (it may wait for the controller, within
+// userRequestTimeout), then answers replyTo with ok() or the error.
+func (s *userStore) inBackground(f *heraldpb.Frame, replyTo *actor.PID, apply func(context.Context) error, ok func() *heraldpb.Frame) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), userRequestTimeout)
+		defer cancel()
+		if err := apply(ctx); err != nil {
+			s.b.sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, asError(err)))
+			return
+		}
+		s.b.sys.Root.Send(replyTo, ok())
+	}()
 }
 
 // checkAlterUser refuses an AlterUser no store accepts.
@@ -289,39 +313,26 @@ func (s *userStore) route(f *heraldpb.Frame, replyTo *actor.PID) {
 			root.Send(replyTo, heraldpb.ErrorFrame(f.Id, e))
 			return
 		}
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), userRequestTimeout)
-			defer cancel()
-			var err error
+		s.inBackground(f, replyTo, func(ctx context.Context) error {
 			if !s.clustered {
-				err = s.alterAclsLocal(req)
-			} else if ctrl := s.b.ctrlReady.Load(); ctrl == nil {
-				e := heraldpb.NewError(heraldpb.ErrorCode_NOT_READY, "the node is joining its cluster")
-				e.RetryAfterMs = 500
-				err = e
-			} else {
-				err = ctrl.AlterAcls(ctx, req)
+				return s.alterAclsLocal(req)
 			}
+			ctrl, err := s.controller()
 			if err != nil {
-				root.Send(replyTo, heraldpb.ErrorFrame(f.Id, asError(err)))
-				return
+				return err
 			}
+			return ctrl.AlterAcls(ctx, req)
+		}, func() *heraldpb.Frame {
 			s.b.log.Info("ACLs changed", "added", len(req.Add), "removed", len(req.Remove))
-			root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_AlterAclsResponse{AlterAclsResponse: &heraldpb.AlterAclsResponse{}}})
-		}()
+			return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_AlterAclsResponse{AlterAclsResponse: &heraldpb.AlterAclsResponse{}}}
+		})
 	case *heraldpb.Frame_AlterUser:
 		req := body.AlterUser
 		if e := checkAlterUser(req); e != nil {
 			root.Send(replyTo, heraldpb.ErrorFrame(f.Id, e))
 			return
 		}
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), userRequestTimeout)
-			defer cancel()
-			if err := s.alter(ctx, req); err != nil {
-				root.Send(replyTo, heraldpb.ErrorFrame(f.Id, asError(err)))
-				return
-			}
+		s.inBackground(f, replyTo, func(ctx context.Context) error { return s.alter(ctx, req) }, func() *heraldpb.Frame {
 			what := "changed"
 			switch {
 			case req.Delete:
@@ -330,8 +341,8 @@ func (s *userStore) route(f *heraldpb.Frame, replyTo *actor.PID) {
 				what = "created"
 			}
 			s.b.log.Info("user "+what, "user", req.Name)
-			root.Send(replyTo, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_AlterUserResponse{AlterUserResponse: &heraldpb.AlterUserResponse{}}})
-		}()
+			return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_AlterUserResponse{AlterUserResponse: &heraldpb.AlterUserResponse{}}}
+		})
 	}
 }
 

@@ -297,20 +297,9 @@ func (c *conn) hello(ctx context.Context, br *bufio.Reader, cfg *clientConfig) e
 		}
 		hello.SaslMechanism, hello.SaslData = scramMechanism, []byte(first)
 	}
-	req := &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_Hello{Hello: hello}}
-	b, err := heraldpb.AppendFrame(nil, req)
+	f, err := c.handshakeStep(ctx, br, &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_Hello{Hello: hello}})
 	if err != nil {
 		return err
-	}
-	if _, err := c.nc.Write(b); err != nil {
-		return ctxErr(ctx, err)
-	}
-	f, err := readFrame(br, heraldpb.DefaultMaxFrameBytes)
-	if err != nil {
-		return ctxErr(ctx, err)
-	}
-	if e := f.GetError(); e != nil {
-		return fromWire(e)
 	}
 	hr := f.GetHelloResponse()
 	if hr == nil || f.GetId() != id {
@@ -337,6 +326,27 @@ func (c *conn) hello(ctx context.Context, br *bufio.Reader, cfg *clientConfig) e
 	return nil
 }
 
+// handshakeStep writes req and reads the one frame that answers it,
+// before the reader and writer start (Hello and the login); an Error
+// frame is returned as the error.
+func (c *conn) handshakeStep(ctx context.Context, br *bufio.Reader, req *heraldpb.Frame) (*heraldpb.Frame, error) {
+	b, err := heraldpb.AppendFrame(nil, req)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.nc.Write(b); err != nil {
+		return nil, ctxErr(ctx, err)
+	}
+	f, err := readFrame(br, heraldpb.DefaultMaxFrameBytes)
+	if err != nil {
+		return nil, ctxErr(ctx, err)
+	}
+	if e := f.GetError(); e != nil {
+		return nil, fromWire(e)
+	}
+	return f, nil
+}
+
 // authenticate ends the SCRAM login Hello began: it answers the broker's
 // challenge and checks the broker's proof that it knows the credentials.
 func (c *conn) authenticate(ctx context.Context, br *bufio.Reader, conv *scram.ClientConversation, challenge []byte) error {
@@ -345,21 +355,11 @@ func (c *conn) authenticate(ctx context.Context, br *bufio.Reader, conv *scram.C
 		return fmt.Errorf("%w: %s: the broker's challenge: %w", ErrNotAuthenticated, c.addr, err)
 	}
 	id := c.nextID.Add(1)
-	b, err := heraldpb.AppendFrame(nil, &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_SaslAuthenticate{
+	f, err := c.handshakeStep(ctx, br, &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_SaslAuthenticate{
 		SaslAuthenticate: &heraldpb.SaslAuthenticateRequest{SaslData: []byte(final)},
 	}})
 	if err != nil {
 		return err
-	}
-	if _, err := c.nc.Write(b); err != nil {
-		return ctxErr(ctx, err)
-	}
-	f, err := readFrame(br, heraldpb.DefaultMaxFrameBytes)
-	if err != nil {
-		return ctxErr(ctx, err)
-	}
-	if e := f.GetError(); e != nil {
-		return fromWire(e)
 	}
 	ar := f.GetSaslAuthenticateResponse()
 	if ar == nil || f.GetId() != id {
