@@ -545,7 +545,10 @@ func TestSubscribeErrors(t *testing.T) {
 		}
 		return fakebroker.Action{}
 	})
-	sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	// Long enough for the first refusal to come back on a loaded machine
+	// (with 50 ms, -race under CI load once ended before any answer,
+	// and the error was the context's).
+	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	if _, err := c.Subscribe(sctx, SubscribeOptions{Group: "g2", Topic: "t", RetryBackoffMin: time.Millisecond}, h); !IsCode(err, heraldpb.ErrorCode_THROTTLED) {
 		t.Fatalf("throttled until ctx ends: %v", err)
