@@ -240,62 +240,32 @@ func ofVhost(vhost string, f *heraldpb.Frame) *heraldpb.Frame {
 		}
 		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_DescribeTopicResponse{DescribeTopicResponse: &heraldpb.DescribeTopicResponse{Topic: topics([]*heraldpb.TopicInfo{b.DescribeTopicResponse.Topic})[0]}}}
 	case *heraldpb.Frame_ListGroupsResponse:
-		r := &heraldpb.ListGroupsResponse{}
-		for _, g := range b.ListGroupsResponse.Groups {
-			if !mine(g.Group) {
-				continue
-			}
-			if !def {
-				g = proto.Clone(g).(*heraldpb.GroupSummary)
-				g.Group, g.Topic = local(g.Group), local(g.Topic)
-			}
-			r.Groups = append(r.Groups, g)
-		}
+		r := &heraldpb.ListGroupsResponse{Groups: keepMine(b.ListGroupsResponse.Groups, def, mine, func(g *heraldpb.GroupSummary) string { return g.Group },
+			func(g *heraldpb.GroupSummary) { g.Group, g.Topic = local(g.Group), local(g.Topic) })}
 		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListGroupsResponse{ListGroupsResponse: r}}
 	case *heraldpb.Frame_DescribeGroupResponse:
 		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_DescribeGroupResponse{DescribeGroupResponse: &heraldpb.DescribeGroupResponse{Group: group(b.DescribeGroupResponse.Group)}}}
 	case *heraldpb.Frame_ResetGroupResponse:
 		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ResetGroupResponse{ResetGroupResponse: &heraldpb.ResetGroupResponse{Group: group(b.ResetGroupResponse.Group)}}}
 	case *heraldpb.Frame_ListScheduledResponse:
-		r := &heraldpb.ListScheduledResponse{Pending: b.ListScheduledResponse.Pending}
-		for _, si := range b.ListScheduledResponse.Scheduled {
-			if !mine(si.Topic) {
-				continue
-			}
-			if !def {
-				si = proto.Clone(si).(*heraldpb.ScheduledInfo)
-				si.Topic = local(si.Topic)
-			}
-			r.Scheduled = append(r.Scheduled, si)
-		}
+		r := &heraldpb.ListScheduledResponse{Pending: b.ListScheduledResponse.Pending,
+			Scheduled: keepMine(b.ListScheduledResponse.Scheduled, def, mine, func(si *heraldpb.ScheduledInfo) string { return si.Topic },
+				func(si *heraldpb.ScheduledInfo) { si.Topic = local(si.Topic) })}
 		if len(r.Scheduled) < len(b.ListScheduledResponse.Scheduled) {
 			r.Pending = uint64(len(r.Scheduled)) // the others' count is theirs
 		}
 		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListScheduledResponse{ListScheduledResponse: r}}
 	case *heraldpb.Frame_ListTxnResponse:
-		r := &heraldpb.ListTxnResponse{Total: b.ListTxnResponse.Total}
-		for _, h := range b.ListTxnResponse.Halves {
-			if !mine(h.ProducerGroup) {
-				continue
-			}
-			if !def {
-				h = proto.Clone(h).(*heraldpb.HalfInfo)
-				h.ProducerGroup, h.Topic = local(h.ProducerGroup), local(h.Topic)
-			}
-			r.Halves = append(r.Halves, h)
-		}
-		for _, t := range b.ListTxnResponse.Transactions {
-			if !mine(t.TransactionalId) {
-				continue
-			}
-			if !def {
-				t = proto.Clone(t).(*heraldpb.TxnInfo)
-				t.TransactionalId = local(t.TransactionalId)
-				for i, p := range t.Partitions {
-					t.Partitions[i] = local(p)
-				}
-			}
-			r.Transactions = append(r.Transactions, t)
+		r := &heraldpb.ListTxnResponse{Total: b.ListTxnResponse.Total,
+			Halves: keepMine(b.ListTxnResponse.Halves, def, mine, func(h *heraldpb.HalfInfo) string { return h.ProducerGroup },
+				func(h *heraldpb.HalfInfo) { h.ProducerGroup, h.Topic = local(h.ProducerGroup), local(h.Topic) }),
+			Transactions: keepMine(b.ListTxnResponse.Transactions, def, mine, func(t *heraldpb.TxnInfo) string { return t.TransactionalId },
+				func(t *heraldpb.TxnInfo) {
+					t.TransactionalId = local(t.TransactionalId)
+					for i, p := range t.Partitions {
+						t.Partitions[i] = local(p)
+					}
+				}),
 		}
 		if len(r.Halves) < len(b.ListTxnResponse.Halves) || len(r.Transactions) < len(b.ListTxnResponse.Transactions) {
 			r.Total = uint32(len(r.Halves) + len(r.Transactions))
@@ -325,4 +295,22 @@ func ofVhost(vhost string, f *heraldpb.Frame) *heraldpb.Frame {
 		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListAclsResponse{ListAclsResponse: r}}
 	}
 	return f
+}
+
+// keepMine is the items of a listing that belong to the vhost (mine of
+// their key), each a renamed copy (rename) outside the default vhost:
+// responses may be shared.
+func keepMine[T proto.Message](items []T, def bool, mine func(string) bool, key func(T) string, rename func(T)) []T {
+	var out []T
+	for _, x := range items {
+		if !mine(key(x)) {
+			continue
+		}
+		if !def {
+			x = proto.Clone(x).(T)
+			rename(x)
+		}
+		out = append(out, x)
+	}
+	return out
 }
