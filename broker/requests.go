@@ -1,13 +1,18 @@
 package broker
 
 import (
+	"sync/atomic"
+
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 // MaxFetchWait is the longest long poll a Fetch may ask for: a larger
 // max_wait_ms is lowered to it (a fetch parked for 2^32-1 ms would hold
-// its connection slot for 49 days). A variable so tests can shorten it.
-var MaxFetchWait uint32 = 30_000 // ms
+// its connection slot for 49 days). Atomic so a test can shorten it while
+// a broker's event loop reads it.
+var MaxFetchWait atomic.Uint32 // ms
+
+func init() { MaxFetchWait.Store(30_000) }
 
 // checkRequest refuses, before routing, the client requests whose fields
 // no handler accepts, and clamps those it bounds (a fetch's wait). It
@@ -22,7 +27,7 @@ func checkRequest(f *heraldpb.Frame) *heraldpb.Error {
 			return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "producer_epoch %d without a transactional_id: epochs belong to transactional producers", b.Produce.ProducerEpoch)
 		}
 	case *heraldpb.Frame_Fetch:
-		b.Fetch.MaxWaitMs = min(b.Fetch.MaxWaitMs, MaxFetchWait)
+		b.Fetch.MaxWaitMs = min(b.Fetch.MaxWaitMs, MaxFetchWait.Load())
 	}
 	return nil
 }

@@ -54,9 +54,8 @@ func TestRequestFieldChecks(t *testing.T) {
 	})
 
 	t.Run("fetch-wait-cap", func(t *testing.T) {
-		old := MaxFetchWait
-		MaxFetchWait = 200
-		t.Cleanup(func() { MaxFetchWait = old })
+		old := MaxFetchWait.Swap(200)
+		t.Cleanup(func() { MaxFetchWait.Store(old) })
 		ch := w.send(&heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{Topic: "t", Partition: 0, Offset: 1 << 20, MaxWaitMs: math.MaxUint32}}})
 		select {
 		case r := <-ch:
@@ -91,7 +90,7 @@ func TestRequestFieldChecks(t *testing.T) {
 			}
 			break
 		}
-		t.Logf("a fetch asking to wait 2^32-1 ms was answered after %v (cap %d ms)", time.Since(start).Round(time.Millisecond), MaxFetchWait)
+		t.Logf("a fetch asking to wait 2^32-1 ms was answered after %v (cap %d ms)", time.Since(start).Round(time.Millisecond), MaxFetchWait.Load())
 	})
 
 	t.Run("zero-partitions", func(t *testing.T) {
