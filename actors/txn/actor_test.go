@@ -544,3 +544,47 @@ func TestConcurrentInitsStartTwoSessions(t *testing.T) {
 		t.Fatalf("the older of the two sessions is not fenced: %v", res)
 	}
 }
+
+// A transactional produce queued behind another session's InitProducerId
+// (both in the coordinator before the Init is written) is answered
+// PRODUCER_FENCED, as it would be had the Init been written first, not
+// INVALID_TXN_STATE "the transaction of epoch 0 ended": GroupTransform
+// rests a fenced partition but stops on any other refusal (e2e
+// TestGroupTransformExactlyOnceKills lost a transformer this way). The
+// same holds for an EndTxn queued behind the Init.
+func TestRequestQueuedBehindANewSessionIsFenced(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{})
+	for round := range 20 {
+		old := r.session("p")
+		old.stage("a")
+		b, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte("b")}}})
+		init := r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: "p"}}}, 20*time.Second)
+		produce := r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Partition: proto.Uint32(0), Records: b,
+			TransactionalId: "p", ProducerId: old.pid, ProducerEpoch: old.epoch, BaseSequence: old.seq, Acks: heraldpb.Acks_ACKS_ALL}}}, 20*time.Second)
+		end := r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
+			TransactionalId: "p", ProducerId: old.pid, ProducerEpoch: old.epoch, Commit: round%2 == 0}}}, 20*time.Second)
+		for what, f := range map[string]*actor.Future{"produce": produce, "end": end} {
+			res, err := f.Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch e := res.(*heraldpb.Frame).GetError(); e.GetCode() {
+			case heraldpb.ErrorCode_PRODUCER_FENCED:
+			case heraldpb.ErrorCode_THROTTLED:
+				// The end found the produce still being staged: retried
+				// by the SDK, and fenced then.
+				if what != "end" {
+					t.Fatalf("round %d: the old session's %s: %v", round, what, e)
+				}
+			default:
+				t.Fatalf("round %d: the old session's %s, queued behind a new session's Init: %v, want PRODUCER_FENCED", round, what, res)
+			}
+		}
+		if res, err := init.Result(); err != nil || res.(*heraldpb.Frame).GetInitProducerIdResponse() == nil {
+			t.Fatalf("round %d: the new session: %v %v", round, res, err)
+		}
+	}
+	if got := r.values(); len(got) != 0 {
+		t.Fatalf("the topic holds %v; every transaction was fenced", got)
+	}
+}

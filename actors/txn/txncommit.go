@@ -31,7 +31,7 @@ const (
 // commitTxn decides m's transaction committed, answers the waiters once
 // the decision is durable, and appends it.
 func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
-	epoch := m.epoch
+	pid, epoch := m.pid, m.epoch
 	end := &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, Commit: true, By: by, Token: randomToken()}
 	for _, tp := range m.partitions() {
 		off := int64(0)
@@ -50,7 +50,7 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
 			return
 		}
 		if m.epoch != epoch {
-			c.answerWaiters(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d ended meanwhile", m.id, epoch))
+			c.answerWaiters(ctx, m, m.endedMeanwhile(pid, epoch))
 			return
 		}
 		c.applyTxn(uint64(base), ev, c.nowMs())

@@ -328,6 +328,24 @@ func (m *txnMeta) checkEpoch(pid uint64, epoch uint32) (e *heraldpb.Error, ended
 	return nil, false
 }
 
+// endedMeanwhile is the answer to a request of producer pid's
+// transaction of epoch whose write completed after that transaction
+// ended: PRODUCER_FENCED when a new session started meanwhile (an Init
+// queued ahead of it), INVALID_TXN_STATE when the transaction ended
+// otherwise (a timeout, a manual abort).
+func (m *txnMeta) endedMeanwhile(pid uint64, epoch uint32) *heraldpb.Error {
+	if pid != m.pid || epoch < m.session {
+		mTxnFenced.Inc()
+		return heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED,
+			"transactional id %q: producer %d epoch %d was fenced by a new session (producer %d, epoch %d) while its request was written", m.id, pid, epoch, m.pid, m.session)
+	}
+	if m.hasLast && m.lastEpoch == epoch && m.lastBy == "timeout" {
+		return heraldpb.NewError(heraldpb.ErrorCode_TXN_TIMED_OUT,
+			"transactional id %q: the transaction of epoch %d was aborted after its timeout of %v", m.id, epoch, m.timeout)
+	}
+	return heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d ended meanwhile", m.id, epoch)
+}
+
 // ---- requests ----------------------------------------------------------
 
 // txnTimeout resolves a requested transaction timeout.
@@ -530,7 +548,7 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 		m.used = c.nowMs()
 		if m.epoch != epoch || m.nextSeq != req.BaseSequence+int64(n) {
 			// The transaction ended while this was written: not staged.
-			fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d ended", m.id, epoch))
+			fail(m.endedMeanwhile(req.ProducerId, epoch))
 			return
 		}
 		c.armTxnTimeouts()
@@ -628,7 +646,7 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 // it): once durable, its staged records are forgotten and the epoch moves
 // on.
 func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done func(*heraldpb.Error, uint32, []topicPart)) {
-	epoch, recs, parts := m.epoch, m.records(), m.partitions()
+	pid, epoch, recs, parts := m.pid, m.epoch, m.records(), m.partitions()
 	if m.deciding {
 		if done != nil {
 			done(throttledErr("the transaction is being ended"), recs, parts)
@@ -642,7 +660,7 @@ func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done fu
 		m.deciding = false
 		if err == nil {
 			if m.epoch != epoch {
-				err = heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d ended otherwise meanwhile", m.id, epoch)
+				err = m.endedMeanwhile(pid, epoch)
 			} else {
 				c.applyTxn(uint64(base), ev, c.nowMs())
 				c.applyTxn(uint64(base)+1, snap, c.nowMs())
