@@ -455,8 +455,9 @@ func TestCommitReadsBackUncachedBatches(t *testing.T) {
 	})
 }
 
-// A new session of an id whose last commit is still appending fences a
-// commit of the old session queued behind it (PRODUCER_FENCED, so a zombie
+// A new session of an id whose last commits are still appending (as many
+// as may wait, maxCompleting) fences a commit of the old session queued
+// behind them (PRODUCER_FENCED, so a zombie
 // committing back to back cannot keep it out); it is answered once the
 // appends are done, and the fenced commit's records never appear.
 func TestNewSessionWaitsForTheAppendsAndFencesAQueuedCommit(t *testing.T) {
@@ -464,14 +465,19 @@ func TestNewSessionWaitsForTheAppendsAndFencesAQueuedCommit(t *testing.T) {
 	hold.Store(true)
 	r := newRig(t, t.TempDir(), Options{holdAppends: hold.Load})
 	old := r.session("p")
-	old.stage("first")
-	old.end(true) // answered at the decision; its appends are held
+	var committed []string
+	for i := range maxCompleting {
+		v := fmt.Sprintf("first-%d", i)
+		old.stage(v)
+		old.end(true) // answered at the decision; its appends are held
+		committed = append(committed, v)
+	}
 	old.stage("second")
 	queued := r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
 		TransactionalId: "p", ProducerId: old.pid, ProducerEpoch: old.epoch, Commit: true}}}, 20*time.Second)
 	waitFor(t, "the second commit queued", func() error {
 		infos := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListTxn{ListTxn: &heraldpb.ListTxnRequest{Transactions: true}}}, r.txn).GetListTxnResponse().GetTransactions()
-		if len(infos) != 2 || infos[0].GetState() != "committing" || infos[1].GetState() != "open" {
+		if len(infos) != maxCompleting+1 || infos[0].GetState() != "committing" || infos[maxCompleting-1].GetState() != "committing" || infos[maxCompleting].GetState() != "open" {
 			return fmt.Errorf("transactions: %v", infos)
 		}
 		return nil
@@ -489,8 +495,8 @@ func TestNewSessionWaitsForTheAppendsAndFencesAQueuedCommit(t *testing.T) {
 	if err != nil || res.(*heraldpb.Frame).GetInitProducerIdResponse() == nil {
 		t.Fatalf("the new session: %v %v", res, err)
 	}
-	if got := r.values(); !slices.Equal(got, []string{"first"}) {
-		t.Fatalf("when the new session was answered the topic held %v, want first (and not second)", got)
+	if got := r.values(); !slices.Equal(got, committed) {
+		t.Fatalf("when the new session was answered the topic held %v, want %v, in order (and not second)", got, committed)
 	}
 }
 
@@ -587,4 +593,58 @@ func TestRequestQueuedBehindANewSessionIsFenced(t *testing.T) {
 	if got := r.values(); len(got) != 0 {
 		t.Fatalf("the topic holds %v; every transaction was fenced", got)
 	}
+}
+
+// Commits are decided (and answered) while earlier commits of the same
+// producer still append, up to maxCompleting of them; the records land in
+// commit order, and a restart with decided commits not yet appended
+// appends each once, in order.
+func TestCommitsDecidedWhileEarlierOnesAppend(t *testing.T) {
+	dir := t.TempDir()
+	var hold atomic.Bool
+	hold.Store(true)
+	r := newRig(t, dir, Options{holdAppends: hold.Load})
+	s := r.session("p")
+	var want []string
+	for i := range maxCompleting {
+		for k := range 3 {
+			v := fmt.Sprintf("t%d-%d", i, k)
+			s.stage(v)
+			want = append(want, v)
+		}
+		s.end(true)
+	}
+	infos := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListTxn{ListTxn: &heraldpb.ListTxnRequest{Transactions: true}}}, r.txn).GetListTxnResponse().GetTransactions()
+	if len(infos) != maxCompleting || infos[maxCompleting-1].GetState() != "committing" {
+		t.Fatalf("%d commits decided with their appends held: transactions %v", maxCompleting, infos)
+	}
+	if got := r.values(); len(got) != 0 {
+		t.Fatalf("appends held, yet the topic holds %v", got)
+	}
+	hold.Store(false)
+	waitFor(t, "the commits appended", func() error {
+		if got := r.values(); !slices.Equal(got, want) {
+			return fmt.Errorf("topic holds %v, want %v", got, want)
+		}
+		return nil
+	})
+
+	// Decided, not appended, then a restart: the reloaded coordinator
+	// appends them, each once and in order.
+	hold.Store(true)
+	for i := range maxCompleting - 1 {
+		v := fmt.Sprintf("u%d", i)
+		s.stage(v)
+		s.end(true)
+		want = append(want, v)
+	}
+	_, _ = r.sys.Root.StopFuture(r.txn).Result()
+	hold.Store(false)
+	r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	waitFor(t, "the reloaded commits appended", func() error {
+		if got := r.values(); !slices.Equal(got, want) {
+			return fmt.Errorf("topic holds %v, want %v", got, want)
+		}
+		return nil
+	})
 }

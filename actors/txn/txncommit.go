@@ -7,8 +7,8 @@ package txn
 // staged batches are read back from __txn and appended to their
 // partitions, each record tagged with the transactional id, its staged
 // batch's ref and the token; then TxnComplete. The producer's next
-// transaction stages meanwhile; its commit waits for this one's
-// TxnComplete. After a crash between the decision and TxnComplete, the
+// transactions stage and are decided meanwhile (up to maxCompleting
+// waiting); their appends start when this one's TxnComplete is written. After a crash between the decision and TxnComplete, the
 // next coordinator looks for the token on each partition from the
 // recorded offset and appends only the staged batches not found, so every
 // record of a committed transaction is on its topic once.
@@ -56,6 +56,7 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
 		c.applyTxn(uint64(base), ev, c.nowMs())
 		c.applyTxn(uint64(base)+1, snap, c.nowMs())
 		j := m.completing[len(m.completing)-1]
+		j.live = true
 		recs, parts := j.records(), j.partitions()
 		mTxnEnded.WithLabelValues("commit", by).Inc()
 		mTxnCommitted.Add(float64(recs))
@@ -69,7 +70,9 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
 			}
 			respond(ctx, w.to, &heraldpb.Frame{Id: w.id, Body: &heraldpb.Frame_EndTxnResponse{EndTxnResponse: r}})
 		}
-		c.appendTxn(ctx, m, j, nil)
+		if len(m.completing) == 1 {
+			c.appendTxn(ctx, m, j, nil)
+		} // else appended when the ones before it complete (completeTxn)
 	}})
 	c.flushWrites(ctx)
 }
@@ -215,13 +218,19 @@ func (c *Coordinator) completeTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
 		}
 		c.applyTxn(uint64(base), ev, c.nowMs())
 		c.gaugeOpen()
-		switch {
-		case len(m.completing) > 0:
-			// Another one found at load (they run one at a time).
-			c.recoverTxn(ctx, m, m.completing[0])
-			return
-		case m.queuedCommit:
+		if len(m.completing) > 0 {
+			// The next one (they append one at a time, in order).
+			if next := m.completing[0]; next.live {
+				c.appendTxn(ctx, m, next, nil)
+			} else {
+				c.recoverTxn(ctx, m, next) // found at load
+			}
+		}
+		if m.queuedCommit && len(m.completing) < maxCompleting {
 			c.commitTxn(ctx, m, "producer")
+		}
+		if len(m.completing) > 0 {
+			return // a new session waits for all of them
 		}
 		if ws := m.initWaiters; len(ws) > 0 {
 			m.initWaiters = nil

@@ -116,8 +116,9 @@ type txnMeta struct {
 	initWaiters []endWaiter
 	initAnswer  *heraldpb.InitProducerIdResponse
 	// completing: committed transactions (decided) whose appends are under
-	// way, oldest first; at most one outside a replay. The current
-	// transaction (epoch) is the next one, which may stage meanwhile.
+	// way or waiting, oldest first, appended one after the other; at most
+	// maxCompleting outside a replay. The current transaction (epoch) is
+	// the next one, which may stage and be decided meanwhile.
 	completing []*commitJob
 
 	// the last transaction ended
@@ -136,7 +137,18 @@ type commitJob struct {
 	from    map[topicPart]int64
 	by      string
 	sessOff uint64 // the session record its replay needs (compaction keeps it)
+	// live: decided by this coordinator, so none of it is on its
+	// partitions before its appends start (a job found at load is
+	// scanned for first).
+	live bool
 }
+
+// maxCompleting bounds the committed transactions of one transactional id
+// waiting for their appends: a commit beyond it is decided once the
+// oldest completes. Deciding while earlier commits append lets a producer
+// run its next transactions without waiting for the appends; the bound
+// keeps the staged records held in memory for them bounded.
+const maxCompleting = 4
 
 func (j *commitJob) partitions() []topicPart { return stagedPartitions(j.staged) }
 func (j *commitJob) records() uint32         { return stagedRecords(j.staged) }
@@ -630,10 +642,12 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 			}
 			answer(false, recs, parts)
 		})
-	case len(m.completing) > 0:
-		// The previous commit is still appending: this one is decided
-		// after it completes, so that the records of one producer keep
-		// their order on every partition. Nothing stages meanwhile.
+	case len(m.completing) >= maxCompleting:
+		// Earlier commits are still appending, as many as may wait: this
+		// one is decided when the oldest completes. Nothing stages
+		// meanwhile. (Below the bound it is decided now and appended
+		// after them, so the records of one producer keep their order
+		// on every partition.)
 		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id})
 		m.deciding, m.decidingCommit, m.queuedCommit = true, true, true
 	default:
