@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
-	"github.com/heraldmq/herald/auth"
 	"log/slog"
 	"maps"
 	"math"
@@ -31,6 +30,8 @@ import (
 	"github.com/heraldmq/herald/actors/partition"
 	"github.com/heraldmq/herald/actors/scheduler"
 	"github.com/heraldmq/herald/actors/topic"
+	"github.com/heraldmq/herald/adminapi"
+	"github.com/heraldmq/herald/auth"
 	"github.com/heraldmq/herald/cluster"
 	"github.com/heraldmq/herald/internal/faults"
 	"github.com/heraldmq/herald/internal/slogfloor"
@@ -58,6 +59,7 @@ type Broker struct {
 	tls       *tlsState // the TLS listener (tls.go); nil without one
 	admin     *http.Server
 	adminLn   net.Listener
+	api       *adminapi.Server // the admin port's /api/v1 and dashboard
 	lock      *os.File
 	closing   atomic.Bool
 	reclaim   *reclaimer
@@ -278,7 +280,8 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		}
 		b.ctrl, err = cluster.StartController(cluster.ControllerConfig{
 			Node: b.member, Local: b.sys, DataDir: cfg.DataDir, Voters: cluster.Voters(ids), Logger: logger,
-			Self:    &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr, ClientTlsAddress: b.advertisedTLS(), Rack: cfg.Rack, HealthAddress: b.member.HealthAddr()},
+			Self: &heraldpb.NodeRecord{NodeId: nodeID, ClusterAddress: cfg.Cluster, ClientAddress: clientAddr, ClientTlsAddress: b.advertisedTLS(), Rack: cfg.Rack, HealthAddress: b.member.HealthAddr(),
+				Version: Version, StartedMs: b.readiness.started.UnixMilli()},
 			OnApply: b.onMetadata, ReplicaGrace: cfg.ReplicaGrace, VerifyNode: b.nodeVerifier(),
 			CheckpointRecords: cfg.ControllerCheckpointRecords, CheckpointBytes: cfg.ControllerCheckpointBytes,
 			FS: b.fs, Clock: b.clock,
@@ -373,6 +376,8 @@ func (b *Broker) startAdmin() error {
 		})
 	}
 	faults.Register(mux) // /debug/faults, in a chaos build only
+	b.api = b.startAdminAPI()
+	b.api.Register(mux)
 	b.adminLn = ln
 	b.admin = &http.Server{Handler: b.guardAdmin(mux), ReadHeaderTimeout: 10 * time.Second}
 	if b.tls != nil && b.tls.admin != nil {
@@ -397,6 +402,9 @@ func (b *Broker) Shutdown() error {
 	b.stopTLS()
 	b.flushGroups(ctx)
 	b.stopActors()
+	if b.api != nil {
+		b.api.Close() // ends the event streams, which Shutdown would wait for
+	}
 	if b.admin != nil {
 		b.admin.Shutdown(ctx)
 	}

@@ -51,9 +51,12 @@ type Config struct {
 	// are on, else none; "off" = none). AdminTLS serves the admin port
 	// with --tls-cert; AdminOpen lists the admin paths served without a
 	// login when logins are on.
-	AuditLog              string
-	AdminTLS              bool
-	AdminOpen             string
+	AuditLog  string
+	AdminTLS  bool
+	AdminOpen string
+	// AdminReadOnly refuses the admin API's actions (delete a topic,
+	// reset a group, ...); its reads and the dashboard stay.
+	AdminReadOnly         bool
 	BootstrapUser         string
 	BootstrapPasswordFile string
 	NodeID                uint64

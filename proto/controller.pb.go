@@ -1172,8 +1172,12 @@ type NodeRecord struct {
 	ReplicaRaftIds bool `protobuf:"varint,9,opt,name=replica_raft_ids,json=replicaRaftIds,proto3" json:"replica_raft_ids,omitempty"`
 	// Its TLS client address ("" = no TLS listener).
 	ClientTlsAddress string `protobuf:"bytes,10,opt,name=client_tls_address,json=clientTlsAddress,proto3" json:"client_tls_address,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Its build's version, and when its process started (unix ms): shown
+	// by the admin API and the dashboard.
+	Version       string `protobuf:"bytes,11,opt,name=version,proto3" json:"version,omitempty"`
+	StartedMs     int64  `protobuf:"varint,12,opt,name=started_ms,json=startedMs,proto3" json:"started_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeRecord) Reset() {
@@ -1274,6 +1278,20 @@ func (x *NodeRecord) GetClientTlsAddress() string {
 		return x.ClientTlsAddress
 	}
 	return ""
+}
+
+func (x *NodeRecord) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *NodeRecord) GetStartedMs() int64 {
+	if x != nil {
+		return x.StartedMs
+	}
+	return 0
 }
 
 var File_controller_proto protoreflect.FileDescriptor
@@ -1380,7 +1398,7 @@ const file_controller_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12&\n" +
 	"\x0edecommissioned\x18\x02 \x01(\bR\x0edecommissioned\"!\n" +
 	"\vDeleteTopic\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xf2\x02\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xab\x03\n" +
 	"\n" +
 	"NodeRecord\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12'\n" +
@@ -1393,7 +1411,10 @@ const file_controller_proto_rawDesc = "" +
 	"\x0ehealth_address\x18\b \x01(\tR\rhealthAddress\x12(\n" +
 	"\x10replica_raft_ids\x18\t \x01(\bR\x0ereplicaRaftIds\x12,\n" +
 	"\x12client_tls_address\x18\n" +
-	" \x01(\tR\x10clientTlsAddressB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	" \x01(\tR\x10clientTlsAddress\x12\x18\n" +
+	"\aversion\x18\v \x01(\tR\aversion\x12\x1d\n" +
+	"\n" +
+	"started_ms\x18\f \x01(\x03R\tstartedMsB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_controller_proto_rawDescOnce sync.Once

@@ -66,8 +66,11 @@ func settings() []setting {
 		{"admin-open", "comma-separated admin paths served without a login when logins are on", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.AdminOpen, "admin-open", d.AdminOpen, "")
 		}},
-		{"admin", "admin HTTP listener for /metrics, /healthz, /readyz and /cluster; empty disables", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+		{"admin", "admin HTTP listener for the dashboard (/), the admin API (/api/v1), /metrics, /healthz, /readyz and /cluster; empty disables", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Admin, "admin", d.Admin, "")
+		}},
+		{"admin-read-only", "refuse the admin API's and the dashboard's actions (delete a topic, reset a group); reads stay", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.BoolVar(&c.AdminReadOnly, "admin-read-only", d.AdminReadOnly, "")
 		}},
 		{"admin-pprof", "serve Go's profiler at /debug/pprof on the admin listener (off: 403)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.BoolVar(&c.AdminPprof, "admin-pprof", d.AdminPprof, "")

@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/heraldmq/herald/adminapi"
+	"github.com/heraldmq/herald/client"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// apiCall sends method path (with body) to the admin port at addr and decodes the JSON answer into out
+// (when out is not nil); it returns the status.
+func apiCall(t testing.TB, method, addr, path string, body string, out any) int {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		t.Fatalf("%s %s: Content-Type %q, want JSON: %s", method, path, ct, b)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, b)
+		}
+	}
+	return resp.StatusCode
+}
+
+func apiErrorCode(t testing.TB, method, addr, path, body string) (int, string) {
+	t.Helper()
+	var e adminapi.ErrorBody
+	st := apiCall(t, method, addr, path, body, &e)
+	return st, e.Error.Code
+}
+
+// The admin API on a single node: every read, the typed JSON errors, the
+// two actions with their guards, and the event stream.
+func TestAdminAPI(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "orders", 3)
+	ctx := ctxT(t, 60*time.Second)
+	p := c.NewProducer()
+	for i := range 100 {
+		p.SendAsync(ctx, &client.Message{Topic: "orders", Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")}, nil)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin := n.AdminAddr()
+
+	var cl adminapi.Cluster
+	if st := apiCall(t, "GET", admin, "/api/v1/cluster", "", &cl); st != 200 {
+		t.Fatalf("cluster: status %d", st)
+	}
+	if cl.Mode != "single-node" || cl.ViewOf != 1 || len(cl.Members) != 1 || cl.Members[0].State != adminapi.StateAlive || !cl.Members[0].Self ||
+		cl.Members[0].Leads != 3 || cl.Members[0].Address != n.Addr() || cl.Members[0].Version == "" || cl.Members[0].StartedAt == nil || !cl.ControllerReachable {
+		t.Fatalf("cluster: %+v", cl)
+	}
+
+	checkFor(t, 20*time.Second, "orders with its 100 messages", func() error {
+		var ts struct {
+			ViewOf uint64                  `json:"view_of"`
+			Topics []adminapi.TopicSummary `json:"topics"`
+		}
+		apiCall(t, "GET", admin, "/api/v1/topics", "", &ts)
+		for _, tp := range ts.Topics {
+			if tp.Name == "orders" && tp.Messages == 100 && tp.Partitions == 3 && tp.Replication == 1 {
+				return nil
+			}
+		}
+		return fmt.Errorf("topics: %+v", ts.Topics)
+	})
+	var tp adminapi.Topic
+	if st := apiCall(t, "GET", admin, "/api/v1/topics/orders", "", &tp); st != 200 || len(tp.PartitionList) != 3 || !strings.Contains(string(tp.Config), `"partitions": 3`) && !strings.Contains(string(tp.Config), `"partitions":3`) {
+		t.Fatalf("topics/orders: status %d, %+v, config %s", st, tp, tp.Config)
+	}
+	for _, pt := range tp.PartitionList {
+		if pt.Leader != 1 || pt.UnderReplicated || pt.Offline || len(pt.LiveReplicas) != 1 {
+			t.Fatalf("partition %+v", pt)
+		}
+	}
+	if st, code := apiErrorCode(t, "GET", admin, "/api/v1/topics/nope", ""); st != 404 || code != "TOPIC_NOT_FOUND" {
+		t.Fatalf("unknown topic: %d %s", st, code)
+	}
+	if st, code := apiErrorCode(t, "GET", admin, "/api/v1/groups/nope", ""); st != 404 || code != "GROUP_NOT_FOUND" {
+		t.Fatalf("unknown group: %d %s", st, code)
+	}
+	if st, code := apiErrorCode(t, "GET", admin, "/api/v1/nothing", ""); st != 400 || code != "INVALID_REQUEST" {
+		t.Fatalf("unknown call: %d %s", st, code)
+	}
+
+	// A group with a member: listed, described, and not reset under it.
+	got := make(chan struct{}, 200)
+	sub, err := c.Subscribe(ctx, client.SubscribeOptions{Group: "billing", Topic: "orders", Mode: client.Clustering, From: client.Earliest()},
+		func(context.Context, *client.Delivered) { got <- struct{}{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 30*time.Second, "billing listed with its member and no lag", func() error {
+		var g adminapi.Group
+		if st := apiCall(t, "GET", admin, "/api/v1/groups/billing", "", &g); st != 200 {
+			return fmt.Errorf("status %d", st)
+		}
+		if g.Members != 1 || g.Topic != "orders" || g.Mode != "clustering" || g.Lag != 0 || g.Breaker != "closed" || len(g.LagHistory) == 0 || !strings.Contains(string(g.Info), `"members"`) {
+			return fmt.Errorf("group %+v", g.GroupSummary)
+		}
+		return nil
+	})
+	if st, code := apiErrorCode(t, "POST", admin, "/api/v1/groups/billing/reset", `{"to":"earliest"}`); st != 409 || code != "GROUP_HAS_MEMBERS" {
+		t.Fatalf("reset with a member: %d %s", st, code)
+	}
+	if st, code := apiErrorCode(t, "POST", admin, "/api/v1/groups/billing/reset", `{"to":"sideways"}`); st != 400 || code != "INVALID_REQUEST" {
+		t.Fatalf("reset to nowhere: %d %s", st, code)
+	}
+	_ = sub.Close(ctx)
+	var reset map[string]json.RawMessage
+	if st := apiCall(t, "POST", admin, "/api/v1/groups/billing/reset", `{"to":"earliest"}`, &reset); st != 200 || reset["group"] == nil {
+		t.Fatalf("reset without members: %d %v", st, reset)
+	}
+	checkFor(t, 20*time.Second, "billing's lag back to 100 after the reset", func() error {
+		var g adminapi.Group
+		apiCall(t, "GET", admin, "/api/v1/groups/billing", "", &g)
+		if g.Lag != 100 {
+			return fmt.Errorf("lag %d", g.Lag)
+		}
+		return nil
+	})
+
+	var al adminapi.Alerts
+	if st := apiCall(t, "GET", admin, "/api/v1/alerts", "", &al); st != 200 || len(al.Alerts) != 0 {
+		t.Fatalf("alerts of a healthy node: %d %+v", st, al)
+	}
+	var sc adminapi.Scheduler
+	if st := apiCall(t, "GET", admin, "/api/v1/scheduler", "", &sc); st != 200 || sc.Buckets == nil {
+		t.Fatalf("scheduler: %d %+v", st, sc)
+	}
+
+	// The event stream sends the snapshot.
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+admin+"/api/v1/events", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("events: Content-Type %q", ct)
+	}
+	sc2 := bufio.NewScanner(resp.Body)
+	sc2.Buffer(make([]byte, 1<<20), 8<<20)
+	var event string
+	for sc2.Scan() {
+		line := sc2.Text()
+		if v, ok := strings.CutPrefix(line, "event: "); ok {
+			event = v
+		}
+		if v, ok := strings.CutPrefix(line, "data: "); ok {
+			var sn adminapi.Snapshot
+			if event != "snapshot" || json.Unmarshal([]byte(v), &sn) != nil || len(sn.Cluster.Members) != 1 || len(sn.Topics) == 0 {
+				t.Fatalf("first event %q: %.300s", event, v)
+			}
+			break
+		}
+	}
+	resp.Body.Close()
+
+	// Delete needs the name again.
+	if st, code := apiErrorCode(t, "DELETE", admin, "/api/v1/topics/orders", ""); st != 400 || code != "INVALID_REQUEST" {
+		t.Fatalf("delete without confirm: %d %s", st, code)
+	}
+	if st, code := apiErrorCode(t, "DELETE", admin, "/api/v1/topics/orders?confirm=order", ""); st != 400 || code != "INVALID_REQUEST" {
+		t.Fatalf("delete with a wrong confirm: %d %s", st, code)
+	}
+	if st := apiCall(t, "DELETE", admin, "/api/v1/topics/orders?confirm=orders", "", nil); st != 200 {
+		t.Fatalf("delete: %d", st)
+	}
+	checkFor(t, 20*time.Second, "orders gone", func() error {
+		if st, code := apiErrorCode(t, "GET", admin, "/api/v1/topics/orders", ""); st != 404 || code != "TOPIC_NOT_FOUND" {
+			return fmt.Errorf("%d %s", st, code)
+		}
+		return nil
+	})
+	if _, err := c.DescribeTopic(ctx, "orders"); !client.IsCode(err, heraldpb.ErrorCode_TOPIC_NOT_FOUND) {
+		t.Fatalf("orders after its delete: %v", err)
+	}
+}
+
+// --admin-read-only refuses the actions and keeps the reads.
+func TestAdminAPIReadOnly(t *testing.T) {
+	n := startProc(t, t.TempDir(), "--admin-read-only")
+	c := dial(t, n)
+	createTopic(t, c, "orders", 1)
+	if st, code := apiErrorCode(t, "DELETE", n.AdminAddr(), "/api/v1/topics/orders?confirm=orders", ""); st != 403 || code != "NOT_AUTHORIZED" {
+		t.Fatalf("delete in read-only mode: %d %s", st, code)
+	}
+	if st, code := apiErrorCode(t, "POST", n.AdminAddr(), "/api/v1/groups/g/reset", `{"to":"earliest"}`); st != 403 || code != "NOT_AUTHORIZED" {
+		t.Fatalf("reset in read-only mode: %d %s", st, code)
+	}
+	checkFor(t, 10*time.Second, "orders still there, read-only shown", func() error {
+		var tp adminapi.Topic
+		if st := apiCall(t, "GET", n.AdminAddr(), "/api/v1/topics/orders", "", &tp); st != 200 {
+			return fmt.Errorf("status %d", st)
+		}
+		return nil
+	})
+	if _, err := c.DescribeTopic(context.Background(), "orders"); err != nil {
+		t.Fatal(err)
+	}
+}
