@@ -53,6 +53,11 @@ function fmtAge(t) {
   return (s / 86400).toFixed(1) + " d";
 }
 
+function shortID(id) {
+  id = id || "";
+  return id.length > 14 ? "…" + id.slice(-12) : id;
+}
+
 function empty(...content) { return el("div", { class: "empty" }, ...content); }
 
 // ---- sparklines and charts ------------------------------------------------
@@ -176,7 +181,7 @@ function renderGroups(s) {
   const items = s.groups.map((g) => {
     const info = g.info || {};
     const members = (info.members || []).map((m) => el("tr", {},
-      el("td", { text: m.name || m.member_id }), el("td", { text: m.address }),
+      el("td", { text: m.name || shortID(m.member_id) }), el("td", { text: m.address }),
       el("td", { class: "num", text: m.credits }), el("td", { class: "num", text: m.in_flight }),
       el("td", { text: (m.breaker || "BREAKER_CLOSED").replace("BREAKER_", "").toLowerCase() }),
       el("td", { text: (m.partitions || []).join(", ") || "–" })));

@@ -1,0 +1,246 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/heraldmq/herald/adminapi"
+	"github.com/heraldmq/herald/client"
+)
+
+// browserEnv, when set, makes a missing Chromium a failure rather than a
+// skip (CI sets it: .ci/run installs Debian's chromium).
+const browserEnv = "HERALD_REQUIRE_BROWSER"
+
+// chromium finds a headless-capable Chromium, or skips (fails under
+// HERALD_REQUIRE_BROWSER=1).
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv(browserEnv) != "" {
+		t.Fatalf("no chromium found, and %s is set: install Debian's chromium", browserEnv)
+	}
+	t.Skip("no chromium found: install Debian's chromium (apt-get install chromium) to run the dashboard's browser tests")
+	return ""
+}
+
+// browser is a headless Chromium tab that records console errors and
+// uncaught exceptions.
+type browser struct {
+	ctx    context.Context
+	mu     sync.Mutex
+	errors []string
+}
+
+func newBrowser(t *testing.T, width, height int) *browser {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium(t)), chromedp.NoSandbox,
+		chromedp.WindowSize(width, height), chromedp.Flag("disable-gpu", true))
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	b := &browser{ctx: ctx}
+	// The first Run starts the browser, with no timeout (a timeout would
+	// stop the browser with it).
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[int](`1`)); err != nil {
+		cancel()
+		cancelA()
+		t.Fatalf("starting chromium: %v", err)
+	}
+	messages := chromedp.Console(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for m, err := range messages {
+			if err != nil {
+				return
+			}
+			if m.Type == chromedp.ConsoleError || m.Type == chromedp.ConsoleException {
+				b.mu.Lock()
+				b.errors = append(b.errors, fmt.Sprintf("%s: %s (%s:%d)", m.Type, m.Text, m.URL, m.Line))
+				b.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		cancelA()
+		<-done
+	})
+	return b
+}
+
+func (b *browser) do(t *testing.T, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// eval evaluates a JavaScript expression in the page.
+func eval[T any](b *browser, expr string) (T, error) {
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	return chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+}
+
+func (b *browser) consoleErrors() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]string(nil), b.errors...)
+}
+
+// The dashboard in a real browser against a real 3-node cluster: it
+// loads without console errors and shows three alive members; a topic
+// created by the CLI appears; a group's lag appears and falls as it
+// consumes; SIGKILL of a node turns its card down and moves its leaders
+// off it without a reload, and its restart turns it alive again.
+func TestDashboardInABrowser(t *testing.T) {
+	br := newBrowser(t, 1280, 800)
+	tc := startCluster(t, 3)
+	n1 := tc.nodes[1]
+	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	url := "http://" + n1.AdminAddr() + "/"
+	br.do(t, "open the dashboard", chromedp.Navigate(url), chromedp.WaitVisible(chromedp.CSS(`#nodes`)))
+
+	waitPage := func(what string, total time.Duration, expr string, ok func(string) error) time.Duration {
+		t.Helper()
+		start := time.Now()
+		checkFor(t, total, what, func() error {
+			got, err := eval[string](br, expr)
+			if err != nil {
+				return err
+			}
+			return ok(got)
+		})
+		return time.Since(start)
+	}
+	equals := func(want string) func(string) error {
+		return func(got string) error {
+			if got != want {
+				return fmt.Errorf("page shows %q, want %q", got, want)
+			}
+			return nil
+		}
+	}
+	waitPage("three alive members", 30*time.Second,
+		`[...document.querySelectorAll('.card')].map(c => c.dataset.node + ':' + c.dataset.state).join(',')`, equals("1:alive,2:alive,3:alive"))
+	waitPage("live updates", 10*time.Second, `document.querySelector('#conn').dataset.state`, equals("live"))
+
+	// A topic created by the CLI appears.
+	if out, errOut, code := herald(t, "", "topic", "create", "orders", "--partitions", "3", "--replication", "3", "--addr", tc.addrs()); code != 0 {
+		t.Fatalf("topic create: %s %s", out, errOut)
+	}
+	waitPage("orders in the topics view with its three leaders", 20*time.Second,
+		`[...document.querySelectorAll('[data-partition^="orders/"]')].filter(p => p.dataset.leader !== '0').length + ''`, equals("3"))
+
+	// A group's lag appears, then falls as it consumes.
+	ctx := ctxT(t, 120*time.Second)
+	p := c.NewProducer()
+	for i := range 3000 {
+		p.SendAsync(ctx, &client.Message{Topic: "orders", Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")}, nil)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	defer open()
+	sub, err := c.Subscribe(ctx, client.SubscribeOptions{Group: "billing", Topic: "orders", Mode: client.Clustering, From: client.Earliest(), Window: 16},
+		func(ctx context.Context, _ *client.Delivered) {
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close(context.Background())
+	lagOf := `(document.querySelector('.group[data-group="billing"]') || {dataset: {lag: 'none'}}).dataset.lag`
+	waitPage("billing's lag shown while it is held", 30*time.Second, lagOf, func(got string) error {
+		if n, err := strconv.Atoi(got); err != nil || n < 2900 {
+			return fmt.Errorf("lag %q, want 2900 or more", got)
+		}
+		return nil
+	})
+	open()
+	waitPage("billing's lag falling to 0", 60*time.Second, lagOf, equals("0"))
+	if chartLines, err := eval[int](br, `document.querySelectorAll('.group[data-group="billing"] svg.chart polyline').length`); err != nil || chartLines != 3 {
+		t.Fatalf("the lag chart draws %d lines (%v), want one per partition", chartLines, err)
+	}
+
+	// No text overflows its box at 1280×800.
+	overflowing, err := eval[[]string](br, `[...document.querySelectorAll('.card, .card dd, .alert, .group h3, .group .cols > div, #topic-list, td')].filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.className + ':' + e.textContent.slice(0, 40))`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(overflowing) > 0 {
+		t.Errorf("text overflows its box at 1280x800: %q", overflowing)
+	}
+
+	// SIGKILL of node 3: its card turns down, and its leaders move.
+	tc.nodes[3].Kill(t)
+	took := waitPage("node 3's card down", 15*time.Second, `document.querySelector('.card[data-node="3"]').dataset.state`, equals("down"))
+	t.Logf("node 3 shown down %v after its SIGKILL", took.Round(100*time.Millisecond))
+	took2 := waitPage("no partition of orders led by node 3", 15*time.Second,
+		`[...document.querySelectorAll('[data-partition^="orders/"]')].map(p => p.dataset.leader).join(',')`, func(got string) error {
+			for _, l := range strings.Split(got, ",") {
+				if l == "3" || l == "0" {
+					return fmt.Errorf("leaders %s", got)
+				}
+			}
+			return nil
+		})
+	t.Logf("orders' leaders off node 3 %v after its SIGKILL", (took + took2).Round(100*time.Millisecond))
+	waitPage("an alert for node 3 at the top", 10*time.Second, `[...document.querySelectorAll('#alerts .alert')].map(a => a.dataset.kind + ':' + a.dataset.subject).join(',')`, func(got string) error {
+		if !strings.Contains(got, "node_down:node 3") {
+			return fmt.Errorf("alerts %q", got)
+		}
+		return nil
+	})
+
+	// Restarted, it is alive again.
+	tc.nodes[3].Start(t)
+	waitPage("node 3's card alive again", 40*time.Second, `document.querySelector('.card[data-node="3"]').dataset.state`, equals("alive"))
+
+	if shot := os.Getenv("HERALD_DASHBOARD_SCREENSHOT"); shot != "" {
+		ctx, cancel := context.WithTimeout(br.ctx, 30*time.Second)
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(shot, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if errs := br.consoleErrors(); len(errs) > 0 {
+		t.Fatalf("the page logged errors: %q", errs)
+	}
+
+	// The API the page reads agrees.
+	var cl adminapi.Cluster
+	apiCall(t, "GET", n1.AdminAddr(), "/api/v1/cluster", "", &cl)
+	if cl.Mode != "cluster" || len(cl.Members) != 3 || !cl.ControllerReachable {
+		t.Fatalf("cluster: %+v", cl)
+	}
+}
