@@ -42,7 +42,8 @@ type Member struct {
 	Rack           string     `json:"rack,omitempty"`
 	Version        string     `json:"version,omitempty"`
 	State          string     `json:"state"`
-	Since          time.Time  `json:"since"` // when the answering node saw it enter State
+	Since          time.Time  `json:"since"`          // when the answering node saw it enter State
+	Note           string     `json:"note,omitempty"` // why it is not alive: "no answer from node 3 within 800ms", ...
 	StartedAt      *time.Time `json:"started_at,omitempty"`
 	// Roles: "controller-leader", "controller-voter", "controller-learner".
 	Roles   []string `json:"roles"`

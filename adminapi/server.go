@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,6 +83,8 @@ type Server struct {
 	views    map[string]*view
 	states   map[uint64]stateSince
 	watchers int
+	probing  bool      // prober running
+	probed   time.Time // states last resolved
 	closed   bool
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -90,6 +93,7 @@ type Server struct {
 type stateSince struct {
 	state string
 	since time.Time
+	note  string
 }
 
 // view is one user's client and what it read last.
@@ -198,7 +202,8 @@ func (s *Server) Register(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE /api/v1/topics/{name}", s.action(s.deleteTopic))
 	mux.HandleFunc("POST /api/v1/groups/{name}/reset", s.action(s.resetGroup))
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, apiError(heraldpb.ErrorCode_INVALID_REQUEST, "no such API call: %s %s (see docs/admin-api.md)", r.Method, r.URL.Path))
+		body := errorBody(apiError(heraldpb.ErrorCode_INVALID_REQUEST, "no such API call: %s %s (see docs/admin-api.md)", r.Method, r.URL.Path))
+		writeJSON(w, http.StatusNotFound, body)
 	})
 	s.registerUI(mux)
 }
@@ -237,6 +242,11 @@ func (s *Server) viewFor(r *http.Request) (*view, error) {
 		v.running = true
 		s.wg.Add(1)
 		go s.loop(v)
+	}
+	if !s.probing {
+		s.probing = true
+		s.wg.Add(1)
+		go s.prober()
 	}
 	return v, nil
 }
@@ -307,8 +317,10 @@ func (s *Server) refresh(ctx context.Context, v *view) (*Snapshot, error) {
 		}
 		v.c = c
 	}
+	ctx, cancel := context.WithTimeout(ctx, refreshBudget)
+	defer cancel()
 	ms := s.cfg.Node.Membership()
-	states := s.probe(ctx, ms)
+	states := s.statesFor(ctx, ms)
 	sn := s.build(ctx, v.c, v.hist, ms, states)
 	v.last = sn
 	b, _ := json.Marshal(sn)
@@ -330,6 +342,55 @@ func withoutTimes(b []byte) []byte {
 }
 
 // ---- membership --------------------------------------------------------
+
+// prober resolves the nodes' states every interval while any view is
+// refreshed, apart from the refreshes: a refresh slowed by a paused node
+// still shows the states of a second ago.
+func (s *Server) prober() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.Interval)
+	defer t.Stop()
+	for {
+		s.mu.Lock()
+		busy := false
+		for _, v := range s.views {
+			busy = busy || v.running
+		}
+		if !busy {
+			s.probing = false
+		}
+		s.mu.Unlock()
+		if !busy {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*probeTimeout)
+		s.probe(ctx, s.cfg.Node.Membership())
+		cancel()
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// statesFor returns the nodes' states: the prober's, unless they are
+// older than two intervals (or for nodes it has not seen), then probed now.
+func (s *Server) statesFor(ctx context.Context, ms Membership) map[uint64]stateSince {
+	s.mu.Lock()
+	fresh := time.Since(s.probed) < 2*s.cfg.Interval
+	out := map[uint64]stateSince{}
+	for _, nd := range ms.Nodes {
+		st, ok := s.states[nd.ID]
+		fresh = fresh && ok
+		out[nd.ID] = st
+	}
+	s.mu.Unlock()
+	if fresh {
+		return out
+	}
+	return s.probe(ctx, ms)
+}
 
 // probe resolves every registered node's state, and when it entered it.
 func (s *Server) probe(ctx context.Context, ms Membership) map[uint64]stateSince {
@@ -354,27 +415,29 @@ func (s *Server) probe(ctx context.Context, ms Membership) map[uint64]stateSince
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.probed = now
 	out := map[uint64]stateSince{}
 	for _, nd := range ms.Nodes {
-		state := StateAlive
+		state, note := StateAlive, ""
 		switch a := answers[nd.ID]; {
 		case nd.Decommissioned:
-			state = StateLeft
+			state, note = StateLeft, "removed from the cluster (herald cluster remove-node)"
 		case nd.ID == ms.Self || !ms.Clustered:
 		case a == probeRefused:
-			state = StateDown
+			state, note = StateDown, fmt.Sprintf("node %d refuses connections at %s", nd.ID, nd.HealthAddress)
+		case a == probeSlow && !ms.Members[nd.ID]:
+			state, note = StateDown, fmt.Sprintf("no answer from node %d within %v, and not a member of node %d's view", nd.ID, probeTimeout, ms.Self)
 		case a == probeSlow:
-			state = StateSuspect
-		case !ms.Members[nd.ID] && a == probeOK:
-			state = StateSuspect // answering, not (yet) a member
+			state, note = StateSuspect, fmt.Sprintf("no answer from node %d within %v", nd.ID, probeTimeout)
 		case !ms.Members[nd.ID]:
-			state = StateDown
+			state, note = StateSuspect, fmt.Sprintf("node %d answers but is not a member of node %d's view", nd.ID, ms.Self)
 		}
 		st, ok := s.states[nd.ID]
 		if !ok || st.state != state {
 			st = stateSince{state: state, since: now}
-			s.states[nd.ID] = st
 		}
+		st.note = note
+		s.states[nd.ID] = st
 		out[nd.ID] = st
 	}
 	return out
@@ -448,6 +511,10 @@ func (s *Server) action(fn func(context.Context, *client.Client, *http.Request) 
 			writeError(w, apiError(heraldpb.ErrorCode_NOT_AUTHORIZED, "the admin API is read-only (--admin-read-only)"))
 			return
 		}
+		if err := sameOrigin(r); err != nil {
+			writeError(w, err)
+			return
+		}
 		v, err := s.viewFor(r)
 		if err != nil {
 			writeError(w, err)
@@ -479,6 +546,26 @@ func (s *Server) action(fn func(context.Context, *client.Client, *http.Request) 
 		s.log.Info("admin API action", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
 		writeJSON(w, http.StatusOK, out)
 	}
+}
+
+// ActionHeader must be on every action: a page of another site cannot
+// set it without the admin port's consent (which it never gives: no CORS),
+// so a browser holding the admin port's login cannot be made to act by
+// another site (cross-site request forgery).
+const ActionHeader = "X-Herald-Action"
+
+// sameOrigin refuses an action sent without ActionHeader, or from a page
+// of another origin.
+func sameOrigin(r *http.Request) error {
+	if r.Header.Get(ActionHeader) == "" {
+		return apiError(heraldpb.ErrorCode_INVALID_REQUEST, "an action needs the header %s: 1 (a guard against cross-site requests)", ActionHeader)
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		if u, err := url.Parse(o); err != nil || u.Host != r.Host {
+			return apiError(heraldpb.ErrorCode_NOT_AUTHORIZED, "an action from origin %q, not from this admin port (%s)", o, r.Host)
+		}
+	}
+	return nil
 }
 
 // deleteTopic is DELETE /api/v1/topics/{name}?confirm={name}.

@@ -17,12 +17,13 @@ import (
 // Bounds of one refresh: what a cluster with very many topics or groups
 // costs the node answering.
 const (
-	maxGroupsDescribed = 200  // groups described per refresh (the rest listed)
-	maxOffsetLookups   = 256  // partitions without a local replica looked up per refresh
-	scheduledListed    = 1000 // delayed batches listed for the buckets
-	historySamples     = 120  // samples kept per partition and group (one a refresh)
-	lagGrowingSamples  = 10   // a lag that rose at each of these many refreshes is "growing"
-	callTimeout        = 3 * time.Second
+	maxGroupsDescribed = 200                     // groups described per refresh (the rest listed)
+	maxOffsetLookups   = 256                     // partitions without a local replica looked up per refresh
+	scheduledListed    = 1000                    // delayed batches listed for the buckets
+	historySamples     = 120                     // samples kept per partition and group (one a refresh)
+	lagGrowingSamples  = 10                      // a lag that rose at each of these many refreshes is "growing"
+	callTimeout        = 1500 * time.Millisecond // one call to the cluster
+	refreshBudget      = 3 * time.Second         // a whole refresh: a hung node costs at most this
 )
 
 var pj = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
@@ -66,6 +67,9 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 		}
 	}
 	fail := func(what string, err error) {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("no answer within the refresh's %v (a node is slow or paused)", refreshBudget)
+		}
 		snap.Errors = append(snap.Errors, fmt.Sprintf("%s: %v", what, err))
 	}
 
@@ -86,7 +90,7 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 			p := Partition{ID: pi.GetId(), Leader: pi.GetLeader(), Replicas: nonNil(pi.GetReplicas()), TargetReplicas: pi.GetTargetReplicas(),
 				LogStart: pi.GetLogStartOffset(), HighWatermark: pi.GetHighWatermark(), SizeBytes: pi.GetSizeBytes(), LiveReplicas: []uint32{}}
 			t.Replication = max(t.Replication, len(p.Replicas))
-			if ms.Clustered && !slices.Contains(p.Replicas, uint32(ms.Self)) && p.Leader != 0 && lookups < maxOffsetLookups {
+			if ms.Clustered && !slices.Contains(p.Replicas, uint32(ms.Self)) && p.Leader != 0 && live[p.Leader] && lookups < maxOffsetLookups && ctx.Err() == nil {
 				// No local replica: its offsets come from its leader.
 				lookups++
 				cctx, cancel := context.WithTimeout(ctx, callTimeout)
@@ -163,7 +167,7 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 		g := Group{GroupSummary: GroupSummary{Name: gs.GetGroup(), Topic: gs.GetTopic(), Mode: modeName(gs.GetMode()), Members: int(gs.GetMembers()), Lag: gs.GetLag(), Breaker: "closed"},
 			ViewOf: ms.Self, LagHistory: []LagSample{}}
 		sample := LagSample{At: now, Lag: g.Lag, ByPartition: map[uint32]int64{}}
-		if i < maxGroupsDescribed {
+		if i < maxGroupsDescribed && ctx.Err() == nil {
 			cctx, cancel := context.WithTimeout(ctx, callTimeout)
 			gi, err := c.DescribeGroup(cctx, gs.GetGroup())
 			cancel()
@@ -256,7 +260,7 @@ func clusterOf(ms Membership, states map[uint64]stateSince, now time.Time) Clust
 	for _, n := range ms.Nodes {
 		m := Member{NodeID: n.ID, Address: n.ClientAddress, ClusterAddress: n.ClusterAddress, Rack: n.Rack, Version: n.Version, Roles: []string{}, Self: n.ID == ms.Self}
 		if st, ok := states[n.ID]; ok {
-			m.State, m.Since = st.state, st.since
+			m.State, m.Since, m.Note = st.state, st.since, st.note
 		} else {
 			m.State, m.Since = StateAlive, now
 		}

@@ -27,6 +27,16 @@ func apiCall(t testing.TB, method, addr, path string, body string, out any) int 
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	if method != "GET" {
+		req.Header.Set(adminapi.ActionHeader, "1")
+	}
+	return doAPI(t, req, out)
+}
+
+// doAPI sends req and decodes its JSON answer into out (when not nil).
+func doAPI(t testing.TB, req *http.Request, out any) int {
+	t.Helper()
+	method, path := req.Method, req.URL.Path
 	resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
@@ -104,8 +114,25 @@ func TestAdminAPI(t *testing.T) {
 	if st, code := apiErrorCode(t, "GET", admin, "/api/v1/groups/nope", ""); st != 404 || code != "GROUP_NOT_FOUND" {
 		t.Fatalf("unknown group: %d %s", st, code)
 	}
-	if st, code := apiErrorCode(t, "GET", admin, "/api/v1/nothing", ""); st != 400 || code != "INVALID_REQUEST" {
+	if st, code := apiErrorCode(t, "GET", admin, "/api/v1/nothing", ""); st != 404 || code != "INVALID_REQUEST" {
 		t.Fatalf("unknown call: %d %s", st, code)
+	}
+	if resp, err := http.Get("http://" + admin + "/no/such/page"); err != nil || resp.StatusCode != 404 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
+		t.Fatalf("unknown page: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	// Actions are refused without the action header, or from another
+	// site's page.
+	for _, hdr := range []map[string]string{{}, {adminapi.ActionHeader: "1", "Origin": "http://evil.example"}} {
+		req, _ := http.NewRequest("DELETE", "http://"+admin+"/api/v1/topics/orders?confirm=orders", nil)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		var e adminapi.ErrorBody
+		if st := doAPI(t, req, &e); st < 400 || (e.Error.Code != "INVALID_REQUEST" && e.Error.Code != "NOT_AUTHORIZED") {
+			t.Fatalf("delete with headers %v: %d %+v", hdr, st, e)
+		}
 	}
 
 	// A group with a member: listed, described, and not reset under it.

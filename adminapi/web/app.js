@@ -105,6 +105,8 @@ function lagChart(history) {
 
 function renderHeader(s) {
   $("#viewof").textContent = `view of node ${s.cluster.view_of} · ${s.cluster.mode}`;
+  $("#updated").textContent = "updated " + new Date(s.at).toLocaleTimeString();
+  $("#updated").dataset.at = s.at;
   $("#readonly").hidden = !s.read_only;
   const stale = $("#stale");
   stale.hidden = !s.cluster.stale;
@@ -130,7 +132,8 @@ function renderNodes(s) {
       el("dt", { text: m.state + " for" }), el("dd", { text: fmtAge(m.since) }),
       el("dt", { text: "leads" }), el("dd", { class: "leads", text: m.leads }),
       el("dt", { text: "follows" }), el("dd", { class: "follows", text: m.follows }),
-      el("dt", { text: "controller" }), el("dd", { text: (m.roles || []).map((r) => r.replace("controller-", "")).join(", ") || "–" }))));
+      el("dt", { text: "controller" }), el("dd", { text: (m.roles || []).map((r) => r.replace("controller-", "")).join(", ") || "–" })),
+    m.note ? el("p", { class: "note", text: m.note }) : null));
   $("#nodes").replaceChildren(...(cards.length ? cards : [empty("no members known yet")]));
 }
 
@@ -234,7 +237,9 @@ function render(s) {
 // ---- actions ----------------------------------------------------------------
 
 async function call(method, path, body) {
-  const r = await fetch(path, { method, headers: body ? { "Content-Type": "application/json" } : {}, body: body ? JSON.stringify(body) : undefined });
+  const headers = { "X-Herald-Action": "1" };
+  if (body) headers["Content-Type"] = "application/json";
+  const r = await fetch(path, { method, headers, body: body ? JSON.stringify(body) : undefined });
   const j = await r.json().catch(() => ({}));
   if (!r.ok) throw new Error(j.error ? `${j.error.code}: ${j.error.message}` : `HTTP ${r.status}`);
   return j;
