@@ -312,15 +312,22 @@ func (s *Server) alerts(snap *Snapshot, h *history, now time.Time) []Alert {
 			add("node_suspect", "warning", fmt.Sprintf("node %d", m.NodeID), m.Since, "node %d (%s) is not answering in time", m.NodeID, m.Address)
 		}
 	}
+	// One alert per topic and kind, naming its partitions.
 	for _, t := range snap.Topics {
+		var offline, under []string
 		for _, p := range t.PartitionList {
-			subject := fmt.Sprintf("%s/%d", t.Name, p.ID)
 			switch {
 			case p.Offline:
-				add("partition_offline", "critical", subject, now, "%s has no live leader (replicas %s)", subject, joinIDs(p.Replicas))
+				offline = append(offline, fmt.Sprintf("%d (replicas %s)", p.ID, joinIDs(p.Replicas)))
 			case p.UnderReplicated:
-				add("under_replicated", "warning", subject, now, "%s has %d of %d replicas live (%s)", subject, len(p.LiveReplicas), len(p.Replicas), joinIDs(p.LiveReplicas))
+				under = append(under, fmt.Sprintf("%d (%d of %d live)", p.ID, len(p.LiveReplicas), len(p.Replicas)))
 			}
+		}
+		if len(offline) > 0 {
+			add("partition_offline", "critical", t.Name, now, "topic %s: %s without a live leader: %s", t.Name, plural(len(offline), "partition"), strings.Join(offline, ", "))
+		}
+		if len(under) > 0 {
+			add("under_replicated", "warning", t.Name, now, "topic %s: %s under-replicated: %s", t.Name, plural(len(under), "partition"), strings.Join(under, ", "))
 		}
 	}
 	for _, g := range snap.Groups {
@@ -403,6 +410,13 @@ func joinIDs(ids []uint32) string {
 		parts[i] = fmt.Sprint(id)
 	}
 	return strings.Join(parts, ",")
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }
 
 func nodeOrNone(id uint64) string {

@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/heraldmq/herald/adminapi"
 	"github.com/heraldmq/herald/client"
+	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 // browserEnv, when set, makes a missing Chromium a failure rather than a
@@ -80,7 +83,32 @@ func newBrowser(t *testing.T, width, height int) *browser {
 		cancelA()
 		<-done
 	})
+	// (Cleanups run last first: this one while the browser still runs.)
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		dir := os.Getenv("HERALD_ARTIFACTS")
+		if dir == "" {
+			dir = os.TempDir()
+		}
+		path := filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "_")+"-failure.png")
+		if png, err := b.screenshot(); err != nil {
+			t.Logf("no screenshot of the failure: %v", err)
+		} else if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Logf("no screenshot of the failure: %v", err)
+		} else {
+			t.Logf("the page when the test failed: %s", path)
+		}
+	})
 	return b
+}
+
+// screenshot is a PNG of the whole page.
+func (b *browser) screenshot() ([]byte, error) {
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	return chromedp.Run(ctx, chromedp.FullScreenshot(100))
 }
 
 func (b *browser) do(t *testing.T, what string, steps ...chromedp.Action[chromedp.Void]) {
@@ -119,8 +147,11 @@ func (b *browser) consoleErrors(expected ...string) []string {
 // consumes; SIGKILL of a node turns its card down and moves its leaders
 // off it without a reload, and its restart turns it alive again.
 func TestDashboardInABrowser(t *testing.T) {
-	br := newBrowser(t, 1280, 800)
+	chromium(t) // skips early without one
 	tc := startCluster(t, 3)
+	// After the nodes: its cleanups, a screenshot of a failure among
+	// them, run before theirs.
+	br := newBrowser(t, 1280, 800)
 	n1 := tc.nodes[1]
 	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
 	if err != nil {
@@ -280,17 +311,6 @@ func TestDashboardInABrowser(t *testing.T) {
 	cont()
 	waitPage("node 2's card alive after SIGCONT", 30*time.Second, `document.querySelector('.card[data-node="2"]').dataset.state`, equals("alive"))
 
-	if shot := os.Getenv("HERALD_DASHBOARD_SCREENSHOT"); shot != "" {
-		ctx, cancel := context.WithTimeout(br.ctx, 30*time.Second)
-		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(shot, png, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
 	// (The refused reset's answer, 409, is logged by the browser.)
 	if errs := br.consoleErrors("409 (Conflict) (http://" + n1.AdminAddr() + "/api/v1/groups/billing/reset"); len(errs) > 0 {
 		t.Fatalf("the page logged errors: %q", errs)
@@ -307,8 +327,9 @@ func TestDashboardInABrowser(t *testing.T) {
 // In read-only mode the page shows it, disables its actions, and the API
 // refuses an action sent from the page.
 func TestDashboardReadOnly(t *testing.T) {
-	br := newBrowser(t, 1920, 1080)
+	chromium(t)
 	n := startProc(t, t.TempDir(), "--admin-read-only")
+	br := newBrowser(t, 1920, 1080)
 	c := dial(t, n)
 	createTopic(t, c, "orders", 2)
 	br.do(t, "open the dashboard", chromedp.Navigate("http://"+n.AdminAddr()+"/"), chromedp.WaitVisible(chromedp.CSS(`#readonly`)))
@@ -335,5 +356,82 @@ func TestDashboardReadOnly(t *testing.T) {
 	}
 	if errs := br.consoleErrors("403 (Forbidden) (http://" + n.AdminAddr() + "/api/v1/topics/orders"); len(errs) > 0 {
 		t.Fatalf("the page logged errors: %q", errs)
+	}
+}
+
+var updateShots = flag.Bool("update-screenshots", false, "TestDashboardScreenshots: write docs/images/dashboard-*.png")
+
+// TestDashboardScreenshots makes the screenshots docs/dashboard.md shows,
+// from a real 3-node cluster with a topic, a group with lag and a node
+// down: `go test ./e2e -run TestDashboardScreenshots -update-screenshots`.
+// Without the flag it checks that the page renders those states.
+func TestDashboardScreenshots(t *testing.T) {
+	chromium(t)
+	tc := startCluster(t, 3)
+	br := newBrowser(t, 1280, 800)
+	c, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx := ctxT(t, 120*time.Second)
+	for _, tp := range []struct {
+		name  string
+		parts uint32
+	}{{"orders", 3}, {"payments", 2}} {
+		if _, err := c.CreateTopic(ctx, tp.name, &heraldpb.TopicConfig{Partitions: tp.parts, ReplicationFactor: 3}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := c.NewProducer()
+	for i := range 2000 {
+		p.SendAsync(ctx, &client.Message{Topic: []string{"orders", "payments"}[i%2], Key: fmt.Appendf(nil, "k%d", i), Value: make([]byte, 200)}, nil)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A slow consumer: its lag falls over about 15 s.
+	sub, err := c.Subscribe(ctx, client.SubscribeOptions{Group: "billing", Topic: "orders", Mode: client.Clustering, From: client.Earliest(), Window: 2},
+		func(ctx context.Context, _ *client.Delivered) { time.Sleep(15 * time.Millisecond) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close(context.Background())
+	br.do(t, "open the dashboard", chromedp.Navigate("http://"+tc.nodes[1].AdminAddr()+"/"), chromedp.WaitVisible(chromedp.CSS(`#nodes`)))
+	wait := func(what, expr, want string) {
+		t.Helper()
+		checkFor(t, 30*time.Second, what, func() error {
+			got, err := eval[string](br, expr)
+			if err != nil {
+				return err
+			}
+			if got != want {
+				return fmt.Errorf("%q, want %q", got, want)
+			}
+			return nil
+		})
+	}
+	wait("billing's lag falling, charted", `(g => g && g.dataset.lag > 100 && g.dataset.lag < 700 && g.querySelectorAll('svg.chart polyline').length === 3 ? 'yes' : 'no')(document.querySelector('.group[data-group="billing"]'))`, "yes")
+	shots := map[string][]byte{}
+	shot := func(name string) {
+		t.Helper()
+		png, err := br.screenshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		shots[name] = png
+	}
+	shot("dashboard-healthy.png")
+	tc.nodes[3].Kill(t)
+	wait("node 3 down, with its alert", `document.querySelector('.card[data-node="3"]').dataset.state + ',' + !!document.querySelector('#alerts .alert[data-kind="node_down"]')`, "down,true")
+	shot("dashboard-node-down.png")
+	if !*updateShots {
+		return
+	}
+	for name, png := range shots {
+		if err := os.WriteFile(filepath.Join("..", "docs", "images", name), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("wrote docs/images/%s", name)
 	}
 }
