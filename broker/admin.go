@@ -1,11 +1,13 @@
 package broker
 
 import (
+	"encoding/json"
 	"net/http"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/heraldmq/herald/adminapi"
 	"github.com/heraldmq/herald/auth"
 	"github.com/heraldmq/herald/netio"
 )
@@ -26,7 +28,7 @@ func (b *Broker) guardAdmin(next http.Handler) http.Handler {
 		user, pw, ok := r.BasicAuth()
 		if !ok {
 			w.Header().Set("WWW-Authenticate", `Basic realm="herald"`)
-			http.Error(w, "log in: HTTP basic credentials of a herald user", http.StatusUnauthorized)
+			refuseAdmin(w, r, http.StatusUnauthorized, "NOT_AUTHENTICATED", "log in: HTTP basic credentials of a herald user")
 			ev.Outcome = "NOT_AUTHENTICATED"
 			b.writeAudit(ev)
 			return
@@ -34,13 +36,13 @@ func (b *Broker) guardAdmin(next http.Handler) http.Handler {
 		ev.Principal = user
 		if e := b.auth.CheckPassword(user, pw, r.RemoteAddr); e != nil {
 			w.Header().Set("WWW-Authenticate", `Basic realm="herald"`)
-			http.Error(w, e.Message, http.StatusUnauthorized)
+			refuseAdmin(w, r, http.StatusUnauthorized, e.Code.String(), e.Message)
 			ev.Outcome, ev.Message = e.Code.String(), e.Message
 			b.writeAudit(ev)
 			return
 		}
 		if e := b.auth.MayOnCluster(user, strings.HasPrefix(r.URL.Path, "/debug/")); e != nil {
-			http.Error(w, e.Message, http.StatusForbidden)
+			refuseAdmin(w, r, http.StatusForbidden, e.Code.String(), e.Message)
 			ev.Outcome, ev.Message = e.Code.String(), e.Message
 			b.writeAudit(ev)
 			return
@@ -56,4 +58,18 @@ func (b *Broker) writeAudit(ev netio.AuditEvent) {
 	if b.audit != nil {
 		b.audit.write(ev)
 	}
+}
+
+// refuseAdmin answers a refused admin request: JSON with the protocol's
+// code under /api/, text elsewhere.
+func refuseAdmin(w http.ResponseWriter, r *http.Request, status int, code, msg string) {
+	if !strings.HasPrefix(r.URL.Path, "/api/") {
+		http.Error(w, msg, status)
+		return
+	}
+	var body adminapi.ErrorBody
+	body.Error.Code, body.Error.Message = code, msg
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(body)
 }
