@@ -333,3 +333,116 @@ func TestAdminAPIWithLogins(t *testing.T) {
 		return nil
 	})
 }
+
+// docs/admin-api.md's example of each read has the fields the API
+// answers with, no more and no fewer: the API's JSON contract. The setup
+// is the docs': a topic orders of two partitions with 50 messages, and a
+// group billing with a member.
+func TestAdminAPIDocExamples(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "admin-api.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "orders", 2)
+	ctx := ctxT(t, 60*time.Second)
+	p := c.NewProducer()
+	for range 50 {
+		p.SendAsync(ctx, &client.Message{Topic: "orders", Value: []byte("v")}, nil)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.Subscribe(ctx, client.SubscribeOptions{Group: "billing", Topic: "orders", Mode: client.Clustering, From: client.Earliest()},
+		func(context.Context, *client.Delivered) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close(ctx)
+	checkFor(t, 20*time.Second, "billing done with the 50", func() error {
+		var g adminapi.Group
+		if st := apiCall(t, "GET", n.AdminAddr(), "/api/v1/groups/billing", "", &g); st != 200 || g.Lag != 0 || len(g.LagHistory) < 2 {
+			return fmt.Errorf("status %d, %+v", st, g.GroupSummary)
+		}
+		return nil
+	})
+
+	lines := strings.Split(string(doc), "\n")
+	checked := 0
+	for i := 0; i < len(lines); i++ {
+		path, ok := strings.CutPrefix(lines[i], "### GET ")
+		if !ok || path == "/api/v1/events" {
+			continue
+		}
+		// The first JSON block after the heading.
+		for i < len(lines) && lines[i] != "```json" {
+			i++
+		}
+		var block []string
+		for i++; i < len(lines) && lines[i] != "```"; i++ {
+			block = append(block, lines[i])
+		}
+		var want any
+		if err := json.Unmarshal([]byte(strings.Join(block, "\n")), &want); err != nil {
+			t.Fatalf("docs/admin-api.md, the example of %s: %v", path, err)
+		}
+		real := strings.NewReplacer("{name}", map[bool]string{true: "orders", false: "billing"}[strings.Contains(path, "topics")]).Replace(path)
+		var got any
+		if st := apiCall(t, "GET", n.AdminAddr(), real, "", &got); st != 200 {
+			t.Fatalf("GET %s: %d", real, st)
+		}
+		if d := sameShape(path, want, got); d != "" {
+			t.Errorf("docs/admin-api.md's example of GET %s differs from the API's answer: %s", path, d)
+		}
+		checked++
+	}
+	if checked != 7 {
+		t.Fatalf("checked %d examples in docs/admin-api.md, want the 7 reads", checked)
+	}
+	// The documented error.
+	if st, code := apiErrorCode(t, "GET", n.AdminAddr(), "/api/v1/topics/nope", ""); st != 404 || code != "TOPIC_NOT_FOUND" || !strings.Contains(string(doc), `"code": "TOPIC_NOT_FOUND"`) {
+		t.Fatalf("the documented error: %d %s", st, code)
+	}
+}
+
+// sameShape compares the fields of two decoded JSON values (objects by
+// their keys, arrays by their first elements when both have one); it
+// returns the first difference, or "".
+func sameShape(at string, want, got any) string {
+	switch w := want.(type) {
+	case map[string]any:
+		g, ok := got.(map[string]any)
+		if !ok {
+			return fmt.Sprintf("%s: an object in the docs, %T in the answer", at, got)
+		}
+		for k := range w {
+			if _, ok := g[k]; !ok {
+				return fmt.Sprintf("%s.%s: in the docs, not in the answer", at, k)
+			}
+		}
+		for k := range g {
+			if _, ok := w[k]; !ok {
+				return fmt.Sprintf("%s.%s: in the answer, not in the docs", at, k)
+			}
+		}
+		for k := range w {
+			if d := sameShape(at+"."+k, w[k], g[k]); d != "" {
+				return d
+			}
+		}
+	case []any:
+		g, ok := got.([]any)
+		if !ok {
+			return fmt.Sprintf("%s: an array in the docs, %T in the answer", at, got)
+		}
+		if len(w) > 0 && len(g) > 0 {
+			return sameShape(at+"[0]", w[0], g[0])
+		}
+	default:
+		if want != nil && got != nil && fmt.Sprintf("%T", want) != fmt.Sprintf("%T", got) {
+			return fmt.Sprintf("%s: %T in the docs, %T in the answer", at, want, got)
+		}
+	}
+	return ""
+}
