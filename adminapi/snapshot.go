@@ -44,10 +44,9 @@ type partHistory struct {
 }
 
 type groupHistory struct {
-	lags      []LagSample
-	dlq       []int64
-	seen      time.Time
-	growSince time.Time
+	lags []LagSample
+	dlq  []int64
+	seen time.Time
 }
 
 func newHistory() *history {
