@@ -201,6 +201,7 @@ func (s *Server) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v1/events", s.events)
 	mux.HandleFunc("DELETE /api/v1/topics/{name}", s.action(s.deleteTopic))
 	mux.HandleFunc("POST /api/v1/groups/{name}/reset", s.action(s.resetGroup))
+	mux.HandleFunc("POST /api/v1/topics/{name}/partitions/{partition}/move", s.action(s.moveReplica))
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		body := errorBody(apiError(heraldpb.ErrorCode_INVALID_REQUEST, "no such API call: %s %s (see docs/admin-api.md)", r.Method, r.URL.Path))
 		writeJSON(w, http.StatusNotFound, body)
@@ -580,6 +581,56 @@ func (s *Server) deleteTopic(ctx context.Context, c *client.Client, r *http.Requ
 	return map[string]any{"deleted": name}, nil
 }
 
+// MoveRequest is the body of POST /api/v1/topics/{name}/partitions/{p}/move:
+// the replica on node From moves to node To.
+type MoveRequest struct {
+	From uint64 `json:"from"`
+	To   uint64 `json:"to"`
+}
+
+// moveReplica is POST /api/v1/topics/{name}/partitions/{partition}/move.
+func (s *Server) moveReplica(ctx context.Context, c *client.Client, r *http.Request) (any, error) {
+	part, err := strconv.ParseUint(r.PathValue("partition"), 10, 32)
+	if err != nil {
+		return nil, apiError(heraldpb.ErrorCode_INVALID_REQUEST, "partition %q is not a non-negative integer", r.PathValue("partition"))
+	}
+	var req MoveRequest
+	if err := decodeBody(r, &req); err != nil {
+		return nil, err
+	}
+	if req.From == 0 || req.To == 0 {
+		return nil, apiError(heraldpb.ErrorCode_INVALID_REQUEST, "the body must name both nodes, like {\"from\":3,\"to\":4}")
+	}
+	resp, err := c.ClusterAdmin(ctx, &heraldpb.ClusterAdminRequest{Op: heraldpb.ClusterAdminRequest_MOVE_REPLICA,
+		Topic: r.PathValue("name"), Partition: uint32(part), NodeId: req.From, ToNode: req.To})
+	if err != nil {
+		return nil, err
+	}
+	type move struct {
+		Topic     string   `json:"topic"`
+		Partition uint32   `json:"partition"`
+		From      []uint32 `json:"from"`
+		To        []uint32 `json:"to"`
+	}
+	out := struct {
+		Moves []move `json:"moves"`
+	}{Moves: []move{}}
+	for _, mv := range resp.GetMoves() {
+		out.Moves = append(out.Moves, move{mv.GetTopic(), mv.GetPartition(), mv.GetFrom(), mv.GetTo()})
+	}
+	return out, nil
+}
+
+// decodeBody decodes r's JSON body into v, refusing unknown fields.
+func decodeBody(r *http.Request, v any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return apiError(heraldpb.ErrorCode_INVALID_REQUEST, "the body is not the JSON this call takes (docs/admin-api.md): %v", err)
+	}
+	return nil
+}
+
 // ResetRequest is the body of POST /api/v1/groups/{name}/reset.
 type ResetRequest struct {
 	// To: "earliest", "latest", "offset:N" or "time:RFC3339".
@@ -591,10 +642,8 @@ type ResetRequest struct {
 // resetGroup is POST /api/v1/groups/{name}/reset.
 func (s *Server) resetGroup(ctx context.Context, c *client.Client, r *http.Request) (any, error) {
 	var req ResetRequest
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		return nil, apiError(heraldpb.ErrorCode_INVALID_REQUEST, "the body must be JSON like {\"to\":\"earliest\",\"force\":false}: %v", err)
+	if err := decodeBody(r, &req); err != nil {
+		return nil, err
 	}
 	to, err := ParsePosition(req.To)
 	if err != nil {
@@ -613,18 +662,18 @@ func (s *Server) resetGroup(ctx context.Context, c *client.Client, r *http.Reque
 
 // ParsePosition parses "earliest", "latest", "offset:N" or "time:RFC3339".
 func ParsePosition(s string) (client.StartPosition, error) {
-	switch kind, arg, _ := strings.Cut(s, ":"); kind {
-	case "earliest":
+	switch kind, arg, hasArg := strings.Cut(s, ":"); {
+	case kind == "earliest" && !hasArg:
 		return client.Earliest(), nil
-	case "latest":
+	case kind == "latest" && !hasArg:
 		return client.Latest(), nil
-	case "offset":
+	case kind == "offset":
 		n, err := strconv.ParseInt(arg, 10, 64)
 		if err != nil || n < 0 {
 			return client.StartPosition{}, fmt.Errorf("offset %q is not a non-negative integer", arg)
 		}
 		return client.AtOffset(n), nil
-	case "time":
+	case kind == "time":
 		t, err := time.Parse(time.RFC3339, arg)
 		if err != nil {
 			return client.StartPosition{}, fmt.Errorf("time %q is not RFC 3339 (2026-12-02T15:04:05Z)", arg)
@@ -747,6 +796,8 @@ func statusOf(code string) int {
 		return http.StatusConflict
 	case "THROTTLED", "QUOTA_EXCEEDED":
 		return http.StatusTooManyRequests
+	case "NODE_NOT_FOUND":
+		return http.StatusNotFound
 	case "NOT_READY", "TIMEOUT", "NOT_LEADER", "NOT_COORDINATOR", "NOT_ENOUGH_REPLICAS":
 		return http.StatusServiceUnavailable
 	}

@@ -298,6 +298,36 @@ func (p *planner) retarget(t *heraldpb.TopicRecord, pa *heraldpb.PartitionAssign
 	return true
 }
 
+// moveReplica plans moving req.Topic's partition's replica on
+// req.NodeId to req.ToNode.
+func (p *planner) moveReplica(req *heraldpb.ClusterAdminRequest) error {
+	t := p.md.Topics[req.Topic]
+	switch {
+	case t == nil:
+		return heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", req.Topic)
+	case int(req.Partition) >= len(t.Partitions):
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic %q has %d partitions: there is no partition %d", req.Topic, len(t.Partitions), req.Partition)
+	}
+	pa := t.Partitions[req.Partition]
+	at := slices.Index(pa.Replicas, req.NodeId)
+	switch {
+	case len(pa.Target) > 0:
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "%s-%d is being moved already (to %v): wait for that move to end", req.Topic, req.Partition, pa.Target)
+	case at < 0:
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "%s-%d has no replica on node %d (its replicas are on %v)", req.Topic, req.Partition, req.NodeId, pa.Replicas)
+	case p.md.Nodes[req.ToNode] == nil:
+		return heraldpb.NewError(heraldpb.ErrorCode_NODE_NOT_FOUND, "node %d is not registered", req.ToNode)
+	case !p.usable[req.ToNode]:
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "node %d is down or removed: it cannot take a replica", req.ToNode)
+	case slices.Contains(pa.Replicas, req.ToNode):
+		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "node %d holds a replica of %s-%d already", req.ToNode, req.Topic, req.Partition)
+	}
+	target := slices.Clone(pa.Replicas)
+	target[at] = req.ToNode
+	p.plan(t, pa, target)
+	return nil
+}
+
 // rebalance plans moves that spread replicas evenly over the usable
 // nodes (counts per node differ by at most one where racks allow), then
 // preferred leaders (by reordering replica sets: no data moves).
@@ -491,6 +521,10 @@ func (c *Controller) Admin(ctx context.Context, req *heraldpb.ClusterAdminReques
 		}
 	case heraldpb.ClusterAdminRequest_REBALANCE:
 		p.rebalance()
+	case heraldpb.ClusterAdminRequest_MOVE_REPLICA:
+		if err := p.moveReplica(req); err != nil {
+			return nil, err
+		}
 	default:
 		return nil, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "unknown cluster operation %v", req.Op)
 	}

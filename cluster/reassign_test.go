@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"slices"
 	"testing"
 
@@ -260,5 +261,41 @@ func TestRetargetGoneNode(t *testing.T) {
 		ReassignPartitions: &heraldpb.ReassignPartitions{Topic: "t", TopicId: "id-t", ReplaceRunning: true, Partitions: []*heraldpb.PartitionAssignment{{Id: 1, Target: []uint64{1, 2, 6}}}}}})
 	if pa := md.Topics["t"].Partitions[1]; len(pa.Target) != 0 {
 		t.Fatalf("replace_running started a move: %v", pa)
+	}
+}
+
+// MOVE_REPLICA moves one replica of one partition to the node asked for,
+// in place (the preferred leader keeps its slot), and refuses what it
+// cannot do with a typed error.
+func TestMoveReplica(t *testing.T) {
+	md := metadataWith(4, nil, map[string][][]uint64{"orders": {{1, 2, 3}, {2, 3, 1}}})
+	req := func(topic string, part uint32, from, to uint64) *heraldpb.ClusterAdminRequest {
+		return &heraldpb.ClusterAdminRequest{Op: heraldpb.ClusterAdminRequest_MOVE_REPLICA, Topic: topic, Partition: part, NodeId: from, ToNode: to}
+	}
+	p := newPlanner(md, allUp)
+	if err := p.moveReplica(req("orders", 1, 3, 4)); err != nil {
+		t.Fatal(err)
+	}
+	applyPlan(t, md, p)
+	if got := md.Topics["orders"].Partitions[1].Replicas; !slices.Equal(got, []uint64{2, 4, 1}) {
+		t.Fatalf("replicas after moving 3 to 4: %v, want [2 4 1]", got)
+	}
+	for _, c := range []struct {
+		req  *heraldpb.ClusterAdminRequest
+		code heraldpb.ErrorCode
+		up   func(uint64) bool
+	}{
+		{req("nope", 0, 1, 4), heraldpb.ErrorCode_TOPIC_NOT_FOUND, allUp},
+		{req("orders", 2, 1, 4), heraldpb.ErrorCode_INVALID_REQUEST, allUp},
+		{req("orders", 0, 4, 1), heraldpb.ErrorCode_INVALID_REQUEST, allUp}, // no replica on 4
+		{req("orders", 0, 1, 2), heraldpb.ErrorCode_INVALID_REQUEST, allUp}, // 2 holds one
+		{req("orders", 0, 1, 9), heraldpb.ErrorCode_NODE_NOT_FOUND, allUp},
+		{req("orders", 0, 1, 4), heraldpb.ErrorCode_INVALID_REQUEST, func(id uint64) bool { return id != 4 }}, // 4 down
+	} {
+		err := newPlanner(md, c.up).moveReplica(c.req)
+		var he *heraldpb.Error
+		if !errors.As(err, &he) || he.Code != c.code {
+			t.Fatalf("%+v: %v, want %v", c.req, err, c.code)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -88,6 +89,10 @@ func TestAdminAPI(t *testing.T) {
 		t.Fatalf("cluster: %+v", cl)
 	}
 
+	if out, errOut, code := herald(t, "", "cluster", "status", "--admin", admin); code != 0 || !strings.Contains(out, "single-node, as node 1 sees it") ||
+		!regexp.MustCompile(`(?m)^1\s+` + regexp.QuoteMeta(n.Addr()) + `\s+alive\s+\S+\s+3\s+0\s+-\s+`).MatchString(out) {
+		t.Fatalf("herald cluster status: exit %d\n%s%s", code, out, errOut)
+	}
 	checkFor(t, 20*time.Second, "orders with its 100 messages", func() error {
 		var ts struct {
 			ViewOf uint64                  `json:"view_of"`
@@ -209,6 +214,21 @@ func TestAdminAPI(t *testing.T) {
 		}
 	}
 	resp.Body.Close()
+
+	// Moving a replica: the body is checked, and a single node has no
+	// replicas to move.
+	for _, c := range []struct{ path, body, code string }{
+		{"/api/v1/topics/orders/partitions/x/move", `{"from":1,"to":2}`, "INVALID_REQUEST"},
+		{"/api/v1/topics/orders/partitions/0/move", `{"from":1}`, "INVALID_REQUEST"},
+		{"/api/v1/topics/orders/partitions/0/move", `{"from":1,"to":2,"extra":1}`, "INVALID_REQUEST"},
+	} {
+		if st, code := apiErrorCode(t, "POST", admin, c.path, c.body); st != 400 || code != c.code {
+			t.Fatalf("POST %s %s: %d %s", c.path, c.body, st, code)
+		}
+	}
+	if st, code := apiErrorCode(t, "POST", admin, "/api/v1/topics/orders/partitions/0/move", `{"from":1,"to":2}`); st < 400 || code == "" {
+		t.Fatalf("a move on a single node: %d %s", st, code)
+	}
 
 	// Delete needs the name again.
 	if st, code := apiErrorCode(t, "DELETE", admin, "/api/v1/topics/orders", ""); st != 400 || code != "INVALID_REQUEST" {
@@ -445,4 +465,74 @@ func sameShape(at string, want, got any) string {
 		}
 	}
 	return ""
+}
+
+// In a cluster every node answers for the whole cluster and says whose
+// view it is; a node left without the controller says its view may be
+// stale, and alerts on it, rather than serving it as fresh.
+func TestAdminAPIClusterView(t *testing.T) {
+	tc, c := clusterWithTopic(t, "orders", 3)
+	_ = c
+	for id, p := range tc.nodes {
+		checkFor(t, 20*time.Second, fmt.Sprintf("node %d's view: three alive members, orders replicated", id), func() error {
+			var cl adminapi.Cluster
+			if st := apiCall(t, "GET", p.AdminAddr(), "/api/v1/cluster", "", &cl); st != 200 {
+				return fmt.Errorf("status %d", st)
+			}
+			if cl.ViewOf != id || cl.Mode != "cluster" || len(cl.Members) != 3 || !cl.ControllerReachable || cl.Stale != "" {
+				return fmt.Errorf("%+v", cl)
+			}
+			leads := 0
+			for _, m := range cl.Members {
+				if m.State != adminapi.StateAlive || m.ClusterAddress == "" {
+					return fmt.Errorf("member %+v", m)
+				}
+				leads += m.Leads
+			}
+			var tp adminapi.Topic
+			if st := apiCall(t, "GET", p.AdminAddr(), "/api/v1/topics/orders", "", &tp); st != 200 || tp.Replication != 3 || tp.UnderReplicated != 0 {
+				return fmt.Errorf("orders: %d %+v", st, tp.TopicSummary)
+			}
+			if leads < 3 {
+				return fmt.Errorf("members lead %d partitions, want at least orders' 3", leads)
+			}
+			return nil
+		})
+	}
+	// Kill the controller's leader and one more node: the last one cannot
+	// reach a controller.
+	cv, _, err := getController(tc.nodes[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := cv.Leader
+	var survivor uint64
+	for id := range tc.nodes {
+		if id != leader && survivor == 0 {
+			survivor = id
+		}
+	}
+	for id, p := range tc.nodes {
+		if id != survivor {
+			p.Kill(t)
+		}
+	}
+	admin := tc.nodes[survivor].AdminAddr()
+	checkFor(t, 30*time.Second, "the survivor saying its view may be stale", func() error {
+		var cl adminapi.Cluster
+		apiCall(t, "GET", admin, "/api/v1/cluster", "", &cl)
+		if cl.ControllerReachable || !strings.Contains(cl.Stale, "cannot reach the controller") {
+			return fmt.Errorf("%+v", cl)
+		}
+		var al adminapi.Alerts
+		apiCall(t, "GET", admin, "/api/v1/alerts", "", &al)
+		kinds := map[string]int{}
+		for _, a := range al.Alerts {
+			kinds[a.Kind]++
+		}
+		if kinds["controller_unreachable"] != 1 || kinds["node_down"] != 2 {
+			return fmt.Errorf("alerts %+v", al.Alerts)
+		}
+		return nil
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -192,6 +193,24 @@ func TestDashboardInABrowser(t *testing.T) {
 	waitPage("orders in the topics view with its three leaders", 20*time.Second,
 		`[...document.querySelectorAll('[data-partition^="orders/"]')].filter(p => p.dataset.leader !== '0').length + ''`, equals("3"))
 
+	// A replica moved from the page: an RF=2 partition's replica goes to
+	// the node that has none.
+	if out, errOut, code := herald(t, "", "topic", "create", "moving", "--partitions", "1", "--replication", "2", "--addr", tc.addrs()); code != 0 {
+		t.Fatalf("topic create: %s %s", out, errOut)
+	}
+	ti, err := c.DescribeTopic(ctxT(t, 10*time.Second), "moving")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := ti.GetPartitions()[0].GetReplicas()
+	spare := uint32(6) - reps[0] - reps[1] // nodes 1, 2, 3
+	partBox := chromedp.CSS(`button[data-partition="moving/0"]`)
+	br.do(t, "move a replica of moving/0", chromedp.WaitVisible(partBox), chromedp.Click(partBox), chromedp.WaitVisible(chromedp.CSS(`#confirm`)),
+		chromedp.SetValue(chromedp.CSS(`#confirm-from`), fmt.Sprint(reps[0])), chromedp.SetValue(chromedp.CSS(`#confirm-to-node`), fmt.Sprint(spare)),
+		chromedp.Click(chromedp.CSS(`#confirm-ok`)), chromedp.WaitNotVisible(chromedp.CSS(`#confirm`)))
+	want := fmt.Sprintf("%d %d", spare, reps[1])
+	waitPage("moving/0 on its new replicas", 60*time.Second, `document.querySelector('[data-partition="moving/0"] .muted').textContent`, equals(want))
+
 	// A group's lag appears, then falls as it consumes.
 	ctx := ctxT(t, 120*time.Second)
 	p := c.NewProducer()
@@ -278,6 +297,11 @@ func TestDashboardInABrowser(t *testing.T) {
 		}
 		return nil
 	})
+
+	// The CLI reads the same view.
+	if out, errOut, code := herald(t, "", "cluster", "status", "--admin", n1.AdminAddr()); code != 0 || !regexp.MustCompile(`(?m)^3\s+\S+\s+down\s`).MatchString(out) {
+		t.Fatalf("herald cluster status with node 3 killed: exit %d\n%s%s", code, out, errOut)
+	}
 
 	// Restarted, it is alive again.
 	tc.nodes[3].Start(t)

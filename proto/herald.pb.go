@@ -776,6 +776,9 @@ const (
 	ClusterAdminRequest_REMOVE_NODE ClusterAdminRequest_Op = 2
 	// Spreads replicas and preferred leaders evenly over the nodes.
 	ClusterAdminRequest_REBALANCE ClusterAdminRequest_Op = 3
+	// Moves topic's partition's replica on node_id to to_node (registered,
+	// up, not decommissioned, not already a replica of it).
+	ClusterAdminRequest_MOVE_REPLICA ClusterAdminRequest_Op = 4
 )
 
 // Enum value maps for ClusterAdminRequest_Op.
@@ -785,12 +788,14 @@ var (
 		1: "ADD_NODE",
 		2: "REMOVE_NODE",
 		3: "REBALANCE",
+		4: "MOVE_REPLICA",
 	}
 	ClusterAdminRequest_Op_value = map[string]int32{
 		"OP_UNSPECIFIED": 0,
 		"ADD_NODE":       1,
 		"REMOVE_NODE":    2,
 		"REBALANCE":      3,
+		"MOVE_REPLICA":   4,
 	}
 )
 
@@ -4168,7 +4173,12 @@ type ClusterAdminRequest struct {
 	Op     ClusterAdminRequest_Op `protobuf:"varint,1,opt,name=op,proto3,enum=herald.v1.ClusterAdminRequest_Op" json:"op,omitempty"`
 	NodeId uint64                 `protobuf:"varint,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// Plan only: report the moves without making them.
-	DryRun        bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	DryRun bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// MOVE_REPLICA: the partition, and the node its replica on node_id
+	// moves to.
+	Topic         string `protobuf:"bytes,4,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition     uint32 `protobuf:"varint,5,opt,name=partition,proto3" json:"partition,omitempty"`
+	ToNode        uint64 `protobuf:"varint,6,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4222,6 +4232,27 @@ func (x *ClusterAdminRequest) GetDryRun() bool {
 		return x.DryRun
 	}
 	return false
+}
+
+func (x *ClusterAdminRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ClusterAdminRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *ClusterAdminRequest) GetToNode() uint64 {
+	if x != nil {
+		return x.ToNode
+	}
+	return 0
 }
 
 type PartitionMove struct {
@@ -9305,16 +9336,20 @@ const file_herald_proto_rawDesc = "" +
 	"\x05topic\x18\x01 \x01(\v2\x14.herald.v1.TopicInfoR\x05topic\"(\n" +
 	"\x12DeleteTopicRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
-	"\x13DeleteTopicResponse\"\xc2\x01\n" +
+	"\x13DeleteTopicResponse\"\xa1\x02\n" +
 	"\x13ClusterAdminRequest\x121\n" +
 	"\x02op\x18\x01 \x01(\x0e2!.herald.v1.ClusterAdminRequest.OpR\x02op\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\x04R\x06nodeId\x12\x17\n" +
-	"\adry_run\x18\x03 \x01(\bR\x06dryRun\"F\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12\x14\n" +
+	"\x05topic\x18\x04 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x05 \x01(\rR\tpartition\x12\x17\n" +
+	"\ato_node\x18\x06 \x01(\x04R\x06toNode\"X\n" +
 	"\x02Op\x12\x12\n" +
 	"\x0eOP_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bADD_NODE\x10\x01\x12\x0f\n" +
 	"\vREMOVE_NODE\x10\x02\x12\r\n" +
-	"\tREBALANCE\x10\x03\"g\n" +
+	"\tREBALANCE\x10\x03\x12\x10\n" +
+	"\fMOVE_REPLICA\x10\x04\"g\n" +
 	"\rPartitionMove\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x12\n" +

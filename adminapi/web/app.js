@@ -152,9 +152,10 @@ function renderTopics(s) {
     el("td", { class: "num", text: fmtBytes(t.size_bytes) }),
     el("td", { class: "num", text: fmtNum(t.msgs_in_per_sec) + "/s" }),
     el("td", {}, spark(sumHistories(t.partition_list))),
-    el("td", {}, el("div", { class: "grid" }, (t.partition_list || []).map((p) => el("div", {
+    el("td", {}, el("div", { class: "grid" }, (t.partition_list || []).map((p) => el(movable(s, t) ? "button" : "div", {
       class: "part" + (p.offline ? " offline" : p.under_replicated ? " under" : ""), "data-partition": `${t.name}/${p.id}`, "data-leader": p.leader,
-      title: `replicas ${p.replicas.join(",")}; live ${p.live_replicas.join(",") || "none"}; high watermark ${p.high_watermark}`,
+      title: `replicas ${p.replicas.join(",")}; live ${p.live_replicas.join(",") || "none"}; high watermark ${p.high_watermark}` + (movable(s, t) ? "; click to move a replica" : ""),
+      onclick: movable(s, t) ? () => confirmMove(s, t, p) : undefined,
     }, el("span", { class: "pid", text: "p" + p.id }), el("span", { class: "leader", text: p.leader ? "L" + p.leader : "no leader" }),
       el("span", { class: "muted", text: p.replicas.join(" ") }))))),
     el("td", {}, t.internal ? null : el("button", { class: "danger", disabled: s.read_only, "data-action": "delete-topic", onclick: () => confirmDelete(t.name) }, "Delete"))));
@@ -268,6 +269,21 @@ function confirmDelete(name) {
   const input = el("input", { id: "confirm-name", placeholder: name, autocomplete: "off" });
   ask(`Delete topic "${name}" and every message in it? Type its name to confirm.`, [input],
     () => call("DELETE", `/api/v1/topics/${encodeURIComponent(name)}?confirm=${encodeURIComponent(input.value)}`));
+}
+
+// movable: a replica of t's partitions may be moved from the page (a
+// cluster, not read-only, some node without a replica).
+function movable(s, t) {
+  return s.cluster.mode === "cluster" && !s.read_only && !t.internal && s.cluster.members.length > t.replication;
+}
+
+function confirmMove(s, t, p) {
+  const from = el("select", { id: "confirm-from" }, p.replicas.map((id) => el("option", { value: id, text: `node ${id}` })));
+  const to = el("select", { id: "confirm-to-node" }, s.cluster.members.filter((m) => m.state === "alive" && !p.replicas.includes(m.node_id))
+    .map((m) => el("option", { value: m.node_id, text: `node ${m.node_id}` })));
+  ask(`Move a replica of ${t.name}/${p.id}? Its data is copied to the new node, which then replaces the old one.`,
+    [el("label", { text: "from " }), from, el("label", { text: " to " }), to],
+    () => call("POST", `/api/v1/topics/${encodeURIComponent(t.name)}/partitions/${p.id}/move`, { from: Number(from.value), to: Number(to.value) }));
 }
 
 function confirmReset(name) {

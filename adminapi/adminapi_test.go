@@ -1,0 +1,78 @@
+package adminapi
+
+import (
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParsePosition(t *testing.T) {
+	for _, ok := range []string{"earliest", "latest", "offset:0", "offset:42", "time:2026-12-02T15:04:05Z"} {
+		if _, err := ParsePosition(ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "sideways", "offset:", "offset:-1", "offset:x", "time:yesterday", "earliest:1x"} {
+		if _, err := ParsePosition(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// A lag is "growing" only when it rose at each of the last
+// lagGrowingSamples refreshes.
+func TestGrowing(t *testing.T) {
+	var lags []LagSample
+	for i := range lagGrowingSamples + 1 {
+		lags = append(lags, LagSample{Lag: int64(i)})
+	}
+	if !growing(lags) {
+		t.Fatal("a lag rising at every sample is not growing")
+	}
+	lags[len(lags)-3].Lag = lags[len(lags)-4].Lag
+	if growing(lags) {
+		t.Fatal("a lag that stood still once is growing")
+	}
+	if growing(lags[:lagGrowingSamples]) {
+		t.Fatal("too few samples, yet growing")
+	}
+}
+
+func TestBucket(t *testing.T) {
+	for d, want := range map[time.Duration]string{-time.Second: "overdue", 30 * time.Second: "1m", 30 * time.Minute: "1h", 5 * time.Hour: "1d", 48 * time.Hour: "later"} {
+		if got := bucket(d); got != want {
+			t.Errorf("bucket(%v) = %s, want %s", d, got, want)
+		}
+	}
+}
+
+// Each error code the API answers with has the HTTP status a client of an
+// HTTP API expects.
+func TestStatusOf(t *testing.T) {
+	for code, want := range map[string]int{"TOPIC_NOT_FOUND": 404, "GROUP_NOT_FOUND": 404, "NODE_NOT_FOUND": 404, "INVALID_REQUEST": 400,
+		"NOT_AUTHENTICATED": 401, "NOT_AUTHORIZED": 403, "GROUP_HAS_MEMBERS": 409, "THROTTLED": 429, "NOT_READY": 503, "INTERNAL": 500} {
+		if got := statusOf(code); got != want {
+			t.Errorf("%s: %d, want %d", code, got, want)
+		}
+	}
+}
+
+// The actions' bodies are decoded from whatever a client sends: a body
+// is accepted or refused with INVALID_REQUEST, never a panic.
+func FuzzActionBody(f *testing.F) {
+	f.Add([]byte(`{"to":"earliest","force":false,"partitions":[0,2]}`))
+	f.Add([]byte(`{"from":3,"to":4}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, v := range []any{&ResetRequest{}, &MoveRequest{}} {
+			r := httptest.NewRequest("POST", "/x", strings.NewReader(string(body)))
+			err := decodeBody(r, v)
+			if err != nil && !strings.Contains(err.Error(), "INVALID_REQUEST") {
+				t.Fatalf("%q: %v", body, err)
+			}
+			if rr, ok := v.(*ResetRequest); ok && err == nil {
+				_, _ = ParsePosition(rr.To)
+			}
+		}
+	})
+}
