@@ -283,3 +283,44 @@ func TestHalfSentFrames(t *testing.T) {
 		t.Fatalf("broker RSS peaked at %d MiB, over %d MiB", pk>>20, rssBound>>20)
 	}
 }
+
+// A group member that never reads is pushed no more than its connection's
+// output bound (8 MiB) plus a record or two (one step; and a push being
+// handed from the member's session to the connection is briefly in neither
+// count), whatever the records' size: the coordinator weighs its steps by
+// the records' bytes. It used to step by 64 records between checks of the
+// room: with 250 KiB records TestNeverReadingClients then saw 3-4 MiB over
+// the bound now and then (a step is up to 16 MiB of them).
+func TestPushesStayWithinTheOutputBound(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	ctx := ctxT(t, 60*time.Second)
+	createTopic(t, c, "big", 1)
+	p := c.NewProducer()
+	val := bytes.Repeat([]byte("x"), 250<<10)
+	for range 120 { // 30 MB
+		p.SendAsync(ctx, &client.Message{Topic: "big", Value: val}, nil)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sub := rawDial(t, n)
+	rawHello(t, sub)
+	sub.send(&heraldpb.Frame{Id: 2, Body: &heraldpb.Frame_Subscribe{Subscribe: &heraldpb.SubscribeRequest{
+		Group: "never", Topic: "big", Credits: 100_000, Start: &heraldpb.StartPosition{At: &heraldpb.StartPosition_Earliest{Earliest: true}}}}})
+	const bound = 8<<20 + 2*(250<<10) + 64<<10 // the bound, two records, framing
+	checkFor(t, 20*time.Second, "the member's connection full", func() error {
+		if v := metricSum(t, n, "herald_pending_output_bytes"); v < 7<<20 {
+			return fmt.Errorf("herald_pending_output_bytes = %v", v)
+		}
+		return nil
+	})
+	peak := 0.0
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		peak = max(peak, metricSum(t, n, "herald_pending_output_bytes"))
+	}
+	if peak > bound {
+		t.Fatalf("herald_pending_output_bytes peaked at %.2f MiB, over the 8 MiB bound plus two records", peak/(1<<20))
+	}
+	t.Logf("pending output peaked at %.2f MiB (bound 8 MiB)", peak/(1<<20))
+}

@@ -56,7 +56,10 @@ type member struct {
 	lane      *laneMember // responders, once ready: the router's direct call path
 	// transit counts the record bytes handed to the member session and not
 	// yet to the connection: PushRoom does not see them yet.
-	transit     *atomic.Int64
+	transit *atomic.Int64
+	// recBytes is the size of the records last delivered to it, on
+	// average (0: none yet): how many fit in its connection's room.
+	recBytes    int
 	delivered   uint64
 	redelivered uint64
 }
