@@ -90,7 +90,7 @@ func TestAdminAPI(t *testing.T) {
 	}
 
 	if out, errOut, code := herald(t, "", "cluster", "status", "--admin", admin); code != 0 || !strings.Contains(out, "single-node, as node 1 sees it") ||
-		!regexp.MustCompile(`(?m)^1\s+` + regexp.QuoteMeta(n.Addr()) + `\s+alive\s+\S+\s+3\s+0\s+-\s+`).MatchString(out) {
+		!regexp.MustCompile(`(?m)^1\s+`+regexp.QuoteMeta(n.Addr())+`\s+alive\s+\S+\s+3\s+0\s+-\s+`).MatchString(out) {
 		t.Fatalf("herald cluster status: exit %d\n%s%s", code, out, errOut)
 	}
 	checkFor(t, 20*time.Second, "orders with its 100 messages", func() error {
