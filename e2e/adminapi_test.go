@@ -124,6 +124,18 @@ func TestAdminAPI(t *testing.T) {
 	if st, code := apiErrorCode(t, "GET", admin, "/api/v1/nothing", ""); st != 404 || code != "INVALID_REQUEST" {
 		t.Fatalf("unknown call: %d %s", st, code)
 	}
+	// The dashboard at /, with its files, served from the binary.
+	for path, want := range map[string]string{"/": "<title>Herald</title>", "/ui/app.js": "new EventSource(\"/api/v1/events\")", "/ui/style.css": ".card"} {
+		resp, err := http.Get("http://" + admin + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), want) {
+			t.Fatalf("GET %s: %d, %d bytes without %q", path, resp.StatusCode, len(b), want)
+		}
+	}
 	if resp, err := http.Get("http://" + admin + "/no/such/page"); err != nil || resp.StatusCode != 404 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
 		t.Fatalf("unknown page: %v %v", resp, err)
 	} else {
