@@ -202,6 +202,7 @@ func (s *Server) Register(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE /api/v1/topics/{name}", s.action(s.deleteTopic))
 	mux.HandleFunc("POST /api/v1/groups/{name}/reset", s.action(s.resetGroup))
 	mux.HandleFunc("POST /api/v1/topics/{name}/partitions/{partition}/move", s.action(s.moveReplica))
+	mux.HandleFunc("POST /api/v1/groups/{name}/dlq/redrive", s.action(s.redriveDLQ))
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		body := errorBody(apiError(heraldpb.ErrorCode_INVALID_REQUEST, "no such API call: %s %s (see docs/admin-api.md)", r.Method, r.URL.Path))
 		writeJSON(w, http.StatusNotFound, body)

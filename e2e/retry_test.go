@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/heraldmq/herald/adminapi"
 	"github.com/heraldmq/herald/client"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/retry"
@@ -209,6 +211,37 @@ func TestFailingConsumerDeadLettersThenRedrive(t *testing.T) {
 	}
 	if len(seen) != total {
 		t.Fatalf("%d distinct values on orders", len(seen))
+	}
+
+	// The admin API redrives the same way (package dlq): a dry run, a bad
+	// filter, then two calls of at most 12, the second going on from the
+	// first's next.
+	admin := n.AdminAddr()
+	var res adminapi.RedriveResult
+	if st := apiCall(t, "POST", admin, "/api/v1/groups/billing/dlq/redrive", `{"dry_run":true}`, &res); st != 200 || res.Redriven != total || !res.DryRun || !res.Done {
+		t.Fatalf("dry run: %d %+v", st, res)
+	}
+	if st, code := apiErrorCode(t, "POST", admin, "/api/v1/groups/billing/dlq/redrive", `{"filter":"reason = "}`); st != 400 || code != "INVALID_REQUEST" {
+		t.Fatalf("a bad filter: %d %s", st, code)
+	}
+	if st := apiCall(t, "POST", admin, "/api/v1/groups/billing/dlq/redrive", `{"max":12}`, &res); st != 200 || res.Read != 12 || res.Redriven != 12 || res.Done {
+		t.Fatalf("first call: %d %+v", st, res)
+	}
+	from, _ := json.Marshal(map[string]any{"from": res.Next})
+	var res2 adminapi.RedriveResult
+	if st := apiCall(t, "POST", admin, "/api/v1/groups/billing/dlq/redrive", string(from), &res2); st != 200 || res2.Redriven != total-12 || !res2.Done || res2.Failed != 0 {
+		t.Fatalf("second call from %s: %d %+v", from, st, res2)
+	}
+	clear(seen)
+	for p := int32(0); p < 2; p++ {
+		for _, m := range readPartition(t, c, "orders", p) {
+			seen[string(m.Value)]++
+		}
+	}
+	for v, k := range seen {
+		if k != 3 {
+			t.Errorf("%s is on orders %d times after the API's redrive, want 3", v, k)
+		}
 	}
 }
 

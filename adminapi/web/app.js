@@ -198,6 +198,7 @@ function renderGroups(s) {
         el("span", { class: "pill" + (g.breaker !== "closed" ? " bad" : ""), text: "breaker " + g.breaker.replace("_", "-") }),
         g.dlq ? el("span", { class: "pill" + (g.dlq_depth ? " warn" : ""), text: `DLQ ${g.dlq}: ${fmtNum(g.dlq_depth)}` }) : null,
         el("span", { class: "spacer" }),
+        g.dlq_depth > 0 ? el("button", { disabled: s.read_only, "data-action": "redrive-dlq", onclick: () => confirmRedrive(g) }, "Redrive DLQ…") : null,
         el("button", { disabled: s.read_only, "data-action": "reset-group", onclick: () => confirmReset(g.name) }, "Reset…")),
       el("div", { class: "cols" },
         el("div", {},
@@ -284,6 +285,14 @@ function confirmMove(s, t, p) {
   ask(`Move a replica of ${t.name}/${p.id}? Its data is copied to the new node, which then replaces the old one.`,
     [el("label", { text: "from " }), from, el("label", { text: " to " }), to],
     () => call("POST", `/api/v1/topics/${encodeURIComponent(t.name)}/partitions/${p.id}/move`, { from: Number(from.value), to: Number(to.value) }));
+}
+
+function confirmRedrive(g) {
+  const filter = el("input", { id: "confirm-filter", placeholder: "optional SQL filter, e.g. reason LIKE 'timeout%'", autocomplete: "off" });
+  ask(`Send the ${g.dlq_depth} dead letters of ${g.dlq} back to ${g.topic}? The dead-letter topic is not changed.`, [filter], async () => {
+    const r = await call("POST", `/api/v1/groups/${encodeURIComponent(g.name)}/dlq/redrive`, filter.value ? { filter: filter.value } : {});
+    if (r.failed > 0) throw new Error(`${r.redriven} redriven, ${r.failed} failed: ${r.failures.join("; ")}`);
+  });
 }
 
 function confirmReset(name) {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/heraldmq/herald/client"
+	"github.com/heraldmq/herald/dlq"
 	"github.com/heraldmq/herald/filter"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/retry"
@@ -45,11 +46,6 @@ var dlqFlagFor = map[string][]string{
 	"count":       {"peek"},
 	"value-bytes": {"peek"},
 }
-
-// dlqFetchWait is the long-poll of the reads. They stop at a high watermark
-// seen at start, so a fetch always has records to return; the wait only
-// matters if retention removes them meanwhile.
-const dlqFetchWait = 100 * time.Millisecond
 
 // dlqCmd runs "herald dlq SUBCOMMAND ...". Every flag is checked before it
 // dials, so a bad filter or offset is a usage error (exit 2) that touches
@@ -315,53 +311,6 @@ func (rs dlqReadSpec) resolve(ctx context.Context, c *client.Client, w io.Writer
 	return out, nil
 }
 
-// dlqRead calls fn for each record of r in offset order with the SDK's
-// partition consumer, until fn returns true (stop), ctx ends or r.hi. It
-// returns the offset to read next: r.hi when done, else the offset after
-// the last record given to fn (or past records retention removed).
-func dlqRead(ctx context.Context, c *client.Client, topic string, r dlqRange, fn func(*client.Message) (stop bool)) (int64, error) {
-	next := r.lo
-	pc := c.NewPartitionConsumer(topic, r.partition, client.AtOffset(r.lo), client.WithFetchMaxWait(dlqFetchWait))
-	for next < r.hi {
-		if err := ctx.Err(); err != nil {
-			return next, err
-		}
-		ms, err := pc.Poll(ctx)
-		if err != nil {
-			return next, err
-		}
-		for _, m := range ms {
-			if m.Offset >= r.hi {
-				return r.hi, nil
-			}
-			next = m.Offset + 1
-			if fn(m) {
-				return next, nil
-			}
-		}
-		if p, _ := pc.Position(); p > next { // moved past records retention removed
-			next = min(p, r.hi)
-		}
-	}
-	return r.hi, nil
-}
-
-// dlqRecord is m as the wire record the scheduler's helpers and the filter
-// take. It shares m's bytes.
-func dlqRecord(m *client.Message) *heraldpb.Record {
-	r := &heraldpb.Record{Key: m.Key, Value: m.Value, Tags: m.Tags}
-	if !m.Timestamp.IsZero() {
-		r.TimestampMs = m.Timestamp.UnixMilli()
-	}
-	if len(m.Headers) > 0 {
-		r.Headers = make([]*heraldpb.Header, len(m.Headers))
-		for i, h := range m.Headers {
-			r.Headers[i] = &heraldpb.Header{Key: h.Key, Value: h.Value}
-		}
-	}
-	return r
-}
-
 const dlqTimeFormat = "2006-01-02T15:04:05.000Z07:00"
 
 // dlqPeek prints up to count matching records (0: all), one line each:
@@ -374,8 +323,8 @@ func dlqPeek(ctx context.Context, c *client.Client, io cliIO, rs dlqReadSpec, ra
 	defer w.Flush()
 	printed := 0
 	for _, r := range ranges {
-		_, err := dlqRead(ctx, c, rs.topic, r, func(m *client.Message) bool {
-			rec := dlqRecord(m)
+		_, err := dlq.Read(ctx, c, rs.topic, r.partition, r.lo, r.hi, func(m *client.Message) bool {
+			rec := dlq.Record(m)
 			if !rs.filter.Match(filter.FromProto(rec)) {
 				return false
 			}
@@ -418,32 +367,6 @@ func printDeadLetter(w io.Writer, m *client.Message, rec *heraldpb.Record, value
 	fmt.Fprintf(w, " value=%q%s\n", v, more)
 }
 
-// dlqDest is an origin topic as redrive found it: its partition count, or
-// why records cannot go there.
-type dlqDest struct {
-	partitions int
-	err        error
-}
-
-// redrivePartition is where a redriven record goes. A keyed record goes
-// where its key goes now (PartitionForKey over the topic's current
-// partitions), so it stays in order with newer records of its key even if
-// the topic gained partitions; that is its origin partition unless the
-// topic was resized or the original producer chose a partition explicitly.
-// An unkeyed record goes back to its origin partition while the topic has
-// it, else anywhere (-1: a producer without WithManualPartitions spreads
-// it). The second result is the partition for printing ("any" for -1).
-func redrivePartition(key []byte, o retry.Origin, d dlqDest) (int32, string) {
-	switch {
-	case len(key) > 0:
-		part := int32(client.PartitionForKey(key, uint32(d.partitions)))
-		return part, strconv.Itoa(int(part))
-	case int(o.Partition) < d.partitions:
-		return int32(o.Partition), strconv.Itoa(int(o.Partition))
-	}
-	return -1, "any"
-}
-
 // redriveReport counts and prints the outcome of a redrive. Its methods
 // are called from the reading goroutine and from producer callbacks.
 type redriveReport struct {
@@ -474,32 +397,7 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 	for _, r := range ranges {
 		fmt.Fprintf(rep.w, "%s partition %d: offsets %d to %d (%s)\n", rs.topic, r.partition, r.lo, r.hi, plural(r.hi-r.lo, "record"))
 	}
-	// manual writes the records redrivePartition names a partition for,
-	// which keeps them in order; anyPart the others, which have none.
-	var manual, anyPart *client.Producer
-	if !dryRun {
-		manual = c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL), client.WithManualPartitions())
-		anyPart = c.NewProducer(client.WithAcks(heraldpb.Acks_ACKS_ALL))
-	}
-	// A record the reader took is finished even when the command is
-	// interrupted: SIGINT stops the reading between records, not the
-	// lookups and sends (bounded by the request timeout and the producer's
-	// retries).
-	sendCtx := context.WithoutCancel(ctx)
-	dests := map[string]dlqDest{}
-	dest := func(topic string) dlqDest {
-		d, ok := dests[topic]
-		if !ok {
-			d.partitions, d.err = c.Partitions(sendCtx, topic)
-			if client.IsCode(d.err, heraldpb.ErrorCode_TOPIC_NOT_FOUND) {
-				d.err = errors.New("origin topic does not exist")
-			} else if d.err == nil && d.partitions == 0 {
-				d.err = errors.New("origin topic has no partitions")
-			}
-			dests[topic] = d
-		}
-		return d
-	}
+	rd := dlq.NewRedriver(c, dryRun)
 	next := make([]int64, len(ranges))
 	var readErr error
 	for i, r := range ranges {
@@ -507,11 +405,11 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 		if readErr != nil {
 			continue
 		}
-		next[i], readErr = dlqRead(ctx, c, rs.topic, r, func(m *client.Message) bool {
+		next[i], readErr = dlq.Read(ctx, c, rs.topic, r.partition, r.lo, r.hi, func(m *client.Message) bool {
 			rep.mu.Lock()
 			rep.read++
 			rep.mu.Unlock()
-			rec := dlqRecord(m)
+			rec := dlq.Record(m)
 			if !rs.filter.Match(filter.FromProto(rec)) {
 				return false
 			}
@@ -519,39 +417,21 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 			rep.mu.Lock()
 			rep.matched++
 			rep.mu.Unlock()
-			o, err := retry.OriginOf(rec)
-			if err != nil {
-				rep.line(&rep.skipped, "skipped %s: %v", at, cliOneLine(err))
-				return false
-			}
-			d := dest(o.Topic)
-			if d.err != nil {
-				rep.line(&rep.failed, "failed %s -> %s: %v", at, o.Topic, cliOneLine(d.err))
-				return false
-			}
-			part, partName := redrivePartition(m.Key, o, d)
-			if dryRun {
-				rep.line(&rep.redriven, "would redrive %s -> %s/%s", at, o.Topic, partName)
-				return false
-			}
-			back := retry.Redriven(rec)
-			out := &client.Message{Topic: o.Topic, Key: back.GetKey(), Value: back.GetValue(), Tags: back.GetTags()}
-			p := anyPart
-			if part >= 0 {
-				p, out.Partition = manual, part
-			}
-			if ts := back.GetTimestampMs(); ts != 0 {
-				out.Timestamp = time.UnixMilli(ts)
-			}
-			for _, h := range back.GetHeaders() {
-				out.Headers = append(out.Headers, client.Header{Key: h.GetKey(), Value: h.GetValue()})
-			}
-			p.SendAsync(sendCtx, out, func(res client.Result, err error) {
-				if err != nil {
-					rep.line(&rep.failed, "failed %s -> %s/%s: %v", at, o.Topic, partName, cliOneLine(err))
-					return
+			rd.Send(ctx, m, rec, func(o dlq.Outcome) {
+				switch o.Kind {
+				case dlq.Skipped:
+					rep.line(&rep.skipped, "skipped %s: %v", at, cliOneLine(o.Err))
+				case dlq.Failed:
+					to := o.Origin
+					if o.Partition != "" {
+						to += "/" + o.Partition
+					}
+					rep.line(&rep.failed, "failed %s -> %s: %v", at, to, cliOneLine(o.Err))
+				case dlq.WouldRedrive:
+					rep.line(&rep.redriven, "would redrive %s -> %s/%s", at, o.Origin, o.Partition)
+				default:
+					rep.line(&rep.redriven, "redrove %s -> %s/%d@%d", at, o.Origin, o.Result.Partition, o.Result.Offset)
 				}
-				rep.line(&rep.redriven, "redrove %s -> %s/%d@%d", at, o.Topic, res.Partition, res.Offset)
 			})
 			return false
 		})
@@ -559,11 +439,7 @@ func dlqRedrive(ctx context.Context, c *client.Client, cio cliIO, rs dlqReadSpec
 			readErr = fmt.Errorf("partition %d: %w", r.partition, readErr)
 		}
 	}
-	if manual != nil {
-		// Every callback has run once both are closed; failures were counted there.
-		_ = manual.Close(context.Background())
-		_ = anyPart.Close(context.Background())
-	}
+	rd.Close() // every outcome has been counted once it returns
 
 	rep.mu.Lock()
 	defer rep.mu.Unlock()
@@ -666,7 +542,7 @@ func dlqTimeAt(ctx context.Context, c *client.Client, topic string, partition in
 		return time.Time{}, err
 	}
 	m := res.Messages[0]
-	if o, err := retry.OriginOf(dlqRecord(m)); err == nil {
+	if o, err := retry.OriginOf(dlq.Record(m)); err == nil {
 		return o.Time, nil
 	}
 	return m.Timestamp, nil

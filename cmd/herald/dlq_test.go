@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/heraldmq/herald/client"
+	"github.com/heraldmq/herald/dlq"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/retry"
 )
@@ -93,7 +94,7 @@ func readAll(t *testing.T, ctx context.Context, c *client.Client, topic string) 
 				t.Fatal(err)
 			}
 			for _, m := range res.Messages {
-				out[p] = append(out[p], dlqRecord(m))
+				out[p] = append(out[p], dlq.Record(m))
 			}
 			if off = res.NextOffset; off >= res.HighWatermark {
 				break

@@ -37,7 +37,10 @@ var rules = map[string][]string{
 	// The admin API reads the cluster as a client of its node (the SDK)
 	// and is told the membership through an interface: the broker
 	// mounts it, the CLI shares its types.
-	"adminapi":          {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "internal/...", "auth", "chaos/..."},
+	"adminapi": {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "internal/...", "auth", "chaos/..."},
+	// The dead-letter reader and redriver: the SDK's, shared by the CLI
+	// and the admin API.
+	"dlq":               {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "timewheel", "internal/...", "auth", "chaos/...", "adminapi"},
 	"internal/raftwire": {"actors/...", "netio/...", "broker/...", "cmd/...", "client/..."},
 	// The chaos suite drives real brokers from outside, through the SDK
 	// and the wire format, and reads data dirs with persistence; no node
