@@ -76,3 +76,32 @@ func FuzzActionBody(f *testing.F) {
 		}
 	})
 }
+
+type lateNode struct{ h Histogram }
+
+func (lateNode) Membership() Membership                 { return Membership{} }
+func (n lateNode) SchedulerLateness() (Histogram, bool) { return n.h, n.h.Bounds != nil }
+
+// The scheduler view's lateness is over the window, not the process's
+// life: quantiles of the difference between two samples of the histogram.
+func TestLatenessOverTheWindow(t *testing.T) {
+	node := &lateNode{h: Histogram{Bounds: []float64{.001, .01, .1}, Counts: []uint64{100, 100, 100}, Count: 100}}
+	s := New(Config{Node: node})
+	sc := &Scheduler{}
+	t0 := time.Now()
+	s.lateness(sc, t0)
+	if sc.Lateness == nil || sc.Lateness.Fired != 0 {
+		t.Fatalf("first sample: %+v", sc.Lateness)
+	}
+	// 100 more: 98 at most 10 ms, 2 at most 100 ms.
+	node.h = Histogram{Bounds: []float64{.001, .01, .1}, Counts: []uint64{100, 198, 200}, Count: 200}
+	s.lateness(sc, t0.Add(10*time.Second))
+	if l := sc.Lateness; l.Fired != 100 || l.P50Seconds != .01 || l.P99Seconds != .1 || l.WindowSeconds != 10 {
+		t.Fatalf("lateness %+v, want 100 fired, p50 10 ms, p99 100 ms over 10 s", l)
+	}
+	node.h = Histogram{}
+	s.lateness(sc, t0.Add(20*time.Second))
+	if !strings.Contains(sc.LatenessNote, "another node") {
+		t.Fatalf("without a local scheduler: %q", sc.LatenessNote)
+	}
+}

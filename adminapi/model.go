@@ -133,9 +133,23 @@ type Scheduler struct {
 	Listed  int            `json:"listed"`
 	// HalvesPending: transactional half messages waiting for their
 	// outcome; Transactions: open transactions.
-	HalvesPending int       `json:"halves_pending"`
-	Transactions  int       `json:"transactions"`
-	At            time.Time `json:"at"`
+	HalvesPending int `json:"halves_pending"`
+	Transactions  int `json:"transactions"`
+	// Lateness: delayed batches fired in the last minute, and the p50 and
+	// p99 of how late (their time to their append's commit), as bucket
+	// bounds in seconds; nil when the scheduler runs on another node
+	// (LatenessNote says so).
+	Lateness     *Lateness `json:"lateness,omitempty"`
+	LatenessNote string    `json:"lateness_note,omitempty"`
+	At           time.Time `json:"at"`
+}
+
+// Lateness sums a window of the scheduler's fire lateness.
+type Lateness struct {
+	WindowSeconds float64 `json:"window_seconds"`
+	Fired         uint64  `json:"fired"`
+	P50Seconds    float64 `json:"p50_seconds"` // at most this (a bucket bound)
+	P99Seconds    float64 `json:"p99_seconds"`
 }
 
 // Alert is one entry of GET /api/v1/alerts.

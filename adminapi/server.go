@@ -47,6 +47,18 @@ type Membership struct {
 // Node is the broker the API runs in.
 type Node interface {
 	Membership() Membership
+	// SchedulerLateness is the scheduler's fire-lateness histogram
+	// (cumulative since the process started) when the scheduler runs on
+	// this node; ok false otherwise.
+	SchedulerLateness() (h Histogram, ok bool)
+}
+
+// Histogram is a cumulative histogram: Counts[i] observations at most
+// Bounds[i] seconds, Count in all.
+type Histogram struct {
+	Bounds []float64
+	Counts []uint64
+	Count  uint64
 }
 
 // Config configures a Server.
@@ -83,8 +95,9 @@ type Server struct {
 	views    map[string]*view
 	states   map[uint64]stateSince
 	watchers int
-	probing  bool      // prober running
-	probed   time.Time // states last resolved
+	late     []latenessSample // the scheduler's lateness, one sample a refresh, the last minute
+	probing  bool             // prober running
+	probed   time.Time        // states last resolved
 	closed   bool
 	stop     chan struct{}
 	wg       sync.WaitGroup

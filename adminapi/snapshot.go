@@ -230,6 +230,7 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 			sc.Transactions = n
 		}
 		cancel()
+		s.lateness(sc, now)
 		snap.Scheduler = sc
 	} else if !client.IsCode(err, heraldpb.ErrorCode_NOT_AUTHORIZED) {
 		fail("scheduler", err)
@@ -423,4 +424,48 @@ func nodeOrNone(id uint64) string {
 		return "unknown"
 	}
 	return fmt.Sprintf("node %d", id)
+}
+
+// latenessWindow is how far back the scheduler view's lateness looks.
+const latenessWindow = time.Minute
+
+type latenessSample struct {
+	at time.Time
+	h  Histogram
+}
+
+// lateness fills sc's fire lateness over the last latenessWindow, from
+// the samples of the node's histogram the server keeps.
+func (s *Server) lateness(sc *Scheduler, now time.Time) {
+	h, ok := s.cfg.Node.SchedulerLateness()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !ok {
+		s.late = nil
+		sc.LatenessNote = "the scheduler runs on another node: its fire lateness is in that node's metrics (herald_scheduler_fire_lateness_seconds)"
+		return
+	}
+	s.late = append(s.late, latenessSample{now, h})
+	for len(s.late) > 1 && now.Sub(s.late[1].at) >= latenessWindow {
+		s.late = s.late[1:]
+	}
+	old := s.late[0]
+	l := &Lateness{WindowSeconds: now.Sub(old.at).Seconds()}
+	if len(old.h.Counts) != len(h.Counts) {
+		old.h = Histogram{Counts: make([]uint64, len(h.Counts))}
+	}
+	l.Fired = h.Count - old.h.Count
+	quantile := func(q float64) float64 {
+		want := uint64(q*float64(l.Fired) + 0.999999)
+		for i, b := range h.Bounds {
+			if h.Counts[i]-old.h.Counts[i] >= want {
+				return b
+			}
+		}
+		return -1 // above the last bound
+	}
+	if l.Fired > 0 {
+		l.P50Seconds, l.P99Seconds = quantile(0.5), quantile(0.99)
+	}
+	sc.Lateness = l
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/heraldmq/herald/adminapi"
 	"github.com/heraldmq/herald/client"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // adminNode is the broker as the admin API sees it (adminapi.Node).
@@ -58,4 +59,30 @@ func (b *Broker) startAdminAPI() *adminapi.Server {
 			return client.Dial(ctx, addr, opts...)
 		},
 	})
+}
+
+// SchedulerLateness reads the scheduler's fire-lateness histogram from
+// this process's metrics, when the scheduler runs here.
+func (n adminNode) SchedulerLateness() (adminapi.Histogram, bool) {
+	b := n.b
+	if b.member != nil && b.ctrl != nil && !b.schedHere.Load() {
+		return adminapi.Histogram{}, false
+	}
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		return adminapi.Histogram{}, false
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "herald_scheduler_fire_lateness_seconds" || len(mf.GetMetric()) == 0 {
+			continue
+		}
+		ph := mf.GetMetric()[0].GetHistogram()
+		h := adminapi.Histogram{Count: ph.GetSampleCount()}
+		for _, bk := range ph.GetBucket() {
+			h.Bounds = append(h.Bounds, bk.GetUpperBound())
+			h.Counts = append(h.Counts, bk.GetCumulativeCount())
+		}
+		return h, true
+	}
+	return adminapi.Histogram{}, false
 }

@@ -196,9 +196,26 @@ func TestAdminAPI(t *testing.T) {
 		t.Fatalf("alerts of a healthy node: %d %+v", st, al)
 	}
 	var sc adminapi.Scheduler
-	if st := apiCall(t, "GET", admin, "/api/v1/scheduler", "", &sc); st != 200 || sc.Buckets == nil {
+	if st := apiCall(t, "GET", admin, "/api/v1/scheduler", "", &sc); st != 200 || sc.Buckets == nil || sc.Lateness == nil {
 		t.Fatalf("scheduler: %d %+v", st, sc)
 	}
+	// A delayed message: pending in the 1m bucket, then fired, with its
+	// lateness.
+	if _, err := p.Send(ctx, &client.Message{Topic: "orders", Value: []byte("later"), Delay: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	var pendingSeen bool
+	checkFor(t, 20*time.Second, "the delayed message pending, then fired with its lateness", func() error {
+		var sc adminapi.Scheduler
+		apiCall(t, "GET", admin, "/api/v1/scheduler", "", &sc)
+		if sc.Pending == 1 && sc.Buckets["1m"] == 1 {
+			pendingSeen = true
+		}
+		if !pendingSeen || sc.Lateness == nil || sc.Lateness.Fired != 1 || sc.Lateness.P99Seconds == 0 {
+			return fmt.Errorf("pending seen %v; %+v, lateness %+v", pendingSeen, sc, sc.Lateness)
+		}
+		return nil
+	})
 
 	// The event stream sends the snapshot.
 	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+admin+"/api/v1/events", nil)

@@ -58,6 +58,11 @@ function shortID(id) {
   return id.length > 14 ? "…" + id.slice(-12) : id;
 }
 
+function fmtLate(sec) {
+  if (sec < 0) return "over 60 s";
+  return sec < 1 ? Math.round(sec * 1000) + " ms" : sec + " s";
+}
+
 function empty(...content) { return el("div", { class: "empty" }, ...content); }
 
 // ---- sparklines and charts ------------------------------------------------
@@ -216,14 +221,19 @@ function renderScheduler(s) {
     $("#sched").replaceChildren(empty("The scheduler could not be read from this node."));
     return;
   }
-  if (!sc.pending && !sc.halves_pending && !sc.transactions) {
+  const late = sc.lateness;
+  const fired = late && late.fired > 0;
+  if (!sc.pending && !sc.halves_pending && !sc.transactions && !fired) {
     $("#sched").replaceChildren(empty("Nothing scheduled and no transactions open: delay a message with ", el("code", { text: "herald produce --topic orders --delay 10m" }), "."));
     return;
   }
   const b = sc.buckets || {};
   $("#sched").replaceChildren(el("table", {},
     el("thead", {}, el("tr", {}, ["delayed batches pending", "overdue", "within 1 min", "1 h", "1 d", "later", "half messages pending", "open transactions"].map((h) => el("th", { class: "num", text: h })))),
-    el("tbody", {}, el("tr", {}, [sc.pending, b.overdue, b["1m"], b["1h"], b["1d"], b.later, sc.halves_pending, sc.transactions].map((v) => el("td", { class: "num", text: fmtNum(v || 0) }))))));
+    el("tbody", {}, el("tr", {}, [sc.pending, b.overdue, b["1m"], b["1h"], b["1d"], b.later, sc.halves_pending, sc.transactions].map((v) => el("td", { class: "num", text: fmtNum(v || 0) }))))),
+    el("p", { class: "muted", id: "lateness" }, fired
+      ? `Fired in the last ${Math.round(late.window_seconds)} s: ${fmtNum(late.fired)}; lateness p50 ≤ ${fmtLate(late.p50_seconds)}, p99 ≤ ${fmtLate(late.p99_seconds)}.`
+      : (sc.lateness_note || "Nothing fired in the last minute.")));
 }
 
 function render(s) {
