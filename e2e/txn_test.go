@@ -639,16 +639,27 @@ func TestHalfCheckFlowControl(t *testing.T) {
 	createTopic(t, dial(t, n), "orders", 1)
 	sender := dialTxn(t, n)
 	checker := dialTxn(t, n)
-	if f := checker.call(&heraldpb.Frame{Body: &heraldpb.Frame_RegisterProducer{RegisterProducer: &heraldpb.RegisterProducerRequest{ProducerGroup: "g"}}}); f.GetRegisterProducerResponse() == nil {
-		t.Fatalf("register answered %v", f)
+	// register renews the checker's registration, as the SDK's heartbeat
+	// does (it lapses after three missed heartbeats, 6 s), and collects
+	// the check-backs pushed meanwhile.
+	register := func() {
+		if f := checker.call(&heraldpb.Frame{Body: &heraldpb.Frame_RegisterProducer{RegisterProducer: &heraldpb.RegisterProducerRequest{ProducerGroup: "g"}}}); f.GetRegisterProducerResponse() == nil {
+			t.Fatalf("register answered %v", f)
+		}
 	}
-	fast := &heraldpb.HalfOptions{ProducerGroup: "g", CheckIntervalMs: 100}
+	register()
+	// Many checks allowed: on a slow machine the 1,100 synced produces
+	// take longer than the default 15 checks at 100-800 ms.
+	fast := &heraldpb.HalfOptions{ProducerGroup: "g", CheckIntervalMs: 100, MaxChecks: 1000}
 	for i := range 1100 {
 		sender.sendHalf("orders", fmt.Sprint("f", i), fast)
+		if i%100 == 0 {
+			register()
+		}
 	}
 	distinct := map[string]bool{}
 	checkFor(t, 30*time.Second, "1,024 check-backs and the rest postponed", func() error {
-		checker.list("g") // collects the pushes
+		register()
 		for _, hc := range checker.checks {
 			distinct[hc.Id] = true
 		}
@@ -662,11 +673,17 @@ func TestHalfCheckFlowControl(t *testing.T) {
 		t.Fatalf("%d halves checked with none answered, want 1024", len(distinct))
 	}
 	// Answering lets the others through.
+	i := 0
 	for id := range distinct {
-		checker.end(id, heraldpb.HalfAction_HALF_COMMIT, true)
+		if f := checker.end(id, heraldpb.HalfAction_HALF_COMMIT, true); f.GetEndHalfResponse() == nil {
+			t.Fatalf("ending %s answered %v", id, f)
+		}
+		if i++; i%100 == 0 {
+			register()
+		}
 	}
 	checkFor(t, 30*time.Second, "the other 76 checked", func() error {
-		checker.list("g")
+		register()
 		for _, hc := range checker.checks {
 			distinct[hc.Id] = true
 		}
