@@ -42,6 +42,9 @@ type ControllerCommand struct {
 	//	*ControllerCommand_AlterAcls
 	//	*ControllerCommand_UpsertVhost
 	//	*ControllerCommand_DeleteVhost
+	//	*ControllerCommand_DeclareExchange
+	//	*ControllerCommand_DeleteExchange
+	//	*ControllerCommand_Bind
 	Command isControllerCommand_Command `protobuf_oneof:"command"`
 	// The proposer's id for the command, so that it can tell its own
 	// command's outcome from another node's in the log.
@@ -195,6 +198,33 @@ func (x *ControllerCommand) GetDeleteVhost() *DeleteVhost {
 	return nil
 }
 
+func (x *ControllerCommand) GetDeclareExchange() *ExchangeRecord {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_DeclareExchange); ok {
+			return x.DeclareExchange
+		}
+	}
+	return nil
+}
+
+func (x *ControllerCommand) GetDeleteExchange() *DeleteExchangeRequest {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_DeleteExchange); ok {
+			return x.DeleteExchange
+		}
+	}
+	return nil
+}
+
+func (x *ControllerCommand) GetBind() *BindRequest {
+	if x != nil {
+		if x, ok := x.Command.(*ControllerCommand_Bind); ok {
+			return x.Bind
+		}
+	}
+	return nil
+}
+
 func (x *ControllerCommand) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
@@ -274,6 +304,21 @@ type ControllerCommand_DeleteVhost struct {
 	DeleteVhost *DeleteVhost `protobuf:"bytes,12,opt,name=delete_vhost,json=deleteVhost,proto3,oneof"`
 }
 
+type ControllerCommand_DeclareExchange struct {
+	// Declares an exchange (ignored when it exists).
+	DeclareExchange *ExchangeRecord `protobuf:"bytes,13,opt,name=declare_exchange,json=declareExchange,proto3,oneof"`
+}
+
+type ControllerCommand_DeleteExchange struct {
+	// Deletes an exchange, its bindings and the bindings to it.
+	DeleteExchange *DeleteExchangeRequest `protobuf:"bytes,14,opt,name=delete_exchange,json=deleteExchange,proto3,oneof"`
+}
+
+type ControllerCommand_Bind struct {
+	// Adds or removes a binding (ignored when its source is gone).
+	Bind *BindRequest `protobuf:"bytes,16,opt,name=bind,proto3,oneof"`
+}
+
 func (*ControllerCommand_RegisterNode) isControllerCommand_Command() {}
 
 func (*ControllerCommand_CreateTopic) isControllerCommand_Command() {}
@@ -298,6 +343,12 @@ func (*ControllerCommand_UpsertVhost) isControllerCommand_Command() {}
 
 func (*ControllerCommand_DeleteVhost) isControllerCommand_Command() {}
 
+func (*ControllerCommand_DeclareExchange) isControllerCommand_Command() {}
+
+func (*ControllerCommand_DeleteExchange) isControllerCommand_Command() {}
+
+func (*ControllerCommand_Bind) isControllerCommand_Command() {}
+
 // The metadata as of offset: the state left by every record below it.
 // A checkpoint takes effect only when it is stored at offset, that is when
 // no other record came between the state the leader read and the
@@ -316,7 +367,9 @@ type ControllerCheckpoint struct {
 	// The ACL rules, in the order they were added.
 	Acls []*AclRule `protobuf:"bytes,5,rep,name=acls,proto3" json:"acls,omitempty"`
 	// The vhosts but the default one, by name.
-	Vhosts        []*VhostRecord `protobuf:"bytes,6,rep,name=vhosts,proto3" json:"vhosts,omitempty"`
+	Vhosts []*VhostRecord `protobuf:"bytes,6,rep,name=vhosts,proto3" json:"vhosts,omitempty"`
+	// The exchanges with their bindings, by name.
+	Exchanges     []*ExchangeRecord `protobuf:"bytes,7,rep,name=exchanges,proto3" json:"exchanges,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -389,6 +442,13 @@ func (x *ControllerCheckpoint) GetAcls() []*AclRule {
 func (x *ControllerCheckpoint) GetVhosts() []*VhostRecord {
 	if x != nil {
 		return x.Vhosts
+	}
+	return nil
+}
+
+func (x *ControllerCheckpoint) GetExchanges() []*ExchangeRecord {
+	if x != nil {
+		return x.Exchanges
 	}
 	return nil
 }
@@ -1298,7 +1358,7 @@ var File_controller_proto protoreflect.FileDescriptor
 
 const file_controller_proto_rawDesc = "" +
 	"\n" +
-	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\"\xda\x06\n" +
+	"\x10controller.proto\x12\therald.v1\x1a\fherald.proto\x1a\x0eexchange.proto\"\x9d\b\n" +
 	"\x11ControllerCommand\x12<\n" +
 	"\rregister_node\x18\x01 \x01(\v2\x15.herald.v1.NodeRecordH\x00R\fregisterNode\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.herald.v1.TopicRecordH\x00R\vcreateTopic\x12;\n" +
@@ -1317,17 +1377,21 @@ const file_controller_proto_rawDesc = "" +
 	"alter_acls\x18\n" +
 	" \x01(\v2\x1b.herald.v1.AlterAclsRequestH\x00R\talterAcls\x12;\n" +
 	"\fupsert_vhost\x18\v \x01(\v2\x16.herald.v1.VhostRecordH\x00R\vupsertVhost\x12;\n" +
-	"\fdelete_vhost\x18\f \x01(\v2\x16.herald.v1.DeleteVhostH\x00R\vdeleteVhost\x12\x1d\n" +
+	"\fdelete_vhost\x18\f \x01(\v2\x16.herald.v1.DeleteVhostH\x00R\vdeleteVhost\x12F\n" +
+	"\x10declare_exchange\x18\r \x01(\v2\x19.herald.v1.ExchangeRecordH\x00R\x0fdeclareExchange\x12K\n" +
+	"\x0fdelete_exchange\x18\x0e \x01(\v2 .herald.v1.DeleteExchangeRequestH\x00R\x0edeleteExchange\x12,\n" +
+	"\x04bind\x18\x10 \x01(\v2\x16.herald.v1.BindRequestH\x00R\x04bind\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x0f \x01(\tR\trequestIdB\t\n" +
-	"\acommand\"\x90\x02\n" +
+	"\acommand\"\xc9\x02\n" +
 	"\x14ControllerCheckpoint\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12+\n" +
 	"\x05nodes\x18\x02 \x03(\v2\x15.herald.v1.NodeRecordR\x05nodes\x12.\n" +
 	"\x06topics\x18\x03 \x03(\v2\x16.herald.v1.TopicRecordR\x06topics\x12+\n" +
 	"\x05users\x18\x04 \x03(\v2\x15.herald.v1.UserRecordR\x05users\x12&\n" +
 	"\x04acls\x18\x05 \x03(\v2\x12.herald.v1.AclRuleR\x04acls\x12.\n" +
-	"\x06vhosts\x18\x06 \x03(\v2\x16.herald.v1.VhostRecordR\x06vhosts\"\x83\x01\n" +
+	"\x06vhosts\x18\x06 \x03(\v2\x16.herald.v1.VhostRecordR\x06vhosts\x127\n" +
+	"\texchanges\x18\a \x03(\v2\x19.herald.v1.ExchangeRecordR\texchanges\"\x83\x01\n" +
 	"\vVhostRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12)\n" +
 	"\x06quotas\x18\x02 \x01(\v2\x11.herald.v1.QuotasR\x06quotas\x12\x16\n" +
@@ -1430,27 +1494,30 @@ func file_controller_proto_rawDescGZIP() []byte {
 
 var file_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_controller_proto_goTypes = []any{
-	(*ControllerCommand)(nil),    // 0: herald.v1.ControllerCommand
-	(*ControllerCheckpoint)(nil), // 1: herald.v1.ControllerCheckpoint
-	(*VhostRecord)(nil),          // 2: herald.v1.VhostRecord
-	(*DeleteVhost)(nil),          // 3: herald.v1.DeleteVhost
-	(*UserRecord)(nil),           // 4: herald.v1.UserRecord
-	(*DeleteUser)(nil),           // 5: herald.v1.DeleteUser
-	(*SecurityState)(nil),        // 6: herald.v1.SecurityState
-	(*TopicRecord)(nil),          // 7: herald.v1.TopicRecord
-	(*PartitionAssignment)(nil),  // 8: herald.v1.PartitionAssignment
-	(*ReassignPartitions)(nil),   // 9: herald.v1.ReassignPartitions
-	(*CompleteReassignment)(nil), // 10: herald.v1.CompleteReassignment
-	(*DecommissionNode)(nil),     // 11: herald.v1.DecommissionNode
-	(*DeleteTopic)(nil),          // 12: herald.v1.DeleteTopic
-	(*NodeRecord)(nil),           // 13: herald.v1.NodeRecord
-	nil,                          // 14: herald.v1.PartitionAssignment.JoinedEntry
-	nil,                          // 15: herald.v1.PartitionAssignment.RaftIdsEntry
-	(*AlterAclsRequest)(nil),     // 16: herald.v1.AlterAclsRequest
-	(*AclRule)(nil),              // 17: herald.v1.AclRule
-	(*Quotas)(nil),               // 18: herald.v1.Quotas
-	(*ScramCredential)(nil),      // 19: herald.v1.ScramCredential
-	(*TopicConfig)(nil),          // 20: herald.v1.TopicConfig
+	(*ControllerCommand)(nil),     // 0: herald.v1.ControllerCommand
+	(*ControllerCheckpoint)(nil),  // 1: herald.v1.ControllerCheckpoint
+	(*VhostRecord)(nil),           // 2: herald.v1.VhostRecord
+	(*DeleteVhost)(nil),           // 3: herald.v1.DeleteVhost
+	(*UserRecord)(nil),            // 4: herald.v1.UserRecord
+	(*DeleteUser)(nil),            // 5: herald.v1.DeleteUser
+	(*SecurityState)(nil),         // 6: herald.v1.SecurityState
+	(*TopicRecord)(nil),           // 7: herald.v1.TopicRecord
+	(*PartitionAssignment)(nil),   // 8: herald.v1.PartitionAssignment
+	(*ReassignPartitions)(nil),    // 9: herald.v1.ReassignPartitions
+	(*CompleteReassignment)(nil),  // 10: herald.v1.CompleteReassignment
+	(*DecommissionNode)(nil),      // 11: herald.v1.DecommissionNode
+	(*DeleteTopic)(nil),           // 12: herald.v1.DeleteTopic
+	(*NodeRecord)(nil),            // 13: herald.v1.NodeRecord
+	nil,                           // 14: herald.v1.PartitionAssignment.JoinedEntry
+	nil,                           // 15: herald.v1.PartitionAssignment.RaftIdsEntry
+	(*AlterAclsRequest)(nil),      // 16: herald.v1.AlterAclsRequest
+	(*ExchangeRecord)(nil),        // 17: herald.v1.ExchangeRecord
+	(*DeleteExchangeRequest)(nil), // 18: herald.v1.DeleteExchangeRequest
+	(*BindRequest)(nil),           // 19: herald.v1.BindRequest
+	(*AclRule)(nil),               // 20: herald.v1.AclRule
+	(*Quotas)(nil),                // 21: herald.v1.Quotas
+	(*ScramCredential)(nil),       // 22: herald.v1.ScramCredential
+	(*TopicConfig)(nil),           // 23: herald.v1.TopicConfig
 }
 var file_controller_proto_depIdxs = []int32{
 	13, // 0: herald.v1.ControllerCommand.register_node:type_name -> herald.v1.NodeRecord
@@ -1465,27 +1532,31 @@ var file_controller_proto_depIdxs = []int32{
 	16, // 9: herald.v1.ControllerCommand.alter_acls:type_name -> herald.v1.AlterAclsRequest
 	2,  // 10: herald.v1.ControllerCommand.upsert_vhost:type_name -> herald.v1.VhostRecord
 	3,  // 11: herald.v1.ControllerCommand.delete_vhost:type_name -> herald.v1.DeleteVhost
-	13, // 12: herald.v1.ControllerCheckpoint.nodes:type_name -> herald.v1.NodeRecord
-	7,  // 13: herald.v1.ControllerCheckpoint.topics:type_name -> herald.v1.TopicRecord
-	4,  // 14: herald.v1.ControllerCheckpoint.users:type_name -> herald.v1.UserRecord
-	17, // 15: herald.v1.ControllerCheckpoint.acls:type_name -> herald.v1.AclRule
-	2,  // 16: herald.v1.ControllerCheckpoint.vhosts:type_name -> herald.v1.VhostRecord
-	18, // 17: herald.v1.VhostRecord.quotas:type_name -> herald.v1.Quotas
-	19, // 18: herald.v1.UserRecord.scram_sha256:type_name -> herald.v1.ScramCredential
-	18, // 19: herald.v1.UserRecord.quotas:type_name -> herald.v1.Quotas
-	4,  // 20: herald.v1.SecurityState.users:type_name -> herald.v1.UserRecord
-	17, // 21: herald.v1.SecurityState.acls:type_name -> herald.v1.AclRule
-	2,  // 22: herald.v1.SecurityState.vhosts:type_name -> herald.v1.VhostRecord
-	20, // 23: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
-	8,  // 24: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
-	14, // 25: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
-	15, // 26: herald.v1.PartitionAssignment.raft_ids:type_name -> herald.v1.PartitionAssignment.RaftIdsEntry
-	8,  // 27: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
-	28, // [28:28] is the sub-list for method output_type
-	28, // [28:28] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	17, // 12: herald.v1.ControllerCommand.declare_exchange:type_name -> herald.v1.ExchangeRecord
+	18, // 13: herald.v1.ControllerCommand.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
+	19, // 14: herald.v1.ControllerCommand.bind:type_name -> herald.v1.BindRequest
+	13, // 15: herald.v1.ControllerCheckpoint.nodes:type_name -> herald.v1.NodeRecord
+	7,  // 16: herald.v1.ControllerCheckpoint.topics:type_name -> herald.v1.TopicRecord
+	4,  // 17: herald.v1.ControllerCheckpoint.users:type_name -> herald.v1.UserRecord
+	20, // 18: herald.v1.ControllerCheckpoint.acls:type_name -> herald.v1.AclRule
+	2,  // 19: herald.v1.ControllerCheckpoint.vhosts:type_name -> herald.v1.VhostRecord
+	17, // 20: herald.v1.ControllerCheckpoint.exchanges:type_name -> herald.v1.ExchangeRecord
+	21, // 21: herald.v1.VhostRecord.quotas:type_name -> herald.v1.Quotas
+	22, // 22: herald.v1.UserRecord.scram_sha256:type_name -> herald.v1.ScramCredential
+	21, // 23: herald.v1.UserRecord.quotas:type_name -> herald.v1.Quotas
+	4,  // 24: herald.v1.SecurityState.users:type_name -> herald.v1.UserRecord
+	20, // 25: herald.v1.SecurityState.acls:type_name -> herald.v1.AclRule
+	2,  // 26: herald.v1.SecurityState.vhosts:type_name -> herald.v1.VhostRecord
+	23, // 27: herald.v1.TopicRecord.config:type_name -> herald.v1.TopicConfig
+	8,  // 28: herald.v1.TopicRecord.partitions:type_name -> herald.v1.PartitionAssignment
+	14, // 29: herald.v1.PartitionAssignment.joined:type_name -> herald.v1.PartitionAssignment.JoinedEntry
+	15, // 30: herald.v1.PartitionAssignment.raft_ids:type_name -> herald.v1.PartitionAssignment.RaftIdsEntry
+	8,  // 31: herald.v1.ReassignPartitions.partitions:type_name -> herald.v1.PartitionAssignment
+	32, // [32:32] is the sub-list for method output_type
+	32, // [32:32] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_controller_proto_init() }
@@ -1494,6 +1565,7 @@ func file_controller_proto_init() {
 		return
 	}
 	file_herald_proto_init()
+	file_exchange_proto_init()
 	file_controller_proto_msgTypes[0].OneofWrappers = []any{
 		(*ControllerCommand_RegisterNode)(nil),
 		(*ControllerCommand_CreateTopic)(nil),
@@ -1507,6 +1579,9 @@ func file_controller_proto_init() {
 		(*ControllerCommand_AlterAcls)(nil),
 		(*ControllerCommand_UpsertVhost)(nil),
 		(*ControllerCommand_DeleteVhost)(nil),
+		(*ControllerCommand_DeclareExchange)(nil),
+		(*ControllerCommand_DeleteExchange)(nil),
+		(*ControllerCommand_Bind)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

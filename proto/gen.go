@@ -4,4 +4,4 @@
 // plus hand-written framing and batch scanning helpers.
 package heraldpb
 
-//go:generate protoc --go_out=. --go_opt=paths=source_relative herald.proto log.proto group.proto schedule.proto txn.proto controller.proto
+//go:generate protoc --go_out=. --go_opt=paths=source_relative herald.proto log.proto group.proto schedule.proto txn.proto controller.proto exchange.proto

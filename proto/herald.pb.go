@@ -147,6 +147,13 @@ const (
 	// (connections, topics, partitions, stored bytes); the message names
 	// it. Rate quotas answer THROTTLED instead. Final for connections.
 	ErrorCode_QUOTA_EXCEEDED ErrorCode = 44
+	// The exchange does not exist (publish, bind, delete, or an exchange
+	// binding's destination).
+	ErrorCode_EXCHANGE_NOT_FOUND ErrorCode = 45
+	// A mandatory publish matched no binding (none through the alternate
+	// exchange either); the message names the exchange and the routing key.
+	// Nothing was stored. Not retriable as is.
+	ErrorCode_UNROUTABLE ErrorCode = 46
 )
 
 // Enum value maps for ErrorCode.
@@ -197,6 +204,8 @@ var (
 		42: "USER_ALREADY_EXISTS",
 		43: "VHOST_NOT_FOUND",
 		44: "QUOTA_EXCEEDED",
+		45: "EXCHANGE_NOT_FOUND",
+		46: "UNROUTABLE",
 	}
 	ErrorCode_value = map[string]int32{
 		"ERROR_CODE_UNSPECIFIED": 0,
@@ -244,6 +253,8 @@ var (
 		"USER_ALREADY_EXISTS":    42,
 		"VHOST_NOT_FOUND":        43,
 		"QUOTA_EXCEEDED":         44,
+		"EXCHANGE_NOT_FOUND":     45,
+		"UNROUTABLE":             46,
 	}
 )
 
@@ -1008,6 +1019,16 @@ type Frame struct {
 	//	*Frame_AlterVhostResponse
 	//	*Frame_ListVhosts
 	//	*Frame_ListVhostsResponse
+	//	*Frame_DeclareExchange
+	//	*Frame_DeclareExchangeResponse
+	//	*Frame_DeleteExchange
+	//	*Frame_DeleteExchangeResponse
+	//	*Frame_Bind
+	//	*Frame_BindResponse
+	//	*Frame_ListExchanges
+	//	*Frame_ListExchangesResponse
+	//	*Frame_Publish
+	//	*Frame_PublishResponse
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
@@ -1693,6 +1714,96 @@ func (x *Frame) GetListVhostsResponse() *ListVhostsResponse {
 	return nil
 }
 
+func (x *Frame) GetDeclareExchange() *DeclareExchangeRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_DeclareExchange); ok {
+			return x.DeclareExchange
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetDeclareExchangeResponse() *DeclareExchangeResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_DeclareExchangeResponse); ok {
+			return x.DeclareExchangeResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetDeleteExchange() *DeleteExchangeRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_DeleteExchange); ok {
+			return x.DeleteExchange
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetDeleteExchangeResponse() *DeleteExchangeResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_DeleteExchangeResponse); ok {
+			return x.DeleteExchangeResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetBind() *BindRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Bind); ok {
+			return x.Bind
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetBindResponse() *BindResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_BindResponse); ok {
+			return x.BindResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListExchanges() *ListExchangesRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListExchanges); ok {
+			return x.ListExchanges
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListExchangesResponse() *ListExchangesResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListExchangesResponse); ok {
+			return x.ListExchangesResponse
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetPublish() *PublishRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_Publish); ok {
+			return x.Publish
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetPublishResponse() *PublishResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_PublishResponse); ok {
+			return x.PublishResponse
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetDelivery() *Delivery {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Delivery); ok {
@@ -2031,6 +2142,46 @@ type Frame_ListVhostsResponse struct {
 	ListVhostsResponse *ListVhostsResponse `protobuf:"bytes,89,opt,name=list_vhosts_response,json=listVhostsResponse,proto3,oneof"`
 }
 
+type Frame_DeclareExchange struct {
+	DeclareExchange *DeclareExchangeRequest `protobuf:"bytes,90,opt,name=declare_exchange,json=declareExchange,proto3,oneof"`
+}
+
+type Frame_DeclareExchangeResponse struct {
+	DeclareExchangeResponse *DeclareExchangeResponse `protobuf:"bytes,91,opt,name=declare_exchange_response,json=declareExchangeResponse,proto3,oneof"`
+}
+
+type Frame_DeleteExchange struct {
+	DeleteExchange *DeleteExchangeRequest `protobuf:"bytes,92,opt,name=delete_exchange,json=deleteExchange,proto3,oneof"`
+}
+
+type Frame_DeleteExchangeResponse struct {
+	DeleteExchangeResponse *DeleteExchangeResponse `protobuf:"bytes,93,opt,name=delete_exchange_response,json=deleteExchangeResponse,proto3,oneof"`
+}
+
+type Frame_Bind struct {
+	Bind *BindRequest `protobuf:"bytes,94,opt,name=bind,proto3,oneof"`
+}
+
+type Frame_BindResponse struct {
+	BindResponse *BindResponse `protobuf:"bytes,95,opt,name=bind_response,json=bindResponse,proto3,oneof"`
+}
+
+type Frame_ListExchanges struct {
+	ListExchanges *ListExchangesRequest `protobuf:"bytes,96,opt,name=list_exchanges,json=listExchanges,proto3,oneof"`
+}
+
+type Frame_ListExchangesResponse struct {
+	ListExchangesResponse *ListExchangesResponse `protobuf:"bytes,97,opt,name=list_exchanges_response,json=listExchangesResponse,proto3,oneof"`
+}
+
+type Frame_Publish struct {
+	Publish *PublishRequest `protobuf:"bytes,98,opt,name=publish,proto3,oneof"`
+}
+
+type Frame_PublishResponse struct {
+	PublishResponse *PublishResponse `protobuf:"bytes,99,opt,name=publish_response,json=publishResponse,proto3,oneof"`
+}
+
 type Frame_Delivery struct {
 	// Server pushes (frame id 0): never requests, never answered.
 	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
@@ -2195,6 +2346,26 @@ func (*Frame_AlterVhostResponse) isFrame_Body() {}
 func (*Frame_ListVhosts) isFrame_Body() {}
 
 func (*Frame_ListVhostsResponse) isFrame_Body() {}
+
+func (*Frame_DeclareExchange) isFrame_Body() {}
+
+func (*Frame_DeclareExchangeResponse) isFrame_Body() {}
+
+func (*Frame_DeleteExchange) isFrame_Body() {}
+
+func (*Frame_DeleteExchangeResponse) isFrame_Body() {}
+
+func (*Frame_Bind) isFrame_Body() {}
+
+func (*Frame_BindResponse) isFrame_Body() {}
+
+func (*Frame_ListExchanges) isFrame_Body() {}
+
+func (*Frame_ListExchangesResponse) isFrame_Body() {}
+
+func (*Frame_Publish) isFrame_Body() {}
+
+func (*Frame_PublishResponse) isFrame_Body() {}
 
 func (*Frame_Delivery) isFrame_Body() {}
 
@@ -9088,7 +9259,7 @@ var File_herald_proto protoreflect.FileDescriptor
 
 const file_herald_proto_rawDesc = "" +
 	"\n" +
-	"\fherald.proto\x12\therald.v1\"\x86\x02\n" +
+	"\fherald.proto\x12\therald.v1\x1a\x0eexchange.proto\"\x86\x02\n" +
 	"\x05Error\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.herald.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x18\n" +
@@ -9097,7 +9268,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x06leader\x18\x05 \x01(\rR\x06leader\x12\x1b\n" +
 	"\tlost_from\x18\x06 \x01(\x03R\blostFrom\x12\x17\n" +
 	"\alost_to\x18\a \x01(\x03R\x06lostTo\x12'\n" +
-	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\xc0*\n" +
+	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\xb20\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -9178,7 +9349,17 @@ const file_herald_proto_rawDesc = "" +
 	"\x14alter_vhost_response\x18W \x01(\v2\x1d.herald.v1.AlterVhostResponseH\x00R\x12alterVhostResponse\x12?\n" +
 	"\vlist_vhosts\x18X \x01(\v2\x1c.herald.v1.ListVhostsRequestH\x00R\n" +
 	"listVhosts\x12Q\n" +
-	"\x14list_vhosts_response\x18Y \x01(\v2\x1d.herald.v1.ListVhostsResponseH\x00R\x12listVhostsResponse\x121\n" +
+	"\x14list_vhosts_response\x18Y \x01(\v2\x1d.herald.v1.ListVhostsResponseH\x00R\x12listVhostsResponse\x12N\n" +
+	"\x10declare_exchange\x18Z \x01(\v2!.herald.v1.DeclareExchangeRequestH\x00R\x0fdeclareExchange\x12`\n" +
+	"\x19declare_exchange_response\x18[ \x01(\v2\".herald.v1.DeclareExchangeResponseH\x00R\x17declareExchangeResponse\x12K\n" +
+	"\x0fdelete_exchange\x18\\ \x01(\v2 .herald.v1.DeleteExchangeRequestH\x00R\x0edeleteExchange\x12]\n" +
+	"\x18delete_exchange_response\x18] \x01(\v2!.herald.v1.DeleteExchangeResponseH\x00R\x16deleteExchangeResponse\x12,\n" +
+	"\x04bind\x18^ \x01(\v2\x16.herald.v1.BindRequestH\x00R\x04bind\x12>\n" +
+	"\rbind_response\x18_ \x01(\v2\x17.herald.v1.BindResponseH\x00R\fbindResponse\x12H\n" +
+	"\x0elist_exchanges\x18` \x01(\v2\x1f.herald.v1.ListExchangesRequestH\x00R\rlistExchanges\x12Z\n" +
+	"\x17list_exchanges_response\x18a \x01(\v2 .herald.v1.ListExchangesResponseH\x00R\x15listExchangesResponse\x125\n" +
+	"\apublish\x18b \x01(\v2\x19.herald.v1.PublishRequestH\x00R\apublish\x12G\n" +
+	"\x10publish_response\x18c \x01(\v2\x1a.herald.v1.PublishResponseH\x00R\x0fpublishResponse\x121\n" +
 	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
@@ -9750,7 +9931,7 @@ const file_herald_proto_rawDesc = "" +
 	"\arecords\x18\a \x01(\rR\arecords\x12\x14\n" +
 	"\x05bytes\x18\b \x01(\x04R\x05bytes\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\t \x01(\rR\ttimeoutMs*\xca\a\n" +
+	"timeout_ms\x18\t \x01(\rR\ttimeoutMs*\xf2\a\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +
@@ -9798,7 +9979,10 @@ const file_herald_proto_rawDesc = "" +
 	"\x0eUSER_NOT_FOUND\x10)\x12\x17\n" +
 	"\x13USER_ALREADY_EXISTS\x10*\x12\x13\n" +
 	"\x0fVHOST_NOT_FOUND\x10+\x12\x12\n" +
-	"\x0eQUOTA_EXCEEDED\x10,*\xbd\x01\n" +
+	"\x0eQUOTA_EXCEEDED\x10,\x12\x16\n" +
+	"\x12EXCHANGE_NOT_FOUND\x10-\x12\x0e\n" +
+	"\n" +
+	"UNROUTABLE\x10.*\xbd\x01\n" +
 	"\fAclOperation\x12\x16\n" +
 	"\x12ACL_OP_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -9980,6 +10164,16 @@ var file_herald_proto_goTypes = []any{
 	(*EndTxnRequest)(nil),            // 109: herald.v1.EndTxnRequest
 	(*EndTxnResponse)(nil),           // 110: herald.v1.EndTxnResponse
 	(*TxnInfo)(nil),                  // 111: herald.v1.TxnInfo
+	(*DeclareExchangeRequest)(nil),   // 112: herald.v1.DeclareExchangeRequest
+	(*DeclareExchangeResponse)(nil),  // 113: herald.v1.DeclareExchangeResponse
+	(*DeleteExchangeRequest)(nil),    // 114: herald.v1.DeleteExchangeRequest
+	(*DeleteExchangeResponse)(nil),   // 115: herald.v1.DeleteExchangeResponse
+	(*BindRequest)(nil),              // 116: herald.v1.BindRequest
+	(*BindResponse)(nil),             // 117: herald.v1.BindResponse
+	(*ListExchangesRequest)(nil),     // 118: herald.v1.ListExchangesRequest
+	(*ListExchangesResponse)(nil),    // 119: herald.v1.ListExchangesResponse
+	(*PublishRequest)(nil),           // 120: herald.v1.PublishRequest
+	(*PublishResponse)(nil),          // 121: herald.v1.PublishResponse
 }
 var file_herald_proto_depIdxs = []int32{
 	0,   // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
@@ -10053,69 +10247,79 @@ var file_herald_proto_depIdxs = []int32{
 	29,  // 68: herald.v1.Frame.alter_vhost_response:type_name -> herald.v1.AlterVhostResponse
 	30,  // 69: herald.v1.Frame.list_vhosts:type_name -> herald.v1.ListVhostsRequest
 	32,  // 70: herald.v1.Frame.list_vhosts_response:type_name -> herald.v1.ListVhostsResponse
-	74,  // 71: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	75,  // 72: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	91,  // 73: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	76,  // 74: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	103, // 75: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
-	11,  // 76: herald.v1.Frame.error:type_name -> herald.v1.Error
-	17,  // 77: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
-	27,  // 78: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
-	27,  // 79: herald.v1.UserInfo.quotas:type_name -> herald.v1.Quotas
-	2,   // 80: herald.v1.AclRule.resource_type:type_name -> herald.v1.AclResourceType
-	1,   // 81: herald.v1.AclRule.operation:type_name -> herald.v1.AclOperation
-	22,  // 82: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
-	22,  // 83: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
-	22,  // 84: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
-	27,  // 85: herald.v1.AlterVhostRequest.quotas:type_name -> herald.v1.Quotas
-	27,  // 86: herald.v1.VhostInfo.quotas:type_name -> herald.v1.Quotas
-	31,  // 87: herald.v1.ListVhostsResponse.vhosts:type_name -> herald.v1.VhostInfo
-	21,  // 88: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
-	34,  // 89: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	35,  // 90: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	37,  // 91: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	36,  // 92: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	34,  // 93: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	36,  // 94: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	10,  // 95: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
-	45,  // 96: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
-	36,  // 97: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	36,  // 98: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	51,  // 99: herald.v1.Record.headers:type_name -> herald.v1.Header
-	52,  // 100: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	3,   // 101: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	56,  // 102: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
-	4,   // 103: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	54,  // 104: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	5,   // 105: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	6,   // 106: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	7,   // 107: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	62,  // 108: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	52,  // 109: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	73,  // 110: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	11,  // 111: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	6,   // 112: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	78,  // 113: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	8,   // 114: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	6,   // 115: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	7,   // 116: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	81,  // 117: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	82,  // 118: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	83,  // 119: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	62,  // 120: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	83,  // 121: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	52,  // 122: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	52,  // 123: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	52,  // 124: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	95,  // 125: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	9,   // 126: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
-	105, // 127: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	111, // 128: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
-	129, // [129:129] is the sub-list for method output_type
-	129, // [129:129] is the sub-list for method input_type
-	129, // [129:129] is the sub-list for extension type_name
-	129, // [129:129] is the sub-list for extension extendee
-	0,   // [0:129] is the sub-list for field type_name
+	112, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
+	113, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
+	114, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
+	115, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
+	116, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
+	117, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
+	118, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
+	119, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
+	120, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
+	121, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
+	74,  // 81: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	75,  // 82: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	91,  // 83: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	76,  // 84: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	103, // 85: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
+	11,  // 86: herald.v1.Frame.error:type_name -> herald.v1.Error
+	17,  // 87: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
+	27,  // 88: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
+	27,  // 89: herald.v1.UserInfo.quotas:type_name -> herald.v1.Quotas
+	2,   // 90: herald.v1.AclRule.resource_type:type_name -> herald.v1.AclResourceType
+	1,   // 91: herald.v1.AclRule.operation:type_name -> herald.v1.AclOperation
+	22,  // 92: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
+	22,  // 93: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
+	22,  // 94: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
+	27,  // 95: herald.v1.AlterVhostRequest.quotas:type_name -> herald.v1.Quotas
+	27,  // 96: herald.v1.VhostInfo.quotas:type_name -> herald.v1.Quotas
+	31,  // 97: herald.v1.ListVhostsResponse.vhosts:type_name -> herald.v1.VhostInfo
+	21,  // 98: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
+	34,  // 99: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	35,  // 100: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	37,  // 101: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	36,  // 102: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	34,  // 103: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	36,  // 104: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	10,  // 105: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	45,  // 106: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	36,  // 107: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	36,  // 108: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	51,  // 109: herald.v1.Record.headers:type_name -> herald.v1.Header
+	52,  // 110: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	3,   // 111: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	56,  // 112: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
+	4,   // 113: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	54,  // 114: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	5,   // 115: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	6,   // 116: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	7,   // 117: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	62,  // 118: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	52,  // 119: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	73,  // 120: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	11,  // 121: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	6,   // 122: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	78,  // 123: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	8,   // 124: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	6,   // 125: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	7,   // 126: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	81,  // 127: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	82,  // 128: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	83,  // 129: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	62,  // 130: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	83,  // 131: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	52,  // 132: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	52,  // 133: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	52,  // 134: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	95,  // 135: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	9,   // 136: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	105, // 137: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	111, // 138: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	139, // [139:139] is the sub-list for method output_type
+	139, // [139:139] is the sub-list for method input_type
+	139, // [139:139] is the sub-list for extension type_name
+	139, // [139:139] is the sub-list for extension extendee
+	0,   // [0:139] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -10123,6 +10327,7 @@ func file_herald_proto_init() {
 	if File_herald_proto != nil {
 		return
 	}
+	file_exchange_proto_init()
 	file_herald_proto_msgTypes[1].OneofWrappers = []any{
 		(*Frame_Hello)(nil),
 		(*Frame_HelloResponse)(nil),
@@ -10194,6 +10399,16 @@ func file_herald_proto_init() {
 		(*Frame_AlterVhostResponse)(nil),
 		(*Frame_ListVhosts)(nil),
 		(*Frame_ListVhostsResponse)(nil),
+		(*Frame_DeclareExchange)(nil),
+		(*Frame_DeclareExchangeResponse)(nil),
+		(*Frame_DeleteExchange)(nil),
+		(*Frame_DeleteExchangeResponse)(nil),
+		(*Frame_Bind)(nil),
+		(*Frame_BindResponse)(nil),
+		(*Frame_ListExchanges)(nil),
+		(*Frame_ListExchangesResponse)(nil),
+		(*Frame_Publish)(nil),
+		(*Frame_PublishResponse)(nil),
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),

@@ -40,7 +40,10 @@ var rules = map[string][]string{
 	"adminapi": {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "internal/...", "auth", "chaos/..."},
 	// The dead-letter reader and redriver: the SDK's, shared by the CLI
 	// and the admin API.
-	"dlq":               {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "timewheel", "internal/...", "auth", "chaos/...", "adminapi"},
+	"dlq": {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "timewheel", "internal/...", "auth", "chaos/...", "adminapi"},
+	// Routing through exchanges: shared by the broker (routing) and the
+	// controller (the metadata's changes); it imports only proto.
+	"exchange":          {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "filter", "internal/...", "auth", "chaos/...", "adminapi", "dlq"},
 	"internal/raftwire": {"actors/...", "netio/...", "broker/...", "cmd/...", "client/..."},
 	// The chaos suite drives real brokers from outside, through the SDK
 	// and the wire format, and reads data dirs with persistence; no node
