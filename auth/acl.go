@@ -109,6 +109,10 @@ func topicCheck(op heraldpb.AclOperation, name string) check {
 	return check{op, heraldpb.AclResourceType_ACL_RESOURCE_TOPIC, name}
 }
 
+func exchangeCheck(op heraldpb.AclOperation, name string) check {
+	return check{op, heraldpb.AclResourceType_ACL_RESOURCE_EXCHANGE, name}
+}
+
 func clusterCheck(op heraldpb.AclOperation) check {
 	return check{op, heraldpb.AclResourceType_ACL_RESOURCE_CLUSTER, ""}
 }
@@ -163,6 +167,33 @@ func checks(vhost string, f *heraldpb.Frame) (out []check, ok bool) {
 		}
 		if g := p.GetHalf().GetProducerGroup(); g != "" {
 			out = append(out, check{opProduce, heraldpb.AclResourceType_ACL_RESOURCE_PRODUCER_GROUP, g})
+		}
+	case *heraldpb.Frame_Publish:
+		if b.Publish.Exchange == "" {
+			// The default exchange: the routing key names the topic.
+			out = append(out, topicCheck(opProduce, b.Publish.RoutingKey))
+		} else {
+			out = append(out, exchangeCheck(opProduce, b.Publish.Exchange))
+		}
+	case *heraldpb.Frame_DeclareExchange:
+		out = append(out, exchangeCheck(opCreate, b.DeclareExchange.GetExchange().GetName()))
+	case *heraldpb.Frame_DeleteExchange:
+		out = append(out, exchangeCheck(opDelete, b.DeleteExchange.Name))
+	case *heraldpb.Frame_Bind:
+		// Binding lets the source's publishers write to the destination.
+		bd := b.Bind.GetBinding()
+		out = append(out, exchangeCheck(opAlter, bd.GetExchange()))
+		if bd.GetTopic() != "" {
+			out = append(out, topicCheck(opProduce, bd.GetTopic()))
+		}
+		if bd.GetToExchange() != "" {
+			out = append(out, exchangeCheck(opProduce, bd.GetToExchange()))
+		}
+	case *heraldpb.Frame_ListExchanges:
+		if n := b.ListExchanges.Name; n != "" {
+			out = append(out, exchangeCheck(opDescribe, n))
+		} else {
+			out = append(out, vhostCheck(opDescribe, vhost)) // the answer lists the vhost's only
 		}
 	case *heraldpb.Frame_Fetch:
 		out = append(out, topicCheck(opConsume, b.Fetch.Topic))

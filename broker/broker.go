@@ -76,6 +76,7 @@ type Broker struct {
 	// without mutual TLS between nodes): verifyNode's.
 	nodeTLSClient *tls.Config
 	users         *userStore
+	exchanges     *exchanges
 	tenancy       *tenancy
 	nodeID        uint64
 
@@ -238,6 +239,10 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		b.stopActors()
 		return nil, err
 	}
+	if err := b.startExchanges(clustered); err != nil {
+		b.stopActors()
+		return nil, fmt.Errorf("exchanges: %w", err)
+	}
 	groupRouter := consumer.NewRouter(b.sys, dir, actor.NewPID(b.sys.Address(), consumer.ManagerName))
 	if clustered {
 		groupRouter.SetGate(func() (uint64, bool) { return b.groupsLeader.Load(), b.groupsHere.Load() })
@@ -251,7 +256,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		FrameTimeout: neverIfZero(cfg.FrameTimeout), MaxFrameBytesBeforeHello: cfg.MaxFrameBytesBeforeHello,
 		MaxInFlightProduceBytes: offIfZero(cfg.MaxInFlightProduceBytes), MaxProduceDefer: neverIfZero(cfg.MaxProduceDefer), NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
 		Auth: b.auth, Tenancy: b.tenancy, Audit: b.auditHook(),
-	}, b.sys, newRouter(b.sys, groupRouter, topic.NewRouter(b.sys, reg, b.manager), b.routeScheduled, b.routeTxn, b.users.route))
+	}, b.sys, newRouter(b.sys, groupRouter, topic.NewRouter(b.sys, reg, b.manager), b.routeScheduled, b.routeTxn, b.users.route, b.exchanges))
 	if err != nil {
 		b.stopActors()
 		return nil, err
@@ -459,6 +464,9 @@ func (b *Broker) onMetadata(md *cluster.Metadata) {
 		b.users.acls.Set(md.Acls)
 		b.tenancy.setVhosts(slices.Collect(maps.Values(md.Vhosts)))
 	}
+	if b.exchanges != nil {
+		b.exchanges.setMetadata(md.Exchanges)
+	}
 }
 
 func (b *Broker) stopActors() {
@@ -515,7 +523,7 @@ type router struct {
 
 // newRouter builds the table. A request type claimed twice is a wiring
 // bug, and panics at start.
-func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Router, sched, txns, users topic.Handler) router {
+func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Router, sched, txns, users topic.Handler, x *exchanges) router {
 	table := map[reflect.Type]topic.Handler{}
 	add := func(routes map[reflect.Type]topic.Handler) {
 		for t, h := range routes {
@@ -528,6 +536,12 @@ func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Ro
 	add(topics.Routes())
 	add(groups.Routes())
 	produce := table[reflect.TypeOf(&heraldpb.Frame_Produce{})]
+	if x != nil {
+		x.produce, x.txn = produce, txns
+		add(x.routes())
+		del := reflect.TypeOf(&heraldpb.Frame_DeleteTopic{})
+		table[del] = x.wrapDeleteTopic(table[del])
+	}
 	table[reflect.TypeOf(&heraldpb.Frame_Produce{})] = func(f *heraldpb.Frame, replyTo *actor.PID) {
 		if toTxn(f) {
 			txns(f, replyTo)

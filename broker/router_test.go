@@ -21,7 +21,7 @@ import (
 func TestRoutingTableCoversEveryRequest(t *testing.T) {
 	sys := actor.NewActorSystem()
 	r := newRouter(sys, consumer.NewRouter(sys, &consumer.Directory{}, nil), topic.NewRouter(sys, &registry.Registry{}, nil),
-		func(*heraldpb.Frame, *actor.PID) {}, func(*heraldpb.Frame, *actor.PID) {}, func(*heraldpb.Frame, *actor.PID) {})
+		func(*heraldpb.Frame, *actor.PID) {}, func(*heraldpb.Frame, *actor.PID) {}, func(*heraldpb.Frame, *actor.PID) {}, &exchanges{})
 	fields := (&heraldpb.Frame{}).ProtoReflect().Descriptor().Oneofs().ByName("body").Fields()
 	for i := 0; i < fields.Len(); i++ {
 		fd := fields.Get(i)

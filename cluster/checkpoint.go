@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/heraldmq/herald/actors/partition"
+	"github.com/heraldmq/herald/exchange"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -65,6 +66,7 @@ func checkpointOf(md *Metadata) *heraldpb.ControllerCheckpoint {
 	for _, name := range slices.Sorted(maps.Keys(md.Vhosts)) {
 		cp.Vhosts = append(cp.Vhosts, md.Vhosts[name])
 	}
+	cp.Exchanges = md.Exchanges.List()
 	return cp
 }
 
@@ -108,6 +110,7 @@ func applyCheckpoint(md *Metadata, cp *heraldpb.ControllerCheckpoint, off int64)
 			md.Vhosts[v.Name] = v
 		}
 	}
+	md.Exchanges = exchange.FromList(cp.Exchanges)
 	md.Checkpoint, md.SinceRecords, md.SinceBytes = off, 0, 0
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
+	"github.com/heraldmq/herald/exchange"
 	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"go.etcd.io/raft/v3/raftpb"
@@ -112,12 +113,14 @@ type ControllerConfig struct {
 // Metadata is the state the controller group's log builds. It is
 // immutable once published; apply makes a new one.
 type Metadata struct {
-	Nodes   map[uint64]*heraldpb.NodeRecord
-	Topics  map[string]*heraldpb.TopicRecord
-	Users   map[string]*heraldpb.UserRecord
-	Acls    []*heraldpb.AclRule // in the order added; never changed in place
-	Vhosts  map[string]*heraldpb.VhostRecord
-	Applied int64 // offset after the last record applied
+	Nodes  map[uint64]*heraldpb.NodeRecord
+	Topics map[string]*heraldpb.TopicRecord
+	Users  map[string]*heraldpb.UserRecord
+	Acls   []*heraldpb.AclRule // in the order added; never changed in place
+	Vhosts map[string]*heraldpb.VhostRecord
+	// Exchanges with their bindings, by name.
+	Exchanges exchange.Metadata
+	Applied   int64 // offset after the last record applied
 	// Checkpoint is the offset of the last checkpoint applied (0: none).
 	// SinceRecords and SinceBytes count the records applied after it
 	// (from the log's start if none) and their bytes.
@@ -137,6 +140,10 @@ func (md *Metadata) clone() *Metadata {
 	c.Vhosts = maps.Clone(md.Vhosts)
 	if c.Vhosts == nil {
 		c.Vhosts = map[string]*heraldpb.VhostRecord{}
+	}
+	c.Exchanges = md.Exchanges.Clone()
+	if c.Exchanges == nil {
+		c.Exchanges = exchange.Metadata{}
 	}
 	return &c
 }
@@ -216,7 +223,7 @@ func StartController(cfg ControllerConfig) (*Controller, error) {
 	}
 	c := &Controller{cfg: cfg, log: cfg.Logger.With("component", "controller"), group: partition.Name(ControllerTopic, 0),
 		voter: slices.Contains(cfg.Voters, cfg.Self.NodeId), stop: make(chan struct{})}
-	c.state.Store(&Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}, Topics: map[string]*heraldpb.TopicRecord{}, Users: map[string]*heraldpb.UserRecord{}, Vhosts: map[string]*heraldpb.VhostRecord{}})
+	c.state.Store(&Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}, Topics: map[string]*heraldpb.TopicRecord{}, Users: map[string]*heraldpb.UserRecord{}, Vhosts: map[string]*heraldpb.VhostRecord{}, Exchanges: exchange.Metadata{}})
 	// Voters bootstrap the group together; any other node's replica
 	// starts empty and waits to be added as a learner.
 	peers := map[uint64]*actor.PID{cfg.Self.NodeId: nil}
@@ -470,6 +477,7 @@ func applyCommand(md *Metadata, cmd *heraldpb.ControllerCommand) {
 		}
 	case cmd.GetDeleteTopic() != nil:
 		delete(md.Topics, cmd.GetDeleteTopic().Name)
+		md.Exchanges.DeleteTopic(cmd.GetDeleteTopic().Name)
 	case cmd.GetReassignPartitions() != nil:
 		applyReassign(md, cmd)
 	case cmd.GetCompleteReassignment() != nil:
@@ -513,6 +521,19 @@ func applyCommand(md *Metadata, cmd *heraldpb.ControllerCommand) {
 	case cmd.GetDeleteVhost() != nil:
 		delete(md.Vhosts, cmd.GetDeleteVhost().Name)
 		md.Acls = RulesWithoutVhost(md.Acls, cmd.GetDeleteVhost().Name)
+	case cmd.GetDeclareExchange() != nil:
+		x := cmd.GetDeclareExchange()
+		x.RequestId = cmd.RequestId
+		_, _ = md.Exchanges.Declare(x) // a conflict or a bad one changes nothing
+	case cmd.GetDeleteExchange() != nil:
+		d := cmd.GetDeleteExchange()
+		_ = md.Exchanges.Delete(d.Name, d.IfUnused)
+	case cmd.GetBind() != nil:
+		b := cmd.GetBind()
+		if t := b.GetBinding().GetTopic(); t != "" && !b.Unbind && md.Topics[t] == nil {
+			break // the topic was deleted meanwhile
+		}
+		_, _ = md.Exchanges.Bind(b.Binding, b.Unbind)
 	}
 }
 
@@ -958,6 +979,68 @@ func (c *Controller) AlterVhost(ctx context.Context, req *heraldpb.AlterVhostReq
 		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "vhost %q already exists", name)
 	}
 	return nil
+}
+
+// DeclareExchange has the controller group declare an exchange (or
+// check that the one of the name is the same: created false), returning
+// once this node's replica has applied it. Errors are *heraldpb.Error
+// values.
+func (c *Controller) DeclareExchange(ctx context.Context, cfg *heraldpb.ExchangeConfig) (created bool, err error) {
+	rec := &heraldpb.ExchangeRecord{Config: cfg, CreatedMs: time.Now().UnixMilli()}
+	if _, e := c.state.Load().Exchanges.Clone().Declare(rec); e != nil {
+		return false, e
+	}
+	id := newRequestID()
+	cmd := &heraldpb.ControllerCommand{RequestId: id, Command: &heraldpb.ControllerCommand_DeclareExchange{DeclareExchange: rec}}
+	if err := c.await(ctx, cmd, func(md *Metadata) bool { return md.Exchanges[cfg.Name] != nil }); err != nil {
+		return false, err
+	}
+	have := c.state.Load().Exchanges[cfg.Name]
+	if have.RequestId == id {
+		return true, nil
+	}
+	// Another declaration came first: the same one is a no-op.
+	_, e := exchange.Metadata{cfg.Name: have}.Declare(&heraldpb.ExchangeRecord{Config: cfg})
+	if e != nil {
+		return false, e
+	}
+	return false, nil
+}
+
+// DeleteExchange has the controller group delete an exchange with its
+// bindings and the bindings to it.
+func (c *Controller) DeleteExchange(ctx context.Context, req *heraldpb.DeleteExchangeRequest) error {
+	if e := c.state.Load().Exchanges.Clone().Delete(req.Name, req.IfUnused); e != nil {
+		return e
+	}
+	cmd := &heraldpb.ControllerCommand{RequestId: newRequestID(), Command: &heraldpb.ControllerCommand_DeleteExchange{DeleteExchange: req}}
+	return c.await(ctx, cmd, func(md *Metadata) bool { return md.Exchanges[req.Name] == nil })
+}
+
+// Bind has the controller group add or remove a binding. A binding to a
+// topic needs the topic.
+func (c *Controller) Bind(ctx context.Context, req *heraldpb.BindRequest) (changed bool, err error) {
+	md := c.state.Load()
+	if t := req.GetBinding().GetTopic(); t != "" && !req.Unbind && md.Topics[t] == nil {
+		return false, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q does not exist", t)
+	}
+	changed, e := md.Exchanges.Clone().Bind(req.Binding, req.Unbind)
+	if e != nil {
+		return false, e
+	}
+	if !changed {
+		return false, nil
+	}
+	cmd := &heraldpb.ControllerCommand{RequestId: newRequestID(), Command: &heraldpb.ControllerCommand_Bind{Bind: req}}
+	b := req.Binding
+	return true, c.await(ctx, cmd, func(md *Metadata) bool {
+		x := md.Exchanges[b.Exchange]
+		if x == nil {
+			return true // deleted meanwhile
+		}
+		has := slices.ContainsFunc(x.Bindings, func(o *heraldpb.Binding) bool { return exchange.SameBinding(o, b) })
+		return has != req.Unbind || !req.Unbind && b.Topic != "" && md.Topics[b.Topic] == nil
+	})
 }
 
 // Loads counts each node's replicas and preferred leaderships (those of

@@ -108,6 +108,15 @@ func (t *Table) Record(name string) *heraldpb.ExchangeRecord {
 	return nil
 }
 
+// Records is the declared exchanges' records, sorted by name.
+func (t *Table) Records() []*heraldpb.ExchangeRecord {
+	md := make(Metadata, len(t.ex))
+	for n, c := range t.ex {
+		md[n] = c.rec
+	}
+	return md.List()
+}
+
 // DependsOnHeaders reports whether routing through the exchange reads
 // the records' headers (a headers exchange is on its way): the caller
 // then routes record by record, else once for the whole batch.

@@ -252,7 +252,8 @@ func (c *conn) deferProduce(gc gnet.Conn, payload []byte, n int) bool {
 	return true
 }
 
-// isProduce reports whether an encoded Frame's body is a ProduceRequest,
+// isProduce reports whether an encoded Frame's body is a ProduceRequest
+// or a PublishRequest,
 // reading only its top-level field tags. As in protobuf decoding, the last
 // field of the body oneof wins. It never panics; a payload it cannot walk
 // is not a produce (DecodeFrame then reports it).
@@ -273,17 +274,28 @@ func isProduce(payload []byte) bool {
 			last = num
 		}
 	}
-	return last == produceField
+	return last == produceField || last == publishField
 }
 
-// produceField is Frame.produce's field number; bodyFields are the field
-// numbers of Frame's body oneof.
-var produceField, bodyFields = func() (protowire.Number, map[protowire.Number]bool) {
+// producing reports whether a decoded frame writes records: a produce or
+// a publish through an exchange (admitted, and charged to produce quotas,
+// alike).
+func producing(f *heraldpb.Frame) bool {
+	switch f.Body.(type) {
+	case *heraldpb.Frame_Produce, *heraldpb.Frame_Publish:
+		return true
+	}
+	return false
+}
+
+// produceField and publishField are Frame.produce's and Frame.publish's
+// field numbers; bodyFields are the field numbers of Frame's body oneof.
+var produceField, publishField, bodyFields = func() (protowire.Number, protowire.Number, map[protowire.Number]bool) {
 	d := (&heraldpb.Frame{}).ProtoReflect().Descriptor()
 	body := map[protowire.Number]bool{}
 	fs := d.Oneofs().ByName("body").Fields()
 	for i := range fs.Len() {
 		body[fs.Get(i).Number()] = true
 	}
-	return d.Fields().ByName("produce").Number(), body
+	return d.Fields().ByName("produce").Number(), d.Fields().ByName("publish").Number(), body
 }()

@@ -63,6 +63,18 @@ func auditOf(f *heraldpb.Frame) *AuditEvent {
 			kind = "add"
 		}
 		action, res = "alter_vhost", b.AlterVhost.Name+" "+kind
+	case *heraldpb.Frame_DeclareExchange:
+		x := b.DeclareExchange.GetExchange()
+		action, res = "declare_exchange", fmt.Sprintf("%s type=%s alternate=%q", x.GetName(), x.GetType(), x.GetAlternate())
+	case *heraldpb.Frame_DeleteExchange:
+		action, res = "delete_exchange", b.DeleteExchange.Name
+	case *heraldpb.Frame_Bind:
+		bd := b.Bind.GetBinding()
+		action = "bind"
+		if b.Bind.Unbind {
+			action = "unbind"
+		}
+		res = fmt.Sprintf("%s -> topic=%q exchange=%q key=%q headers=%v any=%v", bd.GetExchange(), bd.GetTopic(), bd.GetToExchange(), bd.GetKey(), bd.GetHeaders(), bd.GetMatchAny())
 	case *heraldpb.Frame_EndHalf:
 		if !b.EndHalf.Manual && b.EndHalf.ProducerGroup != "" {
 			return nil

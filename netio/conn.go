@@ -141,7 +141,7 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, 
 		return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_SHUTTING_DOWN, "broker is shutting down"))), gnet.None
 	}
 	var produce int64
-	if _, ok := f.Body.(*heraldpb.Frame_Produce); ok {
+	if producing(f) {
 		if v, wait := c.s.adm.admit(&c.adm, int64(size), now); v != admitted {
 			return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, c.throttled(v, wait))), gnet.None
 		}

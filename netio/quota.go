@@ -177,7 +177,7 @@ func (c *conn) limits() (vq, uq *heraldpb.Quotas) {
 // request's bytes.
 func (c *conn) checkQuota(f *heraldpb.Frame, size int64) *heraldpb.Error {
 	vhost := c.vhostName()
-	if _, ok := f.Body.(*heraldpb.Frame_Produce); ok && !registry.IsDefaultVhost(vhost) {
+	if producing(f) && !registry.IsDefaultVhost(vhost) {
 		mQuotaBytes.WithLabelValues(vhost, "produce").Add(float64(size))
 	}
 	if t := c.s.cfg.Tenancy; t != nil {
@@ -213,7 +213,7 @@ func (c *conn) checkQuota(f *heraldpb.Frame, size int64) *heraldpb.Error {
 		return nil
 	}
 	switch b := f.Body.(type) {
-	case *heraldpb.Frame_Produce:
+	case *heraldpb.Frame_Produce, *heraldpb.Frame_Publish:
 		if vq != nil && vq.MaxStoredBytes > 0 {
 			if _, _, stored := c.s.cfg.Tenancy.Usage(vhost, false); stored >= int64(vq.MaxStoredBytes) {
 				return quotaExceeded(va.key, "stored_bytes", "vhost %q stores %d bytes, its quota is %d", vhost, stored, vq.MaxStoredBytes)

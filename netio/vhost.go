@@ -65,6 +65,27 @@ func inVhost(vhost string, f *heraldpb.Frame) *heraldpb.Error {
 		if h := b.Produce.Half; h != nil {
 			name("producer group", &h.ProducerGroup)
 		}
+	case *heraldpb.Frame_Publish:
+		if b.Publish.Exchange == "" {
+			name("topic", &b.Publish.RoutingKey) // the default exchange's key is a topic
+		} else {
+			name("exchange", &b.Publish.Exchange)
+		}
+	case *heraldpb.Frame_DeclareExchange:
+		if x := b.DeclareExchange.Exchange; x != nil {
+			name("exchange", &x.Name)
+			name("alternate exchange", &x.Alternate)
+		}
+	case *heraldpb.Frame_DeleteExchange:
+		name("exchange", &b.DeleteExchange.Name)
+	case *heraldpb.Frame_Bind:
+		if bd := b.Bind.Binding; bd != nil {
+			name("exchange", &bd.Exchange)
+			name("topic", &bd.Topic)
+			name("exchange", &bd.ToExchange)
+		}
+	case *heraldpb.Frame_ListExchanges:
+		name("exchange", &b.ListExchanges.Name)
 	case *heraldpb.Frame_Fetch:
 		name("topic", &b.Fetch.Topic)
 	case *heraldpb.Frame_ListOffsets:
@@ -121,7 +142,8 @@ func inVhost(vhost string, f *heraldpb.Frame) *heraldpb.Error {
 func named(t heraldpb.AclResourceType) bool {
 	switch t {
 	case heraldpb.AclResourceType_ACL_RESOURCE_TOPIC, heraldpb.AclResourceType_ACL_RESOURCE_GROUP,
-		heraldpb.AclResourceType_ACL_RESOURCE_TRANSACTIONAL_ID, heraldpb.AclResourceType_ACL_RESOURCE_PRODUCER_GROUP:
+		heraldpb.AclResourceType_ACL_RESOURCE_TRANSACTIONAL_ID, heraldpb.AclResourceType_ACL_RESOURCE_PRODUCER_GROUP,
+		heraldpb.AclResourceType_ACL_RESOURCE_EXCHANGE:
 		return true
 	}
 	return false
@@ -285,6 +307,25 @@ func ofVhost(vhost string, f *heraldpb.Frame) *heraldpb.Frame {
 		r := proto.Clone(b.EndHalfResponse).(*heraldpb.EndHalfResponse)
 		r.Topic = local(r.Topic)
 		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_EndHalfResponse{EndHalfResponse: r}}
+	case *heraldpb.Frame_ListExchangesResponse:
+		r := &heraldpb.ListExchangesResponse{Exchanges: keepMine(b.ListExchangesResponse.Exchanges, def, mine,
+			func(x *heraldpb.ExchangeInfo) string { return x.GetConfig().GetName() },
+			func(x *heraldpb.ExchangeInfo) { // a clone: renamed in place
+				x.Config.Name, x.Config.Alternate = local(x.Config.Name), local(x.Config.Alternate)
+				for _, bd := range x.Bindings {
+					bd.Exchange, bd.Topic, bd.ToExchange = local(bd.Exchange), local(bd.Topic), local(bd.ToExchange)
+				}
+			})}
+		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListExchangesResponse{ListExchangesResponse: r}}
+	case *heraldpb.Frame_PublishResponse:
+		if def {
+			return f
+		}
+		r := proto.Clone(b.PublishResponse).(*heraldpb.PublishResponse)
+		for _, d := range r.Destinations {
+			d.Topic = local(d.Topic)
+		}
+		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_PublishResponse{PublishResponse: r}}
 	case *heraldpb.Frame_ListAclsResponse:
 		r := &heraldpb.ListAclsResponse{}
 		for _, rule := range b.ListAclsResponse.Rules {

@@ -828,8 +828,12 @@ type PublishRequest struct {
 	// Unroutable records (no binding matched, none through the alternate
 	// exchange) fail the request with UNROUTABLE; else they are dropped
 	// (and counted).
-	Mandatory     bool   `protobuf:"varint,4,opt,name=mandatory,proto3" json:"mandatory,omitempty"`
-	TimeoutMs     uint32 `protobuf:"varint,5,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	Mandatory bool   `protobuf:"varint,4,opt,name=mandatory,proto3" json:"mandatory,omitempty"`
+	TimeoutMs uint32 `protobuf:"varint,5,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// Internal (refused from clients): the broker's routing of a publish to
+	// several partitions, handed to the transaction coordinator, which
+	// stores it as one decision in __txn and appends each batch.
+	Routed        []*RoutedBatch `protobuf:"bytes,15,rep,name=routed,proto3" json:"routed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -899,6 +903,93 @@ func (x *PublishRequest) GetTimeoutMs() uint32 {
 	return 0
 }
 
+func (x *PublishRequest) GetRouted() []*RoutedBatch {
+	if x != nil {
+		return x.Routed
+	}
+	return nil
+}
+
+// Records routed to one partition.
+type RoutedBatch struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Topic     string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// An encoded RecordBatch.
+	Records []byte `protobuf:"bytes,3,opt,name=records,proto3" json:"records,omitempty"`
+	Count   uint32 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	// Where the partition's log ended at the decision (the coordinator's
+	// record): recovery looks for the append from here.
+	FromOffset    int64 `protobuf:"varint,5,opt,name=from_offset,json=fromOffset,proto3" json:"from_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoutedBatch) Reset() {
+	*x = RoutedBatch{}
+	mi := &file_exchange_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutedBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutedBatch) ProtoMessage() {}
+
+func (x *RoutedBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_exchange_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutedBatch.ProtoReflect.Descriptor instead.
+func (*RoutedBatch) Descriptor() ([]byte, []int) {
+	return file_exchange_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RoutedBatch) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *RoutedBatch) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *RoutedBatch) GetRecords() []byte {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+func (x *RoutedBatch) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *RoutedBatch) GetFromOffset() int64 {
+	if x != nil {
+		return x.FromOffset
+	}
+	return 0
+}
+
 type PublishedTo struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Topic     string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
@@ -913,7 +1004,7 @@ type PublishedTo struct {
 
 func (x *PublishedTo) Reset() {
 	*x = PublishedTo{}
-	mi := &file_exchange_proto_msgTypes[14]
+	mi := &file_exchange_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1016,7 @@ func (x *PublishedTo) String() string {
 func (*PublishedTo) ProtoMessage() {}
 
 func (x *PublishedTo) ProtoReflect() protoreflect.Message {
-	mi := &file_exchange_proto_msgTypes[14]
+	mi := &file_exchange_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1029,7 @@ func (x *PublishedTo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishedTo.ProtoReflect.Descriptor instead.
 func (*PublishedTo) Descriptor() ([]byte, []int) {
-	return file_exchange_proto_rawDescGZIP(), []int{14}
+	return file_exchange_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PublishedTo) GetTopic() string {
@@ -982,7 +1073,7 @@ type PublishResponse struct {
 
 func (x *PublishResponse) Reset() {
 	*x = PublishResponse{}
-	mi := &file_exchange_proto_msgTypes[15]
+	mi := &file_exchange_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1085,7 @@ func (x *PublishResponse) String() string {
 func (*PublishResponse) ProtoMessage() {}
 
 func (x *PublishResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_exchange_proto_msgTypes[15]
+	mi := &file_exchange_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1098,7 @@ func (x *PublishResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PublishResponse.ProtoReflect.Descriptor instead.
 func (*PublishResponse) Descriptor() ([]byte, []int) {
-	return file_exchange_proto_rawDescGZIP(), []int{15}
+	return file_exchange_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PublishResponse) GetDestinations() []*PublishedTo {
@@ -1087,7 +1178,7 @@ const file_exchange_proto_rawDesc = "" +
 	"unroutable\x12\x1a\n" +
 	"\breturned\x18\a \x01(\x04R\breturned\"N\n" +
 	"\x15ListExchangesResponse\x125\n" +
-	"\texchanges\x18\x01 \x03(\v2\x17.herald.v1.ExchangeInfoR\texchanges\"\xa4\x01\n" +
+	"\texchanges\x18\x01 \x03(\v2\x17.herald.v1.ExchangeInfoR\texchanges\"\xd4\x01\n" +
 	"\x0ePublishRequest\x12\x1a\n" +
 	"\bexchange\x18\x01 \x01(\tR\bexchange\x12\x1f\n" +
 	"\vrouting_key\x18\x02 \x01(\tR\n" +
@@ -1095,7 +1186,15 @@ const file_exchange_proto_rawDesc = "" +
 	"\arecords\x18\x03 \x01(\fR\arecords\x12\x1c\n" +
 	"\tmandatory\x18\x04 \x01(\bR\tmandatory\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\"x\n" +
+	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\x12.\n" +
+	"\x06routed\x18\x0f \x03(\v2\x16.herald.v1.RoutedBatchR\x06routed\"\x92\x01\n" +
+	"\vRoutedBatch\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x18\n" +
+	"\arecords\x18\x03 \x01(\fR\arecords\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\rR\x05count\x12\x1f\n" +
+	"\vfrom_offset\x18\x05 \x01(\x03R\n" +
+	"fromOffset\"x\n" +
 	"\vPublishedTo\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1f\n" +
@@ -1128,7 +1227,7 @@ func file_exchange_proto_rawDescGZIP() []byte {
 }
 
 var file_exchange_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_exchange_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_exchange_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_exchange_proto_goTypes = []any{
 	(ExchangeType)(0),               // 0: herald.v1.ExchangeType
 	(*ExchangeConfig)(nil),          // 1: herald.v1.ExchangeConfig
@@ -1145,13 +1244,14 @@ var file_exchange_proto_goTypes = []any{
 	(*ExchangeInfo)(nil),            // 12: herald.v1.ExchangeInfo
 	(*ListExchangesResponse)(nil),   // 13: herald.v1.ListExchangesResponse
 	(*PublishRequest)(nil),          // 14: herald.v1.PublishRequest
-	(*PublishedTo)(nil),             // 15: herald.v1.PublishedTo
-	(*PublishResponse)(nil),         // 16: herald.v1.PublishResponse
-	nil,                             // 17: herald.v1.Binding.HeadersEntry
+	(*RoutedBatch)(nil),             // 15: herald.v1.RoutedBatch
+	(*PublishedTo)(nil),             // 16: herald.v1.PublishedTo
+	(*PublishResponse)(nil),         // 17: herald.v1.PublishResponse
+	nil,                             // 18: herald.v1.Binding.HeadersEntry
 }
 var file_exchange_proto_depIdxs = []int32{
 	0,  // 0: herald.v1.ExchangeConfig.type:type_name -> herald.v1.ExchangeType
-	17, // 1: herald.v1.Binding.headers:type_name -> herald.v1.Binding.HeadersEntry
+	18, // 1: herald.v1.Binding.headers:type_name -> herald.v1.Binding.HeadersEntry
 	1,  // 2: herald.v1.ExchangeRecord.config:type_name -> herald.v1.ExchangeConfig
 	2,  // 3: herald.v1.ExchangeRecord.bindings:type_name -> herald.v1.Binding
 	3,  // 4: herald.v1.RoutingState.exchanges:type_name -> herald.v1.ExchangeRecord
@@ -1160,12 +1260,13 @@ var file_exchange_proto_depIdxs = []int32{
 	1,  // 7: herald.v1.ExchangeInfo.config:type_name -> herald.v1.ExchangeConfig
 	2,  // 8: herald.v1.ExchangeInfo.bindings:type_name -> herald.v1.Binding
 	12, // 9: herald.v1.ListExchangesResponse.exchanges:type_name -> herald.v1.ExchangeInfo
-	15, // 10: herald.v1.PublishResponse.destinations:type_name -> herald.v1.PublishedTo
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	15, // 10: herald.v1.PublishRequest.routed:type_name -> herald.v1.RoutedBatch
+	16, // 11: herald.v1.PublishResponse.destinations:type_name -> herald.v1.PublishedTo
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_exchange_proto_init() }
@@ -1179,7 +1280,7 @@ func file_exchange_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_exchange_proto_rawDesc), len(file_exchange_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

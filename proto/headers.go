@@ -163,3 +163,10 @@ func UnmarshalRecordValue(rec []byte, m proto.Message) error {
 	}
 	return proto.Unmarshal(v, m)
 }
+
+// AppendRecordField appends the encoded Record rec to the encoded
+// RecordBatch b as one more record (its field 1).
+func AppendRecordField(b, rec []byte) []byte {
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	return protowire.AppendBytes(b, rec)
+}

@@ -363,6 +363,7 @@ const (
 	AclResourceType_ACL_RESOURCE_TRANSACTIONAL_ID AclResourceType = 4
 	AclResourceType_ACL_RESOURCE_PRODUCER_GROUP   AclResourceType = 5
 	AclResourceType_ACL_RESOURCE_VHOST            AclResourceType = 6
+	AclResourceType_ACL_RESOURCE_EXCHANGE         AclResourceType = 7
 )
 
 // Enum value maps for AclResourceType.
@@ -375,6 +376,7 @@ var (
 		4: "ACL_RESOURCE_TRANSACTIONAL_ID",
 		5: "ACL_RESOURCE_PRODUCER_GROUP",
 		6: "ACL_RESOURCE_VHOST",
+		7: "ACL_RESOURCE_EXCHANGE",
 	}
 	AclResourceType_value = map[string]int32{
 		"ACL_RESOURCE_UNSPECIFIED":      0,
@@ -384,6 +386,7 @@ var (
 		"ACL_RESOURCE_TRANSACTIONAL_ID": 4,
 		"ACL_RESOURCE_PRODUCER_GROUP":   5,
 		"ACL_RESOURCE_VHOST":            6,
+		"ACL_RESOURCE_EXCHANGE":         7,
 	}
 )
 
@@ -9993,7 +9996,7 @@ const file_herald_proto_rawDesc = "" +
 	"\rACL_OP_DELETE\x10\x05\x12\x10\n" +
 	"\fACL_OP_ALTER\x10\x06\x12\x13\n" +
 	"\x0fACL_OP_DESCRIBE\x10\a\x12\x10\n" +
-	"\fACL_OP_ADMIN\x10\b*\xd5\x01\n" +
+	"\fACL_OP_ADMIN\x10\b*\xf0\x01\n" +
 	"\x0fAclResourceType\x12\x1c\n" +
 	"\x18ACL_RESOURCE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ACL_RESOURCE_CLUSTER\x10\x01\x12\x16\n" +
@@ -10001,7 +10004,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x12ACL_RESOURCE_GROUP\x10\x03\x12!\n" +
 	"\x1dACL_RESOURCE_TRANSACTIONAL_ID\x10\x04\x12\x1f\n" +
 	"\x1bACL_RESOURCE_PRODUCER_GROUP\x10\x05\x12\x16\n" +
-	"\x12ACL_RESOURCE_VHOST\x10\x06*4\n" +
+	"\x12ACL_RESOURCE_VHOST\x10\x06\x12\x19\n" +
+	"\x15ACL_RESOURCE_EXCHANGE\x10\a*4\n" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +

@@ -39,6 +39,7 @@ type TxnEvent struct {
 	//	*TxnEvent_Data
 	//	*TxnEvent_End
 	//	*TxnEvent_Complete
+	//	*TxnEvent_Routed
 	Event         isTxnEvent_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -162,6 +163,15 @@ func (x *TxnEvent) GetComplete() *TxnComplete {
 	return nil
 }
 
+func (x *TxnEvent) GetRouted() *Routed {
+	if x != nil {
+		if x, ok := x.Event.(*TxnEvent_Routed); ok {
+			return x.Routed
+		}
+	}
+	return nil
+}
+
 type isTxnEvent_Event interface {
 	isTxnEvent_Event()
 }
@@ -202,6 +212,12 @@ type TxnEvent_Complete struct {
 	Complete *TxnComplete `protobuf:"bytes,9,opt,name=complete,proto3,oneof"`
 }
 
+type TxnEvent_Routed struct {
+	// A publish routed to several partitions, decided: each batch will
+	// be appended (HalfDone with its offset once all are).
+	Routed *Routed `protobuf:"bytes,10,opt,name=routed,proto3,oneof"`
+}
+
 func (*TxnEvent_Half) isTxnEvent_Event() {}
 
 func (*TxnEvent_Commit) isTxnEvent_Event() {}
@@ -219,6 +235,8 @@ func (*TxnEvent_Data) isTxnEvent_Event() {}
 func (*TxnEvent_End) isTxnEvent_Event() {}
 
 func (*TxnEvent_Complete) isTxnEvent_Event() {}
+
+func (*TxnEvent_Routed) isTxnEvent_Event() {}
 
 // A session of a transactional producer: its id and the session's first
 // epoch. Requests of older epochs are fenced from here on.
@@ -641,6 +659,69 @@ func (x *TxnComplete) GetEpoch() uint32 {
 	return 0
 }
 
+// A publish through an exchange that reached several partitions: one
+// decision for all of them. Each record appended is tagged with the
+// event's offset (herald-route-ref) and token (herald-txn-token).
+type Routed struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         uint64                 `protobuf:"fixed64,1,opt,name=token,proto3" json:"token,omitempty"`
+	CreatedMs     int64                  `protobuf:"varint,2,opt,name=created_ms,json=createdMs,proto3" json:"created_ms,omitempty"`
+	Batches       []*RoutedBatch         `protobuf:"bytes,3,rep,name=batches,proto3" json:"batches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Routed) Reset() {
+	*x = Routed{}
+	mi := &file_txn_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Routed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Routed) ProtoMessage() {}
+
+func (x *Routed) ProtoReflect() protoreflect.Message {
+	mi := &file_txn_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Routed.ProtoReflect.Descriptor instead.
+func (*Routed) Descriptor() ([]byte, []int) {
+	return file_txn_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Routed) GetToken() uint64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *Routed) GetCreatedMs() int64 {
+	if x != nil {
+		return x.CreatedMs
+	}
+	return 0
+}
+
+func (x *Routed) GetBatches() []*RoutedBatch {
+	if x != nil {
+		return x.Batches
+	}
+	return nil
+}
+
 // A half message, waiting for its outcome.
 type HalfStored struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -663,7 +744,7 @@ type HalfStored struct {
 
 func (x *HalfStored) Reset() {
 	*x = HalfStored{}
-	mi := &file_txn_proto_msgTypes[6]
+	mi := &file_txn_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +756,7 @@ func (x *HalfStored) String() string {
 func (*HalfStored) ProtoMessage() {}
 
 func (x *HalfStored) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[6]
+	mi := &file_txn_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +769,7 @@ func (x *HalfStored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfStored.ProtoReflect.Descriptor instead.
 func (*HalfStored) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{6}
+	return file_txn_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HalfStored) GetProducerGroup() string {
@@ -777,7 +858,7 @@ type HalfCommit struct {
 
 func (x *HalfCommit) Reset() {
 	*x = HalfCommit{}
-	mi := &file_txn_proto_msgTypes[7]
+	mi := &file_txn_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +870,7 @@ func (x *HalfCommit) String() string {
 func (*HalfCommit) ProtoMessage() {}
 
 func (x *HalfCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[7]
+	mi := &file_txn_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +883,7 @@ func (x *HalfCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfCommit.ProtoReflect.Descriptor instead.
 func (*HalfCommit) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{7}
+	return file_txn_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HalfCommit) GetRef() uint64 {
@@ -844,7 +925,7 @@ type HalfRollback struct {
 
 func (x *HalfRollback) Reset() {
 	*x = HalfRollback{}
-	mi := &file_txn_proto_msgTypes[8]
+	mi := &file_txn_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -856,7 +937,7 @@ func (x *HalfRollback) String() string {
 func (*HalfRollback) ProtoMessage() {}
 
 func (x *HalfRollback) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[8]
+	mi := &file_txn_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -869,7 +950,7 @@ func (x *HalfRollback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfRollback.ProtoReflect.Descriptor instead.
 func (*HalfRollback) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{8}
+	return file_txn_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HalfRollback) GetRefs() []uint64 {
@@ -896,7 +977,7 @@ type HalfDone struct {
 
 func (x *HalfDone) Reset() {
 	*x = HalfDone{}
-	mi := &file_txn_proto_msgTypes[9]
+	mi := &file_txn_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -908,7 +989,7 @@ func (x *HalfDone) String() string {
 func (*HalfDone) ProtoMessage() {}
 
 func (x *HalfDone) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[9]
+	mi := &file_txn_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -921,7 +1002,7 @@ func (x *HalfDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfDone.ProtoReflect.Descriptor instead.
 func (*HalfDone) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{9}
+	return file_txn_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HalfDone) GetRefs() []uint64 {
@@ -942,7 +1023,7 @@ type HalfChecks struct {
 
 func (x *HalfChecks) Reset() {
 	*x = HalfChecks{}
-	mi := &file_txn_proto_msgTypes[10]
+	mi := &file_txn_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1035,7 @@ func (x *HalfChecks) String() string {
 func (*HalfChecks) ProtoMessage() {}
 
 func (x *HalfChecks) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[10]
+	mi := &file_txn_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1048,7 @@ func (x *HalfChecks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfChecks.ProtoReflect.Descriptor instead.
 func (*HalfChecks) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{10}
+	return file_txn_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HalfChecks) GetRefs() []uint64 {
@@ -988,7 +1069,7 @@ var File_txn_proto protoreflect.FileDescriptor
 
 const file_txn_proto_rawDesc = "" +
 	"\n" +
-	"\ttxn.proto\x12\therald.v1\x1a\fherald.proto\"\xb5\x03\n" +
+	"\ttxn.proto\x12\therald.v1\x1a\fherald.proto\x1a\x0eexchange.proto\"\xe2\x03\n" +
 	"\bTxnEvent\x12+\n" +
 	"\x04half\x18\x01 \x01(\v2\x15.herald.v1.HalfStoredH\x00R\x04half\x12/\n" +
 	"\x06commit\x18\x02 \x01(\v2\x15.herald.v1.HalfCommitH\x00R\x06commit\x125\n" +
@@ -998,7 +1079,9 @@ const file_txn_proto_rawDesc = "" +
 	"\x04init\x18\x06 \x01(\v2\x12.herald.v1.TxnInitH\x00R\x04init\x12(\n" +
 	"\x04data\x18\a \x01(\v2\x12.herald.v1.TxnDataH\x00R\x04data\x12%\n" +
 	"\x03end\x18\b \x01(\v2\x11.herald.v1.TxnEndH\x00R\x03end\x124\n" +
-	"\bcomplete\x18\t \x01(\v2\x16.herald.v1.TxnCompleteH\x00R\bcompleteB\a\n" +
+	"\bcomplete\x18\t \x01(\v2\x16.herald.v1.TxnCompleteH\x00R\bcomplete\x12+\n" +
+	"\x06routed\x18\n" +
+	" \x01(\v2\x11.herald.v1.RoutedH\x00R\x06routedB\a\n" +
 	"\x05event\"\xbc\x02\n" +
 	"\aTxnInit\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x1f\n" +
@@ -1037,7 +1120,12 @@ const file_txn_proto_rawDesc = "" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\"N\n" +
 	"\vTxnComplete\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\rR\x05epoch\"\xe8\x02\n" +
+	"\x05epoch\x18\x02 \x01(\rR\x05epoch\"o\n" +
+	"\x06Routed\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x06R\x05token\x12\x1d\n" +
+	"\n" +
+	"created_ms\x18\x02 \x01(\x03R\tcreatedMs\x120\n" +
+	"\abatches\x18\x03 \x03(\v2\x16.herald.v1.RoutedBatchR\abatches\"\xe8\x02\n" +
 	"\n" +
 	"HalfStored\x12%\n" +
 	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12\x14\n" +
@@ -1082,7 +1170,7 @@ func file_txn_proto_rawDescGZIP() []byte {
 	return file_txn_proto_rawDescData
 }
 
-var file_txn_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_txn_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_txn_proto_goTypes = []any{
 	(*TxnEvent)(nil),         // 0: herald.v1.TxnEvent
 	(*TxnInit)(nil),          // 1: herald.v1.TxnInit
@@ -1090,30 +1178,34 @@ var file_txn_proto_goTypes = []any{
 	(*TxnEnd)(nil),           // 3: herald.v1.TxnEnd
 	(*TxnAppendFrom)(nil),    // 4: herald.v1.TxnAppendFrom
 	(*TxnComplete)(nil),      // 5: herald.v1.TxnComplete
-	(*HalfStored)(nil),       // 6: herald.v1.HalfStored
-	(*HalfCommit)(nil),       // 7: herald.v1.HalfCommit
-	(*HalfRollback)(nil),     // 8: herald.v1.HalfRollback
-	(*HalfDone)(nil),         // 9: herald.v1.HalfDone
-	(*HalfChecks)(nil),       // 10: herald.v1.HalfChecks
-	(HalfExhaustedPolicy)(0), // 11: herald.v1.HalfExhaustedPolicy
+	(*Routed)(nil),           // 6: herald.v1.Routed
+	(*HalfStored)(nil),       // 7: herald.v1.HalfStored
+	(*HalfCommit)(nil),       // 8: herald.v1.HalfCommit
+	(*HalfRollback)(nil),     // 9: herald.v1.HalfRollback
+	(*HalfDone)(nil),         // 10: herald.v1.HalfDone
+	(*HalfChecks)(nil),       // 11: herald.v1.HalfChecks
+	(*RoutedBatch)(nil),      // 12: herald.v1.RoutedBatch
+	(HalfExhaustedPolicy)(0), // 13: herald.v1.HalfExhaustedPolicy
 }
 var file_txn_proto_depIdxs = []int32{
-	6,  // 0: herald.v1.TxnEvent.half:type_name -> herald.v1.HalfStored
-	7,  // 1: herald.v1.TxnEvent.commit:type_name -> herald.v1.HalfCommit
-	8,  // 2: herald.v1.TxnEvent.rollback:type_name -> herald.v1.HalfRollback
-	9,  // 3: herald.v1.TxnEvent.done:type_name -> herald.v1.HalfDone
-	10, // 4: herald.v1.TxnEvent.checks:type_name -> herald.v1.HalfChecks
+	7,  // 0: herald.v1.TxnEvent.half:type_name -> herald.v1.HalfStored
+	8,  // 1: herald.v1.TxnEvent.commit:type_name -> herald.v1.HalfCommit
+	9,  // 2: herald.v1.TxnEvent.rollback:type_name -> herald.v1.HalfRollback
+	10, // 3: herald.v1.TxnEvent.done:type_name -> herald.v1.HalfDone
+	11, // 4: herald.v1.TxnEvent.checks:type_name -> herald.v1.HalfChecks
 	1,  // 5: herald.v1.TxnEvent.init:type_name -> herald.v1.TxnInit
 	2,  // 6: herald.v1.TxnEvent.data:type_name -> herald.v1.TxnData
 	3,  // 7: herald.v1.TxnEvent.end:type_name -> herald.v1.TxnEnd
 	5,  // 8: herald.v1.TxnEvent.complete:type_name -> herald.v1.TxnComplete
-	4,  // 9: herald.v1.TxnEnd.from:type_name -> herald.v1.TxnAppendFrom
-	11, // 10: herald.v1.HalfStored.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	6,  // 9: herald.v1.TxnEvent.routed:type_name -> herald.v1.Routed
+	4,  // 10: herald.v1.TxnEnd.from:type_name -> herald.v1.TxnAppendFrom
+	12, // 11: herald.v1.Routed.batches:type_name -> herald.v1.RoutedBatch
+	13, // 12: herald.v1.HalfStored.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_txn_proto_init() }
@@ -1122,6 +1214,7 @@ func file_txn_proto_init() {
 		return
 	}
 	file_herald_proto_init()
+	file_exchange_proto_init()
 	file_txn_proto_msgTypes[0].OneofWrappers = []any{
 		(*TxnEvent_Half)(nil),
 		(*TxnEvent_Commit)(nil),
@@ -1132,6 +1225,7 @@ func file_txn_proto_init() {
 		(*TxnEvent_Data)(nil),
 		(*TxnEvent_End)(nil),
 		(*TxnEvent_Complete)(nil),
+		(*TxnEvent_Routed)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1139,7 +1233,7 @@ func file_txn_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txn_proto_rawDesc), len(file_txn_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -111,6 +111,7 @@ type Coordinator struct {
 	compactArmed  bool
 	txnSweepArmed bool
 	appenders     map[topicPart]*appender // commit.go
+	routedHeld    int64                   // bytes of routed publishes' records held (routed.go)
 }
 
 type stashed struct {
@@ -187,6 +188,7 @@ func (c *Coordinator) Receive(ctx actor.Context) {
 		mTxnCommitting.Set(0)
 		mStagedCache.Set(0)
 		mTxnIDs.Set(0)
+		mRoutedBytes.Set(0)
 	case *loadRetry:
 		c.load(ctx)
 	case *retryStep:
@@ -416,6 +418,7 @@ func (c *Coordinator) finishLoad(ctx actor.Context) {
 	c.armChecks()
 	c.runDue(ctx)
 	c.armCompact()
+	c.recoverRouted(ctx)
 	for _, m := range c.txns {
 		// Oldest first, each after the one before (a replay may hold more
 		// than one: a crash between an append and its TxnComplete, twice).
@@ -574,6 +577,9 @@ func (c *Coordinator) compact(ctx actor.Context) {
 // appending (and each appending commit's own).
 func (st *state) compactCut(cut int64) int64 {
 	for ref := range st.halves {
+		cut = min(cut, int64(ref))
+	}
+	for ref := range st.routed {
 		cut = min(cut, int64(ref))
 	}
 	for _, m := range st.txns {

@@ -35,6 +35,8 @@ func (c *Coordinator) onRequest(ctx actor.Context, f *heraldpb.Frame, to *actor.
 		c.onInit(ctx, f, b.InitProducerId, to)
 	case *heraldpb.Frame_EndTxn:
 		c.onEndTxn(ctx, f, b.EndTxn, to)
+	case *heraldpb.Frame_Publish:
+		c.onPublish(ctx, f, b.Publish, to)
 	default:
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "the transaction coordinator does not handle %T", f.Body)))
 	}

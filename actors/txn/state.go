@@ -96,9 +96,14 @@ type state struct {
 	dueQ   timeQ // committed halves by delivery time
 	rr     uint32
 	cached int64 // bytes of staged records kept in memory (txns.go)
+	// routed: publishes to several partitions decided and not yet all
+	// appended (routed.go), by the offset of their decision.
+	routed map[uint64]*routed
 }
 
-func newState() state { return state{halves: map[uint64]*half{}, txns: map[string]*txnMeta{}} }
+func newState() state {
+	return state{halves: map[uint64]*half{}, txns: map[string]*txnMeta{}, routed: map[uint64]*routed{}}
+}
 
 // apply adds one __txn event, at offset off, to the state. It reports the
 // halves it ended, for the caller's bookkeeping.
@@ -125,8 +130,17 @@ func (st *state) apply(off uint64, ev *heraldpb.TxnEvent, defaults func(*heraldp
 				st.ended.add(r, false)
 			}
 		}
+	case *heraldpb.TxnEvent_Routed:
+		r := &routed{ref: off, token: e.Routed.Token, created: e.Routed.CreatedMs}
+		for _, b := range e.Routed.Batches {
+			// The records stay in __txn (read back to append after a
+			// reload); the caller that decided keeps its own copy.
+			r.batches = append(r.batches, &heraldpb.RoutedBatch{Topic: b.Topic, Partition: b.Partition, Count: b.Count, FromOffset: b.FromOffset})
+		}
+		st.routed[off] = r
 	case *heraldpb.TxnEvent_Done:
 		for _, r := range e.Done.Refs {
+			delete(st.routed, r)
 			if _, ok := st.halves[r]; ok {
 				delete(st.halves, r)
 				st.ended.add(r, true)

@@ -1,0 +1,141 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// Exchanges route published messages to topics, as RabbitMQ's route them
+// to queues (docs/routing.md). Their types are heraldpb.ExchangeType:
+// EXCHANGE_DIRECT, EXCHANGE_TOPIC, EXCHANGE_FANOUT, EXCHANGE_HEADERS.
+
+// DeclareExchange declares an exchange; declaring one that exists the same
+// way is a no-op (created false), another way an INVALID_REQUEST error.
+// alternate names the exchange that gets what this one cannot route ("":
+// none).
+func (c *Client) DeclareExchange(ctx context.Context, name string, typ heraldpb.ExchangeType, alternate string) (created bool, err error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_DeclareExchange{DeclareExchange: &heraldpb.DeclareExchangeRequest{
+		Exchange: &heraldpb.ExchangeConfig{Name: name, Type: typ, Alternate: alternate},
+	}}})
+	if err != nil {
+		return false, err
+	}
+	r := f.GetDeclareExchangeResponse()
+	if r == nil {
+		return false, unexpected(f, "DeclareExchangeResponse")
+	}
+	return r.Created, nil
+}
+
+// DeleteExchange deletes an exchange with its bindings and the bindings
+// to it; with ifUnused, only when it has no bindings.
+func (c *Client) DeleteExchange(ctx context.Context, name string, ifUnused bool) error {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_DeleteExchange{DeleteExchange: &heraldpb.DeleteExchangeRequest{Name: name, IfUnused: ifUnused}}})
+	if err != nil {
+		return err
+	}
+	if f.GetDeleteExchangeResponse() == nil {
+		return unexpected(f, "DeleteExchangeResponse")
+	}
+	return nil
+}
+
+// Bind adds a binding from b.Exchange to a topic (b.Topic) or another
+// exchange (b.ToExchange), with a routing key or pattern (b.Key), or
+// headers to match (b.Headers, b.MatchAny) for a headers exchange. It
+// reports false when the binding was there already.
+func (c *Client) Bind(ctx context.Context, b *heraldpb.Binding) (changed bool, err error) {
+	return c.bind(ctx, b, false)
+}
+
+// Unbind removes a binding (the same fields as Bind); false when it was
+// not there.
+func (c *Client) Unbind(ctx context.Context, b *heraldpb.Binding) (changed bool, err error) {
+	return c.bind(ctx, b, true)
+}
+
+func (c *Client) bind(ctx context.Context, b *heraldpb.Binding, unbind bool) (bool, error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_Bind{Bind: &heraldpb.BindRequest{Binding: b, Unbind: unbind}}})
+	if err != nil {
+		return false, err
+	}
+	r := f.GetBindResponse()
+	if r == nil {
+		return false, unexpected(f, "BindResponse")
+	}
+	return r.Changed, nil
+}
+
+// ListExchanges returns the exchanges (or the one named) with their
+// bindings and the answering node's counts.
+func (c *Client) ListExchanges(ctx context.Context, name string) ([]*heraldpb.ExchangeInfo, error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ListExchanges{ListExchanges: &heraldpb.ListExchangesRequest{Name: name}}})
+	if err != nil {
+		return nil, err
+	}
+	r := f.GetListExchangesResponse()
+	if r == nil {
+		return nil, unexpected(f, "ListExchangesResponse")
+	}
+	return r.Exchanges, nil
+}
+
+// PublishOptions are a publish's options.
+type PublishOptions struct {
+	// Mandatory: a publish whose records no binding takes (none through
+	// the alternate exchange either) fails with UNROUTABLE and stores
+	// nothing; otherwise those records are dropped and counted.
+	Mandatory bool
+}
+
+// PublishResult is where a publish went.
+type PublishResult struct {
+	// Each partition that stored records of the publish. BaseOffset is -1
+	// when the broker answered at the decision, before the appends (a
+	// publish to several partitions whose appends took long).
+	Destinations []*heraldpb.PublishedTo
+	// Records no binding took, dropped (not Mandatory).
+	Unroutable int
+	// Records routed through an alternate exchange.
+	Alternate int
+}
+
+// ErrNoMessages is returned by Publish without messages.
+var ErrNoMessages = errors.New("herald: publish without messages")
+
+// Publish publishes msgs through exchange with routingKey, as one
+// decision: every topic the bindings match stores its records, or the
+// publish fails and none does. The empty exchange is the default one,
+// where each topic is bound under its own name. Within a topic, the
+// partition is the first message's key hash, else round robin, as for a
+// produce (Message.Topic and Message.Partition are ignored).
+func (c *Client) Publish(ctx context.Context, exchange, routingKey string, opt PublishOptions, msgs ...*Message) (*PublishResult, error) {
+	if len(msgs) == 0 {
+		return nil, ErrNoMessages
+	}
+	var records []byte
+	for _, m := range msgs {
+		var err error
+		if records, err = encodeRecord(records, m); err != nil {
+			return nil, err
+		}
+	}
+	req := &heraldpb.PublishRequest{Exchange: exchange, RoutingKey: routingKey, Records: records, Mandatory: opt.Mandatory}
+	if t := c.cfg.requestTimeout; t > 0 {
+		req.TimeoutMs = uint32(t / time.Millisecond)
+	}
+	// Through the transaction coordinator's node when known: a publish
+	// that reaches several partitions is decided there.
+	f, err := c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_Publish{Publish: req}}, false)
+	if err != nil {
+		return nil, err
+	}
+	r := f.GetPublishResponse()
+	if r == nil {
+		return nil, unexpected(f, "PublishResponse")
+	}
+	return &PublishResult{Destinations: r.Destinations, Unroutable: int(r.Unroutable), Alternate: int(r.Alternate)}, nil
+}
