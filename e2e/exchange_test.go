@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -156,4 +157,206 @@ func TestExchangeRouting(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestExchangeCluster: three nodes, RF=3 topics a, b and c behind a
+// fanout exchange. The bindings are on every node and survive a SIGKILL
+// of the controller group's leader (and a new binding is taken after
+// it). Then publishers fan out through the exchange while the leader of
+// a destination partition is SIGKILLed: every publish acknowledged is on
+// all three topics once, and every publish is on all three or on none,
+// read from every replica, the killed node's too once it is back.
+func TestExchangeCluster(t *testing.T) {
+	tc, c := clusterWithTopic(t, "a", 1)
+	for _, name := range []string{"b", "c", "d"} {
+		if _, err := c.CreateTopic(ctxT(t, 15*time.Second), name, &heraldpb.TopicConfig{Partitions: 1, ReplicationFactor: 3}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustDeclare(t, c, "fan", heraldpb.ExchangeType_EXCHANGE_FANOUT, "")
+	for _, name := range []string{"a", "b", "c"} {
+		mustBind(t, c, &heraldpb.Binding{Exchange: "fan", Topic: name})
+	}
+	bindingsOn := func(p *proc, want int) error {
+		cc, err := client.Dial(ctxT(t, 10*time.Second), p.Addr())
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		xs, err := cc.ListExchanges(ctxT(t, 5*time.Second), "fan")
+		if err != nil || len(xs) != 1 || len(xs[0].Bindings) != want {
+			return fmt.Errorf("node at %s: %v %v", p.Addr(), xs, err)
+		}
+		return nil
+	}
+	checkFor(t, 20*time.Second, "the bindings on every node", func() error {
+		for _, p := range tc.nodes {
+			if err := bindingsOn(p, 3); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+
+	// The controller's leader dies: the metadata is on the others.
+	var anyNode *proc
+	for _, p := range tc.nodes {
+		anyNode = p
+	}
+	cv, _, err := getController(anyNode)
+	if err != nil || cv.Leader == 0 {
+		t.Fatalf("controller: %+v %v", cv, err)
+	}
+	ctrlLeader := tc.nodes[cv.Leader]
+	ctrlLeader.Kill(t)
+	live := map[uint64]*proc{}
+	for id, p := range tc.nodes {
+		if id != cv.Leader {
+			live[id] = p
+		}
+	}
+	checkFor(t, 30*time.Second, "a binding taken by the new controller leader", func() error {
+		for _, p := range live {
+			cc, err := client.Dial(ctxT(t, 10*time.Second), p.Addr())
+			if err != nil {
+				return err
+			}
+			_, err = cc.Bind(ctxT(t, 5*time.Second), &heraldpb.Binding{Exchange: "fan", Topic: "d"})
+			cc.Close()
+			return err
+		}
+		return nil
+	})
+	for _, p := range live {
+		checkFor(t, 20*time.Second, "four bindings on a live node", func() error { return bindingsOn(p, 4) })
+	}
+	if _, err := c.Unbind(ctxT(t, 20*time.Second), &heraldpb.Binding{Exchange: "fan", Topic: "d"}); err != nil {
+		t.Fatal(err)
+	}
+	ctrlLeader.Start(t)
+	tc.waitRegistered(t, tc.nodes)
+	checkFor(t, 20*time.Second, "the restarted node has the bindings", func() error { return bindingsOn(ctrlLeader, 3) })
+
+	// Publishers through the exchange; the leader of a destination
+	// partition (not the coordinator's node, if any is not) dies.
+	coord := awaitInternalLeader(t, c, "__txn")
+	var mu sync.Mutex
+	acked, tried := map[string]bool{}, map[string]bool{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pc, err := client.Dial(ctxT(t, 10*time.Second), tc.addrs(), client.WithRequestTimeout(5*time.Second))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer pc.Close()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				v := fmt.Sprintf("w%d-%d", w, i)
+				mu.Lock()
+				tried[v] = true
+				mu.Unlock()
+				_, err := pc.Publish(ctxT(t, 20*time.Second), "fan", "", client.PublishOptions{Mandatory: true}, msg(v))
+				if err == nil {
+					mu.Lock()
+					acked[v] = true
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
+	checkFor(t, 30*time.Second, "publishes under way", func() error {
+		if n := count(); n < 50 {
+			return fmt.Errorf("%d acknowledged", n)
+		}
+		return nil
+	})
+	victim := uint32(0)
+	for _, topic := range []string{"a", "b", "c"} {
+		if l := leaderOf(t, c, topic, 0); l != 0 && l != coord {
+			victim = l
+			break
+		}
+	}
+	if victim == 0 {
+		victim = coord%3 + 1 // every destination led by the coordinator's node: kill a follower of them all
+	}
+	t.Logf("killing node %d (coordinator on node %d)", victim, coord)
+	tc.nodes[uint64(victim)].Kill(t)
+	base := count()
+	checkFor(t, 60*time.Second, "publishes acknowledged after the kill", func() error {
+		if n := count(); n < base+50 {
+			return fmt.Errorf("%d acknowledged since the kill", n-base)
+		}
+		return nil
+	})
+	close(stop)
+	wg.Wait()
+	tc.nodes[uint64(victim)].Start(t)
+	tc.waitRegistered(t, tc.nodes)
+	var addrs []string
+	for _, p := range tc.nodes {
+		addrs = append(addrs, p.Addr())
+	}
+	checkFor(t, 60*time.Second, "every replica of a, b and c caught up", func() error {
+		var ends []int64
+		for _, topic := range []string{"a", "b", "c"} {
+			hws, err := highWatermarksAt(t, topic, 0, addrs...)
+			if err != nil {
+				return err
+			}
+			if slices.Min(hws) != slices.Max(hws) {
+				return fmt.Errorf("%s: high watermarks %v", topic, hws)
+			}
+			ends = append(ends, hws[0])
+		}
+		if slices.Min(ends) != slices.Max(ends) {
+			return fmt.Errorf("a, b and c end at %v: a publish is not whole yet", ends)
+		}
+		return nil
+	})
+	for id, p := range tc.nodes {
+		cl := dialNode(t, p)
+		per := map[string]map[string]int{}
+		for _, topic := range []string{"a", "b", "c"} {
+			per[topic] = map[string]int{}
+			for _, m := range readPartition(t, cl, topic, 0) {
+				per[topic][string(m.Value)]++
+			}
+		}
+		cl.Close()
+		whole := 0
+		for v := range tried {
+			n := per["a"][v]
+			for _, topic := range []string{"b", "c"} {
+				if per[topic][v] != n {
+					t.Errorf("node %d: %s is %d times on a, %d on %s", id, v, n, per[topic][v], topic)
+				}
+			}
+			if n > 1 {
+				t.Errorf("node %d: %s stored %d times", id, v, n)
+			}
+			if acked[v] && n != 1 {
+				t.Errorf("node %d: acknowledged %s is missing", id, v)
+			}
+			if n == 1 {
+				whole++
+			}
+		}
+		for _, topic := range []string{"a", "b", "c"} {
+			if len(per[topic]) != whole {
+				t.Errorf("node %d: %s holds %d values, %d publishes are whole", id, topic, len(per[topic]), whole)
+			}
+		}
+		t.Logf("node %d: %d publishes tried, %d acknowledged, %d whole on every topic", id, len(tried), len(acked), whole)
+	}
 }

@@ -66,6 +66,9 @@ type Options struct {
 	// crashAfterAppend (tests) is asked after a committed half is appended
 	// and before its HalfDone is written: true panics the actor there.
 	crashAfterAppend func() bool
+	// crashAfterRoutedAppend (tests) is asked after each batch of a
+	// routed publish is appended; true panics the actor there.
+	crashAfterRoutedAppend func() bool
 	// failScan (tests), when it answers true, turns the answer to one read
 	// of a recovery scan into an INTERNAL error.
 	failScan func() bool

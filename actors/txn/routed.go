@@ -143,6 +143,9 @@ func (c *Coordinator) appendRouted(ctx actor.Context, r *routed, found []bool, d
 	offsets := make([]int64, len(r.batches))
 	left := len(r.batches)
 	finish := func(i int, base int64) {
+		if base >= 0 && c.o.crashAfterRoutedAppend != nil && c.o.crashAfterRoutedAppend() {
+			panic("txn: crash after a routed append (test)")
+		}
 		offsets[i] = base
 		if left--; left > 0 {
 			return
