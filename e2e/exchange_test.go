@@ -360,3 +360,7 @@ func TestExchangeCluster(t *testing.T) {
 		t.Logf("node %d: %d publishes tried, %d acknowledged, %d whole on every topic", id, len(tried), len(acked), whole)
 	}
 }
+
+// TestDocsRouting runs docs/routing.md as TestDocsQuickstart runs the
+// quick start: every command as written, each output as shown.
+func TestDocsRouting(t *testing.T) { runDocPage(t, "routing.md", 8) }

@@ -208,13 +208,19 @@ var jobNotice = regexp.MustCompile(`^\S+: line \d+: +\d+ Killed +`)
 // free ports, given to it and to the clients through HERALD_LISTEN,
 // HERALD_ADMIN and HERALD_ADDR. At the end nothing the page started may
 // still run.
-func TestDocsQuickstart(t *testing.T) {
+func TestDocsQuickstart(t *testing.T) { runDocPage(t, "quickstart.md", 10) }
+
+// runDocPage runs docs/PAGE as TestDocsQuickstart says, and fails unless
+// it has at least minSteps shell blocks.
+func runDocPage(t *testing.T, page string, minSteps int) {
+	name := "docs/" + page
+	at := func(line int) string { return fmt.Sprintf("%s:%d", name, line) }
 	for _, tool := range []string{"bash", "curl"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("docs/quickstart.md needs %s: %v", tool, err)
+			t.Skipf("%s needs %s: %v", name, tool, err)
 		}
 	}
-	page, err := os.ReadFile("../docs/quickstart.md")
+	text, err := os.ReadFile("../" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +231,7 @@ func TestDocsQuickstart(t *testing.T) {
 	}
 	var steps []step
 	dir, scripts := t.TempDir(), t.TempDir()
-	for _, b := range fencedBlocks(t, string(page)) {
+	for _, b := range fencedBlocks(t, string(text)) {
 		switch b.lang {
 		case "sh":
 			s := step{line: b.line}
@@ -244,35 +250,35 @@ func TestDocsQuickstart(t *testing.T) {
 					}
 				}
 				if err != nil {
-					t.Fatalf("docs/quickstart.md:%d: %s: %v", b.line, l, err)
+					t.Fatalf("%s: %s: %v", at(b.line), l, err)
 				}
 				s.script = append(s.script, ": "+l) // done
 			}
 			steps = append(steps, s)
 		case "":
 			if len(steps) == 0 || steps[len(steps)-1].want != nil {
-				t.Fatalf("docs/quickstart.md:%d: an output block that follows no shell block", b.line)
+				t.Fatalf("%s: an output block that follows no shell block", at(b.line))
 			}
 			steps[len(steps)-1].want = b.lines
 		case "go":
 			name, ok := strings.CutPrefix(b.lines[0], "// Command ")
 			if !ok {
-				t.Fatalf("docs/quickstart.md:%d: a Go block that does not start with // Command NAME", b.line)
+				t.Fatalf("%s: a Go block that does not start with // Command NAME", at(b.line))
 			}
 			file := "../examples/" + strings.Fields(name)[0] + "/main.go"
 			src, err := os.ReadFile(file)
 			if err != nil {
-				t.Fatalf("docs/quickstart.md:%d: %v", b.line, err)
+				t.Fatalf("%s: %v", at(b.line), err)
 			}
 			if string(src) != strings.Join(b.lines, "\n")+"\n" {
-				t.Fatalf("docs/quickstart.md:%d: the Go block is not %s", b.line, file)
+				t.Fatalf("%s: the Go block is not %s", at(b.line), file)
 			}
 		default:
-			t.Fatalf("docs/quickstart.md:%d: a block of %q, which the test does not know", b.line, b.lang)
+			t.Fatalf("%s: a block of %q, which the test does not know", at(b.line), b.lang)
 		}
 	}
-	if len(steps) < 10 {
-		t.Fatalf("only %d shell blocks found in docs/quickstart.md", len(steps))
+	if len(steps) < minSteps {
+		t.Fatalf("only %d shell blocks found in %s", len(steps), name)
 	}
 
 	// Free ports for the broker; it binds them again after each restart.
@@ -337,7 +343,7 @@ func TestDocsQuickstart(t *testing.T) {
 		}
 		done := fmt.Sprintf("__quickstart_block_%d_done__", i)
 		if _, err := fmt.Fprintf(stdin, ". %s </dev/null; echo %s\n", path, done); err != nil {
-			t.Fatalf("docs/quickstart.md:%d: the shell is gone: %v", s.line, err)
+			t.Fatalf("%s: the shell is gone: %v", at(s.line), err)
 		}
 		began := time.Now()
 		var got []string
@@ -348,21 +354,21 @@ func TestDocsQuickstart(t *testing.T) {
 			case l, ok := <-lines:
 				switch {
 				case !ok:
-					t.Fatalf("docs/quickstart.md:%d: the shell ended; it printed:\n%s", s.line, strings.Join(got, "\n"))
+					t.Fatalf("%s: the shell ended; it printed:\n%s", at(s.line), strings.Join(got, "\n"))
 				case l == done:
 					break read
 				case !jobNotice.MatchString(l):
 					got = append(got, l)
 				}
 			case <-timeout:
-				t.Fatalf("docs/quickstart.md:%d: the block did not finish within 60s; it printed:\n%s", s.line, strings.Join(got, "\n"))
+				t.Fatalf("%s: the block did not finish within 60s; it printed:\n%s", at(s.line), strings.Join(got, "\n"))
 			}
 		}
 		if d := outputMismatch(s.want, got); d != "" {
-			t.Fatalf("docs/quickstart.md:%d: the block's output is not the page's: %s\nblock:\n%s\nprinted:\n%s",
-				s.line, d, strings.Join(s.script, "\n"), strings.Join(got, "\n"))
+			t.Fatalf("%s: the block's output is not the page's: %s\nblock:\n%s\nprinted:\n%s",
+				at(s.line), d, strings.Join(s.script, "\n"), strings.Join(got, "\n"))
 		}
-		t.Logf("docs/quickstart.md:%d: ok in %v", s.line, time.Since(began).Round(time.Millisecond))
+		t.Logf("%s: ok in %v", at(s.line), time.Since(began).Round(time.Millisecond))
 	}
 	stdin.Close()
 	select {
@@ -377,5 +383,5 @@ func TestDocsQuickstart(t *testing.T) {
 		out, _ := exec.Command("pgrep", "-a", "-g", fmt.Sprint(pgid)).CombinedOutput()
 		t.Fatalf("the page leaves processes running:\n%s", out)
 	}
-	t.Logf("docs/quickstart.md ran in %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("%s ran in %v", name, time.Since(start).Round(time.Millisecond))
 }

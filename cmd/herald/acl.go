@@ -14,7 +14,7 @@ func init() {
 	register("acl", "access control rules: add, list, remove", cliRunner(aclCmd))
 }
 
-const aclUsage = "usage: herald acl add|remove --principal P --operation OP[,OP...] (--topic T | --group G | --transactional-id X | --producer-group G | --access-vhost V | --cluster) [--prefix] [--deny] | list [--principal P]"
+const aclUsage = "usage: herald acl add|remove --principal P --operation OP[,OP...] (--topic T | --group G | --transactional-id X | --producer-group G | --exchange X | --access-vhost V | --cluster) [--prefix] [--deny] | list [--principal P]"
 
 // aclOps are the operations by their CLI names.
 var aclOps = map[string]heraldpb.AclOperation{
@@ -33,6 +33,7 @@ func aclCmd(ctx context.Context, args []string, io cliIO) error {
 	group := fs.String("group", "", "add, remove: the rule is on this consumer group")
 	txnID := fs.String("transactional-id", "", "add, remove: the rule is on this transactional id")
 	pgroup := fs.String("producer-group", "", "add, remove: the rule is on this producer group (half messages)")
+	exchangeRes := fs.String("exchange", "", "add, remove: the rule is on this exchange")
 	clusterRes := fs.Bool("cluster", false, "add, remove: the rule is on the cluster (admin, and listings)")
 	vhostRes := fs.String("access-vhost", "", "add, remove: the rule is on this vhost (any operation lets the principal work in it)")
 	prefix := fs.Bool("prefix", false, "add, remove: the name is a prefix")
@@ -54,7 +55,7 @@ func aclCmd(ctx context.Context, args []string, io cliIO) error {
 	var rules []*heraldpb.AclRule
 	switch sub {
 	case "list":
-		for _, f := range []string{"operation", "topic", "group", "transactional-id", "producer-group", "access-vhost", "cluster", "prefix", "deny"} {
+		for _, f := range []string{"operation", "topic", "group", "transactional-id", "producer-group", "exchange", "access-vhost", "cluster", "prefix", "deny"} {
 			if set[f] {
 				return usagef("--%s is only for acl add and remove", f)
 			}
@@ -75,6 +76,7 @@ func aclCmd(ctx context.Context, args []string, io cliIO) error {
 			{"group", heraldpb.AclResourceType_ACL_RESOURCE_GROUP, *group},
 			{"transactional-id", heraldpb.AclResourceType_ACL_RESOURCE_TRANSACTIONAL_ID, *txnID},
 			{"producer-group", heraldpb.AclResourceType_ACL_RESOURCE_PRODUCER_GROUP, *pgroup},
+			{"exchange", heraldpb.AclResourceType_ACL_RESOURCE_EXCHANGE, *exchangeRes},
 			{"access-vhost", heraldpb.AclResourceType_ACL_RESOURCE_VHOST, *vhostRes},
 		} {
 			if set[r.flag] {
@@ -87,7 +89,7 @@ func aclCmd(ctx context.Context, args []string, io cliIO) error {
 			n++
 		}
 		if n != 1 {
-			return usagef("acl %s needs exactly one of --topic, --group, --transactional-id, --producer-group, --access-vhost, --cluster", sub)
+			return usagef("acl %s needs exactly one of --topic, --group, --transactional-id, --producer-group, --exchange, --access-vhost, --cluster", sub)
 		}
 		for _, o := range strings.Split(*ops, ",") {
 			op, ok := aclOps[strings.TrimSpace(o)]
