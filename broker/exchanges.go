@@ -438,27 +438,54 @@ func (x *exchanges) route(t *exchange.Table, req *heraldpb.PublishRequest, count
 	return dests, unroutable, alternate, e
 }
 
-// await hands inner to h with a future for the answer, and sends to the
-// answer as translate makes it (an error frame as it came).
+// await hands inner to h with a relay for the answer, and sends to the
+// answer as translate makes it (an error frame as it came). The relay is
+// a bare process, not a future: it forwards on the answering actor's
+// goroutine, with no goroutine of its own to wake.
 func (x *exchanges) await(h topic.Handler, inner *heraldpb.Frame, to *actor.PID, timeout time.Duration, translate func(*heraldpb.Frame) *heraldpb.Frame) {
-	fut := actor.NewFuture(x.b.sys, timeout+5*time.Second)
-	h(inner, fut.PID())
-	go func() {
-		res, err := fut.Result()
-		ans, ok := res.(*heraldpb.Frame)
-		if err != nil || !ok {
-			e := heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "publish: no answer in %v; the outcome is unknown", timeout)
-			e.Retriable, e.OutcomeUnknown = true, true
-			x.reply(to, heraldpb.ErrorFrame(inner.Id, e))
-			return
-		}
-		if ans.GetError() != nil {
-			x.reply(to, ans)
-			return
-		}
-		x.reply(to, translate(ans))
-	}()
+	r := &relay{sys: x.b.sys, to: to, id: inner.Id, translate: translate}
+	r.pid, _ = x.b.sys.ProcessRegistry.Add(r, "publish"+x.b.sys.ProcessRegistry.NextId())
+	r.timer = time.AfterFunc(timeout+5*time.Second, func() {
+		e := heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "publish: no answer in %v; the outcome is unknown", timeout)
+		e.Retriable, e.OutcomeUnknown = true, true
+		r.deliver(heraldpb.ErrorFrame(inner.Id, e))
+	})
+	h(inner, r.pid)
 }
+
+// relay is the one-answer process await hands a request's handler.
+type relay struct {
+	sys       *actor.ActorSystem
+	pid, to   *actor.PID
+	id        uint64
+	translate func(*heraldpb.Frame) *heraldpb.Frame
+	timer     *time.Timer
+	done      atomic.Bool
+}
+
+func (r *relay) SendUserMessage(_ *actor.PID, m any) {
+	ans, ok := actor.UnwrapEnvelopeMessage(m).(*heraldpb.Frame)
+	if !ok {
+		ans = heraldpb.ErrorFrame(r.id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "publish: an answer of type %T", m))
+	} else if ans.GetError() == nil {
+		ans = r.translate(ans)
+	}
+	r.deliver(ans)
+}
+
+// deliver sends the first answer on and forgets the relay.
+func (r *relay) deliver(f *heraldpb.Frame) {
+	if r.done.Swap(true) {
+		return
+	}
+	r.timer.Stop()
+	r.sys.ProcessRegistry.Remove(r.pid)
+	r.sys.Root.Send(r.to, f)
+}
+
+func (r *relay) SendSystemMessage(*actor.PID, any) {}
+
+func (r *relay) Stop(*actor.PID) {}
 
 // wrapDeleteTopic removes a single node's bindings to a topic once it is
 // deleted (a cluster's controller removes them with the topic).

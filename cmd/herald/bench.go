@@ -99,6 +99,8 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 			return benchRRCmd(ctx, args[1:], io)
 		case "half":
 			return benchHalfCmd(ctx, args[1:], io)
+		case "exchange":
+			return benchExchangeCmd(ctx, args[1:], io)
 		}
 	}
 	fs, cf := newCLIFlagSet("bench", io.err)
