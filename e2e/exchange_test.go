@@ -364,3 +364,85 @@ func TestExchangeCluster(t *testing.T) {
 // TestDocsRouting runs docs/routing.md as TestDocsQuickstart runs the
 // quick start: every command as written, each output as shown.
 func TestDocsRouting(t *testing.T) { runDocPage(t, "routing.md", 8) }
+
+// TestExchangesInVhostsAndACLs: exchanges live in a vhost like topics:
+// vhosts A and B both have an exchange "x" bound to their own "orders";
+// a publish in A reaches A's topic only; listings show a vhost's own
+// exchanges with its names; B cannot bind to A's topic. A user with
+// produce on the topic but no permission on the exchange is refused the
+// publish (NOT_AUTHORIZED) until a rule on the exchange allows it.
+func TestExchangesInVhostsAndACLs(t *testing.T) {
+	p, adminPW := startAuthBroker(t)
+	ctx := ctxT(t, 90*time.Second)
+	as := []string{"--addr", p.Addr(), "--user", "admin", "--password-file", adminPW}
+	for _, v := range []string{"A", "B"} {
+		if out, errOut, code := herald(t, "", append([]string{"vhost", "add", v}, as...)...); code != 0 {
+			t.Fatalf("vhost add %s: %d %q %q", v, code, out, errOut)
+		}
+	}
+	inA := dial(t, p, client.WithSCRAM("admin", "admin-secret"), client.WithVhost("A"))
+	inB := dial(t, p, client.WithSCRAM("admin", "admin-secret"), client.WithVhost("B"))
+	for c, v := range map[*client.Client]string{inA: "A", inB: "B"} {
+		if _, err := c.CreateTopic(ctx, "orders", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
+			t.Fatalf("orders in %s: %v", v, err)
+		}
+		mustDeclare(t, c, "x", heraldpb.ExchangeType_EXCHANGE_FANOUT, "")
+		mustBind(t, c, &heraldpb.Binding{Exchange: "x", Topic: "orders"})
+	}
+	if _, err := inA.CreateTopic(ctx, "only-a", &heraldpb.TopicConfig{Partitions: 1}); err != nil {
+		t.Fatal(err)
+	}
+	r := publish(t, inA, "x", "", client.PublishOptions{Mandatory: true}, msg("in A"))
+	if len(r.Destinations) != 1 || r.Destinations[0].Topic != "orders" {
+		t.Fatalf("publish in A went to %v", r.Destinations)
+	}
+	if got := topicValues(t, inA, "orders"); !slices.Equal(got, []string{"in A"}) {
+		t.Fatalf("A's orders: %v", got)
+	}
+	if got := topicValues(t, inB, "orders"); len(got) != 0 {
+		t.Fatalf("B's orders: %v", got)
+	}
+	xs, err := inB.ListExchanges(ctx, "")
+	if err != nil || len(xs) != 1 || xs[0].Config.Name != "x" || xs[0].Bindings[0].Topic != "orders" || xs[0].Bindings[0].Exchange != "x" {
+		t.Fatalf("B's exchanges: %v %v", xs, err)
+	}
+	if _, err := inB.Bind(ctx, &heraldpb.Binding{Exchange: "x", Topic: "only-a"}); !client.IsCode(err, heraldpb.ErrorCode_TOPIC_NOT_FOUND) {
+		t.Fatalf("B binds to A's topic: %v", err)
+	}
+	if _, err := inB.Bind(ctx, &heraldpb.Binding{Exchange: "x", Topic: "A~only-a"}); !client.IsCode(err, heraldpb.ErrorCode_INVALID_REQUEST) {
+		t.Fatalf("B names A's topic: %v", err)
+	}
+
+	// ACLs: alice may produce to A's orders, not publish through x.
+	if _, errOut, code := herald(t, "alice-secret\n", append([]string{"user", "add", "alice"}, as...)...); code != 0 {
+		t.Fatal(errOut)
+	}
+	for _, rule := range [][]string{
+		{"acl", "add", "--principal", "user:alice", "--operation", "all", "--access-vhost", "A"},
+		{"acl", "add", "--vhost", "A", "--principal", "user:alice", "--operation", "produce", "--topic", "orders"},
+	} {
+		if _, errOut, code := herald(t, "", append(rule, as...)...); code != 0 {
+			t.Fatal(errOut)
+		}
+	}
+	alice := dial(t, p, client.WithSCRAM("alice", "alice-secret"), client.WithVhost("A"))
+	if _, err := alice.Publish(ctx, "x", "", client.PublishOptions{}, msg("alice")); !client.IsCode(err, heraldpb.ErrorCode_NOT_AUTHORIZED) {
+		t.Fatalf("publish without a rule on the exchange: %v", err)
+	}
+	if _, err := alice.Publish(ctx, "", "orders", client.PublishOptions{}, msg("alice direct")); err != nil {
+		t.Fatalf("publish to the default exchange with produce on the topic: %v", err)
+	}
+	if _, err := alice.DeclareExchange(ctx, "mine", heraldpb.ExchangeType_EXCHANGE_DIRECT, ""); !client.IsCode(err, heraldpb.ErrorCode_NOT_AUTHORIZED) {
+		t.Fatalf("declare without create on exchanges: %v", err)
+	}
+	if _, errOut, code := herald(t, "", append([]string{"acl", "add", "--vhost", "A", "--principal", "user:alice", "--operation", "produce", "--exchange", "x"}, as...)...); code != 0 {
+		t.Fatal(errOut)
+	}
+	checkFor(t, 10*time.Second, "alice publishes through x", func() error {
+		_, err := alice.Publish(ctx, "x", "", client.PublishOptions{}, msg("alice"))
+		return err
+	})
+	if got := topicValues(t, inA, "orders"); !slices.Equal(got, []string{"alice", "alice direct", "in A"}) {
+		t.Fatalf("A's orders: %v", got)
+	}
+}
