@@ -349,7 +349,9 @@ func (x *exchanges) publish(f *heraldpb.Frame, to *actor.PID) {
 	if req.TimeoutMs > 0 {
 		timeout = time.Duration(req.TimeoutMs) * time.Millisecond
 	}
-	if len(dests) == 1 {
+	if len(dests) == 1 && req.ProducerId == 0 {
+		// An idempotent publish goes to the coordinator even to one
+		// partition: it remembers the publisher's sequences.
 		d := dests[0]
 		inner := &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
 			Topic: d.topic, Records: d.records, Acks: heraldpb.Acks_ACKS_ALL, TimeoutMs: uint32(timeout.Milliseconds()),
@@ -364,7 +366,8 @@ func (x *exchanges) publish(f *heraldpb.Frame, to *actor.PID) {
 		})
 		return
 	}
-	routed := &heraldpb.PublishRequest{Exchange: req.Exchange, RoutingKey: req.RoutingKey, TimeoutMs: uint32(timeout.Milliseconds())}
+	routed := &heraldpb.PublishRequest{Exchange: req.Exchange, RoutingKey: req.RoutingKey, TimeoutMs: uint32(timeout.Milliseconds()),
+		ProducerId: req.ProducerId, Sequence: req.Sequence}
 	for _, d := range dests {
 		ent := x.b.reg.Get(d.topic)
 		if ent == nil {

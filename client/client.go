@@ -33,6 +33,8 @@ type Client struct {
 	cfg   clientConfig
 	addrs []string // bootstrap addresses, in the order given
 
+	publisher publisher // idempotent publishing (exchange.go)
+
 	mu      sync.Mutex
 	conns   map[string]*conn // live connection per broker address
 	dialing map[string]*dialCall

@@ -2,7 +2,10 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
+	"sync"
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -89,6 +92,12 @@ type PublishOptions struct {
 	// the alternate exchange either) fails with UNROUTABLE and stores
 	// nothing; otherwise those records are dropped and counted.
 	Mandatory bool
+	// Idempotent: the publish carries the client's publisher id and next
+	// sequence, and is sent again after a lost connection or a timeout;
+	// the broker stores it at most once on each destination (a retry of a
+	// publish it decided is answered Duplicate). The client's idempotent
+	// publishes go one at a time.
+	Idempotent bool
 }
 
 // PublishResult is where a publish went.
@@ -101,6 +110,17 @@ type PublishResult struct {
 	Unroutable int
 	// Records routed through an alternate exchange.
 	Alternate int
+	// Duplicate: an idempotent publish the broker had decided already
+	// (sent again after a lost answer); nothing was stored again.
+	Duplicate bool
+}
+
+// publisher is a client's idempotent publishing state: an id and the
+// next sequence, one publish at a time.
+type publisher struct {
+	mu  sync.Mutex
+	id  uint64
+	seq int64
 }
 
 // ErrNoMessages is returned by Publish without messages.
@@ -127,9 +147,29 @@ func (c *Client) Publish(ctx context.Context, exchange, routingKey string, opt P
 	if t := c.cfg.requestTimeout; t > 0 {
 		req.TimeoutMs = uint32(t / time.Millisecond)
 	}
+	p := &c.publisher
+	if opt.Idempotent {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.id == 0 {
+			p.id = randomPublisherID()
+		}
+		req.ProducerId, req.Sequence = p.id, p.seq
+	}
 	// Through the transaction coordinator's node when known: a publish
-	// that reaches several partitions is decided there.
-	f, err := c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_Publish{Publish: req}}, false)
+	// that reaches several partitions, or an idempotent one, is decided
+	// there.
+	f, err := c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_Publish{Publish: req}}, opt.Idempotent)
+	if opt.Idempotent {
+		switch {
+		case err == nil:
+			p.seq++
+		case errors.Is(err, ErrOutcomeUnknown):
+			// Maybe decided: the next publish must not look like its
+			// retry, so the publisher starts again under a new id.
+			p.id, p.seq = randomPublisherID(), 0
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -137,5 +177,12 @@ func (c *Client) Publish(ctx context.Context, exchange, routingKey string, opt P
 	if r == nil {
 		return nil, unexpected(f, "PublishResponse")
 	}
-	return &PublishResult{Destinations: r.Destinations, Unroutable: int(r.Unroutable), Alternate: int(r.Alternate)}, nil
+	return &PublishResult{Destinations: r.Destinations, Unroutable: int(r.Unroutable), Alternate: int(r.Alternate), Duplicate: r.Duplicate}, nil
+}
+
+// randomPublisherID is a new idempotent publisher id (never 0).
+func randomPublisherID() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:])>>1 | 1
 }

@@ -105,6 +105,12 @@ func TestExchangeRouting(t *testing.T) {
 	if r.Unroutable != 1 || len(r.Destinations) != 1 || r.Destinations[0].Count != 1 {
 		t.Fatalf("headers publish: %+v", r)
 	}
+	// Idempotent, to one topic: decided by the coordinator like a
+	// publish to several.
+	r = publish(t, c, "", "unbound", client.PublishOptions{Mandatory: true, Idempotent: true}, msg("idem"))
+	if len(r.Destinations) != 1 || r.Duplicate {
+		t.Fatalf("idempotent publish: %+v", r)
+	}
 	// The default exchange: a topic by its name.
 	publish(t, c, "", "unbound", client.PublishOptions{Mandatory: true}, msg("direct"))
 	if _, err := c.Publish(ctxT(t, 10*time.Second), "", "no-such-topic", client.PublishOptions{Mandatory: true}, msg("x")); !client.IsCode(err, heraldpb.ErrorCode_UNROUTABLE) {
@@ -116,7 +122,7 @@ func TestExchangeRouting(t *testing.T) {
 
 	want := map[string][]string{
 		"eu-orders": {"o1", "o2"}, "all-orders": {"o1", "o2"}, "audit": {"o1", "o2", "r1"},
-		"lost": {"r2"}, "pdf": {"d3"}, "unbound": {"direct"},
+		"lost": {"r2"}, "pdf": {"d3"}, "unbound": {"direct", "idem"},
 	}
 	check := func() {
 		t.Helper()
@@ -165,7 +171,8 @@ func TestExchangeRouting(t *testing.T) {
 // it). Then publishers fan out through the exchange while the leader of
 // a destination partition is SIGKILLed: every publish acknowledged is on
 // all three topics once, and every publish is on all three or on none,
-// read from every replica, the killed node's too once it is back.
+// read from every replica, the killed node's too once it is back (one
+// publisher is idempotent: its retries are never stored twice).
 func TestExchangeCluster(t *testing.T) {
 	tc, c := clusterWithTopic(t, "a", 1)
 	for _, name := range []string{"b", "c", "d"} {
@@ -264,7 +271,7 @@ func TestExchangeCluster(t *testing.T) {
 				mu.Lock()
 				tried[v] = true
 				mu.Unlock()
-				_, err := pc.Publish(ctxT(t, 20*time.Second), "fan", "", client.PublishOptions{Mandatory: true}, msg(v))
+				_, err := pc.Publish(ctxT(t, 20*time.Second), "fan", "", client.PublishOptions{Mandatory: true, Idempotent: w == 0}, msg(v))
 				if err == nil {
 					mu.Lock()
 					acked[v] = true

@@ -830,6 +830,14 @@ type PublishRequest struct {
 	// (and counted).
 	Mandatory bool   `protobuf:"varint,4,opt,name=mandatory,proto3" json:"mandatory,omitempty"`
 	TimeoutMs uint32 `protobuf:"varint,5,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// Idempotent publishing: a publisher id (0: not idempotent) and the
+	// publish's sequence, counting the publisher's publishes. The
+	// transaction coordinator decides an idempotent publish (whatever its
+	// destinations) and remembers each publisher's last sequence: a
+	// publish at or below it is a retry, answered duplicate and stored
+	// nowhere again.
+	ProducerId uint64 `protobuf:"varint,6,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	Sequence   int64  `protobuf:"varint,7,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	// Internal (refused from clients): the broker's routing of a publish to
 	// several partitions, handed to the transaction coordinator, which
 	// stores it as one decision in __txn and appends each batch.
@@ -899,6 +907,20 @@ func (x *PublishRequest) GetMandatory() bool {
 func (x *PublishRequest) GetTimeoutMs() uint32 {
 	if x != nil {
 		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *PublishRequest) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *PublishRequest) GetSequence() int64 {
+	if x != nil {
+		return x.Sequence
 	}
 	return 0
 }
@@ -1066,7 +1088,11 @@ type PublishResponse struct {
 	// Records no binding took, dropped (mandatory not set).
 	Unroutable uint32 `protobuf:"varint,2,opt,name=unroutable,proto3" json:"unroutable,omitempty"`
 	// Routed through an alternate exchange.
-	Alternate     uint32 `protobuf:"varint,3,opt,name=alternate,proto3" json:"alternate,omitempty"`
+	Alternate uint32 `protobuf:"varint,3,opt,name=alternate,proto3" json:"alternate,omitempty"`
+	// An idempotent publish already decided: nothing was stored again
+	// (destinations are the first one's when the coordinator still knows
+	// them, with offsets -1 otherwise).
+	Duplicate     bool `protobuf:"varint,4,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1120,6 +1146,13 @@ func (x *PublishResponse) GetAlternate() uint32 {
 		return x.Alternate
 	}
 	return 0
+}
+
+func (x *PublishResponse) GetDuplicate() bool {
+	if x != nil {
+		return x.Duplicate
+	}
+	return false
 }
 
 var File_exchange_proto protoreflect.FileDescriptor
@@ -1178,7 +1211,7 @@ const file_exchange_proto_rawDesc = "" +
 	"unroutable\x12\x1a\n" +
 	"\breturned\x18\a \x01(\x04R\breturned\"N\n" +
 	"\x15ListExchangesResponse\x125\n" +
-	"\texchanges\x18\x01 \x03(\v2\x17.herald.v1.ExchangeInfoR\texchanges\"\xd4\x01\n" +
+	"\texchanges\x18\x01 \x03(\v2\x17.herald.v1.ExchangeInfoR\texchanges\"\x91\x02\n" +
 	"\x0ePublishRequest\x12\x1a\n" +
 	"\bexchange\x18\x01 \x01(\tR\bexchange\x12\x1f\n" +
 	"\vrouting_key\x18\x02 \x01(\tR\n" +
@@ -1186,7 +1219,10 @@ const file_exchange_proto_rawDesc = "" +
 	"\arecords\x18\x03 \x01(\fR\arecords\x12\x1c\n" +
 	"\tmandatory\x18\x04 \x01(\bR\tmandatory\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\x12.\n" +
+	"timeout_ms\x18\x05 \x01(\rR\ttimeoutMs\x12\x1f\n" +
+	"\vproducer_id\x18\x06 \x01(\x04R\n" +
+	"producerId\x12\x1a\n" +
+	"\bsequence\x18\a \x01(\x03R\bsequence\x12.\n" +
 	"\x06routed\x18\x0f \x03(\v2\x16.herald.v1.RoutedBatchR\x06routed\"\x92\x01\n" +
 	"\vRoutedBatch\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
@@ -1200,13 +1236,14 @@ const file_exchange_proto_rawDesc = "" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1f\n" +
 	"\vbase_offset\x18\x03 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
-	"\x05count\x18\x04 \x01(\rR\x05count\"\x8b\x01\n" +
+	"\x05count\x18\x04 \x01(\rR\x05count\"\xa9\x01\n" +
 	"\x0fPublishResponse\x12:\n" +
 	"\fdestinations\x18\x01 \x03(\v2\x16.herald.v1.PublishedToR\fdestinations\x12\x1e\n" +
 	"\n" +
 	"unroutable\x18\x02 \x01(\rR\n" +
 	"unroutable\x12\x1c\n" +
-	"\talternate\x18\x03 \x01(\rR\talternate*\x81\x01\n" +
+	"\talternate\x18\x03 \x01(\rR\talternate\x12\x1c\n" +
+	"\tduplicate\x18\x04 \x01(\bR\tduplicate*\x81\x01\n" +
 	"\fExchangeType\x12\x1d\n" +
 	"\x19EXCHANGE_TYPE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fEXCHANGE_DIRECT\x10\x01\x12\x12\n" +

@@ -40,6 +40,7 @@ type TxnEvent struct {
 	//	*TxnEvent_End
 	//	*TxnEvent_Complete
 	//	*TxnEvent_Routed
+	//	*TxnEvent_Publishers
 	Event         isTxnEvent_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -172,6 +173,15 @@ func (x *TxnEvent) GetRouted() *Routed {
 	return nil
 }
 
+func (x *TxnEvent) GetPublishers() *RoutedPublishers {
+	if x != nil {
+		if x, ok := x.Event.(*TxnEvent_Publishers); ok {
+			return x.Publishers
+		}
+	}
+	return nil
+}
+
 type isTxnEvent_Event interface {
 	isTxnEvent_Event()
 }
@@ -218,6 +228,10 @@ type TxnEvent_Routed struct {
 	Routed *Routed `protobuf:"bytes,10,opt,name=routed,proto3,oneof"`
 }
 
+type TxnEvent_Publishers struct {
+	Publishers *RoutedPublishers `protobuf:"bytes,11,opt,name=publishers,proto3,oneof"`
+}
+
 func (*TxnEvent_Half) isTxnEvent_Event() {}
 
 func (*TxnEvent_Commit) isTxnEvent_Event() {}
@@ -237,6 +251,8 @@ func (*TxnEvent_End) isTxnEvent_Event() {}
 func (*TxnEvent_Complete) isTxnEvent_Event() {}
 
 func (*TxnEvent_Routed) isTxnEvent_Event() {}
+
+func (*TxnEvent_Publishers) isTxnEvent_Event() {}
 
 // A session of a transactional producer: its id and the session's first
 // epoch. Requests of older epochs are fenced from here on.
@@ -663,10 +679,13 @@ func (x *TxnComplete) GetEpoch() uint32 {
 // decision for all of them. Each record appended is tagged with the
 // event's offset (herald-route-ref) and token (herald-txn-token).
 type Routed struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Token         uint64                 `protobuf:"fixed64,1,opt,name=token,proto3" json:"token,omitempty"`
-	CreatedMs     int64                  `protobuf:"varint,2,opt,name=created_ms,json=createdMs,proto3" json:"created_ms,omitempty"`
-	Batches       []*RoutedBatch         `protobuf:"bytes,3,rep,name=batches,proto3" json:"batches,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Token     uint64                 `protobuf:"fixed64,1,opt,name=token,proto3" json:"token,omitempty"`
+	CreatedMs int64                  `protobuf:"varint,2,opt,name=created_ms,json=createdMs,proto3" json:"created_ms,omitempty"`
+	Batches   []*RoutedBatch         `protobuf:"bytes,3,rep,name=batches,proto3" json:"batches,omitempty"`
+	// An idempotent publish's publisher and sequence (0, 0: not one).
+	ProducerId    uint64 `protobuf:"varint,4,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	Sequence      int64  `protobuf:"varint,5,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -722,6 +741,83 @@ func (x *Routed) GetBatches() []*RoutedBatch {
 	return nil
 }
 
+func (x *Routed) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *Routed) GetSequence() int64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+// The last sequence of idempotent publishers whose last Routed event is
+// about to be compacted away (written before the cut), so that a reload
+// still knows them.
+type RoutedPublishers struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProducerIds   []uint64               `protobuf:"varint,1,rep,packed,name=producer_ids,json=producerIds,proto3" json:"producer_ids,omitempty"`
+	Sequences     []int64                `protobuf:"varint,2,rep,packed,name=sequences,proto3" json:"sequences,omitempty"`
+	UsedMs        []int64                `protobuf:"varint,3,rep,packed,name=used_ms,json=usedMs,proto3" json:"used_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoutedPublishers) Reset() {
+	*x = RoutedPublishers{}
+	mi := &file_txn_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutedPublishers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutedPublishers) ProtoMessage() {}
+
+func (x *RoutedPublishers) ProtoReflect() protoreflect.Message {
+	mi := &file_txn_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutedPublishers.ProtoReflect.Descriptor instead.
+func (*RoutedPublishers) Descriptor() ([]byte, []int) {
+	return file_txn_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RoutedPublishers) GetProducerIds() []uint64 {
+	if x != nil {
+		return x.ProducerIds
+	}
+	return nil
+}
+
+func (x *RoutedPublishers) GetSequences() []int64 {
+	if x != nil {
+		return x.Sequences
+	}
+	return nil
+}
+
+func (x *RoutedPublishers) GetUsedMs() []int64 {
+	if x != nil {
+		return x.UsedMs
+	}
+	return nil
+}
+
 // A half message, waiting for its outcome.
 type HalfStored struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -744,7 +840,7 @@ type HalfStored struct {
 
 func (x *HalfStored) Reset() {
 	*x = HalfStored{}
-	mi := &file_txn_proto_msgTypes[7]
+	mi := &file_txn_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +852,7 @@ func (x *HalfStored) String() string {
 func (*HalfStored) ProtoMessage() {}
 
 func (x *HalfStored) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[7]
+	mi := &file_txn_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +865,7 @@ func (x *HalfStored) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfStored.ProtoReflect.Descriptor instead.
 func (*HalfStored) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{7}
+	return file_txn_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HalfStored) GetProducerGroup() string {
@@ -858,7 +954,7 @@ type HalfCommit struct {
 
 func (x *HalfCommit) Reset() {
 	*x = HalfCommit{}
-	mi := &file_txn_proto_msgTypes[8]
+	mi := &file_txn_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +966,7 @@ func (x *HalfCommit) String() string {
 func (*HalfCommit) ProtoMessage() {}
 
 func (x *HalfCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[8]
+	mi := &file_txn_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +979,7 @@ func (x *HalfCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfCommit.ProtoReflect.Descriptor instead.
 func (*HalfCommit) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{8}
+	return file_txn_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HalfCommit) GetRef() uint64 {
@@ -925,7 +1021,7 @@ type HalfRollback struct {
 
 func (x *HalfRollback) Reset() {
 	*x = HalfRollback{}
-	mi := &file_txn_proto_msgTypes[9]
+	mi := &file_txn_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1033,7 @@ func (x *HalfRollback) String() string {
 func (*HalfRollback) ProtoMessage() {}
 
 func (x *HalfRollback) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[9]
+	mi := &file_txn_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1046,7 @@ func (x *HalfRollback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfRollback.ProtoReflect.Descriptor instead.
 func (*HalfRollback) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{9}
+	return file_txn_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HalfRollback) GetRefs() []uint64 {
@@ -977,7 +1073,7 @@ type HalfDone struct {
 
 func (x *HalfDone) Reset() {
 	*x = HalfDone{}
-	mi := &file_txn_proto_msgTypes[10]
+	mi := &file_txn_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -989,7 +1085,7 @@ func (x *HalfDone) String() string {
 func (*HalfDone) ProtoMessage() {}
 
 func (x *HalfDone) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[10]
+	mi := &file_txn_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1002,7 +1098,7 @@ func (x *HalfDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfDone.ProtoReflect.Descriptor instead.
 func (*HalfDone) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{10}
+	return file_txn_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HalfDone) GetRefs() []uint64 {
@@ -1023,7 +1119,7 @@ type HalfChecks struct {
 
 func (x *HalfChecks) Reset() {
 	*x = HalfChecks{}
-	mi := &file_txn_proto_msgTypes[11]
+	mi := &file_txn_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1035,7 +1131,7 @@ func (x *HalfChecks) String() string {
 func (*HalfChecks) ProtoMessage() {}
 
 func (x *HalfChecks) ProtoReflect() protoreflect.Message {
-	mi := &file_txn_proto_msgTypes[11]
+	mi := &file_txn_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1048,7 +1144,7 @@ func (x *HalfChecks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfChecks.ProtoReflect.Descriptor instead.
 func (*HalfChecks) Descriptor() ([]byte, []int) {
-	return file_txn_proto_rawDescGZIP(), []int{11}
+	return file_txn_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HalfChecks) GetRefs() []uint64 {
@@ -1069,7 +1165,7 @@ var File_txn_proto protoreflect.FileDescriptor
 
 const file_txn_proto_rawDesc = "" +
 	"\n" +
-	"\ttxn.proto\x12\therald.v1\x1a\fherald.proto\x1a\x0eexchange.proto\"\xe2\x03\n" +
+	"\ttxn.proto\x12\therald.v1\x1a\fherald.proto\x1a\x0eexchange.proto\"\xa1\x04\n" +
 	"\bTxnEvent\x12+\n" +
 	"\x04half\x18\x01 \x01(\v2\x15.herald.v1.HalfStoredH\x00R\x04half\x12/\n" +
 	"\x06commit\x18\x02 \x01(\v2\x15.herald.v1.HalfCommitH\x00R\x06commit\x125\n" +
@@ -1081,7 +1177,10 @@ const file_txn_proto_rawDesc = "" +
 	"\x03end\x18\b \x01(\v2\x11.herald.v1.TxnEndH\x00R\x03end\x124\n" +
 	"\bcomplete\x18\t \x01(\v2\x16.herald.v1.TxnCompleteH\x00R\bcomplete\x12+\n" +
 	"\x06routed\x18\n" +
-	" \x01(\v2\x11.herald.v1.RoutedH\x00R\x06routedB\a\n" +
+	" \x01(\v2\x11.herald.v1.RoutedH\x00R\x06routed\x12=\n" +
+	"\n" +
+	"publishers\x18\v \x01(\v2\x1b.herald.v1.RoutedPublishersH\x00R\n" +
+	"publishersB\a\n" +
 	"\x05event\"\xbc\x02\n" +
 	"\aTxnInit\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x1f\n" +
@@ -1120,12 +1219,19 @@ const file_txn_proto_rawDesc = "" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\"N\n" +
 	"\vTxnComplete\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\rR\x05epoch\"o\n" +
+	"\x05epoch\x18\x02 \x01(\rR\x05epoch\"\xac\x01\n" +
 	"\x06Routed\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x06R\x05token\x12\x1d\n" +
 	"\n" +
 	"created_ms\x18\x02 \x01(\x03R\tcreatedMs\x120\n" +
-	"\abatches\x18\x03 \x03(\v2\x16.herald.v1.RoutedBatchR\abatches\"\xe8\x02\n" +
+	"\abatches\x18\x03 \x03(\v2\x16.herald.v1.RoutedBatchR\abatches\x12\x1f\n" +
+	"\vproducer_id\x18\x04 \x01(\x04R\n" +
+	"producerId\x12\x1a\n" +
+	"\bsequence\x18\x05 \x01(\x03R\bsequence\"l\n" +
+	"\x10RoutedPublishers\x12!\n" +
+	"\fproducer_ids\x18\x01 \x03(\x04R\vproducerIds\x12\x1c\n" +
+	"\tsequences\x18\x02 \x03(\x03R\tsequences\x12\x17\n" +
+	"\aused_ms\x18\x03 \x03(\x03R\x06usedMs\"\xe8\x02\n" +
 	"\n" +
 	"HalfStored\x12%\n" +
 	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12\x14\n" +
@@ -1170,7 +1276,7 @@ func file_txn_proto_rawDescGZIP() []byte {
 	return file_txn_proto_rawDescData
 }
 
-var file_txn_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_txn_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_txn_proto_goTypes = []any{
 	(*TxnEvent)(nil),         // 0: herald.v1.TxnEvent
 	(*TxnInit)(nil),          // 1: herald.v1.TxnInit
@@ -1179,33 +1285,35 @@ var file_txn_proto_goTypes = []any{
 	(*TxnAppendFrom)(nil),    // 4: herald.v1.TxnAppendFrom
 	(*TxnComplete)(nil),      // 5: herald.v1.TxnComplete
 	(*Routed)(nil),           // 6: herald.v1.Routed
-	(*HalfStored)(nil),       // 7: herald.v1.HalfStored
-	(*HalfCommit)(nil),       // 8: herald.v1.HalfCommit
-	(*HalfRollback)(nil),     // 9: herald.v1.HalfRollback
-	(*HalfDone)(nil),         // 10: herald.v1.HalfDone
-	(*HalfChecks)(nil),       // 11: herald.v1.HalfChecks
-	(*RoutedBatch)(nil),      // 12: herald.v1.RoutedBatch
-	(HalfExhaustedPolicy)(0), // 13: herald.v1.HalfExhaustedPolicy
+	(*RoutedPublishers)(nil), // 7: herald.v1.RoutedPublishers
+	(*HalfStored)(nil),       // 8: herald.v1.HalfStored
+	(*HalfCommit)(nil),       // 9: herald.v1.HalfCommit
+	(*HalfRollback)(nil),     // 10: herald.v1.HalfRollback
+	(*HalfDone)(nil),         // 11: herald.v1.HalfDone
+	(*HalfChecks)(nil),       // 12: herald.v1.HalfChecks
+	(*RoutedBatch)(nil),      // 13: herald.v1.RoutedBatch
+	(HalfExhaustedPolicy)(0), // 14: herald.v1.HalfExhaustedPolicy
 }
 var file_txn_proto_depIdxs = []int32{
-	7,  // 0: herald.v1.TxnEvent.half:type_name -> herald.v1.HalfStored
-	8,  // 1: herald.v1.TxnEvent.commit:type_name -> herald.v1.HalfCommit
-	9,  // 2: herald.v1.TxnEvent.rollback:type_name -> herald.v1.HalfRollback
-	10, // 3: herald.v1.TxnEvent.done:type_name -> herald.v1.HalfDone
-	11, // 4: herald.v1.TxnEvent.checks:type_name -> herald.v1.HalfChecks
+	8,  // 0: herald.v1.TxnEvent.half:type_name -> herald.v1.HalfStored
+	9,  // 1: herald.v1.TxnEvent.commit:type_name -> herald.v1.HalfCommit
+	10, // 2: herald.v1.TxnEvent.rollback:type_name -> herald.v1.HalfRollback
+	11, // 3: herald.v1.TxnEvent.done:type_name -> herald.v1.HalfDone
+	12, // 4: herald.v1.TxnEvent.checks:type_name -> herald.v1.HalfChecks
 	1,  // 5: herald.v1.TxnEvent.init:type_name -> herald.v1.TxnInit
 	2,  // 6: herald.v1.TxnEvent.data:type_name -> herald.v1.TxnData
 	3,  // 7: herald.v1.TxnEvent.end:type_name -> herald.v1.TxnEnd
 	5,  // 8: herald.v1.TxnEvent.complete:type_name -> herald.v1.TxnComplete
 	6,  // 9: herald.v1.TxnEvent.routed:type_name -> herald.v1.Routed
-	4,  // 10: herald.v1.TxnEnd.from:type_name -> herald.v1.TxnAppendFrom
-	12, // 11: herald.v1.Routed.batches:type_name -> herald.v1.RoutedBatch
-	13, // 12: herald.v1.HalfStored.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	7,  // 10: herald.v1.TxnEvent.publishers:type_name -> herald.v1.RoutedPublishers
+	4,  // 11: herald.v1.TxnEnd.from:type_name -> herald.v1.TxnAppendFrom
+	13, // 12: herald.v1.Routed.batches:type_name -> herald.v1.RoutedBatch
+	14, // 13: herald.v1.HalfStored.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_txn_proto_init() }
@@ -1226,6 +1334,7 @@ func file_txn_proto_init() {
 		(*TxnEvent_End)(nil),
 		(*TxnEvent_Complete)(nil),
 		(*TxnEvent_Routed)(nil),
+		(*TxnEvent_Publishers)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1233,7 +1342,7 @@ func file_txn_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txn_proto_rawDesc), len(file_txn_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -553,6 +553,13 @@ func (c *Coordinator) compact(ctx actor.Context) {
 		snaps = append(snaps, event(m.snapshotEvent()))
 	}
 	mTxnIDs.Set(float64(len(c.txns)))
+	// Idempotent publishers whose newest event is below the cut: their
+	// sequences are written again first (one event after the sessions').
+	start := e.Stats[0].StartOffset.Load()
+	pubs, pubEv := c.state.publishersBelow(cut, start, c.nowMs())
+	if pubEv != nil {
+		snaps = append(snaps, event(pubEv))
+	}
 	if len(snaps) > 0 {
 		c.write(writeOp{events: snaps, done: func(base int64, err *heraldpb.Error) {
 			if err == nil {
@@ -562,10 +569,22 @@ func (c *Coordinator) compact(ctx actor.Context) {
 						m.sessOff = m.lastOff
 					}
 				}
+				for _, p := range pubs {
+					p.off = max(p.off, uint64(base)+uint64(len(metas)))
+				}
 			}
 			c.armCompact()
 		}})
 		c.flushWrites(ctx)
+		return
+	}
+	// The publishers' newest events hold the cut back until they are
+	// written again (publishersBelow, once the log's start reaches them).
+	for _, p := range c.publishers {
+		cut = min(cut, int64(p.off))
+	}
+	if cut <= start {
+		c.armCompact()
 		return
 	}
 	ctx.Request(e.Partitions[0], &partition.DeleteBefore{Offset: cut})

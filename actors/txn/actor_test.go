@@ -732,3 +732,63 @@ func TestRoutedPublishChecksEveryBatchFirst(t *testing.T) {
 		t.Fatalf("t holds %v after a refused publish", got)
 	}
 }
+
+func (r *rig) idemPublish(v string, pid uint64, seq int64) *heraldpb.PublishResponse {
+	r.t.Helper()
+	b, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte(v)}}})
+	return r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Publish{Publish: &heraldpb.PublishRequest{
+		Exchange: "x", ProducerId: pid, Sequence: seq,
+		Routed: []*heraldpb.RoutedBatch{{Topic: "t", Partition: 0, Records: b, Count: 1}, {Topic: "u", Partition: 0, Records: b, Count: 1}},
+	}}}, r.txn).GetPublishResponse()
+}
+
+// TestIdempotentPublish: an idempotent publish sent again (same
+// publisher, same sequence) is answered duplicate with the first
+// answer's destinations and stored nowhere again; so is an older
+// sequence. The publishers' sequences survive a reload and a compaction
+// of the events that named them (written again before the cut).
+func TestIdempotentPublish(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{CompactCheck: 50 * time.Millisecond})
+	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CreateTopic{CreateTopic: &heraldpb.CreateTopicRequest{Name: "u", Config: &heraldpb.TopicConfig{Partitions: 1}}}}, r.mgr)
+	first := r.idemPublish("a", 7, 0)
+	if first.Duplicate || len(first.Destinations) != 2 {
+		t.Fatalf("first publish: %v", first)
+	}
+	again := r.idemPublish("a", 7, 0)
+	if !again.Duplicate || !proto.Equal(again.Destinations[0], first.Destinations[0]) {
+		t.Fatalf("the retry: %v, first %v", again, first)
+	}
+	if r := r.idemPublish("b", 7, 1); r.Duplicate {
+		t.Fatalf("the next sequence: %v", r)
+	}
+	if r := r.idemPublish("a", 7, 0); !r.Duplicate {
+		t.Fatalf("an older sequence: %v", r)
+	}
+	if r := r.idemPublish("c", 8, 0); r.Duplicate {
+		t.Fatalf("another publisher's sequence 0: %v", r)
+	}
+	// Everything is appended and done: the compaction writes the
+	// publishers' sequences again and cuts the Routed events.
+	e := r.reg.Get(Topic)
+	waitFor(t, "the Routed events compacted away", func() error {
+		if s := e.Stats[0].StartOffset.Load(); s < 6 {
+			return fmt.Errorf("__txn starts at %d", s)
+		}
+		return nil
+	})
+	if _, err := r.sys.Root.StopFuture(r.txn).Result(); err != nil {
+		t.Fatal(err)
+	}
+	r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	if r := r.idemPublish("b", 7, 1); !r.Duplicate {
+		t.Fatalf("a retry after the reload: %v", r)
+	}
+	if r := r.idemPublish("c", 8, 0); !r.Duplicate {
+		t.Fatalf("publisher 8's retry after the reload: %v", r)
+	}
+	for _, topic := range []string{"t", "u"} {
+		if got := r.valuesOf(topic); !slices.Equal(got, []string{"a", "b", "c"}) {
+			t.Errorf("%s holds %v, want a, b, c once each", topic, got)
+		}
+	}
+}

@@ -44,6 +44,107 @@ var (
 	})
 )
 
+// maxPublishers bounds the idempotent publishers remembered; past it the
+// least recently used is forgotten (a retry of its last publish would
+// then be stored again). publisherExpiry forgets idle ones.
+const (
+	maxPublishers   = 100_000
+	publisherExpiry = 7 * 24 * time.Hour
+)
+
+// publisher is an idempotent publisher's last decided sequence.
+type publisher struct {
+	seq     int64
+	off     uint64 // offset of the newest event that names it
+	used    int64  // ms
+	last    *heraldpb.PublishResponse
+	lastSeq int64
+	pending int64 // the highest sequence being written, while writing > 0
+	writing int
+}
+
+// notePublisher records that publisher id decided sequence seq in the
+// event at off.
+func (st *state) notePublisher(id uint64, seq int64, off uint64, used int64) {
+	p := st.publishers[id]
+	if p == nil {
+		if len(st.publishers) >= maxPublishers {
+			st.forgetOldestPublisher()
+		}
+		p = &publisher{seq: -1}
+		st.publishers[id] = p
+	}
+	p.seq = max(p.seq, seq)
+	p.off = max(p.off, off)
+	p.used = max(p.used, used)
+}
+
+func (st *state) forgetOldestPublisher() {
+	var oldest uint64
+	at := int64(-1)
+	for id, p := range st.publishers {
+		if p.writing == 0 && (at < 0 || p.used < at) {
+			oldest, at = id, p.used
+		}
+	}
+	delete(st.publishers, oldest)
+}
+
+// publishersBelow returns the publishers whose newest event holds the
+// compaction back (the log starts at or past it, and more than that one
+// event would go: cut, what the rest of the state needs, is beyond it)
+// and the event that writes their sequences again; idle ones are
+// forgotten instead. A publisher's event otherwise holds the cut (the
+// caller lowers it to each publisher's offset), so the events before it
+// go first and an idle log is not rewritten over and over.
+func (st *state) publishersBelow(cut, start, nowMs int64) ([]*publisher, *heraldpb.TxnEvent) {
+	var out []*publisher
+	ev := &heraldpb.RoutedPublishers{}
+	for id, p := range st.publishers {
+		if int64(p.off) > start || int64(p.off)+1 >= cut || p.writing > 0 {
+			continue
+		}
+		if p.used < nowMs-publisherExpiry.Milliseconds() {
+			delete(st.publishers, id)
+			continue
+		}
+		out = append(out, p)
+		ev.ProducerIds = append(ev.ProducerIds, id)
+		ev.Sequences = append(ev.Sequences, p.seq)
+		ev.UsedMs = append(ev.UsedMs, p.used)
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Publishers{Publishers: ev}}
+}
+
+// duplicate answers an idempotent publish at or below its publisher's
+// last decided sequence (or being decided), reporting whether it did.
+func (c *Coordinator) duplicate(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.PublishRequest, to *actor.PID) bool {
+	p := c.publishers[req.ProducerId]
+	switch {
+	case p == nil:
+		return false
+	case p.writing > 0 && req.Sequence <= p.pending:
+		// Its first send is being written: the retry learns the outcome
+		// when it comes again.
+		e := throttledErr("the publish of this sequence is being decided")
+		e.RetryAfterMs = 50
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
+		return true
+	case req.Sequence > p.seq:
+		return false
+	}
+	resp := &heraldpb.PublishResponse{Duplicate: true}
+	if p.last != nil && p.lastSeq == req.Sequence {
+		resp.Destinations = p.last.Destinations
+	}
+	mRouted.WithLabelValues("duplicate").Inc()
+	respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_PublishResponse{PublishResponse: resp}})
+	return true
+}
+
 // routed is a decided publish whose batches are not all appended.
 type routed struct {
 	ref     uint64
@@ -61,13 +162,19 @@ func (c *Coordinator) onPublish(ctx actor.Context, f *heraldpb.Frame, req *heral
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "a publish reaches the coordinator routed")))
 		return
 	}
+	if req.ProducerId != 0 && (req.Sequence < 0 || c.duplicate(ctx, f, req, to)) {
+		if req.Sequence < 0 {
+			respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "publish: sequence %d is negative", req.Sequence)))
+		}
+		return
+	}
 	if c.queued >= c.o.MaxQueued {
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, throttledErr("too many requests waiting for __txn")))
 		return
 	}
 	size := int64(0)
 	tag := len(heraldpb.EncodeHeaders(nil, [2]string{HeaderRouteRef, "18446744073709551615"}, [2]string{HeaderTxnToken, "ffffffffffffffff"})) + 8
-	ev := &heraldpb.Routed{Token: randomToken(), CreatedMs: c.nowMs()}
+	ev := &heraldpb.Routed{Token: randomToken(), CreatedMs: c.nowMs(), ProducerId: req.ProducerId, Sequence: req.Sequence}
 	for _, b := range req.Routed {
 		e := c.o.Topics.Get(b.Topic)
 		if e == nil || int(b.Partition) >= len(e.Partitions) {
@@ -92,7 +199,24 @@ func (c *Coordinator) onPublish(ctx actor.Context, f *heraldpb.Frame, req *heral
 		return
 	}
 	tev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Routed{Routed: ev}}
+	var pub *publisher
+	if req.ProducerId != 0 {
+		if pub = c.publishers[req.ProducerId]; pub == nil {
+			if len(c.publishers) >= maxPublishers {
+				c.forgetOldestPublisher()
+			}
+			pub = &publisher{seq: -1, used: ev.CreatedMs}
+			c.publishers[req.ProducerId] = pub
+		}
+		if pub.writing == 0 || req.Sequence > pub.pending {
+			pub.pending = req.Sequence
+		}
+		pub.writing++
+	}
 	c.write(writeOp{events: [][]byte{event(tev)}, client: true, done: func(base int64, e *heraldpb.Error) {
+		if pub != nil {
+			pub.writing--
+		}
 		if e != nil {
 			respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
 			return
@@ -120,6 +244,9 @@ func (c *Coordinator) onPublish(ctx actor.Context, f *heraldpb.Frame, req *heral
 					off = offsets[i]
 				}
 				resp.Destinations = append(resp.Destinations, &heraldpb.PublishedTo{Topic: b.Topic, Partition: b.Partition, BaseOffset: off, Count: b.Count})
+			}
+			if pub != nil && pub.seq == req.Sequence {
+				pub.last, pub.lastSeq = resp, req.Sequence
 			}
 			respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_PublishResponse{PublishResponse: resp}})
 		}

@@ -99,10 +99,12 @@ type state struct {
 	// routed: publishes to several partitions decided and not yet all
 	// appended (routed.go), by the offset of their decision.
 	routed map[uint64]*routed
+	// publishers: idempotent publishers' last sequences (routed.go).
+	publishers map[uint64]*publisher
 }
 
 func newState() state {
-	return state{halves: map[uint64]*half{}, txns: map[string]*txnMeta{}, routed: map[uint64]*routed{}}
+	return state{halves: map[uint64]*half{}, txns: map[string]*txnMeta{}, routed: map[uint64]*routed{}, publishers: map[uint64]*publisher{}}
 }
 
 // apply adds one __txn event, at offset off, to the state. It reports the
@@ -138,6 +140,16 @@ func (st *state) apply(off uint64, ev *heraldpb.TxnEvent, defaults func(*heraldp
 			r.batches = append(r.batches, &heraldpb.RoutedBatch{Topic: b.Topic, Partition: b.Partition, Count: b.Count, FromOffset: b.FromOffset})
 		}
 		st.routed[off] = r
+		if id := e.Routed.ProducerId; id != 0 {
+			st.notePublisher(id, e.Routed.Sequence, off, e.Routed.CreatedMs)
+		}
+	case *heraldpb.TxnEvent_Publishers:
+		ps := e.Publishers
+		for i, id := range ps.ProducerIds {
+			if i < len(ps.Sequences) && i < len(ps.UsedMs) {
+				st.notePublisher(id, ps.Sequences[i], off, ps.UsedMs[i])
+			}
+		}
 	case *heraldpb.TxnEvent_Done:
 		for _, r := range e.Done.Refs {
 			delete(st.routed, r)

@@ -247,6 +247,7 @@ func publishCmd(ctx context.Context, args []string, io cliIO) error {
 	hdrs := headerFlags{}
 	fs.Var(hdrs, "header", "record header NAME=VALUE (repeat for more)")
 	mandatory := fs.Bool("mandatory", false, "fail (UNROUTABLE) when no binding takes a record, instead of dropping it")
+	idempotent := fs.Bool("idempotent", false, "publish idempotently: a publish sent again after a lost answer is stored once")
 	count := fs.Int("count", 0, "publish N synthetic records instead of reading stdin")
 	size := fs.Int("size", 100, "value size in bytes of synthetic records (--count)")
 	batch := fs.Int("batch", 1, "records per publish (--count)")
@@ -275,7 +276,7 @@ func publishCmd(ctx context.Context, args []string, io cliIO) error {
 		}
 		return m
 	}
-	opt := client.PublishOptions{Mandatory: *mandatory}
+	opt := client.PublishOptions{Mandatory: *mandatory, Idempotent: *idempotent}
 	if *count > 0 {
 		records, copies, dropped := 0, 0, 0
 		value := make([]byte, *size)
