@@ -82,13 +82,13 @@ func benchExchangeCmd(ctx context.Context, args []string, cio cliIO) error {
 
 // benchExchangeSummary is the final report (--json prints it as is).
 type benchExchangeSummary struct {
-	Mode       string `json:"mode"`
-	Producers  int    `json:"producers"`
-	Batch      int    `json:"batch"`
-	Size       int    `json:"size_bytes"`
-	Topics     int    `json:"topics"`
-	Bindings   int    `json:"bindings"`
-	Copies     int    `json:"copies_per_record"`
+	Mode       string    `json:"mode"`
+	Producers  int       `json:"producers"`
+	Batch      int       `json:"batch"`
+	Size       int       `json:"size_bytes"`
+	Topics     int       `json:"topics"`
+	Bindings   int       `json:"bindings"`
+	Copies     int       `json:"copies_per_record"`
 	PhaseSecs  float64   `json:"phase_seconds"`
 	Baseline   []float64 `json:"baseline_stored_per_sec"`
 	Exchange   []float64 `json:"exchange_stored_per_sec"`
