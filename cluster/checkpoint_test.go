@@ -245,3 +245,54 @@ func TestRulesWithoutVhost(t *testing.T) {
 		}
 	}
 }
+
+// Exchanges in the controller's metadata: declares (a second of the name
+// changes nothing), binds (not to a topic deleted meanwhile), deleting a
+// topic takes the bindings to it, deleting an exchange the bindings to
+// it; the checkpoint carries them; an earlier metadata snapshot never
+// sees a later change.
+func TestExchangesInMetadata(t *testing.T) {
+	md := &Metadata{Nodes: map[uint64]*heraldpb.NodeRecord{}, Topics: map[string]*heraldpb.TopicRecord{"t": {Name: "t"}, "u": {Name: "u"}}}
+	apply := func(cmd *heraldpb.ControllerCommand) {
+		next := md.clone()
+		applyCommand(next, cmd)
+		md = next
+	}
+	declare := func(id, name string, typ heraldpb.ExchangeType) {
+		apply(&heraldpb.ControllerCommand{RequestId: id, Command: &heraldpb.ControllerCommand_DeclareExchange{DeclareExchange: &heraldpb.ExchangeRecord{
+			Config: &heraldpb.ExchangeConfig{Name: name, Type: typ}}}})
+	}
+	bind := func(b *heraldpb.Binding, unbind bool) {
+		apply(&heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_Bind{Bind: &heraldpb.BindRequest{Binding: b, Unbind: unbind}}})
+	}
+	declare("a", "x", heraldpb.ExchangeType_EXCHANGE_DIRECT)
+	declare("b", "x", heraldpb.ExchangeType_EXCHANGE_TOPIC)
+	declare("c", "y", heraldpb.ExchangeType_EXCHANGE_FANOUT)
+	if x := md.Exchanges["x"]; x.RequestId != "a" || x.Config.Type != heraldpb.ExchangeType_EXCHANGE_DIRECT {
+		t.Fatalf("a second declare replaced the exchange: %v", x)
+	}
+	before := md
+	bind(&heraldpb.Binding{Exchange: "x", Topic: "t", Key: "k"}, false)
+	bind(&heraldpb.Binding{Exchange: "x", Topic: "u", Key: "k"}, false)
+	bind(&heraldpb.Binding{Exchange: "x", Topic: "gone", Key: "k"}, false)
+	bind(&heraldpb.Binding{Exchange: "y", ToExchange: "x"}, false)
+	if len(before.Exchanges["x"].Bindings) != 0 {
+		t.Fatal("a bind reached an earlier metadata")
+	}
+	if n := len(md.Exchanges["x"].Bindings); n != 2 {
+		t.Fatalf("x has %d bindings, want 2 (none to a missing topic)", n)
+	}
+	apply(&heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_DeleteTopic{DeleteTopic: &heraldpb.DeleteTopic{Name: "u"}}})
+	if bs := md.Exchanges["x"].Bindings; len(bs) != 1 || bs[0].Topic != "t" {
+		t.Fatalf("after deleting u: %v", bs)
+	}
+	restored := &Metadata{}
+	applyCheckpoint(restored, checkpointOf(md), 9)
+	if len(restored.Exchanges) != 2 || !proto.Equal(restored.Exchanges["x"], md.Exchanges["x"]) || !proto.Equal(restored.Exchanges["y"], md.Exchanges["y"]) {
+		t.Fatalf("checkpoint round trip: %v, want %v", restored.Exchanges, md.Exchanges)
+	}
+	apply(&heraldpb.ControllerCommand{Command: &heraldpb.ControllerCommand_DeleteExchange{DeleteExchange: &heraldpb.DeleteExchangeRequest{Name: "x"}}})
+	if md.Exchanges["x"] != nil || len(md.Exchanges["y"].Bindings) != 0 {
+		t.Fatalf("after deleting x: %v", md.Exchanges)
+	}
+}
