@@ -7,6 +7,9 @@ import (
 	"errors"
 	"sync"
 	"time"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/encoding/protowire"
 
 	heraldpb "github.com/heraldmq/herald/proto"
 )
@@ -136,14 +139,24 @@ func (c *Client) Publish(ctx context.Context, exchange, routingKey string, opt P
 	if len(msgs) == 0 {
 		return nil, ErrNoMessages
 	}
-	var records []byte
+	if !utf8.ValidString(exchange) || !utf8.ValidString(routingKey) {
+		return nil, errors.New("herald: publish: the exchange and the routing key must be valid UTF-8")
+	}
+	bp := publishBufs.Get().(*[]byte)
+	defer func() {
+		if cap(*bp) <= 4<<20 {
+			publishBufs.Put(bp)
+		}
+	}()
+	records := (*bp)[:0]
 	for _, m := range msgs {
 		var err error
 		if records, err = encodeRecord(records, m); err != nil {
 			return nil, err
 		}
 	}
-	req := &heraldpb.PublishRequest{Exchange: exchange, RoutingKey: routingKey, Records: records, Mandatory: opt.Mandatory}
+	*bp = records
+	req := &heraldpb.PublishRequest{Exchange: exchange, RoutingKey: routingKey, Mandatory: opt.Mandatory}
 	if t := c.cfg.requestTimeout; t > 0 {
 		req.TimeoutMs = uint32(t / time.Millisecond)
 	}
@@ -159,7 +172,9 @@ func (c *Client) Publish(ctx context.Context, exchange, routingKey string, opt P
 	// Through the transaction coordinator's node when known: a publish
 	// that reaches several partitions, or an idempotent one, is decided
 	// there.
-	f, err := c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_Publish{Publish: req}}, opt.Idempotent)
+	f, err := c.callTxnEnc(ctx, func(dst []byte, id uint64) ([]byte, error) {
+		return appendPublishFrame(dst, id, req, records), nil
+	}, opt.Idempotent)
 	if opt.Idempotent {
 		switch {
 		case err == nil:
@@ -178,6 +193,73 @@ func (c *Client) Publish(ctx context.Context, exchange, routingKey string, opt P
 		return nil, unexpected(f, "PublishResponse")
 	}
 	return &PublishResult{Destinations: r.Destinations, Unroutable: int(r.Unroutable), Alternate: int(r.Alternate), Duplicate: r.Duplicate}, nil
+}
+
+// publishBufs recycles Publish's record buffers (those up to 4 MiB).
+var publishBufs = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+
+// fieldFramePublish is Frame.publish's field number.
+const fieldFramePublish protowire.Number = 98
+
+// appendPublishFrame appends the length-prefixed Frame{id, publish: req
+// with records} to dst, byte for byte what heraldpb.AppendFrame gives
+// (req.Records and req.Routed unset), copying the records once.
+func appendPublishFrame(dst []byte, id uint64, req *heraldpb.PublishRequest, records []byte) []byte {
+	body := 0
+	str := func(n int) int {
+		if n == 0 {
+			return 0
+		}
+		return 1 + protowire.SizeBytes(n)
+	}
+	vint := func(v uint64) int {
+		if v == 0 {
+			return 0
+		}
+		return 1 + protowire.SizeVarint(v)
+	}
+	body += str(len(req.Exchange)) + str(len(req.RoutingKey)) + str(len(records))
+	if req.Mandatory {
+		body += 2
+	}
+	body += vint(uint64(req.TimeoutMs)) + vint(req.ProducerId) + vint(uint64(req.Sequence))
+	start := len(dst)
+	dst = append(dst, 0, 0, 0, 0)
+	if id != 0 {
+		dst = protowire.AppendTag(dst, fieldFrameID, protowire.VarintType)
+		dst = protowire.AppendVarint(dst, id)
+	}
+	dst = protowire.AppendTag(dst, fieldFramePublish, protowire.BytesType)
+	dst = protowire.AppendVarint(dst, uint64(body))
+	bytesField := func(num protowire.Number, b []byte) {
+		if len(b) > 0 {
+			dst = protowire.AppendTag(dst, num, protowire.BytesType)
+			dst = protowire.AppendBytes(dst, b)
+		}
+	}
+	varintField := func(num protowire.Number, v uint64) {
+		if v != 0 {
+			dst = protowire.AppendTag(dst, num, protowire.VarintType)
+			dst = protowire.AppendVarint(dst, v)
+		}
+	}
+	if req.Exchange != "" {
+		dst = protowire.AppendTag(dst, 1, protowire.BytesType)
+		dst = protowire.AppendString(dst, req.Exchange)
+	}
+	if req.RoutingKey != "" {
+		dst = protowire.AppendTag(dst, 2, protowire.BytesType)
+		dst = protowire.AppendString(dst, req.RoutingKey)
+	}
+	bytesField(3, records)
+	if req.Mandatory {
+		varintField(4, 1)
+	}
+	varintField(5, uint64(req.TimeoutMs))
+	varintField(6, req.ProducerId)
+	varintField(7, uint64(req.Sequence))
+	binary.BigEndian.PutUint32(dst[start:], uint32(len(dst)-start-heraldpb.HeaderLen))
+	return dst
 }
 
 // randomPublisherID is a new idempotent publisher id (never 0).

@@ -311,13 +311,22 @@ const txnResends = 2
 // of an attempt that was sent and got no answer (lost, timed out, cut
 // short by ctx), so may have taken effect, is marked ErrOutcomeUnknown.
 func (c *Client) callTxn(ctx context.Context, req *heraldpb.Frame, resend bool) (*heraldpb.Frame, error) {
+	return c.callTxnEnc(ctx, func(dst []byte, id uint64) ([]byte, error) {
+		req.Id = id
+		return heraldpb.AppendFrame(dst, req)
+	}, resend)
+}
+
+// callTxnEnc is callTxn with the request appended by enc (each attempt
+// encodes it again, with its own frame id).
+func (c *Client) callTxnEnc(ctx context.Context, enc func(dst []byte, id uint64) ([]byte, error), resend bool) (*heraldpb.Frame, error) {
 	pause, resends := 10*time.Millisecond, 0
 	for hop := 0; ; hop++ {
 		cn, err := c.coordConn(ctx, &c.txn)
 		if err != nil {
 			return nil, err
 		}
-		f, sent, err := c.callOnce(ctx, cn, req)
+		f, sent, err := c.callOnce(ctx, cn, enc)
 		var he *Error
 		answered := errors.As(err, &he) // refused: the broker says what it did
 		lost := errors.Is(err, ErrConnectionLost) || errors.Is(err, ErrRequestTimeout)
@@ -345,11 +354,8 @@ func (c *Client) callTxn(ctx context.Context, req *heraldpb.Frame, resend bool) 
 // callOnce sends req on cn and waits for the answer within the request
 // timeout. sent reports whether req was queued on the connection, so may
 // have reached the broker.
-func (c *Client) callOnce(ctx context.Context, cn *conn, req *heraldpb.Frame) (_ *heraldpb.Frame, sent bool, _ error) {
-	ch, err := cn.send(ctx, func(dst []byte, id uint64) ([]byte, error) {
-		req.Id = id
-		return heraldpb.AppendFrame(dst, req)
-	}, nil)
+func (c *Client) callOnce(ctx context.Context, cn *conn, enc func(dst []byte, id uint64) ([]byte, error)) (_ *heraldpb.Frame, sent bool, _ error) {
+	ch, err := cn.send(ctx, enc, nil)
 	if err != nil {
 		return nil, false, err
 	}
