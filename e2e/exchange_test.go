@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -451,5 +453,78 @@ func TestExchangesInVhostsAndACLs(t *testing.T) {
 	})
 	if got := topicValues(t, inA, "orders"); !slices.Equal(got, []string{"alice", "alice direct", "in A"}) {
 		t.Fatalf("A's orders: %v", got)
+	}
+}
+
+// TestExchangeFeedsConsumerGroups: a topic exchange fans orders out to
+// three topics, each read by its own consumer group: two members of a
+// clustering group on eu-orders, two shared consumers on all-orders, and
+// a clustering group on audit. Every order reaches every group bound to
+// it exactly as routed (nothing lost), and the unbound topic gets
+// nothing.
+func TestExchangeFeedsConsumerGroups(t *testing.T) {
+	n := startInProc(t, t.TempDir())
+	c := dial(t, n)
+	for _, topic := range []string{"eu-orders", "all-orders", "audit", "unbound"} {
+		createTopic(t, c, topic, 3)
+	}
+	mustDeclare(t, c, "orders", heraldpb.ExchangeType_EXCHANGE_TOPIC, "")
+	mustBind(t, c, &heraldpb.Binding{Exchange: "orders", Topic: "eu-orders", Key: "eu.#"})
+	mustBind(t, c, &heraldpb.Binding{Exchange: "orders", Topic: "all-orders", Key: "*.order.*"})
+	mustBind(t, c, &heraldpb.Binding{Exchange: "orders", Topic: "audit", Key: "#"})
+	groups := map[string]*seenSet{}
+	for _, g := range []struct {
+		group, topic string
+		mode         client.SubscriptionMode
+		members      int
+	}{
+		{"eu-billing", "eu-orders", client.Clustering, 2},
+		{"fulfilment", "all-orders", client.Shared, 2},
+		{"auditor", "audit", client.Clustering, 1},
+	} {
+		seen := newSeen()
+		groups[g.topic] = seen
+		for i := range g.members {
+			cc := dial(t, n)
+			member := fmt.Sprint(g.group, i)
+			subscribeT(t, cc, client.SubscribeOptions{Group: g.group, Topic: g.topic, Mode: g.mode, From: client.Earliest()},
+				func(_ context.Context, m *client.Delivered) { seen.add(member, m) })
+		}
+	}
+	want := map[string][]string{}
+	regions := []string{"eu", "us", "eu", "apac"}
+	kinds := []string{"order.created", "order.paid", "refund.created"}
+	for i := range 120 {
+		key := regions[i%len(regions)] + "." + kinds[i%len(kinds)]
+		v := fmt.Sprintf("%d:%s", i, key)
+		publish(t, c, "orders", key, client.PublishOptions{Mandatory: true}, &client.Message{Key: []byte(fmt.Sprint(i % 7)), Value: []byte(v)})
+		want["audit"] = append(want["audit"], v)
+		if strings.HasPrefix(key, "eu.") {
+			want["eu-orders"] = append(want["eu-orders"], v)
+		}
+		if strings.Contains(key, ".order.") {
+			want["all-orders"] = append(want["all-orders"], v)
+		}
+	}
+	for topic, seen := range groups {
+		checkFor(t, 30*time.Second, "every order routed to "+topic+" consumed", func() error {
+			if d, w := seen.distinct(), len(want[topic]); d != w {
+				return fmt.Errorf("%s: %d distinct consumed, want %d", topic, d, w)
+			}
+			return nil
+		})
+		seen.mu.Lock()
+		for _, v := range want[topic] {
+			if seen.n[v] == 0 {
+				t.Errorf("%s: %s never consumed", topic, v)
+			}
+		}
+		seen.mu.Unlock()
+		if got := topicValues(t, c, topic); len(got) != len(want[topic]) {
+			t.Errorf("%s stores %d records, want %d", topic, len(got), len(want[topic]))
+		}
+	}
+	if got := topicValues(t, c, "unbound"); len(got) != 0 {
+		t.Fatalf("the unbound topic holds %v", got)
 	}
 }
