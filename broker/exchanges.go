@@ -12,10 +12,6 @@ package broker
 
 import (
 	"context"
-	"errors"
-	"io"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -90,22 +86,9 @@ func (b *Broker) startExchanges(clustered bool) error {
 }
 
 func loadRouting(fsys persistence.FS, dir string) (*heraldpb.RoutingState, error) {
-	path := filepath.Join(dir, exchangesFile)
-	f, err := fsys.OpenFile(path, os.O_RDONLY, 0)
-	if errors.Is(err, fs.ErrNotExist) {
-		return &heraldpb.RoutingState{}, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(f)
-	if err != nil {
-		return nil, err
-	}
 	var st heraldpb.RoutingState
-	if err := proto.Unmarshal(data, &st); err != nil {
-		return nil, errors.New(path + ": " + err.Error())
+	if err := readStateFile(fsys, filepath.Join(dir, exchangesFile), &st); err != nil {
+		return nil, err
 	}
 	return &st, nil
 }

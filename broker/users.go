@@ -108,24 +108,32 @@ type userStore struct {
 // loadSecurity reads a single node's security file (none: no users, no
 // rules).
 func loadSecurity(fsys persistence.FS, dir string) (*heraldpb.SecurityState, error) {
-	path := filepath.Join(dir, securityFile)
+	var st heraldpb.SecurityState
+	if err := readStateFile(fsys, filepath.Join(dir, securityFile), &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// readStateFile reads a node's state file (a protobuf message) into m;
+// a file that does not exist leaves m empty.
+func readStateFile(fsys persistence.FS, path string, m proto.Message) error {
 	f, err := fsys.OpenFile(path, os.O_RDONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {
-		return &heraldpb.SecurityState{}, nil
+		return nil
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer f.Close()
 	data, err := io.ReadAll(f)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return fmt.Errorf("%s: %w", path, err)
 	}
-	var st heraldpb.SecurityState
-	if err := proto.Unmarshal(data, &st); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	if err := proto.Unmarshal(data, m); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
-	return &st, nil
+	return nil
 }
 
 func usersByName(list []*heraldpb.UserRecord) map[string]*heraldpb.UserRecord {

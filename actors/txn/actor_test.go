@@ -84,17 +84,7 @@ func (r *rig) half(v string) string {
 
 func (r *rig) values() []string {
 	r.t.Helper()
-	res := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{Topic: "t", MaxBytes: 16 << 20}}}, r.reg.Get("t").Partitions[0])
-	var out []string
-	for _, b := range res.GetFetchResponse().Batches {
-		_ = heraldpb.ForEachRawRecord(b.Records, func(_ int, rec []byte) bool {
-			var m heraldpb.Record
-			_ = proto.Unmarshal(rec, &m)
-			out = append(out, string(m.Value))
-			return true
-		})
-	}
-	return out
+	return r.valuesOf("t")
 }
 
 func (r *rig) pending() int {
