@@ -17,6 +17,8 @@ package txn
 import (
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -540,23 +542,35 @@ func (c *Coordinator) compact(ctx actor.Context) {
 		return
 	}
 	cut = c.state.compactCut(cut)
-	if cut <= e.Stats[0].StartOffset.Load() {
+	start := e.Stats[0].StartOffset.Load()
+	if cut <= start {
 		c.armCompact()
 		return
 	}
-	// Sessions whose newest event is below the cut are written again
-	// first (or forgotten, when idle long enough): the cut waits for the
-	// next round.
+	// The records of idle transactional ids and idempotent publishers
+	// (the state a replay needs of them) are kept, or written again at the
+	// log's end so that what lies around them can go. The cut first goes
+	// for free to the oldest of them; once the log starts there, they are
+	// written again only when at least twice as many records as that
+	// would go (so an idle log is not rewritten round after round, and
+	// each rewrite pays for itself); those idle long enough are forgotten
+	// instead.
+	idle := c.state.idleOffsets(cut)
+	if len(idle) > 0 && idle[0] > start {
+		ctx.Request(e.Partitions[0], &partition.DeleteBefore{Offset: idle[0]})
+		return
+	}
+	if len(idle) > 0 && cut-start < 2*int64(len(idle)) {
+		c.armCompact()
+		return
+	}
 	var snaps [][]byte
 	metas := c.state.sessionsBelow(cut, c.nowMs())
 	for _, m := range metas {
 		snaps = append(snaps, event(m.snapshotEvent()))
 	}
 	mTxnIDs.Set(float64(len(c.txns)))
-	// Idempotent publishers whose newest event is below the cut: their
-	// sequences are written again first (one event after the sessions').
-	start := e.Stats[0].StartOffset.Load()
-	pubs, pubEv := c.state.publishersBelow(cut, start, c.nowMs())
+	pubs, pubEv := c.state.publishersBelow(cut, c.nowMs())
 	if pubEv != nil {
 		snaps = append(snaps, event(pubEv))
 	}
@@ -578,16 +592,29 @@ func (c *Coordinator) compact(ctx actor.Context) {
 		c.flushWrites(ctx)
 		return
 	}
-	// The publishers' newest events hold the cut back until they are
-	// written again (publishersBelow, once the log's start reaches them).
-	for _, p := range c.publishers {
-		cut = min(cut, int64(p.off))
-	}
 	if cut <= start {
 		c.armCompact()
 		return
 	}
 	ctx.Request(e.Partitions[0], &partition.DeleteBefore{Offset: cut})
+}
+
+// idleOffsets is the offsets, below cut, of the records idle
+// transactional ids and idempotent publishers need kept (their newest
+// session record or sequences), sorted and each once.
+func (st *state) idleOffsets(cut int64) []int64 {
+	set := map[int64]bool{}
+	for _, m := range st.txns {
+		if !m.busy() && int64(m.sessOff) < cut {
+			set[int64(m.sessOff)] = true
+		}
+	}
+	for _, p := range st.publishers {
+		if int64(p.off) < cut {
+			set[int64(p.off)] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(set))
 }
 
 // compactCut lowers cut (the high watermark) to the oldest record of __txn

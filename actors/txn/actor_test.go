@@ -782,3 +782,35 @@ func TestIdempotentPublish(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleLogIsNotRewritten: an idle transactional id and an idle
+// idempotent publisher are written again once so that compaction can cut
+// the log before them, and then not again round after round: an idle
+// __txn stops growing.
+func TestIdleLogIsNotRewritten(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{CompactCheck: 20 * time.Millisecond})
+	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CreateTopic{CreateTopic: &heraldpb.CreateTopicRequest{Name: "u", Config: &heraldpb.TopicConfig{Partitions: 1}}}}, r.mgr)
+	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: "idle"}}}, r.txn)
+	r.idemPublish("p", 3, 0)
+	for i := range 3 {
+		id := r.half(fmt.Sprint("h", i))
+		r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: id, Action: heraldpb.HalfAction_HALF_ROLLBACK}}}, r.txn)
+	}
+	e := r.reg.Get(Topic)
+	var hw int64
+	waitFor(t, "__txn settled (its high watermark still for 300 ms)", func() error {
+		before := e.Stats[0].HighWatermark.Load()
+		time.Sleep(300 * time.Millisecond)
+		hw = e.Stats[0].HighWatermark.Load()
+		if hw != before {
+			return fmt.Errorf("grew from %d to %d", before, hw)
+		}
+		return nil
+	})
+	if s := e.Stats[0].StartOffset.Load(); s == 0 {
+		t.Fatalf("nothing compacted (start %d, high watermark %d)", s, hw)
+	}
+	if r := r.idemPublish("p", 3, 0); !r.Duplicate {
+		t.Fatalf("the publisher was forgotten: %v", r)
+	}
+}

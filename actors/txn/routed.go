@@ -90,18 +90,14 @@ func (st *state) forgetOldestPublisher() {
 	delete(st.publishers, oldest)
 }
 
-// publishersBelow returns the publishers whose newest event holds the
-// compaction back (the log starts at or past it, and more than that one
-// event would go: cut, what the rest of the state needs, is beyond it)
-// and the event that writes their sequences again; idle ones are
-// forgotten instead. A publisher's event otherwise holds the cut (the
-// caller lowers it to each publisher's offset), so the events before it
-// go first and an idle log is not rewritten over and over.
-func (st *state) publishersBelow(cut, start, nowMs int64) ([]*publisher, *heraldpb.TxnEvent) {
+// publishersBelow returns the publishers whose newest event is below cut
+// and the event that writes their sequences again (compact decides when);
+// those idle past publisherExpiry are forgotten instead.
+func (st *state) publishersBelow(cut, nowMs int64) ([]*publisher, *heraldpb.TxnEvent) {
 	var out []*publisher
 	ev := &heraldpb.RoutedPublishers{}
 	for id, p := range st.publishers {
-		if int64(p.off) > start || int64(p.off)+1 >= cut || p.writing > 0 {
+		if int64(p.off) >= cut || p.writing > 0 {
 			continue
 		}
 		if p.used < nowMs-publisherExpiry.Milliseconds() {

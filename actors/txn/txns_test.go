@@ -1,6 +1,7 @@
 package txn
 
 import (
+	"slices"
 	"testing"
 
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -117,6 +118,9 @@ func TestCompactionRewritesIdleSessions(t *testing.T) {
 	}
 	if got := st.sessionsBelow(cut, 1000); len(got) != 1 || got[0].id != "a" {
 		t.Fatalf("sessions to write again: %v", got)
+	}
+	if got := st.idleOffsets(7); !slices.Equal(got, []int64{3}) {
+		t.Fatalf("idle records: %v, want a's session record at 3", got)
 	}
 	// While a's commit appends, its decision and session stay too.
 	st2 := newState()
