@@ -248,6 +248,43 @@ func TestExchangeCluster(t *testing.T) {
 
 	// Publishers through the exchange; the leader of a destination
 	// partition (not the coordinator's node, if any is not) dies.
+	publishThroughKill(t, tc, c, func(coord uint32) uint32 {
+		for _, topic := range []string{"a", "b", "c"} {
+			if l := leaderOf(t, c, topic, 0); l != 0 && l != coord {
+				return l
+			}
+		}
+		return coord%3 + 1 // every destination led by the coordinator's node: kill a follower of them all
+	})
+}
+
+// TestExchangeClusterCoordinatorKill: publishers fan out through an
+// exchange to three RF=3 topics while the node coordinating them (the
+// leader of __txn, which decides each publish) is SIGKILLed: the next
+// coordinator completes the publishes decided before the kill, and every
+// publish is whole on all three topics or on none, on every replica; the
+// idempotent publisher's retries are stored once.
+func TestExchangeClusterCoordinatorKill(t *testing.T) {
+	tc, c := clusterWithTopic(t, "a", 1)
+	for _, name := range []string{"b", "c"} {
+		if _, err := c.CreateTopic(ctxT(t, 15*time.Second), name, &heraldpb.TopicConfig{Partitions: 1, ReplicationFactor: 3}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustDeclare(t, c, "fan", heraldpb.ExchangeType_EXCHANGE_FANOUT, "")
+	for _, name := range []string{"a", "b", "c"} {
+		mustBind(t, c, &heraldpb.Binding{Exchange: "fan", Topic: name})
+	}
+	publishThroughKill(t, tc, c, func(coord uint32) uint32 { return coord })
+}
+
+// publishThroughKill runs two publishers (one idempotent) through the
+// fanout exchange "fan" to topics a, b and c, SIGKILLs the node victim
+// picks (given the coordinator's), lets them go on, restarts the node and
+// checks every replica: each publish acknowledged is on all three topics
+// once, and each publish is on all three or on none.
+func publishThroughKill(t *testing.T, tc *testCluster, c *client.Client, victimOf func(coord uint32) uint32) {
+	t.Helper()
 	coord := awaitInternalLeader(t, c, "__txn")
 	var mu sync.Mutex
 	acked, tried := map[string]bool{}, map[string]bool{}
@@ -289,16 +326,7 @@ func TestExchangeCluster(t *testing.T) {
 		}
 		return nil
 	})
-	victim := uint32(0)
-	for _, topic := range []string{"a", "b", "c"} {
-		if l := leaderOf(t, c, topic, 0); l != 0 && l != coord {
-			victim = l
-			break
-		}
-	}
-	if victim == 0 {
-		victim = coord%3 + 1 // every destination led by the coordinator's node: kill a follower of them all
-	}
+	victim := victimOf(coord)
 	t.Logf("killing node %d (coordinator on node %d)", victim, coord)
 	tc.nodes[uint64(victim)].Kill(t)
 	base := count()
