@@ -172,9 +172,20 @@ func (c *Client) Publish(ctx context.Context, exchange, routingKey string, opt P
 	// Through the transaction coordinator's node when known: a publish
 	// that reaches several partitions, or an idempotent one, is decided
 	// there.
-	f, err := c.callTxnEnc(ctx, func(dst []byte, id uint64) ([]byte, error) {
-		return appendPublishFrame(dst, id, req, records), nil
-	}, opt.Idempotent)
+	var f *heraldpb.Frame
+	var err error
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		f, err = c.callTxnEnc(ctx, func(dst []byte, id uint64) ([]byte, error) {
+			return appendPublishFrame(dst, id, req, records), nil
+		}, opt.Idempotent)
+		// A publish to one partition is a produce on the broker: refused
+		// by a replica that no longer leads (an election), nothing was
+		// written; sent again as a producer would.
+		var he *Error
+		if !errors.As(err, &he) || he.Code != heraldpb.ErrorCode_NOT_LEADER || he.OutcomeUnknown || sleepCtx(ctx, pause) != nil {
+			break
+		}
+	}
 	if opt.Idempotent {
 		switch {
 		case err == nil:

@@ -40,8 +40,8 @@ type Action struct {
 	Delay time.Duration   // wait this long before handling (or erroring)
 	Close bool            // close the connection instead of answering
 	Drop  bool            // never answer
-	// LoseReply (produce requests, half and transactional ones too, and
-	// EndTxn): handle the request, then close the connection instead of
+	// LoseReply (produce requests, half and transactional ones too,
+	// publishes, and EndTxn): handle the request, then close the connection instead of
 	// sending its answer, as when a response is lost after the broker
 	// wrote the batch.
 	LoseReply bool
@@ -526,6 +526,25 @@ func (s *session) handle(f *heraldpb.Frame) {
 			resp = b.produceTxn(s.id, id, body.Produce)
 		default:
 			resp = b.produce(s.id, id, body.Produce)
+		}
+		if act.LoseReply {
+			s.inFlight.Add(-1)
+			s.nc.Close()
+			return
+		}
+		s.reply(resp)
+	case *heraldpb.Frame_Publish:
+		// The default exchange only: a produce to the topic the routing
+		// key names, answered as a publish.
+		pub := body.Publish
+		if pub.GetExchange() != "" {
+			s.reply(errFrame(id, heraldpb.ErrorCode_EXCHANGE_NOT_FOUND, "the fake broker has no exchange %q", pub.GetExchange()))
+			return
+		}
+		resp := b.produce(s.id, id, &heraldpb.ProduceRequest{Topic: pub.GetRoutingKey(), Partition: proto.Uint32(0), Records: pub.GetRecords()})
+		if pr := resp.GetProduceResponse(); pr != nil {
+			resp = &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_PublishResponse{PublishResponse: &heraldpb.PublishResponse{
+				Destinations: []*heraldpb.PublishedTo{{Topic: pub.GetRoutingKey(), Partition: pr.Partition, BaseOffset: pr.BaseOffset, Count: pr.Count}}}}}
 		}
 		if act.LoseReply {
 			s.inFlight.Add(-1)
