@@ -80,10 +80,15 @@ type Partition struct {
 	Leader         uint32   `json:"leader"` // 0: none
 	Replicas       []uint32 `json:"replicas"`
 	TargetReplicas []uint32 `json:"target_replicas,omitempty"` // while moving
-	// LiveReplicas are the replicas on nodes that are alive: a replica on
-	// a node that is down is not in sync. (Raft's own match index is not
-	// reported: a live replica may lag for a moment.)
-	LiveReplicas    []uint32  `json:"live_replicas"`
+	// LiveReplicas are the replicas on nodes that are alive.
+	LiveReplicas []uint32 `json:"live_replicas"`
+	// InSyncReplicas are the replicas in sync with the leader, the leader
+	// included (voters it heard from within an election timeout and that
+	// replicate its log), as the leader reports them (InSyncFrom
+	// "leader"); when the leader cannot be asked, the live replicas
+	// ("liveness").
+	InSyncReplicas  []uint32  `json:"in_sync_replicas"`
+	InSyncFrom      string    `json:"in_sync_from"`
 	LogStart        int64     `json:"log_start"`
 	HighWatermark   int64     `json:"high_watermark"`
 	SizeBytes       int64     `json:"size_bytes"`

@@ -89,12 +89,21 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 			p := Partition{ID: pi.GetId(), Leader: pi.GetLeader(), Replicas: nonNil(pi.GetReplicas()), TargetReplicas: pi.GetTargetReplicas(),
 				LogStart: pi.GetLogStartOffset(), HighWatermark: pi.GetHighWatermark(), SizeBytes: pi.GetSizeBytes(), LiveReplicas: []uint32{}}
 			t.Replication = max(t.Replication, len(p.Replicas))
-			if ms.Clustered && !slices.Contains(p.Replicas, uint32(ms.Self)) && p.Leader != 0 && live[p.Leader] && lookups < maxOffsetLookups && ctx.Err() == nil {
-				// No local replica: its offsets come from its leader.
+			if isr := pi.GetInSyncReplicas(); len(isr) > 0 {
+				p.InSyncReplicas, p.InSyncFrom = isr, "leader" // the local replica leads
+			}
+			if ms.Clustered && p.InSyncReplicas == nil && p.Leader != 0 && live[p.Leader] && lookups < maxOffsetLookups && ctx.Err() == nil {
+				// Led elsewhere: its leader tells the replicas in sync and,
+				// without a local replica, the offsets.
 				lookups++
 				cctx, cancel := context.WithTimeout(ctx, callTimeout)
 				if o, err := c.ListOffsets(cctx, ti.GetName(), int32(pi.GetId()), client.OffsetLatest, time.Time{}); err == nil {
-					p.LogStart, p.HighWatermark = o.LogStart, o.HighWatermark
+					if !slices.Contains(p.Replicas, uint32(ms.Self)) {
+						p.LogStart, p.HighWatermark = o.LogStart, o.HighWatermark
+					}
+					if len(o.InSyncReplicas) > 0 {
+						p.InSyncReplicas, p.InSyncFrom = o.InSyncReplicas, "leader"
+					}
 				}
 				cancel()
 			}
@@ -103,7 +112,10 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 					p.LiveReplicas = append(p.LiveReplicas, r)
 				}
 			}
-			p.UnderReplicated = len(p.LiveReplicas) < len(p.Replicas)
+			if p.InSyncReplicas == nil {
+				p.InSyncReplicas, p.InSyncFrom = slices.Clone(p.LiveReplicas), "liveness"
+			}
+			p.UnderReplicated = len(p.InSyncReplicas) < len(p.Replicas)
 			p.Offline = p.Leader == 0 || (ms.Clustered && !live[p.Leader])
 			key := fmt.Sprintf("%s/%d", t.Name, p.ID)
 			ph := h.parts[key]
@@ -320,7 +332,7 @@ func (s *Server) alerts(snap *Snapshot, h *history, now time.Time) []Alert {
 			case p.Offline:
 				offline = append(offline, fmt.Sprintf("%d (replicas %s)", p.ID, joinIDs(p.Replicas)))
 			case p.UnderReplicated:
-				under = append(under, fmt.Sprintf("%d (%d of %d live)", p.ID, len(p.LiveReplicas), len(p.Replicas)))
+				under = append(under, fmt.Sprintf("%d (%d of %d in sync)", p.ID, len(p.InSyncReplicas), len(p.Replicas)))
 			}
 		}
 		if len(offline) > 0 {

@@ -14,6 +14,10 @@ type Offsets struct {
 	Offset        int64 // the offset asked for
 	LogStart      int64 // first offset still stored
 	HighWatermark int64 // offset the next committed record will get
+	// InSyncReplicas are the node ids of the replicas in sync with the
+	// leader that answered (itself included), sorted; empty from a broker
+	// that does not report them.
+	InSyncReplicas []uint32
 }
 
 // ListOffsets looks up an offset of a partition: spec OffsetEarliest (the
@@ -39,7 +43,7 @@ func (c *Client) ListOffsets(ctx context.Context, topic string, partition int32,
 	if r == nil {
 		return Offsets{}, unexpected(f, "ListOffsetsResponse")
 	}
-	return Offsets{Offset: r.GetOffset(), LogStart: r.GetLogStartOffset(), HighWatermark: r.GetHighWatermark()}, nil
+	return Offsets{Offset: r.GetOffset(), LogStart: r.GetLogStartOffset(), HighWatermark: r.GetHighWatermark(), InSyncReplicas: r.GetInSyncReplicas()}, nil
 }
 
 // FetchResult is the answer of Fetch.

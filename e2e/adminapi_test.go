@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -561,6 +562,56 @@ func TestAdminAPIClusterView(t *testing.T) {
 		}
 		if kinds["controller_unreachable"] != 1 || kinds["node_down"] != 2 {
 			return fmt.Errorf("alerts %+v", al.Alerts)
+		}
+		return nil
+	})
+}
+
+// TestAdminAPIInSyncReplicas: every node reports each partition's
+// in-sync replicas as the partition's leader tells them (all three);
+// after a follower is SIGKILLed the leaders leave it out, and the
+// partitions are under-replicated.
+func TestAdminAPIInSyncReplicas(t *testing.T) {
+	tc, c := clusterWithTopic(t, "orders", 3)
+	isr := func(p *proc) ([]adminapi.Partition, error) {
+		var tp adminapi.Topic
+		if st := apiCall(t, "GET", p.AdminAddr(), "/api/v1/topics/orders", "", &tp); st != 200 {
+			return nil, fmt.Errorf("status %d", st)
+		}
+		return tp.PartitionList, nil
+	}
+	for id, p := range tc.nodes {
+		checkFor(t, 20*time.Second, fmt.Sprintf("node %d: every partition with three replicas in sync, from its leader", id), func() error {
+			parts, err := isr(p)
+			if err != nil {
+				return err
+			}
+			for _, pt := range parts {
+				if !slices.Equal(pt.InSyncReplicas, []uint32{1, 2, 3}) || pt.InSyncFrom != "leader" || pt.UnderReplicated {
+					return fmt.Errorf("partition %d: in sync %v from %q", pt.ID, pt.InSyncReplicas, pt.InSyncFrom)
+				}
+			}
+			return nil
+		})
+	}
+	// A follower of partition 0 dies.
+	leader := leaderOf(t, c, "orders", 0)
+	var victim uint64
+	for id := range tc.nodes {
+		if uint32(id) != leader {
+			victim = id
+			break
+		}
+	}
+	tc.nodes[victim].Kill(t)
+	checkFor(t, 30*time.Second, "partition 0 under-replicated, the dead follower out of its leader's in-sync set", func() error {
+		parts, err := isr(tc.nodes[uint64(leader)])
+		if err != nil {
+			return err
+		}
+		p0 := parts[0]
+		if slices.Contains(p0.InSyncReplicas, uint32(victim)) || len(p0.InSyncReplicas) != 2 || p0.InSyncFrom != "leader" || !p0.UnderReplicated {
+			return fmt.Errorf("partition 0: in sync %v from %q, under-replicated %v", p0.InSyncReplicas, p0.InSyncFrom, p0.UnderReplicated)
 		}
 		return nil
 	})

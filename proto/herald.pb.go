@@ -3850,6 +3850,11 @@ type PartitionInfo struct {
 	SizeBytes      int64                  `protobuf:"varint,6,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// While the partition is being moved: the replica set it moves to.
 	TargetReplicas []uint32 `protobuf:"varint,7,rep,packed,name=target_replicas,json=targetReplicas,proto3" json:"target_replicas,omitempty"`
+	// The replicas in sync with the leader (the leader included: voters it
+	// heard from within an election timeout and that replicate its log),
+	// as the leader reports them; empty from a node whose replica does not
+	// lead.
+	InSyncReplicas []uint32 `protobuf:"varint,8,rep,packed,name=in_sync_replicas,json=inSyncReplicas,proto3" json:"in_sync_replicas,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -3929,6 +3934,13 @@ func (x *PartitionInfo) GetSizeBytes() int64 {
 func (x *PartitionInfo) GetTargetReplicas() []uint32 {
 	if x != nil {
 		return x.TargetReplicas
+	}
+	return nil
+}
+
+func (x *PartitionInfo) GetInSyncReplicas() []uint32 {
+	if x != nil {
+		return x.InSyncReplicas
 	}
 	return nil
 }
@@ -5650,6 +5662,9 @@ type ListOffsetsResponse struct {
 	Offset         int64                  `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
 	LogStartOffset int64                  `protobuf:"varint,3,opt,name=log_start_offset,json=logStartOffset,proto3" json:"log_start_offset,omitempty"`
 	HighWatermark  int64                  `protobuf:"varint,4,opt,name=high_watermark,json=highWatermark,proto3" json:"high_watermark,omitempty"`
+	// As PartitionInfo.in_sync_replicas: filled when the answering replica
+	// leads.
+	InSyncReplicas []uint32 `protobuf:"varint,5,rep,packed,name=in_sync_replicas,json=inSyncReplicas,proto3" json:"in_sync_replicas,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -5710,6 +5725,13 @@ func (x *ListOffsetsResponse) GetHighWatermark() int64 {
 		return x.HighWatermark
 	}
 	return 0
+}
+
+func (x *ListOffsetsResponse) GetInSyncReplicas() []uint32 {
+	if x != nil {
+		return x.InSyncReplicas
+	}
+	return nil
 }
 
 // Where a group with no stored progress starts. Ignored once the group has
@@ -9486,7 +9508,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x11max_message_bytes\x18\x05 \x01(\rR\x0fmaxMessageBytes\x12$\n" +
 	"\x0emessage_ttl_ms\x18\x06 \x01(\x03R\fmessageTtlMs\x12.\n" +
 	"\x13min_insync_replicas\x18\a \x01(\rR\x11minInsyncReplicas\x12\x14\n" +
-	"\x05owner\x18\b \x01(\tR\x05owner\"\xec\x01\n" +
+	"\x05owner\x18\b \x01(\tR\x05owner\"\x96\x02\n" +
 	"\rPartitionInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\rR\x06leader\x12\x1a\n" +
@@ -9495,7 +9517,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x0ehigh_watermark\x18\x05 \x01(\x03R\rhighWatermark\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\x12'\n" +
-	"\x0ftarget_replicas\x18\a \x03(\rR\x0etargetReplicas\"\x89\x01\n" +
+	"\x0ftarget_replicas\x18\a \x03(\rR\x0etargetReplicas\x12(\n" +
+	"\x10in_sync_replicas\x18\b \x03(\rR\x0einSyncReplicas\"\x89\x01\n" +
 	"\tTopicInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x06config\x18\x02 \x01(\v2\x16.herald.v1.TopicConfigR\x06config\x128\n" +
@@ -9628,12 +9651,13 @@ const file_herald_proto_rawDesc = "" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12)\n" +
 	"\x04spec\x18\x03 \x01(\x0e2\x15.herald.v1.OffsetSpecR\x04spec\x12!\n" +
-	"\ftimestamp_ms\x18\x04 \x01(\x03R\vtimestampMs\"\x9c\x01\n" +
+	"\ftimestamp_ms\x18\x04 \x01(\x03R\vtimestampMs\"\xc6\x01\n" +
 	"\x13ListOffsetsResponse\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12(\n" +
 	"\x10log_start_offset\x18\x03 \x01(\x03R\x0elogStartOffset\x12%\n" +
-	"\x0ehigh_watermark\x18\x04 \x01(\x03R\rhighWatermark\"\x8c\x01\n" +
+	"\x0ehigh_watermark\x18\x04 \x01(\x03R\rhighWatermark\x12(\n" +
+	"\x10in_sync_replicas\x18\x05 \x03(\rR\x0einSyncReplicas\"\x8c\x01\n" +
 	"\rStartPosition\x12\x1c\n" +
 	"\bearliest\x18\x01 \x01(\bH\x00R\bearliest\x12\x18\n" +
 	"\x06latest\x18\x02 \x01(\bH\x00R\x06latest\x12\x18\n" +

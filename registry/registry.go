@@ -198,10 +198,14 @@ func (e *Entry) Info(node uint32) *heraldpb.TopicInfo {
 				target = append(target, uint32(r))
 			}
 		}
-		ti.Partitions = append(ti.Partitions, &heraldpb.PartitionInfo{
+		pi := &heraldpb.PartitionInfo{
 			Id: uint32(i), Leader: leader, Replicas: replicas, TargetReplicas: target,
 			LogStartOffset: s.StartOffset.Load(), HighWatermark: s.HighWatermark.Load(), SizeBytes: s.SizeBytes.Load(),
-		})
+		}
+		if isr := s.InSync.Load(); isr != nil {
+			pi.InSyncReplicas = *isr
+		}
+		ti.Partitions = append(ti.Partitions, pi)
 	}
 	return ti
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -39,6 +40,9 @@ type Stats struct {
 	// produce requests: it is Writable, has applied every entry of earlier
 	// terms and has its producer table complete.
 	Idempotent atomic.Bool
+	// InSync is, while this replica leads, the node ids of the replicas in
+	// sync with it (itself included; see inSync), sorted; nil otherwise.
+	InSync atomic.Pointer[[]uint32]
 	// PriorityEnd[l] is the offset after the last record of priority l
 	// (1-9) in the partition's sub-queue of that level, 0 when it has none
 	// or while the sub-queues are being rebuilt after an open.
@@ -1217,9 +1221,11 @@ func (a *Actor) onListOffsets(ctx actor.Context, f *heraldpb.Frame) {
 		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "unknown offset spec %d", req.Spec)))
 		return
 	}
-	a.reply(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListOffsetsResponse{ListOffsetsResponse: &heraldpb.ListOffsetsResponse{
-		Partition: a.cfg.Partition, Offset: off, LogStartOffset: start, HighWatermark: a.readable(),
-	}}})
+	resp := &heraldpb.ListOffsetsResponse{Partition: a.cfg.Partition, Offset: off, LogStartOffset: start, HighWatermark: a.readable()}
+	if isr := a.stats.InSync.Load(); isr != nil {
+		resp.InSyncReplicas = *isr
+	}
+	a.reply(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListOffsetsResponse{ListOffsetsResponse: resp}})
 }
 
 // storageFailed drops the raft node and the log after a storage error,
@@ -1302,7 +1308,29 @@ func (a *Actor) publish() {
 	} else {
 		a.m.damaged.Set(0)
 	}
+	a.publishInSync()
 	a.publishProducers()
+}
+
+// publishInSync stores the in-sync replicas' node ids in Stats while this
+// replica leads (kept as they were while the group is quiesced: the
+// followers are silent then, and were in sync when it quiesced).
+func (a *Actor) publishInSync() {
+	if a.rn == nil || !a.isLeader {
+		if a.stats.InSync.Load() != nil {
+			a.stats.InSync.Store(nil)
+		}
+		return
+	}
+	if a.quiesced && a.stats.InSync.Load() != nil {
+		return
+	}
+	var buf [8]uint32
+	ids := a.inSyncNodes(buf[:0])
+	if cur := a.stats.InSync.Load(); cur == nil || !slices.Equal(*cur, ids) {
+		ids = slices.Clone(ids)
+		a.stats.InSync.Store(&ids)
+	}
 }
 
 // committedStorage reports a raised commit index in InitialState.

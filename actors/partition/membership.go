@@ -3,6 +3,7 @@ package partition
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -81,17 +82,24 @@ func (a *Actor) checkInSync(acks heraldpb.Acks) *heraldpb.Error {
 // after each one; the actor keeps its own record of when it last heard
 // from each replica.)
 func (a *Actor) inSync() int {
-	n := 0
+	var buf [8]uint32
+	return len(a.inSyncNodes(buf[:0]))
+}
+
+// inSyncNodes appends the node ids of the in-sync voters (as inSync
+// counts them) to dst, sorted.
+func (a *Actor) inSyncNodes(dst []uint32) []uint32 {
 	a.rn.WithProgress(func(id uint64, typ raft.ProgressType, pr tracker.Progress) {
 		if typ != raft.ProgressTypePeer || pr.IsLearner {
 			return
 		}
 		heard, ok := a.heard[id]
 		if id == a.cfg.ReplicaID || (ok && a.ticks-heard <= a.cfg.ElectionTicks && pr.State == tracker.StateReplicate) {
-			n++
+			dst = append(dst, uint32(heraldpb.ReplicaNode(id)))
 		}
 	})
-	return n
+	slices.Sort(dst)
+	return dst
 }
 
 // heardFrom notes a raft message from replica id.

@@ -159,7 +159,7 @@ function renderTopics(s) {
     el("td", {}, spark(sumHistories(t.partition_list))),
     el("td", {}, el("div", { class: "grid" }, (t.partition_list || []).map((p) => el(movable(s, t) ? "button" : "div", {
       class: "part" + (p.offline ? " offline" : p.under_replicated ? " under" : ""), "data-partition": `${t.name}/${p.id}`, "data-leader": p.leader,
-      title: `replicas ${p.replicas.join(",")}; live ${p.live_replicas.join(",") || "none"}; high watermark ${p.high_watermark}` + (movable(s, t) ? "; click to move a replica" : ""),
+      title: `replicas ${p.replicas.join(",")}; in sync ${p.in_sync_replicas.join(",") || "none"} (${p.in_sync_from === "leader" ? "from its leader" : "live nodes: its leader did not answer"}); high watermark ${p.high_watermark}` + (movable(s, t) ? "; click to move a replica" : ""),
       onclick: movable(s, t) ? () => confirmMove(s, t, p) : undefined,
     }, el("span", { class: "pid", text: "p" + p.id }), el("span", { class: "leader", text: p.leader ? "L" + p.leader : "no leader" }),
       el("span", { class: "muted", text: p.replicas.join(" ") }))))),
