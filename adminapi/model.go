@@ -61,6 +61,7 @@ type TopicSummary struct {
 	SizeBytes       int64   `json:"size_bytes"`
 	MsgsInPerSec    float64 `json:"msgs_in_per_sec"`
 	BytesInPerSec   float64 `json:"bytes_in_per_sec"`
+	BytesOutPerSec  float64 `json:"bytes_out_per_sec"`
 	UnderReplicated int     `json:"under_replicated"`
 	Offline         int     `json:"offline"`
 	Internal        bool    `json:"internal,omitempty"`
@@ -87,13 +88,16 @@ type Partition struct {
 	// replicate its log), as the leader reports them (InSyncFrom
 	// "leader"); when the leader cannot be asked, the live replicas
 	// ("liveness").
-	InSyncReplicas  []uint32  `json:"in_sync_replicas"`
-	InSyncFrom      string    `json:"in_sync_from"`
-	LogStart        int64     `json:"log_start"`
-	HighWatermark   int64     `json:"high_watermark"`
-	SizeBytes       int64     `json:"size_bytes"`
-	MsgsInPerSec    float64   `json:"msgs_in_per_sec"`
-	BytesInPerSec   float64   `json:"bytes_in_per_sec"`
+	InSyncReplicas []uint32 `json:"in_sync_replicas"`
+	InSyncFrom     string   `json:"in_sync_from"`
+	LogStart       int64    `json:"log_start"`
+	HighWatermark  int64    `json:"high_watermark"`
+	SizeBytes      int64    `json:"size_bytes"`
+	MsgsInPerSec   float64  `json:"msgs_in_per_sec"`
+	BytesInPerSec  float64  `json:"bytes_in_per_sec"`
+	// BytesOutPerSec is the record bytes its leader served to fetches
+	// (clients' pulls and consumer groups' reads) over the last second.
+	BytesOutPerSec  float64   `json:"bytes_out_per_sec"`
 	UnderReplicated bool      `json:"under_replicated"`
 	Offline         bool      `json:"offline"`
 	History         []float64 `json:"msgs_in_history"` // msgs/s, one sample a second, oldest first

@@ -36,11 +36,11 @@ type history struct {
 }
 
 type partHistory struct {
-	at         time.Time
-	hw, size   int64
-	rates      []float64
-	seen       time.Time
-	rate, brat float64
+	at               time.Time
+	hw, size, out    int64
+	rates            []float64
+	seen             time.Time
+	rate, brat, orat float64
 }
 
 type groupHistory struct {
@@ -89,6 +89,7 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 			p := Partition{ID: pi.GetId(), Leader: pi.GetLeader(), Replicas: nonNil(pi.GetReplicas()), TargetReplicas: pi.GetTargetReplicas(),
 				LogStart: pi.GetLogStartOffset(), HighWatermark: pi.GetHighWatermark(), SizeBytes: pi.GetSizeBytes(), LiveReplicas: []uint32{}}
 			t.Replication = max(t.Replication, len(p.Replicas))
+			out := int64(pi.GetBytesOut())
 			if isr := pi.GetInSyncReplicas(); len(isr) > 0 {
 				p.InSyncReplicas, p.InSyncFrom = isr, "leader" // the local replica leads
 			}
@@ -104,6 +105,7 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 					if len(o.InSyncReplicas) > 0 {
 						p.InSyncReplicas, p.InSyncFrom = o.InSyncReplicas, "leader"
 					}
+					out = int64(o.BytesOut) // the leader serves the reads
 				}
 				cancel()
 			}
@@ -120,16 +122,17 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 			key := fmt.Sprintf("%s/%d", t.Name, p.ID)
 			ph := h.parts[key]
 			if ph == nil {
-				ph = &partHistory{at: now, hw: p.HighWatermark, size: p.SizeBytes}
+				ph = &partHistory{at: now, hw: p.HighWatermark, size: p.SizeBytes, out: out}
 				h.parts[key] = ph
 			} else if dt := now.Sub(ph.at).Seconds(); dt > 0.2 {
 				ph.rate = max(float64(p.HighWatermark-ph.hw), 0) / dt
 				ph.brat = max(float64(p.SizeBytes-ph.size), 0) / dt
-				ph.at, ph.hw, ph.size = now, p.HighWatermark, p.SizeBytes
+				ph.orat = max(float64(out-ph.out), 0) / dt // a new leader's count starts elsewhere: never negative
+				ph.at, ph.hw, ph.size, ph.out = now, p.HighWatermark, p.SizeBytes, out
 				ph.rates = appendCapped(ph.rates, ph.rate, historySamples)
 			}
 			ph.seen = now
-			p.MsgsInPerSec, p.BytesInPerSec, p.History = ph.rate, ph.brat, slices.Clone(ph.rates)
+			p.MsgsInPerSec, p.BytesInPerSec, p.BytesOutPerSec, p.History = ph.rate, ph.brat, ph.orat, slices.Clone(ph.rates)
 			if p.History == nil {
 				p.History = []float64{}
 			}
@@ -137,6 +140,7 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 			t.SizeBytes += p.SizeBytes
 			t.MsgsInPerSec += p.MsgsInPerSec
 			t.BytesInPerSec += p.BytesInPerSec
+			t.BytesOutPerSec += p.BytesOutPerSec
 			if p.UnderReplicated {
 				t.UnderReplicated++
 			}

@@ -18,6 +18,9 @@ type Offsets struct {
 	// leader that answered (itself included), sorted; empty from a broker
 	// that does not report them.
 	InSyncReplicas []uint32
+	// BytesOut is the record bytes the answering replica has served to
+	// fetches since it started.
+	BytesOut uint64
 }
 
 // ListOffsets looks up an offset of a partition: spec OffsetEarliest (the
@@ -43,7 +46,7 @@ func (c *Client) ListOffsets(ctx context.Context, topic string, partition int32,
 	if r == nil {
 		return Offsets{}, unexpected(f, "ListOffsetsResponse")
 	}
-	return Offsets{Offset: r.GetOffset(), LogStart: r.GetLogStartOffset(), HighWatermark: r.GetHighWatermark(), InSyncReplicas: r.GetInSyncReplicas()}, nil
+	return Offsets{Offset: r.GetOffset(), LogStart: r.GetLogStartOffset(), HighWatermark: r.GetHighWatermark(), InSyncReplicas: r.GetInSyncReplicas(), BytesOut: r.GetBytesOut()}, nil
 }
 
 // FetchResult is the answer of Fetch.

@@ -3855,8 +3855,12 @@ type PartitionInfo struct {
 	// as the leader reports them; empty from a node whose replica does not
 	// lead.
 	InSyncReplicas []uint32 `protobuf:"varint,8,rep,packed,name=in_sync_replicas,json=inSyncReplicas,proto3" json:"in_sync_replicas,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Record bytes the reporting node's replica has answered fetches with
+	// since it started (clients' pulls and consumer groups' reads); 0 from
+	// a node without a replica.
+	BytesOut      uint64 `protobuf:"varint,9,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PartitionInfo) Reset() {
@@ -3943,6 +3947,13 @@ func (x *PartitionInfo) GetInSyncReplicas() []uint32 {
 		return x.InSyncReplicas
 	}
 	return nil
+}
+
+func (x *PartitionInfo) GetBytesOut() uint64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
 }
 
 type TopicInfo struct {
@@ -5665,8 +5676,10 @@ type ListOffsetsResponse struct {
 	// As PartitionInfo.in_sync_replicas: filled when the answering replica
 	// leads.
 	InSyncReplicas []uint32 `protobuf:"varint,5,rep,packed,name=in_sync_replicas,json=inSyncReplicas,proto3" json:"in_sync_replicas,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// As PartitionInfo.bytes_out, of the answering replica.
+	BytesOut      uint64 `protobuf:"varint,6,opt,name=bytes_out,json=bytesOut,proto3" json:"bytes_out,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListOffsetsResponse) Reset() {
@@ -5732,6 +5745,13 @@ func (x *ListOffsetsResponse) GetInSyncReplicas() []uint32 {
 		return x.InSyncReplicas
 	}
 	return nil
+}
+
+func (x *ListOffsetsResponse) GetBytesOut() uint64 {
+	if x != nil {
+		return x.BytesOut
+	}
+	return 0
 }
 
 // Where a group with no stored progress starts. Ignored once the group has
@@ -9508,7 +9528,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x11max_message_bytes\x18\x05 \x01(\rR\x0fmaxMessageBytes\x12$\n" +
 	"\x0emessage_ttl_ms\x18\x06 \x01(\x03R\fmessageTtlMs\x12.\n" +
 	"\x13min_insync_replicas\x18\a \x01(\rR\x11minInsyncReplicas\x12\x14\n" +
-	"\x05owner\x18\b \x01(\tR\x05owner\"\x96\x02\n" +
+	"\x05owner\x18\b \x01(\tR\x05owner\"\xb3\x02\n" +
 	"\rPartitionInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\rR\x06leader\x12\x1a\n" +
@@ -9518,7 +9538,8 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x06 \x01(\x03R\tsizeBytes\x12'\n" +
 	"\x0ftarget_replicas\x18\a \x03(\rR\x0etargetReplicas\x12(\n" +
-	"\x10in_sync_replicas\x18\b \x03(\rR\x0einSyncReplicas\"\x89\x01\n" +
+	"\x10in_sync_replicas\x18\b \x03(\rR\x0einSyncReplicas\x12\x1b\n" +
+	"\tbytes_out\x18\t \x01(\x04R\bbytesOut\"\x89\x01\n" +
 	"\tTopicInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x06config\x18\x02 \x01(\v2\x16.herald.v1.TopicConfigR\x06config\x128\n" +
@@ -9651,13 +9672,14 @@ const file_herald_proto_rawDesc = "" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12)\n" +
 	"\x04spec\x18\x03 \x01(\x0e2\x15.herald.v1.OffsetSpecR\x04spec\x12!\n" +
-	"\ftimestamp_ms\x18\x04 \x01(\x03R\vtimestampMs\"\xc6\x01\n" +
+	"\ftimestamp_ms\x18\x04 \x01(\x03R\vtimestampMs\"\xe3\x01\n" +
 	"\x13ListOffsetsResponse\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12(\n" +
 	"\x10log_start_offset\x18\x03 \x01(\x03R\x0elogStartOffset\x12%\n" +
 	"\x0ehigh_watermark\x18\x04 \x01(\x03R\rhighWatermark\x12(\n" +
-	"\x10in_sync_replicas\x18\x05 \x03(\rR\x0einSyncReplicas\"\x8c\x01\n" +
+	"\x10in_sync_replicas\x18\x05 \x03(\rR\x0einSyncReplicas\x12\x1b\n" +
+	"\tbytes_out\x18\x06 \x01(\x04R\bbytesOut\"\x8c\x01\n" +
 	"\rStartPosition\x12\x1c\n" +
 	"\bearliest\x18\x01 \x01(\bH\x00R\bearliest\x12\x18\n" +
 	"\x06latest\x18\x02 \x01(\bH\x00R\x06latest\x12\x18\n" +

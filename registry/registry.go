@@ -201,6 +201,7 @@ func (e *Entry) Info(node uint32) *heraldpb.TopicInfo {
 		pi := &heraldpb.PartitionInfo{
 			Id: uint32(i), Leader: leader, Replicas: replicas, TargetReplicas: target,
 			LogStartOffset: s.StartOffset.Load(), HighWatermark: s.HighWatermark.Load(), SizeBytes: s.SizeBytes.Load(),
+			BytesOut: uint64(s.BytesOut.Load()),
 		}
 		if isr := s.InSync.Load(); isr != nil {
 			pi.InSyncReplicas = *isr

@@ -25,6 +25,10 @@ type Stats struct {
 	HighWatermark atomic.Int64
 	EndOffset     atomic.Int64
 	SizeBytes     atomic.Int64
+	// BytesOut counts the record bytes this replica has answered fetches
+	// with (clients' pulls and the consumer groups' reads for their
+	// pushes), since it started.
+	BytesOut atomic.Int64
 	// Leader is the node id of the group's leader as this replica knows
 	// it (0: unknown): heraldpb.ReplicaNode of its raft id.
 	Leader atomic.Uint64
@@ -1130,11 +1134,9 @@ func (a *Actor) onFetch(ctx actor.Context, f *heraldpb.Frame) {
 	case a.win.covers(req.Offset):
 		a.answerFetchTo(ctx, replyTo, f.Id, a.readWindow(req.Offset, maxBytes, end), end)
 	default:
-		m := a.m
 		err := a.cfg.Readers.Submit(readJob{
 			store: a.store, replyTo: replyTo, frameID: f.Id, part: a.cfg.Partition,
-			offset: req.Offset, maxBytes: maxBytes, hw: end, start: start,
-			done: func(recs, bytes int) { m.fetchRecords.Add(float64(recs)); m.fetchBytes.Add(float64(bytes)) },
+			offset: req.Offset, maxBytes: maxBytes, hw: end, start: start, done: a.countFetched(),
 		})
 		if err != nil {
 			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "log readers are busy")
@@ -1166,8 +1168,7 @@ func (a *Actor) answerFetchTo(ctx actor.Context, replyTo *actor.PID, id uint64, 
 		recs += int(b.Count)
 		bytes += len(b.Records)
 	}
-	a.m.fetchRecords.Add(float64(recs))
-	a.m.fetchBytes.Add(float64(bytes))
+	countFetch(a.m, a.stats, recs, bytes)
 	var start int64
 	if a.store != nil {
 		start = a.store.StartOffset()
@@ -1175,6 +1176,19 @@ func (a *Actor) answerFetchTo(ctx actor.Context, replyTo *actor.PID, id uint64, 
 	a.reply(ctx, replyTo, &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_FetchResponse{FetchResponse: &heraldpb.FetchResponse{
 		Partition: a.cfg.Partition, HighWatermark: end, LogStartOffset: start, Batches: batches,
 	}}})
+}
+
+// countFetched is what counts the records and bytes a fetch answered
+// with, for the readers' goroutines; countFetch counts them on the actor.
+func (a *Actor) countFetched() func(recs, bytes int) {
+	m, stats := a.m, a.stats
+	return func(recs, bytes int) { countFetch(m, stats, recs, bytes) }
+}
+
+func countFetch(m *partMetrics, stats *Stats, recs, bytes int) {
+	m.fetchRecords.Add(float64(recs))
+	m.fetchBytes.Add(float64(bytes))
+	stats.BytesOut.Add(int64(bytes))
 }
 
 // serveParked answers the long polls that new committed data satisfies.
@@ -1221,7 +1235,8 @@ func (a *Actor) onListOffsets(ctx actor.Context, f *heraldpb.Frame) {
 		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "unknown offset spec %d", req.Spec)))
 		return
 	}
-	resp := &heraldpb.ListOffsetsResponse{Partition: a.cfg.Partition, Offset: off, LogStartOffset: start, HighWatermark: a.readable()}
+	resp := &heraldpb.ListOffsetsResponse{Partition: a.cfg.Partition, Offset: off, LogStartOffset: start, HighWatermark: a.readable(),
+		BytesOut: uint64(a.stats.BytesOut.Load())}
 	if isr := a.stats.InSync.Load(); isr != nil {
 		resp.InSyncReplicas = *isr
 	}

@@ -142,11 +142,9 @@ func (a *Actor) onPriorityFetch(ctx actor.Context, id uint64, req *heraldpb.Fetc
 		a.answerPriority(ctx, replyTo, id, resp)
 		return
 	}
-	m := a.m
 	err := a.cfg.Readers.Submit(readJob{
 		store: a.store, replyTo: replyTo, frameID: id, part: a.cfg.Partition,
-		maxBytes: maxBytes, hw: a.readable(), start: start, offsets: offs, next: next,
-		done: func(recs, bytes int) { m.fetchRecords.Add(float64(recs)); m.fetchBytes.Add(float64(bytes)) },
+		maxBytes: maxBytes, hw: a.readable(), start: start, offsets: offs, next: next, done: a.countFetched(),
 	})
 	if err != nil {
 		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "log readers are busy")
@@ -161,8 +159,7 @@ func (a *Actor) answerPriority(ctx actor.Context, replyTo *actor.PID, id uint64,
 	for _, b := range resp.Batches {
 		bytes += len(b.Records)
 	}
-	a.m.fetchRecords.Add(float64(len(resp.Batches)))
-	a.m.fetchBytes.Add(float64(bytes))
+	countFetch(a.m, a.stats, len(resp.Batches), bytes)
 	a.reply(ctx, replyTo, &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_FetchResponse{FetchResponse: resp}})
 }
 

@@ -156,6 +156,7 @@ function renderTopics(s) {
     el("td", { class: "num", text: fmtNum(t.messages) }),
     el("td", { class: "num", text: fmtBytes(t.size_bytes) }),
     el("td", { class: "num", text: fmtNum(t.msgs_in_per_sec) + "/s" }),
+    el("td", { class: "num", text: fmtBytes(t.bytes_out_per_sec) + "/s" }),
     el("td", {}, spark(sumHistories(t.partition_list))),
     el("td", {}, el("div", { class: "grid" }, (t.partition_list || []).map((p) => el(movable(s, t) ? "button" : "div", {
       class: "part" + (p.offline ? " offline" : p.under_replicated ? " under" : ""), "data-partition": `${t.name}/${p.id}`, "data-leader": p.leader,
@@ -165,8 +166,8 @@ function renderTopics(s) {
       el("span", { class: "muted", text: p.replicas.join(" ") }))))),
     el("td", {}, t.internal ? null : el("button", { class: "danger", disabled: s.read_only, "data-action": "delete-topic", onclick: () => confirmDelete(t.name) }, "Delete"))));
   $("#topic-list").replaceChildren(el("table", {},
-    el("thead", {}, el("tr", {}, ["topic", "partitions", "RF", "messages", "size", "in", "in, last 2 min", "leaders and replicas", ""].map((h, i) =>
-      el("th", { class: i >= 1 && i <= 5 ? "num" : undefined, text: h })))),
+    el("thead", {}, el("tr", {}, ["topic", "partitions", "RF", "messages", "size", "in", "out", "in, last 2 min", "leaders and replicas", ""].map((h, i) =>
+      el("th", { class: i >= 1 && i <= 6 ? "num" : undefined, text: h })))),
     el("tbody", {}, rows)));
 }
 
