@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 func TestParsePosition(t *testing.T) {
@@ -89,19 +91,30 @@ func TestLatenessOverTheWindow(t *testing.T) {
 	s := New(Config{Node: node})
 	sc := &Scheduler{}
 	t0 := time.Now()
-	s.lateness(sc, t0)
+	s.lateness(sc, t0, nil)
 	if sc.Lateness == nil || sc.Lateness.Fired != 0 {
 		t.Fatalf("first sample: %+v", sc.Lateness)
 	}
 	// 100 more: 98 at most 10 ms, 2 at most 100 ms.
 	node.h = Histogram{Bounds: []float64{.001, .01, .1}, Counts: []uint64{100, 198, 200}, Count: 200}
-	s.lateness(sc, t0.Add(10*time.Second))
+	s.lateness(sc, t0.Add(10*time.Second), nil)
 	if l := sc.Lateness; l.Fired != 100 || l.P50Seconds != .01 || l.P99Seconds != .1 || l.WindowSeconds != 10 {
 		t.Fatalf("lateness %+v, want 100 fired, p50 10 ms, p99 100 ms over 10 s", l)
 	}
+	// The scheduler moves to another node: its answer carries its
+	// histogram (its own counts, from its start).
 	node.h = Histogram{}
-	s.lateness(sc, t0.Add(20*time.Second))
-	if !strings.Contains(sc.LatenessNote, "another node") {
-		t.Fatalf("without a local scheduler: %q", sc.LatenessNote)
+	s2 := New(Config{Node: node})
+	remote := &heraldpb.LatencyHistogram{Bounds: []float64{.001, .01, .1}, CumulativeCounts: []uint64{5, 5, 5}, Count: 5}
+	s2.lateness(sc, t0, remote)
+	remote = &heraldpb.LatencyHistogram{Bounds: []float64{.001, .01, .1}, CumulativeCounts: []uint64{55, 55, 55}, Count: 55}
+	s2.lateness(sc, t0.Add(5*time.Second), remote)
+	if l := sc.Lateness; l == nil || l.Fired != 50 || l.P99Seconds != .001 || sc.LatenessNote != "" {
+		t.Fatalf("from the scheduler's answer: %+v %q", l, sc.LatenessNote)
+	}
+	sc = &Scheduler{}
+	s2.lateness(sc, t0.Add(6*time.Second), nil)
+	if sc.Lateness != nil || !strings.Contains(sc.LatenessNote, "did not report") {
+		t.Fatalf("with no histogram anywhere: %+v %q", sc.Lateness, sc.LatenessNote)
 	}
 }

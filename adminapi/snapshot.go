@@ -231,11 +231,11 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 	// Scheduler and transactions: shown when the node has them.
 	sc := &Scheduler{Buckets: map[string]int{"overdue": 0, "1m": 0, "1h": 0, "1d": 0, "later": 0}, At: now}
 	cctx, cancel = context.WithTimeout(ctx, callTimeout)
-	scheduled, pending, err := c.ListScheduled(cctx, "", scheduledListed)
+	sr, err := c.DescribeScheduler(cctx, "", scheduledListed)
 	cancel()
 	if err == nil {
-		sc.Pending, sc.Listed = pending, len(scheduled)
-		for _, si := range scheduled {
+		sc.Pending, sc.Listed = sr.GetPending(), len(sr.GetScheduled())
+		for _, si := range sr.GetScheduled() {
 			sc.Buckets[bucket(time.UnixMilli(si.GetDeliverAtMs()).Sub(now))]++
 		}
 		cctx, cancel = context.WithTimeout(ctx, callTimeout)
@@ -246,7 +246,7 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 			sc.Transactions = n
 		}
 		cancel()
-		s.lateness(sc, now)
+		s.lateness(sc, now, sr.GetFireLateness())
 		snap.Scheduler = sc
 	} else if !client.IsCode(err, heraldpb.ErrorCode_NOT_AUTHORIZED) {
 		fail("scheduler", err)
@@ -451,14 +451,19 @@ type latenessSample struct {
 }
 
 // lateness fills sc's fire lateness over the last latenessWindow, from
-// the samples of the node's histogram the server keeps.
-func (s *Server) lateness(sc *Scheduler, now time.Time) {
+// the samples the server keeps of the scheduler's histogram: this node's
+// when the scheduler runs here, else the one the scheduler's answer
+// carried (remote).
+func (s *Server) lateness(sc *Scheduler, now time.Time, remote *heraldpb.LatencyHistogram) {
 	h, ok := s.cfg.Node.SchedulerLateness()
+	if !ok && remote != nil && len(remote.Bounds) == len(remote.CumulativeCounts) {
+		h, ok = Histogram{Bounds: remote.Bounds, Counts: remote.CumulativeCounts, Count: remote.Count}, true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !ok {
 		s.late = nil
-		sc.LatenessNote = "the scheduler runs on another node: its fire lateness is in that node's metrics (herald_scheduler_fire_lateness_seconds)"
+		sc.LatenessNote = "the scheduler's node did not report its fire lateness (herald_scheduler_fire_lateness_seconds in its metrics)"
 		return
 	}
 	s.late = append(s.late, latenessSample{now, h})

@@ -26,13 +26,24 @@ func (c *Client) CancelScheduled(ctx context.Context, id string) error {
 // many are pending in all. The broker reads its schedule log to answer:
 // it is an admin call, not for a hot path.
 func (c *Client) ListScheduled(ctx context.Context, topic string, limit int) ([]*heraldpb.ScheduledInfo, uint64, error) {
-	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ListScheduled{ListScheduled: &heraldpb.ListScheduledRequest{Topic: topic, Limit: uint32(max(limit, 0))}}})
+	r, err := c.DescribeScheduler(ctx, topic, limit)
 	if err != nil {
 		return nil, 0, err
 	}
+	return r.GetScheduled(), r.GetPending(), nil
+}
+
+// DescribeScheduler is ListScheduled's whole answer: the pending delayed
+// batches (up to limit, soonest first), their count, and the scheduler's
+// fire lateness since its node started.
+func (c *Client) DescribeScheduler(ctx context.Context, topic string, limit int) (*heraldpb.ListScheduledResponse, error) {
+	f, err := c.callAny(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_ListScheduled{ListScheduled: &heraldpb.ListScheduledRequest{Topic: topic, Limit: uint32(max(limit, 0))}}})
+	if err != nil {
+		return nil, err
+	}
 	r := f.GetListScheduledResponse()
 	if r == nil {
-		return nil, 0, unexpected(f, "ListScheduledResponse")
+		return nil, unexpected(f, "ListScheduledResponse")
 	}
-	return r.GetScheduled(), r.GetPending(), nil
+	return r, nil
 }

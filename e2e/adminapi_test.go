@@ -568,7 +568,8 @@ func TestAdminAPIClusterView(t *testing.T) {
 }
 
 // TestAdminAPIInSyncReplicas: every node reports each partition's
-// in-sync replicas as the partition's leader tells them (all three);
+// in-sync replicas as the partition's leader tells them (all three), and
+// the bytes its leader serves to a reader;
 // after a follower is SIGKILLed the leaders leave it out, and the
 // partitions are under-replicated.
 func TestAdminAPIInSyncReplicas(t *testing.T) {
@@ -594,6 +595,44 @@ func TestAdminAPIInSyncReplicas(t *testing.T) {
 			return nil
 		})
 	}
+	// Reads show as bytes out, on every node: the leader counts them, the
+	// others ask it.
+	p := c.NewProducer()
+	for range 200 {
+		p.SendAsync(ctxT(t, 10*time.Second), &client.Message{Topic: "orders", Partition: 0, Value: make([]byte, 1000)}, nil)
+	}
+	if err := p.Flush(ctxT(t, 20*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for part := range int32(3) {
+				_, _ = c.Fetch(ctxT(t, 5*time.Second), "orders", part, 0, 1<<20, 0)
+			}
+		}
+	}()
+	for id, n := range tc.nodes {
+		checkFor(t, 20*time.Second, fmt.Sprintf("node %d: bytes out while a reader fetches", id), func() error {
+			var tp adminapi.Topic
+			if st := apiCall(t, "GET", n.AdminAddr(), "/api/v1/topics/orders", "", &tp); st != 200 {
+				return fmt.Errorf("status %d", st)
+			}
+			if tp.BytesOutPerSec <= 0 {
+				return fmt.Errorf("bytes out %v/s", tp.BytesOutPerSec)
+			}
+			return nil
+		})
+	}
+	close(stop)
+	<-done
 	// A follower of partition 0 dies.
 	leader := leaderOf(t, c, "orders", 0)
 	var victim uint64

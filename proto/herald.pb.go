@@ -8020,7 +8020,11 @@ type ListScheduledResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Scheduled []*ScheduledInfo       `protobuf:"bytes,1,rep,name=scheduled,proto3" json:"scheduled,omitempty"`
 	// Pending delayed batches in all.
-	Pending       uint64 `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
+	Pending uint64 `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
+	// The scheduler's fire lateness since its node started (from a batch's
+	// time to its append being committed), as a histogram: the admin API
+	// of any node reads it from here.
+	FireLateness  *LatencyHistogram `protobuf:"bytes,3,opt,name=fire_lateness,json=fireLateness,proto3" json:"fire_lateness,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -8069,6 +8073,76 @@ func (x *ListScheduledResponse) GetPending() uint64 {
 	return 0
 }
 
+func (x *ListScheduledResponse) GetFireLateness() *LatencyHistogram {
+	if x != nil {
+		return x.FireLateness
+	}
+	return nil
+}
+
+// A cumulative histogram of seconds.
+type LatencyHistogram struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Upper bounds of the buckets, and how many samples were at or below
+	// each.
+	Bounds           []float64 `protobuf:"fixed64,1,rep,packed,name=bounds,proto3" json:"bounds,omitempty"`
+	CumulativeCounts []uint64  `protobuf:"varint,2,rep,packed,name=cumulative_counts,json=cumulativeCounts,proto3" json:"cumulative_counts,omitempty"`
+	Count            uint64    `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *LatencyHistogram) Reset() {
+	*x = LatencyHistogram{}
+	mi := &file_herald_proto_msgTypes[86]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LatencyHistogram) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LatencyHistogram) ProtoMessage() {}
+
+func (x *LatencyHistogram) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[86]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LatencyHistogram.ProtoReflect.Descriptor instead.
+func (*LatencyHistogram) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{86}
+}
+
+func (x *LatencyHistogram) GetBounds() []float64 {
+	if x != nil {
+		return x.Bounds
+	}
+	return nil
+}
+
+func (x *LatencyHistogram) GetCumulativeCounts() []uint64 {
+	if x != nil {
+		return x.CumulativeCounts
+	}
+	return nil
+}
+
+func (x *LatencyHistogram) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 // RepairPartitionRequest asks the node's replica of a partition about damage
 // to its log and, with accept_loss, accepts the loss: the partition becomes
 // writable again and new records get offsets after every lost one. Served
@@ -8095,7 +8169,7 @@ type RepairPartitionRequest struct {
 
 func (x *RepairPartitionRequest) Reset() {
 	*x = RepairPartitionRequest{}
-	mi := &file_herald_proto_msgTypes[86]
+	mi := &file_herald_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8107,7 +8181,7 @@ func (x *RepairPartitionRequest) String() string {
 func (*RepairPartitionRequest) ProtoMessage() {}
 
 func (x *RepairPartitionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[86]
+	mi := &file_herald_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8120,7 +8194,7 @@ func (x *RepairPartitionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPartitionRequest.ProtoReflect.Descriptor instead.
 func (*RepairPartitionRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{86}
+	return file_herald_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *RepairPartitionRequest) GetTopic() string {
@@ -8184,7 +8258,7 @@ type RepairPartitionResponse struct {
 
 func (x *RepairPartitionResponse) Reset() {
 	*x = RepairPartitionResponse{}
-	mi := &file_herald_proto_msgTypes[87]
+	mi := &file_herald_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8196,7 +8270,7 @@ func (x *RepairPartitionResponse) String() string {
 func (*RepairPartitionResponse) ProtoMessage() {}
 
 func (x *RepairPartitionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[87]
+	mi := &file_herald_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8209,7 +8283,7 @@ func (x *RepairPartitionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RepairPartitionResponse.ProtoReflect.Descriptor instead.
 func (*RepairPartitionResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{87}
+	return file_herald_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *RepairPartitionResponse) GetDamaged() bool {
@@ -8306,7 +8380,7 @@ type EndHalfRequest struct {
 
 func (x *EndHalfRequest) Reset() {
 	*x = EndHalfRequest{}
-	mi := &file_herald_proto_msgTypes[88]
+	mi := &file_herald_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8318,7 +8392,7 @@ func (x *EndHalfRequest) String() string {
 func (*EndHalfRequest) ProtoMessage() {}
 
 func (x *EndHalfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[88]
+	mi := &file_herald_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8331,7 +8405,7 @@ func (x *EndHalfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndHalfRequest.ProtoReflect.Descriptor instead.
 func (*EndHalfRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{88}
+	return file_herald_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *EndHalfRequest) GetId() string {
@@ -8384,7 +8458,7 @@ type EndHalfResponse struct {
 
 func (x *EndHalfResponse) Reset() {
 	*x = EndHalfResponse{}
-	mi := &file_herald_proto_msgTypes[89]
+	mi := &file_herald_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8396,7 +8470,7 @@ func (x *EndHalfResponse) String() string {
 func (*EndHalfResponse) ProtoMessage() {}
 
 func (x *EndHalfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[89]
+	mi := &file_herald_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8409,7 +8483,7 @@ func (x *EndHalfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndHalfResponse.ProtoReflect.Descriptor instead.
 func (*EndHalfResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{89}
+	return file_herald_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *EndHalfResponse) GetTopic() string {
@@ -8462,7 +8536,7 @@ type RegisterProducerRequest struct {
 
 func (x *RegisterProducerRequest) Reset() {
 	*x = RegisterProducerRequest{}
-	mi := &file_herald_proto_msgTypes[90]
+	mi := &file_herald_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8474,7 +8548,7 @@ func (x *RegisterProducerRequest) String() string {
 func (*RegisterProducerRequest) ProtoMessage() {}
 
 func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[90]
+	mi := &file_herald_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8487,7 +8561,7 @@ func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterProducerRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{90}
+	return file_herald_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RegisterProducerRequest) GetProducerGroup() string {
@@ -8515,7 +8589,7 @@ type RegisterProducerResponse struct {
 
 func (x *RegisterProducerResponse) Reset() {
 	*x = RegisterProducerResponse{}
-	mi := &file_herald_proto_msgTypes[91]
+	mi := &file_herald_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8527,7 +8601,7 @@ func (x *RegisterProducerResponse) String() string {
 func (*RegisterProducerResponse) ProtoMessage() {}
 
 func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[91]
+	mi := &file_herald_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8540,7 +8614,7 @@ func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterProducerResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{91}
+	return file_herald_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RegisterProducerResponse) GetHeartbeatMs() uint32 {
@@ -8577,7 +8651,7 @@ type HalfCheck struct {
 
 func (x *HalfCheck) Reset() {
 	*x = HalfCheck{}
-	mi := &file_herald_proto_msgTypes[92]
+	mi := &file_herald_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8589,7 +8663,7 @@ func (x *HalfCheck) String() string {
 func (*HalfCheck) ProtoMessage() {}
 
 func (x *HalfCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[92]
+	mi := &file_herald_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8602,7 +8676,7 @@ func (x *HalfCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfCheck.ProtoReflect.Descriptor instead.
 func (*HalfCheck) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{92}
+	return file_herald_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *HalfCheck) GetId() string {
@@ -8678,7 +8752,7 @@ type ListTxnRequest struct {
 
 func (x *ListTxnRequest) Reset() {
 	*x = ListTxnRequest{}
-	mi := &file_herald_proto_msgTypes[93]
+	mi := &file_herald_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8690,7 +8764,7 @@ func (x *ListTxnRequest) String() string {
 func (*ListTxnRequest) ProtoMessage() {}
 
 func (x *ListTxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[93]
+	mi := &file_herald_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8703,7 +8777,7 @@ func (x *ListTxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTxnRequest.ProtoReflect.Descriptor instead.
 func (*ListTxnRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{93}
+	return file_herald_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *ListTxnRequest) GetProducerGroup() string {
@@ -8756,7 +8830,7 @@ type HalfInfo struct {
 
 func (x *HalfInfo) Reset() {
 	*x = HalfInfo{}
-	mi := &file_herald_proto_msgTypes[94]
+	mi := &file_herald_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8768,7 +8842,7 @@ func (x *HalfInfo) String() string {
 func (*HalfInfo) ProtoMessage() {}
 
 func (x *HalfInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[94]
+	mi := &file_herald_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8781,7 +8855,7 @@ func (x *HalfInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HalfInfo.ProtoReflect.Descriptor instead.
 func (*HalfInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{94}
+	return file_herald_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *HalfInfo) GetId() string {
@@ -8880,7 +8954,7 @@ type ListTxnResponse struct {
 
 func (x *ListTxnResponse) Reset() {
 	*x = ListTxnResponse{}
-	mi := &file_herald_proto_msgTypes[95]
+	mi := &file_herald_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8892,7 +8966,7 @@ func (x *ListTxnResponse) String() string {
 func (*ListTxnResponse) ProtoMessage() {}
 
 func (x *ListTxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[95]
+	mi := &file_herald_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8905,7 +8979,7 @@ func (x *ListTxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTxnResponse.ProtoReflect.Descriptor instead.
 func (*ListTxnResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{95}
+	return file_herald_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ListTxnResponse) GetHalves() []*HalfInfo {
@@ -8945,7 +9019,7 @@ type InitProducerIdRequest struct {
 
 func (x *InitProducerIdRequest) Reset() {
 	*x = InitProducerIdRequest{}
-	mi := &file_herald_proto_msgTypes[96]
+	mi := &file_herald_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8957,7 +9031,7 @@ func (x *InitProducerIdRequest) String() string {
 func (*InitProducerIdRequest) ProtoMessage() {}
 
 func (x *InitProducerIdRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[96]
+	mi := &file_herald_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8970,7 +9044,7 @@ func (x *InitProducerIdRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitProducerIdRequest.ProtoReflect.Descriptor instead.
 func (*InitProducerIdRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{96}
+	return file_herald_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *InitProducerIdRequest) GetTransactionalId() string {
@@ -8997,7 +9071,7 @@ type InitProducerIdResponse struct {
 
 func (x *InitProducerIdResponse) Reset() {
 	*x = InitProducerIdResponse{}
-	mi := &file_herald_proto_msgTypes[97]
+	mi := &file_herald_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9009,7 +9083,7 @@ func (x *InitProducerIdResponse) String() string {
 func (*InitProducerIdResponse) ProtoMessage() {}
 
 func (x *InitProducerIdResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[97]
+	mi := &file_herald_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9022,7 +9096,7 @@ func (x *InitProducerIdResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitProducerIdResponse.ProtoReflect.Descriptor instead.
 func (*InitProducerIdResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{97}
+	return file_herald_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *InitProducerIdResponse) GetProducerId() uint64 {
@@ -9057,7 +9131,7 @@ type EndTxnRequest struct {
 
 func (x *EndTxnRequest) Reset() {
 	*x = EndTxnRequest{}
-	mi := &file_herald_proto_msgTypes[98]
+	mi := &file_herald_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9069,7 +9143,7 @@ func (x *EndTxnRequest) String() string {
 func (*EndTxnRequest) ProtoMessage() {}
 
 func (x *EndTxnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[98]
+	mi := &file_herald_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9082,7 +9156,7 @@ func (x *EndTxnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTxnRequest.ProtoReflect.Descriptor instead.
 func (*EndTxnRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{98}
+	return file_herald_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *EndTxnRequest) GetTransactionalId() string {
@@ -9135,7 +9209,7 @@ type EndTxnResponse struct {
 
 func (x *EndTxnResponse) Reset() {
 	*x = EndTxnResponse{}
-	mi := &file_herald_proto_msgTypes[99]
+	mi := &file_herald_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9147,7 +9221,7 @@ func (x *EndTxnResponse) String() string {
 func (*EndTxnResponse) ProtoMessage() {}
 
 func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[99]
+	mi := &file_herald_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9160,7 +9234,7 @@ func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTxnResponse.ProtoReflect.Descriptor instead.
 func (*EndTxnResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{99}
+	return file_herald_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *EndTxnResponse) GetNextEpoch() uint32 {
@@ -9209,7 +9283,7 @@ type TxnInfo struct {
 
 func (x *TxnInfo) Reset() {
 	*x = TxnInfo{}
-	mi := &file_herald_proto_msgTypes[100]
+	mi := &file_herald_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9221,7 +9295,7 @@ func (x *TxnInfo) String() string {
 func (*TxnInfo) ProtoMessage() {}
 
 func (x *TxnInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[100]
+	mi := &file_herald_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9234,7 +9308,7 @@ func (x *TxnInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnInfo.ProtoReflect.Descriptor instead.
 func (*TxnInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{100}
+	return file_herald_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *TxnInfo) GetTransactionalId() string {
@@ -9859,10 +9933,15 @@ const file_herald_proto_rawDesc = "" +
 	"\x05count\x18\x05 \x01(\rR\x05count\x12\x14\n" +
 	"\x05bytes\x18\x06 \x01(\rR\x05bytes\x12\x1d\n" +
 	"\n" +
-	"created_ms\x18\a \x01(\x03R\tcreatedMs\"i\n" +
+	"created_ms\x18\a \x01(\x03R\tcreatedMs\"\xab\x01\n" +
 	"\x15ListScheduledResponse\x126\n" +
 	"\tscheduled\x18\x01 \x03(\v2\x18.herald.v1.ScheduledInfoR\tscheduled\x12\x18\n" +
-	"\apending\x18\x02 \x01(\x04R\apending\"\xbf\x01\n" +
+	"\apending\x18\x02 \x01(\x04R\apending\x12@\n" +
+	"\rfire_lateness\x18\x03 \x01(\v2\x1b.herald.v1.LatencyHistogramR\ffireLateness\"m\n" +
+	"\x10LatencyHistogram\x12\x16\n" +
+	"\x06bounds\x18\x01 \x03(\x01R\x06bounds\x12+\n" +
+	"\x11cumulative_counts\x18\x02 \x03(\x04R\x10cumulativeCounts\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x04R\x05count\"\xbf\x01\n" +
 	"\x16RepairPartitionRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1f\n" +
@@ -10100,7 +10179,7 @@ func file_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 102)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                   // 0: herald.v1.ErrorCode
 	(AclOperation)(0),                // 1: herald.v1.AclOperation
@@ -10199,31 +10278,32 @@ var file_herald_proto_goTypes = []any{
 	(*ListScheduledRequest)(nil),     // 94: herald.v1.ListScheduledRequest
 	(*ScheduledInfo)(nil),            // 95: herald.v1.ScheduledInfo
 	(*ListScheduledResponse)(nil),    // 96: herald.v1.ListScheduledResponse
-	(*RepairPartitionRequest)(nil),   // 97: herald.v1.RepairPartitionRequest
-	(*RepairPartitionResponse)(nil),  // 98: herald.v1.RepairPartitionResponse
-	(*EndHalfRequest)(nil),           // 99: herald.v1.EndHalfRequest
-	(*EndHalfResponse)(nil),          // 100: herald.v1.EndHalfResponse
-	(*RegisterProducerRequest)(nil),  // 101: herald.v1.RegisterProducerRequest
-	(*RegisterProducerResponse)(nil), // 102: herald.v1.RegisterProducerResponse
-	(*HalfCheck)(nil),                // 103: herald.v1.HalfCheck
-	(*ListTxnRequest)(nil),           // 104: herald.v1.ListTxnRequest
-	(*HalfInfo)(nil),                 // 105: herald.v1.HalfInfo
-	(*ListTxnResponse)(nil),          // 106: herald.v1.ListTxnResponse
-	(*InitProducerIdRequest)(nil),    // 107: herald.v1.InitProducerIdRequest
-	(*InitProducerIdResponse)(nil),   // 108: herald.v1.InitProducerIdResponse
-	(*EndTxnRequest)(nil),            // 109: herald.v1.EndTxnRequest
-	(*EndTxnResponse)(nil),           // 110: herald.v1.EndTxnResponse
-	(*TxnInfo)(nil),                  // 111: herald.v1.TxnInfo
-	(*DeclareExchangeRequest)(nil),   // 112: herald.v1.DeclareExchangeRequest
-	(*DeclareExchangeResponse)(nil),  // 113: herald.v1.DeclareExchangeResponse
-	(*DeleteExchangeRequest)(nil),    // 114: herald.v1.DeleteExchangeRequest
-	(*DeleteExchangeResponse)(nil),   // 115: herald.v1.DeleteExchangeResponse
-	(*BindRequest)(nil),              // 116: herald.v1.BindRequest
-	(*BindResponse)(nil),             // 117: herald.v1.BindResponse
-	(*ListExchangesRequest)(nil),     // 118: herald.v1.ListExchangesRequest
-	(*ListExchangesResponse)(nil),    // 119: herald.v1.ListExchangesResponse
-	(*PublishRequest)(nil),           // 120: herald.v1.PublishRequest
-	(*PublishResponse)(nil),          // 121: herald.v1.PublishResponse
+	(*LatencyHistogram)(nil),         // 97: herald.v1.LatencyHistogram
+	(*RepairPartitionRequest)(nil),   // 98: herald.v1.RepairPartitionRequest
+	(*RepairPartitionResponse)(nil),  // 99: herald.v1.RepairPartitionResponse
+	(*EndHalfRequest)(nil),           // 100: herald.v1.EndHalfRequest
+	(*EndHalfResponse)(nil),          // 101: herald.v1.EndHalfResponse
+	(*RegisterProducerRequest)(nil),  // 102: herald.v1.RegisterProducerRequest
+	(*RegisterProducerResponse)(nil), // 103: herald.v1.RegisterProducerResponse
+	(*HalfCheck)(nil),                // 104: herald.v1.HalfCheck
+	(*ListTxnRequest)(nil),           // 105: herald.v1.ListTxnRequest
+	(*HalfInfo)(nil),                 // 106: herald.v1.HalfInfo
+	(*ListTxnResponse)(nil),          // 107: herald.v1.ListTxnResponse
+	(*InitProducerIdRequest)(nil),    // 108: herald.v1.InitProducerIdRequest
+	(*InitProducerIdResponse)(nil),   // 109: herald.v1.InitProducerIdResponse
+	(*EndTxnRequest)(nil),            // 110: herald.v1.EndTxnRequest
+	(*EndTxnResponse)(nil),           // 111: herald.v1.EndTxnResponse
+	(*TxnInfo)(nil),                  // 112: herald.v1.TxnInfo
+	(*DeclareExchangeRequest)(nil),   // 113: herald.v1.DeclareExchangeRequest
+	(*DeclareExchangeResponse)(nil),  // 114: herald.v1.DeclareExchangeResponse
+	(*DeleteExchangeRequest)(nil),    // 115: herald.v1.DeleteExchangeRequest
+	(*DeleteExchangeResponse)(nil),   // 116: herald.v1.DeleteExchangeResponse
+	(*BindRequest)(nil),              // 117: herald.v1.BindRequest
+	(*BindResponse)(nil),             // 118: herald.v1.BindResponse
+	(*ListExchangesRequest)(nil),     // 119: herald.v1.ListExchangesRequest
+	(*ListExchangesResponse)(nil),    // 120: herald.v1.ListExchangesResponse
+	(*PublishRequest)(nil),           // 121: herald.v1.PublishRequest
+	(*PublishResponse)(nil),          // 122: herald.v1.PublishResponse
 }
 var file_herald_proto_depIdxs = []int32{
 	0,   // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
@@ -10271,18 +10351,18 @@ var file_herald_proto_depIdxs = []int32{
 	96,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
 	44,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
 	46,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
-	97,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
-	98,  // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
-	99,  // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
-	100, // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
-	101, // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
-	102, // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
-	104, // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
-	106, // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
-	107, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
-	108, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
-	109, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
-	110, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
+	98,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
+	99,  // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
+	100, // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
+	101, // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
+	102, // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
+	103, // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
+	105, // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
+	107, // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
+	108, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
+	109, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
+	110, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
+	111, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
 	15,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
 	16,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
 	18,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
@@ -10297,21 +10377,21 @@ var file_herald_proto_depIdxs = []int32{
 	29,  // 68: herald.v1.Frame.alter_vhost_response:type_name -> herald.v1.AlterVhostResponse
 	30,  // 69: herald.v1.Frame.list_vhosts:type_name -> herald.v1.ListVhostsRequest
 	32,  // 70: herald.v1.Frame.list_vhosts_response:type_name -> herald.v1.ListVhostsResponse
-	112, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
-	113, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
-	114, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
-	115, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
-	116, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
-	117, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
-	118, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
-	119, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
-	120, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
-	121, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
+	113, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
+	114, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
+	115, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
+	116, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
+	117, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
+	118, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
+	119, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
+	120, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
+	121, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
+	122, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
 	74,  // 81: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
 	75,  // 82: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
 	91,  // 83: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
 	76,  // 84: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	103, // 85: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
+	104, // 85: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
 	11,  // 86: herald.v1.Frame.error:type_name -> herald.v1.Error
 	17,  // 87: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
 	27,  // 88: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
@@ -10362,14 +10442,15 @@ var file_herald_proto_depIdxs = []int32{
 	52,  // 133: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
 	52,  // 134: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
 	95,  // 135: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	9,   // 136: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
-	105, // 137: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	111, // 138: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
-	139, // [139:139] is the sub-list for method output_type
-	139, // [139:139] is the sub-list for method input_type
-	139, // [139:139] is the sub-list for extension type_name
-	139, // [139:139] is the sub-list for extension extendee
-	0,   // [0:139] is the sub-list for field type_name
+	97,  // 136: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
+	9,   // 137: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	106, // 138: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	112, // 139: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	140, // [140:140] is the sub-list for method output_type
+	140, // [140:140] is the sub-list for method input_type
+	140, // [140:140] is the sub-list for extension type_name
+	140, // [140:140] is the sub-list for extension extendee
+	0,   // [0:140] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -10480,7 +10561,7 @@ func file_herald_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   101,
+			NumMessages:   102,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

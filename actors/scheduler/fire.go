@@ -601,7 +601,7 @@ func scanPending(sys *actor.ActorSystem, pid *actor.PID, pending *roaring64.Bitm
 	for i := len(out) - 1; i >= 0; i-- {
 		out[i] = heap.Pop(h).(*heraldpb.ScheduledInfo)
 	}
-	return &heraldpb.ListScheduledResponse{Scheduled: out, Pending: pending.GetCardinality()}, nil
+	return &heraldpb.ListScheduledResponse{Scheduled: out, Pending: pending.GetCardinality(), FireLateness: fireLateness()}, nil
 }
 
 // infoHeap is a max-heap by (deliver time, id): its top is the latest kept.

@@ -1,8 +1,10 @@
 package scheduler
 
 import (
+	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Metrics of the scheduler (delayed and scheduled delivery).
@@ -74,3 +76,19 @@ var (
 		Help: "Bucket files of the far timer store.",
 	})
 )
+
+// fireLateness is the fire-lateness histogram as it stands, for
+// ListScheduled's answer (nil if it cannot be read).
+func fireLateness() *heraldpb.LatencyHistogram {
+	var m dto.Metric
+	if err := mLateness.Write(&m); err != nil || m.GetHistogram() == nil {
+		return nil
+	}
+	ph := m.GetHistogram()
+	h := &heraldpb.LatencyHistogram{Count: ph.GetSampleCount()}
+	for _, b := range ph.GetBucket() {
+		h.Bounds = append(h.Bounds, b.GetUpperBound())
+		h.CumulativeCounts = append(h.CumulativeCounts, b.GetCumulativeCount())
+	}
+	return h
+}
