@@ -146,7 +146,8 @@ type Scheduler struct {
 	Transactions  int `json:"transactions"`
 	// Lateness: delayed batches fired in the last minute, and the p50 and
 	// p99 of how late (their time to their append's commit), as bucket
-	// bounds in seconds; nil when the scheduler runs on another node
+	// bounds in seconds, from the scheduler's histogram (this node's, or
+	// the one the scheduler's answer carried); nil when none came
 	// (LatenessNote says so).
 	Lateness     *Lateness `json:"lateness,omitempty"`
 	LatenessNote string    `json:"lateness_note,omitempty"`

@@ -569,7 +569,8 @@ func TestAdminAPIClusterView(t *testing.T) {
 
 // TestAdminAPIInSyncReplicas: every node reports each partition's
 // in-sync replicas as the partition's leader tells them (all three), and
-// the bytes its leader serves to a reader;
+// the bytes its leader serves to a reader, and the scheduler's fire
+// lateness wherever it runs;
 // after a follower is SIGKILLed the leaders leave it out, and the
 // partitions are under-replicated.
 func TestAdminAPIInSyncReplicas(t *testing.T) {
@@ -591,6 +592,11 @@ func TestAdminAPIInSyncReplicas(t *testing.T) {
 				if !slices.Equal(pt.InSyncReplicas, []uint32{1, 2, 3}) || pt.InSyncFrom != "leader" || pt.UnderReplicated {
 					return fmt.Errorf("partition %d: in sync %v from %q", pt.ID, pt.InSyncReplicas, pt.InSyncFrom)
 				}
+			}
+			// The scheduler's fire lateness, whichever node runs it.
+			var sc adminapi.Scheduler
+			if st := apiCall(t, "GET", p.AdminAddr(), "/api/v1/scheduler", "", &sc); st != 200 || sc.Lateness == nil {
+				return fmt.Errorf("scheduler: %d, lateness %+v, note %q", st, sc.Lateness, sc.LatenessNote)
 			}
 			return nil
 		})
