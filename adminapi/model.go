@@ -85,9 +85,10 @@ type Partition struct {
 	LiveReplicas []uint32 `json:"live_replicas"`
 	// InSyncReplicas are the replicas in sync with the leader, the leader
 	// included (voters it heard from within an election timeout and that
-	// replicate its log), as the leader reports them (InSyncFrom
-	// "leader"); when the leader cannot be asked, the live replicas
-	// ("liveness").
+	// replicate its log), as the leader reports them, less those on nodes
+	// that are down (InSyncFrom "leader"; an idle group's leader keeps the
+	// set it had when it went quiet); when the leader cannot be asked, the
+	// live replicas ("liveness").
 	InSyncReplicas []uint32 `json:"in_sync_replicas"`
 	InSyncFrom     string   `json:"in_sync_from"`
 	LogStart       int64    `json:"log_start"`

@@ -116,6 +116,11 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 			}
 			if p.InSyncReplicas == nil {
 				p.InSyncReplicas, p.InSyncFrom = slices.Clone(p.LiveReplicas), "liveness"
+			} else if ms.Clustered {
+				// An idle (quiesced) group's leader keeps the set it had when
+				// it went quiet: a replica whose node is down since is not in
+				// sync, whatever the leader last saw.
+				p.InSyncReplicas = slices.DeleteFunc(slices.Clone(p.InSyncReplicas), func(r uint32) bool { return !live[r] })
 			}
 			p.UnderReplicated = len(p.InSyncReplicas) < len(p.Replicas)
 			p.Offline = p.Leader == 0 || (ms.Clustered && !live[p.Leader])

@@ -270,7 +270,7 @@ func ofVhost(vhost string, f *heraldpb.Frame) *heraldpb.Frame {
 	case *heraldpb.Frame_ResetGroupResponse:
 		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ResetGroupResponse{ResetGroupResponse: &heraldpb.ResetGroupResponse{Group: group(b.ResetGroupResponse.Group)}}}
 	case *heraldpb.Frame_ListScheduledResponse:
-		r := &heraldpb.ListScheduledResponse{Pending: b.ListScheduledResponse.Pending,
+		r := &heraldpb.ListScheduledResponse{Pending: b.ListScheduledResponse.Pending, FireLateness: b.ListScheduledResponse.FireLateness,
 			Scheduled: keepMine(b.ListScheduledResponse.Scheduled, def, mine, func(si *heraldpb.ScheduledInfo) string { return si.Topic },
 				func(si *heraldpb.ScheduledInfo) { si.Topic = local(si.Topic) })}
 		if len(r.Scheduled) < len(b.ListScheduledResponse.Scheduled) {
