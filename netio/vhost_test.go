@@ -6,6 +6,8 @@ import (
 
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // FuzzVhostNames checks the vhost mapping of names for any vhost and any
@@ -77,5 +79,105 @@ func TestRulesInVhost(t *testing.T) {
 	bad := &heraldpb.AclRule{Principal: "user:a", ResourceType: heraldpb.AclResourceType_ACL_RESOURCE_TOPIC, Resource: "other~t", Operation: heraldpb.AclOperation_ACL_OP_ALL}
 	if ruleInVhost("/", bad) == nil || ruleInVhost("shop", bad) == nil {
 		t.Fatal("a rule naming another vhost's topic was accepted")
+	}
+}
+
+// fill sets every field of m (recursively, two levels of messages deep)
+// to a value of the default vhost: strings "x", numbers 1, true, one
+// element per list and map.
+func fill(m protoreflect.Message, depth int) {
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if fd.ContainingOneof() != nil && !fd.ContainingOneof().IsSynthetic() && i > 0 && fields.Get(i-1).ContainingOneof() == fd.ContainingOneof() {
+			continue // one member of a oneof
+		}
+		value := func() (protoreflect.Value, bool) {
+			switch fd.Kind() {
+			case protoreflect.StringKind:
+				return protoreflect.ValueOfString("x"), true
+			case protoreflect.BytesKind:
+				return protoreflect.ValueOfBytes([]byte("x")), true
+			case protoreflect.BoolKind:
+				return protoreflect.ValueOfBool(true), true
+			case protoreflect.EnumKind:
+				return protoreflect.ValueOfEnum(1), true
+			case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
+				return protoreflect.ValueOfInt32(1), true
+			case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+				return protoreflect.ValueOfInt64(1), true
+			case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
+				return protoreflect.ValueOfUint32(1), true
+			case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+				return protoreflect.ValueOfUint64(1), true
+			case protoreflect.FloatKind:
+				return protoreflect.ValueOfFloat32(1), true
+			case protoreflect.DoubleKind:
+				return protoreflect.ValueOfFloat64(1), true
+			case protoreflect.MessageKind:
+				if depth <= 0 {
+					return protoreflect.Value{}, false
+				}
+				sub := m.NewField(fd)
+				fill(sub.Message(), depth-1)
+				return sub, true
+			}
+			return protoreflect.Value{}, false
+		}
+		switch {
+		case fd.IsMap():
+			mp := m.Mutable(fd).Map()
+			k := protoreflect.ValueOfString("x").MapKey()
+			if fd.MapValue().Kind() == protoreflect.MessageKind {
+				if depth > 0 {
+					v := mp.NewValue()
+					fill(v.Message(), depth-1)
+					mp.Set(k, v)
+				}
+			} else if fd.MapValue().Kind() == protoreflect.StringKind {
+				mp.Set(k, protoreflect.ValueOfString("x"))
+			}
+		case fd.IsList():
+			l := m.Mutable(fd).List()
+			if fd.Kind() == protoreflect.MessageKind {
+				if depth > 0 {
+					v := l.NewElement()
+					fill(v.Message(), depth-1)
+					l.Append(v)
+				}
+			} else if v, ok := value(); ok {
+				l.Append(v)
+			}
+		default:
+			if v, ok := value(); ok {
+				m.Set(fd, v)
+			}
+		}
+	}
+}
+
+// TestDefaultVhostKeepsEveryResponseField: ofVhost rebuilds some
+// responses to rename and filter their names; for a connection in the
+// default vhost every field of every response, names of the default
+// vhost, comes through unchanged (a field it forgot would be dropped
+// silently: ListScheduled's fire_lateness was).
+func TestDefaultVhostKeepsEveryResponseField(t *testing.T) {
+	bodies := (&heraldpb.Frame{}).ProtoReflect().Descriptor().Oneofs().ByName("body").Fields()
+	for i := range bodies.Len() {
+		fd := bodies.Get(i)
+		if !strings.HasSuffix(string(fd.Message().Name()), "Response") {
+			continue
+		}
+		f := &heraldpb.Frame{Id: 7}
+		fm := f.ProtoReflect()
+		body := fm.NewField(fd)
+		fill(body.Message(), 3)
+		fm.Set(fd, body)
+		want := proto.Clone(f)
+		for _, vhost := range []string{"", registry.DefaultVhost} {
+			if got := ofVhost(vhost, f); !proto.Equal(got, want) {
+				t.Errorf("%s in vhost %q:\n got %v\nwant %v", fd.Message().Name(), vhost, got, want)
+			}
+		}
 	}
 }
