@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/exchange"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
 	"google.golang.org/protobuf/proto"
@@ -226,6 +227,13 @@ func (s *userStore) alterVhost(ctx context.Context, req *heraldpb.AlterVhostRequ
 	acls := s.acls.List("")
 	if req.Delete {
 		acls = cluster.RulesWithoutVhost(acls, req.Name)
+		if _, err := s.b.exchanges.changeLocal(func(md exchange.Metadata) (bool, error) {
+			n := len(md)
+			md.DeleteVhost(registry.InVhost(req.Name, ""))
+			return len(md) != n, nil
+		}); err != nil {
+			return err
+		}
 	}
 	return s.saveLocal(usersByName(s.users.List()), acls, list)
 }

@@ -521,6 +521,7 @@ func applyCommand(md *Metadata, cmd *heraldpb.ControllerCommand) {
 	case cmd.GetDeleteVhost() != nil:
 		delete(md.Vhosts, cmd.GetDeleteVhost().Name)
 		md.Acls = RulesWithoutVhost(md.Acls, cmd.GetDeleteVhost().Name)
+		md.Exchanges.DeleteVhost(cmd.GetDeleteVhost().Name + "~")
 	case cmd.GetDeclareExchange() != nil:
 		x := cmd.GetDeclareExchange()
 		x.RequestId = cmd.RequestId

@@ -215,6 +215,18 @@ func (md Metadata) dropBindings(drop func(*heraldpb.Binding) bool) {
 	}
 }
 
+// DeleteVhost removes the exchanges of a deleted vhost (their names
+// start with prefix, the vhost's name and its separator), and every
+// binding to them.
+func (md Metadata) DeleteVhost(prefix string) {
+	for name := range md {
+		if strings.HasPrefix(name, prefix) {
+			delete(md, name)
+		}
+	}
+	md.dropBindings(func(b *heraldpb.Binding) bool { return strings.HasPrefix(b.ToExchange, prefix) })
+}
+
 // DeleteTopic removes the bindings to a deleted topic.
 func (md Metadata) DeleteTopic(topic string) {
 	md.dropBindings(func(b *heraldpb.Binding) bool { return b.Topic == topic })

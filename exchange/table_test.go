@@ -299,3 +299,25 @@ func BenchmarkRouteTopic10k(b *testing.B) {
 		}
 	}
 }
+
+// Deleting a vhost deletes its exchanges and the bindings to them,
+// nothing of another vhost's or the default one's.
+func TestDeleteVhost(t *testing.T) {
+	md := Metadata{}
+	declare(t, md, "A~x", heraldpb.ExchangeType_EXCHANGE_FANOUT, "")
+	declare(t, md, "AB~x", heraldpb.ExchangeType_EXCHANGE_FANOUT, "")
+	declare(t, md, "x", heraldpb.ExchangeType_EXCHANGE_FANOUT, "")
+	bind(t, md, &heraldpb.Binding{Exchange: "x", ToExchange: "A~x"})
+	bind(t, md, &heraldpb.Binding{Exchange: "x", ToExchange: "AB~x"})
+	before := md.Clone()
+	md.DeleteVhost("A~")
+	if md["A~x"] != nil || md["AB~x"] == nil || md["x"] == nil {
+		t.Fatalf("after deleting A: %v", md)
+	}
+	if bs := md["x"].Bindings; len(bs) != 1 || bs[0].ToExchange != "AB~x" {
+		t.Fatalf("bindings of x: %v", bs)
+	}
+	if len(before["x"].Bindings) != 2 {
+		t.Fatal("the delete reached an earlier copy")
+	}
+}
