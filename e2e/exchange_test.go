@@ -408,6 +408,7 @@ func TestDocsRouting(t *testing.T) { runDocPage(t, "routing.md", 8) }
 // exchanges with its names; B cannot bind to A's topic. A user with
 // produce on the topic but no permission on the exchange is refused the
 // publish (NOT_AUTHORIZED) until a rule on the exchange allows it.
+// Deleting a vhost deletes its exchanges.
 func TestExchangesInVhostsAndACLs(t *testing.T) {
 	p, adminPW := startAuthBroker(t)
 	ctx := ctxT(t, 90*time.Second)
@@ -481,6 +482,22 @@ func TestExchangesInVhostsAndACLs(t *testing.T) {
 	})
 	if got := topicValues(t, inA, "orders"); !slices.Equal(got, []string{"alice", "alice direct", "in A"}) {
 		t.Fatalf("A's orders: %v", got)
+	}
+	// Deleting vhost B deletes its exchanges: a new B starts without any.
+	if err := inB.DeleteTopic(ctx, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"vhost", "delete", "B"}, {"vhost", "add", "B"}} {
+		if _, errOut, code := herald(t, "", append(args, as...)...); code != 0 {
+			t.Fatalf("%v: %s", args, errOut)
+		}
+	}
+	newB := dial(t, p, client.WithSCRAM("admin", "admin-secret"), client.WithVhost("B"))
+	if xs, err := newB.ListExchanges(ctx, ""); err != nil || len(xs) != 0 {
+		t.Fatalf("the new B's exchanges: %v %v", xs, err)
+	}
+	if xs, err := inA.ListExchanges(ctx, ""); err != nil || len(xs) != 1 {
+		t.Fatalf("A's exchanges after B was deleted: %v %v", xs, err)
 	}
 }
 
