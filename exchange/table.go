@@ -3,20 +3,28 @@ package exchange
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 // CacheEntries bounds each topic exchange's cache of routing results by
-// routing key; when full, an arbitrary entry makes room.
-const CacheEntries = 4096
+// routing key; when full, an arbitrary entry makes room. TableCacheEntries
+// bounds the entries of all of a table's caches together (keys of at most
+// 255 bytes: a few tens of MiB at most); past it new keys are routed
+// without being cached.
+const (
+	CacheEntries      = 4096
+	TableCacheEntries = 65536
+)
 
 // Table is the compiled routing of a set of exchanges: immutable once
 // built, safe for concurrent use (the network loops route with it). A
 // change of the metadata builds a new Table, which starts with empty
 // caches, so a cache never outlives the bindings it was computed from.
 type Table struct {
-	ex map[string]*compiled
+	ex     map[string]*compiled
+	cached atomic.Int64 // entries in all the caches
 }
 
 // target is where a binding sends: a topic, or another exchange.
@@ -61,7 +69,7 @@ func Build(md Metadata) *Table {
 			case heraldpb.ExchangeType_EXCHANGE_TOPIC:
 				if c.trie == nil {
 					c.trie = &trieNode{}
-					c.cache = &keyCache{m: map[string][]target{}}
+					c.cache = &keyCache{m: map[string][]target{}, total: &t.cached}
 				}
 				c.trie.insert(strings.Split(b.Key, "."), to)
 			case heraldpb.ExchangeType_EXCHANGE_FANOUT:
@@ -276,8 +284,9 @@ func (h *headerRule) matches(hdr Headers) bool {
 
 // keyCache holds a topic exchange's recent results by routing key.
 type keyCache struct {
-	mu sync.Mutex
-	m  map[string][]target
+	mu    sync.Mutex
+	m     map[string][]target
+	total *atomic.Int64 // the table's count
 }
 
 func (k *keyCache) get(key string) ([]target, bool) {
@@ -289,14 +298,19 @@ func (k *keyCache) get(key string) ([]target, bool) {
 
 func (k *keyCache) put(key string, v []target) {
 	k.mu.Lock()
-	if len(k.m) >= CacheEntries {
+	defer k.mu.Unlock()
+	switch _, had := k.m[key]; {
+	case had: // computed twice at once: the count stands
+	case len(k.m) >= CacheEntries:
 		for old := range k.m {
 			delete(k.m, old)
 			break
 		}
+	case k.total.Add(1) > TableCacheEntries:
+		k.total.Add(-1)
+		return // the table's caches are full: routed, not cached
 	}
 	k.m[key] = v
-	k.mu.Unlock()
 }
 
 // trieNode indexes topic-exchange patterns word by word: a message's key

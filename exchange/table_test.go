@@ -321,3 +321,32 @@ func TestDeleteVhost(t *testing.T) {
 		t.Fatal("the delete reached an earlier copy")
 	}
 }
+
+// The caches of all of a table's topic exchanges hold at most
+// TableCacheEntries keys together; past it keys are still routed.
+func TestCachesBounded(t *testing.T) {
+	md := Metadata{}
+	for i := range 20 {
+		name := fmt.Sprint("x", i)
+		declare(t, md, name, heraldpb.ExchangeType_EXCHANGE_TOPIC, "")
+		bind(t, md, &heraldpb.Binding{Exchange: name, Topic: "t", Key: "#"})
+	}
+	tb := Build(md)
+	for i := range 20 {
+		for k := range CacheEntries {
+			if got := route(t, tb, fmt.Sprint("x", i), fmt.Sprint("k.", k), nil); len(got) != 1 {
+				t.Fatalf("x%d k.%d: %v", i, k, got)
+			}
+		}
+	}
+	n := 0
+	for _, c := range tb.ex {
+		n += len(c.cache.m)
+		if len(c.cache.m) > CacheEntries {
+			t.Fatalf("one cache holds %d", len(c.cache.m))
+		}
+	}
+	if n > TableCacheEntries || tb.cached.Load() != int64(n) {
+		t.Fatalf("%d keys cached (counted %d), at most %d", n, tb.cached.Load(), TableCacheEntries)
+	}
+}
