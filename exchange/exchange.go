@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	heraldpb "github.com/heraldmq/herald/proto"
+	"google.golang.org/protobuf/proto"
 )
 
 // Limits of the metadata. Routing is indexed (a map for direct
@@ -23,8 +24,12 @@ import (
 // bindings costs memory, not time per message.
 const (
 	MaxExchanges = 4096
-	// MaxBindings bounds the bindings of all exchanges together.
-	MaxBindings = 100_000
+	// MaxBindings bounds the bindings of all exchanges together, and
+	// MaxBindingBytes their encoded size (keys and headers), so that the
+	// metadata every node holds, and the controller's checkpoint of it,
+	// stay small.
+	MaxBindings     = 100_000
+	MaxBindingBytes = 16 << 20
 	// MaxKeyBytes bounds a routing key and a binding's key or pattern, as
 	// RabbitMQ's 255-byte short string does.
 	MaxKeyBytes = 255
@@ -169,6 +174,24 @@ func (md Metadata) Bindings() int {
 	return n
 }
 
+// bindingBytes is the encoded size of every binding.
+func (md Metadata) bindingBytes() int {
+	n := 0
+	for _, x := range md {
+		n += int(x.BindingBytes)
+	}
+	return n
+}
+
+// sizeOf is the encoded size of bindings.
+func sizeOf(bs []*heraldpb.Binding) uint64 {
+	n := 0
+	for _, b := range bs {
+		n += proto.Size(b)
+	}
+	return uint64(n)
+}
+
 // Declare adds rec's exchange, or checks that an existing one of the name
 // is the same (created false). Errors are typed.
 func (md Metadata) Declare(rec *heraldpb.ExchangeRecord) (created bool, err *heraldpb.Error) {
@@ -210,7 +233,8 @@ func (md Metadata) Delete(name string, ifUnused bool) *heraldpb.Error {
 func (md Metadata) dropBindings(drop func(*heraldpb.Binding) bool) {
 	for _, o := range md {
 		if slices.ContainsFunc(o.Bindings, drop) {
-			md.withBindings(o, slices.DeleteFunc(slices.Clone(o.Bindings), drop))
+			bs := slices.DeleteFunc(slices.Clone(o.Bindings), drop)
+			md.withBindings(o, bs, sizeOf(bs))
 		}
 	}
 }
@@ -248,7 +272,7 @@ func (md Metadata) Bind(b *heraldpb.Binding, unbind bool) (changed bool, err *he
 		if i < 0 {
 			return false, nil
 		}
-		md.withBindings(x, slices.Delete(slices.Clone(x.Bindings), i, i+1))
+		md.withBindings(x, slices.Delete(slices.Clone(x.Bindings), i, i+1), x.BindingBytes-min(x.BindingBytes, uint64(proto.Size(x.Bindings[i]))))
 		return true, nil
 	}
 	if i >= 0 {
@@ -260,7 +284,11 @@ func (md Metadata) Bind(b *heraldpb.Binding, unbind bool) (changed bool, err *he
 	if n := md.Bindings(); n >= MaxBindings {
 		return false, heraldpb.NewError(heraldpb.ErrorCode_QUOTA_EXCEEDED, "%d bindings exist, the most a cluster holds", n)
 	}
-	md.withBindings(x, append(slices.Clip(x.Bindings), b))
+	size := proto.Size(b)
+	if total := md.bindingBytes() + size; total > MaxBindingBytes {
+		return false, heraldpb.NewError(heraldpb.ErrorCode_QUOTA_EXCEEDED, "the bindings would take %d bytes, more than the %d a cluster holds", total, MaxBindingBytes)
+	}
+	md.withBindings(x, append(slices.Clip(x.Bindings), b), x.BindingBytes+uint64(size))
 	return true, nil
 }
 
@@ -277,9 +305,10 @@ func (md Metadata) List() []*heraldpb.ExchangeRecord {
 // changing md: they replace a changed record, never change one.
 func (md Metadata) Clone() Metadata { return maps.Clone(md) }
 
-// withBindings replaces x's record by a copy with bs.
-func (md Metadata) withBindings(x *heraldpb.ExchangeRecord, bs []*heraldpb.Binding) {
-	md[x.Config.Name] = &heraldpb.ExchangeRecord{Config: x.Config, Bindings: bs, CreatedMs: x.CreatedMs, RequestId: x.RequestId}
+// withBindings replaces x's record by a copy with bs, whose encoded size
+// is size.
+func (md Metadata) withBindings(x *heraldpb.ExchangeRecord, bs []*heraldpb.Binding, size uint64) {
+	md[x.Config.Name] = &heraldpb.ExchangeRecord{Config: x.Config, Bindings: bs, CreatedMs: x.CreatedMs, RequestId: x.RequestId, BindingBytes: size}
 }
 
 // FromList is the metadata of a stored list.
@@ -287,7 +316,7 @@ func FromList(list []*heraldpb.ExchangeRecord) Metadata {
 	md := make(Metadata, len(list))
 	for _, x := range list {
 		if x.GetConfig() != nil {
-			md[x.Config.Name] = x
+			md.withBindings(x, x.Bindings, sizeOf(x.Bindings)) // the stored size is not trusted
 		}
 	}
 	return md

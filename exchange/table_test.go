@@ -350,3 +350,27 @@ func TestCachesBounded(t *testing.T) {
 		t.Fatalf("%d keys cached (counted %d), at most %d", n, tb.cached.Load(), TableCacheEntries)
 	}
 }
+
+// Bindings are bounded in bytes too: large header sets run into
+// MaxBindingBytes (QUOTA_EXCEEDED) long before MaxBindings.
+func TestBindingBytesBounded(t *testing.T) {
+	md := Metadata{}
+	declare(t, md, "h", heraldpb.ExchangeType_EXCHANGE_HEADERS, "")
+	big := map[string]string{}
+	for i := range MaxBindingHeaders {
+		big[fmt.Sprintf("h%02d", i)] = strings.Repeat("v", MaxHeaderBytes-3)
+	}
+	n := 0
+	for ; n < 1000; n++ {
+		_, err := md.Bind(&heraldpb.Binding{Exchange: "h", Topic: fmt.Sprint("t", n), Headers: big}, false)
+		if err != nil {
+			if err.Code != heraldpb.ErrorCode_QUOTA_EXCEEDED {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if n == 1000 || md.bindingBytes() > MaxBindingBytes {
+		t.Fatalf("%d bindings of %d bytes taken", n, md.bindingBytes())
+	}
+}

@@ -243,7 +243,10 @@ type ExchangeRecord struct {
 	Bindings  []*Binding             `protobuf:"bytes,2,rep,name=bindings,proto3" json:"bindings,omitempty"`
 	CreatedMs int64                  `protobuf:"varint,3,opt,name=created_ms,json=createdMs,proto3" json:"created_ms,omitempty"`
 	// The command that wrote it (the controller's own).
-	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The encoded size of its bindings (kept with them, so that the bound
+	// on all bindings' bytes is checked without summing them).
+	BindingBytes  uint64 `protobuf:"varint,5,opt,name=binding_bytes,json=bindingBytes,proto3" json:"binding_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -304,6 +307,13 @@ func (x *ExchangeRecord) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *ExchangeRecord) GetBindingBytes() uint64 {
+	if x != nil {
+		return x.BindingBytes
+	}
+	return 0
 }
 
 // A single node's exchanges (DATA/exchanges), as one file.
@@ -1174,14 +1184,15 @@ const file_exchange_proto_rawDesc = "" +
 	"\tmatch_any\x18\x06 \x01(\bR\bmatchAny\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd6\x01\n" +
 	"\x0eExchangeRecord\x121\n" +
 	"\x06config\x18\x01 \x01(\v2\x19.herald.v1.ExchangeConfigR\x06config\x12.\n" +
 	"\bbindings\x18\x02 \x03(\v2\x12.herald.v1.BindingR\bbindings\x12\x1d\n" +
 	"\n" +
 	"created_ms\x18\x03 \x01(\x03R\tcreatedMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x04 \x01(\tR\trequestId\"G\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\x12#\n" +
+	"\rbinding_bytes\x18\x05 \x01(\x04R\fbindingBytes\"G\n" +
 	"\fRoutingState\x127\n" +
 	"\texchanges\x18\x01 \x03(\v2\x19.herald.v1.ExchangeRecordR\texchanges\"O\n" +
 	"\x16DeclareExchangeRequest\x125\n" +
