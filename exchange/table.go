@@ -1,6 +1,7 @@
 package exchange
 
 import (
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -199,7 +200,7 @@ func (r *router) route(c *compiled) bool {
 		if to.topic != "" {
 			if r.exists(to.topic) {
 				found = true
-				if !containsString(r.topics, to.topic) {
+				if !slices.Contains(r.topics, to.topic) {
 					r.topics = append(r.topics, to.topic)
 				}
 			}
@@ -216,15 +217,6 @@ func (r *router) route(c *compiled) bool {
 		}
 	}
 	return found
-}
-
-func containsString(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // match is the targets of c's bindings that the message matches.

@@ -138,17 +138,28 @@ func (c *Coordinator) appendHalf(ctx actor.Context, h *half, answer func(int64, 
 
 // recordDone writes h done and forgets it once that is durable.
 func (c *Coordinator) recordDone(ctx actor.Context, h *half, dropped string) {
-	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Done{Done: &heraldpb.HalfDone{Refs: []uint64{h.ref}}}}
-	c.write(writeOp{events: [][]byte{event(ev)}, done: func(_ int64, err *heraldpb.Error) {
-		if err != nil {
-			c.log.Warn("recording a half message appended; retrying", "id", h.ref, "err", err.Message)
-			c.after(100*time.Millisecond, &retryStep{fn: func() { c.recordDone(ctx, h, dropped) }})
-			return
-		}
-		c.apply(0, ev, c.defaults)
+	c.writeDone(ctx, h.ref, "a half message", func() {
 		mHalfPending.Set(float64(len(c.halves)))
 		if dropped != "" {
 			mHalfEnded.WithLabelValues("dropped", dropped).Inc()
+		}
+	})
+}
+
+// writeDone writes the event at ref done (a half message appended, or a
+// routed publish), retrying until that is durable, applies it, then runs
+// then.
+func (c *Coordinator) writeDone(ctx actor.Context, ref uint64, what string, then func()) {
+	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Done{Done: &heraldpb.HalfDone{Refs: []uint64{ref}}}}
+	c.write(writeOp{events: [][]byte{event(ev)}, done: func(_ int64, err *heraldpb.Error) {
+		if err != nil {
+			c.log.Warn("recording "+what+" appended; retrying", "ref", ref, "err", err.Message)
+			c.after(100*time.Millisecond, &retryStep{fn: func() { c.writeDone(ctx, ref, what, then) }})
+			return
+		}
+		c.apply(0, ev, c.defaults)
+		if then != nil {
+			then()
 		}
 	}})
 	c.flushWrites(ctx)

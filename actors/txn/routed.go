@@ -190,7 +190,7 @@ func (c *Coordinator) onPublish(ctx actor.Context, f *heraldpb.Frame, req *heral
 		ev.Batches = append(ev.Batches, &heraldpb.RoutedBatch{Topic: b.Topic, Partition: b.Partition, Records: b.Records, Count: b.Count,
 			FromOffset: e.Stats[b.Partition].HighWatermark.Load()})
 	}
-	if c.routedBytes()+size > maxRoutedBytes {
+	if c.routedHeld+size > maxRoutedBytes {
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, throttledErr("too many routed publishes waiting for their appends")))
 		return
 	}
@@ -256,9 +256,6 @@ func (c *Coordinator) onPublish(ctx actor.Context, f *heraldpb.Frame, req *heral
 	c.flushWrites(ctx)
 }
 
-// routedBytes is the records of decided publishes held in memory.
-func (c *Coordinator) routedBytes() int64 { return c.routedHeld }
-
 // appendRouted appends r's batches not in found (recovery: already on
 // their partition), then records r done and hands done the offset of
 // each batch's first record (-1 for one found or dropped).
@@ -277,7 +274,7 @@ func (c *Coordinator) appendRouted(ctx actor.Context, r *routed, found []bool, d
 		r.bytes = 0
 		mRoutedBytes.Set(float64(c.routedHeld))
 		mRouted.WithLabelValues("appended").Inc()
-		c.recordRoutedDone(ctx, r)
+		c.writeDone(ctx, r.ref, "a routed publish", nil)
 		if done != nil {
 			done(offsets)
 		}
@@ -320,20 +317,6 @@ func (r *routed) match(rec []byte) bool {
 	return string(tok) == tokenText(r.token)
 }
 
-// recordRoutedDone writes r done, retrying until it is durable.
-func (c *Coordinator) recordRoutedDone(ctx actor.Context, r *routed) {
-	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Done{Done: &heraldpb.HalfDone{Refs: []uint64{r.ref}}}}
-	c.write(writeOp{events: [][]byte{event(ev)}, done: func(_ int64, err *heraldpb.Error) {
-		if err != nil {
-			c.log.Warn("recording a routed publish appended; retrying", "ref", r.ref, "err", err.Message)
-			c.after(100*time.Millisecond, &retryStep{fn: func() { c.recordRoutedDone(ctx, r) }})
-			return
-		}
-		c.apply(0, ev, c.defaults)
-	}})
-	c.flushWrites(ctx)
-}
-
 // recoverRouted completes the publishes decided before a crash (or a
 // failover): each batch is looked for on its partition from where its log
 // ended at the decision, and the ones not there are appended from the
@@ -345,7 +328,7 @@ func (c *Coordinator) recoverRouted(ctx actor.Context) {
 			if err != nil || stored == nil || len(stored.Batches) != len(r.batches) {
 				c.log.Error("a decided routed publish cannot be read from __txn; dropped", "ref", r.ref, "err", err.GetMessage())
 				mRouted.WithLabelValues("dropped").Inc()
-				c.recordRoutedDone(ctx, r)
+				c.writeDone(ctx, r.ref, "a routed publish", nil)
 				return
 			}
 			found := make([]bool, len(r.batches))
