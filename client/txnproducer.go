@@ -32,6 +32,25 @@ type txnConfig struct {
 	timeout     time.Duration // 0: the broker's default
 	batchBytes  int
 	bufferBytes int64
+	linger      time.Duration
+}
+
+// DefaultTxnLinger is how long a transactional producer lets a batch
+// that is not full wait for more records before staging it
+// (WithTxnLinger).
+const DefaultTxnLinger = 5 * time.Millisecond
+
+// WithTxnLinger sets how long a batch that is not full waits for more
+// records before it is staged (default 5 ms, DefaultTxnLinger). A batch
+// is staged at once when it is full, on Flush, and for Send; Commit
+// stages what is left and sends the last batch with the commit itself,
+// so a transaction sent faster than the linger is one write to __txn.
+func WithTxnLinger(d time.Duration) TxnOpt {
+	return txnOpt(func(c *txnConfig) {
+		if d >= 0 {
+			c.linger = d
+		}
+	})
 }
 
 // defaultTxnTimeout is the broker's default transaction timeout: how long
@@ -91,10 +110,12 @@ const (
 // Partitioning is the Producer's: a keyed message goes to
 // PartitionForKey(Key, partitions), one without a key to the partition
 // the broker picks; Message.Partition is ignored. Records are batched per
-// partition and staged one batch at a time, in order: a batch is sent
-// when the previous one is staged (or at once when none is in flight),
-// so batches grow while the coordinator is busy; Flush and Commit send
-// what is left.
+// partition and staged one batch at a time, in order: a batch is sealed
+// when it is full, when it has waited the linger (WithTxnLinger), on
+// Flush and for Send, and batches grow while the coordinator is busy.
+// Commit seals what is left, stages all but the last batch, and sends the
+// last one with the commit (ProduceRequest.commit_txn): the coordinator
+// writes it and the commit decision together.
 //
 // Failures: the producer retries a batch after retryable errors
 // (NOT_COORDINATOR, which it follows to the transaction coordinator, a
@@ -134,6 +155,10 @@ type TransactionalProducer struct {
 	pending  int         // records accepted and not yet staged, failed or dropped
 	buffered int64       // their estimated bytes
 	changed  chan struct{}
+	// last: the batch Commit sends with the commit, kept while its
+	// outcome is unknown (Commit sends it again, Abort drops it).
+	last      *txnBatch
+	lingering bool // a linger timer is armed
 }
 
 type txnKey struct {
@@ -169,7 +194,7 @@ type TxnEnd struct {
 // PRODUCER_FENCED. It waits (retrying THROTTLED) while an earlier
 // session's transaction is being committed, for as long as ctx lasts.
 func (c *Client) NewTransactionalProducer(ctx context.Context, transactionalID string, opts ...TxnOpt) (*TransactionalProducer, error) {
-	cfg := txnConfig{batchBytes: DefaultBatchBytes, bufferBytes: DefaultBufferBytes}
+	cfg := txnConfig{batchBytes: DefaultBatchBytes, bufferBytes: DefaultBufferBytes, linger: DefaultTxnLinger}
 	for _, o := range opts {
 		o.applyTxn(&cfg)
 	}
@@ -280,7 +305,7 @@ func (p *TransactionalProducer) failedErrLocked() error {
 // be staged: Commit then waits for it. An error fails the transaction
 // (see TransactionalProducer).
 func (p *TransactionalProducer) Send(ctx context.Context, m *Message) (Result, error) {
-	return sendSync(ctx, m, func(cb func(Result, error)) { p.send(ctx, m, cb) })
+	return sendSync(ctx, m, func(cb func(Result, error)) { p.send(ctx, m, cb, true) })
 }
 
 // SendAsync adds m to the open transaction and calls cb once with the
@@ -294,10 +319,11 @@ func (p *TransactionalProducer) SendAsync(ctx context.Context, m *Message, cb fu
 	if cb == nil {
 		cb = func(Result, error) {}
 	}
-	p.send(ctx, m, cb)
+	p.send(ctx, m, cb, false)
 }
 
-func (p *TransactionalProducer) send(ctx context.Context, m *Message, cb func(Result, error)) {
+// send adds m to its batch; now: seal the batch at once (Send).
+func (p *TransactionalProducer) send(ctx context.Context, m *Message, cb func(Result, error), now bool) {
 	refuse := func(err error) {
 		p.mu.Lock()
 		p.failLocked(err)
@@ -346,6 +372,8 @@ func (p *TransactionalProducer) send(ctx context.Context, m *Message, cb func(Re
 		if p.buffered == 0 || p.buffered+size <= p.cfg.bufferBytes {
 			break
 		}
+		p.sealAllLocked() // what fills the buffer goes now
+		p.kickLocked()
 		changed := p.changed
 		p.mu.Unlock()
 		select {
@@ -372,8 +400,25 @@ func (p *TransactionalProducer) send(ctx context.Context, m *Message, cb func(Re
 	b.size += size
 	p.pending++
 	p.buffered += size
+	if now || p.cfg.linger == 0 {
+		p.sealLocked(k)
+	} else if !p.lingering {
+		p.lingering = true
+		time.AfterFunc(p.cfg.linger, p.lingered)
+	}
 	p.kickLocked()
 	p.mu.Unlock()
+}
+
+// lingered seals the open batches once the linger has passed.
+func (p *TransactionalProducer) lingered() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lingering = false
+	if p.phase == txnActive {
+		p.sealAllLocked()
+		p.kickLocked()
+	}
 }
 
 // sealLocked moves the open batch of k to the queue, numbering it.
@@ -403,19 +448,19 @@ func (p *TransactionalProducer) sealAllLocked() {
 
 // kickLocked starts run when there is something to stage.
 func (p *TransactionalProducer) kickLocked() {
-	if !p.sending && (len(p.queue) > 0 || len(p.order) > 0) {
+	if !p.sending && len(p.queue) > 0 {
 		p.sending = true
 		go p.run()
 	}
 }
 
 // run stages the queued batches one at a time, in order; when the queue
-// is empty it seals the open batches and goes on, and it returns once
-// there is nothing left.
+// is empty and the buffer is half full it seals the open batches and
+// goes on, and it returns once there is nothing sealed left.
 func (p *TransactionalProducer) run() {
 	for {
 		p.mu.Lock()
-		if len(p.queue) == 0 {
+		if len(p.queue) == 0 && 2*p.buffered >= p.cfg.bufferBytes {
 			p.sealAllLocked()
 		}
 		if len(p.queue) == 0 {
@@ -463,16 +508,7 @@ func (p *TransactionalProducer) stage(b *txnBatch) (*heraldpb.ProduceResponse, e
 	p.mu.Lock()
 	pid, epoch := p.pid, p.epoch
 	p.mu.Unlock()
-	req := &heraldpb.ProduceRequest{Topic: b.key.topic, Acks: AcksAll, Records: b.data,
-		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: epoch, BaseSequence: b.seq}
-	if b.key.part >= 0 {
-		part := uint32(b.key.part)
-		req.Partition = &part
-	}
-	if t := p.c.cfg.requestTimeout; t > 0 {
-		req.TimeoutMs = uint32(min(t/time.Millisecond, math.MaxUint32))
-	}
-	f := &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}
+	f := &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: p.stageRequest(b, pid, epoch)}}
 	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
 		resp, err := p.c.callTxn(ctx, f, true)
 		if err == nil {
@@ -489,6 +525,21 @@ func (p *TransactionalProducer) stage(b *txnBatch) (*heraldpb.ProduceResponse, e
 			return nil, err
 		}
 	}
+}
+
+// stageRequest is the produce that stages b in the transaction of pid
+// and epoch.
+func (p *TransactionalProducer) stageRequest(b *txnBatch, pid uint64, epoch uint32) *heraldpb.ProduceRequest {
+	req := &heraldpb.ProduceRequest{Topic: b.key.topic, Acks: AcksAll, Records: b.data,
+		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: epoch, BaseSequence: b.seq}
+	if b.key.part >= 0 {
+		part := uint32(b.key.part)
+		req.Partition = &part
+	}
+	if t := p.c.cfg.requestTimeout; t > 0 {
+		req.TimeoutMs = uint32(min(t/time.Millisecond, math.MaxUint32))
+	}
+	return req
 }
 
 // finish records b's outcome and runs its callbacks.
@@ -601,6 +652,15 @@ func (p *TransactionalProducer) Commit(ctx context.Context) (TxnEnd, error) {
 	}
 	p.phase = txnCommitting
 	p.sealAllLocked()
+	if n := len(p.queue); n > 0 && p.last == nil {
+		// The last batch goes with the commit; the others are staged
+		// first, in order.
+		p.last = p.queue[n-1]
+		p.queue = p.queue[:n-1]
+		p.pending -= len(p.last.cbs)
+		p.buffered -= p.last.size
+		p.changedLocked()
+	}
 	p.kickLocked()
 	if err := p.waitLocked(ctx); err != nil {
 		p.mu.Unlock()
@@ -615,8 +675,75 @@ func (p *TransactionalProducer) Commit(ctx context.Context) (TxnEnd, error) {
 		p.mu.Unlock()
 		return TxnEnd{}, err
 	}
+	last := p.last
 	p.mu.Unlock()
+	if last != nil {
+		return p.commitWith(ctx, last)
+	}
 	return p.end(ctx, true)
+}
+
+// commitWith sends the last batch of the transaction with the commit
+// (commit_txn) and takes the answer as end does; when the answer does not
+// come the batch is kept, and Commit sends it again with the same base
+// sequence.
+func (p *TransactionalProducer) commitWith(ctx context.Context, b *txnBatch) (TxnEnd, error) {
+	if err := p.ensureSession(ctx); err != nil {
+		return TxnEnd{}, err
+	}
+	p.mu.Lock()
+	pid, epoch := p.pid, p.epoch
+	p.mu.Unlock()
+	req := p.stageRequest(b, pid, epoch)
+	req.CommitTxn = true
+	resp, err := p.c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}, true)
+	var pr *heraldpb.ProduceResponse
+	if err == nil {
+		if pr = resp.GetProduceResponse(); pr == nil || pr.GetTxnEnd() == nil {
+			err = unexpected(resp, "ProduceResponse with txn_end")
+		}
+	}
+	res := Result{Partition: -1, Offset: -1}
+	p.mu.Lock()
+	if p.epoch != epoch || p.pid != pid {
+		p.mu.Unlock()
+		return TxnEnd{}, fmt.Errorf("herald: the session of transactional id %q changed while committing its transaction", p.id)
+	}
+	switch {
+	case err == nil:
+		r := pr.GetTxnEnd()
+		if next := r.GetNextEpoch(); next > epoch {
+			p.epoch = next
+		} else {
+			p.needInit = true
+		}
+		if !r.GetAlreadyEnded() {
+			res.Partition = int32(pr.GetPartition())
+		}
+		p.last = nil
+		p.resetLocked()
+		p.mu.Unlock()
+		b.run(res, nil)
+		return TxnEnd{Records: int(r.GetRecords()), Partitions: r.GetPartitions(), AlreadyEnded: r.GetAlreadyEnded()}, nil
+	case errors.Is(err, ErrOutcomeUnknown) || IsRetryable(err) || ctx.Err() != nil:
+		// Commit again (it sends this batch again) or Abort.
+		p.mu.Unlock()
+		return TxnEnd{}, err
+	}
+	// Refused: the batch, and with it the transaction, failed.
+	p.last = nil
+	p.failLocked(err)
+	if errors.Is(err, ErrTxnTimedOut) || IsCode(err, heraldpb.ErrorCode_INVALID_TXN_STATE) || IsCode(err, heraldpb.ErrorCode_TXN_NOT_FOUND) {
+		// The coordinator ended it otherwise: the next transaction
+		// starts a new session.
+		p.needInit = true
+	}
+	if p.fenced == nil && p.phase == txnFailed {
+		err = p.failedErrLocked()
+	}
+	p.mu.Unlock()
+	b.run(res, err)
+	return TxnEnd{}, err
 }
 
 // Abort drops the open transaction: records not sent yet fail with
@@ -654,16 +781,44 @@ func (p *TransactionalProducer) Abort(ctx context.Context) error {
 		p.mu.Unlock()
 		return err
 	}
+	last := p.last
+	p.last = nil
 	if p.needInit {
 		// Timed out: the coordinator aborted it, and the next
 		// transaction starts a new session.
 		p.resetLocked()
 		p.mu.Unlock()
+		last.run(Result{}, ErrTxnAborted)
 		return nil
 	}
 	p.mu.Unlock()
 	_, err := p.end(ctx, false)
+	switch {
+	case err == nil:
+		last.run(Result{}, ErrTxnAborted)
+	case IsCode(err, heraldpb.ErrorCode_INVALID_TXN_STATE):
+		// Committed, by a Commit whose answer was lost.
+		last.run(Result{Partition: -1, Offset: -1}, nil)
+	default:
+		p.mu.Lock()
+		if p.last == nil && p.phase == txnAborting {
+			p.last = last // Abort again
+		} else {
+			defer last.run(Result{}, err)
+		}
+		p.mu.Unlock()
+	}
 	return err
+}
+
+// run calls b's callbacks (none for a nil b).
+func (b *txnBatch) run(r Result, err error) {
+	if b == nil {
+		return
+	}
+	for _, cb := range b.cbs {
+		cb(r, err)
+	}
 }
 
 // dropLocked takes the records not sent yet out of the transaction and
@@ -681,6 +836,11 @@ func (p *TransactionalProducer) dropLocked() []func(Result, error) {
 	for _, k := range p.order {
 		drop(p.open[k])
 		delete(p.open, k)
+	}
+	if p.last != nil && p.phase != txnAborting {
+		// (Abort takes it itself: its fate is the abort's.)
+		cbs = append(cbs, p.last.cbs...)
+		p.last = nil
 	}
 	p.queue, p.order = nil, nil
 	if len(cbs) > 0 {
@@ -767,6 +927,10 @@ func (p *TransactionalProducer) Close(ctx context.Context) error {
 	p.mu.Lock()
 	p.closed = true
 	dropped := p.dropLocked()
+	if p.last != nil {
+		dropped = append(dropped, p.last.cbs...)
+		p.last = nil
+	}
 	p.mu.Unlock()
 	for _, cb := range dropped {
 		cb(Result{}, ErrClosed)

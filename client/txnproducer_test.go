@@ -38,7 +38,11 @@ func newTxnProducer(t *testing.T, c *Client, id string, opts ...TxnOpt) *Transac
 }
 
 func isTxnProduce(f *heraldpb.Frame) bool { return f.GetProduce().GetTransactionalId() != "" }
-func isEndTxn(f *heraldpb.Frame) bool     { return f.GetEndTxn() != nil && !f.GetEndTxn().GetManual() }
+
+// isEndTxn: an EndTxn, or the last batch sent with the commit.
+func isEndTxn(f *heraldpb.Frame) bool {
+	return f.GetEndTxn() != nil && !f.GetEndTxn().GetManual() || f.GetProduce().GetCommitTxn()
+}
 
 // TestTransactionalCommitAndAbort: records are staged, invisible until
 // Commit, then on their partitions; an aborted transaction's never

@@ -5069,8 +5069,16 @@ type ProduceRequest struct {
 	// idempotent producer in flight, so a node without the partition's
 	// leader may forward it without reordering its batches.
 	SingleInFlight bool `protobuf:"varint,16,opt,name=single_in_flight,json=singleInFlight,proto3" json:"single_in_flight,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A transactional produce only: stage this batch, then commit the
+	// transaction, as EndTxn with commit would, in the same write to __txn
+	// when nothing else of the transaction is being staged or ended (one
+	// synced write instead of two). It is the transaction's last batch: the
+	// answer is a ProduceResponse carrying txn_end once the commit decision
+	// is durable. A retry after a lost answer is answered the same way
+	// (txn_end.already_ended when the commit had been decided).
+	CommitTxn     bool `protobuf:"varint,17,opt,name=commit_txn,json=commitTxn,proto3" json:"commit_txn,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProduceRequest) Reset() {
@@ -5215,6 +5223,13 @@ func (x *ProduceRequest) GetSingleInFlight() bool {
 	return false
 }
 
+func (x *ProduceRequest) GetCommitTxn() bool {
+	if x != nil {
+		return x.CommitTxn
+	}
+	return false
+}
+
 // How the broker resolves a half message nobody ends.
 type HalfOptions struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -5309,7 +5324,11 @@ type ProduceResponse struct {
 	Duplicate bool `protobuf:"varint,8,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
 	// Half messages: the id to commit or roll back by (base_offset is -1;
 	// partition is the one it will go to).
-	HalfId        string `protobuf:"bytes,9,opt,name=half_id,json=halfId,proto3" json:"half_id,omitempty"`
+	HalfId string `protobuf:"bytes,9,opt,name=half_id,json=halfId,proto3" json:"half_id,omitempty"`
+	// A transactional produce with commit_txn: the commit's answer, as
+	// EndTxn's. With txn_end.already_ended (a retry of a commit decided
+	// before) partition is not known and is 0.
+	TxnEnd        *EndTxnResponse `protobuf:"bytes,10,opt,name=txn_end,json=txnEnd,proto3" json:"txn_end,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5405,6 +5424,13 @@ func (x *ProduceResponse) GetHalfId() string {
 		return x.HalfId
 	}
 	return ""
+}
+
+func (x *ProduceResponse) GetTxnEnd() *EndTxnResponse {
+	if x != nil {
+		return x.TxnEnd
+	}
+	return nil
 }
 
 type FetchRequest struct {
@@ -9684,7 +9710,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xba\x04\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\xd9\x04\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -9704,7 +9730,9 @@ const file_herald_proto_rawDesc = "" +
 	"\bclock_id\x18\r \x01(\x04R\aclockId\x12*\n" +
 	"\x04half\x18\x0e \x01(\v2\x16.herald.v1.HalfOptionsR\x04half\x12)\n" +
 	"\x10transactional_id\x18\x0f \x01(\tR\x0ftransactionalId\x12(\n" +
-	"\x10single_in_flight\x18\x10 \x01(\bR\x0esingleInFlightB\f\n" +
+	"\x10single_in_flight\x18\x10 \x01(\bR\x0esingleInFlight\x12\x1d\n" +
+	"\n" +
+	"commit_txn\x18\x11 \x01(\bR\tcommitTxnB\f\n" +
 	"\n" +
 	"_partition\"\xc2\x01\n" +
 	"\vHalfOptions\x12%\n" +
@@ -9712,7 +9740,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x11check_interval_ms\x18\x02 \x01(\rR\x0fcheckIntervalMs\x12\x1d\n" +
 	"\n" +
 	"max_checks\x18\x03 \x01(\rR\tmaxChecks\x12A\n" +
-	"\fon_exhausted\x18\x04 \x01(\x0e2\x1e.herald.v1.HalfExhaustedPolicyR\vonExhausted\"\xae\x02\n" +
+	"\fon_exhausted\x18\x04 \x01(\x0e2\x1e.herald.v1.HalfExhaustedPolicyR\vonExhausted\"\xe2\x02\n" +
 	"\x0fProduceResponse\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1f\n" +
 	"\vbase_offset\x18\x02 \x01(\x03R\n" +
@@ -9724,7 +9752,9 @@ const file_herald_proto_rawDesc = "" +
 	"\rdeliver_at_ms\x18\x06 \x01(\x03R\vdeliverAtMs\x12$\n" +
 	"\x0ecommit_time_us\x18\a \x01(\x03R\fcommitTimeUs\x12\x1c\n" +
 	"\tduplicate\x18\b \x01(\bR\tduplicate\x12\x17\n" +
-	"\ahalf_id\x18\t \x01(\tR\x06halfId\"\xf5\x01\n" +
+	"\ahalf_id\x18\t \x01(\tR\x06halfId\x122\n" +
+	"\atxn_end\x18\n" +
+	" \x01(\v2\x19.herald.v1.EndTxnResponseR\x06txnEnd\"\xf5\x01\n" +
 	"\fFetchRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
@@ -10420,37 +10450,38 @@ var file_herald_proto_depIdxs = []int32{
 	3,   // 111: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
 	56,  // 112: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
 	4,   // 113: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	54,  // 114: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	5,   // 115: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	6,   // 116: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	7,   // 117: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	62,  // 118: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	52,  // 119: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	73,  // 120: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	11,  // 121: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	6,   // 122: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	78,  // 123: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	8,   // 124: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	6,   // 125: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	7,   // 126: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	81,  // 127: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	82,  // 128: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	83,  // 129: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	62,  // 130: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	83,  // 131: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	52,  // 132: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	52,  // 133: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	52,  // 134: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	95,  // 135: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	97,  // 136: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
-	9,   // 137: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
-	106, // 138: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	112, // 139: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
-	140, // [140:140] is the sub-list for method output_type
-	140, // [140:140] is the sub-list for method input_type
-	140, // [140:140] is the sub-list for extension type_name
-	140, // [140:140] is the sub-list for extension extendee
-	0,   // [0:140] is the sub-list for field type_name
+	111, // 114: herald.v1.ProduceResponse.txn_end:type_name -> herald.v1.EndTxnResponse
+	54,  // 115: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	5,   // 116: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	6,   // 117: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	7,   // 118: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	62,  // 119: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	52,  // 120: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	73,  // 121: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	11,  // 122: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	6,   // 123: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	78,  // 124: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	8,   // 125: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	6,   // 126: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	7,   // 127: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	81,  // 128: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	82,  // 129: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	83,  // 130: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	62,  // 131: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	83,  // 132: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	52,  // 133: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	52,  // 134: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	52,  // 135: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	95,  // 136: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	97,  // 137: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
+	9,   // 138: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	106, // 139: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	112, // 140: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	141, // [141:141] is the sub-list for method output_type
+	141, // [141:141] is the sub-list for method input_type
+	141, // [141:141] is the sub-list for extension type_name
+	141, // [141:141] is the sub-list for extension extendee
+	0,   // [0:141] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }

@@ -814,3 +814,160 @@ func TestIdleLogIsNotRewritten(t *testing.T) {
 		t.Fatalf("the publisher was forgotten: %v", r)
 	}
 }
+
+// commitWith sends v as the transaction's last batch with commit_txn.
+func (s *txnSession) commitWith(v string) *actor.Future {
+	b, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte(v)}}})
+	return s.r.sys.Root.RequestFuture(s.r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Partition: proto.Uint32(0), Records: b,
+		TransactionalId: s.id, ProducerId: s.pid, ProducerEpoch: s.epoch, BaseSequence: s.seq, Acks: heraldpb.Acks_ACKS_ALL, CommitTxn: true}}}, 20*time.Second)
+}
+
+// committed takes the answer of commitWith and moves s to the next
+// transaction.
+func (s *txnSession) committed(f *actor.Future) *heraldpb.ProduceResponse {
+	s.r.t.Helper()
+	res, err := f.Result()
+	if err != nil {
+		s.r.t.Fatal(err)
+	}
+	pr := res.(*heraldpb.Frame).GetProduceResponse()
+	if pr.GetTxnEnd() == nil {
+		s.r.t.Fatalf("commit_txn answered %v", res)
+	}
+	s.epoch, s.seq = pr.TxnEnd.NextEpoch, 0
+	return pr
+}
+
+// The last batch sent with commit_txn is staged and decided in one write
+// to __txn (its batch, the decision and the session record, together);
+// a retry after a lost answer is answered as already committed, and a
+// reload sees the commit whole.
+func TestCommitWithTheLastBatch(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{})
+	s := r.session("p")
+	e := r.reg.Get(Topic)
+	var want []string
+	for round := range 10 {
+		a, b := fmt.Sprintf("%d-a", round), fmt.Sprintf("%d-b", round)
+		s.stage(a)
+		before := e.Stats[0].HighWatermark.Load()
+		pid, epoch, seq := s.pid, s.epoch, s.seq
+		pr := s.committed(s.commitWith(b))
+		want = append(want, a, b)
+		if pr.TxnEnd.Records != 2 || pr.TxnEnd.AlreadyEnded || pr.Duplicate || pr.TxnEnd.NextEpoch != epoch+1 || !slices.Equal(pr.TxnEnd.Partitions, []string{"t/0"}) {
+			t.Fatalf("round %d: %v", round, pr)
+		}
+		if after := e.Stats[0].HighWatermark.Load(); after-before < 3 {
+			t.Fatalf("round %d: __txn grew by %d records, want the batch, the decision and the session record", round, after-before)
+		}
+		// The retry of a commit whose answer was lost.
+		again := &txnSession{r: r, id: "p", pid: pid, epoch: epoch, seq: seq}
+		if pr := again.committed(again.commitWith(b)); !pr.TxnEnd.AlreadyEnded || !pr.Duplicate {
+			t.Fatalf("round %d: the retry: %v", round, pr)
+		}
+	}
+	waitFor(t, "every committed record once, in order", func() error {
+		if got := r.values(); !slices.Equal(got, want) {
+			return fmt.Errorf("topic holds %v, want %v", got, want)
+		}
+		return nil
+	})
+	_, _ = r.sys.Root.StopFuture(r.txn).Result()
+	r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	s.stage("last-a")
+	s.committed(s.commitWith("last-b"))
+	want = append(want, "last-a", "last-b")
+	waitFor(t, "the commit after the reload", func() error {
+		if got := r.values(); !slices.Equal(got, want) {
+			return fmt.Errorf("topic holds %v, want %v", got, want)
+		}
+		return nil
+	})
+}
+
+// A commit_txn that cannot be decided at once (earlier commits of the
+// producer fill maxCompleting) is staged, then decided when the oldest
+// completes; its answer carries the commit.
+func TestCommitWithTheLastBatchWaitsItsTurn(t *testing.T) {
+	var hold atomic.Bool
+	hold.Store(true)
+	r := newRig(t, t.TempDir(), Options{holdAppends: hold.Load})
+	s := r.session("p")
+	var want []string
+	for i := range maxCompleting {
+		v := fmt.Sprint(i)
+		s.committed(s.commitWith(v))
+		want = append(want, v)
+	}
+	f := s.commitWith("queued")
+	want = append(want, "queued")
+	waitFor(t, "the queued commit's batch staged", func() error {
+		infos := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListTxn{ListTxn: &heraldpb.ListTxnRequest{Transactions: true, Id: "p"}}}, r.txn).GetListTxnResponse().GetTransactions()
+		for _, in := range infos {
+			if in.GetProducerEpoch() == s.epoch && in.GetRecords() == 1 {
+				return nil
+			}
+		}
+		return fmt.Errorf("transactions: %v", infos)
+	})
+	if got := r.values(); len(got) != 0 {
+		t.Fatalf("appends held, yet the topic holds %v", got)
+	}
+	hold.Store(false)
+	if pr := s.committed(f); pr.TxnEnd.Records != 1 {
+		t.Fatalf("the queued commit: %v", pr)
+	}
+	waitFor(t, "every commit appended", func() error {
+		if got := r.values(); !slices.Equal(got, want) {
+			return fmt.Errorf("topic holds %v, want %v", got, want)
+		}
+		return nil
+	})
+}
+
+// An end of the old session that arrives while a new session's Init is
+// being written is refused (THROTTLED: the SDK retries and is fenced
+// then), so that no decision or session record of the old session lands
+// behind the Init, where a reload would apply it and bring the old
+// session back: before, the reloaded coordinator fenced the new session
+// and took the old one's requests.
+func TestEndBehindANewSessionSurvivesAReload(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{})
+	for round := range 6 {
+		old := r.session("p")
+		old.stage("a")
+		init := r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: "p"}}}, 20*time.Second)
+		var end *actor.Future
+		switch round % 3 {
+		case 0, 1:
+			end = r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
+				TransactionalId: "p", ProducerId: old.pid, ProducerEpoch: old.epoch, Commit: round%3 == 0}}}, 20*time.Second)
+		default:
+			end = old.commitWith("b")
+		}
+		if res, err := end.Result(); err != nil || res.(*heraldpb.Frame).GetError().GetCode() != heraldpb.ErrorCode_THROTTLED {
+			t.Fatalf("round %d: the old session's end behind a new session's Init: %v %v, want THROTTLED", round, res, err)
+		}
+		res, err := init.Result()
+		if err != nil || res.(*heraldpb.Frame).GetInitProducerIdResponse() == nil {
+			t.Fatalf("round %d: the new session: %v %v", round, res, err)
+		}
+		in := res.(*heraldpb.Frame).GetInitProducerIdResponse()
+		_, _ = r.sys.Root.StopFuture(r.txn).Result()
+		r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+		s := &txnSession{r: r, id: "p", pid: in.ProducerId, epoch: in.ProducerEpoch}
+		s.stage(fmt.Sprint(round))
+		s.end(true)
+		if e := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
+			TransactionalId: "p", ProducerId: old.pid, ProducerEpoch: old.epoch, Commit: true}}}, r.txn).GetError(); e.GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
+			t.Fatalf("round %d: the old session after the reload: %v, want PRODUCER_FENCED", round, e)
+		}
+	}
+	want := []string{"0", "1", "2", "3", "4", "5"}
+	waitFor(t, "the new sessions' commits only", func() error {
+		if got := r.values(); !slices.Equal(got, want) {
+			return fmt.Errorf("topic holds %v, want %v", got, want)
+		}
+		return nil
+	})
+}

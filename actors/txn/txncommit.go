@@ -14,6 +14,7 @@ package txn
 // record of a committed transaction is on its topic once.
 
 import (
+	"slices"
 	"strconv"
 	"time"
 
@@ -29,11 +30,20 @@ const (
 )
 
 // commitTxn decides m's transaction committed, answers the waiters once
-// the decision is durable, and appends it.
-func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
+// the decision is durable, and appends it. data, if not nil, is the
+// transaction's last batch (its sequence next, nothing else of it being
+// staged): it is written in the same batch as the decision, so that both
+// are stored or neither.
+func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string, data *heraldpb.TxnEvent) {
 	pid, epoch := m.pid, m.epoch
 	end := &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, Commit: true, By: by, Token: randomToken()}
-	for _, tp := range m.partitions() {
+	parts := m.partitions()
+	if d := data.GetData(); d != nil {
+		if tp := (topicPart{d.Topic, d.Partition}); !slices.Contains(parts, tp) {
+			parts = append(parts, tp)
+		}
+	}
+	for _, tp := range parts {
 		off := int64(0)
 		if e := c.o.Topics.Get(tp.topic); e != nil && int(tp.part) < len(e.Stats) {
 			off = e.Stats[tp.part].HighWatermark.Load()
@@ -43,15 +53,32 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: end}}
 	snap := m.sessionAfterEnd(true, by)
 	m.deciding, m.decidingCommit, m.queuedCommit = true, true, false
-	c.write(writeOp{events: [][]byte{event(ev), event(snap)}, client: true, done: func(base int64, err *heraldpb.Error) {
+	events := [][]byte{event(ev), event(snap)}
+	if data != nil {
+		d := data.GetData()
+		m.seqs = d.BaseSequence + int64(d.Count)
+		events = append([][]byte{event(data)}, events...)
+	}
+	c.write(writeOp{events: events, client: true, done: func(base int64, err *heraldpb.Error) {
 		m.deciding = false
 		if err != nil {
+			if data != nil && m.epoch == epoch {
+				m.seqs = m.nextSeq // not staged: the retry stages it
+			}
 			c.answerWaiters(ctx, m, err)
 			return
 		}
 		if m.epoch != epoch {
 			c.answerWaiters(ctx, m, m.endedMeanwhile(pid, epoch))
 			return
+		}
+		if data != nil {
+			// Staged before the decision, here as on every replay: its
+			// sequence was the next one and nothing else of the
+			// transaction was written meanwhile (deciding).
+			c.applyTxn(uint64(base), data, c.nowMs())
+			base++
+			mTxnStaged.Add(float64(data.GetData().GetCount()))
 		}
 		c.applyTxn(uint64(base), ev, c.nowMs())
 		c.applyTxn(uint64(base)+1, snap, c.nowMs())
@@ -64,11 +91,7 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string) {
 		ws := m.waiters
 		m.waiters = nil
 		for _, w := range ws {
-			r := &heraldpb.EndTxnResponse{NextEpoch: m.epoch, Records: recs}
-			for _, tp := range parts {
-				r.Partitions = append(r.Partitions, tp.String())
-			}
-			respond(ctx, w.to, &heraldpb.Frame{Id: w.id, Body: &heraldpb.Frame_EndTxnResponse{EndTxnResponse: r}})
+			w.answer(ctx, endResponse(m, false, recs, parts))
 		}
 		if len(m.completing) == 1 {
 			c.appendTxn(ctx, m, j, nil)
@@ -227,7 +250,7 @@ func (c *Coordinator) completeTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
 			}
 		}
 		if m.queuedCommit && len(m.completing) < maxCompleting {
-			c.commitTxn(ctx, m, "producer")
+			c.commitTxn(ctx, m, "producer", nil)
 		}
 		if len(m.completing) > 0 {
 			return // a new session waits for all of them
@@ -255,7 +278,7 @@ func (c *Coordinator) answerWaiters(ctx actor.Context, m *txnMeta, e *heraldpb.E
 	ws := m.waiters
 	m.waiters = nil
 	for _, w := range ws {
-		respond(ctx, w.to, heraldpb.ErrorFrame(w.id, e))
+		w.fail(ctx, e)
 	}
 }
 

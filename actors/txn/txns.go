@@ -156,6 +156,34 @@ func (j *commitJob) records() uint32         { return stagedRecords(j.staged) }
 type endWaiter struct {
 	to *actor.PID
 	id uint64
+	// prod: the request was a transactional produce with commit_txn,
+	// answered as this ProduceResponse carrying the EndTxnResponse.
+	prod *heraldpb.ProduceResponse
+}
+
+// answer sends w the end's answer r (once).
+func (w endWaiter) answer(ctx actor.Context, r *heraldpb.EndTxnResponse) {
+	if w.prod != nil {
+		w.prod.TxnEnd = r
+		respond(ctx, w.to, &heraldpb.Frame{Id: w.id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: w.prod}})
+		return
+	}
+	respond(ctx, w.to, &heraldpb.Frame{Id: w.id, Body: &heraldpb.Frame_EndTxnResponse{EndTxnResponse: r}})
+}
+
+// fail sends w the error e.
+func (w endWaiter) fail(ctx actor.Context, e *heraldpb.Error) {
+	respond(ctx, w.to, heraldpb.ErrorFrame(w.id, e))
+}
+
+// endResponse is EndTxn's answer for a transaction of recs records on
+// parts, m's epoch now the next one.
+func endResponse(m *txnMeta, already bool, recs uint32, parts []topicPart) *heraldpb.EndTxnResponse {
+	r := &heraldpb.EndTxnResponse{NextEpoch: m.epoch, Records: recs, AlreadyEnded: already}
+	for _, tp := range parts {
+		r.Partitions = append(r.Partitions, tp.String())
+	}
+	return r
 }
 
 // Limits of one transaction.
@@ -496,6 +524,14 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 		if e.GetCode() == heraldpb.ErrorCode_PRODUCER_FENCED {
 			mTxnFenced.Inc()
 		}
+		if e == nil && req.CommitTxn && m.lastCommit {
+			// A retry of a commit_txn produce whose commit was decided
+			// (the answer was lost): answered again, as EndTxn is.
+			info, _ := heraldpb.ScanBatch(req.Records)
+			w := endWaiter{to: to, id: f.Id, prod: &heraldpb.ProduceResponse{BaseOffset: -1, Count: uint32(info.Count), Duplicate: true}}
+			w.answer(ctx, endResponse(m, true, 0, nil))
+			return
+		}
 		if e == nil {
 			e = heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d has ended", m.id, req.ProducerEpoch)
 		}
@@ -507,11 +543,21 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 		fail(e)
 		return
 	}
+	if req.CommitTxn && c.initing[m.id] {
+		// (A decision written behind a new session's Init would bring
+		// the old session back on a replay.)
+		fail(throttledErr("a new session of the transactional id is starting"))
+		return
+	}
 	// Sequences: a retry of a staged batch is answered again; a batch
 	// still being staged is waited for by the client's retry, and so is
 	// the next one (one staging in flight, so that a failed one cannot
 	// leave a gap behind a later one).
 	switch {
+	case m.deciding && req.CommitTxn && m.decidingCommit && req.BaseSequence < m.seqs:
+		// A retry of the commit_txn produce being decided: answered with it.
+		c.endTxn(ctx, m, true, endWaiter{to: to, id: f.Id, prod: &heraldpb.ProduceResponse{Partition: part, BaseOffset: -1, Count: uint32(n), Duplicate: true}})
+		return
 	case m.deciding:
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d is being ended", m.id, m.epoch))
 		return
@@ -521,9 +567,12 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 	case req.BaseSequence < m.nextSeq:
 		for _, s := range m.staged {
 			if s.seq == req.BaseSequence && s.count == uint32(n) {
-				respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
-					Partition: s.part, BaseOffset: -1, Count: s.count, Duplicate: true,
-				}}})
+				pr := &heraldpb.ProduceResponse{Partition: s.part, BaseOffset: -1, Count: s.count, Duplicate: true}
+				if req.CommitTxn {
+					c.endTxn(ctx, m, true, endWaiter{to: to, id: f.Id, prod: pr})
+					return
+				}
+				respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: pr}})
 				return
 			}
 		}
@@ -546,6 +595,14 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Data{Data: &heraldpb.TxnData{
 		TransactionalId: m.id, Epoch: m.epoch, Topic: req.Topic, Partition: part, BaseSequence: req.BaseSequence, Count: uint32(n), Records: req.Records,
 	}}}
+	staged := &heraldpb.ProduceResponse{Partition: part, BaseOffset: -1, Count: uint32(n)}
+	if req.CommitTxn && c.decidesNow(m) {
+		// The batch and the commit decision in one write.
+		m.used = c.nowMs()
+		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id, prod: staged})
+		c.commitTxn(ctx, m, "producer", ev)
+		return
+	}
 	m.seqs = req.BaseSequence + int64(n)
 	epoch := m.epoch
 	c.write(writeOp{events: [][]byte{event(ev)}, client: true, done: func(base int64, err *heraldpb.Error) {
@@ -566,9 +623,14 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 		c.armTxnTimeouts()
 		c.gaugeOpen()
 		mTxnStaged.Add(float64(n))
-		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
-			Partition: part, BaseOffset: -1, Count: uint32(n), AppendTimeMs: c.nowMs(),
-		}}})
+		staged.AppendTimeMs = c.nowMs()
+		if req.CommitTxn {
+			// Staged behind another write of the transaction: now the
+			// commit, as EndTxn.
+			c.endTxn(ctx, m, true, endWaiter{to: to, id: f.Id, prod: staged})
+			return
+		}
+		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: staged}})
 	}})
 	c.flushWrites(ctx)
 }
@@ -580,31 +642,18 @@ const txnTagBytes = 384
 
 // onEndTxn commits or aborts a transaction.
 func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.EndTxnRequest, to *actor.PID) {
-	fail := func(e *heraldpb.Error) { respond(ctx, to, heraldpb.ErrorFrame(f.Id, e)) }
+	w := endWaiter{to: to, id: f.Id}
 	m := c.txns[req.TransactionalId]
 	if m == nil {
-		fail(heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q is not known", req.TransactionalId))
+		w.fail(ctx, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q is not known", req.TransactionalId))
 		return
-	}
-	answer := func(already bool, recs uint32, parts []topicPart) {
-		r := &heraldpb.EndTxnResponse{NextEpoch: m.epoch, Records: recs, AlreadyEnded: already}
-		for _, tp := range parts {
-			r.Partitions = append(r.Partitions, tp.String())
-		}
-		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_EndTxnResponse{EndTxnResponse: r}})
 	}
 	if req.Manual {
 		switch m.state {
 		case txnEmpty:
-			fail(heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q has no transaction open", m.id))
+			w.fail(ctx, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q has no transaction open", m.id))
 		default:
-			c.abortTxn(ctx, m, "manual", func(err *heraldpb.Error, recs uint32, parts []topicPart) {
-				if err != nil {
-					fail(err)
-					return
-				}
-				answer(false, recs, parts)
-			})
+			c.abortTxn(ctx, m, "manual", w.abortDone(ctx, m))
 		}
 		return
 	}
@@ -614,45 +663,67 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 		if e.Code == heraldpb.ErrorCode_PRODUCER_FENCED {
 			mTxnFenced.Inc()
 		}
-		fail(e)
+		w.fail(ctx, e)
 		return
 	case ended:
 		if m.lastCommit != req.Commit {
-			fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d was already %s", m.id, req.ProducerEpoch, map[bool]string{true: "committed", false: "aborted"}[m.lastCommit]))
+			w.fail(ctx, heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d was already %s", m.id, req.ProducerEpoch, map[bool]string{true: "committed", false: "aborted"}[m.lastCommit]))
 			return
 		}
-		answer(true, 0, nil)
+		w.answer(ctx, endResponse(m, true, 0, nil))
 		return
 	}
+	c.endTxn(ctx, m, req.Commit, w)
+}
+
+// abortDone answers w once an abort is durable.
+func (w endWaiter) abortDone(ctx actor.Context, m *txnMeta) func(*heraldpb.Error, uint32, []topicPart) {
+	return func(err *heraldpb.Error, recs uint32, parts []topicPart) {
+		if err != nil {
+			w.fail(ctx, err)
+			return
+		}
+		w.answer(ctx, endResponse(m, false, recs, parts))
+	}
+}
+
+// decidesNow reports whether a commit of m's transaction can be decided
+// at once: nothing of it is being staged or ended, no new session of its
+// id is starting (a decision written behind that Init would bring the old
+// session back on a replay), and its earlier commits leave room
+// (maxCompleting).
+func (c *Coordinator) decidesNow(m *txnMeta) bool {
+	return !m.deciding && m.seqs == m.nextSeq && !c.initing[m.id] && len(m.completing) < maxCompleting && len(m.waiters) == 0
+}
+
+// endTxn commits or aborts m's current transaction (its epoch checked)
+// and answers w when that is durable.
+func (c *Coordinator) endTxn(ctx actor.Context, m *txnMeta, commit bool, w endWaiter) {
 	m.used = c.nowMs()
 	switch {
 	case len(m.waiters) >= 16:
-		fail(throttledErr("too many requests waiting for the transaction's commit"))
-	case m.deciding && !(req.Commit && m.decidingCommit):
-		fail(throttledErr("the transaction is being ended"))
+		w.fail(ctx, throttledErr("too many requests waiting for the transaction's commit"))
+	case c.initing[m.id]:
+		w.fail(ctx, throttledErr("a new session of the transactional id is starting"))
+	case m.deciding && !(commit && m.decidingCommit):
+		w.fail(ctx, throttledErr("the transaction is being ended"))
 	case m.deciding:
-		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id})
+		m.waiters = append(m.waiters, w)
 	case m.seqs != m.nextSeq:
-		fail(throttledErr("a batch of the transaction is still being staged"))
-	case !req.Commit:
-		c.abortTxn(ctx, m, "producer", func(err *heraldpb.Error, recs uint32, parts []topicPart) {
-			if err != nil {
-				fail(err)
-				return
-			}
-			answer(false, recs, parts)
-		})
+		w.fail(ctx, throttledErr("a batch of the transaction is still being staged"))
+	case !commit:
+		c.abortTxn(ctx, m, "producer", w.abortDone(ctx, m))
 	case len(m.completing) >= maxCompleting:
 		// Earlier commits are still appending, as many as may wait: this
 		// one is decided when the oldest completes. Nothing stages
 		// meanwhile. (Below the bound it is decided now and appended
 		// after them, so the records of one producer keep their order
 		// on every partition.)
-		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id})
+		m.waiters = append(m.waiters, w)
 		m.deciding, m.decidingCommit, m.queuedCommit = true, true, true
 	default:
-		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id})
-		c.commitTxn(ctx, m, "producer")
+		m.waiters = append(m.waiters, w)
+		c.commitTxn(ctx, m, "producer", nil)
 	}
 }
 
@@ -661,7 +732,9 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 // on.
 func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done func(*heraldpb.Error, uint32, []topicPart)) {
 	pid, epoch, recs, parts := m.pid, m.epoch, m.records(), m.partitions()
-	if m.deciding {
+	if m.deciding || c.initing[m.id] {
+		// (Behind a new session's Init, the abort's session record would
+		// bring the old session back on a replay; the Init aborts it.)
 		if done != nil {
 			done(throttledErr("the transaction is being ended"), recs, parts)
 		}

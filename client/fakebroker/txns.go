@@ -175,11 +175,29 @@ func (b *Broker) produceTxn(conn int, id uint64, req *heraldpb.ProduceRequest) *
 		return errFrame(id, heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q has no session: call InitProducerId first", req.GetTransactionalId())
 	}
 	if f, ended := m.checkEpoch(id, req.GetProducerId(), req.GetProducerEpoch()); f != nil || ended {
+		if f == nil && req.GetCommitTxn() && m.lastCommit {
+			return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
+				BaseOffset: -1, Count: uint32(info.Count), Duplicate: true,
+				TxnEnd: &heraldpb.EndTxnResponse{NextEpoch: m.epoch, AlreadyEnded: true},
+			}}}
+		}
 		if f == nil {
 			f = errFrame(id, heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d has ended", m.id, req.GetProducerEpoch())
 		}
 		return f
 	}
+	f := b.stageLocked(conn, id, m, req, info)
+	if pr := f.GetProduceResponse(); pr != nil && req.GetCommitTxn() {
+		// Staged (or staged before): the commit, as EndTxn.
+		recs, parts := m.records(), m.partitions()
+		b.endLocked(m, true)
+		pr.TxnEnd = &heraldpb.EndTxnResponse{NextEpoch: m.epoch, Records: uint32(recs), Partitions: parts}
+	}
+	return f
+}
+
+// stageLocked stages a transactional batch of m.
+func (b *Broker) stageLocked(conn int, id uint64, m *fakeTxnID, req *heraldpb.ProduceRequest, info heraldpb.BatchInfo) *heraldpb.Frame {
 	t := b.topics[req.GetTopic()]
 	if t == nil {
 		return errFrame(id, heraldpb.ErrorCode_TOPIC_NOT_FOUND, "no topic %q", req.GetTopic())
@@ -248,15 +266,21 @@ func (b *Broker) endTxn(id uint64, req *heraldpb.EndTxnRequest) *heraldpb.Frame 
 	case ended:
 		return answer(true, 0, nil)
 	}
-	if req.GetCommit() {
+	b.endLocked(m, req.GetCommit())
+	return answer(false, recs, parts)
+}
+
+// endLocked commits (appending every staged batch) or aborts m's
+// transaction.
+func (b *Broker) endLocked(m *fakeTxnID, commit bool) {
+	if commit {
 		for _, s := range m.staged {
 			if t := b.topics[s.topic]; t != nil && int(s.part) < len(t.parts) {
 				b.appendLocked(t.parts[s.part], s.records, s.count)
 			}
 		}
 	}
-	m.end(req.GetCommit(), "producer")
-	return answer(false, recs, parts)
+	m.end(commit, "producer")
 }
 
 // listTxns lists the transactional ids (one, with req.id), open ones
