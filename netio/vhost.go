@@ -300,6 +300,24 @@ func ofVhost(vhost string, f *heraldpb.Frame) *heraldpb.Frame {
 		r := proto.Clone(b.CancelScheduledResponse).(*heraldpb.CancelScheduledResponse)
 		r.Topic = local(r.Topic)
 		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CancelScheduledResponse{CancelScheduledResponse: r}}
+	case *heraldpb.Frame_EndTxnResponse:
+		if def {
+			return f
+		}
+		r := proto.Clone(b.EndTxnResponse).(*heraldpb.EndTxnResponse)
+		for i, p := range r.Partitions {
+			r.Partitions[i] = local(p)
+		}
+		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_EndTxnResponse{EndTxnResponse: r}}
+	case *heraldpb.Frame_ProduceResponse:
+		if def || b.ProduceResponse.TxnEnd == nil {
+			return f
+		}
+		r := proto.Clone(b.ProduceResponse).(*heraldpb.ProduceResponse)
+		for i, p := range r.TxnEnd.Partitions {
+			r.TxnEnd.Partitions[i] = local(p)
+		}
+		return &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: r}}
 	case *heraldpb.Frame_EndHalfResponse:
 		if def {
 			return f

@@ -181,3 +181,26 @@ func TestDefaultVhostKeepsEveryResponseField(t *testing.T) {
 		}
 	}
 }
+
+// A transaction's end names its partitions as the vhost's client wrote
+// them, in EndTxn's answer and in the answer of a produce that carried the
+// commit; a plain produce's answer is passed through as it is.
+func TestTxnEndInVhost(t *testing.T) {
+	broker := registry.InVhost("shop", "orders") + "/1"
+	end := &heraldpb.Frame{Id: 1, Body: &heraldpb.Frame_EndTxnResponse{EndTxnResponse: &heraldpb.EndTxnResponse{Partitions: []string{broker}}}}
+	if got := ofVhost("shop", end).GetEndTxnResponse().GetPartitions(); len(got) != 1 || got[0] != "orders/1" {
+		t.Fatalf("EndTxn's partitions in vhost shop: %v", got)
+	}
+	prod := &heraldpb.Frame{Id: 2, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
+		TxnEnd: &heraldpb.EndTxnResponse{Partitions: []string{broker}}}}}
+	if got := ofVhost("shop", prod).GetProduceResponse().GetTxnEnd().GetPartitions(); len(got) != 1 || got[0] != "orders/1" {
+		t.Fatalf("commit_txn's partitions in vhost shop: %v", got)
+	}
+	if prod.GetProduceResponse().GetTxnEnd().GetPartitions()[0] != broker {
+		t.Fatal("the shared response was changed in place")
+	}
+	plain := &heraldpb.Frame{Id: 3, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{Partition: 1}}}
+	if ofVhost("shop", plain) != plain {
+		t.Fatal("a plain produce's answer was copied")
+	}
+}
