@@ -229,6 +229,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 			NodeID: nodeID, Bind: cfg.Cluster, HealthBind: cfg.ClusterHealth, Peers: cfg.peers,
 			Provider: cfg.ClusterProvider, EtcdEndpoints: splitList(cfg.Etcd),
 			MaxMessageBytes: max(64<<20, 2*int(cfg.MaxMessageBytes)), Local: b.sys, Logger: logger, TLS: nodeTLS, Secret: secret,
+			Now: b.clock.Now,
 		})
 		if err != nil {
 			b.stopActors()

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -20,7 +21,7 @@ func (b *Broker) startScheduler(reg *registry.Registry, clustered bool) error {
 	farDir := filepath.Join(b.cfg.DataDir, "scheduler-far")
 	b.schedProps = scheduler.Props(scheduler.Options{
 		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled, AppendAhead: appendAhead(b.cfg.ScheduleAhead),
-		Now: b.clock.Now,
+		Now: b.clock.Now, Anchor: b.clusterNow(clustered),
 		// Timers beyond the wheel's 65 s window wait on disk, one file per
 		// 65 s bucket, rebuilt from __schedule at every start.
 		NewFar: func() (timewheel.FarStore, error) {
@@ -41,6 +42,27 @@ func (b *Broker) startScheduler(reg *registry.Registry, clustered bool) error {
 		return fmt.Errorf("scheduler: %w", err)
 	}
 	return nil
+}
+
+// clusterNow is the scheduler's Anchor: in a cluster, the cluster's time
+// (cluster.Node.ClusterNow: the median of the live nodes' clocks, asked
+// for at most a second), so that a node whose clock was stepped before
+// the scheduler moved to it does not run the pending delayed messages
+// early; on a single node (nil) the node's own clock.
+func (b *Broker) clusterNow(clustered bool) func() time.Time {
+	if !clustered {
+		return nil
+	}
+	return func() time.Time {
+		if b.member == nil {
+			return b.clock.Now()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		now, offset, peers := b.member.ClusterNow(ctx)
+		b.log.Info("the scheduler takes the cluster's time", "peers_answered", peers, "cluster_minus_node", offset.Round(time.Millisecond))
+		return now
+	}
 }
 
 // scheduleMaxMessage is __schedule's max message size: one write packs

@@ -151,7 +151,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			mu.Unlock()
 			// The fault's window in the history opens before it is applied
 			// and closes once it is healed, so that it covers the fault.
-			op := history.Op{Process: "nemesis", F: history.Nemesis, Fault: st.Kind, Type: history.Invoke}
+			op := history.Op{Process: "nemesis", F: history.Nemesis, Fault: faultLabel(st.Fault), Type: history.Invoke}
 			record(rec, op)
 			if err := n.Start(ctx); err != nil {
 				op.Type, op.Error = history.Fail, err.Error()
@@ -293,6 +293,8 @@ func build(e *nemesis.Env, s *scenario.Scenario, f scenario.Fault) (nemesis.Neme
 		return nemesis.DamageWAL(e, t, topic, 0, nemesis.TruncatedSegment), nil
 	case "clock-jump":
 		return nemesis.ClockJump(e, t, f.Offset.D()), nil
+	case "scheduler-clock-step":
+		return nemesis.SteppedScheduler(e, f.Offset.D()), nil
 	case "add-node":
 		return nemesis.AddNode(e), nil
 	case "remove-node":
@@ -455,9 +457,10 @@ func readHistory(path string) ([]history.Op, error) {
 // fault, the longest stretch without an acknowledged write while it was on
 // (and Grace after) and the longest time from its end to the next one.
 //
-// A split that leaves no side a majority (partition-majority) stops every
-// write by design, as it does in any system that commits to a quorum: only
-// its recovery is judged.
+// A split that leaves no side a majority (partition-majority), or a
+// majority of the nodes killed or paused, stops every write by design, as
+// it does in any system that commits to a quorum: only its recovery is
+// judged.
 func goals(s *scenario.Scenario, rep checker.Report) []string {
 	var missed []string
 	for _, f := range rep.Availability.Faults {
@@ -474,8 +477,19 @@ func goals(s *scenario.Scenario, rep checker.Report) []string {
 	return missed
 }
 
-// noQuorum names the faults under which no side holds a majority.
-var noQuorum = map[string]bool{"partition-majority": true}
+// noQuorum names the faults under which no side holds a majority: a
+// split with no majority, and a majority of the nodes killed or paused.
+var noQuorum = map[string]bool{"partition-majority": true, "kill majority": true, "pause majority": true}
+
+// faultLabel is a fault's name in the history and the availability
+// figures: its kind, and "majority" after it when it takes a majority
+// of the nodes down (judged apart: see goals).
+func faultLabel(f scenario.Fault) string {
+	if f.Target == "majority" && (f.Kind == "kill" || f.Kind == "pause") {
+		return f.Kind + " majority"
+	}
+	return f.Kind
+}
 
 // writeReport writes report.txt, report.json and timeline.png.
 func writeReport(dir string, s *scenario.Scenario, res *Result, ops []history.Op) error {

@@ -471,6 +471,30 @@ func (c *Client) unknownLeaderMoved(ctx context.Context, cn *conn, topic string,
 	return moved
 }
 
+// notReadyMoved handles NOT_READY from cn's broker for a request to
+// topic/partition: a node still starting (it has not loaded the
+// cluster's metadata, or is replaying its log) leads nothing yet, yet
+// metadata cached before it restarted names it. Another broker is asked
+// at once; when it names another leader, that is cached and returned as
+// a NOT_LEADER naming it (nothing was done), and the starting node is
+// tried last for its retry-after. Otherwise err is returned as it is, to
+// be waited out. For a partition the broker picks (-1), the node is only
+// tried last.
+func (c *Client) notReadyMoved(ctx context.Context, cn *conn, topic string, partition int32, err error) error {
+	c.markSuspect(cn.addr, min(max(retryAfter(err), 100*time.Millisecond), suspectFor))
+	if partition < 0 {
+		return err
+	}
+	leader := c.leaderMovedFrom(ctx, cn, topic, partition)
+	if leader == 0 {
+		return err
+	}
+	moved := &Error{Code: heraldpb.ErrorCode_NOT_LEADER, Retriable: true, Leader: leader,
+		Message: fmt.Sprintf("node %d (%s) is not ready (%v); node %d leads %s-%d", cn.nodeID, cn.addr, err, leader, topic, partition)}
+	c.notLeader(topic, partition, moved)
+	return moved
+}
+
 // notLeader handles a NOT_LEADER answer for topic/partition: with the
 // leader named, the cached metadata points at it; otherwise the topic's
 // metadata is fetched again on next use.

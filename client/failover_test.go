@@ -258,3 +258,35 @@ func TestRequestName(t *testing.T) {
 		}
 	}
 }
+
+// A node that restarted and is still starting answers NOT_READY, while
+// the metadata the client cached before names it the partition's leader
+// (here node 1's own metadata still does); the others elected another.
+// The producer asks another broker at once and writes to the leader it
+// names, instead of waiting NOT_READY out against the starting node until
+// it is ready (a rolling restart in the chaos suite stopped writes for
+// 4.5 s so).
+func TestProduceLeavesANodeThatIsNotReady(t *testing.T) {
+	n1, n2, _ := twoNodes(t, 1, 2)
+	var refused atomic.Int64
+	n1.SetHook(count(&refused, fakebroker.Action{Error: &heraldpb.Error{Code: heraldpb.ErrorCode_NOT_READY, Message: "loading the cluster's metadata", RetryAfterMs: 200}},
+		func(f *heraldpb.Frame) bool { return f.GetProduce() != nil }))
+	c, err := Dial(testCtx(t), n1.Addr()) // its metadata first: node 1 leads
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Metadata(testCtx(t), "t"); err != nil {
+		t.Fatal(err)
+	}
+	p := c.NewProducer(WithManualPartitions(), WithFailoverTimeout(time.Minute))
+	if _, err := p.Send(testCtx(t), &Message{Topic: "t", Partition: 0, Value: []byte("moved")}); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	if recs := n2.Records("t", 0); len(recs) != 2 || string(recs[1].Value) != "moved" {
+		t.Fatalf("node 2 holds %d records, want value2 and the one produced", len(recs))
+	}
+	if n := refused.Load(); n != 1 {
+		t.Fatalf("node 1 answered NOT_READY to %d produces, want 1: the retries went back to it", n)
+	}
+}

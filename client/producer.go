@@ -729,7 +729,9 @@ const leaderCheck = 500 * time.Millisecond
 // metadata, so the retry asks another broker where the leader is. A
 // NOT_LEADER naming no leader asks another broker at once
 // (unknownLeaderMoved): a leader cut off from the other nodes steps down
-// and knows no leader while they have elected one.
+// and knows no leader while they have elected one. NOT_READY does the
+// same (notReadyMoved): a node still starting leads nothing, while the
+// metadata cached from before its restart names it.
 func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey, queued func()) (_ *heraldpb.ProduceResponse, sent bool, _ error) {
 	defer queued()
 	cn, err := p.c.leaderConn(p.ctx, key.topic, key.partition)
@@ -769,6 +771,9 @@ func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey, queue
 		p.c.invalidate(key.topic)
 	}
 	p.c.unknownLeaderMoved(p.ctx, cn, key.topic, key.partition, err)
+	if IsCode(err, heraldpb.ErrorCode_NOT_READY) {
+		err = p.c.notReadyMoved(p.ctx, cn, key.topic, key.partition, err)
+	}
 	if IsCode(err, heraldpb.ErrorCode_THROTTLED) {
 		p.throttled.Add(1)
 		throttled = true

@@ -103,6 +103,9 @@ type Config struct {
 	// Secret, if set, is the cluster secret every call between nodes
 	// carries (secret.go); at least MinSecretBytes.
 	Secret []byte
+	// Now is the node's wall clock, which its health endpoint tells its
+	// peers (/herald/time, ClusterNow). Default time.Now.
+	Now func() time.Time
 }
 
 func (c *Config) ensureDefaults() {
@@ -123,6 +126,9 @@ func (c *Config) ensureDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 }
 
@@ -518,6 +524,9 @@ func (n *Node) join() (*incarnation, error) {
 		blocked := inc.cl != nil && inc.cl.Remote != nil &&
 			(inc.cl.Remote.BlockList().IsBlocked(m) || inc.cl.Remote.BlockList().IsBlocked(n.cfg.Name+"@"+m))
 		return c.JSON(http.StatusOK, map[string]bool{"blocked": blocked})
+	})
+	e.GET("/herald/time", func(c echo.Context) error {
+		return c.JSON(http.StatusOK, map[string]int64{"unix_nano": n.cfg.Now().UnixNano()})
 	})
 	switch n.cfg.Provider {
 	case ProviderEtcd:

@@ -47,6 +47,7 @@ type testCluster struct {
 	peers  map[uint64]string
 	health map[uint64]string
 	nodes  map[uint64]*Node
+	now    map[uint64]func() time.Time // a node's clock (default time.Now)
 }
 
 func newTestCluster(t testing.TB, n int) *testCluster {
@@ -68,7 +69,7 @@ func (tc *testCluster) start(id uint64) *Node {
 	tc.t.Helper()
 	nd, err := Start(Config{
 		NodeID: id, Bind: tc.peers[id], HealthBind: tc.health[id], Peers: tc.peers, PeerHealth: tc.health,
-		Refresh: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Refresh: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: tc.now[id],
 	})
 	if err != nil {
 		tc.t.Fatalf("starting node %d: %v", id, err)

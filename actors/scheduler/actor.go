@@ -198,6 +198,13 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		s.state = newState()
 		s.anchor = s.o.Now()
 		s.anchorWall = s.anchor.Round(0)
+		if s.o.Anchor != nil {
+			s.anchorWall = s.o.Anchor().Round(0)
+			s.anchor = s.o.Now() // the monotonic reading that goes with it
+			if d := s.anchorWall.Sub(s.anchor.Round(0)); d > time.Second || d < -time.Second {
+				s.log.Warn("this node's clock differs from the cluster's: the scheduler runs on the cluster's time", "cluster_minus_node", d.Round(time.Millisecond))
+			}
+		}
 		s.loadStart = s.anchor
 		// Ids unique across restarts of the actor: answers to an earlier
 		// incarnation's requests may still arrive.
@@ -212,7 +219,7 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 			}
 		}
 		s.far = far
-		s.wheel = timewheel.NewWheel(s.loadStart.UnixMilli(), far)
+		s.wheel = timewheel.NewWheel(s.now().UnixMilli(), far)
 		if len(s.sh.orphans) > 0 {
 			s.log.Info("waiting for the previous incarnation's requests before loading", "requests", len(s.sh.orphans))
 			s.after(orphanWait, &orphansTimeout{})

@@ -72,3 +72,50 @@ func TestDelayNotShortenedByAStepOfTheSchedulersClock(t *testing.T) {
 		})
 	}
 }
+
+// TestStepBeforeTheStartDoesNotMoveDelayedMessages: the scheduler takes a
+// batch delayed 3 s and stops (its leadership moves, its node restarts);
+// the node's clock is stepped a minute ahead; the scheduler starts again
+// there. Anchored to the cluster's time (Anchor: here the right clock,
+// as the median of the nodes' clocks is when one node is stepped), the
+// batch is not readable before its 3 s; on the node's own clock alone it
+// was readable at once, early by the rest of its delay (the limit
+// docs/limits.md listed).
+func TestStepBeforeTheStartDoesNotMoveDelayedMessages(t *testing.T) {
+	const delay = 3 * time.Second
+	clk := faults.New(vfs.Default)
+	o := Options{Now: clk.Now, Anchor: time.Now}
+	r := newRigClock(t, t.TempDir(), o, clk, 0)
+	defer r.stop()
+	sent := time.Now()
+	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: "t", Partition: proto.Uint32(0), DelayMs: uint64(delay / time.Millisecond), Records: batchOf("d"),
+	}}}, r.sched)
+	if _, err := r.sys.Root.StopFuture(r.sched).Result(); err != nil {
+		t.Fatal(err)
+	}
+	if err := clk.SetOffset(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	r.sched = r.sys.Root.Spawn(Props(r.o))
+	notBefore := delay - time.Millisecond
+	checks := 0
+	for {
+		vals, _ := r.read(0)
+		elapsed := time.Since(sent)
+		if len(vals) > 0 {
+			if elapsed < notBefore {
+				t.Fatalf("readable %v after it was sent, %v early", elapsed, notBefore-elapsed)
+			}
+			break
+		}
+		if elapsed > delay+partition.MaxHold+time.Second {
+			t.Fatalf("not readable %v after it was sent, %v delayed", elapsed, delay)
+		}
+		checks++
+		time.Sleep(5 * time.Millisecond) // a check every 5 ms, not synchronisation
+	}
+	if checks == 0 {
+		t.Fatal("nothing was checked before it became readable")
+	}
+}

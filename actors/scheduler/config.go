@@ -68,6 +68,13 @@ type Options struct {
 	// monotonic reading (Scheduler.now): a step of the wall clock while it
 	// runs does not move delayed messages.
 	Now func() time.Time
+	// Anchor, if set, is the wall time the scheduler starts from instead
+	// of Now's wall reading: in a cluster, the cluster's time (the median
+	// of the nodes' clocks), so that a step of this node's clock before
+	// the scheduler starts here does not move the delayed messages the
+	// scheduler before it took. It is called once per start, and may
+	// take as long as its own bound (it runs before __schedule is read).
+	Anchor func() time.Time
 
 	// crashAfterAppend (tests) is asked after a round's batches are
 	// appended and before their fire is recorded: true panics the actor,

@@ -191,8 +191,8 @@ var Kinds = map[string]bool{
 	"isolate": true, "partition-minority": true, "partition-majority": true, "bridge": true, "flap": true,
 	"slow-disk": false, "fsync-eio": false, "disk-full": false,
 	"torn-tail": false, "bitflip": false, "truncate-segment": false,
-	"clock-jump": false,
-	"add-node":   false, "remove-node": false, "move-replicas": false,
+	"clock-jump": false, "scheduler-clock-step": false,
+	"add-node": false, "remove-node": false, "move-replicas": false,
 }
 
 // Targets are the targets a fault may name; "node:N" names node N.
@@ -359,7 +359,7 @@ func (s *Scenario) Validate() error {
 		if f.For < 0 || f.ForMax < 0 || f.ForMax > 0 && f.ForMax < f.For {
 			bad("%s: want 0 <= for <= for_max", where)
 		}
-		if f.Kind == "clock-jump" && f.Offset == 0 {
+		if (f.Kind == "clock-jump" || f.Kind == "scheduler-clock-step") && f.Offset == 0 {
 			bad("%s: a clock jump needs an offset", where)
 		}
 		if f.Kind == "slow-disk" && f.Delay <= 0 {
