@@ -612,12 +612,7 @@ func TestCommitsDecidedWhileEarlierOnesAppend(t *testing.T) {
 		t.Fatalf("appends held, yet the topic holds %v", got)
 	}
 	hold.Store(false)
-	waitFor(t, "the commits appended", func() error {
-		if got := r.values(); !slices.Equal(got, want) {
-			return fmt.Errorf("topic holds %v, want %v", got, want)
-		}
-		return nil
-	})
+	r.waitValues("the commits appended", want)
 
 	// Decided, not appended, then a restart: the reloaded coordinator
 	// appends them, each once and in order.
@@ -631,12 +626,7 @@ func TestCommitsDecidedWhileEarlierOnesAppend(t *testing.T) {
 	_, _ = r.sys.Root.StopFuture(r.txn).Result()
 	hold.Store(false)
 	r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
-	waitFor(t, "the reloaded commits appended", func() error {
-		if got := r.values(); !slices.Equal(got, want) {
-			return fmt.Errorf("topic holds %v, want %v", got, want)
-		}
-		return nil
-	})
+	r.waitValues("the reloaded commits appended", want)
 }
 
 // routedPublish hands the coordinator a publish routed to t/0 and u/0.
@@ -815,6 +805,17 @@ func TestIdleLogIsNotRewritten(t *testing.T) {
 	}
 }
 
+// waitValues waits until topic t holds want, in order.
+func (r *rig) waitValues(what string, want []string) {
+	r.t.Helper()
+	waitFor(r.t, what, func() error {
+		if got := r.values(); !slices.Equal(got, want) {
+			return fmt.Errorf("topic holds %v, want %v", got, want)
+		}
+		return nil
+	})
+}
+
 // commitWith sends v as the transaction's last batch with commit_txn.
 func (s *txnSession) commitWith(v string) *actor.Future {
 	b, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte(v)}}})
@@ -866,23 +867,13 @@ func TestCommitWithTheLastBatch(t *testing.T) {
 			t.Fatalf("round %d: the retry: %v", round, pr)
 		}
 	}
-	waitFor(t, "every committed record once, in order", func() error {
-		if got := r.values(); !slices.Equal(got, want) {
-			return fmt.Errorf("topic holds %v, want %v", got, want)
-		}
-		return nil
-	})
+	r.waitValues("every committed record once, in order", want)
 	_, _ = r.sys.Root.StopFuture(r.txn).Result()
 	r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
 	s.stage("last-a")
 	s.committed(s.commitWith("last-b"))
 	want = append(want, "last-a", "last-b")
-	waitFor(t, "the commit after the reload", func() error {
-		if got := r.values(); !slices.Equal(got, want) {
-			return fmt.Errorf("topic holds %v, want %v", got, want)
-		}
-		return nil
-	})
+	r.waitValues("the commit after the reload", want)
 }
 
 // A commit_txn that cannot be decided at once (earlier commits of the
@@ -917,12 +908,7 @@ func TestCommitWithTheLastBatchWaitsItsTurn(t *testing.T) {
 	if pr := s.committed(f); pr.TxnEnd.Records != 1 {
 		t.Fatalf("the queued commit: %v", pr)
 	}
-	waitFor(t, "every commit appended", func() error {
-		if got := r.values(); !slices.Equal(got, want) {
-			return fmt.Errorf("topic holds %v, want %v", got, want)
-		}
-		return nil
-	})
+	r.waitValues("every commit appended", want)
 }
 
 // An end of the old session that arrives while a new session's Init is
@@ -964,10 +950,5 @@ func TestEndBehindANewSessionSurvivesAReload(t *testing.T) {
 		}
 	}
 	want := []string{"0", "1", "2", "3", "4", "5"}
-	waitFor(t, "the new sessions' commits only", func() error {
-		if got := r.values(); !slices.Equal(got, want) {
-			return fmt.Errorf("topic holds %v, want %v", got, want)
-		}
-		return nil
-	})
+	r.waitValues("the new sessions' commits only", want)
 }
