@@ -44,7 +44,7 @@ func TestClusterNowOutvotesASteppedClock(t *testing.T) {
 	tc.stop(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	if now, off, peers := tc.nodes[2].ClusterNow(ctx); peers != 0 || off != 0 || now.Sub(time.Now()) < 59*time.Second {
+	if now, off, peers := tc.nodes[2].ClusterNow(ctx); peers != 0 || off != 0 || time.Until(now) < 59*time.Second {
 		t.Fatalf("alone: %v, offset %v, %d peers; want its own clock", now, off, peers)
 	}
 }
