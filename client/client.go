@@ -496,8 +496,12 @@ func (c *Client) notReadyMoved(ctx context.Context, cn *conn, topic string, part
 }
 
 // notLeader handles a NOT_LEADER answer for topic/partition: with the
-// leader named, the cached metadata points at it; otherwise the topic's
-// metadata is fetched again on next use.
+// leader named, the cached metadata points at it; otherwise, or when the
+// client knows no address for the node named (its brokers came from
+// metadata fetched while that node was down), the topic's metadata, and
+// with it the brokers, is fetched again on next use. (Pointing at a node
+// it cannot reach, the producer went to the other replicas, which named
+// that node again, until its failover timeout.)
 func (c *Client) notLeader(topic string, partition int32, err error) {
 	var he *Error
 	if !errors.As(err, &he) || he.Leader == 0 || partition < 0 {
@@ -508,6 +512,10 @@ func (c *Client) notLeader(topic string, partition int32, err error) {
 	defer c.mu.Unlock()
 	tm := c.meta[topic]
 	if tm == nil {
+		return
+	}
+	if c.brokers[he.Leader] == "" {
+		delete(c.meta, topic)
 		return
 	}
 	info := proto.Clone(tm.info).(*heraldpb.TopicInfo)

@@ -290,3 +290,44 @@ func TestProduceLeavesANodeThatIsNotReady(t *testing.T) {
 		t.Fatalf("node 1 answered NOT_READY to %d produces, want 1: the retries went back to it", n)
 	}
 }
+
+// A NOT_LEADER naming a node the client has no address for (its
+// metadata, and so its brokers, came from a node that listed the leader's
+// node as down at the time) has the producer fetch the metadata again,
+// which lists it now, and write there. Before, it kept the stale brokers,
+// asked the node it could reach, which named the unreachable leader again,
+// and so on until its failover timeout (a chaos run stopped writes for
+// 10 s so).
+func TestProduceLearnsTheAddressOfANewLeader(t *testing.T) {
+	n1, n2, _ := twoNodes(t, 2, 2)
+	n1.SetCluster([]*heraldpb.BrokerInfo{{NodeId: 1, Addr: n1.Addr()}}, 2) // node 2 down when asked
+	var refused atomic.Int64
+	n1.SetHook(func(_ int, f *heraldpb.Frame) fakebroker.Action {
+		if f.GetProduce() == nil {
+			return fakebroker.Action{}
+		}
+		if refused.Add(1) == 1 {
+			// Node 2 is back: the next metadata lists it.
+			n1.SetCluster([]*heraldpb.BrokerInfo{{NodeId: 1, Addr: n1.Addr()}, {NodeId: 2, Addr: n2.Addr()}}, 2)
+		}
+		return fakebroker.Action{Error: &heraldpb.Error{Code: heraldpb.ErrorCode_NOT_LEADER, Leader: 2, Message: "not the leader (leader is node 2)"}}
+	})
+	c, err := Dial(testCtx(t), n1.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Metadata(testCtx(t), "t"); err != nil {
+		t.Fatal(err)
+	}
+	p := c.NewProducer(WithManualPartitions(), WithFailoverTimeout(time.Minute))
+	if _, err := p.Send(testCtx(t), &Message{Topic: "t", Partition: 0, Value: []byte("found")}); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	if recs := n2.Records("t", 0); len(recs) != 2 || string(recs[1].Value) != "found" {
+		t.Fatalf("node 2 holds %d records, want value2 and the one produced", len(recs))
+	}
+	if n := refused.Load(); n != 1 {
+		t.Fatalf("node 1 was sent %d produces, want 1", n)
+	}
+}
