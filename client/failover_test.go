@@ -271,21 +271,7 @@ func TestProduceLeavesANodeThatIsNotReady(t *testing.T) {
 	var refused atomic.Int64
 	n1.SetHook(count(&refused, fakebroker.Action{Error: &heraldpb.Error{Code: heraldpb.ErrorCode_NOT_READY, Message: "loading the cluster's metadata", RetryAfterMs: 200}},
 		func(f *heraldpb.Frame) bool { return f.GetProduce() != nil }))
-	c, err := Dial(testCtx(t), n1.Addr()) // its metadata first: node 1 leads
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := c.Metadata(testCtx(t), "t"); err != nil {
-		t.Fatal(err)
-	}
-	p := c.NewProducer(WithManualPartitions(), WithFailoverTimeout(time.Minute))
-	if _, err := p.Send(testCtx(t), &Message{Topic: "t", Partition: 0, Value: []byte("moved")}); err != nil {
-		t.Fatalf("produce: %v", err)
-	}
-	if recs := n2.Records("t", 0); len(recs) != 2 || string(recs[1].Value) != "moved" {
-		t.Fatalf("node 2 holds %d records, want value2 and the one produced", len(recs))
-	}
+	produceThroughNode1(t, n1, n2, "moved") // its metadata first: node 1 leads
 	if n := refused.Load(); n != 1 {
 		t.Fatalf("node 1 answered NOT_READY to %d produces, want 1: the retries went back to it", n)
 	}
@@ -312,6 +298,16 @@ func TestProduceLearnsTheAddressOfANewLeader(t *testing.T) {
 		}
 		return fakebroker.Action{Error: &heraldpb.Error{Code: heraldpb.ErrorCode_NOT_LEADER, Leader: 2, Message: "not the leader (leader is node 2)"}}
 	})
+	produceThroughNode1(t, n1, n2, "found")
+	if n := refused.Load(); n != 1 {
+		t.Fatalf("node 1 was sent %d produces, want 1", n)
+	}
+}
+
+// produceThroughNode1 dials node 1 alone, takes its metadata, and sends v
+// to partition 0 of t, which must end on node 2 after the value2 there.
+func produceThroughNode1(t *testing.T, n1, n2 *fakebroker.Broker, v string) {
+	t.Helper()
 	c, err := Dial(testCtx(t), n1.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -321,13 +317,10 @@ func TestProduceLearnsTheAddressOfANewLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := c.NewProducer(WithManualPartitions(), WithFailoverTimeout(time.Minute))
-	if _, err := p.Send(testCtx(t), &Message{Topic: "t", Partition: 0, Value: []byte("found")}); err != nil {
+	if _, err := p.Send(testCtx(t), &Message{Topic: "t", Partition: 0, Value: []byte(v)}); err != nil {
 		t.Fatalf("produce: %v", err)
 	}
-	if recs := n2.Records("t", 0); len(recs) != 2 || string(recs[1].Value) != "found" {
-		t.Fatalf("node 2 holds %d records, want value2 and the one produced", len(recs))
-	}
-	if n := refused.Load(); n != 1 {
-		t.Fatalf("node 1 was sent %d produces, want 1", n)
+	if recs := n2.Records("t", 0); len(recs) != 2 || string(recs[1].Value) != v {
+		t.Fatalf("node 2 holds %d records, want value2 and %q", len(recs), v)
 	}
 }
