@@ -192,14 +192,24 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 
 	say("faults over; settling for up to %s", s.Settle.D())
 	wl.StopGenerators()
-	drained := settle(ctx, cl, wl.DLQCaughtUp, &s, now)
-	if errs := wl.Stop(hctx); len(errs) > 0 {
+	drained, waiting := settle(ctx, cl, wl.DLQCaughtUp, &s, now)
+	if !drained {
+		say("not drained: %s", waiting)
+	}
+	// Settling may take longer than the heal's minute (a clock fault
+	// adds its offset): the workload and the nodes get their own.
+	wctx, wcancel := context.WithTimeout(context.Background(), time.Minute)
+	defer wcancel()
+	if errs := wl.Stop(wctx); len(errs) > 0 {
 		say("workload errors: %v", errs)
 	}
 	say("stopping the nodes")
 	for _, id := range cl.IDs() {
 		if cl.Running(id) {
-			if err := cl.Shutdown(hctx, id); err != nil {
+			sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err := cl.Shutdown(sctx, id)
+			scancel()
+			if err != nil {
 				say("stopping node %d: %v", id, err)
 			}
 		}
@@ -337,14 +347,14 @@ func target(s *scenario.Scenario, name string) (nemesis.Target, error) {
 // group has acked everything in the log; it reports whether it got there
 // (the run drained). Then it waits for the dead-letter readers to read
 // everything appended until the groups were done (dlqCaughtUp).
-func settle(ctx context.Context, cl *cluster.Cluster, dlqCaughtUp func(since time.Time) bool, s *scenario.Scenario, now func() time.Duration) bool {
+func settle(ctx context.Context, cl *cluster.Cluster, dlqCaughtUp func(since time.Time) bool, s *scenario.Scenario, now func() time.Duration) (drained bool, waiting string) {
 	// A node whose clock ran ahead scheduled its delayed messages that
 	// much later in real time: wait for them too.
 	deadline := time.Now().Add(s.Settle.D() + s.MaxClockOffset())
 	sctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	if cl.Settle(sctx) != nil {
-		return false
+		return false, "the cluster to settle (leaders, replicas caught up)"
 	}
 	lastDue := time.Duration(0)
 	if d := s.Workload.Delayed; d != nil {
@@ -352,44 +362,56 @@ func settle(ctx context.Context, cl *cluster.Cluster, dlqCaughtUp func(since tim
 	}
 	c, err := cl.Dial(sctx)
 	if err != nil {
-		return false
+		return false, "a connection: " + err.Error()
 	}
 	defer c.Close()
 	for {
 		checked := time.Now()
-		if now() >= lastDue && schedulesDone(sctx, cl) && groupsDone(sctx, c, s) {
+		switch {
+		case now() < lastDue:
+			waiting = "the last delayed message's time"
+		default:
+			waiting = schedulesPending(sctx, cl)
+			if waiting == "" {
+				waiting = groupsPending(sctx, c, s)
+			}
+		}
+		if waiting == "" {
 			for !dlqCaughtUp(checked) {
 				if waitUntil(sctx, time.Now().Add(100*time.Millisecond)) != nil {
-					return false
+					return false, "the dead-letter readers"
 				}
 			}
-			return true
+			return true, ""
 		}
 		if waitUntil(sctx, time.Now().Add(200*time.Millisecond)) != nil {
-			return false
+			return false, waiting
 		}
 	}
 }
 
-// schedulesDone reports whether no node holds a delayed message not yet
-// appended (herald_scheduler_pending), a batch held unreadable until its
-// time (herald_partition_held_batches), or a half message not yet on its
-// topic or rolled back (herald_txn_half_pending), or a committed
-// transaction whose records are still being appended
+// schedulesPending names what a node still holds, "" if none does: a
+// delayed message not yet appended (herald_scheduler_pending), a batch
+// held unreadable until its time (herald_partition_held_batches), a half
+// message not yet on its topic or rolled back (herald_txn_half_pending),
+// or a committed transaction whose records are still being appended
 // (herald_txn_committing).
-func schedulesDone(ctx context.Context, cl *cluster.Cluster) bool {
+func schedulesPending(ctx context.Context, cl *cluster.Cluster) string {
 	for _, n := range cl.Nodes() {
 		if !cl.Running(n.ID) {
 			continue
 		}
 		for _, m := range []string{"herald_scheduler_pending", "herald_partition_held_batches", "herald_txn_half_pending", "herald_txn_committing"} {
 			v, err := metricSum(ctx, n.Admin, m)
-			if err != nil || v > 0 {
-				return false
+			if err != nil {
+				return fmt.Sprintf("node %d's %s: %v", n.ID, m, err)
+			}
+			if v > 0 {
+				return fmt.Sprintf("node %d: %s %v", n.ID, m, v)
 			}
 		}
 	}
-	return true
+	return ""
 }
 
 // metricSum adds up every sample of metric on the node's /metrics.
@@ -423,25 +445,26 @@ func metricSum(ctx context.Context, admin, metric string) (float64, error) {
 	return sum, sc.Err()
 }
 
-// groupsDone reports whether every group of s has acked every record.
-func groupsDone(ctx context.Context, c interface {
+// groupsPending names a group of s that has not acked every record, ""
+// if none.
+func groupsPending(ctx context.Context, c interface {
 	DescribeGroup(context.Context, string) (*heraldpb.GroupInfo, error)
-}, s *scenario.Scenario) bool {
+}, s *scenario.Scenario) string {
 	for _, g := range s.Workload.Groups {
 		info, err := c.DescribeGroup(ctx, g.Name)
 		if err != nil {
-			return false
+			return fmt.Sprintf("group %s: %v", g.Name, err)
 		}
 		if info.GetInFlight() > 0 || info.GetRetrying() > 0 {
-			return false
+			return fmt.Sprintf("group %s: %d in flight, %d retrying", g.Name, info.GetInFlight(), info.GetRetrying())
 		}
 		for _, p := range info.GetPartitions() {
 			if p.GetAckFloor() < p.GetHighWatermark() {
-				return false
+				return fmt.Sprintf("group %s: partition %d acked to %d of %d", g.Name, p.GetPartition(), p.GetAckFloor(), p.GetHighWatermark())
 			}
 		}
 	}
-	return true
+	return ""
 }
 
 func readHistory(path string) ([]history.Op, error) {

@@ -11,7 +11,9 @@ import (
 
 // ClusterNow estimates the cluster's time: every peer this node knows is
 // asked for its wall clock (/herald/time on its health endpoint), each
-// answer corrected by half its round trip, and the result is this node's
+// answer taken as a lower bound (the peer read its clock before this node
+// read its own at receipt, so the offset is never overstated, by at most
+// the round trip), and the result is this node's
 // clock moved by the lower median of the offsets, its own (0) among them.
 // With three nodes one clock stepped either way is outvoted; with two
 // the earlier clock wins (a scheduler anchored to it is late, never
@@ -41,13 +43,14 @@ func (n *Node) ClusterNow(ctx context.Context) (now time.Time, offset time.Durat
 }
 
 // peerOffset is how far the peer at health address h is ahead of this
-// node's clock.
+// node's clock, as a lower bound: the peer's reading is compared with
+// this node's clock at receipt, so a slow round trip makes the estimate
+// late, never early (a scheduler anchored to it never fires early).
 func (n *Node) peerOffset(ctx context.Context, h string) (time.Duration, bool) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.scheme()+h+"/herald/time", nil)
 	if err != nil {
 		return 0, false
 	}
-	sent := time.Now() // monotonic: the round trip
 	resp, err := n.client.Do(req)
 	if err != nil {
 		return 0, false
@@ -59,7 +62,5 @@ func (n *Node) peerOffset(ctx context.Context, h string) (time.Duration, bool) {
 	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&ans) != nil || ans.UnixNano == 0 {
 		return 0, false
 	}
-	rtt := time.Since(sent)
-	peer := time.Unix(0, ans.UnixNano).Add(rtt / 2)
-	return peer.Sub(n.cfg.Now().Round(0)), true
+	return time.Unix(0, ans.UnixNano).Sub(n.cfg.Now().Round(0)), true
 }

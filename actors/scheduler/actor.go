@@ -253,6 +253,10 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		if c, ok := s.far.(interface{ Close() error }); ok {
 			_ = c.Close()
 		}
+		// The next scheduler, here after a restart or on the node that
+		// leads __schedule next, counts its own: a node that stopped
+		// leading must not report the pending batches it no longer holds.
+		mPending.Set(0)
 	case *loadRetry:
 		s.load(ctx)
 	case *fireTick:

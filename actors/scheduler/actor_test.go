@@ -202,8 +202,16 @@ func TestSchedulerFarTimersAcrossRestart(t *testing.T) {
 		ids[v] = r.schedule(0, d, v)
 	}
 	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CancelScheduled{CancelScheduled: &heraldpb.CancelScheduledRequest{Id: ids["cancelled"]}}}, r.sched)
+	if got := testutil.ToFloat64(mPending); got != 6 {
+		t.Fatalf("herald_scheduler_pending = %v before the stop, want 6", got)
+	}
 	// Restart: the scheduler rebuilds its wheel and far store from the log.
 	r.stop()
+	// A stopped scheduler (this node no longer leads __schedule) reports
+	// none pending: the next one counts its own.
+	if got := testutil.ToFloat64(mPending); got != 0 {
+		t.Fatalf("herald_scheduler_pending = %v after the scheduler stopped, want 0", got)
+	}
 	r = newRig(t, dir+"/data", opts())
 	defer r.stop()
 	list := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListScheduled{ListScheduled: &heraldpb.ListScheduledRequest{Limit: 100}}}, r.sched).GetListScheduledResponse()
