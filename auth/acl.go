@@ -168,6 +168,7 @@ func checks(vhost string, f *heraldpb.Frame) (out []check, ok bool) {
 		if g := p.GetHalf().GetProducerGroup(); g != "" {
 			out = append(out, check{opProduce, heraldpb.AclResourceType_ACL_RESOURCE_PRODUCER_GROUP, g})
 		}
+		out = append(out, offsetChecks(p.TxnGroupOffsets)...)
 	case *heraldpb.Frame_Publish:
 		if b.Publish.Exchange == "" {
 			// The default exchange: the routing key names the topic.
@@ -225,7 +226,8 @@ func checks(vhost string, f *heraldpb.Frame) (out []check, ok bool) {
 		}
 	case *heraldpb.Frame_ClusterAdmin, *heraldpb.Frame_RepairPartition, *heraldpb.Frame_AlterUser,
 		*heraldpb.Frame_ListUsers, *heraldpb.Frame_AlterAcls, *heraldpb.Frame_ListAcls,
-		*heraldpb.Frame_AlterVhost, *heraldpb.Frame_ListVhosts:
+		*heraldpb.Frame_AlterVhost, *heraldpb.Frame_ListVhosts,
+		*heraldpb.Frame_CommitTxnOffsets: // (internal: no client route either)
 		out = append(out, clusterCheck(opAdmin))
 	case *heraldpb.Frame_EndHalf:
 		// With the group named, the coordinator refuses a half of another
@@ -259,6 +261,7 @@ func checks(vhost string, f *heraldpb.Frame) (out []check, ok bool) {
 			op = opAlter
 		}
 		out = append(out, check{op, heraldpb.AclResourceType_ACL_RESOURCE_TRANSACTIONAL_ID, b.EndTxn.TransactionalId})
+		out = append(out, offsetChecks(b.EndTxn.GroupOffsets)...)
 	default:
 		return nil, false
 	}
@@ -426,6 +429,17 @@ func filter[T any](in []T, keep func(T) bool) []T {
 		if keep(x) {
 			out = append(out, x)
 		}
+	}
+	return out
+}
+
+// offsetChecks: committing a consumer group's offsets in a transaction
+// needs the right to consume as that group (Kafka asks READ on the group
+// for TxnOffsetCommit).
+func offsetChecks(offs []*heraldpb.TxnGroupOffsets) []check {
+	var out []check
+	for _, o := range offs {
+		out = append(out, check{opConsume, heraldpb.AclResourceType_ACL_RESOURCE_GROUP, o.Group})
 	}
 	return out
 }

@@ -68,6 +68,7 @@ func (b *Broker) coordinateInternal(reg *registry.Registry) {
 				break
 			}
 			b.groups = pid
+			b.member.Register(GroupsGroup, pid)
 			b.groupsHere.Store(true)
 			b.log.Info("coordinating consumer groups: this node leads __groups")
 		case !gLead && running:
@@ -135,6 +136,7 @@ func (b *Broker) createInternal(name string, nodes int, maxMessage uint32) {
 // groupsMu held.
 func (b *Broker) resignGroups(leader uint64) {
 	b.groupsHere.Store(false)
+	b.member.Unregister(GroupsGroup)
 	why := heraldpb.NewError(heraldpb.ErrorCode_NOT_COORDINATOR, "node %d no longer coordinates consumer groups", b.nodeID)
 	why.Leader = uint32(leader)
 	if res, err := b.sys.Root.RequestFuture(b.groups, &consumer.Coordinators{}, 5*time.Second).Result(); err == nil {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/actors/consumer"
 	"github.com/heraldmq/herald/actors/topic"
 	"github.com/heraldmq/herald/actors/txn"
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -19,6 +20,7 @@ func (b *Broker) startTxn(clustered bool, push txn.Pusher) error {
 		Topics: b.reg, Logger: b.log, Push: push, Now: b.clock.Now,
 		CheckInterval: b.cfg.TxnCheckInterval, MaxChecks: uint32(b.cfg.TxnMaxChecks), MaxPending: b.cfg.MaxHalfPending,
 		MaxDelay: b.cfg.MaxDelay, TxnTimeout: b.cfg.TxnTimeout, MaxTxnTimeout: b.cfg.MaxTxnTimeout,
+		GroupOffsets: b.groupOffsets,
 	})
 	if clustered {
 		return nil
@@ -93,4 +95,33 @@ func (b *Broker) followTxn(reg *registry.Registry) {
 		b.txn = nil
 		b.log.Info("stopped coordinating transactions: this node no longer leads __txn", "leader", leader)
 	}
+}
+
+// GroupsGroup is the name the groups manager of a cluster is reachable
+// under through the cluster transport (on the node leading __groups).
+const GroupsGroup = "herald-groups"
+
+// groupOffsets hands a committed transaction's group offsets (a
+// CommitTxnOffsets frame) to the groups manager: the local one on a single
+// node or where it runs; else, in a cluster, the one on the node leading
+// __groups. It blocks until the answer (the transaction coordinator calls
+// it from a goroutine of its own).
+func (b *Broker) groupOffsets(f *heraldpb.Frame) (*heraldpb.Frame, error) {
+	if b.member == nil || b.groupsHere.Load() {
+		res, err := b.sys.Root.RequestFuture(actor.NewPID(b.sys.Address(), consumer.ManagerName), f, 10*time.Second).Result()
+		if err != nil {
+			return nil, err
+		}
+		ans, ok := res.(*heraldpb.Frame)
+		if !ok {
+			return nil, fmt.Errorf("the groups manager answered %T", res)
+		}
+		return ans, nil
+	}
+	leader := b.groupsLeader.Load()
+	if leader == 0 || leader == b.nodeID {
+		e := heraldpb.NewError(heraldpb.ErrorCode_NOT_COORDINATOR, "no node coordinates consumer groups right now")
+		return heraldpb.ErrorFrame(f.Id, e), nil
+	}
+	return b.member.Request(leader, GroupsGroup, f)
 }

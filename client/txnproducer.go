@@ -1,10 +1,13 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -159,7 +162,11 @@ type TransactionalProducer struct {
 	// outcome is unknown (Commit sends it again, Abort drops it).
 	last      *txnBatch
 	lingering bool // a linger timer is armed
+	// offsets: consumer group offsets the commit carries (SendOffsets).
+	offsets map[offsetsKey]map[int32]int64
 }
+
+type offsetsKey struct{ group, topic string }
 
 type txnKey struct {
 	topic string
@@ -692,10 +699,10 @@ func (p *TransactionalProducer) commitWith(ctx context.Context, b *txnBatch) (Tx
 		return TxnEnd{}, err
 	}
 	p.mu.Lock()
-	pid, epoch := p.pid, p.epoch
+	pid, epoch, offs := p.pid, p.epoch, p.offsetsLocked()
 	p.mu.Unlock()
 	req := p.stageRequest(b, pid, epoch)
-	req.CommitTxn = true
+	req.CommitTxn, req.TxnGroupOffsets = true, offs
 	resp, err := p.c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}, true)
 	var pr *heraldpb.ProduceResponse
 	if err == nil {
@@ -853,6 +860,72 @@ func (p *TransactionalProducer) dropLocked() []func(Result, error) {
 // sequence 0.
 func (p *TransactionalProducer) resetLocked() {
 	p.phase, p.failure, p.seq = txnNone, nil, 0
+	p.offsets = nil
+}
+
+// SendOffsets adds consumer group progress to the open transaction
+// (Kafka's SendOffsetsToTransaction): when the transaction commits, the
+// group's position in each partition of topic moves up to its offset in
+// offsets (the next offset to consume: every offset below it is done),
+// together with the transaction's records: both, or neither if it
+// aborts. A new session of this transactional id (a process taking over
+// after a crash) starts only once the offsets of the last commit are
+// applied, so it reads the group's position after it (the ack floors of
+// Client.DescribeGroup). The group must be a clustering or shared
+// group of topic (or have no progress yet); the position never moves
+// back. It sends nothing: Commit carries the offsets (a later call for
+// the same group and partition replaces the offset). The connection
+// needs the right to consume as the group.
+func (p *TransactionalProducer) SendOffsets(group, topic string, offsets map[int32]int64) error {
+	switch {
+	case group == "" || topic == "":
+		return errors.New("herald: SendOffsets needs a group and a topic")
+	case len(offsets) == 0:
+		return errors.New("herald: SendOffsets needs offsets")
+	}
+	for part, off := range offsets {
+		if part < 0 || off < 0 {
+			return fmt.Errorf("herald: SendOffsets: partition %d, offset %d", part, off)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.usableLocked(); err != nil {
+		return err
+	}
+	switch p.phase {
+	case txnNone:
+		return errNoTxn
+	case txnActive:
+	default:
+		return errors.New("herald: SendOffsets: the transaction is being ended")
+	}
+	k := offsetsKey{group, topic}
+	if p.offsets == nil {
+		p.offsets = map[offsetsKey]map[int32]int64{}
+	}
+	if p.offsets[k] == nil {
+		p.offsets[k] = map[int32]int64{}
+	}
+	maps.Copy(p.offsets[k], offsets)
+	return nil
+}
+
+// offsetsLocked is the commit's group offsets, in a stable order.
+func (p *TransactionalProducer) offsetsLocked() []*heraldpb.TxnGroupOffsets {
+	var out []*heraldpb.TxnGroupOffsets
+	keys := slices.SortedFunc(maps.Keys(p.offsets), func(a, b offsetsKey) int {
+		return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(a.topic, b.topic))
+	})
+	for _, k := range keys {
+		o := &heraldpb.TxnGroupOffsets{Group: k.group, Topic: k.topic}
+		for _, part := range slices.Sorted(maps.Keys(p.offsets[k])) {
+			o.Partitions = append(o.Partitions, uint32(part))
+			o.Offsets = append(o.Offsets, p.offsets[k][part])
+		}
+		out = append(out, o)
+	}
+	return out
 }
 
 // end sends EndTxn (commit or abort) for the current epoch and takes the
@@ -863,9 +936,13 @@ func (p *TransactionalProducer) end(ctx context.Context, commit bool) (TxnEnd, e
 	}
 	p.mu.Lock()
 	pid, epoch := p.pid, p.epoch
+	var offs []*heraldpb.TxnGroupOffsets
+	if commit {
+		offs = p.offsetsLocked()
+	}
 	p.mu.Unlock()
 	f, err := p.c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
-		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: epoch, Commit: commit,
+		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: epoch, Commit: commit, GroupOffsets: offs,
 	}}}, true)
 	var r *heraldpb.EndTxnResponse
 	if err == nil {

@@ -65,6 +65,10 @@ func inVhost(vhost string, f *heraldpb.Frame) *heraldpb.Error {
 		if h := b.Produce.Half; h != nil {
 			name("producer group", &h.ProducerGroup)
 		}
+		for _, o := range b.Produce.TxnGroupOffsets {
+			name("group", &o.Group)
+			name("topic", &o.Topic)
+		}
 	case *heraldpb.Frame_Publish:
 		if b.Publish.Exchange == "" {
 			name("topic", &b.Publish.RoutingKey) // the default exchange's key is a topic
@@ -127,6 +131,10 @@ func inVhost(vhost string, f *heraldpb.Frame) *heraldpb.Error {
 		name("transactional id", &b.InitProducerId.TransactionalId)
 	case *heraldpb.Frame_EndTxn:
 		name("transactional id", &b.EndTxn.TransactionalId)
+		for _, o := range b.EndTxn.GroupOffsets {
+			name("group", &o.Group)
+			name("topic", &o.Topic)
+		}
 	case *heraldpb.Frame_AlterAcls:
 		for _, r := range append(append([]*heraldpb.AclRule{}, b.AlterAcls.Add...), b.AlterAcls.Remove...) {
 			if bad == nil {

@@ -1032,6 +1032,8 @@ type Frame struct {
 	//	*Frame_ListExchangesResponse
 	//	*Frame_Publish
 	//	*Frame_PublishResponse
+	//	*Frame_CommitTxnOffsets
+	//	*Frame_CommitTxnOffsetsResponse
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
@@ -1807,6 +1809,24 @@ func (x *Frame) GetPublishResponse() *PublishResponse {
 	return nil
 }
 
+func (x *Frame) GetCommitTxnOffsets() *CommitTxnOffsetsRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_CommitTxnOffsets); ok {
+			return x.CommitTxnOffsets
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetCommitTxnOffsetsResponse() *CommitTxnOffsetsResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_CommitTxnOffsetsResponse); ok {
+			return x.CommitTxnOffsetsResponse
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetDelivery() *Delivery {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Delivery); ok {
@@ -2185,6 +2205,17 @@ type Frame_PublishResponse struct {
 	PublishResponse *PublishResponse `protobuf:"bytes,99,opt,name=publish_response,json=publishResponse,proto3,oneof"`
 }
 
+type Frame_CommitTxnOffsets struct {
+	// Internal (node to node, never accepted from a client): the
+	// transaction coordinator applies a committed transaction's consumer
+	// group offsets at the groups coordinator.
+	CommitTxnOffsets *CommitTxnOffsetsRequest `protobuf:"bytes,101,opt,name=commit_txn_offsets,json=commitTxnOffsets,proto3,oneof"`
+}
+
+type Frame_CommitTxnOffsetsResponse struct {
+	CommitTxnOffsetsResponse *CommitTxnOffsetsResponse `protobuf:"bytes,102,opt,name=commit_txn_offsets_response,json=commitTxnOffsetsResponse,proto3,oneof"`
+}
+
 type Frame_Delivery struct {
 	// Server pushes (frame id 0): never requests, never answered.
 	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
@@ -2369,6 +2400,10 @@ func (*Frame_ListExchangesResponse) isFrame_Body() {}
 func (*Frame_Publish) isFrame_Body() {}
 
 func (*Frame_PublishResponse) isFrame_Body() {}
+
+func (*Frame_CommitTxnOffsets) isFrame_Body() {}
+
+func (*Frame_CommitTxnOffsetsResponse) isFrame_Body() {}
 
 func (*Frame_Delivery) isFrame_Body() {}
 
@@ -5076,9 +5111,12 @@ type ProduceRequest struct {
 	// answer is a ProduceResponse carrying txn_end once the commit decision
 	// is durable. A retry after a lost answer is answered the same way
 	// (txn_end.already_ended when the commit had been decided).
-	CommitTxn     bool `protobuf:"varint,17,opt,name=commit_txn,json=commitTxn,proto3" json:"commit_txn,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CommitTxn bool `protobuf:"varint,17,opt,name=commit_txn,json=commitTxn,proto3" json:"commit_txn,omitempty"`
+	// With commit_txn: consumer group offsets committed with the
+	// transaction, as EndTxnRequest.group_offsets.
+	TxnGroupOffsets []*TxnGroupOffsets `protobuf:"bytes,18,rep,name=txn_group_offsets,json=txnGroupOffsets,proto3" json:"txn_group_offsets,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ProduceRequest) Reset() {
@@ -5228,6 +5266,13 @@ func (x *ProduceRequest) GetCommitTxn() bool {
 		return x.CommitTxn
 	}
 	return false
+}
+
+func (x *ProduceRequest) GetTxnGroupOffsets() []*TxnGroupOffsets {
+	if x != nil {
+		return x.TxnGroupOffsets
+	}
+	return nil
 }
 
 // How the broker resolves a half message nobody ends.
@@ -9150,7 +9195,12 @@ type EndTxnRequest struct {
 	ProducerEpoch   uint32                 `protobuf:"varint,3,opt,name=producer_epoch,json=producerEpoch,proto3" json:"producer_epoch,omitempty"`
 	Commit          bool                   `protobuf:"varint,4,opt,name=commit,proto3" json:"commit,omitempty"`
 	// `herald txn abort ID`: abort whatever is open, without the epoch.
-	Manual        bool `protobuf:"varint,5,opt,name=manual,proto3" json:"manual,omitempty"`
+	Manual bool `protobuf:"varint,5,opt,name=manual,proto3" json:"manual,omitempty"`
+	// A commit only: consumer group progress committed with the
+	// transaction (Kafka's SendOffsetsToTransaction), written in the commit
+	// decision and applied to the groups once the transaction's records are
+	// on their partitions: all of it, or none if the transaction aborts.
+	GroupOffsets  []*TxnGroupOffsets `protobuf:"bytes,6,rep,name=group_offsets,json=groupOffsets,proto3" json:"group_offsets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -9220,6 +9270,183 @@ func (x *EndTxnRequest) GetManual() bool {
 	return false
 }
 
+func (x *EndTxnRequest) GetGroupOffsets() []*TxnGroupOffsets {
+	if x != nil {
+		return x.GroupOffsets
+	}
+	return nil
+}
+
+// A consumer group's progress in a topic: for each partition listed, every
+// offset below offsets[i] is done (clustering and shared groups; the
+// group's position only moves forward).
+type TxnGroupOffsets struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partitions    []uint32               `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	Offsets       []int64                `protobuf:"varint,4,rep,packed,name=offsets,proto3" json:"offsets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnGroupOffsets) Reset() {
+	*x = TxnGroupOffsets{}
+	mi := &file_herald_proto_msgTypes[100]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnGroupOffsets) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnGroupOffsets) ProtoMessage() {}
+
+func (x *TxnGroupOffsets) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[100]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnGroupOffsets.ProtoReflect.Descriptor instead.
+func (*TxnGroupOffsets) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{100}
+}
+
+func (x *TxnGroupOffsets) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *TxnGroupOffsets) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *TxnGroupOffsets) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *TxnGroupOffsets) GetOffsets() []int64 {
+	if x != nil {
+		return x.Offsets
+	}
+	return nil
+}
+
+// Internal: a committed transaction's offsets for one group (the groups
+// coordinator answers once they are durable in __groups; applying them
+// again is harmless).
+type CommitTxnOffsetsRequest struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TransactionalId string                 `protobuf:"bytes,1,opt,name=transactional_id,json=transactionalId,proto3" json:"transactional_id,omitempty"`
+	Epoch           uint32                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Offsets         *TxnGroupOffsets       `protobuf:"bytes,3,opt,name=offsets,proto3" json:"offsets,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *CommitTxnOffsetsRequest) Reset() {
+	*x = CommitTxnOffsetsRequest{}
+	mi := &file_herald_proto_msgTypes[101]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitTxnOffsetsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitTxnOffsetsRequest) ProtoMessage() {}
+
+func (x *CommitTxnOffsetsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[101]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitTxnOffsetsRequest.ProtoReflect.Descriptor instead.
+func (*CommitTxnOffsetsRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{101}
+}
+
+func (x *CommitTxnOffsetsRequest) GetTransactionalId() string {
+	if x != nil {
+		return x.TransactionalId
+	}
+	return ""
+}
+
+func (x *CommitTxnOffsetsRequest) GetEpoch() uint32 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *CommitTxnOffsetsRequest) GetOffsets() *TxnGroupOffsets {
+	if x != nil {
+		return x.Offsets
+	}
+	return nil
+}
+
+type CommitTxnOffsetsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitTxnOffsetsResponse) Reset() {
+	*x = CommitTxnOffsetsResponse{}
+	mi := &file_herald_proto_msgTypes[102]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitTxnOffsetsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitTxnOffsetsResponse) ProtoMessage() {}
+
+func (x *CommitTxnOffsetsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[102]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitTxnOffsetsResponse.ProtoReflect.Descriptor instead.
+func (*CommitTxnOffsetsResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{102}
+}
+
 type EndTxnResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	NextEpoch uint32                 `protobuf:"varint,1,opt,name=next_epoch,json=nextEpoch,proto3" json:"next_epoch,omitempty"`
@@ -9235,7 +9462,7 @@ type EndTxnResponse struct {
 
 func (x *EndTxnResponse) Reset() {
 	*x = EndTxnResponse{}
-	mi := &file_herald_proto_msgTypes[100]
+	mi := &file_herald_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9247,7 +9474,7 @@ func (x *EndTxnResponse) String() string {
 func (*EndTxnResponse) ProtoMessage() {}
 
 func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[100]
+	mi := &file_herald_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9260,7 +9487,7 @@ func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTxnResponse.ProtoReflect.Descriptor instead.
 func (*EndTxnResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{100}
+	return file_herald_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *EndTxnResponse) GetNextEpoch() uint32 {
@@ -9309,7 +9536,7 @@ type TxnInfo struct {
 
 func (x *TxnInfo) Reset() {
 	*x = TxnInfo{}
-	mi := &file_herald_proto_msgTypes[101]
+	mi := &file_herald_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9321,7 +9548,7 @@ func (x *TxnInfo) String() string {
 func (*TxnInfo) ProtoMessage() {}
 
 func (x *TxnInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[101]
+	mi := &file_herald_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9334,7 +9561,7 @@ func (x *TxnInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnInfo.ProtoReflect.Descriptor instead.
 func (*TxnInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{101}
+	return file_herald_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *TxnInfo) GetTransactionalId() string {
@@ -9413,7 +9640,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x06leader\x18\x05 \x01(\rR\x06leader\x12\x1b\n" +
 	"\tlost_from\x18\x06 \x01(\x03R\blostFrom\x12\x17\n" +
 	"\alost_to\x18\a \x01(\x03R\x06lostTo\x12'\n" +
-	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\xb20\n" +
+	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\xec1\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -9504,7 +9731,9 @@ const file_herald_proto_rawDesc = "" +
 	"\x0elist_exchanges\x18` \x01(\v2\x1f.herald.v1.ListExchangesRequestH\x00R\rlistExchanges\x12Z\n" +
 	"\x17list_exchanges_response\x18a \x01(\v2 .herald.v1.ListExchangesResponseH\x00R\x15listExchangesResponse\x125\n" +
 	"\apublish\x18b \x01(\v2\x19.herald.v1.PublishRequestH\x00R\apublish\x12G\n" +
-	"\x10publish_response\x18c \x01(\v2\x1a.herald.v1.PublishResponseH\x00R\x0fpublishResponse\x121\n" +
+	"\x10publish_response\x18c \x01(\v2\x1a.herald.v1.PublishResponseH\x00R\x0fpublishResponse\x12R\n" +
+	"\x12commit_txn_offsets\x18e \x01(\v2\".herald.v1.CommitTxnOffsetsRequestH\x00R\x10commitTxnOffsets\x12d\n" +
+	"\x1bcommit_txn_offsets_response\x18f \x01(\v2#.herald.v1.CommitTxnOffsetsResponseH\x00R\x18commitTxnOffsetsResponse\x121\n" +
 	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
@@ -9710,7 +9939,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xd9\x04\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\xa1\x05\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -9732,7 +9961,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x10transactional_id\x18\x0f \x01(\tR\x0ftransactionalId\x12(\n" +
 	"\x10single_in_flight\x18\x10 \x01(\bR\x0esingleInFlight\x12\x1d\n" +
 	"\n" +
-	"commit_txn\x18\x11 \x01(\bR\tcommitTxnB\f\n" +
+	"commit_txn\x18\x11 \x01(\bR\tcommitTxn\x12F\n" +
+	"\x11txn_group_offsets\x18\x12 \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\x0ftxnGroupOffsetsB\f\n" +
 	"\n" +
 	"_partition\"\xc2\x01\n" +
 	"\vHalfOptions\x12%\n" +
@@ -10059,14 +10289,27 @@ const file_herald_proto_rawDesc = "" +
 	"\x16InitProducerIdResponse\x12\x1f\n" +
 	"\vproducer_id\x18\x01 \x01(\x04R\n" +
 	"producerId\x12%\n" +
-	"\x0eproducer_epoch\x18\x02 \x01(\rR\rproducerEpoch\"\xb2\x01\n" +
+	"\x0eproducer_epoch\x18\x02 \x01(\rR\rproducerEpoch\"\xf3\x01\n" +
 	"\rEndTxnRequest\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x1f\n" +
 	"\vproducer_id\x18\x02 \x01(\x04R\n" +
 	"producerId\x12%\n" +
 	"\x0eproducer_epoch\x18\x03 \x01(\rR\rproducerEpoch\x12\x16\n" +
 	"\x06commit\x18\x04 \x01(\bR\x06commit\x12\x16\n" +
-	"\x06manual\x18\x05 \x01(\bR\x06manual\"\x8e\x01\n" +
+	"\x06manual\x18\x05 \x01(\bR\x06manual\x12?\n" +
+	"\rgroup_offsets\x18\x06 \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\fgroupOffsets\"w\n" +
+	"\x0fTxnGroupOffsets\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x03 \x03(\rR\n" +
+	"partitions\x12\x18\n" +
+	"\aoffsets\x18\x04 \x03(\x03R\aoffsets\"\x90\x01\n" +
+	"\x17CommitTxnOffsetsRequest\x12)\n" +
+	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\rR\x05epoch\x124\n" +
+	"\aoffsets\x18\x03 \x01(\v2\x1a.herald.v1.TxnGroupOffsetsR\aoffsets\"\x1a\n" +
+	"\x18CommitTxnOffsetsResponse\"\x8e\x01\n" +
 	"\x0eEndTxnResponse\x12\x1d\n" +
 	"\n" +
 	"next_epoch\x18\x01 \x01(\rR\tnextEpoch\x12\x18\n" +
@@ -10209,7 +10452,7 @@ func file_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 102)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 105)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                   // 0: herald.v1.ErrorCode
 	(AclOperation)(0),                // 1: herald.v1.AclOperation
@@ -10322,18 +10565,21 @@ var file_herald_proto_goTypes = []any{
 	(*InitProducerIdRequest)(nil),    // 108: herald.v1.InitProducerIdRequest
 	(*InitProducerIdResponse)(nil),   // 109: herald.v1.InitProducerIdResponse
 	(*EndTxnRequest)(nil),            // 110: herald.v1.EndTxnRequest
-	(*EndTxnResponse)(nil),           // 111: herald.v1.EndTxnResponse
-	(*TxnInfo)(nil),                  // 112: herald.v1.TxnInfo
-	(*DeclareExchangeRequest)(nil),   // 113: herald.v1.DeclareExchangeRequest
-	(*DeclareExchangeResponse)(nil),  // 114: herald.v1.DeclareExchangeResponse
-	(*DeleteExchangeRequest)(nil),    // 115: herald.v1.DeleteExchangeRequest
-	(*DeleteExchangeResponse)(nil),   // 116: herald.v1.DeleteExchangeResponse
-	(*BindRequest)(nil),              // 117: herald.v1.BindRequest
-	(*BindResponse)(nil),             // 118: herald.v1.BindResponse
-	(*ListExchangesRequest)(nil),     // 119: herald.v1.ListExchangesRequest
-	(*ListExchangesResponse)(nil),    // 120: herald.v1.ListExchangesResponse
-	(*PublishRequest)(nil),           // 121: herald.v1.PublishRequest
-	(*PublishResponse)(nil),          // 122: herald.v1.PublishResponse
+	(*TxnGroupOffsets)(nil),          // 111: herald.v1.TxnGroupOffsets
+	(*CommitTxnOffsetsRequest)(nil),  // 112: herald.v1.CommitTxnOffsetsRequest
+	(*CommitTxnOffsetsResponse)(nil), // 113: herald.v1.CommitTxnOffsetsResponse
+	(*EndTxnResponse)(nil),           // 114: herald.v1.EndTxnResponse
+	(*TxnInfo)(nil),                  // 115: herald.v1.TxnInfo
+	(*DeclareExchangeRequest)(nil),   // 116: herald.v1.DeclareExchangeRequest
+	(*DeclareExchangeResponse)(nil),  // 117: herald.v1.DeclareExchangeResponse
+	(*DeleteExchangeRequest)(nil),    // 118: herald.v1.DeleteExchangeRequest
+	(*DeleteExchangeResponse)(nil),   // 119: herald.v1.DeleteExchangeResponse
+	(*BindRequest)(nil),              // 120: herald.v1.BindRequest
+	(*BindResponse)(nil),             // 121: herald.v1.BindResponse
+	(*ListExchangesRequest)(nil),     // 122: herald.v1.ListExchangesRequest
+	(*ListExchangesResponse)(nil),    // 123: herald.v1.ListExchangesResponse
+	(*PublishRequest)(nil),           // 124: herald.v1.PublishRequest
+	(*PublishResponse)(nil),          // 125: herald.v1.PublishResponse
 }
 var file_herald_proto_depIdxs = []int32{
 	0,   // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
@@ -10392,7 +10638,7 @@ var file_herald_proto_depIdxs = []int32{
 	108, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
 	109, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
 	110, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
-	111, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
+	114, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
 	15,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
 	16,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
 	18,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
@@ -10407,81 +10653,86 @@ var file_herald_proto_depIdxs = []int32{
 	29,  // 68: herald.v1.Frame.alter_vhost_response:type_name -> herald.v1.AlterVhostResponse
 	30,  // 69: herald.v1.Frame.list_vhosts:type_name -> herald.v1.ListVhostsRequest
 	32,  // 70: herald.v1.Frame.list_vhosts_response:type_name -> herald.v1.ListVhostsResponse
-	113, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
-	114, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
-	115, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
-	116, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
-	117, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
-	118, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
-	119, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
-	120, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
-	121, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
-	122, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
-	74,  // 81: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	75,  // 82: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	91,  // 83: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	76,  // 84: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	104, // 85: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
-	11,  // 86: herald.v1.Frame.error:type_name -> herald.v1.Error
-	17,  // 87: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
-	27,  // 88: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
-	27,  // 89: herald.v1.UserInfo.quotas:type_name -> herald.v1.Quotas
-	2,   // 90: herald.v1.AclRule.resource_type:type_name -> herald.v1.AclResourceType
-	1,   // 91: herald.v1.AclRule.operation:type_name -> herald.v1.AclOperation
-	22,  // 92: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
-	22,  // 93: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
-	22,  // 94: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
-	27,  // 95: herald.v1.AlterVhostRequest.quotas:type_name -> herald.v1.Quotas
-	27,  // 96: herald.v1.VhostInfo.quotas:type_name -> herald.v1.Quotas
-	31,  // 97: herald.v1.ListVhostsResponse.vhosts:type_name -> herald.v1.VhostInfo
-	21,  // 98: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
-	34,  // 99: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	35,  // 100: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	37,  // 101: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	36,  // 102: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	34,  // 103: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	36,  // 104: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	10,  // 105: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
-	45,  // 106: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
-	36,  // 107: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	36,  // 108: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	51,  // 109: herald.v1.Record.headers:type_name -> herald.v1.Header
-	52,  // 110: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	3,   // 111: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	56,  // 112: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
-	4,   // 113: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	111, // 114: herald.v1.ProduceResponse.txn_end:type_name -> herald.v1.EndTxnResponse
-	54,  // 115: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	5,   // 116: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	6,   // 117: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	7,   // 118: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	62,  // 119: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	52,  // 120: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	73,  // 121: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	11,  // 122: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	6,   // 123: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	78,  // 124: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	8,   // 125: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	6,   // 126: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	7,   // 127: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	81,  // 128: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	82,  // 129: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	83,  // 130: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	62,  // 131: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	83,  // 132: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	52,  // 133: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	52,  // 134: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	52,  // 135: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	95,  // 136: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	97,  // 137: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
-	9,   // 138: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
-	106, // 139: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	112, // 140: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
-	141, // [141:141] is the sub-list for method output_type
-	141, // [141:141] is the sub-list for method input_type
-	141, // [141:141] is the sub-list for extension type_name
-	141, // [141:141] is the sub-list for extension extendee
-	0,   // [0:141] is the sub-list for field type_name
+	116, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
+	117, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
+	118, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
+	119, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
+	120, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
+	121, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
+	122, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
+	123, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
+	124, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
+	125, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
+	112, // 81: herald.v1.Frame.commit_txn_offsets:type_name -> herald.v1.CommitTxnOffsetsRequest
+	113, // 82: herald.v1.Frame.commit_txn_offsets_response:type_name -> herald.v1.CommitTxnOffsetsResponse
+	74,  // 83: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	75,  // 84: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	91,  // 85: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	76,  // 86: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	104, // 87: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
+	11,  // 88: herald.v1.Frame.error:type_name -> herald.v1.Error
+	17,  // 89: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
+	27,  // 90: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
+	27,  // 91: herald.v1.UserInfo.quotas:type_name -> herald.v1.Quotas
+	2,   // 92: herald.v1.AclRule.resource_type:type_name -> herald.v1.AclResourceType
+	1,   // 93: herald.v1.AclRule.operation:type_name -> herald.v1.AclOperation
+	22,  // 94: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
+	22,  // 95: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
+	22,  // 96: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
+	27,  // 97: herald.v1.AlterVhostRequest.quotas:type_name -> herald.v1.Quotas
+	27,  // 98: herald.v1.VhostInfo.quotas:type_name -> herald.v1.Quotas
+	31,  // 99: herald.v1.ListVhostsResponse.vhosts:type_name -> herald.v1.VhostInfo
+	21,  // 100: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
+	34,  // 101: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	35,  // 102: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	37,  // 103: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	36,  // 104: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	34,  // 105: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	36,  // 106: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	10,  // 107: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	45,  // 108: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	36,  // 109: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	36,  // 110: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	51,  // 111: herald.v1.Record.headers:type_name -> herald.v1.Header
+	52,  // 112: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	3,   // 113: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	56,  // 114: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
+	111, // 115: herald.v1.ProduceRequest.txn_group_offsets:type_name -> herald.v1.TxnGroupOffsets
+	4,   // 116: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	114, // 117: herald.v1.ProduceResponse.txn_end:type_name -> herald.v1.EndTxnResponse
+	54,  // 118: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	5,   // 119: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	6,   // 120: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	7,   // 121: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	62,  // 122: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	52,  // 123: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	73,  // 124: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	11,  // 125: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	6,   // 126: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	78,  // 127: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	8,   // 128: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	6,   // 129: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	7,   // 130: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	81,  // 131: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	82,  // 132: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	83,  // 133: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	62,  // 134: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	83,  // 135: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	52,  // 136: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	52,  // 137: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	52,  // 138: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	95,  // 139: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	97,  // 140: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
+	9,   // 141: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	106, // 142: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	115, // 143: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	111, // 144: herald.v1.EndTxnRequest.group_offsets:type_name -> herald.v1.TxnGroupOffsets
+	111, // 145: herald.v1.CommitTxnOffsetsRequest.offsets:type_name -> herald.v1.TxnGroupOffsets
+	146, // [146:146] is the sub-list for method output_type
+	146, // [146:146] is the sub-list for method input_type
+	146, // [146:146] is the sub-list for extension type_name
+	146, // [146:146] is the sub-list for extension extendee
+	0,   // [0:146] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -10571,6 +10822,8 @@ func file_herald_proto_init() {
 		(*Frame_ListExchangesResponse)(nil),
 		(*Frame_Publish)(nil),
 		(*Frame_PublishResponse)(nil),
+		(*Frame_CommitTxnOffsets)(nil),
+		(*Frame_CommitTxnOffsetsResponse)(nil),
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),
@@ -10592,7 +10845,7 @@ func file_herald_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
 			NumEnums:      11,
-			NumMessages:   102,
+			NumMessages:   105,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -482,9 +482,12 @@ type TxnEnd struct {
 	Epoch           uint32                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Commit          bool                   `protobuf:"varint,3,opt,name=commit,proto3" json:"commit,omitempty"`
 	// producer, timeout, fenced (a new session), manual.
-	By            string           `protobuf:"bytes,4,opt,name=by,proto3" json:"by,omitempty"`
-	Token         uint64           `protobuf:"fixed64,5,opt,name=token,proto3" json:"token,omitempty"`
-	From          []*TxnAppendFrom `protobuf:"bytes,6,rep,name=from,proto3" json:"from,omitempty"`
+	By    string           `protobuf:"bytes,4,opt,name=by,proto3" json:"by,omitempty"`
+	Token uint64           `protobuf:"fixed64,5,opt,name=token,proto3" json:"token,omitempty"`
+	From  []*TxnAppendFrom `protobuf:"bytes,6,rep,name=from,proto3" json:"from,omitempty"`
+	// Consumer group offsets committed with the transaction, applied once
+	// its records are appended (before TxnComplete).
+	GroupOffsets  []*TxnGroupOffsets `protobuf:"bytes,7,rep,name=group_offsets,json=groupOffsets,proto3" json:"group_offsets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -557,6 +560,13 @@ func (x *TxnEnd) GetToken() uint64 {
 func (x *TxnEnd) GetFrom() []*TxnAppendFrom {
 	if x != nil {
 		return x.From
+	}
+	return nil
+}
+
+func (x *TxnEnd) GetGroupOffsets() []*TxnGroupOffsets {
+	if x != nil {
+		return x.GroupOffsets
 	}
 	return nil
 }
@@ -1205,14 +1215,15 @@ const file_txn_proto_rawDesc = "" +
 	"\tpartition\x18\x04 \x01(\rR\tpartition\x12#\n" +
 	"\rbase_sequence\x18\x05 \x01(\x03R\fbaseSequence\x12\x14\n" +
 	"\x05count\x18\x06 \x01(\rR\x05count\x12\x18\n" +
-	"\arecords\x18\a \x01(\fR\arecords\"\xb5\x01\n" +
+	"\arecords\x18\a \x01(\fR\arecords\"\xf6\x01\n" +
 	"\x06TxnEnd\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\rR\x05epoch\x12\x16\n" +
 	"\x06commit\x18\x03 \x01(\bR\x06commit\x12\x0e\n" +
 	"\x02by\x18\x04 \x01(\tR\x02by\x12\x14\n" +
 	"\x05token\x18\x05 \x01(\x06R\x05token\x12,\n" +
-	"\x04from\x18\x06 \x03(\v2\x18.herald.v1.TxnAppendFromR\x04from\"[\n" +
+	"\x04from\x18\x06 \x03(\v2\x18.herald.v1.TxnAppendFromR\x04from\x12?\n" +
+	"\rgroup_offsets\x18\a \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\fgroupOffsets\"[\n" +
 	"\rTxnAppendFrom\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
@@ -1291,8 +1302,9 @@ var file_txn_proto_goTypes = []any{
 	(*HalfRollback)(nil),     // 10: herald.v1.HalfRollback
 	(*HalfDone)(nil),         // 11: herald.v1.HalfDone
 	(*HalfChecks)(nil),       // 12: herald.v1.HalfChecks
-	(*RoutedBatch)(nil),      // 13: herald.v1.RoutedBatch
-	(HalfExhaustedPolicy)(0), // 14: herald.v1.HalfExhaustedPolicy
+	(*TxnGroupOffsets)(nil),  // 13: herald.v1.TxnGroupOffsets
+	(*RoutedBatch)(nil),      // 14: herald.v1.RoutedBatch
+	(HalfExhaustedPolicy)(0), // 15: herald.v1.HalfExhaustedPolicy
 }
 var file_txn_proto_depIdxs = []int32{
 	8,  // 0: herald.v1.TxnEvent.half:type_name -> herald.v1.HalfStored
@@ -1307,13 +1319,14 @@ var file_txn_proto_depIdxs = []int32{
 	6,  // 9: herald.v1.TxnEvent.routed:type_name -> herald.v1.Routed
 	7,  // 10: herald.v1.TxnEvent.publishers:type_name -> herald.v1.RoutedPublishers
 	4,  // 11: herald.v1.TxnEnd.from:type_name -> herald.v1.TxnAppendFrom
-	13, // 12: herald.v1.Routed.batches:type_name -> herald.v1.RoutedBatch
-	14, // 13: herald.v1.HalfStored.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	13, // 12: herald.v1.TxnEnd.group_offsets:type_name -> herald.v1.TxnGroupOffsets
+	14, // 13: herald.v1.Routed.batches:type_name -> herald.v1.RoutedBatch
+	15, // 14: herald.v1.HalfStored.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_txn_proto_init() }

@@ -401,6 +401,8 @@ func (c *coordinator) onFrame(ctx actor.Context, f *heraldpb.Frame) {
 		respond(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_DescribeGroupResponse{DescribeGroupResponse: &heraldpb.DescribeGroupResponse{Group: c.describe()}}})
 	case *heraldpb.Frame_ResetGroup:
 		c.onReset(ctx, f, b.ResetGroup)
+	case *heraldpb.Frame_CommitTxnOffsets:
+		c.onTxnOffsets(ctx, f, b.CommitTxnOffsets.GetOffsets())
 	case *heraldpb.Frame_FetchResponse:
 		c.onFetched(ctx, f.Id, b.FetchResponse, nil)
 	case *heraldpb.Frame_ProduceResponse:

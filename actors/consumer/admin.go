@@ -4,6 +4,7 @@ package consumer
 
 import (
 	"cmp"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -202,6 +203,121 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 		c.waiters = append(c.waiters, waiter{to: replyTo, f: &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ResetGroupResponse{ResetGroupResponse: &heraldpb.ResetGroupResponse{Group: gi}}}})
 		c.flush(ctx)
 	})
+}
+
+// onTxnOffsets applies a committed transaction's offsets (the
+// transaction coordinator's CommitTxnOffsets): the group's position in
+// each partition listed moves up to its offset, never back, whoever owns
+// the partition. Answered once durable in __groups. Applying them again
+// (after a crash or a failover of either coordinator) changes nothing.
+func (c *coordinator) onTxnOffsets(ctx actor.Context, f *heraldpb.Frame, o *heraldpb.TxnGroupOffsets) {
+	replyTo := ctx.Sender()
+	fail := func(code heraldpb.ErrorCode, format string, args ...any) {
+		respond(ctx, replyTo, errFrame(f.Id, code, format, args...))
+	}
+	if o == nil || len(o.Partitions) != len(o.Offsets) {
+		fail(heraldpb.ErrorCode_INVALID_REQUEST, "group offsets: partitions and offsets do not match")
+		return
+	}
+	if c.resolving {
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "group %q is starting a subscription", c.group)
+		e.RetryAfterMs = 50
+		respond(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e))
+		return
+	}
+	topicName := c.st.lastTop
+	for _, r := range c.writeRecs {
+		topicName = r.Topic
+	}
+	for _, r := range c.toWrite {
+		topicName = r.Topic
+	}
+	if l := c.live; l != nil {
+		topicName = l.topic
+	}
+	if topicName != "" && topicName != o.Topic {
+		fail(heraldpb.ErrorCode_INVALID_REQUEST, "group %q consumes topic %q, not %q", c.group, topicName, o.Topic)
+		return
+	}
+	entry := c.o.Topics.Get(o.Topic)
+	if entry == nil {
+		fail(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q of group %q does not exist", o.Topic, c.group)
+		return
+	}
+	for i, p := range o.Partitions {
+		if int(p) >= len(entry.Partitions) || o.Offsets[i] < 0 {
+			fail(heraldpb.ErrorCode_INVALID_REQUEST, "group offsets: partition %d, offset %d of topic %q", p, o.Offsets[i], o.Topic)
+			return
+		}
+	}
+	ok := &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CommitTxnOffsetsResponse{CommitTxnOffsetsResponse: &heraldpb.CommitTxnOffsetsResponse{}}}
+	if l := c.live; l != nil {
+		for i, p := range o.Partitions {
+			if err := l.sub.CommitTo(p, o.Offsets[i]); err != nil {
+				fail(heraldpb.ErrorCode_INVALID_REQUEST, "group %q: %v", c.group, err)
+				return
+			}
+			floor := l.sub.Progress("", p).Floor()
+			for id, te := range l.toks {
+				if id.part == p && id.off < floor {
+					if owner := l.members[te.member]; owner != nil && te.tok != 0 {
+						_ = owner.breaker.Success(te.tok)
+					}
+					delete(l.toks, id)
+				}
+			}
+			l.held("", p).trim(floor)
+		}
+		c.markDirty("")
+		c.waiters = append(c.waiters, waiter{to: replyTo, f: ok})
+		c.checkRevocations(ctx)
+		c.dispatch(ctx)
+		c.pump(ctx)
+		c.flush(ctx)
+		return
+	}
+	// No members: the stored progress moves forward.
+	recs := c.latestRecords(o.Topic)
+	rec := &heraldpb.GroupProgress{Group: c.group, Topic: o.Topic, Mode: int32(Clustering)}
+	for _, r := range recs {
+		if r.Subscriber != "" || Mode(r.Mode) == Broadcast {
+			fail(heraldpb.ErrorCode_INVALID_REQUEST, "group %q is a broadcast group: it has no group position", c.group)
+			return
+		}
+		rec.Mode = r.Mode
+		rec.Partitions = r.Partitions
+	}
+	parts := map[uint32]*heraldpb.PartitionProgress{}
+	for _, pp := range rec.Partitions {
+		parts[pp.Partition] = pp
+	}
+	for i, p := range o.Partitions {
+		prog := NewProgress(0, 0)
+		old := parts[p]
+		if old != nil {
+			var err error
+			// (The widest span: the group may have been written with any.)
+			if prog, err = DecodeProgress(old, maxMaxSpan); err != nil {
+				fail(heraldpb.ErrorCode_INTERNAL, "group %q: stored progress of partition %d: %v", c.group, p, err)
+				return
+			}
+		}
+		prog.Commit(o.Offsets[i])
+		pp := prog.Encode(p)
+		for _, r := range old.GetRetries() {
+			if r.Offset >= pp.AckFloor {
+				pp.Retries = append(pp.Retries, r)
+			}
+		}
+		parts[p] = pp
+	}
+	rec.Partitions = nil
+	for _, p := range slices.Sorted(maps.Keys(parts)) {
+		rec.Partitions = append(rec.Partitions, parts[p])
+	}
+	c.toWrite = append(c.toWrite, rec)
+	c.waiters = append(c.waiters, waiter{to: replyTo, f: ok})
+	c.flush(ctx)
 }
 
 // ---- describe ----------------------------------------------------------------

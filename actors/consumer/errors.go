@@ -29,4 +29,9 @@ var (
 	ErrBadProgress = errors.New("herald: malformed consumer progress")
 	// ErrBadConfig: a Config failed Validate.
 	ErrBadConfig = errors.New("herald: invalid subscription config")
+	// ErrUnknownPartition: a partition the subscription does not have.
+	ErrUnknownPartition = errors.New("herald: no such partition")
+	// ErrBroadcast: a group position asked of a broadcast group, where
+	// each member has its own.
+	ErrBroadcast = errors.New("herald: a broadcast group has no group position")
 )

@@ -1,15 +1,10 @@
 package consumer
 
 import (
-	"fmt"
 	"github.com/heraldmq/herald/registry"
 	"maps"
-	"regexp"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
@@ -19,8 +14,6 @@ import (
 
 // ManagerName is the groups manager's actor name.
 const ManagerName = "groups"
-
-var validGroup = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
 
 // Manager is the groups actor: it rebuilds every group's progress from
 // `__groups` when it starts, then spawns one coordinator per group and
@@ -353,7 +346,7 @@ func (m *Manager) send(ctx actor.Context, group string, h *groupHandle, msg any,
 	if h.stopping {
 		if len(h.held) >= m.o.MaxQueued {
 			f, to := frameOf(msg, sender)
-			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "group %s is restarting its coordinator", quoteName(group))
+			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "group %s is restarting its coordinator", registry.QuoteName(group))
 			e.RetryAfterMs = 100
 			respond(ctx, to, heraldpb.ErrorFrame(f.GetId(), e))
 			return
@@ -363,7 +356,7 @@ func (m *Manager) send(ctx actor.Context, group string, h *groupHandle, msg any,
 	}
 	if h.pid == nil && !m.start(ctx, group, h) {
 		f, to := frameOf(msg, sender)
-		respond(ctx, to, errFrame(f.GetId(), heraldpb.ErrorCode_INTERNAL, "cannot start group %s", quoteName(group)))
+		respond(ctx, to, errFrame(f.GetId(), heraldpb.ErrorCode_INTERNAL, "cannot start group %s", registry.QuoteName(group)))
 		return
 	}
 	if sender != nil {
@@ -439,7 +432,7 @@ func (m *Manager) summarize(name string, h *groupHandle) {
 
 func (m *Manager) onSubscribe(ctx actor.Context, msg *subscribeMsg) {
 	req := msg.f.GetSubscribe()
-	if e := checkGroupName(req.Group); e != nil {
+	if e := registry.CheckGroupName(req.Group); e != nil {
 		respond(ctx, msg.replyTo, heraldpb.ErrorFrame(msg.f.Id, e))
 		return
 	}
@@ -487,51 +480,37 @@ func (m *Manager) onFrame(ctx actor.Context, f *heraldpb.Frame, sender *actor.PI
 		group = b.DescribeGroup.Group
 	case *heraldpb.Frame_ResetGroup:
 		group = b.ResetGroup.Group
+	case *heraldpb.Frame_CommitTxnOffsets:
+		// A committed transaction's offsets: they may be the group's
+		// first progress.
+		o := b.CommitTxnOffsets.GetOffsets()
+		if e := registry.CheckGroupName(o.GetGroup()); e != nil {
+			respond(ctx, sender, heraldpb.ErrorFrame(f.Id, e))
+			return
+		}
+		if m.groups[o.Group] == nil {
+			if e := m.o.Topics.Get(o.Topic); e == nil || registry.IsInternal(o.Topic) {
+				if e == nil && !m.o.Topics.Synced() {
+					respond(ctx, sender, heraldpb.ErrorFrame(f.Id, registry.NotReady(o.Topic)))
+					return
+				}
+				respond(ctx, sender, errFrame(f.Id, heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %s does not exist", registry.QuoteName(o.Topic)))
+				return
+			}
+			if m.spawn(ctx, o.Group, nil, "") == nil {
+				respond(ctx, sender, errFrame(f.Id, heraldpb.ErrorCode_INTERNAL, "cannot start group %s", registry.QuoteName(o.Group)))
+				return
+			}
+		}
+		group = o.Group
 	default:
 		respond(ctx, sender, errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "the groups manager does not handle %T", f.Body))
 		return
 	}
 	h := m.groups[group]
 	if h == nil {
-		respond(ctx, sender, errFrame(f.Id, heraldpb.ErrorCode_GROUP_NOT_FOUND, "group %s does not exist", quoteName(group)))
+		respond(ctx, sender, errFrame(f.Id, heraldpb.ErrorCode_GROUP_NOT_FOUND, "group %s does not exist", registry.QuoteName(group)))
 		return
 	}
 	m.send(ctx, group, h, f, sender)
-}
-
-// checkGroupName refuses a group name a subscription may not create: one
-// that is not 1-200 characters of A-Z a-z 0-9 . _ -, or that starts with
-// "__" (reserved, like internal topic names: a group's dead-letter topic
-// is named after it). The message quotes at most the name's first
-// maxQuoted characters.
-func checkGroupName(name string) *heraldpb.Error {
-	vhost, local := registry.VhostOf(name)
-	if !registry.IsDefaultVhost(vhost) && !registry.ValidVhost(vhost) {
-		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "group name %s: bad vhost", quoteName(name))
-	}
-	name = local
-	if !validGroup.MatchString(name) {
-		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "group name %s must be 1-200 characters of A-Z a-z 0-9 . _ -", quoteName(name))
-	}
-	if strings.HasPrefix(name, "__") {
-		return heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "group name %q: names starting with __ are reserved", name)
-	}
-	return nil
-}
-
-// maxQuoted is how many characters of a client's name an error message
-// quotes at most.
-const maxQuoted = 64
-
-// quoteName quotes name for an error message, cut to its first maxQuoted
-// characters (bytes) with its length said when longer.
-func quoteName(name string) string {
-	if len(name) <= maxQuoted {
-		return strconv.Quote(name)
-	}
-	cut := name[:maxQuoted]
-	for !utf8.ValidString(cut) && len(cut) > 0 {
-		cut = cut[:len(cut)-1]
-	}
-	return fmt.Sprintf("%q... (%d bytes)", cut, len(name))
 }

@@ -370,6 +370,24 @@ func (s *Sub) Commit(m MemberID, p uint32, off int64) error {
 	return nil
 }
 
+// CommitTo moves the group's floor in p up to off, never back, whoever
+// owns p: a committed transaction's consumer group offsets. Flights,
+// redeliveries and offered messages below the new floor are dropped, as
+// for a commit. Errors: ErrBroadcast, ErrUnknownPartition.
+func (s *Sub) CommitTo(p uint32, off int64) error {
+	if s.cfg.Mode == Broadcast {
+		return ErrBroadcast
+	}
+	w := s.views[""]
+	if w == nil || int(p) >= len(w.prog) {
+		return fmt.Errorf("%w: %d", ErrUnknownPartition, p)
+	}
+	if off > w.prog[p].Floor() {
+		s.skipTo("", p, off)
+	}
+	return nil
+}
+
 // skipTo moves view v's floor in partition p up to off, as a commit does:
 // flights, retries, dead letters and offered messages below the new floor
 // are dropped; what is known at or above it (acks, and messages offered

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
 )
 
@@ -62,6 +63,11 @@ type Options struct {
 	TxnSweep      time.Duration
 	// Now is the clock; nil = time.Now.
 	Now func() time.Time
+	// GroupOffsets applies a committed transaction's offsets of one
+	// consumer group (a CommitTxnOffsets frame) at the groups
+	// coordinator, wherever it runs, and returns its answer. It may
+	// block (the coordinator calls it from a goroutine of its own).
+	GroupOffsets func(*heraldpb.Frame) (*heraldpb.Frame, error)
 
 	// crashAfterAppend (tests) is asked after a committed half is appended
 	// and before its HalfDone is written: true panics the actor there.

@@ -36,7 +36,7 @@ const (
 // are stored or neither.
 func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string, data *heraldpb.TxnEvent) {
 	pid, epoch := m.pid, m.epoch
-	end := &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, Commit: true, By: by, Token: randomToken()}
+	end := &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, Commit: true, By: by, Token: randomToken(), GroupOffsets: waitersOffsets(m)}
 	parts := m.partitions()
 	if d := data.GetData(); d != nil {
 		if tp := (topicPart{d.Topic, d.Partition}); !slices.Contains(parts, tp) {
@@ -232,6 +232,13 @@ func (c *Coordinator) appendStaged(ctx actor.Context, m *txnMeta, j *commitJob, 
 // completeTxn records j, a committed transaction of m, complete; a
 // commit of m's next transaction waiting for it is decided then.
 func (c *Coordinator) completeTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
+	if len(j.offsets) > 0 && !j.offsetsDone {
+		c.applyOffsets(ctx, m, j, 0, 0, func() {
+			j.offsetsDone = true
+			c.completeTxn(ctx, m, j)
+		})
+		return
+	}
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Complete{Complete: &heraldpb.TxnComplete{TransactionalId: m.id, Epoch: j.epoch}}}
 	c.write(writeOp{events: [][]byte{event(ev)}, done: func(base int64, err *heraldpb.Error) {
 		if err != nil {

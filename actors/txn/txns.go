@@ -137,6 +137,10 @@ type commitJob struct {
 	from    map[topicPart]int64
 	by      string
 	sessOff uint64 // the session record its replay needs (compaction keeps it)
+	// offsets: consumer group offsets committed with it, applied once
+	// its records are appended (offsetsDone), before TxnComplete.
+	offsets     []*heraldpb.TxnGroupOffsets
+	offsetsDone bool
 	// live: decided by this coordinator, so none of it is on its
 	// partitions before its appends start (a job found at load is
 	// scanned for first).
@@ -159,6 +163,8 @@ type endWaiter struct {
 	// prod: the request was a transactional produce with commit_txn,
 	// answered as this ProduceResponse carrying the EndTxnResponse.
 	prod *heraldpb.ProduceResponse
+	// offsets: consumer group offsets the commit carries.
+	offsets []*heraldpb.TxnGroupOffsets
 }
 
 // answer sends w the end's answer r (once).
@@ -245,7 +251,7 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 			// Decided: the transaction is complete as far as its producer
 			// is concerned (the epoch moves on, the next one may stage),
 			// and its appends go on as a job until TxnComplete.
-			j := &commitJob{epoch: m.epoch, staged: m.staged, token: en.Token, by: en.By, sessOff: m.sessOff, from: map[topicPart]int64{}}
+			j := &commitJob{epoch: m.epoch, staged: m.staged, token: en.Token, by: en.By, sessOff: m.sessOff, from: map[topicPart]int64{}, offsets: en.GroupOffsets}
 			for _, f := range en.From {
 				j.from[topicPart{f.Topic, f.Partition}] = f.Offset
 			}
@@ -514,6 +520,14 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 	case req.BaseSequence < 0:
 		invalid("base_sequence %d is negative", req.BaseSequence)
 		return
+	case len(req.TxnGroupOffsets) > 0 && !req.CommitTxn:
+		invalid("group offsets go with commit_txn only")
+		return
+	}
+	offs := req.TxnGroupOffsets
+	if e := c.checkOffsets(offs); e != nil {
+		fail(e)
+		return
 	}
 	m := c.txns[req.TransactionalId]
 	if m == nil {
@@ -528,7 +542,7 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 			// A retry of a commit_txn produce whose commit was decided
 			// (the answer was lost): answered again, as EndTxn is.
 			info, _ := heraldpb.ScanBatch(req.Records)
-			w := endWaiter{to: to, id: f.Id, prod: &heraldpb.ProduceResponse{BaseOffset: -1, Count: uint32(info.Count), Duplicate: true}}
+			w := endWaiter{to: to, id: f.Id, offsets: offs, prod: &heraldpb.ProduceResponse{BaseOffset: -1, Count: uint32(info.Count), Duplicate: true}}
 			w.answer(ctx, endResponse(m, true, 0, nil))
 			return
 		}
@@ -556,7 +570,7 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 	switch {
 	case m.deciding && req.CommitTxn && m.decidingCommit && req.BaseSequence < m.seqs:
 		// A retry of the commit_txn produce being decided: answered with it.
-		c.endTxn(ctx, m, true, endWaiter{to: to, id: f.Id, prod: &heraldpb.ProduceResponse{Partition: part, BaseOffset: -1, Count: uint32(n), Duplicate: true}})
+		c.endTxn(ctx, m, true, endWaiter{to: to, id: f.Id, offsets: offs, prod: &heraldpb.ProduceResponse{Partition: part, BaseOffset: -1, Count: uint32(n), Duplicate: true}})
 		return
 	case m.deciding:
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d is being ended", m.id, m.epoch))
@@ -569,7 +583,7 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 			if s.seq == req.BaseSequence && s.count == uint32(n) {
 				pr := &heraldpb.ProduceResponse{Partition: s.part, BaseOffset: -1, Count: s.count, Duplicate: true}
 				if req.CommitTxn {
-					c.endTxn(ctx, m, true, endWaiter{to: to, id: f.Id, prod: pr})
+					c.endTxn(ctx, m, true, endWaiter{to: to, id: f.Id, offsets: offs, prod: pr})
 					return
 				}
 				respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: pr}})
@@ -599,7 +613,7 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 	if req.CommitTxn && c.decidesNow(m) {
 		// The batch and the commit decision in one write.
 		m.used = c.nowMs()
-		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id, prod: staged})
+		m.waiters = append(m.waiters, endWaiter{to: to, id: f.Id, offsets: offs, prod: staged})
 		c.commitTxn(ctx, m, "producer", ev)
 		return
 	}
@@ -627,7 +641,7 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 		if req.CommitTxn {
 			// Staged behind another write of the transaction: now the
 			// commit, as EndTxn.
-			c.endTxn(ctx, m, true, endWaiter{to: to, id: f.Id, prod: staged})
+			c.endTxn(ctx, m, true, endWaiter{to: to, id: f.Id, offsets: offs, prod: staged})
 			return
 		}
 		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: staged}})
@@ -642,7 +656,17 @@ const txnTagBytes = 384
 
 // onEndTxn commits or aborts a transaction.
 func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.EndTxnRequest, to *actor.PID) {
-	w := endWaiter{to: to, id: f.Id}
+	w := endWaiter{to: to, id: f.Id, offsets: req.GroupOffsets}
+	if len(req.GroupOffsets) > 0 {
+		e := c.checkOffsets(req.GroupOffsets)
+		if e == nil && (!req.Commit || req.Manual) {
+			e = heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "group offsets go with a producer's commit only")
+		}
+		if e != nil {
+			w.fail(ctx, e)
+			return
+		}
+	}
 	m := c.txns[req.TransactionalId]
 	if m == nil {
 		w.fail(ctx, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q is not known", req.TransactionalId))
