@@ -16,13 +16,14 @@ import (
 // that takes a partition over starts that id's session, which fences the
 // previous owner (its open transaction is aborted, its commit refused
 // with ErrProducerFenced) and waits for its last committed transaction to
-// be complete before the new owner reads the progress. So whichever
-// member holds a partition, and however often members die, each input
-// record's outputs are committed once.
+// be complete, its group offsets applied, before the new owner reads the
+// progress. So whichever member holds a partition, and however often
+// members die, each input record's outputs are committed once.
 //
-// The transactional progress (the progress record committed with the
-// outputs) is the truth; the group's own progress (Commit, shown by
-// DescribeGroup) is advanced after each commit, for lag and monitoring.
+// The progress is the group's own position (DescribeGroup, the group's
+// lag): each transaction commits the partition's next input offset with
+// its outputs (SendOffsets), and the broker moves the group's position
+// with the commit, never without it.
 
 // GroupTransformConfig configures GroupTransform.
 type GroupTransformConfig struct {
@@ -33,8 +34,6 @@ type GroupTransformConfig struct {
 	// TransactionalPrefix (required) prefixes the partitions'
 	// transactional ids. Every member of the group must use the same.
 	TransactionalPrefix string
-	// ProgressTopic (required): as TransformConfig.ProgressTopic.
-	ProgressTopic string
 	// Name is the member's name in DescribeGroup (default: the broker's
 	// name for the connection).
 	Name string
@@ -76,8 +75,8 @@ func (c *Client) GroupTransform(ctx context.Context, cfg GroupTransformConfig, f
 	switch {
 	case fn == nil:
 		return errors.New("herald: GroupTransform: nil function")
-	case cfg.Group == "" || cfg.Topic == "" || cfg.TransactionalPrefix == "" || cfg.ProgressTopic == "":
-		return errors.New("herald: GroupTransform: Group, Topic, TransactionalPrefix and ProgressTopic are required")
+	case cfg.Group == "" || cfg.Topic == "" || cfg.TransactionalPrefix == "":
+		return errors.New("herald: GroupTransform: Group, Topic and TransactionalPrefix are required")
 	case cfg.MaxRecords < 0:
 		return fmt.Errorf("herald: GroupTransform: MaxRecords %d", cfg.MaxRecords)
 	}
@@ -143,7 +142,7 @@ func (c *Client) GroupTransform(ctx context.Context, cfg GroupTransformConfig, f
 			r := &run{cancel: cancel, done: make(chan error, 1)}
 			runs[p] = r
 			go func() {
-				r.done <- c.transformPartition(pctx, &cfg, sub, p, fn)
+				r.done <- c.transformPartition(pctx, &cfg, p, fn)
 			}()
 		}
 		select {
@@ -156,19 +155,12 @@ func (c *Client) GroupTransform(ctx context.Context, cfg GroupTransformConfig, f
 
 // transformPartition runs TransformExactlyOnce on partition p until ctx
 // ends (nil) or it stops.
-func (c *Client) transformPartition(ctx context.Context, cfg *GroupTransformConfig, sub *Subscription, p int32, fn TransformFunc) error {
+func (c *Client) transformPartition(ctx context.Context, cfg *GroupTransformConfig, p int32, fn TransformFunc) error {
 	tc := TransformConfig{
 		TransactionalID: TransactionalIDFor(cfg.TransactionalPrefix, cfg.Topic, p),
-		Topic:           cfg.Topic, Partition: p, ProgressTopic: cfg.ProgressTopic, From: cfg.From,
+		Topic:           cfg.Topic, Partition: p, Group: cfg.Group, From: cfg.From,
 		MaxRecords: cfg.MaxRecords, MaxWait: cfg.MaxWait, TransactionTimeout: cfg.TransactionTimeout,
-		OnCommit: func(tc TransformCommit) {
-			// The group's progress follows the committed one; it fails
-			// harmlessly once p has moved to another member.
-			_ = sub.Commit(ctx, p, tc.To)
-			if cfg.OnCommit != nil {
-				cfg.OnCommit(tc)
-			}
-		},
+		OnCommit: cfg.OnCommit,
 	}
 	if cfg.OnError != nil {
 		tc.OnError = func(err error) { cfg.OnError(p, err) }

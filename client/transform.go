@@ -10,15 +10,15 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-// Consume-transform-produce, exactly once, with what the broker has
-// today. The broker does not commit a consumer group's progress inside a
-// transaction, so TransformExactlyOnce keeps its own: every transaction
-// stages the outputs of a run of input records and one progress record
-// (the next input offset) in ProgressTopic, keyed by the transactional
-// id; both become visible together or not at all. A transformer starting
-// (or recovering from any failure) first starts a session of its
-// transactional id, which fences the previous one and waits for or aborts
-// its last transaction, and then reads the last progress record: no
+// Consume-transform-produce, exactly once. Every transaction holds the
+// outputs of a run of input records and the progress (the next input
+// offset), committed together or not at all: either as a consumer
+// group's position (Group: SendOffsets, applied by the broker with the
+// commit) or as a progress record in ProgressTopic, keyed by the
+// transactional id. A transformer starting (or recovering from any
+// failure) first starts a session of its transactional id, which fences
+// the previous one and waits for or aborts its last transaction (a
+// committed one's group offsets applied), and then reads the progress: no
 // committed output is produced again, and no input is skipped.
 
 // TransformFunc maps one input record to the records to produce for it
@@ -39,15 +39,23 @@ type TransformConfig struct {
 	// Topic and Partition (required) are the input.
 	Topic     string
 	Partition int32
-	// ProgressTopic (required) holds the progress records: one per
-	// transaction, keyed by TransactionalID, value JSON
-	// {"topic","partition","next"}. It must exist and keep its records
-	// (no retention_ms or retention_bytes): the last progress record of a
-	// transactional id is where it resumes. Many transformers may share
-	// one.
+	// Group or ProgressTopic (one of them, required) keeps the progress.
+	//
+	// Group: the progress is the consumer group's position in Partition
+	// of Topic, committed with each transaction (SendOffsets), as Kafka's
+	// consume-transform-produce keeps it. The group's lag shows how far
+	// the transformer is behind; the group must not be consumed otherwise
+	// (a member acknowledging records would move the position the
+	// transformer resumes from). GroupTransform uses it.
+	Group string
+	// ProgressTopic holds progress records instead: one per transaction,
+	// keyed by TransactionalID, value JSON {"topic","partition","next"}.
+	// It must exist and keep its records (no retention_ms or
+	// retention_bytes): the last progress record of a transactional id is
+	// where it resumes. Many transformers may share one.
 	ProgressTopic string
-	// From is where to start when ProgressTopic has no progress of
-	// TransactionalID (the zero value: Earliest).
+	// From is where to start when there is no progress yet (the zero
+	// value: Earliest).
 	From StartPosition
 	// MaxRecords bounds the input records per transaction (default 500).
 	MaxRecords int
@@ -119,8 +127,10 @@ func (c *Client) TransformExactlyOnce(ctx context.Context, cfg TransformConfig, 
 	switch {
 	case fn == nil:
 		return errors.New("herald: TransformExactlyOnce: nil function")
-	case cfg.TransactionalID == "" || cfg.Topic == "" || cfg.ProgressTopic == "":
-		return errors.New("herald: TransformExactlyOnce: TransactionalID, Topic and ProgressTopic are required")
+	case cfg.TransactionalID == "" || cfg.Topic == "":
+		return errors.New("herald: TransformExactlyOnce: TransactionalID and Topic are required")
+	case (cfg.Group == "") == (cfg.ProgressTopic == ""):
+		return errors.New("herald: TransformExactlyOnce: one of Group and ProgressTopic is required")
 	case cfg.Partition < 0:
 		return fmt.Errorf("herald: TransformExactlyOnce: partition %d", cfg.Partition)
 	case cfg.MaxRecords < 0:
@@ -219,11 +229,18 @@ func (c *Client) transformOnce(ctx context.Context, cfg *TransformConfig, tp *Tr
 		outputs += len(outs)
 	}
 	last := ins[len(ins)-1]
-	v, err := json.Marshal(transformProgress{Topic: cfg.Topic, Partition: cfg.Partition, Next: last.Offset + 1})
-	if err != nil {
-		return transformStop{err}
+	if cfg.Group != "" {
+		if err := tp.SendOffsets(cfg.Group, cfg.Topic, map[int32]int64{cfg.Partition: last.Offset + 1}); err != nil {
+			_ = tp.Abort(ctx)
+			return err
+		}
+	} else {
+		v, err := json.Marshal(transformProgress{Topic: cfg.Topic, Partition: cfg.Partition, Next: last.Offset + 1})
+		if err != nil {
+			return transformStop{err}
+		}
+		tp.SendAsync(ctx, &Message{Topic: cfg.ProgressTopic, Key: []byte(cfg.TransactionalID), Value: v}, nil)
 	}
-	tp.SendAsync(ctx, &Message{Topic: cfg.ProgressTopic, Key: []byte(cfg.TransactionalID), Value: v}, nil)
 	if _, err := tp.Commit(ctx); err != nil {
 		return err
 	}
@@ -238,6 +255,9 @@ func (c *Client) transformOnce(ctx context.Context, cfg *TransformConfig, tp *Tr
 // It reads the progress partition backwards from its high watermark,
 // transformProgressScan offsets at a time.
 func (c *Client) transformProgress(ctx context.Context, cfg *TransformConfig) (StartPosition, error) {
+	if cfg.Group != "" {
+		return c.groupProgress(ctx, cfg)
+	}
 	ti, err := c.DescribeTopic(ctx, cfg.ProgressTopic)
 	if err != nil {
 		if IsCode(err, heraldpb.ErrorCode_TOPIC_NOT_FOUND) {
@@ -288,6 +308,28 @@ func (c *Client) transformProgress(ctx context.Context, cfg *TransformConfig) (S
 			return AtOffset(pr.Next), nil
 		}
 		hi = lo
+	}
+	return cfg.From, nil
+}
+
+// groupProgress returns where cfg's transformer resumes when its progress
+// is cfg.Group's position: the group's ack floor of the partition, or
+// cfg.From when the group has none. (Its session started first: the
+// offsets of the last committed transaction are applied.)
+func (c *Client) groupProgress(ctx context.Context, cfg *TransformConfig) (StartPosition, error) {
+	gi, err := c.DescribeGroup(ctx, cfg.Group)
+	switch {
+	case IsCode(err, heraldpb.ErrorCode_GROUP_NOT_FOUND):
+		return cfg.From, nil
+	case err != nil:
+		return StartPosition{}, err
+	case gi.GetTopic() != "" && gi.GetTopic() != cfg.Topic:
+		return StartPosition{}, transformStop{fmt.Errorf("herald: group %q consumes topic %q, not %q", cfg.Group, gi.GetTopic(), cfg.Topic)}
+	}
+	for _, p := range gi.GetPartitions() {
+		if int32(p.GetPartition()) == cfg.Partition {
+			return AtOffset(p.GetAckFloor()), nil
+		}
 	}
 	return cfg.From, nil
 }

@@ -56,7 +56,7 @@ func runTransformer(addr string) int {
 	}
 	if os.Getenv(transformerGroupEnv) != "" {
 		err = c.GroupTransform(ctx, client.GroupTransformConfig{
-			Group: "enrich", Topic: "gin", TransactionalPrefix: "enrich", ProgressTopic: "gprogress", From: client.Earliest(),
+			Group: "enrich", Topic: "gin", TransactionalPrefix: "enrich", From: client.Earliest(),
 			MaxRecords: 10, MaxWait: 100 * time.Millisecond, TransactionTimeout: 10 * time.Second,
 			OnCommit: func(tc client.TransformCommit) { fmt.Printf("commit %d %d %d\n", tc.From, tc.To, tc.Partition) },
 			OnError:  func(p int32, err error) { fmt.Fprintln(os.Stderr, "recovering:", p, err) },
@@ -440,7 +440,6 @@ func TestGroupTransformExactlyOnceKills(t *testing.T) {
 	c := dial(t, n)
 	createTopic(t, c, "gin", 4)
 	createTopic(t, c, "gout", 2)
-	createTopic(t, c, "gprogress", 1)
 	ctx := ctxT(t, 180*time.Second)
 
 	// A reader of the outputs, read_committed (the groups' default).
@@ -514,7 +513,8 @@ func TestGroupTransformExactlyOnceKills(t *testing.T) {
 		}
 	}
 	wmu.Unlock()
-	// The group's own progress followed the committed one.
+	// The group's position, committed with the outputs, is at the end of
+	// the input.
 	checkFor(t, 10*time.Second, "the group's progress at the end of the input", func() error {
 		gi, err := c.DescribeGroup(ctx, "enrich")
 		if err != nil {

@@ -449,6 +449,10 @@ func (c *Coordinator) flushWrites(ctx actor.Context) {
 	if c.writing || len(c.wq) == 0 || e == nil {
 		return
 	}
+	if c.o.holdWrites != nil && c.o.holdWrites() {
+		c.after(5*time.Millisecond, &retryWrite{})
+		return
+	}
 	var batch []byte
 	size, n := 0, 0
 	for _, op := range c.wq {

@@ -858,9 +858,12 @@ func TestCommitWithTheLastBatch(t *testing.T) {
 		if pr.TxnEnd.Records != 2 || pr.TxnEnd.AlreadyEnded || pr.Duplicate || pr.TxnEnd.NextEpoch != epoch+1 || !slices.Equal(pr.TxnEnd.Partitions, []string{"t/0"}) {
 			t.Fatalf("round %d: %v", round, pr)
 		}
-		if after := e.Stats[0].HighWatermark.Load(); after-before < 3 {
-			t.Fatalf("round %d: __txn grew by %d records, want the batch, the decision and the session record", round, after-before)
-		}
+		waitFor(t, fmt.Sprintf("round %d: __txn grown by the batch, the decision and the session record", round), func() error {
+			if after := e.Stats[0].HighWatermark.Load(); after-before < 3 {
+				return fmt.Errorf("__txn grew by %d records", after-before)
+			}
+			return nil
+		})
 		// The retry of a commit whose answer was lost.
 		again := &txnSession{r: r, id: "p", pid: pid, epoch: epoch, seq: seq}
 		if pr := again.committed(again.commitWith(b)); !pr.TxnEnd.AlreadyEnded || !pr.Duplicate {
@@ -918,10 +921,13 @@ func TestCommitWithTheLastBatchWaitsItsTurn(t *testing.T) {
 // session back: before, the reloaded coordinator fenced the new session
 // and took the old one's requests.
 func TestEndBehindANewSessionSurvivesAReload(t *testing.T) {
-	r := newRig(t, t.TempDir(), Options{})
+	var hold atomic.Bool
+	r := newRig(t, t.TempDir(), Options{holdWrites: hold.Load})
 	for round := range 6 {
 		old := r.session("p")
 		old.stage("a")
+		// The Init stays in the write queue until the end is answered.
+		hold.Store(true)
 		init := r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: "p"}}}, 20*time.Second)
 		var end *actor.Future
 		switch round % 3 {
@@ -931,10 +937,12 @@ func TestEndBehindANewSessionSurvivesAReload(t *testing.T) {
 		default:
 			end = old.commitWith("b")
 		}
-		if res, err := end.Result(); err != nil || res.(*heraldpb.Frame).GetError().GetCode() != heraldpb.ErrorCode_THROTTLED {
+		res, err := end.Result()
+		hold.Store(false)
+		if err != nil || res.(*heraldpb.Frame).GetError().GetCode() != heraldpb.ErrorCode_THROTTLED {
 			t.Fatalf("round %d: the old session's end behind a new session's Init: %v %v, want THROTTLED", round, res, err)
 		}
-		res, err := init.Result()
+		res, err = init.Result()
 		if err != nil || res.(*heraldpb.Frame).GetInitProducerIdResponse() == nil {
 			t.Fatalf("round %d: the new session: %v %v", round, res, err)
 		}

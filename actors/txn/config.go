@@ -81,6 +81,9 @@ type Options struct {
 	// holdAppends (tests), while it answers true, keeps committed
 	// transactions from starting their appends.
 	holdAppends func() bool
+	// holdWrites (tests), while it answers true, keeps writes to __txn
+	// queued.
+	holdWrites func() bool
 }
 
 func (o *Options) ensureDefaults() {
