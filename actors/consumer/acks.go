@@ -169,22 +169,30 @@ func (c *coordinator) onCommit(ctx actor.Context, f *heraldpb.Frame, req *herald
 		respond(ctx, ctx.Sender(), errFrame(f.Id, heraldpb.ErrorCode_INVALID_REQUEST, "commit: %v", err))
 		return
 	}
-	floor := l.sub.Progress("", req.Partition).Floor()
-	for id, te := range l.toks {
-		if id.part == req.Partition && id.off < floor {
-			if owner := l.members[te.member]; owner != nil && te.tok != 0 {
-				_ = owner.breaker.Success(te.tok)
-			}
-			delete(l.toks, id)
-		}
-	}
-	l.held("", req.Partition).trim(floor)
+	c.doneBelowFloor(req.Partition)
 	c.markDirty("")
 	c.waiters = append(c.waiters, waiter{to: ctx.Sender(), f: &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_CommitResponse{CommitResponse: &heraldpb.CommitResponse{}}}})
 	c.checkRevocations(ctx)
 	c.dispatch(ctx)
 	c.pump(ctx)
 	c.flush(ctx)
+}
+
+// doneBelowFloor settles what the live group had out below its floor in
+// partition p after a commit moved it: each delivery there counts as a
+// success of its member, and its held records are dropped.
+func (c *coordinator) doneBelowFloor(p uint32) {
+	l := c.live
+	floor := l.sub.Progress("", p).Floor()
+	for id, te := range l.toks {
+		if id.part == p && id.off < floor {
+			if owner := l.members[te.member]; owner != nil && te.tok != 0 {
+				_ = owner.breaker.Success(te.tok)
+			}
+			delete(l.toks, id)
+		}
+	}
+	l.held("", p).trim(floor)
 }
 
 // ---- time ------------------------------------------------------------------

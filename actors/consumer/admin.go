@@ -121,6 +121,30 @@ func (c *coordinator) onListed(ctx actor.Context, id uint64, off int64, e *heral
 	}
 }
 
+// topicName is the topic the group consumes: its live subscription's, or
+// that of its newest progress (being written, or stored); "" for none.
+func (c *coordinator) topicName() string {
+	if l := c.live; l != nil {
+		return l.topic
+	}
+	name := c.st.lastTop
+	for _, r := range c.writeRecs {
+		name = r.Topic
+	}
+	for _, r := range c.toWrite {
+		name = r.Topic
+	}
+	return name
+}
+
+// resolvingErr answers a request that waits for a subscription's start
+// position to be resolved.
+func (c *coordinator) resolvingErr() *heraldpb.Error {
+	e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "group %q is starting a subscription", c.group)
+	e.RetryAfterMs = 50
+	return e
+}
+
 func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.ResetGroupRequest) {
 	replyTo := ctx.Sender()
 	if req.To == nil || req.To.At == nil {
@@ -128,20 +152,11 @@ func (c *coordinator) onReset(ctx actor.Context, f *heraldpb.Frame, req *heraldp
 		return
 	}
 	if c.resolving {
-		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "group %q is starting a subscription", c.group)
-		e.RetryAfterMs = 50
-		respond(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e))
+		respond(ctx, replyTo, heraldpb.ErrorFrame(f.Id, c.resolvingErr()))
 		return
 	}
-	topicName := c.st.lastTop
-	for _, r := range c.writeRecs {
-		topicName = r.Topic
-	}
-	for _, r := range c.toWrite {
-		topicName = r.Topic
-	}
+	topicName := c.topicName()
 	if l := c.live; l != nil {
-		topicName = l.topic
 		if !req.Force {
 			respond(ctx, replyTo, errFrame(f.Id, heraldpb.ErrorCode_GROUP_HAS_MEMBERS, "group %q has %d live members; stop them or reset with force", c.group, len(l.members)))
 			return
@@ -220,21 +235,10 @@ func (c *coordinator) onTxnOffsets(ctx actor.Context, f *heraldpb.Frame, o *hera
 		return
 	}
 	if c.resolving {
-		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "group %q is starting a subscription", c.group)
-		e.RetryAfterMs = 50
-		respond(ctx, replyTo, heraldpb.ErrorFrame(f.Id, e))
+		respond(ctx, replyTo, heraldpb.ErrorFrame(f.Id, c.resolvingErr()))
 		return
 	}
-	topicName := c.st.lastTop
-	for _, r := range c.writeRecs {
-		topicName = r.Topic
-	}
-	for _, r := range c.toWrite {
-		topicName = r.Topic
-	}
-	if l := c.live; l != nil {
-		topicName = l.topic
-	}
+	topicName := c.topicName()
 	if topicName != "" && topicName != o.Topic {
 		fail(heraldpb.ErrorCode_INVALID_REQUEST, "group %q consumes topic %q, not %q", c.group, topicName, o.Topic)
 		return
@@ -257,16 +261,7 @@ func (c *coordinator) onTxnOffsets(ctx actor.Context, f *heraldpb.Frame, o *hera
 				fail(heraldpb.ErrorCode_INVALID_REQUEST, "group %q: %v", c.group, err)
 				return
 			}
-			floor := l.sub.Progress("", p).Floor()
-			for id, te := range l.toks {
-				if id.part == p && id.off < floor {
-					if owner := l.members[te.member]; owner != nil && te.tok != 0 {
-						_ = owner.breaker.Success(te.tok)
-					}
-					delete(l.toks, id)
-				}
-			}
-			l.held("", p).trim(floor)
+			c.doneBelowFloor(p)
 		}
 		c.markDirty("")
 		c.waiters = append(c.waiters, waiter{to: replyTo, f: ok})

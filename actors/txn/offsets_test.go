@@ -1,13 +1,13 @@
 package txn
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
@@ -56,17 +56,6 @@ func (s *txnSession) commitWithOffsets(offs ...*heraldpb.TxnGroupOffsets) (*hera
 	return r, nil
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // A commit's group offsets are recorded in its decision and applied once
 // its records are on their partitions (retried while the groups
 // coordinator cannot take them), and before the commit is complete: a new
@@ -110,7 +99,12 @@ func TestCommitAppliesGroupOffsets(t *testing.T) {
 	if _, e := s.commitWithOffsets(offs); e != nil {
 		t.Fatal(e)
 	}
-	waitUntil(t, "the offsets applied", func() bool { return g.count() == 1 })
+	waitFor(t, "the offsets applied", func() error {
+		if g.count() == 1 {
+			return nil
+		}
+		return fmt.Errorf("%d applied", g.count())
+	})
 	g.mu.Lock()
 	if a := g.applied[0]; a.TransactionalId != "p" || !proto.Equal(a.Offsets, offs) || !slices.Equal(g.seen[0], []string{"b"}) {
 		t.Fatalf("applied %v with the topic holding %v, want %v after b", a, g.seen[0], offs)
@@ -125,7 +119,12 @@ func TestCommitAppliesGroupOffsets(t *testing.T) {
 	if _, e := s.commitWithOffsets(offs2); e != nil {
 		t.Fatal(e)
 	}
-	waitUntil(t, "the empty transaction's offsets", func() bool { return g.count() == 2 })
+	waitFor(t, "the empty transaction's offsets", func() error {
+		if g.count() == 2 {
+			return nil
+		}
+		return fmt.Errorf("%d applied", g.count())
+	})
 
 	// Decided, appends held, the coordinator stopped: the reloaded one
 	// appends the records and then applies the offsets.
@@ -141,7 +140,12 @@ func TestCommitAppliesGroupOffsets(t *testing.T) {
 	}
 	hold.Store(false)
 	r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, GroupOffsets: g.apply, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
-	waitUntil(t, "the reloaded commit's offsets", func() bool { return g.count() == 3 })
+	waitFor(t, "the reloaded commit's offsets", func() error {
+		if g.count() == 3 {
+			return nil
+		}
+		return fmt.Errorf("%d applied", g.count())
+	})
 	g.mu.Lock()
 	if a := g.applied[2]; !proto.Equal(a.Offsets, offs3) || !slices.Equal(g.seen[2], []string{"b", "c"}) {
 		t.Fatalf("after the reload applied %v with the topic holding %v", a, g.seen[2])
