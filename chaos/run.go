@@ -49,6 +49,9 @@ type Options struct {
 	Out string
 	// Progress receives a line per step of the run; nil = discarded.
 	Progress io.Writer
+	// ClientLog writes the workload clients' own log (connections,
+	// metadata, retries, at debug level) to Out/clients.log.
+	ClientLog bool
 }
 
 // Result is what a run found.
@@ -126,8 +129,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("chaos: creating topic %s: %w", s.Topic.Name, err)
 	}
 
+	var clientLog *slog.Logger
+	if o.ClientLog {
+		f, err := os.Create(filepath.Join(o.Out, "clients.log"))
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		clientLog = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	wl, err := workload.Start(ctx, workload.Config{Addrs: cl.Addrs(), Topic: s.Topic.Name, Parts: s.Topic.Partitions, Spec: s.Workload,
-		Recorder: rec, Now: now, Seed: o.Seed, Log: slog.New(slog.DiscardHandler)})
+		Recorder: rec, Now: now, Seed: o.Seed, Log: slog.New(slog.DiscardHandler), ClientLog: clientLog})
 	if err != nil {
 		return nil, err
 	}

@@ -37,6 +37,9 @@ type Config struct {
 	Log  *slog.Logger
 	// OpTimeout bounds one produce, request or fetch (default 10s).
 	OpTimeout time.Duration
+	// ClientLog, if set, is the clients' own log (client.WithLogger),
+	// each client's lines tagged with its id.
+	ClientLog *slog.Logger
 }
 
 // Workload is a running workload.
@@ -181,7 +184,11 @@ func (w *Workload) Stop(ctx context.Context) []error {
 }
 
 func (w *Workload) dial(ctx context.Context, id string) (*client.Client, error) {
-	c, err := client.Dial(ctx, strings.Join(w.cfg.Addrs, ","), client.WithClientID("chaos-"+id), client.WithRequestTimeout(w.cfg.OpTimeout))
+	opts := []client.Option{client.WithClientID("chaos-" + id), client.WithRequestTimeout(w.cfg.OpTimeout)}
+	if w.cfg.ClientLog != nil {
+		opts = append(opts, client.WithLogger(w.cfg.ClientLog.With("client", id)))
+	}
+	c, err := client.Dial(ctx, strings.Join(w.cfg.Addrs, ","), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("workload: %s: %w", id, err)
 	}

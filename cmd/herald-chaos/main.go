@@ -4,7 +4,7 @@
 // fault tooling.
 //
 //	herald-chaos list
-//	herald-chaos run SCENARIO [--herald PATH] [--nodes N] [--duration D] [--seed S] [--out DIR]
+//	herald-chaos run SCENARIO [--herald PATH] [--nodes N] [--duration D] [--seed S] [--out DIR] [--client-log]
 //	herald-chaos run --ci | --all [--seeds 1,2,3] ...
 //
 // Exit codes: 0 when every run's checker found no violation, 1 when one
@@ -80,6 +80,7 @@ flags:
   --seed S          the seed of random schedules and choices (default 1)
   --seeds 1,2,3     run each scenario once per seed
   --out DIR         where runs write their files (default: chaos-out/<time>)
+  --client-log      write the workload clients' debug log to each run's clients.log
 `
 
 func list(w io.Writer) error {
@@ -110,6 +111,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	out := fs.String("out", "", "")
 	ci := fs.Bool("ci", false, "")
 	all := fs.Bool("all", false, "")
+	clientLog := fs.Bool("client-log", false, "")
 	var names []string
 	for len(args) > 0 {
 		if err := fs.Parse(args); err != nil {
@@ -148,7 +150,7 @@ func runCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	for _, s := range picked {
 		for _, sd := range seedList {
 			dir := filepath.Join(*out, fmt.Sprintf("%s-seed%d", s.Name, sd))
-			res, err := chaos.Run(ctx, chaos.Options{Scenario: s, Herald: *herald, Seed: sd, Duration: *duration, Nodes: *nodes, Out: dir, Progress: stderr})
+			res, err := chaos.Run(ctx, chaos.Options{Scenario: s, Herald: *herald, Seed: sd, Duration: *duration, Nodes: *nodes, Out: dir, Progress: stderr, ClientLog: *clientLog})
 			switch {
 			case errors.Is(err, chaos.ErrUnsupported):
 				fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\t-\tSKIPPED: %v\n", s.Name, sd, err)
