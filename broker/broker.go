@@ -568,6 +568,12 @@ func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Ro
 		reflect.TypeOf(&heraldpb.Frame_ListAcls{}):         users,
 		reflect.TypeOf(&heraldpb.Frame_AlterVhost{}):       users,
 		reflect.TypeOf(&heraldpb.Frame_ListVhosts{}):       users,
+		// Coordinator to coordinator only (broker.groupOffsets): a
+		// client may not move a group's position this way.
+		reflect.TypeOf(&heraldpb.Frame_CommitTxnOffsets{}): func(f *heraldpb.Frame, replyTo *actor.PID) {
+			sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_UNKNOWN_REQUEST,
+				"CommitTxnOffsets is internal: commit group offsets with a transaction (EndTxn group_offsets)")))
+		},
 	})
 	return router{sys: sys, table: table}
 }
