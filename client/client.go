@@ -541,6 +541,13 @@ func (c *Client) call(ctx context.Context, cn *conn, req *heraldpb.Frame, extra 
 // NOT_READY (it has not loaded the cluster's metadata yet) is tried after
 // the others for its retry-after; the request is sent again, elsewhere if
 // another broker is reachable, until the request timeout has passed.
+//
+// A read (metadata, a listing: anyRead) that a broker has not answered
+// within leaderCheck is sent to another broker when there is one not
+// marked suspect, and the silent one is marked suspect: a frozen broker
+// (a stopped process, a stalled disk) keeps its connections open and
+// never answers, and a producer whose metadata went to it waited for the
+// whole request timeout while the other brokers could have answered.
 func (c *Client) callAny(ctx context.Context, req *heraldpb.Frame) (*heraldpb.Frame, error) {
 	var deadline time.Time
 	if c.cfg.requestTimeout > 0 {
@@ -551,7 +558,17 @@ func (c *Client) callAny(ctx context.Context, req *heraldpb.Frame) (*heraldpb.Fr
 		if err != nil {
 			return nil, err
 		}
-		f, err := c.call(ctx, cn, req, 0)
+		var f *heraldpb.Frame
+		if anyRead(req) {
+			f, err = c.callWatched(ctx, cn, req)
+			if errors.Is(err, errSilentBroker) && (deadline.IsZero() || time.Now().Before(deadline)) {
+				c.cfg.logger.Debug("herald: broker silent; asking another", "addr", cn.addr, "request", requestName(req))
+				c.markSuspect(cn.addr, suspectFor)
+				continue
+			}
+		} else {
+			f, err = c.call(ctx, cn, req, 0)
+		}
 		if !IsCode(err, heraldpb.ErrorCode_NOT_READY) || (!deadline.IsZero() && time.Now().After(deadline)) {
 			return f, err
 		}
@@ -561,6 +578,81 @@ func (c *Client) callAny(ctx context.Context, req *heraldpb.Frame) (*heraldpb.Fr
 			return nil, err
 		}
 	}
+}
+
+// errSilentBroker: a read was not answered within leaderCheck while
+// another broker could be asked.
+var errSilentBroker = errors.New("herald: the broker has not answered")
+
+// anyRead reports whether req is a read any broker answers alike, which
+// callAny may send to another broker when one does not answer.
+func anyRead(req *heraldpb.Frame) bool {
+	switch req.Body.(type) {
+	case *heraldpb.Frame_Metadata, *heraldpb.Frame_ListTopics, *heraldpb.Frame_DescribeTopic, *heraldpb.Frame_ListExchanges,
+		*heraldpb.Frame_ListUsers, *heraldpb.Frame_ListAcls, *heraldpb.Frame_ListVhosts:
+		return true
+	}
+	return false
+}
+
+// callWatched sends the read req on cn and waits for the answer, up to
+// the request timeout; while none has come it looks every leaderCheck for
+// another broker to ask (one not marked suspect, other than cn's), and
+// gives up with errSilentBroker once there is one.
+func (c *Client) callWatched(ctx context.Context, cn *conn, req *heraldpb.Frame) (*heraldpb.Frame, error) {
+	enc := func(dst []byte, id uint64) ([]byte, error) {
+		req.Id = id
+		return heraldpb.AppendFrame(dst, req)
+	}
+	// A silent broker's window may be full of requests it never answered:
+	// waiting for a slot is bounded the same way.
+	sctx, cancel := context.WithTimeout(ctx, leaderCheck)
+	ch, err := cn.send(sctx, enc, nil)
+	cancel()
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		if c.otherBroker(cn.addr) {
+			return nil, errSilentBroker
+		}
+		ch, err = cn.send(ctx, enc, nil)
+	}
+	if err != nil {
+		return nil, err
+	}
+	f, err := cn.awaitWatched(ctx, ch, c.cfg.requestTimeout, leaderCheck, func() error {
+		if c.otherBroker(cn.addr) {
+			return errSilentBroker
+		}
+		return nil
+	})
+	if errors.Is(err, ErrRequestTimeout) {
+		err = fmt.Errorf("%s: %w", requestName(req), err)
+	}
+	return f, err
+}
+
+// otherBroker reports whether a broker other than the one at addr, and not
+// marked suspect, is known (bootstrapped from, named by metadata, or
+// connected).
+func (c *Client) otherBroker(addr string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ok := func(a string) bool { return a != addr && !c.suspectLocked(a) }
+	for _, a := range c.addrs {
+		if ok(a) {
+			return true
+		}
+	}
+	for _, a := range c.brokers {
+		if ok(a) {
+			return true
+		}
+	}
+	for a := range c.conns {
+		if ok(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // sleepCtx waits d or until ctx ends.

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -322,5 +323,53 @@ func produceThroughNode1(t *testing.T, n1, n2 *fakebroker.Broker, v string) {
 	}
 	if recs := n2.Records("t", 0); len(recs) != 2 || string(recs[1].Value) != v {
 		t.Fatalf("node 2 holds %d records, want value2 and %q", len(recs), v)
+	}
+}
+
+// Metadata a broker never answers (a frozen node keeps its connections
+// open) is asked of another broker once leaderCheck has passed, within
+// the same call, not after the request timeout; the silent broker is then
+// tried last, so the next call goes to the other one directly. A request
+// that is not a read (CreateTopic) is not sent twice.
+func TestMetadataLeavesSilentBroker(t *testing.T) {
+	n1, n2, c := twoNodes(t, 2, 2, WithRequestTimeout(20*time.Second))
+	var meta1, meta2, creates1 atomic.Int64
+	n1.SetHook(func(_ int, f *heraldpb.Frame) fakebroker.Action {
+		switch {
+		case isMetadata(f):
+			meta1.Add(1)
+			return fakebroker.Action{Drop: true}
+		case f.GetCreateTopic() != nil:
+			creates1.Add(1)
+			return fakebroker.Action{Drop: true}
+		}
+		return fakebroker.Action{}
+	})
+	n2.SetHook(count(&meta2, fakebroker.Action{}, isMetadata))
+	start := time.Now()
+	r, err := c.Metadata(testCtx(t), "t")
+	took := time.Since(start)
+	if err != nil || len(r.GetTopics()) != 1 {
+		t.Fatalf("metadata: %v %v", r, err)
+	}
+	if meta1.Load() != 1 || meta2.Load() != 1 {
+		t.Fatalf("metadata requests: node 1 %d, node 2 %d; want 1 each (node 2 asked once node 1 was silent)", meta1.Load(), meta2.Load())
+	}
+	if took >= 20*time.Second {
+		t.Fatalf("the call waited for the request timeout (%v)", took)
+	}
+	if _, err := c.Metadata(testCtx(t), "t"); err != nil || meta1.Load() != 1 || meta2.Load() != 2 {
+		t.Fatalf("the next call: %v; node 1 got %d, node 2 %d", err, meta1.Load(), meta2.Load())
+	}
+	t.Logf("metadata left the silent broker after %v", took.Round(time.Millisecond))
+
+	// Not a read: sent once, to the broker it went to.
+	c2, err := Dial(testCtx(t), n1.Addr()+","+n2.Addr(), WithRequestTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if _, err := c2.CreateTopic(testCtx(t), "u", &heraldpb.TopicConfig{Partitions: 1}); !errors.Is(err, ErrRequestTimeout) || creates1.Load() != 1 {
+		t.Fatalf("CreateTopic to a silent broker: %v, node 1 got %d", err, creates1.Load())
 	}
 }
