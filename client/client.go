@@ -127,6 +127,19 @@ func (c *Client) Close() error {
 // connTo returns the live connection to addr, dialling it if needed. Only
 // one dial per address runs at a time; concurrent callers share it.
 func (c *Client) connTo(ctx context.Context, addr string) (*conn, error) {
+	return c.connWithin(ctx, addr, 0)
+}
+
+// errDialSlow: a dial had not finished within the wait its caller gave
+// it (it goes on in the background).
+var errDialSlow = errors.New("herald: the broker has not answered the connection's Hello yet")
+
+// connWithin is connTo that, with wait > 0, waits at most that long for a
+// new connection's dial and then gives up with errDialSlow, marking the
+// broker suspect (a frozen node's kernel accepts the TCP connection, and
+// its Hello is never answered): the caller tries another broker, and the
+// dial goes on, its success clearing the mark.
+func (c *Client) connWithin(ctx context.Context, addr string, wait time.Duration) (*conn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -146,11 +159,21 @@ func (c *Client) connTo(ctx context.Context, addr string) (*conn, error) {
 		go c.dial(addr, dc)
 	}
 	c.mu.Unlock()
+	var slow <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		slow = t.C
+	}
 	select {
 	case <-dc.done:
 		return dc.c, dc.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-slow:
+		c.cfg.logger.Debug("herald: dial slow; trying another broker", "addr", addr, "after", wait)
+		c.markSuspect(addr, suspectFor)
+		return nil, errDialSlow
 	}
 }
 
@@ -251,8 +274,13 @@ func (c *Client) anyConnExcept(ctx context.Context, except string) (*conn, error
 	}
 	c.mu.Unlock()
 	var errs []error
-	for _, a := range append(good, bad...) {
-		cn, err := c.connTo(ctx, a)
+	cands := append(good, bad...)
+	for i, a := range cands {
+		wait := time.Duration(0) // the last one: as long as its dial takes
+		if i < len(cands)-1 {
+			wait = leaderCheck
+		}
+		cn, err := c.connWithin(ctx, a, wait)
 		if err == nil {
 			return cn, nil
 		}
@@ -284,8 +312,10 @@ func (c *Client) leaderConn(ctx context.Context, topic string, partition int32) 
 		if refetch { // not asked yet, or dropped after NOT_LEADER
 			_, _ = c.topicInfo(ctx, topic, false)
 		}
+		// A replica that does not answer a new connection's Hello within
+		// leaderCheck is passed over for the next (anyConn at the end).
 		for _, addr := range c.partitionAddrs(topic, partition) {
-			if cn, err := c.connTo(ctx, addr); err == nil {
+			if cn, err := c.connWithin(ctx, addr, leaderCheck); err == nil {
 				return cn, nil
 			}
 		}

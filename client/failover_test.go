@@ -373,3 +373,30 @@ func TestMetadataLeavesSilentBroker(t *testing.T) {
 		t.Fatalf("CreateTopic to a silent broker: %v, node 1 got %d", err, creates1.Load())
 	}
 }
+
+// A broker whose kernel accepts the connection and that never answers its
+// Hello (a stopped process) is passed over after leaderCheck for the next
+// one, not after the 10 s dial timeout; it is then tried last.
+func TestDialPassesOverAFrozenBroker(t *testing.T) {
+	n1 := newBroker(t, fakebroker.Node(1), fakebroker.Topic("t", 1))
+	n2 := newBroker(t, fakebroker.Node(2), fakebroker.Topic("t", 1))
+	n1.SetFrozen(true)
+	start := time.Now()
+	c, err := Dial(testCtx(t), n1.Addr()+","+n2.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r, err := c.Metadata(testCtx(t), "t")
+	took := time.Since(start)
+	if err != nil || len(r.GetTopics()) != 1 {
+		t.Fatalf("metadata: %v %v", r, err)
+	}
+	if took >= DefaultDialTimeout {
+		t.Fatalf("took %v: the frozen broker's dial was waited out", took)
+	}
+	if n2.Connections() != 1 {
+		t.Fatalf("node 2 has %d connections, want 1", n2.Connections())
+	}
+	t.Logf("connected past the frozen broker after %v", took.Round(time.Millisecond))
+}

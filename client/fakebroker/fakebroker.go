@@ -99,6 +99,10 @@ type Broker struct {
 
 	txn txnState // half messages (txn.go)
 
+	// frozen: Hello is not answered (SetFrozen), as by a stopped process
+	// whose kernel still accepts connections.
+	frozen atomic.Bool
+
 	maxSeen    atomic.Int64 // most requests seen outstanding on one connection
 	violations atomic.Int64 // requests past the window
 	wg         sync.WaitGroup
@@ -213,6 +217,11 @@ func (b *Broker) DropConnections() {
 	}
 }
 
+// SetFrozen makes the broker leave new connections' Hello unanswered (on)
+// or answer them again (off), as a stopped process does: its kernel
+// accepts connections that nothing reads.
+func (b *Broker) SetFrozen(on bool) { b.frozen.Store(on) }
+
 // Connections returns how many connections were accepted so far.
 func (b *Broker) Connections() int {
 	b.mu.Lock()
@@ -323,6 +332,9 @@ func (b *Broker) serve(id int, nc net.Conn) {
 			return
 		}
 		if !helloDone {
+			if b.frozen.Load() {
+				continue // never answered
+			}
 			if f.GetHello() == nil {
 				s.write(heraldpb.ErrorFrame(f.GetId(), heraldpb.NewError(heraldpb.ErrorCode_HELLO_REQUIRED, "hello first")))
 				continue
