@@ -531,7 +531,8 @@ func (c *Client) notReadyMoved(ctx context.Context, cn *conn, topic string, part
 // metadata fetched while that node was down), the topic's metadata, and
 // with it the brokers, is fetched again on next use. (Pointing at a node
 // it cannot reach, the producer went to the other replicas, which named
-// that node again, until its failover timeout.)
+// that node again, until its failover timeout.) The node named is no
+// longer suspect.
 func (c *Client) notLeader(topic string, partition int32, err error) {
 	var he *Error
 	if !errors.As(err, &he) || he.Leader == 0 || partition < 0 {
@@ -544,10 +545,16 @@ func (c *Client) notLeader(topic string, partition int32, err error) {
 	if tm == nil {
 		return
 	}
-	if c.brokers[he.Leader] == "" {
+	addr := c.brokers[he.Leader]
+	if addr == "" {
 		delete(c.meta, topic)
 		return
 	}
+	// A replica naming the leader is newer than any suspicion of it (it
+	// answered NOT_READY while it restarted, or did not answer while
+	// another node led): tried last, it would be asked only after the
+	// replicas, which name it again, until the mark expires.
+	delete(c.suspect, addr)
 	info := proto.Clone(tm.info).(*heraldpb.TopicInfo)
 	for _, p := range info.Partitions {
 		if int32(p.GetId()) == partition {

@@ -400,3 +400,35 @@ func TestDialPassesOverAFrozenBroker(t *testing.T) {
 	}
 	t.Logf("connected past the frozen broker after %v", took.Round(time.Millisecond))
 }
+
+// A NOT_LEADER naming a node the client had marked suspect (it answered
+// NOT_READY while it restarted, and another node led then) sends the
+// produce there next: the replica's word is newer than the suspicion.
+// Before, the suspect leader was tried after the replicas, which named it
+// again, until the mark expired 10 s later (a chaos run stopped writes
+// for 3.6 s so).
+func TestProduceGoesToANamedLeaderItSuspected(t *testing.T) {
+	n1, n2, c := twoNodes(t, 1, 1)
+	var refused atomic.Int64
+	n1.SetHook(func(_ int, f *heraldpb.Frame) fakebroker.Action {
+		if f.GetProduce() == nil {
+			return fakebroker.Action{}
+		}
+		refused.Add(1)
+		return fakebroker.Action{Error: &heraldpb.Error{Code: heraldpb.ErrorCode_NOT_LEADER, Leader: 2, Message: "not the leader (leader is node 2)"}}
+	})
+	if _, err := c.Metadata(testCtx(t), "t"); err != nil {
+		t.Fatal(err)
+	}
+	c.markSuspect(n2.Addr(), suspectFor)
+	p := c.NewProducer(WithManualPartitions(), WithFailoverTimeout(time.Minute))
+	if _, err := p.Send(testCtx(t), &Message{Topic: "t", Partition: 0, Value: []byte("v")}); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	if recs := n2.Records("t", 0); len(recs) != 2 || string(recs[1].Value) != "v" {
+		t.Fatalf("node 2 holds %d records", len(recs))
+	}
+	if n := refused.Load(); n != 1 {
+		t.Fatalf("node 1 was sent %d produces, want 1 (then the named leader)", n)
+	}
+}
