@@ -243,19 +243,7 @@ func (c *Client) anyConnExcept(ctx context.Context, except string) (*conn, error
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
-	// The bootstrap addresses first, then the brokers metadata named (the
-	// bootstrap ones may all be gone: nodes restarted elsewhere).
-	addrs := slices.Clone(c.addrs)
-	for _, id := range slices.Sorted(maps.Keys(c.brokers)) {
-		if a := c.brokers[id]; !slices.Contains(addrs, a) {
-			addrs = append(addrs, a)
-		}
-	}
-	for a := range c.conns {
-		if !slices.Contains(addrs, a) {
-			addrs = append(addrs, a)
-		}
-	}
+	addrs := c.knownAddrsLocked()
 	var good, bad []string
 	for _, a := range addrs {
 		switch {
@@ -673,23 +661,31 @@ func (c *Client) callWatched(ctx context.Context, cn *conn, req *heraldpb.Frame)
 func (c *Client) otherBroker(addr string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ok := func(a string) bool { return a != addr && !c.suspectLocked(a) }
-	for _, a := range c.addrs {
-		if ok(a) {
-			return true
-		}
-	}
-	for _, a := range c.brokers {
-		if ok(a) {
-			return true
-		}
-	}
-	for a := range c.conns {
-		if ok(a) {
+	for _, a := range c.knownAddrsLocked() {
+		if a != addr && !c.suspectLocked(a) {
 			return true
 		}
 	}
 	return false
+}
+
+// knownAddrsLocked lists every broker address the client knows, each once:
+// the bootstrap addresses first, then the brokers metadata named (the
+// bootstrap ones may all be gone: nodes restarted elsewhere), then those
+// of its connections. c.mu is held.
+func (c *Client) knownAddrsLocked() []string {
+	addrs := slices.Clone(c.addrs)
+	for _, id := range slices.Sorted(maps.Keys(c.brokers)) {
+		if a := c.brokers[id]; !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	for a := range c.conns {
+		if !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
 }
 
 // sleepCtx waits d or until ctx ends.
