@@ -5115,8 +5115,18 @@ type ProduceRequest struct {
 	// With commit_txn: consumer group offsets committed with the
 	// transaction, as EndTxnRequest.group_offsets.
 	TxnGroupOffsets []*TxnGroupOffsets `protobuf:"bytes,18,rep,name=txn_group_offsets,json=txnGroupOffsets,proto3" json:"txn_group_offsets,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Internal, like not_before_ms (refused from clients): the epoch of the
+	// transaction coordinator sending this append (the raft term in which
+	// its node's replica of __txn was elected). The partition's leader
+	// refuses it with PRODUCER_FENCED when it has seen a higher epoch, so a
+	// deposed coordinator's append that arrives late cannot land after its
+	// successor looked for it. Without records it is a fence: the partition
+	// writes the epoch (an entry holding no offset) and answers once the
+	// fence is applied, so every append of an older epoch is either before
+	// it, where a scan that follows finds it, or refused.
+	TxnEpoch      uint64 `protobuf:"varint,19,opt,name=txn_epoch,json=txnEpoch,proto3" json:"txn_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProduceRequest) Reset() {
@@ -5273,6 +5283,13 @@ func (x *ProduceRequest) GetTxnGroupOffsets() []*TxnGroupOffsets {
 		return x.TxnGroupOffsets
 	}
 	return nil
+}
+
+func (x *ProduceRequest) GetTxnEpoch() uint64 {
+	if x != nil {
+		return x.TxnEpoch
+	}
+	return 0
 }
 
 // How the broker resolves a half message nobody ends.
@@ -9939,7 +9956,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xa1\x05\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\xbe\x05\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -9962,7 +9979,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x10single_in_flight\x18\x10 \x01(\bR\x0esingleInFlight\x12\x1d\n" +
 	"\n" +
 	"commit_txn\x18\x11 \x01(\bR\tcommitTxn\x12F\n" +
-	"\x11txn_group_offsets\x18\x12 \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\x0ftxnGroupOffsetsB\f\n" +
+	"\x11txn_group_offsets\x18\x12 \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\x0ftxnGroupOffsets\x12\x1b\n" +
+	"\ttxn_epoch\x18\x13 \x01(\x04R\btxnEpochB\f\n" +
 	"\n" +
 	"_partition\"\xc2\x01\n" +
 	"\vHalfOptions\x12%\n" +

@@ -58,7 +58,14 @@ type LogEntry struct {
 	// clock. None of these is before the leader's receipt, so no replica
 	// makes the entry readable before the hold ends by the leader's
 	// reckoning, whatever the offsets between the replicas' clocks.
-	HoldUs        uint32 `protobuf:"varint,10,opt,name=hold_us,json=holdUs,proto3" json:"hold_us,omitempty"`
+	HoldUs uint32 `protobuf:"varint,10,opt,name=hold_us,json=holdUs,proto3" json:"hold_us,omitempty"`
+	// The epoch of the transaction coordinator that appended the entry
+	// (ProduceRequest.txn_epoch; 0: not the coordinator's). Every replica
+	// keeps the highest it applied, and the leader refuses the
+	// coordinator's appends of an older epoch. An entry with an epoch, no
+	// records and count 0 is a fence: it raises the epoch and holds no
+	// offset.
+	TxnEpoch      uint64 `protobuf:"varint,11,opt,name=txn_epoch,json=txnEpoch,proto3" json:"txn_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -159,6 +166,13 @@ func (x *LogEntry) GetNotBeforeMs() int64 {
 func (x *LogEntry) GetHoldUs() uint32 {
 	if x != nil {
 		return x.HoldUs
+	}
+	return 0
+}
+
+func (x *LogEntry) GetTxnEpoch() uint64 {
+	if x != nil {
+		return x.TxnEpoch
 	}
 	return 0
 }
@@ -483,8 +497,12 @@ func (*Tick) Descriptor() ([]byte, []int) {
 // SnapshotData is the state machine snapshot of a partition: a message log
 // needs only where offsets stand at the snapshot's index.
 type SnapshotData struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NextOffset    int64                  `protobuf:"varint,1,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	NextOffset int64                  `protobuf:"varint,1,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	// The highest transaction coordinator epoch the sending leader applied
+	// (LogEntry.txn_epoch): the fences the snapshot replaces still hold on
+	// the replica that installs it.
+	TxnEpoch      uint64 `protobuf:"varint,2,opt,name=txn_epoch,json=txnEpoch,proto3" json:"txn_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -522,6 +540,13 @@ func (*SnapshotData) Descriptor() ([]byte, []int) {
 func (x *SnapshotData) GetNextOffset() int64 {
 	if x != nil {
 		return x.NextOffset
+	}
+	return 0
+}
+
+func (x *SnapshotData) GetTxnEpoch() uint64 {
+	if x != nil {
+		return x.TxnEpoch
 	}
 	return 0
 }
@@ -594,7 +619,7 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xd1\x02\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xee\x02\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -608,7 +633,8 @@ const file_log_proto_rawDesc = "" +
 	"\rbase_sequence\x18\b \x01(\x03R\fbaseSequence\x12\"\n" +
 	"\rnot_before_ms\x18\t \x01(\x03R\vnotBeforeMs\x12\x17\n" +
 	"\ahold_us\x18\n" +
-	" \x01(\rR\x06holdUs\"\xe1\x01\n" +
+	" \x01(\rR\x06holdUs\x12\x1b\n" +
+	"\ttxn_epoch\x18\v \x01(\x04R\btxnEpoch\"\xe1\x01\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +
@@ -628,10 +654,11 @@ const file_log_proto_rawDesc = "" +
 	"\x04from\x18\x01 \x01(\x04R\x04from\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x14\n" +
 	"\x05index\x18\x03 \x01(\x04R\x05index\"\x06\n" +
-	"\x04Tick\"/\n" +
+	"\x04Tick\"L\n" +
 	"\fSnapshotData\x12\x1f\n" +
 	"\vnext_offset\x18\x01 \x01(\x03R\n" +
-	"nextOffset\"a\n" +
+	"nextOffset\x12\x1b\n" +
+	"\ttxn_epoch\x18\x02 \x01(\x04R\btxnEpoch\"a\n" +
 	"\aForward\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12&\n" +
 	"\x05frame\x18\x02 \x01(\v2\x10.herald.v1.FrameR\x05frame\x12\x18\n" +

@@ -33,7 +33,14 @@ type LogEntryHeader struct {
 	// HoldUs: the hold the leader decided (µs; 0: none, or a leader that
 	// predates the field); see LogEntry.hold_us.
 	HoldUs uint32
+	// TxnEpoch is the appending transaction coordinator's epoch (0: none);
+	// with Count 0 the entry is a fence (see LogEntry.txn_epoch).
+	TxnEpoch uint64
 }
+
+// Fence reports whether the entry is a transaction coordinator's fence:
+// an epoch and no records.
+func (h LogEntryHeader) Fence() bool { return h.TxnEpoch != 0 && h.Count == 0 }
 
 // ScanLogEntry decodes a marshalled heraldpb.LogEntry without copying its
 // records (the result aliases b). Unknown fields are skipped; a known field
@@ -48,7 +55,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		}
 		b = b[n:]
 		switch {
-		case (num >= 1 && num <= 4 || num >= 6 && num <= 10) && typ == protowire.VarintType:
+		case (num >= 1 && num <= 4 || num >= 6 && num <= 11) && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
@@ -73,6 +80,8 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 				h.NotBeforeMs = int64(v)
 			case 10:
 				h.HoldUs = uint32(min(v, math.MaxUint32))
+			case 11:
+				h.TxnEpoch = v
 			}
 		case num == 5 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
@@ -81,7 +90,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 			}
 			b = b[n:]
 			records = v
-		case num >= 1 && num <= 10:
+		case num >= 1 && num <= 11:
 			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)

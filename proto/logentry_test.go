@@ -9,7 +9,7 @@ import (
 
 func TestScanLogEntryProducer(t *testing.T) {
 	data, err := proto.Marshal(&LogEntry{BaseOffset: 7, Count: 3, AppendTimeMs: 11, MaxTimestampMs: 12, Records: []byte{1, 2},
-		MaxPriority: 4, ProducerId: 1 << 63, BaseSequence: 1<<40 + 5, NotBeforeMs: 1_800_000_000_123, HoldUs: 47_000})
+		MaxPriority: 4, ProducerId: 1 << 63, BaseSequence: 1<<40 + 5, NotBeforeMs: 1_800_000_000_123, HoldUs: 47_000, TxnEpoch: 1<<33 + 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -18,9 +18,16 @@ func TestScanLogEntryProducer(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := LogEntryHeader{BaseOffset: 7, Count: 3, AppendTimeMs: 11, MaxTimestampMs: 12, MaxPriority: 4, ProducerID: 1 << 63, BaseSequence: 1<<40 + 5,
-		NotBeforeMs: 1_800_000_000_123, HoldUs: 47_000}
+		NotBeforeMs: 1_800_000_000_123, HoldUs: 47_000, TxnEpoch: 1<<33 + 1}
 	if h != want || string(recs) != "\x01\x02" {
 		t.Fatalf("scanned %+v %v, want %+v", h, recs, want)
+	}
+	if h.Fence() {
+		t.Fatal("an entry with records is not a fence")
+	}
+	data, _ = proto.Marshal(&LogEntry{BaseOffset: 9, TxnEpoch: 4})
+	if h, recs, err = ScanLogEntry(data); err != nil || !h.Fence() || h.TxnEpoch != 4 || h.BaseOffset != 9 || len(recs) != 0 {
+		t.Fatalf("fence scanned as %+v %v %v", h, recs, err)
 	}
 }
 
@@ -34,6 +41,8 @@ func FuzzScanLogEntry(f *testing.F) {
 		{BaseOffset: 100, Count: 1, ProducerId: 42, BaseSequence: 9, MaxPriority: 2},
 		{BaseOffset: 5, Count: 2, NotBeforeMs: 1_800_000_000_000, Records: []byte{3}},
 		{BaseOffset: 6, Count: 1, NotBeforeMs: 1_800_000_000_050, HoldUs: 50_000, Records: []byte{4}},
+		{BaseOffset: 8, Count: 1, ProducerId: 3, TxnEpoch: 12, Records: []byte{5}},
+		{BaseOffset: 8, TxnEpoch: 13},
 		{},
 	} {
 		b, _ := proto.Marshal(e)
@@ -55,7 +64,7 @@ func FuzzScanLogEntry(f *testing.F) {
 			e.HoldUs = math.MaxUint32
 		}
 		got := LogEntryHeader{BaseOffset: e.BaseOffset, Count: e.Count, AppendTimeMs: e.AppendTimeMs, MaxTimestampMs: e.MaxTimestampMs,
-			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs}
+			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs, TxnEpoch: e.TxnEpoch}
 		if h != got || string(recs) != string(e.Records) {
 			t.Fatalf("ScanLogEntry %+v, Unmarshal %+v", h, got)
 		}

@@ -117,17 +117,23 @@ type Actor struct {
 	prioRun     uint64        // numbers the catch-up reads of this actor
 
 	// Idempotent producers (idempotence.go).
-	producers      *producerTable           // committed batches of idempotent producers
-	inflight       map[uint64][]inflightSeq // this leader's idempotent proposals not applied yet, by producer
-	termApplied    bool                     // the leader applied an entry of its own term
-	appliedTerm    uint64                   // term of the entry at applied
-	prodLoading    bool                     // the table is being read from the log; producers holds what was applied since
-	prodRun        uint64                   // numbers the table reads of this actor
-	prodStop       chan struct{}            // closed to stop the read
-	prodDirty      bool                     // changed since the last save
-	prodSaving     bool                     // a save is writing the file
-	prodSavedIndex uint64                   // the raft index the last save covered
-	prodLastSave   int                      // actor tick of the last save
+	producers *producerTable           // committed batches of idempotent producers
+	inflight  map[uint64][]inflightSeq // this leader's idempotent proposals not applied yet, by producer
+	// txnProposed is the highest transaction coordinator epoch this leader
+	// proposed in its term (fence.go); fencing is the fence proposed and
+	// not applied yet, if any.
+	txnProposed    uint64
+	fencing        *proposalKey
+	prodEpochFloor uint64        // the coordinator epoch the table had (or its file) before a rebuild
+	termApplied    bool          // the leader applied an entry of its own term
+	appliedTerm    uint64        // term of the entry at applied
+	prodLoading    bool          // the table is being read from the log; producers holds what was applied since
+	prodRun        uint64        // numbers the table reads of this actor
+	prodStop       chan struct{} // closed to stop the read
+	prodDirty      bool          // changed since the last save
+	prodSaving     bool          // a save is writing the file
+	prodSavedIndex uint64        // the raft index the last save covered
+	prodLastSave   int           // actor tick of the last save
 
 	// Moving the group to other replicas (reassign.go).
 	joined         map[uint64]string   // the move that started each node's replica, by node id (SetTarget)
@@ -304,6 +310,7 @@ func (a *Actor) open() error {
 	if applied < first-1 {
 		applied = first - 1
 	}
+	storage = epochSnapshots{Storage: storage, a: a}
 	rc := &raft.Config{
 		ID:                        a.cfg.ReplicaID,
 		ElectionTick:              a.cfg.ElectionTicks,
@@ -743,6 +750,10 @@ func (a *Actor) installSnapshot(ctx actor.Context, snap *raftpb.Snapshot) {
 	a.win.reset()
 	a.openPrio()       // the log was replaced: index it again
 	a.resetProducers() // and its earlier batches are gone
+	if a.producers.raiseTxnEpoch(sd.TxnEpoch) {
+		// The fences it replaced hold: saved now, with the table's file.
+		a.saveProducers(true)
+	}
 	a.serveParked(ctx)
 	a.publish()
 }
@@ -795,6 +806,7 @@ func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) {
 		// A new term: proposals of the old one are settled by the log
 		// alone, and the new leader waits until it applied them.
 		clear(a.inflight)
+		a.txnProposed, a.fencing = 0, nil
 		a.termApplied = false
 	}
 	if a.isLeader && !was {
@@ -905,6 +917,13 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 		a.log.Error("undecodable committed entry", "index", e.Index, "err", err)
 		return
 	}
+	if a.producers.raiseTxnEpoch(h.TxnEpoch) {
+		a.prodDirty = true
+	}
+	if h.Fence() {
+		a.applyFence(ctx, e, h)
+		return
+	}
 	if h.BaseOffset != a.hw && !a.acceptedGap(a.hw, h.BaseOffset) {
 		a.log.Error("committed entry's base offset does not follow the high watermark",
 			"index", e.Index, "base", h.BaseOffset, "hw", a.hw)
@@ -1003,6 +1022,10 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		fail(e)
 		return
 	}
+	if len(req.Records) == 0 && req.TxnEpoch != 0 {
+		a.onFence(ctx, replyTo, f.Id, req)
+		return
+	}
 	if len(req.Records) > a.cfg.MaxMessageBytes {
 		fail(heraldpb.NewError(heraldpb.ErrorCode_MESSAGE_TOO_LARGE, "batch of %d bytes exceeds max message size %d", len(req.Records), a.cfg.MaxMessageBytes))
 		return
@@ -1014,6 +1037,10 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	}
 	if info.Count == 0 {
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "empty record batch"))
+		return
+	}
+	if req.TxnEpoch != 0 && req.ProducerId == 0 {
+		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "txn_epoch needs a producer_id"))
 		return
 	}
 	if req.ProducerId != 0 && a.checkIdempotent(ctx, replyTo, f.Id, req, uint32(info.Count)) {
@@ -1036,7 +1063,7 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	data, err := proto.Marshal(&heraldpb.LogEntry{
 		BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: appendTime, MaxTimestampMs: maxTs, Records: req.Records,
 		MaxPriority: uint32(info.MaxPriority), ProducerId: req.ProducerId, BaseSequence: req.BaseSequence,
-		NotBeforeMs: notBefore, HoldUs: holdUs,
+		NotBeforeMs: notBefore, HoldUs: holdUs, TxnEpoch: req.TxnEpoch,
 	})
 	if err != nil {
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err))
@@ -1060,6 +1087,7 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		return
 	}
 	a.tail = base + int64(info.Count)
+	a.txnProposed = max(a.txnProposed, req.TxnEpoch)
 	if holdUs > 0 {
 		a.noteReceipt(holdKey{term: a.term, base: base}, received)
 	}
@@ -1275,6 +1303,7 @@ func (a *Actor) closeLog(ctx actor.Context, why *heraldpb.Error) {
 	a.setQuiesced(false)
 	a.stopProducerLoad()
 	clear(a.inflight)
+	a.txnProposed, a.fencing = 0, nil
 	a.termApplied = false
 	a.stats.Writable.Store(false)
 	a.stats.Idempotent.Store(false)

@@ -68,7 +68,11 @@ func recordEntry(t *producerTable, e raftpb.Entry) (heraldpb.LogEntryHeader, boo
 		return heraldpb.LogEntryHeader{}, false
 	}
 	h, _, err := heraldpb.ScanLogEntry(e.Data)
-	if err != nil || !validSeq(h) {
+	if err != nil {
+		return h, false
+	}
+	t.raiseTxnEpoch(h.TxnEpoch)
+	if !validSeq(h) {
 		return h, false
 	}
 	t.record(h.ProducerID, seqBatch{seq: h.BaseSequence, count: h.Count, offset: h.BaseOffset})
@@ -131,6 +135,12 @@ func (a *Actor) openProducers(applied uint64) {
 	if err != nil {
 		a.log.Warn("producer state file unusable; rebuilding the producer table from the log", "path", a.cfg.ProducerStatePath, "err", err)
 	}
+	// The file's coordinator epoch holds even when its batches do not
+	// match the log: every epoch this partition applied was a fence.
+	a.prodEpochFloor = 0
+	if base != nil {
+		a.prodEpochFloor = base.txnEpoch
+	}
 	from := first
 	if base != nil {
 		t, terr := a.store.Term(index)
@@ -152,6 +162,7 @@ func (a *Actor) openProducers(applied uint64) {
 	if base == nil {
 		base = newProducerTable(a.cfg.MaxProducers)
 	}
+	base.raiseTxnEpoch(a.prodEpochFloor)
 	if from > applied {
 		a.producers = base
 		a.publishProducers()
@@ -200,7 +211,10 @@ func (a *Actor) onProducersLoaded(ctx actor.Context, m producersLoaded) {
 func (a *Actor) resetProducers() {
 	a.stopProducerLoad()
 	a.prodRun++
+	epoch := a.txnEpochSeen() // the fences of the entries that go still hold
 	a.producers = newProducerTable(a.cfg.MaxProducers)
+	a.producers.raiseTxnEpoch(epoch)
+	a.prodEpochFloor = epoch
 	a.prodLoading, a.prodDirty = false, true
 	a.publishProducers()
 }
@@ -251,6 +265,9 @@ func (a *Actor) checkIdempotent(ctx actor.Context, replyTo *actor.PID, id uint64
 			e.RetryAfterMs = uint32(max(a.cfg.ThrottleRetryAfter, 100*time.Millisecond) / time.Millisecond)
 		}
 		a.m.throttled.Inc()
+		return fail(e)
+	}
+	if e := a.checkTxnEpoch(req.TxnEpoch); e != nil {
 		return fail(e)
 	}
 	seq := req.BaseSequence

@@ -85,6 +85,9 @@ var (
 	followerResets = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_raft_follower_resets_total", Help: "Followers a leader found to have lost entries they had acknowledged (a damaged log); each makes it hand its leadership over, or start a new term, so that they are sent them again.",
 	})
+	txnFenced = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_partition_txn_fenced_total", Help: "Appends and fences of a transaction coordinator refused (PRODUCER_FENCED) because a newer coordinator had fenced the partition.",
+	})
 	readerQueueDepth = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_log_reader_queue_depth", Help: "Catch-up fetches queued for the log reader pool.",
 	})
@@ -95,7 +98,7 @@ type partMetrics struct {
 	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas prometheus.Counter
 	idemEvictions, duplicates, outOfOrder                                                                 prometheus.Counter
 	start, end, hw, mailbox, parked, leader, writerQueue, quiesced, producers, held, damaged              prometheus.Gauge
-	votesWithheld, followerResets                                                                         prometheus.Counter
+	votesWithheld, followerResets, txnFenced                                                              prometheus.Counter
 	lv                                                                                                    []string
 }
 
@@ -123,6 +126,7 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		damaged:           partitionDamaged.WithLabelValues(lv...),
 		votesWithheld:     votesWithheld,
 		followerResets:    followerResets,
+		txnFenced:         txnFenced,
 		idemEvictions:     idemEvictions.WithLabelValues(lv...),
 		duplicates:        produceDuplicates.WithLabelValues(lv...),
 		outOfOrder:        produceOutOfOrder.WithLabelValues(lv...),

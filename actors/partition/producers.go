@@ -69,6 +69,20 @@ type producerTable struct {
 	head, tail *producerEntry // most and least recently written
 	limit      int
 	evictions  int // since the table was made
+	// txnEpoch is the highest transaction coordinator epoch of the
+	// entries applied (LogEntry.txn_epoch): the leader refuses the
+	// coordinator's appends of an older one. It is never evicted.
+	txnEpoch uint64
+}
+
+// raiseTxnEpoch records a coordinator epoch seen in an applied entry, and
+// reports whether the table's changed.
+func (t *producerTable) raiseTxnEpoch(e uint64) bool {
+	if e <= t.txnEpoch {
+		return false
+	}
+	t.txnEpoch = e
+	return true
 }
 
 func newProducerTable(limit int) *producerTable {
@@ -141,6 +155,7 @@ func (t *producerTable) pushFront(e *producerEntry) {
 // log order; that is equivalent because producers are independent and the
 // recency order is that of each producer's last write.
 func (t *producerTable) replayOnto(dst *producerTable) {
+	dst.raiseTxnEpoch(t.txnEpoch)
 	for e := t.tail; e != nil; e = e.prev {
 		for _, b := range e.batches[:e.n] {
 			dst.record(e.id, b)
@@ -198,15 +213,18 @@ func checkSequence(committed *producerEntry, inflight []inflightSeq, seq int64, 
 }
 
 // Producer state file: magic, version, the raft index and term of the last
-// entry the table covers, the producer count, then each producer from the
-// least to the most recently written: its id, its batch count (1 to
-// ProducerBatches) and per batch, oldest first, sequence, record count and
-// offset; then the CRC32C of everything before it. Little-endian.
+// entry the table covers, the producer count, (version 2) the transaction
+// coordinator epoch, then each producer from the least to the most
+// recently written: its id, its batch count (1 to ProducerBatches) and per
+// batch, oldest first, sequence, record count and offset; then the CRC32C
+// of everything before it. Little-endian. Version 1 files (no epoch) are
+// still read, with epoch 0.
 var producersMagic = []byte("HPRD")
 
 const (
-	producersVersion = 1
+	producersVersion = 2
 	producersHead    = 4 + 1 + 8 + 8 + 4 // magic, version, index, term, count
+	epochBytes       = 8                 // version 2: the coordinator epoch
 	producerMinBytes = 8 + 1 + batchBytesOnDisk
 	batchBytesOnDisk = 8 + 4 + 8
 )
@@ -223,6 +241,7 @@ func (t *producerTable) encode(index, term uint64) []byte {
 	buf = binary.LittleEndian.AppendUint64(buf, index)
 	buf = binary.LittleEndian.AppendUint64(buf, term)
 	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(t.m)))
+	buf = binary.LittleEndian.AppendUint64(buf, t.txnEpoch)
 	for e := t.tail; e != nil; e = e.prev {
 		buf = binary.LittleEndian.AppendUint64(buf, e.id)
 		buf = append(buf, byte(e.n))
@@ -242,7 +261,11 @@ func (t *producerTable) encode(index, term uint64) []byte {
 // proportion to the file's size (FuzzDecodeProducers,
 // FuzzDecodeProducersBody).
 func decodeProducers(data []byte, limit int) (t *producerTable, index, term uint64, err error) {
-	if len(data) < producersHead+4 || !bytes.Equal(data[:4], producersMagic) || data[4] != producersVersion {
+	head := producersHead
+	if len(data) > 4 && data[4] == producersVersion {
+		head += epochBytes
+	}
+	if len(data) < head+4 || !bytes.Equal(data[:4], producersMagic) || data[4] != producersVersion && data[4] != 1 {
 		return nil, 0, 0, fmt.Errorf("%w: header", errProducersFile)
 	}
 	body, sum := data[:len(data)-4], binary.LittleEndian.Uint32(data[len(data)-4:])
@@ -252,11 +275,14 @@ func decodeProducers(data []byte, limit int) (t *producerTable, index, term uint
 	index = binary.LittleEndian.Uint64(body[5:])
 	term = binary.LittleEndian.Uint64(body[13:])
 	n := binary.LittleEndian.Uint32(body[21:])
-	rest := body[producersHead:]
+	rest := body[head:]
 	if uint64(n) > uint64(len(rest))/producerMinBytes {
 		return nil, 0, 0, fmt.Errorf("%w: %d producers in %d bytes", errProducersFile, n, len(rest))
 	}
 	t = newProducerTable(limit)
+	if head > producersHead {
+		t.txnEpoch = binary.LittleEndian.Uint64(body[producersHead:])
+	}
 	for i := uint32(0); i < n; i++ {
 		if len(rest) < 9 {
 			return nil, 0, 0, fmt.Errorf("%w: producer %d truncated", errProducersFile, i)

@@ -101,7 +101,12 @@ func TestProducerTableReplay(t *testing.T) {
 		whole := build(log, newProducerTable(5))
 		older := build(log[:split], newProducerTable(5))
 		newer := build(log[split:], newProducerTable(5))
+		newer.raiseTxnEpoch(uint64(split + 1))
+		older.raiseTxnEpoch(100)
 		newer.replayOnto(older)
+		if want := max(100, uint64(split+1)); older.txnEpoch != want {
+			t.Fatalf("split %d: coordinator epoch %d after the replay, want the higher of both, %d", split, older.txnEpoch, want)
+		}
 		if !slices.Equal(tableIDs(older), tableIDs(whole)) {
 			t.Fatalf("split %d: order %v, want %v", split, tableIDs(older), tableIDs(whole))
 		}
@@ -120,10 +125,19 @@ func TestProducerFileRoundTrip(t *testing.T) {
 		id := uint64(i%17 + 1)
 		tab.record(id, seqBatch{seq: int64(i * 3), count: 3, offset: int64(1000 + i*3)})
 	}
+	tab.raiseTxnEpoch(1<<40 + 3)
 	data := tab.encode(77, 5)
 	got, index, term, err := decodeProducers(data, 100)
-	if err != nil || index != 77 || term != 5 {
-		t.Fatalf("decode: index %d term %d: %v", index, term, err)
+	if err != nil || index != 77 || term != 5 || got.txnEpoch != 1<<40+3 {
+		t.Fatalf("decode: index %d term %d epoch %d: %v", index, term, got.txnEpoch, err)
+	}
+	// A file of version 1 (before coordinator epochs): the same, epoch 0.
+	v1 := slices.Concat(data[:producersHead], data[producersHead+epochBytes:len(data)-4])
+	v1[4] = 1
+	v1 = binary.LittleEndian.AppendUint32(v1, crc32.Checksum(v1, castagnoli))
+	old, _, _, err := decodeProducers(v1, 100)
+	if err != nil || old.txnEpoch != 0 || !slices.Equal(tableIDs(old), tableIDs(tab)) {
+		t.Fatalf("version 1 file: epoch %v, %v: %v", old.txnEpoch, tableIDs(old), err)
 	}
 	if !slices.Equal(tableIDs(got), tableIDs(tab)) {
 		t.Fatalf("order %v, want %v", tableIDs(got), tableIDs(tab))

@@ -81,8 +81,8 @@ func (r *Router) produce(f *heraldpb.Frame, replyTo *actor.PID) {
 		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic %q is internal: clients cannot produce to it", b.Topic))
 		return
 	}
-	if b.NotBeforeMs != 0 || b.HoldUs != 0 || b.ClockId != 0 || b.SingleInFlight {
-		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "not_before_ms, hold_us, clock_id and single_in_flight are internal to the broker: use deliver_at_ms or delay_ms"))
+	if b.NotBeforeMs != 0 || b.HoldUs != 0 || b.ClockId != 0 || b.SingleInFlight || b.TxnEpoch != 0 {
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "not_before_ms, hold_us, clock_id, single_in_flight and txn_epoch are internal to the broker: use deliver_at_ms or delay_ms"))
 		return
 	}
 	e := r.reg.Get(b.Topic)

@@ -46,7 +46,9 @@ func TestRouteRefusesInternalFields(t *testing.T) {
 	r.Route(&heraldpb.Frame{Id: 2, Body: &heraldpb.Frame_Fetch{Fetch: &heraldpb.FetchRequest{Topic: "t", IncludeHeld: true}}}, inbox)
 	r.Route(&heraldpb.Frame{Id: 3, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), HoldUs: 50_000}}}, inbox)
 	r.Route(&heraldpb.Frame{Id: 4, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), ClockId: 7}}}, inbox)
-	for i := 0; i < 4; i++ {
+	// A client must not fence the transaction coordinator's appends.
+	r.Route(&heraldpb.Frame{Id: 5, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", TxnEpoch: 1 << 40}}}, inbox)
+	for i := 0; i < 5; i++ {
 		select {
 		case f := <-got:
 			if f.GetError().GetCode() != heraldpb.ErrorCode_INVALID_REQUEST {

@@ -24,6 +24,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/heraldmq/herald/registry"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -85,6 +86,11 @@ type Coordinator struct {
 
 	loaded bool
 	queue  []stashed // requests that arrived while loading
+	// epoch is the term in which this node's replica of __txn was elected,
+	// read when the coordinator loads: it stamps every append and fences
+	// each partition before a recovery scan reads it (fence.go).
+	epoch  uint64
+	fenced map[topicPart]*registry.Entry
 
 	state // the pending halves (state.go)
 
@@ -157,6 +163,7 @@ func (c *Coordinator) Receive(ctx actor.Context) {
 		c.producers = newProducers()
 		c.pendingChecks = map[uint64]uint32{}
 		c.appenders = map[topicPart]*appender{}
+		c.fenced = map[topicPart]*registry.Entry{}
 		c.loadStart = time.Now()
 		c.waitOrphans(ctx)
 	case *actor.Restarting, *actor.Stopping:
@@ -308,6 +315,13 @@ func (c *Coordinator) load(ctx actor.Context) {
 		c.log.Error("internal topic is missing; retrying", "topic", Topic)
 		c.after(time.Second, &loadRetry{})
 		return
+	}
+	if c.epoch == 0 {
+		if c.epoch = c.readEpoch(e); c.epoch == 0 {
+			c.log.Info("waiting for this node's replica of __txn to lead")
+			c.after(100*time.Millisecond, &loadRetry{})
+			return
+		}
 	}
 	if c.loadHW == 0 {
 		c.loadHW = e.Stats[0].HighWatermark.Load()

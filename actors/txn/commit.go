@@ -269,22 +269,33 @@ func (c *Coordinator) kickAppender(ctx actor.Context, a *appender) {
 		}
 		if !c.leadsTxn() {
 			// __txn's leadership is moving away: the next coordinator
-			// recovers this commit, and an append sent now could land
-			// after its recovery scan. Held until the replica leads again
-			// (the broker stops this actor when it does not).
+			// recovers this commit (and fences this one's appends).
+			// Held until the replica leads again (the broker stops this
+			// actor when it does not).
 			c.after(backoff, &retryStep{fn: send})
 			backoff = min(backoff*2, 5*time.Second)
 			return
 		}
+		if c.staleEpoch() {
+			c.restartStale("__txn's replica leads in a later term")
+		}
 		part := a.tp.part
+		req := &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+			Topic: a.tp.topic, Partition: &part, Acks: heraldpb.Acks_ACKS_ALL, Records: batch,
+			ProducerId: pid, BaseSequence: seq, SingleInFlight: true, TxnEpoch: c.epoch,
+		}}}
+		to := e.Writer(int(part))
+		if c.o.interceptAppend != nil && c.o.interceptAppend(to, req) {
+			return // held by the test
+		}
 		// The next incarnation (after a panic) waits for the answer too
 		// before it loads: its recovery scan then sees this append.
 		var fut *actor.Future
-		fut = c.request(ctx, e.Writer(int(part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
-			Topic: a.tp.topic, Partition: &part, Acks: heraldpb.Acks_ACKS_ALL, Records: batch,
-			ProducerId: pid, BaseSequence: seq, SingleInFlight: true,
-		}}}, callTimeout, func(f *heraldpb.Frame) {
+		fut = c.request(ctx, to, req, callTimeout, func(f *heraldpb.Frame) {
 			c.sh.forget(fut)
+			if f.GetError().GetCode() == heraldpb.ErrorCode_PRODUCER_FENCED {
+				c.onFenced(f.GetError())
+			}
 			if pr := f.GetProduceResponse(); pr != nil {
 				if a.pid == pid {
 					a.seq = seq + int64(count)
@@ -324,8 +335,7 @@ func (c *Coordinator) kickAppender(ctx actor.Context, a *appender) {
 
 // leadsTxn reports whether this node's replica of __txn still leads. A
 // deposed leader that has not heard of its successor yet still answers
-// true: this narrows the window in which two coordinators append, it does
-// not close it (docs/limits.md).
+// true; the successor's fences refuse what it appends then (fence.go).
 func (c *Coordinator) leadsTxn() bool {
 	e := c.o.Topics.Get(Topic)
 	if e == nil || len(e.Stats) != 1 {
@@ -503,6 +513,12 @@ func (c *Coordinator) settleRecovered(ctx actor.Context, found []*half) {
 // scanFor reads partition p of e from offset from to its end, handing
 // each record to visit until visit says it has found all it looks for.
 func (c *Coordinator) scanFor(ctx actor.Context, e *registry.Entry, p uint32, from int64, visit func(off int64, rec []byte) (all bool), done func()) {
+	// Fenced first: an append of an older coordinator then either is in
+	// the log before the fence, where this scan sees it, or is refused.
+	c.fence(ctx, e, p, func() { c.scanFenced(ctx, e, p, from, visit, done) })
+}
+
+func (c *Coordinator) scanFenced(ctx actor.Context, e *registry.Entry, p uint32, from int64, visit func(off int64, rec []byte) (all bool), done func()) {
 	all := false
 	backoff, warned := 100*time.Millisecond, time.Time{}
 	var step func(off int64)

@@ -84,6 +84,12 @@ type Options struct {
 	// holdWrites (tests), while it answers true, keeps writes to __txn
 	// queued.
 	holdWrites func() bool
+	// epochOf (tests) gives the coordinator's epoch instead of the term of
+	// __txn's leader.
+	epochOf func() uint64
+	// interceptAppend (tests) is shown each append before it is sent to
+	// partition pid; true keeps it from being sent (the test holds it).
+	interceptAppend func(pid *actor.PID, f *heraldpb.Frame) bool
 }
 
 func (o *Options) ensureDefaults() {

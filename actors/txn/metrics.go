@@ -67,6 +67,10 @@ var (
 		Name: "herald_txn_committed_records_total",
 		Help: "Records of committed transactions appended to their topics.",
 	})
+	mTxnEpochRestarts = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_txn_epoch_restarts_total",
+		Help: "Transaction coordinator restarts because a newer coordinator fenced it, or its replica of __txn was elected again in a later term.",
+	})
 	mTxnDropped = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_txn_dropped_total",
 		Help: "Staged batches of committed transactions dropped: their topic is gone, or their record in __txn is unreadable (logged).",

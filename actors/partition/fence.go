@@ -1,0 +1,155 @@
+package partition
+
+import (
+	"time"
+
+	"go.etcd.io/raft/v3"
+
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Fencing the transaction coordinator's appends.
+//
+// The transaction coordinator (actors/txn) appends committed records to
+// their partitions and, after a failover of __txn, its successor looks for
+// them by scanning the partitions before appending what it does not find.
+// An append the deposed coordinator had already sent could land after
+// that scan and be written twice. So each coordinator stamps its appends
+// with its epoch (ProduceRequest.txn_epoch: the term in which its node's
+// replica of __txn was elected), and before it scans a partition it sends
+// a fence: a produce with its epoch and no records. The leader writes the
+// fence as an entry without records (it holds no offset), answers once it
+// is applied, and from then on refuses every append of an older epoch with
+// PRODUCER_FENCED. An older append is therefore either in the log before
+// the fence, where the scan that follows finds it, or never written.
+//
+// Every replica keeps the highest epoch it applied in its producer table
+// (saved with it, and rebuilt from the log like it), and the leader checks
+// against that and against what it proposed and has not applied yet
+// (txnProposed). Like idempotent produces, fences and epoch checks wait
+// until a new leader has applied its log (idempotentReady): only then does
+// its table hold every fence of earlier terms.
+
+// txnEpochNow is the highest coordinator epoch this leader knows of.
+func (a *Actor) txnEpochNow() uint64 {
+	return max(a.producers.txnEpoch, a.txnProposed)
+}
+
+// checkTxnEpoch refuses a coordinator append of an epoch older than the
+// partition's (nil: it may go on). The caller checked idempotentReady.
+func (a *Actor) checkTxnEpoch(epoch uint64) *heraldpb.Error {
+	if epoch == 0 {
+		return nil
+	}
+	if now := a.txnEpochNow(); epoch < now {
+		a.m.txnFenced.Inc()
+		return heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED,
+			"partition %s-%d: a transaction coordinator of epoch %d was fenced by epoch %d", a.cfg.Topic, a.cfg.Partition, epoch, now)
+	}
+	return nil
+}
+
+// onFence serves a fence (a produce with txn_epoch and no records): it is
+// answered once an entry of that epoch, or a higher one, is applied.
+func (a *Actor) onFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *heraldpb.ProduceRequest) {
+	fail := func(e *heraldpb.Error) { a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, e)) }
+	if !a.idempotentReady() {
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d: new leader is still applying its log", a.cfg.Topic, a.cfg.Partition)
+		e.RetryAfterMs = uint32(max(a.cfg.ThrottleRetryAfter, 100*time.Millisecond) / time.Millisecond)
+		a.m.throttled.Inc()
+		fail(e)
+		return
+	}
+	if req.Acks != heraldpb.Acks_ACKS_ALL {
+		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "a fence needs acks=all"))
+		return
+	}
+	if e := a.checkTxnEpoch(req.TxnEpoch); e != nil {
+		fail(e)
+		return
+	}
+	if req.TxnEpoch <= a.producers.txnEpoch {
+		// Applied already: every entry before it is applied, and nothing
+		// older was accepted since.
+		a.reply(ctx, replyTo, fenced(id, a.cfg.Partition, a.hw))
+		return
+	}
+	if k := a.fencing; k != nil && k.fence == req.TxnEpoch {
+		// The same fence again (a retry): answered with the one proposed.
+		p := a.pending[*k]
+		p.dups = append(p.dups, waiter{replyTo: replyTo, frameID: id})
+		a.pending[*k] = p
+		return
+	}
+	base := a.tail
+	data, err := proto.Marshal(&heraldpb.LogEntry{BaseOffset: base, TxnEpoch: req.TxnEpoch})
+	if err != nil {
+		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding a fence: %v", err))
+		return
+	}
+	a.wake()
+	a.lastBusy = a.ticks
+	if err := a.rn.Propose(data); err != nil {
+		fail(notLeader(a.cfg.Topic, a.cfg.Partition, a.leader))
+		return
+	}
+	k := proposalKey{term: a.term, base: base, fence: req.TxnEpoch}
+	a.pending[k] = proposal{replyTo: replyTo, frameID: id, acks: heraldpb.Acks_ACKS_ALL}
+	a.fencing = &k
+	a.txnProposed = req.TxnEpoch
+}
+
+// applyFence answers the fence's producer, if this replica proposed it
+// (its epoch is in the table already).
+func (a *Actor) applyFence(ctx actor.Context, e raftpb.Entry, h heraldpb.LogEntryHeader) {
+	k := proposalKey{term: e.Term, base: h.BaseOffset, fence: h.TxnEpoch}
+	if a.fencing != nil && *a.fencing == k {
+		a.fencing = nil
+	}
+	p, ok := a.pending[k]
+	if !ok {
+		return
+	}
+	delete(a.pending, k)
+	hw := a.hw
+	a.answer(ctx, p, func(id uint64, _ bool) *heraldpb.Frame { return fenced(id, a.cfg.Partition, hw) })
+}
+
+// fenced is the answer to a fence: no records, at the high watermark.
+func fenced(id uint64, part uint32, hw int64) *heraldpb.Frame {
+	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{Partition: part, BaseOffset: hw}}}
+}
+
+// epochSnapshots adds the replica's coordinator epoch to the snapshots
+// raft sends a follower that fell behind the log's start (SnapshotData.
+// txn_epoch), so that the fences in the entries the snapshot replaces
+// still hold there. Raft calls Snapshot on the actor's goroutine.
+type epochSnapshots struct {
+	raft.Storage
+	a *Actor
+}
+
+func (s epochSnapshots) Snapshot() (raftpb.Snapshot, error) {
+	snap, err := s.Storage.Snapshot()
+	if err != nil || s.a.producers == nil {
+		return snap, err
+	}
+	var sd heraldpb.SnapshotData
+	if err := proto.Unmarshal(snap.Data, &sd); err != nil {
+		return snap, err
+	}
+	sd.TxnEpoch = max(sd.TxnEpoch, s.a.txnEpochSeen())
+	if snap.Data, err = proto.Marshal(&sd); err != nil {
+		return raftpb.Snapshot{}, err
+	}
+	return snap, nil
+}
+
+// txnEpochSeen is the highest coordinator epoch this replica has applied:
+// the table's, and while the table is rebuilt, the one it had before.
+func (a *Actor) txnEpochSeen() uint64 {
+	return max(a.producers.txnEpoch, a.prodEpochFloor)
+}

@@ -1,0 +1,136 @@
+package partition
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// coordFrame is a transaction coordinator's append of values, of epoch
+// epoch, as idempotent producer pid from sequence seq.
+func coordFrame(epoch, pid uint64, seq int64, values ...string) *heraldpb.Frame {
+	f := idemFrame(pid, seq, heraldpb.Acks_ACKS_ALL, values...)
+	f.GetProduce().TxnEpoch, f.GetProduce().SingleInFlight = epoch, true
+	return f
+}
+
+// fenceFrame is a coordinator's fence of epoch epoch.
+func fenceFrame(epoch uint64) *heraldpb.Frame {
+	return &heraldpb.Frame{Id: frameIDs.Add(1), Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: "t", Acks: heraldpb.Acks_ACKS_ALL, TxnEpoch: epoch,
+	}}}
+}
+
+// mustFence checks f answers a fence at the high watermark hw.
+func mustFence(t *testing.T, f *heraldpb.Frame, hw int64) {
+	t.Helper()
+	if r := f.GetProduceResponse(); r == nil || r.BaseOffset != hw || r.Count != 0 {
+		t.Fatalf("fence answered %v, want a produce response at %d", f, hw)
+	}
+}
+
+// TestTxnFence: once a coordinator of a newer epoch fenced the partition
+// (or appended to it), appends of an older epoch are refused with
+// PRODUCER_FENCED, from any producer id; the fence holds no offset and no
+// reader sees it; a fence in flight refuses them already, and its retry
+// waits for it; the epoch survives a restart, from the producer state file
+// and from the log alone.
+func TestTxnFence(t *testing.T) {
+	sys := actor.NewActorSystem()
+	ip := &idemPartition{t: t, sys: sys, topic: "txn-fence", dir: t.TempDir(), hold: &gate{}}
+	ip.start()
+	defer func() { ip.hold.open(); ip.stop() }()
+	fenced0 := txnFencedCount()
+
+	mustProduce(t, ip.ask(coordFrame(3, 50, 0, "a")), 0, false)
+	mustFence(t, ip.ask(fenceFrame(5)), 1)
+	mustFail(t, ip.ask(coordFrame(3, 50, 1, "late")), heraldpb.ErrorCode_PRODUCER_FENCED)
+	mustFail(t, ip.ask(coordFrame(4, 51, 0, "late")), heraldpb.ErrorCode_PRODUCER_FENCED)
+	mustFail(t, ip.ask(fenceFrame(4)), heraldpb.ErrorCode_PRODUCER_FENCED)
+	mustProduce(t, ip.ask(coordFrame(5, 52, 0, "b")), 1, false) // the fence took no offset
+	mustFence(t, ip.ask(fenceFrame(5)), 2)                      // again: applied already
+	mustProduce(t, ip.ask(produceFrame("t", heraldpb.Acks_ACKS_ALL, "plain")), 2, false)
+
+	// An append of a newer epoch fences like a fence does.
+	mustProduce(t, ip.ask(coordFrame(9, 53, 0, "c")), 3, false)
+	mustFail(t, ip.ask(coordFrame(8, 52, 1, "late")), heraldpb.ErrorCode_PRODUCER_FENCED)
+
+	// A fence in flight: older appends are refused before it commits; its
+	// retry is answered with it.
+	ip.hold.close()
+	first, retry := newInbox(sys), newInbox(sys)
+	sys.Root.RequestWithCustomSender(ip.pid, fenceFrame(12), first.pid)
+	sys.Root.RequestWithCustomSender(ip.pid, fenceFrame(12), retry.pid)
+	mustFail(t, ip.ask(coordFrame(9, 53, 1, "late")), heraldpb.ErrorCode_PRODUCER_FENCED)
+	select {
+	case f := <-first.frames:
+		t.Fatalf("a fence was answered before it committed: %v", f)
+	default:
+	}
+	ip.hold.open()
+	mustFence(t, first.next(t), 4)
+	mustFence(t, retry.next(t), 4)
+	if n := txnFencedCount() - fenced0; n != 5 {
+		t.Fatalf("herald_partition_txn_fenced_total rose by %v, want 5", n)
+	}
+
+	checkFor(t, 5*time.Second, "hw 4", func() bool { return ip.stats.HighWatermark.Load() == 4 })
+	if got := readAll(t, sys, ip.pid, 4); fmt.Sprint(got) != "[a b plain c]" {
+		t.Fatalf("log holds %v", got)
+	}
+
+	check := func(stage string) {
+		t.Helper()
+		f := askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return coordFrame(11, 54, 0, "late") })
+		if f.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
+			t.Fatalf("%s: an append of epoch 11 after a fence of 12: %v", stage, f)
+		}
+		mustFence(t, ip.ask(fenceFrame(12)), 4)
+	}
+	ip.stop()
+	ip.start()
+	check("restart with the state file")
+	ip.stop()
+	if err := os.Remove(ip.statePath()); err != nil {
+		t.Fatal(err)
+	}
+	ip.start()
+	check("restart from the log alone")
+	mustProduce(t, ip.ask(coordFrame(12, 55, 0, "d")), 4, false)
+}
+
+func txnFencedCount() float64 { return testutil.ToFloat64(txnFenced) }
+
+// TestTxnEpochOutlivesTheLogItCameFrom: the coordinator epoch survives
+// what replaces the entries that carried it: a snapshot a lagging
+// follower installs carries the leader's epoch (epochSnapshots), and the
+// table a snapshot install empties keeps it (resetProducers).
+func TestTxnEpochOutlivesTheLogItCameFrom(t *testing.T) {
+	a := &Actor{cfg: Config{MaxProducers: 10}, producers: newProducerTable(10), stats: &Stats{}, m: newPartMetrics("txn-epoch-snap", 0)}
+	a.producers.raiseTxnEpoch(41)
+	mem := raft.NewMemoryStorage()
+	data, _ := proto.Marshal(&heraldpb.SnapshotData{NextOffset: 500})
+	if err := mem.ApplySnapshot(raftpb.Snapshot{Data: data, Metadata: raftpb.SnapshotMetadata{Index: 9, Term: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := epochSnapshots{Storage: mem, a: a}.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sd heraldpb.SnapshotData
+	if err := proto.Unmarshal(snap.Data, &sd); err != nil || sd.NextOffset != 500 || sd.TxnEpoch != 41 || snap.Metadata.Index != 9 {
+		t.Fatalf("snapshot %+v carries %+v (%v), want next offset 500 and epoch 41", snap.Metadata, &sd, err)
+	}
+	a.resetProducers()
+	if a.producers.txnEpoch != 41 || a.producers.len() != 0 {
+		t.Fatalf("after a reset: epoch %d, %d producers; want 41 and none", a.producers.txnEpoch, a.producers.len())
+	}
+}
