@@ -89,8 +89,9 @@ type Coordinator struct {
 	// epoch is the term in which this node's replica of __txn was elected,
 	// read when the coordinator loads: it stamps every append and fences
 	// each partition before a recovery scan reads it (fence.go).
-	epoch  uint64
-	fenced map[topicPart]*registry.Entry
+	epoch      uint64
+	fenced     map[topicPart]*registry.Entry
+	waitedLead bool // logged that the load waits for the replica to lead
 
 	state // the pending halves (state.go)
 
@@ -318,7 +319,10 @@ func (c *Coordinator) load(ctx actor.Context) {
 	}
 	if c.epoch == 0 {
 		if c.epoch = c.readEpoch(e); c.epoch == 0 {
-			c.log.Info("waiting for this node's replica of __txn to lead")
+			if !c.waitedLead {
+				c.waitedLead = true
+				c.log.Info("waiting for this node's replica of __txn to lead")
+			}
 			c.after(100*time.Millisecond, &loadRetry{})
 			return
 		}
