@@ -202,6 +202,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, runErr
 	}
 
+	if tail := s.Goals.Recovery.D(); tail > 0 {
+		// The workload runs on past the heal for the recovery goal and a
+		// second: a fault the schedule's end healed (random-process seed
+		// 3's last kill ended 2 ms after the last write) is judged on its
+		// recovery too, not missed for want of writes after it.
+		say("faults over; writing on for %s", tail+time.Second)
+		if err := waitUntil(ctx, time.Now().Add(tail+time.Second)); err != nil {
+			wl.Stop(hctx)
+			return nil, err
+		}
+	}
 	say("faults over; settling for up to %s", s.Settle.D())
 	wl.StopGenerators()
 	drained, waiting := settle(ctx, cl, wl.DLQCaughtUp, &s, now)
