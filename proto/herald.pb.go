@@ -857,8 +857,11 @@ type Error struct {
 	// produce whose write failed after part of it reached the disk): the
 	// outcome is unknown, as Kafka says of a timed-out produce.
 	OutcomeUnknown bool `protobuf:"varint,8,opt,name=outcome_unknown,json=outcomeUnknown,proto3" json:"outcome_unknown,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// PRODUCER_FENCED from a partition refusing a transaction coordinator's
+	// append or fence: the coordinator epoch the partition holds.
+	Epoch         uint64 `protobuf:"varint,9,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Error) Reset() {
@@ -945,6 +948,13 @@ func (x *Error) GetOutcomeUnknown() bool {
 		return x.OutcomeUnknown
 	}
 	return false
+}
+
+func (x *Error) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type Frame struct {
@@ -5124,9 +5134,16 @@ type ProduceRequest struct {
 	// writes the epoch (an entry holding no offset) and answers once the
 	// fence is applied, so every append of an older epoch is either before
 	// it, where a scan that follows finds it, or refused.
-	TxnEpoch      uint64 `protobuf:"varint,19,opt,name=txn_epoch,json=txnEpoch,proto3" json:"txn_epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TxnEpoch uint64 `protobuf:"varint,19,opt,name=txn_epoch,json=txnEpoch,proto3" json:"txn_epoch,omitempty"`
+	// Internal, like txn_epoch (refused from clients), on a fence only: set
+	// the partition's epoch to txn_epoch even though it is lower, but only
+	// if the partition's epoch is exactly this value. The coordinator sends
+	// it after a write to __txn in its own term committed, which proves that
+	// no coordinator of a later term runs: the partition's higher epoch then
+	// came from a __txn whose state was lost.
+	TxnEpochResetFrom uint64 `protobuf:"varint,20,opt,name=txn_epoch_reset_from,json=txnEpochResetFrom,proto3" json:"txn_epoch_reset_from,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ProduceRequest) Reset() {
@@ -5288,6 +5305,13 @@ func (x *ProduceRequest) GetTxnGroupOffsets() []*TxnGroupOffsets {
 func (x *ProduceRequest) GetTxnEpoch() uint64 {
 	if x != nil {
 		return x.TxnEpoch
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetTxnEpochResetFrom() uint64 {
+	if x != nil {
+		return x.TxnEpochResetFrom
 	}
 	return 0
 }
@@ -9648,7 +9672,7 @@ var File_herald_proto protoreflect.FileDescriptor
 
 const file_herald_proto_rawDesc = "" +
 	"\n" +
-	"\fherald.proto\x12\therald.v1\x1a\x0eexchange.proto\"\x86\x02\n" +
+	"\fherald.proto\x12\therald.v1\x1a\x0eexchange.proto\"\x9c\x02\n" +
 	"\x05Error\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.herald.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x18\n" +
@@ -9657,7 +9681,8 @@ const file_herald_proto_rawDesc = "" +
 	"\x06leader\x18\x05 \x01(\rR\x06leader\x12\x1b\n" +
 	"\tlost_from\x18\x06 \x01(\x03R\blostFrom\x12\x17\n" +
 	"\alost_to\x18\a \x01(\x03R\x06lostTo\x12'\n" +
-	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\"\xec1\n" +
+	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\x12\x14\n" +
+	"\x05epoch\x18\t \x01(\x04R\x05epoch\"\xec1\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -9956,7 +9981,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xbe\x05\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\xef\x05\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -9980,7 +10005,8 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"commit_txn\x18\x11 \x01(\bR\tcommitTxn\x12F\n" +
 	"\x11txn_group_offsets\x18\x12 \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\x0ftxnGroupOffsets\x12\x1b\n" +
-	"\ttxn_epoch\x18\x13 \x01(\x04R\btxnEpochB\f\n" +
+	"\ttxn_epoch\x18\x13 \x01(\x04R\btxnEpoch\x12/\n" +
+	"\x14txn_epoch_reset_from\x18\x14 \x01(\x04R\x11txnEpochResetFromB\f\n" +
 	"\n" +
 	"_partition\"\xc2\x01\n" +
 	"\vHalfOptions\x12%\n" +

@@ -65,9 +65,13 @@ type LogEntry struct {
 	// coordinator's appends of an older epoch. An entry with an epoch, no
 	// records and count 0 is a fence: it raises the epoch and holds no
 	// offset.
-	TxnEpoch      uint64 `protobuf:"varint,11,opt,name=txn_epoch,json=txnEpoch,proto3" json:"txn_epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TxnEpoch uint64 `protobuf:"varint,11,opt,name=txn_epoch,json=txnEpoch,proto3" json:"txn_epoch,omitempty"`
+	// A fence that resets (ProduceRequest.txn_epoch_reset_from): applied
+	// only by a replica whose epoch is exactly this, which then takes
+	// txn_epoch even when it is lower.
+	TxnEpochResetFrom uint64 `protobuf:"varint,12,opt,name=txn_epoch_reset_from,json=txnEpochResetFrom,proto3" json:"txn_epoch_reset_from,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *LogEntry) Reset() {
@@ -173,6 +177,13 @@ func (x *LogEntry) GetHoldUs() uint32 {
 func (x *LogEntry) GetTxnEpoch() uint64 {
 	if x != nil {
 		return x.TxnEpoch
+	}
+	return 0
+}
+
+func (x *LogEntry) GetTxnEpochResetFrom() uint64 {
+	if x != nil {
+		return x.TxnEpochResetFrom
 	}
 	return 0
 }
@@ -619,7 +630,7 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xee\x02\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\x9f\x03\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -634,7 +645,8 @@ const file_log_proto_rawDesc = "" +
 	"\rnot_before_ms\x18\t \x01(\x03R\vnotBeforeMs\x12\x17\n" +
 	"\ahold_us\x18\n" +
 	" \x01(\rR\x06holdUs\x12\x1b\n" +
-	"\ttxn_epoch\x18\v \x01(\x04R\btxnEpoch\"\xe1\x01\n" +
+	"\ttxn_epoch\x18\v \x01(\x04R\btxnEpoch\x12/\n" +
+	"\x14txn_epoch_reset_from\x18\f \x01(\x04R\x11txnEpochResetFrom\"\xe1\x01\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +

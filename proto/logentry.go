@@ -36,6 +36,9 @@ type LogEntryHeader struct {
 	// TxnEpoch is the appending transaction coordinator's epoch (0: none);
 	// with Count 0 the entry is a fence (see LogEntry.txn_epoch).
 	TxnEpoch uint64
+	// TxnEpochResetFrom: a fence that sets TxnEpoch only over exactly this
+	// epoch (see LogEntry.txn_epoch_reset_from).
+	TxnEpochResetFrom uint64
 }
 
 // Fence reports whether the entry is a transaction coordinator's fence:
@@ -55,7 +58,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		}
 		b = b[n:]
 		switch {
-		case (num >= 1 && num <= 4 || num >= 6 && num <= 11) && typ == protowire.VarintType:
+		case (num >= 1 && num <= 4 || num >= 6 && num <= 12) && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
@@ -82,6 +85,8 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 				h.HoldUs = uint32(min(v, math.MaxUint32))
 			case 11:
 				h.TxnEpoch = v
+			case 12:
+				h.TxnEpochResetFrom = v
 			}
 		case num == 5 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
@@ -90,7 +95,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 			}
 			b = b[n:]
 			records = v
-		case num >= 1 && num <= 11:
+		case num >= 1 && num <= 12:
 			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)

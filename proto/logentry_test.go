@@ -25,8 +25,8 @@ func TestScanLogEntryProducer(t *testing.T) {
 	if h.Fence() {
 		t.Fatal("an entry with records is not a fence")
 	}
-	data, _ = proto.Marshal(&LogEntry{BaseOffset: 9, TxnEpoch: 4})
-	if h, recs, err = ScanLogEntry(data); err != nil || !h.Fence() || h.TxnEpoch != 4 || h.BaseOffset != 9 || len(recs) != 0 {
+	data, _ = proto.Marshal(&LogEntry{BaseOffset: 9, TxnEpoch: 4, TxnEpochResetFrom: 12})
+	if h, recs, err = ScanLogEntry(data); err != nil || !h.Fence() || h.TxnEpoch != 4 || h.TxnEpochResetFrom != 12 || h.BaseOffset != 9 || len(recs) != 0 {
 		t.Fatalf("fence scanned as %+v %v %v", h, recs, err)
 	}
 }
@@ -43,6 +43,7 @@ func FuzzScanLogEntry(f *testing.F) {
 		{BaseOffset: 6, Count: 1, NotBeforeMs: 1_800_000_000_050, HoldUs: 50_000, Records: []byte{4}},
 		{BaseOffset: 8, Count: 1, ProducerId: 3, TxnEpoch: 12, Records: []byte{5}},
 		{BaseOffset: 8, TxnEpoch: 13},
+		{BaseOffset: 8, TxnEpoch: 2, TxnEpochResetFrom: 13},
 		{},
 	} {
 		b, _ := proto.Marshal(e)
@@ -64,7 +65,7 @@ func FuzzScanLogEntry(f *testing.F) {
 			e.HoldUs = math.MaxUint32
 		}
 		got := LogEntryHeader{BaseOffset: e.BaseOffset, Count: e.Count, AppendTimeMs: e.AppendTimeMs, MaxTimestampMs: e.MaxTimestampMs,
-			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs, TxnEpoch: e.TxnEpoch}
+			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs, TxnEpoch: e.TxnEpoch, TxnEpochResetFrom: e.TxnEpochResetFrom}
 		if h != got || string(recs) != string(e.Records) {
 			t.Fatalf("ScanLogEntry %+v, Unmarshal %+v", h, got)
 		}

@@ -917,7 +917,7 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 		a.log.Error("undecodable committed entry", "index", e.Index, "err", err)
 		return
 	}
-	if a.producers.raiseTxnEpoch(h.TxnEpoch) {
+	if a.producers.applyTxnEpoch(h) {
 		a.prodDirty = true
 	}
 	if h.Fence() {

@@ -45,11 +45,17 @@ func (a *Actor) checkTxnEpoch(epoch uint64) *heraldpb.Error {
 		return nil
 	}
 	if now := a.txnEpochNow(); epoch < now {
-		a.m.txnFenced.Inc()
-		return heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED,
-			"partition %s-%d: a transaction coordinator of epoch %d was fenced by epoch %d", a.cfg.Topic, a.cfg.Partition, epoch, now)
+		return a.fencedErr(epoch, now)
 	}
 	return nil
+}
+
+func (a *Actor) fencedErr(epoch, now uint64) *heraldpb.Error {
+	a.m.txnFenced.Inc()
+	e := heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED,
+		"partition %s-%d: a transaction coordinator of epoch %d was fenced by epoch %d", a.cfg.Topic, a.cfg.Partition, epoch, now)
+	e.Epoch = now
+	return e
 }
 
 // onFence serves a fence (a produce with txn_epoch and no records): it is
@@ -65,6 +71,25 @@ func (a *Actor) onFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *h
 	}
 	if req.Acks != heraldpb.Acks_ACKS_ALL {
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "a fence needs acks=all"))
+		return
+	}
+	if from := req.TxnEpochResetFrom; from > req.TxnEpoch {
+		// A reset: only over exactly the epoch the coordinator was
+		// refused with; a fence that came since wins. (One that would
+		// not lower the epoch is a plain fence.)
+		now := a.txnEpochNow()
+		if now == req.TxnEpoch && now == a.producers.txnEpoch {
+			a.reply(ctx, replyTo, fenced(id, a.cfg.Partition, a.hw)) // done already: a retry
+			return
+		}
+		if now != from {
+			fail(a.fencedErr(req.TxnEpoch, now))
+			return
+		}
+		a.proposeFence(ctx, replyTo, id, req.TxnEpoch, from)
+		// Proposals before it are applied before it; the ones after it
+		// raise the epoch again from what it sets.
+		a.txnProposed = 0
 		return
 	}
 	if e := a.checkTxnEpoch(req.TxnEpoch); e != nil {
@@ -84,22 +109,31 @@ func (a *Actor) onFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *h
 		a.pending[*k] = p
 		return
 	}
+	if a.proposeFence(ctx, replyTo, id, req.TxnEpoch, 0) {
+		a.txnProposed = req.TxnEpoch
+	}
+}
+
+// proposeFence proposes a fence entry of epoch (resetting from resetFrom
+// when not 0); its producer is answered when it is applied. It reports
+// whether the proposal was made.
+func (a *Actor) proposeFence(ctx actor.Context, replyTo *actor.PID, id, epoch, resetFrom uint64) bool {
 	base := a.tail
-	data, err := proto.Marshal(&heraldpb.LogEntry{BaseOffset: base, TxnEpoch: req.TxnEpoch})
+	data, err := proto.Marshal(&heraldpb.LogEntry{BaseOffset: base, TxnEpoch: epoch, TxnEpochResetFrom: resetFrom})
 	if err != nil {
-		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding a fence: %v", err))
-		return
+		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding a fence: %v", err)))
+		return false
 	}
 	a.wake()
 	a.lastBusy = a.ticks
 	if err := a.rn.Propose(data); err != nil {
-		fail(notLeader(a.cfg.Topic, a.cfg.Partition, a.leader))
-		return
+		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, notLeader(a.cfg.Topic, a.cfg.Partition, a.leader)))
+		return false
 	}
-	k := proposalKey{term: a.term, base: base, fence: req.TxnEpoch}
+	k := proposalKey{term: a.term, base: base, fence: epoch}
 	a.pending[k] = proposal{replyTo: replyTo, frameID: id, acks: heraldpb.Acks_ACKS_ALL}
 	a.fencing = &k
-	a.txnProposed = req.TxnEpoch
+	return true
 }
 
 // applyFence answers the fence's producer, if this replica proposed it

@@ -134,3 +134,47 @@ func TestTxnEpochOutlivesTheLogItCameFrom(t *testing.T) {
 		t.Fatalf("after a reset: epoch %d, %d producers; want 41 and none", a.producers.txnEpoch, a.producers.len())
 	}
 }
+
+// TestTxnEpochReset: a resetting fence lowers the partition's epoch, but
+// only over exactly the epoch it names (a fence that came since wins);
+// after it, the lower epoch appends and anything older is still refused;
+// the reset survives a restart, from the state file and from the log.
+func TestTxnEpochReset(t *testing.T) {
+	sys := actor.NewActorSystem()
+	ip := &idemPartition{t: t, sys: sys, topic: "txn-reset", dir: t.TempDir()}
+	ip.start()
+	defer ip.stop()
+	reset := func(epoch, from uint64) *heraldpb.Frame {
+		f := fenceFrame(epoch)
+		f.GetProduce().TxnEpochResetFrom = from
+		return ip.ask(f)
+	}
+
+	mustProduce(t, ip.ask(coordFrame(12, 60, 0, "a")), 0, false)
+	if e := mustFail(t, reset(3, 11), heraldpb.ErrorCode_PRODUCER_FENCED); e.Epoch != 12 {
+		t.Fatalf("a reset over the wrong epoch: %v, want the partition's epoch 12 named", e)
+	}
+	mustFail(t, ip.ask(coordFrame(3, 61, 0, "b")), heraldpb.ErrorCode_PRODUCER_FENCED)
+	mustFence(t, reset(3, 12), 1)
+	mustFence(t, reset(3, 12), 1) // again: 3 is not below 3, nothing to lower
+	mustProduce(t, ip.ask(coordFrame(3, 61, 0, "b")), 1, false)
+	mustFail(t, ip.ask(coordFrame(2, 62, 0, "c")), heraldpb.ErrorCode_PRODUCER_FENCED)
+	mustFence(t, ip.ask(fenceFrame(5)), 2)
+	mustFail(t, reset(4, 3), heraldpb.ErrorCode_PRODUCER_FENCED) // a newer fence came since
+	mustFail(t, ip.ask(coordFrame(4, 63, 0, "c")), heraldpb.ErrorCode_PRODUCER_FENCED)
+
+	for _, stage := range []string{"restart with the state file", "restart from the log alone"} {
+		ip.stop()
+		if stage == "restart from the log alone" {
+			if err := os.Remove(ip.statePath()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ip.start()
+		f := askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return coordFrame(4, 64, 0, "late") })
+		if f.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED || f.GetError().Epoch != 5 {
+			t.Fatalf("%s: an append of epoch 4 after the reset to 3 and a fence of 5: %v", stage, f)
+		}
+	}
+	mustProduce(t, ip.ask(coordFrame(5, 65, 0, "d")), 2, false)
+}

@@ -71,7 +71,7 @@ func recordEntry(t *producerTable, e raftpb.Entry) (heraldpb.LogEntryHeader, boo
 	if err != nil {
 		return h, false
 	}
-	t.raiseTxnEpoch(h.TxnEpoch)
+	t.applyTxnEpoch(h)
 	if !validSeq(h) {
 		return h, false
 	}

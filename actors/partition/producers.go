@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+
+	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 // ProducerBatches is how many of each producer's most recent batches a
@@ -73,6 +75,21 @@ type producerTable struct {
 	// entries applied (LogEntry.txn_epoch): the leader refuses the
 	// coordinator's appends of an older one. It is never evicted.
 	txnEpoch uint64
+}
+
+// applyTxnEpoch records the coordinator epoch of an applied entry: a
+// higher one raises the table's, and a resetting fence (h.TxnEpochResetFrom)
+// replaces exactly that epoch, even with a lower one. It reports whether
+// the table's changed.
+func (t *producerTable) applyTxnEpoch(h heraldpb.LogEntryHeader) bool {
+	if h.Fence() && h.TxnEpochResetFrom > h.TxnEpoch {
+		if t.txnEpoch != h.TxnEpochResetFrom || h.TxnEpoch == t.txnEpoch {
+			return false
+		}
+		t.txnEpoch = h.TxnEpoch
+		return true
+	}
+	return t.raiseTxnEpoch(h.TxnEpoch)
 }
 
 // raiseTxnEpoch records a coordinator epoch seen in an applied entry, and

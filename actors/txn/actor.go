@@ -91,7 +91,8 @@ type Coordinator struct {
 	// each partition before a recovery scan reads it (fence.go).
 	epoch      uint64
 	fenced     map[topicPart]*registry.Entry
-	waitedLead bool // logged that the load waits for the replica to lead
+	waitedLead bool               // logged that the load waits for the replica to lead
+	resetting  map[topicPart]bool // partitions whose epoch onFenced is resetting
 
 	state // the pending halves (state.go)
 
@@ -165,6 +166,7 @@ func (c *Coordinator) Receive(ctx actor.Context) {
 		c.pendingChecks = map[uint64]uint32{}
 		c.appenders = map[topicPart]*appender{}
 		c.fenced = map[topicPart]*registry.Entry{}
+		c.resetting = map[topicPart]bool{}
 		c.loadStart = time.Now()
 		c.waitOrphans(ctx)
 	case *actor.Restarting, *actor.Stopping:

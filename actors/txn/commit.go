@@ -294,7 +294,7 @@ func (c *Coordinator) kickAppender(ctx actor.Context, a *appender) {
 		fut = c.request(ctx, to, req, callTimeout, func(f *heraldpb.Frame) {
 			c.sh.forget(fut)
 			if f.GetError().GetCode() == heraldpb.ErrorCode_PRODUCER_FENCED {
-				c.onFenced(f.GetError())
+				c.onFenced(ctx, a.tp, f.GetError())
 			}
 			if pr := f.GetProduceResponse(); pr != nil {
 				if a.pid == pid {

@@ -28,9 +28,10 @@ import (
 // still leads (it lost the leadership and got it back before the broker
 // stopped it) holds state a newer coordinator may have changed: it
 // restarts, and loads again under the new term. One refused as fenced
-// while its replica still leads in its own term has not heard of its
-// successor yet: it retries with backoff (and is refused) until the
-// broker stops it.
+// while its replica still leads in its own term has either not heard of
+// its successor yet (it retries with backoff, refused, until the broker
+// stops it), or meets the epoch of a __txn whose state was lost: onFenced
+// tells the two apart and resets the partition in the second case.
 
 // errStale makes the actor restart: its epoch is over.
 type errStale string
@@ -67,15 +68,48 @@ func (c *Coordinator) restartStale(why string) {
 	panic(errStale(why))
 }
 
-// onFenced handles a PRODUCER_FENCED answer to an append or a fence: a
-// restart when the replica of __txn leads in a later term; otherwise the
-// caller retries with backoff.
-func (c *Coordinator) onFenced(e *heraldpb.Error) {
+// onFenced handles a PRODUCER_FENCED answer to an append to, or a fence
+// of, tp (the caller retries with backoff). When the replica of __txn
+// leads in a later term than the epoch, the coordinator restarts. Else
+// either a coordinator of a later term runs and this node has not heard of
+// it yet, or the partition's epoch came from a __txn whose state was lost
+// (its term started again from 1). A write to __txn tells them apart: it
+// commits in this term only if no later term was elected. If it commits,
+// the partition's epoch is reset to this coordinator's, over exactly the
+// epoch it was refused with (a fence of a newer coordinator since wins).
+func (c *Coordinator) onFenced(ctx actor.Context, tp topicPart, e *heraldpb.Error) {
 	if c.staleEpoch() {
 		c.restartStale(e.GetMessage())
 	}
-	c.log.Warn("a partition refused this transaction coordinator as fenced while its replica of __txn still leads in its epoch: "+
-		"a newer coordinator runs elsewhere (this node has not heard of it yet)", "epoch", c.epoch, "err", e.GetMessage())
+	from := e.GetEpoch()
+	if from <= c.epoch || c.resetting[tp] {
+		return
+	}
+	c.log.Warn("a partition refused this transaction coordinator as fenced while its replica of __txn still leads in its epoch; "+
+		"writing to __txn to learn whether a newer coordinator runs", "topic", tp.topic, "partition", tp.part, "epoch", c.epoch, "partition_epoch", from)
+	c.resetting[tp] = true
+	probe := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_Done{Done: &heraldpb.HalfDone{}}} // changes nothing
+	c.write(writeOp{events: [][]byte{event(probe)}, done: func(_ int64, err *heraldpb.Error) {
+		ent := c.o.Topics.Get(tp.topic)
+		if err != nil || c.staleEpoch() || ent == nil || int(tp.part) >= len(ent.Partitions) {
+			delete(c.resetting, tp) // a newer coordinator, most likely: asked again at the next refusal
+			return
+		}
+		part := tp.part
+		c.request(ctx, ent.Writer(int(part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+			Topic: tp.topic, Partition: &part, Acks: heraldpb.Acks_ACKS_ALL, TxnEpoch: c.epoch, TxnEpochResetFrom: from,
+		}}}, callTimeout, func(f *heraldpb.Frame) {
+			delete(c.resetting, tp)
+			if f.GetProduceResponse() == nil {
+				return
+			}
+			c.fenced[tp] = ent // the reset is a fence of this epoch
+			mTxnEpochResets.Inc()
+			c.log.Warn("reset a partition's transaction coordinator epoch: it was above this coordinator's, whose term is the latest "+
+				"(a write to __txn in it committed), so __txn's state was lost", "topic", tp.topic, "partition", part, "was", from, "epoch", c.epoch)
+		})
+	}})
+	c.flushWrites(ctx)
 }
 
 // fence makes sure partition p of e refuses appends of older coordinators
@@ -105,7 +139,7 @@ func (c *Coordinator) fence(ctx actor.Context, e *registry.Entry, p uint32, then
 			}
 			switch f.GetError().GetCode() {
 			case heraldpb.ErrorCode_PRODUCER_FENCED:
-				c.onFenced(f.GetError())
+				c.onFenced(ctx, tp, f.GetError())
 			case heraldpb.ErrorCode_TOPIC_NOT_FOUND, heraldpb.ErrorCode_PARTITION_NOT_FOUND:
 				then()
 				return

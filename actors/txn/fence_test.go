@@ -12,6 +12,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestLateAppendOfADeposedCoordinatorIsFenced reproduces the duplicate
@@ -91,5 +92,38 @@ func TestLateAppendOfADeposedCoordinatorIsFenced(t *testing.T) {
 	}
 	if got := r.values(); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("topic holds %v, want a once", got)
+	}
+}
+
+// TestCoordinatorResetsTheEpochOfALostTxn: partitions hold the epoch of a
+// coordinator of a __txn whose state was lost (here: coordinator A, epoch
+// 5), and the next coordinator's epoch starts lower (B, epoch 2, as a
+// new __txn's term would). B is refused as fenced; a write to __txn in
+// its own epoch commits, which proves no newer coordinator runs, so it
+// resets the partition's epoch over exactly 5, and its append goes
+// through. Before, B's appends were refused for good.
+func TestCoordinatorResetsTheEpochOfALostTxn(t *testing.T) {
+	var epoch atomic.Uint64
+	epoch.Store(5)
+	r := newRig(t, t.TempDir(), Options{epochOf: epoch.Load})
+	a := r.half("a")
+	if e := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: a, Action: heraldpb.HalfAction_HALF_COMMIT}}}, r.txn).GetEndHalfResponse(); e.GetBaseOffset() != 0 {
+		t.Fatalf("commit of a: %v", e)
+	}
+	if _, err := r.sys.Root.StopFuture(r.txn).Result(); err != nil {
+		t.Fatal(err)
+	}
+	epoch.Store(2)
+	resets := testutil.ToFloat64(mTxnEpochResets)
+	r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Push: noPush{}, epochOf: epoch.Load}))
+	b := r.half("b")
+	if e := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_EndHalf{EndHalf: &heraldpb.EndHalfRequest{Id: b, Action: heraldpb.HalfAction_HALF_COMMIT}}}, r.txn).GetEndHalfResponse(); e.GetBaseOffset() != 1 {
+		t.Fatalf("commit of b: %v", e)
+	}
+	if got := r.values(); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("topic holds %v, want a, b", got)
+	}
+	if n := testutil.ToFloat64(mTxnEpochResets) - resets; n != 1 {
+		t.Fatalf("herald_txn_epoch_resets_total rose by %v, want 1", n)
 	}
 }

@@ -71,6 +71,10 @@ var (
 		Name: "herald_txn_epoch_restarts_total",
 		Help: "Transaction coordinator restarts because a newer coordinator fenced it, or its replica of __txn was elected again in a later term.",
 	})
+	mTxnEpochResets = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_txn_epoch_resets_total",
+		Help: "Partitions whose transaction coordinator epoch the coordinator reset: it was above the coordinator's own, whose term a write to __txn proved the latest (__txn's state was lost).",
+	})
 	mTxnDropped = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_txn_dropped_total",
 		Help: "Staged batches of committed transactions dropped: their topic is gone, or their record in __txn is unreadable (logged).",
