@@ -859,7 +859,9 @@ type Error struct {
 	OutcomeUnknown bool `protobuf:"varint,8,opt,name=outcome_unknown,json=outcomeUnknown,proto3" json:"outcome_unknown,omitempty"`
 	// PRODUCER_FENCED from a partition refusing a transaction coordinator's
 	// append or fence: the coordinator epoch the partition holds.
-	Epoch         uint64 `protobuf:"varint,9,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,9,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// With epoch: the raft index of the entry that set it (0: not known).
+	EpochIndex    uint64 `protobuf:"varint,10,opt,name=epoch_index,json=epochIndex,proto3" json:"epoch_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -953,6 +955,13 @@ func (x *Error) GetOutcomeUnknown() bool {
 func (x *Error) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Error) GetEpochIndex() uint64 {
+	if x != nil {
+		return x.EpochIndex
 	}
 	return 0
 }
@@ -5142,8 +5151,12 @@ type ProduceRequest struct {
 	// no coordinator of a later term runs: the partition's higher epoch then
 	// came from a __txn whose state was lost.
 	TxnEpochResetFrom uint64 `protobuf:"varint,20,opt,name=txn_epoch_reset_from,json=txnEpochResetFrom,proto3" json:"txn_epoch_reset_from,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// With txn_epoch_reset_from: the raft index of the entry that set that
+	// epoch (Error.epoch_index), so that a fence of the same epoch written
+	// since (a live coordinator whose term equals the lost epoch) wins.
+	TxnEpochResetIndex uint64 `protobuf:"varint,21,opt,name=txn_epoch_reset_index,json=txnEpochResetIndex,proto3" json:"txn_epoch_reset_index,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ProduceRequest) Reset() {
@@ -5312,6 +5325,13 @@ func (x *ProduceRequest) GetTxnEpoch() uint64 {
 func (x *ProduceRequest) GetTxnEpochResetFrom() uint64 {
 	if x != nil {
 		return x.TxnEpochResetFrom
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetTxnEpochResetIndex() uint64 {
+	if x != nil {
+		return x.TxnEpochResetIndex
 	}
 	return 0
 }
@@ -9672,7 +9692,7 @@ var File_herald_proto protoreflect.FileDescriptor
 
 const file_herald_proto_rawDesc = "" +
 	"\n" +
-	"\fherald.proto\x12\therald.v1\x1a\x0eexchange.proto\"\x9c\x02\n" +
+	"\fherald.proto\x12\therald.v1\x1a\x0eexchange.proto\"\xbd\x02\n" +
 	"\x05Error\x12(\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x14.herald.v1.ErrorCodeR\x04code\x12\x1c\n" +
 	"\tretriable\x18\x02 \x01(\bR\tretriable\x12\x18\n" +
@@ -9682,7 +9702,10 @@ const file_herald_proto_rawDesc = "" +
 	"\tlost_from\x18\x06 \x01(\x03R\blostFrom\x12\x17\n" +
 	"\alost_to\x18\a \x01(\x03R\x06lostTo\x12'\n" +
 	"\x0foutcome_unknown\x18\b \x01(\bR\x0eoutcomeUnknown\x12\x14\n" +
-	"\x05epoch\x18\t \x01(\x04R\x05epoch\"\xec1\n" +
+	"\x05epoch\x18\t \x01(\x04R\x05epoch\x12\x1f\n" +
+	"\vepoch_index\x18\n" +
+	" \x01(\x04R\n" +
+	"epochIndex\"\xec1\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -9981,7 +10004,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xef\x05\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\xa2\x06\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -10006,7 +10029,8 @@ const file_herald_proto_rawDesc = "" +
 	"commit_txn\x18\x11 \x01(\bR\tcommitTxn\x12F\n" +
 	"\x11txn_group_offsets\x18\x12 \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\x0ftxnGroupOffsets\x12\x1b\n" +
 	"\ttxn_epoch\x18\x13 \x01(\x04R\btxnEpoch\x12/\n" +
-	"\x14txn_epoch_reset_from\x18\x14 \x01(\x04R\x11txnEpochResetFromB\f\n" +
+	"\x14txn_epoch_reset_from\x18\x14 \x01(\x04R\x11txnEpochResetFrom\x121\n" +
+	"\x15txn_epoch_reset_index\x18\x15 \x01(\x04R\x12txnEpochResetIndexB\f\n" +
 	"\n" +
 	"_partition\"\xc2\x01\n" +
 	"\vHalfOptions\x12%\n" +

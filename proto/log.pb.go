@@ -70,8 +70,10 @@ type LogEntry struct {
 	// only by a replica whose epoch is exactly this, which then takes
 	// txn_epoch even when it is lower.
 	TxnEpochResetFrom uint64 `protobuf:"varint,12,opt,name=txn_epoch_reset_from,json=txnEpochResetFrom,proto3" json:"txn_epoch_reset_from,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// ... and only if the entry that set that epoch is at this raft index.
+	TxnEpochResetIndex uint64 `protobuf:"varint,13,opt,name=txn_epoch_reset_index,json=txnEpochResetIndex,proto3" json:"txn_epoch_reset_index,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *LogEntry) Reset() {
@@ -184,6 +186,13 @@ func (x *LogEntry) GetTxnEpoch() uint64 {
 func (x *LogEntry) GetTxnEpochResetFrom() uint64 {
 	if x != nil {
 		return x.TxnEpochResetFrom
+	}
+	return 0
+}
+
+func (x *LogEntry) GetTxnEpochResetIndex() uint64 {
+	if x != nil {
+		return x.TxnEpochResetIndex
 	}
 	return 0
 }
@@ -630,7 +639,7 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\x9f\x03\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xd2\x03\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -646,7 +655,8 @@ const file_log_proto_rawDesc = "" +
 	"\ahold_us\x18\n" +
 	" \x01(\rR\x06holdUs\x12\x1b\n" +
 	"\ttxn_epoch\x18\v \x01(\x04R\btxnEpoch\x12/\n" +
-	"\x14txn_epoch_reset_from\x18\f \x01(\x04R\x11txnEpochResetFrom\"\xe1\x01\n" +
+	"\x14txn_epoch_reset_from\x18\f \x01(\x04R\x11txnEpochResetFrom\x121\n" +
+	"\x15txn_epoch_reset_index\x18\r \x01(\x04R\x12txnEpochResetIndex\"\xe1\x01\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +

@@ -38,7 +38,8 @@ type LogEntryHeader struct {
 	TxnEpoch uint64
 	// TxnEpochResetFrom: a fence that sets TxnEpoch only over exactly this
 	// epoch (see LogEntry.txn_epoch_reset_from).
-	TxnEpochResetFrom uint64
+	TxnEpochResetFrom  uint64
+	TxnEpochResetIndex uint64
 }
 
 // Fence reports whether the entry is a transaction coordinator's fence:
@@ -58,7 +59,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		}
 		b = b[n:]
 		switch {
-		case (num >= 1 && num <= 4 || num >= 6 && num <= 12) && typ == protowire.VarintType:
+		case (num >= 1 && num <= 4 || num >= 6 && num <= 13) && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
@@ -87,6 +88,8 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 				h.TxnEpoch = v
 			case 12:
 				h.TxnEpochResetFrom = v
+			case 13:
+				h.TxnEpochResetIndex = v
 			}
 		case num == 5 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
@@ -95,7 +98,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 			}
 			b = b[n:]
 			records = v
-		case num >= 1 && num <= 12:
+		case num >= 1 && num <= 13:
 			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)

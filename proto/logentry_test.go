@@ -43,7 +43,7 @@ func FuzzScanLogEntry(f *testing.F) {
 		{BaseOffset: 6, Count: 1, NotBeforeMs: 1_800_000_000_050, HoldUs: 50_000, Records: []byte{4}},
 		{BaseOffset: 8, Count: 1, ProducerId: 3, TxnEpoch: 12, Records: []byte{5}},
 		{BaseOffset: 8, TxnEpoch: 13},
-		{BaseOffset: 8, TxnEpoch: 2, TxnEpochResetFrom: 13},
+		{BaseOffset: 8, TxnEpoch: 2, TxnEpochResetFrom: 13, TxnEpochResetIndex: 40},
 		{},
 	} {
 		b, _ := proto.Marshal(e)
@@ -65,7 +65,7 @@ func FuzzScanLogEntry(f *testing.F) {
 			e.HoldUs = math.MaxUint32
 		}
 		got := LogEntryHeader{BaseOffset: e.BaseOffset, Count: e.Count, AppendTimeMs: e.AppendTimeMs, MaxTimestampMs: e.MaxTimestampMs,
-			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs, TxnEpoch: e.TxnEpoch, TxnEpochResetFrom: e.TxnEpochResetFrom}
+			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs, TxnEpoch: e.TxnEpoch, TxnEpochResetFrom: e.TxnEpochResetFrom, TxnEpochResetIndex: e.TxnEpochResetIndex}
 		if h != got || string(recs) != string(e.Records) {
 			t.Fatalf("ScanLogEntry %+v, Unmarshal %+v", h, got)
 		}

@@ -917,7 +917,7 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 		a.log.Error("undecodable committed entry", "index", e.Index, "err", err)
 		return
 	}
-	if a.producers.applyTxnEpoch(h) {
+	if a.producers.applyTxnEpoch(h, e.Index) {
 		a.prodDirty = true
 	}
 	if h.Fence() {
@@ -1071,6 +1071,10 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	}
 	a.wake()
 	a.lastBusy = a.ticks
+	if e := a.stillLeads(); e != nil {
+		fail(e)
+		return
+	}
 	if err := a.rn.Propose(data); err != nil {
 		if to := a.rn.BasicStatus().LeadTransferee; to != 0 && a.isLeader {
 			fail(notLeader(a.cfg.Topic, a.cfg.Partition, to)) // handing over leadership
@@ -1308,6 +1312,18 @@ func (a *Actor) closeLog(ctx actor.Context, why *heraldpb.Error) {
 	a.stats.Writable.Store(false)
 	a.stats.Idempotent.Store(false)
 	a.m.leader.Set(0)
+}
+
+// stillLeads refuses a proposal (NOT_LEADER) when raft has stepped down
+// and the actor has not handled that Ready yet: raft would forward the
+// proposal to the new leader, which would append it unchecked (no
+// sequence or coordinator-epoch check there) at an offset this replica
+// stamped.
+func (a *Actor) stillLeads() *heraldpb.Error {
+	if st := a.rn.BasicStatus(); st.RaftState != raft.StateLeader {
+		return notLeader(a.cfg.Topic, a.cfg.Partition, st.Lead)
+	}
+	return nil
 }
 
 // failPending answers every proposed, unanswered produce with why, marked

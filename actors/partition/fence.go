@@ -55,11 +55,14 @@ func (a *Actor) fencedErr(epoch, now uint64) *heraldpb.Error {
 	e := heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED,
 		"partition %s-%d: a transaction coordinator of epoch %d was fenced by epoch %d", a.cfg.Topic, a.cfg.Partition, epoch, now)
 	e.Epoch = now
+	if now == a.producers.txnEpoch {
+		e.EpochIndex = a.producers.txnEpochIndex
+	}
 	return e
 }
 
 // onFence serves a fence (a produce with txn_epoch and no records): it is
-// answered once an entry of that epoch, or a higher one, is applied.
+// answered once its entry is applied.
 func (a *Actor) onFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *heraldpb.ProduceRequest) {
 	fail := func(e *heraldpb.Error) { a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, e)) }
 	if !a.idempotentReady() {
@@ -75,33 +78,38 @@ func (a *Actor) onFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *h
 	}
 	if from := req.TxnEpochResetFrom; from > req.TxnEpoch {
 		// A reset: only over exactly the epoch the coordinator was
-		// refused with; a fence that came since wins. (One that would
-		// not lower the epoch is a plain fence.)
+		// refused with, set by the entry it was told of; a fence or an
+		// append of that epoch since wins (its apply checks the same).
+		// (One that would not lower the epoch is a plain fence.)
 		now := a.txnEpochNow()
 		if now == req.TxnEpoch && now == a.producers.txnEpoch {
 			a.reply(ctx, replyTo, fenced(id, a.cfg.Partition, a.hw)) // done already: a retry
 			return
 		}
-		if now != from {
+		if a.fencing != nil {
+			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d: a fence is being written", a.cfg.Topic, a.cfg.Partition)
+			e.RetryAfterMs = 100
+			fail(e)
+			return
+		}
+		if now != from || a.producers.txnEpochIndex != req.TxnEpochResetIndex {
 			fail(a.fencedErr(req.TxnEpoch, now))
 			return
 		}
-		a.proposeFence(ctx, replyTo, id, req.TxnEpoch, from)
-		// Proposals before it are applied before it; the ones after it
-		// raise the epoch again from what it sets.
-		a.txnProposed = 0
+		if a.proposeFence(ctx, replyTo, id, req.TxnEpoch, from, req.TxnEpochResetIndex) {
+			// Proposals before it are applied before it; the ones after
+			// it raise the epoch again from what it sets.
+			a.txnProposed = 0
+		}
 		return
 	}
 	if e := a.checkTxnEpoch(req.TxnEpoch); e != nil {
 		fail(e)
 		return
 	}
-	if req.TxnEpoch <= a.producers.txnEpoch {
-		// Applied already: every entry before it is applied, and nothing
-		// older was accepted since.
-		a.reply(ctx, replyTo, fenced(id, a.cfg.Partition, a.hw))
-		return
-	}
+	// Written even when the partition has the epoch already: the entry
+	// marks that a live coordinator of this epoch fenced it, which a reset
+	// (over the same epoch, left by a lost __txn) must not undo.
 	if k := a.fencing; k != nil && k.fence == req.TxnEpoch {
 		// The same fence again (a retry): answered with the one proposed.
 		p := a.pending[*k]
@@ -109,23 +117,27 @@ func (a *Actor) onFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *h
 		a.pending[*k] = p
 		return
 	}
-	if a.proposeFence(ctx, replyTo, id, req.TxnEpoch, 0) {
-		a.txnProposed = req.TxnEpoch
+	if a.proposeFence(ctx, replyTo, id, req.TxnEpoch, 0, 0) {
+		a.txnProposed = max(a.txnProposed, req.TxnEpoch)
 	}
 }
 
 // proposeFence proposes a fence entry of epoch (resetting from resetFrom
 // when not 0); its producer is answered when it is applied. It reports
 // whether the proposal was made.
-func (a *Actor) proposeFence(ctx actor.Context, replyTo *actor.PID, id, epoch, resetFrom uint64) bool {
+func (a *Actor) proposeFence(ctx actor.Context, replyTo *actor.PID, id, epoch, resetFrom, resetIndex uint64) bool {
 	base := a.tail
-	data, err := proto.Marshal(&heraldpb.LogEntry{BaseOffset: base, TxnEpoch: epoch, TxnEpochResetFrom: resetFrom})
+	data, err := proto.Marshal(&heraldpb.LogEntry{BaseOffset: base, TxnEpoch: epoch, TxnEpochResetFrom: resetFrom, TxnEpochResetIndex: resetIndex})
 	if err != nil {
 		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding a fence: %v", err)))
 		return false
 	}
 	a.wake()
 	a.lastBusy = a.ticks
+	if e := a.stillLeads(); e != nil {
+		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, e))
+		return false
+	}
 	if err := a.rn.Propose(data); err != nil {
 		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, notLeader(a.cfg.Topic, a.cfg.Partition, a.leader)))
 		return false

@@ -3,10 +3,12 @@ package partition
 import (
 	"fmt"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/internal/raftwire"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.etcd.io/raft/v3"
@@ -136,31 +138,44 @@ func TestTxnEpochOutlivesTheLogItCameFrom(t *testing.T) {
 }
 
 // TestTxnEpochReset: a resetting fence lowers the partition's epoch, but
-// only over exactly the epoch it names (a fence that came since wins);
-// after it, the lower epoch appends and anything older is still refused;
-// the reset survives a restart, from the state file and from the log.
+// only over exactly the epoch and the entry it names: a fence that came
+// since wins, even one of the same epoch (a live coordinator whose term
+// equals the lost epoch). After it, the lower epoch appends and anything
+// older is still refused; the reset survives a restart, from the state
+// file and from the log.
 func TestTxnEpochReset(t *testing.T) {
 	sys := actor.NewActorSystem()
 	ip := &idemPartition{t: t, sys: sys, topic: "txn-reset", dir: t.TempDir()}
 	ip.start()
 	defer ip.stop()
-	reset := func(epoch, from uint64) *heraldpb.Frame {
+	reset := func(epoch, from, index uint64) *heraldpb.Frame {
 		f := fenceFrame(epoch)
-		f.GetProduce().TxnEpochResetFrom = from
+		f.GetProduce().TxnEpochResetFrom, f.GetProduce().TxnEpochResetIndex = from, index
 		return ip.ask(f)
 	}
 
 	mustProduce(t, ip.ask(coordFrame(12, 60, 0, "a")), 0, false)
-	if e := mustFail(t, reset(3, 11), heraldpb.ErrorCode_PRODUCER_FENCED); e.Epoch != 12 {
-		t.Fatalf("a reset over the wrong epoch: %v, want the partition's epoch 12 named", e)
+	e := mustFail(t, reset(3, 11, 0), heraldpb.ErrorCode_PRODUCER_FENCED)
+	if e.Epoch != 12 || e.EpochIndex == 0 {
+		t.Fatalf("a reset over the wrong epoch: %v, want the partition's epoch 12 and its entry named", e)
 	}
-	mustFail(t, ip.ask(coordFrame(3, 61, 0, "b")), heraldpb.ErrorCode_PRODUCER_FENCED)
-	mustFence(t, reset(3, 12), 1)
-	mustFence(t, reset(3, 12), 1) // again: 3 is not below 3, nothing to lower
+	lost := e.EpochIndex
+	if e := mustFail(t, ip.ask(coordFrame(3, 61, 0, "b")), heraldpb.ErrorCode_PRODUCER_FENCED); e.Epoch != 12 || e.EpochIndex != lost {
+		t.Fatalf("an append of epoch 3: %v, want epoch 12 at index %d named", e, lost)
+	}
+	// A live coordinator of epoch 12 fences the partition: the reset over
+	// the entry the refusal named no longer applies.
+	mustFence(t, ip.ask(fenceFrame(12)), 1)
+	e = mustFail(t, reset(3, 12, lost), heraldpb.ErrorCode_PRODUCER_FENCED)
+	if e.Epoch != 12 || e.EpochIndex <= lost {
+		t.Fatalf("a reset over a superseded entry: %v", e)
+	}
+	mustFence(t, reset(3, 12, e.EpochIndex), 1)
+	mustFence(t, reset(3, 12, e.EpochIndex), 1) // again: done already
 	mustProduce(t, ip.ask(coordFrame(3, 61, 0, "b")), 1, false)
 	mustFail(t, ip.ask(coordFrame(2, 62, 0, "c")), heraldpb.ErrorCode_PRODUCER_FENCED)
 	mustFence(t, ip.ask(fenceFrame(5)), 2)
-	mustFail(t, reset(4, 3), heraldpb.ErrorCode_PRODUCER_FENCED) // a newer fence came since
+	mustFail(t, reset(4, 3, 0), heraldpb.ErrorCode_PRODUCER_FENCED) // a newer fence came since
 	mustFail(t, ip.ask(coordFrame(4, 63, 0, "c")), heraldpb.ErrorCode_PRODUCER_FENCED)
 
 	for _, stage := range []string{"restart with the state file", "restart from the log alone"} {
@@ -177,4 +192,44 @@ func TestTxnEpochReset(t *testing.T) {
 		}
 	}
 	mustProduce(t, ip.ask(coordFrame(5, 65, 0, "d")), 2, false)
+}
+
+// TestSteppedDownLeaderRefusesProduce: a leader whose raft has just
+// stepped down (a message of a later term) but whose actor has not yet
+// handled that Ready refuses a produce already in its mailbox with
+// NOT_LEADER. It used to propose it, and raft forwarded the proposal to
+// the new leader, which appended it without its own sequence or
+// coordinator-epoch checks, at an offset the old leader had stamped.
+func TestSteppedDownLeaderRefusesProduce(t *testing.T) {
+	sys := actor.NewActorSystem()
+	nw := &net{sys: sys, pids: map[uint64]*actor.PID{}}
+	var forwarded atomic.Int32
+	reps := spawnGroupWith(t, sys, 3, func(r *replica, cfg *Config) {
+		nw.pids[r.id] = actor.NewPID(sys.Address(), r.name)
+		cfg.Transport = transport{n: nw, from: r.id}
+	})
+	nw.setCut(func(from, to uint64, m raftpb.Message) bool {
+		if m.Type == raftpb.MsgProp {
+			forwarded.Add(1)
+		}
+		return false
+	})
+	all := map[uint64]bool{1: true, 2: true, 3: true}
+	leader := leaderOf(t, reps, all)
+	checkFor(t, 10*time.Second, "a writable leader", func() bool { return leader.stats.Writable.Load() })
+	other := reps[leader.id%3]
+	in := newInbox(sys)
+	mustProduce(t, ask(t, sys, leader.pid, in, produceFrame("t", heraldpb.Acks_ACKS_ALL, "a")), 0, false)
+
+	// A heartbeat of a later term, then a produce, in the leader's mailbox.
+	term := leader.stats.Term.Load()
+	sys.Root.Send(leader.pid, &raftwire.Message{Group: Name("t", 0), Raft: raftpb.Message{
+		Type: raftpb.MsgHeartbeat, From: other.id, To: leader.id, Term: term + 1}})
+	f := ask(t, sys, leader.pid, in, produceFrame("t", heraldpb.Acks_ACKS_ALL, "b"))
+	if e := f.GetError(); e.GetCode() != heraldpb.ErrorCode_NOT_LEADER || e.GetOutcomeUnknown() {
+		t.Fatalf("a produce behind the step-down was answered %v, want NOT_LEADER (not proposed)", f)
+	}
+	if n := forwarded.Load(); n != 0 {
+		t.Fatalf("%d proposals were forwarded to another replica", n)
+	}
 }

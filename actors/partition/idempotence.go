@@ -71,7 +71,7 @@ func recordEntry(t *producerTable, e raftpb.Entry) (heraldpb.LogEntryHeader, boo
 	if err != nil {
 		return h, false
 	}
-	t.applyTxnEpoch(h)
+	t.applyTxnEpoch(h, e.Index)
 	if !validSeq(h) {
 		return h, false
 	}
@@ -103,7 +103,10 @@ func rebuildProducers(store Storage, t *producerTable, from, to uint64, stop <-c
 			if ferr != nil {
 				return nil, ferr
 			}
-			t, from = newProducerTable(t.limit), first
+			// The epoch stays: the fences that go with the entries hold.
+			nt := newProducerTable(t.limit)
+			nt.raiseTxnEpoch(t.txnEpoch)
+			t, from = nt, first
 			continue
 		}
 		if err != nil {
@@ -124,6 +127,10 @@ func rebuildProducers(store Storage, t *producerTable, from, to uint64, stop <-c
 // entries up to applied are applied, and starts the read of what the saved
 // file lacks.
 func (a *Actor) openProducers(applied uint64) {
+	var prev uint64 // a reopen keeps the epoch it had (the file may be older)
+	if a.producers != nil {
+		prev = a.txnEpochSeen()
+	}
 	a.stopProducerLoad()
 	a.inflight = make(map[uint64][]inflightSeq)
 	a.termApplied = false
@@ -137,9 +144,9 @@ func (a *Actor) openProducers(applied uint64) {
 	}
 	// The file's coordinator epoch holds even when its batches do not
 	// match the log: every epoch this partition applied was a fence.
-	a.prodEpochFloor = 0
+	a.prodEpochFloor = prev
 	if base != nil {
-		a.prodEpochFloor = base.txnEpoch
+		a.prodEpochFloor = max(prev, base.txnEpoch)
 	}
 	from := first
 	if base != nil {

@@ -74,31 +74,40 @@ type producerTable struct {
 	// txnEpoch is the highest transaction coordinator epoch of the
 	// entries applied (LogEntry.txn_epoch): the leader refuses the
 	// coordinator's appends of an older one. It is never evicted.
-	txnEpoch uint64
+	// txnEpochIndex is the raft index of the last entry that carried it
+	// (0: not known, as when it came from a floor): a reset applies only
+	// over both (fence.go).
+	txnEpoch      uint64
+	txnEpochIndex uint64
 }
 
 // applyTxnEpoch records the coordinator epoch of an applied entry: a
 // higher one raises the table's, and a resetting fence (h.TxnEpochResetFrom)
 // replaces exactly that epoch, even with a lower one. It reports whether
 // the table's changed.
-func (t *producerTable) applyTxnEpoch(h heraldpb.LogEntryHeader) bool {
-	if h.Fence() && h.TxnEpochResetFrom > h.TxnEpoch {
-		if t.txnEpoch != h.TxnEpochResetFrom || h.TxnEpoch == t.txnEpoch {
-			return false
+func (t *producerTable) applyTxnEpoch(h heraldpb.LogEntryHeader, index uint64) bool {
+	switch {
+	case h.TxnEpoch == 0:
+		return false
+	case h.Fence() && h.TxnEpochResetFrom > h.TxnEpoch:
+		if t.txnEpoch != h.TxnEpochResetFrom || t.txnEpochIndex != h.TxnEpochResetIndex {
+			return false // a fence or an append of that epoch came since
 		}
-		t.txnEpoch = h.TxnEpoch
-		return true
+	case h.TxnEpoch < t.txnEpoch:
+		return false
 	}
-	return t.raiseTxnEpoch(h.TxnEpoch)
+	t.txnEpoch, t.txnEpochIndex = h.TxnEpoch, index
+	return true
 }
 
-// raiseTxnEpoch records a coordinator epoch seen in an applied entry, and
-// reports whether the table's changed.
+// raiseTxnEpoch raises the table's coordinator epoch to a floor known
+// without its entry (a saved file's, a snapshot's), and reports whether it
+// changed.
 func (t *producerTable) raiseTxnEpoch(e uint64) bool {
 	if e <= t.txnEpoch {
 		return false
 	}
-	t.txnEpoch = e
+	t.txnEpoch, t.txnEpochIndex = e, 0
 	return true
 }
 
@@ -172,7 +181,11 @@ func (t *producerTable) pushFront(e *producerEntry) {
 // log order; that is equivalent because producers are independent and the
 // recency order is that of each producer's last write.
 func (t *producerTable) replayOnto(dst *producerTable) {
-	dst.raiseTxnEpoch(t.txnEpoch)
+	if t.txnEpoch != 0 && t.txnEpoch >= dst.txnEpoch && t.txnEpochIndex != 0 {
+		dst.txnEpoch, dst.txnEpochIndex = t.txnEpoch, t.txnEpochIndex
+	} else {
+		dst.raiseTxnEpoch(t.txnEpoch)
+	}
 	for e := t.tail; e != nil; e = e.prev {
 		for _, b := range e.batches[:e.n] {
 			dst.record(e.id, b)
@@ -231,8 +244,8 @@ func checkSequence(committed *producerEntry, inflight []inflightSeq, seq int64, 
 
 // Producer state file: magic, version, the raft index and term of the last
 // entry the table covers, the producer count, (version 2) the transaction
-// coordinator epoch, then each producer from the least to the most
-// recently written: its id, its batch count (1 to ProducerBatches) and per
+// coordinator epoch and the raft index of the entry that set it, then each
+// producer from the least to the most recently written: its id, its batch count (1 to ProducerBatches) and per
 // batch, oldest first, sequence, record count and offset; then the CRC32C
 // of everything before it. Little-endian. Version 1 files (no epoch) are
 // still read, with epoch 0.
@@ -241,7 +254,7 @@ var producersMagic = []byte("HPRD")
 const (
 	producersVersion = 2
 	producersHead    = 4 + 1 + 8 + 8 + 4 // magic, version, index, term, count
-	epochBytes       = 8                 // version 2: the coordinator epoch
+	epochBytes       = 16                // version 2: the coordinator epoch and the raft index of its entry
 	producerMinBytes = 8 + 1 + batchBytesOnDisk
 	batchBytesOnDisk = 8 + 4 + 8
 )
@@ -259,6 +272,7 @@ func (t *producerTable) encode(index, term uint64) []byte {
 	buf = binary.LittleEndian.AppendUint64(buf, term)
 	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(t.m)))
 	buf = binary.LittleEndian.AppendUint64(buf, t.txnEpoch)
+	buf = binary.LittleEndian.AppendUint64(buf, t.txnEpochIndex)
 	for e := t.tail; e != nil; e = e.prev {
 		buf = binary.LittleEndian.AppendUint64(buf, e.id)
 		buf = append(buf, byte(e.n))
@@ -299,6 +313,7 @@ func decodeProducers(data []byte, limit int) (t *producerTable, index, term uint
 	t = newProducerTable(limit)
 	if head > producersHead {
 		t.txnEpoch = binary.LittleEndian.Uint64(body[producersHead:])
+		t.txnEpochIndex = binary.LittleEndian.Uint64(body[producersHead+8:])
 	}
 	for i := uint32(0); i < n; i++ {
 		if len(rest) < 9 {

@@ -125,11 +125,11 @@ func TestProducerFileRoundTrip(t *testing.T) {
 		id := uint64(i%17 + 1)
 		tab.record(id, seqBatch{seq: int64(i * 3), count: 3, offset: int64(1000 + i*3)})
 	}
-	tab.raiseTxnEpoch(1<<40 + 3)
+	tab.txnEpoch, tab.txnEpochIndex = 1<<40+3, 61
 	data := tab.encode(77, 5)
 	got, index, term, err := decodeProducers(data, 100)
-	if err != nil || index != 77 || term != 5 || got.txnEpoch != 1<<40+3 {
-		t.Fatalf("decode: index %d term %d epoch %d: %v", index, term, got.txnEpoch, err)
+	if err != nil || index != 77 || term != 5 || got.txnEpoch != 1<<40+3 || got.txnEpochIndex != 61 {
+		t.Fatalf("decode: index %d term %d epoch %d at %d: %v", index, term, got.txnEpoch, got.txnEpochIndex, err)
 	}
 	// A file of version 1 (before coordinator epochs): the same, epoch 0.
 	v1 := slices.Concat(data[:producersHead], data[producersHead+epochBytes:len(data)-4])

@@ -76,12 +76,13 @@ func (c *Coordinator) restartStale(why string) {
 // (its term started again from 1). A write to __txn tells them apart: it
 // commits in this term only if no later term was elected. If it commits,
 // the partition's epoch is reset to this coordinator's, over exactly the
-// epoch it was refused with (a fence of a newer coordinator since wins).
+// epoch it was refused with and the entry that set it (a fence of a live
+// coordinator since, even of the same epoch, wins).
 func (c *Coordinator) onFenced(ctx actor.Context, tp topicPart, e *heraldpb.Error) {
 	if c.staleEpoch() {
 		c.restartStale(e.GetMessage())
 	}
-	from := e.GetEpoch()
+	from, fromIndex := e.GetEpoch(), e.GetEpochIndex()
 	if from <= c.epoch || c.resetting[tp] {
 		return
 	}
@@ -97,7 +98,7 @@ func (c *Coordinator) onFenced(ctx actor.Context, tp topicPart, e *heraldpb.Erro
 		}
 		part := tp.part
 		c.request(ctx, ent.Writer(int(part)), &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
-			Topic: tp.topic, Partition: &part, Acks: heraldpb.Acks_ACKS_ALL, TxnEpoch: c.epoch, TxnEpochResetFrom: from,
+			Topic: tp.topic, Partition: &part, Acks: heraldpb.Acks_ACKS_ALL, TxnEpoch: c.epoch, TxnEpochResetFrom: from, TxnEpochResetIndex: fromIndex,
 		}}}, callTimeout, func(f *heraldpb.Frame) {
 			delete(c.resetting, tp)
 			if f.GetProduceResponse() == nil {
