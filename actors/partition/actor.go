@@ -1069,25 +1069,8 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err))
 		return
 	}
-	a.wake()
-	a.lastBusy = a.ticks
-	if e := a.stillLeads(); e != nil {
+	if e := a.propose(data); e != nil {
 		fail(e)
-		return
-	}
-	if err := a.rn.Propose(data); err != nil {
-		if to := a.rn.BasicStatus().LeadTransferee; to != 0 && a.isLeader {
-			fail(notLeader(a.cfg.Topic, a.cfg.Partition, to)) // handing over leadership
-			return
-		}
-		if errors.Is(err, raft.ErrProposalDropped) && a.isLeader {
-			e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d has too many uncommitted bytes", a.cfg.Topic, a.cfg.Partition)
-			e.RetryAfterMs = uint32(a.cfg.ThrottleRetryAfter / time.Millisecond)
-			a.m.throttled.Inc()
-			fail(e)
-			return
-		}
-		fail(notLeader(a.cfg.Topic, a.cfg.Partition, a.leader))
 		return
 	}
 	a.tail = base + int64(info.Count)
@@ -1314,16 +1297,31 @@ func (a *Actor) closeLog(ctx actor.Context, why *heraldpb.Error) {
 	a.m.leader.Set(0)
 }
 
-// stillLeads refuses a proposal (NOT_LEADER) when raft has stepped down
-// and the actor has not handled that Ready yet: raft would forward the
-// proposal to the new leader, which would append it unchecked (no
-// sequence or coordinator-epoch check there) at an offset this replica
-// stamped.
-func (a *Actor) stillLeads() *heraldpb.Error {
-	if st := a.rn.BasicStatus(); st.RaftState != raft.StateLeader {
+// propose hands a produce's or a fence's entry to raft, or says why not.
+// A leader whose raft has stepped down, before the actor handled that
+// Ready, refuses it (NOT_LEADER): raft would forward the proposal to the
+// new leader, which would append it unchecked (no sequence or
+// coordinator-epoch check there) at an offset this replica stamped.
+func (a *Actor) propose(data []byte) *heraldpb.Error {
+	a.wake()
+	a.lastBusy = a.ticks
+	st := a.rn.BasicStatus()
+	if st.RaftState != raft.StateLeader {
 		return notLeader(a.cfg.Topic, a.cfg.Partition, st.Lead)
 	}
-	return nil
+	err := a.rn.Propose(data)
+	switch {
+	case err == nil:
+		return nil
+	case st.LeadTransferee != 0:
+		return notLeader(a.cfg.Topic, a.cfg.Partition, st.LeadTransferee) // handing over leadership
+	case errors.Is(err, raft.ErrProposalDropped):
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d has too many uncommitted bytes", a.cfg.Topic, a.cfg.Partition)
+		e.RetryAfterMs = uint32(a.cfg.ThrottleRetryAfter / time.Millisecond)
+		a.m.throttled.Inc()
+		return e
+	}
+	return notLeader(a.cfg.Topic, a.cfg.Partition, a.leader)
 }
 
 // failPending answers every proposed, unanswered produce with why, marked

@@ -1,8 +1,6 @@
 package partition
 
 import (
-	"time"
-
 	"go.etcd.io/raft/v3"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -65,10 +63,7 @@ func (a *Actor) fencedErr(epoch, now uint64) *heraldpb.Error {
 // answered once its entry is applied.
 func (a *Actor) onFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *heraldpb.ProduceRequest) {
 	fail := func(e *heraldpb.Error) { a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, e)) }
-	if !a.idempotentReady() {
-		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d: new leader is still applying its log", a.cfg.Topic, a.cfg.Partition)
-		e.RetryAfterMs = uint32(max(a.cfg.ThrottleRetryAfter, 100*time.Millisecond) / time.Millisecond)
-		a.m.throttled.Inc()
+	if e := a.notIdempotentReady(); e != nil {
 		fail(e)
 		return
 	}
@@ -132,14 +127,8 @@ func (a *Actor) proposeFence(ctx actor.Context, replyTo *actor.PID, id, epoch, r
 		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding a fence: %v", err)))
 		return false
 	}
-	a.wake()
-	a.lastBusy = a.ticks
-	if e := a.stillLeads(); e != nil {
+	if e := a.propose(data); e != nil {
 		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, e))
-		return false
-	}
-	if err := a.rn.Propose(data); err != nil {
-		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, notLeader(a.cfg.Topic, a.cfg.Partition, a.leader)))
 		return false
 	}
 	k := proposalKey{term: a.term, base: base, fence: epoch}

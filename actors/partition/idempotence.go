@@ -258,20 +258,29 @@ func (a *Actor) idempotentReady() bool {
 	return a.isLeader && a.stampReady && a.termApplied && !a.prodLoading
 }
 
+// notIdempotentReady is the THROTTLED answer to an idempotent produce or
+// a fence while the leader may not check them (nil: it may).
+func (a *Actor) notIdempotentReady() *heraldpb.Error {
+	if a.idempotentReady() {
+		return nil
+	}
+	e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d: new leader is still applying its log", a.cfg.Topic, a.cfg.Partition)
+	e.RetryAfterMs = uint32(a.cfg.ThrottleRetryAfter / time.Millisecond)
+	if a.prodLoading {
+		e.Message = fmt.Sprintf("partition %s-%d: the producer table is being rebuilt from the log", a.cfg.Topic, a.cfg.Partition)
+		e.RetryAfterMs = uint32(max(a.cfg.ThrottleRetryAfter, 100*time.Millisecond) / time.Millisecond)
+	}
+	a.m.throttled.Inc()
+	return e
+}
+
 // checkIdempotent applies the sequence rules to an idempotent produce of
 // count records. It returns true when the request was answered (a
 // duplicate, a wait for an in-flight proposal, or an error) and must not be
 // proposed.
 func (a *Actor) checkIdempotent(ctx actor.Context, replyTo *actor.PID, id uint64, req *heraldpb.ProduceRequest, count uint32) bool {
 	fail := func(e *heraldpb.Error) bool { a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, e)); return true }
-	if !a.idempotentReady() {
-		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "partition %s-%d: new leader is still applying its log", a.cfg.Topic, a.cfg.Partition)
-		e.RetryAfterMs = uint32(a.cfg.ThrottleRetryAfter / time.Millisecond)
-		if a.prodLoading {
-			e.Message = fmt.Sprintf("partition %s-%d: the producer table is being rebuilt from the log", a.cfg.Topic, a.cfg.Partition)
-			e.RetryAfterMs = uint32(max(a.cfg.ThrottleRetryAfter, 100*time.Millisecond) / time.Millisecond)
-		}
-		a.m.throttled.Inc()
+	if e := a.notIdempotentReady(); e != nil {
 		return fail(e)
 	}
 	if e := a.checkTxnEpoch(req.TxnEpoch); e != nil {
