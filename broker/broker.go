@@ -255,7 +255,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		MaxPendingOutput: cfg.MaxPendingOutput, MaxPendingOutputHard: cfg.MaxPendingOutputHard,
 		WriteStallTimeout: neverIfZero(cfg.WriteStallTimeout), MaxQueuedRequestBytes: cfg.MaxQueuedRequestBytes,
 		FrameTimeout: neverIfZero(cfg.FrameTimeout), MaxFrameBytesBeforeHello: cfg.MaxFrameBytesBeforeHello,
-		MaxInFlightProduceBytes: offIfZero(cfg.MaxInFlightProduceBytes), MaxProduceDefer: neverIfZero(cfg.MaxProduceDefer), NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
+		MaxInFlightProduceBytes: offIfZero(cfg.MaxInFlightProduceBytes), MaxProduceDefer: neverIfZero(cfg.MaxProduceDefer), ProduceLatencyTarget: neverIfZero(cfg.ProduceLatencyTarget), NodeID: uint32(nodeID), ServerVersion: Version, Logger: logger,
 		Auth: b.auth, Tenancy: b.tenancy, Audit: b.auditHook(),
 	}, b.sys, newRouter(b.sys, groupRouter, topic.NewRouter(b.sys, reg, b.manager), b.routeScheduled, b.routeTxn, b.users.route, b.exchanges))
 	if err != nil {

@@ -75,6 +75,7 @@ type Config struct {
 	MaxFrameBytesBeforeHello int
 	MaxInFlightProduceBytes  int64         // admission (netio.Config.MaxInFlightProduceBytes); 0 = off
 	MaxProduceDefer          time.Duration // netio.Config.MaxProduceDefer; 0 = THROTTLED at once
+	ProduceLatencyTarget     time.Duration // netio.Config.ProduceLatencyTarget; 0 = off
 	EventLoops               int
 	DefaultParts             uint
 	MaxMessageBytes          uint
@@ -159,7 +160,7 @@ func Default() Config {
 		SegmentBytes: 4 << 20, MaxFrameBytes: 16 << 20, MaxConnections: 10000, IdleTimeout: 5 * time.Minute,
 		MaxInFlight: 1024, MaxPendingOutput: 8 << 20, WriteStallTimeout: 30 * time.Second,
 		MaxQueuedRequestBytes: 64 << 20, FrameTimeout: 30 * time.Second, MaxFrameBytesBeforeHello: 64 << 10,
-		MaxInFlightProduceBytes: 16 << 20, MaxProduceDefer: time.Second, DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
+		MaxInFlightProduceBytes: 16 << 20, MaxProduceDefer: time.Second, ProduceLatencyTarget: 10 * time.Millisecond, DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second, GroupIdleStop: consumer.DefaultIdleStop,
 		RetryPolicy: retry.DefaultPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 50 * time.Millisecond,
@@ -242,6 +243,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxProduceDefer < 0 {
 		bad("max-produce-defer", "must not be negative (0 = THROTTLED at once)")
+	}
+	if c.ProduceLatencyTarget < 0 {
+		bad("produce-latency-target", "must not be negative (0 = off)")
 	}
 	if c.MaxInFlightProduceBytes < 0 {
 		bad("max-inflight-produce-bytes", "must not be negative (0 = off)")

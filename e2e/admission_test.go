@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -291,4 +292,60 @@ func rawFlood(nc net.Conn, batch []byte, part uint32, pipeline int, end time.Tim
 			return r
 		}
 	}
+}
+
+// TestOverloadWaitersTakeTurns: connections whose produce waits for room
+// with nothing of their own in flight wait in one line, and the bytes any
+// answer frees go to the next in line. Before the line, such a connection
+// waited for its own retry-after timer however much room was freed, while
+// connections whose own answers woke them took the room again; and a
+// frame the loop had found room for could be refused THROTTLED when
+// another event loop took the room before it was counted. Twelve
+// connections each pipeline 256 KiB batches against a 1 MiB limit (the
+// latency control off, so that the limit stays put): every connection
+// writes its fair part, none waits the second after which a frame is
+// THROTTLED, and the line is seen.
+func TestOverloadWaitersTakeTurns(t *testing.T) {
+	n := startProc(t, t.TempDir(), "--max-inflight-produce-bytes=1048576", "--produce-latency-target=0")
+	admin := dial(t, n)
+	createTopic(t, admin, "heavy", 2)
+	batch := heavyBatch(t)
+
+	const conns, pipeline, runFor = 12, 4, 3 * time.Second
+	var maxWaiting atomic.Int64
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		end := time.Now().Add(runFor)
+		for time.Now().Before(end) {
+			if w := int64(metricSum(t, n, "herald_produce_waiting_connections")); w > maxWaiting.Load() {
+				maxWaiting.Store(w)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	results := floodFrom(t, n, conns, batch, pipeline, runFor)()
+	<-polled
+
+	least, most, throttled := -1, 0, 0
+	for i, r := range results {
+		if r.err != nil {
+			t.Errorf("connection %d: %v", i, r.err)
+		}
+		if least < 0 || r.ok < least {
+			least = r.ok
+		}
+		most = max(most, r.ok)
+		throttled += r.throttled
+	}
+	if throttled > 0 {
+		t.Errorf("%d frames THROTTLED: a connection waited over a second for its turn, or lost a turn it was given", throttled)
+	}
+	if least*3 < most {
+		t.Errorf("writes per connection from %d to %d: the turns were not fair", least, most)
+	}
+	if maxWaiting.Load() == 0 {
+		t.Errorf("herald_produce_waiting_connections stayed 0: no connection waited in line")
+	}
+	t.Logf("writes per connection %d..%d, THROTTLED %d, at most %d in line", least, most, throttled, maxWaiting.Load())
 }

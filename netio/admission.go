@@ -29,7 +29,9 @@ import (
 //     ones;
 //   - a request bigger than a share, from a connection with nothing in
 //     flight, is admitted while the total with it stays within the limit
-//     (or when nothing at all is in flight, so that any request can pass);
+//     (or when nothing at all is in flight, so that any request can pass),
+//     in its turn: while such connections wait, they wait in one line
+//     (admitqueue.go) and the room goes to them in order;
 //   - else the connection waits: the frame stays unread at the head of its
 //     input and reads pause (deferProduce) until one of the connection's
 //     produces is answered or the retry-after below passes, and is decided
@@ -40,6 +42,9 @@ import (
 //     nothing (the bytes stay in the kernel) and keeps a pipelining
 //     producer's order; answering at once made every frame the producer
 //     had in flight behind the refused one a wasted read and a retry.
+//
+// "The limit" is the limit in force: the configured limit, unless the
+// latency control (latency.go) lowered it while a light producer was slow.
 //
 // The limit is therefore exceeded only by connections within their share
 // (whose shares sum to the limit), so the total stays below about twice
@@ -77,8 +82,12 @@ const (
 // pure (time comes in as now, Unix nanoseconds) and safe for concurrent
 // use: admit runs on the event loops, release on session actors.
 type admission struct {
-	limit int64 // 0: admission control is off (every request admitted)
-	soft  int64
+	max   int64 // the configured limit; 0: admission control is off (every request admitted)
+	floor int64 // the least the latency control lowers the limit to
+	// limit is the limit in force: max, unless the latency control
+	// (latency.go) lowered it; the soft threshold is half of it.
+	limit atomic.Int64
+	lat   latencyControl
 
 	inflight atomic.Int64 // produce bytes admitted and not yet answered
 	active   atomic.Int64 // connections with produce bytes in flight
@@ -95,18 +104,20 @@ type admission struct {
 // admitCounter is one connection's produce bytes in flight.
 type admitCounter struct{ own atomic.Int64 }
 
-func newAdmission(limit int64) *admission {
-	if limit < 0 {
-		limit = 0
-	}
-	return &admission{limit: limit, soft: limit / 2}
+func newAdmission(limit int64, target time.Duration) *admission {
+	limit = max(limit, 0)
+	a := &admission{max: limit, floor: min(limit, max(limit/64, minLatencyLimit))}
+	a.limit.Store(limit)
+	a.lat.target = int64(max(target, 0))
+	a.showLimit()
+	return a
 }
 
 // admit decides a produce request of size bytes on connection c. When it
 // admits, the bytes are counted until release; otherwise it returns how
 // long the connection should wait before sending more.
 func (a *admission) admit(c *admitCounter, size, now int64) (verdict, time.Duration) {
-	v, wait := a.decide(c, size, now)
+	v, wait := a.decide(c, size, now, true)
 	if v == admitted {
 		a.take(c, size)
 	}
@@ -114,12 +125,17 @@ func (a *admission) admit(c *admitCounter, size, now int64) (verdict, time.Durat
 }
 
 // decide is admit's decision, counting nothing.
-func (a *admission) decide(c *admitCounter, size, now int64) (verdict, time.Duration) {
-	if a.limit == 0 {
+//
+// turn is false while other connections wait in the admission line ahead
+// of c: c is then admitted only within its fair share, so that the bytes
+// freed go to the connections in line in their order.
+func (a *admission) decide(c *admitCounter, size, now int64, turn bool) (verdict, time.Duration) {
+	if a.max == 0 {
 		return admitted, 0
 	}
+	limit := a.limit.Load()
 	total, own := a.inflight.Load(), c.own.Load()
-	if total+size <= a.soft {
+	if total+size <= limit/2 {
 		return admitted, 0
 	}
 	act := a.active.Load()
@@ -127,12 +143,12 @@ func (a *admission) decide(c *admitCounter, size, now int64) (verdict, time.Dura
 		act++ // c would be active
 	}
 	act = max(act, 1)
-	share := a.limit / act
-	if own+size <= share || own == 0 && (total+size <= a.limit || total == 0) {
+	share := limit / act
+	if own+size <= share || own == 0 && turn && (total+size <= limit || total == 0) {
 		return admitted, 0
 	}
 	v := throttledShare
-	if total+size > a.limit {
+	if total+size > limit {
 		v = throttledLimit
 	}
 	a.observe(now)
@@ -153,6 +169,7 @@ func (a *admission) release(c *admitCounter, size, now int64) {
 	a.uncount(c, size)
 	a.released.Add(size)
 	a.observe(now)
+	a.adjust(now)
 }
 
 // cancel uncounts size bytes of c that were admitted but never served
@@ -220,14 +237,21 @@ func (a *admission) drainRate() int64 { return a.rate.Load() }
 // waited MaxProduceDefer, it goes on to onFrame, which answers THROTTLED.
 func (c *conn) deferProduce(gc gnet.Conn, payload []byte, n int) bool {
 	maxDefer := int64(c.s.cfg.MaxProduceDefer)
-	if c.s.adm.limit == 0 || maxDefer <= 0 || !isProduce(payload) {
+	if c.s.adm.max == 0 || maxDefer <= 0 || !isProduce(payload) {
 		c.deferSince = 0
 		return false
 	}
 	now := time.Now().UnixNano()
-	v, wait := c.s.adm.decide(&c.adm, int64(n), now)
+	front := c.wokenFromLine.Swap(false)
+	v, wait := c.s.adm.decide(&c.adm, int64(n), now, front || c.s.admq.empty())
 	if v == admitted {
+		// Counted now: another loop could take the room before onFrame.
+		c.s.adm.take(&c.adm, int64(n))
+		c.preAdmitted = int64(n)
 		c.deferSince = 0
+		if front {
+			c.s.admq.wakeNext() // room may be left for the next in line
+		}
 		return false
 	}
 	if c.deferSince == 0 {
@@ -238,6 +262,11 @@ func (c *conn) deferProduce(gc gnet.Conn, payload []byte, n int) bool {
 	}
 	mProduceDeferred.Inc()
 	c.deferred.Store(true)
+	if c.adm.own.Load() == 0 {
+		// Nothing of its own in flight to wake it: it waits in line for
+		// bytes any connection frees.
+		c.s.admq.wait(c, front)
+	}
 	c.pause(gc, pauseThrottle)
 	wait = min(wait, time.Duration(maxDefer-(now-c.deferSince)))
 	if c.deferTimer == nil {

@@ -12,7 +12,7 @@ const ms = int64(time.Millisecond)
 // hint, while a light connection is admitted whatever the heavy ones do.
 func TestAdmissionFairShare(t *testing.T) {
 	const kib = 1 << 10
-	a := newAdmission(1024 * kib) // soft threshold 512 KiB
+	a := newAdmission(1024*kib, 0) // soft threshold 512 KiB
 	heavy := make([]*admitCounter, 4)
 	for i := range heavy {
 		heavy[i] = &admitCounter{}
@@ -96,7 +96,7 @@ func TestAdmissionFairShare(t *testing.T) {
 // TestAdmissionRate checks the drain rate's sampling: idle intervals are
 // not counted as slow drains, and the hint stays within its bounds.
 func TestAdmissionRate(t *testing.T) {
-	a := newAdmission(1 << 20)
+	a := newAdmission(1<<20, 0)
 	c := &admitCounter{}
 	now := int64(time.Second)
 	a.admit(c, 1000, now)
@@ -121,10 +121,134 @@ func TestAdmissionRate(t *testing.T) {
 		t.Fatalf("retry %v, want the minimum", d)
 	}
 	// Off: every request admitted and counted.
-	off := newAdmission(-1)
+	off := newAdmission(-1, 0)
 	for i := 0; i < 100; i++ {
 		if v, _ := off.admit(c, 1<<30, now); v != admitted {
 			t.Fatal("admission off throttled")
 		}
+	}
+}
+
+// TestAdmissionTurn: while others wait in line, a connection with nothing
+// in flight is admitted only within its fair share, not into the room
+// under the limit, which goes to the line in its order.
+func TestAdmissionTurn(t *testing.T) {
+	const kib = 1 << 10
+	a := newAdmission(1024*kib, 0)
+	busy, idle := &admitCounter{}, &admitCounter{}
+	if v, _ := a.admit(busy, 500*kib, 1); v != admitted {
+		t.Fatal("first request refused")
+	}
+	// With idle's 520 KiB, over the soft threshold; 520 KiB is over its
+	// share (1 MiB / 2) but fits under the limit.
+	if v, _ := a.decide(idle, 520*kib, 1, false); v == admitted {
+		t.Fatal("admitted out of turn into the room under the limit")
+	}
+	if v, _ := a.decide(idle, 520*kib, 1, true); v != admitted {
+		t.Fatal("refused in its turn with room under the limit")
+	}
+	// Within its share it needs no turn.
+	if v, _ := a.decide(idle, 64*kib, 1, false); v != admitted {
+		t.Fatal("refused within its fair share")
+	}
+}
+
+// TestLatencyControl drives the limit in force: a window with a sparse
+// produce slower than the target halves it down to the floor; windows
+// without one raise it back to the configured limit.
+func TestLatencyControl(t *testing.T) {
+	const mib = 1 << 20
+	a := newAdmission(16*mib, 20*time.Millisecond)
+	if a.floor != 256<<10 {
+		t.Fatalf("floor %d, want 256 KiB (16 MiB / 64)", a.floor)
+	}
+	if !a.sparse(64<<10) || a.sparse(64<<10+1) {
+		t.Fatal("sparse: a connection with at most 64 KiB in flight")
+	}
+	now := int64(time.Second)
+	a.adjust(now) // opens the first window
+	want := int64(16 * mib)
+	for range 10 {
+		now += int64(latencyWindow) / 4
+		a.sampleSparse(5*ms, now) // fast: does not count against
+		a.sampleSparse(30*ms, now)
+		now += int64(latencyWindow)
+		a.sampleSparse(1*ms, now) // ends the window with the slow one in it
+		want = max(256<<10, want/2)
+		if got := a.limit.Load(); got != want {
+			t.Fatalf("after a slow window: limit %d, want %d", got, want)
+		}
+	}
+	if want != 256<<10 {
+		t.Fatalf("never reached the floor: %d", want)
+	}
+	// The limit in force decides: 600 KiB in flight is over it.
+	c, other := &admitCounter{}, &admitCounter{}
+	a.admit(other, 600<<10, now)
+	if v, _ := a.decide(c, 520<<10, now, true); v != throttledLimit {
+		t.Fatalf("verdict %d over the lowered limit, want throttledLimit", v)
+	}
+	a.cancel(other, 600<<10)
+	// Windows with only fast sparse produces, or none, raise it by
+	// 16 MiB / 32 each, to the configured limit and no further.
+	for i := range 40 {
+		now += int64(latencyWindow)
+		if i%2 == 0 {
+			a.sampleSparse(2*ms, now)
+		} else {
+			a.release(c, 0, now) // any answered produce ends a due window
+		}
+		want = min(16*mib, want+mib/2)
+		if got := a.limit.Load(); got != want {
+			t.Fatalf("window %d without a slow produce: limit %d, want %d", i, got, want)
+		}
+	}
+	// Off: the limit stays.
+	off := newAdmission(16*mib, 0)
+	off.sampleSparse(time.Second.Nanoseconds(), now)
+	off.adjust(now + time.Hour.Nanoseconds())
+	if off.sparse(0) || off.limit.Load() != 16*mib {
+		t.Fatal("latency control off moved the limit")
+	}
+}
+
+// TestLatencyControlSlowDisk: where even the fastest sparse produce is
+// slower than the target (a slow disk), the target becomes four times
+// that baseline after an epoch, so the control acts on queueing only.
+func TestLatencyControlSlowDisk(t *testing.T) {
+	const mib = 1 << 20
+	a := newAdmission(16*mib, 10*time.Millisecond)
+	now := int64(time.Second)
+	a.adjust(now)
+	window := func(lats ...int64) {
+		for _, l := range lats {
+			a.sampleSparse(l, now)
+		}
+		now += int64(latencyWindow)
+		a.adjust(now)
+	}
+	// The first epoch: every produce takes 20-30 ms, over the 10 ms
+	// target, so the limit is cut to the floor.
+	for range int(baselineEpoch/latencyWindow) - 1 {
+		window(20*ms, 30*ms)
+	}
+	if got := a.limit.Load(); got != a.floor {
+		t.Fatalf("limit %d after an epoch over the target, want the floor %d", got, a.floor)
+	}
+	window(20*ms, 30*ms) // ends the epoch
+	if got := a.targetNow(); got != 80*ms {
+		t.Fatalf("target %v, want 80ms (4 x the fastest, 20 ms)", time.Duration(got))
+	}
+	// The same latencies no longer cut: the limit climbs back.
+	for range 40 {
+		window(20*ms, 30*ms)
+	}
+	if got := a.limit.Load(); got != 16*mib {
+		t.Fatalf("limit %d, want it back at 16 MiB", got)
+	}
+	// Queueing over four times the baseline still cuts.
+	window(20*ms, 100*ms)
+	if got := a.limit.Load(); got != 8*mib {
+		t.Fatalf("limit %d after a window at 100 ms, want 8 MiB", got)
 	}
 }

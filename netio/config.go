@@ -41,6 +41,9 @@ const (
 	// fair share waits unread before it is answered THROTTLED (see
 	// Config.MaxProduceDefer).
 	DefaultMaxProduceDefer = time.Second
+	// DefaultProduceLatencyTarget is the default latency target of sparse
+	// produces (see Config.ProduceLatencyTarget).
+	DefaultProduceLatencyTarget = 10 * time.Millisecond
 )
 
 // Config configures a Server. The zero value of every field means "use the
@@ -128,6 +131,15 @@ type Config struct {
 	// Default DefaultMaxProduceDefer (1s); negative answers THROTTLED at
 	// once (EnsureDefaults turns it into 0, which then means no wait).
 	MaxProduceDefer time.Duration
+	// ProduceLatencyTarget is the latency control's target (latency.go):
+	// while a sparse produce (a light producer's) takes longer than this
+	// (or four times the fastest one of the last 10 s, if more) from
+	// admission to answer, the admission limit in force is halved, down to
+	// a sixty-fourth of MaxInFlightProduceBytes (at least 256 KiB), and it
+	// climbs back to MaxInFlightProduceBytes otherwise. Default
+	// DefaultProduceLatencyTarget (10ms); negative turns it off
+	// (EnsureDefaults turns it into 0, which then means off).
+	ProduceLatencyTarget time.Duration
 	// Auth authenticates connections (Hello's SASL login, SaslAuthenticate,
 	// the TLS listener's verified client certificates) and authorizes each
 	// request before it is routed. nil: every connection is anonymous and
@@ -186,6 +198,7 @@ func (c *Config) EnsureDefaults() {
 		c.MaxInFlightProduceBytes = 0
 	}
 	c.MaxProduceDefer = durationOrOff(c.MaxProduceDefer, DefaultMaxProduceDefer)
+	c.ProduceLatencyTarget = durationOrOff(c.ProduceLatencyTarget, DefaultProduceLatencyTarget)
 	if c.MaxFrameBytesBeforeHello == 0 {
 		c.MaxFrameBytesBeforeHello = min(DefaultMaxFrameBytesBeforeHello, c.MaxFrameBytes)
 	}

@@ -46,21 +46,24 @@ type conn struct {
 
 	// Output accounting (see output.go). out and reserved are shared; the
 	// rest is loop-only.
-	out          atomic.Int64 // bytes handed to gnet and not yet written to the socket
-	reserved     atomic.Int64 // response bytes routed requests may still add (responseEstimate)
-	progress     atomic.Int64 // unix nanos: output last reached the socket, or became pending
-	kernelQueue  atomic.Int64 // the socket's unsent bytes at the last tick (-1: not known)
-	partialSince atomic.Int64 // unix nanos: an incomplete frame is buffered since; 0 = none
-	limitClosed  atomic.Bool  // a limit closed the connection (logged and counted once)
-	enq          int64        // loop: bytes gnet accepted from every write so far
-	sent         int64        // loop: of those, bytes known written to the socket
-	slotAt       []int64      // loop: per written response, the enq offset where it ends
-	slotHead     int          // loop: first live entry of slotAt
-	deferSince   int64        // loop: unix nanos the produce at the head of the input was first deferred; 0 = none
-	deferTimer   *time.Timer  // loop: wakes a deferred connection after the retry-after
-	deferred     atomic.Bool  // reads are paused for admission until a response or deferTimer wakes the loop
-	paused       uint8        // loop: pauseOutput|pauseBudget; reads are paused while non-zero
-	held         int64        // loop: inbound buffered bytes counted in Server.queued
+	out           atomic.Int64 // bytes handed to gnet and not yet written to the socket
+	reserved      atomic.Int64 // response bytes routed requests may still add (responseEstimate)
+	progress      atomic.Int64 // unix nanos: output last reached the socket, or became pending
+	kernelQueue   atomic.Int64 // the socket's unsent bytes at the last tick (-1: not known)
+	partialSince  atomic.Int64 // unix nanos: an incomplete frame is buffered since; 0 = none
+	limitClosed   atomic.Bool  // a limit closed the connection (logged and counted once)
+	enq           int64        // loop: bytes gnet accepted from every write so far
+	sent          int64        // loop: of those, bytes known written to the socket
+	slotAt        []int64      // loop: per written response, the enq offset where it ends
+	slotHead      int          // loop: first live entry of slotAt
+	deferSince    int64        // loop: unix nanos the produce at the head of the input was first deferred; 0 = none
+	deferTimer    *time.Timer  // loop: wakes a deferred connection after the retry-after
+	deferred      atomic.Bool  // reads are paused for admission until a response or deferTimer wakes the loop
+	wokenFromLine atomic.Bool  // admitQueue.wakeNext woke it: if its frame still waits, it keeps its turn
+	inLine        bool         // guarded by Server.admq.mu: in the admission line
+	preAdmitted   int64        // loop: bytes deferProduce admitted for the frame it lets onFrame have
+	paused        uint8        // loop: pauseOutput|pauseBudget; reads are paused while non-zero
+	held          int64        // loop: inbound buffered bytes counted in Server.queued
 
 	adm admitCounter // produce bytes admitted and not yet answered (admission.go)
 
@@ -77,6 +80,7 @@ type conn struct {
 type pendingReq struct {
 	n                  int
 	est, size, produce int64
+	sparseAt           int64 // unix nanos a sparse produce was admitted (latency.go); 0 = not one
 }
 
 func newConn(s *Server, gc gnet.Conn) *conn {
@@ -100,6 +104,15 @@ func randomToken() uint64 {
 // error frame.
 // size is the frame's length on the wire.
 func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, size int) ([]byte, gnet.Action) {
+	pre := c.preAdmitted // deferProduce admitted this frame
+	c.preAdmitted = 0
+	if pre > 0 {
+		defer func() {
+			if pre > 0 { // not routed after all
+				c.s.adm.cancel(&c.adm, pre)
+			}
+		}()
+	}
 	switch {
 	case errors.Is(derr, heraldpb.ErrUnknownBody):
 		mBadFrames.WithLabelValues(badUnknownBody).Inc()
@@ -142,13 +155,19 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, 
 	}
 	var produce int64
 	if producing(f) {
-		if v, wait := c.s.adm.admit(&c.adm, int64(size), now); v != admitted {
+		if pre == int64(size) {
+			pre = 0 // counted since deferProduce
+		} else if v, wait := c.s.adm.admit(&c.adm, int64(size), now); v != admitted {
 			return c.appendFrame(out, heraldpb.ErrorFrame(f.Id, c.throttled(v, wait))), gnet.None
 		}
 		produce = int64(size)
 		mProduceInflight.Add(float64(produce))
 	}
-	if !c.acquire(f.Id, responseEstimate(f, c.maxFrame.Load()), int64(size), produce) {
+	var sparseAt int64
+	if produce > 0 && c.s.adm.sparse(c.adm.own.Load()) {
+		sparseAt = now
+	}
+	if !c.acquire(f.Id, responseEstimate(f, c.maxFrame.Load()), int64(size), produce, sparseAt) {
 		if produce > 0 {
 			c.s.adm.cancel(&c.adm, produce)
 			mProduceInflight.Sub(float64(produce))
@@ -173,7 +192,7 @@ func (c *conn) throttled(v verdict, wait time.Duration) *heraldpb.Error {
 	a := c.s.adm
 	e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED,
 		"broker has %d produce bytes in flight (limit %d) over %d connections; this connection's %d are over its fair share",
-		a.inflight.Load(), a.limit, a.active.Load(), c.adm.own.Load())
+		a.inflight.Load(), a.limit.Load(), a.active.Load(), c.adm.own.Load())
 	e.RetryAfterMs = uint32((wait + time.Millisecond - 1) / time.Millisecond)
 	return e
 }
@@ -463,7 +482,7 @@ func (c *conn) finish(gc gnet.Conn) gnet.Action {
 // acquire takes an in-flight slot for request id, whose response may add
 // est bytes of output and whose frame is size bytes (produce of them
 // admitted by admission), or reports the window full.
-func (c *conn) acquire(id uint64, est, size, produce int64) bool {
+func (c *conn) acquire(id uint64, est, size, produce, sparseAt int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if int64(c.inflight) >= c.window.Load() {
@@ -475,6 +494,10 @@ func (c *conn) acquire(id uint64, est, size, produce int64) bool {
 	p.est += est
 	p.size += size
 	p.produce += produce
+	p.sparseAt = sparseAt
+	if p.n > 1 {
+		p.sparseAt = 0 // an id reused: which answer is whose is not known
+	}
 	c.pending[id] = p
 	c.reserved.Add(est)
 	c.s.addQueued(size)
@@ -495,6 +518,7 @@ func (c *conn) answer(id uint64) (ok bool, est int64) {
 		return false, 0
 	}
 	est, size, produce := p.est/int64(p.n), p.size/int64(p.n), p.produce/int64(p.n)
+	sparseAt := p.sparseAt
 	if p.n == 1 {
 		est, size, produce = p.est, p.size, p.produce
 		delete(c.pending, id)
@@ -508,10 +532,15 @@ func (c *conn) answer(id uint64) (ok bool, est int64) {
 	c.mu.Unlock()
 	c.s.releaseQueued(size)
 	if produce > 0 {
-		c.s.adm.release(&c.adm, produce, time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		if sparseAt > 0 {
+			c.s.adm.sampleSparse(now-sparseAt, now)
+		}
+		c.s.adm.release(&c.adm, produce, now)
 		if c.deferred.CompareAndSwap(true, false) {
 			_ = c.gc.Wake(nil) // its deferred produce may fit now
 		}
+		c.s.admq.wakeNext() // the freed bytes may fit the next in line
 		mProduceInflight.Sub(float64(produce))
 		mProduceDrainRate.Set(float64(c.s.adm.drainRate()))
 	}

@@ -60,6 +60,23 @@ var (
 		Name: "herald_produce_deferred_total",
 		Help: "Times a produce frame over its connection's fair share was left unread until the connection's turn (admission control; THROTTLED only after --max-produce-defer).",
 	})
+	mProduceWaiting = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_produce_waiting_connections",
+		Help: "Connections in the admission line: a produce waits for room and the connection has nothing in flight (woken in order as produces are answered).",
+	})
+	mProduceLimit = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_produce_limit_bytes",
+		Help: "The admission limit in force: --max-inflight-produce-bytes, unless the latency control lowered it because a sparse produce took longer than --produce-latency-target.",
+	})
+	mSparseLatency = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "herald_produce_sparse_latency_seconds",
+		Help:    "Time from admission to answer of sparse produces (a connection with at most 64 KiB of produces in flight: a light producer's), which the latency control keeps under --produce-latency-target.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 1.5, 22),
+	})
+	mProduceLimitCuts = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_produce_limit_cuts_total",
+		Help: "Times the latency control lowered the admission limit in force (a sparse produce took longer than --produce-latency-target).",
+	})
 	mProduceThrottled = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_produce_throttled_total",
 		Help: "Produce requests answered THROTTLED by admission control, by reason (fair_share: over half the limit and the connection over its share; limit: over the limit and the connection over its share).",

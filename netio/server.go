@@ -64,6 +64,7 @@ type Server struct {
 	out      atomic.Int64 // pending output of every connection (conn.out)
 	queued   atomic.Int64 // bytes counted against MaxQueuedRequestBytes
 	adm      *admission   // produce admission (MaxInFlightProduceBytes)
+	admq     admitQueue   // connections waiting for produce room, in order
 
 	budgetMu     sync.Mutex
 	budgetPaused map[*conn]struct{} // connections paused for the budget
@@ -211,7 +212,7 @@ func NewServer(cfg Config, system *actor.ActorSystem, router Router) (*Server, e
 		booted:   make(chan struct{}),
 		runDone:  make(chan struct{}),
 		registry: make(map[*conn]struct{}),
-		adm:      newAdmission(cfg.MaxInFlightProduceBytes),
+		adm:      newAdmission(cfg.MaxInFlightProduceBytes, cfg.ProduceLatencyTarget),
 
 		budgetPaused: make(map[*conn]struct{}),
 	}, nil

@@ -1,0 +1,75 @@
+package netio
+
+import (
+	"testing"
+
+	"github.com/panjf2000/gnet/v2"
+)
+
+// wakeRecorder is a gnet.Conn that records its Wake calls (the only
+// method admitQueue uses).
+type wakeRecorder struct {
+	gnet.Conn
+	id    int
+	woken *[]int
+}
+
+func (w wakeRecorder) Wake(gnet.AsyncCallback) error {
+	*w.woken = append(*w.woken, w.id)
+	return nil
+}
+
+// TestAdmitQueueOrder: connections are woken in the order they first
+// waited, once each; one woken whose frame still does not fit keeps its
+// turn; closed connections and ones already woken by their own answers
+// leave the line without taking a turn.
+func TestAdmitQueueOrder(t *testing.T) {
+	var woken []int
+	var q admitQueue
+	conns := make([]*conn, 5)
+	for i := range conns {
+		conns[i] = &conn{gc: wakeRecorder{id: i, woken: &woken}}
+	}
+	wait := func(i int, front bool) {
+		conns[i].deferred.Store(true)
+		q.wait(conns[i], front)
+	}
+	wait(0, false)
+	wait(1, false)
+	wait(2, false)
+	wait(1, false) // already in line: keeps its place
+	q.wakeNext()
+	if len(woken) != 1 || woken[0] != 0 || !conns[0].wokenFromLine.Load() {
+		t.Fatalf("woken %v, want [0] marked woken from the line", woken)
+	}
+	// 0 still does not fit: back to the front.
+	wait(0, true)
+	q.wakeNext()
+	if woken[1] != 0 {
+		t.Fatalf("woken %v: 0 lost its turn", woken)
+	}
+	// 1 was woken by its own answer meanwhile, 2 closed: both are passed
+	// over; 3 and 4 joined later.
+	conns[1].deferred.Store(false)
+	conns[2].closed.Store(true)
+	wait(3, false)
+	wait(4, false)
+	q.wakeNext()
+	q.wakeNext()
+	if want := []int{0, 0, 3, 4}; len(woken) != 4 || woken[2] != 3 || woken[3] != 4 {
+		t.Fatalf("woken %v, want %v", woken, want)
+	}
+	if !q.empty() {
+		t.Fatal("line not empty")
+	}
+	q.wakeNext() // an empty line wakes nobody
+	if len(woken) != 4 {
+		t.Fatalf("woken %v from an empty line", woken)
+	}
+	// A connection can wait again once it left the line.
+	wait(1, false)
+	q.wakeNext()
+	if woken[4] != 1 {
+		t.Fatalf("woken %v, want 1 last", woken)
+	}
+}
