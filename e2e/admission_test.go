@@ -349,3 +349,75 @@ func TestOverloadWaitersTakeTurns(t *testing.T) {
 	}
 	t.Logf("writes per connection %d..%d, THROTTLED %d, at most %d in line", least, most, throttled, maxWaiting.Load())
 }
+
+// TestLatencyControlFollowsSparseProduces drives the latency control of a
+// real broker. With a 1 µs target every sparse produce (the light
+// producer's) is over it, so the admission limit in force falls to its
+// floor (16 MiB / 64 = 256 KiB), and heavy connections flooding meanwhile
+// are held near it, waiting their turns without an error. Once only heavy
+// produces (never sparse) are answered, the limit climbs back to the
+// configured 16 MiB.
+func TestLatencyControlFollowsSparseProduces(t *testing.T) {
+	const maxLimit, floor = 16 << 20, 256 << 10
+	n := startProc(t, t.TempDir(), fmt.Sprintf("--max-inflight-produce-bytes=%d", maxLimit), "--produce-latency-target=1us")
+	admin := dial(t, n)
+	createTopic(t, admin, "heavy", 2)
+	createTopic(t, admin, "light", 1)
+	batch := heavyBatch(t)
+	limit := func() int64 { return int64(metricSum(t, n, "herald_produce_limit_bytes")) }
+	if got := limit(); got != maxLimit {
+		t.Fatalf("limit in force %d at start, want %d", got, maxLimit)
+	}
+
+	stop := make(chan struct{})
+	lightDone := steadyProducer(t, n, "light", stop)
+	deadline := time.Now().Add(15 * time.Second)
+	for limit() != floor {
+		if time.Now().After(deadline) {
+			t.Fatalf("limit in force %d after 15 s of slow sparse produces, want the floor %d", limit(), floor)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if metricSum(t, n, "herald_produce_limit_cuts_total") == 0 {
+		t.Error("herald_produce_limit_cuts_total is 0 with the limit cut")
+	}
+	var most atomic.Int64
+	polled := make(chan struct{})
+	const runFor = 2 * time.Second
+	go func() {
+		defer close(polled)
+		end := time.Now().Add(runFor)
+		for time.Now().Before(end) {
+			if v := int64(metricSum(t, n, "herald_produce_inflight_bytes")); v > most.Load() {
+				most.Store(v)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	for i, r := range floodFrom(t, n, 4, batch, 8, runFor)() {
+		if r.err != nil || r.ok == 0 {
+			t.Errorf("heavy connection %d under the lowered limit: %d written, error %v", i, r.ok, r.err)
+		}
+	}
+	<-polled
+	close(stop)
+	if _, sent, errs := lightDone(); len(errs) > 0 || sent == 0 {
+		t.Errorf("light producer: %d sent, errors %v", sent, errs)
+	}
+	// Each 256 KiB frame is admitted only in its turn, when it fits the
+	// 256 KiB limit or nothing is in flight: a few frames at most, where
+	// 16 MiB were let in before the cut.
+	if m := most.Load(); m > 4*int64(len(batch))+4<<10 {
+		t.Errorf("%d produce bytes in flight under a %d limit", m, floor)
+	}
+
+	// Heavy produces only: the limit climbs back.
+	deadline = time.Now().Add(15 * time.Second)
+	for limit() != maxLimit {
+		if time.Now().After(deadline) {
+			t.Fatalf("limit in force %d after 15 s without sparse produces, want %d", limit(), maxLimit)
+		}
+		floodFrom(t, n, 1, batch, 2, 200*time.Millisecond)()
+	}
+	t.Logf("at most %d bytes in flight at the floor", most.Load())
+}

@@ -203,6 +203,20 @@ func TestLatencyControl(t *testing.T) {
 			t.Fatalf("window %d without a slow produce: limit %d, want %d", i, got, want)
 		}
 	}
+	// After an idle spell the limit is back at once: one step per window
+	// passed.
+	for range 4 {
+		now += int64(latencyWindow)
+		a.sampleSparse(30*ms, now)
+	}
+	if got := a.limit.Load(); got != 1*mib {
+		t.Fatalf("limit %d after four slow windows, want 1 MiB", got)
+	}
+	now += 10 * int64(time.Second)
+	a.release(c, 0, now)
+	if got := a.limit.Load(); got != 16*mib {
+		t.Fatalf("limit %d after 10 s idle, want 16 MiB", got)
+	}
 	// Off: the limit stays.
 	off := newAdmission(16*mib, 0)
 	off.sampleSparse(time.Second.Nanoseconds(), now)

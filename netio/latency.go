@@ -23,8 +23,9 @@ import (
 //   - down by half, not below the floor (a sixty-fourth of the configured
 //     limit, at least 256 KiB), when a sparse produce in the window took
 //     longer than the target;
-//   - back up by a thirty-second of the configured limit, not above it,
-//     otherwise, including when no sparse produce was answered.
+//   - back up by a thirty-second of the configured limit per window
+//     passed, not above it, otherwise, including when no sparse produce
+//     was answered.
 //
 // The target is --produce-latency-target, or four times the fastest sparse
 // produce of the previous baselineEpoch if that is more: on a disk whose
@@ -126,7 +127,10 @@ func (a *admission) adjust(now int64) {
 		lim = max(a.floor, lim/2)
 		mProduceLimitCuts.Inc()
 	} else {
-		lim = min(a.max, lim+max(a.max/32, 1))
+		// One step per window passed: a limit cut before an idle spell is
+		// back by the time produces resume.
+		steps := max((now-start)/int64(latencyWindow), 1)
+		lim = min(a.max, lim+steps*max(a.max/32, 1))
 	}
 	a.limit.Store(lim)
 	mProduceLimit.Set(float64(lim))
