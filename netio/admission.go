@@ -135,6 +135,9 @@ func (a *admission) decide(c *admitCounter, size, now int64, turn bool) (verdict
 	}
 	limit := a.limit.Load()
 	total, own := a.inflight.Load(), c.own.Load()
+	if wait := a.paced(own, size, now); wait > 0 {
+		return throttledLimit, min(wait, maxRetryAfter)
+	}
 	if total+size <= limit/2 {
 		return admitted, 0
 	}
@@ -157,6 +160,7 @@ func (a *admission) decide(c *admitCounter, size, now int64, turn bool) (verdict
 
 // take counts size admitted bytes on c.
 func (a *admission) take(c *admitCounter, size int64) {
+	a.spend(c.own.Load(), size)
 	a.inflight.Add(size)
 	if c.own.Add(size) == size && size > 0 {
 		a.active.Add(1)
@@ -266,6 +270,7 @@ func (c *conn) deferProduce(gc gnet.Conn, payload []byte, n int) bool {
 		// Nothing of its own in flight to wake it: it waits in line for
 		// bytes any connection frees.
 		c.s.admq.wait(c, front)
+		c.s.admq.wakeAfter(wait)
 	}
 	c.pause(gc, pauseThrottle)
 	wait = min(wait, time.Duration(maxDefer-(now-c.deferSince)))

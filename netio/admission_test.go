@@ -168,7 +168,7 @@ func TestLatencyControl(t *testing.T) {
 	now := int64(time.Second)
 	a.adjust(now) // opens the first window
 	want := int64(16 * mib)
-	for range 10 {
+	for range 6 { // 16 MiB halved to 256 KiB
 		now += int64(latencyWindow) / 4
 		a.sampleSparse(5*ms, now) // fast: does not count against
 		a.sampleSparse(30*ms, now)
@@ -179,8 +179,8 @@ func TestLatencyControl(t *testing.T) {
 			t.Fatalf("after a slow window: limit %d, want %d", got, want)
 		}
 	}
-	if want != 256<<10 {
-		t.Fatalf("never reached the floor: %d", want)
+	if want != 256<<10 || a.lat.pace.Load() != 0 {
+		t.Fatalf("never reached the floor (%d), or paced before it", want)
 	}
 	// The limit in force decides: 600 KiB in flight is over it.
 	c, other := &admitCounter{}, &admitCounter{}
@@ -189,6 +189,41 @@ func TestLatencyControl(t *testing.T) {
 		t.Fatalf("verdict %d over the lowered limit, want throttledLimit", v)
 	}
 	a.cancel(other, 600<<10)
+	// Still slow at the floor: produces that are not sparse are paced,
+	// from half the drain rate (64 MiB/s before one is measured) down to
+	// 4 MiB/s.
+	for _, wantPace := range []int64{32 * mib, 16 * mib, 8 * mib, 4 * mib, 4 * mib} {
+		now += int64(latencyWindow)
+		a.sampleSparse(30*ms, now)
+		if got := a.lat.pace.Load(); got != wantPace {
+			t.Fatalf("pace %d B/s, want %d", got, wantPace)
+		}
+	}
+	// The bucket, filled at 4 MiB/s, emptied here: a 256 KiB frame waits
+	// for its bytes; a sparse one goes at once.
+	a.lat.tokens.Store(0)
+	a.lat.tokAt.Store(now)
+	if wait := a.paced(0, 256<<10, now); wait <= 0 {
+		t.Fatal("a 256 KiB produce not paced with an empty bucket")
+	}
+	if wait := a.paced(0, 8<<10, now); wait != 0 {
+		t.Fatalf("a sparse produce paced (%v)", wait)
+	}
+	now += int64(100 * time.Millisecond) // 400 KiB at 4 MiB/s
+	if wait := a.paced(0, 256<<10, now); wait != 0 {
+		t.Fatalf("a 256 KiB produce waits %v with 400 KiB in the bucket", wait)
+	}
+	a.take(c, 256<<10)
+	if wait := a.paced(c.own.Load(), 256<<10, now); wait <= 0 {
+		t.Fatal("the bucket did not pay for the produce admitted")
+	}
+	// A window without a slow sparse produce (this answer ends one)
+	// eases the pacing first; here it ends it (4 MiB/s is over twice the
+	// drain measured, 0), and leaves the limit where it was.
+	a.release(c, 256<<10, now)
+	if a.lat.pace.Load() != 0 || a.limit.Load() != want {
+		t.Fatalf("pace %d, limit %d after a good window: want pacing ended, the limit unchanged", a.lat.pace.Load(), a.limit.Load())
+	}
 	// Windows with only fast sparse produces, or none, raise it by
 	// 16 MiB / 32 each, to the configured limit and no further.
 	for i := range 40 {
@@ -249,10 +284,14 @@ func TestLatencyControlSlowDisk(t *testing.T) {
 	if got := a.limit.Load(); got != a.floor {
 		t.Fatalf("limit %d after an epoch over the target, want the floor %d", got, a.floor)
 	}
-	window(20*ms, 30*ms) // ends the epoch
+	if a.lat.pace.Load() == 0 {
+		t.Fatal("not paced at the floor over the target")
+	}
+	window(20*ms, 30*ms) // ends the epoch: pacing ends too
 	if got := a.targetNow(); got != 80*ms {
 		t.Fatalf("target %v, want 80ms (4 x the fastest, 20 ms)", time.Duration(got))
 	}
+
 	// The same latencies no longer cut: the limit climbs back.
 	for range 40 {
 		window(20*ms, 30*ms)

@@ -1,6 +1,9 @@
 package netio
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // admitQueue is the line of connections whose produce waits for room
 // (deferProduce), in the order they first waited. When any connection's
@@ -16,9 +19,35 @@ import "sync"
 // connections (--max-connections); herald_produce_waiting_connections
 // shows it.
 type admitQueue struct {
-	mu   sync.Mutex
-	line []*conn // line[head:] wait, first in front
-	head int
+	mu    sync.Mutex
+	line  []*conn // line[head:] wait, first in front
+	head  int
+	timer *time.Timer // wakeAfter's; nil or fired: none pending
+	armed bool
+}
+
+// wakeAfter wakes the next in line after d unless a wake is already
+// pending: when produces are paced (latency.go) room comes back with time,
+// not only with answers, and nothing may be in flight to answer.
+func (q *admitQueue) wakeAfter(d time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.armed {
+		return
+	}
+	q.armed = true
+	if q.timer == nil {
+		q.timer = time.AfterFunc(d, q.fire)
+		return
+	}
+	q.timer.Reset(d)
+}
+
+func (q *admitQueue) fire() {
+	q.mu.Lock()
+	q.armed = false
+	q.mu.Unlock()
+	q.wakeNext()
 }
 
 // wait puts c in the line: at the back, or at the front when it was just

@@ -1,7 +1,9 @@
 package netio
 
 import (
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/panjf2000/gnet/v2"
 )
@@ -72,4 +74,57 @@ func TestAdmitQueueOrder(t *testing.T) {
 	if woken[4] != 1 {
 		t.Fatalf("woken %v, want 1 last", woken)
 	}
+}
+
+// TestAdmitQueueWakeAfter: when produces are paced, room comes back with
+// time: wakeAfter wakes the next in line once, however often it is asked
+// before it fires.
+func TestAdmitQueueWakeAfter(t *testing.T) {
+	var mu sync.Mutex
+	var woken []int
+	var q admitQueue
+	conns := make([]*conn, 2)
+	for i := range conns {
+		conns[i] = &conn{gc: lockedWake{id: i, mu: &mu, woken: &woken}}
+		conns[i].deferred.Store(true)
+		q.wait(conns[i], false)
+	}
+	q.wakeAfter(5 * time.Millisecond)
+	q.wakeAfter(time.Millisecond) // already pending: no second wake
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(woken)
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("wakeAfter woke nobody")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(woken) != 1 || woken[0] != 0 {
+		t.Fatalf("woken %v, want [0]", woken)
+	}
+	if q.empty() {
+		t.Fatal("the second connection left the line unwoken")
+	}
+}
+
+// lockedWake is a wakeRecorder safe across goroutines.
+type lockedWake struct {
+	gnet.Conn
+	id    int
+	mu    *sync.Mutex
+	woken *[]int
+}
+
+func (w lockedWake) Wake(gnet.AsyncCallback) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	*w.woken = append(*w.woken, w.id)
+	return nil
 }

@@ -50,6 +50,8 @@ const (
 	baselineEpoch = 10 * time.Second
 	// latencyWindow is how often the limit in force moves.
 	latencyWindow = 100 * time.Millisecond
+	// minPace is the slowest pacing rate, bytes per second.
+	minPace = 4 << 20
 )
 
 // showLimit shows the limit in force (herald_produce_limit_bytes).
@@ -66,6 +68,53 @@ type latencyControl struct {
 	epochStart     int64
 	best, prevBest int64
 	winBest        atomic.Int64 // the fastest sparse produce of the window; 0 = none
+
+	// Pacing, once the limit is at its floor: bytes per second admitted
+	// for produces that are not sparse (0: not paced), and the token bucket
+	// that meters them.
+	pace   atomic.Int64
+	tokens atomic.Int64 // bytes that may be admitted now; may go below 0
+	tokAt  atomic.Int64 // unix nanos the bucket was last filled
+}
+
+// paced reports how long a produce of size bytes, its connection having
+// own in flight, must wait for the pacing rate; 0: it may go now. Sparse
+// produces are never paced.
+func (a *admission) paced(own, size, now int64) time.Duration {
+	p := a.lat.pace.Load()
+	if p == 0 || own+size <= sparseBytes {
+		return 0
+	}
+	burst := max(p/10, minLatencyLimit)
+	at := a.lat.tokAt.Load()
+	if now > at && a.lat.tokAt.CompareAndSwap(at, now) {
+		add := int64(float64(p) * float64(now-at) / 1e9)
+		for {
+			t := a.lat.tokens.Load()
+			if a.lat.tokens.CompareAndSwap(t, min(t+add, burst)) {
+				break
+			}
+		}
+	}
+	need := min(size, burst)
+	t := a.lat.tokens.Load()
+	if t >= need {
+		return 0
+	}
+	return max(time.Duration(float64(need-t)/float64(p)*1e9), minRetryAfter)
+}
+
+// spend takes an admitted produce's bytes from the pacing bucket.
+func (a *admission) spend(own, size int64) {
+	if a.lat.pace.Load() > 0 && own+size > sparseBytes {
+		a.lat.tokens.Add(-size)
+	}
+}
+
+// setPace sets the pacing rate (0: off) and shows it.
+func (a *admission) setPace(p int64) {
+	a.lat.pace.Store(p)
+	mProducePace.Set(float64(p))
 }
 
 // sparse reports whether a produce whose connection has own bytes in
@@ -122,14 +171,37 @@ func (a *admission) adjust(now int64) {
 	if now-a.lat.epochStart >= int64(baselineEpoch) {
 		a.lat.prevBest, a.lat.best, a.lat.epochStart = a.lat.best, 0, now
 	}
-	lim := a.limit.Load()
-	if worst > a.targetNow() {
+	lim, pace := a.limit.Load(), a.lat.pace.Load()
+	steps := max((now-start)/int64(latencyWindow), 1)
+	switch {
+	case worst > a.targetNow() && lim == a.floor:
+		// Still slow at the floor: pace, or pace slower.
+		if pace == 0 {
+			pace = a.rate.Load()
+			if pace <= 0 {
+				pace = 64 << 20
+			}
+			a.lat.tokens.Store(0)
+			a.lat.tokAt.Store(now)
+		}
+		a.setPace(max(pace/2, minPace))
+		mProduceLimitCuts.Inc()
+	case worst > a.targetNow():
 		lim = max(a.floor, lim/2)
 		mProduceLimitCuts.Inc()
-	} else {
+	case pace > 0:
+		// Pacing eases off first, by an eighth per window passed, and
+		// ends once it no longer holds anything back (twice what drains).
+		for range min(steps, 64) {
+			pace += pace / 8
+		}
+		if pace > 2*max(a.rate.Load(), 1) {
+			pace = 0
+		}
+		a.setPace(pace)
+	default:
 		// One step per window passed: a limit cut before an idle spell is
 		// back by the time produces resume.
-		steps := max((now-start)/int64(latencyWindow), 1)
 		lim = min(a.max, lim+steps*max(a.max/32, 1))
 	}
 	a.limit.Store(lim)

@@ -73,6 +73,10 @@ var (
 		Help:    "Time from admission to answer of sparse produces (a connection with at most 64 KiB of produces in flight: a light producer's), which the latency control keeps under --produce-latency-target.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 1.5, 22),
 	})
+	mProducePace = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_produce_pace_bytes_per_second",
+		Help: "Pacing rate of produces that are not sparse, set by the latency control once the admission limit is at its floor and a light producer is still slow (0: not paced).",
+	})
 	mProduceLimitCuts = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_produce_limit_cuts_total",
 		Help: "Times the latency control lowered the admission limit in force (a sparse produce took longer than --produce-latency-target).",
