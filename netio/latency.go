@@ -27,6 +27,13 @@ import (
 //     passed, not above it, otherwise, including when no sparse produce
 //     was answered.
 //
+// Still slow with the limit at its floor (a little in flight drains fast,
+// and the CPU the heavy bytes take is what the light producer waits for),
+// produces that are not sparse are paced: a token bucket admits their
+// bytes at half the measured drain rate, halved again each slow window
+// (not below minPace), raised by an eighth each good window, and ended
+// once it is over twice what drains, before the limit climbs again.
+//
 // The target is --produce-latency-target, or four times the fastest sparse
 // produce of the previous baselineEpoch if that is more: on a disk whose
 // fsync alone takes longer than the target, the control still acts on

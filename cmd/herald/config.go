@@ -117,7 +117,7 @@ func settings() []setting {
 		{"max-produce-defer", "how long a produce over its connection's fair share waits unread for its turn before it is answered THROTTLED (0 = THROTTLED at once)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.DurationVar(&c.MaxProduceDefer, "max-produce-defer", d.MaxProduceDefer, "")
 		}},
-		{"produce-latency-target", "latency control: while a light producer's produce takes longer than this in the broker, the admission limit in force is halved (down to 1/64 of max-inflight-produce-bytes, at least 256 KiB), so heavy producers wait their turn (0 = off)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+		{"produce-latency-target", "latency control: while a light producer's produce takes longer than this in the broker, the admission limit in force is halved (down to 1/64 of max-inflight-produce-bytes, at least 256 KiB), then paced (down to 4 MiB/s), so heavy producers wait their turn (0 = off)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.DurationVar(&c.ProduceLatencyTarget, "produce-latency-target", d.ProduceLatencyTarget, "")
 		}},
 		{"frame-timeout", "close a connection that does not complete a started frame within this (0 = never)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
