@@ -312,20 +312,8 @@ func TestOverloadWaitersTakeTurns(t *testing.T) {
 	batch := heavyBatch(t)
 
 	const conns, pipeline, runFor = 12, 4, 3 * time.Second
-	var maxWaiting atomic.Int64
-	polled := make(chan struct{})
-	go func() {
-		defer close(polled)
-		end := time.Now().Add(runFor)
-		for time.Now().Before(end) {
-			if w := int64(metricSum(t, n, "herald_produce_waiting_connections")); w > maxWaiting.Load() {
-				maxWaiting.Store(w)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}()
+	maxWaiting := watchMax(t, n, "herald_produce_waiting_connections", runFor)
 	results := floodFrom(t, n, conns, batch, pipeline, runFor)()
-	<-polled
 
 	least, most, throttled := -1, 0, 0
 	for i, r := range results {
@@ -344,10 +332,10 @@ func TestOverloadWaitersTakeTurns(t *testing.T) {
 	if least*3 < most {
 		t.Errorf("writes per connection from %d to %d: the turns were not fair", least, most)
 	}
-	if maxWaiting.Load() == 0 {
+	if maxWaiting() == 0 {
 		t.Errorf("herald_produce_waiting_connections stayed 0: no connection waited in line")
 	}
-	t.Logf("writes per connection %d..%d, THROTTLED %d, at most %d in line", least, most, throttled, maxWaiting.Load())
+	t.Logf("writes per connection %d..%d, THROTTLED %d, at most %d in line", least, most, throttled, maxWaiting())
 }
 
 // TestLatencyControlFollowsSparseProduces drives the latency control of a
@@ -381,25 +369,13 @@ func TestLatencyControlFollowsSparseProduces(t *testing.T) {
 	if metricSum(t, n, "herald_produce_limit_cuts_total") == 0 {
 		t.Error("herald_produce_limit_cuts_total is 0 with the limit cut")
 	}
-	var most atomic.Int64
-	polled := make(chan struct{})
 	const runFor = 2 * time.Second
-	go func() {
-		defer close(polled)
-		end := time.Now().Add(runFor)
-		for time.Now().Before(end) {
-			if v := int64(metricSum(t, n, "herald_produce_inflight_bytes")); v > most.Load() {
-				most.Store(v)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
+	most := watchMax(t, n, "herald_produce_inflight_bytes", runFor)
 	for i, r := range floodFrom(t, n, 4, batch, 8, runFor)() {
 		if r.err != nil || r.ok == 0 {
 			t.Errorf("heavy connection %d under the lowered limit: %d written, error %v", i, r.ok, r.err)
 		}
 	}
-	<-polled
 	close(stop)
 	if _, sent, errs := lightDone(); len(errs) > 0 || sent == 0 {
 		t.Errorf("light producer: %d sent, errors %v", sent, errs)
@@ -407,7 +383,7 @@ func TestLatencyControlFollowsSparseProduces(t *testing.T) {
 	// Each 256 KiB frame is admitted only in its turn, when it fits the
 	// 256 KiB limit or nothing is in flight: a few frames at most, where
 	// 16 MiB were let in before the cut.
-	if m := most.Load(); m > 4*int64(len(batch))+4<<10 {
+	if m := most(); m > 4*int64(len(batch))+4<<10 {
 		t.Errorf("%d produce bytes in flight under a %d limit", m, floor)
 	}
 
@@ -419,5 +395,24 @@ func TestLatencyControlFollowsSparseProduces(t *testing.T) {
 		}
 		floodFrom(t, n, 1, batch, 2, 200*time.Millisecond)()
 	}
-	t.Logf("at most %d bytes in flight at the floor", most.Load())
+	t.Logf("at most %d bytes in flight at the floor", most())
+}
+
+// watchMax samples metric every 10 ms for d from now, and returns a
+// function that waits for the end and gives the largest value seen.
+func watchMax(t *testing.T, n node, metric string, d time.Duration) func() int64 {
+	var most atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if v := int64(metricSum(t, n, metric)); v > most.Load() {
+				most.Store(v)
+			}
+		}
+	}()
+	return func() int64 {
+		<-done
+		return most.Load()
+	}
 }
