@@ -169,9 +169,10 @@ func TestLatencyControl(t *testing.T) {
 	a.adjust(now) // opens the first window
 	want := int64(16 * mib)
 	for range 6 { // 16 MiB halved to 256 KiB
-		now += int64(latencyWindow) / 4
-		a.sampleSparse(5*ms, now) // fast: does not count against
-		a.sampleSparse(30*ms, now)
+		now += 40 * ms
+		a.sampleSparse(5*ms, now)  // fast: does not count against
+		a.sampleSparse(30*ms, now) // admitted 10 ms after the last cut: counts
+		a.sampleSparse(50*ms, now) // admitted before it: says nothing of it
 		now += int64(latencyWindow)
 		a.sampleSparse(1*ms, now) // ends the window with the slow one in it
 		want = max(256<<10, want/2)
@@ -194,7 +195,7 @@ func TestLatencyControl(t *testing.T) {
 	// 4 MiB/s.
 	for _, wantPace := range []int64{32 * mib, 16 * mib, 8 * mib, 4 * mib, 4 * mib} {
 		now += int64(latencyWindow)
-		a.sampleSparse(30*ms, now)
+		a.sampleSparse(30*ms, now) // admitted 70 ms after the last change
 		if got := a.lat.pace.Load(); got != wantPace {
 			t.Fatalf("pace %d B/s, want %d", got, wantPace)
 		}
@@ -270,10 +271,11 @@ func TestLatencyControlSlowDisk(t *testing.T) {
 	now := int64(time.Second)
 	a.adjust(now)
 	window := func(lats ...int64) {
+		now += int64(latencyWindow) - 1 // answered within the window
 		for _, l := range lats {
 			a.sampleSparse(l, now)
 		}
-		now += int64(latencyWindow)
+		now++
 		a.adjust(now)
 	}
 	// The first epoch: every produce takes 20-30 ms, over the 10 ms

@@ -84,8 +84,9 @@ func (q *admitQueue) empty() bool {
 }
 
 // wakeNext takes connections from the front of the line until one is
-// woken: a connection that closed, or whose loop was already woken (by its
-// own answer or its timer), leaves the line without counting.
+// woken: a connection that closed, whose loop was already woken (by its
+// own answer or its timer), or that has produces of its own in flight
+// (whose answers wake it) leaves the line without counting.
 func (q *admitQueue) wakeNext() {
 	for {
 		q.mu.Lock()
@@ -96,9 +97,17 @@ func (q *admitQueue) wakeNext() {
 		c := q.line[q.head]
 		q.line[q.head] = nil
 		q.head++
+		if q.head*2 >= len(q.line) { // keep the line's slice to about twice who waits
+			n := copy(q.line, q.line[q.head:])
+			clear(q.line[n:])
+			q.line, q.head = q.line[:n], 0
+		}
 		c.inLine = false
 		mProduceWaiting.Dec()
 		q.mu.Unlock()
+		if c.adm.own.Load() > 0 {
+			continue // its own answers wake it: the room goes to the next
+		}
 		c.wokenFromLine.Store(true) // before its loop can see it woken
 		if c.closed.Load() || !c.deferred.CompareAndSwap(true, false) {
 			c.wokenFromLine.Store(false)

@@ -579,6 +579,7 @@ func (c *conn) releaseAll() {
 	if produce > 0 {
 		c.s.adm.cancel(&c.adm, produce)
 		mProduceInflight.Sub(float64(produce))
+		c.s.admq.wakeNext() // the room freed goes to the next in line
 	}
 }
 

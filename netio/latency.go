@@ -1,6 +1,7 @@
 package netio
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -72,8 +73,13 @@ type latencyControl struct {
 	// The baseline: the fastest sparse produce of the epoch (best, 0 =
 	// none yet), and of the epoch before (prevBest), which sets the target.
 	// Touched only by the goroutine that ends a window.
+	mu             sync.Mutex // held by the goroutine that ends a window
 	epochStart     int64
 	best, prevBest int64
+	// changedAt: unix nanos the limit or the pace was last lowered. A
+	// sparse produce admitted before it waited behind the bytes let in
+	// before the cut: it says nothing of the new setting.
+	changedAt atomic.Int64
 	winBest        atomic.Int64 // the fastest sparse produce of the window; 0 = none
 
 	// Pacing, once the limit is at its floor: bytes per second admitted
@@ -133,6 +139,10 @@ func (a *admission) sparse(own int64) bool {
 // sampleSparse records a sparse produce answered after lat nanoseconds.
 func (a *admission) sampleSparse(lat, now int64) {
 	mSparseLatency.Observe(float64(lat) / 1e9)
+	if now-lat < a.lat.changedAt.Load() {
+		a.adjust(now)
+		return // admitted before the last cut
+	}
 	lat = max(lat, 1)
 	for {
 		w := a.lat.winWorst.Load()
@@ -164,8 +174,12 @@ func (a *admission) adjust(now int64) {
 	if start != 0 && now-start < int64(latencyWindow) {
 		return
 	}
+	if !a.lat.mu.TryLock() {
+		return // another goroutine is ending a window
+	}
+	defer a.lat.mu.Unlock()
 	if !a.lat.winStart.CompareAndSwap(start, now) {
-		return // another goroutine ends it
+		return // another goroutine ended it
 	}
 	worst, best := a.lat.winWorst.Swap(0), a.lat.winBest.Swap(0)
 	if start == 0 {
@@ -176,7 +190,10 @@ func (a *admission) adjust(now int64) {
 		a.lat.best = best
 	}
 	if now-a.lat.epochStart >= int64(baselineEpoch) {
-		a.lat.prevBest, a.lat.best, a.lat.epochStart = a.lat.best, 0, now
+		if a.lat.best > 0 { // an epoch without a sparse produce keeps the baseline
+			a.lat.prevBest = a.lat.best
+		}
+		a.lat.best, a.lat.epochStart = 0, now
 	}
 	lim, pace := a.limit.Load(), a.lat.pace.Load()
 	steps := max((now-start)/int64(latencyWindow), 1)
@@ -192,9 +209,11 @@ func (a *admission) adjust(now int64) {
 			a.lat.tokAt.Store(now)
 		}
 		a.setPace(max(pace/2, minPace))
+		a.lat.changedAt.Store(now)
 		mProduceLimitCuts.Inc()
 	case worst > a.targetNow():
 		lim = max(a.floor, lim/2)
+		a.lat.changedAt.Store(now)
 		mProduceLimitCuts.Inc()
 	case pace > 0:
 		// Pacing eases off first, by an eighth per window passed, and
