@@ -80,7 +80,7 @@ type latencyControl struct {
 	// sparse produce admitted before it waited behind the bytes let in
 	// before the cut: it says nothing of the new setting.
 	changedAt atomic.Int64
-	winBest        atomic.Int64 // the fastest sparse produce of the window; 0 = none
+	winBest   atomic.Int64 // the fastest sparse produce of the window; 0 = none
 
 	// Pacing, once the limit is at its floor: bytes per second admitted
 	// for produces that are not sparse (0: not paced), and the token bucket
