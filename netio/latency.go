@@ -22,8 +22,9 @@ import (
 // answer). Every latencyWindow the limit in force moves:
 //
 //   - down by half, not below the floor (a sixty-fourth of the configured
-//     limit, at least 256 KiB), when a sparse produce in the window took
-//     longer than the target;
+//     limit, at least 256 KiB), when a sparse produce answered in the
+//     window, and admitted since the last cut, took longer than the
+//     target;
 //   - back up by a thirty-second of the configured limit per window
 //     passed, not above it, otherwise, including when no sparse produce
 //     was answered.
