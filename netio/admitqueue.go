@@ -2,6 +2,7 @@ package netio
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -22,7 +23,8 @@ type admitQueue struct {
 	mu    sync.Mutex
 	line  []*conn // line[head:] wait, first in front
 	head  int
-	timer *time.Timer // wakeAfter's; nil or fired: none pending
+	n     atomic.Int64 // len(line) - head, for wakeNext's lock-free look
+	timer *time.Timer  // wakeAfter's; nil or fired: none pending
 	armed bool
 }
 
@@ -60,6 +62,7 @@ func (q *admitQueue) wait(c *conn, front bool) {
 		return
 	}
 	c.inLine = true
+	q.n.Add(1)
 	mProduceWaiting.Inc()
 	if front && q.head > 0 {
 		q.head--
@@ -88,7 +91,7 @@ func (q *admitQueue) empty() bool {
 // own answer or its timer), or that has produces of its own in flight
 // (whose answers wake it) leaves the line without counting.
 func (q *admitQueue) wakeNext() {
-	for {
+	for q.n.Load() > 0 { // every answered produce calls it: most find no line
 		q.mu.Lock()
 		if q.head == len(q.line) {
 			q.mu.Unlock()
@@ -103,6 +106,7 @@ func (q *admitQueue) wakeNext() {
 			q.line, q.head = q.line[:n], 0
 		}
 		c.inLine = false
+		q.n.Add(-1)
 		mProduceWaiting.Dec()
 		q.mu.Unlock()
 		if c.adm.own.Load() > 0 {
