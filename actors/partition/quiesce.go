@@ -1,6 +1,8 @@
 package partition
 
 import (
+	"slices"
+
 	"github.com/heraldmq/herald/internal/raftwire"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"go.etcd.io/raft/v3"
@@ -43,10 +45,24 @@ func (a *Actor) maybeQuiesce() {
 		}
 	}
 	q := &heraldpb.Quiesce{From: a.cfg.ReplicaID, Term: st.Term, Index: st.Commit}
-	for id := range st.Progress {
+	isr := make([]uint32, 0, len(st.Progress))
+	for id, pr := range st.Progress {
 		if id != a.cfg.ReplicaID {
 			a.sendRaft(id, &raftwire.Message{Group: a.group(), Quiesce: q})
 		}
+		if !pr.IsLearner {
+			isr = append(isr, uint32(heraldpb.ReplicaNode(id)))
+		}
+	}
+	// Every voter has the whole log (checked above), so all are in sync
+	// while the group is quiet. The set last published may lack one: it
+	// is computed after each Ready, and a follower slow to answer (a busy
+	// node) answers with a heartbeat response, which makes none; kept
+	// through the quiet, it would report that follower out of sync until
+	// the next write.
+	slices.Sort(isr)
+	if cur := a.stats.InSync.Load(); cur == nil || !slices.Equal(*cur, isr) {
+		a.stats.InSync.Store(&isr)
 	}
 	a.setQuiesced(true)
 }

@@ -1,6 +1,11 @@
 package partition
 
 import (
+	"fmt"
+	"slices"
+
+	"github.com/heraldmq/herald/internal/raftwire"
+	"go.etcd.io/raft/v3/raftpb"
 	"sync"
 	"testing"
 	"time"
@@ -84,4 +89,70 @@ func TestQuiescenceWakesAndFailsOver(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A leader quiesces once every replica has its whole log, so a quiet
+// leader counts every replica in sync. It used to keep the set it had last
+// published (after a Ready): a follower it had not heard from for an
+// election timeout, because its node was busy, stayed out of it for as
+// long as the partition was idle, however soon its answers arrived (they
+// make no Ready). e2e/TestAdminAPIInSyncReplicas timed out on a loaded CI
+// machine on such a follower.
+func TestQuiescedLeaderCountsCaughtUpFollowersInSync(t *testing.T) {
+	sys := actor.NewActorSystem()
+	nw := &net{sys: sys, pids: map[uint64]*actor.PID{}}
+	reps := spawnGroupWith(t, sys, 3, func(r *replica, cfg *Config) {
+		cfg.Liveness = func(uint64) bool { return true }
+		cfg.ElectionTicks, cfg.QuiesceTicks = 10, 40
+		cfg.Transport = transport{n: nw, from: r.id}
+	})
+	for _, r := range reps {
+		nw.set(heraldpb.ReplicaNode(r.id), r.pid)
+	}
+	all := make([]uint32, 0, 3)
+	for _, r := range reps {
+		all = append(all, uint32(heraldpb.ReplicaNode(r.id)))
+	}
+	slices.Sort(all)
+	live := map[uint64]bool{1: true, 2: true, 3: true}
+	leader := leaderOf(t, reps, live)
+	follower := reps[leader.id%3] // another replica
+	inSync := func() []uint32 {
+		if p := leader.stats.InSync.Load(); p != nil {
+			return *p
+		}
+		return nil
+	}
+	produceRetrying(t, sys, leader.pid, newInbox(sys), heraldpb.Acks_ACKS_ALL, "first")
+	checkFor(t, 10*time.Second, "every replica in sync after the write, the follower with it applied", func() bool {
+		return slices.Equal(inSync(), all) && follower.stats.HighWatermark.Load() == 1
+	})
+
+	// The follower's node gets busy: what it sends is held. It has the
+	// whole log, and the leader quiesces when idle.
+	var mu sync.Mutex
+	var held []raftpb.Message
+	nw.setCut(func(from, _ uint64, m raftpb.Message) bool {
+		if from != follower.id {
+			return false
+		}
+		mu.Lock()
+		held = append(held, m)
+		mu.Unlock()
+		return true
+	})
+	checkFor(t, 10*time.Second, "the leader quiesces", leader.stats.Quiesced.Load)
+	// Its answers arrive late: heartbeat and append responses, which do
+	// not wake the quiet leader.
+	nw.setCut(nil)
+	mu.Lock()
+	for _, m := range held {
+		if m.To == leader.id && (m.Type == raftpb.MsgHeartbeatResp || m.Type == raftpb.MsgAppResp) {
+			sys.Root.Send(leader.pid, &raftwire.Message{Group: Name("t", 0), Raft: m})
+		}
+	}
+	mu.Unlock()
+	checkFor(t, 3*time.Second, fmt.Sprintf("the quiet leader reports every replica in sync (%v)", all), func() bool {
+		return leader.stats.Quiesced.Load() && slices.Equal(inSync(), all)
+	})
 }
