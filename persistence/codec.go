@@ -25,6 +25,12 @@ type entryMeta struct {
 	appendMs    int64
 	maxTsMs     int64
 	size        int64 // bytes the entry occupies in its WAL segment
+	// txnCount > 0: a transactional batch of that many records, which
+	// holds no offset (hasRecords is false) until a commit marker names it.
+	txnCount uint32
+	// refs: a commit marker's batches (raft indexes, in offset order),
+	// whose records its offsets [base, end) are.
+	refs []uint64
 }
 
 // end is the offset after the entry's last record.
@@ -36,6 +42,8 @@ type logHeader struct {
 	count    uint32
 	appendMs int64
 	maxTsMs  int64
+	txnCount uint32
+	refs     []uint64
 }
 
 // framedSize is the number of bytes tidwall/wal's binary format uses for a
@@ -104,6 +112,7 @@ func entryMetaOf(e *raftpb.Entry) (entryMeta, []byte, error) {
 	}
 	m.base, m.count, m.appendMs, m.maxTsMs = h.base, h.count, h.appendMs, h.maxTsMs
 	m.hasRecords = h.count > 0
+	m.txnCount, m.refs = h.txnCount, h.refs
 	return m, records, nil
 }
 
@@ -113,7 +122,11 @@ func decodeLogEntry(b []byte) (h logHeader, records []byte, err error) {
 	if err != nil {
 		return h, nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	return logHeader{base: ph.BaseOffset, count: ph.Count, appendMs: ph.AppendTimeMs, maxTsMs: ph.MaxTimestampMs}, records, nil
+	h = logHeader{base: ph.BaseOffset, count: ph.Count, appendMs: ph.AppendTimeMs, maxTsMs: ph.MaxTimestampMs, txnCount: ph.TxnCount}
+	if ph.RefCount > 0 {
+		h.refs = ph.AppendRefs(make([]uint64, 0, ph.RefCount))
+	}
+	return h, records, nil
 }
 
 // diskState is the content of the state file.

@@ -3,6 +3,7 @@ package persistence
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 	"testing"
 
 	"go.etcd.io/raft/v3/raftpb"
@@ -60,14 +61,19 @@ func check(t *testing.T, b []byte) {
 		t.Fatalf("re-encoded entry does not decode: %v", err)
 	}
 	m2.size = m.size
-	if e2.Index != e.Index || e2.Term != e.Term || e2.Type != e.Type || !bytes.Equal(e2.Data, e.Data) || m2 != (entryMeta{index: m.index, term: m.term, hasRecords: m.hasRecords, base: m.base, count: m.count, appendMs: m.appendMs, maxTsMs: m.maxTsMs, size: m.size}) {
+	if !slices.Equal(m2.refs, m.refs) {
+		t.Fatalf("refs differ after a round trip: %v vs %v", m.refs, m2.refs)
+	}
+	if e2.Index != e.Index || e2.Term != e.Term || e2.Type != e.Type || !bytes.Equal(e2.Data, e.Data) ||
+		m2.index != m.index || m2.term != m.term || m2.hasRecords != m.hasRecords || m2.base != m.base || m2.count != m.count ||
+		m2.appendMs != m.appendMs || m2.maxTsMs != m.maxTsMs || m2.size != m.size || m2.txnCount != m.txnCount {
 		t.Fatalf("round trip differs: %v %+v vs %v %+v", e, m, e2, m2)
 	}
 	if m.hasRecords {
 		// The header agrees with the protobuf library's view of the data.
 		var le heraldpb.LogEntry
 		if err := proto.Unmarshal(e.Data, &le); err == nil {
-			if le.BaseOffset != m.base || le.Count != m.count {
+			if le.BaseOffset != m.base || le.Count != m.count || le.TxnCount != m.txnCount || !slices.Equal(le.TxnRefs, m.refs) {
 				t.Fatalf("hand decoder disagrees with proto: %v vs %+v", &le, m)
 			}
 		}

@@ -19,6 +19,10 @@ type point struct {
 	// (exact except after front truncation); MinInt64 if there are none.
 	maxTs     int64
 	maxAppend int64
+	// minRef is the lowest raft index a commit marker of the interval
+	// names (math.MaxUint64: none), an upper bound after front
+	// truncation: Log.split looks only where it is below the cut.
+	minRef uint64
 }
 
 // termRun says entries from start on (up to the next run) have term.
@@ -39,13 +43,19 @@ type indexes struct {
 // add appends the metadata of entry m, the next index after LastIndex.
 func (ix *indexes) add(m *entryMeta, interval int64) {
 	if n := len(ix.points); n == 0 || ix.endCum-ix.points[n-1].cum >= interval {
-		ix.points = append(ix.points, point{idx: m.index, off: ix.endOffset, cum: ix.endCum, maxTs: math.MinInt64, maxAppend: math.MinInt64})
+		ix.points = append(ix.points, point{idx: m.index, off: ix.endOffset, cum: ix.endCum, maxTs: math.MinInt64, maxAppend: math.MinInt64, minRef: math.MaxUint64})
 	}
 	p := &ix.points[len(ix.points)-1]
+	for _, r := range m.refs {
+		p.minRef = min(p.minRef, r)
+	}
 	if m.hasRecords {
 		p.maxTs = max(p.maxTs, m.maxTsMs)
 		p.maxAppend = max(p.maxAppend, m.appendMs)
-		ix.endOffset = m.end()
+		// (max: after a front truncation inside a transaction's span, entries
+		// wholly below the start offset stay until the next one; see
+		// Log.split)
+		ix.endOffset = max(ix.endOffset, m.end())
 	}
 	ix.endCum += m.size
 	ix.size += m.size

@@ -278,7 +278,7 @@ func (l *Log) scan(wl uint64) error {
 			}
 			return errRescan
 		}
-		if m.hasRecords && m.base != l.ix.endOffset && !gapWarned {
+		if m.hasRecords && m.end() > l.ix.endOffset && m.base != l.ix.endOffset && !gapWarned {
 			gapWarned = true
 			l.log.Warn("persistence: offsets are not contiguous", "group", l.opts.Group, "index", i, "base_offset", m.base, "expected", l.ix.endOffset)
 		}
@@ -546,7 +546,7 @@ func (l *Log) truncateBack(t uint64) error {
 		ix.endCum, ix.size, ix.endOffset = firstCum, 0, ix.startOffset
 	} else {
 		p := &ix.points[k]
-		p.maxTs, p.maxAppend = math.MinInt64, math.MinInt64
+		p.maxTs, p.maxAppend, p.minRef = math.MinInt64, math.MinInt64, math.MaxUint64
 		cum, off := p.cum, p.off
 		for i := p.idx; i <= t; i++ {
 			ce, err := l.readEntry(i)
@@ -556,7 +556,10 @@ func (l *Log) truncateBack(t uint64) error {
 			if ce.m.hasRecords {
 				p.maxTs = max(p.maxTs, ce.m.maxTsMs)
 				p.maxAppend = max(p.maxAppend, ce.m.appendMs)
-				off = ce.m.end()
+				off = max(off, ce.m.end())
+			}
+			for _, r := range ce.m.refs {
+				p.minRef = min(p.minRef, r)
 			}
 			cum += ce.m.size
 		}

@@ -2,6 +2,7 @@ package persistence
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -76,13 +77,56 @@ func (l *Log) ReadBatches(offset int64, maxBytes int, limit int64) ([]*heraldpb.
 		if m.end() > limit {
 			break
 		}
-		out = append(out, &heraldpb.StoredBatch{BaseOffset: m.base, Count: m.count, AppendTimeMs: m.appendMs, Records: ce.records})
-		bytes += len(ce.records)
+		if m.refs != nil {
+			var full bool
+			if out, bytes, full, err = l.appendCommitted(out, bytes, maxBytes, m, offset); err != nil || full {
+				return out, err
+			}
+		} else {
+			out = append(out, &heraldpb.StoredBatch{BaseOffset: m.base, Count: m.count, AppendTimeMs: m.appendMs, Records: ce.records})
+			bytes += len(ce.records)
+		}
 		if bytes >= maxBytes || m.end() >= limit {
 			break
 		}
 	}
 	return out, nil
+}
+
+// appendCommitted appends the batches of the commit marker m from offset
+// on: each of its transactional batches with the offsets the marker gives
+// it, at the marker's append time (when its records became readable).
+// full reports that maxBytes was reached inside the marker. A named entry
+// that is not a transactional batch, or batches that do not add up to the
+// marker's count, are ErrCorrupt. Callers hold l.mu.
+func (l *Log) appendCommitted(out []*heraldpb.StoredBatch, bytes, maxBytes int, m *entryMeta, offset int64) (_ []*heraldpb.StoredBatch, _ int, full bool, err error) {
+	base := m.base
+	for _, r := range m.refs {
+		if r < l.first || r >= m.index {
+			return nil, 0, false, fmt.Errorf("%w: %w", ErrStorage, corruptf("commit marker at index %d names entry %d, outside [%d, %d)", m.index, r, l.first, m.index))
+		}
+		ce, err := l.readEntry(r)
+		if err != nil {
+			return nil, 0, false, err
+		}
+		if ce.m.txnCount == 0 {
+			return nil, 0, false, fmt.Errorf("%w: %w", ErrStorage, corruptf("commit marker at index %d names entry %d, which is not a transactional batch", m.index, r))
+		}
+		b := base
+		base += int64(ce.m.txnCount)
+		if base <= offset {
+			continue
+		}
+		out = append(out, &heraldpb.StoredBatch{BaseOffset: b, Count: ce.m.txnCount, AppendTimeMs: m.appendMs, Records: ce.records})
+		bytes += len(ce.records)
+		if bytes >= maxBytes && base < m.end() {
+			return out, bytes, true, nil
+		}
+	}
+	if base != m.end() {
+		return nil, 0, false, fmt.Errorf("%w: %w", ErrStorage, corruptf("commit marker at index %d covers offsets [%d, %d), its batches [%d, %d)", m.index, m.base, m.end(), m.base, base))
+	}
+	return out, bytes, false, nil
 }
 
 // OffsetForTime returns the base offset of the first batch whose
@@ -137,7 +181,59 @@ func (l *Log) Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo u
 		return 0, nil
 	}
 	cutoff := now.Add(-maxAge).UnixMilli()
-	limit := min(upTo, l.last+1)
+	idx, off, removed, err := l.retainUpTo(min(upTo, l.last+1), cutoff, ageOn, bytesOn, maxBytes)
+	if err != nil {
+		return 0, err
+	}
+	if idx == l.first {
+		return 0, nil
+	}
+	// A committed transaction whose batches are partly before the cut
+	// loses them: the log then starts after it, and the entries kept
+	// below that offset go with the next truncation.
+	_, end, err := l.split(idx)
+	if err != nil {
+		return 0, l.fail(err)
+	}
+	return l.truncateLogged(idx, max(off, end), removed, "persistence: retention truncated the log")
+}
+
+// split finds the commit markers at raft index idx or later that name
+// entries before idx: the lowest index they name (math.MaxUint64: none)
+// and the offset after the last of them (-1: none). Truncating the front
+// to idx removes records of theirs.
+func (l *Log) split(idx uint64) (minRef uint64, end int64, err error) {
+	minRef, end = math.MaxUint64, -1
+	if idx > l.last {
+		return minRef, end, nil
+	}
+	for k := max(l.ix.pointFor(idx), 0); k < len(l.ix.points); k++ {
+		p := l.ix.points[k]
+		if p.minRef >= idx {
+			continue
+		}
+		to := l.last
+		if k+1 < len(l.ix.points) {
+			to = l.ix.points[k+1].idx - 1
+		}
+		for i := max(p.idx, idx); i <= to; i++ {
+			ce, err := l.readEntry(i)
+			if err != nil {
+				return 0, 0, err
+			}
+			for _, r := range ce.m.refs {
+				if r < idx {
+					minRef, end = min(minRef, r), max(end, ce.m.end())
+				}
+			}
+		}
+	}
+	return minRef, end, nil
+}
+
+// retainUpTo is Retain's walk from the front, never past limit: the first
+// index to keep, its offset, and the WAL bytes before it.
+func (l *Log) retainUpTo(limit uint64, cutoff int64, ageOn, bytesOn bool, maxBytes int64) (uint64, int64, int64, error) {
 	var (
 		idx     = l.first
 		off     = l.ix.startOffset
@@ -153,13 +249,13 @@ func (l *Log) Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo u
 		if idx == p.idx && end <= limit {
 			ib := endCum - p.cum
 			if (ageOn && p.maxAppend < cutoff) || (bytesOn && l.ix.size-removed-ib >= maxBytes) {
-				idx, off, removed = end, endOff, removed+ib
+				idx, off, removed = end, max(off, endOff), removed+ib
 				continue
 			}
 		}
 		ce, err := l.readEntry(idx)
 		if err != nil {
-			return 0, l.fail(err)
+			return 0, 0, 0, l.fail(err)
 		}
 		old := ageOn && (!ce.m.hasRecords || ce.m.appendMs < cutoff)
 		over := bytesOn && l.ix.size-removed > maxBytes
@@ -167,15 +263,12 @@ func (l *Log) Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo u
 			break
 		}
 		if ce.m.hasRecords {
-			off = ce.m.end()
+			off = max(off, ce.m.end())
 		}
 		removed += ce.m.size
 		idx++
 	}
-	if idx == l.first {
-		return 0, nil
-	}
-	return l.truncateLogged(idx, off, removed, "persistence: retention truncated the log")
+	return idx, off, removed, nil
 }
 
 // truncateLogged is truncateFront for Retain and DeleteBefore: it counts
@@ -213,26 +306,56 @@ func (l *Log) DeleteBefore(offset int64, upTo uint64) (int64, error) {
 	if err := l.checkWritable(); err != nil {
 		return 0, err
 	}
+	// The cut never splits a committed transaction (every record at or
+	// after offset stays): it moves back to the first batch it would
+	// remove of one, until none.
 	limit := min(upTo, l.last+1)
-	idx, off, removed := l.first, l.ix.startOffset, int64(0)
-	for idx < limit {
-		ce, err := l.readEntry(idx)
-		if err != nil {
+	var (
+		idx, off, removed = l.first, l.ix.startOffset, int64(0)
+		err               error
+	)
+	for {
+		idx, off, removed, err = l.deleteUpTo(limit, offset)
+		if err != nil || idx == l.first {
+			break
+		}
+		var floor uint64
+		if floor, _, err = l.split(idx); err != nil {
 			return 0, l.fail(err)
 		}
-		if ce.m.hasRecords {
-			if ce.m.end() > offset {
-				break
-			}
-			off = ce.m.end()
+		if floor >= idx {
+			break
 		}
-		removed += ce.m.size
-		idx++
+		limit = floor
+	}
+	if err != nil {
+		return 0, err
 	}
 	if idx == l.first {
 		return 0, nil
 	}
 	return l.truncateLogged(idx, off, removed, "persistence: truncated the log before an offset")
+}
+
+// deleteUpTo is DeleteBefore's walk from the front, never past limit: the
+// first index to keep, its offset, and the WAL bytes before it.
+func (l *Log) deleteUpTo(limit uint64, offset int64) (uint64, int64, int64, error) {
+	idx, off, removed := l.first, l.ix.startOffset, int64(0)
+	for idx < limit {
+		ce, err := l.readEntry(idx)
+		if err != nil {
+			return 0, 0, 0, l.fail(err)
+		}
+		if ce.m.hasRecords {
+			if ce.m.end() > offset {
+				break
+			}
+			off = max(off, ce.m.end())
+		}
+		removed += ce.m.size
+		idx++
+	}
+	return idx, off, removed, nil
 }
 
 // truncateFront makes f the first index, off the start offset, after
@@ -265,6 +388,8 @@ func (l *Log) truncateFront(f uint64, off, removed int64) error {
 		ix.points = ix.points[k:]
 		if p := &ix.points[0]; p.idx < f {
 			p.idx, p.off, p.cum = f, off, firstCum+removed
+		} else {
+			p.off = max(p.off, off)
 		}
 		t := 0
 		for t+1 < len(ix.terms) && ix.terms[t+1].start <= f {

@@ -23,6 +23,56 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// TxnMarker is LogEntry.txn_marker.
+type TxnMarker int32
+
+const (
+	TxnMarker_TXN_MARKER_NONE   TxnMarker = 0
+	TxnMarker_TXN_MARKER_COMMIT TxnMarker = 1
+	TxnMarker_TXN_MARKER_ABORT  TxnMarker = 2
+)
+
+// Enum value maps for TxnMarker.
+var (
+	TxnMarker_name = map[int32]string{
+		0: "TXN_MARKER_NONE",
+		1: "TXN_MARKER_COMMIT",
+		2: "TXN_MARKER_ABORT",
+	}
+	TxnMarker_value = map[string]int32{
+		"TXN_MARKER_NONE":   0,
+		"TXN_MARKER_COMMIT": 1,
+		"TXN_MARKER_ABORT":  2,
+	}
+)
+
+func (x TxnMarker) Enum() *TxnMarker {
+	p := new(TxnMarker)
+	*p = x
+	return p
+}
+
+func (x TxnMarker) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TxnMarker) Descriptor() protoreflect.EnumDescriptor {
+	return file_log_proto_enumTypes[0].Descriptor()
+}
+
+func (TxnMarker) Type() protoreflect.EnumType {
+	return &file_log_proto_enumTypes[0]
+}
+
+func (x TxnMarker) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TxnMarker.Descriptor instead.
+func (TxnMarker) EnumDescriptor() ([]byte, []int) {
+	return file_log_proto_rawDescGZIP(), []int{0}
+}
+
 // LogEntry is the data of one raft entry of a partition.
 type LogEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -72,8 +122,30 @@ type LogEntry struct {
 	TxnEpochResetFrom uint64 `protobuf:"varint,12,opt,name=txn_epoch_reset_from,json=txnEpochResetFrom,proto3" json:"txn_epoch_reset_from,omitempty"`
 	// ... and only if the entry that set that epoch is at this raft index.
 	TxnEpochResetIndex uint64 `protobuf:"varint,13,opt,name=txn_epoch_reset_index,json=txnEpochResetIndex,proto3" json:"txn_epoch_reset_index,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Transactions written once (the Kafka model, except that a record gets
+	// its offset when its transaction commits, so no reader ever meets an
+	// uncommitted or aborted record and there is no last stable offset).
+	//
+	// A transactional producer's batch (producer_id, producer_epoch,
+	// base_sequence) holds its records in `records` and their number here,
+	// with count 0: it holds no offset, and no reader sees it, until a
+	// commit marker of the same producer id and epoch gives its records
+	// theirs. An abort marker drops it.
+	TxnCount uint32 `protobuf:"varint,14,opt,name=txn_count,json=txnCount,proto3" json:"txn_count,omitempty"`
+	// The transactional producer's epoch, on its batches and its markers:
+	// a marker ends only the batches of its own epoch (each transaction has
+	// one, so a delayed marker of an earlier transaction cannot end a later
+	// one).
+	ProducerEpoch uint32 `protobuf:"varint,15,opt,name=producer_epoch,json=producerEpoch,proto3" json:"producer_epoch,omitempty"`
+	// A transaction's end on this partition, as its coordinator decided it
+	// (TxnMarker): commit or abort. No records of its own.
+	TxnMarker TxnMarker `protobuf:"varint,16,opt,name=txn_marker,json=txnMarker,proto3,enum=herald.v1.TxnMarker" json:"txn_marker,omitempty"`
+	// A commit marker's batches: their raft indexes, in offset order. The
+	// marker's base_offset and count cover their records (count is the sum
+	// of their txn_count), and readers read the records from those entries.
+	TxnRefs       []uint64 `protobuf:"varint,17,rep,packed,name=txn_refs,json=txnRefs,proto3" json:"txn_refs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LogEntry) Reset() {
@@ -195,6 +267,34 @@ func (x *LogEntry) GetTxnEpochResetIndex() uint64 {
 		return x.TxnEpochResetIndex
 	}
 	return 0
+}
+
+func (x *LogEntry) GetTxnCount() uint32 {
+	if x != nil {
+		return x.TxnCount
+	}
+	return 0
+}
+
+func (x *LogEntry) GetProducerEpoch() uint32 {
+	if x != nil {
+		return x.ProducerEpoch
+	}
+	return 0
+}
+
+func (x *LogEntry) GetTxnMarker() TxnMarker {
+	if x != nil {
+		return x.TxnMarker
+	}
+	return TxnMarker_TXN_MARKER_NONE
+}
+
+func (x *LogEntry) GetTxnRefs() []uint64 {
+	if x != nil {
+		return x.TxnRefs
+	}
+	return nil
 }
 
 // RaftMessage carries one go.etcd.io/raft raftpb.Message between the replicas
@@ -639,7 +739,7 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xd2\x03\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xe6\x04\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -656,7 +756,12 @@ const file_log_proto_rawDesc = "" +
 	" \x01(\rR\x06holdUs\x12\x1b\n" +
 	"\ttxn_epoch\x18\v \x01(\x04R\btxnEpoch\x12/\n" +
 	"\x14txn_epoch_reset_from\x18\f \x01(\x04R\x11txnEpochResetFrom\x121\n" +
-	"\x15txn_epoch_reset_index\x18\r \x01(\x04R\x12txnEpochResetIndex\"\xe1\x01\n" +
+	"\x15txn_epoch_reset_index\x18\r \x01(\x04R\x12txnEpochResetIndex\x12\x1b\n" +
+	"\ttxn_count\x18\x0e \x01(\rR\btxnCount\x12%\n" +
+	"\x0eproducer_epoch\x18\x0f \x01(\rR\rproducerEpoch\x123\n" +
+	"\n" +
+	"txn_marker\x18\x10 \x01(\x0e2\x14.herald.v1.TxnMarkerR\ttxnMarker\x12\x19\n" +
+	"\btxn_refs\x18\x11 \x03(\x04R\atxnRefs\"\xe1\x01\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +
@@ -684,7 +789,11 @@ const file_log_proto_rawDesc = "" +
 	"\aForward\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12&\n" +
 	"\x05frame\x18\x02 \x01(\v2\x10.herald.v1.FrameR\x05frame\x12\x18\n" +
-	"\arequest\x18\x03 \x01(\bR\arequestB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"\arequest\x18\x03 \x01(\bR\arequest*M\n" +
+	"\tTxnMarker\x12\x13\n" +
+	"\x0fTXN_MARKER_NONE\x10\x00\x12\x15\n" +
+	"\x11TXN_MARKER_COMMIT\x10\x01\x12\x14\n" +
+	"\x10TXN_MARKER_ABORT\x10\x02B+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_log_proto_rawDescOnce sync.Once
@@ -698,28 +807,31 @@ func file_log_proto_rawDescGZIP() []byte {
 	return file_log_proto_rawDescData
 }
 
+var file_log_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_log_proto_goTypes = []any{
-	(*LogEntry)(nil),     // 0: herald.v1.LogEntry
-	(*RaftMessage)(nil),  // 1: herald.v1.RaftMessage
-	(*RaftEntry)(nil),    // 2: herald.v1.RaftEntry
-	(*Joining)(nil),      // 3: herald.v1.Joining
-	(*Quiesce)(nil),      // 4: herald.v1.Quiesce
-	(*Tick)(nil),         // 5: herald.v1.Tick
-	(*SnapshotData)(nil), // 6: herald.v1.SnapshotData
-	(*Forward)(nil),      // 7: herald.v1.Forward
-	(*Frame)(nil),        // 8: herald.v1.Frame
+	(TxnMarker)(0),       // 0: herald.v1.TxnMarker
+	(*LogEntry)(nil),     // 1: herald.v1.LogEntry
+	(*RaftMessage)(nil),  // 2: herald.v1.RaftMessage
+	(*RaftEntry)(nil),    // 3: herald.v1.RaftEntry
+	(*Joining)(nil),      // 4: herald.v1.Joining
+	(*Quiesce)(nil),      // 5: herald.v1.Quiesce
+	(*Tick)(nil),         // 6: herald.v1.Tick
+	(*SnapshotData)(nil), // 7: herald.v1.SnapshotData
+	(*Forward)(nil),      // 8: herald.v1.Forward
+	(*Frame)(nil),        // 9: herald.v1.Frame
 }
 var file_log_proto_depIdxs = []int32{
-	4, // 0: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
-	3, // 1: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
-	2, // 2: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
-	8, // 3: herald.v1.Forward.frame:type_name -> herald.v1.Frame
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	0, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
+	5, // 1: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
+	4, // 2: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
+	3, // 3: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
+	9, // 4: herald.v1.Forward.frame:type_name -> herald.v1.Frame
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_log_proto_init() }
@@ -733,13 +845,14 @@ func file_log_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_log_proto_rawDesc), len(file_log_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_log_proto_goTypes,
 		DependencyIndexes: file_log_proto_depIdxs,
+		EnumInfos:         file_log_proto_enumTypes,
 		MessageInfos:      file_log_proto_msgTypes,
 	}.Build()
 	File_log_proto = out.File

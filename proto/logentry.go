@@ -40,6 +40,39 @@ type LogEntryHeader struct {
 	// epoch (see LogEntry.txn_epoch_reset_from).
 	TxnEpochResetFrom  uint64
 	TxnEpochResetIndex uint64
+	// TxnCount > 0: a transactional batch of that many records, which
+	// holds no offset until a commit marker gives them theirs (see
+	// LogEntry.txn_count).
+	TxnCount uint32
+	// ProducerEpoch is the transactional producer's epoch (batches and
+	// markers).
+	ProducerEpoch uint32
+	// TxnMarker: the entry ends a transaction (LogEntry.txn_marker).
+	TxnMarker TxnMarker
+	// Refs holds a commit marker's batch entries (LogEntry.txn_refs), as
+	// packed varints, checked; RefCount is how many. Read them with
+	// AppendRefs.
+	Refs     []byte
+	RefCount int
+}
+
+// TxnBatch reports whether the entry is a transactional batch that holds
+// no offset (yet).
+func (h LogEntryHeader) TxnBatch() bool { return h.TxnCount > 0 }
+
+// AppendRefs appends a commit marker's batch entries (raft indexes) to
+// dst.
+func (h LogEntryHeader) AppendRefs(dst []uint64) []uint64 {
+	b := h.Refs
+	for len(b) > 0 {
+		v, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			break // (checked by ScanLogEntry)
+		}
+		dst = append(dst, v)
+		b = b[n:]
+	}
+	return dst
 }
 
 // Fence reports whether the entry is a transaction coordinator's fence:
@@ -59,7 +92,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		}
 		b = b[n:]
 		switch {
-		case (num >= 1 && num <= 4 || num >= 6 && num <= 13) && typ == protowire.VarintType:
+		case (num >= 1 && num <= 4 || num >= 6 && num <= 16) && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
@@ -90,6 +123,31 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 				h.TxnEpochResetFrom = v
 			case 13:
 				h.TxnEpochResetIndex = v
+			case 14:
+				h.TxnCount = uint32(min(v, math.MaxUint32))
+			case 15:
+				h.ProducerEpoch = uint32(min(v, math.MaxUint32))
+			case 16:
+				h.TxnMarker = TxnMarker(min(v, math.MaxInt32))
+			}
+		case num == 17 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return h, nil, badEntry("log entry txn refs: %v", protowire.ParseError(n))
+			}
+			b = b[n:]
+			for r := v; len(r) > 0; {
+				_, n := protowire.ConsumeVarint(r)
+				if n < 0 {
+					return h, nil, badEntry("log entry txn ref: %v", protowire.ParseError(n))
+				}
+				r = r[n:]
+				h.RefCount++
+			}
+			if h.Refs == nil {
+				h.Refs = v // aliases b
+			} else { // (a packed field may come in parts, which concatenate)
+				h.Refs = append(h.Refs[:len(h.Refs):len(h.Refs)], v...)
 			}
 		case num == 5 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
@@ -98,7 +156,10 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 			}
 			b = b[n:]
 			records = v
-		case num >= 1 && num <= 13:
+		case num == 17 && typ == protowire.VarintType:
+			// (an unpacked ref, which proto3 encoders do not write)
+			return h, nil, badEntry("log entry txn refs are not packed")
+		case num >= 1 && num <= 17:
 			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)
@@ -113,6 +174,18 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 	}
 	if h.BaseOffset > math.MaxInt64-int64(h.Count) {
 		return h, nil, badEntry("log entry offsets overflow: base %d count %d", h.BaseOffset, h.Count)
+	}
+	switch {
+	case h.TxnCount > 0 && (h.Count > 0 || h.TxnMarker != TxnMarker_TXN_MARKER_NONE):
+		return h, nil, badEntry("log entry is a transactional batch of %d records with count %d and marker %d", h.TxnCount, h.Count, h.TxnMarker)
+	case h.TxnMarker != TxnMarker_TXN_MARKER_NONE && (len(records) > 0 || h.ProducerID == 0):
+		return h, nil, badEntry("log entry is a transaction marker with %d bytes of records, producer %d", len(records), h.ProducerID)
+	case h.RefCount > 0 && (h.TxnMarker != TxnMarker_TXN_MARKER_COMMIT || h.Count == 0):
+		return h, nil, badEntry("log entry has %d txn refs, marker %d, count %d", h.RefCount, h.TxnMarker, h.Count)
+	case h.TxnMarker == TxnMarker_TXN_MARKER_COMMIT && h.Count > 0 && h.RefCount == 0:
+		return h, nil, badEntry("log entry is a commit marker of %d records without batches", h.Count)
+	case h.TxnMarker > TxnMarker_TXN_MARKER_ABORT:
+		return h, nil, badEntry("log entry txn marker %d is unknown", h.TxnMarker)
 	}
 	return h, records, nil
 }

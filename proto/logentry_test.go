@@ -1,9 +1,13 @@
 package heraldpb
 
 import (
+	"errors"
 	"math"
+	"reflect"
+	"slices"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -19,7 +23,7 @@ func TestScanLogEntryProducer(t *testing.T) {
 	}
 	want := LogEntryHeader{BaseOffset: 7, Count: 3, AppendTimeMs: 11, MaxTimestampMs: 12, MaxPriority: 4, ProducerID: 1 << 63, BaseSequence: 1<<40 + 5,
 		NotBeforeMs: 1_800_000_000_123, HoldUs: 47_000, TxnEpoch: 1<<33 + 1}
-	if h != want || string(recs) != "\x01\x02" {
+	if !sameHeader(h, want) || string(recs) != "\x01\x02" {
 		t.Fatalf("scanned %+v %v, want %+v", h, recs, want)
 	}
 	if h.Fence() {
@@ -44,6 +48,9 @@ func FuzzScanLogEntry(f *testing.F) {
 		{BaseOffset: 8, Count: 1, ProducerId: 3, TxnEpoch: 12, Records: []byte{5}},
 		{BaseOffset: 8, TxnEpoch: 13},
 		{BaseOffset: 8, TxnEpoch: 2, TxnEpochResetFrom: 13, TxnEpochResetIndex: 40},
+		{TxnCount: 3, ProducerId: 7, ProducerEpoch: 2, BaseSequence: 0, Records: []byte{6}},
+		{BaseOffset: 20, Count: 5, ProducerId: 7, ProducerEpoch: 2, TxnMarker: TxnMarker_TXN_MARKER_COMMIT, TxnRefs: []uint64{3, 1 << 40}},
+		{ProducerId: 7, ProducerEpoch: 3, TxnMarker: TxnMarker_TXN_MARKER_ABORT},
 		{},
 	} {
 		b, _ := proto.Marshal(e)
@@ -64,10 +71,76 @@ func FuzzScanLogEntry(f *testing.F) {
 		if h.HoldUs == math.MaxUint32 {
 			e.HoldUs = math.MaxUint32
 		}
+		if h.TxnCount == math.MaxUint32 {
+			e.TxnCount = math.MaxUint32
+		}
+		if h.ProducerEpoch == math.MaxUint32 {
+			e.ProducerEpoch = math.MaxUint32
+		}
 		got := LogEntryHeader{BaseOffset: e.BaseOffset, Count: e.Count, AppendTimeMs: e.AppendTimeMs, MaxTimestampMs: e.MaxTimestampMs,
-			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs, TxnEpoch: e.TxnEpoch, TxnEpochResetFrom: e.TxnEpochResetFrom, TxnEpochResetIndex: e.TxnEpochResetIndex}
-		if h != got || string(recs) != string(e.Records) {
-			t.Fatalf("ScanLogEntry %+v, Unmarshal %+v", h, got)
+			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs, TxnEpoch: e.TxnEpoch, TxnEpochResetFrom: e.TxnEpochResetFrom, TxnEpochResetIndex: e.TxnEpochResetIndex,
+			TxnCount: e.TxnCount, ProducerEpoch: e.ProducerEpoch, TxnMarker: e.TxnMarker, RefCount: len(e.TxnRefs)}
+		if !sameHeader(h, got) || string(recs) != string(e.Records) || !slices.Equal(h.AppendRefs(nil), e.TxnRefs) {
+			t.Fatalf("ScanLogEntry %+v, Unmarshal %+v (refs %v)", h, got, e.TxnRefs)
 		}
 	})
+}
+
+// sameHeader compares two headers but for their packed refs (compared
+// through AppendRefs where they matter).
+func sameHeader(a, b LogEntryHeader) bool {
+	a.Refs, b.Refs = nil, nil
+	return reflect.DeepEqual(a, b)
+}
+
+// Transactional entries: a batch holds no offset, a commit marker covers
+// its batches' records and names their entries, an abort marker has
+// neither; inconsistent combinations are refused.
+func TestScanLogEntryTxn(t *testing.T) {
+	scan := func(e *LogEntry) (LogEntryHeader, []byte, error) {
+		t.Helper()
+		b, err := proto.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ScanLogEntry(b)
+	}
+	h, recs, err := scan(&LogEntry{TxnCount: 3, ProducerId: 7, ProducerEpoch: 2, BaseSequence: 4, Records: []byte{9}})
+	if err != nil || !h.TxnBatch() || h.Count != 0 || h.TxnCount != 3 || h.ProducerEpoch != 2 || string(recs) != "\x09" || h.Fence() {
+		t.Fatalf("batch scanned as %+v %v %v", h, recs, err)
+	}
+	refs := []uint64{5, 300, 1 << 40}
+	h, recs, err = scan(&LogEntry{BaseOffset: 10, Count: 9, ProducerId: 7, ProducerEpoch: 2, TxnMarker: TxnMarker_TXN_MARKER_COMMIT, TxnRefs: refs})
+	if err != nil || h.TxnBatch() || h.TxnMarker != TxnMarker_TXN_MARKER_COMMIT || h.RefCount != 3 || !slices.Equal(h.AppendRefs(nil), refs) || len(recs) != 0 {
+		t.Fatalf("commit marker scanned as %+v %v %v", h, recs, err)
+	}
+	if h, _, err = scan(&LogEntry{ProducerId: 7, ProducerEpoch: 3, TxnMarker: TxnMarker_TXN_MARKER_ABORT}); err != nil || h.TxnMarker != TxnMarker_TXN_MARKER_ABORT || h.Fence() {
+		t.Fatalf("abort marker scanned as %+v %v", h, err)
+	}
+	for name, e := range map[string]*LogEntry{
+		"a batch with an offset":       {TxnCount: 3, Count: 3, ProducerId: 7, Records: []byte{1}},
+		"a batch that is a marker":     {TxnCount: 3, ProducerId: 7, TxnMarker: TxnMarker_TXN_MARKER_COMMIT, Records: []byte{1}},
+		"a marker with records":        {ProducerId: 7, TxnMarker: TxnMarker_TXN_MARKER_ABORT, Records: []byte{1}},
+		"a marker without producer":    {TxnMarker: TxnMarker_TXN_MARKER_ABORT},
+		"refs on an abort":             {ProducerId: 7, Count: 1, TxnMarker: TxnMarker_TXN_MARKER_ABORT, TxnRefs: []uint64{1}},
+		"refs without count":           {ProducerId: 7, TxnMarker: TxnMarker_TXN_MARKER_COMMIT, TxnRefs: []uint64{1}},
+		"refs on a plain entry":        {ProducerId: 7, Count: 1, TxnRefs: []uint64{1}},
+		"a commit of records, no refs": {ProducerId: 7, Count: 2, TxnMarker: TxnMarker_TXN_MARKER_COMMIT},
+		"an unknown marker":            {ProducerId: 7, TxnMarker: 3},
+	} {
+		if h, _, err := scan(e); !errors.Is(err, ErrBadLogEntry) {
+			t.Errorf("%s: scanned as %+v, %v", name, h, err)
+		}
+	}
+	// Unpacked refs, and a truncated packed one.
+	b := protowire.AppendTag(nil, 17, protowire.VarintType)
+	b = protowire.AppendVarint(b, 5)
+	if _, _, err := ScanLogEntry(b); !errors.Is(err, ErrBadLogEntry) {
+		t.Errorf("unpacked refs: %v", err)
+	}
+	b = protowire.AppendTag(nil, 17, protowire.BytesType)
+	b = protowire.AppendBytes(b, []byte{0x80})
+	if _, _, err := ScanLogEntry(b); !errors.Is(err, ErrBadLogEntry) {
+		t.Errorf("truncated ref: %v", err)
+	}
 }
