@@ -469,6 +469,57 @@ func (Acks) EnumDescriptor() ([]byte, []int) {
 	return file_herald_proto_rawDescGZIP(), []int{3}
 }
 
+// How a transaction ends on a partition (ProduceRequest.txn_marker,
+// LogEntry.txn_marker).
+type TxnMarker int32
+
+const (
+	TxnMarker_TXN_MARKER_NONE   TxnMarker = 0
+	TxnMarker_TXN_MARKER_COMMIT TxnMarker = 1
+	TxnMarker_TXN_MARKER_ABORT  TxnMarker = 2
+)
+
+// Enum value maps for TxnMarker.
+var (
+	TxnMarker_name = map[int32]string{
+		0: "TXN_MARKER_NONE",
+		1: "TXN_MARKER_COMMIT",
+		2: "TXN_MARKER_ABORT",
+	}
+	TxnMarker_value = map[string]int32{
+		"TXN_MARKER_NONE":   0,
+		"TXN_MARKER_COMMIT": 1,
+		"TXN_MARKER_ABORT":  2,
+	}
+)
+
+func (x TxnMarker) Enum() *TxnMarker {
+	p := new(TxnMarker)
+	*p = x
+	return p
+}
+
+func (x TxnMarker) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TxnMarker) Descriptor() protoreflect.EnumDescriptor {
+	return file_herald_proto_enumTypes[4].Descriptor()
+}
+
+func (TxnMarker) Type() protoreflect.EnumType {
+	return &file_herald_proto_enumTypes[4]
+}
+
+func (x TxnMarker) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TxnMarker.Descriptor instead.
+func (TxnMarker) EnumDescriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{4}
+}
+
 // What happens to a half message still unresolved after its last check.
 type HalfExhaustedPolicy int32
 
@@ -506,11 +557,11 @@ func (x HalfExhaustedPolicy) String() string {
 }
 
 func (HalfExhaustedPolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[4].Descriptor()
+	return file_herald_proto_enumTypes[5].Descriptor()
 }
 
 func (HalfExhaustedPolicy) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[4]
+	return &file_herald_proto_enumTypes[5]
 }
 
 func (x HalfExhaustedPolicy) Number() protoreflect.EnumNumber {
@@ -519,7 +570,7 @@ func (x HalfExhaustedPolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HalfExhaustedPolicy.Descriptor instead.
 func (HalfExhaustedPolicy) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{4}
+	return file_herald_proto_rawDescGZIP(), []int{5}
 }
 
 type OffsetSpec int32
@@ -556,11 +607,11 @@ func (x OffsetSpec) String() string {
 }
 
 func (OffsetSpec) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[5].Descriptor()
+	return file_herald_proto_enumTypes[6].Descriptor()
 }
 
 func (OffsetSpec) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[5]
+	return &file_herald_proto_enumTypes[6]
 }
 
 func (x OffsetSpec) Number() protoreflect.EnumNumber {
@@ -569,7 +620,7 @@ func (x OffsetSpec) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OffsetSpec.Descriptor instead.
 func (OffsetSpec) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{5}
+	return file_herald_proto_rawDescGZIP(), []int{6}
 }
 
 type SubscriptionMode int32
@@ -613,11 +664,11 @@ func (x SubscriptionMode) String() string {
 }
 
 func (SubscriptionMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[6].Descriptor()
+	return file_herald_proto_enumTypes[7].Descriptor()
 }
 
 func (SubscriptionMode) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[6]
+	return &file_herald_proto_enumTypes[7]
 }
 
 func (x SubscriptionMode) Number() protoreflect.EnumNumber {
@@ -626,7 +677,7 @@ func (x SubscriptionMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SubscriptionMode.Descriptor instead.
 func (SubscriptionMode) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{6}
+	return file_herald_proto_rawDescGZIP(), []int{7}
 }
 
 type FilterType int32
@@ -664,11 +715,11 @@ func (x FilterType) String() string {
 }
 
 func (FilterType) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[7].Descriptor()
+	return file_herald_proto_enumTypes[8].Descriptor()
 }
 
 func (FilterType) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[7]
+	return &file_herald_proto_enumTypes[8]
 }
 
 func (x FilterType) Number() protoreflect.EnumNumber {
@@ -677,7 +728,7 @@ func (x FilterType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FilterType.Descriptor instead.
 func (FilterType) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{7}
+	return file_herald_proto_rawDescGZIP(), []int{8}
 }
 
 type BreakerState int32
@@ -713,11 +764,11 @@ func (x BreakerState) String() string {
 }
 
 func (BreakerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[8].Descriptor()
+	return file_herald_proto_enumTypes[9].Descriptor()
 }
 
 func (BreakerState) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[8]
+	return &file_herald_proto_enumTypes[9]
 }
 
 func (x BreakerState) Number() protoreflect.EnumNumber {
@@ -726,7 +777,7 @@ func (x BreakerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BreakerState.Descriptor instead.
 func (BreakerState) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{8}
+	return file_herald_proto_rawDescGZIP(), []int{9}
 }
 
 type HalfAction int32
@@ -763,11 +814,11 @@ func (x HalfAction) String() string {
 }
 
 func (HalfAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[9].Descriptor()
+	return file_herald_proto_enumTypes[10].Descriptor()
 }
 
 func (HalfAction) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[9]
+	return &file_herald_proto_enumTypes[10]
 }
 
 func (x HalfAction) Number() protoreflect.EnumNumber {
@@ -776,7 +827,7 @@ func (x HalfAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HalfAction.Descriptor instead.
 func (HalfAction) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{9}
+	return file_herald_proto_rawDescGZIP(), []int{10}
 }
 
 type ClusterAdminRequest_Op int32
@@ -824,11 +875,11 @@ func (x ClusterAdminRequest_Op) String() string {
 }
 
 func (ClusterAdminRequest_Op) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[10].Descriptor()
+	return file_herald_proto_enumTypes[11].Descriptor()
 }
 
 func (ClusterAdminRequest_Op) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[10]
+	return &file_herald_proto_enumTypes[11]
 }
 
 func (x ClusterAdminRequest_Op) Number() protoreflect.EnumNumber {
@@ -5155,8 +5206,31 @@ type ProduceRequest struct {
 	// epoch (Error.epoch_index), so that a fence of the same epoch written
 	// since (a live coordinator whose term equals the lost epoch) wins.
 	TxnEpochResetIndex uint64 `protobuf:"varint,21,opt,name=txn_epoch_reset_index,json=txnEpochResetIndex,proto3" json:"txn_epoch_reset_index,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Internal for now, like txn_epoch (refused from clients): a
+	// transactional batch written once, to its partition (actors/partition
+	// txnlog.go). producer_id, producer_epoch (the transaction's epoch) and
+	// base_sequence (the transaction's records on this partition, from 0)
+	// are required, acks must be all. The partition stores it durably with
+	// no offset; no reader sees it until a commit marker of the same
+	// producer id and epoch gives its records offsets, and an abort marker
+	// drops it. The answer (base_offset -1) comes once it is committed; a
+	// retry with the same sequence is answered `duplicate`.
+	TxnBatch bool `protobuf:"varint,22,opt,name=txn_batch,json=txnBatch,proto3" json:"txn_batch,omitempty"`
+	// Internal, like txn_batch: end the transaction of producer_id and
+	// producer_epoch on this partition, as its coordinator decided (no
+	// records). A commit gives the transaction's batches here the next
+	// offsets, in the order they were written; the answer carries them
+	// (base_offset, count). Ending an epoch already ended the same way is
+	// answered `duplicate`; batches of an ended epoch are refused from then
+	// on (INVALID_TXN_STATE).
+	TxnMarker TxnMarker `protobuf:"varint,23,opt,name=txn_marker,json=txnMarker,proto3,enum=herald.v1.TxnMarker" json:"txn_marker,omitempty"`
+	// With txn_marker commit: how many records the transaction wrote to this
+	// partition. The leader writes the marker only once it has applied that
+	// many (THROTTLED until then), and refuses a marker that counts fewer
+	// than it holds (INVALID_TXN_STATE).
+	TxnRecords    uint32 `protobuf:"varint,24,opt,name=txn_records,json=txnRecords,proto3" json:"txn_records,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProduceRequest) Reset() {
@@ -5332,6 +5406,27 @@ func (x *ProduceRequest) GetTxnEpochResetFrom() uint64 {
 func (x *ProduceRequest) GetTxnEpochResetIndex() uint64 {
 	if x != nil {
 		return x.TxnEpochResetIndex
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetTxnBatch() bool {
+	if x != nil {
+		return x.TxnBatch
+	}
+	return false
+}
+
+func (x *ProduceRequest) GetTxnMarker() TxnMarker {
+	if x != nil {
+		return x.TxnMarker
+	}
+	return TxnMarker_TXN_MARKER_NONE
+}
+
+func (x *ProduceRequest) GetTxnRecords() uint32 {
+	if x != nil {
+		return x.TxnRecords
 	}
 	return 0
 }
@@ -10004,7 +10099,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xa2\x06\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\x95\a\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -10030,7 +10125,12 @@ const file_herald_proto_rawDesc = "" +
 	"\x11txn_group_offsets\x18\x12 \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\x0ftxnGroupOffsets\x12\x1b\n" +
 	"\ttxn_epoch\x18\x13 \x01(\x04R\btxnEpoch\x12/\n" +
 	"\x14txn_epoch_reset_from\x18\x14 \x01(\x04R\x11txnEpochResetFrom\x121\n" +
-	"\x15txn_epoch_reset_index\x18\x15 \x01(\x04R\x12txnEpochResetIndexB\f\n" +
+	"\x15txn_epoch_reset_index\x18\x15 \x01(\x04R\x12txnEpochResetIndex\x12\x1b\n" +
+	"\ttxn_batch\x18\x16 \x01(\bR\btxnBatch\x123\n" +
+	"\n" +
+	"txn_marker\x18\x17 \x01(\x0e2\x14.herald.v1.TxnMarkerR\ttxnMarker\x12\x1f\n" +
+	"\vtxn_records\x18\x18 \x01(\rR\n" +
+	"txnRecordsB\f\n" +
 	"\n" +
 	"_partition\"\xc2\x01\n" +
 	"\vHalfOptions\x12%\n" +
@@ -10475,7 +10575,11 @@ const file_herald_proto_rawDesc = "" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +
-	"\tACKS_NONE\x10\x02*g\n" +
+	"\tACKS_NONE\x10\x02*M\n" +
+	"\tTxnMarker\x12\x13\n" +
+	"\x0fTXN_MARKER_NONE\x10\x00\x12\x15\n" +
+	"\x11TXN_MARKER_COMMIT\x10\x01\x12\x14\n" +
+	"\x10TXN_MARKER_ABORT\x10\x02*g\n" +
 	"\x13HalfExhaustedPolicy\x12\x1a\n" +
 	"\x16HALF_EXHAUSTED_DEFAULT\x10\x00\x12\x1b\n" +
 	"\x17HALF_EXHAUSTED_ROLLBACK\x10\x01\x12\x17\n" +
@@ -10519,288 +10623,290 @@ func file_herald_proto_rawDescGZIP() []byte {
 	return file_herald_proto_rawDescData
 }
 
-var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 11)
+var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
 var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 105)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                   // 0: herald.v1.ErrorCode
 	(AclOperation)(0),                // 1: herald.v1.AclOperation
 	(AclResourceType)(0),             // 2: herald.v1.AclResourceType
 	(Acks)(0),                        // 3: herald.v1.Acks
-	(HalfExhaustedPolicy)(0),         // 4: herald.v1.HalfExhaustedPolicy
-	(OffsetSpec)(0),                  // 5: herald.v1.OffsetSpec
-	(SubscriptionMode)(0),            // 6: herald.v1.SubscriptionMode
-	(FilterType)(0),                  // 7: herald.v1.FilterType
-	(BreakerState)(0),                // 8: herald.v1.BreakerState
-	(HalfAction)(0),                  // 9: herald.v1.HalfAction
-	(ClusterAdminRequest_Op)(0),      // 10: herald.v1.ClusterAdminRequest.Op
-	(*Error)(nil),                    // 11: herald.v1.Error
-	(*Frame)(nil),                    // 12: herald.v1.Frame
-	(*HelloRequest)(nil),             // 13: herald.v1.HelloRequest
-	(*HelloResponse)(nil),            // 14: herald.v1.HelloResponse
-	(*SaslAuthenticateRequest)(nil),  // 15: herald.v1.SaslAuthenticateRequest
-	(*SaslAuthenticateResponse)(nil), // 16: herald.v1.SaslAuthenticateResponse
-	(*ScramCredential)(nil),          // 17: herald.v1.ScramCredential
-	(*AlterUserRequest)(nil),         // 18: herald.v1.AlterUserRequest
-	(*AlterUserResponse)(nil),        // 19: herald.v1.AlterUserResponse
-	(*ListUsersRequest)(nil),         // 20: herald.v1.ListUsersRequest
-	(*UserInfo)(nil),                 // 21: herald.v1.UserInfo
-	(*AclRule)(nil),                  // 22: herald.v1.AclRule
-	(*AlterAclsRequest)(nil),         // 23: herald.v1.AlterAclsRequest
-	(*AlterAclsResponse)(nil),        // 24: herald.v1.AlterAclsResponse
-	(*ListAclsRequest)(nil),          // 25: herald.v1.ListAclsRequest
-	(*ListAclsResponse)(nil),         // 26: herald.v1.ListAclsResponse
-	(*Quotas)(nil),                   // 27: herald.v1.Quotas
-	(*AlterVhostRequest)(nil),        // 28: herald.v1.AlterVhostRequest
-	(*AlterVhostResponse)(nil),       // 29: herald.v1.AlterVhostResponse
-	(*ListVhostsRequest)(nil),        // 30: herald.v1.ListVhostsRequest
-	(*VhostInfo)(nil),                // 31: herald.v1.VhostInfo
-	(*ListVhostsResponse)(nil),       // 32: herald.v1.ListVhostsResponse
-	(*ListUsersResponse)(nil),        // 33: herald.v1.ListUsersResponse
-	(*TopicConfig)(nil),              // 34: herald.v1.TopicConfig
-	(*PartitionInfo)(nil),            // 35: herald.v1.PartitionInfo
-	(*TopicInfo)(nil),                // 36: herald.v1.TopicInfo
-	(*BrokerInfo)(nil),               // 37: herald.v1.BrokerInfo
-	(*MetadataRequest)(nil),          // 38: herald.v1.MetadataRequest
-	(*MetadataResponse)(nil),         // 39: herald.v1.MetadataResponse
-	(*CreateTopicRequest)(nil),       // 40: herald.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),      // 41: herald.v1.CreateTopicResponse
-	(*DeleteTopicRequest)(nil),       // 42: herald.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil),      // 43: herald.v1.DeleteTopicResponse
-	(*ClusterAdminRequest)(nil),      // 44: herald.v1.ClusterAdminRequest
-	(*PartitionMove)(nil),            // 45: herald.v1.PartitionMove
-	(*ClusterAdminResponse)(nil),     // 46: herald.v1.ClusterAdminResponse
-	(*ListTopicsRequest)(nil),        // 47: herald.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),       // 48: herald.v1.ListTopicsResponse
-	(*DescribeTopicRequest)(nil),     // 49: herald.v1.DescribeTopicRequest
-	(*DescribeTopicResponse)(nil),    // 50: herald.v1.DescribeTopicResponse
-	(*Header)(nil),                   // 51: herald.v1.Header
-	(*Record)(nil),                   // 52: herald.v1.Record
-	(*RecordBatch)(nil),              // 53: herald.v1.RecordBatch
-	(*StoredBatch)(nil),              // 54: herald.v1.StoredBatch
-	(*ProduceRequest)(nil),           // 55: herald.v1.ProduceRequest
-	(*HalfOptions)(nil),              // 56: herald.v1.HalfOptions
-	(*ProduceResponse)(nil),          // 57: herald.v1.ProduceResponse
-	(*FetchRequest)(nil),             // 58: herald.v1.FetchRequest
-	(*FetchResponse)(nil),            // 59: herald.v1.FetchResponse
-	(*ListOffsetsRequest)(nil),       // 60: herald.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),      // 61: herald.v1.ListOffsetsResponse
-	(*StartPosition)(nil),            // 62: herald.v1.StartPosition
-	(*SubscribeRequest)(nil),         // 63: herald.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),        // 64: herald.v1.SubscribeResponse
-	(*AckRequest)(nil),               // 65: herald.v1.AckRequest
-	(*AckResponse)(nil),              // 66: herald.v1.AckResponse
-	(*NackRequest)(nil),              // 67: herald.v1.NackRequest
-	(*NackResponse)(nil),             // 68: herald.v1.NackResponse
-	(*CommitRequest)(nil),            // 69: herald.v1.CommitRequest
-	(*CommitResponse)(nil),           // 70: herald.v1.CommitResponse
-	(*UnsubscribeRequest)(nil),       // 71: herald.v1.UnsubscribeRequest
-	(*UnsubscribeResponse)(nil),      // 72: herald.v1.UnsubscribeResponse
-	(*DeliveredMessage)(nil),         // 73: herald.v1.DeliveredMessage
-	(*Delivery)(nil),                 // 74: herald.v1.Delivery
-	(*AssignmentChange)(nil),         // 75: herald.v1.AssignmentChange
-	(*SubscriptionEnded)(nil),        // 76: herald.v1.SubscriptionEnded
-	(*ListGroupsRequest)(nil),        // 77: herald.v1.ListGroupsRequest
-	(*GroupSummary)(nil),             // 78: herald.v1.GroupSummary
-	(*ListGroupsResponse)(nil),       // 79: herald.v1.ListGroupsResponse
-	(*DescribeGroupRequest)(nil),     // 80: herald.v1.DescribeGroupRequest
-	(*MemberInfo)(nil),               // 81: herald.v1.MemberInfo
-	(*PartitionLag)(nil),             // 82: herald.v1.PartitionLag
-	(*GroupInfo)(nil),                // 83: herald.v1.GroupInfo
-	(*DescribeGroupResponse)(nil),    // 84: herald.v1.DescribeGroupResponse
-	(*ResetGroupRequest)(nil),        // 85: herald.v1.ResetGroupRequest
-	(*ResetGroupResponse)(nil),       // 86: herald.v1.ResetGroupResponse
-	(*CallRequest)(nil),              // 87: herald.v1.CallRequest
-	(*CallResponse)(nil),             // 88: herald.v1.CallResponse
-	(*ReplyRequest)(nil),             // 89: herald.v1.ReplyRequest
-	(*ReplyResponse)(nil),            // 90: herald.v1.ReplyResponse
-	(*ReplyDelivery)(nil),            // 91: herald.v1.ReplyDelivery
-	(*CancelScheduledRequest)(nil),   // 92: herald.v1.CancelScheduledRequest
-	(*CancelScheduledResponse)(nil),  // 93: herald.v1.CancelScheduledResponse
-	(*ListScheduledRequest)(nil),     // 94: herald.v1.ListScheduledRequest
-	(*ScheduledInfo)(nil),            // 95: herald.v1.ScheduledInfo
-	(*ListScheduledResponse)(nil),    // 96: herald.v1.ListScheduledResponse
-	(*LatencyHistogram)(nil),         // 97: herald.v1.LatencyHistogram
-	(*RepairPartitionRequest)(nil),   // 98: herald.v1.RepairPartitionRequest
-	(*RepairPartitionResponse)(nil),  // 99: herald.v1.RepairPartitionResponse
-	(*EndHalfRequest)(nil),           // 100: herald.v1.EndHalfRequest
-	(*EndHalfResponse)(nil),          // 101: herald.v1.EndHalfResponse
-	(*RegisterProducerRequest)(nil),  // 102: herald.v1.RegisterProducerRequest
-	(*RegisterProducerResponse)(nil), // 103: herald.v1.RegisterProducerResponse
-	(*HalfCheck)(nil),                // 104: herald.v1.HalfCheck
-	(*ListTxnRequest)(nil),           // 105: herald.v1.ListTxnRequest
-	(*HalfInfo)(nil),                 // 106: herald.v1.HalfInfo
-	(*ListTxnResponse)(nil),          // 107: herald.v1.ListTxnResponse
-	(*InitProducerIdRequest)(nil),    // 108: herald.v1.InitProducerIdRequest
-	(*InitProducerIdResponse)(nil),   // 109: herald.v1.InitProducerIdResponse
-	(*EndTxnRequest)(nil),            // 110: herald.v1.EndTxnRequest
-	(*TxnGroupOffsets)(nil),          // 111: herald.v1.TxnGroupOffsets
-	(*CommitTxnOffsetsRequest)(nil),  // 112: herald.v1.CommitTxnOffsetsRequest
-	(*CommitTxnOffsetsResponse)(nil), // 113: herald.v1.CommitTxnOffsetsResponse
-	(*EndTxnResponse)(nil),           // 114: herald.v1.EndTxnResponse
-	(*TxnInfo)(nil),                  // 115: herald.v1.TxnInfo
-	(*DeclareExchangeRequest)(nil),   // 116: herald.v1.DeclareExchangeRequest
-	(*DeclareExchangeResponse)(nil),  // 117: herald.v1.DeclareExchangeResponse
-	(*DeleteExchangeRequest)(nil),    // 118: herald.v1.DeleteExchangeRequest
-	(*DeleteExchangeResponse)(nil),   // 119: herald.v1.DeleteExchangeResponse
-	(*BindRequest)(nil),              // 120: herald.v1.BindRequest
-	(*BindResponse)(nil),             // 121: herald.v1.BindResponse
-	(*ListExchangesRequest)(nil),     // 122: herald.v1.ListExchangesRequest
-	(*ListExchangesResponse)(nil),    // 123: herald.v1.ListExchangesResponse
-	(*PublishRequest)(nil),           // 124: herald.v1.PublishRequest
-	(*PublishResponse)(nil),          // 125: herald.v1.PublishResponse
+	(TxnMarker)(0),                   // 4: herald.v1.TxnMarker
+	(HalfExhaustedPolicy)(0),         // 5: herald.v1.HalfExhaustedPolicy
+	(OffsetSpec)(0),                  // 6: herald.v1.OffsetSpec
+	(SubscriptionMode)(0),            // 7: herald.v1.SubscriptionMode
+	(FilterType)(0),                  // 8: herald.v1.FilterType
+	(BreakerState)(0),                // 9: herald.v1.BreakerState
+	(HalfAction)(0),                  // 10: herald.v1.HalfAction
+	(ClusterAdminRequest_Op)(0),      // 11: herald.v1.ClusterAdminRequest.Op
+	(*Error)(nil),                    // 12: herald.v1.Error
+	(*Frame)(nil),                    // 13: herald.v1.Frame
+	(*HelloRequest)(nil),             // 14: herald.v1.HelloRequest
+	(*HelloResponse)(nil),            // 15: herald.v1.HelloResponse
+	(*SaslAuthenticateRequest)(nil),  // 16: herald.v1.SaslAuthenticateRequest
+	(*SaslAuthenticateResponse)(nil), // 17: herald.v1.SaslAuthenticateResponse
+	(*ScramCredential)(nil),          // 18: herald.v1.ScramCredential
+	(*AlterUserRequest)(nil),         // 19: herald.v1.AlterUserRequest
+	(*AlterUserResponse)(nil),        // 20: herald.v1.AlterUserResponse
+	(*ListUsersRequest)(nil),         // 21: herald.v1.ListUsersRequest
+	(*UserInfo)(nil),                 // 22: herald.v1.UserInfo
+	(*AclRule)(nil),                  // 23: herald.v1.AclRule
+	(*AlterAclsRequest)(nil),         // 24: herald.v1.AlterAclsRequest
+	(*AlterAclsResponse)(nil),        // 25: herald.v1.AlterAclsResponse
+	(*ListAclsRequest)(nil),          // 26: herald.v1.ListAclsRequest
+	(*ListAclsResponse)(nil),         // 27: herald.v1.ListAclsResponse
+	(*Quotas)(nil),                   // 28: herald.v1.Quotas
+	(*AlterVhostRequest)(nil),        // 29: herald.v1.AlterVhostRequest
+	(*AlterVhostResponse)(nil),       // 30: herald.v1.AlterVhostResponse
+	(*ListVhostsRequest)(nil),        // 31: herald.v1.ListVhostsRequest
+	(*VhostInfo)(nil),                // 32: herald.v1.VhostInfo
+	(*ListVhostsResponse)(nil),       // 33: herald.v1.ListVhostsResponse
+	(*ListUsersResponse)(nil),        // 34: herald.v1.ListUsersResponse
+	(*TopicConfig)(nil),              // 35: herald.v1.TopicConfig
+	(*PartitionInfo)(nil),            // 36: herald.v1.PartitionInfo
+	(*TopicInfo)(nil),                // 37: herald.v1.TopicInfo
+	(*BrokerInfo)(nil),               // 38: herald.v1.BrokerInfo
+	(*MetadataRequest)(nil),          // 39: herald.v1.MetadataRequest
+	(*MetadataResponse)(nil),         // 40: herald.v1.MetadataResponse
+	(*CreateTopicRequest)(nil),       // 41: herald.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),      // 42: herald.v1.CreateTopicResponse
+	(*DeleteTopicRequest)(nil),       // 43: herald.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),      // 44: herald.v1.DeleteTopicResponse
+	(*ClusterAdminRequest)(nil),      // 45: herald.v1.ClusterAdminRequest
+	(*PartitionMove)(nil),            // 46: herald.v1.PartitionMove
+	(*ClusterAdminResponse)(nil),     // 47: herald.v1.ClusterAdminResponse
+	(*ListTopicsRequest)(nil),        // 48: herald.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),       // 49: herald.v1.ListTopicsResponse
+	(*DescribeTopicRequest)(nil),     // 50: herald.v1.DescribeTopicRequest
+	(*DescribeTopicResponse)(nil),    // 51: herald.v1.DescribeTopicResponse
+	(*Header)(nil),                   // 52: herald.v1.Header
+	(*Record)(nil),                   // 53: herald.v1.Record
+	(*RecordBatch)(nil),              // 54: herald.v1.RecordBatch
+	(*StoredBatch)(nil),              // 55: herald.v1.StoredBatch
+	(*ProduceRequest)(nil),           // 56: herald.v1.ProduceRequest
+	(*HalfOptions)(nil),              // 57: herald.v1.HalfOptions
+	(*ProduceResponse)(nil),          // 58: herald.v1.ProduceResponse
+	(*FetchRequest)(nil),             // 59: herald.v1.FetchRequest
+	(*FetchResponse)(nil),            // 60: herald.v1.FetchResponse
+	(*ListOffsetsRequest)(nil),       // 61: herald.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),      // 62: herald.v1.ListOffsetsResponse
+	(*StartPosition)(nil),            // 63: herald.v1.StartPosition
+	(*SubscribeRequest)(nil),         // 64: herald.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 65: herald.v1.SubscribeResponse
+	(*AckRequest)(nil),               // 66: herald.v1.AckRequest
+	(*AckResponse)(nil),              // 67: herald.v1.AckResponse
+	(*NackRequest)(nil),              // 68: herald.v1.NackRequest
+	(*NackResponse)(nil),             // 69: herald.v1.NackResponse
+	(*CommitRequest)(nil),            // 70: herald.v1.CommitRequest
+	(*CommitResponse)(nil),           // 71: herald.v1.CommitResponse
+	(*UnsubscribeRequest)(nil),       // 72: herald.v1.UnsubscribeRequest
+	(*UnsubscribeResponse)(nil),      // 73: herald.v1.UnsubscribeResponse
+	(*DeliveredMessage)(nil),         // 74: herald.v1.DeliveredMessage
+	(*Delivery)(nil),                 // 75: herald.v1.Delivery
+	(*AssignmentChange)(nil),         // 76: herald.v1.AssignmentChange
+	(*SubscriptionEnded)(nil),        // 77: herald.v1.SubscriptionEnded
+	(*ListGroupsRequest)(nil),        // 78: herald.v1.ListGroupsRequest
+	(*GroupSummary)(nil),             // 79: herald.v1.GroupSummary
+	(*ListGroupsResponse)(nil),       // 80: herald.v1.ListGroupsResponse
+	(*DescribeGroupRequest)(nil),     // 81: herald.v1.DescribeGroupRequest
+	(*MemberInfo)(nil),               // 82: herald.v1.MemberInfo
+	(*PartitionLag)(nil),             // 83: herald.v1.PartitionLag
+	(*GroupInfo)(nil),                // 84: herald.v1.GroupInfo
+	(*DescribeGroupResponse)(nil),    // 85: herald.v1.DescribeGroupResponse
+	(*ResetGroupRequest)(nil),        // 86: herald.v1.ResetGroupRequest
+	(*ResetGroupResponse)(nil),       // 87: herald.v1.ResetGroupResponse
+	(*CallRequest)(nil),              // 88: herald.v1.CallRequest
+	(*CallResponse)(nil),             // 89: herald.v1.CallResponse
+	(*ReplyRequest)(nil),             // 90: herald.v1.ReplyRequest
+	(*ReplyResponse)(nil),            // 91: herald.v1.ReplyResponse
+	(*ReplyDelivery)(nil),            // 92: herald.v1.ReplyDelivery
+	(*CancelScheduledRequest)(nil),   // 93: herald.v1.CancelScheduledRequest
+	(*CancelScheduledResponse)(nil),  // 94: herald.v1.CancelScheduledResponse
+	(*ListScheduledRequest)(nil),     // 95: herald.v1.ListScheduledRequest
+	(*ScheduledInfo)(nil),            // 96: herald.v1.ScheduledInfo
+	(*ListScheduledResponse)(nil),    // 97: herald.v1.ListScheduledResponse
+	(*LatencyHistogram)(nil),         // 98: herald.v1.LatencyHistogram
+	(*RepairPartitionRequest)(nil),   // 99: herald.v1.RepairPartitionRequest
+	(*RepairPartitionResponse)(nil),  // 100: herald.v1.RepairPartitionResponse
+	(*EndHalfRequest)(nil),           // 101: herald.v1.EndHalfRequest
+	(*EndHalfResponse)(nil),          // 102: herald.v1.EndHalfResponse
+	(*RegisterProducerRequest)(nil),  // 103: herald.v1.RegisterProducerRequest
+	(*RegisterProducerResponse)(nil), // 104: herald.v1.RegisterProducerResponse
+	(*HalfCheck)(nil),                // 105: herald.v1.HalfCheck
+	(*ListTxnRequest)(nil),           // 106: herald.v1.ListTxnRequest
+	(*HalfInfo)(nil),                 // 107: herald.v1.HalfInfo
+	(*ListTxnResponse)(nil),          // 108: herald.v1.ListTxnResponse
+	(*InitProducerIdRequest)(nil),    // 109: herald.v1.InitProducerIdRequest
+	(*InitProducerIdResponse)(nil),   // 110: herald.v1.InitProducerIdResponse
+	(*EndTxnRequest)(nil),            // 111: herald.v1.EndTxnRequest
+	(*TxnGroupOffsets)(nil),          // 112: herald.v1.TxnGroupOffsets
+	(*CommitTxnOffsetsRequest)(nil),  // 113: herald.v1.CommitTxnOffsetsRequest
+	(*CommitTxnOffsetsResponse)(nil), // 114: herald.v1.CommitTxnOffsetsResponse
+	(*EndTxnResponse)(nil),           // 115: herald.v1.EndTxnResponse
+	(*TxnInfo)(nil),                  // 116: herald.v1.TxnInfo
+	(*DeclareExchangeRequest)(nil),   // 117: herald.v1.DeclareExchangeRequest
+	(*DeclareExchangeResponse)(nil),  // 118: herald.v1.DeclareExchangeResponse
+	(*DeleteExchangeRequest)(nil),    // 119: herald.v1.DeleteExchangeRequest
+	(*DeleteExchangeResponse)(nil),   // 120: herald.v1.DeleteExchangeResponse
+	(*BindRequest)(nil),              // 121: herald.v1.BindRequest
+	(*BindResponse)(nil),             // 122: herald.v1.BindResponse
+	(*ListExchangesRequest)(nil),     // 123: herald.v1.ListExchangesRequest
+	(*ListExchangesResponse)(nil),    // 124: herald.v1.ListExchangesResponse
+	(*PublishRequest)(nil),           // 125: herald.v1.PublishRequest
+	(*PublishResponse)(nil),          // 126: herald.v1.PublishResponse
 }
 var file_herald_proto_depIdxs = []int32{
 	0,   // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
-	13,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
-	14,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
-	38,  // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
-	39,  // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
-	40,  // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
-	41,  // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
-	42,  // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
-	43,  // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
-	47,  // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
-	48,  // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
-	49,  // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
-	50,  // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
-	55,  // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
-	57,  // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
-	58,  // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
-	59,  // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
-	60,  // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
-	61,  // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
-	63,  // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
-	64,  // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
-	65,  // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
-	66,  // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
-	67,  // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
-	68,  // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
-	69,  // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
-	70,  // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
-	71,  // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
-	72,  // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
-	77,  // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
-	79,  // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
-	80,  // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
-	84,  // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
-	85,  // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
-	86,  // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
-	87,  // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
-	88,  // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
-	89,  // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
-	90,  // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
-	92,  // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
-	93,  // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
-	94,  // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
-	96,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
-	44,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
-	46,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
-	98,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
-	99,  // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
-	100, // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
-	101, // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
-	102, // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
-	103, // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
-	105, // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
-	107, // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
-	108, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
-	109, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
-	110, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
-	114, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
-	15,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
-	16,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
-	18,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
-	19,  // 60: herald.v1.Frame.alter_user_response:type_name -> herald.v1.AlterUserResponse
-	20,  // 61: herald.v1.Frame.list_users:type_name -> herald.v1.ListUsersRequest
-	33,  // 62: herald.v1.Frame.list_users_response:type_name -> herald.v1.ListUsersResponse
-	23,  // 63: herald.v1.Frame.alter_acls:type_name -> herald.v1.AlterAclsRequest
-	24,  // 64: herald.v1.Frame.alter_acls_response:type_name -> herald.v1.AlterAclsResponse
-	25,  // 65: herald.v1.Frame.list_acls:type_name -> herald.v1.ListAclsRequest
-	26,  // 66: herald.v1.Frame.list_acls_response:type_name -> herald.v1.ListAclsResponse
-	28,  // 67: herald.v1.Frame.alter_vhost:type_name -> herald.v1.AlterVhostRequest
-	29,  // 68: herald.v1.Frame.alter_vhost_response:type_name -> herald.v1.AlterVhostResponse
-	30,  // 69: herald.v1.Frame.list_vhosts:type_name -> herald.v1.ListVhostsRequest
-	32,  // 70: herald.v1.Frame.list_vhosts_response:type_name -> herald.v1.ListVhostsResponse
-	116, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
-	117, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
-	118, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
-	119, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
-	120, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
-	121, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
-	122, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
-	123, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
-	124, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
-	125, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
-	112, // 81: herald.v1.Frame.commit_txn_offsets:type_name -> herald.v1.CommitTxnOffsetsRequest
-	113, // 82: herald.v1.Frame.commit_txn_offsets_response:type_name -> herald.v1.CommitTxnOffsetsResponse
-	74,  // 83: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	75,  // 84: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	91,  // 85: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	76,  // 86: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	104, // 87: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
-	11,  // 88: herald.v1.Frame.error:type_name -> herald.v1.Error
-	17,  // 89: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
-	27,  // 90: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
-	27,  // 91: herald.v1.UserInfo.quotas:type_name -> herald.v1.Quotas
+	14,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
+	15,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
+	39,  // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
+	40,  // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
+	41,  // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
+	42,  // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
+	43,  // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
+	44,  // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
+	48,  // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
+	49,  // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
+	50,  // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
+	51,  // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
+	56,  // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
+	58,  // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
+	59,  // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
+	60,  // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
+	61,  // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
+	62,  // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
+	64,  // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
+	65,  // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
+	66,  // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
+	67,  // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
+	68,  // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
+	69,  // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
+	70,  // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
+	71,  // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
+	72,  // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
+	73,  // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
+	78,  // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
+	80,  // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
+	81,  // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
+	85,  // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
+	86,  // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
+	87,  // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
+	88,  // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
+	89,  // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
+	90,  // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
+	91,  // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
+	93,  // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
+	94,  // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
+	95,  // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
+	97,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
+	45,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
+	47,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
+	99,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
+	100, // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
+	101, // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
+	102, // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
+	103, // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
+	104, // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
+	106, // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
+	108, // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
+	109, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
+	110, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
+	111, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
+	115, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
+	16,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
+	17,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
+	19,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
+	20,  // 60: herald.v1.Frame.alter_user_response:type_name -> herald.v1.AlterUserResponse
+	21,  // 61: herald.v1.Frame.list_users:type_name -> herald.v1.ListUsersRequest
+	34,  // 62: herald.v1.Frame.list_users_response:type_name -> herald.v1.ListUsersResponse
+	24,  // 63: herald.v1.Frame.alter_acls:type_name -> herald.v1.AlterAclsRequest
+	25,  // 64: herald.v1.Frame.alter_acls_response:type_name -> herald.v1.AlterAclsResponse
+	26,  // 65: herald.v1.Frame.list_acls:type_name -> herald.v1.ListAclsRequest
+	27,  // 66: herald.v1.Frame.list_acls_response:type_name -> herald.v1.ListAclsResponse
+	29,  // 67: herald.v1.Frame.alter_vhost:type_name -> herald.v1.AlterVhostRequest
+	30,  // 68: herald.v1.Frame.alter_vhost_response:type_name -> herald.v1.AlterVhostResponse
+	31,  // 69: herald.v1.Frame.list_vhosts:type_name -> herald.v1.ListVhostsRequest
+	33,  // 70: herald.v1.Frame.list_vhosts_response:type_name -> herald.v1.ListVhostsResponse
+	117, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
+	118, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
+	119, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
+	120, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
+	121, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
+	122, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
+	123, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
+	124, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
+	125, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
+	126, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
+	113, // 81: herald.v1.Frame.commit_txn_offsets:type_name -> herald.v1.CommitTxnOffsetsRequest
+	114, // 82: herald.v1.Frame.commit_txn_offsets_response:type_name -> herald.v1.CommitTxnOffsetsResponse
+	75,  // 83: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	76,  // 84: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	92,  // 85: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	77,  // 86: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	105, // 87: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
+	12,  // 88: herald.v1.Frame.error:type_name -> herald.v1.Error
+	18,  // 89: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
+	28,  // 90: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
+	28,  // 91: herald.v1.UserInfo.quotas:type_name -> herald.v1.Quotas
 	2,   // 92: herald.v1.AclRule.resource_type:type_name -> herald.v1.AclResourceType
 	1,   // 93: herald.v1.AclRule.operation:type_name -> herald.v1.AclOperation
-	22,  // 94: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
-	22,  // 95: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
-	22,  // 96: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
-	27,  // 97: herald.v1.AlterVhostRequest.quotas:type_name -> herald.v1.Quotas
-	27,  // 98: herald.v1.VhostInfo.quotas:type_name -> herald.v1.Quotas
-	31,  // 99: herald.v1.ListVhostsResponse.vhosts:type_name -> herald.v1.VhostInfo
-	21,  // 100: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
-	34,  // 101: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	35,  // 102: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	37,  // 103: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	36,  // 104: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	34,  // 105: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	36,  // 106: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	10,  // 107: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
-	45,  // 108: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
-	36,  // 109: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	36,  // 110: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	51,  // 111: herald.v1.Record.headers:type_name -> herald.v1.Header
-	52,  // 112: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	23,  // 94: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
+	23,  // 95: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
+	23,  // 96: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
+	28,  // 97: herald.v1.AlterVhostRequest.quotas:type_name -> herald.v1.Quotas
+	28,  // 98: herald.v1.VhostInfo.quotas:type_name -> herald.v1.Quotas
+	32,  // 99: herald.v1.ListVhostsResponse.vhosts:type_name -> herald.v1.VhostInfo
+	22,  // 100: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
+	35,  // 101: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	36,  // 102: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	38,  // 103: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	37,  // 104: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	35,  // 105: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	37,  // 106: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	11,  // 107: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	46,  // 108: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	37,  // 109: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	37,  // 110: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	52,  // 111: herald.v1.Record.headers:type_name -> herald.v1.Header
+	53,  // 112: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
 	3,   // 113: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	56,  // 114: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
-	111, // 115: herald.v1.ProduceRequest.txn_group_offsets:type_name -> herald.v1.TxnGroupOffsets
-	4,   // 116: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	114, // 117: herald.v1.ProduceResponse.txn_end:type_name -> herald.v1.EndTxnResponse
-	54,  // 118: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	5,   // 119: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	6,   // 120: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	7,   // 121: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	62,  // 122: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	52,  // 123: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	73,  // 124: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	11,  // 125: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	6,   // 126: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	78,  // 127: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	8,   // 128: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	6,   // 129: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	7,   // 130: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	81,  // 131: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	82,  // 132: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	83,  // 133: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	62,  // 134: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	83,  // 135: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	52,  // 136: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	52,  // 137: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	52,  // 138: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	95,  // 139: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	97,  // 140: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
-	9,   // 141: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
-	106, // 142: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	115, // 143: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
-	111, // 144: herald.v1.EndTxnRequest.group_offsets:type_name -> herald.v1.TxnGroupOffsets
-	111, // 145: herald.v1.CommitTxnOffsetsRequest.offsets:type_name -> herald.v1.TxnGroupOffsets
-	146, // [146:146] is the sub-list for method output_type
-	146, // [146:146] is the sub-list for method input_type
-	146, // [146:146] is the sub-list for extension type_name
-	146, // [146:146] is the sub-list for extension extendee
-	0,   // [0:146] is the sub-list for field type_name
+	57,  // 114: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
+	112, // 115: herald.v1.ProduceRequest.txn_group_offsets:type_name -> herald.v1.TxnGroupOffsets
+	4,   // 116: herald.v1.ProduceRequest.txn_marker:type_name -> herald.v1.TxnMarker
+	5,   // 117: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	115, // 118: herald.v1.ProduceResponse.txn_end:type_name -> herald.v1.EndTxnResponse
+	55,  // 119: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	6,   // 120: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	7,   // 121: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	8,   // 122: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	63,  // 123: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	53,  // 124: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	74,  // 125: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	12,  // 126: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	7,   // 127: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	79,  // 128: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	9,   // 129: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	7,   // 130: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	8,   // 131: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	82,  // 132: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	83,  // 133: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	84,  // 134: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	63,  // 135: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	84,  // 136: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	53,  // 137: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	53,  // 138: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	53,  // 139: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	96,  // 140: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	98,  // 141: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
+	10,  // 142: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	107, // 143: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	116, // 144: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	112, // 145: herald.v1.EndTxnRequest.group_offsets:type_name -> herald.v1.TxnGroupOffsets
+	112, // 146: herald.v1.CommitTxnOffsetsRequest.offsets:type_name -> herald.v1.TxnGroupOffsets
+	147, // [147:147] is the sub-list for method output_type
+	147, // [147:147] is the sub-list for method input_type
+	147, // [147:147] is the sub-list for extension type_name
+	147, // [147:147] is the sub-list for extension extendee
+	0,   // [0:147] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -10912,7 +11018,7 @@ func file_herald_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
-			NumEnums:      11,
+			NumEnums:      12,
 			NumMessages:   105,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -23,56 +23,6 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// TxnMarker is LogEntry.txn_marker.
-type TxnMarker int32
-
-const (
-	TxnMarker_TXN_MARKER_NONE   TxnMarker = 0
-	TxnMarker_TXN_MARKER_COMMIT TxnMarker = 1
-	TxnMarker_TXN_MARKER_ABORT  TxnMarker = 2
-)
-
-// Enum value maps for TxnMarker.
-var (
-	TxnMarker_name = map[int32]string{
-		0: "TXN_MARKER_NONE",
-		1: "TXN_MARKER_COMMIT",
-		2: "TXN_MARKER_ABORT",
-	}
-	TxnMarker_value = map[string]int32{
-		"TXN_MARKER_NONE":   0,
-		"TXN_MARKER_COMMIT": 1,
-		"TXN_MARKER_ABORT":  2,
-	}
-)
-
-func (x TxnMarker) Enum() *TxnMarker {
-	p := new(TxnMarker)
-	*p = x
-	return p
-}
-
-func (x TxnMarker) String() string {
-	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
-}
-
-func (TxnMarker) Descriptor() protoreflect.EnumDescriptor {
-	return file_log_proto_enumTypes[0].Descriptor()
-}
-
-func (TxnMarker) Type() protoreflect.EnumType {
-	return &file_log_proto_enumTypes[0]
-}
-
-func (x TxnMarker) Number() protoreflect.EnumNumber {
-	return protoreflect.EnumNumber(x)
-}
-
-// Deprecated: Use TxnMarker.Descriptor instead.
-func (TxnMarker) EnumDescriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{0}
-}
-
 // LogEntry is the data of one raft entry of a partition.
 type LogEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -789,11 +739,7 @@ const file_log_proto_rawDesc = "" +
 	"\aForward\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12&\n" +
 	"\x05frame\x18\x02 \x01(\v2\x10.herald.v1.FrameR\x05frame\x12\x18\n" +
-	"\arequest\x18\x03 \x01(\bR\arequest*M\n" +
-	"\tTxnMarker\x12\x13\n" +
-	"\x0fTXN_MARKER_NONE\x10\x00\x12\x15\n" +
-	"\x11TXN_MARKER_COMMIT\x10\x01\x12\x14\n" +
-	"\x10TXN_MARKER_ABORT\x10\x02B+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"\arequest\x18\x03 \x01(\bR\arequestB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_log_proto_rawDescOnce sync.Once
@@ -807,25 +753,24 @@ func file_log_proto_rawDescGZIP() []byte {
 	return file_log_proto_rawDescData
 }
 
-var file_log_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_log_proto_goTypes = []any{
-	(TxnMarker)(0),       // 0: herald.v1.TxnMarker
-	(*LogEntry)(nil),     // 1: herald.v1.LogEntry
-	(*RaftMessage)(nil),  // 2: herald.v1.RaftMessage
-	(*RaftEntry)(nil),    // 3: herald.v1.RaftEntry
-	(*Joining)(nil),      // 4: herald.v1.Joining
-	(*Quiesce)(nil),      // 5: herald.v1.Quiesce
-	(*Tick)(nil),         // 6: herald.v1.Tick
-	(*SnapshotData)(nil), // 7: herald.v1.SnapshotData
-	(*Forward)(nil),      // 8: herald.v1.Forward
+	(*LogEntry)(nil),     // 0: herald.v1.LogEntry
+	(*RaftMessage)(nil),  // 1: herald.v1.RaftMessage
+	(*RaftEntry)(nil),    // 2: herald.v1.RaftEntry
+	(*Joining)(nil),      // 3: herald.v1.Joining
+	(*Quiesce)(nil),      // 4: herald.v1.Quiesce
+	(*Tick)(nil),         // 5: herald.v1.Tick
+	(*SnapshotData)(nil), // 6: herald.v1.SnapshotData
+	(*Forward)(nil),      // 7: herald.v1.Forward
+	(TxnMarker)(0),       // 8: herald.v1.TxnMarker
 	(*Frame)(nil),        // 9: herald.v1.Frame
 }
 var file_log_proto_depIdxs = []int32{
-	0, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
-	5, // 1: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
-	4, // 2: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
-	3, // 3: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
+	8, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
+	4, // 1: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
+	3, // 2: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
+	2, // 3: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
 	9, // 4: herald.v1.Forward.frame:type_name -> herald.v1.Frame
 	5, // [5:5] is the sub-list for method output_type
 	5, // [5:5] is the sub-list for method input_type
@@ -845,14 +790,13 @@ func file_log_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_log_proto_rawDesc), len(file_log_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      0,
 			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_log_proto_goTypes,
 		DependencyIndexes: file_log_proto_depIdxs,
-		EnumInfos:         file_log_proto_enumTypes,
 		MessageInfos:      file_log_proto_msgTypes,
 	}.Build()
 	File_log_proto = out.File

@@ -116,6 +116,9 @@ type Actor struct {
 	prioAck     chan struct{} // the actor took a catch-up chunk
 	prioRun     uint64        // numbers the catch-up reads of this actor
 
+	// Transactions written once (txnlog.go).
+	txn txnLog
+
 	// Idempotent producers (idempotence.go).
 	producers *producerTable           // committed batches of idempotent producers
 	inflight  map[uint64][]inflightSeq // this leader's idempotent proposals not applied yet, by producer
@@ -376,6 +379,12 @@ func (a *Actor) open() error {
 	a.stats.Conf.Store(&cs)
 	a.openPrio()
 	a.openProducers(applied)
+	if err := a.openTxnLog(applied); err != nil {
+		a.store, a.rn = nil, nil
+		a.stopWriter()
+		store.Close()
+		return err
+	}
 	a.publish()
 	return nil
 }
@@ -403,6 +412,7 @@ func (a *Actor) onStopping(ctx actor.Context, why *heraldpb.Error) {
 	a.stopCatchUp()
 	a.stopProducerLoad()
 	if a.store != nil {
+		a.saveTxnFloor()
 		a.savePrio(true)
 		a.saveProducers(true)
 	}
@@ -496,6 +506,7 @@ func (a *Actor) onTick(ctx actor.Context) {
 		a.release()
 	}
 	if every := max(1, int(a.cfg.IndexSaveInterval/a.cfg.TickInterval)); a.ticks-a.prio.lastSave >= every {
+		a.saveTxnFloor()
 		a.savePrio(false)
 	}
 	if every := max(1, int(a.cfg.IndexSaveInterval/a.cfg.TickInterval)); a.ticks-a.prodLastSave >= every {
@@ -511,7 +522,7 @@ func (a *Actor) retain() {
 		return
 	}
 	store, gen, send := a.store, a.gen, a.writer.send
-	now, age, bytes, applied := a.cfg.Clock.Now(), a.cfg.RetentionAge, a.cfg.RetentionBytes, a.applied
+	now, age, bytes, applied := a.cfg.Clock.Now(), a.cfg.RetentionAge, a.cfg.RetentionBytes, a.retainUpTo()
 	a.writer.do(func(failed bool) {
 		if failed {
 			return
@@ -567,7 +578,7 @@ func (a *Actor) onDeleteBefore(ctx actor.Context, m *DeleteBefore) {
 		return
 	}
 	store, gen, send, replyTo := a.store, a.gen, a.writer.send, ctx.Sender()
-	off, applied := min(m.Offset, a.hw), a.applied
+	off, applied := min(m.Offset, a.hw), a.retainUpTo()
 	a.writer.do(func(failed bool) {
 		if failed {
 			send(deletedBefore{gen: gen, replyTo: replyTo, err: fmt.Errorf("%w: the log failed", ErrStorageFailed)})
@@ -750,6 +761,9 @@ func (a *Actor) installSnapshot(ctx actor.Context, snap *raftpb.Snapshot) {
 	a.win.reset()
 	a.openPrio()       // the log was replaced: index it again
 	a.resetProducers() // and its earlier batches are gone
+	a.failTxnPending(ctx, notLeader(a.cfg.Topic, a.cfg.Partition, a.leader))
+	a.txn = newTxnLog() // the leader keeps every open batch after its snapshot point
+	a.publishTxn()
 	if a.producers.raiseTxnEpoch(sd.TxnEpoch) {
 		// The fences it replaced hold: saved now, with the table's file.
 		a.saveProducers(true)
@@ -924,6 +938,21 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 		a.applyFence(ctx, e, h)
 		return
 	}
+	if h.TxnBatch() {
+		a.applyTxnBatch(ctx, e, h, records)
+		return
+	}
+	if h.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE {
+		a.applyTxnMarker(ctx, e, h)
+		return
+	}
+	if h.Count > 0 && h.BaseOffset+int64(h.Count) <= a.hw && h.BaseOffset < a.hw {
+		// Below the start of a snapshot this replica installed: a leader
+		// whose retention cut a transaction's span starts its log after
+		// the transaction, and keeps the entries below until its next
+		// truncation (persistence.Log.Retain).
+		return
+	}
 	if h.BaseOffset != a.hw && !a.acceptedGap(a.hw, h.BaseOffset) {
 		a.log.Error("committed entry's base offset does not follow the high watermark",
 			"index", e.Index, "base", h.BaseOffset, "hw", a.hw)
@@ -1020,6 +1049,10 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	a.wake()
 	if e := a.checkInSync(req.Acks); e != nil {
 		fail(e)
+		return
+	}
+	if req.TxnBatch || req.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE {
+		a.onTxnProduce(ctx, replyTo, f.Id, req, fail)
 		return
 	}
 	if len(req.Records) == 0 && req.TxnEpoch != 0 {
@@ -1336,6 +1369,11 @@ func (a *Actor) failPending(ctx actor.Context, why *heraldpb.Error) {
 		a.answer(ctx, p, func(id uint64, _ bool) *heraldpb.Frame { return heraldpb.ErrorFrame(id, why) })
 		delete(a.pending, k)
 	}
+	if len(a.txn.batchWait) > 0 || len(a.txn.closing) > 0 {
+		why = proto.Clone(why).(*heraldpb.Error)
+		why.OutcomeUnknown = true
+	}
+	a.failTxnPending(ctx, why)
 }
 
 func (a *Actor) reply(ctx actor.Context, to *actor.PID, f *heraldpb.Frame) {

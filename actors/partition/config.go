@@ -192,6 +192,14 @@ type Config struct {
 	// saved index are read from the log off the actor; until then the
 	// leader answers idempotent produces THROTTLED.
 	ProducerStatePath string
+	// MaxTxnOpenBytes bounds the bytes of the open transactions' batches
+	// on the partition (txnlog.go); past it a transactional batch is
+	// answered THROTTLED until markers end some. Default 64 MiB.
+	MaxTxnOpenBytes int
+	// MaxTxnOpenPerProducer bounds the transactions (epochs) of one
+	// producer open on the partition at once (THROTTLED past it).
+	// Default 8.
+	MaxTxnOpenPerProducer int
 	// MaxProducers bounds the idempotent producers whose recent batches the
 	// partition remembers; past it the least recently written one is
 	// forgotten, and its next batch is accepted whatever its sequence.
@@ -230,6 +238,12 @@ func (c *Config) EnsureDefaults() {
 	}
 	if c.HeartbeatTicks == 0 {
 		c.HeartbeatTicks = 1
+	}
+	if c.MaxTxnOpenBytes == 0 {
+		c.MaxTxnOpenBytes = 64 << 20
+	}
+	if c.MaxTxnOpenPerProducer == 0 {
+		c.MaxTxnOpenPerProducer = 8
 	}
 	if c.QuiesceTicks == 0 {
 		c.QuiesceTicks = 5

@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,6 +56,15 @@ var (
 	idemProducers = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "herald_idempotent_producers", Help: "Idempotent producers whose recent batches the partition remembers (bounded by MaxProducers).",
 	}, labels)
+	txnOpen = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_partition_txn_open", Help: "Transactions with batches written to the partition and not ended by a marker yet.",
+	}, labels)
+	txnOpenBytes = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_partition_txn_open_bytes", Help: "Bytes of the open transactions' batches on the partition (bounded by MaxTxnOpenBytes).",
+	}, labels)
+	txnMarkers = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_partition_txn_markers_total", Help: "Transaction markers applied on the partition, by outcome.",
+	}, append(slices.Clone(labels), "marker"))
 	idemEvictions = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_idempotent_evictions_total", Help: "Idempotent producers forgotten because the partition's table was full.",
 	}, labels)
@@ -98,6 +108,8 @@ type partMetrics struct {
 	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas prometheus.Counter
 	idemEvictions, duplicates, outOfOrder                                                                 prometheus.Counter
 	start, end, hw, mailbox, parked, leader, writerQueue, quiesced, producers, held, damaged              prometheus.Gauge
+	txnOpen, txnOpenBytes                                                                                 prometheus.Gauge
+	txnMarkers                                                                                            *prometheus.CounterVec
 	votesWithheld, followerResets, txnFenced                                                              prometheus.Counter
 	lv                                                                                                    []string
 }
@@ -128,6 +140,9 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		followerResets:    followerResets,
 		txnFenced:         txnFenced,
 		idemEvictions:     idemEvictions.WithLabelValues(lv...),
+		txnOpen:           txnOpen.WithLabelValues(lv...),
+		txnOpenBytes:      txnOpenBytes.WithLabelValues(lv...),
+		txnMarkers:        txnMarkers,
 		duplicates:        produceDuplicates.WithLabelValues(lv...),
 		outOfOrder:        produceOutOfOrder.WithLabelValues(lv...),
 	}
@@ -139,7 +154,8 @@ func DeleteMetrics(topic string, part uint32) {
 	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas, idemEvictions, produceDuplicates, produceOutOfOrder} {
 		v.DeleteLabelValues(lv...)
 	}
-	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers, heldBatches, partitionDamaged} {
+	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers, heldBatches, partitionDamaged, txnOpen, txnOpenBytes} {
 		v.DeleteLabelValues(lv...)
 	}
+	txnMarkers.DeletePartialMatch(prometheus.Labels{"topic": topic, "partition": lv[1]})
 }

@@ -81,8 +81,9 @@ func (r *Router) produce(f *heraldpb.Frame, replyTo *actor.PID) {
 		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "topic %q is internal: clients cannot produce to it", b.Topic))
 		return
 	}
-	if b.NotBeforeMs != 0 || b.HoldUs != 0 || b.ClockId != 0 || b.SingleInFlight || b.TxnEpoch != 0 || b.TxnEpochResetFrom != 0 || b.TxnEpochResetIndex != 0 {
-		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "not_before_ms, hold_us, clock_id, single_in_flight and txn_epoch are internal to the broker: use deliver_at_ms or delay_ms"))
+	if b.NotBeforeMs != 0 || b.HoldUs != 0 || b.ClockId != 0 || b.SingleInFlight || b.TxnEpoch != 0 || b.TxnEpochResetFrom != 0 || b.TxnEpochResetIndex != 0 ||
+		b.TxnBatch || b.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE || b.TxnRecords != 0 {
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "not_before_ms, hold_us, clock_id, single_in_flight, txn_epoch, txn_batch and txn_marker are internal to the broker: use deliver_at_ms or delay_ms, and transactional_id for transactions"))
 		return
 	}
 	e := r.reg.Get(b.Topic)

@@ -1,0 +1,237 @@
+package partition
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// txnBatchFrame is a transactional batch of producer pid's transaction of
+// epoch, at sequence seq.
+func txnBatchFrame(pid uint64, epoch uint32, seq int64, values ...string) *heraldpb.Frame {
+	return &heraldpb.Frame{Id: frameIDs.Add(1), Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: "t", Acks: heraldpb.Acks_ACKS_ALL, Records: batchOf(values...), ProducerId: pid, ProducerEpoch: epoch, BaseSequence: seq, TxnBatch: true,
+	}}}
+}
+
+// markerFrame ends producer pid's transaction of epoch: commit (with the
+// records it wrote here) or abort.
+func markerFrame(pid uint64, epoch uint32, commit bool, records uint32) *heraldpb.Frame {
+	m := heraldpb.TxnMarker_TXN_MARKER_ABORT
+	if commit {
+		m = heraldpb.TxnMarker_TXN_MARKER_COMMIT
+	}
+	return &heraldpb.Frame{Id: frameIDs.Add(1), Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: "t", Acks: heraldpb.Acks_ACKS_ALL, ProducerId: pid, ProducerEpoch: epoch, TxnMarker: m, TxnRecords: records,
+	}}}
+}
+
+// mustCommit checks a commit marker's answer: its records at base.
+func mustCommit(t *testing.T, f *heraldpb.Frame, base int64, count uint32, dup bool) {
+	t.Helper()
+	r := f.GetProduceResponse()
+	if r == nil || r.BaseOffset != base || r.Count != count || r.Duplicate != dup {
+		t.Fatalf("commit answered %v; want %d records at %d (duplicate %v)", f, count, base, dup)
+	}
+}
+
+// Transactional batches are written once and read by nobody until their
+// commit marker gives them offsets, after the records committed before
+// the marker; an abort drops them. Retries are answered as duplicates, a
+// gap in sequences is refused, a marker ends only its own epoch (a late
+// batch or a replayed marker of an ended epoch changes nothing), and a
+// commit waits for as many records as its coordinator counted.
+func TestTxnBatchesWrittenOnce(t *testing.T) {
+	sys := actor.NewActorSystem()
+	DeleteMetrics("txn-once", 0)
+	ip := &idemPartition{t: t, sys: sys, topic: "txn-once", dir: t.TempDir()}
+	ip.start()
+	defer func() { ip.stop() }()
+	const all = heraldpb.Acks_ACKS_ALL
+	hw := func(want int64) {
+		t.Helper()
+		checkFor(t, 5*time.Second, fmt.Sprintf("hw %d", want), func() bool { return ip.stats.HighWatermark.Load() == want })
+	}
+
+	mustProduce(t, ip.ask(produceFrame("t", all, "p0")), 0, false)
+	mustProduce(t, ip.ask(txnBatchFrame(7, 1, 0, "a", "b")), -1, false)
+	mustProduce(t, ip.ask(txnBatchFrame(7, 1, 0, "a", "b")), -1, true) // a retry
+	mustFail(t, ip.ask(txnBatchFrame(7, 1, 5, "z")), heraldpb.ErrorCode_OUT_OF_ORDER_SEQUENCE)
+	mustProduce(t, ip.ask(txnBatchFrame(8, 4, 0, "x")), -1, false) // another producer's, aborted below
+	mustProduce(t, ip.ask(produceFrame("t", all, "p1")), 1, false)
+	mustProduce(t, ip.ask(txnBatchFrame(7, 1, 2, "c")), -1, false)
+	hw(2)
+	if got := readAll(t, sys, ip.pid, 2); fmt.Sprint(got) != "[p0 p1]" {
+		t.Fatalf("before the commit the log reads %v", got)
+	}
+	if n := ip.stats.HighWatermark.Load(); n != 2 {
+		t.Fatalf("hw %d with two transactions open", n)
+	}
+
+	// The coordinator counted more records than are here: not yet.
+	if e := mustFail(t, ip.ask(markerFrame(7, 1, true, 4)), heraldpb.ErrorCode_THROTTLED); !e.Retriable {
+		t.Fatalf("a commit waiting for records is not retriable: %v", e)
+	}
+	mustFail(t, ip.ask(markerFrame(7, 1, true, 2)), heraldpb.ErrorCode_INVALID_TXN_STATE)
+	mustCommit(t, ip.ask(markerFrame(7, 1, true, 3)), 2, 3, false)
+	mustCommit(t, ip.ask(markerFrame(7, 1, true, 3)), 2, 3, true) // replayed
+	mustFail(t, ip.ask(markerFrame(7, 1, false, 0)), heraldpb.ErrorCode_INVALID_TXN_STATE)
+	mustFail(t, ip.ask(txnBatchFrame(7, 1, 3, "late")), heraldpb.ErrorCode_INVALID_TXN_STATE)
+	mustProduce(t, ip.ask(markerFrame(8, 4, false, 0)), -1, false)
+	mustProduce(t, ip.ask(markerFrame(8, 3, false, 0)), -1, true) // an earlier epoch's, delayed
+	mustFail(t, ip.ask(txnBatchFrame(8, 4, 1, "late")), heraldpb.ErrorCode_INVALID_TXN_STATE)
+	mustProduce(t, ip.ask(produceFrame("t", all, "p2")), 5, false)
+	// The producer's next transaction: its own epoch, sequences from 0.
+	mustProduce(t, ip.ask(txnBatchFrame(7, 2, 0, "d")), -1, false)
+	mustCommit(t, ip.ask(markerFrame(7, 2, true, 1)), 6, 1, false)
+	// A commit of nothing written here ends the epoch all the same.
+	mustProduce(t, ip.ask(markerFrame(9, 1, true, 0)), -1, false)
+	mustFail(t, ip.ask(txnBatchFrame(9, 1, 0, "late")), heraldpb.ErrorCode_INVALID_TXN_STATE)
+	hw(7)
+	want := "[p0 p1 a b c p2 d]"
+	if got := readAll(t, sys, ip.pid, 7); fmt.Sprint(got) != want {
+		t.Fatalf("the log reads %v, want %v", got, want)
+	}
+	// After a restart the window is empty: the reads come from the log,
+	// which expands the markers.
+	ip.stop()
+	ip.start()
+	hw(7)
+	if got := readAll(t, sys, ip.pid, 7); fmt.Sprint(got) != want {
+		t.Fatalf("after a restart the log reads %v, want %v", got, want)
+	}
+	mustProduce(t, ip.ask(produceFrame("t", all, "p3")), 7, false)
+}
+
+// Open transactions outlive a restart: from the transaction state file's
+// floor, or from the whole log without it. Their batches stay unreadable
+// until the commit, which then reads them from the log.
+func TestTxnOpenSurvivesRestart(t *testing.T) {
+	for _, withFile := range []bool{true, false} {
+		t.Run(fmt.Sprintf("state file %v", withFile), func(t *testing.T) {
+			sys := actor.NewActorSystem()
+			ip := &idemPartition{t: t, sys: sys, topic: "txn-restart", dir: t.TempDir()}
+			ip.start()
+			defer func() { ip.stop() }()
+			const all = heraldpb.Acks_ACKS_ALL
+			mustProduce(t, ip.ask(produceFrame("t", all, "p0")), 0, false)
+			mustProduce(t, ip.ask(txnBatchFrame(7, 1, 0, "a")), -1, false)
+			mustProduce(t, ip.ask(produceFrame("t", all, "p1")), 1, false)
+			mustProduce(t, ip.ask(txnBatchFrame(8, 1, 0, "gone")), -1, false)
+			mustProduce(t, ip.ask(markerFrame(8, 1, false, 0)), -1, false)
+			mustProduce(t, ip.ask(txnBatchFrame(7, 1, 1, "b")), -1, false)
+			ip.stop()
+			path := ip.statePath() + ".txn"
+			if _, err := os.Stat(path); err != nil {
+				t.Fatalf("no transaction state file after a stop: %v", err)
+			}
+			if !withFile {
+				if err := os.Remove(path); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ip.start()
+			mustProduce(t, ip.ask(txnBatchFrame(7, 1, 1, "b")), -1, true) // still known
+			mustFail(t, ip.ask(txnBatchFrame(8, 1, 1, "late")), heraldpb.ErrorCode_INVALID_TXN_STATE)
+			mustProduce(t, ip.ask(txnBatchFrame(7, 1, 2, "c")), -1, false)
+			mustCommit(t, ip.ask(markerFrame(7, 1, true, 3)), 2, 3, false)
+			checkFor(t, 5*time.Second, "hw 5", func() bool { return ip.stats.HighWatermark.Load() == 5 })
+			if got := readAll(t, sys, ip.pid, 5); fmt.Sprint(got) != "[p0 p1 a b c]" {
+				t.Fatalf("the log reads %v", got)
+			}
+		})
+	}
+}
+
+// Retention never removes an open transaction's batches: the log's front
+// stops before the oldest, and the commit that comes after retention ran
+// reads every record.
+func TestRetentionKeepsOpenTxnBatches(t *testing.T) {
+	sys := actor.NewActorSystem()
+	reps := spawnGroupWith(t, sys, 1, func(_ *replica, cfg *Config) {
+		cfg.RetentionBytes = 1
+		cfg.RetentionCheck = 20 * time.Millisecond
+	})
+	p := reps[0]
+	in := newInbox(sys)
+	checkFor(t, 10*time.Second, "leader", func() bool { return p.stats.Idempotent.Load() })
+	askT := func(f *heraldpb.Frame) *heraldpb.Frame { t.Helper(); return ask(t, sys, p.pid, in, f) }
+	mustProduce(t, askT(produceFrame("t", heraldpb.Acks_ACKS_ALL, "old")), 0, false)
+	mustProduce(t, askT(txnBatchFrame(7, 1, 0, "kept")), -1, false)
+	for i := 0; i < 20; i++ {
+		mustProduce(t, askT(produceFrame("t", heraldpb.Acks_ACKS_ALL, fmt.Sprintf("p%d", i))), int64(1+i), false)
+	}
+	// Retention (1 byte) would remove every applied entry in one pass; it
+	// stops before the open batch, after the record before it.
+	checkFor(t, 10*time.Second, "retention removes the record before the open batch", func() bool { return p.stats.StartOffset.Load() >= 1 })
+	if s := p.stats.StartOffset.Load(); s != 1 {
+		t.Fatalf("retention moved the log's start to %d, past the open batch", s)
+	}
+	mustCommit(t, askT(markerFrame(7, 1, true, 1)), 21, 1, false)
+	checkFor(t, 10*time.Second, "hw 22", func() bool { return p.stats.HighWatermark.Load() == 22 })
+	f := askT(fetchFrame("t", 21, 0))
+	if bs := f.GetFetchResponse().GetBatches(); len(bs) != 1 || bs[0].BaseOffset != 21 || bs[0].Count != 1 {
+		t.Fatalf("the committed record reads %v", f)
+	}
+	checkFor(t, 10*time.Second, "retention passes the committed transaction", func() bool { return p.stats.StartOffset.Load() >= 21 })
+}
+
+// In a replicated group every replica holds the open transactions as it
+// applies the log: after the leader is lost, the new leader knows the
+// batches written before (a retry is a duplicate, a late batch of an ended
+// epoch is refused) and commits them; every live replica then reads the
+// same records at the same offsets.
+func TestTxnAcrossLeaderLoss(t *testing.T) {
+	sys := actor.NewActorSystem()
+	reps := spawnGroup(t, sys, 3)
+	live := map[uint64]bool{1: true, 2: true, 3: true}
+	leader := leaderOf(t, reps, live)
+	in := newInbox(sys)
+	askRetry := func(to *replica, mk func() *heraldpb.Frame) *heraldpb.Frame {
+		t.Helper()
+		return askRetrying(t, sys, func() *actor.PID { return to.pid }, in, mk)
+	}
+	produceRetrying(t, sys, leader.pid, in, heraldpb.Acks_ACKS_ALL, "p0")
+	mustProduce(t, askRetry(leader, func() *heraldpb.Frame { return txnBatchFrame(7, 1, 0, "a", "b") }), -1, false)
+	mustProduce(t, askRetry(leader, func() *heraldpb.Frame { return txnBatchFrame(8, 1, 0, "x") }), -1, false)
+	mustProduce(t, askRetry(leader, func() *heraldpb.Frame { return markerFrame(8, 1, false, 0) }), -1, false)
+
+	sys.Root.StopFuture(leader.pid).Wait()
+	delete(live, leader.id)
+	next := leaderOf(t, reps, live)
+	mustProduce(t, askRetry(next, func() *heraldpb.Frame { return txnBatchFrame(7, 1, 0, "a", "b") }), -1, true)
+	mustFail(t, askRetry(next, func() *heraldpb.Frame { return txnBatchFrame(8, 1, 1, "late") }), heraldpb.ErrorCode_INVALID_TXN_STATE)
+	mustProduce(t, askRetry(next, func() *heraldpb.Frame { return txnBatchFrame(7, 1, 2, "c") }), -1, false)
+	produceRetrying(t, sys, next.pid, in, heraldpb.Acks_ACKS_ALL, "p1")
+	mustCommit(t, askRetry(next, func() *heraldpb.Frame { return markerFrame(7, 1, true, 3) }), 2, 3, false)
+	for _, r := range reps {
+		if !live[r.id] {
+			continue
+		}
+		checkFor(t, 10*time.Second, "replica has every record", func() bool { return r.stats.HighWatermark.Load() == 5 })
+		if got := readAll(t, sys, r.pid, 5); fmt.Sprint(got) != "[p0 p1 a b c]" {
+			t.Fatalf("replica %d reads %v", r.id, got)
+		}
+	}
+}
+
+// FuzzDecodeTxnFloor: the transaction state file's decoder never panics,
+// and what it accepts encodes back to the same bytes
+// (testdata/fuzz/FuzzDecodeTxnFloor).
+func FuzzDecodeTxnFloor(f *testing.F) {
+	f.Add(encodeTxnFloor(12, 40))
+	f.Add([]byte("HTXN"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		floor, through, err := decodeTxnFloor(b)
+		if err != nil {
+			return
+		}
+		if string(encodeTxnFloor(floor, through)) != string(b) {
+			t.Fatalf("%x decodes to %d, %d, which encodes differently", b, floor, through)
+		}
+	})
+}
