@@ -114,7 +114,7 @@ func spawnGroup(t *testing.T, sys *actor.ActorSystem, n int) []*replica {
 
 // spawnGroupWith is spawnGroup with each replica's config passed through
 // tune (when not nil) before it starts.
-func spawnGroupWith(t *testing.T, sys *actor.ActorSystem, n int, tune func(r *replica, cfg *Config)) []*replica {
+func spawnGroupWith(t testing.TB, sys *actor.ActorSystem, n int, tune func(r *replica, cfg *Config)) []*replica {
 	t.Helper()
 	base := t.TempDir()
 	peers := map[uint64]*actor.PID{}
