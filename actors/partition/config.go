@@ -197,8 +197,9 @@ type Config struct {
 	// answered THROTTLED until markers end some. Default 64 MiB.
 	MaxTxnOpenBytes int
 	// MaxTxnOpenPerProducer bounds the transactions (epochs) of one
-	// producer open on the partition at once (THROTTLED past it).
-	// Default 8.
+	// producer open on the partition at once (THROTTLED past it): a
+	// producer that keeps batches in flight across transactions has the
+	// ones whose markers are on their way open too. Default 32.
 	MaxTxnOpenPerProducer int
 	// MaxProducers bounds the idempotent producers whose recent batches the
 	// partition remembers; past it the least recently written one is
@@ -243,7 +244,7 @@ func (c *Config) EnsureDefaults() {
 		c.MaxTxnOpenBytes = 64 << 20
 	}
 	if c.MaxTxnOpenPerProducer == 0 {
-		c.MaxTxnOpenPerProducer = 8
+		c.MaxTxnOpenPerProducer = 32
 	}
 	if c.QuiesceTicks == 0 {
 		c.QuiesceTicks = 5

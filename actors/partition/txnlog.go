@@ -101,9 +101,10 @@ type txnSeqKey struct {
 // txnLog is a partition's transactions. open, ended and bytes follow the
 // applied log (every replica); the rest is the leader's, for its term.
 type txnLog struct {
-	open  map[pidEpoch]*openTxn
-	ended map[uint64]txnEnd // by producer id, at most maxEnded
-	bytes int               // records held by open transactions
+	open   map[pidEpoch]*openTxn
+	perPid map[uint64]int    // open transactions by producer id
+	ended  map[uint64]txnEnd // by producer id, at most maxEnded
+	bytes  int               // records held by open transactions
 
 	inflight   map[pidEpoch][]seqRange // proposed batches, oldest first
 	inBytes    int                     // their records' bytes
@@ -118,7 +119,7 @@ type txnLog struct {
 const maxEnded = 100_000
 
 func newTxnLog() txnLog {
-	return txnLog{open: map[pidEpoch]*openTxn{}, ended: map[uint64]txnEnd{}, inflight: map[pidEpoch][]seqRange{},
+	return txnLog{open: map[pidEpoch]*openTxn{}, perPid: map[uint64]int{}, ended: map[uint64]txnEnd{}, inflight: map[pidEpoch][]seqRange{},
 		batchWait: map[txnSeqKey]proposal{}, closing: map[pidEpoch]*proposal{}}
 }
 
@@ -133,20 +134,32 @@ func (t *txnLog) minOpenIndex() uint64 {
 	return m
 }
 
-// openOf counts the open transactions of producer pid.
+// openOf counts the open transactions of producer pid: applied, or with
+// batches proposed.
 func (t *txnLog) openOf(pid uint64) int {
-	n := 0
-	for k := range t.open {
-		if k.pid == pid {
-			n++
-		}
-	}
-	for k := range t.inflight {
+	n := t.perPid[pid]
+	for k := range t.inflight { // (the leader's proposals not applied: few)
 		if k.pid == pid && t.open[k] == nil {
 			n++
 		}
 	}
 	return n
+}
+
+// opened and closed keep open and perPid in step.
+func (t *txnLog) opened(k pidEpoch, o *openTxn) {
+	t.open[k] = o
+	t.perPid[k.pid]++
+}
+
+func (t *txnLog) closed(k pidEpoch) {
+	if t.open[k] == nil {
+		return
+	}
+	delete(t.open, k)
+	if t.perPid[k.pid]--; t.perPid[k.pid] <= 0 {
+		delete(t.perPid, k.pid)
+	}
 }
 
 // noteEnd records how a producer's transaction ended, keeping the latest
@@ -411,7 +424,7 @@ func (a *Actor) applyTxnBatch(ctx actor.Context, e raftpb.Entry, h heraldpb.LogE
 			return
 		}
 		o = &openTxn{since: a.cfg.Clock.Now()}
-		t.open[k] = o
+		t.opened(k, o)
 	}
 	o.batches = append(o.batches, txnBatchRef{index: e.Index, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, bytes: len(records), records: records})
 	o.records += h.TxnCount
@@ -434,7 +447,7 @@ func (a *Actor) applyTxnMarker(ctx actor.Context, e raftpb.Entry, h heraldpb.Log
 	k := pidEpoch{h.ProducerID, h.ProducerEpoch}
 	o := t.open[k]
 	if o != nil {
-		delete(t.open, k)
+		t.closed(k)
 		t.bytes -= o.bytes
 	}
 	commit := h.TxnMarker == heraldpb.TxnMarker_TXN_MARKER_COMMIT
@@ -608,7 +621,7 @@ func (a *Actor) openTxnLog(applied uint64) error {
 				o := a.txn.open[k]
 				if o == nil {
 					o = &openTxn{since: a.cfg.Clock.Now()}
-					a.txn.open[k] = o
+					a.txn.opened(k, o)
 				}
 				// (records not kept: the commit reads them from the log)
 				o.batches = append(o.batches, txnBatchRef{index: e.Index, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, bytes: len(records)})
@@ -619,7 +632,7 @@ func (a *Actor) openTxnLog(applied uint64) error {
 				if o := a.txn.open[k]; o != nil {
 					a.txn.bytes -= o.bytes
 				}
-				delete(a.txn.open, k)
+				a.txn.closed(k)
 				a.txn.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: h.TxnMarker == heraldpb.TxnMarker_TXN_MARKER_COMMIT, base: h.BaseOffset, count: h.Count})
 			}
 		}

@@ -15,14 +15,15 @@ import (
 // 1 KiB (a 100-record transaction's share of one of 4 partitions), 4
 // requests in flight each: plainly, and as transactions written once (a
 // transaction per batch: the batch, then, once it is answered, its commit
-// marker, as the coordinator would send it; batches and markers share the
-// 8 requests, as a partition allows a producer 8 open transactions). A
-// record counts once its batch (plain) or its marker (txn) is answered.
-// It reports records/s; compare the two within one run:
+// marker). "txn": the producer sends the marker, which takes one of its 8
+// slots; "txn-coord": the marker is sent outside the producer's slots, as
+// the coordinator sends it, so the producer keeps 8 batches in flight. A
+// record counts once its batch (plain) or its marker is answered. It
+// reports records/s; compare the modes within one run:
 //
 //	go test ./actors/partition -run XXX -bench TxnWriteOnce -benchtime 20000x
 func BenchmarkTxnWriteOnce(b *testing.B) {
-	for _, mode := range []string{"plain", "txn"} {
+	for _, mode := range []string{"plain", "txn", "txn-coord"} {
 		b.Run(mode, func(b *testing.B) {
 			sys := actor.NewActorSystem()
 			reps := spawnGroupWith(b, sys, 1, nil)
@@ -84,11 +85,21 @@ func BenchmarkTxnWriteOnce(b *testing.B) {
 							errs <- fmt.Errorf("producer %d: %v", pid, e)
 							return
 						}
-						outstanding--
 						if ep, ok := batchOf[f.Id]; ok {
 							delete(batchOf, f.Id)
-							send(markerFrame(pid, ep, true, 25))
+							outstanding--
+							m := markerFrame(pid, ep, true, 25)
+							if mode == "txn-coord" {
+								// The coordinator sends it: none of the
+								// producer's slots.
+								sys.Root.RequestWithCustomSender(p.pid, m, in.pid)
+							} else {
+								send(m)
+							}
 							continue
+						}
+						if mode != "txn-coord" {
+							outstanding--
 						}
 						done++
 					}
