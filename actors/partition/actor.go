@@ -1093,16 +1093,11 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		maxTs = appendTime
 	}
 	base := a.tail
-	data, err := proto.Marshal(&heraldpb.LogEntry{
+	if e := a.proposeEntry(&heraldpb.LogEntry{
 		BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: appendTime, MaxTimestampMs: maxTs, Records: req.Records,
 		MaxPriority: uint32(info.MaxPriority), ProducerId: req.ProducerId, BaseSequence: req.BaseSequence,
 		NotBeforeMs: notBefore, HoldUs: holdUs, TxnEpoch: req.TxnEpoch,
-	})
-	if err != nil {
-		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err))
-		return
-	}
-	if e := a.propose(data); e != nil {
+	}); e != nil {
 		fail(e)
 		return
 	}
@@ -1355,6 +1350,15 @@ func (a *Actor) propose(data []byte) *heraldpb.Error {
 		return e
 	}
 	return notLeader(a.cfg.Topic, a.cfg.Partition, a.leader)
+}
+
+// proposeEntry encodes le and proposes it (propose).
+func (a *Actor) proposeEntry(le *heraldpb.LogEntry) *heraldpb.Error {
+	data, err := proto.Marshal(le)
+	if err != nil {
+		return heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err)
+	}
+	return a.propose(data)
 }
 
 // failPending answers every proposed, unanswered produce with why, marked

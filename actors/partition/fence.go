@@ -122,12 +122,7 @@ func (a *Actor) onFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *h
 // whether the proposal was made.
 func (a *Actor) proposeFence(ctx actor.Context, replyTo *actor.PID, id, epoch, resetFrom, resetIndex uint64) bool {
 	base := a.tail
-	data, err := proto.Marshal(&heraldpb.LogEntry{BaseOffset: base, TxnEpoch: epoch, TxnEpochResetFrom: resetFrom, TxnEpochResetIndex: resetIndex})
-	if err != nil {
-		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding a fence: %v", err)))
-		return false
-	}
-	if e := a.propose(data); e != nil {
+	if e := a.proposeEntry(&heraldpb.LogEntry{BaseOffset: base, TxnEpoch: epoch, TxnEpochResetFrom: resetFrom, TxnEpochResetIndex: resetIndex}); e != nil {
 		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, e))
 		return false
 	}

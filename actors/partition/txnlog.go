@@ -14,7 +14,6 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/protobuf/proto"
 )
 
 // Transactions written once. A transactional batch (ProduceRequest.txn_batch)
@@ -292,13 +291,8 @@ func (a *Actor) onTxnBatch(ctx actor.Context, replyTo *actor.PID, id uint64, req
 	if maxTs == 0 {
 		maxTs = now
 	}
-	data, err := proto.Marshal(&heraldpb.LogEntry{TxnCount: count, ProducerId: k.pid, ProducerEpoch: k.epoch, BaseSequence: req.BaseSequence,
-		AppendTimeMs: now, MaxTimestampMs: maxTs, MaxPriority: uint32(info.MaxPriority), Records: req.Records})
-	if err != nil {
-		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err))
-		return
-	}
-	if e := a.propose(data); e != nil {
+	if e := a.proposeEntry(&heraldpb.LogEntry{TxnCount: count, ProducerId: k.pid, ProducerEpoch: k.epoch, BaseSequence: req.BaseSequence,
+		AppendTimeMs: now, MaxTimestampMs: maxTs, MaxPriority: uint32(info.MaxPriority), Records: req.Records}); e != nil {
 		fail(e)
 		return
 	}
@@ -377,12 +371,7 @@ func (a *Actor) onTxnMarker(ctx actor.Context, replyTo *actor.PID, id uint64, re
 			le.MaxPriority = max(le.MaxPriority, b.maxPrio)
 		}
 	}
-	data, err := proto.Marshal(le)
-	if err != nil {
-		fail(heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding entry: %v", err))
-		return
-	}
-	if e := a.propose(data); e != nil {
+	if e := a.proposeEntry(le); e != nil {
 		fail(e)
 		return
 	}
