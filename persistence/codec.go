@@ -31,6 +31,8 @@ type entryMeta struct {
 	// refs: a commit marker's batches (raft indexes, in offset order),
 	// whose records its offsets [base, end) are.
 	refs []uint64
+	// txn: a transactional batch or a transaction marker.
+	txn bool
 }
 
 // end is the offset after the entry's last record.
@@ -44,6 +46,7 @@ type logHeader struct {
 	maxTsMs  int64
 	txnCount uint32
 	refs     []uint64
+	marker   bool
 }
 
 // framedSize is the number of bytes tidwall/wal's binary format uses for a
@@ -112,7 +115,7 @@ func entryMetaOf(e *raftpb.Entry) (entryMeta, []byte, error) {
 	}
 	m.base, m.count, m.appendMs, m.maxTsMs = h.base, h.count, h.appendMs, h.maxTsMs
 	m.hasRecords = h.count > 0
-	m.txnCount, m.refs = h.txnCount, h.refs
+	m.txnCount, m.refs, m.txn = h.txnCount, h.refs, h.txnCount > 0 || h.marker
 	return m, records, nil
 }
 
@@ -122,7 +125,8 @@ func decodeLogEntry(b []byte) (h logHeader, records []byte, err error) {
 	if err != nil {
 		return h, nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	h = logHeader{base: ph.BaseOffset, count: ph.Count, appendMs: ph.AppendTimeMs, maxTsMs: ph.MaxTimestampMs, txnCount: ph.TxnCount}
+	h = logHeader{base: ph.BaseOffset, count: ph.Count, appendMs: ph.AppendTimeMs, maxTsMs: ph.MaxTimestampMs, txnCount: ph.TxnCount,
+		marker: ph.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE}
 	if ph.RefCount > 0 {
 		h.refs = ph.AppendRefs(make([]uint64, 0, ph.RefCount))
 	}

@@ -66,7 +66,7 @@ func check(t *testing.T, b []byte) {
 	}
 	if e2.Index != e.Index || e2.Term != e.Term || e2.Type != e.Type || !bytes.Equal(e2.Data, e.Data) ||
 		m2.index != m.index || m2.term != m.term || m2.hasRecords != m.hasRecords || m2.base != m.base || m2.count != m.count ||
-		m2.appendMs != m.appendMs || m2.maxTsMs != m.maxTsMs || m2.size != m.size || m2.txnCount != m.txnCount {
+		m2.appendMs != m.appendMs || m2.maxTsMs != m.maxTsMs || m2.size != m.size || m2.txnCount != m.txnCount || m2.txn != m.txn {
 		t.Fatalf("round trip differs: %v %+v vs %v %+v", e, m, e2, m2)
 	}
 	if m.hasRecords {

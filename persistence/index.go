@@ -38,6 +38,10 @@ type indexes struct {
 	size        int64 // WAL bytes of entries [FirstIndex, LastIndex]
 	startOffset int64 // offset at FirstIndex
 	endOffset   int64 // offset after the last record of the last entry
+	// txnLow is at or below the first transactional entry (batch or
+	// marker) of the log (0: none seen since the log was opened empty or
+	// a snapshot replaced it); see Log.TxnFloor.
+	txnLow uint64
 }
 
 // add appends the metadata of entry m, the next index after LastIndex.
@@ -46,6 +50,9 @@ func (ix *indexes) add(m *entryMeta, interval int64) {
 		ix.points = append(ix.points, point{idx: m.index, off: ix.endOffset, cum: ix.endCum, maxTs: math.MinInt64, maxAppend: math.MinInt64, minRef: math.MaxUint64})
 	}
 	p := &ix.points[len(ix.points)-1]
+	if m.txn && ix.txnLow == 0 {
+		ix.txnLow = m.index
+	}
 	for _, r := range m.refs {
 		p.minRef = min(p.minRef, r)
 	}

@@ -198,6 +198,19 @@ func (l *Log) Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo u
 	return l.truncateLogged(idx, max(off, end), removed, "persistence: retention truncated the log")
 }
 
+// TxnFloor is a raft index at or below the log's first transactional
+// entry (a batch written once, or a marker), 0 if the log holds none: a
+// reader rebuilding the open transactions need not look below it. Safe
+// for concurrent use.
+func (l *Log) TxnFloor() uint64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.ix.txnLow == 0 {
+		return 0
+	}
+	return max(l.ix.txnLow, l.first)
+}
+
 // split finds the commit markers at raft index idx or later that name
 // entries before idx: the lowest index they name (math.MaxUint64: none)
 // and the offset after the last of them (-1: none). Truncating the front

@@ -572,7 +572,12 @@ type SnapshotData struct {
 	// The highest transaction coordinator epoch the sending leader applied
 	// (LogEntry.txn_epoch): the fences the snapshot replaces still hold on
 	// the replica that installs it.
-	TxnEpoch      uint64 `protobuf:"varint,2,opt,name=txn_epoch,json=txnEpoch,proto3" json:"txn_epoch,omitempty"`
+	TxnEpoch uint64 `protobuf:"varint,2,opt,name=txn_epoch,json=txnEpoch,proto3" json:"txn_epoch,omitempty"`
+	// How the sending leader's producers last ended a transaction written
+	// once (actors/partition txnlog.go), so that the replica that installs
+	// the snapshot refuses their late batches and answers their replayed
+	// markers as the leader would.
+	TxnEnded      []*TxnEnded `protobuf:"bytes,3,rep,name=txn_ended,json=txnEnded,proto3" json:"txn_ended,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -621,6 +626,90 @@ func (x *SnapshotData) GetTxnEpoch() uint64 {
 	return 0
 }
 
+func (x *SnapshotData) GetTxnEnded() []*TxnEnded {
+	if x != nil {
+		return x.TxnEnded
+	}
+	return nil
+}
+
+// TxnEnded is a producer's last transaction end on a partition.
+type TxnEnded struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProducerId    uint64                 `protobuf:"varint,1,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	Epoch         uint32                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Committed     bool                   `protobuf:"varint,3,opt,name=committed,proto3" json:"committed,omitempty"`
+	BaseOffset    int64                  `protobuf:"varint,4,opt,name=base_offset,json=baseOffset,proto3" json:"base_offset,omitempty"`
+	Count         uint32                 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnEnded) Reset() {
+	*x = TxnEnded{}
+	mi := &file_log_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnEnded) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnEnded) ProtoMessage() {}
+
+func (x *TxnEnded) ProtoReflect() protoreflect.Message {
+	mi := &file_log_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnEnded.ProtoReflect.Descriptor instead.
+func (*TxnEnded) Descriptor() ([]byte, []int) {
+	return file_log_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TxnEnded) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *TxnEnded) GetEpoch() uint32 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *TxnEnded) GetCommitted() bool {
+	if x != nil {
+		return x.Committed
+	}
+	return false
+}
+
+func (x *TxnEnded) GetBaseOffset() int64 {
+	if x != nil {
+		return x.BaseOffset
+	}
+	return 0
+}
+
+func (x *TxnEnded) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 // Forward carries a client frame to the local replica of a raft group on
 // another node, through the cluster transport. Fire and forget (the
 // sender watches for the effect), unless request is set: then the
@@ -636,7 +725,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_log_proto_msgTypes[7]
+	mi := &file_log_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +737,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[7]
+	mi := &file_log_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +750,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{7}
+	return file_log_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Forward) GetGroup() string {
@@ -683,6 +772,114 @@ func (x *Forward) GetRequest() bool {
 		return x.Request
 	}
 	return false
+}
+
+// TxnState is a partition's transaction state file (actors/partition
+// txnlog.go): the floors saved (the oldest open transactional batch once
+// the entries up to through were applied), oldest first, and how the
+// producers last ended their transactions.
+type TxnState struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Floors        []*TxnFloor            `protobuf:"bytes,1,rep,name=floors,proto3" json:"floors,omitempty"`
+	Ended         []*TxnEnded            `protobuf:"bytes,2,rep,name=ended,proto3" json:"ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnState) Reset() {
+	*x = TxnState{}
+	mi := &file_log_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnState) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnState) ProtoMessage() {}
+
+func (x *TxnState) ProtoReflect() protoreflect.Message {
+	mi := &file_log_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnState.ProtoReflect.Descriptor instead.
+func (*TxnState) Descriptor() ([]byte, []int) {
+	return file_log_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *TxnState) GetFloors() []*TxnFloor {
+	if x != nil {
+		return x.Floors
+	}
+	return nil
+}
+
+func (x *TxnState) GetEnded() []*TxnEnded {
+	if x != nil {
+		return x.Ended
+	}
+	return nil
+}
+
+type TxnFloor struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Floor         uint64                 `protobuf:"varint,1,opt,name=floor,proto3" json:"floor,omitempty"`
+	Through       uint64                 `protobuf:"varint,2,opt,name=through,proto3" json:"through,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnFloor) Reset() {
+	*x = TxnFloor{}
+	mi := &file_log_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnFloor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnFloor) ProtoMessage() {}
+
+func (x *TxnFloor) ProtoReflect() protoreflect.Message {
+	mi := &file_log_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnFloor.ProtoReflect.Descriptor instead.
+func (*TxnFloor) Descriptor() ([]byte, []int) {
+	return file_log_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *TxnFloor) GetFloor() uint64 {
+	if x != nil {
+		return x.Floor
+	}
+	return 0
+}
+
+func (x *TxnFloor) GetThrough() uint64 {
+	if x != nil {
+		return x.Through
+	}
+	return 0
 }
 
 var File_log_proto protoreflect.FileDescriptor
@@ -731,15 +928,30 @@ const file_log_proto_rawDesc = "" +
 	"\x04from\x18\x01 \x01(\x04R\x04from\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x14\n" +
 	"\x05index\x18\x03 \x01(\x04R\x05index\"\x06\n" +
-	"\x04Tick\"L\n" +
+	"\x04Tick\"~\n" +
 	"\fSnapshotData\x12\x1f\n" +
 	"\vnext_offset\x18\x01 \x01(\x03R\n" +
 	"nextOffset\x12\x1b\n" +
-	"\ttxn_epoch\x18\x02 \x01(\x04R\btxnEpoch\"a\n" +
+	"\ttxn_epoch\x18\x02 \x01(\x04R\btxnEpoch\x120\n" +
+	"\ttxn_ended\x18\x03 \x03(\v2\x13.herald.v1.TxnEndedR\btxnEnded\"\x96\x01\n" +
+	"\bTxnEnded\x12\x1f\n" +
+	"\vproducer_id\x18\x01 \x01(\x04R\n" +
+	"producerId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\rR\x05epoch\x12\x1c\n" +
+	"\tcommitted\x18\x03 \x01(\bR\tcommitted\x12\x1f\n" +
+	"\vbase_offset\x18\x04 \x01(\x03R\n" +
+	"baseOffset\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\rR\x05count\"a\n" +
 	"\aForward\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12&\n" +
 	"\x05frame\x18\x02 \x01(\v2\x10.herald.v1.FrameR\x05frame\x12\x18\n" +
-	"\arequest\x18\x03 \x01(\bR\arequestB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"\arequest\x18\x03 \x01(\bR\arequest\"b\n" +
+	"\bTxnState\x12+\n" +
+	"\x06floors\x18\x01 \x03(\v2\x13.herald.v1.TxnFloorR\x06floors\x12)\n" +
+	"\x05ended\x18\x02 \x03(\v2\x13.herald.v1.TxnEndedR\x05ended\":\n" +
+	"\bTxnFloor\x12\x14\n" +
+	"\x05floor\x18\x01 \x01(\x04R\x05floor\x12\x18\n" +
+	"\athrough\x18\x02 \x01(\x04R\athroughB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_log_proto_rawDescOnce sync.Once
@@ -753,7 +965,7 @@ func file_log_proto_rawDescGZIP() []byte {
 	return file_log_proto_rawDescData
 }
 
-var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_log_proto_goTypes = []any{
 	(*LogEntry)(nil),     // 0: herald.v1.LogEntry
 	(*RaftMessage)(nil),  // 1: herald.v1.RaftMessage
@@ -762,21 +974,27 @@ var file_log_proto_goTypes = []any{
 	(*Quiesce)(nil),      // 4: herald.v1.Quiesce
 	(*Tick)(nil),         // 5: herald.v1.Tick
 	(*SnapshotData)(nil), // 6: herald.v1.SnapshotData
-	(*Forward)(nil),      // 7: herald.v1.Forward
-	(TxnMarker)(0),       // 8: herald.v1.TxnMarker
-	(*Frame)(nil),        // 9: herald.v1.Frame
+	(*TxnEnded)(nil),     // 7: herald.v1.TxnEnded
+	(*Forward)(nil),      // 8: herald.v1.Forward
+	(*TxnState)(nil),     // 9: herald.v1.TxnState
+	(*TxnFloor)(nil),     // 10: herald.v1.TxnFloor
+	(TxnMarker)(0),       // 11: herald.v1.TxnMarker
+	(*Frame)(nil),        // 12: herald.v1.Frame
 }
 var file_log_proto_depIdxs = []int32{
-	8, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
-	4, // 1: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
-	3, // 2: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
-	2, // 3: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
-	9, // 4: herald.v1.Forward.frame:type_name -> herald.v1.Frame
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	11, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
+	4,  // 1: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
+	3,  // 2: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
+	2,  // 3: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
+	7,  // 4: herald.v1.SnapshotData.txn_ended:type_name -> herald.v1.TxnEnded
+	12, // 5: herald.v1.Forward.frame:type_name -> herald.v1.Frame
+	10, // 6: herald.v1.TxnState.floors:type_name -> herald.v1.TxnFloor
+	7,  // 7: herald.v1.TxnState.ended:type_name -> herald.v1.TxnEnded
+	8,  // [8:8] is the sub-list for method output_type
+	8,  // [8:8] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_log_proto_init() }
@@ -791,7 +1009,7 @@ func file_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_log_proto_rawDesc), len(file_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

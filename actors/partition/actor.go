@@ -358,7 +358,10 @@ func (a *Actor) open() error {
 	a.writer = startWriter(store, gen, a.cfg.WriterQueue, a.m.writerQueue, func(m any) { sys.Root.Send(self, m) })
 	a.appendsQueued, a.stampReady, a.clearing = 0, false, false
 	a.applied = applied
-	a.hw = a.endOffsetAt(applied)
+	// (never below the log's start: retention that cut a transaction's
+	// span starts the log after it and keeps entries below until its next
+	// truncation)
+	a.hw = max(a.endOffsetAt(applied), store.StartOffset())
 	a.holds = nil
 	a.heldFrom = nil // (what follows is applied again, held from then)
 	if err := a.restoreHolds(); err != nil {
@@ -412,7 +415,7 @@ func (a *Actor) onStopping(ctx actor.Context, why *heraldpb.Error) {
 	a.stopCatchUp()
 	a.stopProducerLoad()
 	if a.store != nil {
-		a.saveTxnFloor()
+		a.saveTxnState()
 		a.savePrio(true)
 		a.saveProducers(true)
 	}
@@ -506,7 +509,7 @@ func (a *Actor) onTick(ctx actor.Context) {
 		a.release()
 	}
 	if every := max(1, int(a.cfg.IndexSaveInterval/a.cfg.TickInterval)); a.ticks-a.prio.lastSave >= every {
-		a.saveTxnFloor()
+		a.saveTxnState()
 		a.savePrio(false)
 	}
 	if every := max(1, int(a.cfg.IndexSaveInterval/a.cfg.TickInterval)); a.ticks-a.prodLastSave >= every {
@@ -763,6 +766,10 @@ func (a *Actor) installSnapshot(ctx actor.Context, snap *raftpb.Snapshot) {
 	a.resetProducers() // and its earlier batches are gone
 	a.failTxnPending(ctx, notLeader(a.cfg.Topic, a.cfg.Partition, a.leader))
 	a.txn = newTxnLog() // the leader keeps every open batch after its snapshot point
+	for _, e := range sd.TxnEnded {
+		a.txn.noteEnd(e.GetProducerId(), txnEnd{epoch: e.GetEpoch(), committed: e.GetCommitted(), base: e.GetBaseOffset(), count: e.GetCount()})
+	}
+	a.saveTxnState()
 	a.publishTxn()
 	if a.producers.raiseTxnEpoch(sd.TxnEpoch) {
 		// The fences it replaced hold: saved now, with the table's file.
@@ -950,7 +957,9 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 		// Below the start of a snapshot this replica installed: a leader
 		// whose retention cut a transaction's span starts its log after
 		// the transaction, and keeps the entries below until its next
-		// truncation (persistence.Log.Retain).
+		// truncation (persistence.Log.Retain). Anything else is a bug.
+		a.log.Warn("committed entry lies below the high watermark; skipped", "index", e.Index, "base", h.BaseOffset, "count", h.Count, "hw", a.hw,
+			"log_start", a.store.StartOffset())
 		return
 	}
 	if h.BaseOffset != a.hw && !a.acceptedGap(a.hw, h.BaseOffset) {

@@ -40,6 +40,8 @@ type Storage interface {
 	ReadBatches(offset int64, maxBytes int, limit int64) ([]*heraldpb.StoredBatch, error)
 	OffsetForTime(tsMs int64) int64
 	Size() int64
+	// TxnFloor is at or below the first transactional entry (0: none).
+	TxnFloor() uint64
 	Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo uint64) (int64, error)
 	DeleteBefore(offset int64, upTo uint64) (int64, error)
 	// ClearCache drops the log's read caches (an idle partition).

@@ -172,6 +172,7 @@ func (s epochSnapshots) Snapshot() (raftpb.Snapshot, error) {
 		return snap, err
 	}
 	sd.TxnEpoch = max(sd.TxnEpoch, s.a.txnEpochSeen())
+	sd.TxnEnded = s.a.txn.endedList() // (txnlog.go)
 	if snap.Data, err = proto.Marshal(&sd); err != nil {
 		return raftpb.Snapshot{}, err
 	}

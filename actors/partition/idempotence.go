@@ -80,9 +80,12 @@ func recordEntry(t *producerTable, e raftpb.Entry) (heraldpb.LogEntryHeader, boo
 }
 
 // validSeq reports whether h is an idempotent batch with a sane sequence
-// range (the leader checked it before stamping it).
+// range (the leader checked it before stamping it). A transaction's commit
+// marker has a producer id and records too, but is not one (apply never
+// records it: txnlog.go).
 func validSeq(h heraldpb.LogEntryHeader) bool {
-	return h.ProducerID != 0 && h.Count > 0 && h.BaseSequence >= 0 && h.BaseSequence <= maxInt64-int64(h.Count)
+	return h.ProducerID != 0 && h.Count > 0 && h.TxnMarker == heraldpb.TxnMarker_TXN_MARKER_NONE &&
+		h.BaseSequence >= 0 && h.BaseSequence <= maxInt64-int64(h.Count)
 }
 
 // rebuildProducers records into t the idempotent batches of the entries

@@ -2,6 +2,7 @@ package partition
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 )
 
 // Transactions written once. A transactional batch (ProduceRequest.txn_batch)
@@ -49,13 +51,16 @@ type pidEpoch struct {
 }
 
 // txnBatchRef is one applied batch of an open transaction.
+// Its records stay in the log only (the commit reads them from there, most
+// often from the log's cache of recent entries), so open transactions hold
+// no memory in proportion to their records.
 type txnBatchRef struct {
 	index   uint64 // its raft entry
 	seq     int64
 	count   uint32
 	maxPrio uint32
+	maxTs   int64
 	bytes   int
-	records []byte // nil once the actor reopened: read from the log at the commit
 }
 
 // openTxn is a transaction's batches on this partition, applied and not
@@ -105,12 +110,20 @@ type txnLog struct {
 	ended  map[uint64]txnEnd // by producer id, at most maxEnded
 	bytes  int               // records held by open transactions
 
-	inflight   map[pidEpoch][]seqRange // proposed batches, oldest first
-	inBytes    int                     // their records' bytes
-	batchWait  map[txnSeqKey]proposal  // their producers, answered at apply
-	closing    map[pidEpoch]*proposal  // proposed markers, answered at apply
-	savedFloor uint64                  // the floor the state file holds
+	inflight  map[pidEpoch][]seqRange // proposed batches, oldest first
+	inBytes   int                     // their records' bytes
+	batchWait map[txnSeqKey]proposal  // their producers, answered at apply
+	closing   map[pidEpoch]*proposal  // proposed markers, answered at apply
+
+	// The state file (saveTxnState): the floors saved, newest last, and
+	// whether ended changed since.
+	floors     []txnFloor
+	endedDirty bool
 }
+
+// txnFloor is a saved floor: the oldest batch open once the entries up
+// to through were applied (through+1 when none was).
+type txnFloor struct{ floor, through uint64 }
 
 // maxEnded bounds the producers whose last end a partition remembers; a
 // forgotten producer's late batch of an ended epoch is then taken as open,
@@ -168,15 +181,19 @@ func (t *txnLog) noteEnd(pid uint64, e txnEnd) {
 		return
 	}
 	if _, ok := t.ended[pid]; !ok && len(t.ended) >= maxEnded {
-		// Forget the lowest producer id: the same one on every replica,
-		// which applies the same log.
-		lowest := ^uint64(0)
+		// Forget the lowest tenth of the producer ids at once (a sort
+		// every maxEnded/10 new producers).
+		ids := make([]uint64, 0, len(t.ended))
 		for k := range t.ended {
-			lowest = min(lowest, k)
+			ids = append(ids, k)
 		}
-		delete(t.ended, lowest)
+		slices.Sort(ids)
+		for _, k := range ids[:maxEnded/10] {
+			delete(t.ended, k)
+		}
 	}
 	t.ended[pid] = e
+	t.endedDirty = true
 }
 
 // txnError builds a transactional produce's error.
@@ -248,13 +265,13 @@ func (a *Actor) onTxnBatch(ctx actor.Context, replyTo *actor.PID, id uint64, req
 		fail(a.txnError(heraldpb.ErrorCode_INVALID_TXN_STATE, "producer %d's transaction of epoch %d is ending here", k.pid, k.epoch))
 		return
 	}
-	if o != nil {
-		for _, b := range o.batches {
-			if b.seq == req.BaseSequence && b.count == count {
-				a.m.duplicates.Inc()
-				a.reply(ctx, replyTo, produced(id, a.cfg.Partition, -1, proposal{count: count, duplicate: true}))
-				return
-			}
+	if o != nil && req.BaseSequence < o.nextSeq() {
+		// A retry of an applied batch? (sorted by sequence)
+		i, found := slices.BinarySearchFunc(o.batches, req.BaseSequence, func(b txnBatchRef, seq int64) int { return cmp.Compare(b.seq, seq) })
+		if found && o.batches[i].count == count {
+			a.m.duplicates.Inc()
+			a.reply(ctx, replyTo, produced(id, a.cfg.Partition, -1, proposal{count: count, duplicate: true}))
+			return
 		}
 	}
 	expected := o.nextSeq()
@@ -365,10 +382,11 @@ func (a *Actor) onTxnMarker(ctx actor.Context, replyTo *actor.PID, id uint64, re
 	now := a.cfg.Clock.Now().UnixMilli()
 	le := &heraldpb.LogEntry{ProducerId: k.pid, ProducerEpoch: k.epoch, TxnMarker: req.TxnMarker, AppendTimeMs: now, MaxTimestampMs: now}
 	if commit && have > 0 {
-		le.BaseOffset, le.Count = a.tail, have
+		le.BaseOffset, le.Count, le.MaxTimestampMs = a.tail, have, 0
 		for _, b := range o.batches {
 			le.TxnRefs = append(le.TxnRefs, b.index)
 			le.MaxPriority = max(le.MaxPriority, b.maxPrio)
+			le.MaxTimestampMs = max(le.MaxTimestampMs, b.maxTs) // (a time lookup finds the records by their own times)
 		}
 	}
 	if e := a.proposeEntry(le); e != nil {
@@ -415,7 +433,7 @@ func (a *Actor) applyTxnBatch(ctx actor.Context, e raftpb.Entry, h heraldpb.LogE
 		o = &openTxn{since: a.cfg.Clock.Now()}
 		t.opened(k, o)
 	}
-	o.batches = append(o.batches, txnBatchRef{index: e.Index, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, bytes: len(records), records: records})
+	o.batches = append(o.batches, txnBatchRef{index: e.Index, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, maxTs: h.MaxTimestampMs, bytes: len(records)})
 	o.records += h.TxnCount
 	o.bytes += len(records)
 	t.bytes += len(records)
@@ -490,26 +508,20 @@ func (a *Actor) commitTxnRecords(e raftpb.Entry, h heraldpb.LogEntryHeader, o *o
 	a.hw = end
 	base := h.BaseOffset
 	prio := false
-	for i, r := range refs {
-		var b txnBatchRef
-		if o != nil && i < len(o.batches) && o.batches[i].index == r {
-			b = o.batches[i]
-		}
-		if b.records == nil {
-			b = a.readTxnBatch(r)
-		}
-		if b.records == nil {
+	for _, r := range refs {
+		b, records := a.readTxnBatch(r)
+		if records == nil {
 			// (logged by readTxnBatch) The window cannot hold the rest in
 			// order: readers read them from the log.
 			a.win.reset()
 			break
 		}
-		a.win.add(&heraldpb.StoredBatch{BaseOffset: base, Count: b.count, AppendTimeMs: h.AppendTimeMs, Records: b.records})
-		if b.maxPrio > 0 && a.prio.add(base, b.records) != 0 {
+		a.win.add(&heraldpb.StoredBatch{BaseOffset: base, Count: b.count, AppendTimeMs: h.AppendTimeMs, Records: records})
+		if b.maxPrio > 0 && a.prio.add(base, records) != 0 {
 			prio = true
 		}
 		a.m.produceRecords.Add(float64(b.count))
-		a.m.produceBytes.Add(float64(len(b.records)))
+		a.m.produceBytes.Add(float64(len(records)))
 		base += int64(b.count)
 	}
 	if prio {
@@ -517,20 +529,20 @@ func (a *Actor) commitTxnRecords(e raftpb.Entry, h heraldpb.LogEntryHeader, o *o
 	}
 }
 
-// readTxnBatch reads the transactional batch at raft index i from the log
-// (a batch applied before the actor reopened); records is nil if it cannot.
-func (a *Actor) readTxnBatch(i uint64) txnBatchRef {
+// readTxnBatch reads the transactional batch at raft index i from the log;
+// records is nil if it cannot.
+func (a *Actor) readTxnBatch(i uint64) (txnBatchRef, []byte) {
 	ents, err := a.store.Entries(i, i+1, 1<<62)
 	if err != nil || len(ents) != 1 {
 		a.log.Error("reading a committed transactional batch", "index", i, "err", err)
-		return txnBatchRef{}
+		return txnBatchRef{}, nil
 	}
 	h, records, err := heraldpb.ScanLogEntry(ents[0].Data)
 	if err != nil || !h.TxnBatch() {
 		a.log.Error("a commit marker names an entry that is not a transactional batch", "index", i, "err", err)
-		return txnBatchRef{}
+		return txnBatchRef{}, nil
 	}
-	return txnBatchRef{index: i, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, bytes: len(records), records: records}
+	return txnBatchRef{index: i, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, maxTs: h.MaxTimestampMs, bytes: len(records)}, records
 }
 
 // failTxnPending answers the leader's unapplied transactional proposals
@@ -562,9 +574,10 @@ func (a *Actor) retainUpTo() uint64 {
 }
 
 // openTxnLog finds the open transactions of a log just opened, whose
-// entries up to applied are applied: it applies the transactional entries
-// from the floor the state file recorded (the oldest batch then open, or
-// the log's first entry) to applied.
+// entries up to applied are applied: it restores how producers last ended
+// theirs from the state file, and applies the transactional entries from
+// the newest floor the file saved for an applied index at or below this
+// one (the log's first transactional entry without one) to applied.
 func (a *Actor) openTxnLog(applied uint64) error {
 	a.txn = newTxnLog()
 	first, err := a.store.FirstIndex()
@@ -572,19 +585,31 @@ func (a *Actor) openTxnLog(applied uint64) error {
 		return err
 	}
 	from := first
-	if floor, through, err := loadTxnFloor(a.txnStatePath()); err != nil {
-		a.log.Warn("transaction state file unusable; reading the whole log for open transactions", "err", err)
-	} else if floor != 0 && through <= applied {
-		from = max(floor, first)
+	floors, ended, err := loadTxnState(a.txnStatePath())
+	if err != nil {
+		a.log.Warn("transaction state file unusable; reading the log for open transactions", "err", err)
 	}
-	a.txn.savedFloor = from
+	for _, e := range ended {
+		a.txn.noteEnd(e.GetProducerId(), txnEnd{epoch: e.GetEpoch(), committed: e.GetCommitted(), base: e.GetBaseOffset(), count: e.GetCount()})
+	}
+	for i := len(floors) - 1; i >= 0; i-- {
+		if floors[i].through <= applied {
+			from = max(floors[i].floor, first)
+			break
+		}
+	}
+	// Nothing transactional below the log's first such entry.
+	if low := a.store.TxnFloor(); low == 0 {
+		from = applied + 1
+	} else {
+		from = max(from, low)
+	}
 	for from <= applied {
 		ents, err := a.store.Entries(from, applied+1, rebuildChunkBytes)
 		if errors.Is(err, raft.ErrCompacted) {
 			if from, err = a.store.FirstIndex(); err != nil {
 				return err
 			}
-			a.txn = newTxnLog() // (retention ran meanwhile: from the new start)
 			continue
 		}
 		if err != nil {
@@ -612,8 +637,7 @@ func (a *Actor) openTxnLog(applied uint64) error {
 					o = &openTxn{since: a.cfg.Clock.Now()}
 					a.txn.opened(k, o)
 				}
-				// (records not kept: the commit reads them from the log)
-				o.batches = append(o.batches, txnBatchRef{index: e.Index, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, bytes: len(records)})
+				o.batches = append(o.batches, txnBatchRef{index: e.Index, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, maxTs: h.MaxTimestampMs, bytes: len(records)})
 				o.records += h.TxnCount
 				o.bytes += len(records)
 				a.txn.bytes += len(records)
@@ -627,8 +651,20 @@ func (a *Actor) openTxnLog(applied uint64) error {
 		}
 		from = ents[len(ents)-1].Index + 1
 	}
+	a.txn.floors = floors
 	a.publishTxn()
 	return nil
+}
+
+// endedList is how the producers last ended their transactions here, by
+// producer id (the state file's and the snapshots' form).
+func (t *txnLog) endedList() []*heraldpb.TxnEnded {
+	out := make([]*heraldpb.TxnEnded, 0, len(t.ended))
+	for pid, e := range t.ended {
+		out = append(out, &heraldpb.TxnEnded{ProducerId: pid, Epoch: e.epoch, Committed: e.committed, BaseOffset: e.base, Count: e.count})
+	}
+	slices.SortFunc(out, func(x, y *heraldpb.TxnEnded) int { return cmp.Compare(x.ProducerId, y.ProducerId) })
+	return out
 }
 
 // txnStatePath is the transaction state file ("": none).
@@ -639,58 +675,91 @@ func (a *Actor) txnStatePath() string {
 	return a.cfg.ProducerStatePath + ".txn"
 }
 
-// saveTxnFloor records the oldest open batch (or the next entry when none
-// is open) and the applied index it is true of, when it moved.
-func (a *Actor) saveTxnFloor() {
+// saveTxnState saves the floor (the oldest open batch, or the next entry
+// when none is open) for the applied index, with the last 4 saved before
+// it, and how producers last ended their transactions, when either moved.
+// After a crash the log's commit index may be below the last save's
+// applied index: an earlier floor then serves.
+func (a *Actor) saveTxnState() {
 	path := a.txnStatePath()
+	t := &a.txn
 	if path == "" || a.store == nil {
 		return
 	}
-	floor := min(a.txn.minOpenIndex(), a.applied+1)
-	if floor == a.txn.savedFloor {
+	f := txnFloor{floor: min(t.minOpenIndex(), a.applied+1), through: a.applied}
+	if n := len(t.floors); n > 0 && t.floors[n-1].floor == f.floor && !t.endedDirty {
 		return
 	}
-	if err := replaceFile(path, encodeTxnFloor(floor, a.applied)); err != nil {
+	floors := append(slices.Clone(t.floors), f)
+	if len(floors) > maxTxnFloors {
+		floors = floors[len(floors)-maxTxnFloors:]
+	}
+	data, err := encodeTxnState(floors, t.endedList())
+	if err == nil {
+		err = replaceFile(path, data)
+	}
+	if err != nil {
 		a.log.Warn("saving the transaction state file", "err", err)
 		return
 	}
-	a.txn.savedFloor = floor
+	t.floors, t.endedDirty = floors, false
 }
 
-// The transaction state file: magic, version, the floor and the applied
-// index it is true of, then the CRC32C of what precedes. Little-endian.
+const maxTxnFloors = 5
+
+// The transaction state file: magic, version 2, the CRC32C (little-endian)
+// of the rest, then a heraldpb.TxnState.
 var txnStateMagic = []byte("HTXN")
 
-const txnStateLen = 4 + 1 + 8 + 8 + 4
-
-func encodeTxnFloor(floor, through uint64) []byte {
-	b := append(slices.Clone(txnStateMagic), 1)
-	b = binary.LittleEndian.AppendUint64(b, floor)
-	b = binary.LittleEndian.AppendUint64(b, through)
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
-}
-
-// decodeTxnFloor reads a transaction state file; a damaged one is an
-// error, never a panic.
-func decodeTxnFloor(b []byte) (floor, through uint64, err error) {
-	if len(b) != txnStateLen || !bytes.Equal(b[:4], txnStateMagic) || b[4] != 1 ||
-		crc32.Checksum(b[:txnStateLen-4], castagnoli) != binary.LittleEndian.Uint32(b[txnStateLen-4:]) {
-		return 0, 0, fmt.Errorf("bad transaction state file (%d bytes)", len(b))
+func encodeTxnState(floors []txnFloor, ended []*heraldpb.TxnEnded) ([]byte, error) {
+	st := &heraldpb.TxnState{Ended: ended}
+	for _, f := range floors {
+		st.Floors = append(st.Floors, &heraldpb.TxnFloor{Floor: f.floor, Through: f.through})
 	}
-	return binary.LittleEndian.Uint64(b[5:]), binary.LittleEndian.Uint64(b[13:]), nil
+	body, err := proto.Marshal(st)
+	if err != nil {
+		return nil, err
+	}
+	b := append(slices.Clone(txnStateMagic), 2)
+	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(body, castagnoli))
+	return append(b, body...), nil
 }
 
-// loadTxnFloor reads the file at path ("" or missing: 0, no error).
-func loadTxnFloor(path string) (floor, through uint64, err error) {
+// decodeTxnState reads a transaction state file; a damaged one is an
+// error, never a panic. Floors come oldest first, each with a through
+// above the one before.
+func decodeTxnState(b []byte) ([]txnFloor, []*heraldpb.TxnEnded, error) {
+	if len(b) < 9 || !bytes.Equal(b[:4], txnStateMagic) || b[4] != 2 || crc32.Checksum(b[9:], castagnoli) != binary.LittleEndian.Uint32(b[5:]) {
+		return nil, nil, fmt.Errorf("bad transaction state file (%d bytes)", len(b))
+	}
+	var st heraldpb.TxnState
+	if err := proto.Unmarshal(b[9:], &st); err != nil {
+		return nil, nil, fmt.Errorf("bad transaction state file: %w", err)
+	}
+	var floors []txnFloor
+	for _, f := range st.Floors {
+		if n := len(floors); f.GetFloor() == 0 || n > 0 && f.GetThrough() <= floors[n-1].through {
+			return nil, nil, fmt.Errorf("bad transaction state file: floor %d through %d", f.GetFloor(), f.GetThrough())
+		}
+		floors = append(floors, txnFloor{floor: f.GetFloor(), through: f.GetThrough()})
+	}
+	if len(floors) > maxTxnFloors || len(st.Ended) > maxEnded {
+		return nil, nil, fmt.Errorf("bad transaction state file: %d floors, %d producers", len(floors), len(st.Ended))
+	}
+	return floors, st.Ended, nil
+}
+
+// loadTxnState reads the file at path ("" or missing: nothing, no error).
+func loadTxnState(path string) ([]txnFloor, []*heraldpb.TxnEnded, error) {
 	if path == "" {
-		return 0, 0, nil
+		return nil, nil, nil
 	}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return 0, 0, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return 0, 0, err
+		return nil, nil, err
 	}
-	return decodeTxnFloor(b)
+	return decodeTxnState(b)
 }
