@@ -51,9 +51,9 @@ type pidEpoch struct {
 }
 
 // txnBatchRef is one applied batch of an open transaction.
-// Its records stay in the log only (the commit reads them from there, most
-// often from the log's cache of recent entries), so open transactions hold
-// no memory in proportion to their records.
+// Its records are kept in memory while the partition's open batches keep
+// at most txnCacheBytes (the commit then takes them from there); past
+// that, and after a reopen, the commit reads them from the log.
 type txnBatchRef struct {
 	index   uint64 // its raft entry
 	seq     int64
@@ -61,7 +61,12 @@ type txnBatchRef struct {
 	maxPrio uint32
 	maxTs   int64
 	bytes   int
+	records []byte // nil: read from the log
 }
+
+// txnCacheBytes bounds the open batches' records a partition keeps in
+// memory for their commit.
+const txnCacheBytes = 4 << 20
 
 // openTxn is a transaction's batches on this partition, applied and not
 // ended.
@@ -109,6 +114,7 @@ type txnLog struct {
 	perPid map[uint64]int    // open transactions by producer id
 	ended  map[uint64]txnEnd // by producer id, at most maxEnded
 	bytes  int               // records held by open transactions
+	cached int               // of which kept in memory (txnCacheBytes)
 
 	inflight  map[pidEpoch][]seqRange // proposed batches, oldest first
 	inBytes   int                     // their records' bytes
@@ -433,7 +439,12 @@ func (a *Actor) applyTxnBatch(ctx actor.Context, e raftpb.Entry, h heraldpb.LogE
 		o = &openTxn{since: a.cfg.Clock.Now()}
 		t.opened(k, o)
 	}
-	o.batches = append(o.batches, txnBatchRef{index: e.Index, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, maxTs: h.MaxTimestampMs, bytes: len(records)})
+	ref := txnBatchRef{index: e.Index, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, maxTs: h.MaxTimestampMs, bytes: len(records)}
+	if t.cached+len(records) <= txnCacheBytes {
+		ref.records = records // (aliases the applied entry)
+		t.cached += len(records)
+	}
+	o.batches = append(o.batches, ref)
 	o.records += h.TxnCount
 	o.bytes += len(records)
 	t.bytes += len(records)
@@ -456,6 +467,11 @@ func (a *Actor) applyTxnMarker(ctx actor.Context, e raftpb.Entry, h heraldpb.Log
 	if o != nil {
 		t.closed(k)
 		t.bytes -= o.bytes
+		for _, b := range o.batches {
+			if b.records != nil {
+				t.cached -= len(b.records)
+			}
+		}
 	}
 	commit := h.TxnMarker == heraldpb.TxnMarker_TXN_MARKER_COMMIT
 	t.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: commit, base: h.BaseOffset, count: h.Count})
@@ -508,8 +524,14 @@ func (a *Actor) commitTxnRecords(e raftpb.Entry, h heraldpb.LogEntryHeader, o *o
 	a.hw = end
 	base := h.BaseOffset
 	prio := false
-	for _, r := range refs {
-		b, records := a.readTxnBatch(r)
+	for i, r := range refs {
+		var b txnBatchRef
+		var records []byte
+		if o != nil && i < len(o.batches) && o.batches[i].index == r && o.batches[i].records != nil {
+			b, records = o.batches[i], o.batches[i].records
+		} else {
+			b, records = a.readTxnBatch(r)
+		}
 		if records == nil {
 			// (logged by readTxnBatch) The window cannot hold the rest in
 			// order: readers read them from the log.
