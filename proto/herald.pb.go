@@ -9356,7 +9356,15 @@ type EndTxnRequest struct {
 	// transaction (Kafka's SendOffsetsToTransaction), written in the commit
 	// decision and applied to the groups once the transaction's records are
 	// on their partitions: all of it, or none if the transaction aborts.
-	GroupOffsets  []*TxnGroupOffsets `protobuf:"bytes,6,rep,name=group_offsets,json=groupOffsets,proto3" json:"group_offsets,omitempty"`
+	GroupOffsets []*TxnGroupOffsets `protobuf:"bytes,6,rep,name=group_offsets,json=groupOffsets,proto3" json:"group_offsets,omitempty"`
+	// Internal for now (the SDK does not send it yet): the partitions the
+	// transaction wrote its batches to directly, written once
+	// (ProduceRequest.txn_batch), with how many records each. The
+	// coordinator records them with the decision, then writes the commit or
+	// abort marker to each (and again after a failover, until each partition
+	// has it). A transaction either stages its records or writes them once,
+	// not both.
+	Written       []*TxnWritten `protobuf:"bytes,7,rep,name=written,proto3" json:"written,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -9433,6 +9441,75 @@ func (x *EndTxnRequest) GetGroupOffsets() []*TxnGroupOffsets {
 	return nil
 }
 
+func (x *EndTxnRequest) GetWritten() []*TxnWritten {
+	if x != nil {
+		return x.Written
+	}
+	return nil
+}
+
+// A partition a transaction wrote its batches to once, and how many
+// records.
+type TxnWritten struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition     uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	Records       uint32                 `protobuf:"varint,3,opt,name=records,proto3" json:"records,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnWritten) Reset() {
+	*x = TxnWritten{}
+	mi := &file_herald_proto_msgTypes[100]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnWritten) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnWritten) ProtoMessage() {}
+
+func (x *TxnWritten) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[100]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnWritten.ProtoReflect.Descriptor instead.
+func (*TxnWritten) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{100}
+}
+
+func (x *TxnWritten) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *TxnWritten) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *TxnWritten) GetRecords() uint32 {
+	if x != nil {
+		return x.Records
+	}
+	return 0
+}
+
 // A consumer group's progress in a topic: for each partition listed, every
 // offset below offsets[i] is done (clustering and shared groups; the
 // group's position only moves forward).
@@ -9448,7 +9525,7 @@ type TxnGroupOffsets struct {
 
 func (x *TxnGroupOffsets) Reset() {
 	*x = TxnGroupOffsets{}
-	mi := &file_herald_proto_msgTypes[100]
+	mi := &file_herald_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9460,7 +9537,7 @@ func (x *TxnGroupOffsets) String() string {
 func (*TxnGroupOffsets) ProtoMessage() {}
 
 func (x *TxnGroupOffsets) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[100]
+	mi := &file_herald_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9473,7 +9550,7 @@ func (x *TxnGroupOffsets) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnGroupOffsets.ProtoReflect.Descriptor instead.
 func (*TxnGroupOffsets) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{100}
+	return file_herald_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *TxnGroupOffsets) GetGroup() string {
@@ -9518,7 +9595,7 @@ type CommitTxnOffsetsRequest struct {
 
 func (x *CommitTxnOffsetsRequest) Reset() {
 	*x = CommitTxnOffsetsRequest{}
-	mi := &file_herald_proto_msgTypes[101]
+	mi := &file_herald_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9530,7 +9607,7 @@ func (x *CommitTxnOffsetsRequest) String() string {
 func (*CommitTxnOffsetsRequest) ProtoMessage() {}
 
 func (x *CommitTxnOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[101]
+	mi := &file_herald_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9543,7 +9620,7 @@ func (x *CommitTxnOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitTxnOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*CommitTxnOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{101}
+	return file_herald_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *CommitTxnOffsetsRequest) GetTransactionalId() string {
@@ -9575,7 +9652,7 @@ type CommitTxnOffsetsResponse struct {
 
 func (x *CommitTxnOffsetsResponse) Reset() {
 	*x = CommitTxnOffsetsResponse{}
-	mi := &file_herald_proto_msgTypes[102]
+	mi := &file_herald_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9587,7 +9664,7 @@ func (x *CommitTxnOffsetsResponse) String() string {
 func (*CommitTxnOffsetsResponse) ProtoMessage() {}
 
 func (x *CommitTxnOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[102]
+	mi := &file_herald_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9600,7 +9677,7 @@ func (x *CommitTxnOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitTxnOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*CommitTxnOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{102}
+	return file_herald_proto_rawDescGZIP(), []int{103}
 }
 
 type EndTxnResponse struct {
@@ -9618,7 +9695,7 @@ type EndTxnResponse struct {
 
 func (x *EndTxnResponse) Reset() {
 	*x = EndTxnResponse{}
-	mi := &file_herald_proto_msgTypes[103]
+	mi := &file_herald_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9630,7 +9707,7 @@ func (x *EndTxnResponse) String() string {
 func (*EndTxnResponse) ProtoMessage() {}
 
 func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[103]
+	mi := &file_herald_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9643,7 +9720,7 @@ func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTxnResponse.ProtoReflect.Descriptor instead.
 func (*EndTxnResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{103}
+	return file_herald_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *EndTxnResponse) GetNextEpoch() uint32 {
@@ -9692,7 +9769,7 @@ type TxnInfo struct {
 
 func (x *TxnInfo) Reset() {
 	*x = TxnInfo{}
-	mi := &file_herald_proto_msgTypes[104]
+	mi := &file_herald_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9704,7 +9781,7 @@ func (x *TxnInfo) String() string {
 func (*TxnInfo) ProtoMessage() {}
 
 func (x *TxnInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[104]
+	mi := &file_herald_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9717,7 +9794,7 @@ func (x *TxnInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnInfo.ProtoReflect.Descriptor instead.
 func (*TxnInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{104}
+	return file_herald_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *TxnInfo) GetTransactionalId() string {
@@ -10457,7 +10534,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x16InitProducerIdResponse\x12\x1f\n" +
 	"\vproducer_id\x18\x01 \x01(\x04R\n" +
 	"producerId\x12%\n" +
-	"\x0eproducer_epoch\x18\x02 \x01(\rR\rproducerEpoch\"\xf3\x01\n" +
+	"\x0eproducer_epoch\x18\x02 \x01(\rR\rproducerEpoch\"\xa4\x02\n" +
 	"\rEndTxnRequest\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x1f\n" +
 	"\vproducer_id\x18\x02 \x01(\x04R\n" +
@@ -10465,7 +10542,13 @@ const file_herald_proto_rawDesc = "" +
 	"\x0eproducer_epoch\x18\x03 \x01(\rR\rproducerEpoch\x12\x16\n" +
 	"\x06commit\x18\x04 \x01(\bR\x06commit\x12\x16\n" +
 	"\x06manual\x18\x05 \x01(\bR\x06manual\x12?\n" +
-	"\rgroup_offsets\x18\x06 \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\fgroupOffsets\"w\n" +
+	"\rgroup_offsets\x18\x06 \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\fgroupOffsets\x12/\n" +
+	"\awritten\x18\a \x03(\v2\x15.herald.v1.TxnWrittenR\awritten\"Z\n" +
+	"\n" +
+	"TxnWritten\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x18\n" +
+	"\arecords\x18\x03 \x01(\rR\arecords\"w\n" +
 	"\x0fTxnGroupOffsets\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1e\n" +
@@ -10624,7 +10707,7 @@ func file_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 105)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 106)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                   // 0: herald.v1.ErrorCode
 	(AclOperation)(0),                // 1: herald.v1.AclOperation
@@ -10738,21 +10821,22 @@ var file_herald_proto_goTypes = []any{
 	(*InitProducerIdRequest)(nil),    // 109: herald.v1.InitProducerIdRequest
 	(*InitProducerIdResponse)(nil),   // 110: herald.v1.InitProducerIdResponse
 	(*EndTxnRequest)(nil),            // 111: herald.v1.EndTxnRequest
-	(*TxnGroupOffsets)(nil),          // 112: herald.v1.TxnGroupOffsets
-	(*CommitTxnOffsetsRequest)(nil),  // 113: herald.v1.CommitTxnOffsetsRequest
-	(*CommitTxnOffsetsResponse)(nil), // 114: herald.v1.CommitTxnOffsetsResponse
-	(*EndTxnResponse)(nil),           // 115: herald.v1.EndTxnResponse
-	(*TxnInfo)(nil),                  // 116: herald.v1.TxnInfo
-	(*DeclareExchangeRequest)(nil),   // 117: herald.v1.DeclareExchangeRequest
-	(*DeclareExchangeResponse)(nil),  // 118: herald.v1.DeclareExchangeResponse
-	(*DeleteExchangeRequest)(nil),    // 119: herald.v1.DeleteExchangeRequest
-	(*DeleteExchangeResponse)(nil),   // 120: herald.v1.DeleteExchangeResponse
-	(*BindRequest)(nil),              // 121: herald.v1.BindRequest
-	(*BindResponse)(nil),             // 122: herald.v1.BindResponse
-	(*ListExchangesRequest)(nil),     // 123: herald.v1.ListExchangesRequest
-	(*ListExchangesResponse)(nil),    // 124: herald.v1.ListExchangesResponse
-	(*PublishRequest)(nil),           // 125: herald.v1.PublishRequest
-	(*PublishResponse)(nil),          // 126: herald.v1.PublishResponse
+	(*TxnWritten)(nil),               // 112: herald.v1.TxnWritten
+	(*TxnGroupOffsets)(nil),          // 113: herald.v1.TxnGroupOffsets
+	(*CommitTxnOffsetsRequest)(nil),  // 114: herald.v1.CommitTxnOffsetsRequest
+	(*CommitTxnOffsetsResponse)(nil), // 115: herald.v1.CommitTxnOffsetsResponse
+	(*EndTxnResponse)(nil),           // 116: herald.v1.EndTxnResponse
+	(*TxnInfo)(nil),                  // 117: herald.v1.TxnInfo
+	(*DeclareExchangeRequest)(nil),   // 118: herald.v1.DeclareExchangeRequest
+	(*DeclareExchangeResponse)(nil),  // 119: herald.v1.DeclareExchangeResponse
+	(*DeleteExchangeRequest)(nil),    // 120: herald.v1.DeleteExchangeRequest
+	(*DeleteExchangeResponse)(nil),   // 121: herald.v1.DeleteExchangeResponse
+	(*BindRequest)(nil),              // 122: herald.v1.BindRequest
+	(*BindResponse)(nil),             // 123: herald.v1.BindResponse
+	(*ListExchangesRequest)(nil),     // 124: herald.v1.ListExchangesRequest
+	(*ListExchangesResponse)(nil),    // 125: herald.v1.ListExchangesResponse
+	(*PublishRequest)(nil),           // 126: herald.v1.PublishRequest
+	(*PublishResponse)(nil),          // 127: herald.v1.PublishResponse
 }
 var file_herald_proto_depIdxs = []int32{
 	0,   // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
@@ -10811,7 +10895,7 @@ var file_herald_proto_depIdxs = []int32{
 	109, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
 	110, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
 	111, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
-	115, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
+	116, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
 	16,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
 	17,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
 	19,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
@@ -10826,18 +10910,18 @@ var file_herald_proto_depIdxs = []int32{
 	30,  // 68: herald.v1.Frame.alter_vhost_response:type_name -> herald.v1.AlterVhostResponse
 	31,  // 69: herald.v1.Frame.list_vhosts:type_name -> herald.v1.ListVhostsRequest
 	33,  // 70: herald.v1.Frame.list_vhosts_response:type_name -> herald.v1.ListVhostsResponse
-	117, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
-	118, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
-	119, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
-	120, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
-	121, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
-	122, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
-	123, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
-	124, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
-	125, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
-	126, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
-	113, // 81: herald.v1.Frame.commit_txn_offsets:type_name -> herald.v1.CommitTxnOffsetsRequest
-	114, // 82: herald.v1.Frame.commit_txn_offsets_response:type_name -> herald.v1.CommitTxnOffsetsResponse
+	118, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
+	119, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
+	120, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
+	121, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
+	122, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
+	123, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
+	124, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
+	125, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
+	126, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
+	127, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
+	114, // 81: herald.v1.Frame.commit_txn_offsets:type_name -> herald.v1.CommitTxnOffsetsRequest
+	115, // 82: herald.v1.Frame.commit_txn_offsets_response:type_name -> herald.v1.CommitTxnOffsetsResponse
 	75,  // 83: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
 	76,  // 84: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
 	92,  // 85: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
@@ -10870,10 +10954,10 @@ var file_herald_proto_depIdxs = []int32{
 	53,  // 112: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
 	3,   // 113: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
 	57,  // 114: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
-	112, // 115: herald.v1.ProduceRequest.txn_group_offsets:type_name -> herald.v1.TxnGroupOffsets
+	113, // 115: herald.v1.ProduceRequest.txn_group_offsets:type_name -> herald.v1.TxnGroupOffsets
 	4,   // 116: herald.v1.ProduceRequest.txn_marker:type_name -> herald.v1.TxnMarker
 	5,   // 117: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	115, // 118: herald.v1.ProduceResponse.txn_end:type_name -> herald.v1.EndTxnResponse
+	116, // 118: herald.v1.ProduceResponse.txn_end:type_name -> herald.v1.EndTxnResponse
 	55,  // 119: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
 	6,   // 120: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
 	7,   // 121: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
@@ -10899,14 +10983,15 @@ var file_herald_proto_depIdxs = []int32{
 	98,  // 141: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
 	10,  // 142: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
 	107, // 143: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	116, // 144: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
-	112, // 145: herald.v1.EndTxnRequest.group_offsets:type_name -> herald.v1.TxnGroupOffsets
-	112, // 146: herald.v1.CommitTxnOffsetsRequest.offsets:type_name -> herald.v1.TxnGroupOffsets
-	147, // [147:147] is the sub-list for method output_type
-	147, // [147:147] is the sub-list for method input_type
-	147, // [147:147] is the sub-list for extension type_name
-	147, // [147:147] is the sub-list for extension extendee
-	0,   // [0:147] is the sub-list for field type_name
+	117, // 144: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	113, // 145: herald.v1.EndTxnRequest.group_offsets:type_name -> herald.v1.TxnGroupOffsets
+	112, // 146: herald.v1.EndTxnRequest.written:type_name -> herald.v1.TxnWritten
+	113, // 147: herald.v1.CommitTxnOffsetsRequest.offsets:type_name -> herald.v1.TxnGroupOffsets
+	148, // [148:148] is the sub-list for method output_type
+	148, // [148:148] is the sub-list for method input_type
+	148, // [148:148] is the sub-list for extension type_name
+	148, // [148:148] is the sub-list for extension extendee
+	0,   // [0:148] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -11019,7 +11104,7 @@ func file_herald_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   105,
+			NumMessages:   106,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -487,7 +487,10 @@ type TxnEnd struct {
 	From  []*TxnAppendFrom `protobuf:"bytes,6,rep,name=from,proto3" json:"from,omitempty"`
 	// Consumer group offsets committed with the transaction, applied once
 	// its records are appended (before TxnComplete).
-	GroupOffsets  []*TxnGroupOffsets `protobuf:"bytes,7,rep,name=group_offsets,json=groupOffsets,proto3" json:"group_offsets,omitempty"`
+	GroupOffsets []*TxnGroupOffsets `protobuf:"bytes,7,rep,name=group_offsets,json=groupOffsets,proto3" json:"group_offsets,omitempty"`
+	// The partitions the transaction wrote its batches to once
+	// (EndTxnRequest.written): each gets the decision's marker.
+	Written       []*TxnWritten `protobuf:"bytes,8,rep,name=written,proto3" json:"written,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -567,6 +570,13 @@ func (x *TxnEnd) GetFrom() []*TxnAppendFrom {
 func (x *TxnEnd) GetGroupOffsets() []*TxnGroupOffsets {
 	if x != nil {
 		return x.GroupOffsets
+	}
+	return nil
+}
+
+func (x *TxnEnd) GetWritten() []*TxnWritten {
+	if x != nil {
+		return x.Written
 	}
 	return nil
 }
@@ -1215,7 +1225,7 @@ const file_txn_proto_rawDesc = "" +
 	"\tpartition\x18\x04 \x01(\rR\tpartition\x12#\n" +
 	"\rbase_sequence\x18\x05 \x01(\x03R\fbaseSequence\x12\x14\n" +
 	"\x05count\x18\x06 \x01(\rR\x05count\x12\x18\n" +
-	"\arecords\x18\a \x01(\fR\arecords\"\xf6\x01\n" +
+	"\arecords\x18\a \x01(\fR\arecords\"\xa7\x02\n" +
 	"\x06TxnEnd\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\rR\x05epoch\x12\x16\n" +
@@ -1223,7 +1233,8 @@ const file_txn_proto_rawDesc = "" +
 	"\x02by\x18\x04 \x01(\tR\x02by\x12\x14\n" +
 	"\x05token\x18\x05 \x01(\x06R\x05token\x12,\n" +
 	"\x04from\x18\x06 \x03(\v2\x18.herald.v1.TxnAppendFromR\x04from\x12?\n" +
-	"\rgroup_offsets\x18\a \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\fgroupOffsets\"[\n" +
+	"\rgroup_offsets\x18\a \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\fgroupOffsets\x12/\n" +
+	"\awritten\x18\b \x03(\v2\x15.herald.v1.TxnWrittenR\awritten\"[\n" +
 	"\rTxnAppendFrom\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
@@ -1303,8 +1314,9 @@ var file_txn_proto_goTypes = []any{
 	(*HalfDone)(nil),         // 11: herald.v1.HalfDone
 	(*HalfChecks)(nil),       // 12: herald.v1.HalfChecks
 	(*TxnGroupOffsets)(nil),  // 13: herald.v1.TxnGroupOffsets
-	(*RoutedBatch)(nil),      // 14: herald.v1.RoutedBatch
-	(HalfExhaustedPolicy)(0), // 15: herald.v1.HalfExhaustedPolicy
+	(*TxnWritten)(nil),       // 14: herald.v1.TxnWritten
+	(*RoutedBatch)(nil),      // 15: herald.v1.RoutedBatch
+	(HalfExhaustedPolicy)(0), // 16: herald.v1.HalfExhaustedPolicy
 }
 var file_txn_proto_depIdxs = []int32{
 	8,  // 0: herald.v1.TxnEvent.half:type_name -> herald.v1.HalfStored
@@ -1320,13 +1332,14 @@ var file_txn_proto_depIdxs = []int32{
 	7,  // 10: herald.v1.TxnEvent.publishers:type_name -> herald.v1.RoutedPublishers
 	4,  // 11: herald.v1.TxnEnd.from:type_name -> herald.v1.TxnAppendFrom
 	13, // 12: herald.v1.TxnEnd.group_offsets:type_name -> herald.v1.TxnGroupOffsets
-	14, // 13: herald.v1.Routed.batches:type_name -> herald.v1.RoutedBatch
-	15, // 14: herald.v1.HalfStored.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	14, // 13: herald.v1.TxnEnd.written:type_name -> herald.v1.TxnWritten
+	15, // 14: herald.v1.Routed.batches:type_name -> herald.v1.RoutedBatch
+	16, // 15: herald.v1.HalfStored.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_txn_proto_init() }

@@ -83,6 +83,10 @@ var (
 		Name: "herald_txn_group_offsets_total",
 		Help: "Consumer group offsets of committed transactions, one per group and transaction: applied at the groups coordinator, or dropped (refused for good, as for a broadcast group or a group of another topic; logged).",
 	}, []string{"result"})
+	mTxnMarkers = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_txn_markers_total",
+		Help: "Markers of transactions written once that their partitions took (commit, abort), or refused for good (refused; logged).",
+	}, []string{"result"})
 	mTxnFenced = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_txn_fenced_total",
 		Help: "Transaction requests refused with PRODUCER_FENCED (a zombie of an older session).",

@@ -36,7 +36,7 @@ const (
 // are stored or neither.
 func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string, data *heraldpb.TxnEvent) {
 	pid, epoch := m.pid, m.epoch
-	end := &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, Commit: true, By: by, Token: randomToken(), GroupOffsets: waitersOffsets(m)}
+	end := &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, Commit: true, By: by, Token: randomToken(), GroupOffsets: waitersOffsets(m), Written: m.written}
 	parts := m.partitions()
 	if d := data.GetData(); d != nil {
 		if tp := (topicPart{d.Topic, d.Partition}); !slices.Contains(parts, tp) {
@@ -106,6 +106,11 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string, data *
 func (c *Coordinator) appendTxn(ctx actor.Context, m *txnMeta, j *commitJob, found map[uint64]bool) {
 	if c.o.holdAppends != nil && c.o.holdAppends() {
 		c.after(10*time.Millisecond, &retryStep{fn: func() { c.appendTxn(ctx, m, j, found) }})
+		return
+	}
+	if len(j.written) > 0 {
+		// Written once: its commit markers make the records readable.
+		c.writeMarkers(ctx, m.pid, j.epoch, true, j.written, func() { c.completeTxn(ctx, m, j) })
 		return
 	}
 	groups := map[topicPart][]staged{}
@@ -294,6 +299,12 @@ func (c *Coordinator) answerWaiters(ctx actor.Context, m *txnMeta, e *heraldpb.E
 // records carrying the commit's token, and the staged batches not found
 // are appended.
 func (c *Coordinator) recoverTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
+	if len(j.written) > 0 {
+		// Markers are idempotent: all written again, nothing to look for.
+		c.log.Info("finishing a transaction committed before a restart", "transactional_id", m.id, "epoch", j.epoch, "partitions", len(j.written))
+		c.appendTxn(ctx, m, j, nil)
+		return
+	}
 	token := tokenText(j.token)
 	found := map[uint64]bool{}
 	type scan struct {

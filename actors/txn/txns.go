@@ -97,6 +97,9 @@ type txnMeta struct {
 	state   txnState
 	started int64 // ms: first staged batch (this coordinator's clock)
 	staged  []staged
+	// written: the partitions the transaction wrote its batches to once,
+	// as its EndTxn listed them (markers.go); with the decision from then.
+	written []*heraldpb.TxnWritten
 	nextSeq int64 // durable
 	seqs    int64 // staged or being staged
 	bytes   uint64
@@ -141,6 +144,8 @@ type commitJob struct {
 	// its records are appended (offsetsDone), before TxnComplete.
 	offsets     []*heraldpb.TxnGroupOffsets
 	offsetsDone bool
+	// written: the partitions that get its commit marker (markers.go).
+	written []*heraldpb.TxnWritten
 	// live: decided by this coordinator, so none of it is on its
 	// partitions before its appends start (a job found at load is
 	// scanned for first).
@@ -154,8 +159,10 @@ type commitJob struct {
 // keeps the staged records held in memory for them bounded.
 const maxCompleting = 4
 
-func (j *commitJob) partitions() []topicPart { return stagedPartitions(j.staged) }
-func (j *commitJob) records() uint32         { return stagedRecords(j.staged) }
+func (j *commitJob) partitions() []topicPart {
+	return append(stagedPartitions(j.staged), writtenPartitions(j.written)...)
+}
+func (j *commitJob) records() uint32 { return stagedRecords(j.staged) + writtenRecords(j.written) }
 
 type endWaiter struct {
 	to *actor.PID
@@ -251,7 +258,8 @@ func (st *state) applyTxn(off uint64, ev *heraldpb.TxnEvent, now int64) {
 			// Decided: the transaction is complete as far as its producer
 			// is concerned (the epoch moves on, the next one may stage),
 			// and its appends go on as a job until TxnComplete.
-			j := &commitJob{epoch: m.epoch, staged: m.staged, token: en.Token, by: en.By, sessOff: m.sessOff, from: map[topicPart]int64{}, offsets: en.GroupOffsets}
+			j := &commitJob{epoch: m.epoch, staged: m.staged, token: en.Token, by: en.By, sessOff: m.sessOff, from: map[topicPart]int64{}, offsets: en.GroupOffsets,
+				written: en.Written}
 			for _, f := range en.From {
 				j.from[topicPart{f.Topic, f.Partition}] = f.Offset
 			}
@@ -287,7 +295,7 @@ func (m *txnMeta) ended(commit bool, by string) {
 }
 
 func (m *txnMeta) resetTxn() {
-	m.state, m.staged, m.nextSeq, m.seqs, m.bytes, m.started = txnEmpty, nil, 0, 0, 0, 0
+	m.state, m.staged, m.nextSeq, m.seqs, m.bytes, m.started, m.written = txnEmpty, nil, 0, 0, 0, 0, nil
 }
 
 // partitions lists the partitions m's transaction touches, in order.
@@ -697,6 +705,19 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 		w.answer(ctx, endResponse(m, true, 0, nil))
 		return
 	}
+	if len(req.Written) > 0 {
+		if e := c.checkWritten(req.Written); e != nil {
+			w.fail(ctx, e)
+			return
+		}
+		if len(m.staged) > 0 || m.seqs > 0 {
+			w.fail(ctx, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "transactional id %q: a transaction stages its records or writes them once, not both", m.id))
+			return
+		}
+		if !m.deciding {
+			m.written = req.Written
+		}
+	}
 	c.endTxn(ctx, m, req.Commit, w)
 }
 
@@ -755,7 +776,8 @@ func (c *Coordinator) endTxn(ctx actor.Context, m *txnMeta, commit bool, w endWa
 // it): once durable, its staged records are forgotten and the epoch moves
 // on.
 func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done func(*heraldpb.Error, uint32, []topicPart)) {
-	pid, epoch, recs, parts := m.pid, m.epoch, m.records(), m.partitions()
+	pid, epoch, recs, parts := m.pid, m.epoch, m.records()+writtenRecords(m.written), append(m.partitions(), writtenPartitions(m.written)...)
+	written := m.written
 	if m.deciding || c.initing[m.id] {
 		// (Behind a new session's Init, the abort's session record would
 		// bring the old session back on a replay; the Init aborts it.)
@@ -765,7 +787,7 @@ func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done fu
 		return
 	}
 	m.deciding, m.decidingCommit = true, false
-	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, By: by}}}
+	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: epoch, By: by, Written: written}}}
 	snap := m.sessionAfterEnd(false, by)
 	c.write(writeOp{events: [][]byte{event(ev), event(snap)}, client: done != nil, done: func(base int64, err *heraldpb.Error) {
 		m.deciding = false
@@ -777,6 +799,10 @@ func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done fu
 				c.applyTxn(uint64(base)+1, snap, c.nowMs())
 				mTxnEnded.WithLabelValues("abort", by).Inc()
 				c.gaugeOpen()
+				// The batches written once are dropped by the abort's
+				// markers (answered now: nothing of it is readable either
+				// way).
+				c.writeMarkers(ctx, pid, epoch, false, written, func() {})
 			}
 		}
 		if done != nil {
