@@ -19,7 +19,7 @@ import (
 
 // rig is a topic manager with real partitions on disk, and a coordinator.
 type rig struct {
-	t   *testing.T
+	t   testing.TB
 	sys *actor.ActorSystem
 	mgr *actor.PID
 	reg *registry.Registry
@@ -30,7 +30,7 @@ type noPush struct{}
 
 func (noPush) SendRaw(*actor.PID, []byte) {}
 
-func newRig(t *testing.T, dir string, o Options) *rig {
+func newRig(t testing.TB, dir string, o Options) *rig {
 	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return quiet }))
@@ -92,7 +92,7 @@ func (r *rig) pending() int {
 	return int(r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListTxn{ListTxn: &heraldpb.ListTxnRequest{}}}, r.txn).GetListTxnResponse().Total)
 }
 
-func waitFor(t *testing.T, what string, cond func() error) {
+func waitFor(t testing.TB, what string, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
