@@ -1,12 +1,12 @@
 package txn
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -69,9 +69,11 @@ func TestWrittenOnceCommitAbortAndRecovery(t *testing.T) {
 	s.writeOnce("x")
 	aborted := *s
 	s.endWritten(false)
-	r.waitFor("the abort's marker applied: a late batch of its epoch refused", func() bool {
-		f := aborted.writeOnce("late")
-		return f.GetError().GetCode() == heraldpb.ErrorCode_INVALID_TXN_STATE
+	waitFor(t, "the abort's marker applied: a late batch of its epoch refused", func() error {
+		if f := aborted.writeOnce("late"); f.GetError().GetCode() != heraldpb.ErrorCode_INVALID_TXN_STATE {
+			return fmt.Errorf("late batch answered %v", f)
+		}
+		return nil
 	})
 	// A mixed transaction is refused.
 	s.stage("staged")
@@ -97,15 +99,4 @@ func TestWrittenOnceCommitAbortAndRecovery(t *testing.T) {
 	s.writeOnce("n")
 	s.endWritten(true)
 	r.waitValues("the next commit", []string{"a", "b", "c", "staged", "r1", "r2", "n"})
-}
-
-func (r *rig) waitFor(what string, cond func() bool) {
-	r.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
