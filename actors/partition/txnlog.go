@@ -785,3 +785,42 @@ func loadTxnState(path string) ([]txnFloor, []*heraldpb.TxnEnded, error) {
 	}
 	return decodeTxnState(b)
 }
+
+// maxListedTxns bounds a ListOpenTxns answer.
+const maxListedTxns = 10_000
+
+// onListOpenTxns answers the transaction coordinator with the transactions
+// open here for at least the asked age, oldest first. Only a leader that
+// has applied its log knows them all.
+func (a *Actor) onListOpenTxns(ctx actor.Context, f *heraldpb.Frame) {
+	req := f.GetListOpenTxns()
+	switch {
+	case a.rn == nil:
+		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, storageError(a.failure)))
+		return
+	case !a.isLeader:
+		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, notLeader(a.cfg.Topic, a.cfg.Partition, a.leader)))
+		return
+	case !a.termApplied:
+		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, a.txnError(heraldpb.ErrorCode_THROTTLED, "new leader has not applied its log yet")))
+		return
+	}
+	now := a.cfg.Clock.Now()
+	minAge := time.Duration(req.OlderThanMs) * time.Millisecond
+	var out []*heraldpb.OpenTxn
+	for k, o := range a.txn.open {
+		if age := now.Sub(o.since); age >= minAge {
+			out = append(out, &heraldpb.OpenTxn{ProducerId: k.pid, Epoch: k.epoch, Records: o.records, AgeMs: uint64(max(age, 0) / time.Millisecond)})
+		}
+	}
+	slices.SortFunc(out, func(x, y *heraldpb.OpenTxn) int {
+		if c := cmp.Compare(y.AgeMs, x.AgeMs); c != 0 {
+			return c
+		}
+		return cmp.Or(cmp.Compare(x.ProducerId, y.ProducerId), cmp.Compare(x.Epoch, y.Epoch))
+	})
+	if len(out) > maxListedTxns {
+		out = out[:maxListedTxns]
+	}
+	a.reply(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListOpenTxnsResponse{ListOpenTxnsResponse: &heraldpb.ListOpenTxnsResponse{Txns: out}}})
+}

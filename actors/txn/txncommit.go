@@ -66,12 +66,16 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string, data *
 				m.seqs = m.nextSeq // not staged: the retry stages it
 			}
 			c.answerWaiters(ctx, m, err)
+			c.failPiped(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the commit before this one failed: %s", m.id, err.Message))
 			return
 		}
 		if m.epoch != epoch {
-			c.answerWaiters(ctx, m, m.endedMeanwhile(pid, epoch))
+			e := m.endedMeanwhile(pid, epoch)
+			c.answerWaiters(ctx, m, e)
+			c.failPiped(ctx, m, e)
 			return
 		}
+		defer c.decidePiped(ctx, m)
 		if data != nil {
 			// Staged before the decision, here as on every replay: its
 			// sequence was the next one and nothing else of the
@@ -108,9 +112,20 @@ func (c *Coordinator) appendTxn(ctx actor.Context, m *txnMeta, j *commitJob, fou
 		c.after(10*time.Millisecond, &retryStep{fn: func() { c.appendTxn(ctx, m, j, found) }})
 		return
 	}
+	j.started = true
 	if len(j.written) > 0 {
 		// Written once: its commit markers make the records readable.
-		c.writeMarkers(ctx, m.pid, j.epoch, true, j.written, func() { c.completeTxn(ctx, m, j) })
+		// Once every partition has them, the next commit's markers may go
+		// (they stay behind these on every partition) while this one's
+		// complete record is written.
+		c.writeMarkers(ctx, m.pid, j.epoch, true, j.written, func() {
+			if i := slices.Index(m.completing, j); i >= 0 && i+1 < len(m.completing) {
+				if next := m.completing[i+1]; next.live && !next.started && len(next.written) > 0 {
+					c.appendTxn(ctx, m, next, nil)
+				}
+			}
+			c.completeTxn(ctx, m, j)
+		})
 		return
 	}
 	groups := map[topicPart][]staged{}
@@ -255,7 +270,9 @@ func (c *Coordinator) completeTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
 		c.gaugeOpen()
 		if len(m.completing) > 0 {
 			// The next one (they append one at a time, in order).
-			if next := m.completing[0]; next.live {
+			if next := m.completing[0]; next.started {
+				// (written once: started when this one's markers were taken)
+			} else if next.live {
 				c.appendTxn(ctx, m, next, nil)
 			} else {
 				c.recoverTxn(ctx, m, next) // found at load
@@ -264,6 +281,7 @@ func (c *Coordinator) completeTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
 		if m.queuedCommit && len(m.completing) < maxCompleting {
 			c.commitTxn(ctx, m, "producer", nil)
 		}
+		c.decidePiped(ctx, m)
 		if len(m.completing) > 0 {
 			return // a new session waits for all of them
 		}
@@ -299,6 +317,7 @@ func (c *Coordinator) answerWaiters(ctx actor.Context, m *txnMeta, e *heraldpb.E
 // records carrying the commit's token, and the staged batches not found
 // are appended.
 func (c *Coordinator) recoverTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
+	j.started = true
 	if len(j.written) > 0 {
 		// Markers are idempotent: all written again, nothing to look for.
 		c.log.Info("finishing a transaction committed before a restart", "transactional_id", m.id, "epoch", j.epoch, "partitions", len(j.written))

@@ -100,6 +100,9 @@ type txnMeta struct {
 	// written: the partitions the transaction wrote its batches to once,
 	// as its EndTxn listed them (markers.go); with the decision from then.
 	written []*heraldpb.TxnWritten
+	// piped: commits of the next transactions, queued behind the one
+	// being decided (markers.go).
+	piped   []pipedEnd
 	nextSeq int64 // durable
 	seqs    int64 // staged or being staged
 	bytes   uint64
@@ -146,6 +149,10 @@ type commitJob struct {
 	offsetsDone bool
 	// written: the partitions that get its commit marker (markers.go).
 	written []*heraldpb.TxnWritten
+	// started: its appends or markers are under way (or done); the next
+	// job of a transaction written once starts as soon as this one's
+	// markers are taken, before its complete record is written.
+	started bool
 	// live: decided by this coordinator, so none of it is on its
 	// partitions before its appends start (a job found at load is
 	// scanned for first).
@@ -460,6 +467,9 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		c.answerWaiters(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED, "transactional id %q: a new session started while this commit waited", m.id))
 	}
 	if m != nil {
+		c.failPiped(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED, "transactional id %q: a new session started while this commit was queued", m.id))
+	}
+	if m != nil {
 		pid, epoch = m.pid, m.epoch
 		if m.state == txnOpen {
 			// The last session's transaction: aborted, and fenced.
@@ -689,6 +699,9 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 		}
 		return
 	}
+	if c.pipeEnd(ctx, m, req, w) {
+		return
+	}
 	e, ended := m.checkEpoch(req.ProducerId, req.ProducerEpoch)
 	switch {
 	case e != nil:
@@ -799,6 +812,7 @@ func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done fu
 				c.applyTxn(uint64(base)+1, snap, c.nowMs())
 				mTxnEnded.WithLabelValues("abort", by).Inc()
 				c.gaugeOpen()
+				c.decidePiped(ctx, m) // (fails them: the one before did not commit)
 				// The batches written once are dropped by the abort's
 				// markers (answered now: nothing of it is readable either
 				// way).
