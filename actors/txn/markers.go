@@ -168,14 +168,17 @@ const maxPiped = 8
 // is past m's current one, behind the commit being decided; it reports
 // whether it took the request (false: the caller answers it as before).
 func (c *Coordinator) pipeEnd(ctx actor.Context, m *txnMeta, req *heraldpb.EndTxnRequest, w endWaiter) bool {
-	if !req.Commit || len(req.Written) == 0 || req.ProducerId != m.pid || req.ProducerEpoch <= m.epoch || req.ProducerEpoch < m.session {
+	if !req.Commit || len(req.Written) == 0 || req.ProducerId != m.pid || req.ProducerEpoch < m.session {
 		return false
 	}
 	for i := range m.piped {
-		if m.piped[i].epoch == req.ProducerEpoch { // a retry
+		if m.piped[i].epoch == req.ProducerEpoch { // a retry (queued: even the current epoch's, waiting for room)
 			m.piped[i].waiters = append(m.piped[i].waiters, w)
 			return true
 		}
+	}
+	if req.ProducerEpoch <= m.epoch {
+		return false
 	}
 	switch n := len(m.piped); {
 	case n > 0 && req.ProducerEpoch == m.piped[n-1].epoch+1: // after the last one queued
