@@ -164,6 +164,27 @@ func (t *txnLog) openOf(pid uint64) int {
 	return n
 }
 
+// earlierOpen is the epoch of an open transaction of k's producer earlier
+// than k's with no marker proposed yet (nil: none).
+func (t *txnLog) earlierOpen(k pidEpoch) *uint32 {
+	var found *uint32
+	check := func(o pidEpoch) {
+		if o.pid == k.pid && o.epoch < k.epoch && t.closing[o] == nil && (found == nil || o.epoch < *found) {
+			e := o.epoch
+			found = &e
+		}
+	}
+	if t.perPid[k.pid] > 1 || (t.perPid[k.pid] == 1 && t.open[k] == nil) {
+		for o := range t.open {
+			check(o)
+		}
+	}
+	for o := range t.inflight {
+		check(o)
+	}
+	return found
+}
+
 // opened and closed keep open and perPid in step.
 func (t *txnLog) opened(k pidEpoch, o *openTxn) {
 	t.open[k] = o
@@ -375,6 +396,14 @@ func (a *Actor) onTxnMarker(ctx actor.Context, replyTo *actor.PID, id uint64, re
 	if len(t.inflight[k]) > 0 {
 		fail(a.txnError(heraldpb.ErrorCode_THROTTLED, "producer %d's transaction of epoch %d has batches being written here", k.pid, k.epoch))
 		return
+	}
+	if commit {
+		if e := t.earlierOpen(k); e != nil {
+			// A producer's commits keep their order here: an earlier
+			// transaction's marker comes first (or its abort).
+			fail(a.txnError(heraldpb.ErrorCode_THROTTLED, "producer %d's transaction of epoch %d is still open here, before epoch %d", k.pid, *e, k.epoch))
+			return
+		}
 	}
 	have := o.recordsOrZero()
 	if commit && req.TxnRecords != have {

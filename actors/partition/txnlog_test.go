@@ -295,3 +295,24 @@ func TestListOpenTxns(t *testing.T) {
 		t.Fatalf("open after their ends: %v", got)
 	}
 }
+
+// A producer's commits keep their order on a partition: a commit marker
+// waits (THROTTLED) while an earlier transaction of the producer is open
+// there without its marker; an abort does not.
+func TestTxnCommitsInEpochOrder(t *testing.T) {
+	sys := actor.NewActorSystem()
+	ip := &idemPartition{t: t, sys: sys, topic: "txn-order", dir: t.TempDir()}
+	ip.start()
+	defer ip.stop()
+	mustProduce(t, ip.ask(txnBatchFrame(7, 1, 0, "a")), -1, false)
+	mustProduce(t, ip.ask(txnBatchFrame(7, 2, 0, "b")), -1, false)
+	mustProduce(t, ip.ask(txnBatchFrame(7, 3, 0, "c")), -1, false)
+	mustFail(t, ip.ask(markerFrame(7, 2, true, 1)), heraldpb.ErrorCode_THROTTLED)
+	mustCommit(t, ip.ask(markerFrame(7, 1, true, 1)), 0, 1, false)
+	mustCommit(t, ip.ask(markerFrame(7, 2, true, 1)), 1, 1, false)
+	mustProduce(t, ip.ask(markerFrame(7, 3, false, 0)), -1, false)
+	checkFor(t, 5*time.Second, "hw 2", func() bool { return ip.stats.HighWatermark.Load() == 2 })
+	if got := readAll(t, sys, ip.pid, 2); fmt.Sprint(got) != "[a b]" {
+		t.Fatalf("the log reads %v", got)
+	}
+}

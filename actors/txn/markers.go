@@ -182,7 +182,7 @@ func (c *Coordinator) pipeEnd(ctx actor.Context, m *txnMeta, req *heraldpb.EndTx
 	}
 	switch n := len(m.piped); {
 	case n > 0 && req.ProducerEpoch == m.piped[n-1].epoch+1: // after the last one queued
-	case n == 0 && m.deciding && m.decidingCommit && req.ProducerEpoch == m.epoch+1: // after the one being decided
+	case n == 0 && m.deciding && m.decidingCommit && req.ProducerEpoch == max(m.decidingThrough, m.epoch)+1: // after the ones being decided
 	default:
 		return false
 	}
@@ -211,7 +211,7 @@ func (c *Coordinator) failPiped(ctx actor.Context, m *txnMeta, e *heraldpb.Error
 }
 
 // decidePiped decides the queued commits that follow m's last committed
-// transaction, as many as maxCompleting leaves room for, in one write.
+// transaction, as many as roomToComplete leaves room for, in one write.
 func (c *Coordinator) decidePiped(ctx actor.Context, m *txnMeta) {
 	if len(m.piped) == 0 || m.deciding || c.initing[m.id] || m.seqs != m.nextSeq || len(m.waiters) > 0 || m.state != txnEmpty {
 		return
@@ -221,7 +221,7 @@ func (c *Coordinator) decidePiped(ctx actor.Context, m *txnMeta) {
 			"transactional id %q: the transaction before epoch %d did not commit (the current epoch is %d)", m.id, m.piped[0].epoch, m.epoch))
 		return
 	}
-	n := min(len(m.piped), maxCompleting-len(m.completing))
+	n := min(len(m.piped), m.roomToComplete(true))
 	if n <= 0 {
 		return // (completeTxn calls again)
 	}
@@ -240,7 +240,7 @@ func (c *Coordinator) decidePiped(ctx actor.Context, m *txnMeta) {
 	in.Epoch = last + 1
 	in.HasLast, in.LastEpoch, in.LastCommit, in.LastBy = true, last, true, "producer"
 	events = append(events, event(snap))
-	m.deciding, m.decidingCommit = true, true
+	m.deciding, m.decidingCommit, m.decidingThrough = true, true, last
 	c.write(writeOp{events: events, client: true, done: func(base int64, err *heraldpb.Error) {
 		m.deciding = false
 		if err == nil && m.epoch != first {
@@ -277,7 +277,9 @@ func (c *Coordinator) decidePiped(ctx actor.Context, m *txnMeta) {
 		c.gaugeOpen()
 		if len(m.completing) == n {
 			c.appendTxn(ctx, m, m.completing[0], nil)
-		} // else appended when the ones before complete (completeTxn)
+		} else {
+			c.kickWritten(ctx, m) // (else appended when the ones before complete: completeTxn)
+		}
 		c.decidePiped(ctx, m)
 	}})
 	c.flushWrites(ctx)
@@ -359,7 +361,7 @@ func (c *Coordinator) resolveOpen(ctx actor.Context, tp topicPart, o *heraldpb.O
 	}
 	pending := slices.ContainsFunc(m.completing, func(j *commitJob) bool { return j.epoch == o.Epoch }) ||
 		slices.ContainsFunc(m.piped, func(p pipedEnd) bool { return p.epoch == o.Epoch }) ||
-		(m.deciding && o.Epoch == m.epoch)
+		(m.deciding && o.Epoch >= m.epoch && o.Epoch <= max(m.decidingThrough, m.epoch))
 	switch {
 	case pending:
 	case o.Epoch == m.epoch:
@@ -382,5 +384,23 @@ func (c *Coordinator) resolveOpen(ctx actor.Context, tp topicPart, o *heraldpb.O
 		c.writeMarkers(ctx, o.ProducerId, o.Epoch, true, w, func() {})
 	default:
 		abort("its epoch ended without committing, or belongs to an older session")
+	}
+}
+
+// kickWritten starts the markers of m's decided commits written once that
+// follow a started one written once, in order: they need not wait for the
+// ones before to complete (see appendTxn). Staged commits still start one
+// after the other.
+func (c *Coordinator) kickWritten(ctx actor.Context, m *txnMeta) {
+	for i := 1; i < len(m.completing); i++ {
+		prev, j := m.completing[i-1], m.completing[i]
+		if j.started {
+			continue
+		}
+		if !prev.started || len(prev.written) == 0 || len(j.written) == 0 || !j.live {
+			return
+		}
+		c.appendTxn(ctx, m, j, nil) // (which kicks the ones after it)
+		return
 	}
 }

@@ -20,7 +20,7 @@ import (
 // transactions' batches in flight (8 batches, as many as the plain run),
 // and sends a transaction's commit once its batches are answered: "txn"
 // with one commit in flight (the next waits for its answer), "txn-piped"
-// with up to 4 (queued behind the one being decided, decided together). Against "plain": the same
+// with up to 8 (queued behind the one being decided, decided together). Against "plain": the same
 // batches as plain acks=all produces, 8 in flight per producer. A run ends
 // when every record is readable. It reports records/s; compare the modes
 // within one run:
@@ -31,7 +31,7 @@ func BenchmarkWriteOnceTxn(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			depth := 1 // commits in flight per producer
 			if mode == "txn-piped" {
-				depth = 4
+				depth = 8
 			}
 			r := newRig(b, b.TempDir(), Options{})
 			r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CreateTopic{CreateTopic: &heraldpb.CreateTopicRequest{Name: "w", Config: &heraldpb.TopicConfig{Partitions: 4}}}}, r.mgr)

@@ -53,6 +53,7 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string, data *
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: end}}
 	snap := m.sessionAfterEnd(true, by)
 	m.deciding, m.decidingCommit, m.queuedCommit = true, true, false
+	m.decidingThrough = epoch
 	events := [][]byte{event(ev), event(snap)}
 	if data != nil {
 		d := data.GetData()
@@ -99,7 +100,9 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string, data *
 		}
 		if len(m.completing) == 1 {
 			c.appendTxn(ctx, m, j, nil)
-		} // else appended when the ones before it complete (completeTxn)
+		} else {
+			c.kickWritten(ctx, m) // (else appended when the ones before it complete: completeTxn)
+		}
 	}})
 	c.flushWrites(ctx)
 }
@@ -114,18 +117,13 @@ func (c *Coordinator) appendTxn(ctx actor.Context, m *txnMeta, j *commitJob, fou
 	}
 	j.started = true
 	if len(j.written) > 0 {
-		// Written once: its commit markers make the records readable.
-		// Once every partition has them, the next commit's markers may go
-		// (they stay behind these on every partition) while this one's
-		// complete record is written.
-		c.writeMarkers(ctx, m.pid, j.epoch, true, j.written, func() {
-			if i := slices.Index(m.completing, j); i >= 0 && i+1 < len(m.completing) {
-				if next := m.completing[i+1]; next.live && !next.started && len(next.written) > 0 {
-					c.appendTxn(ctx, m, next, nil)
-				}
-			}
-			c.completeTxn(ctx, m, j)
-		})
+		// Written once: its commit markers make the records readable. The
+		// next commit's markers go right behind them: a partition takes a
+		// producer's commits in epoch order (it refuses one while an
+		// earlier transaction of the producer is open there without its
+		// marker), so they keep their order on every partition.
+		c.writeMarkers(ctx, m.pid, j.epoch, true, j.written, func() { c.completeTxn(ctx, m, j) })
+		c.kickWritten(ctx, m)
 		return
 	}
 	groups := map[topicPart][]staged{}
@@ -271,14 +269,14 @@ func (c *Coordinator) completeTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
 		if len(m.completing) > 0 {
 			// The next one (they append one at a time, in order).
 			if next := m.completing[0]; next.started {
-				// (written once: started when this one's markers were taken)
+				// (written once: started behind this one's markers)
 			} else if next.live {
 				c.appendTxn(ctx, m, next, nil)
 			} else {
 				c.recoverTxn(ctx, m, next) // found at load
 			}
 		}
-		if m.queuedCommit && len(m.completing) < maxCompleting {
+		if m.queuedCommit && m.roomToComplete(len(m.written) > 0) > 0 {
 			c.commitTxn(ctx, m, "producer", nil)
 		}
 		c.decidePiped(ctx, m)

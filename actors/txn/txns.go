@@ -101,11 +101,14 @@ type txnMeta struct {
 	// as its EndTxn listed them (markers.go); with the decision from then.
 	written []*heraldpb.TxnWritten
 	// piped: commits of the next transactions, queued behind the one
-	// being decided (markers.go).
-	piped   []pipedEnd
-	nextSeq int64 // durable
-	seqs    int64 // staged or being staged
-	bytes   uint64
+	// being decided (markers.go); decidingThrough: while a commit is being
+	// decided, the last epoch it decides (several when queued ones are
+	// decided together).
+	piped           []pipedEnd
+	decidingThrough uint32
+	nextSeq         int64 // durable
+	seqs            int64 // staged or being staged
+	bytes           uint64
 
 	// a commit decision or an abort being written (decidingCommit: which)
 	deciding       bool
@@ -165,6 +168,21 @@ type commitJob struct {
 // run its next transactions without waiting for the appends; the bound
 // keeps the staged records held in memory for them bounded.
 const maxCompleting = 4
+
+// maxCompletingWritten bounds them instead while every one of them was
+// written once (markers.go): such a commit holds no records, only where
+// its markers go, and a producer keeping commits in flight needs room.
+const maxCompletingWritten = 32
+
+// roomToComplete is how many more committed transactions m may have
+// waiting for their appends or markers, the next one written once or not.
+func (m *txnMeta) roomToComplete(writtenOnce bool) int {
+	limit := maxCompletingWritten
+	if !writtenOnce || slices.ContainsFunc(m.completing, func(j *commitJob) bool { return len(j.written) == 0 }) {
+		limit = maxCompleting
+	}
+	return limit - len(m.completing)
+}
 
 func (j *commitJob) partitions() []topicPart {
 	return append(stagedPartitions(j.staged), writtenPartitions(j.written)...)
@@ -751,7 +769,7 @@ func (w endWaiter) abortDone(ctx actor.Context, m *txnMeta) func(*heraldpb.Error
 // session back on a replay), and its earlier commits leave room
 // (maxCompleting).
 func (c *Coordinator) decidesNow(m *txnMeta) bool {
-	return !m.deciding && m.seqs == m.nextSeq && !c.initing[m.id] && len(m.completing) < maxCompleting && len(m.waiters) == 0
+	return !m.deciding && m.seqs == m.nextSeq && !c.initing[m.id] && m.roomToComplete(len(m.written) > 0) > 0 && len(m.waiters) == 0
 }
 
 // endTxn commits or aborts m's current transaction (its epoch checked)
@@ -771,7 +789,7 @@ func (c *Coordinator) endTxn(ctx actor.Context, m *txnMeta, commit bool, w endWa
 		w.fail(ctx, throttledErr("a batch of the transaction is still being staged"))
 	case !commit:
 		c.abortTxn(ctx, m, "producer", w.abortDone(ctx, m))
-	case len(m.completing) >= maxCompleting:
+	case m.roomToComplete(len(m.written) > 0) <= 0:
 		// Earlier commits are still appending, as many as may wait: this
 		// one is decided when the oldest completes. Nothing stages
 		// meanwhile. (Below the bound it is decided now and appended
