@@ -320,7 +320,23 @@ func (c *Coordinator) sweepOpen(ctx actor.Context) {
 	if !c.loaded || !c.leadsTxn() {
 		return
 	}
-	minAge := uint32(min(c.o.OpenTxnSweep.Milliseconds(), 1<<31))
+	c.sweepPartitions(ctx, uint32(min(c.o.OpenTxnSweep.Milliseconds(), 1<<31)), 0)
+}
+
+// sweepProducer ends, at once, the transactions of producer pid open on
+// any partition that nobody will end: a new session of its id started, so
+// the old session's (a zombie's) are aborted, and their later writes
+// refused, without waiting for the next sweep.
+func (c *Coordinator) sweepProducer(ctx actor.Context, pid uint64) {
+	if c.leadsTxn() {
+		c.sweepPartitions(ctx, 0, pid)
+	}
+}
+
+// sweepPartitions asks every partition's leader for the transactions open
+// there for at least minAge ms (of producer pid only, when not 0) and
+// resolves each.
+func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint64) {
 	for _, e := range c.o.Topics.All() {
 		if len(e.Name) >= 2 && e.Name[:2] == "__" {
 			continue // internal topics take no transactions
@@ -330,7 +346,9 @@ func (c *Coordinator) sweepOpen(ctx actor.Context) {
 			req := &heraldpb.Frame{Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{Topic: tp.topic, Partition: tp.part, OlderThanMs: minAge}}}
 			c.request(ctx, e.Writer(p), req, callTimeout, func(f *heraldpb.Frame) {
 				for _, o := range f.GetListOpenTxnsResponse().GetTxns() {
-					c.resolveOpen(ctx, tp, o)
+					if pid == 0 || o.ProducerId == pid {
+						c.resolveOpen(ctx, tp, o)
+					}
 				}
 			})
 		}

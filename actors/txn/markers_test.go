@@ -216,3 +216,23 @@ func TestOpenTxnSweep(t *testing.T) {
 		t.Fatalf("t2 holds %v", got)
 	}
 }
+
+// A new session of a transactional id aborts the old session's
+// transactions written once at once (not at the next sweep, an hour away
+// here): the zombie's next write is refused, and none of its records is
+// ever readable.
+func TestNewSessionAbortsTheZombiesTransactions(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{OpenTxnSweep: time.Hour})
+	zombie := r.session("z")
+	zombie.writeOnce("zombie")
+	fresh := r.session("z")
+	waitFor(t, "the zombie's write refused", func() error {
+		if f := zombie.writeOnce("more"); f.GetError().GetCode() != heraldpb.ErrorCode_INVALID_TXN_STATE {
+			return fmt.Errorf("answered %v", f)
+		}
+		return nil
+	})
+	fresh.writeOnce("fresh")
+	fresh.endWritten(true)
+	r.waitValues("only the new session's record", []string{"fresh"})
+}

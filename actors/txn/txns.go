@@ -513,6 +513,10 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		c.initing = map[string]bool{}
 	}
 	c.initing[req.TransactionalId] = true
+	var oldPid uint64 // the previous session's producer (its transactions written once are swept)
+	if m != nil {
+		oldPid = m.pid
+	}
 	c.write(writeOp{events: raw, client: true, done: func(base int64, err *heraldpb.Error) {
 		delete(c.initing, req.TransactionalId)
 		if err != nil {
@@ -524,6 +528,9 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 				mTxnEnded.WithLabelValues("abort", "fenced").Inc()
 			}
 			c.applyTxn(uint64(base)+uint64(i), ev, c.nowMs())
+		}
+		if oldPid != 0 {
+			c.sweepProducer(ctx, oldPid)
 		}
 		mTxnIDs.Set(float64(len(c.txns)))
 		c.gaugeOpen()
