@@ -227,7 +227,7 @@ func checks(vhost string, f *heraldpb.Frame) (out []check, ok bool) {
 	case *heraldpb.Frame_ClusterAdmin, *heraldpb.Frame_RepairPartition, *heraldpb.Frame_AlterUser,
 		*heraldpb.Frame_ListUsers, *heraldpb.Frame_AlterAcls, *heraldpb.Frame_ListAcls,
 		*heraldpb.Frame_AlterVhost, *heraldpb.Frame_ListVhosts,
-		*heraldpb.Frame_CommitTxnOffsets: // (internal: no client route either)
+		*heraldpb.Frame_CommitTxnOffsets, *heraldpb.Frame_ListOpenTxns: // (internal: no client route either)
 		out = append(out, clusterCheck(opAdmin))
 	case *heraldpb.Frame_EndHalf:
 		// With the group named, the coordinator refuses a half of another

@@ -574,6 +574,11 @@ func newRouter(sys *actor.ActorSystem, groups *consumer.Router, topics *topic.Ro
 			sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_UNKNOWN_REQUEST,
 				"CommitTxnOffsets is internal: commit group offsets with a transaction (EndTxn group_offsets)")))
 		},
+		// The transaction coordinator's, to partition leaders only.
+		reflect.TypeOf(&heraldpb.Frame_ListOpenTxns{}): func(f *heraldpb.Frame, replyTo *actor.PID) {
+			sys.Root.Send(replyTo, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_UNKNOWN_REQUEST,
+				"ListOpenTxns is internal to the transaction coordinator: list transactions with ListTxn")))
+		},
 	})
 	return router{sys: sys, table: table}
 }

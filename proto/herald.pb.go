@@ -1104,6 +1104,8 @@ type Frame struct {
 	//	*Frame_PublishResponse
 	//	*Frame_CommitTxnOffsets
 	//	*Frame_CommitTxnOffsetsResponse
+	//	*Frame_ListOpenTxns
+	//	*Frame_ListOpenTxnsResponse
 	//	*Frame_Delivery
 	//	*Frame_Assignment
 	//	*Frame_ReplyDelivery
@@ -1897,6 +1899,24 @@ func (x *Frame) GetCommitTxnOffsetsResponse() *CommitTxnOffsetsResponse {
 	return nil
 }
 
+func (x *Frame) GetListOpenTxns() *ListOpenTxnsRequest {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListOpenTxns); ok {
+			return x.ListOpenTxns
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetListOpenTxnsResponse() *ListOpenTxnsResponse {
+	if x != nil {
+		if x, ok := x.Body.(*Frame_ListOpenTxnsResponse); ok {
+			return x.ListOpenTxnsResponse
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetDelivery() *Delivery {
 	if x != nil {
 		if x, ok := x.Body.(*Frame_Delivery); ok {
@@ -2286,6 +2306,17 @@ type Frame_CommitTxnOffsetsResponse struct {
 	CommitTxnOffsetsResponse *CommitTxnOffsetsResponse `protobuf:"bytes,102,opt,name=commit_txn_offsets_response,json=commitTxnOffsetsResponse,proto3,oneof"`
 }
 
+type Frame_ListOpenTxns struct {
+	// Internal (never accepted from a client): the transaction
+	// coordinator asks a partition's leader for the transactions written
+	// once that are open there, to end the ones nobody will.
+	ListOpenTxns *ListOpenTxnsRequest `protobuf:"bytes,103,opt,name=list_open_txns,json=listOpenTxns,proto3,oneof"`
+}
+
+type Frame_ListOpenTxnsResponse struct {
+	ListOpenTxnsResponse *ListOpenTxnsResponse `protobuf:"bytes,104,opt,name=list_open_txns_response,json=listOpenTxnsResponse,proto3,oneof"`
+}
+
 type Frame_Delivery struct {
 	// Server pushes (frame id 0): never requests, never answered.
 	Delivery *Delivery `protobuf:"bytes,60,opt,name=delivery,proto3,oneof"`
@@ -2474,6 +2505,10 @@ func (*Frame_PublishResponse) isFrame_Body() {}
 func (*Frame_CommitTxnOffsets) isFrame_Body() {}
 
 func (*Frame_CommitTxnOffsetsResponse) isFrame_Body() {}
+
+func (*Frame_ListOpenTxns) isFrame_Body() {}
+
+func (*Frame_ListOpenTxnsResponse) isFrame_Body() {}
 
 func (*Frame_Delivery) isFrame_Body() {}
 
@@ -9680,6 +9715,181 @@ func (*CommitTxnOffsetsResponse) Descriptor() ([]byte, []int) {
 	return file_herald_proto_rawDescGZIP(), []int{103}
 }
 
+// The transactions written once open on a partition for at least
+// older_than_ms (by its leader's clock, from when it applied their first
+// batch), oldest first, at most 10,000.
+type ListOpenTxnsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition     uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	OlderThanMs   uint32                 `protobuf:"varint,3,opt,name=older_than_ms,json=olderThanMs,proto3" json:"older_than_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOpenTxnsRequest) Reset() {
+	*x = ListOpenTxnsRequest{}
+	mi := &file_herald_proto_msgTypes[104]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOpenTxnsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOpenTxnsRequest) ProtoMessage() {}
+
+func (x *ListOpenTxnsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[104]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOpenTxnsRequest.ProtoReflect.Descriptor instead.
+func (*ListOpenTxnsRequest) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{104}
+}
+
+func (x *ListOpenTxnsRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ListOpenTxnsRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *ListOpenTxnsRequest) GetOlderThanMs() uint32 {
+	if x != nil {
+		return x.OlderThanMs
+	}
+	return 0
+}
+
+type ListOpenTxnsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Txns          []*OpenTxn             `protobuf:"bytes,1,rep,name=txns,proto3" json:"txns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListOpenTxnsResponse) Reset() {
+	*x = ListOpenTxnsResponse{}
+	mi := &file_herald_proto_msgTypes[105]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListOpenTxnsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListOpenTxnsResponse) ProtoMessage() {}
+
+func (x *ListOpenTxnsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[105]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListOpenTxnsResponse.ProtoReflect.Descriptor instead.
+func (*ListOpenTxnsResponse) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{105}
+}
+
+func (x *ListOpenTxnsResponse) GetTxns() []*OpenTxn {
+	if x != nil {
+		return x.Txns
+	}
+	return nil
+}
+
+type OpenTxn struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProducerId    uint64                 `protobuf:"varint,1,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	Epoch         uint32                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Records       uint32                 `protobuf:"varint,3,opt,name=records,proto3" json:"records,omitempty"`
+	AgeMs         uint64                 `protobuf:"varint,4,opt,name=age_ms,json=ageMs,proto3" json:"age_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenTxn) Reset() {
+	*x = OpenTxn{}
+	mi := &file_herald_proto_msgTypes[106]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenTxn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenTxn) ProtoMessage() {}
+
+func (x *OpenTxn) ProtoReflect() protoreflect.Message {
+	mi := &file_herald_proto_msgTypes[106]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenTxn.ProtoReflect.Descriptor instead.
+func (*OpenTxn) Descriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{106}
+}
+
+func (x *OpenTxn) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *OpenTxn) GetEpoch() uint32 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *OpenTxn) GetRecords() uint32 {
+	if x != nil {
+		return x.Records
+	}
+	return 0
+}
+
+func (x *OpenTxn) GetAgeMs() uint64 {
+	if x != nil {
+		return x.AgeMs
+	}
+	return 0
+}
+
 type EndTxnResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	NextEpoch uint32                 `protobuf:"varint,1,opt,name=next_epoch,json=nextEpoch,proto3" json:"next_epoch,omitempty"`
@@ -9695,7 +9905,7 @@ type EndTxnResponse struct {
 
 func (x *EndTxnResponse) Reset() {
 	*x = EndTxnResponse{}
-	mi := &file_herald_proto_msgTypes[104]
+	mi := &file_herald_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9707,7 +9917,7 @@ func (x *EndTxnResponse) String() string {
 func (*EndTxnResponse) ProtoMessage() {}
 
 func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[104]
+	mi := &file_herald_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9720,7 +9930,7 @@ func (x *EndTxnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTxnResponse.ProtoReflect.Descriptor instead.
 func (*EndTxnResponse) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{104}
+	return file_herald_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *EndTxnResponse) GetNextEpoch() uint32 {
@@ -9769,7 +9979,7 @@ type TxnInfo struct {
 
 func (x *TxnInfo) Reset() {
 	*x = TxnInfo{}
-	mi := &file_herald_proto_msgTypes[105]
+	mi := &file_herald_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9781,7 +9991,7 @@ func (x *TxnInfo) String() string {
 func (*TxnInfo) ProtoMessage() {}
 
 func (x *TxnInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_herald_proto_msgTypes[105]
+	mi := &file_herald_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9794,7 +10004,7 @@ func (x *TxnInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnInfo.ProtoReflect.Descriptor instead.
 func (*TxnInfo) Descriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{105}
+	return file_herald_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *TxnInfo) GetTransactionalId() string {
@@ -9877,7 +10087,7 @@ const file_herald_proto_rawDesc = "" +
 	"\x05epoch\x18\t \x01(\x04R\x05epoch\x12\x1f\n" +
 	"\vepoch_index\x18\n" +
 	" \x01(\x04R\n" +
-	"epochIndex\"\xec1\n" +
+	"epochIndex\"\x8e3\n" +
 	"\x05Frame\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12/\n" +
 	"\x05hello\x18\n" +
@@ -9970,7 +10180,9 @@ const file_herald_proto_rawDesc = "" +
 	"\apublish\x18b \x01(\v2\x19.herald.v1.PublishRequestH\x00R\apublish\x12G\n" +
 	"\x10publish_response\x18c \x01(\v2\x1a.herald.v1.PublishResponseH\x00R\x0fpublishResponse\x12R\n" +
 	"\x12commit_txn_offsets\x18e \x01(\v2\".herald.v1.CommitTxnOffsetsRequestH\x00R\x10commitTxnOffsets\x12d\n" +
-	"\x1bcommit_txn_offsets_response\x18f \x01(\v2#.herald.v1.CommitTxnOffsetsResponseH\x00R\x18commitTxnOffsetsResponse\x121\n" +
+	"\x1bcommit_txn_offsets_response\x18f \x01(\v2#.herald.v1.CommitTxnOffsetsResponseH\x00R\x18commitTxnOffsetsResponse\x12F\n" +
+	"\x0elist_open_txns\x18g \x01(\v2\x1e.herald.v1.ListOpenTxnsRequestH\x00R\flistOpenTxns\x12X\n" +
+	"\x17list_open_txns_response\x18h \x01(\v2\x1f.herald.v1.ListOpenTxnsResponseH\x00R\x14listOpenTxnsResponse\x121\n" +
 	"\bdelivery\x18< \x01(\v2\x13.herald.v1.DeliveryH\x00R\bdelivery\x12=\n" +
 	"\n" +
 	"assignment\x18= \x01(\v2\x1b.herald.v1.AssignmentChangeH\x00R\n" +
@@ -10560,7 +10772,19 @@ const file_herald_proto_rawDesc = "" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\rR\x05epoch\x124\n" +
 	"\aoffsets\x18\x03 \x01(\v2\x1a.herald.v1.TxnGroupOffsetsR\aoffsets\"\x1a\n" +
-	"\x18CommitTxnOffsetsResponse\"\x8e\x01\n" +
+	"\x18CommitTxnOffsetsResponse\"m\n" +
+	"\x13ListOpenTxnsRequest\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\"\n" +
+	"\rolder_than_ms\x18\x03 \x01(\rR\volderThanMs\">\n" +
+	"\x14ListOpenTxnsResponse\x12&\n" +
+	"\x04txns\x18\x01 \x03(\v2\x12.herald.v1.OpenTxnR\x04txns\"q\n" +
+	"\aOpenTxn\x12\x1f\n" +
+	"\vproducer_id\x18\x01 \x01(\x04R\n" +
+	"producerId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\rR\x05epoch\x12\x18\n" +
+	"\arecords\x18\x03 \x01(\rR\arecords\x12\x15\n" +
+	"\x06age_ms\x18\x04 \x01(\x04R\x05ageMs\"\x8e\x01\n" +
 	"\x0eEndTxnResponse\x12\x1d\n" +
 	"\n" +
 	"next_epoch\x18\x01 \x01(\rR\tnextEpoch\x12\x18\n" +
@@ -10707,7 +10931,7 @@ func file_herald_proto_rawDescGZIP() []byte {
 }
 
 var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
-var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 106)
+var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                   // 0: herald.v1.ErrorCode
 	(AclOperation)(0),                // 1: herald.v1.AclOperation
@@ -10825,18 +11049,21 @@ var file_herald_proto_goTypes = []any{
 	(*TxnGroupOffsets)(nil),          // 113: herald.v1.TxnGroupOffsets
 	(*CommitTxnOffsetsRequest)(nil),  // 114: herald.v1.CommitTxnOffsetsRequest
 	(*CommitTxnOffsetsResponse)(nil), // 115: herald.v1.CommitTxnOffsetsResponse
-	(*EndTxnResponse)(nil),           // 116: herald.v1.EndTxnResponse
-	(*TxnInfo)(nil),                  // 117: herald.v1.TxnInfo
-	(*DeclareExchangeRequest)(nil),   // 118: herald.v1.DeclareExchangeRequest
-	(*DeclareExchangeResponse)(nil),  // 119: herald.v1.DeclareExchangeResponse
-	(*DeleteExchangeRequest)(nil),    // 120: herald.v1.DeleteExchangeRequest
-	(*DeleteExchangeResponse)(nil),   // 121: herald.v1.DeleteExchangeResponse
-	(*BindRequest)(nil),              // 122: herald.v1.BindRequest
-	(*BindResponse)(nil),             // 123: herald.v1.BindResponse
-	(*ListExchangesRequest)(nil),     // 124: herald.v1.ListExchangesRequest
-	(*ListExchangesResponse)(nil),    // 125: herald.v1.ListExchangesResponse
-	(*PublishRequest)(nil),           // 126: herald.v1.PublishRequest
-	(*PublishResponse)(nil),          // 127: herald.v1.PublishResponse
+	(*ListOpenTxnsRequest)(nil),      // 116: herald.v1.ListOpenTxnsRequest
+	(*ListOpenTxnsResponse)(nil),     // 117: herald.v1.ListOpenTxnsResponse
+	(*OpenTxn)(nil),                  // 118: herald.v1.OpenTxn
+	(*EndTxnResponse)(nil),           // 119: herald.v1.EndTxnResponse
+	(*TxnInfo)(nil),                  // 120: herald.v1.TxnInfo
+	(*DeclareExchangeRequest)(nil),   // 121: herald.v1.DeclareExchangeRequest
+	(*DeclareExchangeResponse)(nil),  // 122: herald.v1.DeclareExchangeResponse
+	(*DeleteExchangeRequest)(nil),    // 123: herald.v1.DeleteExchangeRequest
+	(*DeleteExchangeResponse)(nil),   // 124: herald.v1.DeleteExchangeResponse
+	(*BindRequest)(nil),              // 125: herald.v1.BindRequest
+	(*BindResponse)(nil),             // 126: herald.v1.BindResponse
+	(*ListExchangesRequest)(nil),     // 127: herald.v1.ListExchangesRequest
+	(*ListExchangesResponse)(nil),    // 128: herald.v1.ListExchangesResponse
+	(*PublishRequest)(nil),           // 129: herald.v1.PublishRequest
+	(*PublishResponse)(nil),          // 130: herald.v1.PublishResponse
 }
 var file_herald_proto_depIdxs = []int32{
 	0,   // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
@@ -10895,7 +11122,7 @@ var file_herald_proto_depIdxs = []int32{
 	109, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
 	110, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
 	111, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
-	116, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
+	119, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
 	16,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
 	17,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
 	19,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
@@ -10910,88 +11137,91 @@ var file_herald_proto_depIdxs = []int32{
 	30,  // 68: herald.v1.Frame.alter_vhost_response:type_name -> herald.v1.AlterVhostResponse
 	31,  // 69: herald.v1.Frame.list_vhosts:type_name -> herald.v1.ListVhostsRequest
 	33,  // 70: herald.v1.Frame.list_vhosts_response:type_name -> herald.v1.ListVhostsResponse
-	118, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
-	119, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
-	120, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
-	121, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
-	122, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
-	123, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
-	124, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
-	125, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
-	126, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
-	127, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
+	121, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
+	122, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
+	123, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
+	124, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
+	125, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
+	126, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
+	127, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
+	128, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
+	129, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
+	130, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
 	114, // 81: herald.v1.Frame.commit_txn_offsets:type_name -> herald.v1.CommitTxnOffsetsRequest
 	115, // 82: herald.v1.Frame.commit_txn_offsets_response:type_name -> herald.v1.CommitTxnOffsetsResponse
-	75,  // 83: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	76,  // 84: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	92,  // 85: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	77,  // 86: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	105, // 87: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
-	12,  // 88: herald.v1.Frame.error:type_name -> herald.v1.Error
-	18,  // 89: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
-	28,  // 90: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
-	28,  // 91: herald.v1.UserInfo.quotas:type_name -> herald.v1.Quotas
-	2,   // 92: herald.v1.AclRule.resource_type:type_name -> herald.v1.AclResourceType
-	1,   // 93: herald.v1.AclRule.operation:type_name -> herald.v1.AclOperation
-	23,  // 94: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
-	23,  // 95: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
-	23,  // 96: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
-	28,  // 97: herald.v1.AlterVhostRequest.quotas:type_name -> herald.v1.Quotas
-	28,  // 98: herald.v1.VhostInfo.quotas:type_name -> herald.v1.Quotas
-	32,  // 99: herald.v1.ListVhostsResponse.vhosts:type_name -> herald.v1.VhostInfo
-	22,  // 100: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
-	35,  // 101: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	36,  // 102: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	38,  // 103: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	37,  // 104: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	35,  // 105: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	37,  // 106: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	11,  // 107: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
-	46,  // 108: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
-	37,  // 109: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	37,  // 110: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	52,  // 111: herald.v1.Record.headers:type_name -> herald.v1.Header
-	53,  // 112: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
-	3,   // 113: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	57,  // 114: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
-	113, // 115: herald.v1.ProduceRequest.txn_group_offsets:type_name -> herald.v1.TxnGroupOffsets
-	4,   // 116: herald.v1.ProduceRequest.txn_marker:type_name -> herald.v1.TxnMarker
-	5,   // 117: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	116, // 118: herald.v1.ProduceResponse.txn_end:type_name -> herald.v1.EndTxnResponse
-	55,  // 119: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	6,   // 120: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	7,   // 121: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	8,   // 122: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	63,  // 123: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	53,  // 124: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	74,  // 125: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	12,  // 126: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	7,   // 127: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	79,  // 128: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	9,   // 129: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	7,   // 130: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	8,   // 131: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	82,  // 132: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	83,  // 133: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	84,  // 134: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	63,  // 135: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	84,  // 136: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	53,  // 137: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	53,  // 138: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	53,  // 139: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	96,  // 140: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	98,  // 141: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
-	10,  // 142: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
-	107, // 143: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	117, // 144: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
-	113, // 145: herald.v1.EndTxnRequest.group_offsets:type_name -> herald.v1.TxnGroupOffsets
-	112, // 146: herald.v1.EndTxnRequest.written:type_name -> herald.v1.TxnWritten
-	113, // 147: herald.v1.CommitTxnOffsetsRequest.offsets:type_name -> herald.v1.TxnGroupOffsets
-	148, // [148:148] is the sub-list for method output_type
-	148, // [148:148] is the sub-list for method input_type
-	148, // [148:148] is the sub-list for extension type_name
-	148, // [148:148] is the sub-list for extension extendee
-	0,   // [0:148] is the sub-list for field type_name
+	116, // 83: herald.v1.Frame.list_open_txns:type_name -> herald.v1.ListOpenTxnsRequest
+	117, // 84: herald.v1.Frame.list_open_txns_response:type_name -> herald.v1.ListOpenTxnsResponse
+	75,  // 85: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	76,  // 86: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	92,  // 87: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	77,  // 88: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	105, // 89: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
+	12,  // 90: herald.v1.Frame.error:type_name -> herald.v1.Error
+	18,  // 91: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
+	28,  // 92: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
+	28,  // 93: herald.v1.UserInfo.quotas:type_name -> herald.v1.Quotas
+	2,   // 94: herald.v1.AclRule.resource_type:type_name -> herald.v1.AclResourceType
+	1,   // 95: herald.v1.AclRule.operation:type_name -> herald.v1.AclOperation
+	23,  // 96: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
+	23,  // 97: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
+	23,  // 98: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
+	28,  // 99: herald.v1.AlterVhostRequest.quotas:type_name -> herald.v1.Quotas
+	28,  // 100: herald.v1.VhostInfo.quotas:type_name -> herald.v1.Quotas
+	32,  // 101: herald.v1.ListVhostsResponse.vhosts:type_name -> herald.v1.VhostInfo
+	22,  // 102: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
+	35,  // 103: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	36,  // 104: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	38,  // 105: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	37,  // 106: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	35,  // 107: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	37,  // 108: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	11,  // 109: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	46,  // 110: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	37,  // 111: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	37,  // 112: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	52,  // 113: herald.v1.Record.headers:type_name -> herald.v1.Header
+	53,  // 114: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	3,   // 115: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
+	57,  // 116: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
+	113, // 117: herald.v1.ProduceRequest.txn_group_offsets:type_name -> herald.v1.TxnGroupOffsets
+	4,   // 118: herald.v1.ProduceRequest.txn_marker:type_name -> herald.v1.TxnMarker
+	5,   // 119: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	119, // 120: herald.v1.ProduceResponse.txn_end:type_name -> herald.v1.EndTxnResponse
+	55,  // 121: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	6,   // 122: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	7,   // 123: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	8,   // 124: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	63,  // 125: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	53,  // 126: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	74,  // 127: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	12,  // 128: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	7,   // 129: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	79,  // 130: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	9,   // 131: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	7,   // 132: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	8,   // 133: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	82,  // 134: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	83,  // 135: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	84,  // 136: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	63,  // 137: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	84,  // 138: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	53,  // 139: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	53,  // 140: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	53,  // 141: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	96,  // 142: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	98,  // 143: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
+	10,  // 144: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	107, // 145: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	120, // 146: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	113, // 147: herald.v1.EndTxnRequest.group_offsets:type_name -> herald.v1.TxnGroupOffsets
+	112, // 148: herald.v1.EndTxnRequest.written:type_name -> herald.v1.TxnWritten
+	113, // 149: herald.v1.CommitTxnOffsetsRequest.offsets:type_name -> herald.v1.TxnGroupOffsets
+	118, // 150: herald.v1.ListOpenTxnsResponse.txns:type_name -> herald.v1.OpenTxn
+	151, // [151:151] is the sub-list for method output_type
+	151, // [151:151] is the sub-list for method input_type
+	151, // [151:151] is the sub-list for extension type_name
+	151, // [151:151] is the sub-list for extension extendee
+	0,   // [0:151] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -11083,6 +11313,8 @@ func file_herald_proto_init() {
 		(*Frame_PublishResponse)(nil),
 		(*Frame_CommitTxnOffsets)(nil),
 		(*Frame_CommitTxnOffsetsResponse)(nil),
+		(*Frame_ListOpenTxns)(nil),
+		(*Frame_ListOpenTxnsResponse)(nil),
 		(*Frame_Delivery)(nil),
 		(*Frame_Assignment)(nil),
 		(*Frame_ReplyDelivery)(nil),
@@ -11104,7 +11336,7 @@ func file_herald_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
 			NumEnums:      12,
-			NumMessages:   106,
+			NumMessages:   109,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

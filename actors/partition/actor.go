@@ -249,6 +249,8 @@ func (a *Actor) Receive(ctx actor.Context) {
 			a.onProduce(ctx, m)
 		case *heraldpb.Frame_Fetch:
 			a.onFetch(ctx, m)
+		case *heraldpb.Frame_ListOpenTxns:
+			a.onListOpenTxns(ctx, m)
 		case *heraldpb.Frame_ListOffsets:
 			a.onListOffsets(ctx, m)
 		case *heraldpb.Frame_RepairPartition:

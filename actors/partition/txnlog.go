@@ -164,6 +164,27 @@ func (t *txnLog) openOf(pid uint64) int {
 	return n
 }
 
+// earlierOpen is the epoch of an open transaction of k's producer earlier
+// than k's with no marker proposed yet (nil: none).
+func (t *txnLog) earlierOpen(k pidEpoch) *uint32 {
+	var found *uint32
+	check := func(o pidEpoch) {
+		if o.pid == k.pid && o.epoch < k.epoch && t.closing[o] == nil && (found == nil || o.epoch < *found) {
+			e := o.epoch
+			found = &e
+		}
+	}
+	if t.perPid[k.pid] > 1 || (t.perPid[k.pid] == 1 && t.open[k] == nil) {
+		for o := range t.open {
+			check(o)
+		}
+	}
+	for o := range t.inflight {
+		check(o)
+	}
+	return found
+}
+
 // opened and closed keep open and perPid in step.
 func (t *txnLog) opened(k pidEpoch, o *openTxn) {
 	t.open[k] = o
@@ -375,6 +396,14 @@ func (a *Actor) onTxnMarker(ctx actor.Context, replyTo *actor.PID, id uint64, re
 	if len(t.inflight[k]) > 0 {
 		fail(a.txnError(heraldpb.ErrorCode_THROTTLED, "producer %d's transaction of epoch %d has batches being written here", k.pid, k.epoch))
 		return
+	}
+	if commit {
+		if e := t.earlierOpen(k); e != nil {
+			// A producer's commits keep their order here: an earlier
+			// transaction's marker comes first (or its abort).
+			fail(a.txnError(heraldpb.ErrorCode_THROTTLED, "producer %d's transaction of epoch %d is still open here, before epoch %d", k.pid, *e, k.epoch))
+			return
+		}
 	}
 	have := o.recordsOrZero()
 	if commit && req.TxnRecords != have {
@@ -784,4 +813,43 @@ func loadTxnState(path string) ([]txnFloor, []*heraldpb.TxnEnded, error) {
 		return nil, nil, err
 	}
 	return decodeTxnState(b)
+}
+
+// maxListedTxns bounds a ListOpenTxns answer.
+const maxListedTxns = 10_000
+
+// onListOpenTxns answers the transaction coordinator with the transactions
+// open here for at least the asked age, oldest first. Only a leader that
+// has applied its log knows them all.
+func (a *Actor) onListOpenTxns(ctx actor.Context, f *heraldpb.Frame) {
+	req := f.GetListOpenTxns()
+	switch {
+	case a.rn == nil:
+		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, storageError(a.failure)))
+		return
+	case !a.isLeader:
+		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, notLeader(a.cfg.Topic, a.cfg.Partition, a.leader)))
+		return
+	case !a.termApplied:
+		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, a.txnError(heraldpb.ErrorCode_THROTTLED, "new leader has not applied its log yet")))
+		return
+	}
+	now := a.cfg.Clock.Now()
+	minAge := time.Duration(req.OlderThanMs) * time.Millisecond
+	var out []*heraldpb.OpenTxn
+	for k, o := range a.txn.open {
+		if age := now.Sub(o.since); age >= minAge {
+			out = append(out, &heraldpb.OpenTxn{ProducerId: k.pid, Epoch: k.epoch, Records: o.records, AgeMs: uint64(max(age, 0) / time.Millisecond)})
+		}
+	}
+	slices.SortFunc(out, func(x, y *heraldpb.OpenTxn) int {
+		if c := cmp.Compare(y.AgeMs, x.AgeMs); c != 0 {
+			return c
+		}
+		return cmp.Or(cmp.Compare(x.ProducerId, y.ProducerId), cmp.Compare(x.Epoch, y.Epoch))
+	})
+	if len(out) > maxListedTxns {
+		out = out[:maxListedTxns]
+	}
+	a.reply(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListOpenTxnsResponse{ListOpenTxnsResponse: &heraldpb.ListOpenTxnsResponse{Txns: out}}})
 }

@@ -263,3 +263,56 @@ func FuzzDecodeTxnState(f *testing.F) {
 		}
 	})
 }
+
+// The coordinator's view of what is open: each open transaction with its
+// records, oldest first, none once ended; an age filter leaves out the
+// younger ones.
+func TestListOpenTxns(t *testing.T) {
+	sys := actor.NewActorSystem()
+	ip := &idemPartition{t: t, sys: sys, topic: "txn-list", dir: t.TempDir()}
+	ip.start()
+	defer ip.stop()
+	list := func(olderThanMs uint32) []*heraldpb.OpenTxn {
+		t.Helper()
+		f := ip.ask(&heraldpb.Frame{Id: frameIDs.Add(1), Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{Topic: "t", OlderThanMs: olderThanMs}}})
+		if f.GetListOpenTxnsResponse() == nil {
+			t.Fatalf("list: %v", f)
+		}
+		return f.GetListOpenTxnsResponse().Txns
+	}
+	mustProduce(t, ip.ask(txnBatchFrame(7, 1, 0, "a", "b")), -1, false)
+	mustProduce(t, ip.ask(txnBatchFrame(9, 3, 0, "c")), -1, false)
+	got := list(0)
+	if len(got) != 2 || got[0].ProducerId != 7 || got[0].Epoch != 1 || got[0].Records != 2 || got[1].ProducerId != 9 || got[1].Records != 1 {
+		t.Fatalf("open: %v", got)
+	}
+	if got := list(1 << 30); len(got) != 0 {
+		t.Fatalf("open for 12 days: %v", got)
+	}
+	mustCommit(t, ip.ask(markerFrame(7, 1, true, 2)), 0, 2, false)
+	mustProduce(t, ip.ask(markerFrame(9, 3, false, 0)), -1, false)
+	if got := list(0); len(got) != 0 {
+		t.Fatalf("open after their ends: %v", got)
+	}
+}
+
+// A producer's commits keep their order on a partition: a commit marker
+// waits (THROTTLED) while an earlier transaction of the producer is open
+// there without its marker; an abort does not.
+func TestTxnCommitsInEpochOrder(t *testing.T) {
+	sys := actor.NewActorSystem()
+	ip := &idemPartition{t: t, sys: sys, topic: "txn-order", dir: t.TempDir()}
+	ip.start()
+	defer ip.stop()
+	mustProduce(t, ip.ask(txnBatchFrame(7, 1, 0, "a")), -1, false)
+	mustProduce(t, ip.ask(txnBatchFrame(7, 2, 0, "b")), -1, false)
+	mustProduce(t, ip.ask(txnBatchFrame(7, 3, 0, "c")), -1, false)
+	mustFail(t, ip.ask(markerFrame(7, 2, true, 1)), heraldpb.ErrorCode_THROTTLED)
+	mustCommit(t, ip.ask(markerFrame(7, 1, true, 1)), 0, 1, false)
+	mustCommit(t, ip.ask(markerFrame(7, 2, true, 1)), 1, 1, false)
+	mustProduce(t, ip.ask(markerFrame(7, 3, false, 0)), -1, false)
+	checkFor(t, 5*time.Second, "hw 2", func() bool { return ip.stats.HighWatermark.Load() == 2 })
+	if got := readAll(t, sys, ip.pid, 2); fmt.Sprint(got) != "[a b]" {
+		t.Fatalf("the log reads %v", got)
+	}
+}

@@ -120,6 +120,7 @@ type Coordinator struct {
 	initing       map[string]bool
 	compactArmed  bool
 	txnSweepArmed bool
+	openSweeping  bool                    // an open-transaction sweep is armed (markers.go)
 	appenders     map[topicPart]*appender // commit.go
 	routedHeld    int64                   // bytes of routed publishes' records held (routed.go)
 }
@@ -221,6 +222,8 @@ func (c *Coordinator) Receive(ctx actor.Context) {
 		c.lapseProducers(ctx)
 	case *txnSweep:
 		c.sweepTxns(ctx)
+	case *openSweep:
+		c.sweepOpen(ctx)
 	case *compactTick:
 		c.compactArmed = false
 		c.compact(ctx)
@@ -412,6 +415,7 @@ func (c *Coordinator) finishLoad(ctx actor.Context) {
 		return
 	}
 	c.loaded = true
+	c.armOpenSweep()
 	now := c.nowMs()
 	for _, h := range c.halves {
 		switch h.state {

@@ -61,6 +61,10 @@ type Options struct {
 	TxnTimeout    time.Duration
 	MaxTxnTimeout time.Duration
 	TxnSweep      time.Duration
+	// OpenTxnSweep is how often the coordinator asks every partition's
+	// leader for the transactions written once open there longer than
+	// this, and ends the ones nobody will (markers.go). Default 10 s.
+	OpenTxnSweep time.Duration
 	// Now is the clock; nil = time.Now.
 	Now func() time.Time
 	// GroupOffsets applies a committed transaction's offsets of one
@@ -133,6 +137,9 @@ func (o *Options) ensureDefaults() {
 		o.MaxTxnTimeout = 15 * time.Minute
 	}
 	o.MaxTxnTimeout = max(o.MaxTxnTimeout, o.TxnTimeout)
+	if o.OpenTxnSweep <= 0 {
+		o.OpenTxnSweep = 10 * time.Second
+	}
 	if o.TxnSweep <= 0 {
 		o.TxnSweep = time.Second
 	}

@@ -1,6 +1,7 @@
 package txn
 
 import (
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -137,4 +138,287 @@ func writtenPartitions(written []*heraldpb.TxnWritten) []topicPart {
 		out = append(out, topicPart{w.GetTopic(), w.GetPartition()})
 	}
 	return out
+}
+
+// Pipelined commits. A producer writing transactions once may send the
+// commit of its next transaction (epoch+1, +2, ...) while the one before
+// is being decided: it is queued (txnMeta.piped) and decided as soon as
+// the one before is committed, together with every other queued one, in
+// one write to __txn (their ends in epoch order, then the session record
+// after the last), so a producer's commits per second grow with the
+// commits it keeps in flight rather than being one per synced write. A
+// queued commit is decided only after the one before it committed: if
+// that one ends otherwise (an abort, a timeout, a new session, a failed
+// write), every queued one fails, so no transaction commits past one that
+// did not.
+
+// pipedEnd is a queued commit of epoch.
+type pipedEnd struct {
+	epoch   uint32
+	written []*heraldpb.TxnWritten
+	offsets []*heraldpb.TxnGroupOffsets
+	waiters []endWaiter
+}
+
+// maxPiped bounds the commits of one transactional id queued behind the
+// one being decided.
+const maxPiped = 8
+
+// pipeEnd queues req, a commit of a transaction written once whose epoch
+// is past m's current one, behind the commit being decided; it reports
+// whether it took the request (false: the caller answers it as before).
+func (c *Coordinator) pipeEnd(ctx actor.Context, m *txnMeta, req *heraldpb.EndTxnRequest, w endWaiter) bool {
+	if !req.Commit || len(req.Written) == 0 || req.ProducerId != m.pid || req.ProducerEpoch < m.session {
+		return false
+	}
+	for i := range m.piped {
+		if m.piped[i].epoch == req.ProducerEpoch { // a retry (queued: even the current epoch's, waiting for room)
+			m.piped[i].waiters = append(m.piped[i].waiters, w)
+			return true
+		}
+	}
+	if req.ProducerEpoch <= m.epoch {
+		return false
+	}
+	switch n := len(m.piped); {
+	case n > 0 && req.ProducerEpoch == m.piped[n-1].epoch+1: // after the last one queued
+	case n == 0 && m.deciding && m.decidingCommit && req.ProducerEpoch == max(m.decidingThrough, m.epoch)+1: // after the ones being decided
+	default:
+		return false
+	}
+	if e := c.checkWritten(req.Written); e != nil {
+		w.fail(ctx, e)
+		return true
+	}
+	if len(m.piped) >= maxPiped {
+		w.fail(ctx, throttledErr("too many commits of the transactional id queued"))
+		return true
+	}
+	m.used = c.nowMs()
+	m.piped = append(m.piped, pipedEnd{epoch: req.ProducerEpoch, written: req.Written, offsets: req.GroupOffsets, waiters: []endWaiter{w}})
+	c.decidePiped(ctx, m)
+	return true
+}
+
+// failPiped answers every queued commit of m with e.
+func (c *Coordinator) failPiped(ctx actor.Context, m *txnMeta, e *heraldpb.Error) {
+	for _, p := range m.piped {
+		for _, w := range p.waiters {
+			w.fail(ctx, e)
+		}
+	}
+	m.piped = nil
+}
+
+// decidePiped decides the queued commits that follow m's last committed
+// transaction, as many as roomToComplete leaves room for, in one write.
+func (c *Coordinator) decidePiped(ctx actor.Context, m *txnMeta) {
+	if len(m.piped) == 0 || m.deciding || c.initing[m.id] || m.seqs != m.nextSeq || len(m.waiters) > 0 || m.state != txnEmpty {
+		return
+	}
+	if m.piped[0].epoch != m.epoch || !m.hasLast || !m.lastCommit || m.lastEpoch+1 != m.epoch {
+		c.failPiped(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE,
+			"transactional id %q: the transaction before epoch %d did not commit (the current epoch is %d)", m.id, m.piped[0].epoch, m.epoch))
+		return
+	}
+	n := min(len(m.piped), m.roomToComplete(true))
+	if n <= 0 {
+		return // (completeTxn calls again)
+	}
+	batch := m.piped[:n:n]
+	m.piped = m.piped[n:]
+	pid, first, last := m.pid, batch[0].epoch, batch[n-1].epoch
+	ends := make([]*heraldpb.TxnEvent, n)
+	events := make([][]byte, 0, n+1)
+	for i, p := range batch {
+		ends[i] = &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: &heraldpb.TxnEnd{TransactionalId: m.id, Epoch: p.epoch, Commit: true, By: "producer",
+			Token: randomToken(), GroupOffsets: p.offsets, Written: p.written}}}
+		events = append(events, event(ends[i]))
+	}
+	snap := m.snapshotEvent()
+	in := snap.GetInit()
+	in.Epoch = last + 1
+	in.HasLast, in.LastEpoch, in.LastCommit, in.LastBy = true, last, true, "producer"
+	events = append(events, event(snap))
+	m.deciding, m.decidingCommit, m.decidingThrough = true, true, last
+	c.write(writeOp{events: events, client: true, done: func(base int64, err *heraldpb.Error) {
+		m.deciding = false
+		if err == nil && m.epoch != first {
+			err = m.endedMeanwhile(pid, first)
+		}
+		if err != nil {
+			for _, p := range batch {
+				for _, w := range p.waiters {
+					w.fail(ctx, err)
+				}
+			}
+			c.failPiped(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: a commit before this one failed: %s", m.id, err.Message))
+			return
+		}
+		now := c.nowMs()
+		for i, ev := range ends {
+			c.applyTxn(uint64(base)+uint64(i), ev, now)
+		}
+		c.applyTxn(uint64(base)+uint64(n), snap, now)
+		jobs := m.completing[len(m.completing)-n:]
+		for i, j := range jobs {
+			j.live = true
+			recs, parts := j.records(), j.partitions()
+			mTxnEnded.WithLabelValues("commit", "producer").Inc()
+			mTxnCommitted.Add(float64(recs))
+			r := &heraldpb.EndTxnResponse{NextEpoch: batch[i].epoch + 1, Records: recs}
+			for _, tp := range parts {
+				r.Partitions = append(r.Partitions, tp.String())
+			}
+			for _, w := range batch[i].waiters {
+				w.answer(ctx, r)
+			}
+		}
+		c.gaugeOpen()
+		if len(m.completing) == n {
+			c.appendTxn(ctx, m, m.completing[0], nil)
+		} else {
+			c.kickWritten(ctx, m) // (else appended when the ones before complete: completeTxn)
+		}
+		c.decidePiped(ctx, m)
+	}})
+	c.flushWrites(ctx)
+}
+
+// Transactions nobody ends. The coordinator learns a written-once
+// transaction's partitions only from its EndTxn, so one whose producer
+// died, whose id started a new session, or that outlived its timeout would
+// stay open on its partitions (unread, but holding their log's front). So
+// every OpenTxnSweep the coordinator asks each partition's leader for the
+// transactions open there longer than a sweep period, and ends each:
+//   - one being decided or committed (a pending commit, a queued one):
+//     left to its markers;
+//   - the id's current transaction: aborted once older than its timeout
+//     (the producer's next request gets TXN_TIMED_OUT), then marked;
+//   - the id's last transaction, committed in this session, on a partition
+//     its commit did not list: committed there with the records found;
+//   - anything else (an earlier epoch that did not commit, an older
+//     session's, a producer the coordinator does not know): aborted, which
+//     also refuses that epoch's later writes there (a zombie's).
+// A transaction of an epoch past the id's current one (a producer writing
+// its next transaction while the one before is decided) is left alone
+// until older than its timeout.
+
+type openSweep struct{}
+
+func (c *Coordinator) armOpenSweep() {
+	if !c.openSweeping {
+		c.openSweeping = true
+		c.after(c.o.OpenTxnSweep, &openSweep{})
+	}
+}
+
+// sweepOpen asks every partition's leader for its open transactions.
+func (c *Coordinator) sweepOpen(ctx actor.Context) {
+	c.openSweeping = false
+	defer c.armOpenSweep()
+	if !c.loaded || !c.leadsTxn() {
+		return
+	}
+	c.sweepPartitions(ctx, uint32(min(c.o.OpenTxnSweep.Milliseconds(), 1<<31)), 0)
+}
+
+// sweepProducer ends, at once, the transactions of producer pid open on
+// any partition that nobody will end: a new session of its id started, so
+// the old session's (a zombie's) are aborted, and their later writes
+// refused, without waiting for the next sweep.
+func (c *Coordinator) sweepProducer(ctx actor.Context, pid uint64) {
+	if c.leadsTxn() {
+		c.sweepPartitions(ctx, 0, pid)
+	}
+}
+
+// sweepPartitions asks every partition's leader for the transactions open
+// there for at least minAge ms (of producer pid only, when not 0) and
+// resolves each.
+func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint64) {
+	for _, e := range c.o.Topics.All() {
+		if len(e.Name) >= 2 && e.Name[:2] == "__" {
+			continue // internal topics take no transactions
+		}
+		for p := range e.Partitions {
+			tp := topicPart{e.Name, uint32(p)}
+			req := &heraldpb.Frame{Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{Topic: tp.topic, Partition: tp.part, OlderThanMs: minAge}}}
+			c.request(ctx, e.Writer(p), req, callTimeout, func(f *heraldpb.Frame) {
+				for _, o := range f.GetListOpenTxnsResponse().GetTxns() {
+					if pid == 0 || o.ProducerId == pid {
+						c.resolveOpen(ctx, tp, o)
+					}
+				}
+			})
+		}
+	}
+}
+
+// resolveOpen ends (or leaves) one transaction found open on tp.
+func (c *Coordinator) resolveOpen(ctx actor.Context, tp topicPart, o *heraldpb.OpenTxn) {
+	var m *txnMeta
+	for _, x := range c.txns {
+		if x.pid == o.ProducerId {
+			m = x
+			break
+		}
+	}
+	age := time.Duration(o.AgeMs) * time.Millisecond
+	w := []*heraldpb.TxnWritten{{Topic: tp.topic, Partition: tp.part, Records: o.Records}}
+	abort := func(why string) {
+		c.log.Warn("aborting a transaction written once that nobody ends", "topic", tp.topic, "partition", tp.part, "producer", o.ProducerId, "epoch", o.Epoch, "age", age, "why", why)
+		mTxnOrphans.WithLabelValues("aborted").Inc()
+		c.writeMarkers(ctx, o.ProducerId, o.Epoch, false, w, func() {})
+	}
+	if m == nil {
+		if age > c.o.MaxTxnTimeout {
+			abort("its producer id is not known")
+		}
+		return
+	}
+	pending := slices.ContainsFunc(m.completing, func(j *commitJob) bool { return j.epoch == o.Epoch }) ||
+		slices.ContainsFunc(m.piped, func(p pipedEnd) bool { return p.epoch == o.Epoch }) ||
+		(m.deciding && o.Epoch >= m.epoch && o.Epoch <= max(m.decidingThrough, m.epoch))
+	switch {
+	case pending:
+	case o.Epoch == m.epoch:
+		if age <= m.timeout || c.initing[m.id] {
+			return
+		}
+		c.log.Warn("aborting a transaction open longer than its timeout", "transactional_id", m.id, "epoch", m.epoch, "timeout", m.timeout)
+		c.abortTxn(ctx, m, "timeout", func(err *heraldpb.Error, _ uint32, _ []topicPart) {
+			if err == nil {
+				abort("open longer than its timeout")
+			}
+		})
+	case o.Epoch > m.epoch:
+		if age > m.timeout {
+			abort("an epoch past its id's current one, open longer than its timeout")
+		}
+	case m.hasLast && m.lastCommit && m.lastEpoch == o.Epoch && o.Epoch >= m.session:
+		c.log.Warn("committing a transaction's records on a partition its commit did not list", "transactional_id", m.id, "topic", tp.topic, "partition", tp.part, "epoch", o.Epoch, "records", o.Records)
+		mTxnOrphans.WithLabelValues("committed").Inc()
+		c.writeMarkers(ctx, o.ProducerId, o.Epoch, true, w, func() {})
+	default:
+		abort("its epoch ended without committing, or belongs to an older session")
+	}
+}
+
+// kickWritten starts the markers of m's decided commits written once that
+// follow a started one written once, in order: they need not wait for the
+// ones before to complete (see appendTxn). Staged commits still start one
+// after the other.
+func (c *Coordinator) kickWritten(ctx actor.Context, m *txnMeta) {
+	for i := 1; i < len(m.completing); i++ {
+		prev, j := m.completing[i-1], m.completing[i]
+		if j.started {
+			continue
+		}
+		if !prev.started || len(prev.written) == 0 || len(j.written) == 0 || !j.live {
+			return
+		}
+		c.appendTxn(ctx, m, j, nil) // (which kicks the ones after it)
+		return
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -17,16 +18,21 @@ import (
 // once: each transaction's 4 batches, then its commit listing them (one
 // decision in __txn, then the markers). A producer keeps two
 // transactions' batches in flight (8 batches, as many as the plain run),
-// and sends a transaction's commit once its batches and the commit before
-// it are answered. Against "plain": the same
+// and sends a transaction's commit once its batches are answered: "txn"
+// with one commit in flight (the next waits for its answer), "txn-piped"
+// with up to 8 (queued behind the one being decided, decided together). Against "plain": the same
 // batches as plain acks=all produces, 8 in flight per producer. A run ends
 // when every record is readable. It reports records/s; compare the modes
 // within one run:
 //
 //	go test ./actors/txn -run XXX -bench WriteOnceTxn -benchtime 100000x
 func BenchmarkWriteOnceTxn(b *testing.B) {
-	for _, mode := range []string{"plain", "txn"} {
+	for _, mode := range []string{"plain", "txn", "txn-piped"} {
 		b.Run(mode, func(b *testing.B) {
+			depth := 1 // commits in flight per producer
+			if mode == "txn-piped" {
+				depth = 8
+			}
 			r := newRig(b, b.TempDir(), Options{})
 			r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CreateTopic{CreateTopic: &heraldpb.CreateTopicRequest{Name: "w", Config: &heraldpb.TopicConfig{Partitions: 4}}}}, r.mgr)
 			waitFor(b, "topic w writable", func() error {
@@ -61,7 +67,7 @@ func BenchmarkWriteOnceTxn(b *testing.B) {
 					return res.(*heraldpb.Frame)
 				}
 			}
-			var commitNs, commits atomic.Int64
+			var commitNs, commitCount atomic.Int64
 			b.ResetTimer()
 			start := time.Now()
 			var wg sync.WaitGroup
@@ -89,33 +95,38 @@ func BenchmarkWriteOnceTxn(b *testing.B) {
 						return
 					}
 					init := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: fmt.Sprintf("bench-%d", w)}}}, r.txn).GetInitProducerIdResponse()
-					pid, epoch := init.ProducerId, init.ProducerEpoch
-					var commit func() (*heraldpb.EndTxnResponse, error) // the commit in flight
-					wait := func() bool {
-						if commit == nil {
-							return true
-						}
-						res, err := commit()
-						commit = nil
-						if err != nil {
-							errs <- err
-							return false
-						}
-						if res.NextEpoch != epoch {
-							errs <- fmt.Errorf("commit answered next epoch %d, the producer is at %d", res.NextEpoch, epoch)
-							return false
-						}
-						return true
-					}
-					// Two transactions' batches in flight: a transaction's
-					// commit is sent once its batches are answered and the
-					// commit before it is.
+					pid, next := init.ProducerId, init.ProducerEpoch
 					type txnInFlight struct {
 						epoch   uint32
 						batches []func() *heraldpb.Frame
 					}
+					type commitInFlight struct {
+						epoch uint32
+						sent  time.Time
+						fut   *actor.Future
+					}
 					var queue []txnInFlight
-					next := epoch
+					var commits []commitInFlight
+					// awaitCommit waits for the oldest commit in flight.
+					awaitCommit := func() bool {
+						cf := commits[0]
+						commits = commits[1:]
+						res, err := cf.fut.Result()
+						commitNs.Add(int64(time.Since(cf.sent)))
+						commitCount.Add(1)
+						if err != nil {
+							errs <- err
+							return false
+						}
+						f := res.(*heraldpb.Frame)
+						if r := f.GetEndTxnResponse(); r == nil || r.NextEpoch != cf.epoch+1 {
+							errs <- fmt.Errorf("commit of epoch %d: %v", cf.epoch, f)
+							return false
+						}
+						return true
+					}
+					// sendCommit sends t's commit once its batches are answered,
+					// with at most `depth` commits in flight.
 					sendCommit := func(t txnInFlight) bool {
 						for _, bw := range t.batches {
 							if f := bw(); f.GetError() != nil {
@@ -123,30 +134,17 @@ func BenchmarkWriteOnceTxn(b *testing.B) {
 								return false
 							}
 						}
-						if !wait() {
-							return false
+						for len(commits) >= depth {
+							if !awaitCommit() {
+								return false
+							}
 						}
 						var written []*heraldpb.TxnWritten
 						for p := range uint32(4) {
 							written = append(written, &heraldpb.TxnWritten{Topic: "w", Partition: p, Records: 25})
 						}
-						sent := time.Now()
-						fut := r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
-							TransactionalId: fmt.Sprintf("bench-%d", w), ProducerId: pid, ProducerEpoch: t.epoch, Commit: true, Written: written}}}, 20*time.Second)
-						epoch = t.epoch + 1 // what the answer must say
-						commit = func() (*heraldpb.EndTxnResponse, error) {
-							res, err := fut.Result()
-							commitNs.Add(int64(time.Since(sent)))
-							commits.Add(1)
-							if err != nil {
-								return nil, err
-							}
-							f := res.(*heraldpb.Frame)
-							if f.GetError() != nil {
-								return nil, fmt.Errorf("commit: %v", f.GetError())
-							}
-							return f.GetEndTxnResponse(), nil
-						}
+						commits = append(commits, commitInFlight{epoch: t.epoch, sent: time.Now(), fut: r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
+							TransactionalId: fmt.Sprintf("bench-%d", w), ProducerId: pid, ProducerEpoch: t.epoch, Commit: true, Written: written}}}, 20*time.Second)})
 						return true
 					}
 					for range txns {
@@ -170,7 +168,11 @@ func BenchmarkWriteOnceTxn(b *testing.B) {
 							return
 						}
 					}
-					wait()
+					for len(commits) > 0 {
+						if !awaitCommit() {
+							return
+						}
+					}
 				}()
 			}
 			wg.Wait()
@@ -190,7 +192,7 @@ func BenchmarkWriteOnceTxn(b *testing.B) {
 				return nil
 			})
 			b.ReportMetric(float64(total)/time.Since(start).Seconds(), "records/s")
-			if n := commits.Load(); n > 0 {
+			if n := commitCount.Load(); n > 0 {
 				b.ReportMetric(float64(commitNs.Load())/float64(n)/1e6, "ms/commit")
 			}
 		})

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -99,4 +100,139 @@ func TestWrittenOnceCommitAbortAndRecovery(t *testing.T) {
 	s.writeOnce("n")
 	s.endWritten(true)
 	r.waitValues("the next commit", []string{"a", "b", "c", "staged", "r1", "r2", "n"})
+}
+
+// A producer writing once sends its next commits while the first is being
+// decided: they are queued, decided in order, each answered with its own
+// next epoch, and their records are readable in transaction order. A
+// commit sent while the one before it is being aborted is refused.
+func TestPipelinedCommits(t *testing.T) {
+	var hold atomic.Bool
+	r := newRig(t, t.TempDir(), Options{holdWrites: hold.Load})
+	s := r.session("pipe")
+	first := s.epoch
+	var futs []*actor.Future
+	var want []string
+	hold.Store(true) // the first commit's write waits: the others queue behind it
+	for i := range 4 {
+		v := fmt.Sprintf("t%d", i)
+		s.writeOnce(v + "a")
+		s.writeOnce(v + "b")
+		want = append(want, v+"a", v+"b")
+		futs = append(futs, r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{TransactionalId: s.id, ProducerId: s.pid,
+			ProducerEpoch: s.epoch, Commit: true, Written: []*heraldpb.TxnWritten{{Topic: "t", Partition: 0, Records: 2}}}}}, 20*time.Second))
+		s.epoch, s.seq = s.epoch+1, 0
+	}
+	hold.Store(false)
+	for i, f := range futs {
+		res, err := f.Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if er := res.(*heraldpb.Frame).GetEndTxnResponse(); er == nil || er.NextEpoch != first+uint32(i)+1 || er.Records != 2 {
+			t.Fatalf("commit %d: %v", i, res)
+		}
+	}
+	r.waitValues("the four transactions in order", want)
+
+	// Past an abort being written: refused, never committed.
+	s.writeOnce("x")
+	hold.Store(true)
+	abort := r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{TransactionalId: s.id, ProducerId: s.pid,
+		ProducerEpoch: s.epoch, Commit: false, Written: []*heraldpb.TxnWritten{{Topic: "t", Partition: 0, Records: 1}}}}}, 20*time.Second)
+	aborted := s.epoch
+	s.epoch, s.seq = s.epoch+1, 0
+	s.writeOnce("y")
+	if f := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{TransactionalId: s.id, ProducerId: s.pid,
+		ProducerEpoch: s.epoch, Commit: true, Written: []*heraldpb.TxnWritten{{Topic: "t", Partition: 0, Records: 1}}}}}, r.txn); f.GetError().GetCode() != heraldpb.ErrorCode_INVALID_TXN_STATE {
+		t.Fatalf("a commit past an abort: %v", f)
+	}
+	hold.Store(false)
+	if res, err := abort.Result(); err != nil || res.(*heraldpb.Frame).GetEndTxnResponse().GetNextEpoch() != aborted+1 {
+		t.Fatalf("the abort: %v %v", res, err)
+	}
+	// The producer's current transaction is now y's: it commits normally.
+	s.endWritten(true)
+	r.waitValues("y after the abort", append(want, "y"))
+}
+
+// Transactions written once that nobody ends are found on their
+// partitions and ended: the current one past its timeout is aborted (the
+// producer's commit then gets TXN_TIMED_OUT); an older session's (a
+// zombie's) is aborted, and its later writes are refused; a committed
+// transaction's records on a partition its commit did not list are
+// committed there.
+func TestOpenTxnSweep(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{OpenTxnSweep: 50 * time.Millisecond})
+	r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_CreateTopic{CreateTopic: &heraldpb.CreateTopicRequest{Name: "t2", Config: &heraldpb.TopicConfig{Partitions: 1}}}}, r.mgr)
+	open := func(topic string) int {
+		f := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{Topic: topic}}}, r.reg.Get(topic).Writer(0))
+		if f.GetListOpenTxnsResponse() == nil {
+			return -1
+		}
+		return len(f.GetListOpenTxnsResponse().Txns)
+	}
+	none := func(what, topic string) {
+		t.Helper()
+		waitFor(t, what, func() error {
+			if n := open(topic); n != 0 {
+				return fmt.Errorf("%d open on %s", n, topic)
+			}
+			return nil
+		})
+	}
+
+	// Past its timeout.
+	init := r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: "slow", TransactionTimeoutMs: 200}}}, r.txn).GetInitProducerIdResponse()
+	slow := &txnSession{r: r, id: "slow", pid: init.ProducerId, epoch: init.ProducerEpoch}
+	slow.writeOnce("late")
+	none("the transaction past its timeout aborted", "t")
+	if f := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{TransactionalId: "slow", ProducerId: slow.pid, ProducerEpoch: slow.epoch, Commit: true,
+		Written: []*heraldpb.TxnWritten{{Topic: "t", Partition: 0, Records: 1}}}}}, r.txn); f.GetError().GetCode() != heraldpb.ErrorCode_TXN_TIMED_OUT {
+		t.Fatalf("the commit after the timeout: %v", f)
+	}
+
+	// A zombie: a new session of its id starts.
+	zombie := r.session("z")
+	zombie.writeOnce("zombie")
+	r.session("z")
+	none("the zombie's transaction aborted", "t")
+	if f := zombie.writeOnce("more"); f.GetError().GetCode() != heraldpb.ErrorCode_INVALID_TXN_STATE {
+		t.Fatalf("the zombie's write after the sweep: %v", f)
+	}
+
+	// A partition the commit did not list.
+	s := r.session("c")
+	s.writeOnce("listed")
+	b, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte("unlisted")}}})
+	if f := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t2", Partition: proto.Uint32(0), Records: b,
+		ProducerId: s.pid, ProducerEpoch: s.epoch, Acks: heraldpb.Acks_ACKS_ALL, TxnBatch: true}}}, r.reg.Get("t2").Writer(0)); f.GetError() != nil {
+		t.Fatal(f)
+	}
+	s.endWritten(true)
+	r.waitValues("the listed partition committed", []string{"listed"})
+	none("the unlisted partition's records committed by the sweep", "t2")
+	if got := r.valuesOf("t2"); !slices.Equal(got, []string{"unlisted"}) {
+		t.Fatalf("t2 holds %v", got)
+	}
+}
+
+// A new session of a transactional id aborts the old session's
+// transactions written once at once (not at the next sweep, an hour away
+// here): the zombie's next write is refused, and none of its records is
+// ever readable.
+func TestNewSessionAbortsTheZombiesTransactions(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{OpenTxnSweep: time.Hour})
+	zombie := r.session("z")
+	zombie.writeOnce("zombie")
+	fresh := r.session("z")
+	waitFor(t, "the zombie's write refused", func() error {
+		if f := zombie.writeOnce("more"); f.GetError().GetCode() != heraldpb.ErrorCode_INVALID_TXN_STATE {
+			return fmt.Errorf("answered %v", f)
+		}
+		return nil
+	})
+	fresh.writeOnce("fresh")
+	fresh.endWritten(true)
+	r.waitValues("only the new session's record", []string{"fresh"})
 }

@@ -87,6 +87,10 @@ var (
 		Name: "herald_txn_markers_total",
 		Help: "Markers of transactions written once that their partitions took (commit, abort), or refused for good (refused; logged).",
 	}, []string{"result"})
+	mTxnOrphans = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_txn_orphans_total",
+		Help: "Transactions written once found open on a partition that nobody would end, ended by the coordinator's sweep: aborted, or committed (its commit did not list the partition; logged).",
+	}, []string{"result"})
 	mTxnFenced = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_txn_fenced_total",
 		Help: "Transaction requests refused with PRODUCER_FENCED (a zombie of an older session).",

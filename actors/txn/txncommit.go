@@ -53,6 +53,7 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string, data *
 	ev := &heraldpb.TxnEvent{Event: &heraldpb.TxnEvent_End{End: end}}
 	snap := m.sessionAfterEnd(true, by)
 	m.deciding, m.decidingCommit, m.queuedCommit = true, true, false
+	m.decidingThrough = epoch
 	events := [][]byte{event(ev), event(snap)}
 	if data != nil {
 		d := data.GetData()
@@ -66,12 +67,16 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string, data *
 				m.seqs = m.nextSeq // not staged: the retry stages it
 			}
 			c.answerWaiters(ctx, m, err)
+			c.failPiped(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the commit before this one failed: %s", m.id, err.Message))
 			return
 		}
 		if m.epoch != epoch {
-			c.answerWaiters(ctx, m, m.endedMeanwhile(pid, epoch))
+			e := m.endedMeanwhile(pid, epoch)
+			c.answerWaiters(ctx, m, e)
+			c.failPiped(ctx, m, e)
 			return
 		}
+		defer c.decidePiped(ctx, m)
 		if data != nil {
 			// Staged before the decision, here as on every replay: its
 			// sequence was the next one and nothing else of the
@@ -95,7 +100,9 @@ func (c *Coordinator) commitTxn(ctx actor.Context, m *txnMeta, by string, data *
 		}
 		if len(m.completing) == 1 {
 			c.appendTxn(ctx, m, j, nil)
-		} // else appended when the ones before it complete (completeTxn)
+		} else {
+			c.kickWritten(ctx, m) // (else appended when the ones before it complete: completeTxn)
+		}
 	}})
 	c.flushWrites(ctx)
 }
@@ -108,9 +115,15 @@ func (c *Coordinator) appendTxn(ctx actor.Context, m *txnMeta, j *commitJob, fou
 		c.after(10*time.Millisecond, &retryStep{fn: func() { c.appendTxn(ctx, m, j, found) }})
 		return
 	}
+	j.started = true
 	if len(j.written) > 0 {
-		// Written once: its commit markers make the records readable.
+		// Written once: its commit markers make the records readable. The
+		// next commit's markers go right behind them: a partition takes a
+		// producer's commits in epoch order (it refuses one while an
+		// earlier transaction of the producer is open there without its
+		// marker), so they keep their order on every partition.
 		c.writeMarkers(ctx, m.pid, j.epoch, true, j.written, func() { c.completeTxn(ctx, m, j) })
+		c.kickWritten(ctx, m)
 		return
 	}
 	groups := map[topicPart][]staged{}
@@ -255,15 +268,18 @@ func (c *Coordinator) completeTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
 		c.gaugeOpen()
 		if len(m.completing) > 0 {
 			// The next one (they append one at a time, in order).
-			if next := m.completing[0]; next.live {
+			if next := m.completing[0]; next.started {
+				// (written once: started behind this one's markers)
+			} else if next.live {
 				c.appendTxn(ctx, m, next, nil)
 			} else {
 				c.recoverTxn(ctx, m, next) // found at load
 			}
 		}
-		if m.queuedCommit && len(m.completing) < maxCompleting {
+		if m.queuedCommit && m.roomToComplete(len(m.written) > 0) > 0 {
 			c.commitTxn(ctx, m, "producer", nil)
 		}
+		c.decidePiped(ctx, m)
 		if len(m.completing) > 0 {
 			return // a new session waits for all of them
 		}
@@ -299,6 +315,7 @@ func (c *Coordinator) answerWaiters(ctx actor.Context, m *txnMeta, e *heraldpb.E
 // records carrying the commit's token, and the staged batches not found
 // are appended.
 func (c *Coordinator) recoverTxn(ctx actor.Context, m *txnMeta, j *commitJob) {
+	j.started = true
 	if len(j.written) > 0 {
 		// Markers are idempotent: all written again, nothing to look for.
 		c.log.Info("finishing a transaction committed before a restart", "transactional_id", m.id, "epoch", j.epoch, "partitions", len(j.written))

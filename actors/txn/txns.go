@@ -100,9 +100,15 @@ type txnMeta struct {
 	// written: the partitions the transaction wrote its batches to once,
 	// as its EndTxn listed them (markers.go); with the decision from then.
 	written []*heraldpb.TxnWritten
-	nextSeq int64 // durable
-	seqs    int64 // staged or being staged
-	bytes   uint64
+	// piped: commits of the next transactions, queued behind the one
+	// being decided (markers.go); decidingThrough: while a commit is being
+	// decided, the last epoch it decides (several when queued ones are
+	// decided together).
+	piped           []pipedEnd
+	decidingThrough uint32
+	nextSeq         int64 // durable
+	seqs            int64 // staged or being staged
+	bytes           uint64
 
 	// a commit decision or an abort being written (decidingCommit: which)
 	deciding       bool
@@ -146,6 +152,10 @@ type commitJob struct {
 	offsetsDone bool
 	// written: the partitions that get its commit marker (markers.go).
 	written []*heraldpb.TxnWritten
+	// started: its appends or markers are under way (or done); the next
+	// job of a transaction written once starts as soon as this one's
+	// markers are taken, before its complete record is written.
+	started bool
 	// live: decided by this coordinator, so none of it is on its
 	// partitions before its appends start (a job found at load is
 	// scanned for first).
@@ -158,6 +168,21 @@ type commitJob struct {
 // run its next transactions without waiting for the appends; the bound
 // keeps the staged records held in memory for them bounded.
 const maxCompleting = 4
+
+// maxCompletingWritten bounds them instead while every one of them was
+// written once (markers.go): such a commit holds no records, only where
+// its markers go, and a producer keeping commits in flight needs room.
+const maxCompletingWritten = 32
+
+// roomToComplete is how many more committed transactions m may have
+// waiting for their appends or markers, the next one written once or not.
+func (m *txnMeta) roomToComplete(writtenOnce bool) int {
+	limit := maxCompletingWritten
+	if !writtenOnce || slices.ContainsFunc(m.completing, func(j *commitJob) bool { return len(j.written) == 0 }) {
+		limit = maxCompleting
+	}
+	return limit - len(m.completing)
+}
 
 func (j *commitJob) partitions() []topicPart {
 	return append(stagedPartitions(j.staged), writtenPartitions(j.written)...)
@@ -460,6 +485,9 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		c.answerWaiters(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED, "transactional id %q: a new session started while this commit waited", m.id))
 	}
 	if m != nil {
+		c.failPiped(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED, "transactional id %q: a new session started while this commit was queued", m.id))
+	}
+	if m != nil {
 		pid, epoch = m.pid, m.epoch
 		if m.state == txnOpen {
 			// The last session's transaction: aborted, and fenced.
@@ -485,6 +513,10 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		c.initing = map[string]bool{}
 	}
 	c.initing[req.TransactionalId] = true
+	var oldPid uint64 // the previous session's producer (its transactions written once are swept)
+	if m != nil {
+		oldPid = m.pid
+	}
 	c.write(writeOp{events: raw, client: true, done: func(base int64, err *heraldpb.Error) {
 		delete(c.initing, req.TransactionalId)
 		if err != nil {
@@ -496,6 +528,9 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 				mTxnEnded.WithLabelValues("abort", "fenced").Inc()
 			}
 			c.applyTxn(uint64(base)+uint64(i), ev, c.nowMs())
+		}
+		if oldPid != 0 {
+			c.sweepProducer(ctx, oldPid)
 		}
 		mTxnIDs.Set(float64(len(c.txns)))
 		c.gaugeOpen()
@@ -689,6 +724,9 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 		}
 		return
 	}
+	if c.pipeEnd(ctx, m, req, w) {
+		return
+	}
 	e, ended := m.checkEpoch(req.ProducerId, req.ProducerEpoch)
 	switch {
 	case e != nil:
@@ -738,7 +776,7 @@ func (w endWaiter) abortDone(ctx actor.Context, m *txnMeta) func(*heraldpb.Error
 // session back on a replay), and its earlier commits leave room
 // (maxCompleting).
 func (c *Coordinator) decidesNow(m *txnMeta) bool {
-	return !m.deciding && m.seqs == m.nextSeq && !c.initing[m.id] && len(m.completing) < maxCompleting && len(m.waiters) == 0
+	return !m.deciding && m.seqs == m.nextSeq && !c.initing[m.id] && m.roomToComplete(len(m.written) > 0) > 0 && len(m.waiters) == 0
 }
 
 // endTxn commits or aborts m's current transaction (its epoch checked)
@@ -758,7 +796,7 @@ func (c *Coordinator) endTxn(ctx actor.Context, m *txnMeta, commit bool, w endWa
 		w.fail(ctx, throttledErr("a batch of the transaction is still being staged"))
 	case !commit:
 		c.abortTxn(ctx, m, "producer", w.abortDone(ctx, m))
-	case len(m.completing) >= maxCompleting:
+	case m.roomToComplete(len(m.written) > 0) <= 0:
 		// Earlier commits are still appending, as many as may wait: this
 		// one is decided when the oldest completes. Nothing stages
 		// meanwhile. (Below the bound it is decided now and appended
@@ -799,6 +837,7 @@ func (c *Coordinator) abortTxn(ctx actor.Context, m *txnMeta, by string, done fu
 				c.applyTxn(uint64(base)+1, snap, c.nowMs())
 				mTxnEnded.WithLabelValues("abort", by).Inc()
 				c.gaugeOpen()
+				c.decidePiped(ctx, m) // (fails them: the one before did not commit)
 				// The batches written once are dropped by the abort's
 				// markers (answered now: nothing of it is readable either
 				// way).
