@@ -155,6 +155,8 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 		topic, part = b.Fetch.Topic, b.Fetch.Partition
 	case *heraldpb.Frame_ListOffsets:
 		topic, part = b.ListOffsets.Topic, b.ListOffsets.Partition
+	case *heraldpb.Frame_ListOpenTxns: // (the transaction coordinator's sweep)
+		topic, part = b.ListOpenTxns.Topic, b.ListOpenTxns.Partition
 	default:
 		ctx.Respond(heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "partition requests only")))
 		return
