@@ -185,6 +185,26 @@ func (t *txnLog) earlierOpen(k pidEpoch) *uint32 {
 	return found
 }
 
+// addBatch adds the applied batch at raft index i to k's open
+// transaction (opened now if it was not), keeping its records in memory
+// when keep and the cache has room.
+func (t *txnLog) addBatch(k pidEpoch, i uint64, h heraldpb.LogEntryHeader, records []byte, keep bool, now time.Time) {
+	o := t.open[k]
+	if o == nil {
+		o = &openTxn{since: now}
+		t.opened(k, o)
+	}
+	ref := txnBatchRef{index: i, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, maxTs: h.MaxTimestampMs, bytes: len(records)}
+	if keep && t.cached+len(records) <= txnCacheBytes {
+		ref.records = records // (aliases the applied entry)
+		t.cached += len(records)
+	}
+	o.batches = append(o.batches, ref)
+	o.records += h.TxnCount
+	o.bytes += len(records)
+	t.bytes += len(records)
+}
+
 // opened and closed keep open and perPid in step.
 func (t *txnLog) opened(k pidEpoch, o *openTxn) {
 	t.open[k] = o
@@ -465,18 +485,8 @@ func (a *Actor) applyTxnBatch(ctx actor.Context, e raftpb.Entry, h heraldpb.LogE
 			}
 			return
 		}
-		o = &openTxn{since: a.cfg.Clock.Now()}
-		t.opened(k, o)
 	}
-	ref := txnBatchRef{index: e.Index, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, maxTs: h.MaxTimestampMs, bytes: len(records)}
-	if t.cached+len(records) <= txnCacheBytes {
-		ref.records = records // (aliases the applied entry)
-		t.cached += len(records)
-	}
-	o.batches = append(o.batches, ref)
-	o.records += h.TxnCount
-	o.bytes += len(records)
-	t.bytes += len(records)
+	t.addBatch(k, e.Index, h, records, true, a.cfg.Clock.Now())
 	a.publishTxn()
 	if waiting {
 		a.answer(ctx, p, func(id uint64, dup bool) *heraldpb.Frame {
@@ -683,15 +693,8 @@ func (a *Actor) openTxnLog(applied uint64) error {
 				if end, ok := a.txn.ended[k.pid]; ok && k.epoch <= end.epoch && a.txn.open[k] == nil {
 					continue
 				}
-				o := a.txn.open[k]
-				if o == nil {
-					o = &openTxn{since: a.cfg.Clock.Now()}
-					a.txn.opened(k, o)
-				}
-				o.batches = append(o.batches, txnBatchRef{index: e.Index, seq: h.BaseSequence, count: h.TxnCount, maxPrio: h.MaxPriority, maxTs: h.MaxTimestampMs, bytes: len(records)})
-				o.records += h.TxnCount
-				o.bytes += len(records)
-				a.txn.bytes += len(records)
+				// (records not kept: the commit reads them from the log)
+				a.txn.addBatch(k, e.Index, h, records, false, a.cfg.Clock.Now())
 			case h.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE:
 				if o := a.txn.open[k]; o != nil {
 					a.txn.bytes -= o.bytes

@@ -337,6 +337,10 @@ func (c *Coordinator) sweepProducer(ctx actor.Context, pid uint64) {
 // there for at least minAge ms (of producer pid only, when not 0) and
 // resolves each.
 func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint64) {
+	byPid := make(map[uint64]*txnMeta, len(c.txns)) // (checked again when an answer comes)
+	for _, m := range c.txns {
+		byPid[m.pid] = m
+	}
 	for _, e := range c.o.Topics.All() {
 		if len(e.Name) >= 2 && e.Name[:2] == "__" {
 			continue // internal topics take no transactions
@@ -347,7 +351,7 @@ func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint
 			c.request(ctx, e.Writer(p), req, callTimeout, func(f *heraldpb.Frame) {
 				for _, o := range f.GetListOpenTxnsResponse().GetTxns() {
 					if pid == 0 || o.ProducerId == pid {
-						c.resolveOpen(ctx, tp, o)
+						c.resolveOpen(ctx, tp, o, byPid[o.ProducerId])
 					}
 				}
 			})
@@ -356,12 +360,14 @@ func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint
 }
 
 // resolveOpen ends (or leaves) one transaction found open on tp.
-func (c *Coordinator) resolveOpen(ctx actor.Context, tp topicPart, o *heraldpb.OpenTxn) {
-	var m *txnMeta
-	for _, x := range c.txns {
-		if x.pid == o.ProducerId {
-			m = x
-			break
+func (c *Coordinator) resolveOpen(ctx actor.Context, tp topicPart, o *heraldpb.OpenTxn, m *txnMeta) {
+	if m != nil && (m.pid != o.ProducerId || c.txns[m.id] != m) {
+		m = nil // (a new producer id, or forgotten, since the sweep began)
+		for _, x := range c.txns {
+			if x.pid == o.ProducerId {
+				m = x
+				break
+			}
 		}
 	}
 	age := time.Duration(o.AgeMs) * time.Millisecond
