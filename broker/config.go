@@ -100,6 +100,10 @@ type Config struct {
 	// appended, held unreadable by their partition until then (0: at
 	// their time).
 	ScheduleAhead time.Duration
+	// ScheduleFence: the scheduler fences a deposed one's appends
+	// (scheduler/fence.go). Off only while a cluster is upgraded from a
+	// version whose partitions do not know the scheduler's fencer.
+	ScheduleFence bool
 	// TxnCheckInterval and TxnMaxChecks are the half messages' default
 	// check-back interval and number of checks; MaxHalfPending bounds the
 	// half messages pending (more get THROTTLED).
@@ -163,7 +167,7 @@ func Default() Config {
 		MaxInFlightProduceBytes: 16 << 20, MaxProduceDefer: time.Second, ProduceLatencyTarget: 10 * time.Millisecond, DefaultParts: 1, MaxMessageBytes: 1 << 20, PartitionMailbox: 512,
 		WindowBytes: 4 << 20, RetentionCheck: 30 * time.Second,
 		AckTimeout: 30 * time.Second, BreakerFailures: 5, BreakerCoolDown: 30 * time.Second, GroupIdleStop: consumer.DefaultIdleStop,
-		RetryPolicy: retry.DefaultPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 50 * time.Millisecond,
+		RetryPolicy: retry.DefaultPolicy().String(), MaxDelay: 366 * 24 * time.Hour, MaxScheduled: 100_000_000, ScheduleAhead: 50 * time.Millisecond, ScheduleFence: true,
 		TxnCheckInterval: 6 * time.Second, TxnMaxChecks: 15, MaxHalfPending: 100_000, TxnTimeout: time.Minute, MaxTxnTimeout: 15 * time.Minute,
 		ShutdownTimeout: 10 * time.Second, LogLevel: "info", ClusterProvider: cluster.ProviderAutomanaged,
 		ReplicaGrace: 5 * time.Minute, ControllerCheckpointRecords: cluster.DefaultCheckpointRecords,

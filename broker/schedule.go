@@ -20,7 +20,7 @@ import (
 func (b *Broker) startScheduler(reg *registry.Registry, clustered bool) error {
 	farDir := filepath.Join(b.cfg.DataDir, "scheduler-far")
 	b.schedProps = scheduler.Props(scheduler.Options{
-		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled, AppendAhead: appendAhead(b.cfg.ScheduleAhead),
+		Topics: reg, Logger: b.log, MaxDelay: b.cfg.MaxDelay, MaxPending: b.cfg.MaxScheduled, AppendAhead: appendAhead(b.cfg.ScheduleAhead), NoFence: !b.cfg.ScheduleFence,
 		Now: b.clock.Now, Anchor: b.clusterNow(clustered),
 		// Timers beyond the wheel's 65 s window wait on disk, one file per
 		// 65 s bucket, rebuilt from __schedule at every start.

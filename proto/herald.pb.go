@@ -469,6 +469,54 @@ func (Acks) EnumDescriptor() ([]byte, []int) {
 	return file_herald_proto_rawDescGZIP(), []int{3}
 }
 
+// The broker's own writers whose appends a partition fences by epoch
+// (ProduceRequest.fencer, LogEntry.fencer).
+type Fencer int32
+
+const (
+	Fencer_FENCER_TXN_COORDINATOR Fencer = 0
+	Fencer_FENCER_SCHEDULER       Fencer = 1
+)
+
+// Enum value maps for Fencer.
+var (
+	Fencer_name = map[int32]string{
+		0: "FENCER_TXN_COORDINATOR",
+		1: "FENCER_SCHEDULER",
+	}
+	Fencer_value = map[string]int32{
+		"FENCER_TXN_COORDINATOR": 0,
+		"FENCER_SCHEDULER":       1,
+	}
+)
+
+func (x Fencer) Enum() *Fencer {
+	p := new(Fencer)
+	*p = x
+	return p
+}
+
+func (x Fencer) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Fencer) Descriptor() protoreflect.EnumDescriptor {
+	return file_herald_proto_enumTypes[4].Descriptor()
+}
+
+func (Fencer) Type() protoreflect.EnumType {
+	return &file_herald_proto_enumTypes[4]
+}
+
+func (x Fencer) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Fencer.Descriptor instead.
+func (Fencer) EnumDescriptor() ([]byte, []int) {
+	return file_herald_proto_rawDescGZIP(), []int{4}
+}
+
 // How a transaction ends on a partition (ProduceRequest.txn_marker,
 // LogEntry.txn_marker).
 type TxnMarker int32
@@ -504,11 +552,11 @@ func (x TxnMarker) String() string {
 }
 
 func (TxnMarker) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[4].Descriptor()
+	return file_herald_proto_enumTypes[5].Descriptor()
 }
 
 func (TxnMarker) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[4]
+	return &file_herald_proto_enumTypes[5]
 }
 
 func (x TxnMarker) Number() protoreflect.EnumNumber {
@@ -517,7 +565,7 @@ func (x TxnMarker) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TxnMarker.Descriptor instead.
 func (TxnMarker) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{4}
+	return file_herald_proto_rawDescGZIP(), []int{5}
 }
 
 // What happens to a half message still unresolved after its last check.
@@ -557,11 +605,11 @@ func (x HalfExhaustedPolicy) String() string {
 }
 
 func (HalfExhaustedPolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[5].Descriptor()
+	return file_herald_proto_enumTypes[6].Descriptor()
 }
 
 func (HalfExhaustedPolicy) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[5]
+	return &file_herald_proto_enumTypes[6]
 }
 
 func (x HalfExhaustedPolicy) Number() protoreflect.EnumNumber {
@@ -570,7 +618,7 @@ func (x HalfExhaustedPolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HalfExhaustedPolicy.Descriptor instead.
 func (HalfExhaustedPolicy) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{5}
+	return file_herald_proto_rawDescGZIP(), []int{6}
 }
 
 type OffsetSpec int32
@@ -607,11 +655,11 @@ func (x OffsetSpec) String() string {
 }
 
 func (OffsetSpec) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[6].Descriptor()
+	return file_herald_proto_enumTypes[7].Descriptor()
 }
 
 func (OffsetSpec) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[6]
+	return &file_herald_proto_enumTypes[7]
 }
 
 func (x OffsetSpec) Number() protoreflect.EnumNumber {
@@ -620,7 +668,7 @@ func (x OffsetSpec) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OffsetSpec.Descriptor instead.
 func (OffsetSpec) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{6}
+	return file_herald_proto_rawDescGZIP(), []int{7}
 }
 
 type SubscriptionMode int32
@@ -664,11 +712,11 @@ func (x SubscriptionMode) String() string {
 }
 
 func (SubscriptionMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[7].Descriptor()
+	return file_herald_proto_enumTypes[8].Descriptor()
 }
 
 func (SubscriptionMode) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[7]
+	return &file_herald_proto_enumTypes[8]
 }
 
 func (x SubscriptionMode) Number() protoreflect.EnumNumber {
@@ -677,7 +725,7 @@ func (x SubscriptionMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use SubscriptionMode.Descriptor instead.
 func (SubscriptionMode) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{7}
+	return file_herald_proto_rawDescGZIP(), []int{8}
 }
 
 type FilterType int32
@@ -715,11 +763,11 @@ func (x FilterType) String() string {
 }
 
 func (FilterType) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[8].Descriptor()
+	return file_herald_proto_enumTypes[9].Descriptor()
 }
 
 func (FilterType) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[8]
+	return &file_herald_proto_enumTypes[9]
 }
 
 func (x FilterType) Number() protoreflect.EnumNumber {
@@ -728,7 +776,7 @@ func (x FilterType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FilterType.Descriptor instead.
 func (FilterType) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{8}
+	return file_herald_proto_rawDescGZIP(), []int{9}
 }
 
 type BreakerState int32
@@ -764,11 +812,11 @@ func (x BreakerState) String() string {
 }
 
 func (BreakerState) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[9].Descriptor()
+	return file_herald_proto_enumTypes[10].Descriptor()
 }
 
 func (BreakerState) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[9]
+	return &file_herald_proto_enumTypes[10]
 }
 
 func (x BreakerState) Number() protoreflect.EnumNumber {
@@ -777,7 +825,7 @@ func (x BreakerState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BreakerState.Descriptor instead.
 func (BreakerState) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{9}
+	return file_herald_proto_rawDescGZIP(), []int{10}
 }
 
 type HalfAction int32
@@ -814,11 +862,11 @@ func (x HalfAction) String() string {
 }
 
 func (HalfAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[10].Descriptor()
+	return file_herald_proto_enumTypes[11].Descriptor()
 }
 
 func (HalfAction) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[10]
+	return &file_herald_proto_enumTypes[11]
 }
 
 func (x HalfAction) Number() protoreflect.EnumNumber {
@@ -827,7 +875,7 @@ func (x HalfAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use HalfAction.Descriptor instead.
 func (HalfAction) EnumDescriptor() ([]byte, []int) {
-	return file_herald_proto_rawDescGZIP(), []int{10}
+	return file_herald_proto_rawDescGZIP(), []int{11}
 }
 
 type ClusterAdminRequest_Op int32
@@ -875,11 +923,11 @@ func (x ClusterAdminRequest_Op) String() string {
 }
 
 func (ClusterAdminRequest_Op) Descriptor() protoreflect.EnumDescriptor {
-	return file_herald_proto_enumTypes[11].Descriptor()
+	return file_herald_proto_enumTypes[12].Descriptor()
 }
 
 func (ClusterAdminRequest_Op) Type() protoreflect.EnumType {
-	return &file_herald_proto_enumTypes[11]
+	return &file_herald_proto_enumTypes[12]
 }
 
 func (x ClusterAdminRequest_Op) Number() protoreflect.EnumNumber {
@@ -5263,7 +5311,14 @@ type ProduceRequest struct {
 	// partition. The leader writes the marker only once it has applied that
 	// many (THROTTLED until then), and refuses a marker that counts fewer
 	// than it holds (INVALID_TXN_STATE).
-	TxnRecords    uint32 `protobuf:"varint,24,opt,name=txn_records,json=txnRecords,proto3" json:"txn_records,omitempty"`
+	TxnRecords uint32 `protobuf:"varint,24,opt,name=txn_records,json=txnRecords,proto3" json:"txn_records,omitempty"`
+	// Internal, with txn_epoch (refused from clients): whose epoch txn_epoch
+	// is. Each of the broker's own writers that a successor may take over
+	// in the middle of an append has epochs of its own on every partition
+	// (fences, checks and resets are per fencer): the transaction
+	// coordinator (the term of __txn) and the scheduler (the term of
+	// __schedule).
+	Fencer        Fencer `protobuf:"varint,25,opt,name=fencer,proto3,enum=herald.v1.Fencer" json:"fencer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5464,6 +5519,13 @@ func (x *ProduceRequest) GetTxnRecords() uint32 {
 		return x.TxnRecords
 	}
 	return 0
+}
+
+func (x *ProduceRequest) GetFencer() Fencer {
+	if x != nil {
+		return x.Fencer
+	}
+	return Fencer_FENCER_TXN_COORDINATOR
 }
 
 // How the broker resolves a half message nobody ends.
@@ -10388,7 +10450,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\x95\a\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\xc0\a\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -10419,7 +10481,8 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"txn_marker\x18\x17 \x01(\x0e2\x14.herald.v1.TxnMarkerR\ttxnMarker\x12\x1f\n" +
 	"\vtxn_records\x18\x18 \x01(\rR\n" +
-	"txnRecordsB\f\n" +
+	"txnRecords\x12)\n" +
+	"\x06fencer\x18\x19 \x01(\x0e2\x11.herald.v1.FencerR\x06fencerB\f\n" +
 	"\n" +
 	"_partition\"\xc2\x01\n" +
 	"\vHalfOptions\x12%\n" +
@@ -10882,7 +10945,10 @@ const file_herald_proto_rawDesc = "" +
 	"\x04Acks\x12\f\n" +
 	"\bACKS_ALL\x10\x00\x12\x0f\n" +
 	"\vACKS_LEADER\x10\x01\x12\r\n" +
-	"\tACKS_NONE\x10\x02*M\n" +
+	"\tACKS_NONE\x10\x02*:\n" +
+	"\x06Fencer\x12\x1a\n" +
+	"\x16FENCER_TXN_COORDINATOR\x10\x00\x12\x14\n" +
+	"\x10FENCER_SCHEDULER\x10\x01*M\n" +
 	"\tTxnMarker\x12\x13\n" +
 	"\x0fTXN_MARKER_NONE\x10\x00\x12\x15\n" +
 	"\x11TXN_MARKER_COMMIT\x10\x01\x12\x14\n" +
@@ -10930,298 +10996,300 @@ func file_herald_proto_rawDescGZIP() []byte {
 	return file_herald_proto_rawDescData
 }
 
-var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 12)
+var file_herald_proto_enumTypes = make([]protoimpl.EnumInfo, 13)
 var file_herald_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
 var file_herald_proto_goTypes = []any{
 	(ErrorCode)(0),                   // 0: herald.v1.ErrorCode
 	(AclOperation)(0),                // 1: herald.v1.AclOperation
 	(AclResourceType)(0),             // 2: herald.v1.AclResourceType
 	(Acks)(0),                        // 3: herald.v1.Acks
-	(TxnMarker)(0),                   // 4: herald.v1.TxnMarker
-	(HalfExhaustedPolicy)(0),         // 5: herald.v1.HalfExhaustedPolicy
-	(OffsetSpec)(0),                  // 6: herald.v1.OffsetSpec
-	(SubscriptionMode)(0),            // 7: herald.v1.SubscriptionMode
-	(FilterType)(0),                  // 8: herald.v1.FilterType
-	(BreakerState)(0),                // 9: herald.v1.BreakerState
-	(HalfAction)(0),                  // 10: herald.v1.HalfAction
-	(ClusterAdminRequest_Op)(0),      // 11: herald.v1.ClusterAdminRequest.Op
-	(*Error)(nil),                    // 12: herald.v1.Error
-	(*Frame)(nil),                    // 13: herald.v1.Frame
-	(*HelloRequest)(nil),             // 14: herald.v1.HelloRequest
-	(*HelloResponse)(nil),            // 15: herald.v1.HelloResponse
-	(*SaslAuthenticateRequest)(nil),  // 16: herald.v1.SaslAuthenticateRequest
-	(*SaslAuthenticateResponse)(nil), // 17: herald.v1.SaslAuthenticateResponse
-	(*ScramCredential)(nil),          // 18: herald.v1.ScramCredential
-	(*AlterUserRequest)(nil),         // 19: herald.v1.AlterUserRequest
-	(*AlterUserResponse)(nil),        // 20: herald.v1.AlterUserResponse
-	(*ListUsersRequest)(nil),         // 21: herald.v1.ListUsersRequest
-	(*UserInfo)(nil),                 // 22: herald.v1.UserInfo
-	(*AclRule)(nil),                  // 23: herald.v1.AclRule
-	(*AlterAclsRequest)(nil),         // 24: herald.v1.AlterAclsRequest
-	(*AlterAclsResponse)(nil),        // 25: herald.v1.AlterAclsResponse
-	(*ListAclsRequest)(nil),          // 26: herald.v1.ListAclsRequest
-	(*ListAclsResponse)(nil),         // 27: herald.v1.ListAclsResponse
-	(*Quotas)(nil),                   // 28: herald.v1.Quotas
-	(*AlterVhostRequest)(nil),        // 29: herald.v1.AlterVhostRequest
-	(*AlterVhostResponse)(nil),       // 30: herald.v1.AlterVhostResponse
-	(*ListVhostsRequest)(nil),        // 31: herald.v1.ListVhostsRequest
-	(*VhostInfo)(nil),                // 32: herald.v1.VhostInfo
-	(*ListVhostsResponse)(nil),       // 33: herald.v1.ListVhostsResponse
-	(*ListUsersResponse)(nil),        // 34: herald.v1.ListUsersResponse
-	(*TopicConfig)(nil),              // 35: herald.v1.TopicConfig
-	(*PartitionInfo)(nil),            // 36: herald.v1.PartitionInfo
-	(*TopicInfo)(nil),                // 37: herald.v1.TopicInfo
-	(*BrokerInfo)(nil),               // 38: herald.v1.BrokerInfo
-	(*MetadataRequest)(nil),          // 39: herald.v1.MetadataRequest
-	(*MetadataResponse)(nil),         // 40: herald.v1.MetadataResponse
-	(*CreateTopicRequest)(nil),       // 41: herald.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),      // 42: herald.v1.CreateTopicResponse
-	(*DeleteTopicRequest)(nil),       // 43: herald.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil),      // 44: herald.v1.DeleteTopicResponse
-	(*ClusterAdminRequest)(nil),      // 45: herald.v1.ClusterAdminRequest
-	(*PartitionMove)(nil),            // 46: herald.v1.PartitionMove
-	(*ClusterAdminResponse)(nil),     // 47: herald.v1.ClusterAdminResponse
-	(*ListTopicsRequest)(nil),        // 48: herald.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),       // 49: herald.v1.ListTopicsResponse
-	(*DescribeTopicRequest)(nil),     // 50: herald.v1.DescribeTopicRequest
-	(*DescribeTopicResponse)(nil),    // 51: herald.v1.DescribeTopicResponse
-	(*Header)(nil),                   // 52: herald.v1.Header
-	(*Record)(nil),                   // 53: herald.v1.Record
-	(*RecordBatch)(nil),              // 54: herald.v1.RecordBatch
-	(*StoredBatch)(nil),              // 55: herald.v1.StoredBatch
-	(*ProduceRequest)(nil),           // 56: herald.v1.ProduceRequest
-	(*HalfOptions)(nil),              // 57: herald.v1.HalfOptions
-	(*ProduceResponse)(nil),          // 58: herald.v1.ProduceResponse
-	(*FetchRequest)(nil),             // 59: herald.v1.FetchRequest
-	(*FetchResponse)(nil),            // 60: herald.v1.FetchResponse
-	(*ListOffsetsRequest)(nil),       // 61: herald.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),      // 62: herald.v1.ListOffsetsResponse
-	(*StartPosition)(nil),            // 63: herald.v1.StartPosition
-	(*SubscribeRequest)(nil),         // 64: herald.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),        // 65: herald.v1.SubscribeResponse
-	(*AckRequest)(nil),               // 66: herald.v1.AckRequest
-	(*AckResponse)(nil),              // 67: herald.v1.AckResponse
-	(*NackRequest)(nil),              // 68: herald.v1.NackRequest
-	(*NackResponse)(nil),             // 69: herald.v1.NackResponse
-	(*CommitRequest)(nil),            // 70: herald.v1.CommitRequest
-	(*CommitResponse)(nil),           // 71: herald.v1.CommitResponse
-	(*UnsubscribeRequest)(nil),       // 72: herald.v1.UnsubscribeRequest
-	(*UnsubscribeResponse)(nil),      // 73: herald.v1.UnsubscribeResponse
-	(*DeliveredMessage)(nil),         // 74: herald.v1.DeliveredMessage
-	(*Delivery)(nil),                 // 75: herald.v1.Delivery
-	(*AssignmentChange)(nil),         // 76: herald.v1.AssignmentChange
-	(*SubscriptionEnded)(nil),        // 77: herald.v1.SubscriptionEnded
-	(*ListGroupsRequest)(nil),        // 78: herald.v1.ListGroupsRequest
-	(*GroupSummary)(nil),             // 79: herald.v1.GroupSummary
-	(*ListGroupsResponse)(nil),       // 80: herald.v1.ListGroupsResponse
-	(*DescribeGroupRequest)(nil),     // 81: herald.v1.DescribeGroupRequest
-	(*MemberInfo)(nil),               // 82: herald.v1.MemberInfo
-	(*PartitionLag)(nil),             // 83: herald.v1.PartitionLag
-	(*GroupInfo)(nil),                // 84: herald.v1.GroupInfo
-	(*DescribeGroupResponse)(nil),    // 85: herald.v1.DescribeGroupResponse
-	(*ResetGroupRequest)(nil),        // 86: herald.v1.ResetGroupRequest
-	(*ResetGroupResponse)(nil),       // 87: herald.v1.ResetGroupResponse
-	(*CallRequest)(nil),              // 88: herald.v1.CallRequest
-	(*CallResponse)(nil),             // 89: herald.v1.CallResponse
-	(*ReplyRequest)(nil),             // 90: herald.v1.ReplyRequest
-	(*ReplyResponse)(nil),            // 91: herald.v1.ReplyResponse
-	(*ReplyDelivery)(nil),            // 92: herald.v1.ReplyDelivery
-	(*CancelScheduledRequest)(nil),   // 93: herald.v1.CancelScheduledRequest
-	(*CancelScheduledResponse)(nil),  // 94: herald.v1.CancelScheduledResponse
-	(*ListScheduledRequest)(nil),     // 95: herald.v1.ListScheduledRequest
-	(*ScheduledInfo)(nil),            // 96: herald.v1.ScheduledInfo
-	(*ListScheduledResponse)(nil),    // 97: herald.v1.ListScheduledResponse
-	(*LatencyHistogram)(nil),         // 98: herald.v1.LatencyHistogram
-	(*RepairPartitionRequest)(nil),   // 99: herald.v1.RepairPartitionRequest
-	(*RepairPartitionResponse)(nil),  // 100: herald.v1.RepairPartitionResponse
-	(*EndHalfRequest)(nil),           // 101: herald.v1.EndHalfRequest
-	(*EndHalfResponse)(nil),          // 102: herald.v1.EndHalfResponse
-	(*RegisterProducerRequest)(nil),  // 103: herald.v1.RegisterProducerRequest
-	(*RegisterProducerResponse)(nil), // 104: herald.v1.RegisterProducerResponse
-	(*HalfCheck)(nil),                // 105: herald.v1.HalfCheck
-	(*ListTxnRequest)(nil),           // 106: herald.v1.ListTxnRequest
-	(*HalfInfo)(nil),                 // 107: herald.v1.HalfInfo
-	(*ListTxnResponse)(nil),          // 108: herald.v1.ListTxnResponse
-	(*InitProducerIdRequest)(nil),    // 109: herald.v1.InitProducerIdRequest
-	(*InitProducerIdResponse)(nil),   // 110: herald.v1.InitProducerIdResponse
-	(*EndTxnRequest)(nil),            // 111: herald.v1.EndTxnRequest
-	(*TxnWritten)(nil),               // 112: herald.v1.TxnWritten
-	(*TxnGroupOffsets)(nil),          // 113: herald.v1.TxnGroupOffsets
-	(*CommitTxnOffsetsRequest)(nil),  // 114: herald.v1.CommitTxnOffsetsRequest
-	(*CommitTxnOffsetsResponse)(nil), // 115: herald.v1.CommitTxnOffsetsResponse
-	(*ListOpenTxnsRequest)(nil),      // 116: herald.v1.ListOpenTxnsRequest
-	(*ListOpenTxnsResponse)(nil),     // 117: herald.v1.ListOpenTxnsResponse
-	(*OpenTxn)(nil),                  // 118: herald.v1.OpenTxn
-	(*EndTxnResponse)(nil),           // 119: herald.v1.EndTxnResponse
-	(*TxnInfo)(nil),                  // 120: herald.v1.TxnInfo
-	(*DeclareExchangeRequest)(nil),   // 121: herald.v1.DeclareExchangeRequest
-	(*DeclareExchangeResponse)(nil),  // 122: herald.v1.DeclareExchangeResponse
-	(*DeleteExchangeRequest)(nil),    // 123: herald.v1.DeleteExchangeRequest
-	(*DeleteExchangeResponse)(nil),   // 124: herald.v1.DeleteExchangeResponse
-	(*BindRequest)(nil),              // 125: herald.v1.BindRequest
-	(*BindResponse)(nil),             // 126: herald.v1.BindResponse
-	(*ListExchangesRequest)(nil),     // 127: herald.v1.ListExchangesRequest
-	(*ListExchangesResponse)(nil),    // 128: herald.v1.ListExchangesResponse
-	(*PublishRequest)(nil),           // 129: herald.v1.PublishRequest
-	(*PublishResponse)(nil),          // 130: herald.v1.PublishResponse
+	(Fencer)(0),                      // 4: herald.v1.Fencer
+	(TxnMarker)(0),                   // 5: herald.v1.TxnMarker
+	(HalfExhaustedPolicy)(0),         // 6: herald.v1.HalfExhaustedPolicy
+	(OffsetSpec)(0),                  // 7: herald.v1.OffsetSpec
+	(SubscriptionMode)(0),            // 8: herald.v1.SubscriptionMode
+	(FilterType)(0),                  // 9: herald.v1.FilterType
+	(BreakerState)(0),                // 10: herald.v1.BreakerState
+	(HalfAction)(0),                  // 11: herald.v1.HalfAction
+	(ClusterAdminRequest_Op)(0),      // 12: herald.v1.ClusterAdminRequest.Op
+	(*Error)(nil),                    // 13: herald.v1.Error
+	(*Frame)(nil),                    // 14: herald.v1.Frame
+	(*HelloRequest)(nil),             // 15: herald.v1.HelloRequest
+	(*HelloResponse)(nil),            // 16: herald.v1.HelloResponse
+	(*SaslAuthenticateRequest)(nil),  // 17: herald.v1.SaslAuthenticateRequest
+	(*SaslAuthenticateResponse)(nil), // 18: herald.v1.SaslAuthenticateResponse
+	(*ScramCredential)(nil),          // 19: herald.v1.ScramCredential
+	(*AlterUserRequest)(nil),         // 20: herald.v1.AlterUserRequest
+	(*AlterUserResponse)(nil),        // 21: herald.v1.AlterUserResponse
+	(*ListUsersRequest)(nil),         // 22: herald.v1.ListUsersRequest
+	(*UserInfo)(nil),                 // 23: herald.v1.UserInfo
+	(*AclRule)(nil),                  // 24: herald.v1.AclRule
+	(*AlterAclsRequest)(nil),         // 25: herald.v1.AlterAclsRequest
+	(*AlterAclsResponse)(nil),        // 26: herald.v1.AlterAclsResponse
+	(*ListAclsRequest)(nil),          // 27: herald.v1.ListAclsRequest
+	(*ListAclsResponse)(nil),         // 28: herald.v1.ListAclsResponse
+	(*Quotas)(nil),                   // 29: herald.v1.Quotas
+	(*AlterVhostRequest)(nil),        // 30: herald.v1.AlterVhostRequest
+	(*AlterVhostResponse)(nil),       // 31: herald.v1.AlterVhostResponse
+	(*ListVhostsRequest)(nil),        // 32: herald.v1.ListVhostsRequest
+	(*VhostInfo)(nil),                // 33: herald.v1.VhostInfo
+	(*ListVhostsResponse)(nil),       // 34: herald.v1.ListVhostsResponse
+	(*ListUsersResponse)(nil),        // 35: herald.v1.ListUsersResponse
+	(*TopicConfig)(nil),              // 36: herald.v1.TopicConfig
+	(*PartitionInfo)(nil),            // 37: herald.v1.PartitionInfo
+	(*TopicInfo)(nil),                // 38: herald.v1.TopicInfo
+	(*BrokerInfo)(nil),               // 39: herald.v1.BrokerInfo
+	(*MetadataRequest)(nil),          // 40: herald.v1.MetadataRequest
+	(*MetadataResponse)(nil),         // 41: herald.v1.MetadataResponse
+	(*CreateTopicRequest)(nil),       // 42: herald.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),      // 43: herald.v1.CreateTopicResponse
+	(*DeleteTopicRequest)(nil),       // 44: herald.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),      // 45: herald.v1.DeleteTopicResponse
+	(*ClusterAdminRequest)(nil),      // 46: herald.v1.ClusterAdminRequest
+	(*PartitionMove)(nil),            // 47: herald.v1.PartitionMove
+	(*ClusterAdminResponse)(nil),     // 48: herald.v1.ClusterAdminResponse
+	(*ListTopicsRequest)(nil),        // 49: herald.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),       // 50: herald.v1.ListTopicsResponse
+	(*DescribeTopicRequest)(nil),     // 51: herald.v1.DescribeTopicRequest
+	(*DescribeTopicResponse)(nil),    // 52: herald.v1.DescribeTopicResponse
+	(*Header)(nil),                   // 53: herald.v1.Header
+	(*Record)(nil),                   // 54: herald.v1.Record
+	(*RecordBatch)(nil),              // 55: herald.v1.RecordBatch
+	(*StoredBatch)(nil),              // 56: herald.v1.StoredBatch
+	(*ProduceRequest)(nil),           // 57: herald.v1.ProduceRequest
+	(*HalfOptions)(nil),              // 58: herald.v1.HalfOptions
+	(*ProduceResponse)(nil),          // 59: herald.v1.ProduceResponse
+	(*FetchRequest)(nil),             // 60: herald.v1.FetchRequest
+	(*FetchResponse)(nil),            // 61: herald.v1.FetchResponse
+	(*ListOffsetsRequest)(nil),       // 62: herald.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),      // 63: herald.v1.ListOffsetsResponse
+	(*StartPosition)(nil),            // 64: herald.v1.StartPosition
+	(*SubscribeRequest)(nil),         // 65: herald.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),        // 66: herald.v1.SubscribeResponse
+	(*AckRequest)(nil),               // 67: herald.v1.AckRequest
+	(*AckResponse)(nil),              // 68: herald.v1.AckResponse
+	(*NackRequest)(nil),              // 69: herald.v1.NackRequest
+	(*NackResponse)(nil),             // 70: herald.v1.NackResponse
+	(*CommitRequest)(nil),            // 71: herald.v1.CommitRequest
+	(*CommitResponse)(nil),           // 72: herald.v1.CommitResponse
+	(*UnsubscribeRequest)(nil),       // 73: herald.v1.UnsubscribeRequest
+	(*UnsubscribeResponse)(nil),      // 74: herald.v1.UnsubscribeResponse
+	(*DeliveredMessage)(nil),         // 75: herald.v1.DeliveredMessage
+	(*Delivery)(nil),                 // 76: herald.v1.Delivery
+	(*AssignmentChange)(nil),         // 77: herald.v1.AssignmentChange
+	(*SubscriptionEnded)(nil),        // 78: herald.v1.SubscriptionEnded
+	(*ListGroupsRequest)(nil),        // 79: herald.v1.ListGroupsRequest
+	(*GroupSummary)(nil),             // 80: herald.v1.GroupSummary
+	(*ListGroupsResponse)(nil),       // 81: herald.v1.ListGroupsResponse
+	(*DescribeGroupRequest)(nil),     // 82: herald.v1.DescribeGroupRequest
+	(*MemberInfo)(nil),               // 83: herald.v1.MemberInfo
+	(*PartitionLag)(nil),             // 84: herald.v1.PartitionLag
+	(*GroupInfo)(nil),                // 85: herald.v1.GroupInfo
+	(*DescribeGroupResponse)(nil),    // 86: herald.v1.DescribeGroupResponse
+	(*ResetGroupRequest)(nil),        // 87: herald.v1.ResetGroupRequest
+	(*ResetGroupResponse)(nil),       // 88: herald.v1.ResetGroupResponse
+	(*CallRequest)(nil),              // 89: herald.v1.CallRequest
+	(*CallResponse)(nil),             // 90: herald.v1.CallResponse
+	(*ReplyRequest)(nil),             // 91: herald.v1.ReplyRequest
+	(*ReplyResponse)(nil),            // 92: herald.v1.ReplyResponse
+	(*ReplyDelivery)(nil),            // 93: herald.v1.ReplyDelivery
+	(*CancelScheduledRequest)(nil),   // 94: herald.v1.CancelScheduledRequest
+	(*CancelScheduledResponse)(nil),  // 95: herald.v1.CancelScheduledResponse
+	(*ListScheduledRequest)(nil),     // 96: herald.v1.ListScheduledRequest
+	(*ScheduledInfo)(nil),            // 97: herald.v1.ScheduledInfo
+	(*ListScheduledResponse)(nil),    // 98: herald.v1.ListScheduledResponse
+	(*LatencyHistogram)(nil),         // 99: herald.v1.LatencyHistogram
+	(*RepairPartitionRequest)(nil),   // 100: herald.v1.RepairPartitionRequest
+	(*RepairPartitionResponse)(nil),  // 101: herald.v1.RepairPartitionResponse
+	(*EndHalfRequest)(nil),           // 102: herald.v1.EndHalfRequest
+	(*EndHalfResponse)(nil),          // 103: herald.v1.EndHalfResponse
+	(*RegisterProducerRequest)(nil),  // 104: herald.v1.RegisterProducerRequest
+	(*RegisterProducerResponse)(nil), // 105: herald.v1.RegisterProducerResponse
+	(*HalfCheck)(nil),                // 106: herald.v1.HalfCheck
+	(*ListTxnRequest)(nil),           // 107: herald.v1.ListTxnRequest
+	(*HalfInfo)(nil),                 // 108: herald.v1.HalfInfo
+	(*ListTxnResponse)(nil),          // 109: herald.v1.ListTxnResponse
+	(*InitProducerIdRequest)(nil),    // 110: herald.v1.InitProducerIdRequest
+	(*InitProducerIdResponse)(nil),   // 111: herald.v1.InitProducerIdResponse
+	(*EndTxnRequest)(nil),            // 112: herald.v1.EndTxnRequest
+	(*TxnWritten)(nil),               // 113: herald.v1.TxnWritten
+	(*TxnGroupOffsets)(nil),          // 114: herald.v1.TxnGroupOffsets
+	(*CommitTxnOffsetsRequest)(nil),  // 115: herald.v1.CommitTxnOffsetsRequest
+	(*CommitTxnOffsetsResponse)(nil), // 116: herald.v1.CommitTxnOffsetsResponse
+	(*ListOpenTxnsRequest)(nil),      // 117: herald.v1.ListOpenTxnsRequest
+	(*ListOpenTxnsResponse)(nil),     // 118: herald.v1.ListOpenTxnsResponse
+	(*OpenTxn)(nil),                  // 119: herald.v1.OpenTxn
+	(*EndTxnResponse)(nil),           // 120: herald.v1.EndTxnResponse
+	(*TxnInfo)(nil),                  // 121: herald.v1.TxnInfo
+	(*DeclareExchangeRequest)(nil),   // 122: herald.v1.DeclareExchangeRequest
+	(*DeclareExchangeResponse)(nil),  // 123: herald.v1.DeclareExchangeResponse
+	(*DeleteExchangeRequest)(nil),    // 124: herald.v1.DeleteExchangeRequest
+	(*DeleteExchangeResponse)(nil),   // 125: herald.v1.DeleteExchangeResponse
+	(*BindRequest)(nil),              // 126: herald.v1.BindRequest
+	(*BindResponse)(nil),             // 127: herald.v1.BindResponse
+	(*ListExchangesRequest)(nil),     // 128: herald.v1.ListExchangesRequest
+	(*ListExchangesResponse)(nil),    // 129: herald.v1.ListExchangesResponse
+	(*PublishRequest)(nil),           // 130: herald.v1.PublishRequest
+	(*PublishResponse)(nil),          // 131: herald.v1.PublishResponse
 }
 var file_herald_proto_depIdxs = []int32{
 	0,   // 0: herald.v1.Error.code:type_name -> herald.v1.ErrorCode
-	14,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
-	15,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
-	39,  // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
-	40,  // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
-	41,  // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
-	42,  // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
-	43,  // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
-	44,  // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
-	48,  // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
-	49,  // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
-	50,  // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
-	51,  // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
-	56,  // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
-	58,  // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
-	59,  // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
-	60,  // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
-	61,  // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
-	62,  // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
-	64,  // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
-	65,  // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
-	66,  // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
-	67,  // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
-	68,  // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
-	69,  // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
-	70,  // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
-	71,  // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
-	72,  // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
-	73,  // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
-	78,  // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
-	80,  // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
-	81,  // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
-	85,  // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
-	86,  // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
-	87,  // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
-	88,  // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
-	89,  // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
-	90,  // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
-	91,  // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
-	93,  // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
-	94,  // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
-	95,  // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
-	97,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
-	45,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
-	47,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
-	99,  // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
-	100, // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
-	101, // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
-	102, // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
-	103, // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
-	104, // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
-	106, // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
-	108, // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
-	109, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
-	110, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
-	111, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
-	119, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
-	16,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
-	17,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
-	19,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
-	20,  // 60: herald.v1.Frame.alter_user_response:type_name -> herald.v1.AlterUserResponse
-	21,  // 61: herald.v1.Frame.list_users:type_name -> herald.v1.ListUsersRequest
-	34,  // 62: herald.v1.Frame.list_users_response:type_name -> herald.v1.ListUsersResponse
-	24,  // 63: herald.v1.Frame.alter_acls:type_name -> herald.v1.AlterAclsRequest
-	25,  // 64: herald.v1.Frame.alter_acls_response:type_name -> herald.v1.AlterAclsResponse
-	26,  // 65: herald.v1.Frame.list_acls:type_name -> herald.v1.ListAclsRequest
-	27,  // 66: herald.v1.Frame.list_acls_response:type_name -> herald.v1.ListAclsResponse
-	29,  // 67: herald.v1.Frame.alter_vhost:type_name -> herald.v1.AlterVhostRequest
-	30,  // 68: herald.v1.Frame.alter_vhost_response:type_name -> herald.v1.AlterVhostResponse
-	31,  // 69: herald.v1.Frame.list_vhosts:type_name -> herald.v1.ListVhostsRequest
-	33,  // 70: herald.v1.Frame.list_vhosts_response:type_name -> herald.v1.ListVhostsResponse
-	121, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
-	122, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
-	123, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
-	124, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
-	125, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
-	126, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
-	127, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
-	128, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
-	129, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
-	130, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
-	114, // 81: herald.v1.Frame.commit_txn_offsets:type_name -> herald.v1.CommitTxnOffsetsRequest
-	115, // 82: herald.v1.Frame.commit_txn_offsets_response:type_name -> herald.v1.CommitTxnOffsetsResponse
-	116, // 83: herald.v1.Frame.list_open_txns:type_name -> herald.v1.ListOpenTxnsRequest
-	117, // 84: herald.v1.Frame.list_open_txns_response:type_name -> herald.v1.ListOpenTxnsResponse
-	75,  // 85: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
-	76,  // 86: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
-	92,  // 87: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
-	77,  // 88: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
-	105, // 89: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
-	12,  // 90: herald.v1.Frame.error:type_name -> herald.v1.Error
-	18,  // 91: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
-	28,  // 92: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
-	28,  // 93: herald.v1.UserInfo.quotas:type_name -> herald.v1.Quotas
+	15,  // 1: herald.v1.Frame.hello:type_name -> herald.v1.HelloRequest
+	16,  // 2: herald.v1.Frame.hello_response:type_name -> herald.v1.HelloResponse
+	40,  // 3: herald.v1.Frame.metadata:type_name -> herald.v1.MetadataRequest
+	41,  // 4: herald.v1.Frame.metadata_response:type_name -> herald.v1.MetadataResponse
+	42,  // 5: herald.v1.Frame.create_topic:type_name -> herald.v1.CreateTopicRequest
+	43,  // 6: herald.v1.Frame.create_topic_response:type_name -> herald.v1.CreateTopicResponse
+	44,  // 7: herald.v1.Frame.delete_topic:type_name -> herald.v1.DeleteTopicRequest
+	45,  // 8: herald.v1.Frame.delete_topic_response:type_name -> herald.v1.DeleteTopicResponse
+	49,  // 9: herald.v1.Frame.list_topics:type_name -> herald.v1.ListTopicsRequest
+	50,  // 10: herald.v1.Frame.list_topics_response:type_name -> herald.v1.ListTopicsResponse
+	51,  // 11: herald.v1.Frame.describe_topic:type_name -> herald.v1.DescribeTopicRequest
+	52,  // 12: herald.v1.Frame.describe_topic_response:type_name -> herald.v1.DescribeTopicResponse
+	57,  // 13: herald.v1.Frame.produce:type_name -> herald.v1.ProduceRequest
+	59,  // 14: herald.v1.Frame.produce_response:type_name -> herald.v1.ProduceResponse
+	60,  // 15: herald.v1.Frame.fetch:type_name -> herald.v1.FetchRequest
+	61,  // 16: herald.v1.Frame.fetch_response:type_name -> herald.v1.FetchResponse
+	62,  // 17: herald.v1.Frame.list_offsets:type_name -> herald.v1.ListOffsetsRequest
+	63,  // 18: herald.v1.Frame.list_offsets_response:type_name -> herald.v1.ListOffsetsResponse
+	65,  // 19: herald.v1.Frame.subscribe:type_name -> herald.v1.SubscribeRequest
+	66,  // 20: herald.v1.Frame.subscribe_response:type_name -> herald.v1.SubscribeResponse
+	67,  // 21: herald.v1.Frame.ack:type_name -> herald.v1.AckRequest
+	68,  // 22: herald.v1.Frame.ack_response:type_name -> herald.v1.AckResponse
+	69,  // 23: herald.v1.Frame.nack:type_name -> herald.v1.NackRequest
+	70,  // 24: herald.v1.Frame.nack_response:type_name -> herald.v1.NackResponse
+	71,  // 25: herald.v1.Frame.commit:type_name -> herald.v1.CommitRequest
+	72,  // 26: herald.v1.Frame.commit_response:type_name -> herald.v1.CommitResponse
+	73,  // 27: herald.v1.Frame.unsubscribe:type_name -> herald.v1.UnsubscribeRequest
+	74,  // 28: herald.v1.Frame.unsubscribe_response:type_name -> herald.v1.UnsubscribeResponse
+	79,  // 29: herald.v1.Frame.list_groups:type_name -> herald.v1.ListGroupsRequest
+	81,  // 30: herald.v1.Frame.list_groups_response:type_name -> herald.v1.ListGroupsResponse
+	82,  // 31: herald.v1.Frame.describe_group:type_name -> herald.v1.DescribeGroupRequest
+	86,  // 32: herald.v1.Frame.describe_group_response:type_name -> herald.v1.DescribeGroupResponse
+	87,  // 33: herald.v1.Frame.reset_group:type_name -> herald.v1.ResetGroupRequest
+	88,  // 34: herald.v1.Frame.reset_group_response:type_name -> herald.v1.ResetGroupResponse
+	89,  // 35: herald.v1.Frame.call:type_name -> herald.v1.CallRequest
+	90,  // 36: herald.v1.Frame.call_response:type_name -> herald.v1.CallResponse
+	91,  // 37: herald.v1.Frame.reply:type_name -> herald.v1.ReplyRequest
+	92,  // 38: herald.v1.Frame.reply_response:type_name -> herald.v1.ReplyResponse
+	94,  // 39: herald.v1.Frame.cancel_scheduled:type_name -> herald.v1.CancelScheduledRequest
+	95,  // 40: herald.v1.Frame.cancel_scheduled_response:type_name -> herald.v1.CancelScheduledResponse
+	96,  // 41: herald.v1.Frame.list_scheduled:type_name -> herald.v1.ListScheduledRequest
+	98,  // 42: herald.v1.Frame.list_scheduled_response:type_name -> herald.v1.ListScheduledResponse
+	46,  // 43: herald.v1.Frame.cluster_admin:type_name -> herald.v1.ClusterAdminRequest
+	48,  // 44: herald.v1.Frame.cluster_admin_response:type_name -> herald.v1.ClusterAdminResponse
+	100, // 45: herald.v1.Frame.repair_partition:type_name -> herald.v1.RepairPartitionRequest
+	101, // 46: herald.v1.Frame.repair_partition_response:type_name -> herald.v1.RepairPartitionResponse
+	102, // 47: herald.v1.Frame.end_half:type_name -> herald.v1.EndHalfRequest
+	103, // 48: herald.v1.Frame.end_half_response:type_name -> herald.v1.EndHalfResponse
+	104, // 49: herald.v1.Frame.register_producer:type_name -> herald.v1.RegisterProducerRequest
+	105, // 50: herald.v1.Frame.register_producer_response:type_name -> herald.v1.RegisterProducerResponse
+	107, // 51: herald.v1.Frame.list_txn:type_name -> herald.v1.ListTxnRequest
+	109, // 52: herald.v1.Frame.list_txn_response:type_name -> herald.v1.ListTxnResponse
+	110, // 53: herald.v1.Frame.init_producer_id:type_name -> herald.v1.InitProducerIdRequest
+	111, // 54: herald.v1.Frame.init_producer_id_response:type_name -> herald.v1.InitProducerIdResponse
+	112, // 55: herald.v1.Frame.end_txn:type_name -> herald.v1.EndTxnRequest
+	120, // 56: herald.v1.Frame.end_txn_response:type_name -> herald.v1.EndTxnResponse
+	17,  // 57: herald.v1.Frame.sasl_authenticate:type_name -> herald.v1.SaslAuthenticateRequest
+	18,  // 58: herald.v1.Frame.sasl_authenticate_response:type_name -> herald.v1.SaslAuthenticateResponse
+	20,  // 59: herald.v1.Frame.alter_user:type_name -> herald.v1.AlterUserRequest
+	21,  // 60: herald.v1.Frame.alter_user_response:type_name -> herald.v1.AlterUserResponse
+	22,  // 61: herald.v1.Frame.list_users:type_name -> herald.v1.ListUsersRequest
+	35,  // 62: herald.v1.Frame.list_users_response:type_name -> herald.v1.ListUsersResponse
+	25,  // 63: herald.v1.Frame.alter_acls:type_name -> herald.v1.AlterAclsRequest
+	26,  // 64: herald.v1.Frame.alter_acls_response:type_name -> herald.v1.AlterAclsResponse
+	27,  // 65: herald.v1.Frame.list_acls:type_name -> herald.v1.ListAclsRequest
+	28,  // 66: herald.v1.Frame.list_acls_response:type_name -> herald.v1.ListAclsResponse
+	30,  // 67: herald.v1.Frame.alter_vhost:type_name -> herald.v1.AlterVhostRequest
+	31,  // 68: herald.v1.Frame.alter_vhost_response:type_name -> herald.v1.AlterVhostResponse
+	32,  // 69: herald.v1.Frame.list_vhosts:type_name -> herald.v1.ListVhostsRequest
+	34,  // 70: herald.v1.Frame.list_vhosts_response:type_name -> herald.v1.ListVhostsResponse
+	122, // 71: herald.v1.Frame.declare_exchange:type_name -> herald.v1.DeclareExchangeRequest
+	123, // 72: herald.v1.Frame.declare_exchange_response:type_name -> herald.v1.DeclareExchangeResponse
+	124, // 73: herald.v1.Frame.delete_exchange:type_name -> herald.v1.DeleteExchangeRequest
+	125, // 74: herald.v1.Frame.delete_exchange_response:type_name -> herald.v1.DeleteExchangeResponse
+	126, // 75: herald.v1.Frame.bind:type_name -> herald.v1.BindRequest
+	127, // 76: herald.v1.Frame.bind_response:type_name -> herald.v1.BindResponse
+	128, // 77: herald.v1.Frame.list_exchanges:type_name -> herald.v1.ListExchangesRequest
+	129, // 78: herald.v1.Frame.list_exchanges_response:type_name -> herald.v1.ListExchangesResponse
+	130, // 79: herald.v1.Frame.publish:type_name -> herald.v1.PublishRequest
+	131, // 80: herald.v1.Frame.publish_response:type_name -> herald.v1.PublishResponse
+	115, // 81: herald.v1.Frame.commit_txn_offsets:type_name -> herald.v1.CommitTxnOffsetsRequest
+	116, // 82: herald.v1.Frame.commit_txn_offsets_response:type_name -> herald.v1.CommitTxnOffsetsResponse
+	117, // 83: herald.v1.Frame.list_open_txns:type_name -> herald.v1.ListOpenTxnsRequest
+	118, // 84: herald.v1.Frame.list_open_txns_response:type_name -> herald.v1.ListOpenTxnsResponse
+	76,  // 85: herald.v1.Frame.delivery:type_name -> herald.v1.Delivery
+	77,  // 86: herald.v1.Frame.assignment:type_name -> herald.v1.AssignmentChange
+	93,  // 87: herald.v1.Frame.reply_delivery:type_name -> herald.v1.ReplyDelivery
+	78,  // 88: herald.v1.Frame.subscription_ended:type_name -> herald.v1.SubscriptionEnded
+	106, // 89: herald.v1.Frame.half_check:type_name -> herald.v1.HalfCheck
+	13,  // 90: herald.v1.Frame.error:type_name -> herald.v1.Error
+	19,  // 91: herald.v1.AlterUserRequest.scram_sha256:type_name -> herald.v1.ScramCredential
+	29,  // 92: herald.v1.AlterUserRequest.quotas:type_name -> herald.v1.Quotas
+	29,  // 93: herald.v1.UserInfo.quotas:type_name -> herald.v1.Quotas
 	2,   // 94: herald.v1.AclRule.resource_type:type_name -> herald.v1.AclResourceType
 	1,   // 95: herald.v1.AclRule.operation:type_name -> herald.v1.AclOperation
-	23,  // 96: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
-	23,  // 97: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
-	23,  // 98: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
-	28,  // 99: herald.v1.AlterVhostRequest.quotas:type_name -> herald.v1.Quotas
-	28,  // 100: herald.v1.VhostInfo.quotas:type_name -> herald.v1.Quotas
-	32,  // 101: herald.v1.ListVhostsResponse.vhosts:type_name -> herald.v1.VhostInfo
-	22,  // 102: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
-	35,  // 103: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
-	36,  // 104: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
-	38,  // 105: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
-	37,  // 106: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
-	35,  // 107: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
-	37,  // 108: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	11,  // 109: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
-	46,  // 110: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
-	37,  // 111: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
-	37,  // 112: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
-	52,  // 113: herald.v1.Record.headers:type_name -> herald.v1.Header
-	53,  // 114: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
+	24,  // 96: herald.v1.AlterAclsRequest.add:type_name -> herald.v1.AclRule
+	24,  // 97: herald.v1.AlterAclsRequest.remove:type_name -> herald.v1.AclRule
+	24,  // 98: herald.v1.ListAclsResponse.rules:type_name -> herald.v1.AclRule
+	29,  // 99: herald.v1.AlterVhostRequest.quotas:type_name -> herald.v1.Quotas
+	29,  // 100: herald.v1.VhostInfo.quotas:type_name -> herald.v1.Quotas
+	33,  // 101: herald.v1.ListVhostsResponse.vhosts:type_name -> herald.v1.VhostInfo
+	23,  // 102: herald.v1.ListUsersResponse.users:type_name -> herald.v1.UserInfo
+	36,  // 103: herald.v1.TopicInfo.config:type_name -> herald.v1.TopicConfig
+	37,  // 104: herald.v1.TopicInfo.partitions:type_name -> herald.v1.PartitionInfo
+	39,  // 105: herald.v1.MetadataResponse.brokers:type_name -> herald.v1.BrokerInfo
+	38,  // 106: herald.v1.MetadataResponse.topics:type_name -> herald.v1.TopicInfo
+	36,  // 107: herald.v1.CreateTopicRequest.config:type_name -> herald.v1.TopicConfig
+	38,  // 108: herald.v1.CreateTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	12,  // 109: herald.v1.ClusterAdminRequest.op:type_name -> herald.v1.ClusterAdminRequest.Op
+	47,  // 110: herald.v1.ClusterAdminResponse.moves:type_name -> herald.v1.PartitionMove
+	38,  // 111: herald.v1.ListTopicsResponse.topics:type_name -> herald.v1.TopicInfo
+	38,  // 112: herald.v1.DescribeTopicResponse.topic:type_name -> herald.v1.TopicInfo
+	53,  // 113: herald.v1.Record.headers:type_name -> herald.v1.Header
+	54,  // 114: herald.v1.RecordBatch.records:type_name -> herald.v1.Record
 	3,   // 115: herald.v1.ProduceRequest.acks:type_name -> herald.v1.Acks
-	57,  // 116: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
-	113, // 117: herald.v1.ProduceRequest.txn_group_offsets:type_name -> herald.v1.TxnGroupOffsets
-	4,   // 118: herald.v1.ProduceRequest.txn_marker:type_name -> herald.v1.TxnMarker
-	5,   // 119: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
-	119, // 120: herald.v1.ProduceResponse.txn_end:type_name -> herald.v1.EndTxnResponse
-	55,  // 121: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
-	6,   // 122: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
-	7,   // 123: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
-	8,   // 124: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
-	63,  // 125: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
-	53,  // 126: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
-	74,  // 127: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
-	12,  // 128: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
-	7,   // 129: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
-	79,  // 130: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
-	9,   // 131: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
-	7,   // 132: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
-	8,   // 133: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
-	82,  // 134: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
-	83,  // 135: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
-	84,  // 136: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
-	63,  // 137: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
-	84,  // 138: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
-	53,  // 139: herald.v1.CallRequest.record:type_name -> herald.v1.Record
-	53,  // 140: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
-	53,  // 141: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
-	96,  // 142: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
-	98,  // 143: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
-	10,  // 144: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
-	107, // 145: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
-	120, // 146: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
-	113, // 147: herald.v1.EndTxnRequest.group_offsets:type_name -> herald.v1.TxnGroupOffsets
-	112, // 148: herald.v1.EndTxnRequest.written:type_name -> herald.v1.TxnWritten
-	113, // 149: herald.v1.CommitTxnOffsetsRequest.offsets:type_name -> herald.v1.TxnGroupOffsets
-	118, // 150: herald.v1.ListOpenTxnsResponse.txns:type_name -> herald.v1.OpenTxn
-	151, // [151:151] is the sub-list for method output_type
-	151, // [151:151] is the sub-list for method input_type
-	151, // [151:151] is the sub-list for extension type_name
-	151, // [151:151] is the sub-list for extension extendee
-	0,   // [0:151] is the sub-list for field type_name
+	58,  // 116: herald.v1.ProduceRequest.half:type_name -> herald.v1.HalfOptions
+	114, // 117: herald.v1.ProduceRequest.txn_group_offsets:type_name -> herald.v1.TxnGroupOffsets
+	5,   // 118: herald.v1.ProduceRequest.txn_marker:type_name -> herald.v1.TxnMarker
+	4,   // 119: herald.v1.ProduceRequest.fencer:type_name -> herald.v1.Fencer
+	6,   // 120: herald.v1.HalfOptions.on_exhausted:type_name -> herald.v1.HalfExhaustedPolicy
+	120, // 121: herald.v1.ProduceResponse.txn_end:type_name -> herald.v1.EndTxnResponse
+	56,  // 122: herald.v1.FetchResponse.batches:type_name -> herald.v1.StoredBatch
+	7,   // 123: herald.v1.ListOffsetsRequest.spec:type_name -> herald.v1.OffsetSpec
+	8,   // 124: herald.v1.SubscribeRequest.mode:type_name -> herald.v1.SubscriptionMode
+	9,   // 125: herald.v1.SubscribeRequest.filter_type:type_name -> herald.v1.FilterType
+	64,  // 126: herald.v1.SubscribeRequest.start:type_name -> herald.v1.StartPosition
+	54,  // 127: herald.v1.DeliveredMessage.record:type_name -> herald.v1.Record
+	75,  // 128: herald.v1.Delivery.messages:type_name -> herald.v1.DeliveredMessage
+	13,  // 129: herald.v1.SubscriptionEnded.reason:type_name -> herald.v1.Error
+	8,   // 130: herald.v1.GroupSummary.mode:type_name -> herald.v1.SubscriptionMode
+	80,  // 131: herald.v1.ListGroupsResponse.groups:type_name -> herald.v1.GroupSummary
+	10,  // 132: herald.v1.MemberInfo.breaker:type_name -> herald.v1.BreakerState
+	8,   // 133: herald.v1.GroupInfo.mode:type_name -> herald.v1.SubscriptionMode
+	9,   // 134: herald.v1.GroupInfo.filter_type:type_name -> herald.v1.FilterType
+	83,  // 135: herald.v1.GroupInfo.members:type_name -> herald.v1.MemberInfo
+	84,  // 136: herald.v1.GroupInfo.partitions:type_name -> herald.v1.PartitionLag
+	85,  // 137: herald.v1.DescribeGroupResponse.group:type_name -> herald.v1.GroupInfo
+	64,  // 138: herald.v1.ResetGroupRequest.to:type_name -> herald.v1.StartPosition
+	85,  // 139: herald.v1.ResetGroupResponse.group:type_name -> herald.v1.GroupInfo
+	54,  // 140: herald.v1.CallRequest.record:type_name -> herald.v1.Record
+	54,  // 141: herald.v1.ReplyRequest.record:type_name -> herald.v1.Record
+	54,  // 142: herald.v1.ReplyDelivery.record:type_name -> herald.v1.Record
+	97,  // 143: herald.v1.ListScheduledResponse.scheduled:type_name -> herald.v1.ScheduledInfo
+	99,  // 144: herald.v1.ListScheduledResponse.fire_lateness:type_name -> herald.v1.LatencyHistogram
+	11,  // 145: herald.v1.EndHalfRequest.action:type_name -> herald.v1.HalfAction
+	108, // 146: herald.v1.ListTxnResponse.halves:type_name -> herald.v1.HalfInfo
+	121, // 147: herald.v1.ListTxnResponse.transactions:type_name -> herald.v1.TxnInfo
+	114, // 148: herald.v1.EndTxnRequest.group_offsets:type_name -> herald.v1.TxnGroupOffsets
+	113, // 149: herald.v1.EndTxnRequest.written:type_name -> herald.v1.TxnWritten
+	114, // 150: herald.v1.CommitTxnOffsetsRequest.offsets:type_name -> herald.v1.TxnGroupOffsets
+	119, // 151: herald.v1.ListOpenTxnsResponse.txns:type_name -> herald.v1.OpenTxn
+	152, // [152:152] is the sub-list for method output_type
+	152, // [152:152] is the sub-list for method input_type
+	152, // [152:152] is the sub-list for extension type_name
+	152, // [152:152] is the sub-list for extension extendee
+	0,   // [0:152] is the sub-list for field type_name
 }
 
 func init() { file_herald_proto_init() }
@@ -11335,7 +11403,7 @@ func file_herald_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_herald_proto_rawDesc), len(file_herald_proto_rawDesc)),
-			NumEnums:      12,
+			NumEnums:      13,
 			NumMessages:   109,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -93,7 +93,10 @@ type LogEntry struct {
 	// A commit marker's batches: their raft indexes, in offset order. The
 	// marker's base_offset and count cover their records (count is the sum
 	// of their txn_count), and readers read the records from those entries.
-	TxnRefs       []uint64 `protobuf:"varint,17,rep,packed,name=txn_refs,json=txnRefs,proto3" json:"txn_refs,omitempty"`
+	TxnRefs []uint64 `protobuf:"varint,17,rep,packed,name=txn_refs,json=txnRefs,proto3" json:"txn_refs,omitempty"`
+	// Whose epoch txn_epoch is (ProduceRequest.fencer): each fencer's epochs,
+	// fences and resets are its own.
+	Fencer        Fencer `protobuf:"varint,18,opt,name=fencer,proto3,enum=herald.v1.Fencer" json:"fencer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -245,6 +248,13 @@ func (x *LogEntry) GetTxnRefs() []uint64 {
 		return x.TxnRefs
 	}
 	return nil
+}
+
+func (x *LogEntry) GetFencer() Fencer {
+	if x != nil {
+		return x.Fencer
+	}
+	return Fencer_FENCER_TXN_COORDINATOR
 }
 
 // RaftMessage carries one go.etcd.io/raft raftpb.Message between the replicas
@@ -577,9 +587,11 @@ type SnapshotData struct {
 	// once (actors/partition txnlog.go), so that the replica that installs
 	// the snapshot refuses their late batches and answers their replayed
 	// markers as the leader would.
-	TxnEnded      []*TxnEnded `protobuf:"bytes,3,rep,name=txn_ended,json=txnEnded,proto3" json:"txn_ended,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TxnEnded []*TxnEnded `protobuf:"bytes,3,rep,name=txn_ended,json=txnEnded,proto3" json:"txn_ended,omitempty"`
+	// As txn_epoch, for the scheduler's appends (FENCER_SCHEDULER).
+	SchedulerEpoch uint64 `protobuf:"varint,4,opt,name=scheduler_epoch,json=schedulerEpoch,proto3" json:"scheduler_epoch,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SnapshotData) Reset() {
@@ -631,6 +643,13 @@ func (x *SnapshotData) GetTxnEnded() []*TxnEnded {
 		return x.TxnEnded
 	}
 	return nil
+}
+
+func (x *SnapshotData) GetSchedulerEpoch() uint64 {
+	if x != nil {
+		return x.SchedulerEpoch
+	}
+	return 0
 }
 
 // TxnEnded is a producer's last transaction end on a partition.
@@ -886,7 +905,7 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xe6\x04\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\x91\x05\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -908,7 +927,8 @@ const file_log_proto_rawDesc = "" +
 	"\x0eproducer_epoch\x18\x0f \x01(\rR\rproducerEpoch\x123\n" +
 	"\n" +
 	"txn_marker\x18\x10 \x01(\x0e2\x14.herald.v1.TxnMarkerR\ttxnMarker\x12\x19\n" +
-	"\btxn_refs\x18\x11 \x03(\x04R\atxnRefs\"\xe1\x01\n" +
+	"\btxn_refs\x18\x11 \x03(\x04R\atxnRefs\x12)\n" +
+	"\x06fencer\x18\x12 \x01(\x0e2\x11.herald.v1.FencerR\x06fencer\"\xe1\x01\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +
@@ -928,12 +948,13 @@ const file_log_proto_rawDesc = "" +
 	"\x04from\x18\x01 \x01(\x04R\x04from\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x14\n" +
 	"\x05index\x18\x03 \x01(\x04R\x05index\"\x06\n" +
-	"\x04Tick\"~\n" +
+	"\x04Tick\"\xa7\x01\n" +
 	"\fSnapshotData\x12\x1f\n" +
 	"\vnext_offset\x18\x01 \x01(\x03R\n" +
 	"nextOffset\x12\x1b\n" +
 	"\ttxn_epoch\x18\x02 \x01(\x04R\btxnEpoch\x120\n" +
-	"\ttxn_ended\x18\x03 \x03(\v2\x13.herald.v1.TxnEndedR\btxnEnded\"\x96\x01\n" +
+	"\ttxn_ended\x18\x03 \x03(\v2\x13.herald.v1.TxnEndedR\btxnEnded\x12'\n" +
+	"\x0fscheduler_epoch\x18\x04 \x01(\x04R\x0eschedulerEpoch\"\x96\x01\n" +
 	"\bTxnEnded\x12\x1f\n" +
 	"\vproducer_id\x18\x01 \x01(\x04R\n" +
 	"producerId\x12\x14\n" +
@@ -979,22 +1000,24 @@ var file_log_proto_goTypes = []any{
 	(*TxnState)(nil),     // 9: herald.v1.TxnState
 	(*TxnFloor)(nil),     // 10: herald.v1.TxnFloor
 	(TxnMarker)(0),       // 11: herald.v1.TxnMarker
-	(*Frame)(nil),        // 12: herald.v1.Frame
+	(Fencer)(0),          // 12: herald.v1.Fencer
+	(*Frame)(nil),        // 13: herald.v1.Frame
 }
 var file_log_proto_depIdxs = []int32{
 	11, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
-	4,  // 1: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
-	3,  // 2: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
-	2,  // 3: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
-	7,  // 4: herald.v1.SnapshotData.txn_ended:type_name -> herald.v1.TxnEnded
-	12, // 5: herald.v1.Forward.frame:type_name -> herald.v1.Frame
-	10, // 6: herald.v1.TxnState.floors:type_name -> herald.v1.TxnFloor
-	7,  // 7: herald.v1.TxnState.ended:type_name -> herald.v1.TxnEnded
-	8,  // [8:8] is the sub-list for method output_type
-	8,  // [8:8] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	12, // 1: herald.v1.LogEntry.fencer:type_name -> herald.v1.Fencer
+	4,  // 2: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
+	3,  // 3: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
+	2,  // 4: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
+	7,  // 5: herald.v1.SnapshotData.txn_ended:type_name -> herald.v1.TxnEnded
+	13, // 6: herald.v1.Forward.frame:type_name -> herald.v1.Frame
+	10, // 7: herald.v1.TxnState.floors:type_name -> herald.v1.TxnFloor
+	7,  // 8: herald.v1.TxnState.ended:type_name -> herald.v1.TxnEnded
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_log_proto_init() }

@@ -40,6 +40,9 @@ type LogEntryHeader struct {
 	// epoch (see LogEntry.txn_epoch_reset_from).
 	TxnEpochResetFrom  uint64
 	TxnEpochResetIndex uint64
+	// Fencer is whose epoch TxnEpoch is (LogEntry.fencer), checked to be
+	// one of the Fencer values.
+	Fencer Fencer
 	// TxnCount > 0: a transactional batch of that many records, which
 	// holds no offset until a commit marker gives them theirs (see
 	// LogEntry.txn_count).
@@ -75,9 +78,12 @@ func (h LogEntryHeader) AppendRefs(dst []uint64) []uint64 {
 	return dst
 }
 
-// Fence reports whether the entry is a transaction coordinator's fence:
-// an epoch and no records.
+// Fence reports whether the entry is a fence (of h.Fencer): an epoch and
+// no records.
 func (h LogEntryHeader) Fence() bool { return h.TxnEpoch != 0 && h.Count == 0 }
+
+// NumFencers is how many Fencer values there are: a fencer is below it.
+const NumFencers = Fencer_FENCER_SCHEDULER + 1
 
 // ScanLogEntry decodes a marshalled heraldpb.LogEntry without copying its
 // records (the result aliases b). Unknown fields are skipped; a known field
@@ -92,7 +98,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		}
 		b = b[n:]
 		switch {
-		case (num >= 1 && num <= 4 || num >= 6 && num <= 16) && typ == protowire.VarintType:
+		case (num >= 1 && num <= 4 || num >= 6 && num <= 16 || num == 18) && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
@@ -129,6 +135,8 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 				h.ProducerEpoch = uint32(min(v, math.MaxUint32))
 			case 16:
 				h.TxnMarker = TxnMarker(min(v, math.MaxInt32))
+			case 18:
+				h.Fencer = Fencer(min(v, math.MaxInt32))
 			}
 		case num == 17 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
@@ -159,7 +167,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		case num == 17 && typ == protowire.VarintType:
 			// (an unpacked ref, which proto3 encoders do not write)
 			return h, nil, badEntry("log entry txn refs are not packed")
-		case num >= 1 && num <= 17:
+		case num >= 1 && num <= 18:
 			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)
@@ -186,6 +194,8 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		return h, nil, badEntry("log entry is a commit marker of %d records without batches", h.Count)
 	case h.TxnMarker > TxnMarker_TXN_MARKER_ABORT:
 		return h, nil, badEntry("log entry txn marker %d is unknown", h.TxnMarker)
+	case h.Fencer >= NumFencers:
+		return h, nil, badEntry("log entry fencer %d is unknown", h.Fencer)
 	}
 	return h, records, nil
 }

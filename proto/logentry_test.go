@@ -48,6 +48,8 @@ func FuzzScanLogEntry(f *testing.F) {
 		{BaseOffset: 8, Count: 1, ProducerId: 3, TxnEpoch: 12, Records: []byte{5}},
 		{BaseOffset: 8, TxnEpoch: 13},
 		{BaseOffset: 8, TxnEpoch: 2, TxnEpochResetFrom: 13, TxnEpochResetIndex: 40},
+		{BaseOffset: 9, TxnEpoch: 7, Fencer: Fencer_FENCER_SCHEDULER},
+		{BaseOffset: 9, Count: 2, TxnEpoch: 7, Fencer: Fencer_FENCER_SCHEDULER, Records: []byte{7}},
 		{TxnCount: 3, ProducerId: 7, ProducerEpoch: 2, BaseSequence: 0, Records: []byte{6}},
 		{BaseOffset: 20, Count: 5, ProducerId: 7, ProducerEpoch: 2, TxnMarker: TxnMarker_TXN_MARKER_COMMIT, TxnRefs: []uint64{3, 1 << 40}},
 		{ProducerId: 7, ProducerEpoch: 3, TxnMarker: TxnMarker_TXN_MARKER_ABORT},
@@ -79,7 +81,7 @@ func FuzzScanLogEntry(f *testing.F) {
 		}
 		got := LogEntryHeader{BaseOffset: e.BaseOffset, Count: e.Count, AppendTimeMs: e.AppendTimeMs, MaxTimestampMs: e.MaxTimestampMs,
 			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs, TxnEpoch: e.TxnEpoch, TxnEpochResetFrom: e.TxnEpochResetFrom, TxnEpochResetIndex: e.TxnEpochResetIndex,
-			TxnCount: e.TxnCount, ProducerEpoch: e.ProducerEpoch, TxnMarker: e.TxnMarker, RefCount: len(e.TxnRefs)}
+			Fencer: e.Fencer, TxnCount: e.TxnCount, ProducerEpoch: e.ProducerEpoch, TxnMarker: e.TxnMarker, RefCount: len(e.TxnRefs)}
 		if !sameHeader(h, got) || string(recs) != string(e.Records) || !slices.Equal(h.AppendRefs(nil), e.TxnRefs) {
 			t.Fatalf("ScanLogEntry %+v, Unmarshal %+v (refs %v)", h, got, e.TxnRefs)
 		}
@@ -127,6 +129,8 @@ func TestScanLogEntryTxn(t *testing.T) {
 		"refs on a plain entry":        {ProducerId: 7, Count: 1, TxnRefs: []uint64{1}},
 		"a commit of records, no refs": {ProducerId: 7, Count: 2, TxnMarker: TxnMarker_TXN_MARKER_COMMIT},
 		"an unknown marker":            {ProducerId: 7, TxnMarker: 3},
+		"an unknown fencer":            {TxnEpoch: 3, Fencer: NumFencers},
+		"a negative fencer":            {TxnEpoch: 3, Fencer: -1},
 	} {
 		if h, _, err := scan(e); !errors.Is(err, ErrBadLogEntry) {
 			t.Errorf("%s: scanned as %+v, %v", name, h, err)

@@ -122,12 +122,12 @@ type Actor struct {
 	// Idempotent producers (idempotence.go).
 	producers *producerTable           // committed batches of idempotent producers
 	inflight  map[uint64][]inflightSeq // this leader's idempotent proposals not applied yet, by producer
-	// txnProposed is the highest transaction coordinator epoch this leader
-	// proposed in its term (fence.go); fencing is the fence proposed and
+	// txnProposed is the highest epoch of each fencer this leader proposed
+	// in its term (fence.go); fencing is each fencer's fence proposed and
 	// not applied yet, if any.
-	txnProposed    uint64
-	fencing        *proposalKey
-	prodEpochFloor uint64        // the coordinator epoch the table had (or its file) before a rebuild
+	txnProposed    epochList
+	fencing        [heraldpb.NumFencers]*proposalKey
+	prodEpochFloor epochList     // the epochs the table had (or its file) before a rebuild
 	termApplied    bool          // the leader applied an entry of its own term
 	appliedTerm    uint64        // term of the entry at applied
 	prodLoading    bool          // the table is being read from the log; producers holds what was applied since
@@ -773,7 +773,7 @@ func (a *Actor) installSnapshot(ctx actor.Context, snap *raftpb.Snapshot) {
 	}
 	a.saveTxnState()
 	a.publishTxn()
-	if a.producers.raiseTxnEpoch(sd.TxnEpoch) {
+	if a.producers.raiseEpochs(epochList{sd.TxnEpoch, sd.SchedulerEpoch}) {
 		// The fences it replaced hold: saved now, with the table's file.
 		a.saveProducers(true)
 	}
@@ -829,7 +829,7 @@ func (a *Actor) onSoftState(ctx actor.Context, ss *raft.SoftState) {
 		// A new term: proposals of the old one are settled by the log
 		// alone, and the new leader waits until it applied them.
 		clear(a.inflight)
-		a.txnProposed, a.fencing = 0, nil
+		a.txnProposed, a.fencing = epochList{}, [heraldpb.NumFencers]*proposalKey{}
 		a.termApplied = false
 	}
 	if a.isLeader && !was {
@@ -1066,6 +1066,10 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		a.onTxnProduce(ctx, replyTo, f.Id, req, fail)
 		return
 	}
+	if e := validFencer(req.Fencer); e != nil {
+		fail(e)
+		return
+	}
 	if len(req.Records) == 0 && req.TxnEpoch != 0 {
 		a.onFence(ctx, replyTo, f.Id, req)
 		return
@@ -1084,8 +1088,16 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 		return
 	}
 	if req.TxnEpoch != 0 && req.ProducerId == 0 {
-		fail(heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "txn_epoch needs a producer_id"))
-		return
+		// An epoch without an idempotent producer (the scheduler's): the
+		// same readiness and check as checkIdempotent's.
+		if e := a.notIdempotentReady(); e != nil {
+			fail(e)
+			return
+		}
+		if e := a.checkTxnEpoch(req.Fencer, req.TxnEpoch); e != nil {
+			fail(e)
+			return
+		}
 	}
 	if req.ProducerId != 0 && a.checkIdempotent(ctx, replyTo, f.Id, req, uint32(info.Count)) {
 		return
@@ -1107,13 +1119,13 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	if e := a.proposeEntry(&heraldpb.LogEntry{
 		BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: appendTime, MaxTimestampMs: maxTs, Records: req.Records,
 		MaxPriority: uint32(info.MaxPriority), ProducerId: req.ProducerId, BaseSequence: req.BaseSequence,
-		NotBeforeMs: notBefore, HoldUs: holdUs, TxnEpoch: req.TxnEpoch,
+		NotBeforeMs: notBefore, HoldUs: holdUs, TxnEpoch: req.TxnEpoch, Fencer: req.Fencer,
 	}); e != nil {
 		fail(e)
 		return
 	}
 	a.tail = base + int64(info.Count)
-	a.txnProposed = max(a.txnProposed, req.TxnEpoch)
+	a.txnProposed[req.Fencer] = max(a.txnProposed[req.Fencer], req.TxnEpoch)
 	if holdUs > 0 {
 		a.noteReceipt(holdKey{term: a.term, base: base}, received)
 	}
@@ -1329,7 +1341,7 @@ func (a *Actor) closeLog(ctx actor.Context, why *heraldpb.Error) {
 	a.setQuiesced(false)
 	a.stopProducerLoad()
 	clear(a.inflight)
-	a.txnProposed, a.fencing = 0, nil
+	a.txnProposed, a.fencing = epochList{}, [heraldpb.NumFencers]*proposalKey{}
 	a.termApplied = false
 	a.stats.Writable.Store(false)
 	a.stats.Idempotent.Store(false)

@@ -117,7 +117,7 @@ func txnFencedCount() float64 { return testutil.ToFloat64(txnFenced) }
 // table a snapshot install empties keeps it (resetProducers).
 func TestTxnEpochOutlivesTheLogItCameFrom(t *testing.T) {
 	a := &Actor{cfg: Config{MaxProducers: 10}, producers: newProducerTable(10), stats: &Stats{}, m: newPartMetrics("txn-epoch-snap", 0)}
-	a.producers.raiseTxnEpoch(41)
+	a.producers.raiseEpochs(epochList{41, 7})
 	mem := raft.NewMemoryStorage()
 	data, _ := proto.Marshal(&heraldpb.SnapshotData{NextOffset: 500})
 	if err := mem.ApplySnapshot(raftpb.Snapshot{Data: data, Metadata: raftpb.SnapshotMetadata{Index: 9, Term: 2}}); err != nil {
@@ -128,12 +128,12 @@ func TestTxnEpochOutlivesTheLogItCameFrom(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sd heraldpb.SnapshotData
-	if err := proto.Unmarshal(snap.Data, &sd); err != nil || sd.NextOffset != 500 || sd.TxnEpoch != 41 || snap.Metadata.Index != 9 {
+	if err := proto.Unmarshal(snap.Data, &sd); err != nil || sd.NextOffset != 500 || sd.TxnEpoch != 41 || sd.SchedulerEpoch != 7 || snap.Metadata.Index != 9 {
 		t.Fatalf("snapshot %+v carries %+v (%v), want next offset 500 and epoch 41", snap.Metadata, &sd, err)
 	}
 	a.resetProducers()
-	if a.producers.txnEpoch != 41 || a.producers.len() != 0 {
-		t.Fatalf("after a reset: epoch %d, %d producers; want 41 and none", a.producers.txnEpoch, a.producers.len())
+	if a.producers.epochList() != (epochList{41, 7}) || a.producers.len() != 0 {
+		t.Fatalf("after a reset: epochs %v, %d producers; want [41 7] and none", a.producers.epochList(), a.producers.len())
 	}
 }
 
@@ -231,5 +231,64 @@ func TestSteppedDownLeaderRefusesProduce(t *testing.T) {
 	}
 	if n := forwarded.Load(); n != 0 {
 		t.Fatalf("%d proposals were forwarded to another replica", n)
+	}
+}
+
+// schedFrame is a scheduler's fire append of values (no producer id), of
+// epoch epoch; with no values, its fence.
+func schedFrame(epoch uint64, values ...string) *heraldpb.Frame {
+	f := produceFrame("t", heraldpb.Acks_ACKS_ALL, values...)
+	if len(values) == 0 {
+		f.GetProduce().Records = nil
+	}
+	f.GetProduce().TxnEpoch, f.GetProduce().Fencer = epoch, heraldpb.Fencer_FENCER_SCHEDULER
+	return f
+}
+
+// TestSchedulerFenceIsItsOwn: the scheduler's epochs (the term of
+// __schedule) are fenced like the transaction coordinator's and apart from
+// them: a scheduler fence refuses older fire appends and leaves the
+// coordinator's appends alone, and the other way round; both survive a
+// restart, from the state file and from the log alone. An unknown fencer
+// is refused.
+func TestSchedulerFenceIsItsOwn(t *testing.T) {
+	sys := actor.NewActorSystem()
+	ip := &idemPartition{t: t, sys: sys, topic: "sched-fence", dir: t.TempDir(), hold: &gate{}}
+	ip.start()
+	defer func() { ip.hold.open(); ip.stop() }()
+
+	mustProduce(t, ip.ask(schedFrame(2, "s1")), 0, false)
+	mustFence(t, ip.ask(schedFrame(7)), 1)
+	mustFail(t, ip.ask(schedFrame(2, "late")), heraldpb.ErrorCode_PRODUCER_FENCED)
+	mustProduce(t, ip.ask(coordFrame(3, 50, 0, "c1")), 1, false) // a coordinator of epoch 3 is not fenced by the scheduler's 7
+	mustFence(t, ip.ask(fenceFrame(9)), 2)
+	mustProduce(t, ip.ask(schedFrame(7, "s2")), 2, false) // nor the scheduler by the coordinator's 9
+	mustFail(t, ip.ask(coordFrame(3, 50, 1, "late")), heraldpb.ErrorCode_PRODUCER_FENCED)
+	bad := schedFrame(7, "x")
+	bad.GetProduce().Fencer = heraldpb.NumFencers
+	mustFail(t, ip.ask(bad), heraldpb.ErrorCode_INVALID_REQUEST)
+
+	check := func(stage string) {
+		t.Helper()
+		f := askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return schedFrame(6, "late") })
+		if f.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
+			t.Fatalf("%s: a fire of epoch 6 after a fence of 7: %v", stage, f)
+		}
+		mustFail(t, ip.ask(coordFrame(8, 51, 0, "late")), heraldpb.ErrorCode_PRODUCER_FENCED)
+		mustFence(t, ip.ask(schedFrame(7)), 3)
+		mustFence(t, ip.ask(fenceFrame(9)), 3)
+	}
+	ip.stop()
+	ip.start()
+	check("restart with the state file")
+	ip.stop()
+	if err := os.Remove(ip.statePath()); err != nil {
+		t.Fatal(err)
+	}
+	ip.start()
+	check("restart from the log alone")
+	checkFor(t, 5*time.Second, "hw 3", func() bool { return ip.stats.HighWatermark.Load() == 3 })
+	if got := readAll(t, sys, ip.pid, 3); fmt.Sprint(got) != "[s1 c1 s2]" {
+		t.Fatalf("log holds %v", got)
 	}
 }

@@ -108,7 +108,7 @@ func rebuildProducers(store Storage, t *producerTable, from, to uint64, stop <-c
 			}
 			// The epoch stays: the fences that go with the entries hold.
 			nt := newProducerTable(t.limit)
-			nt.raiseTxnEpoch(t.txnEpoch)
+			nt.raiseEpochs(t.epochList())
 			t, from = nt, first
 			continue
 		}
@@ -130,7 +130,7 @@ func rebuildProducers(store Storage, t *producerTable, from, to uint64, stop <-c
 // entries up to applied are applied, and starts the read of what the saved
 // file lacks.
 func (a *Actor) openProducers(applied uint64) {
-	var prev uint64 // a reopen keeps the epoch it had (the file may be older)
+	var prev epochList // a reopen keeps the epochs it had (the file may be older)
 	if a.producers != nil {
 		prev = a.txnEpochSeen()
 	}
@@ -145,11 +145,13 @@ func (a *Actor) openProducers(applied uint64) {
 	if err != nil {
 		a.log.Warn("producer state file unusable; rebuilding the producer table from the log", "path", a.cfg.ProducerStatePath, "err", err)
 	}
-	// The file's coordinator epoch holds even when its batches do not
-	// match the log: every epoch this partition applied was a fence.
+	// The file's epochs hold even when its batches do not match the log:
+	// every epoch this partition applied was a fence.
 	a.prodEpochFloor = prev
 	if base != nil {
-		a.prodEpochFloor = max(prev, base.txnEpoch)
+		for i, e := range base.epochList() {
+			a.prodEpochFloor[i] = max(prev[i], e)
+		}
 	}
 	from := first
 	if base != nil {
@@ -172,7 +174,7 @@ func (a *Actor) openProducers(applied uint64) {
 	if base == nil {
 		base = newProducerTable(a.cfg.MaxProducers)
 	}
-	base.raiseTxnEpoch(a.prodEpochFloor)
+	base.raiseEpochs(a.prodEpochFloor)
 	if from > applied {
 		a.producers = base
 		a.publishProducers()
@@ -223,7 +225,7 @@ func (a *Actor) resetProducers() {
 	a.prodRun++
 	epoch := a.txnEpochSeen() // the fences of the entries that go still hold
 	a.producers = newProducerTable(a.cfg.MaxProducers)
-	a.producers.raiseTxnEpoch(epoch)
+	a.producers.raiseEpochs(epoch)
 	a.prodEpochFloor = epoch
 	a.prodLoading, a.prodDirty = false, true
 	a.publishProducers()
@@ -286,7 +288,7 @@ func (a *Actor) checkIdempotent(ctx actor.Context, replyTo *actor.PID, id uint64
 	if e := a.notIdempotentReady(); e != nil {
 		return fail(e)
 	}
-	if e := a.checkTxnEpoch(req.TxnEpoch); e != nil {
+	if e := a.checkTxnEpoch(req.Fencer, req.TxnEpoch); e != nil {
 		return fail(e)
 	}
 	seq := req.BaseSequence

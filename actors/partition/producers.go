@@ -71,44 +71,61 @@ type producerTable struct {
 	head, tail *producerEntry // most and least recently written
 	limit      int
 	evictions  int // since the table was made
-	// txnEpoch is the highest transaction coordinator epoch of the
-	// entries applied (LogEntry.txn_epoch): the leader refuses the
-	// coordinator's appends of an older one. It is never evicted.
-	// txnEpochIndex is the raft index of the last entry that carried it
+	// epochs holds, per fencer (the transaction coordinator, the
+	// scheduler), the highest epoch of the entries applied
+	// (LogEntry.txn_epoch, LogEntry.fencer): the leader refuses that
+	// fencer's appends of an older one. They are never evicted. Each
+	// index is the raft index of the last entry that carried the epoch
 	// (0: not known, as when it came from a floor): a reset applies only
 	// over both (fence.go).
-	txnEpoch      uint64
-	txnEpochIndex uint64
+	epochs [heraldpb.NumFencers]fenceEpoch
 }
 
-// applyTxnEpoch records the coordinator epoch of an applied entry: a
-// higher one raises the table's, and a resetting fence (h.TxnEpochResetFrom)
+// fenceEpoch is a fencer's epoch on a partition and the raft index of the
+// entry that set it.
+type fenceEpoch struct{ epoch, index uint64 }
+
+// epochList is an epoch per fencer.
+type epochList [heraldpb.NumFencers]uint64
+
+// applyTxnEpoch records the fencer's epoch of an applied entry: a higher
+// one raises the table's, and a resetting fence (h.TxnEpochResetFrom)
 // replaces exactly that epoch, even with a lower one. It reports whether
-// the table's changed.
+// the table's changed. (ScanLogEntry checked h.Fencer.)
 func (t *producerTable) applyTxnEpoch(h heraldpb.LogEntryHeader, index uint64) bool {
+	f := &t.epochs[h.Fencer]
 	switch {
 	case h.TxnEpoch == 0:
 		return false
 	case h.Fence() && h.TxnEpochResetFrom > h.TxnEpoch:
-		if t.txnEpoch != h.TxnEpochResetFrom || t.txnEpochIndex != h.TxnEpochResetIndex {
+		if f.epoch != h.TxnEpochResetFrom || f.index != h.TxnEpochResetIndex {
 			return false // a fence or an append of that epoch came since
 		}
-	case h.TxnEpoch < t.txnEpoch:
+	case h.TxnEpoch < f.epoch:
 		return false
 	}
-	t.txnEpoch, t.txnEpochIndex = h.TxnEpoch, index
+	*f = fenceEpoch{h.TxnEpoch, index}
 	return true
 }
 
-// raiseTxnEpoch raises the table's coordinator epoch to a floor known
-// without its entry (a saved file's, a snapshot's), and reports whether it
-// changed.
-func (t *producerTable) raiseTxnEpoch(e uint64) bool {
-	if e <= t.txnEpoch {
-		return false
+// raiseEpochs raises the table's epochs to floors known without their
+// entries (a saved file's, a snapshot's), and reports whether one changed.
+func (t *producerTable) raiseEpochs(floor epochList) bool {
+	changed := false
+	for i, e := range floor {
+		if e > t.epochs[i].epoch {
+			t.epochs[i], changed = fenceEpoch{e, 0}, true
+		}
 	}
-	t.txnEpoch, t.txnEpochIndex = e, 0
-	return true
+	return changed
+}
+
+// epochList is the table's epochs.
+func (t *producerTable) epochList() (l epochList) {
+	for i, f := range t.epochs {
+		l[i] = f.epoch
+	}
+	return l
 }
 
 func newProducerTable(limit int) *producerTable {
@@ -181,10 +198,12 @@ func (t *producerTable) pushFront(e *producerEntry) {
 // log order; that is equivalent because producers are independent and the
 // recency order is that of each producer's last write.
 func (t *producerTable) replayOnto(dst *producerTable) {
-	if t.txnEpoch != 0 && t.txnEpoch >= dst.txnEpoch && t.txnEpochIndex != 0 {
-		dst.txnEpoch, dst.txnEpochIndex = t.txnEpoch, t.txnEpochIndex
-	} else {
-		dst.raiseTxnEpoch(t.txnEpoch)
+	for i, f := range t.epochs {
+		if f.epoch != 0 && f.epoch >= dst.epochs[i].epoch && f.index != 0 {
+			dst.epochs[i] = f
+		} else if f.epoch > dst.epochs[i].epoch {
+			dst.epochs[i] = fenceEpoch{f.epoch, 0}
+		}
 	}
 	for e := t.tail; e != nil; e = e.prev {
 		for _, b := range e.batches[:e.n] {
@@ -243,18 +262,20 @@ func checkSequence(committed *producerEntry, inflight []inflightSeq, seq int64, 
 }
 
 // Producer state file: magic, version, the raft index and term of the last
-// entry the table covers, the producer count, (version 2) the transaction
-// coordinator epoch and the raft index of the entry that set it, then each
-// producer from the least to the most recently written: its id, its batch count (1 to ProducerBatches) and per
-// batch, oldest first, sequence, record count and offset; then the CRC32C
-// of everything before it. Little-endian. Version 1 files (no epoch) are
-// still read, with epoch 0.
+// entry the table covers, the producer count, per fencer (version 3: the
+// transaction coordinator, then the scheduler; version 2: the coordinator
+// alone) its epoch and the raft index of the entry that set it, then each
+// producer from the least to the most recently written: its id, its batch
+// count (1 to ProducerBatches) and per batch, oldest first, sequence,
+// record count and offset; then the CRC32C of everything before it.
+// Little-endian. Versions 1 (no epoch) and 2 are still read, with the
+// epochs they lack 0.
 var producersMagic = []byte("HPRD")
 
 const (
-	producersVersion = 2
+	producersVersion = 3
 	producersHead    = 4 + 1 + 8 + 8 + 4 // magic, version, index, term, count
-	epochBytes       = 16                // version 2: the coordinator epoch and the raft index of its entry
+	epochBytes       = 16                // per fencer: its epoch and the raft index of its entry
 	producerMinBytes = 8 + 1 + batchBytesOnDisk
 	batchBytesOnDisk = 8 + 4 + 8
 )
@@ -271,8 +292,10 @@ func (t *producerTable) encode(index, term uint64) []byte {
 	buf = binary.LittleEndian.AppendUint64(buf, index)
 	buf = binary.LittleEndian.AppendUint64(buf, term)
 	buf = binary.LittleEndian.AppendUint32(buf, uint32(len(t.m)))
-	buf = binary.LittleEndian.AppendUint64(buf, t.txnEpoch)
-	buf = binary.LittleEndian.AppendUint64(buf, t.txnEpochIndex)
+	for _, f := range t.epochs {
+		buf = binary.LittleEndian.AppendUint64(buf, f.epoch)
+		buf = binary.LittleEndian.AppendUint64(buf, f.index)
+	}
 	for e := t.tail; e != nil; e = e.prev {
 		buf = binary.LittleEndian.AppendUint64(buf, e.id)
 		buf = append(buf, byte(e.n))
@@ -292,11 +315,15 @@ func (t *producerTable) encode(index, term uint64) []byte {
 // proportion to the file's size (FuzzDecodeProducers,
 // FuzzDecodeProducersBody).
 func decodeProducers(data []byte, limit int) (t *producerTable, index, term uint64, err error) {
-	head := producersHead
-	if len(data) > 4 && data[4] == producersVersion {
-		head += epochBytes
+	head, fencers := producersHead, 0
+	if len(data) > 4 && data[4] >= 2 {
+		fencers = 1 // version 2: the coordinator's
+		if data[4] >= 3 {
+			fencers = len(epochList{})
+		}
+		head += fencers * epochBytes
 	}
-	if len(data) < head+4 || !bytes.Equal(data[:4], producersMagic) || data[4] != producersVersion && data[4] != 1 {
+	if len(data) < head+4 || !bytes.Equal(data[:4], producersMagic) || data[4] > producersVersion || data[4] < 1 {
 		return nil, 0, 0, fmt.Errorf("%w: header", errProducersFile)
 	}
 	body, sum := data[:len(data)-4], binary.LittleEndian.Uint32(data[len(data)-4:])
@@ -311,9 +338,9 @@ func decodeProducers(data []byte, limit int) (t *producerTable, index, term uint
 		return nil, 0, 0, fmt.Errorf("%w: %d producers in %d bytes", errProducersFile, n, len(rest))
 	}
 	t = newProducerTable(limit)
-	if head > producersHead {
-		t.txnEpoch = binary.LittleEndian.Uint64(body[producersHead:])
-		t.txnEpochIndex = binary.LittleEndian.Uint64(body[producersHead+8:])
+	for i := range fencers {
+		at := producersHead + i*epochBytes
+		t.epochs[i] = fenceEpoch{binary.LittleEndian.Uint64(body[at:]), binary.LittleEndian.Uint64(body[at+8:])}
 	}
 	for i := uint32(0); i < n; i++ {
 		if len(rest) < 9 {

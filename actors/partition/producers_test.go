@@ -5,6 +5,8 @@ import (
 	"hash/crc32"
 	"slices"
 	"testing"
+
+	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 func TestCheckSequence(t *testing.T) {
@@ -101,11 +103,11 @@ func TestProducerTableReplay(t *testing.T) {
 		whole := build(log, newProducerTable(5))
 		older := build(log[:split], newProducerTable(5))
 		newer := build(log[split:], newProducerTable(5))
-		newer.raiseTxnEpoch(uint64(split + 1))
-		older.raiseTxnEpoch(100)
+		newer.raiseEpochs(epochList{uint64(split + 1), 3})
+		older.raiseEpochs(epochList{100, 2})
 		newer.replayOnto(older)
-		if want := max(100, uint64(split+1)); older.txnEpoch != want {
-			t.Fatalf("split %d: coordinator epoch %d after the replay, want the higher of both, %d", split, older.txnEpoch, want)
+		if want := max(100, uint64(split+1)); older.epochList() != (epochList{want, 3}) {
+			t.Fatalf("split %d: epochs %v after the replay, want the higher of both, [%d 3]", split, older.epochList(), want)
 		}
 		if !slices.Equal(tableIDs(older), tableIDs(whole)) {
 			t.Fatalf("split %d: order %v, want %v", split, tableIDs(older), tableIDs(whole))
@@ -125,19 +127,24 @@ func TestProducerFileRoundTrip(t *testing.T) {
 		id := uint64(i%17 + 1)
 		tab.record(id, seqBatch{seq: int64(i * 3), count: 3, offset: int64(1000 + i*3)})
 	}
-	tab.txnEpoch, tab.txnEpochIndex = 1<<40+3, 61
+	tab.epochs = [heraldpb.NumFencers]fenceEpoch{{1<<40 + 3, 61}, {9, 70}}
 	data := tab.encode(77, 5)
 	got, index, term, err := decodeProducers(data, 100)
-	if err != nil || index != 77 || term != 5 || got.txnEpoch != 1<<40+3 || got.txnEpochIndex != 61 {
-		t.Fatalf("decode: index %d term %d epoch %d at %d: %v", index, term, got.txnEpoch, got.txnEpochIndex, err)
+	if err != nil || index != 77 || term != 5 || got.epochs != tab.epochs {
+		t.Fatalf("decode: index %d term %d epochs %v: %v", index, term, got.epochs, err)
 	}
-	// A file of version 1 (before coordinator epochs): the same, epoch 0.
-	v1 := slices.Concat(data[:producersHead], data[producersHead+epochBytes:len(data)-4])
-	v1[4] = 1
-	v1 = binary.LittleEndian.AppendUint32(v1, crc32.Checksum(v1, castagnoli))
-	old, _, _, err := decodeProducers(v1, 100)
-	if err != nil || old.txnEpoch != 0 || !slices.Equal(tableIDs(old), tableIDs(tab)) {
-		t.Fatalf("version 1 file: epoch %v, %v: %v", old.txnEpoch, tableIDs(old), err)
+	// A file of version 1 (before coordinator epochs): the same, epochs 0;
+	// of version 2 (before the scheduler's): the coordinator's alone.
+	for v, epochs := range map[byte]int{1: 0, 2: 1} {
+		old := slices.Concat(data[:producersHead+epochs*epochBytes], data[producersHead+len(tab.epochs)*epochBytes:len(data)-4])
+		old[4] = v
+		old = binary.LittleEndian.AppendUint32(old, crc32.Checksum(old, castagnoli))
+		ot, _, _, err := decodeProducers(old, 100)
+		want := [heraldpb.NumFencers]fenceEpoch{}
+		copy(want[:epochs], tab.epochs[:])
+		if err != nil || ot.epochs != want || !slices.Equal(tableIDs(ot), tableIDs(tab)) {
+			t.Fatalf("version %d file: epochs %v, %v: %v", v, ot.epochs, tableIDs(ot), err)
+		}
 	}
 	if !slices.Equal(tableIDs(got), tableIDs(tab)) {
 		t.Fatalf("order %v, want %v", tableIDs(got), tableIDs(tab))

@@ -85,11 +85,12 @@ func (w *window) read(offset int64, maxBytes int) []*heraldpb.StoredBatch {
 // per term, and each base offset is proposed once per term, so the entry with
 // this term and base offset is the proposal and no other. A fence holds no
 // offset (its base is the next record's): it is told apart by its epoch
-// (fence.go), which data entries leave 0.
+// and fencer (fence.go), which data entries leave 0.
 type proposalKey struct {
-	term  uint64
-	base  int64
-	fence uint64
+	term   uint64
+	base   int64
+	fence  uint64
+	fencer heraldpb.Fencer
 }
 
 // proposal is a produce request waiting for its entry to be persisted or

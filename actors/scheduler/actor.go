@@ -117,7 +117,16 @@ type Scheduler struct {
 	loadStart        time.Time
 	loadRecords      int
 
-	nextID     uint64
+	nextID uint64
+	// epoch is the term in which this node's replica of __schedule was
+	// elected, read when the scheduler loads: it stamps every fire append
+	// and fences each partition before a recovery scan reads it
+	// (fence.go).
+	epoch      uint64
+	fenced     map[fenceKey]*registry.Entry
+	resetting  map[fenceKey]bool // partitions whose epoch onFenced is resetting
+	waitedLead bool
+
 	calls      map[uint64]func(*heraldpb.Frame) // answers of our requests to partition actors
 	callsAt    []callAt                         // when each was sent, oldest first
 	sweepArmed bool
@@ -195,6 +204,7 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		s.sh.incs++
 		s.inc = s.sh.incs
 		s.calls = map[uint64]func(*heraldpb.Frame){}
+		s.fenced, s.resetting = map[fenceKey]*registry.Entry{}, map[fenceKey]bool{}
 		s.state = newState()
 		s.anchor = s.o.Now()
 		s.anchorWall = s.anchor.Round(0)
@@ -502,6 +512,16 @@ func (s *Scheduler) load(ctx actor.Context) {
 		return
 	}
 	s.sched = e.Partitions[0]
+	if s.epoch == 0 && !s.o.NoFence {
+		if s.epoch = s.readEpoch(e); s.epoch == 0 {
+			if !s.waitedLead {
+				s.waitedLead = true
+				s.log.Info("waiting for this node's replica of __schedule to lead")
+			}
+			s.after(100*time.Millisecond, &loadRetry{})
+			return
+		}
+	}
 	if s.loadHW == 0 {
 		s.loadHW = e.Stats[0].HighWatermark.Load()
 		s.loadNext = e.Stats[0].StartOffset.Load()
@@ -568,8 +588,10 @@ func decodeEvent(rec []byte) (*heraldpb.ScheduleEvent, error) {
 
 // recover settles the batches whose firing was written but not their
 // fire: each is looked for on its partition, from where the log ended
-// when the firing was written, by its herald-schedule-id header. Found
-// ones are recorded fired; the others fire again as due.
+// when the firing was written, by its herald-schedule-id header, once
+// the partition is fenced against the schedulers before this one
+// (fence.go). Found ones are recorded fired; the others fire again as
+// due.
 func (s *Scheduler) recover(ctx actor.Context) {
 	rs := s.recoveries()
 	s.intents = nil
@@ -585,12 +607,14 @@ func (s *Scheduler) recover(ctx actor.Context) {
 			waiting--
 			continue // fires again; the topic is gone, so it is dropped then
 		}
-		s.scanFor(ctx, e, r.part, r.from, r.want, func(got []uint64) {
-			found = append(found, got...)
-			waiting--
-			if waiting == 0 {
-				s.settleRecovered(ctx, found)
-			}
+		s.fence(ctx, e, r.part, func() {
+			s.scanFor(ctx, e, r.part, r.from, r.want, func(got []uint64) {
+				found = append(found, got...)
+				waiting--
+				if waiting == 0 {
+					s.settleRecovered(ctx, found)
+				}
+			})
 		})
 	}
 	if waiting == 0 {

@@ -75,11 +75,18 @@ type Options struct {
 	// scheduler before it took. It is called once per start, and may
 	// take as long as its own bound (it runs before __schedule is read).
 	Anchor func() time.Time
+	// NoFence: no epoch, no fences (fence.go), as before they existed:
+	// while a cluster is upgraded from a version whose partitions refuse
+	// an epoch on the scheduler's appends.
+	NoFence bool
 
 	// crashAfterAppend (tests) is asked after a round's batches are
 	// appended and before their fire is recorded: true panics the actor,
 	// as a crash there would stop it.
 	crashAfterAppend func() bool
+	// epochOf (tests) gives the scheduler's epoch instead of the term of
+	// __schedule's leader.
+	epochOf func() uint64
 }
 
 func (o *Options) ensureDefaults() {

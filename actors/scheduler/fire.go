@@ -360,6 +360,10 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 		}
 	}
 	req := &heraldpb.ProduceRequest{Topic: c0.entry.Name, Partition: proto.Uint32(c0.part), Acks: heraldpb.Acks_ACKS_ALL, Records: recs}
+	if s.epoch != 0 { // (0: Options.NoFence)
+		// Stamped with the epoch: a successor's fence refuses it (fence.go).
+		req.TxnEpoch, req.Fencer = s.epoch, heraldpb.Fencer_FENCER_SCHEDULER
+	}
 	if s.o.AppendAhead > 0 {
 		// Readable from the latest time of its chunks on, by the
 		// scheduler's time: the partition holds it for the rest of that
@@ -386,6 +390,9 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 		case !registry.Same(s.o.Topics.Get(c0.entry.Name), c0.entry):
 			e = heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q was deleted", c0.entry.Name)
 		case retriable(e):
+			if e.GetCode() == heraldpb.ErrorCode_PRODUCER_FENCED {
+				s.onFenced(ctx, c0.entry, c0.part, e) // retried below, refused until this scheduler stops or resets the epoch
+			}
 			// An error does not prove the append failed (a partition that
 			// restarts answers its pending proposals with one, and may
 			// commit them on reopening): look for it before sending again.

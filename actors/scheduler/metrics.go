@@ -25,6 +25,14 @@ var (
 		Name: "herald_scheduler_fired_total",
 		Help: "Delayed batches appended to their topics.",
 	})
+	mEpochRestarts = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_scheduler_epoch_restarts_total",
+		Help: "Scheduler restarts because a partition refused it as fenced and its replica of __schedule leads in a later term than its epoch.",
+	})
+	mEpochResets = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_scheduler_epoch_resets_total",
+		Help: "Partitions whose scheduler epoch was reset to a lower one, left by a __schedule whose state was lost.",
+	})
 	mDropped = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_scheduler_dropped_total",
 		Help: "Delayed batches given up at their time: their topic or partition is gone (topic_gone), the topic refused them (refused), or their record in __schedule was unreadable (unreadable).",

@@ -48,11 +48,13 @@ func TestRouteRefusesInternalFields(t *testing.T) {
 	r.Route(&heraldpb.Frame{Id: 4, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), ClockId: 7}}}, inbox)
 	// A client must not fence the transaction coordinator's appends.
 	r.Route(&heraldpb.Frame{Id: 5, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", TxnEpoch: 1 << 40}}}, inbox)
+	// Nor the scheduler's.
+	r.Route(&heraldpb.Frame{Id: 8, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), Fencer: heraldpb.Fencer_FENCER_SCHEDULER}}}, inbox)
 	// Nor write transactions' batches and markers past their coordinator
 	// (not yet open to clients).
 	r.Route(&heraldpb.Frame{Id: 6, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), TxnBatch: true, ProducerId: 3}}}, inbox)
 	r.Route(&heraldpb.Frame{Id: 7, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", TxnMarker: heraldpb.TxnMarker_TXN_MARKER_COMMIT, ProducerId: 3, TxnRecords: 1}}}, inbox)
-	for i := 0; i < 7; i++ {
+	for i := 0; i < 8; i++ {
 		select {
 		case f := <-got:
 			if f.GetError().GetCode() != heraldpb.ErrorCode_INVALID_REQUEST {

@@ -150,6 +150,9 @@ func settings() []setting {
 		{"schedule-ahead", "how long before their time delayed messages are appended to their topic, held unreadable until their time so that the commit is not late (0 = at their time; at most 1s)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.DurationVar(&c.ScheduleAhead, "schedule-ahead", d.ScheduleAhead, "")
 		}},
+		{"schedule-fence", "the scheduler fences the appends of the one it took over from, so that none lands twice; false only while upgrading a cluster from a version without it", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+			fs.BoolVar(&c.ScheduleFence, "schedule-fence", d.ScheduleFence, "")
+		}},
 		{"txn-check-interval", "default wait before a half message nobody ended is checked back with a producer of its group (then doubling, at most 8x)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.DurationVar(&c.TxnCheckInterval, "txn-check-interval", d.TxnCheckInterval, "")
 		}},
