@@ -89,6 +89,17 @@ func (e *Entry) roundRobin(n uint32) uint32 {
 	return (e.next.Add(1) - 1) % n
 }
 
+// LeadTerm is the raft term of the local replica of an internal topic's
+// single partition while it accepts writes (leads), else 0: the epoch of
+// the room that runs on that leader (the transaction coordinator on
+// __txn's, the scheduler on __schedule's).
+func (e *Entry) LeadTerm() uint64 {
+	if e == nil || len(e.Stats) != 1 || !e.Stats[0].Writable.Load() {
+		return 0
+	}
+	return e.Stats[0].Term.Load()
+}
+
 // Writer is where a produce to partition p goes from this node: its
 // local replica, unless that is a follower in a cluster (its leader is on
 // another node), then the stand-in, which forwards it to the leader.

@@ -97,15 +97,7 @@ func TestTxnFence(t *testing.T) {
 		}
 		mustFence(t, ip.ask(fenceFrame(12)), 4)
 	}
-	ip.stop()
-	ip.start()
-	check("restart with the state file")
-	ip.stop()
-	if err := os.Remove(ip.statePath()); err != nil {
-		t.Fatal(err)
-	}
-	ip.start()
-	check("restart from the log alone")
+	restartBothWays(t, ip, check)
 	mustProduce(t, ip.ask(coordFrame(12, 55, 0, "d")), 4, false)
 }
 
@@ -278,6 +270,17 @@ func TestSchedulerFenceIsItsOwn(t *testing.T) {
 		mustFence(t, ip.ask(schedFrame(7)), 3)
 		mustFence(t, ip.ask(fenceFrame(9)), 3)
 	}
+	restartBothWays(t, ip, check)
+	checkFor(t, 5*time.Second, "hw 3", func() bool { return ip.stats.HighWatermark.Load() == 3 })
+	if got := readAll(t, sys, ip.pid, 3); fmt.Sprint(got) != "[s1 c1 s2]" {
+		t.Fatalf("log holds %v", got)
+	}
+}
+
+// restartBothWays restarts the partition with its producer state file,
+// then without it (from the log alone), running check after each.
+func restartBothWays(t *testing.T, ip *idemPartition, check func(stage string)) {
+	t.Helper()
 	ip.stop()
 	ip.start()
 	check("restart with the state file")
@@ -287,8 +290,4 @@ func TestSchedulerFenceIsItsOwn(t *testing.T) {
 	}
 	ip.start()
 	check("restart from the log alone")
-	checkFor(t, 5*time.Second, "hw 3", func() bool { return ip.stats.HighWatermark.Load() == 3 })
-	if got := readAll(t, sys, ip.pid, 3); fmt.Sprint(got) != "[s1 c1 s2]" {
-		t.Fatalf("log holds %v", got)
-	}
 }

@@ -51,20 +51,14 @@ func (s *Scheduler) readEpoch(e *registry.Entry) uint64 {
 	if s.o.epochOf != nil {
 		return s.o.epochOf()
 	}
-	if len(e.Stats) != 1 || !e.Stats[0].Writable.Load() {
-		return 0
-	}
-	return e.Stats[0].Term.Load()
+	return e.LeadTerm()
 }
 
 // staleEpoch reports whether the replica of __schedule leads in a term
 // after the scheduler's epoch.
 func (s *Scheduler) staleEpoch() bool {
-	if s.o.epochOf != nil {
-		return s.o.epochOf() != s.epoch
-	}
-	e := s.o.Topics.Get(ScheduleTopic)
-	return e != nil && len(e.Stats) == 1 && e.Stats[0].Writable.Load() && e.Stats[0].Term.Load() != s.epoch
+	t := s.readEpoch(s.o.Topics.Get(ScheduleTopic))
+	return t != 0 && t != s.epoch
 }
 
 // fenceReq is the scheduler's fence of partition p of topic (a reset from

@@ -44,20 +44,14 @@ func (c *Coordinator) readEpoch(e *registry.Entry) uint64 {
 	if c.o.epochOf != nil {
 		return c.o.epochOf()
 	}
-	if len(e.Stats) != 1 || !e.Stats[0].Writable.Load() {
-		return 0
-	}
-	return e.Stats[0].Term.Load()
+	return e.LeadTerm()
 }
 
 // staleEpoch reports whether the replica of __txn leads in a term after
 // the coordinator's epoch.
 func (c *Coordinator) staleEpoch() bool {
-	if c.o.epochOf != nil {
-		return c.o.epochOf() != c.epoch
-	}
-	e := c.o.Topics.Get(Topic)
-	return e != nil && len(e.Stats) == 1 && e.Stats[0].Writable.Load() && e.Stats[0].Term.Load() != c.epoch
+	t := c.readEpoch(c.o.Topics.Get(Topic))
+	return t != 0 && t != c.epoch
 }
 
 // restartStale restarts the actor (a panic its supervisor answers with a
