@@ -44,7 +44,8 @@ func (b *Broker) startTxn(clustered bool, push txn.Pusher) error {
 func toTxn(f *heraldpb.Frame) bool {
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_Produce:
-		return b.Produce.GetHalf() != nil || b.Produce.GetTransactionalId() != ""
+		// (A batch written once goes to its partition: txn_batch.)
+		return b.Produce.GetHalf() != nil || b.Produce.GetTransactionalId() != "" && !b.Produce.GetTxnBatch()
 	case *heraldpb.Frame_EndHalf, *heraldpb.Frame_RegisterProducer, *heraldpb.Frame_ListTxn, *heraldpb.Frame_InitProducerId, *heraldpb.Frame_EndTxn:
 		return true
 	}

@@ -37,12 +37,13 @@ type GroupTransformConfig struct {
 	// Name is the member's name in DescribeGroup (default: the broker's
 	// name for the connection).
 	Name string
-	// From, MaxRecords, MaxWait and TransactionTimeout apply to each
-	// partition, as in TransformConfig.
+	// From, MaxRecords, MaxWait, TransactionTimeout and WrittenOnce apply
+	// to each partition, as in TransformConfig.
 	From               StartPosition
 	MaxRecords         int
 	MaxWait            time.Duration
 	TransactionTimeout time.Duration
+	WrittenOnce        bool
 	// OnCommit, if set, is called after each transaction commits, from
 	// the goroutine of its partition.
 	OnCommit func(TransformCommit)
@@ -160,7 +161,7 @@ func (c *Client) transformPartition(ctx context.Context, cfg *GroupTransformConf
 		TransactionalID: TransactionalIDFor(cfg.TransactionalPrefix, cfg.Topic, p),
 		Topic:           cfg.Topic, Partition: p, Group: cfg.Group, From: cfg.From,
 		MaxRecords: cfg.MaxRecords, MaxWait: cfg.MaxWait, TransactionTimeout: cfg.TransactionTimeout,
-		OnCommit: cfg.OnCommit,
+		WrittenOnce: cfg.WrittenOnce, OnCommit: cfg.OnCommit,
 	}
 	if cfg.OnError != nil {
 		tc.OnError = func(err error) { cfg.OnError(p, err) }

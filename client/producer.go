@@ -51,6 +51,9 @@ type Producer struct {
 	c   *Client
 	cfg producerConfig
 	pid uint64 // idempotence: the producer id, random, chosen at creation
+	// txn: the producer writes one transaction's batches, once, to their
+	// partitions (txnwrite.go); nil for a plain producer.
+	txn *txnStamp
 
 	ctx    context.Context // cancelled when Close gives up on flushing
 	cancel context.CancelFunc
@@ -558,7 +561,9 @@ func (p *Producer) settleLocked(key batchKey, bt *batch, err error) {
 		st.inflight = append(st.inflight[:i], st.inflight[i+1:]...)
 	}
 	if err != nil {
-		st.reset = true
+		// (A transaction's writer keeps its producer id: the failure
+		// fails the transaction, which its next batch cannot mend.)
+		st.reset = p.txn == nil
 	} else {
 		st.acked = true
 	}
@@ -626,6 +631,9 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		// Every attempt carries the same sequence: the partition writes
 		// the batch once.
 		req.ProducerId, req.BaseSequence = bt.pid, bt.seq
+	}
+	if t := p.txn; t != nil {
+		req.TxnBatch, req.TransactionalId, req.ProducerEpoch = true, t.id, t.epoch
 	}
 	if t := p.c.cfg.requestTimeout; t > 0 {
 		req.TimeoutMs = uint32(t / time.Millisecond)

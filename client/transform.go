@@ -65,6 +65,9 @@ type TransformConfig struct {
 	// TransactionTimeout is the transactions' timeout
 	// (WithTransactionTimeout; 0: the broker's).
 	TransactionTimeout time.Duration
+	// WrittenOnce writes the outputs once, straight to their partitions
+	// (WithTxnWrittenOnce), instead of staging them.
+	WrittenOnce bool
 	// OnCommit, if set, is called after each transaction commits.
 	OnCommit func(TransformCommit)
 	// OnError, if set, is told of each failure TransformExactlyOnce
@@ -174,7 +177,11 @@ func (c *Client) TransformExactlyOnce(ctx context.Context, cfg TransformConfig, 
 // session, reads its progress and transforms until an error. progressed
 // reports whether a transaction committed.
 func (c *Client) transformSession(ctx context.Context, cfg *TransformConfig, fn TransformFunc) (progressed bool, err error) {
-	tp, err := c.NewTransactionalProducer(ctx, cfg.TransactionalID, WithTransactionTimeout(cfg.TransactionTimeout))
+	opts := []TxnOpt{WithTransactionTimeout(cfg.TransactionTimeout)}
+	if cfg.WrittenOnce {
+		opts = append(opts, WithTxnWrittenOnce())
+	}
+	tp, err := c.NewTransactionalProducer(ctx, cfg.TransactionalID, opts...)
 	if err != nil {
 		return false, err
 	}

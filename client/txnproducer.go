@@ -36,6 +36,7 @@ type txnConfig struct {
 	batchBytes  int
 	bufferBytes int64
 	linger      time.Duration
+	writeOnce   bool // WithTxnWrittenOnce (txnwrite.go)
 }
 
 // DefaultTxnLinger is how long a transactional producer lets a batch
@@ -164,6 +165,12 @@ type TransactionalProducer struct {
 	lingering bool // a linger timer is armed
 	// offsets: consumer group offsets the commit carries (SendOffsets).
 	offsets map[offsetsKey]map[int32]int64
+	// once: the open transaction's records written once (txnwrite.go);
+	// commitQ: commits CommitAsync queued, ended in order by runCommits
+	// while committer is set.
+	once      *onceTxn
+	commitQ   []*pendingCommit
+	committer bool
 }
 
 type offsetsKey struct{ group, topic string }
@@ -349,6 +356,9 @@ func (p *TransactionalProducer) send(ctx context.Context, m *Message, cb func(Re
 		return
 	case !m.DeliverAt.IsZero() || m.Delay != 0:
 		refuse(errors.New("herald: a message in a transaction cannot be delayed (DeliverAt, Delay)"))
+		return
+	case p.cfg.writeOnce:
+		p.sendOnce(ctx, m, cb, now)
 		return
 	}
 	part := int32(-1)
@@ -606,6 +616,9 @@ func (p *TransactionalProducer) waitLocked(ctx context.Context) error {
 // until every record sent so far is staged, or ctx ends. It returns
 // ErrTxnFailed (with the cause) when one failed.
 func (p *TransactionalProducer) Flush(ctx context.Context) error {
+	if p.cfg.writeOnce {
+		return p.flushOnce(ctx)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sealAllLocked()
@@ -650,6 +663,10 @@ func (p *TransactionalProducer) Commit(ctx context.Context) (TxnEnd, error) {
 		p.mu.Unlock()
 		return TxnEnd{}, errNoTxn
 	case txnFailed:
+		if p.cfg.writeOnce {
+			p.mu.Unlock()
+			return p.endOnce(ctx, true) // (it asks why a partition ended it)
+		}
 		err := p.failedErrLocked()
 		p.mu.Unlock()
 		return TxnEnd{}, err
@@ -658,6 +675,10 @@ func (p *TransactionalProducer) Commit(ctx context.Context) (TxnEnd, error) {
 		return TxnEnd{}, errors.New("herald: the transaction is being aborted: call Abort again")
 	}
 	p.phase = txnCommitting
+	if p.cfg.writeOnce {
+		p.mu.Unlock()
+		return p.endOnce(ctx, true)
+	}
 	p.sealAllLocked()
 	if n := len(p.queue); n > 0 && p.last == nil {
 		// The last batch goes with the commit; the others are staged
@@ -774,6 +795,11 @@ func (p *TransactionalProducer) Abort(ctx context.Context) error {
 		return nil
 	}
 	p.phase = txnAborting
+	if p.cfg.writeOnce {
+		p.mu.Unlock()
+		_, err := p.endOnce(ctx, false)
+		return err
+	}
 	dropped := p.dropLocked()
 	p.mu.Unlock()
 	for _, cb := range dropped {
@@ -931,6 +957,12 @@ func (p *TransactionalProducer) offsetsLocked() []*heraldpb.TxnGroupOffsets {
 // end sends EndTxn (commit or abort) for the current epoch and takes the
 // answer.
 func (p *TransactionalProducer) end(ctx context.Context, commit bool) (TxnEnd, error) {
+	return p.endWith(ctx, commit, nil)
+}
+
+// endWith is end for a transaction written once to the partitions in
+// written (txnwrite.go).
+func (p *TransactionalProducer) endWith(ctx context.Context, commit bool, written []*heraldpb.TxnWritten) (TxnEnd, error) {
 	if err := p.ensureSession(ctx); err != nil {
 		return TxnEnd{}, err // only after a Begin that followed a timeout: nothing was staged
 	}
@@ -942,7 +974,7 @@ func (p *TransactionalProducer) end(ctx context.Context, commit bool) (TxnEnd, e
 	}
 	p.mu.Unlock()
 	f, err := p.c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
-		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: epoch, Commit: commit, GroupOffsets: offs,
+		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: epoch, Commit: commit, GroupOffsets: offs, Written: written,
 	}}}, true)
 	var r *heraldpb.EndTxnResponse
 	if err == nil {
@@ -995,6 +1027,7 @@ func (p *TransactionalProducer) Close(ctx context.Context) error {
 		p.mu.Unlock()
 		return nil
 	}
+	_ = p.waitCommitsLocked(ctx, 0) // (CommitAsync's: they fail once closed)
 	open := p.phase != txnNone && p.fenced == nil
 	p.mu.Unlock()
 	var err error
@@ -1003,6 +1036,7 @@ func (p *TransactionalProducer) Close(ctx context.Context) error {
 	}
 	p.mu.Lock()
 	p.closed = true
+	p.closeOnceLocked()
 	dropped := p.dropLocked()
 	if p.last != nil {
 		dropped = append(dropped, p.last.cbs...)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/heraldmq/herald/client"
+	heraldpb "github.com/heraldmq/herald/proto"
 )
 
 // Environment of the transformer process (this test binary started again
@@ -30,6 +31,9 @@ const (
 	// transformerGroupEnv runs GroupTransform of gin in group "enrich"
 	// instead.
 	transformerGroupEnv = "HERALD_E2E_TRANSFORMER_GROUP"
+	// transformerOnceEnv writes the transactions once
+	// (WithTxnWrittenOnce) instead of staging them.
+	transformerOnceEnv = "HERALD_E2E_TRANSFORMER_ONCE"
 )
 
 func init() {
@@ -57,7 +61,7 @@ func runTransformer(addr string) int {
 	if os.Getenv(transformerGroupEnv) != "" {
 		err = c.GroupTransform(ctx, client.GroupTransformConfig{
 			Group: "enrich", Topic: "gin", TransactionalPrefix: "enrich", From: client.Earliest(),
-			MaxRecords: 10, MaxWait: 100 * time.Millisecond, TransactionTimeout: 10 * time.Second,
+			MaxRecords: 10, MaxWait: 100 * time.Millisecond, TransactionTimeout: 10 * time.Second, WrittenOnce: os.Getenv(transformerOnceEnv) != "",
 			OnCommit: func(tc client.TransformCommit) { fmt.Printf("commit %d %d %d\n", tc.From, tc.To, tc.Partition) },
 			OnError:  func(p int32, err error) { fmt.Fprintln(os.Stderr, "recovering:", p, err) },
 		}, func(ctx context.Context, in *client.Message) ([]*client.Message, error) {
@@ -69,7 +73,7 @@ func runTransformer(addr string) int {
 	}
 	err = c.TransformExactlyOnce(ctx, client.TransformConfig{
 		TransactionalID: "enrich-0", Topic: "in", Partition: 0, ProgressTopic: "progress",
-		MaxRecords: 10, MaxWait: 100 * time.Millisecond, TransactionTimeout: 10 * time.Second,
+		MaxRecords: 10, MaxWait: 100 * time.Millisecond, TransactionTimeout: 10 * time.Second, WrittenOnce: os.Getenv(transformerOnceEnv) != "",
 		OnCommit: func(tc client.TransformCommit) { fmt.Printf("commit %d %d\n", tc.From, tc.To) },
 		OnError:  func(err error) { fmt.Fprintln(os.Stderr, "recovering:", err) },
 	}, func(ctx context.Context, in *client.Message) ([]*client.Message, error) {
@@ -194,15 +198,24 @@ func sendAll(t *testing.T, ctx context.Context, p *client.TransactionalProducer,
 	}
 }
 
+// txnModes runs test with the producer staging its transactions (the
+// default) and writing them once (WithTxnWrittenOnce).
+func txnModes(t *testing.T, test func(t *testing.T, once bool, opts ...client.TxnOpt)) {
+	t.Run("staged", func(t *testing.T) { test(t, false) })
+	t.Run("written-once", func(t *testing.T) { test(t, true, client.WithTxnWrittenOnce()) })
+}
+
 // TestTxnSDKCommitAbort: a committed transaction's records, on two
-// partitions, appear once each, tagged with the transactional id, and
-// only after Commit returns; an aborted one's never appear.
-func TestTxnSDKCommitAbort(t *testing.T) {
+// partitions, appear once each (staged ones tagged with the transactional
+// id), and only after Commit returns; an aborted one's never appear.
+func TestTxnSDKCommitAbort(t *testing.T) { txnModes(t, testTxnSDKCommitAbort) }
+
+func testTxnSDKCommitAbort(t *testing.T, once bool, opts ...client.TxnOpt) {
 	n := startProc(t, t.TempDir())
 	c := dial(t, n)
 	createTopic(t, c, "out", 2)
 	ctx := ctxT(t, 30*time.Second)
-	p := newTxnProducer(t, c, "etl-1")
+	p := newTxnProducer(t, c, "etl-1", opts...)
 	if err := p.Begin(); err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +243,7 @@ func TestTxnSDKCommitAbort(t *testing.T) {
 	})
 	for part := range int32(2) {
 		for _, m := range readPartition(t, c, "out", part) {
-			if !slices.ContainsFunc(m.Headers, func(h client.Header) bool { return h.Key == "herald-txn-id" && string(h.Value) == "etl-1" }) {
+			if !once && !slices.ContainsFunc(m.Headers, func(h client.Header) bool { return h.Key == "herald-txn-id" && string(h.Value) == "etl-1" }) {
 				t.Errorf("%s/%d@%d lacks herald-txn-id: %v", m.Topic, m.Partition, m.Offset, m.Headers)
 			}
 		}
@@ -265,6 +278,13 @@ func TestTxnSDKCommitAbort(t *testing.T) {
 	if len(got) != len(committed)+1 || got["c0"] != 1 || got["b0"]+got["b1"]+got["b2"] != 0 {
 		t.Fatalf("after an abort and a commit: %v", got)
 	}
+	// Written once, the partitions applied the markers: 2 commits of the
+	// first transaction, its abort (on the partitions b0-b2 went to), 1
+	// commit of the last. Staged, none.
+	markers := metricSum(t, n, "herald_partition_txn_markers_total")
+	if once && markers < 4 || !once && markers != 0 {
+		t.Fatalf("%v transaction markers applied (written once: %v)", markers, once)
+	}
 	checkFor(t, 10*time.Second, "etl-1 with nothing open or committing", func() error {
 		infos, _, err := c.ListTransactions(ctx, "etl-1", 0)
 		if err != nil || len(infos) != 1 || infos[0].GetState() != "empty" {
@@ -275,20 +295,26 @@ func TestTxnSDKCommitAbort(t *testing.T) {
 }
 
 // TestTxnSDKFencing: a second producer of the same transactional id
-// fences the first: the first's Send and Commit fail with
-// ErrProducerFenced, and only the second's records appear.
-func TestTxnSDKFencing(t *testing.T) {
+// fences the first: the first's Send (staged) and Commit fail with
+// ErrProducerFenced, and only the second's records appear. Written once,
+// the zombie's next record still reaches its partition (which does not
+// know of the new session), where it is never readable: its transaction
+// was aborted there by the new session's start.
+func TestTxnSDKFencing(t *testing.T) { txnModes(t, testTxnSDKFencing) }
+
+func testTxnSDKFencing(t *testing.T, once bool, opts ...client.TxnOpt) {
 	n := startProc(t, t.TempDir())
 	c := dial(t, n)
 	createTopic(t, c, "out", 1)
 	ctx := ctxT(t, 30*time.Second)
-	old := newTxnProducer(t, c, "etl-1")
+	old := newTxnProducer(t, c, "etl-1", opts...)
 	if err := old.Begin(); err != nil {
 		t.Fatal(err)
 	}
 	sendAll(t, ctx, old, "out", "zombie-0")
-	cur := newTxnProducer(t, dial(t, n), "etl-1")
-	if _, err := old.Send(ctx, &client.Message{Topic: "out", Value: []byte("zombie-1")}); !errors.Is(err, client.ErrProducerFenced) {
+	cur := newTxnProducer(t, dial(t, n), "etl-1", opts...)
+	_, err := old.Send(ctx, &client.Message{Topic: "out", Value: []byte("zombie-1")})
+	if !once && !errors.Is(err, client.ErrProducerFenced) {
 		t.Fatalf("the zombie's Send: %v", err)
 	}
 	if _, err := old.Commit(ctx); !errors.Is(err, client.ErrProducerFenced) {
@@ -435,7 +461,15 @@ func TestTxnSDKExactlyOnceKill(t *testing.T) {
 // and a read_committed group reading the output saw only records of
 // committed transactions, each once.
 func TestGroupTransformExactlyOnceKills(t *testing.T) {
+	txnModes(t, func(t *testing.T, once bool, _ ...client.TxnOpt) { testGroupTransformKills(t, once) })
+}
+
+func testGroupTransformKills(t *testing.T, once bool) {
 	const inputs = 1500
+	env := []string{transformerGroupEnv + "=1"}
+	if once {
+		env = append(env, transformerOnceEnv+"=1")
+	}
 	n := startProc(t, t.TempDir())
 	c := dial(t, n)
 	createTopic(t, c, "gin", 4)
@@ -469,15 +503,15 @@ func TestGroupTransformExactlyOnceKills(t *testing.T) {
 	}()
 
 	trs := []*transformer{
-		startTransformer(t, n.Addr(), transformerGroupEnv+"=1"),
-		startTransformer(t, n.Addr(), transformerGroupEnv+"=1"),
+		startTransformer(t, n.Addr(), env...),
+		startTransformer(t, n.Addr(), env...),
 	}
 	for kill := range 5 {
 		victim := kill % 2
 		trs[victim].waitCommits(t, 60*time.Second, 3, 0)
 		trs[victim].kill()
 		t.Logf("kill %d: transformer %d SIGKILLed", kill+1, trs[victim].cmd.Process.Pid)
-		trs[victim] = startTransformer(t, n.Addr(), transformerGroupEnv+"=1")
+		trs[victim] = startTransformer(t, n.Addr(), env...)
 	}
 	if err := <-produced; err != nil {
 		t.Fatal(err)
@@ -534,4 +568,158 @@ func TestGroupTransformExactlyOnceKills(t *testing.T) {
 		recovered += strings.Count(tr.logs(), "recovering:")
 	}
 	t.Logf("the live transformers recovered %d times", recovered)
+}
+
+// TestTxnSDKWrittenOnceTimeout: a transaction written once and left open
+// past its timeout is aborted by the coordinator's sweep of the
+// partitions; the partition then refuses its next record, Commit fails
+// with ErrTxnTimedOut (the coordinator's answer), Abort ends it, and the
+// next transaction (a new session) commits.
+func TestTxnSDKWrittenOnceTimeout(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "out", 1)
+	ctx := ctxT(t, 60*time.Second)
+	p := newTxnProducer(t, c, "slow", client.WithTransactionTimeout(300*time.Millisecond), client.WithTxnWrittenOnce())
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, ctx, p, "out", "x")
+	checkFor(t, 40*time.Second, "the sweep's abort", func() error {
+		if _, err := p.Send(ctx, &client.Message{Topic: "out", Value: []byte("y")}); err == nil {
+			return fmt.Errorf("a record of the transaction is still accepted")
+		} else if !errors.Is(err, client.ErrTxnFailed) && !client.IsCode(err, heraldpb.ErrorCode_INVALID_TXN_STATE) {
+			t.Fatalf("Send after the timeout: %v", err)
+		}
+		return nil
+	})
+	if _, err := p.Commit(ctx); !errors.Is(err, client.ErrTxnTimedOut) {
+		t.Fatalf("Commit after the timeout: %v", err)
+	}
+	if err := p.Abort(ctx); err != nil {
+		t.Fatalf("Abort after the timeout: %v", err)
+	}
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, ctx, p, "out", "z")
+	if _, err := p.Commit(ctx); err != nil {
+		t.Fatalf("a transaction after the timeout: %v", err)
+	}
+	waitValues(t, n, "out", 1, func(got map[string]int) error {
+		if len(got) != 1 || got["z"] != 1 {
+			return fmt.Errorf("the topic holds %v, want only z", got)
+		}
+		return nil
+	})
+}
+
+// TestTxnSDKCommitAsync: a producer writing once commits 30 transactions
+// without waiting for each (CommitAsync, up to 8 in flight): every
+// callback reports the commit, and every record appears once. Then a
+// second session of the id fences the first while its commits are in
+// flight: the first's callbacks after the fence fail with
+// ErrProducerFenced (or ErrTxnFailed behind one), and only the records of
+// the commits reported done appear.
+func TestTxnSDKCommitAsync(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "out", 3)
+	ctx := ctxT(t, 60*time.Second)
+	p := newTxnProducer(t, c, "async-1", client.WithTxnWrittenOnce())
+	var mu sync.Mutex
+	committed, failed := map[string]bool{}, 0
+	var onCommit func(done int) // (under mu) told of each commit reported
+	run := func(p *client.TransactionalProducer, prefix string, txns int) {
+		for i := range txns {
+			if err := p.Begin(); err != nil {
+				if errors.Is(err, client.ErrProducerFenced) {
+					return
+				}
+				t.Fatal(err)
+			}
+			var vals []string
+			for j := range 5 {
+				v := fmt.Sprintf("%s-%02d-%d", prefix, i, j)
+				vals = append(vals, v)
+				p.SendAsync(ctx, &client.Message{Topic: "out", Value: []byte(v)}, nil)
+			}
+			err := p.CommitAsync(ctx, func(_ client.TxnEnd, err error) {
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					failed++
+					return
+				}
+				for _, v := range vals {
+					committed[v] = true
+				}
+				if onCommit != nil {
+					onCommit(len(committed) / 5)
+				}
+			})
+			if err != nil {
+				if errors.Is(err, client.ErrProducerFenced) || errors.Is(err, client.ErrTxnFailed) {
+					_ = p.Abort(ctx)
+					return
+				}
+				t.Fatal(err)
+			}
+		}
+	}
+	run(p, "a", 30)
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(committed) != 150 || failed != 0 {
+		t.Fatalf("%d records reported committed, %d transactions failed", len(committed), failed)
+	}
+	mu.Unlock()
+	waitValues(t, n, "out", 3, func(got map[string]int) error {
+		for v := range committed {
+			if got[v] != 1 {
+				return fmt.Errorf("%s appears %d times (%d values)", v, got[v], len(got))
+			}
+		}
+		if len(got) != len(committed) {
+			return fmt.Errorf("%d values, %d committed", len(got), len(committed))
+		}
+		return nil
+	})
+
+	// Fenced with commits in flight.
+	old := newTxnProducer(t, c, "async-2", client.WithTxnWrittenOnce())
+	c2 := dial(t, n)
+	onCommit = func(done int) {
+		if done == 30+5 { // the fifth of the old session's commits: a new session starts
+			go func() {
+				if np, err := c2.NewTransactionalProducer(ctx, "async-2", client.WithTxnWrittenOnce()); err != nil {
+					t.Errorf("the new session: %v", err)
+				} else {
+					np.Close(context.Background())
+				}
+			}()
+		}
+	}
+	run(old, "b", 200)
+	_ = old.Close(ctx)
+	mu.Lock()
+	t.Logf("after the fence: %d records reported committed, %d transactions failed", len(committed), failed)
+	mu.Unlock()
+	waitValues(t, n, "out", 3, func(got map[string]int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for v := range committed {
+			if got[v] != 1 {
+				return fmt.Errorf("%s appears %d times", v, got[v])
+			}
+		}
+		for v, k := range got {
+			if !committed[v] {
+				return fmt.Errorf("%s (%d times) appears though its commit was not reported", v, k)
+			}
+		}
+		return nil
+	})
 }

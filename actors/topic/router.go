@@ -82,8 +82,15 @@ func (r *Router) produce(f *heraldpb.Frame, replyTo *actor.PID) {
 		return
 	}
 	if b.NotBeforeMs != 0 || b.HoldUs != 0 || b.ClockId != 0 || b.SingleInFlight || b.TxnEpoch != 0 || b.TxnEpochResetFrom != 0 || b.TxnEpochResetIndex != 0 ||
-		b.TxnBatch || b.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE || b.TxnRecords != 0 || b.Fencer != heraldpb.Fencer_FENCER_TXN_COORDINATOR {
-		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "not_before_ms, hold_us, clock_id, single_in_flight, txn_epoch, fencer, txn_batch and txn_marker are internal to the broker: use deliver_at_ms or delay_ms, and transactional_id for transactions"))
+		b.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE || b.TxnRecords != 0 || b.Fencer != heraldpb.Fencer_FENCER_TXN_COORDINATOR {
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "not_before_ms, hold_us, clock_id, single_in_flight, txn_epoch, fencer and txn_marker are internal to the broker: use deliver_at_ms or delay_ms, and transactional_id for transactions"))
+		return
+	}
+	if b.TxnBatch && (b.TransactionalId == "" || b.ProducerId == 0) {
+		// (A transaction's batch written once: its producer's session
+		// checks, by the transactional id, were the ACL's; the partition
+		// checks its epoch and sequence.)
+		r.fail(f, replyTo, heraldpb.NewError(heraldpb.ErrorCode_INVALID_REQUEST, "txn_batch needs a transactional_id and its session's producer_id"))
 		return
 	}
 	e := r.reg.Get(b.Topic)

@@ -50,8 +50,8 @@ func TestRouteRefusesInternalFields(t *testing.T) {
 	r.Route(&heraldpb.Frame{Id: 5, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", TxnEpoch: 1 << 40}}}, inbox)
 	// Nor the scheduler's.
 	r.Route(&heraldpb.Frame{Id: 8, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), Fencer: heraldpb.Fencer_FENCER_SCHEDULER}}}, inbox)
-	// Nor write transactions' batches and markers past their coordinator
-	// (not yet open to clients).
+	// Nor write a transaction's batch without its transactional id, or
+	// its markers (the coordinator's).
 	r.Route(&heraldpb.Frame{Id: 6, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Records: batch("k"), TxnBatch: true, ProducerId: 3}}}, inbox)
 	r.Route(&heraldpb.Frame{Id: 7, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", TxnMarker: heraldpb.TxnMarker_TXN_MARKER_COMMIT, ProducerId: 3, TxnRecords: 1}}}, inbox)
 	for i := 0; i < 8; i++ {

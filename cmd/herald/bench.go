@@ -78,6 +78,8 @@ type benchConfig struct {
 	fireAfter      time.Duration // ...from this long after the start
 	isolation      string        // --isolation: checked, and reported; both levels read the same
 	txnSize        int           // --txn-size: records per transaction (0: no transactions)
+	txnOnce        bool          // --txn-written-once: transactions written once (client.WithTxnWrittenOnce)
+	txnInFlight    int           // --txn-in-flight: commits in flight per producer (CommitAsync above 1)
 
 	// Push consumers (--group); pull consumers when group is empty.
 	group       string
@@ -131,6 +133,8 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.BoolVar(&bc.json, "json", false, "print the final summary as JSON on stdout (progress goes to stderr)")
 	fs.StringVar(&bc.ackLog, "ack-log", "", "write which records were acknowledged to this file, for `herald verify`")
 	fs.IntVar(&bc.txnSize, "txn-size", 0, "records per transaction: each producer is a transactional producer (id herald-bench-N) committing every N records; latency to ack is then to the commit (0 = no transactions)")
+	fs.BoolVar(&bc.txnOnce, "txn-written-once", false, "with --txn-size: write each transaction's records once, to their partitions, instead of staging them with the coordinator")
+	fs.IntVar(&bc.txnInFlight, "txn-in-flight", 1, "with --txn-written-once: commits each producer keeps in flight (above 1: CommitAsync, the next transaction written while the last ones commit; at most 8)")
 	fs.StringVar(&bc.isolation, "isolation", isolationCommitted, isolationUsage)
 	fs.StringVar(&bc.group, "group", "", "consume by push, as members of this consumer group (default: pull, fetching each partition)")
 	mode := fs.String("mode", "shared", "group mode: shared, clustering or key-shared (with --group)")
@@ -174,6 +178,10 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 		return usagef("--fire-rate needs --count and a positive --fire-after, and excludes --delay")
 	case bc.txnSize < 0:
 		return usagef("--txn-size must not be negative")
+	case bc.txnInFlight < 1 || bc.txnInFlight > client.MaxTxnCommitsInFlight:
+		return usagef("--txn-in-flight must be 1 to %d", client.MaxTxnCommitsInFlight)
+	case bc.txnInFlight > 1 && !bc.txnOnce:
+		return usagef("--txn-in-flight needs --txn-written-once")
 	case bc.txnSize > 0 && bc.producers == 0:
 		return usagef("--txn-size needs producers")
 	case bc.txnSize > 0 && (bc.delay > 0 || bc.fireRate > 0):

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/heraldmq/herald/client"
@@ -17,11 +18,15 @@ import (
 // commits; the records of a transaction that fails to commit count as
 // errors. It runs until prodCtx ends or n records (n >= 0) were sent; a
 // commit waits at most --drain-timeout. Records without a key go where
-// the broker picks, a batch at a time, so a small transaction usually
-// lands on one partition; with --keys its records spread by key.
+// the broker picks (staged) or the producer picks (--txn-written-once), a
+// batch at a time, so a small transaction usually lands on one
+// partition; with --keys its records spread by key.
 func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchConfig, id int, n int64, start time.Time, clock benchClock, stats *benchStats) error {
-	tp, err := c.NewTransactionalProducer(ctx, fmt.Sprintf("herald-bench-%d", id),
-		client.WithTxnBatchBytes(bc.batchBytes), client.WithTxnBufferBytes(bc.bufferBytes))
+	opts := []client.TxnOpt{client.WithTxnBatchBytes(bc.batchBytes), client.WithTxnBufferBytes(bc.bufferBytes)}
+	if bc.txnOnce {
+		opts = append(opts, client.WithTxnWrittenOnce())
+	}
+	tp, err := c.NewTransactionalProducer(ctx, fmt.Sprintf("herald-bench-%d", id), opts...)
 	if err != nil {
 		return fmt.Errorf("producer %d: %w", id, err)
 	}
@@ -40,12 +45,7 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 		filler[i] = byte('a' + i%26)
 	}
 	var stamps, seqs []int64 // of the open transaction's records
-	commit := func() {
-		cctx, cancel := context.WithTimeout(ctx, bc.drainTimeout)
-		defer cancel()
-		t0 := time.Now()
-		_, err := tp.Commit(cctx)
-		took := time.Since(t0)
+	done := func(stamps, seqs []int64, took time.Duration, err error) {
 		if err != nil {
 			if ctx.Err() == nil {
 				stats.txnFailed.Add(1)
@@ -56,7 +56,6 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 					}
 				}
 			}
-			_ = tp.Abort(cctx)
 		} else {
 			now := clock.now()
 			stats.transactions.Add(1)
@@ -75,6 +74,27 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 				for _, seq := range seqs {
 					bc.acked.add(id, seq)
 				}
+			}
+		}
+	}
+	commit := func() {
+		cctx, cancel := context.WithTimeout(ctx, bc.drainTimeout)
+		defer cancel()
+		t0 := time.Now()
+		if bc.txnInFlight > 1 {
+			st, sq := slices.Clone(stamps), slices.Clone(seqs)
+			// (Its callback runs on the producer's goroutine: a failure
+			// there fails the open transaction, whose CommitAsync then
+			// fails and aborts it here.)
+			if err := tp.CommitAsync(cctx, func(_ client.TxnEnd, err error) { done(st, sq, time.Since(t0), err) }); err != nil {
+				done(st, sq, time.Since(t0), err)
+				_ = tp.Abort(cctx)
+			}
+		} else {
+			_, err := tp.Commit(cctx)
+			done(stamps, seqs, time.Since(t0), err)
+			if err != nil {
+				_ = tp.Abort(cctx)
 			}
 		}
 		stamps, seqs = stamps[:0], seqs[:0]

@@ -1,0 +1,383 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// Transactions written once (WithTxnWrittenOnce): the records of a
+// transaction go straight to their partitions' leaders as transactional
+// batches (ProduceRequest.txn_batch), numbered from 0 in each partition
+// under the session's producer id and the transaction's epoch, and
+// retried with the same sequences, as an idempotent producer's. The
+// partition stores them durably and shows them to no reader. EndTxn then
+// lists the partitions written and how many records each holds
+// (EndTxnRequest.written): the coordinator records its decision, and its
+// marker gives the records their offsets on every partition, or drops
+// them (actors/txn markers.go). Each record is written once, instead of
+// to __txn first and to its partition at the commit.
+//
+// A transaction's writer is a Producer (txnStamp) with the producer's
+// batching, partitioning (a keyed record by its key; one without by a
+// partition a batch at a time), up to 5 batches in flight per partition
+// and leader failover; a failed record fails the transaction.
+
+// txnStamp makes a Producer one transaction's writer.
+type txnStamp struct {
+	id    string // the transactional id
+	epoch uint32 // the transaction's
+}
+
+// WithTxnWrittenOnce writes the transaction's records once, straight to
+// their partitions, instead of staging them with the transaction
+// coordinator (the default, staged: each record is written twice). The
+// commit then lists the partitions written, and the coordinator writes a
+// commit marker to each. Unkeyed records get their partition from the
+// producer (a batch at a time), and Send's Result names it.
+func WithTxnWrittenOnce() TxnOpt {
+	return txnOpt(func(c *txnConfig) { c.writeOnce = true })
+}
+
+// onceTxn is the transaction a producer writing once has open. Its
+// counts are guarded by TransactionalProducer.mu.
+type onceTxn struct {
+	w      *Producer
+	counts map[txnPart]uint32 // records written, per partition
+	failed error              // the first record that failed
+}
+
+type txnPart struct {
+	topic string
+	part  int32
+}
+
+// written lists o's partitions and their records, for EndTxn.
+func (o *onceTxn) written() []*heraldpb.TxnWritten {
+	if o == nil {
+		return nil
+	}
+	out := make([]*heraldpb.TxnWritten, 0, len(o.counts))
+	for k, n := range o.counts {
+		out = append(out, &heraldpb.TxnWritten{Topic: k.topic, Partition: uint32(k.part), Records: n})
+	}
+	slices.SortFunc(out, func(a, b *heraldpb.TxnWritten) int {
+		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+			return c
+		}
+		return int(a.Partition) - int(b.Partition)
+	})
+	return out
+}
+
+// newTxnWriter is the writer of the transaction of epoch.
+func (p *TransactionalProducer) newTxnWriter(pid uint64, epoch uint32) *Producer {
+	w := p.c.NewProducer(WithLinger(p.cfg.linger), WithBatchBytes(p.cfg.batchBytes), WithBufferBytes(p.cfg.bufferBytes),
+		WithPartitionInFlight(maxIdempotentInFlight))
+	w.pid, w.txn = pid, &txnStamp{id: p.id, epoch: epoch}
+	return w
+}
+
+// sendOnce writes m in the open transaction; now: at once (Send).
+func (p *TransactionalProducer) sendOnce(ctx context.Context, m *Message, cb func(Result, error), now bool) {
+	if err := p.ensureSession(ctx); err != nil {
+		p.mu.Lock()
+		p.failLocked(err)
+		p.mu.Unlock()
+		cb(Result{}, err)
+		return
+	}
+	p.mu.Lock()
+	if err := p.acceptErrLocked(); err != nil {
+		p.mu.Unlock()
+		cb(Result{}, err)
+		return
+	}
+	o := p.once
+	if o == nil {
+		o = &onceTxn{w: p.newTxnWriter(p.pid, p.epoch), counts: map[txnPart]uint32{}}
+		p.once = o
+	}
+	p.mu.Unlock()
+	topic := m.Topic
+	o.w.send(ctx, m, func(r Result, err error) {
+		p.mu.Lock()
+		switch {
+		case err == nil:
+			o.counts[txnPart{topic, r.Partition}]++
+		case o.failed == nil:
+			o.failed = err
+		}
+		if err != nil && p.once == o {
+			p.failLocked(err)
+		}
+		p.mu.Unlock()
+		cb(Result{Partition: r.Partition, Offset: -1}, err)
+	}, now)
+}
+
+// flushOnce waits until every record sent in the open transaction is
+// written (or failed), or ctx ends.
+func (p *TransactionalProducer) flushOnce(ctx context.Context) error {
+	p.mu.Lock()
+	o := p.once
+	p.mu.Unlock()
+	if o != nil {
+		if err := o.w.Flush(ctx); err != nil {
+			return err
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.usableLocked(); err != nil {
+		return err
+	}
+	if p.phase == txnFailed {
+		return p.failedErrLocked()
+	}
+	return nil
+}
+
+// endOnce ends the open transaction (commit or abort) once its records
+// are written: EndTxn with the partitions written. The phase is set
+// (committing or aborting) by the caller.
+func (p *TransactionalProducer) endOnce(ctx context.Context, commit bool) (TxnEnd, error) {
+	p.mu.Lock()
+	err := p.waitCommitsLocked(ctx, 0) // the coordinator takes a producer's ends in order
+	o := p.once
+	p.mu.Unlock()
+	if err != nil {
+		return TxnEnd{}, err
+	}
+	if o != nil {
+		if err := o.w.Flush(ctx); err != nil {
+			return TxnEnd{}, err // (ctx ended: Commit or Abort again)
+		}
+	}
+	p.mu.Lock()
+	if err := p.usableLocked(); err != nil {
+		p.mu.Unlock()
+		return TxnEnd{}, err
+	}
+	written := o.written()
+	if commit && p.phase == txnFailed {
+		err := p.failedErrLocked()
+		ended := IsCode(p.failure, heraldpb.ErrorCode_INVALID_TXN_STATE)
+		p.mu.Unlock()
+		if ended {
+			// A partition had the transaction ended already: the
+			// coordinator aborted it (a timeout, or a new session of the
+			// id). Its abort answer says which.
+			p.mu.Lock()
+			p.phase = txnAborting
+			p.mu.Unlock()
+			switch _, aerr := p.endWith(ctx, false, written); {
+			case errors.Is(aerr, ErrProducerFenced):
+				err = aerr
+			case aerr == nil && p.sessionEnded():
+				err = ErrTxnTimedOut
+			}
+			p.dropOnce(o)
+		}
+		return TxnEnd{}, err
+	}
+	if !commit && p.needInit {
+		// The coordinator timed it out and aborted it already.
+		p.resetLocked()
+		p.mu.Unlock()
+		return TxnEnd{}, nil
+	}
+	p.mu.Unlock()
+	end, err := p.endWith(ctx, commit, written)
+	p.dropOnce(o)
+	return end, err
+}
+
+// dropOnce lets o's writer go once its transaction ended (it has nothing
+// left to send).
+func (p *TransactionalProducer) dropOnce(o *onceTxn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.phase == txnNone && p.once == o && o != nil {
+		p.once = nil
+		o.w.cancel()
+	}
+}
+
+// sessionEnded reports whether the session's transaction ended otherwise
+// than asked (timed out): the next one starts a new session.
+func (p *TransactionalProducer) sessionEnded() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.needInit
+}
+
+// closeOnceLocked drops the open transaction's writer (Close).
+func (p *TransactionalProducer) closeOnceLocked() {
+	if o := p.once; o != nil {
+		p.once = nil
+		o.w.cancel()
+	}
+}
+
+// Commits in flight (CommitAsync).
+
+// MaxTxnCommitsInFlight is how many transactions CommitAsync lets wait for
+// their commit at once (the coordinator queues as many behind the one it
+// decides).
+const MaxTxnCommitsInFlight = 8
+
+// pendingCommit is a transaction CommitAsync queued.
+type pendingCommit struct {
+	o       *onceTxn // nil: it wrote nothing
+	epoch   uint32
+	offsets []*heraldpb.TxnGroupOffsets
+	cb      func(TxnEnd, error)
+}
+
+// CommitAsync commits the open transaction without waiting for it
+// (WithTxnWrittenOnce only): the producer is ready for the next Begin at
+// once, and cb gets what Commit would have returned, from the producer's
+// goroutine, once the commit decision is durable. The records still being
+// written are waited for first. Up to MaxTxnCommitsInFlight commits wait
+// at a time; past that CommitAsync blocks (on ctx) until one is done.
+// Commits end in the order they were made. If one fails, every commit
+// queued after it fails too (none commits past one that did not), the
+// open transaction fails (Abort it), and the next one starts a new
+// session, which aborts what the failed ones wrote. Commit, Abort and
+// Close wait for the queued commits first, so cb must not call them.
+func (p *TransactionalProducer) CommitAsync(ctx context.Context, cb func(TxnEnd, error)) error {
+	if cb == nil {
+		cb = func(TxnEnd, error) {}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.cfg.writeOnce {
+		return errors.New("herald: CommitAsync needs a producer writing once (WithTxnWrittenOnce)")
+	}
+	if err := p.waitCommitsLocked(ctx, MaxTxnCommitsInFlight-1); err != nil {
+		return err
+	}
+	if err := p.usableLocked(); err != nil {
+		return err
+	}
+	switch p.phase {
+	case txnNone:
+		return errNoTxn
+	case txnFailed:
+		return p.failedErrLocked()
+	case txnCommitting, txnAborting:
+		return errors.New("herald: the transaction is ending already")
+	}
+	p.commitQ = append(p.commitQ, &pendingCommit{o: p.once, epoch: p.epoch, offsets: p.offsetsLocked(), cb: cb})
+	p.once = nil
+	p.epoch++ // the next transaction's: the coordinator moves one epoch per commit
+	p.resetLocked()
+	if !p.committer {
+		p.committer = true
+		go p.runCommits()
+	}
+	return nil
+}
+
+// waitCommitsLocked waits, releasing p.mu meanwhile, until at most limit
+// commits are queued, or ctx ends.
+func (p *TransactionalProducer) waitCommitsLocked(ctx context.Context, limit int) error {
+	for len(p.commitQ) > limit {
+		changed := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			p.mu.Lock()
+			return ctx.Err()
+		case <-changed:
+		}
+		p.mu.Lock()
+	}
+	return nil
+}
+
+// runCommits ends the queued commits, in order, until none is left.
+func (p *TransactionalProducer) runCommits() {
+	for {
+		p.mu.Lock()
+		if len(p.commitQ) == 0 {
+			p.committer = false
+			p.mu.Unlock()
+			return
+		}
+		pc := p.commitQ[0]
+		p.mu.Unlock()
+		end, err := p.sendCommit(pc)
+		var failed []*pendingCommit
+		if err != nil {
+			p.mu.Lock()
+			failed = slices.Clone(p.commitQ[1:])
+			if errors.Is(err, ErrProducerFenced) {
+				p.fenced = err
+			} else {
+				// The transactions after it cannot commit: a new session
+				// aborts what they wrote.
+				p.needInit = true
+				p.failLocked(err)
+			}
+			p.mu.Unlock()
+		}
+		if pc.o != nil {
+			pc.o.w.cancel()
+		}
+		pc.cb(end, err)
+		for _, f := range failed {
+			if f.o != nil {
+				f.o.w.cancel()
+			}
+			f.cb(TxnEnd{}, fmt.Errorf("%w: a transaction committed before it failed: %w", ErrTxnFailed, err))
+		}
+		// Dequeued once their callbacks ran: Close and Commit wait for
+		// them.
+		p.mu.Lock()
+		p.commitQ = p.commitQ[1+len(failed):]
+		p.changedLocked()
+		p.mu.Unlock()
+	}
+}
+
+// sendCommit waits for pc's records, then commits it.
+func (p *TransactionalProducer) sendCommit(pc *pendingCommit) (TxnEnd, error) {
+	ctx, cancel := context.WithTimeout(p.ctx, p.retryFor())
+	defer cancel()
+	var written []*heraldpb.TxnWritten
+	if pc.o != nil {
+		if err := pc.o.w.Flush(ctx); err != nil {
+			return TxnEnd{}, err
+		}
+		p.mu.Lock()
+		failed, w := pc.o.failed, pc.o.written()
+		p.mu.Unlock()
+		if failed != nil {
+			return TxnEnd{}, fmt.Errorf("%w: %w", ErrTxnFailed, failed)
+		}
+		written = w
+	}
+	p.mu.Lock()
+	pid := p.pid
+	p.mu.Unlock()
+	f, err := p.c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
+		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: pc.epoch, Commit: true, GroupOffsets: pc.offsets, Written: written,
+	}}}, true)
+	if err != nil {
+		return TxnEnd{}, err
+	}
+	r := f.GetEndTxnResponse()
+	switch {
+	case r == nil:
+		return TxnEnd{}, unexpected(f, "EndTxnResponse")
+	case r.GetNextEpoch() != pc.epoch+1:
+		return TxnEnd{}, fmt.Errorf("herald: the commit of %q (epoch %d) moved the epoch to %d, not %d", p.id, pc.epoch, r.GetNextEpoch(), pc.epoch+1)
+	}
+	return TxnEnd{Records: int(r.GetRecords()), Partitions: r.GetPartitions(), AlreadyEnded: r.GetAlreadyEnded()}, nil
+}
