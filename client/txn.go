@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -311,8 +312,32 @@ const txnResends = 2
 // of an attempt that was sent and got no answer (lost, timed out, cut
 // short by ctx), so may have taken effect, is marked ErrOutcomeUnknown.
 func (c *Client) callTxn(ctx context.Context, req *heraldpb.Frame, resend bool) (*heraldpb.Frame, error) {
+	return c.callTxnTurn(ctx, req, resend, nil, nil)
+}
+
+// callTxnTurn is callTxn whose first attempt waits for turn to close
+// (nil: it does not wait) before it is queued on its connection, and
+// closes queued (if not nil) once it is, or once it failed before that:
+// requests made in turn reach the coordinator in order (its retries need
+// not).
+func (c *Client) callTxnTurn(ctx context.Context, req *heraldpb.Frame, resend bool, turn <-chan struct{}, queued chan struct{}) (*heraldpb.Frame, error) {
+	var once sync.Once
+	mark := func() {
+		if queued != nil {
+			once.Do(func() { close(queued) })
+		}
+	}
+	defer mark()
+	if turn != nil {
+		select {
+		case <-turn:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	return c.callTxnEnc(ctx, func(dst []byte, id uint64) ([]byte, error) {
 		req.Id = id
+		defer mark() // (enc runs as the request is queued)
 		return heraldpb.AppendFrame(dst, req)
 	}, resend)
 }

@@ -231,12 +231,22 @@ func (p *TransactionalProducer) closeOnceLocked() {
 // decides).
 const MaxTxnCommitsInFlight = 8
 
-// pendingCommit is a transaction CommitAsync queued.
+// pendingCommit is a transaction CommitAsync queued. Its commit runs on
+// its own goroutine (commitOne): it waits for its records, then for the
+// commit before it to be sent, and sends its EndTxn right behind it, so
+// the coordinator gets a producer's commits in order and decides those
+// queued behind one together. runCommits reports them in order.
 type pendingCommit struct {
 	o       *onceTxn // nil: it wrote nothing
 	epoch   uint32
 	offsets []*heraldpb.TxnGroupOffsets
 	cb      func(TxnEnd, error)
+	prev    *pendingCommit // the commit before it, if still queued
+	queued  chan struct{}  // closed once its EndTxn is on the connection, or will never be
+	unsent  bool           // set before queued closes: its EndTxn was not sent
+	done    chan struct{}  // closed once end and err are set
+	end     TxnEnd
+	err     error
 }
 
 // CommitAsync commits the open transaction without waiting for it
@@ -245,11 +255,12 @@ type pendingCommit struct {
 // goroutine, once the commit decision is durable. The records still being
 // written are waited for first. Up to MaxTxnCommitsInFlight commits wait
 // at a time; past that CommitAsync blocks (on ctx) until one is done.
-// Commits end in the order they were made. If one fails, every commit
-// queued after it fails too (none commits past one that did not), the
-// open transaction fails (Abort it), and the next one starts a new
-// session, which aborts what the failed ones wrote. Commit, Abort and
-// Close wait for the queued commits first, so cb must not call them.
+// Commits end, and are reported, in the order they were made; the
+// coordinator decides those that wait behind one together. If one fails,
+// none after it commits, the open transaction fails (Abort it), and the
+// next one starts a new session, which aborts what the failed ones wrote.
+// Commit, Abort and Close wait for the queued commits first, so cb must
+// not call them.
 func (p *TransactionalProducer) CommitAsync(ctx context.Context, cb func(TxnEnd, error)) error {
 	if cb == nil {
 		cb = func(TxnEnd, error) {}
@@ -273,10 +284,15 @@ func (p *TransactionalProducer) CommitAsync(ctx context.Context, cb func(TxnEnd,
 	case txnCommitting, txnAborting:
 		return errors.New("herald: the transaction is ending already")
 	}
-	p.commitQ = append(p.commitQ, &pendingCommit{o: p.once, epoch: p.epoch, offsets: p.offsetsLocked(), cb: cb})
+	pc := &pendingCommit{o: p.once, epoch: p.epoch, offsets: p.offsetsLocked(), cb: cb, queued: make(chan struct{}), done: make(chan struct{})}
+	if n := len(p.commitQ); n > 0 {
+		pc.prev = p.commitQ[n-1]
+	}
+	p.commitQ = append(p.commitQ, pc)
 	p.once = nil
 	p.epoch++ // the next transaction's: the coordinator moves one epoch per commit
 	p.resetLocked()
+	go p.commitOne(pc, p.pid)
 	if !p.committer {
 		p.committer = true
 		go p.runCommits()
@@ -301,7 +317,7 @@ func (p *TransactionalProducer) waitCommitsLocked(ctx context.Context, limit int
 	return nil
 }
 
-// runCommits ends the queued commits, in order, until none is left.
+// runCommits reports the queued commits, in order, until none is left.
 func (p *TransactionalProducer) runCommits() {
 	for {
 		p.mu.Lock()
@@ -312,72 +328,85 @@ func (p *TransactionalProducer) runCommits() {
 		}
 		pc := p.commitQ[0]
 		p.mu.Unlock()
-		end, err := p.sendCommit(pc)
-		var failed []*pendingCommit
-		if err != nil {
+		<-pc.done
+		if pc.err != nil {
 			p.mu.Lock()
-			failed = slices.Clone(p.commitQ[1:])
-			if errors.Is(err, ErrProducerFenced) {
-				p.fenced = err
+			if errors.Is(pc.err, ErrProducerFenced) {
+				p.fenced = pc.err
 			} else {
 				// The transactions after it cannot commit: a new session
 				// aborts what they wrote.
 				p.needInit = true
-				p.failLocked(err)
+				p.failLocked(pc.err)
 			}
 			p.mu.Unlock()
 		}
 		if pc.o != nil {
 			pc.o.w.cancel()
 		}
-		pc.cb(end, err)
-		for _, f := range failed {
-			if f.o != nil {
-				f.o.w.cancel()
-			}
-			f.cb(TxnEnd{}, fmt.Errorf("%w: a transaction committed before it failed: %w", ErrTxnFailed, err))
-		}
-		// Dequeued once their callbacks ran: Close and Commit wait for
-		// them.
+		pc.cb(pc.end, pc.err)
+		// Dequeued once its callback ran: Close and Commit wait for it.
 		p.mu.Lock()
-		p.commitQ = p.commitQ[1+len(failed):]
+		p.commitQ = p.commitQ[1:]
 		p.changedLocked()
 		p.mu.Unlock()
 	}
 }
 
-// sendCommit waits for pc's records, then commits it.
-func (p *TransactionalProducer) sendCommit(pc *pendingCommit) (TxnEnd, error) {
+// commitOne waits for pc's records, then commits it, right behind the
+// commit before it.
+func (p *TransactionalProducer) commitOne(pc *pendingCommit, pid uint64) {
+	defer close(pc.done)
+	prev := pc.prev
+	pc.prev = nil // (only this goroutine reads it: the chain of commits is not kept)
 	ctx, cancel := context.WithTimeout(p.ctx, p.retryFor())
 	defer cancel()
+	unsent := func(err error) {
+		pc.err, pc.unsent = err, true
+		close(pc.queued)
+	}
 	var written []*heraldpb.TxnWritten
 	if pc.o != nil {
 		if err := pc.o.w.Flush(ctx); err != nil {
-			return TxnEnd{}, err
+			unsent(err)
+			return
 		}
 		p.mu.Lock()
 		failed, w := pc.o.failed, pc.o.written()
 		p.mu.Unlock()
 		if failed != nil {
-			return TxnEnd{}, fmt.Errorf("%w: %w", ErrTxnFailed, failed)
+			unsent(fmt.Errorf("%w: %w", ErrTxnFailed, failed))
+			return
 		}
 		written = w
 	}
-	p.mu.Lock()
-	pid := p.pid
-	p.mu.Unlock()
-	f, err := p.c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
+	var turn <-chan struct{}
+	if prev != nil {
+		select {
+		case <-prev.queued:
+		case <-ctx.Done():
+			unsent(ctx.Err())
+			return
+		}
+		if prev.unsent {
+			unsent(fmt.Errorf("%w: the transaction committed before it failed", ErrTxnFailed))
+			return
+		}
+		turn = prev.queued
+	}
+	f, err := p.c.callTxnTurn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
 		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: pc.epoch, Commit: true, GroupOffsets: pc.offsets, Written: written,
-	}}}, true)
+	}}}, true, turn, pc.queued)
 	if err != nil {
-		return TxnEnd{}, err
+		pc.err = err
+		return
 	}
-	r := f.GetEndTxnResponse()
-	switch {
+	switch r := f.GetEndTxnResponse(); {
 	case r == nil:
-		return TxnEnd{}, unexpected(f, "EndTxnResponse")
+		pc.err = unexpected(f, "EndTxnResponse")
 	case r.GetNextEpoch() != pc.epoch+1:
-		return TxnEnd{}, fmt.Errorf("herald: the commit of %q (epoch %d) moved the epoch to %d, not %d", p.id, pc.epoch, r.GetNextEpoch(), pc.epoch+1)
+		pc.err = fmt.Errorf("herald: the commit of %q (epoch %d) moved the epoch to %d, not %d", p.id, pc.epoch, r.GetNextEpoch(), pc.epoch+1)
+	default:
+		pc.end = TxnEnd{Records: int(r.GetRecords()), Partitions: r.GetPartitions(), AlreadyEnded: r.GetAlreadyEnded()}
 	}
-	return TxnEnd{Records: int(r.GetRecords()), Partitions: r.GetPartitions(), AlreadyEnded: r.GetAlreadyEnded()}, nil
 }

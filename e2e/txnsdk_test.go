@@ -629,6 +629,7 @@ func TestTxnSDKCommitAsync(t *testing.T) {
 	p := newTxnProducer(t, c, "async-1", client.WithTxnWrittenOnce())
 	var mu sync.Mutex
 	committed, failed := map[string]bool{}, 0
+	var failures []string
 	var onCommit func(done int) // (under mu) told of each commit reported
 	run := func(p *client.TransactionalProducer, prefix string, txns int) {
 		for i := range txns {
@@ -649,6 +650,7 @@ func TestTxnSDKCommitAsync(t *testing.T) {
 				defer mu.Unlock()
 				if err != nil {
 					failed++
+					failures = append(failures, fmt.Sprintf("%s-%02d: %v", prefix, i, err))
 					return
 				}
 				for _, v := range vals {
@@ -691,9 +693,11 @@ func TestTxnSDKCommitAsync(t *testing.T) {
 	// Fenced with commits in flight.
 	old := newTxnProducer(t, c, "async-2", client.WithTxnWrittenOnce())
 	c2 := dial(t, n)
+	started := make(chan struct{})
 	onCommit = func(done int) {
 		if done == 30+5 { // the fifth of the old session's commits: a new session starts
 			go func() {
+				defer close(started)
 				if np, err := c2.NewTransactionalProducer(ctx, "async-2", client.WithTxnWrittenOnce()); err != nil {
 					t.Errorf("the new session: %v", err)
 				} else {
@@ -704,8 +708,9 @@ func TestTxnSDKCommitAsync(t *testing.T) {
 	}
 	run(old, "b", 200)
 	_ = old.Close(ctx)
+	<-started
 	mu.Lock()
-	t.Logf("after the fence: %d records reported committed, %d transactions failed", len(committed), failed)
+	t.Logf("after the fence: %d records reported committed, %d transactions failed: %q", len(committed), failed, failures)
 	mu.Unlock()
 	waitValues(t, n, "out", 3, func(got map[string]int) error {
 		mu.Lock()

@@ -161,8 +161,14 @@ type pipedEnd struct {
 }
 
 // maxPiped bounds the commits of one transactional id queued behind the
-// one being decided.
+// one being decided (client.MaxTxnCommitsInFlight must not exceed it).
 const maxPiped = 8
+
+// sessionEpochGap is how far a new session's epoch is past the current
+// one: past the epochs of the old session's commits in flight (maxPiped)
+// and of the transaction it writes behind them, so that none of its late
+// requests carries the new session's epoch.
+const sessionEpochGap = maxPiped + 2
 
 // pipeEnd queues req, a commit of a transaction written once whose epoch
 // is past m's current one, behind the commit being decided; it reports

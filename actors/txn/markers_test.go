@@ -236,3 +236,57 @@ func TestNewSessionAbortsTheZombiesTransactions(t *testing.T) {
 	fresh.endWritten(true)
 	r.waitValues("only the new session's record", []string{"fresh"})
 }
+
+// TestNewSessionEpochIsPastThePipelinedOnes: a producer with commits in
+// flight writes and commits transactions of epochs past the current one
+// before it hears of them. A new session of its id must get an epoch
+// none of those can carry: before, it got the current epoch + 1, and the
+// zombie's next pipelined commit (that same epoch) was taken as the new
+// session's (e2e/TestTxnSDKCommitAsync found zombie commits answered as
+// committed). Also, a producer committing back to back cannot keep the
+// new session out: once the new session was told to wait, the old
+// session's next end is fenced.
+func TestNewSessionEpochIsPastThePipelinedOnes(t *testing.T) {
+	var hold atomic.Bool
+	r := newRig(t, t.TempDir(), Options{OpenTxnSweep: time.Hour, holdWrites: hold.Load})
+	zombie := r.session("z")
+	zombie.writeOnce("a")
+	zombie.endWritten(true)
+	fresh := r.session("z")
+	if fresh.epoch <= zombie.epoch+maxPiped {
+		t.Fatalf("the new session's epoch %d is within %d of the old one's %d", fresh.epoch, maxPiped, zombie.epoch)
+	}
+	for k := range uint32(maxPiped + 1) { // every epoch the zombie may use next
+		f := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{TransactionalId: "z", ProducerId: zombie.pid,
+			ProducerEpoch: zombie.epoch + k, Commit: true, Written: []*heraldpb.TxnWritten{{Topic: "t", Partition: 0, Records: 1}}}}}, r.txn)
+		if f.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
+			t.Fatalf("the zombie's commit of epoch %d: %v", zombie.epoch+k, f)
+		}
+	}
+
+	// A commit being decided: the next session waits, and the old
+	// session's next end is fenced meanwhile.
+	fresh.writeOnce("b")
+	hold.Store(true)
+	deciding := r.sys.Root.RequestFuture(r.txn, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{TransactionalId: "z", ProducerId: fresh.pid,
+		ProducerEpoch: fresh.epoch, Commit: true, Written: []*heraldpb.TxnWritten{{Topic: "t", Partition: 0, Records: 1}}}}}, 20*time.Second)
+	waitFor(t, "the commit being decided", func() error {
+		f := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: "z"}}}, r.txn)
+		if f.GetError().GetCode() != heraldpb.ErrorCode_THROTTLED {
+			return fmt.Errorf("InitProducerId answered %v", f)
+		}
+		return nil
+	})
+	if f := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{TransactionalId: "z", ProducerId: fresh.pid,
+		ProducerEpoch: fresh.epoch + 1, Commit: true}}}, r.txn); f.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
+		t.Fatalf("the old session's next commit while a new session waits: %v", f)
+	}
+	hold.Store(false)
+	if res, err := deciding.Result(); err != nil || res.(*heraldpb.Frame).GetEndTxnResponse() == nil {
+		t.Fatalf("the commit being decided: %v %v", res, err)
+	}
+	third := r.session("z")
+	third.writeOnce("c")
+	third.endWritten(true)
+	r.waitValues("a, b and c once each", []string{"a", "b", "c"})
+}

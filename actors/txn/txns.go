@@ -93,6 +93,11 @@ type txnMeta struct {
 	timeout time.Duration
 	used    int64  // ms: last request
 	lastOff uint64 // offset of the newest event about it in __txn
+	// sessionWanted: when an InitProducerId of a new session was last
+	// told to wait for a decision (zero: none). For a while after it the
+	// current session's ends are refused as fenced, so that a producer
+	// committing back to back (pipelined) cannot keep the new session out.
+	sessionWanted time.Time
 
 	state   txnState
 	started int64 // ms: first staged batch (this coordinator's clock)
@@ -463,6 +468,11 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, throttledErr("too many transactional ids")))
 		return
 	case m != nil && m.deciding && !m.queuedCommit:
+		// Once this decision is written the new session goes first: the
+		// commits queued behind it are fenced now, and the ones sent
+		// meanwhile too (newSessionWaits).
+		m.sessionWanted = time.Now()
+		c.failPiped(ctx, m, heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED, "transactional id %q: a new session is starting", m.id))
 		e := throttledErr(fmt.Sprintf("transactional id %q: the last session's transaction is being ended", req.TransactionalId))
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
 		return
@@ -495,7 +505,13 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 				TransactionalId: m.id, Epoch: m.epoch, By: "fenced"}}})
 			epoch++
 		}
-		epoch++ // the new session's: every request of the old one is fenced
+		// The new session's, past every epoch the old session may be
+		// using: with commits in flight (pipelined, markers.go) a producer
+		// writes and commits transactions of epochs up to maxPiped past
+		// the current one before it hears of them, and one of those must
+		// never pass for the new session's. Every request of the old one
+		// is fenced.
+		epoch += sessionEpochGap
 		if epoch >= 1<<31 {
 			pid, epoch = randomToken()>>1, 0 // a new producer id rather than an epoch that wraps
 		}
@@ -522,6 +538,9 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		if err != nil {
 			respond(ctx, to, heraldpb.ErrorFrame(f.Id, err))
 			return
+		}
+		if m != nil {
+			m.sessionWanted = time.Time{}
 		}
 		for i, ev := range events {
 			if ev.GetEnd() != nil {
@@ -593,6 +612,11 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 			e = heraldpb.NewError(heraldpb.ErrorCode_INVALID_TXN_STATE, "transactional id %q: the transaction of epoch %d has ended", m.id, req.ProducerEpoch)
 		}
 		fail(e)
+		return
+	}
+	if newSessionWaits(m) {
+		mTxnFenced.Inc()
+		fail(heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED, "transactional id %q: a new session is starting", m.id))
 		return
 	}
 	part, n, e := c.routeBatch(req, c.o.Topics.Get(req.Topic), txnTagBytes, "transactional batch")
@@ -698,6 +722,18 @@ func (c *Coordinator) onTxnProduce(ctx actor.Context, f *heraldpb.Frame, req *he
 const txnTagBytes = 384
 
 // onEndTxn commits or aborts a transaction.
+// sessionWait is how long the ends of a session are refused after an
+// InitProducerId of a new one was told to wait (its client retries within
+// a fraction of it).
+const sessionWait = 5 * time.Second
+
+// newSessionWaits reports whether a new session of m's id waits for the
+// decision being written, so that m's current session may end nothing
+// more.
+func newSessionWaits(m *txnMeta) bool {
+	return !m.sessionWanted.IsZero() && time.Since(m.sessionWanted) < sessionWait
+}
+
 func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.EndTxnRequest, to *actor.PID) {
 	w := endWaiter{to: to, id: f.Id, offsets: req.GroupOffsets}
 	if len(req.GroupOffsets) > 0 {
@@ -722,6 +758,11 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 		default:
 			c.abortTxn(ctx, m, "manual", w.abortDone(ctx, m))
 		}
+		return
+	}
+	if newSessionWaits(m) {
+		mTxnFenced.Inc()
+		w.fail(ctx, heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED, "transactional id %q: a new session is starting", m.id))
 		return
 	}
 	if c.pipeEnd(ctx, m, req, w) {
