@@ -74,8 +74,9 @@ type Producer struct {
 	// bufs holds *[]byte batch buffers (length 0) of finished batches for
 	// reuse: a batch buffer is not referenced any more once its produce
 	// request has completed, since sending copies it into the connection's
-	// write buffer.
-	bufs sync.Pool
+	// write buffer. A transaction's writer shares its
+	// TransactionalProducer's (txnwrite.go).
+	bufs *sync.Pool
 }
 
 type batchKey struct {
@@ -186,6 +187,7 @@ func (c *Client) NewProducer(opts ...ProducerOpt) *Producer {
 		seqs:     make(map[batchKey]*seqState),
 		sticky:   make(map[string]*sticky),
 		freed:    make(chan struct{}),
+		bufs:     &sync.Pool{},
 	}
 	if cfg.idempotent {
 		p.pid = newProducerID()

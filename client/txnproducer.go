@@ -171,6 +171,7 @@ type TransactionalProducer struct {
 	once      *onceTxn
 	commitQ   []*pendingCommit
 	committer bool
+	bufs      sync.Pool // the writers' batch buffers
 }
 
 type offsetsKey struct{ group, topic string }

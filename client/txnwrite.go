@@ -79,6 +79,7 @@ func (p *TransactionalProducer) newTxnWriter(pid uint64, epoch uint32) *Producer
 	w := p.c.NewProducer(WithLinger(p.cfg.linger), WithBatchBytes(p.cfg.batchBytes), WithBufferBytes(p.cfg.bufferBytes),
 		WithPartitionInFlight(maxIdempotentInFlight))
 	w.pid, w.txn = pid, &txnStamp{id: p.id, epoch: epoch}
+	w.bufs = &p.bufs // (a new writer per transaction: its batches reuse the last ones' buffers)
 	return w
 }
 
