@@ -201,7 +201,9 @@ type Config struct {
 	// MaxTxnOpenPerProducer bounds the transactions (epochs) of one
 	// producer open on the partition at once (THROTTLED past it): a
 	// producer that keeps batches in flight across transactions has the
-	// ones whose markers are on their way open too. Default 32.
+	// ones whose markers are on their way open too: up to 32 commits in
+	// flight (client.MaxTxnCommitsInFlight) plus the transactions whose
+	// markers follow. Default 64.
 	MaxTxnOpenPerProducer int
 	// MaxProducers bounds the idempotent producers whose recent batches the
 	// partition remembers; past it the least recently written one is
@@ -246,7 +248,7 @@ func (c *Config) EnsureDefaults() {
 		c.MaxTxnOpenBytes = 64 << 20
 	}
 	if c.MaxTxnOpenPerProducer == 0 {
-		c.MaxTxnOpenPerProducer = 32
+		c.MaxTxnOpenPerProducer = 64
 	}
 	if c.QuiesceTicks == 0 {
 		c.QuiesceTicks = 5

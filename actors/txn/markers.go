@@ -162,7 +162,7 @@ type pipedEnd struct {
 
 // maxPiped bounds the commits of one transactional id queued behind the
 // one being decided (client.MaxTxnCommitsInFlight must not exceed it).
-const maxPiped = 8
+const maxPiped = 32
 
 // sessionEpochGap is how far a new session's epoch is past the current
 // one: past the epochs of the old session's commits in flight (maxPiped)

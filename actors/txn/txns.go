@@ -177,7 +177,7 @@ const maxCompleting = 4
 // maxCompletingWritten bounds them instead while every one of them was
 // written once (markers.go): such a commit holds no records, only where
 // its markers go, and a producer keeping commits in flight needs room.
-const maxCompletingWritten = 32
+const maxCompletingWritten = 64
 
 // roomToComplete is how many more committed transactions m may have
 // waiting for their appends or markers, the next one written once or not.

@@ -134,7 +134,7 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.StringVar(&bc.ackLog, "ack-log", "", "write which records were acknowledged to this file, for `herald verify`")
 	fs.IntVar(&bc.txnSize, "txn-size", 0, "records per transaction: each producer is a transactional producer (id herald-bench-N) committing every N records; latency to ack is then to the commit (0 = no transactions)")
 	fs.BoolVar(&bc.txnOnce, "txn-written-once", false, "with --txn-size: write each transaction's records once, to their partitions, instead of staging them with the coordinator")
-	fs.IntVar(&bc.txnInFlight, "txn-in-flight", 1, "with --txn-written-once: commits each producer keeps in flight (above 1: CommitAsync, the next transaction written while the last ones commit; at most 8)")
+	fs.IntVar(&bc.txnInFlight, "txn-in-flight", 1, "with --txn-written-once: commits each producer keeps in flight (above 1: CommitAsync, the next transaction written while the last ones commit; at most 32)")
 	fs.StringVar(&bc.isolation, "isolation", isolationCommitted, isolationUsage)
 	fs.StringVar(&bc.group, "group", "", "consume by push, as members of this consumer group (default: pull, fetching each partition)")
 	mode := fs.String("mode", "shared", "group mode: shared, clustering or key-shared (with --group)")
