@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"slices"
@@ -727,4 +728,51 @@ func TestTxnSDKCommitAsync(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestTxnSDKWrittenOnceInCluster: transactions written once in a 3-node
+// cluster, each over the partitions of a topic replicated three times
+// (their leaders on different nodes): every committed record appears once,
+// on every replica's read through its leader, and no aborted one does.
+func TestTxnSDKWrittenOnceInCluster(t *testing.T) {
+	tc, c := clusterWithTopic(t, "out", 3)
+	ctx := ctxT(t, 90*time.Second)
+	awaitInternalLeader(t, c, "__txn")
+	p := newTxnProducer(t, c, "once-c", client.WithTxnWrittenOnce())
+	want := map[string]int{}
+	for n := range 20 {
+		if err := p.Begin(); err != nil {
+			t.Fatal(err)
+		}
+		var vals []string
+		for k := range 4 {
+			vals = append(vals, fmt.Sprintf("t%d-%d", n, k))
+		}
+		sendAll(t, ctx, p, "out", vals...)
+		if n%5 == 4 {
+			if err := p.Abort(ctx); err != nil {
+				t.Fatalf("abort %d: %v", n, err)
+			}
+			continue
+		}
+		if _, err := p.Commit(ctx); err != nil {
+			t.Fatalf("commit %d: %v", n, err)
+		}
+		for _, v := range vals {
+			want[v] = 1
+		}
+	}
+	checkFor(t, 30*time.Second, "every committed record, once", func() error {
+		got := map[string]int{}
+		for part := range int32(3) {
+			for _, m := range readPartition(t, c, "out", part) {
+				got[string(m.Value)]++
+			}
+		}
+		if !maps.Equal(got, want) {
+			return fmt.Errorf("the topic holds %d values %v, want %d", len(got), got, len(want))
+		}
+		return nil
+	})
+	_ = tc
 }

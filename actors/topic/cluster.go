@@ -150,7 +150,10 @@ func (r *remoteProxy) Receive(ctx actor.Context) {
 	idempotent := false
 	switch b := f.Body.(type) {
 	case *heraldpb.Frame_Produce:
-		topic, part, idempotent = b.Produce.Topic, b.Produce.GetPartition(), b.Produce.ProducerId != 0 && !b.Produce.SingleInFlight
+		// (A transaction's marker is the coordinator's, one request each,
+		// retried until taken: forwarded like any produce.)
+		topic, part = b.Produce.Topic, b.Produce.GetPartition()
+		idempotent = b.Produce.ProducerId != 0 && !b.Produce.SingleInFlight && b.Produce.TxnMarker == heraldpb.TxnMarker_TXN_MARKER_NONE
 	case *heraldpb.Frame_Fetch:
 		topic, part = b.Fetch.Topic, b.Fetch.Partition
 	case *heraldpb.Frame_ListOffsets:

@@ -150,6 +150,9 @@ type Txns struct {
 	Rate    int      `json:"rate"`
 	Size    int      `json:"size,omitempty"`
 	Timeout Duration `json:"timeout,omitempty"`
+	// WrittenOnce: the producer writes its transactions once, straight to
+	// the partitions (client.WithTxnWrittenOnce), instead of staging them.
+	WrittenOnce bool `json:"written_once,omitempty"`
 }
 
 // Requests is the request-reply workload.

@@ -25,7 +25,11 @@ func (w *Workload) startTxns(ctx, genCtx context.Context, tx scenario.Txns) erro
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
-	p, err := c.NewTransactionalProducer(ctx, "chaos-txn-0", client.WithTransactionTimeout(timeout))
+	opts := []client.TxnOpt{client.WithTransactionTimeout(timeout)}
+	if tx.WrittenOnce {
+		opts = append(opts, client.WithTxnWrittenOnce())
+	}
+	p, err := c.NewTransactionalProducer(ctx, "chaos-txn-0", opts...)
 	if err != nil {
 		return fmt.Errorf("workload: the transactional producer: %w", err)
 	}
