@@ -65,10 +65,20 @@ func (c *Coordinator) writeMarker(ctx actor.Context, pid uint64, epoch uint32, c
 	}
 	backoff := 20 * time.Millisecond
 	var send func()
-	retry := func(why string) {
-		c.log.Debug("writing a transaction marker; retrying", "topic", tp.topic, "partition", tp.part, "producer", pid, "epoch", epoch, "err", why, "in", backoff)
-		c.after(backoff, &retryStep{fn: send})
-		backoff = min(backoff*2, 5*time.Second)
+	retry := func(e *heraldpb.Error, why string) {
+		wait := backoff
+		if e.GetCode() == heraldpb.ErrorCode_THROTTLED {
+			// The partition waits for an earlier transaction's marker or
+			// for this one's records to be applied: soon, and the
+			// producer's later markers queue behind this one, so it is
+			// asked again at once rather than later and later.
+			wait = max(time.Duration(e.GetRetryAfterMs())*time.Millisecond, markerThrottledRetry)
+			wait = min(wait, 4*markerThrottledRetry)
+		} else {
+			backoff = min(backoff*2, markerMaxBackoff)
+		}
+		c.log.Debug("writing a transaction marker; retrying", "topic", tp.topic, "partition", tp.part, "producer", pid, "epoch", epoch, "err", why, "in", wait)
+		c.after(wait, &retryStep{fn: send})
 	}
 	send = func() {
 		e := c.o.Topics.Get(tp.topic)
@@ -80,7 +90,7 @@ func (c *Coordinator) writeMarker(ctx actor.Context, pid uint64, epoch uint32, c
 		if !c.leadsTxn() {
 			// (the next coordinator writes it; held until this replica
 			// leads again, as the broker stops this actor when it does not)
-			retry("__txn's leadership is moving")
+			retry(nil, "__txn's leadership is moving")
 			return
 		}
 		part := tp.part
@@ -109,11 +119,20 @@ func (c *Coordinator) writeMarker(ctx actor.Context, pid uint64, epoch uint32, c
 				done()
 				return
 			}
-			retry(f.GetError().GetMessage())
+			retry(f.GetError(), f.GetError().GetMessage())
 		})
 	}
 	send()
 }
+
+// A marker refused THROTTLED is asked again after markerThrottledRetry (or
+// the partition's hint, at most 4 times it); after other errors (a leader
+// moving, a timeout) the wait doubles from 20 ms up to markerMaxBackoff,
+// about a leader election.
+const (
+	markerThrottledRetry = 20 * time.Millisecond
+	markerMaxBackoff     = time.Second
+)
 
 func markerResult(commit bool) string {
 	if commit {
