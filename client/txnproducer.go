@@ -599,7 +599,13 @@ func (p *TransactionalProducer) failLocked(err error) {
 // waitLocked waits, releasing p.mu meanwhile, until no record is
 // pending or ctx ends.
 func (p *TransactionalProducer) waitLocked(ctx context.Context) error {
-	for p.pending > 0 {
+	return p.waitUntilLocked(ctx, func() bool { return p.pending == 0 })
+}
+
+// waitUntilLocked waits, releasing p.mu meanwhile, until done (called
+// with p.mu held) or ctx ends.
+func (p *TransactionalProducer) waitUntilLocked(ctx context.Context, done func() bool) error {
+	for !done() {
 		changed := p.changed
 		p.mu.Unlock()
 		select {

@@ -274,16 +274,8 @@ func (p *TransactionalProducer) CommitAsync(ctx context.Context, cb func(TxnEnd,
 	if err := p.waitCommitsLocked(ctx, MaxTxnCommitsInFlight-1); err != nil {
 		return err
 	}
-	if err := p.usableLocked(); err != nil {
+	if err := p.acceptErrLocked(); err != nil {
 		return err
-	}
-	switch p.phase {
-	case txnNone:
-		return errNoTxn
-	case txnFailed:
-		return p.failedErrLocked()
-	case txnCommitting, txnAborting:
-		return errors.New("herald: the transaction is ending already")
 	}
 	pc := &pendingCommit{o: p.once, epoch: p.epoch, offsets: p.offsetsLocked(), cb: cb, queued: make(chan struct{}), done: make(chan struct{})}
 	if n := len(p.commitQ); n > 0 {
@@ -304,18 +296,7 @@ func (p *TransactionalProducer) CommitAsync(ctx context.Context, cb func(TxnEnd,
 // waitCommitsLocked waits, releasing p.mu meanwhile, until at most limit
 // commits are queued, or ctx ends.
 func (p *TransactionalProducer) waitCommitsLocked(ctx context.Context, limit int) error {
-	for len(p.commitQ) > limit {
-		changed := p.changed
-		p.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			p.mu.Lock()
-			return ctx.Err()
-		case <-changed:
-		}
-		p.mu.Lock()
-	}
-	return nil
+	return p.waitUntilLocked(ctx, func() bool { return len(p.commitQ) <= limit })
 }
 
 // runCommits reports the queued commits, in order, until none is left.

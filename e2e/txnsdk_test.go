@@ -362,25 +362,7 @@ func TestTxnSDKTimeout(t *testing.T) {
 	if _, err := p.Send(ctx, &client.Message{Topic: "out", Value: []byte("y")}); !errors.Is(err, client.ErrTxnTimedOut) {
 		t.Fatalf("Send after the timeout: %v", err)
 	}
-	if _, err := p.Commit(ctx); !errors.Is(err, client.ErrTxnTimedOut) {
-		t.Fatalf("Commit after the timeout: %v", err)
-	}
-	if err := p.Abort(ctx); err != nil {
-		t.Fatalf("Abort after the timeout: %v", err)
-	}
-	if err := p.Begin(); err != nil {
-		t.Fatal(err)
-	}
-	sendAll(t, ctx, p, "out", "z")
-	if _, err := p.Commit(ctx); err != nil {
-		t.Fatalf("a transaction after the timeout: %v", err)
-	}
-	waitValues(t, n, "out", 1, func(got map[string]int) error {
-		if len(got) != 1 || got["z"] != 1 {
-			return fmt.Errorf("the topic holds %v, want only z", got)
-		}
-		return nil
-	})
+	afterTimeout(t, ctx, n, p)
 }
 
 // TestTxnSDKExactlyOnceKill: TransformExactlyOnce in a process of its
@@ -594,25 +576,7 @@ func TestTxnSDKWrittenOnceTimeout(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := p.Commit(ctx); !errors.Is(err, client.ErrTxnTimedOut) {
-		t.Fatalf("Commit after the timeout: %v", err)
-	}
-	if err := p.Abort(ctx); err != nil {
-		t.Fatalf("Abort after the timeout: %v", err)
-	}
-	if err := p.Begin(); err != nil {
-		t.Fatal(err)
-	}
-	sendAll(t, ctx, p, "out", "z")
-	if _, err := p.Commit(ctx); err != nil {
-		t.Fatalf("a transaction after the timeout: %v", err)
-	}
-	waitValues(t, n, "out", 1, func(got map[string]int) error {
-		if len(got) != 1 || got["z"] != 1 {
-			return fmt.Errorf("the topic holds %v, want only z", got)
-		}
-		return nil
-	})
+	afterTimeout(t, ctx, n, p)
 }
 
 // TestTxnSDKCommitAsync: a producer writing once commits 30 transactions
@@ -775,4 +739,30 @@ func TestTxnSDKWrittenOnceInCluster(t *testing.T) {
 		return nil
 	})
 	_ = tc
+}
+
+// afterTimeout checks what follows a transaction the coordinator timed
+// out: Commit fails with ErrTxnTimedOut, Abort ends it, and the next
+// transaction (a new session) commits, alone on the topic "out".
+func afterTimeout(t *testing.T, ctx context.Context, n node, p *client.TransactionalProducer) {
+	t.Helper()
+	if _, err := p.Commit(ctx); !errors.Is(err, client.ErrTxnTimedOut) {
+		t.Fatalf("Commit after the timeout: %v", err)
+	}
+	if err := p.Abort(ctx); err != nil {
+		t.Fatalf("Abort after the timeout: %v", err)
+	}
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, ctx, p, "out", "z")
+	if _, err := p.Commit(ctx); err != nil {
+		t.Fatalf("a transaction after the timeout: %v", err)
+	}
+	waitValues(t, n, "out", 1, func(got map[string]int) error {
+		if len(got) != 1 || got["z"] != 1 {
+			return fmt.Errorf("the topic holds %v, want only z", got)
+		}
+		return nil
+	})
 }
