@@ -168,14 +168,14 @@ func (p *TransactionalProducer) endOnce(ctx context.Context, commit bool) (TxnEn
 	if commit && p.phase == txnFailed {
 		err := p.failedErrLocked()
 		ended := IsCode(p.failure, heraldpb.ErrorCode_INVALID_TXN_STATE)
+		if ended {
+			p.phase = txnAborting
+		}
 		p.mu.Unlock()
 		if ended {
 			// A partition had the transaction ended already: the
 			// coordinator aborted it (a timeout, or a new session of the
 			// id). Its abort answer says which.
-			p.mu.Lock()
-			p.phase = txnAborting
-			p.mu.Unlock()
 			switch _, aerr := p.endWith(ctx, false, written); {
 			case errors.Is(aerr, ErrProducerFenced):
 				err = aerr
