@@ -11,6 +11,12 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+// loadSlack is how late past its bound a delayed batch may become readable
+// on a loaded machine (CI runs this package next to the chaos and e2e
+// suites, whose fsyncs made it 2 s late once). The defects these tests
+// catch are a minute off either way, so a wide slack keeps them exact.
+const loadSlack = 10 * time.Second
+
 // TestDelayNotShortenedByAStepOfTheSchedulersClock: the scheduler and its
 // node's partitions on the chaos build's clock, whose wall reading an
 // offset steps (as an NTP step or `date -s` does) and whose monotonic
@@ -20,7 +26,7 @@ import (
 // real time have passed (it was at once, 2 s early, when the scheduler
 // read its time off the wall clock); back, it is not early either, and
 // late by at most the partition's MaxHold (its node's wall clock is
-// behind the scheduler's time) plus a margin for a loaded machine.
+// behind the scheduler's time) plus a margin for a loaded machine (loadSlack).
 func TestDelayNotShortenedByAStepOfTheSchedulersClock(t *testing.T) {
 	const delay = 2 * time.Second
 	for _, tc := range []struct {
@@ -28,8 +34,8 @@ func TestDelayNotShortenedByAStepOfTheSchedulersClock(t *testing.T) {
 		step time.Duration
 		late time.Duration // how late it may be, in real time
 	}{
-		{"forward", time.Minute, time.Second},
-		{"back", -time.Minute, partition.MaxHold + time.Second},
+		{"forward", time.Minute, loadSlack},
+		{"back", -time.Minute, partition.MaxHold + loadSlack},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := faults.New(vfs.Default)
@@ -109,7 +115,7 @@ func TestStepBeforeTheStartDoesNotMoveDelayedMessages(t *testing.T) {
 			}
 			break
 		}
-		if elapsed > delay+partition.MaxHold+time.Second {
+		if elapsed > delay+partition.MaxHold+loadSlack {
 			t.Fatalf("not readable %v after it was sent, %v delayed", elapsed, delay)
 		}
 		checks++
