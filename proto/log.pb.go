@@ -96,7 +96,13 @@ type LogEntry struct {
 	TxnRefs []uint64 `protobuf:"varint,17,rep,packed,name=txn_refs,json=txnRefs,proto3" json:"txn_refs,omitempty"`
 	// Whose epoch txn_epoch is (ProduceRequest.fencer): each fencer's epochs,
 	// fences and resets are its own.
-	Fencer        Fencer `protobuf:"varint,18,opt,name=fencer,proto3,enum=herald.v1.Fencer" json:"fencer,omitempty"`
+	Fencer Fencer `protobuf:"varint,18,opt,name=fencer,proto3,enum=herald.v1.Fencer" json:"fencer,omitempty"`
+	// More transaction ends in the same entry: a partition's leader writes
+	// the markers that reach it together as one entry. The fields above
+	// (producer_id, producer_epoch, txn_marker) are the first marker's; these
+	// follow it, in order. base_offset, count and txn_refs span the first
+	// marker's records and batches, then each of these markers' in turn.
+	TxnMarkers    []*TxnMarkerItem `protobuf:"bytes,19,rep,name=txn_markers,json=txnMarkers,proto3" json:"txn_markers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -257,6 +263,93 @@ func (x *LogEntry) GetFencer() Fencer {
 	return Fencer_FENCER_TXN_COORDINATOR
 }
 
+func (x *LogEntry) GetTxnMarkers() []*TxnMarkerItem {
+	if x != nil {
+		return x.TxnMarkers
+	}
+	return nil
+}
+
+// TxnMarkerItem is one more transaction end in a marker entry
+// (LogEntry.txn_markers).
+type TxnMarkerItem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProducerId    uint64                 `protobuf:"varint,1,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	ProducerEpoch uint32                 `protobuf:"varint,2,opt,name=producer_epoch,json=producerEpoch,proto3" json:"producer_epoch,omitempty"`
+	Marker        TxnMarker              `protobuf:"varint,3,opt,name=marker,proto3,enum=herald.v1.TxnMarker" json:"marker,omitempty"`
+	// A commit's records on this partition (0 for an abort).
+	Count uint32 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	// How many of the entry's txn_refs are this marker's batches.
+	Refs          uint32 `protobuf:"varint,5,opt,name=refs,proto3" json:"refs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnMarkerItem) Reset() {
+	*x = TxnMarkerItem{}
+	mi := &file_log_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnMarkerItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnMarkerItem) ProtoMessage() {}
+
+func (x *TxnMarkerItem) ProtoReflect() protoreflect.Message {
+	mi := &file_log_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnMarkerItem.ProtoReflect.Descriptor instead.
+func (*TxnMarkerItem) Descriptor() ([]byte, []int) {
+	return file_log_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TxnMarkerItem) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *TxnMarkerItem) GetProducerEpoch() uint32 {
+	if x != nil {
+		return x.ProducerEpoch
+	}
+	return 0
+}
+
+func (x *TxnMarkerItem) GetMarker() TxnMarker {
+	if x != nil {
+		return x.Marker
+	}
+	return TxnMarker_TXN_MARKER_NONE
+}
+
+func (x *TxnMarkerItem) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *TxnMarkerItem) GetRefs() uint32 {
+	if x != nil {
+		return x.Refs
+	}
+	return 0
+}
+
 // RaftMessage carries one go.etcd.io/raft raftpb.Message between the replicas
 // of a raft group, through protoactor remote (internal/raftwire).
 type RaftMessage struct {
@@ -282,7 +375,7 @@ type RaftMessage struct {
 
 func (x *RaftMessage) Reset() {
 	*x = RaftMessage{}
-	mi := &file_log_proto_msgTypes[1]
+	mi := &file_log_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -294,7 +387,7 @@ func (x *RaftMessage) String() string {
 func (*RaftMessage) ProtoMessage() {}
 
 func (x *RaftMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[1]
+	mi := &file_log_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -307,7 +400,7 @@ func (x *RaftMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftMessage.ProtoReflect.Descriptor instead.
 func (*RaftMessage) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{1}
+	return file_log_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RaftMessage) GetGroup() string {
@@ -365,7 +458,7 @@ type RaftEntry struct {
 
 func (x *RaftEntry) Reset() {
 	*x = RaftEntry{}
-	mi := &file_log_proto_msgTypes[2]
+	mi := &file_log_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -377,7 +470,7 @@ func (x *RaftEntry) String() string {
 func (*RaftEntry) ProtoMessage() {}
 
 func (x *RaftEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[2]
+	mi := &file_log_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -390,7 +483,7 @@ func (x *RaftEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftEntry.ProtoReflect.Descriptor instead.
 func (*RaftEntry) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{2}
+	return file_log_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RaftEntry) GetType() int32 {
@@ -433,7 +526,7 @@ type Joining struct {
 
 func (x *Joining) Reset() {
 	*x = Joining{}
-	mi := &file_log_proto_msgTypes[3]
+	mi := &file_log_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +538,7 @@ func (x *Joining) String() string {
 func (*Joining) ProtoMessage() {}
 
 func (x *Joining) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[3]
+	mi := &file_log_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +551,7 @@ func (x *Joining) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Joining.ProtoReflect.Descriptor instead.
 func (*Joining) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{3}
+	return file_log_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Joining) GetFrom() uint64 {
@@ -488,7 +581,7 @@ type Quiesce struct {
 
 func (x *Quiesce) Reset() {
 	*x = Quiesce{}
-	mi := &file_log_proto_msgTypes[4]
+	mi := &file_log_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +593,7 @@ func (x *Quiesce) String() string {
 func (*Quiesce) ProtoMessage() {}
 
 func (x *Quiesce) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[4]
+	mi := &file_log_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +606,7 @@ func (x *Quiesce) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Quiesce.ProtoReflect.Descriptor instead.
 func (*Quiesce) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{4}
+	return file_log_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Quiesce) GetFrom() uint64 {
@@ -546,7 +639,7 @@ type Tick struct {
 
 func (x *Tick) Reset() {
 	*x = Tick{}
-	mi := &file_log_proto_msgTypes[5]
+	mi := &file_log_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -558,7 +651,7 @@ func (x *Tick) String() string {
 func (*Tick) ProtoMessage() {}
 
 func (x *Tick) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[5]
+	mi := &file_log_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -571,7 +664,7 @@ func (x *Tick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tick.ProtoReflect.Descriptor instead.
 func (*Tick) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{5}
+	return file_log_proto_rawDescGZIP(), []int{6}
 }
 
 // SnapshotData is the state machine snapshot of a partition: a message log
@@ -596,7 +689,7 @@ type SnapshotData struct {
 
 func (x *SnapshotData) Reset() {
 	*x = SnapshotData{}
-	mi := &file_log_proto_msgTypes[6]
+	mi := &file_log_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +701,7 @@ func (x *SnapshotData) String() string {
 func (*SnapshotData) ProtoMessage() {}
 
 func (x *SnapshotData) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[6]
+	mi := &file_log_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +714,7 @@ func (x *SnapshotData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotData.ProtoReflect.Descriptor instead.
 func (*SnapshotData) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{6}
+	return file_log_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SnapshotData) GetNextOffset() int64 {
@@ -666,7 +759,7 @@ type TxnEnded struct {
 
 func (x *TxnEnded) Reset() {
 	*x = TxnEnded{}
-	mi := &file_log_proto_msgTypes[7]
+	mi := &file_log_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +771,7 @@ func (x *TxnEnded) String() string {
 func (*TxnEnded) ProtoMessage() {}
 
 func (x *TxnEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[7]
+	mi := &file_log_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +784,7 @@ func (x *TxnEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnEnded.ProtoReflect.Descriptor instead.
 func (*TxnEnded) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{7}
+	return file_log_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TxnEnded) GetProducerId() uint64 {
@@ -744,7 +837,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_log_proto_msgTypes[8]
+	mi := &file_log_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +849,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[8]
+	mi := &file_log_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +862,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{8}
+	return file_log_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Forward) GetGroup() string {
@@ -807,7 +900,7 @@ type TxnState struct {
 
 func (x *TxnState) Reset() {
 	*x = TxnState{}
-	mi := &file_log_proto_msgTypes[9]
+	mi := &file_log_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -819,7 +912,7 @@ func (x *TxnState) String() string {
 func (*TxnState) ProtoMessage() {}
 
 func (x *TxnState) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[9]
+	mi := &file_log_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -832,7 +925,7 @@ func (x *TxnState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnState.ProtoReflect.Descriptor instead.
 func (*TxnState) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{9}
+	return file_log_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TxnState) GetFloors() []*TxnFloor {
@@ -859,7 +952,7 @@ type TxnFloor struct {
 
 func (x *TxnFloor) Reset() {
 	*x = TxnFloor{}
-	mi := &file_log_proto_msgTypes[10]
+	mi := &file_log_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +964,7 @@ func (x *TxnFloor) String() string {
 func (*TxnFloor) ProtoMessage() {}
 
 func (x *TxnFloor) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[10]
+	mi := &file_log_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +977,7 @@ func (x *TxnFloor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnFloor.ProtoReflect.Descriptor instead.
 func (*TxnFloor) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{10}
+	return file_log_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TxnFloor) GetFloor() uint64 {
@@ -905,7 +998,7 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\x91\x05\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xcc\x05\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -928,7 +1021,16 @@ const file_log_proto_rawDesc = "" +
 	"\n" +
 	"txn_marker\x18\x10 \x01(\x0e2\x14.herald.v1.TxnMarkerR\ttxnMarker\x12\x19\n" +
 	"\btxn_refs\x18\x11 \x03(\x04R\atxnRefs\x12)\n" +
-	"\x06fencer\x18\x12 \x01(\x0e2\x11.herald.v1.FencerR\x06fencer\"\xe1\x01\n" +
+	"\x06fencer\x18\x12 \x01(\x0e2\x11.herald.v1.FencerR\x06fencer\x129\n" +
+	"\vtxn_markers\x18\x13 \x03(\v2\x18.herald.v1.TxnMarkerItemR\n" +
+	"txnMarkers\"\xaf\x01\n" +
+	"\rTxnMarkerItem\x12\x1f\n" +
+	"\vproducer_id\x18\x01 \x01(\x04R\n" +
+	"producerId\x12%\n" +
+	"\x0eproducer_epoch\x18\x02 \x01(\rR\rproducerEpoch\x12,\n" +
+	"\x06marker\x18\x03 \x01(\x0e2\x14.herald.v1.TxnMarkerR\x06marker\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\rR\x05count\x12\x12\n" +
+	"\x04refs\x18\x05 \x01(\rR\x04refs\"\xe1\x01\n" +
 	"\vRaftMessage\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12,\n" +
@@ -986,38 +1088,41 @@ func file_log_proto_rawDescGZIP() []byte {
 	return file_log_proto_rawDescData
 }
 
-var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_log_proto_goTypes = []any{
-	(*LogEntry)(nil),     // 0: herald.v1.LogEntry
-	(*RaftMessage)(nil),  // 1: herald.v1.RaftMessage
-	(*RaftEntry)(nil),    // 2: herald.v1.RaftEntry
-	(*Joining)(nil),      // 3: herald.v1.Joining
-	(*Quiesce)(nil),      // 4: herald.v1.Quiesce
-	(*Tick)(nil),         // 5: herald.v1.Tick
-	(*SnapshotData)(nil), // 6: herald.v1.SnapshotData
-	(*TxnEnded)(nil),     // 7: herald.v1.TxnEnded
-	(*Forward)(nil),      // 8: herald.v1.Forward
-	(*TxnState)(nil),     // 9: herald.v1.TxnState
-	(*TxnFloor)(nil),     // 10: herald.v1.TxnFloor
-	(TxnMarker)(0),       // 11: herald.v1.TxnMarker
-	(Fencer)(0),          // 12: herald.v1.Fencer
-	(*Frame)(nil),        // 13: herald.v1.Frame
+	(*LogEntry)(nil),      // 0: herald.v1.LogEntry
+	(*TxnMarkerItem)(nil), // 1: herald.v1.TxnMarkerItem
+	(*RaftMessage)(nil),   // 2: herald.v1.RaftMessage
+	(*RaftEntry)(nil),     // 3: herald.v1.RaftEntry
+	(*Joining)(nil),       // 4: herald.v1.Joining
+	(*Quiesce)(nil),       // 5: herald.v1.Quiesce
+	(*Tick)(nil),          // 6: herald.v1.Tick
+	(*SnapshotData)(nil),  // 7: herald.v1.SnapshotData
+	(*TxnEnded)(nil),      // 8: herald.v1.TxnEnded
+	(*Forward)(nil),       // 9: herald.v1.Forward
+	(*TxnState)(nil),      // 10: herald.v1.TxnState
+	(*TxnFloor)(nil),      // 11: herald.v1.TxnFloor
+	(TxnMarker)(0),        // 12: herald.v1.TxnMarker
+	(Fencer)(0),           // 13: herald.v1.Fencer
+	(*Frame)(nil),         // 14: herald.v1.Frame
 }
 var file_log_proto_depIdxs = []int32{
-	11, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
-	12, // 1: herald.v1.LogEntry.fencer:type_name -> herald.v1.Fencer
-	4,  // 2: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
-	3,  // 3: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
-	2,  // 4: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
-	7,  // 5: herald.v1.SnapshotData.txn_ended:type_name -> herald.v1.TxnEnded
-	13, // 6: herald.v1.Forward.frame:type_name -> herald.v1.Frame
-	10, // 7: herald.v1.TxnState.floors:type_name -> herald.v1.TxnFloor
-	7,  // 8: herald.v1.TxnState.ended:type_name -> herald.v1.TxnEnded
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	12, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
+	13, // 1: herald.v1.LogEntry.fencer:type_name -> herald.v1.Fencer
+	1,  // 2: herald.v1.LogEntry.txn_markers:type_name -> herald.v1.TxnMarkerItem
+	12, // 3: herald.v1.TxnMarkerItem.marker:type_name -> herald.v1.TxnMarker
+	5,  // 4: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
+	4,  // 5: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
+	3,  // 6: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
+	8,  // 7: herald.v1.SnapshotData.txn_ended:type_name -> herald.v1.TxnEnded
+	14, // 8: herald.v1.Forward.frame:type_name -> herald.v1.Frame
+	11, // 9: herald.v1.TxnState.floors:type_name -> herald.v1.TxnFloor
+	8,  // 10: herald.v1.TxnState.ended:type_name -> herald.v1.TxnEnded
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_log_proto_init() }
@@ -1032,7 +1137,7 @@ func file_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_log_proto_rawDesc), len(file_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

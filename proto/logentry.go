@@ -57,6 +57,36 @@ type LogEntryHeader struct {
 	// AppendRefs.
 	Refs     []byte
 	RefCount int
+	// More holds the entry's markers after the first
+	// (LogEntry.txn_markers), checked. Read every marker with Markers.
+	More []MarkerItem
+}
+
+// MarkerItem is one transaction end of a marker entry: its producer id
+// and epoch, commit or abort, its records (a commit's) and how many of
+// the entry's refs are its batches.
+type MarkerItem struct {
+	ProducerID    uint64
+	ProducerEpoch uint32
+	Marker        TxnMarker
+	Count         uint32
+	Refs          int
+}
+
+// Markers is a marker entry's transaction ends in order, the first from
+// the entry's own fields (nil: not a marker). Their records take the
+// entry's offsets from BaseOffset in this order, and their batches its
+// refs.
+func (h LogEntryHeader) Markers() []MarkerItem {
+	if h.TxnMarker == TxnMarker_TXN_MARKER_NONE {
+		return nil
+	}
+	first := MarkerItem{ProducerID: h.ProducerID, ProducerEpoch: h.ProducerEpoch, Marker: h.TxnMarker, Count: h.Count, Refs: h.RefCount}
+	for _, m := range h.More {
+		first.Count -= m.Count // (ScanLogEntry checked the sums)
+		first.Refs -= m.Refs
+	}
+	return append([]MarkerItem{first}, h.More...)
 }
 
 // TxnBatch reports whether the entry is a transactional batch that holds
@@ -164,10 +194,21 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 			}
 			b = b[n:]
 			records = v
+		case num == 19 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return h, nil, badEntry("log entry txn marker: %v", protowire.ParseError(n))
+			}
+			b = b[n:]
+			m, err := scanMarkerItem(v)
+			if err != nil {
+				return h, nil, err
+			}
+			h.More = append(h.More, m)
 		case num == 17 && typ == protowire.VarintType:
 			// (an unpacked ref, which proto3 encoders do not write)
 			return h, nil, badEntry("log entry txn refs are not packed")
-		case num >= 1 && num <= 18:
+		case num >= 1 && num <= 19:
 			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)
@@ -188,14 +229,86 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		return h, nil, badEntry("log entry is a transactional batch of %d records with count %d and marker %d", h.TxnCount, h.Count, h.TxnMarker)
 	case h.TxnMarker != TxnMarker_TXN_MARKER_NONE && (len(records) > 0 || h.ProducerID == 0):
 		return h, nil, badEntry("log entry is a transaction marker with %d bytes of records, producer %d", len(records), h.ProducerID)
-	case h.RefCount > 0 && (h.TxnMarker != TxnMarker_TXN_MARKER_COMMIT || h.Count == 0):
-		return h, nil, badEntry("log entry has %d txn refs, marker %d, count %d", h.RefCount, h.TxnMarker, h.Count)
-	case h.TxnMarker == TxnMarker_TXN_MARKER_COMMIT && h.Count > 0 && h.RefCount == 0:
-		return h, nil, badEntry("log entry is a commit marker of %d records without batches", h.Count)
+	case h.TxnMarker == TxnMarker_TXN_MARKER_NONE && (h.RefCount > 0 || len(h.More) > 0):
+		return h, nil, badEntry("log entry has %d txn refs and %d more markers, and no marker", h.RefCount, len(h.More))
 	case h.TxnMarker > TxnMarker_TXN_MARKER_ABORT:
 		return h, nil, badEntry("log entry txn marker %d is unknown", h.TxnMarker)
 	case h.Fencer >= NumFencers:
 		return h, nil, badEntry("log entry fencer %d is unknown", h.Fencer)
 	}
+	if h.TxnMarker != TxnMarker_TXN_MARKER_NONE {
+		var count uint64
+		refs := 0
+		for _, m := range h.More {
+			count += uint64(m.Count)
+			refs += m.Refs
+		}
+		if count > uint64(h.Count) || refs > h.RefCount {
+			return h, nil, badEntry("log entry's markers count %d records and %d refs, more than its %d and %d", count, refs, h.Count, h.RefCount)
+		}
+		for i, m := range h.Markers() {
+			if err := m.check(); err != nil {
+				return h, nil, badEntry("log entry's marker %d: %v", i, err)
+			}
+		}
+	}
 	return h, records, nil
+}
+
+// check validates one transaction end of a marker entry.
+func (m MarkerItem) check() error {
+	switch {
+	case m.ProducerID == 0:
+		return errors.New("no producer id")
+	case m.Marker != TxnMarker_TXN_MARKER_COMMIT && m.Marker != TxnMarker_TXN_MARKER_ABORT:
+		return fmt.Errorf("marker %d is unknown", m.Marker)
+	case m.Marker == TxnMarker_TXN_MARKER_ABORT && (m.Count > 0 || m.Refs > 0):
+		return fmt.Errorf("an abort with %d records and %d batches", m.Count, m.Refs)
+	case (m.Count > 0) != (m.Refs > 0):
+		return fmt.Errorf("a commit of %d records in %d batches", m.Count, m.Refs)
+	case uint64(m.Refs) > uint64(m.Count):
+		return fmt.Errorf("%d batches hold %d records", m.Refs, m.Count)
+	}
+	return nil
+}
+
+// scanMarkerItem decodes a TxnMarkerItem.
+func scanMarkerItem(b []byte) (MarkerItem, error) {
+	var m MarkerItem
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return m, badEntry("log entry txn marker: %v", protowire.ParseError(n))
+		}
+		b = b[n:]
+		if num < 1 || num > 5 {
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return m, badEntry("log entry txn marker field %d: %v", num, protowire.ParseError(n))
+			}
+			b = b[n:]
+			continue
+		}
+		if typ != protowire.VarintType {
+			return m, badEntry("log entry txn marker field %d has wire type %d", num, typ)
+		}
+		v, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return m, badEntry("log entry txn marker field %d: %v", num, protowire.ParseError(n))
+		}
+		b = b[n:]
+		switch num { // (as protobuf decodes them: uint32 and enum fields truncate)
+		case 1:
+			m.ProducerID = v
+		case 2:
+			m.ProducerEpoch = uint32(v)
+		case 3:
+			m.Marker = TxnMarker(int32(v))
+		case 4:
+			m.Count = uint32(v)
+		case 5:
+			m.Refs = int(uint32(v))
+		}
+	}
+	return m, nil
 }

@@ -53,6 +53,7 @@ func FuzzScanLogEntry(f *testing.F) {
 		{TxnCount: 3, ProducerId: 7, ProducerEpoch: 2, BaseSequence: 0, Records: []byte{6}},
 		{BaseOffset: 20, Count: 5, ProducerId: 7, ProducerEpoch: 2, TxnMarker: TxnMarker_TXN_MARKER_COMMIT, TxnRefs: []uint64{3, 1 << 40}},
 		{ProducerId: 7, ProducerEpoch: 3, TxnMarker: TxnMarker_TXN_MARKER_ABORT},
+		multiMarker(),
 		{},
 	} {
 		b, _ := proto.Marshal(e)
@@ -82,6 +83,18 @@ func FuzzScanLogEntry(f *testing.F) {
 		got := LogEntryHeader{BaseOffset: e.BaseOffset, Count: e.Count, AppendTimeMs: e.AppendTimeMs, MaxTimestampMs: e.MaxTimestampMs,
 			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs, TxnEpoch: e.TxnEpoch, TxnEpochResetFrom: e.TxnEpochResetFrom, TxnEpochResetIndex: e.TxnEpochResetIndex,
 			Fencer: e.Fencer, TxnCount: e.TxnCount, ProducerEpoch: e.ProducerEpoch, TxnMarker: e.TxnMarker, RefCount: len(e.TxnRefs)}
+		for _, m := range e.TxnMarkers {
+			got.More = append(got.More, MarkerItem{ProducerID: m.ProducerId, ProducerEpoch: m.ProducerEpoch, Marker: m.Marker, Count: m.Count, Refs: int(m.Refs)})
+		}
+		var count uint64
+		refs := 0
+		for _, m := range h.Markers() {
+			count += uint64(m.Count)
+			refs += m.Refs
+		}
+		if h.TxnMarker != TxnMarker_TXN_MARKER_NONE && (count != uint64(h.Count) || refs != h.RefCount) {
+			t.Fatalf("markers %+v count %d records and %d refs, the entry %d and %d", h.Markers(), count, refs, h.Count, h.RefCount)
+		}
 		if !sameHeader(h, got) || string(recs) != string(e.Records) || !slices.Equal(h.AppendRefs(nil), e.TxnRefs) {
 			t.Fatalf("ScanLogEntry %+v, Unmarshal %+v (refs %v)", h, got, e.TxnRefs)
 		}
@@ -119,6 +132,38 @@ func TestScanLogEntryTxn(t *testing.T) {
 	if h, _, err = scan(&LogEntry{ProducerId: 7, ProducerEpoch: 3, TxnMarker: TxnMarker_TXN_MARKER_ABORT}); err != nil || h.TxnMarker != TxnMarker_TXN_MARKER_ABORT || h.Fence() {
 		t.Fatalf("abort marker scanned as %+v %v", h, err)
 	}
+	// Several transactions' ends in one entry: the first from the entry's
+	// fields, the rest after it, each with its share of records and refs.
+	h, _, err = scan(multiMarker())
+	want := []MarkerItem{{ProducerID: 7, ProducerEpoch: 2, Marker: TxnMarker_TXN_MARKER_COMMIT, Count: 3, Refs: 1},
+		{ProducerID: 8, ProducerEpoch: 5, Marker: TxnMarker_TXN_MARKER_ABORT},
+		{ProducerID: 9, ProducerEpoch: 1, Marker: TxnMarker_TXN_MARKER_COMMIT, Count: 4, Refs: 2}}
+	if err != nil || !reflect.DeepEqual(h.Markers(), want) {
+		t.Fatalf("several markers scanned as %+v, %v", h.Markers(), err)
+	}
+	more := func(m ...*TxnMarkerItem) *LogEntry {
+		e := multiMarker()
+		e.TxnMarkers = m
+		return e
+	}
+	for name, e := range map[string]*LogEntry{
+		"more markers than records": more(&TxnMarkerItem{ProducerId: 8, Marker: TxnMarker_TXN_MARKER_COMMIT, Count: 8, Refs: 1}),
+		"more markers than refs":    more(&TxnMarkerItem{ProducerId: 8, Marker: TxnMarker_TXN_MARKER_COMMIT, Count: 2, Refs: 4}),
+		"a first abort with records": func() *LogEntry {
+			e := more(&TxnMarkerItem{ProducerId: 8, Marker: TxnMarker_TXN_MARKER_COMMIT, Count: 3, Refs: 1})
+			e.TxnMarker = TxnMarker_TXN_MARKER_ABORT
+			return e
+		}(),
+		"a later abort with records":  more(&TxnMarkerItem{ProducerId: 8, Marker: TxnMarker_TXN_MARKER_ABORT, Count: 1, Refs: 1}),
+		"a later marker, no producer": more(&TxnMarkerItem{Marker: TxnMarker_TXN_MARKER_ABORT}),
+		"a later unknown marker":      more(&TxnMarkerItem{ProducerId: 8}),
+		"a later commit without refs": more(&TxnMarkerItem{ProducerId: 8, Marker: TxnMarker_TXN_MARKER_COMMIT, Count: 2}),
+		"more markers, no marker":     {ProducerId: 7, Count: 1, TxnMarkers: []*TxnMarkerItem{{ProducerId: 8, Marker: TxnMarker_TXN_MARKER_ABORT}}, Records: []byte{1}},
+	} {
+		if h, _, err := scan(e); !errors.Is(err, ErrBadLogEntry) {
+			t.Errorf("%s: scanned as %+v, %v", name, h.Markers(), err)
+		}
+	}
 	for name, e := range map[string]*LogEntry{
 		"a batch with an offset":       {TxnCount: 3, Count: 3, ProducerId: 7, Records: []byte{1}},
 		"a batch that is a marker":     {TxnCount: 3, ProducerId: 7, TxnMarker: TxnMarker_TXN_MARKER_COMMIT, Records: []byte{1}},
@@ -147,4 +192,14 @@ func TestScanLogEntryTxn(t *testing.T) {
 	if _, _, err := ScanLogEntry(b); !errors.Is(err, ErrBadLogEntry) {
 		t.Errorf("truncated ref: %v", err)
 	}
+}
+
+// multiMarker is a marker entry of three transactions' ends: a commit of
+// 3 records in one batch, an abort, a commit of 4 records in two.
+func multiMarker() *LogEntry {
+	return &LogEntry{BaseOffset: 30, Count: 7, ProducerId: 7, ProducerEpoch: 2, TxnMarker: TxnMarker_TXN_MARKER_COMMIT, TxnRefs: []uint64{4, 9, 11},
+		TxnMarkers: []*TxnMarkerItem{
+			{ProducerId: 8, ProducerEpoch: 5, Marker: TxnMarker_TXN_MARKER_ABORT},
+			{ProducerId: 9, ProducerEpoch: 1, Marker: TxnMarker_TXN_MARKER_COMMIT, Count: 4, Refs: 2},
+		}}
 }

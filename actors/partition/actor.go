@@ -242,6 +242,9 @@ func (a *Actor) Receive(ctx actor.Context) {
 		a.onProducersLoaded(ctx, m)
 	case producersSaved:
 		a.onProducersSaved(m)
+	case flushMarkersMsg:
+		a.txn.flushQueued = false
+		a.flushMarkers(ctx)
 	case *heraldpb.Frame:
 		a.active()
 		switch m.Body.(type) {
@@ -1115,6 +1118,7 @@ func (a *Actor) onProduce(ctx actor.Context, f *heraldpb.Frame) {
 	if maxTs == 0 {
 		maxTs = appendTime
 	}
+	a.flushMarkers(ctx) // (queued markers take their offsets first)
 	base := a.tail
 	if e := a.proposeEntry(&heraldpb.LogEntry{
 		BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: appendTime, MaxTimestampMs: maxTs, Records: req.Records,

@@ -142,6 +142,7 @@ func (a *Actor) onFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *h
 // from resetFrom when not 0); its producer is answered when it is
 // applied. It reports whether the proposal was made.
 func (a *Actor) proposeFence(ctx actor.Context, replyTo *actor.PID, id uint64, fr heraldpb.Fencer, epoch, resetFrom, resetIndex uint64) bool {
+	a.flushMarkers(ctx) // (queued markers take their offsets first)
 	base := a.tail
 	if e := a.proposeEntry(&heraldpb.LogEntry{BaseOffset: base, TxnEpoch: epoch, TxnEpochResetFrom: resetFrom, TxnEpochResetIndex: resetIndex, Fencer: fr}); e != nil {
 		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, e))

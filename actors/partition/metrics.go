@@ -65,6 +65,10 @@ var (
 	txnMarkers = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_partition_txn_markers_total", Help: "Transaction markers applied on the partition, by outcome.",
 	}, append(slices.Clone(labels), "marker"))
+	markersPerEntry = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name: "herald_partition_txn_markers_per_entry", Help: "Transaction markers a partition's leader wrote together in one log entry (the markers that reached it together, at most 256).",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 9),
+	})
 	idemEvictions = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_idempotent_evictions_total", Help: "Idempotent producers forgotten because the partition's table was full.",
 	}, labels)
@@ -110,6 +114,8 @@ type partMetrics struct {
 	start, end, hw, mailbox, parked, leader, writerQueue, quiesced, producers, held, damaged              prometheus.Gauge
 	txnOpen, txnOpenBytes                                                                                 prometheus.Gauge
 	txnMarkers                                                                                            *prometheus.CounterVec
+	markerCounters                                                                                        [2]prometheus.Counter // abort, commit: resolved at first use
+	markersPerEntry                                                                                       prometheus.Observer
 	votesWithheld, followerResets, txnFenced                                                              prometheus.Counter
 	lv                                                                                                    []string
 }
@@ -143,6 +149,7 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		txnOpen:           txnOpen.WithLabelValues(lv...),
 		txnOpenBytes:      txnOpenBytes.WithLabelValues(lv...),
 		txnMarkers:        txnMarkers,
+		markersPerEntry:   markersPerEntry,
 		duplicates:        produceDuplicates.WithLabelValues(lv...),
 		outOfOrder:        produceOutOfOrder.WithLabelValues(lv...),
 	}
@@ -158,4 +165,16 @@ func DeleteMetrics(topic string, part uint32) {
 		v.DeleteLabelValues(lv...)
 	}
 	txnMarkers.DeletePartialMatch(prometheus.Labels{"topic": topic, "partition": lv[1]})
+}
+
+// marker counts a transaction marker applied, by outcome.
+func (m *partMetrics) marker(commit bool) {
+	i := 0
+	if commit {
+		i = 1
+	}
+	if m.markerCounters[i] == nil {
+		m.markerCounters[i] = m.txnMarkers.WithLabelValues(append(slices.Clone(m.lv), markerLabel(commit))...)
+	}
+	m.markerCounters[i].Inc()
 }

@@ -119,7 +119,11 @@ type txnLog struct {
 	inflight  map[pidEpoch][]seqRange // proposed batches, oldest first
 	inBytes   int                     // their records' bytes
 	batchWait map[txnSeqKey]proposal  // their producers, answered at apply
-	closing   map[pidEpoch]*proposal  // proposed markers, answered at apply
+	closing   map[pidEpoch]*proposal  // proposed (or queued) markers, answered at apply
+	// markers are queued to be proposed together (flushMarkers), and
+	// flushQueued is set while a flushMarkersMsg is on its way.
+	markers     []queuedMarker
+	flushQueued bool
 
 	// The state file (saveTxnState): the floors saved, newest last, and
 	// whether ended changed since.
@@ -434,22 +438,106 @@ func (a *Actor) onTxnMarker(ctx actor.Context, replyTo *actor.PID, id uint64, re
 		}
 		return
 	}
+	count := uint32(0)
+	if commit {
+		count = have
+	}
+	// Queued, and proposed with the markers that reach the partition
+	// with it (flushMarkers): one entry for all of them.
+	t.closing[k] = &proposal{replyTo: replyTo, frameID: id, acks: req.Acks, count: count, appendTime: a.cfg.Clock.Now().UnixMilli()}
+	t.markers = append(t.markers, queuedMarker{k: k, marker: req.TxnMarker, count: count})
+	switch {
+	case len(t.markers) >= maxMarkersPerEntry:
+		a.flushMarkers(ctx)
+	case !t.flushQueued:
+		// After the messages already in the mailbox: the markers among
+		// them join this entry.
+		t.flushQueued = true
+		ctx.Send(ctx.Self(), flushMarkersMsg{})
+	}
+}
+
+// maxMarkersPerEntry bounds the transaction ends one marker entry holds.
+const maxMarkersPerEntry = 256
+
+// queuedMarker is a transaction end the leader accepted and has not
+// proposed yet (txnLog.markers).
+type queuedMarker struct {
+	k      pidEpoch
+	marker heraldpb.TxnMarker
+	count  uint32
+}
+
+// flushMarkersMsg proposes the queued markers (sent to self).
+type flushMarkersMsg struct{}
+
+// flushMarkers proposes the queued markers as one entry (LogEntry.txn_markers):
+// the first in the entry's own fields, the rest after it. It runs before
+// any other entry that takes offsets is proposed, so that the markers'
+// records keep the offsets that follow the entries proposed before them.
+// A marker whose transaction changed since it was queued (an earlier
+// term's marker of it was applied) is answered THROTTLED, to be sent again
+// and answered as the end it already is.
+func (a *Actor) flushMarkers(ctx actor.Context) {
+	t := &a.txn
+	queued := t.markers
+	t.markers = t.markers[:0]
+	if len(queued) == 0 {
+		return
+	}
 	now := a.cfg.Clock.Now().UnixMilli()
-	le := &heraldpb.LogEntry{ProducerId: k.pid, ProducerEpoch: k.epoch, TxnMarker: req.TxnMarker, AppendTimeMs: now, MaxTimestampMs: now}
-	if commit && have > 0 {
-		le.BaseOffset, le.Count, le.MaxTimestampMs = a.tail, have, 0
-		for _, b := range o.batches {
-			le.TxnRefs = append(le.TxnRefs, b.index)
-			le.MaxPriority = max(le.MaxPriority, b.maxPrio)
-			le.MaxTimestampMs = max(le.MaxTimestampMs, b.maxTs) // (a time lookup finds the records by their own times)
+	le := &heraldpb.LogEntry{AppendTimeMs: now, MaxTimestampMs: now}
+	var ks []pidEpoch
+	for _, q := range queued {
+		p := t.closing[q.k]
+		if p == nil {
+			continue // (answered since)
 		}
+		o := t.open[q.k]
+		if q.count > 0 && (o == nil || o.records != q.count) {
+			delete(t.closing, q.k)
+			a.answer(ctx, *p, func(id uint64, _ bool) *heraldpb.Frame {
+				return heraldpb.ErrorFrame(id, a.txnError(heraldpb.ErrorCode_THROTTLED, "producer %d's transaction of epoch %d changed here while its marker waited", q.k.pid, q.k.epoch))
+			})
+			continue
+		}
+		if le.TxnMarker == heraldpb.TxnMarker_TXN_MARKER_NONE {
+			le.ProducerId, le.ProducerEpoch, le.TxnMarker = q.k.pid, q.k.epoch, q.marker
+		} else {
+			le.TxnMarkers = append(le.TxnMarkers, &heraldpb.TxnMarkerItem{ProducerId: q.k.pid, ProducerEpoch: q.k.epoch, Marker: q.marker, Count: q.count})
+		}
+		if q.count > 0 {
+			if le.Count == 0 {
+				le.MaxTimestampMs = 0
+			}
+			le.Count += q.count
+			for _, b := range o.batches {
+				le.TxnRefs = append(le.TxnRefs, b.index)
+				le.MaxPriority = max(le.MaxPriority, b.maxPrio)
+				le.MaxTimestampMs = max(le.MaxTimestampMs, b.maxTs) // (a time lookup finds the records by their own times)
+			}
+			if n := len(le.TxnMarkers); n > 0 {
+				le.TxnMarkers[n-1].Refs = uint32(len(o.batches))
+			}
+		}
+		ks = append(ks, q.k)
+	}
+	if len(ks) == 0 {
+		return
+	}
+	if le.Count > 0 {
+		le.BaseOffset = a.tail
 	}
 	if e := a.proposeEntry(le); e != nil {
-		fail(e)
+		for _, k := range ks {
+			p := t.closing[k]
+			delete(t.closing, k)
+			a.answer(ctx, *p, func(id uint64, _ bool) *heraldpb.Frame { return heraldpb.ErrorFrame(id, e) })
+		}
 		return
 	}
 	a.tail += int64(le.Count)
-	t.closing[k] = &proposal{replyTo: replyTo, frameID: id, acks: req.Acks, count: le.Count, appendTime: now}
+	a.m.markersPerEntry.Observe(float64(len(ks)))
 }
 
 // applyTxnBatch applies a transactional batch: its transaction holds it,
@@ -497,11 +585,25 @@ func (a *Actor) applyTxnBatch(ctx actor.Context, e raftpb.Entry, h heraldpb.LogE
 	}
 }
 
-// applyTxnMarker applies a transaction's end: a commit's batches get their
-// offsets and become readable; an abort's are dropped.
+// applyTxnMarker applies a marker entry, each of its transaction ends in
+// order: a commit's batches get their offsets and become readable; an
+// abort's are dropped.
 func (a *Actor) applyTxnMarker(ctx actor.Context, e raftpb.Entry, h heraldpb.LogEntryHeader) {
+	refs := h.AppendRefs(make([]uint64, 0, h.RefCount))
+	base := h.BaseOffset
+	for _, m := range h.Markers() {
+		a.applyTxnEnd(ctx, e, h.AppendTimeMs, m, base, refs[:m.Refs])
+		base += int64(m.Count)
+		refs = refs[m.Refs:]
+	}
+	a.publishTxn()
+}
+
+// applyTxnEnd applies one transaction end m of a marker entry: its records
+// (a commit's) take the offsets from base, in its batches refs.
+func (a *Actor) applyTxnEnd(ctx actor.Context, e raftpb.Entry, appendMs int64, m heraldpb.MarkerItem, base int64, refs []uint64) {
 	t := &a.txn
-	k := pidEpoch{h.ProducerID, h.ProducerEpoch}
+	k := pidEpoch{m.ProducerID, m.ProducerEpoch}
 	o := t.open[k]
 	if o != nil {
 		t.closed(k)
@@ -512,27 +614,26 @@ func (a *Actor) applyTxnMarker(ctx actor.Context, e raftpb.Entry, h heraldpb.Log
 			}
 		}
 	}
-	commit := h.TxnMarker == heraldpb.TxnMarker_TXN_MARKER_COMMIT
-	t.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: commit, base: h.BaseOffset, count: h.Count})
-	a.m.txnMarkers.WithLabelValues(append(a.m.lv, markerLabel(commit))...).Inc()
+	commit := m.Marker == heraldpb.TxnMarker_TXN_MARKER_COMMIT
+	t.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: commit, base: base, count: m.Count})
+	a.m.marker(commit)
 	var p *proposal
 	if q := t.closing[k]; q != nil && e.Term == a.term {
 		p = q
 	}
 	delete(t.closing, k)
-	a.publishTxn()
-	if commit && h.Count > 0 {
-		a.commitTxnRecords(e, h, o)
+	if commit && m.Count > 0 {
+		a.commitTxnRecords(e, appendMs, k, base, m.Count, refs, o)
 	}
 	if p != nil {
-		base := int64(-1)
-		if commit && h.Count > 0 {
-			base = h.BaseOffset
+		at := int64(-1)
+		if commit && m.Count > 0 {
+			at = base
 		}
 		a.answer(ctx, *p, func(id uint64, dup bool) *heraldpb.Frame {
 			q := *p
 			q.duplicate = dup
-			return produced(id, a.cfg.Partition, base, q)
+			return produced(id, a.cfg.Partition, at, q)
 		})
 	}
 }
@@ -547,21 +648,19 @@ func markerLabel(commit bool) string {
 // commitTxnRecords makes a commit marker's records readable: the high
 // watermark moves past them, the window and the priority sub-queues take
 // its batches.
-func (a *Actor) commitTxnRecords(e raftpb.Entry, h heraldpb.LogEntryHeader, o *openTxn) {
-	end := h.BaseOffset + int64(h.Count)
+func (a *Actor) commitTxnRecords(e raftpb.Entry, appendMs int64, k pidEpoch, base int64, count uint32, refs []uint64, o *openTxn) {
+	end := base + int64(count)
 	if end <= a.hw {
 		return // below a snapshot this replica installed (the log started after it)
 	}
-	if h.BaseOffset != a.hw && !a.acceptedGap(a.hw, h.BaseOffset) {
+	if base != a.hw && !a.acceptedGap(a.hw, base) {
 		a.log.Error("committed entry's base offset does not follow the high watermark",
-			"index", e.Index, "base", h.BaseOffset, "hw", a.hw)
+			"index", e.Index, "base", base, "hw", a.hw)
 	}
-	refs := h.AppendRefs(make([]uint64, 0, h.RefCount))
 	if o == nil || len(o.batches) != len(refs) {
-		a.log.Error("commit marker does not match its open transaction", "index", e.Index, "producer", h.ProducerID, "epoch", h.ProducerEpoch, "refs", len(refs))
+		a.log.Error("commit marker does not match its open transaction", "index", e.Index, "producer", k.pid, "epoch", k.epoch, "refs", len(refs))
 	}
 	a.hw = end
-	base := h.BaseOffset
 	prio := false
 	for i, r := range refs {
 		var b txnBatchRef
@@ -577,7 +676,7 @@ func (a *Actor) commitTxnRecords(e raftpb.Entry, h heraldpb.LogEntryHeader, o *o
 			a.win.reset()
 			break
 		}
-		a.win.add(&heraldpb.StoredBatch{BaseOffset: base, Count: b.count, AppendTimeMs: h.AppendTimeMs, Records: records})
+		a.win.add(&heraldpb.StoredBatch{BaseOffset: base, Count: b.count, AppendTimeMs: appendMs, Records: records})
 		if b.maxPrio > 0 && a.prio.add(base, records) != 0 {
 			prio = true
 		}
@@ -618,6 +717,7 @@ func (a *Actor) failTxnPending(ctx actor.Context, why *heraldpb.Error) {
 		a.answer(ctx, *p, func(id uint64, _ bool) *heraldpb.Frame { return heraldpb.ErrorFrame(id, why) })
 		delete(t.closing, k)
 	}
+	t.markers = t.markers[:0]
 	clear(t.inflight)
 	t.inBytes = 0
 }
@@ -696,11 +796,16 @@ func (a *Actor) openTxnLog(applied uint64) error {
 				// (records not kept: the commit reads them from the log)
 				a.txn.addBatch(k, e.Index, h, records, false, a.cfg.Clock.Now())
 			case h.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE:
-				if o := a.txn.open[k]; o != nil {
-					a.txn.bytes -= o.bytes
+				base := h.BaseOffset
+				for _, m := range h.Markers() {
+					k := pidEpoch{m.ProducerID, m.ProducerEpoch}
+					if o := a.txn.open[k]; o != nil {
+						a.txn.bytes -= o.bytes
+					}
+					a.txn.closed(k)
+					a.txn.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: m.Marker == heraldpb.TxnMarker_TXN_MARKER_COMMIT, base: base, count: m.Count})
+					base += int64(m.Count)
 				}
-				a.txn.closed(k)
-				a.txn.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: h.TxnMarker == heraldpb.TxnMarker_TXN_MARKER_COMMIT, base: h.BaseOffset, count: h.Count})
 			}
 		}
 		from = ents[len(ents)-1].Index + 1

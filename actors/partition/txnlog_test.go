@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -315,4 +316,87 @@ func TestTxnCommitsInEpochOrder(t *testing.T) {
 	if got := readAll(t, sys, ip.pid, 2); fmt.Sprint(got) != "[a b]" {
 		t.Fatalf("the log reads %v", got)
 	}
+}
+
+// Markers that reach the partition together are written as one entry
+// (LogEntry.txn_markers): each commit's records take the next offsets in
+// the order the markers came, an abort's are dropped, each marker is
+// answered with its own records, and a plain batch that came after them
+// follows their records. After a restart (the log read again) the ends
+// are known: replays are answered as before.
+func TestTxnMarkersTogether(t *testing.T) {
+	sys := actor.NewActorSystem()
+	dir := t.TempDir()
+	ip := &idemPartition{t: t, sys: sys, topic: "txn-together", dir: dir}
+	ip.start()
+	defer func() { ip.stop() }()
+	const all = heraldpb.Acks_ACKS_ALL
+	mustProduce(t, ip.ask(produceFrame("t", all, "p0")), 0, false)
+	mustProduce(t, ip.ask(txnBatchFrame(7, 1, 0, "a", "b")), -1, false)
+	mustProduce(t, ip.ask(txnBatchFrame(8, 1, 0, "x")), -1, false)
+	mustProduce(t, ip.ask(txnBatchFrame(9, 1, 0, "y")), -1, false)
+	mustProduce(t, ip.ask(txnBatchFrame(9, 1, 1, "z")), -1, false)
+	mustProduce(t, ip.ask(txnBatchFrame(10, 1, 0, "w")), -1, false)
+
+	// Held in the mailbox until all are there: they reach the actor together.
+	proc, ok := sys.ProcessRegistry.Get(ip.pid)
+	if !ok {
+		t.Fatal("no partition process")
+	}
+	proc.SendSystemMessage(ip.pid, &actor.SuspendMailbox{})
+	frames := []*heraldpb.Frame{markerFrame(9, 1, true, 2), markerFrame(10, 1, false, 0), markerFrame(7, 1, true, 2), markerFrame(8, 1, true, 1),
+		produceFrame("t", all, "p1")}
+	for _, f := range frames {
+		sys.Root.RequestWithCustomSender(ip.pid, f, ip.in.pid)
+	}
+	proc.SendSystemMessage(ip.pid, &actor.ResumeMailbox{})
+	got := map[uint64]*heraldpb.Frame{}
+	for range frames {
+		f := ip.in.next(t)
+		got[f.Id] = f
+	}
+	mustCommit(t, got[frames[0].Id], 1, 2, false)
+	mustProduce(t, got[frames[1].Id], -1, false)
+	mustCommit(t, got[frames[2].Id], 3, 2, false)
+	mustCommit(t, got[frames[3].Id], 5, 1, false)
+	mustProduce(t, got[frames[4].Id], 6, false)
+	want := "[p0 y z a b x p1]"
+	checkFor(t, 5*time.Second, "hw 7", func() bool { return ip.stats.HighWatermark.Load() == 7 })
+	if got := readAll(t, sys, ip.pid, 7); fmt.Sprint(got) != want {
+		t.Fatalf("the log reads %v, want %v", got, want)
+	}
+
+	ip.stop()
+	// One marker entry holds the four ends, in the order they came.
+	log, err := persistence.Open(persistence.Options{Dir: dir, Group: "t-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := log.FirstIndex()
+	last, _ := log.LastIndex()
+	ents, err := log.Entries(first, last+1, 1<<30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var markers [][]heraldpb.MarkerItem
+	for _, e := range ents {
+		if h, _, err := heraldpb.ScanLogEntry(e.Data); err == nil && len(e.Data) > 0 && h.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE {
+			markers = append(markers, h.Markers())
+		}
+	}
+	_ = log.Close()
+	if len(markers) != 1 || len(markers[0]) != 4 || markers[0][0].ProducerID != 9 || markers[0][1].ProducerID != 10 || markers[0][3].ProducerID != 8 {
+		t.Fatalf("marker entries %+v; want one of 4, in the order they came", markers)
+	}
+
+	ip.start()
+	checkFor(t, 5*time.Second, "hw 7 after a restart", func() bool { return ip.stats.HighWatermark.Load() == 7 })
+	if got := readAll(t, sys, ip.pid, 7); fmt.Sprint(got) != want {
+		t.Fatalf("after a restart the log reads %v, want %v", got, want)
+	}
+	mustCommit(t, askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return markerFrame(7, 1, true, 2) }), 3, 2, true)
+	mustCommit(t, ip.ask(markerFrame(8, 1, true, 1)), 5, 1, true)
+	mustProduce(t, ip.ask(markerFrame(10, 1, false, 0)), -1, true)
+	mustFail(t, ip.ask(txnBatchFrame(9, 1, 2, "late")), heraldpb.ErrorCode_INVALID_TXN_STATE)
+	mustProduce(t, ip.ask(produceFrame("t", all, "p2")), 7, false)
 }
