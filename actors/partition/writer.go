@@ -178,15 +178,27 @@ func (w *logWriter) flush(batch []raftpb.Message, failed bool) bool {
 		return failed // after a failure the actor is tearing the log down
 	}
 	res := appendDone{gen: w.gen, n: len(batch)}
+	var run appendRun
 	for i := range batch {
-		if res.err = w.write(&batch[i]); res.err != nil {
-			break
+		m := &batch[i]
+		if !run.add(m) {
+			if res.err = run.write(w.store); res.err != nil {
+				break
+			}
+			if !run.add(m) { // (a snapshot: alone)
+				if res.err = w.write(m); res.err != nil {
+					break
+				}
+			}
 		}
-		if sn := batch[i].Snapshot; sn != nil && !raft.IsEmptySnap(*sn) {
+		if sn := m.Snapshot; sn != nil && !raft.IsEmptySnap(*sn) {
 			res.snapshot = sn
 		}
-		res.entries = append(res.entries, batch[i].Entries...)
-		res.responses = append(res.responses, batch[i].Responses...)
+		res.entries = append(res.entries, m.Entries...)
+		res.responses = append(res.responses, m.Responses...)
+	}
+	if res.err == nil {
+		res.err = run.write(w.store)
 	}
 	if res.err == nil {
 		res.err = w.store.Flush()
@@ -197,6 +209,59 @@ func (w *logWriter) flush(batch []raftpb.Message, failed bool) bool {
 	}
 	w.send(res)
 	return failed
+}
+
+// appendRun merges consecutive MsgStorageAppends into one Storage.Write
+// (one write to the WAL, not one per Ready): those without a snapshot whose
+// entries follow each other and whose hard states keep the same term and
+// vote, so a new term or vote is still written before the entries that
+// follow it, as Write orders them.
+type appendRun struct {
+	hs      raftpb.HardState
+	entries []raftpb.Entry
+	merged  bool // entries is a copy of its own
+}
+
+// add merges m into the run, and reports whether it did (false: write
+// the run, then m alone).
+func (r *appendRun) add(m *raftpb.Message) bool {
+	if m.Snapshot != nil && !raft.IsEmptySnap(*m.Snapshot) {
+		return false
+	}
+	hs := raftpb.HardState{Term: m.Term, Vote: m.Vote, Commit: m.Commit}
+	empty := raft.IsEmptyHardState(hs)
+	switch {
+	case !empty && !raft.IsEmptyHardState(r.hs) && (hs.Term != r.hs.Term || hs.Vote != r.hs.Vote):
+		return false
+	case !empty && raft.IsEmptyHardState(r.hs) && len(r.entries) > 0:
+		return false // (its term or vote may be new: written before its entries)
+	case len(r.entries) > 0 && len(m.Entries) > 0 && m.Entries[0].Index != r.entries[len(r.entries)-1].Index+1:
+		return false
+	}
+	if !empty {
+		r.hs = hs
+	}
+	switch {
+	case len(m.Entries) == 0:
+	case len(r.entries) == 0:
+		r.entries = m.Entries
+	default:
+		if !r.merged {
+			r.entries, r.merged = append(make([]raftpb.Entry, 0, len(r.entries)+len(m.Entries)), r.entries...), true
+		}
+		r.entries = append(r.entries, m.Entries...)
+	}
+	return true
+}
+
+// write writes the run and empties it.
+func (r *appendRun) write(s Storage) error {
+	hs, entries := r.hs, r.entries
+	*r = appendRun{}
+	if raft.IsEmptyHardState(hs) && len(entries) == 0 {
+		return nil
+	}
+	return s.Write(hs, entries)
 }
 
 // write applies one MsgStorageAppend: snapshot, hard state, entries.

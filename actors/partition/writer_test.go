@@ -1,6 +1,8 @@
 package partition
 
 import (
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // stallingStore is a real log whose Flush (the fsync) waits while stall is
@@ -73,4 +76,84 @@ func TestStalledDiskDoesNotBlockTheActor(t *testing.T) {
 	checkFor(t, 10*time.Second, "the stalled appends to commit", func() bool {
 		return leader.stats.HighWatermark.Load() >= 2
 	})
+}
+
+// recordingStore records the Write calls it gets (the rest of Storage is
+// never called here).
+type recordingStore struct {
+	Storage
+	writes []recordedWrite
+}
+
+type recordedWrite struct {
+	hs      raftpb.HardState
+	indexes []uint64
+}
+
+func (s *recordingStore) Flush() error { return nil }
+
+func (s *recordingStore) ApplySnapshot(raftpb.Snapshot) error {
+	s.writes = append(s.writes, recordedWrite{hs: raftpb.HardState{Term: ^uint64(0)}})
+	return nil
+}
+
+func (s *recordingStore) Write(hs raftpb.HardState, entries []raftpb.Entry) error {
+	w := recordedWrite{hs: hs}
+	for _, e := range entries {
+		w.indexes = append(w.indexes, e.Index)
+	}
+	s.writes = append(s.writes, w)
+	return nil
+}
+
+// The log writer merges a group commit's appends into one Write when
+// their entries follow each other and their hard states keep the term and
+// vote; a new term or vote, a gap or overlap (raft replacing a suffix),
+// and a snapshot start a new Write, so each Write orders a new term or
+// vote before its entries as it did alone.
+func TestAppendRunMerges(t *testing.T) {
+	ents := func(from, to uint64) []raftpb.Entry {
+		var out []raftpb.Entry
+		for i := from; i <= to; i++ {
+			out = append(out, raftpb.Entry{Index: i, Term: 2})
+		}
+		return out
+	}
+	msg := func(term, vote, commit uint64, e []raftpb.Entry) raftpb.Message {
+		return raftpb.Message{Type: raftpb.MsgStorageAppend, Term: term, Vote: vote, Commit: commit, Entries: e}
+	}
+	for _, tc := range []struct {
+		name string
+		msgs []raftpb.Message
+		want string
+	}{
+		{"one leader's appends", []raftpb.Message{msg(2, 1, 4, ents(5, 6)), msg(2, 1, 5, ents(7, 7)), msg(0, 0, 0, ents(8, 9)), msg(2, 1, 7, nil)},
+			"[{2 1 7 [5 6 7 8 9]}]"},
+		{"a new term", []raftpb.Message{msg(2, 1, 4, ents(5, 6)), msg(3, 0, 4, ents(7, 7))}, "[{2 1 4 [5 6]} {3 0 4 [7]}]"},
+		{"a vote", []raftpb.Message{msg(3, 0, 4, nil), msg(3, 2, 4, nil)}, "[{3 0 4 []} {3 2 4 []}]"},
+		{"a hard state after entries without one", []raftpb.Message{msg(0, 0, 0, ents(5, 5)), msg(3, 2, 5, ents(6, 6))}, "[{0 0 0 [5]} {3 2 5 [6]}]"},
+		{"a suffix replaced", []raftpb.Message{msg(2, 1, 4, ents(5, 8)), msg(2, 1, 4, ents(7, 7))}, "[{2 1 4 [5 6 7 8]} {2 1 4 [7]}]"},
+		{"a snapshot", []raftpb.Message{msg(2, 1, 4, ents(5, 5)),
+			{Type: raftpb.MsgStorageAppend, Term: 2, Vote: 1, Commit: 9, Snapshot: &raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{Index: 9, Term: 2}}},
+			msg(2, 1, 9, ents(10, 10))}, "[{2 1 4 [5]} snapshot {2 1 9 []} {2 1 9 [10]}]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &recordingStore{}
+			w := &logWriter{store: s, send: func(any) {}}
+			if w.flush(tc.msgs, false) {
+				t.Fatal("the log failed")
+			}
+			var got []string
+			for _, w := range s.writes {
+				if w.hs.Term == ^uint64(0) {
+					got = append(got, "snapshot")
+					continue
+				}
+				got = append(got, fmt.Sprintf("{%d %d %d %v}", w.hs.Term, w.hs.Vote, w.hs.Commit, w.indexes))
+			}
+			if s := "[" + strings.Join(got, " ") + "]"; s != tc.want {
+				t.Fatalf("writes %s, want %s", s, tc.want)
+			}
+		})
+	}
 }
