@@ -228,6 +228,13 @@ func testTxnSDKCommitAbort(t *testing.T, once bool, opts ...client.TxnOpt) {
 	if got := valuesOf(t, n, "out", 2); len(got) != 0 {
 		t.Fatalf("staged records visible before the commit: %v", got)
 	}
+	// Listed open, with its partitions and records: staged, by its
+	// coordinator; written once, from its partitions' leaders.
+	infos, _, err := c.ListTransactions(ctx, "etl-1", 0)
+	if err != nil || len(infos) != 1 || infos[0].GetState() != "open" || infos[0].GetRecords() != uint32(len(committed)) ||
+		len(infos[0].GetPartitions()) != 2 || infos[0].GetWrittenOnce() != once || infos[0].GetStartedMs() == 0 {
+		t.Fatalf("etl-1 before its commit: %v %v", infos, err)
+	}
 	end, err := p.Commit(ctx)
 	if err != nil || end.Records != len(committed) || len(end.Partitions) != 2 {
 		t.Fatalf("Commit: %+v %v", end, err)

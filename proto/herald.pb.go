@@ -10029,12 +10029,15 @@ type TxnInfo struct {
 	ProducerId      uint64                 `protobuf:"varint,2,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
 	ProducerEpoch   uint32                 `protobuf:"varint,3,opt,name=producer_epoch,json=producerEpoch,proto3" json:"producer_epoch,omitempty"`
 	// empty (a session, no transaction open), open, committing, aborting.
-	State         string   `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
-	Partitions    []string `protobuf:"bytes,5,rep,name=partitions,proto3" json:"partitions,omitempty"`
-	StartedMs     int64    `protobuf:"varint,6,opt,name=started_ms,json=startedMs,proto3" json:"started_ms,omitempty"`
-	Records       uint32   `protobuf:"varint,7,opt,name=records,proto3" json:"records,omitempty"`
-	Bytes         uint64   `protobuf:"varint,8,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	TimeoutMs     uint32   `protobuf:"varint,9,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	State      string   `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	Partitions []string `protobuf:"bytes,5,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	StartedMs  int64    `protobuf:"varint,6,opt,name=started_ms,json=startedMs,proto3" json:"started_ms,omitempty"`
+	Records    uint32   `protobuf:"varint,7,opt,name=records,proto3" json:"records,omitempty"`
+	Bytes      uint64   `protobuf:"varint,8,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	TimeoutMs  uint32   `protobuf:"varint,9,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// A transaction written once (client.WithTxnWrittenOnce), found open on
+	// its partitions: records counts what they hold, bytes is 0.
+	WrittenOnce   bool `protobuf:"varint,10,opt,name=written_once,json=writtenOnce,proto3" json:"written_once,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -10130,6 +10133,13 @@ func (x *TxnInfo) GetTimeoutMs() uint32 {
 		return x.TimeoutMs
 	}
 	return 0
+}
+
+func (x *TxnInfo) GetWrittenOnce() bool {
+	if x != nil {
+		return x.WrittenOnce
+	}
+	return false
 }
 
 var File_herald_proto protoreflect.FileDescriptor
@@ -10855,7 +10865,7 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"partitions\x18\x03 \x03(\tR\n" +
 	"partitions\x12#\n" +
-	"\ralready_ended\x18\x04 \x01(\bR\falreadyEnded\"\xa0\x02\n" +
+	"\ralready_ended\x18\x04 \x01(\bR\falreadyEnded\"\xc3\x02\n" +
 	"\aTxnInfo\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x1f\n" +
 	"\vproducer_id\x18\x02 \x01(\x04R\n" +
@@ -10870,7 +10880,9 @@ const file_herald_proto_rawDesc = "" +
 	"\arecords\x18\a \x01(\rR\arecords\x12\x14\n" +
 	"\x05bytes\x18\b \x01(\x04R\x05bytes\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\t \x01(\rR\ttimeoutMs*\xf2\a\n" +
+	"timeout_ms\x18\t \x01(\rR\ttimeoutMs\x12!\n" +
+	"\fwritten_once\x18\n" +
+	" \x01(\bR\vwrittenOnce*\xf2\a\n" +
 	"\tErrorCode\x12\x1a\n" +
 	"\x16ERROR_CODE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMALFORMED_FRAME\x10\x01\x12\x13\n" +

@@ -948,8 +948,74 @@ func (c *Coordinator) onListTxns(ctx actor.Context, f *heraldpb.Frame, req *hera
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q is not known", req.Id)))
 		return
 	}
+	if !slices.ContainsFunc(all, func(m *txnMeta) bool { return m.state == txnEmpty }) {
+		c.answerList(ctx, f, req, to, all, nil)
+		return
+	}
+	// A session with no staged transaction may have one written once,
+	// open on its partitions only: their leaders list them.
+	c.listWrittenOpen(ctx, func(open map[uint64][]openOn) { c.answerList(ctx, f, req, to, all, open) })
+}
+
+// openOn is a transaction written once found open on a partition.
+type openOn struct {
+	tp      topicPart
+	epoch   uint32
+	records uint32
+	age     time.Duration
+}
+
+// listWrittenOpen asks every partition's leader for the transactions
+// written once open there, and calls done with them by producer id once
+// all have answered (or timed out).
+func (c *Coordinator) listWrittenOpen(ctx actor.Context, done func(map[uint64][]openOn)) {
+	open := map[uint64][]openOn{}
+	waiting := 1
+	answered := func() {
+		if waiting--; waiting == 0 {
+			done(open)
+		}
+	}
+	for _, e := range c.o.Topics.All() {
+		if len(e.Name) >= 2 && e.Name[:2] == "__" {
+			continue // internal topics take no transactions
+		}
+		for p := range e.Partitions {
+			tp := topicPart{e.Name, uint32(p)}
+			waiting++
+			req := &heraldpb.Frame{Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{Topic: tp.topic, Partition: tp.part}}}
+			c.request(ctx, e.Writer(p), req, callTimeout, func(f *heraldpb.Frame) {
+				for _, o := range f.GetListOpenTxnsResponse().GetTxns() {
+					open[o.ProducerId] = append(open[o.ProducerId], openOn{tp: tp, epoch: o.Epoch, records: o.Records, age: time.Duration(o.AgeMs) * time.Millisecond})
+				}
+				answered()
+			})
+		}
+	}
+	answered()
+}
+
+// answerList answers a ListTxnRequest with the sessions in all, open
+// ones first; open holds the transactions written once found open on
+// partitions, by producer id (nil: not asked).
+func (c *Coordinator) answerList(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.ListTxnRequest, to *actor.PID, all []*txnMeta, open map[uint64][]openOn) {
+	written := make(map[*txnMeta][]*heraldpb.TxnInfo, len(open))
+	for _, m := range all {
+		if c.txns[m.id] != m {
+			continue // (forgotten while the partitions answered)
+		}
+		if infos := m.writtenOpen(open[m.pid], time.Now()); len(infos) > 0 {
+			written[m] = infos
+		}
+	}
+	state := func(m *txnMeta) txnState {
+		if written[m] != nil {
+			return txnOpen
+		}
+		return m.state
+	}
 	slices.SortFunc(all, func(a, b *txnMeta) int {
-		return cmp.Or(cmp.Compare(b.state, a.state), cmp.Compare(a.started, b.started), cmp.Compare(a.id, b.id))
+		return cmp.Or(cmp.Compare(state(b), state(a)), cmp.Compare(a.started, b.started), cmp.Compare(a.id, b.id))
 	})
 	limit := int(req.Limit)
 	if limit == 0 {
@@ -958,9 +1024,48 @@ func (c *Coordinator) onListTxns(ctx actor.Context, f *heraldpb.Frame, req *hera
 	limit = min(limit, 10000)
 	resp := &heraldpb.ListTxnResponse{Total: uint32(len(all))}
 	for _, m := range all[:min(limit, len(all))] {
-		resp.Transactions = append(resp.Transactions, m.infos()...)
+		infos := m.infos()
+		if w := written[m]; w != nil {
+			infos = append(infos[:len(m.completing)], w...) // (in place of the session's "empty")
+		}
+		resp.Transactions = append(resp.Transactions, infos...)
 	}
 	respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListTxnResponse{ListTxnResponse: resp}})
+}
+
+// writtenOpen is m's transactions written once among open (found on their
+// partitions), one TxnInfo an epoch: those of its session that its
+// coordinator is not deciding or completing already (listed by infos).
+// A session with a staged transaction open has none.
+func (m *txnMeta) writtenOpen(open []openOn, now time.Time) []*heraldpb.TxnInfo {
+	if m.state != txnEmpty || len(open) == 0 {
+		return nil
+	}
+	byEpoch := map[uint32]*heraldpb.TxnInfo{}
+	var out []*heraldpb.TxnInfo
+	for _, o := range open {
+		pending := slices.ContainsFunc(m.completing, func(j *commitJob) bool { return j.epoch == o.epoch }) ||
+			slices.ContainsFunc(m.piped, func(p pipedEnd) bool { return p.epoch == o.epoch }) ||
+			(m.deciding && o.epoch >= m.epoch && o.epoch <= max(m.decidingThrough, m.epoch))
+		if pending || o.epoch < m.session {
+			continue // (a zombie's, below the session: the sweep aborts it)
+		}
+		ti := byEpoch[o.epoch]
+		if ti == nil {
+			ti = &heraldpb.TxnInfo{TransactionalId: m.id, ProducerId: m.pid, ProducerEpoch: o.epoch, State: "open", WrittenOnce: true,
+				StartedMs: now.Add(-o.age).UnixMilli(), TimeoutMs: uint32(m.timeout.Milliseconds())}
+			byEpoch[o.epoch] = ti
+			out = append(out, ti)
+		}
+		ti.StartedMs = min(ti.StartedMs, now.Add(-o.age).UnixMilli())
+		ti.Records += o.records
+		ti.Partitions = append(ti.Partitions, o.tp.String())
+	}
+	for _, ti := range out {
+		slices.Sort(ti.Partitions)
+	}
+	slices.SortFunc(out, func(a, b *heraldpb.TxnInfo) int { return cmp.Compare(a.ProducerEpoch, b.ProducerEpoch) })
+	return out
 }
 
 // sessionAfterEnd is the session record written with an end of m's

@@ -2,7 +2,9 @@ package txn
 
 import (
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
 )
@@ -154,5 +156,39 @@ func TestSnapshotAfterEndKeepsTheLastEnd(t *testing.T) {
 		if e, ended := m2.checkEpoch(7, m.epoch); !ended || e.GetCode() != c.code {
 			t.Fatalf("a repeated end of epoch %d after a replay: %v ended %v, want %v", m.epoch, e, ended, c.code)
 		}
+	}
+}
+
+// writtenOpen lists a session's transactions written once found open on
+// partitions, one an epoch with their partitions and records, and leaves
+// out what the coordinator lists itself (being completed or queued) and a
+// zombie's (below the session).
+func TestWrittenOpenListing(t *testing.T) {
+	now := time.Now()
+	m := &txnMeta{id: "etl", pid: 9, session: 100, epoch: 104, timeout: time.Minute,
+		completing: []*commitJob{{epoch: 102}}, piped: []pipedEnd{{epoch: 103}}}
+	open := []openOn{
+		{tp: topicPart{"out", 1}, epoch: 104, records: 2, age: time.Second},
+		{tp: topicPart{"out", 0}, epoch: 104, records: 3, age: 2 * time.Second},
+		{tp: topicPart{"out", 0}, epoch: 105, records: 1, age: 0},
+		{tp: topicPart{"out", 0}, epoch: 102, records: 4, age: 3 * time.Second}, // completing
+		{tp: topicPart{"out", 1}, epoch: 103, records: 4, age: 3 * time.Second}, // queued
+		{tp: topicPart{"out", 1}, epoch: 60, records: 1, age: time.Hour},        // a zombie's
+	}
+	got := m.writtenOpen(open, now)
+	if len(got) != 2 {
+		t.Fatalf("listed %v", got)
+	}
+	a, b := got[0], got[1]
+	if a.ProducerEpoch != 104 || a.Records != 5 || strings.Join(a.Partitions, ",") != "out/0,out/1" || a.StartedMs != now.Add(-2*time.Second).UnixMilli() ||
+		a.State != "open" || !a.WrittenOnce || a.TimeoutMs != 60000 {
+		t.Fatalf("epoch 104 listed as %v", a)
+	}
+	if b.ProducerEpoch != 105 || b.Records != 1 || strings.Join(b.Partitions, ",") != "out/0" {
+		t.Fatalf("epoch 105 listed as %v", b)
+	}
+	m.state = txnOpen // a staged transaction open: its own listing
+	if got := m.writtenOpen(open, now); got != nil {
+		t.Fatalf("listed with a staged transaction open: %v", got)
 	}
 }

@@ -141,7 +141,11 @@ func printTxnsList(io cliIO, infos []*heraldpb.TxnInfo, now time.Time) {
 		if ti.GetStartedMs() != 0 {
 			age = txnAge(now, ti.GetStartedMs())
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\n", ti.GetTransactionalId(), ti.GetProducerId(), ti.GetProducerEpoch(), ti.GetState(),
+		state := ti.GetState()
+		if ti.GetWrittenOnce() {
+			state += " (written once)"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\n", ti.GetTransactionalId(), ti.GetProducerId(), ti.GetProducerEpoch(), state,
 			txnPartitions(ti.GetPartitions(), 3), ti.GetRecords(), age, time.Duration(ti.GetTimeoutMs())*time.Millisecond)
 	}
 	tw.Flush()

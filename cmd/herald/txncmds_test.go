@@ -252,3 +252,16 @@ func TestTxnIsolationFlag(t *testing.T) {
 		}
 	}
 }
+
+// A transaction written once, found open on its partitions, is listed as
+// such.
+func TestTxnListWrittenOnce(t *testing.T) {
+	var out strings.Builder
+	now := time.Now()
+	printTxnsList(cliIO{out: &out}, []*heraldpb.TxnInfo{{TransactionalId: "etl-2", ProducerId: 9, ProducerEpoch: 40, State: "open", WrittenOnce: true,
+		Partitions: []string{"out/0", "out/1"}, Records: 6, StartedMs: now.Add(-3 * time.Second).UnixMilli(), TimeoutMs: 60000}}, now)
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 2 || strings.Join(strings.Fields(lines[1]), " ") != "etl-2 9 40 open (written once) out/0,out/1 6 3s 1m0s" {
+		t.Fatalf("list: %q", out.String())
+	}
+}
