@@ -773,3 +773,64 @@ func afterTimeout(t *testing.T, ctx context.Context, n node, p *client.Transacti
 		return nil
 	})
 }
+
+// TestTxnSDKManualAbort: `herald txn abort` (AbortTransaction) aborts a
+// producer's open transaction, staged or written once (found on its
+// partitions): its records never appear, the producer's Commit fails,
+// its Abort then succeeds and its next transaction commits.
+func TestTxnSDKManualAbort(t *testing.T) { txnModes(t, testTxnSDKManualAbort) }
+
+func testTxnSDKManualAbort(t *testing.T, once bool, opts ...client.TxnOpt) {
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "out", 2)
+	ctx := ctxT(t, 30*time.Second)
+	p := newTxnProducer(t, c, "etl-m", opts...)
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, ctx, p, "out", "x0", "x1", "x2", "x3")
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	end, err := c.AbortTransaction(ctx, "etl-m")
+	if err != nil || end.Records != 4 || len(end.Partitions) != 2 {
+		t.Fatalf("AbortTransaction: %+v %v", end, err)
+	}
+	if _, err := c.AbortTransaction(ctx, "etl-m"); err == nil {
+		t.Fatal("a second manual abort found a transaction open")
+	}
+	_, err = p.Commit(ctx)
+	var he *client.Error
+	if !errors.As(err, &he) {
+		t.Fatalf("the commit of a transaction aborted by hand: %v", err)
+	}
+	t.Logf("the commit of a transaction aborted by hand: %v", err)
+	if err := p.Abort(ctx); err != nil {
+		t.Fatalf("Abort after the manual abort: %v", err)
+	}
+	if err := p.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, ctx, p, "out", "y0")
+	if _, err := p.Commit(ctx); err != nil {
+		t.Fatalf("the next transaction: %v", err)
+	}
+	got := waitValues(t, n, "out", 2, func(got map[string]int) error {
+		if got["y0"] != 1 {
+			return fmt.Errorf("y0 appears %d times", got["y0"])
+		}
+		return nil
+	})
+	if len(got) != 1 {
+		t.Fatalf("after a manual abort and a commit: %v", got)
+	}
+	if once {
+		checkFor(t, 10*time.Second, "the aborted records dropped on their partitions", func() error {
+			if open := metricSum(t, n, "herald_partition_txn_open"); open != 0 {
+				return fmt.Errorf("%v transactions open on partitions", open)
+			}
+			return nil
+		})
+	}
+}

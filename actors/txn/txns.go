@@ -754,7 +754,7 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 	if req.Manual {
 		switch m.state {
 		case txnEmpty:
-			w.fail(ctx, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q has no transaction open", m.id))
+			c.abortWrittenOpen(ctx, m, w)
 		default:
 			c.abortTxn(ctx, m, "manual", w.abortDone(ctx, m))
 		}
@@ -801,6 +801,39 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 }
 
 // abortDone answers w once an abort is durable.
+// abortWrittenOpen aborts by hand m's current transaction written once,
+// found open on its partitions (none staged): the abort decision lists
+// them, and its markers drop their records.
+func (c *Coordinator) abortWrittenOpen(ctx actor.Context, m *txnMeta, w endWaiter) {
+	c.listWrittenOpen(ctx, func(open map[uint64][]openOn) {
+		if c.txns[m.id] != m {
+			w.fail(ctx, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q is not known", m.id))
+			return
+		}
+		var written []*heraldpb.TxnWritten
+		for _, ti := range m.writtenOpen(open[m.pid], time.Now()) {
+			if ti.ProducerEpoch != m.epoch {
+				continue // (a transaction after the current one: ended with it, see decidePiped)
+			}
+			for _, o := range open[m.pid] {
+				if o.epoch == m.epoch {
+					written = append(written, &heraldpb.TxnWritten{Topic: o.tp.topic, Partition: o.tp.part, Records: o.records})
+				}
+			}
+		}
+		switch {
+		case len(written) == 0 || m.state != txnEmpty:
+			w.fail(ctx, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q has no transaction open", m.id))
+			return
+		case m.deciding || len(m.written) > 0 || c.initing[m.id]:
+			w.fail(ctx, throttledErr("the transaction is being ended"))
+			return
+		}
+		m.written = written
+		c.abortTxn(ctx, m, "manual", w.abortDone(ctx, m))
+	})
+}
+
 func (w endWaiter) abortDone(ctx actor.Context, m *txnMeta) func(*heraldpb.Error, uint32, []topicPart) {
 	return func(err *heraldpb.Error, recs uint32, parts []topicPart) {
 		if err != nil {
