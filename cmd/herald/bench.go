@@ -1103,10 +1103,6 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 	if bc.rate > 0 {
 		interval = time.Duration(float64(time.Second) * float64(bc.producers) / bc.rate)
 	}
-	filler := make([]byte, bc.size-benchHeader)
-	for i := range filler {
-		filler[i] = byte('a' + i%26)
-	}
 	cb := func(_ client.Result, err error, stamp int64) {
 		if err != nil {
 			if prodCtx.Err() == nil || !(err == context.Canceled || err == context.DeadlineExceeded) {
@@ -1124,12 +1120,7 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 		_ = ack.hist.RecordValue(min(max(us, 1), ack.hist.HighestTrackableValue()))
 		ack.mu.Unlock()
 	}
-	// Values and messages are allocated benchChunk at a time; each record
-	// gets its own (capacity-capped) value and message, never modified
-	// after SendAsync.
-	chunk := max(1, min(benchChunk, benchChunkBytes/bc.size))
-	var values, keys []byte
-	var msgs []client.Message
+	recs := newBenchRecords(bc, id)
 	for seq := int64(0); n < 0 || seq < n; seq++ {
 		if prodCtx.Err() != nil {
 			break
@@ -1138,29 +1129,11 @@ func benchProduce(prodCtx, ctx context.Context, c *client.Client, bc *benchConfi
 		if prodCtx.Err() != nil {
 			break
 		}
-		if len(msgs) == 0 {
-			values = make([]byte, chunk*bc.size)
-			msgs = make([]client.Message, chunk)
-			if bc.keys > 0 {
-				keys = make([]byte, chunk*4)
-			}
-		}
-		v := values[:bc.size:bc.size]
-		values = values[bc.size:]
-		m := &msgs[0]
-		msgs = msgs[1:]
-		binary.BigEndian.PutUint64(v, uint64(stamp))
-		binary.BigEndian.PutUint64(v[8:], uint64(id)<<benchSeqBits|uint64(seq))
-		copy(v[benchHeader:], filler)
-		*m = client.Message{Topic: bc.topic, Partition: int32((int(seq) + id) % bc.partitions), Value: v, Delay: bc.delay}
+		m := recs.next(stamp, seq)
+		m.Partition, m.Delay = int32((int(seq)+id)%bc.partitions), bc.delay
 		if bc.fireRate > 0 {
 			i := seq*int64(bc.producers) + int64(id)
 			m.DeliverAt = start.Add(bc.fireAfter + time.Duration(float64(i)/bc.fireRate*float64(time.Second)))
-		}
-		if bc.keys > 0 {
-			m.Key = keys[:4:4]
-			keys = keys[4:]
-			binary.BigEndian.PutUint32(m.Key, uint32(seq%int64(bc.keys)))
 		}
 		if bc.acked != nil {
 			seq := seq
@@ -1246,4 +1219,51 @@ func pace(ctx context.Context, start time.Time, interval time.Duration, seq int6
 		}
 	}
 	return start.UnixNano() + int64(due)
+}
+
+// benchRecords makes a bench producer's records: each its own
+// (capacity-capped) value and message, never modified after SendAsync,
+// allocated benchChunk at a time.
+type benchRecords struct {
+	bc           *benchConfig
+	id           int
+	chunk        int
+	filler       []byte
+	values, keys []byte
+	msgs         []client.Message
+}
+
+func newBenchRecords(bc *benchConfig, id int) *benchRecords {
+	filler := make([]byte, bc.size-benchHeader)
+	for i := range filler {
+		filler[i] = byte('a' + i%26)
+	}
+	return &benchRecords{bc: bc, id: id, chunk: max(1, min(benchChunk, benchChunkBytes/bc.size)), filler: filler}
+}
+
+// next is record seq of the producer, stamped: to bc.topic, with its key
+// when bc.keys is set.
+func (r *benchRecords) next(stamp, seq int64) *client.Message {
+	bc := r.bc
+	if len(r.msgs) == 0 {
+		r.values = make([]byte, r.chunk*bc.size)
+		r.msgs = make([]client.Message, r.chunk)
+		if bc.keys > 0 {
+			r.keys = make([]byte, r.chunk*4)
+		}
+	}
+	v := r.values[:bc.size:bc.size]
+	r.values = r.values[bc.size:]
+	m := &r.msgs[0]
+	r.msgs = r.msgs[1:]
+	binary.BigEndian.PutUint64(v, uint64(stamp))
+	binary.BigEndian.PutUint64(v[8:], uint64(r.id)<<benchSeqBits|uint64(seq))
+	copy(v[benchHeader:], r.filler)
+	*m = client.Message{Topic: bc.topic, Value: v}
+	if bc.keys > 0 {
+		m.Key = r.keys[:4:4]
+		r.keys = r.keys[4:]
+		binary.BigEndian.PutUint32(m.Key, uint32(seq%int64(bc.keys)))
+	}
+	return m
 }

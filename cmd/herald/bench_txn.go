@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -40,10 +39,7 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 	if bc.rate > 0 {
 		interval = time.Duration(float64(time.Second) * float64(bc.producers) / bc.rate)
 	}
-	filler := make([]byte, bc.size-benchHeader)
-	for i := range filler {
-		filler[i] = byte('a' + i%26)
-	}
+	recs := newBenchRecords(bc, id)
 	var stamps, seqs []int64 // of the open transaction's records
 	done := func(stamps, seqs []int64, took time.Duration, err error) {
 		if err != nil {
@@ -112,14 +108,7 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 				return fmt.Errorf("producer %d: %w", id, err)
 			}
 		}
-		v := make([]byte, bc.size)
-		binary.BigEndian.PutUint64(v, uint64(stamp))
-		binary.BigEndian.PutUint64(v[8:], uint64(id)<<benchSeqBits|uint64(seq))
-		copy(v[benchHeader:], filler)
-		m := &client.Message{Topic: bc.topic, Value: v}
-		if bc.keys > 0 {
-			m.Key = binary.BigEndian.AppendUint32(nil, uint32(seq%int64(bc.keys)))
-		}
+		m := recs.next(stamp, seq)
 		tp.SendAsync(ctx, m, nil) // a failure fails the transaction: its Commit says so
 		stamps, seqs = append(stamps, stamp), append(seqs, seq)
 		if len(stamps) == bc.txnSize {
