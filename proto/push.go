@@ -188,3 +188,21 @@ func RecordKey(rec []byte) []byte {
 	}
 	return key
 }
+
+// ForEachStoredRecord calls fn with the offset and encoding of each record
+// of batches (a fetch's, in offset order) at or after offset from, and
+// returns the offset after the last record it saw (from when none): how an
+// actor replays an internal topic it reads in steps.
+func ForEachStoredRecord(batches []*StoredBatch, from int64, fn func(off int64, rec []byte)) int64 {
+	next := from
+	for _, b := range batches {
+		_ = ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
+			if off := b.BaseOffset + int64(i); off >= next {
+				next = off + 1
+				fn(off, rec)
+			}
+			return true
+		})
+	}
+	return next
+}

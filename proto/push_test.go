@@ -1,6 +1,8 @@
 package heraldpb
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -107,6 +109,29 @@ func TestForEachRawRecord(t *testing.T) {
 	}
 	if err := ForEachRawRecord([]byte{0x0a, 0x05, 0x01}, func(int, []byte) bool { return true }); err == nil {
 		t.Fatal("truncated batch accepted")
+	}
+}
+
+// ForEachStoredRecord yields the records of a fetch's batches from an
+// offset on (a batch that starts before it is read from its middle), and
+// returns the offset after the last.
+func TestForEachStoredRecord(t *testing.T) {
+	batch := func(keys ...string) []byte {
+		b := &RecordBatch{}
+		for _, k := range keys {
+			b.Records = append(b.Records, &Record{Key: []byte(k)})
+		}
+		out, _ := proto.Marshal(b)
+		return out
+	}
+	batches := []*StoredBatch{{BaseOffset: 10, Count: 3, Records: batch("a", "b", "c")}, {BaseOffset: 13, Count: 2, Records: batch("d", "e")}}
+	var got []string
+	next := ForEachStoredRecord(batches, 12, func(off int64, rec []byte) { got = append(got, fmt.Sprintf("%d%s", off, RecordKey(rec))) })
+	if next != 15 || strings.Join(got, " ") != "12c 13d 14e" {
+		t.Fatalf("from 12: %v, next %d", got, next)
+	}
+	if next := ForEachStoredRecord(batches, 20, func(int64, []byte) { t.Fatal("a record below the start") }); next != 20 {
+		t.Fatalf("from past the end: next %d", next)
 	}
 }
 

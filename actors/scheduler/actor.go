@@ -549,25 +549,17 @@ func (s *Scheduler) load(ctx actor.Context) {
 }
 
 func (s *Scheduler) onLoaded(ctx actor.Context, fr *heraldpb.FetchResponse) {
-	for _, b := range fr.Batches {
-		_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
-			off := b.BaseOffset + int64(i)
-			if off < s.loadNext {
-				return true
-			}
-			s.loadNext = off + 1
-			s.loadRecords++
-			ev, err := decodeEvent(rec)
-			if err != nil {
-				s.log.Warn("skipping unreadable __schedule record", "offset", off, "err", err)
-				return true
-			}
-			if t, ok := s.apply(uint64(off), ev); ok {
-				s.wheel.Add(t)
-			}
-			return true
-		})
-	}
+	s.loadNext = heraldpb.ForEachStoredRecord(fr.Batches, s.loadNext, func(off int64, rec []byte) {
+		s.loadRecords++
+		ev, err := decodeEvent(rec)
+		if err != nil {
+			s.log.Warn("skipping unreadable __schedule record", "offset", off, "err", err)
+			return
+		}
+		if t, ok := s.apply(uint64(off), ev); ok {
+			s.wheel.Add(t)
+		}
+	})
 	if len(fr.Batches) == 0 {
 		s.loadNext = max(s.loadNext, fr.LogStartOffset)
 		if fr.HighWatermark <= s.loadNext {

@@ -359,24 +359,16 @@ func (c *Coordinator) load(ctx actor.Context) {
 }
 
 func (c *Coordinator) onLoaded(ctx actor.Context, fr *heraldpb.FetchResponse) {
-	for _, b := range fr.Batches {
-		_ = heraldpb.ForEachRawRecord(b.Records, func(i int, rec []byte) bool {
-			off := b.BaseOffset + int64(i)
-			if off < c.loadNext {
-				return true
-			}
-			c.loadNext = off + 1
-			c.loadRecords++
-			ev, err := decodeEvent(rec)
-			if err != nil {
-				c.log.Warn("skipping unreadable __txn record", "offset", off, "err", err)
-				return true
-			}
-			c.state.apply(uint64(off), ev, c.defaults)
-			c.state.applyTxn(uint64(off), ev, c.nowMs())
-			return true
-		})
-	}
+	c.loadNext = heraldpb.ForEachStoredRecord(fr.Batches, c.loadNext, func(off int64, rec []byte) {
+		c.loadRecords++
+		ev, err := decodeEvent(rec)
+		if err != nil {
+			c.log.Warn("skipping unreadable __txn record", "offset", off, "err", err)
+			return
+		}
+		c.state.apply(uint64(off), ev, c.defaults)
+		c.state.applyTxn(uint64(off), ev, c.nowMs())
+	})
 	if len(fr.Batches) == 0 {
 		c.loadNext = max(c.loadNext, fr.LogStartOffset)
 		if fr.HighWatermark <= c.loadNext {
