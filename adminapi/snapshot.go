@@ -247,7 +247,7 @@ func (s *Server) build(ctx context.Context, c *client.Client, h *history, ms Mem
 		if _, n, err := c.ListTxn(cctx, "", 1); err == nil {
 			sc.HalvesPending = n
 		}
-		if _, n, err := c.ListTransactions(cctx, "", 1); err == nil {
+		if n, err := c.TransactionCount(cctx); err == nil {
 			sc.Transactions = n
 		}
 		cancel()

@@ -1072,6 +1072,17 @@ func (c *Client) ListTransactions(ctx context.Context, id string, limit int) ([]
 	return r.GetTransactions(), int(r.GetTotal()), nil
 }
 
+// TransactionCount is how many transactional ids the coordinator knows,
+// without asking the partitions for the transactions written once open
+// there (as ListTransactions does): cheap enough to poll.
+func (c *Client) TransactionCount(ctx context.Context) (int, error) {
+	r, err := c.listTxn(ctx, &heraldpb.ListTxnRequest{Transactions: true, Limit: 1, NoPartitions: true})
+	if err != nil {
+		return 0, err
+	}
+	return int(r.GetTotal()), nil
+}
+
 // AbortTransaction aborts the open transaction of transactionalID by hand
 // (`herald txn abort ID`, EndTxnRequest.manual): its staged records are
 // dropped, and its producer's next request fails (its Abort then

@@ -9069,7 +9069,11 @@ type ListTxnRequest struct {
 	Limit uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	// List transactions (open or completing) instead of half messages; id
 	// then names a transactional id.
-	Transactions  bool `protobuf:"varint,4,opt,name=transactions,proto3" json:"transactions,omitempty"`
+	Transactions bool `protobuf:"varint,4,opt,name=transactions,proto3" json:"transactions,omitempty"`
+	// With transactions: do not ask the partitions' leaders for the
+	// transactions written once open there (a count, as the dashboard's:
+	// total does not depend on them).
+	NoPartitions  bool `protobuf:"varint,5,opt,name=no_partitions,json=noPartitions,proto3" json:"no_partitions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -9128,6 +9132,13 @@ func (x *ListTxnRequest) GetLimit() uint32 {
 func (x *ListTxnRequest) GetTransactions() bool {
 	if x != nil {
 		return x.Transactions
+	}
+	return false
+}
+
+func (x *ListTxnRequest) GetNoPartitions() bool {
+	if x != nil {
+		return x.NoPartitions
 	}
 	return false
 }
@@ -10787,12 +10798,13 @@ const file_herald_proto_rawDesc = "" +
 	"\n" +
 	"max_checks\x18\a \x01(\rR\tmaxChecks\x12\x1d\n" +
 	"\n" +
-	"created_ms\x18\b \x01(\x03R\tcreatedMs\"\x81\x01\n" +
+	"created_ms\x18\b \x01(\x03R\tcreatedMs\"\xa6\x01\n" +
 	"\x0eListTxnRequest\x12%\n" +
 	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\"\n" +
-	"\ftransactions\x18\x04 \x01(\bR\ftransactions\"\xd5\x02\n" +
+	"\ftransactions\x18\x04 \x01(\bR\ftransactions\x12#\n" +
+	"\rno_partitions\x18\x05 \x01(\bR\fnoPartitions\"\xd5\x02\n" +
 	"\bHalfInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
 	"\x0eproducer_group\x18\x02 \x01(\tR\rproducerGroup\x12\x14\n" +

@@ -290,3 +290,31 @@ func TestNewSessionEpochIsPastThePipelinedOnes(t *testing.T) {
 	third.endWritten(true)
 	r.waitValues("a, b and c once each", []string{"a", "b", "c"})
 }
+
+// A session's transaction written once is listed from its partitions'
+// leaders (open, written once), unless the request says not to ask them
+// (no_partitions, the dashboard's count).
+func TestListWrittenOnceFromPartitions(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{})
+	s := r.session("w")
+	if f := s.writeOnce("a", "b"); f.GetProduceResponse() == nil {
+		t.Fatalf("batch: %v", f)
+	}
+	list := func(noPartitions bool) []*heraldpb.TxnInfo {
+		t.Helper()
+		return r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_ListTxn{ListTxn: &heraldpb.ListTxnRequest{Transactions: true, NoPartitions: noPartitions}}}, r.txn).
+			GetListTxnResponse().GetTransactions()
+	}
+	if infos := list(false); len(infos) != 1 || infos[0].State != "open" || !infos[0].WrittenOnce || infos[0].Records != 2 ||
+		!slices.Equal(infos[0].Partitions, []string{"t/0"}) || infos[0].ProducerEpoch != s.epoch {
+		t.Fatalf("listed %v", infos)
+	}
+	if infos := list(true); len(infos) != 1 || infos[0].State != "empty" || infos[0].WrittenOnce {
+		t.Fatalf("listed without the partitions: %v", infos)
+	}
+	s.endWritten(true)
+	r.waitValues("the commit's records readable", []string{"a", "b"})
+	if infos := list(false); len(infos) != 1 || infos[0].State != "empty" {
+		t.Fatalf("listed after the commit: %v", infos)
+	}
+}

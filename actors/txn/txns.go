@@ -981,7 +981,7 @@ func (c *Coordinator) onListTxns(ctx actor.Context, f *heraldpb.Frame, req *hera
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q is not known", req.Id)))
 		return
 	}
-	if !slices.ContainsFunc(all, func(m *txnMeta) bool { return m.state == txnEmpty }) {
+	if req.NoPartitions || !slices.ContainsFunc(all, func(m *txnMeta) bool { return m.state == txnEmpty }) {
 		c.answerList(ctx, f, req, to, all, nil)
 		return
 	}
