@@ -301,12 +301,14 @@ func rawFlood(nc net.Conn, batch []byte, part uint32, pipeline int, end time.Tim
 // connections whose own answers woke them took the room again; and a
 // frame the loop had found room for could be refused THROTTLED when
 // another event loop took the room before it was counted. Twelve
-// connections each pipeline 256 KiB batches against a 1 MiB limit (the
-// latency control off, so that the limit stays put): every connection
-// writes its fair part, none waits the second after which a frame is
-// THROTTLED, and the line is seen.
+// connections each pipeline 256 KiB batches against a 384 KiB limit, room
+// for one batch (the latency control off, so that the limit stays put):
+// every connection writes its fair part, none waits the second after
+// which a frame is THROTTLED, and the line is seen. (With a 1 MiB limit,
+// four batches, a CI machine busy with other suites once sent too slowly
+// for four to be in flight together, and nobody waited.)
 func TestOverloadWaitersTakeTurns(t *testing.T) {
-	n := startProc(t, t.TempDir(), "--max-inflight-produce-bytes=1048576", "--produce-latency-target=0")
+	n := startProc(t, t.TempDir(), "--max-inflight-produce-bytes=393216", "--produce-latency-target=0")
 	admin := dial(t, n)
 	createTopic(t, admin, "heavy", 2)
 	batch := heavyBatch(t)
