@@ -152,6 +152,7 @@ type Scheduler struct {
 	rcache     []*heraldpb.StoredBatch // the last read of __schedule, for fire rounds
 	rewriteOn  bool
 	retrying   int // batches in appends being retried
+	appenders  map[appendKey]*appender
 
 	compactArmed bool
 	listing      int
@@ -205,6 +206,7 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		s.inc = s.sh.incs
 		s.calls = map[uint64]func(*heraldpb.Frame){}
 		s.fenced, s.resetting = map[fenceKey]*registry.Entry{}, map[fenceKey]bool{}
+		s.appenders = map[appendKey]*appender{}
 		s.state = newState()
 		s.anchor = s.o.Now()
 		s.anchorWall = s.anchor.Round(0)

@@ -52,6 +52,14 @@ type fireChunk struct {
 	ats      []int64
 	records  []byte
 	backoff  time.Duration
+	// Of a group's first chunk, once the group is sent (appender): the
+	// group, its producer id, the sequence of its first record, its record
+	// count, and whether it waits for an earlier append.
+	group   []*fireChunk
+	pid     uint64
+	seq     int64
+	count   int64
+	blocked bool
 }
 
 type (
@@ -310,11 +318,7 @@ func (s *Scheduler) sendDue(ctx actor.Context) {
 	for n < len(s.hold) && s.hold[n].at-ahead <= now {
 		n++
 	}
-	for _, c := range s.hold[:n] {
-		s.heldBytes -= len(c.records)
-	}
-	mHeldBytes.Set(float64(s.heldBytes))
-	s.sendChunks(ctx, s.hold[:n])
+	s.sendChunks(ctx, s.hold[:n]) // (their bytes count as held until sent)
 	clear(s.hold[:n])
 	s.hold = s.hold[n:]
 	if n > 0 && len(s.dueQ) > 0 {
@@ -332,22 +336,6 @@ func (s *Scheduler) sendDue(ctx actor.Context) {
 	s.after(max(time.UnixMilli(at).Sub(s.now()), 0), &sendTick{gen: s.sendGen})
 }
 
-// sendChunks appends due chunks, those of one partition together in one
-// produce request as far as its max message size allows and their times
-// agree (a scheduler that fell behind catches up in big appends).
-func (s *Scheduler) sendChunks(ctx actor.Context, cs []*fireChunk) {
-	nowUs := s.now().UnixMicro()
-	ahead := s.o.AppendAhead.Microseconds()
-	for _, c := range cs {
-		for _, at := range c.ats {
-			mSendLateness.Observe(float64(max(nowUs-(at*1000-ahead), 0)) / 1e6)
-		}
-	}
-	for _, g := range groupChunks(cs, nowUs) {
-		s.sendGroup(ctx, g)
-	}
-}
-
 // sendGroup appends chunks of one partition in one request; a retriable
 // refusal sends them again later.
 func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
@@ -359,7 +347,9 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 			recs = append(recs, c.records...)
 		}
 	}
-	req := &heraldpb.ProduceRequest{Topic: c0.entry.Name, Partition: proto.Uint32(c0.part), Acks: heraldpb.Acks_ACKS_ALL, Records: recs}
+	req := &heraldpb.ProduceRequest{Topic: c0.entry.Name, Partition: proto.Uint32(c0.part), Acks: heraldpb.Acks_ACKS_ALL, Records: recs,
+		ProducerId: c0.pid, BaseSequence: c0.seq, SingleInFlight: true} // (see appender)
+	pid := c0.pid
 	if s.epoch != 0 { // (0: Options.NoFence)
 		// Stamped with the epoch: a successor's fence refuses it (fence.go).
 		req.TxnEpoch, req.Fencer = s.epoch, heraldpb.Fencer_FENCER_SCHEDULER
@@ -389,6 +379,9 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 		case ok:
 		case !registry.Same(s.o.Topics.Get(c0.entry.Name), c0.entry):
 			e = heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q was deleted", c0.entry.Name)
+		case e.GetCode() == heraldpb.ErrorCode_OUT_OF_ORDER_SEQUENCE:
+			s.outOfSequence(ctx, g, pid, e)
+			return
 		case retriable(e):
 			if e.GetCode() == heraldpb.ErrorCode_PRODUCER_FENCED {
 				s.onFenced(ctx, c0.entry, c0.part, e) // retried below, refused until this scheduler stops or resets the epoch
@@ -396,7 +389,7 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 			// An error does not prove the append failed (a partition that
 			// restarts answers its pending proposals with one, and may
 			// commit them on reopening): look for it before sending again.
-			s.verifyThenResend(ctx, g)
+			s.verifyThenResend(ctx, g, false)
 			return
 		}
 		s.settleGroup(ctx, g, ok, e, resp.GetCommitTimeUs())
@@ -406,8 +399,11 @@ func (s *Scheduler) sendGroup(ctx actor.Context, g []*fireChunk) {
 // verifyThenResend looks for the group's append on its partition, from
 // where the log ended when it was announced; one append is all or
 // nothing, so one ref found means it landed. Otherwise it sends it again
-// after a backoff.
-func (s *Scheduler) verifyThenResend(ctx actor.Context, g []*fireChunk) {
+// after a backoff, with the same producer id and sequence (the partition
+// answers it with the outcome of an attempt still on its way), or, when
+// the partition refused the sequence of the oldest open append (newPid),
+// under a new producer id.
+func (s *Scheduler) verifyThenResend(ctx actor.Context, g []*fireChunk, newPid bool) {
 	c0 := g[0]
 	if !c0.retrying {
 		c0.retrying = true
@@ -418,6 +414,9 @@ func (s *Scheduler) verifyThenResend(ctx actor.Context, g []*fireChunk) {
 		if len(got) > 0 {
 			s.settleGroup(ctx, g, true, nil, 0)
 			return
+		}
+		if a := s.appenders[appendKey{c0.entry, c0.part}]; newPid && a != nil && a.oldest() == c0 && a.pid == c0.pid {
+			s.renewProducer(a)
 		}
 		s.after(c0.backoff, &resendChunks{cs: g})
 		c0.backoff = min(2*c0.backoff, 2*time.Second)
@@ -459,6 +458,7 @@ func (s *Scheduler) settleGroup(ctx actor.Context, g []*fireChunk, ok bool, e *h
 			s.finishRound(ctx, r)
 		}
 	}
+	s.appendSettled(ctx, g, ok)
 }
 
 func (s *Scheduler) finishRound(ctx actor.Context, r *fireRound) {
