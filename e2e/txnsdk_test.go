@@ -303,17 +303,18 @@ func testTxnSDKCommitAbort(t *testing.T, once bool, opts ...client.TxnOpt) {
 }
 
 // TestTxnSDKFencing: a second producer of the same transactional id
-// fences the first: the first's Send (staged) and Commit fail with
+// fences the first: the first's Send and Commit fail with
 // ErrProducerFenced, and only the second's records appear. Written once,
-// the zombie's next record still reaches its partition (which does not
-// know of the new session), where it is never readable: its transaction
-// was aborted there by the new session's start.
+// the zombie's Send is refused by the partition, told of the new session
+// by the coordinator's sweep: the one it wrote to, and one it had not
+// (before, that record was taken there, never readable).
 func TestTxnSDKFencing(t *testing.T) { txnModes(t, testTxnSDKFencing) }
 
 func testTxnSDKFencing(t *testing.T, once bool, opts ...client.TxnOpt) {
 	n := startProc(t, t.TempDir())
 	c := dial(t, n)
 	createTopic(t, c, "out", 1)
+	createTopic(t, c, "other", 1)
 	ctx := ctxT(t, 30*time.Second)
 	old := newTxnProducer(t, c, "etl-1", opts...)
 	if err := old.Begin(); err != nil {
@@ -321,9 +322,10 @@ func testTxnSDKFencing(t *testing.T, once bool, opts ...client.TxnOpt) {
 	}
 	sendAll(t, ctx, old, "out", "zombie-0")
 	cur := newTxnProducer(t, dial(t, n), "etl-1", opts...)
-	_, err := old.Send(ctx, &client.Message{Topic: "out", Value: []byte("zombie-1")})
-	if !once && !errors.Is(err, client.ErrProducerFenced) {
-		t.Fatalf("the zombie's Send: %v", err)
+	for _, topic := range []string{"other", "out"} { // (once: the sweep has told both by now)
+		if _, err := old.Send(ctx, &client.Message{Topic: topic, Value: []byte("zombie-1")}); !errors.Is(err, client.ErrProducerFenced) {
+			t.Fatalf("the zombie's Send to %s: %v", topic, err)
+		}
 	}
 	if _, err := old.Commit(ctx); !errors.Is(err, client.ErrProducerFenced) {
 		t.Fatalf("the zombie's Commit: %v", err)
@@ -341,6 +343,12 @@ func testTxnSDKFencing(t *testing.T, once bool, opts ...client.TxnOpt) {
 	waitValues(t, n, "out", 1, func(got map[string]int) error {
 		if len(got) != 1 || got["live-0"] != 1 {
 			return fmt.Errorf("the topic holds %v, want only live-0", got)
+		}
+		return nil
+	})
+	waitValues(t, n, "other", 1, func(got map[string]int) error {
+		if len(got) != 0 {
+			return fmt.Errorf("the topic holds %v, want nothing", got)
 		}
 		return nil
 	})

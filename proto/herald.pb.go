@@ -9792,12 +9792,19 @@ func (*CommitTxnOffsetsResponse) Descriptor() ([]byte, []int) {
 // older_than_ms (by its leader's clock, from when it applied their first
 // batch), oldest first, at most 10,000.
 type ListOpenTxnsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
-	Partition     uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
-	OlderThanMs   uint32                 `protobuf:"varint,3,opt,name=older_than_ms,json=olderThanMs,proto3" json:"older_than_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Topic       string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition   uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	OlderThanMs uint32                 `protobuf:"varint,3,opt,name=older_than_ms,json=olderThanMs,proto3" json:"older_than_ms,omitempty"`
+	// A new session of a transactional id started (the coordinator's sweep
+	// of the old session's producer): the partition refuses that producer's
+	// transactional batches of an epoch below fence_epoch with
+	// PRODUCER_FENCED from now on (a zombie's). Kept in the replica's
+	// memory, at most 10,000 producers; 0: none.
+	FenceProducerId uint64 `protobuf:"varint,4,opt,name=fence_producer_id,json=fenceProducerId,proto3" json:"fence_producer_id,omitempty"`
+	FenceEpoch      uint32 `protobuf:"varint,5,opt,name=fence_epoch,json=fenceEpoch,proto3" json:"fence_epoch,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ListOpenTxnsRequest) Reset() {
@@ -9847,6 +9854,20 @@ func (x *ListOpenTxnsRequest) GetPartition() uint32 {
 func (x *ListOpenTxnsRequest) GetOlderThanMs() uint32 {
 	if x != nil {
 		return x.OlderThanMs
+	}
+	return 0
+}
+
+func (x *ListOpenTxnsRequest) GetFenceProducerId() uint64 {
+	if x != nil {
+		return x.FenceProducerId
+	}
+	return 0
+}
+
+func (x *ListOpenTxnsRequest) GetFenceEpoch() uint32 {
+	if x != nil {
+		return x.FenceEpoch
 	}
 	return 0
 }
@@ -10857,11 +10878,14 @@ const file_herald_proto_rawDesc = "" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\rR\x05epoch\x124\n" +
 	"\aoffsets\x18\x03 \x01(\v2\x1a.herald.v1.TxnGroupOffsetsR\aoffsets\"\x1a\n" +
-	"\x18CommitTxnOffsetsResponse\"m\n" +
+	"\x18CommitTxnOffsetsResponse\"\xba\x01\n" +
 	"\x13ListOpenTxnsRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\"\n" +
-	"\rolder_than_ms\x18\x03 \x01(\rR\volderThanMs\">\n" +
+	"\rolder_than_ms\x18\x03 \x01(\rR\volderThanMs\x12*\n" +
+	"\x11fence_producer_id\x18\x04 \x01(\x04R\x0ffenceProducerId\x12\x1f\n" +
+	"\vfence_epoch\x18\x05 \x01(\rR\n" +
+	"fenceEpoch\">\n" +
 	"\x14ListOpenTxnsResponse\x12&\n" +
 	"\x04txns\x18\x01 \x03(\v2\x12.herald.v1.OpenTxnR\x04txns\"q\n" +
 	"\aOpenTxn\x12\x1f\n" +

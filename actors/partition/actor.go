@@ -116,8 +116,10 @@ type Actor struct {
 	prioAck     chan struct{} // the actor took a catch-up chunk
 	prioRun     uint64        // numbers the catch-up reads of this actor
 
-	// Transactions written once (txnlog.go).
-	txn txnLog
+	// Transactions written once (txnlog.go), and the sessions replaced
+	// (zombie.go).
+	txn      txnLog
+	sessions sessionFences
 
 	// Idempotent producers (idempotence.go).
 	producers *producerTable           // committed batches of idempotent producers

@@ -102,6 +102,12 @@ var (
 	txnFenced = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_partition_txn_fenced_total", Help: "Appends and fences of a transaction coordinator refused (PRODUCER_FENCED) because a newer coordinator had fenced the partition.",
 	})
+	zombieRefused = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_partition_txn_zombie_refused_total", Help: "Transactional batches written once refused (PRODUCER_FENCED) because a newer session of their transactional id had started.",
+	})
+	sessionFenceCount = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_partition_txn_session_fences", Help: "Producers of replaced transaction sessions whose older epochs the partition refuses (bounded by 10,000; the oldest is forgotten past it).",
+	}, labels)
 	readerQueueDepth = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_log_reader_queue_depth", Help: "Catch-up fetches queued for the log reader pool.",
 	})
@@ -112,11 +118,11 @@ type partMetrics struct {
 	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas prometheus.Counter
 	idemEvictions, duplicates, outOfOrder                                                                 prometheus.Counter
 	start, end, hw, mailbox, parked, leader, writerQueue, quiesced, producers, held, damaged              prometheus.Gauge
-	txnOpen, txnOpenBytes                                                                                 prometheus.Gauge
+	txnOpen, txnOpenBytes, sessionFences                                                                  prometheus.Gauge
 	txnMarkers                                                                                            *prometheus.CounterVec
 	markerCounters                                                                                        [2]prometheus.Counter // abort, commit: resolved at first use
 	markersPerEntry                                                                                       prometheus.Observer
-	votesWithheld, followerResets, txnFenced                                                              prometheus.Counter
+	votesWithheld, followerResets, txnFenced, zombieRefused                                               prometheus.Counter
 	lv                                                                                                    []string
 }
 
@@ -145,6 +151,8 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		votesWithheld:     votesWithheld,
 		followerResets:    followerResets,
 		txnFenced:         txnFenced,
+		zombieRefused:     zombieRefused,
+		sessionFences:     sessionFenceCount.WithLabelValues(lv...),
 		idemEvictions:     idemEvictions.WithLabelValues(lv...),
 		txnOpen:           txnOpen.WithLabelValues(lv...),
 		txnOpenBytes:      txnOpenBytes.WithLabelValues(lv...),
@@ -161,7 +169,7 @@ func DeleteMetrics(topic string, part uint32) {
 	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas, idemEvictions, produceDuplicates, produceOutOfOrder} {
 		v.DeleteLabelValues(lv...)
 	}
-	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers, heldBatches, partitionDamaged, txnOpen, txnOpenBytes} {
+	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers, heldBatches, partitionDamaged, txnOpen, txnOpenBytes, sessionFenceCount} {
 		v.DeleteLabelValues(lv...)
 	}
 	txnMarkers.DeletePartialMatch(prometheus.Labels{"topic": topic, "partition": lv[1]})

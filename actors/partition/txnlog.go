@@ -302,6 +302,10 @@ func (a *Actor) onTxnBatch(ctx actor.Context, replyTo *actor.PID, id uint64, req
 		fail(a.txnError(heraldpb.ErrorCode_INVALID_REQUEST, "base_sequence %d is out of range", req.BaseSequence))
 		return
 	}
+	if e := a.checkSession(req.ProducerId, req.ProducerEpoch); e != nil {
+		fail(e)
+		return
+	}
 	t := &a.txn
 	k := pidEpoch{req.ProducerId, req.ProducerEpoch}
 	count := uint32(info.Count)
@@ -931,6 +935,9 @@ const maxListedTxns = 10_000
 // has applied its log knows them all.
 func (a *Actor) onListOpenTxns(ctx actor.Context, f *heraldpb.Frame) {
 	req := f.GetListOpenTxns()
+	if req.FenceProducerId != 0 {
+		a.fenceSession(req.FenceProducerId, req.FenceEpoch) // (true on any replica: sessions only move on)
+	}
 	switch {
 	case a.rn == nil:
 		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, storageError(a.failure)))

@@ -345,23 +345,26 @@ func (c *Coordinator) sweepOpen(ctx actor.Context) {
 	if !c.loaded || !c.leadsTxn() {
 		return
 	}
-	c.sweepPartitions(ctx, uint32(min(c.o.OpenTxnSweep.Milliseconds(), 1<<31)), 0)
+	c.sweepPartitions(ctx, uint32(min(c.o.OpenTxnSweep.Milliseconds(), 1<<31)), 0, 0)
 }
 
 // sweepProducer ends, at once, the transactions of producer pid open on
 // any partition that nobody will end: a new session of its id started, so
 // the old session's (a zombie's) are aborted, and their later writes
-// refused, without waiting for the next sweep.
-func (c *Coordinator) sweepProducer(ctx actor.Context, pid uint64) {
+// refused, without waiting for the next sweep. Every partition's leader
+// also refuses pid's batches of an epoch below fence from then on, on
+// partitions the old session had not written to as well (zombie.go in
+// the partition package).
+func (c *Coordinator) sweepProducer(ctx actor.Context, pid uint64, fence uint32) {
 	if c.leadsTxn() {
-		c.sweepPartitions(ctx, 0, pid)
+		c.sweepPartitions(ctx, 0, pid, fence)
 	}
 }
 
 // sweepPartitions asks every partition's leader for the transactions open
 // there for at least minAge ms (of producer pid only, when not 0) and
-// resolves each.
-func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint64) {
+// resolves each; with pid, the leader fences pid's epochs below fence.
+func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint64, fence uint32) {
 	byPid := make(map[uint64]*txnMeta, len(c.txns)) // (checked again when an answer comes)
 	for _, m := range c.txns {
 		byPid[m.pid] = m
@@ -372,7 +375,8 @@ func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint
 		}
 		for p := range e.Partitions {
 			tp := topicPart{e.Name, uint32(p)}
-			req := &heraldpb.Frame{Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{Topic: tp.topic, Partition: tp.part, OlderThanMs: minAge}}}
+			req := &heraldpb.Frame{Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{Topic: tp.topic, Partition: tp.part, OlderThanMs: minAge,
+				FenceProducerId: pid, FenceEpoch: fence}}}
 			c.request(ctx, e.Writer(p), req, callTimeout, func(f *heraldpb.Frame) {
 				for _, o := range f.GetListOpenTxnsResponse().GetTxns() {
 					if pid == 0 || o.ProducerId == pid {

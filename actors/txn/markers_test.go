@@ -197,14 +197,21 @@ func TestOpenTxnSweep(t *testing.T) {
 	zombie.writeOnce("zombie")
 	r.session("z")
 	none("the zombie's transaction aborted", "t")
-	if f := zombie.writeOnce("more"); f.GetError().GetCode() != heraldpb.ErrorCode_INVALID_TXN_STATE {
+	if f := zombie.writeOnce("more"); f.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
 		t.Fatalf("the zombie's write after the sweep: %v", f)
+	}
+	// Refused on a partition it had not written to either: the sweep
+	// fenced its session there too.
+	b, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte("elsewhere")}}})
+	if f := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t2", Partition: proto.Uint32(0), Records: b,
+		ProducerId: zombie.pid, ProducerEpoch: zombie.epoch, Acks: heraldpb.Acks_ACKS_ALL, TxnBatch: true}}}, r.reg.Get("t2").Writer(0)); f.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
+		t.Fatalf("the zombie's write to a partition it had not written to: %v", f)
 	}
 
 	// A partition the commit did not list.
 	s := r.session("c")
 	s.writeOnce("listed")
-	b, _ := proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte("unlisted")}}})
+	b, _ = proto.Marshal(&heraldpb.RecordBatch{Records: []*heraldpb.Record{{Value: []byte("unlisted")}}})
 	if f := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t2", Partition: proto.Uint32(0), Records: b,
 		ProducerId: s.pid, ProducerEpoch: s.epoch, Acks: heraldpb.Acks_ACKS_ALL, TxnBatch: true}}}, r.reg.Get("t2").Writer(0)); f.GetError() != nil {
 		t.Fatal(f)
@@ -219,15 +226,20 @@ func TestOpenTxnSweep(t *testing.T) {
 
 // A new session of a transactional id aborts the old session's
 // transactions written once at once (not at the next sweep, an hour away
-// here): the zombie's next write is refused, and none of its records is
-// ever readable.
+// here): the zombie's next write is refused (PRODUCER_FENCED: the sweep
+// told the partition of the new session), its transaction is no longer
+// open, and none of its records is ever readable.
 func TestNewSessionAbortsTheZombiesTransactions(t *testing.T) {
 	r := newRig(t, t.TempDir(), Options{OpenTxnSweep: time.Hour})
 	zombie := r.session("z")
 	zombie.writeOnce("zombie")
 	fresh := r.session("z")
-	waitFor(t, "the zombie's write refused", func() error {
-		if f := zombie.writeOnce("more"); f.GetError().GetCode() != heraldpb.ErrorCode_INVALID_TXN_STATE {
+	waitFor(t, "the zombie's transaction aborted and its write refused", func() error {
+		f := r.call(&heraldpb.Frame{Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{Topic: "t"}}}, r.reg.Get("t").Writer(0))
+		if n := len(f.GetListOpenTxnsResponse().GetTxns()); f.GetListOpenTxnsResponse() == nil || n != 0 {
+			return fmt.Errorf("%d open (%v)", n, f.GetError())
+		}
+		if f := zombie.writeOnce("more"); f.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
 			return fmt.Errorf("answered %v", f)
 		}
 		return nil

@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -549,7 +550,11 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 			c.applyTxn(uint64(base)+uint64(i), ev, c.nowMs())
 		}
 		if oldPid != 0 {
-			c.sweepProducer(ctx, oldPid)
+			fence := uint32(math.MaxUint32) // a new producer id: every epoch of the old one
+			if oldPid == pid {
+				fence = epoch
+			}
+			c.sweepProducer(ctx, oldPid, fence)
 		}
 		mTxnIDs.Set(float64(len(c.txns)))
 		c.gaugeOpen()
