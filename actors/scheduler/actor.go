@@ -315,6 +315,7 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		s.writeFired(ctx)
 	case *compactTick:
 		s.compactArmed = false
+		s.pruneAppenders()
 		s.compact(ctx)
 	case *partition.DeleteBeforeResult:
 		if !s.loaded {

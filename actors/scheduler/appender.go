@@ -22,20 +22,24 @@ import (
 // Up to maxOpenLocal appends are open (sent and not settled) while the
 // partition's leader is local, its mailbox keeping their order (sent
 // ahead of their time, each its own append when their times differ, they
-// share the partition's group commits); one while it is remote, since the node forwarding it may reorder
-// requests (single_in_flight). An append refused as out of sequence
-// while an earlier one is open waits for that one (blocked) and is sent
-// again when an open append settles; the oldest open append refused so
-// is looked for, then sent with the later open ones under a new producer
-// id (renewProducer). Chunks that fall due meanwhile queue, and go
-// together as far as groupChunks lets them. The producer id lasts as long
-// as the incarnation, so that a partition's table holds one scheduler
-// producer, not one per burst.
+// share the partition's group commits); one while it is remote, since the
+// node forwarding it may reorder requests (single_in_flight). An append
+// refused as out of sequence while an earlier one is open waits for that
+// one (blocked) and is sent again when an open append settles. The oldest
+// open append refused so is looked for and, if not found, sent again
+// under the appender's next producer id (renewProducer): only an append
+// refused under its id and sequence changes them, since another may
+// still be written under its own. Chunks that fall due meanwhile queue,
+// and go together as far as groupChunks lets them. The producer id lasts
+// as long as the incarnation and the topic, so that a partition's table
+// holds one scheduler producer, not one per burst.
 type appender struct {
+	key   appendKey
+	e     *registry.Entry // the topic it appends to (registry.Same)
 	pid   uint64
 	seq   int64        // the sequence of the next append's first record
 	queue []*fireChunk // due, not yet sent
-	open  []*fireChunk // the first chunks of the appends sent and not settled, by sequence
+	open  []*fireChunk // the first chunks of the appends sent and not settled, in order sent
 }
 
 // maxOpenLocal bounds the open appends to a partition led on this node.
@@ -44,9 +48,12 @@ type appender struct {
 // then found by the look before a resend.
 const maxOpenLocal = 64
 
+// appendKey names a target partition. An appender of a topic deleted and
+// created again under the same name is replaced (registry.Same); the
+// appends open on the old one settle through it (fireChunk.app).
 type appendKey struct {
-	e    *registry.Entry
-	part uint32
+	topic string
+	part  uint32
 }
 
 // oldest is the first chunk of the oldest open append (nil: none).
@@ -59,47 +66,46 @@ func (a *appender) oldest() *fireChunk {
 
 // sendChunks queues due chunks on their partitions' appenders.
 func (s *Scheduler) sendChunks(ctx actor.Context, cs []*fireChunk) {
-	var kick []appendKey
+	var kick []*appender
 	for _, c := range cs {
-		k := appendKey{c.entry, c.part}
+		k := appendKey{c.entry.Name, c.part}
 		a := s.appenders[k]
-		if a == nil {
-			a = &appender{pid: randomToken() >> 1}
+		if a == nil || !registry.Same(a.e, c.entry) {
+			a = &appender{key: k, e: c.entry, pid: randomToken() >> 1}
 			s.appenders[k] = a
 		}
 		if len(a.queue) == 0 {
-			kick = append(kick, k)
+			kick = append(kick, a)
 		}
 		a.queue = append(a.queue, c)
 	}
-	for _, k := range kick {
-		s.kickAppender(ctx, k)
+	for _, a := range kick {
+		s.kickAppender(ctx, a)
 	}
 }
 
-// kickAppender sends k's queued appends as far as its open limit allows.
-func (s *Scheduler) kickAppender(ctx actor.Context, k appendKey) {
-	a := s.appenders[k]
-	if a == nil {
-		return
-	}
-	cur := s.o.Topics.Get(k.e.Name)
-	if !registry.Same(cur, k.e) || int(k.part) >= len(cur.Partitions) {
+// kickAppender sends a's queued appends as far as its open limit allows.
+func (s *Scheduler) kickAppender(ctx actor.Context, a *appender) {
+	cur := s.o.Topics.Get(a.key.topic)
+	if !registry.Same(cur, a.e) || int(a.key.part) >= len(cur.Partitions) {
 		// The topic is gone: what is queued is dropped at once, not
-		// sent one by one to a partition that no longer answers.
-		delete(s.appenders, k)
+		// sent one by one to a partition that no longer answers; the
+		// open appends settle as their answers come.
+		if len(a.open) == 0 && s.appenders[a.key] == a {
+			delete(s.appenders, a.key)
+		}
 		if q := a.queue; len(q) > 0 {
 			a.queue = nil
 			for _, c := range q {
 				s.heldBytes -= len(c.records)
 			}
 			mHeldBytes.Set(float64(s.heldBytes))
-			s.settleGroup(ctx, q, false, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q was deleted", k.e.Name), 0)
+			s.settleGroup(ctx, q, false, heraldpb.NewError(heraldpb.ErrorCode_TOPIC_NOT_FOUND, "topic %q was deleted", a.key.topic), 0)
 		}
 		return
 	}
 	limit := 1
-	if w := cur.Writer(int(k.part)); w != nil && w.Equal(cur.Partitions[k.part]) {
+	if w := cur.Writer(int(a.key.part)); w != nil && w.Equal(cur.Partitions[a.key.part]) {
 		limit = maxOpenLocal
 	}
 	if len(a.open) >= limit || len(a.queue) == 0 {
@@ -122,7 +128,7 @@ func (s *Scheduler) kickAppender(ctx actor.Context, k appendKey) {
 			count += int64(info.Count)
 		}
 		c0 := g[0]
-		c0.group, c0.pid, c0.seq, c0.count = g, a.pid, a.seq, count
+		c0.app, c0.group, c0.pid, c0.seq, c0.count = a, g, a.pid, a.seq, count
 		a.seq += count
 		a.open = append(a.open, c0)
 		sent += len(g)
@@ -137,8 +143,7 @@ func (s *Scheduler) kickAppender(ctx actor.Context, k appendKey) {
 // The appends that waited for it are sent again, and the queue goes on.
 func (s *Scheduler) appendSettled(ctx actor.Context, g []*fireChunk, ok bool) {
 	c0 := g[0]
-	k := appendKey{c0.entry, c0.part}
-	a := s.appenders[k]
+	a := c0.app
 	if a == nil {
 		return
 	}
@@ -147,8 +152,11 @@ func (s *Scheduler) appendSettled(ctx actor.Context, g []*fireChunk, ok bool) {
 		return
 	}
 	a.open = slices.Delete(a.open, i, i+1)
-	if !ok && c0.pid == a.pid && c0.seq+c0.count == a.seq {
-		a.seq = c0.seq // the last one sent: its sequence is free again
+	if !ok && !c0.retrying && c0.pid == a.pid && c0.seq+c0.count == a.seq {
+		// The last one sent, refused at its only attempt: its sequence
+		// is free again. (After an ambiguous attempt it may be written
+		// yet: the gap is left to renewProducer.)
+		a.seq = c0.seq
 	}
 	for _, h := range a.open {
 		if h.blocked {
@@ -156,14 +164,14 @@ func (s *Scheduler) appendSettled(ctx actor.Context, g []*fireChunk, ok bool) {
 			s.sendGroup(ctx, h.group)
 		}
 	}
-	s.kickAppender(ctx, k)
+	s.kickAppender(ctx, a)
 }
 
 // outOfSequence handles an append (sent as producer pid) that its
 // partition refused as out of sequence.
 func (s *Scheduler) outOfSequence(ctx actor.Context, g []*fireChunk, pid uint64, e *heraldpb.Error) {
 	c0 := g[0]
-	a := s.appenders[appendKey{c0.entry, c0.part}]
+	a := c0.app
 	switch {
 	case a == nil || !slices.Contains(a.open, c0):
 		s.verifyThenResend(ctx, g, false) // (not expected: as any refusal)
@@ -181,13 +189,24 @@ func (s *Scheduler) outOfSequence(ctx actor.Context, g []*fireChunk, pid uint64,
 	}
 }
 
-// renewProducer gives a's open appends, oldest first, the sequences of a
-// new producer id. None of them can be written under the old one any
-// more: the oldest was refused and not found, and the others follow it.
-func (s *Scheduler) renewProducer(a *appender) {
-	a.pid, a.seq = randomToken()>>1, 0
-	for _, h := range a.open {
-		h.pid, h.seq = a.pid, a.seq
-		a.seq += h.count
+// renewProducer gives c0's append, refused as out of sequence under its
+// producer id and not found, the next sequence of a's producer id, a new
+// one if c0 had the current one. The other open appends keep theirs: one
+// may still be written under them.
+func (s *Scheduler) renewProducer(c0 *fireChunk) {
+	a := c0.app
+	if c0.pid == a.pid {
+		a.pid, a.seq = randomToken()>>1, 0
+	}
+	c0.pid, c0.seq = a.pid, a.seq
+	a.seq += c0.count
+}
+
+// pruneAppenders forgets the idle appenders of deleted topics.
+func (s *Scheduler) pruneAppenders() {
+	for k, a := range s.appenders {
+		if len(a.open) == 0 && len(a.queue) == 0 && !registry.Same(s.o.Topics.Get(k.topic), a.e) {
+			delete(s.appenders, k)
+		}
 	}
 }

@@ -52,9 +52,10 @@ type fireChunk struct {
 	ats      []int64
 	records  []byte
 	backoff  time.Duration
-	// Of a group's first chunk, once the group is sent (appender): the
+	// Of a group's first chunk, once the group is sent: its appender, the
 	// group, its producer id, the sequence of its first record, its record
 	// count, and whether it waits for an earlier append.
+	app     *appender
 	group   []*fireChunk
 	pid     uint64
 	seq     int64
@@ -415,8 +416,8 @@ func (s *Scheduler) verifyThenResend(ctx actor.Context, g []*fireChunk, newPid b
 			s.settleGroup(ctx, g, true, nil, 0)
 			return
 		}
-		if a := s.appenders[appendKey{c0.entry, c0.part}]; newPid && a != nil && a.oldest() == c0 && a.pid == c0.pid {
-			s.renewProducer(a)
+		if a := c0.app; newPid && a != nil && a.oldest() == c0 {
+			s.renewProducer(c0)
 		}
 		s.after(c0.backoff, &resendChunks{cs: g})
 		c0.backoff = min(2*c0.backoff, 2*time.Second)

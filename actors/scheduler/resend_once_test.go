@@ -139,3 +139,61 @@ func TestAppendBehindARetriedOneWaitsForIt(t *testing.T) {
 	}
 	t.Logf("AAA refused %d times; %d appends refused as out of sequence", min(refusedFirst.Load(), 3), outOfSeq.Load())
 }
+
+// Only the append refused as out of sequence takes a new producer id: an
+// open one whose attempt may still land under its own id keeps it, and
+// its resend is answered as a duplicate. Here the partition does not know
+// the appender's producer yet (it takes any sequence from it); AAA is
+// refused, and BBB's first attempt is held on its way and lands after
+// AAA's renewal. Given a new id too, BBB was written twice.
+func TestRenewalLeavesTheOtherOpenAppendsAlone(t *testing.T) {
+	var aaa, bbb atomic.Int32
+	var sys atomic.Pointer[actor.ActorSystem]
+	bbbSent, aaaRenewed, bbbLanded := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	p := &proxy{}
+	p.intercept = func(msg any) any {
+		f, ok := msg.(*heraldpb.Frame)
+		if !ok || f.GetProduce() == nil {
+			return nil
+		}
+		switch recs := f.GetProduce().Records; {
+		case bytes.Contains(recs, []byte("AAA")):
+			switch aaa.Add(1) {
+			case 1:
+				<-bbbSent // BBB is open when AAA is refused
+				return heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_OUT_OF_ORDER_SEQUENCE, "the next expected is 7"))
+			case 2:
+				close(aaaRenewed)
+			}
+		case bytes.Contains(recs, []byte("BBB")):
+			switch bbb.Add(1) {
+			case 1:
+				go func() {
+					<-aaaRenewed
+					_, _ = sys.Load().Root.RequestFuture(p.real, f, 10*time.Second).Result()
+					close(bbbLanded)
+				}()
+				close(bbbSent)
+				return heraldpb.ErrorFrame(f.Id, partition.NotLeader("t", 0, 0))
+			case 2:
+				<-bbbLanded
+			}
+		}
+		return nil
+	}
+	r := newProxyRig(t, t.TempDir(), Options{Lead: 5 * time.Millisecond}, "t", 0, p)
+	defer r.stop()
+	sys.Store(r.sys)
+	at := time.Now().Add(200 * time.Millisecond).UnixMilli()
+	for i, v := range []string{"AAA", "BBB"} {
+		r.ok(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+			Topic: "t", Partition: proto.Uint32(0), DeliverAtMs: at + int64(i)*30, Records: batchOf(v)}}}, r.sched)
+	}
+	waitFor(t, "both resent", func() bool { return aaa.Load() >= 2 && bbb.Load() >= 2 })
+	r.settle(100 * time.Millisecond)
+	vals, _ := r.read(0)
+	slices.Sort(vals)
+	if !slices.Equal(vals, []string{"AAA", "BBB"}) {
+		t.Fatalf("partition 0 holds %q, want AAA and BBB once each", vals)
+	}
+}
