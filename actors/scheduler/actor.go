@@ -114,6 +114,7 @@ type Scheduler struct {
 
 	// loading
 	loadNext, loadHW int64
+	loadHWSet        bool // loadHW is the partition's, read with the first fetch
 	loadStart        time.Time
 	loadRecords      int
 
@@ -525,11 +526,15 @@ func (s *Scheduler) load(ctx actor.Context) {
 			return
 		}
 	}
-	if s.loadHW == 0 {
-		s.loadHW = e.Stats[0].HighWatermark.Load()
+	if !s.loadHWSet && s.loadNext == 0 {
 		s.loadNext = e.Stats[0].StartOffset.Load()
 	}
-	if s.loadNext >= s.loadHW {
+	// The end to read to is the partition's own high watermark, from the
+	// first read's answer: Stats may not show a write acknowledged just
+	// before this incarnation started yet, and reading to it alone would
+	// lose that delayed batch (TestStepBeforeTheStartDoesNotMoveDelayedMessages
+	// under load).
+	if s.loadHWSet && s.loadNext >= s.loadHW {
 		s.recover(ctx)
 		return
 	}
@@ -552,6 +557,9 @@ func (s *Scheduler) load(ctx actor.Context) {
 }
 
 func (s *Scheduler) onLoaded(ctx actor.Context, fr *heraldpb.FetchResponse) {
+	if !s.loadHWSet {
+		s.loadHW, s.loadHWSet = fr.HighWatermark, true
+	}
 	s.loadNext = heraldpb.ForEachStoredRecord(fr.Batches, s.loadNext, func(off int64, rec []byte) {
 		s.loadRecords++
 		ev, err := decodeEvent(rec)
