@@ -201,7 +201,9 @@ func defaultProducerConfig() producerConfig {
 // producer (a batch at a time, round-robin over the topic's partitions,
 // from metadata) instead of the broker, and at most 5 batches per
 // partition are in flight (WithPartitionInFlight above 5 counts as 5).
-// Delayed messages (DeliverAt, Delay) are not idempotent.
+// Delayed messages (DeliverAt, Delay) carry a producer id of their own and
+// a sequence per batch: the scheduler answers a retry of a batch it stored
+// within its dedup window (2 min) with the first attempt's schedule id.
 //
 // A batch the broker refuses with OUT_OF_ORDER_SEQUENCE fails its records
 // with that *Error (not retryable). After a batch fails for good (an

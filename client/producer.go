@@ -61,12 +61,17 @@ type Producer struct {
 	mu       sync.Mutex
 	batchers map[batchKey]*batcher
 	seqs     map[batchKey]*seqState // idempotence: per partition, kept while the producer lives
-	sticky   map[string]*sticky     // idempotence: partition of records without key, per topic
-	buffered int64                  // estimated bytes of accepted, unfinished records
-	records  int                    // accepted, unfinished records
-	freed    chan struct{}          // closed (and replaced) whenever records finish
-	flushing int                    // Flush calls in progress: linger is ignored
-	closed   bool
+	// Idempotence of delayed batches: the producer id they carry and the
+	// sequence of the next one (one per batch, in no order: the
+	// scheduler remembers a window of them, not a next sequence).
+	delayedPid uint64
+	delayedSeq int64
+	sticky     map[string]*sticky // idempotence: partition of records without key, per topic
+	buffered   int64              // estimated bytes of accepted, unfinished records
+	records    int                // accepted, unfinished records
+	freed      chan struct{}      // closed (and replaced) whenever records finish
+	flushing   int                // Flush calls in progress: linger is ignored
+	closed     bool
 
 	// Counters for Stats.
 	throttled, retries atomic.Uint64
@@ -546,6 +551,12 @@ func (p *Producer) drainLocked(b *batcher) {
 			st.inflight = append(st.inflight, bt.seq)
 			bt.turn, bt.queued = b.lastQueued, make(chan struct{})
 			b.lastQueued = bt.queued
+		} else if p.cfg.idempotent && b.key.delayed() && p.txn == nil {
+			if p.delayedPid == 0 {
+				p.delayedPid = newProducerID()
+			}
+			bt.pid, bt.seq = p.delayedPid, p.delayedSeq
+			p.delayedSeq++
 		}
 		b.inFlight++
 		go p.run(b, bt)

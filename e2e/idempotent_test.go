@@ -380,3 +380,89 @@ func TestIdempotentPipelinedBatchesArriveInOrder(t *testing.T) {
 		t.Fatalf("%v duplicates without a single retry", d)
 	}
 }
+
+// TestIdempotentDelayedLostResponses is TestIdempotentLostResponses for
+// delayed messages: the proxy loses the answer to every 3rd delayed
+// produce after the scheduler stored the batch, and the idempotent
+// producer retries it with the same producer id and sequence. The
+// scheduler answers the retry with the first attempt's schedule id, so
+// every message fires once. With idempotence off the same load fires some
+// twice (each attempt its own batch, on the partition the round robin
+// gave it), which shows the answers were lost after the writes.
+func TestIdempotentDelayedLostResponses(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	ctx := ctxT(t, 90*time.Second)
+	for _, topic := range []string{"idem", "plain"} {
+		if _, err := c.CreateTopic(ctx, topic, &heraldpb.TopicConfig{Partitions: 3}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	px := startLoseProxy(t, n.Addr(), 3)
+	const total = 60
+	send := func(topic string, opts ...client.ProducerOpt) {
+		t.Helper()
+		pc, err := client.Dial(ctx, px.Addr(), client.WithRequestTimeout(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		p := pc.NewProducer(append([]client.ProducerOpt{client.WithLinger(time.Millisecond), client.WithMaxRetries(100),
+			client.WithRetryBackoff(time.Millisecond, 20*time.Millisecond)}, opts...)...)
+		for i := range total {
+			if _, err := p.Send(ctx, &client.Message{Topic: topic, Value: []byte(fmt.Sprintf("%s-%03d", topic, i)), Delay: 500 * time.Millisecond}); err != nil {
+				t.Fatalf("delayed send %d to %s: %v", i, topic, err)
+			}
+		}
+		if err := p.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// fired waits until every message of topic has fired, and a sentinel
+	// sent after them too, then counts the copies.
+	fired := func(topic string) map[string]int {
+		t.Helper()
+		if _, err := c.NewProducer().Send(ctx, &client.Message{Topic: topic, Value: []byte("sentinel"), Delay: time.Second}); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			copies := countStored(t, c, topic, 3)
+			if copies["sentinel"] > 0 {
+				return copies
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the sentinel did not fire; stored %v", topic, copies)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	send("idem")
+	lost := px.lost.Load()
+	if lost == 0 {
+		t.Fatal("the proxy lost no answer")
+	}
+	copies := fired("idem")
+	for i := range total {
+		if v := fmt.Sprintf("idem-%03d", i); copies[v] != 1 {
+			t.Errorf("%s fired %d times, want once", v, copies[v])
+		}
+	}
+	if d := metricSum(t, n, "herald_scheduler_duplicates_total"); d == 0 {
+		t.Fatal("the scheduler answered no retry as a duplicate")
+	}
+	t.Logf("idempotent: %d answers lost, every delayed message fired once", lost)
+
+	send("plain", client.WithIdempotence(false))
+	twice := 0
+	for v, k := range fired("plain") {
+		if k > 1 && v != "sentinel" {
+			twice++
+		}
+	}
+	if twice == 0 {
+		t.Fatalf("idempotence off: %d answers lost and no message fired twice; the proxy did not lose answers after the writes", px.lost.Load()-lost)
+	}
+	t.Logf("idempotence off: %d answers lost, %d messages fired twice", px.lost.Load()-lost, twice)
+}

@@ -5206,8 +5206,11 @@ type ProduceRequest struct {
 	// sequence. The partition's leader writes a batch once: an exact retry of
 	// one of the producer's last 5 batches is answered with the original
 	// offsets (and `duplicate`), a batch that does not follow the producer's
-	// last one gets OUT_OF_ORDER_SEQUENCE. Needs an explicit `partition`;
-	// delayed batches (deliver_at_ms, delay_ms) cannot be idempotent.
+	// last one gets OUT_OF_ORDER_SEQUENCE. Needs an explicit `partition`.
+	// Delayed batches (deliver_at_ms, delay_ms) number batches instead, in
+	// no order and without a partition: the scheduler answers a retry of a
+	// batch it stored within its dedup window (2 min) with the first
+	// attempt's schedule id (actors/scheduler/dedup.go).
 	ProducerId uint64 `protobuf:"varint,8,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
 	// A transactional producer's epoch (with transactional_id): checked by
 	// the transaction coordinator on every transactional produce (older

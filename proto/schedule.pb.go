@@ -155,7 +155,12 @@ type ScheduledBatch struct {
 	// A copy written by compaction to move a long-pending batch up the log:
 	// the batch's id (the offset of its first record). Absent: this record
 	// is the original, and its offset is the id.
-	Id            *uint64 `protobuf:"varint,7,opt,name=id,proto3,oneof" json:"id,omitempty"`
+	Id *uint64 `protobuf:"varint,7,opt,name=id,proto3,oneof" json:"id,omitempty"`
+	// An idempotent producer's batch: its producer id and sequence (0: not
+	// idempotent), so that a scheduler loading __schedule recognises a
+	// retry of it (actors/scheduler/dedup.go).
+	ProducerId    uint64 `protobuf:"varint,8,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	Sequence      int64  `protobuf:"varint,9,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -235,6 +240,20 @@ func (x *ScheduledBatch) GetRecords() []byte {
 func (x *ScheduledBatch) GetId() uint64 {
 	if x != nil && x.Id != nil {
 		return *x.Id
+	}
+	return 0
+}
+
+func (x *ScheduledBatch) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *ScheduledBatch) GetSequence() int64 {
+	if x != nil {
+		return x.Sequence
 	}
 	return 0
 }
@@ -465,7 +484,7 @@ const file_schedule_proto_rawDesc = "" +
 	"\x06cancel\x18\x02 \x01(\v2\x19.herald.v1.ScheduleCancelH\x00R\x06cancel\x123\n" +
 	"\x06firing\x18\x03 \x01(\v2\x19.herald.v1.ScheduleFiringH\x00R\x06firing\x120\n" +
 	"\x05fired\x18\x04 \x01(\v2\x18.herald.v1.ScheduleFiredH\x00R\x05firedB\a\n" +
-	"\x05event\"\xd3\x01\n" +
+	"\x05event\"\x90\x02\n" +
 	"\x0eScheduledBatch\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\"\n" +
@@ -474,7 +493,10 @@ const file_schedule_proto_rawDesc = "" +
 	"created_ms\x18\x04 \x01(\x03R\tcreatedMs\x12\x14\n" +
 	"\x05count\x18\x05 \x01(\rR\x05count\x12\x18\n" +
 	"\arecords\x18\x06 \x01(\fR\arecords\x12\x13\n" +
-	"\x02id\x18\a \x01(\x04H\x00R\x02id\x88\x01\x01B\x05\n" +
+	"\x02id\x18\a \x01(\x04H\x00R\x02id\x88\x01\x01\x12\x1f\n" +
+	"\vproducer_id\x18\b \x01(\x04R\n" +
+	"producerId\x12\x1a\n" +
+	"\bsequence\x18\t \x01(\x03R\bsequenceB\x05\n" +
 	"\x03_id\"\"\n" +
 	"\x0eScheduleCancel\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\x04R\x03ref\"A\n" +

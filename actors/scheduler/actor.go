@@ -209,6 +209,7 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		s.fenced, s.resetting = map[fenceKey]*registry.Entry{}, map[fenceKey]bool{}
 		s.appenders = map[appendKey]*appender{}
 		s.state = newState()
+		s.dedup = newDedup(s.o.DedupWindow, s.o.DedupMax)
 		s.anchor = s.o.Now()
 		s.anchorWall = s.anchor.Round(0)
 		if s.o.Anchor != nil {
@@ -752,6 +753,13 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
 		return
 	}
+	key := dedupKey{req.ProducerId, req.BaseSequence}
+	if key.pid != 0 {
+		if d := s.dedup.lookup(key); d != nil {
+			s.answerRetry(ctx, f, to, d)
+			return
+		}
+	}
 	if s.pending.GetCardinality()+uint64(s.queued) >= s.o.MaxPending {
 		mRefused.WithLabelValues("max_pending").Inc()
 		respond(ctx, to, throttled(f.Id, "the scheduler holds its maximum of pending delayed batches"))
@@ -762,21 +770,47 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 		respond(ctx, to, throttled(f.Id, "the scheduler's write queue is full"))
 		return
 	}
+	var de *dedupEntry
+	if key.pid != 0 {
+		// Its record goes after where __schedule ends now: truncation
+		// stops there until the write's answer gives the exact offset.
+		var end int64
+		if e := s.o.Topics.Get(ScheduleTopic); e != nil {
+			end = e.Stats[0].HighWatermark.Load()
+		}
+		de = &dedupEntry{state: dedupWriting, loc: end, created: now.UnixMilli()}
+	}
 	ev := &heraldpb.ScheduleEvent{Event: &heraldpb.ScheduleEvent_Schedule{Schedule: &heraldpb.ScheduledBatch{
 		Topic: req.Topic, Partition: part, DeliverAtMs: at, CreatedMs: now.UnixMilli(), Count: uint32(n), Records: req.Records,
+		ProducerId: key.pid, Sequence: key.seq,
 	}}}
 	raw, merr := proto.Marshal(ev)
 	if merr != nil {
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_INTERNAL, "encoding: %v", merr)))
 		return
 	}
+	if de != nil {
+		s.dedup.add(key, de)
+	}
 	count := uint32(n)
 	s.write(ctx, writeOp{events: [][]byte{raw}, client: true, done: func(base int64, werr *heraldpb.Error) {
 		if werr != nil {
+			switch {
+			case de == nil:
+			case werr.Code == heraldpb.ErrorCode_THROTTLED:
+				s.dedup.forget(key, de) // refused before the log: a retry stores it
+			default:
+				// Possibly stored all the same (a write may fail after
+				// reaching the log): a retry must not store it again.
+				de.state = dedupUnknown
+			}
 			respond(ctx, to, heraldpb.ErrorFrame(f.Id, werr))
 			return
 		}
 		ref := uint64(base)
+		if de != nil {
+			de.state, de.ref, de.part, de.at, de.count, de.loc = dedupStored, ref, part, at, count, base
+		}
 		s.pending.Add(ref)
 		s.wheel.Add(timewheel.Entry{At: at, Ref: ref})
 		s.armTimer()
@@ -788,6 +822,31 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 		}}})
 	}})
 	s.flushWrites(ctx)
+}
+
+// answerRetry answers a retry of an idempotent producer's delayed batch
+// the scheduler knows (d): with the first attempt's answer once that is
+// stored; to retry later while its write is in flight; and, when its
+// write failed, to retry later too, since it may have been stored: the
+// scheduler that loads __schedule next knows (this one forgets it after
+// the dedup window, and the producer's retries end before that).
+func (s *Scheduler) answerRetry(ctx actor.Context, f *heraldpb.Frame, to *actor.PID, d *dedupEntry) {
+	switch d.state {
+	case dedupStored:
+		mDuplicates.WithLabelValues("stored").Inc()
+		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ProduceResponse{ProduceResponse: &heraldpb.ProduceResponse{
+			Partition: d.part, BaseOffset: -1, Count: d.count, AppendTimeMs: d.created,
+			ScheduleId: strconv.FormatUint(d.ref, 10), DeliverAtMs: d.at,
+		}}})
+	case dedupWriting:
+		mDuplicates.WithLabelValues("writing").Inc()
+		respond(ctx, to, throttled(f.Id, "the first attempt of this delayed batch is being stored"))
+	default:
+		mDuplicates.WithLabelValues("unknown").Inc()
+		e := heraldpb.NewError(heraldpb.ErrorCode_THROTTLED, "the first attempt of this delayed batch failed and may have been stored; the scheduler that takes over next will know")
+		e.RetryAfterMs = 1000
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
+	}
 }
 
 func (s *Scheduler) onCancel(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.CancelScheduledRequest, to *actor.PID) {
@@ -966,7 +1025,8 @@ func (s *Scheduler) compact(ctx actor.Context) {
 	if e == nil || !s.loaded {
 		return // before the load, pending is not known: nothing may go
 	}
-	cut := s.compactCut(e.Stats[0].HighWatermark.Load())
+	s.dedup.expire(s.now().UnixMilli())
+	cut := s.dedup.cut(s.compactCut(e.Stats[0].HighWatermark.Load()))
 	if cut <= e.Stats[0].StartOffset.Load() {
 		s.maybeRewrite(ctx, e, cut)
 		s.armCompact()

@@ -124,8 +124,7 @@ func (s *Scheduler) kickAppender(ctx actor.Context, a *appender) {
 			for _, at := range c.ats {
 				mSendLateness.Observe(float64(max(nowUs-(at*1000-ahead), 0)) / 1e6)
 			}
-			info, _ := heraldpb.ScanBatch(c.records) // (built by buildRound: valid)
-			count += int64(info.Count)
+			count += c.nrecs
 		}
 		c0 := g[0]
 		c0.app, c0.group, c0.pid, c0.seq, c0.count = a, g, a.pid, a.seq, count

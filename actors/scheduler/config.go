@@ -57,6 +57,15 @@ type Options struct {
 	// announced appends waiting for their time are bounded by Lead).
 	// Default 4.
 	MaxRounds int
+	// DedupWindow is how long the scheduler remembers a delayed batch of
+	// an idempotent producer (by producer id and sequence), so that a
+	// retry of it is answered with the first attempt's schedule id rather
+	// than stored again; __schedule keeps the records of that window.
+	// Default 2 min (NATS JetStream's duplicate window); negative: none.
+	DedupWindow time.Duration
+	// DedupMax bounds the batches remembered; past it the oldest are
+	// forgotten first. Default 100,000.
+	DedupMax int
 	// CompactCheck is how often the records of __schedule below the oldest
 	// pending batch are removed. Default 10 s.
 	CompactCheck time.Duration
@@ -124,6 +133,15 @@ func (o *Options) ensureDefaults() {
 	}
 	if o.MaxHeldBytes == 0 {
 		o.MaxHeldBytes = 64 << 20
+	}
+	switch {
+	case o.DedupWindow == 0:
+		o.DedupWindow = 2 * time.Minute
+	case o.DedupWindow < 0:
+		o.DedupWindow, o.DedupMax = 0, -1
+	}
+	if o.DedupMax == 0 {
+		o.DedupMax = 100_000
 	}
 	if o.CompactCheck == 0 {
 		o.CompactCheck = 10 * time.Second

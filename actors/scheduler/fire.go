@@ -51,6 +51,7 @@ type fireChunk struct {
 	refs     []uint64
 	ats      []int64
 	records  []byte
+	nrecs    int64 // the records in records
 	backoff  time.Duration
 	// Of a group's first chunk, once the group is sent: its appender, the
 	// group, its producer id, the sequence of its first record, its record
@@ -304,6 +305,12 @@ func (s *Scheduler) buildRound(r *fireRound) {
 		cur.ids = append(cur.ids, id)
 		cur.ats = append(cur.ats, b.DeliverAtMs)
 		cur.records = append(cur.records, recs...)
+		n := int64(b.Count)
+		if n == 0 { // (a record from before count was written)
+			info, _ := heraldpb.ScanBatch(b.Records) // (read by AppendBatchWithHeaders: valid)
+			n = int64(info.Count)
+		}
+		cur.nrecs += n
 	}
 	r.unsent = len(r.chunks)
 	r.batches = nil // the chunks hold what is needed

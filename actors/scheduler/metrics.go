@@ -17,6 +17,14 @@ var (
 		Name: "herald_scheduler_scheduled_total",
 		Help: "Delayed batches stored.",
 	})
+	mDedupEntries = promauto.NewGauge(prometheus.GaugeOpts{
+		Name: "herald_scheduler_dedup_entries",
+		Help: "Delayed batches of idempotent producers the scheduler remembers, to recognise their retries (bounded by the dedup window and its maximum).",
+	})
+	mDuplicates = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_scheduler_duplicates_total",
+		Help: "Retries of delayed batches of idempotent producers recognised: answered with the first attempt's schedule id (stored), or asked to retry later while its write is in flight (writing) or its outcome unknown (unknown).",
+	}, []string{"outcome"})
 	mCancelled = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_scheduler_cancelled_total",
 		Help: "Delayed batches cancelled before their time.",

@@ -32,6 +32,8 @@ type state struct {
 	rewriting map[uint64]bool // refs being moved now
 
 	rr uint32 // the round robin of unkeyed batches without a partition
+
+	dedup dedup // idempotent producers' batches stored lately
 }
 
 func newState() state {
@@ -54,6 +56,7 @@ func (st *state) apply(off uint64, ev *heraldpb.ScheduleEvent) (timewheel.Entry,
 	switch x := ev.Event.(type) {
 	case *heraldpb.ScheduleEvent_Schedule:
 		st.pending.Add(off)
+		st.dedup.loaded(off, x.Schedule)
 		if x.Schedule.Id != nil {
 			st.noteMoved(x.Schedule.GetId(), off)
 		}
@@ -186,8 +189,8 @@ func (st *state) checkDelayed(req *heraldpb.ProduceRequest, e *registry.Entry, n
 	if req.DeliverAtMs != 0 && req.DelayMs != 0 {
 		return 0, 0, 0, invalid("set deliver_at_ms or delay_ms, not both")
 	}
-	if req.ProducerId != 0 {
-		return 0, 0, 0, invalid("a delayed batch cannot be idempotent: send it with producer_id 0")
+	if req.ProducerId != 0 && req.BaseSequence < 0 {
+		return 0, 0, 0, invalid("base_sequence %d is negative", req.BaseSequence)
 	}
 	switch {
 	case req.DelayMs != 0:

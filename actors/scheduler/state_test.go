@@ -128,7 +128,7 @@ func TestCheckDelayed(t *testing.T) {
 		msg  string
 	}{
 		{"both times", &heraldpb.ProduceRequest{Topic: "t", DelayMs: 1, DeliverAtMs: 5, Records: batchOf("x")}, e, heraldpb.ErrorCode_INVALID_REQUEST, "not both"},
-		{"idempotent", &heraldpb.ProduceRequest{Topic: "t", DelayMs: 1, ProducerId: 3, Records: batchOf("x")}, e, heraldpb.ErrorCode_INVALID_REQUEST, "cannot be idempotent"},
+		{"negative sequence", &heraldpb.ProduceRequest{Topic: "t", DelayMs: 1, ProducerId: 3, BaseSequence: -1, Records: batchOf("x")}, e, heraldpb.ErrorCode_INVALID_REQUEST, "base_sequence -1 is negative"},
 		{"delay too long", &heraldpb.ProduceRequest{Topic: "t", DelayMs: 3_600_001, Records: batchOf("x")}, e, heraldpb.ErrorCode_INVALID_REQUEST, "longer than the broker's max delay 1h0m0s"},
 		{"negative time", &heraldpb.ProduceRequest{Topic: "t", DeliverAtMs: -1, Records: batchOf("x")}, e, heraldpb.ErrorCode_INVALID_REQUEST, "is negative"},
 		{"time too far", &heraldpb.ProduceRequest{Topic: "t", DeliverAtMs: 1_000_000 + 3_600_001, Records: batchOf("x")}, e, heraldpb.ErrorCode_INVALID_REQUEST, "more than the broker's max delay"},

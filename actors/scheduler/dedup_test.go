@@ -1,0 +1,126 @@
+package scheduler
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	heraldpb "github.com/heraldmq/herald/proto"
+)
+
+// delayedOf is an idempotent producer's delayed batch, without partition
+// (the scheduler's round robin picks one).
+func delayedOf(pid uint64, seq int64, delay time.Duration, vals ...string) *heraldpb.Frame {
+	return &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+		Topic: "t", DelayMs: uint64(delay / time.Millisecond), ProducerId: pid, BaseSequence: seq, Records: batchOf(vals...)}}}
+}
+
+// restartScheduler stops the scheduler actor and starts another on the
+// same __schedule, as a move to another node does.
+func (r *rig) restartScheduler() {
+	r.t.Helper()
+	if _, err := r.sys.Root.StopFuture(r.sched).Result(); err != nil {
+		r.t.Fatal(err)
+	}
+	r.sched = r.sys.Root.Spawn(Props(r.o))
+}
+
+// count returns how often v is in t's two partitions.
+func (r *rig) count(v string) int {
+	a, _ := r.read(0)
+	b, _ := r.read(1)
+	return len(slices.DeleteFunc(append(a, b...), func(x string) bool { return x != v }))
+}
+
+// A producer that retries a delayed batch (its answer was lost, or the
+// scheduler moved to another node meanwhile) gets the first attempt's
+// answer, from the same scheduler and from the next one, which rebuilds
+// what it remembers from __schedule; the batch fires once. Found by the
+// chaos scenario clock-jump-delayed: d-573 stored twice, on chaos/0 and
+// chaos/2, each attempt given its own partition by the round robin.
+func TestRetryOfAnIdempotentDelayedBatchIsStoredOnce(t *testing.T) {
+	r := newRig(t, t.TempDir(), Options{Lead: 5 * time.Millisecond})
+	defer r.stop()
+	first := r.ok(delayedOf(7, 0, 700*time.Millisecond, "A"), r.sched).GetProduceResponse()
+	again := r.ok(delayedOf(7, 0, 700*time.Millisecond, "A"), r.sched).GetProduceResponse()
+	if again.ScheduleId != first.ScheduleId || again.Partition != first.Partition || again.DeliverAtMs != first.DeliverAtMs {
+		t.Fatalf("retry answered %v, first attempt %v", again, first)
+	}
+	r.restartScheduler()
+	moved := r.ok(delayedOf(7, 0, 700*time.Millisecond, "A"), r.sched).GetProduceResponse()
+	if moved.ScheduleId != first.ScheduleId || moved.Partition != first.Partition {
+		t.Fatalf("retry to the next scheduler answered %v, first attempt %v", moved, first)
+	}
+	// Another batch of the producer, and the same sequence of another
+	// producer, are new.
+	b := r.ok(delayedOf(7, 1, 10*time.Millisecond, "B"), r.sched).GetProduceResponse()
+	c := r.ok(delayedOf(8, 0, 10*time.Millisecond, "C"), r.sched).GetProduceResponse()
+	if b.ScheduleId == first.ScheduleId || c.ScheduleId == first.ScheduleId || b.ScheduleId == c.ScheduleId {
+		t.Fatalf("distinct batches share a schedule id: %s %s %s", first.ScheduleId, b.ScheduleId, c.ScheduleId)
+	}
+	r.settle(time.Second) // after A's time
+	for _, v := range []string{"A", "B", "C"} {
+		if n := r.count(v); n != 1 {
+			t.Errorf("%s stored %d times, want once", v, n)
+		}
+	}
+}
+
+// __schedule keeps the records of the batches remembered, so that the
+// next scheduler remembers them too, and is truncated past them once the
+// window is over; a retry after that is a new batch (the window's limit).
+func TestDedupWindowHoldsBackTruncation(t *testing.T) {
+	const window = 1500 * time.Millisecond
+	r := newRig(t, t.TempDir(), Options{Lead: 5 * time.Millisecond, CompactCheck: 20 * time.Millisecond, DedupWindow: window})
+	defer r.stop()
+	st := r.reg.Get(ScheduleTopic).Stats[0]
+	start := time.Now()
+	first := r.ok(delayedOf(9, 0, 10*time.Millisecond, "A"), r.sched).GetProduceResponse()
+	r.settle(20 * time.Millisecond) // A fired, and its fire recorded
+	// Within the window the record stays, however often compaction runs.
+	for time.Since(start) < window/2 {
+		if st.StartOffset.Load() > 0 {
+			t.Fatalf("__schedule truncated to %d within the window", st.StartOffset.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.restartScheduler()
+	again := r.ok(delayedOf(9, 0, 10*time.Millisecond, "A"), r.sched).GetProduceResponse()
+	if again.ScheduleId != first.ScheduleId {
+		t.Fatalf("retry within the window after a restart got id %s, first %s", again.ScheduleId, first.ScheduleId)
+	}
+	waitFor(t, "__schedule truncated past A once the window is over", func() bool { return st.StartOffset.Load() > 0 })
+	if time.Since(start) < window {
+		t.Fatalf("truncated after %v, within the window of %v", time.Since(start), window)
+	}
+	r.restartScheduler()
+	late := r.ok(delayedOf(9, 0, 10*time.Millisecond, "A"), r.sched).GetProduceResponse()
+	if late.ScheduleId == first.ScheduleId {
+		t.Fatalf("a retry after the window still answered with the first id %s", first.ScheduleId)
+	}
+	r.settle(20 * time.Millisecond)
+	if n := r.count("A"); n != 2 {
+		t.Fatalf("A stored %d times, want twice (once in the window, once after)", n)
+	}
+}
+
+// The window is bounded: past DedupMax the oldest batches are forgotten.
+func TestDedupBound(t *testing.T) {
+	d := newDedup(time.Minute, 3)
+	for s := range int64(5) {
+		d.add(dedupKey{1, s}, &dedupEntry{state: dedupStored, created: s, loc: s})
+	}
+	if len(d.byKey) != 3 || d.lookup(dedupKey{1, 0}) != nil || d.lookup(dedupKey{1, 1}) != nil || d.lookup(dedupKey{1, 4}) == nil {
+		t.Fatalf("kept %v", d.byKey)
+	}
+	if c := d.cut(100); c != 2 {
+		t.Fatalf("cut %d, want 2 (the oldest kept)", c)
+	}
+	d.expire(time.Minute.Milliseconds() + 4)
+	if len(d.byKey) != 1 || d.lookup(dedupKey{1, 4}) == nil {
+		t.Fatalf("after expiry kept %v", d.byKey)
+	}
+	if c := d.cut(100); c != 4 {
+		t.Fatalf("cut %d, want 4", c)
+	}
+}
