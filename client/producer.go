@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,14 +65,15 @@ type Producer struct {
 	// Idempotence of delayed batches: the producer id they carry and the
 	// sequence of the next one (one per batch, in no order: the
 	// scheduler remembers a window of them, not a next sequence).
-	delayedPid uint64
-	delayedSeq int64
-	sticky     map[string]*sticky // idempotence: partition of records without key, per topic
-	buffered   int64              // estimated bytes of accepted, unfinished records
-	records    int                // accepted, unfinished records
-	freed      chan struct{}      // closed (and replaced) whenever records finish
-	flushing   int                // Flush calls in progress: linger is ignored
-	closed     bool
+	delayedPid   uint64
+	delayedSeq   int64
+	delayedPlain atomic.Bool        // a broker refused them idempotent (an older version)
+	sticky       map[string]*sticky // idempotence: partition of records without key, per topic
+	buffered     int64              // estimated bytes of accepted, unfinished records
+	records      int                // accepted, unfinished records
+	freed        chan struct{}      // closed (and replaced) whenever records finish
+	flushing     int                // Flush calls in progress: linger is ignored
+	closed       bool
 
 	// Counters for Stats.
 	throttled, retries atomic.Uint64
@@ -91,6 +93,12 @@ type batchKey struct {
 }
 
 func (k batchKey) delayed() bool { return k.at != 0 || k.delay != 0 }
+
+// delayedRetrySpan bounds how long after its first attempt an idempotent
+// delayed batch may still be answered by a retry: within the scheduler's
+// dedup window (2 min by default), with a margin for the clocks of the
+// nodes the scheduler moves between.
+const delayedRetrySpan = 100 * time.Second
 
 // maxIdempotentInFlight is how many batches per partition an idempotent
 // producer keeps in flight at most: the partition remembers the producer's
@@ -551,7 +559,7 @@ func (p *Producer) drainLocked(b *batcher) {
 			st.inflight = append(st.inflight, bt.seq)
 			bt.turn, bt.queued = b.lastQueued, make(chan struct{})
 			b.lastQueued = bt.queued
-		} else if p.cfg.idempotent && b.key.delayed() && p.txn == nil {
+		} else if p.cfg.idempotent && b.key.delayed() && p.txn == nil && !p.delayedPlain.Load() {
 			if p.delayedPid == 0 {
 				p.delayedPid = newProducerID()
 			}
@@ -654,6 +662,9 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 	backoff := p.cfg.backoffMin
 	var waitingSince time.Time // the first failure of a leader move or a wait
 	unknown := false           // an attempt may have been written
+	// An idempotent delayed batch is retried only while the scheduler
+	// remembers its first attempt (its dedup window).
+	delayedIdem, first := bt.pid != 0 && key.delayed(), time.Now()
 	for attempt := 0; ; attempt++ {
 		// An earlier batch of the partition unresolved when this attempt
 		// leaves may make the partition refuse it as out of order.
@@ -681,6 +692,16 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		if waiting && waitingSince.IsZero() {
 			waitingSince = time.Now()
 		}
+		if delayedIdem && IsCode(err, heraldpb.ErrorCode_INVALID_REQUEST) && strings.Contains(err.Error(), "cannot be idempotent") {
+			// A broker from before delayed batches were idempotent
+			// (a rolling upgrade): this producer's delayed batches go
+			// without producer id to it from now on, at least once.
+			p.delayedPlain.Store(true)
+			req.ProducerId, req.BaseSequence = 0, 0
+			delayedIdem = false
+			attempt--
+			continue
+		}
 		if earlier && IsCode(err, heraldpb.ErrorCode_OUT_OF_ORDER_SEQUENCE) {
 			// It follows that batch once it is written. Not counted as a
 			// retry: the earlier batch's own retries bound the wait, and
@@ -692,7 +713,6 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		if IsCode(err, heraldpb.ErrorCode_NOT_LEADER) {
 			p.c.notLeader(key.topic, key.partition, err)
 		}
-		p.retries.Add(1)
 		wait := backoff
 		if moving {
 			wait = min(wait, failoverBackoff)
@@ -708,6 +728,12 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 		if hinted {
 			wait = ra
 		}
+		if delayedIdem && time.Since(first)+wait+p.c.cfg.requestTimeout > delayedRetrySpan {
+			// A later attempt might come after the scheduler forgot the
+			// first, and be stored a second time.
+			return nil, p.final(err, unknown)
+		}
+		p.retries.Add(1)
 		p.c.cfg.logger.Debug("herald: produce retry", "topic", key.topic, "partition", key.partition, "attempt", attempt+1, "wait", wait, "err", err)
 		t := time.NewTimer(wait)
 		select {

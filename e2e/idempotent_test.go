@@ -419,7 +419,8 @@ func TestIdempotentDelayedLostResponses(t *testing.T) {
 		}
 	}
 	// fired waits until every message of topic has fired, and a sentinel
-	// sent after them too, then counts the copies.
+	// sent after them too (due after all of them, it is appended after
+	// them on its partition), then counts the copies.
 	fired := func(topic string) map[string]int {
 		t.Helper()
 		if _, err := c.NewProducer().Send(ctx, &client.Message{Topic: topic, Value: []byte("sentinel"), Delay: time.Second}); err != nil {
@@ -428,7 +429,11 @@ func TestIdempotentDelayedLostResponses(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			copies := countStored(t, c, topic, 3)
-			if copies["sentinel"] > 0 {
+			all := copies["sentinel"] > 0
+			for i := range total {
+				all = all && copies[fmt.Sprintf("%s-%03d", topic, i)] > 0
+			}
+			if all {
 				return copies
 			}
 			if time.Now().After(deadline) {
@@ -449,7 +454,7 @@ func TestIdempotentDelayedLostResponses(t *testing.T) {
 			t.Errorf("%s fired %d times, want once", v, copies[v])
 		}
 	}
-	if d := metricSum(t, n, "herald_scheduler_duplicates_total"); d == 0 {
+	if d := metricSum(t, n, `herald_scheduler_duplicates_total{outcome="stored"}`); d == 0 {
 		t.Fatal("the scheduler answered no retry as a duplicate")
 	}
 	t.Logf("idempotent: %d answers lost, every delayed message fired once", lost)

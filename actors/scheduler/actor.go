@@ -209,7 +209,6 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		s.fenced, s.resetting = map[fenceKey]*registry.Entry{}, map[fenceKey]bool{}
 		s.appenders = map[appendKey]*appender{}
 		s.state = newState()
-		s.dedup = newDedup(s.o.DedupWindow, s.o.DedupMax)
 		s.anchor = s.o.Now()
 		s.anchorWall = s.anchor.Round(0)
 		if s.o.Anchor != nil {
@@ -234,6 +233,8 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		}
 		s.far = far
 		s.wheel = timewheel.NewWheel(s.now().UnixMilli(), far)
+		s.dedup = newDedup(s.o.DedupWindow, s.o.DedupMax)
+		s.dedup.loadNowMs = s.now().UnixMilli()
 		if len(s.sh.orphans) > 0 {
 			s.log.Info("waiting for the previous incarnation's requests before loading", "requests", len(s.sh.orphans))
 			s.after(orphanWait, &orphansTimeout{})
@@ -271,6 +272,7 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		// leads __schedule next, counts its own: a node that stopped
 		// leading must not report the pending batches it no longer holds.
 		mPending.Set(0)
+		mDedupEntries.Set(0)
 	case *loadRetry:
 		s.load(ctx)
 	case *fireTick:
@@ -748,17 +750,19 @@ func invalid(id uint64, format string, args ...any) *heraldpb.Frame {
 // onSchedule stores a delayed batch.
 func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *heraldpb.ProduceRequest, to *actor.PID) {
 	now := s.now()
-	at, part, n, e := s.checkDelayed(req, s.o.Topics.Get(req.Topic), now, s.o.MaxDelay)
-	if e != nil {
-		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
-		return
-	}
+	// A retry gets its first attempt's answer, whatever became of its
+	// topic since.
 	key := dedupKey{req.ProducerId, req.BaseSequence}
 	if key.pid != 0 {
 		if d := s.dedup.lookup(key); d != nil {
 			s.answerRetry(ctx, f, to, d)
 			return
 		}
+	}
+	at, part, n, e := s.checkDelayed(req, s.o.Topics.Get(req.Topic), now, s.o.MaxDelay)
+	if e != nil {
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, e))
+		return
 	}
 	if s.pending.GetCardinality()+uint64(s.queued) >= s.o.MaxPending {
 		mRefused.WithLabelValues("max_pending").Inc()
@@ -797,12 +801,14 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 		if werr != nil {
 			switch {
 			case de == nil:
-			case werr.Code == heraldpb.ErrorCode_THROTTLED:
-				s.dedup.forget(key, de) // refused before the log: a retry stores it
-			default:
-				// Possibly stored all the same (a write may fail after
-				// reaching the log): a retry must not store it again.
+			case werr.OutcomeUnknown:
+				// In raft already when its partition stopped leading:
+				// possibly stored all the same, so a retry must not
+				// store it again. The scheduler moves with that
+				// leadership, and the next one knows from the log.
 				de.state = dedupUnknown
+			default:
+				s.dedup.forget(key, de) // refused before the log: a retry stores it
 			}
 			respond(ctx, to, heraldpb.ErrorFrame(f.Id, werr))
 			return
@@ -827,9 +833,10 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 // answerRetry answers a retry of an idempotent producer's delayed batch
 // the scheduler knows (d): with the first attempt's answer once that is
 // stored; to retry later while its write is in flight; and, when its
-// write failed, to retry later too, since it may have been stored: the
-// scheduler that loads __schedule next knows (this one forgets it after
-// the dedup window, and the producer's retries end before that).
+// write's outcome is unknown (its partition stopped leading with it in
+// raft), to retry later too: the scheduler that loads __schedule next
+// knows (this one is about to stop; the SDK's retries of a delayed batch
+// end within delayedRetrySpan, shorter than the window).
 func (s *Scheduler) answerRetry(ctx actor.Context, f *heraldpb.Frame, to *actor.PID, d *dedupEntry) {
 	switch d.state {
 	case dedupStored:

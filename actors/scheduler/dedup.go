@@ -52,6 +52,7 @@ type dedupEntry struct {
 	count   uint32
 	loc     int64 // offset of its record in __schedule, or (until its write is answered) where the log ended before it
 	created int64 // ms, when it was scheduled
+	gen     uint64
 }
 
 // dedupOrder is one remembered batch in the order they were stored (the
@@ -59,6 +60,7 @@ type dedupEntry struct {
 type dedupOrder struct {
 	key     dedupKey
 	created int64
+	gen     uint64 // the entry's: a slot whose entry was forgotten or replaced is skipped
 }
 
 type dedup struct {
@@ -66,6 +68,11 @@ type dedup struct {
 	max    int
 	byKey  map[dedupKey]*dedupEntry
 	order  []dedupOrder // oldest first; entries replaced since are skipped
+	gen    uint64
+	// loadNowMs is the scheduler's time when it loads __schedule: a
+	// batch read there created later (a clock stepped back since) counts
+	// as created then.
+	loadNowMs int64
 }
 
 func newDedup(window time.Duration, max int) dedup {
@@ -81,14 +88,30 @@ func (d *dedup) add(k dedupKey, e *dedupEntry) {
 	if d.max <= 0 || k.pid == 0 {
 		return
 	}
-	if _, ok := d.byKey[k]; !ok {
-		d.order = append(d.order, dedupOrder{key: k, created: e.created})
-	}
+	d.gen++
+	e.gen = d.gen
+	d.order = append(d.order, dedupOrder{key: k, created: e.created, gen: e.gen})
 	d.byKey[k] = e
 	for len(d.byKey) > d.max {
 		d.popOldest()
+		mDedupEvicted.Inc()
+	}
+	if len(d.order) > 2*max(len(d.byKey), 1024) {
+		d.dropStale() // slots of forgotten batches
 	}
 	mDedupEntries.Set(float64(len(d.byKey)))
+}
+
+// dropStale removes the order slots of batches forgotten or replaced.
+func (d *dedup) dropStale() {
+	kept := d.order[:0]
+	for _, o := range d.order {
+		if e := d.byKey[o.key]; e != nil && e.gen == o.gen {
+			kept = append(kept, o)
+		}
+	}
+	clear(d.order[len(kept):])
+	d.order = kept
 }
 
 // forget drops batch k, if e is still what is known of it (its order slot
@@ -104,7 +127,7 @@ func (d *dedup) popOldest() {
 	o := d.order[0]
 	d.order[0] = dedupOrder{}
 	d.order = d.order[1:]
-	if e := d.byKey[o.key]; e != nil && e.created == o.created {
+	if e := d.byKey[o.key]; e != nil && e.gen == o.gen {
 		delete(d.byKey, o.key)
 	}
 }
@@ -130,21 +153,25 @@ func (d *dedup) cut(cut int64) int64 {
 	return cut
 }
 
-// loaded remembers a batch read from __schedule at offset off.
+// loaded remembers a batch read from __schedule at offset off (a creation
+// time after loadNowMs, from a clock stepped back since, counts as
+// loadNowMs: the batch is not remembered longer than the window).
 func (d *dedup) loaded(off uint64, sb *heraldpb.ScheduledBatch) {
 	if sb.ProducerId == 0 {
 		return
+	}
+	k := dedupKey{sb.ProducerId, sb.Sequence}
+	if sb.Id != nil {
+		if old := d.byKey[k]; old != nil && old.ref == sb.GetId() {
+			// A copy compaction moved: the batch is the same, only its
+			// record moved (the original's was cancelled with it).
+			old.loc = int64(off)
+			return
+		}
 	}
 	ref := off
 	if sb.Id != nil {
 		ref = sb.GetId()
 	}
-	k := dedupKey{sb.ProducerId, sb.Sequence}
-	if old := d.byKey[k]; old != nil {
-		// A copy compaction moved: the batch is the same, only its
-		// record moved (the original's was cancelled with it).
-		old.loc = int64(off)
-		return
-	}
-	d.add(k, &dedupEntry{state: dedupStored, ref: ref, part: sb.Partition, at: sb.DeliverAtMs, count: sb.Count, loc: int64(off), created: sb.CreatedMs})
+	d.add(k, &dedupEntry{state: dedupStored, ref: ref, part: sb.Partition, at: sb.DeliverAtMs, count: sb.Count, loc: int64(off), created: min(sb.CreatedMs, d.loadNowMs)})
 }

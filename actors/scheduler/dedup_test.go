@@ -1,11 +1,14 @@
 package scheduler
 
 import (
+	"bytes"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // delayedOf is an idempotent producer's delayed batch, without partition
@@ -69,30 +72,26 @@ func TestRetryOfAnIdempotentDelayedBatchIsStoredOnce(t *testing.T) {
 // __schedule keeps the records of the batches remembered, so that the
 // next scheduler remembers them too, and is truncated past them once the
 // window is over; a retry after that is a new batch (the window's limit).
+// The scheduler's clock jumps past the window instead of the test waiting.
 func TestDedupWindowHoldsBackTruncation(t *testing.T) {
-	const window = 1500 * time.Millisecond
-	r := newRig(t, t.TempDir(), Options{Lead: 5 * time.Millisecond, CompactCheck: 20 * time.Millisecond, DedupWindow: window})
+	clk := &jumpClock{}
+	r := newRig(t, t.TempDir(), Options{Now: clk.now, Lead: 5 * time.Millisecond, CompactCheck: 20 * time.Millisecond, DedupWindow: time.Minute})
 	defer r.stop()
 	st := r.reg.Get(ScheduleTopic).Stats[0]
-	start := time.Now()
+	// A batch without producer id first: compaction may cut past it, and
+	// stops at A.
+	r.schedule(0, 10*time.Millisecond, "plain")
 	first := r.ok(delayedOf(9, 0, 10*time.Millisecond, "A"), r.sched).GetProduceResponse()
-	r.settle(20 * time.Millisecond) // A fired, and its fire recorded
-	// Within the window the record stays, however often compaction runs.
-	for time.Since(start) < window/2 {
-		if st.StartOffset.Load() > 0 {
-			t.Fatalf("__schedule truncated to %d within the window", st.StartOffset.Load())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	ref, _ := ParseID(first.ScheduleId)
+	r.settle(20 * time.Millisecond) // both fired, and their fires recorded
+	waitFor(t, "__schedule truncated up to A", func() bool { return st.StartOffset.Load() == int64(ref) })
 	r.restartScheduler()
 	again := r.ok(delayedOf(9, 0, 10*time.Millisecond, "A"), r.sched).GetProduceResponse()
 	if again.ScheduleId != first.ScheduleId {
 		t.Fatalf("retry within the window after a restart got id %s, first %s", again.ScheduleId, first.ScheduleId)
 	}
-	waitFor(t, "__schedule truncated past A once the window is over", func() bool { return st.StartOffset.Load() > 0 })
-	if time.Since(start) < window {
-		t.Fatalf("truncated after %v, within the window of %v", time.Since(start), window)
-	}
+	clk.jump(2 * time.Minute)
+	waitFor(t, "__schedule truncated past A once the window is over", func() bool { return st.StartOffset.Load() > int64(ref) })
 	r.restartScheduler()
 	late := r.ok(delayedOf(9, 0, 10*time.Millisecond, "A"), r.sched).GetProduceResponse()
 	if late.ScheduleId == first.ScheduleId {
@@ -101,6 +100,61 @@ func TestDedupWindowHoldsBackTruncation(t *testing.T) {
 	r.settle(20 * time.Millisecond)
 	if n := r.count("A"); n != 2 {
 		t.Fatalf("A stored %d times, want twice (once in the window, once after)", n)
+	}
+}
+
+// A write to __schedule refused before it reached the log lets the retry
+// store the batch; one whose outcome is unknown (its partition stopped
+// leading with it in raft, here landed) makes retries wait, and the next
+// scheduler answers them from the log. Each batch fires once.
+func TestDedupAfterAFailedWrite(t *testing.T) {
+	var refusals, unknowns atomic.Int32
+	p := &proxy{}
+	p.intercept = func(msg any) any {
+		f, ok := msg.(*heraldpb.Frame)
+		if ok && f.GetProduce() != nil && bytes.Contains(f.GetProduce().Records, []byte("REFUSED")) && refusals.Add(1) == 1 {
+			return heraldpb.ErrorFrame(f.Id, heraldpb.NewError(heraldpb.ErrorCode_NOT_LEADER, "not the leader"))
+		}
+		return nil
+	}
+	p.override = func(msg, res any) any {
+		f, ok := msg.(*heraldpb.Frame)
+		if ok && f.GetProduce() != nil && bytes.Contains(f.GetProduce().Records, []byte("UNKNOWN")) && unknowns.Add(1) == 1 {
+			e := heraldpb.NewError(heraldpb.ErrorCode_NOT_LEADER, "stopped leading")
+			e.OutcomeUnknown = true
+			return heraldpb.ErrorFrame(res.(*heraldpb.Frame).Id, e)
+		}
+		return res
+	}
+	r := newProxyRig(t, t.TempDir(), Options{Lead: 5 * time.Millisecond}, ScheduleTopic, 0, p)
+	defer r.stop()
+
+	if e := r.call(delayedOf(5, 0, 10*time.Millisecond, "REFUSED"), r.sched).GetError(); e.GetCode() != heraldpb.ErrorCode_NOT_LEADER {
+		t.Fatalf("first attempt answered %v", e)
+	}
+	if e := r.call(delayedOf(5, 0, 10*time.Millisecond, "REFUSED"), r.sched).GetError(); e != nil {
+		t.Fatalf("retry after a refusal answered %v", e)
+	}
+
+	if e := r.call(delayedOf(5, 1, 300*time.Millisecond, "UNKNOWN"), r.sched).GetError(); !e.GetOutcomeUnknown() {
+		t.Fatalf("first attempt answered %v", e)
+	}
+	if e := r.call(delayedOf(5, 1, 300*time.Millisecond, "UNKNOWN"), r.sched).GetError(); e.GetCode() != heraldpb.ErrorCode_THROTTLED {
+		t.Fatalf("retry while the outcome is unknown answered %v", e)
+	}
+	r.restartScheduler()
+	res := r.ok(delayedOf(5, 1, 300*time.Millisecond, "UNKNOWN"), r.sched).GetProduceResponse()
+	if res.ScheduleId == "" {
+		t.Fatalf("retry to the next scheduler answered %v", res)
+	}
+	r.settle(500 * time.Millisecond)
+	for _, v := range []string{"REFUSED", "UNKNOWN"} {
+		if n := r.count(v); n != 1 {
+			t.Errorf("%s stored %d times, want once", v, n)
+		}
+	}
+	if d := testutil.ToFloat64(mDuplicates.WithLabelValues("stored")); d == 0 {
+		t.Error("no retry counted as answered from the log")
 	}
 }
 
@@ -122,5 +176,15 @@ func TestDedupBound(t *testing.T) {
 	}
 	if c := d.cut(100); c != 4 {
 		t.Fatalf("cut %d, want 4", c)
+	}
+	// Batches forgotten (their writes refused) and stored again leave no
+	// slots behind without bound.
+	for i := range 100_000 {
+		k, e := dedupKey{2, int64(i % 2)}, &dedupEntry{created: int64(time.Minute.Milliseconds() + 5)}
+		d.add(k, e)
+		d.forget(k, e)
+	}
+	if len(d.order) > 2*1024+1 {
+		t.Fatalf("%d order slots kept for %d batches", len(d.order), len(d.byKey))
 	}
 }

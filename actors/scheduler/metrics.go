@@ -21,6 +21,10 @@ var (
 		Name: "herald_scheduler_dedup_entries",
 		Help: "Delayed batches of idempotent producers the scheduler remembers, to recognise their retries (bounded by the dedup window and its maximum).",
 	})
+	mDedupEvicted = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_scheduler_dedup_evicted_total",
+		Help: "Delayed batches of idempotent producers forgotten before the end of the dedup window, because the scheduler remembered its maximum: a retry of one would be stored again.",
+	})
 	mDuplicates = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_scheduler_duplicates_total",
 		Help: "Retries of delayed batches of idempotent producers recognised: answered with the first attempt's schedule id (stored), or asked to retry later while its write is in flight (writing) or its outcome unknown (unknown).",

@@ -645,6 +645,12 @@ func (b *Broker) produce(conn int, id uint64, req *heraldpb.ProduceRequest) *her
 	if t == nil {
 		return errFrame(id, heraldpb.ErrorCode_TOPIC_NOT_FOUND, "no topic %q", req.GetTopic())
 	}
+	if req.GetDelayMs() != 0 || req.GetDeliverAtMs() != 0 {
+		// The fake has no scheduler (it stores delayed batches at once),
+		// nor its dedup window: a delayed batch's producer id is ignored.
+		req = proto.Clone(req).(*heraldpb.ProduceRequest)
+		req.ProducerId, req.BaseSequence = 0, 0
+	}
 	if req.GetProducerId() != 0 && req.Partition == nil {
 		return errFrame(id, heraldpb.ErrorCode_INVALID_REQUEST, "an idempotent produce must name its partition")
 	}
