@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"bytes"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -186,5 +187,24 @@ func TestDedupBound(t *testing.T) {
 	}
 	if len(d.order) > 2*1024+1 {
 		t.Fatalf("%d order slots kept for %d batches", len(d.order), len(d.byKey))
+	}
+}
+
+// BenchmarkDedupMemory measures the heap a full dedup window takes
+// (DedupMax batches remembered), per batch.
+func BenchmarkDedupMemory(b *testing.B) {
+	const n = 100_000
+	for range b.N {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		d := newDedup(time.Hour, n)
+		for i := range n {
+			d.add(dedupKey{uint64(i%64 + 1), int64(i)}, &dedupEntry{state: dedupStored, created: int64(i), loc: int64(i)})
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "heapB/batch")
+		runtime.KeepAlive(d)
 	}
 }
