@@ -835,8 +835,8 @@ func (s *Scheduler) onSchedule(ctx actor.Context, f *heraldpb.Frame, req *herald
 // stored; to retry later while its write is in flight; and, when its
 // write's outcome is unknown (its partition stopped leading with it in
 // raft), to retry later too: the scheduler that loads __schedule next
-// knows (this one is about to stop; the SDK's retries of a delayed batch
-// end within delayedRetrySpan, shorter than the window).
+// knows (this one reloads at once; the SDK's retries of a delayed batch
+// end within 100 s, inside the window).
 func (s *Scheduler) answerRetry(ctx actor.Context, f *heraldpb.Frame, to *actor.PID, d *dedupEntry) {
 	switch d.state {
 	case dedupStored:
@@ -1000,6 +1000,16 @@ func (s *Scheduler) flushWrites(ctx actor.Context) {
 			}
 			op.done(base, e)
 			base += int64(len(op.events))
+		}
+		if e.GetOutcomeUnknown() {
+			// Its events may be in the log all the same (__schedule's
+			// leader changed with them in raft): what this scheduler
+			// holds may lag its log, a batch stored and not pending
+			// here. It starts again from the log (the requests queued
+			// meanwhile are answered TIMEOUT, retriable).
+			s.log.Warn("a write to __schedule ended with its outcome unknown; reloading", "err", e.Message)
+			mEpochRestarts.Inc()
+			panic(errStale("a write to __schedule ended with its outcome unknown: " + e.Message))
 		}
 		mWriteQueue.Set(float64(len(s.wq)))
 		if e != nil && len(s.wq) > 0 {

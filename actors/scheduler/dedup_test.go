@@ -140,14 +140,21 @@ func TestDedupAfterAFailedWrite(t *testing.T) {
 	if e := r.call(delayedOf(5, 1, 300*time.Millisecond, "UNKNOWN"), r.sched).GetError(); !e.GetOutcomeUnknown() {
 		t.Fatalf("first attempt answered %v", e)
 	}
-	if e := r.call(delayedOf(5, 1, 300*time.Millisecond, "UNKNOWN"), r.sched).GetError(); e.GetCode() != heraldpb.ErrorCode_THROTTLED {
-		t.Fatalf("retry while the outcome is unknown answered %v", e)
-	}
-	r.restartScheduler()
-	res := r.ok(delayedOf(5, 1, 300*time.Millisecond, "UNKNOWN"), r.sched).GetProduceResponse()
+	// The scheduler reloads from the log, where the batch is: retries
+	// wait (THROTTLED, or TIMEOUT while it restarts), then get its id.
+	var res *heraldpb.ProduceResponse
+	waitFor(t, "a retry answered from the log", func() bool {
+		f := r.call(delayedOf(5, 1, 300*time.Millisecond, "UNKNOWN"), r.sched)
+		if c := f.GetError().GetCode(); f.GetError() != nil && c != heraldpb.ErrorCode_THROTTLED && c != heraldpb.ErrorCode_TIMEOUT && c != heraldpb.ErrorCode_NOT_READY {
+			t.Fatalf("retry while the outcome is unknown answered %v", f.GetError())
+		}
+		res = f.GetProduceResponse()
+		return res != nil
+	})
 	if res.ScheduleId == "" {
-		t.Fatalf("retry to the next scheduler answered %v", res)
+		t.Fatalf("retry answered %v", res)
 	}
+	// Pending again without any other restart: it fires at its time.
 	r.settle(500 * time.Millisecond)
 	for _, v := range []string{"REFUSED", "UNKNOWN"} {
 		if n := r.count(v); n != 1 {
