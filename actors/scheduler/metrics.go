@@ -39,7 +39,7 @@ var (
 	})
 	mEpochRestarts = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_scheduler_epoch_restarts_total",
-		Help: "Scheduler restarts because a partition refused it as fenced and its replica of __schedule leads in a later term than its epoch.",
+		Help: "Scheduler restarts to reload __schedule: a partition refused it as fenced and its replica of __schedule leads in a later term than its epoch, or a write to __schedule ended with its outcome unknown.",
 	})
 	mEpochResets = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_scheduler_epoch_resets_total",
