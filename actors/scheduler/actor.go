@@ -92,13 +92,19 @@ const orphanWait = 30 * time.Second
 // Pending batches cost a bit in a roaring bitmap of offsets plus a 16-byte
 // wheel entry while within the wheel's near window; later ones are in the
 // far store (on disk in the broker).
+// reloadMinAge is the least time an incarnation runs before it reloads
+// after a write of unknown outcome.
+const reloadMinAge = 3 * time.Second
+
 type Scheduler struct {
-	o    *Options
-	sh   *incarnations
-	inc  uint64 // this incarnation's number
-	log  *slog.Logger
-	self *actor.PID
-	sys  *actor.ActorSystem
+	started   time.Time // when this incarnation started
+	reloading bool      // a reload after a write of unknown outcome is due
+	o         *Options
+	sh        *incarnations
+	inc       uint64 // this incarnation's number
+	log       *slog.Logger
+	self      *actor.PID
+	sys       *actor.ActorSystem
 
 	loaded bool
 	queue  []stashed // requests that arrived while loading
@@ -177,6 +183,7 @@ type (
 	fireTick       struct{ gen uint64 }
 	compactTick    struct{}
 	retryWrite     struct{}
+	reloadTick     struct{ why string }
 	loadRetry      struct{}
 	sweepCalls     struct{}
 	scanStep       struct{ fn func() }
@@ -203,6 +210,7 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 	switch msg := m.(type) {
 	case *actor.Started:
 		s.self, s.sys = ctx.Self(), ctx.ActorSystem()
+		s.started, s.reloading = time.Now(), false
 		s.sh.incs++
 		s.inc = s.sh.incs
 		s.calls = map[uint64]func(*heraldpb.Frame){}
@@ -275,6 +283,9 @@ func (s *Scheduler) Receive(ctx actor.Context) {
 		mDedupEntries.Set(0)
 	case *loadRetry:
 		s.load(ctx)
+	case *reloadTick:
+		mEpochRestarts.Inc()
+		panic(errStale("a write to __schedule ended with its outcome unknown: " + msg.why))
 	case *fireTick:
 		if msg.gen == s.timerGen {
 			s.timerAt = 0
@@ -1001,15 +1012,18 @@ func (s *Scheduler) flushWrites(ctx actor.Context) {
 			op.done(base, e)
 			base += int64(len(op.events))
 		}
-		if e.GetOutcomeUnknown() {
+		if e.GetOutcomeUnknown() && !s.reloading {
 			// Its events may be in the log all the same (__schedule's
-			// leader changed with them in raft): what this scheduler
-			// holds may lag its log, a batch stored and not pending
-			// here. It starts again from the log (the requests queued
-			// meanwhile are answered TIMEOUT, retriable).
+			// leader changed with them in raft, or its disk failed):
+			// what this scheduler holds may lag its log, a batch stored
+			// and not pending here. It starts again from the log (the
+			// requests queued then are answered TIMEOUT, retriable), no
+			// sooner than reloadMinAge after it started: a disk failing
+			// every write must not restart it more often than its
+			// supervisor allows (10 in 10 s, then it would stop).
+			s.reloading = true
 			s.log.Warn("a write to __schedule ended with its outcome unknown; reloading", "err", e.Message)
-			mEpochRestarts.Inc()
-			panic(errStale("a write to __schedule ended with its outcome unknown: " + e.Message))
+			s.after(max(0, reloadMinAge-time.Since(s.started)), &reloadTick{why: e.Message})
 		}
 		mWriteQueue.Set(float64(len(s.wq)))
 		if e != nil && len(s.wq) > 0 {

@@ -215,3 +215,40 @@ func BenchmarkDedupMemory(b *testing.B) {
 		runtime.KeepAlive(d)
 	}
 }
+
+// A __schedule failing every write with an unknown outcome (a failing
+// disk) does not restart the scheduler more often than its supervisor
+// allows (10 in 10 s, then it stops it for good): it reloads at most every
+// reloadMinAge, and serves again once the writes succeed.
+func TestUnknownWritesDoNotStopTheScheduler(t *testing.T) {
+	var failing atomic.Bool
+	failing.Store(true)
+	p := &proxy{}
+	p.override = func(msg, res any) any {
+		f, ok := msg.(*heraldpb.Frame)
+		if ok && f.GetProduce() != nil && failing.Load() {
+			e := heraldpb.NewError(heraldpb.ErrorCode_STORAGE_ERROR, "fsync: input/output error")
+			e.OutcomeUnknown = true
+			return heraldpb.ErrorFrame(res.(*heraldpb.Frame).Id, e)
+		}
+		return res
+	}
+	r := newProxyRig(t, t.TempDir(), Options{Lead: 5 * time.Millisecond}, ScheduleTopic, 0, p)
+	defer r.stop()
+	for i := range 15 {
+		if e := r.call(delayedOf(6, int64(i), time.Hour, "F"), r.sched).GetError(); e == nil {
+			t.Fatalf("write %d through a failing __schedule answered without error", i)
+		}
+	}
+	failing.Store(false)
+	var id string
+	waitFor(t, "the scheduler serving again", func() bool {
+		f := r.call(delayedOf(7, 0, 10*time.Millisecond, "OK"), r.sched)
+		id = f.GetProduceResponse().GetScheduleId()
+		return id != ""
+	})
+	r.settle(20 * time.Millisecond)
+	if n := r.count("OK"); n != 1 {
+		t.Fatalf("OK stored %d times, want once", n)
+	}
+}
