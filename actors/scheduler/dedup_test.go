@@ -19,6 +19,21 @@ func delayedOf(pid uint64, seq int64, delay time.Duration, vals ...string) *hera
 		Topic: "t", DelayMs: uint64(delay / time.Millisecond), ProducerId: pid, BaseSequence: seq, Records: batchOf(vals...)}}}
 }
 
+// unknownOutcome is a proxy override: the writes to __schedule that hit
+// says are written, and answered with code, their outcome unknown (as a
+// leader that stopped leading, or a failing disk, answers).
+func unknownOutcome(code heraldpb.ErrorCode, hit func(*heraldpb.ProduceRequest) bool) func(msg, res any) any {
+	return func(msg, res any) any {
+		f, ok := msg.(*heraldpb.Frame)
+		if ok && f.GetProduce() != nil && hit(f.GetProduce()) {
+			e := heraldpb.NewError(code, "the write's outcome is unknown")
+			e.OutcomeUnknown = true
+			return heraldpb.ErrorFrame(res.(*heraldpb.Frame).Id, e)
+		}
+		return res
+	}
+}
+
 // restartScheduler stops the scheduler actor and starts another on the
 // same __schedule, as a move to another node does.
 func (r *rig) restartScheduler() {
@@ -118,15 +133,9 @@ func TestDedupAfterAFailedWrite(t *testing.T) {
 		}
 		return nil
 	}
-	p.override = func(msg, res any) any {
-		f, ok := msg.(*heraldpb.Frame)
-		if ok && f.GetProduce() != nil && bytes.Contains(f.GetProduce().Records, []byte("UNKNOWN")) && unknowns.Add(1) == 1 {
-			e := heraldpb.NewError(heraldpb.ErrorCode_NOT_LEADER, "stopped leading")
-			e.OutcomeUnknown = true
-			return heraldpb.ErrorFrame(res.(*heraldpb.Frame).Id, e)
-		}
-		return res
-	}
+	p.override = unknownOutcome(heraldpb.ErrorCode_NOT_LEADER, func(w *heraldpb.ProduceRequest) bool {
+		return bytes.Contains(w.Records, []byte("UNKNOWN")) && unknowns.Add(1) == 1
+	})
 	r := newProxyRig(t, t.TempDir(), Options{Lead: 5 * time.Millisecond}, ScheduleTopic, 0, p)
 	defer r.stop()
 
@@ -224,15 +233,7 @@ func TestUnknownWritesDoNotStopTheScheduler(t *testing.T) {
 	var failing atomic.Bool
 	failing.Store(true)
 	p := &proxy{}
-	p.override = func(msg, res any) any {
-		f, ok := msg.(*heraldpb.Frame)
-		if ok && f.GetProduce() != nil && failing.Load() {
-			e := heraldpb.NewError(heraldpb.ErrorCode_STORAGE_ERROR, "fsync: input/output error")
-			e.OutcomeUnknown = true
-			return heraldpb.ErrorFrame(res.(*heraldpb.Frame).Id, e)
-		}
-		return res
-	}
+	p.override = unknownOutcome(heraldpb.ErrorCode_STORAGE_ERROR, func(*heraldpb.ProduceRequest) bool { return failing.Load() })
 	r := newProxyRig(t, t.TempDir(), Options{Lead: 5 * time.Millisecond}, ScheduleTopic, 0, p)
 	defer r.stop()
 	for i := range 15 {
