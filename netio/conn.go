@@ -56,6 +56,7 @@ type conn struct {
 	sent          int64        // loop: of those, bytes known written to the socket
 	slotAt        []int64      // loop: per written response, the enq offset where it ends
 	slotHead      int          // loop: first live entry of slotAt
+	iov           [][]byte     // loop: flushOut's writev buffers, reused
 	deferSince    int64        // loop: unix nanos the produce at the head of the input was first deferred; 0 = none
 	deferTimer    *time.Timer  // loop: wakes a deferred connection after the retry-after
 	deferred      atomic.Bool  // reads are paused for admission until a response or deferTimer wakes the loop
@@ -66,6 +67,11 @@ type conn struct {
 	held          int64        // loop: inbound buffered bytes counted in Server.queued
 
 	adm admitCounter // produce bytes admitted and not yet answered (admission.go)
+
+	// Frames handed to writeThen and not yet to gnet, in order (output.go).
+	omu    sync.Mutex
+	opend  []outFrame
+	ospare []outFrame // the list flushOut last emptied, reused
 
 	mu       sync.Mutex
 	pending  map[uint64]pendingReq  // request ids routed and not yet answered

@@ -9,7 +9,9 @@
 // and hand the rest to Router.Route. They never block on disk or on an actor.
 // Each connection has one session actor; responses reach the connection by
 // being sent to it as *heraldpb.Frame messages, and the session writes them
-// with gnet's AsyncWrite.
+// through the connection's event loop: the frames that reach a connection
+// before its loop gets to them go out together, in one writev
+// (conn.writeThen; herald_frames_per_write).
 //
 // # Hello
 //

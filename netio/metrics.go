@@ -89,6 +89,11 @@ var (
 		Name: "herald_produce_drain_bytes_per_second",
 		Help: "Produce bytes answered per second, as admission control measures it for its retry-after hints (0 until measured).",
 	})
+	mFramesPerWrite = promauto.NewHistogram(prometheus.HistogramOpts{
+		Name:    "herald_frames_per_write",
+		Help:    "Outgoing frames a connection's event loop wrote together in one go (the frames queued for it since its last write; at most 512 a writev).",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+	})
 	mFramesDropped = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_frames_dropped_total",
 		Help: "Outgoing frames dropped because their connection had closed or sent its final frame.",

@@ -93,6 +93,15 @@ func (c *conn) write(b []byte, isResponse bool, est int64) bool {
 
 // writeThen is write, calling then on the event loop once b is handed to
 // the socket or buffered.
+//
+// Frames written from other goroutines are coalesced: each joins the
+// connection's list of frames waiting for the loop (conn.opend), and only
+// the one that finds the list empty asks the loop to write, so every frame
+// that joins before the loop gets to it goes out in the same writev. A
+// partition that applies a group commit answers many requests of one
+// connection at once, and each used to cost a write syscall and an event
+// loop task of its own. The list is bounded by MaxPendingOutputHard, as
+// out counts its bytes.
 func (c *conn) writeThen(b []byte, isResponse bool, est int64, then func(gnet.Conn)) bool {
 	n := int64(len(b))
 	if c.addOut(n) > int64(c.s.cfg.MaxPendingOutputHard) {
@@ -106,35 +115,112 @@ func (c *conn) writeThen(b []byte, isResponse bool, est int64, then func(gnet.Co
 			"pending_bytes", c.out.Load()+n, "limit", c.s.cfg.MaxPendingOutputHard)
 		return false
 	}
-	err := c.gc.AsyncWrite(b, func(gc gnet.Conn, err error) error {
-		c.reserved.Add(-est)
-		if err != nil {
-			c.subOut(n)
-			if isResponse {
+	c.omu.Lock()
+	c.opend = append(c.opend, outFrame{b: b, isResponse: isResponse, est: est, then: then})
+	first := len(c.opend) == 1
+	c.omu.Unlock()
+	if !first {
+		return true // the write already asked for takes it
+	}
+	// (AsyncWritev of nothing writes nothing: it only runs flushOut on the
+	// loop, after the frames queued meanwhile.)
+	if err := c.gc.AsyncWritev(nil, c.flushOut); err != nil {
+		for _, f := range c.takeOut() {
+			c.subOut(int64(len(f.b)))
+			c.reserved.Add(-f.est)
+			mFramesDropped.Inc()
+			if f.isResponse {
 				c.release()
 			}
-			return nil
-		}
-		c.enq += n
-		if isResponse {
-			c.slotAt = append(c.slotAt, c.enq)
-		}
-		c.afterWrite(gc)
-		if then != nil {
-			then(gc)
-		}
-		return nil
-	})
-	if err != nil {
-		c.subOut(n)
-		c.reserved.Add(-est)
-		mFramesDropped.Inc()
-		if isResponse {
-			c.release()
 		}
 		return false
 	}
 	return true
+}
+
+// outFrame is a frame waiting in conn.opend for the loop to write it.
+type outFrame struct {
+	b          []byte
+	isResponse bool
+	est        int64
+	then       func(gnet.Conn)
+}
+
+// maxWritev bounds the frames one writev carries (Linux refuses more than
+// IOV_MAX, 1024, buffers in one call).
+const maxWritev = 512
+
+// takeOut empties the waiting list and returns what it held.
+func (c *conn) takeOut() []outFrame {
+	c.omu.Lock()
+	fs := c.opend
+	c.opend = c.ospare
+	c.ospare = nil
+	c.omu.Unlock()
+	return fs
+}
+
+// flushOut, on the event loop, writes every frame waiting in the list, in
+// order, with as few writev calls as the list needs, and then counts them
+// as write's callback did for each (err: the connection is closed, and
+// they are dropped).
+func (c *conn) flushOut(gc gnet.Conn, err error) error {
+	fs := c.takeOut()
+	if len(fs) == 0 {
+		return nil
+	}
+	mFramesPerWrite.Observe(float64(len(fs)))
+	i := 0 // fs[:i] were handed to gnet
+	for err == nil && i < len(fs) {
+		if c.closed.Load() {
+			break // a frame's then closed it (gnet's Writev does not check)
+		}
+		end := i
+		for end < len(fs) && end-i < maxWritev {
+			end++
+			if fs[end-1].then != nil {
+				break // its then runs before the frames after it are written
+			}
+		}
+		bs := c.iov[:0]
+		for j := i; j < end; j++ {
+			bs = append(bs, fs[j].b)
+		}
+		_, err = gc.Writev(bs)
+		clear(bs)
+		c.iov = bs[:0]
+		if err != nil {
+			break
+		}
+		for j := i; j < end; j++ {
+			f := &fs[j]
+			c.reserved.Add(-f.est)
+			c.enq += int64(len(f.b))
+			if f.isResponse {
+				c.slotAt = append(c.slotAt, c.enq)
+			}
+		}
+		i = end
+		c.afterWrite(gc)
+		if then := fs[end-1].then; then != nil {
+			then(gc)
+		}
+	}
+	for j := i; j < len(fs); j++ { // the connection is closed: dropped
+		f := &fs[j]
+		c.reserved.Add(-f.est)
+		c.subOut(int64(len(f.b)))
+		if f.isResponse {
+			c.release()
+		}
+	}
+	clear(fs)
+	c.omu.Lock()
+	if c.ospare == nil && cap(fs) <= maxWritev {
+		c.ospare = fs[:0] // reused by the next list, unless it grew large
+	}
+	c.omu.Unlock()
+	return nil
 }
 
 // writeLoop writes b with gc.Write on the event loop, counted like write.
