@@ -7,6 +7,7 @@
 # build's place in the list. Summarize with:
 #   for f in OUT/*.metrics; do echo $f; grep 'fire_lateness_seconds_bucket{le="0.02"}\|fire_lateness_seconds_count' $f; done
 set -eu
+. "$(dirname "$0")/lib.sh"
 out=$1 rounds=$2
 shift 2
 mkdir -p "$out"
@@ -14,13 +15,9 @@ for r in $(seq 1 "$rounds"); do
   n=0
   for bin in "$@"; do
     n=$((n + 1))
-    d=$(mktemp -d)
-    "$bin" serve --data "$d" > "$out/$n-$r.serve.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 50); do "$bin" topic list > /dev/null 2>&1 && break; sleep 0.2; done
+    fresh_broker "$bin" "$out/$n-$r.serve.log"
     "$bin" bench --fire-rate 50000 --fire-after 30s --count 500000 --partitions 4 > "$out/$n-$r.txt" 2>&1
     curl -s 127.0.0.1:7480/metrics | grep -E 'herald_scheduler_(fire|send)_lateness_seconds_(bucket|count)' > "$out/$n-$r.metrics"
-    kill "$pid"; wait "$pid" 2> /dev/null || true
-    rm -rf "$d"
+    stop_broker
   done
 done

@@ -7,9 +7,12 @@
 # Each run leaves OUT/<n>-<round>.txt (the bench's output, n the mode's
 # place in the list). With PROFILE=1 it also leaves the broker's CPU
 # profile of 8 s in the middle of the run (OUT/<n>-<round>.broker.pprof)
-# and the bench client's (OUT/<n>-<round>.client.pprof). Summarize with:
+# and the bench client's (OUT/<n>-<round>.client.pprof). PRODUCERS sets
+# the producers (default 4); DATA_BASE puts the data dirs under it (e.g.
+# /dev/shm, to take the disk out). Summarize with:
 #   grep -H 'produced' OUT/*.txt
 set -eu
+. "$(dirname "$0")/lib.sh"
 out=$1 rounds=$2 bin=$3
 shift 3
 mkdir -p "$out"
@@ -19,10 +22,7 @@ for r in $(seq 1 "$rounds"); do
     n=$((n + 1))
     extra=""
     [ "$mode" != plain ] && extra=${mode//,/ }
-    d=$(mktemp -d ${DATA_BASE:+-p $DATA_BASE})
-    "$bin" serve --data "$d" --admin-pprof > "$out/$n-$r.serve.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 50); do "$bin" topic list > /dev/null 2>&1 && break; sleep 0.2; done
+    fresh_broker "$bin" "$out/$n-$r.serve.log" --admin-pprof
     prof=""
     if [ "${PROFILE:-}" = 1 ]; then
       (sleep 2; curl -s -o "$out/$n-$r.broker.pprof" "127.0.0.1:7480/debug/pprof/profile?seconds=8") &
@@ -33,7 +33,6 @@ for r in $(seq 1 "$rounds"); do
     "$bin" bench --producers ${PRODUCERS:-4} --consumers 0 --size 1024 --duration 10s $extra > "$out/$n-$r.txt" 2>&1
     unset HERALD_CPUPROFILE
     [ -n "$prof" ] && wait "$prof"
-    kill "$pid"; wait "$pid" 2> /dev/null || true
-    rm -rf "$d"
+    stop_broker
   done
 done

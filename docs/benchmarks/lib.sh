@@ -1,0 +1,23 @@
+# lib.sh: what the single-node bench scripts share (source it).
+#
+# fresh_broker BIN LOG [serve flags...]: starts `BIN serve` on its defaults
+# with a new data dir (under $DATA_BASE when set, e.g. /dev/shm) and the
+# flags given, its output to LOG, and waits until it answers; sets
+# broker_pid and broker_dir.
+fresh_broker() {
+  local bin=$1 log=$2
+  shift 2
+  broker_dir=$(mktemp -d ${DATA_BASE:+-p "$DATA_BASE"})
+  "$bin" serve --data "$broker_dir" "$@" > "$log" 2>&1 &
+  broker_pid=$!
+  for _ in $(seq 1 50); do "$bin" topic list > /dev/null 2>&1 && return 0; sleep 0.2; done
+  echo "broker did not start: $(tail -3 "$log")" >&2
+  return 1
+}
+
+# stop_broker: stops the broker fresh_broker started and removes its data.
+stop_broker() {
+  kill "$broker_pid"
+  wait "$broker_pid" 2> /dev/null || true
+  rm -rf "$broker_dir"
+}
