@@ -91,7 +91,7 @@ var (
 	})
 	mFramesPerWrite = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "herald_frames_per_write",
-		Help:    "Outgoing frames a connection's event loop wrote together in one go (the frames queued for it since its last write; at most 512 a writev).",
+		Help:    "Outgoing frames a connection's event loop wrote in one writev (of those queued for it since its last write, at most 512 a writev).",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 10),
 	})
 	mFramesDropped = promauto.NewCounter(prometheus.CounterOpts{

@@ -124,6 +124,9 @@ func (c *conn) writeThen(b []byte, isResponse bool, est int64, then func(gnet.Co
 	}
 	// (AsyncWritev of nothing writes nothing: it only runs flushOut on the
 	// loop, after the frames queued meanwhile.)
+	// A failure means the loop is gone (gnet could not wake it): every
+	// frame waiting is dropped, those other writers queued too (their
+	// then, which the loop would have run, cannot run either).
 	if err := c.gc.AsyncWritev(nil, c.flushOut); err != nil {
 		for _, f := range c.takeOut() {
 			c.subOut(int64(len(f.b)))
@@ -150,6 +153,10 @@ type outFrame struct {
 // IOV_MAX, 1024, buffers in one call).
 const maxWritev = 512
 
+// keepOutCap bounds the list and writev buffers a connection keeps for
+// reuse between writes (a few KiB); larger ones, after a burst, go.
+const keepOutCap = 64
+
 // takeOut empties the waiting list and returns what it held.
 func (c *conn) takeOut() []outFrame {
 	c.omu.Lock()
@@ -169,11 +176,13 @@ func (c *conn) flushOut(gc gnet.Conn, err error) error {
 	if len(fs) == 0 {
 		return nil
 	}
-	mFramesPerWrite.Observe(float64(len(fs)))
 	i := 0 // fs[:i] were handed to gnet
 	for err == nil && i < len(fs) {
 		if c.closed.Load() {
-			break // a frame's then closed it (gnet's Writev does not check)
+			// Closed since the last chunk (afterWrite's writeLoop, or
+			// OnClose inside a Writev): gnet's Writev does not check, and
+			// the descriptor may be another connection's by now.
+			break
 		}
 		end := i
 		for end < len(fs) && end-i < maxWritev {
@@ -188,10 +197,13 @@ func (c *conn) flushOut(gc gnet.Conn, err error) error {
 		}
 		_, err = gc.Writev(bs)
 		clear(bs)
-		c.iov = bs[:0]
+		if cap(bs) <= keepOutCap {
+			c.iov = bs[:0]
+		}
 		if err != nil {
 			break
 		}
+		mFramesPerWrite.Observe(float64(end - i))
 		for j := i; j < end; j++ {
 			f := &fs[j]
 			c.reserved.Add(-f.est)
@@ -216,7 +228,7 @@ func (c *conn) flushOut(gc gnet.Conn, err error) error {
 	}
 	clear(fs)
 	c.omu.Lock()
-	if c.ospare == nil && cap(fs) <= maxWritev {
+	if c.ospare == nil && cap(fs) <= keepOutCap {
 		c.ospare = fs[:0] // reused by the next list, unless it grew large
 	}
 	c.omu.Unlock()
