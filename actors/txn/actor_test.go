@@ -948,7 +948,10 @@ func TestEndBehindANewSessionSurvivesAReload(t *testing.T) {
 		}
 		in := res.(*heraldpb.Frame).GetInitProducerIdResponse()
 		_, _ = r.sys.Root.StopFuture(r.txn).Result()
-		r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+		// (The reloaded coordinator holds its writes too: without the
+		// hold, the next round's Init could be written before its end
+		// arrived, on a machine that delayed the test between the two.)
+		r.txn = r.sys.Root.Spawn(Props(Options{Topics: r.reg, Push: noPush{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), holdWrites: hold.Load}))
 		s := &txnSession{r: r, id: "p", pid: in.ProducerId, epoch: in.ProducerEpoch}
 		s.stage(fmt.Sprint(round))
 		s.end(true)
