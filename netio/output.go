@@ -122,19 +122,15 @@ func (c *conn) writeThen(b []byte, isResponse bool, est int64, then func(gnet.Co
 	if !first {
 		return true // the write already asked for takes it
 	}
-	// (AsyncWritev of nothing writes nothing: it only runs flushOut on the
-	// loop, after the frames queued meanwhile.)
-	// A failure means the loop is gone (gnet could not wake it): every
-	// frame waiting is dropped, those other writers queued too (their
-	// then, which the loop would have run, cannot run either).
+	// AsyncWritev of nothing writes nothing: it only runs flushOut on the
+	// loop, after the frames queued meanwhile. A failure means the loop is
+	// gone (gnet could not wake it): every frame waiting is dropped, those
+	// other writers queued too (their then, which the loop would have run,
+	// cannot run either).
 	if err := c.gc.AsyncWritev(nil, c.flushOut); err != nil {
 		for _, f := range c.takeOut() {
-			c.subOut(int64(len(f.b)))
-			c.reserved.Add(-f.est)
+			c.dropOut(&f)
 			mFramesDropped.Inc()
-			if f.isResponse {
-				c.release()
-			}
 		}
 		return false
 	}
@@ -156,6 +152,16 @@ const maxWritev = 512
 // keepOutCap bounds the list and writev buffers a connection keeps for
 // reuse between writes (a few KiB); larger ones, after a burst, go.
 const keepOutCap = 64
+
+// dropOut uncounts a frame of the list that will not be written: its
+// bytes, its reservation and, for a response, its in-flight slot.
+func (c *conn) dropOut(f *outFrame) {
+	c.subOut(int64(len(f.b)))
+	c.reserved.Add(-f.est)
+	if f.isResponse {
+		c.release()
+	}
+}
 
 // takeOut empties the waiting list and returns what it held.
 func (c *conn) takeOut() []outFrame {
@@ -219,12 +225,7 @@ func (c *conn) flushOut(gc gnet.Conn, err error) error {
 		}
 	}
 	for j := i; j < len(fs); j++ { // the connection is closed: dropped
-		f := &fs[j]
-		c.reserved.Add(-f.est)
-		c.subOut(int64(len(f.b)))
-		if f.isResponse {
-			c.release()
-		}
+		c.dropOut(&fs[j])
 	}
 	clear(fs)
 	c.omu.Lock()

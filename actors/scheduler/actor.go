@@ -75,6 +75,10 @@ const recoverScanFor = 5 * time.Minute
 // orphanWait bounds the wait for a previous incarnation's requests.
 const orphanWait = 30 * time.Second
 
+// reloadMinAge is the least time an incarnation runs before it reloads
+// after a write of unknown outcome.
+const reloadMinAge = 3 * time.Second
+
 // Scheduler is the scheduler actor. It rebuilds the pending set and the
 // timing wheel from __schedule when it starts, then:
 //   - stores each delayed produce as a ScheduledBatch event and answers it
@@ -92,10 +96,6 @@ const orphanWait = 30 * time.Second
 // Pending batches cost a bit in a roaring bitmap of offsets plus a 16-byte
 // wheel entry while within the wheel's near window; later ones are in the
 // far store (on disk in the broker).
-// reloadMinAge is the least time an incarnation runs before it reloads
-// after a write of unknown outcome.
-const reloadMinAge = 3 * time.Second
-
 type Scheduler struct {
 	started   time.Time // when this incarnation started
 	reloading bool      // a reload after a write of unknown outcome is due
