@@ -31,7 +31,7 @@ type entryMeta struct {
 	// refs: a commit marker's batches (raft indexes, in offset order),
 	// whose records its offsets [base, end) are.
 	refs []uint64
-	// txn: a transactional batch or a transaction marker.
+	// txn: a transactional batch, a transaction marker or a session fence.
 	txn bool
 }
 
@@ -47,6 +47,9 @@ type logHeader struct {
 	txnCount uint32
 	refs     []uint64
 	marker   bool
+	// sessionFence: a session fence (LogEntry.session_fence), transactional
+	// state a partition rebuilds from the log like batches and markers.
+	sessionFence bool
 }
 
 // framedSize is the number of bytes tidwall/wal's binary format uses for a
@@ -115,7 +118,7 @@ func entryMetaOf(e *raftpb.Entry) (entryMeta, []byte, error) {
 	}
 	m.base, m.count, m.appendMs, m.maxTsMs = h.base, h.count, h.appendMs, h.maxTsMs
 	m.hasRecords = h.count > 0
-	m.txnCount, m.refs, m.txn = h.txnCount, h.refs, h.txnCount > 0 || h.marker
+	m.txnCount, m.refs, m.txn = h.txnCount, h.refs, h.txnCount > 0 || h.marker || h.sessionFence
 	return m, records, nil
 }
 
@@ -126,7 +129,7 @@ func decodeLogEntry(b []byte) (h logHeader, records []byte, err error) {
 		return h, nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	h = logHeader{base: ph.BaseOffset, count: ph.Count, appendMs: ph.AppendTimeMs, maxTsMs: ph.MaxTimestampMs, txnCount: ph.TxnCount,
-		marker: ph.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE}
+		marker: ph.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE, sessionFence: ph.SessionFence > 0}
 	if ph.RefCount > 0 {
 		h.refs = ph.AppendRefs(make([]uint64, 0, ph.RefCount))
 	}

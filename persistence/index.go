@@ -38,9 +38,9 @@ type indexes struct {
 	size        int64 // WAL bytes of entries [FirstIndex, LastIndex]
 	startOffset int64 // offset at FirstIndex
 	endOffset   int64 // offset after the last record of the last entry
-	// txnLow is at or below the first transactional entry (batch or
-	// marker) of the log (0: none seen since the log was opened empty or
-	// a snapshot replaced it); see Log.TxnFloor.
+	// txnLow is at or below the first transactional entry (batch,
+	// marker or session fence) of the log (0: none seen since the log
+	// was opened empty or a snapshot replaced it); see Log.TxnFloor.
 	txnLow uint64
 }
 

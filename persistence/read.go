@@ -199,7 +199,7 @@ func (l *Log) Retain(now time.Time, maxAge time.Duration, maxBytes int64, upTo u
 }
 
 // TxnFloor is a raft index at or below the log's first transactional
-// entry (a batch written once, or a marker), 0 if the log holds none: a
+// entry (a batch written once, a marker or a session fence), 0 if the log holds none: a
 // reader rebuilding the open transactions need not look below it. Safe
 // for concurrent use.
 func (l *Log) TxnFloor() uint64 {

@@ -102,7 +102,14 @@ type LogEntry struct {
 	// (producer_id, producer_epoch, txn_marker) are the first marker's; these
 	// follow it, in order. base_offset, count and txn_refs span the first
 	// marker's records and batches, then each of these markers' in turn.
-	TxnMarkers    []*TxnMarkerItem `protobuf:"bytes,19,rep,name=txn_markers,json=txnMarkers,proto3" json:"txn_markers,omitempty"`
+	TxnMarkers []*TxnMarkerItem `protobuf:"bytes,19,rep,name=txn_markers,json=txnMarkers,proto3" json:"txn_markers,omitempty"`
+	// A session fence of producer_id (no records, count 0): its
+	// transactional batches of epochs below this are refused from now on
+	// (PRODUCER_FENCED). The leader writes one when the transaction
+	// coordinator tells it a newer session of the producer's transactional
+	// id started (ListOpenTxnsRequest.fence_producer_id), so that every
+	// replica, a later leader and a restarted one know it.
+	SessionFence  uint32 `protobuf:"varint,20,opt,name=session_fence,json=sessionFence,proto3" json:"session_fence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -268,6 +275,13 @@ func (x *LogEntry) GetTxnMarkers() []*TxnMarkerItem {
 		return x.TxnMarkers
 	}
 	return nil
+}
+
+func (x *LogEntry) GetSessionFence() uint32 {
+	if x != nil {
+		return x.SessionFence
+	}
+	return 0
 }
 
 // TxnMarkerItem is one more transaction end in a marker entry
@@ -683,8 +697,11 @@ type SnapshotData struct {
 	TxnEnded []*TxnEnded `protobuf:"bytes,3,rep,name=txn_ended,json=txnEnded,proto3" json:"txn_ended,omitempty"`
 	// As txn_epoch, for the scheduler's appends (FENCER_SCHEDULER).
 	SchedulerEpoch uint64 `protobuf:"varint,4,opt,name=scheduler_epoch,json=schedulerEpoch,proto3" json:"scheduler_epoch,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The sending leader's session fences (LogEntry.session_fence), oldest
+	// first.
+	SessionFences []*TxnSessionFence `protobuf:"bytes,5,rep,name=session_fences,json=sessionFences,proto3" json:"session_fences,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SnapshotData) Reset() {
@@ -745,6 +762,67 @@ func (x *SnapshotData) GetSchedulerEpoch() uint64 {
 	return 0
 }
 
+func (x *SnapshotData) GetSessionFences() []*TxnSessionFence {
+	if x != nil {
+		return x.SessionFences
+	}
+	return nil
+}
+
+// TxnSessionFence: producer_id's transactional batches of epochs below
+// epoch are refused.
+type TxnSessionFence struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProducerId    uint64                 `protobuf:"varint,1,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	Epoch         uint32                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TxnSessionFence) Reset() {
+	*x = TxnSessionFence{}
+	mi := &file_log_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TxnSessionFence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TxnSessionFence) ProtoMessage() {}
+
+func (x *TxnSessionFence) ProtoReflect() protoreflect.Message {
+	mi := &file_log_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TxnSessionFence.ProtoReflect.Descriptor instead.
+func (*TxnSessionFence) Descriptor() ([]byte, []int) {
+	return file_log_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *TxnSessionFence) GetProducerId() uint64 {
+	if x != nil {
+		return x.ProducerId
+	}
+	return 0
+}
+
+func (x *TxnSessionFence) GetEpoch() uint32 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
 // TxnEnded is a producer's last transaction end on a partition.
 type TxnEnded struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -759,7 +837,7 @@ type TxnEnded struct {
 
 func (x *TxnEnded) Reset() {
 	*x = TxnEnded{}
-	mi := &file_log_proto_msgTypes[8]
+	mi := &file_log_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +849,7 @@ func (x *TxnEnded) String() string {
 func (*TxnEnded) ProtoMessage() {}
 
 func (x *TxnEnded) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[8]
+	mi := &file_log_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +862,7 @@ func (x *TxnEnded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnEnded.ProtoReflect.Descriptor instead.
 func (*TxnEnded) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{8}
+	return file_log_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TxnEnded) GetProducerId() uint64 {
@@ -837,7 +915,7 @@ type Forward struct {
 
 func (x *Forward) Reset() {
 	*x = Forward{}
-	mi := &file_log_proto_msgTypes[9]
+	mi := &file_log_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +927,7 @@ func (x *Forward) String() string {
 func (*Forward) ProtoMessage() {}
 
 func (x *Forward) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[9]
+	mi := &file_log_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +940,7 @@ func (x *Forward) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Forward.ProtoReflect.Descriptor instead.
 func (*Forward) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{9}
+	return file_log_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Forward) GetGroup() string {
@@ -891,16 +969,18 @@ func (x *Forward) GetRequest() bool {
 // the entries up to through were applied), oldest first, and how the
 // producers last ended their transactions.
 type TxnState struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Floors        []*TxnFloor            `protobuf:"bytes,1,rep,name=floors,proto3" json:"floors,omitempty"`
-	Ended         []*TxnEnded            `protobuf:"bytes,2,rep,name=ended,proto3" json:"ended,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Floors []*TxnFloor            `protobuf:"bytes,1,rep,name=floors,proto3" json:"floors,omitempty"`
+	Ended  []*TxnEnded            `protobuf:"bytes,2,rep,name=ended,proto3" json:"ended,omitempty"`
+	// The session fences applied (LogEntry.session_fence), oldest first.
+	SessionFences []*TxnSessionFence `protobuf:"bytes,3,rep,name=session_fences,json=sessionFences,proto3" json:"session_fences,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TxnState) Reset() {
 	*x = TxnState{}
-	mi := &file_log_proto_msgTypes[10]
+	mi := &file_log_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +992,7 @@ func (x *TxnState) String() string {
 func (*TxnState) ProtoMessage() {}
 
 func (x *TxnState) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[10]
+	mi := &file_log_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +1005,7 @@ func (x *TxnState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnState.ProtoReflect.Descriptor instead.
 func (*TxnState) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{10}
+	return file_log_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TxnState) GetFloors() []*TxnFloor {
@@ -942,6 +1022,13 @@ func (x *TxnState) GetEnded() []*TxnEnded {
 	return nil
 }
 
+func (x *TxnState) GetSessionFences() []*TxnSessionFence {
+	if x != nil {
+		return x.SessionFences
+	}
+	return nil
+}
+
 type TxnFloor struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Floor         uint64                 `protobuf:"varint,1,opt,name=floor,proto3" json:"floor,omitempty"`
@@ -952,7 +1039,7 @@ type TxnFloor struct {
 
 func (x *TxnFloor) Reset() {
 	*x = TxnFloor{}
-	mi := &file_log_proto_msgTypes[11]
+	mi := &file_log_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -964,7 +1051,7 @@ func (x *TxnFloor) String() string {
 func (*TxnFloor) ProtoMessage() {}
 
 func (x *TxnFloor) ProtoReflect() protoreflect.Message {
-	mi := &file_log_proto_msgTypes[11]
+	mi := &file_log_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -977,7 +1064,7 @@ func (x *TxnFloor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TxnFloor.ProtoReflect.Descriptor instead.
 func (*TxnFloor) Descriptor() ([]byte, []int) {
-	return file_log_proto_rawDescGZIP(), []int{11}
+	return file_log_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TxnFloor) GetFloor() uint64 {
@@ -998,7 +1085,7 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xcc\x05\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xf1\x05\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -1023,7 +1110,8 @@ const file_log_proto_rawDesc = "" +
 	"\btxn_refs\x18\x11 \x03(\x04R\atxnRefs\x12)\n" +
 	"\x06fencer\x18\x12 \x01(\x0e2\x11.herald.v1.FencerR\x06fencer\x129\n" +
 	"\vtxn_markers\x18\x13 \x03(\v2\x18.herald.v1.TxnMarkerItemR\n" +
-	"txnMarkers\"\xaf\x01\n" +
+	"txnMarkers\x12#\n" +
+	"\rsession_fence\x18\x14 \x01(\rR\fsessionFence\"\xaf\x01\n" +
 	"\rTxnMarkerItem\x12\x1f\n" +
 	"\vproducer_id\x18\x01 \x01(\x04R\n" +
 	"producerId\x12%\n" +
@@ -1050,13 +1138,18 @@ const file_log_proto_rawDesc = "" +
 	"\x04from\x18\x01 \x01(\x04R\x04from\x12\x12\n" +
 	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x14\n" +
 	"\x05index\x18\x03 \x01(\x04R\x05index\"\x06\n" +
-	"\x04Tick\"\xa7\x01\n" +
+	"\x04Tick\"\xea\x01\n" +
 	"\fSnapshotData\x12\x1f\n" +
 	"\vnext_offset\x18\x01 \x01(\x03R\n" +
 	"nextOffset\x12\x1b\n" +
 	"\ttxn_epoch\x18\x02 \x01(\x04R\btxnEpoch\x120\n" +
 	"\ttxn_ended\x18\x03 \x03(\v2\x13.herald.v1.TxnEndedR\btxnEnded\x12'\n" +
-	"\x0fscheduler_epoch\x18\x04 \x01(\x04R\x0eschedulerEpoch\"\x96\x01\n" +
+	"\x0fscheduler_epoch\x18\x04 \x01(\x04R\x0eschedulerEpoch\x12A\n" +
+	"\x0esession_fences\x18\x05 \x03(\v2\x1a.herald.v1.TxnSessionFenceR\rsessionFences\"H\n" +
+	"\x0fTxnSessionFence\x12\x1f\n" +
+	"\vproducer_id\x18\x01 \x01(\x04R\n" +
+	"producerId\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\rR\x05epoch\"\x96\x01\n" +
 	"\bTxnEnded\x12\x1f\n" +
 	"\vproducer_id\x18\x01 \x01(\x04R\n" +
 	"producerId\x12\x14\n" +
@@ -1068,10 +1161,11 @@ const file_log_proto_rawDesc = "" +
 	"\aForward\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12&\n" +
 	"\x05frame\x18\x02 \x01(\v2\x10.herald.v1.FrameR\x05frame\x12\x18\n" +
-	"\arequest\x18\x03 \x01(\bR\arequest\"b\n" +
+	"\arequest\x18\x03 \x01(\bR\arequest\"\xa5\x01\n" +
 	"\bTxnState\x12+\n" +
 	"\x06floors\x18\x01 \x03(\v2\x13.herald.v1.TxnFloorR\x06floors\x12)\n" +
-	"\x05ended\x18\x02 \x03(\v2\x13.herald.v1.TxnEndedR\x05ended\":\n" +
+	"\x05ended\x18\x02 \x03(\v2\x13.herald.v1.TxnEndedR\x05ended\x12A\n" +
+	"\x0esession_fences\x18\x03 \x03(\v2\x1a.herald.v1.TxnSessionFenceR\rsessionFences\":\n" +
 	"\bTxnFloor\x12\x14\n" +
 	"\x05floor\x18\x01 \x01(\x04R\x05floor\x12\x18\n" +
 	"\athrough\x18\x02 \x01(\x04R\athroughB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
@@ -1088,41 +1182,44 @@ func file_log_proto_rawDescGZIP() []byte {
 	return file_log_proto_rawDescData
 }
 
-var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_log_proto_goTypes = []any{
-	(*LogEntry)(nil),      // 0: herald.v1.LogEntry
-	(*TxnMarkerItem)(nil), // 1: herald.v1.TxnMarkerItem
-	(*RaftMessage)(nil),   // 2: herald.v1.RaftMessage
-	(*RaftEntry)(nil),     // 3: herald.v1.RaftEntry
-	(*Joining)(nil),       // 4: herald.v1.Joining
-	(*Quiesce)(nil),       // 5: herald.v1.Quiesce
-	(*Tick)(nil),          // 6: herald.v1.Tick
-	(*SnapshotData)(nil),  // 7: herald.v1.SnapshotData
-	(*TxnEnded)(nil),      // 8: herald.v1.TxnEnded
-	(*Forward)(nil),       // 9: herald.v1.Forward
-	(*TxnState)(nil),      // 10: herald.v1.TxnState
-	(*TxnFloor)(nil),      // 11: herald.v1.TxnFloor
-	(TxnMarker)(0),        // 12: herald.v1.TxnMarker
-	(Fencer)(0),           // 13: herald.v1.Fencer
-	(*Frame)(nil),         // 14: herald.v1.Frame
+	(*LogEntry)(nil),        // 0: herald.v1.LogEntry
+	(*TxnMarkerItem)(nil),   // 1: herald.v1.TxnMarkerItem
+	(*RaftMessage)(nil),     // 2: herald.v1.RaftMessage
+	(*RaftEntry)(nil),       // 3: herald.v1.RaftEntry
+	(*Joining)(nil),         // 4: herald.v1.Joining
+	(*Quiesce)(nil),         // 5: herald.v1.Quiesce
+	(*Tick)(nil),            // 6: herald.v1.Tick
+	(*SnapshotData)(nil),    // 7: herald.v1.SnapshotData
+	(*TxnSessionFence)(nil), // 8: herald.v1.TxnSessionFence
+	(*TxnEnded)(nil),        // 9: herald.v1.TxnEnded
+	(*Forward)(nil),         // 10: herald.v1.Forward
+	(*TxnState)(nil),        // 11: herald.v1.TxnState
+	(*TxnFloor)(nil),        // 12: herald.v1.TxnFloor
+	(TxnMarker)(0),          // 13: herald.v1.TxnMarker
+	(Fencer)(0),             // 14: herald.v1.Fencer
+	(*Frame)(nil),           // 15: herald.v1.Frame
 }
 var file_log_proto_depIdxs = []int32{
-	12, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
-	13, // 1: herald.v1.LogEntry.fencer:type_name -> herald.v1.Fencer
+	13, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
+	14, // 1: herald.v1.LogEntry.fencer:type_name -> herald.v1.Fencer
 	1,  // 2: herald.v1.LogEntry.txn_markers:type_name -> herald.v1.TxnMarkerItem
-	12, // 3: herald.v1.TxnMarkerItem.marker:type_name -> herald.v1.TxnMarker
+	13, // 3: herald.v1.TxnMarkerItem.marker:type_name -> herald.v1.TxnMarker
 	5,  // 4: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
 	4,  // 5: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
 	3,  // 6: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
-	8,  // 7: herald.v1.SnapshotData.txn_ended:type_name -> herald.v1.TxnEnded
-	14, // 8: herald.v1.Forward.frame:type_name -> herald.v1.Frame
-	11, // 9: herald.v1.TxnState.floors:type_name -> herald.v1.TxnFloor
-	8,  // 10: herald.v1.TxnState.ended:type_name -> herald.v1.TxnEnded
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	9,  // 7: herald.v1.SnapshotData.txn_ended:type_name -> herald.v1.TxnEnded
+	8,  // 8: herald.v1.SnapshotData.session_fences:type_name -> herald.v1.TxnSessionFence
+	15, // 9: herald.v1.Forward.frame:type_name -> herald.v1.Frame
+	12, // 10: herald.v1.TxnState.floors:type_name -> herald.v1.TxnFloor
+	9,  // 11: herald.v1.TxnState.ended:type_name -> herald.v1.TxnEnded
+	8,  // 12: herald.v1.TxnState.session_fences:type_name -> herald.v1.TxnSessionFence
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_log_proto_init() }
@@ -1137,7 +1234,7 @@ func file_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_log_proto_rawDesc), len(file_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

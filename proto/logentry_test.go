@@ -80,9 +80,12 @@ func FuzzScanLogEntry(f *testing.F) {
 		if h.ProducerEpoch == math.MaxUint32 {
 			e.ProducerEpoch = math.MaxUint32
 		}
+		if h.SessionFence == math.MaxUint32 {
+			e.SessionFence = math.MaxUint32
+		}
 		got := LogEntryHeader{BaseOffset: e.BaseOffset, Count: e.Count, AppendTimeMs: e.AppendTimeMs, MaxTimestampMs: e.MaxTimestampMs,
 			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs, TxnEpoch: e.TxnEpoch, TxnEpochResetFrom: e.TxnEpochResetFrom, TxnEpochResetIndex: e.TxnEpochResetIndex,
-			Fencer: e.Fencer, TxnCount: e.TxnCount, ProducerEpoch: e.ProducerEpoch, TxnMarker: e.TxnMarker, RefCount: len(e.TxnRefs)}
+			Fencer: e.Fencer, TxnCount: e.TxnCount, ProducerEpoch: e.ProducerEpoch, TxnMarker: e.TxnMarker, RefCount: len(e.TxnRefs), SessionFence: e.SessionFence}
 		for _, m := range e.TxnMarkers {
 			got.More = append(got.More, MarkerItem{ProducerID: m.ProducerId, ProducerEpoch: m.ProducerEpoch, Marker: m.Marker, Count: m.Count, Refs: int(m.Refs)})
 		}
@@ -132,6 +135,9 @@ func TestScanLogEntryTxn(t *testing.T) {
 	if h, _, err = scan(&LogEntry{ProducerId: 7, ProducerEpoch: 3, TxnMarker: TxnMarker_TXN_MARKER_ABORT}); err != nil || h.TxnMarker != TxnMarker_TXN_MARKER_ABORT || h.Fence() {
 		t.Fatalf("abort marker scanned as %+v %v", h, err)
 	}
+	if h, _, err = scan(&LogEntry{BaseOffset: 12, ProducerId: 7, SessionFence: 40}); err != nil || h.SessionFence != 40 || h.ProducerID != 7 || h.TxnBatch() || h.Fence() || h.Count != 0 {
+		t.Fatalf("session fence scanned as %+v %v", h, err)
+	}
 	// Several transactions' ends in one entry: the first from the entry's
 	// fields, the rest after it, each with its share of records and refs.
 	h, _, err = scan(multiMarker())
@@ -176,6 +182,11 @@ func TestScanLogEntryTxn(t *testing.T) {
 		"an unknown marker":            {ProducerId: 7, TxnMarker: 3},
 		"an unknown fencer":            {TxnEpoch: 3, Fencer: NumFencers},
 		"a negative fencer":            {TxnEpoch: 3, Fencer: -1},
+		"a session fence, no producer": {SessionFence: 4},
+		"a session fence with records": {ProducerId: 7, SessionFence: 4, Records: []byte{1}},
+		"a session fence with a count": {ProducerId: 7, SessionFence: 4, Count: 1},
+		"a session fence that ends":    {ProducerId: 7, SessionFence: 4, TxnMarker: TxnMarker_TXN_MARKER_ABORT},
+		"a session fence, epoch fence": {ProducerId: 7, SessionFence: 4, TxnEpoch: 2},
 	} {
 		if h, _, err := scan(e); !errors.Is(err, ErrBadLogEntry) {
 			t.Errorf("%s: scanned as %+v, %v", name, h, err)

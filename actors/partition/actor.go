@@ -776,6 +776,8 @@ func (a *Actor) installSnapshot(ctx actor.Context, snap *raftpb.Snapshot) {
 	for _, e := range sd.TxnEnded {
 		a.txn.noteEnd(e.GetProducerId(), txnEnd{epoch: e.GetEpoch(), committed: e.GetCommitted(), base: e.GetBaseOffset(), count: e.GetCount()})
 	}
+	a.restoreSessions(sd.SessionFences) // (zombie.go)
+	a.txn.endedDirty = true
 	a.saveTxnState()
 	a.publishTxn()
 	if a.producers.raiseEpochs(epochList{sd.TxnEpoch, sd.SchedulerEpoch}) {
@@ -950,6 +952,10 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 	}
 	if h.Fence() {
 		a.applyFence(ctx, e, h)
+		return
+	}
+	if h.SessionFence > 0 {
+		a.applySessionFence(h)
 		return
 	}
 	if h.TxnBatch() {

@@ -196,7 +196,8 @@ func (s epochSnapshots) Snapshot() (raftpb.Snapshot, error) {
 	seen := s.a.txnEpochSeen()
 	sd.TxnEpoch = max(sd.TxnEpoch, seen[heraldpb.Fencer_FENCER_TXN_COORDINATOR])
 	sd.SchedulerEpoch = max(sd.SchedulerEpoch, seen[heraldpb.Fencer_FENCER_SCHEDULER])
-	sd.TxnEnded = s.a.txn.endedList() // (txnlog.go)
+	sd.TxnEnded = s.a.txn.endedList()    // (txnlog.go)
+	sd.SessionFences = s.a.sessionList() // (zombie.go)
 	if snap.Data, err = proto.Marshal(&sd); err != nil {
 		return raftpb.Snapshot{}, err
 	}

@@ -750,10 +750,11 @@ func (a *Actor) openTxnLog(applied uint64) error {
 		return err
 	}
 	from := first
-	floors, ended, err := loadTxnState(a.txnStatePath())
+	floors, ended, fences, err := loadTxnState(a.txnStatePath())
 	if err != nil {
 		a.log.Warn("transaction state file unusable; reading the log for open transactions", "err", err)
 	}
+	a.restoreSessions(fences)
 	for _, e := range ended {
 		a.txn.noteEnd(e.GetProducerId(), txnEnd{epoch: e.GetEpoch(), committed: e.GetCommitted(), base: e.GetBaseOffset(), count: e.GetCount()})
 	}
@@ -793,6 +794,8 @@ func (a *Actor) openTxnLog(applied uint64) error {
 			}
 			k := pidEpoch{h.ProducerID, h.ProducerEpoch}
 			switch {
+			case h.SessionFence > 0:
+				a.fenceSession(h.ProducerID, h.SessionFence)
 			case h.TxnBatch():
 				if end, ok := a.txn.ended[k.pid]; ok && k.epoch <= end.epoch && a.txn.open[k] == nil {
 					continue
@@ -857,7 +860,7 @@ func (a *Actor) saveTxnState() {
 	if len(floors) > maxTxnFloors {
 		floors = floors[len(floors)-maxTxnFloors:]
 	}
-	data, err := encodeTxnState(floors, t.endedList())
+	data, err := encodeTxnState(floors, t.endedList(), a.sessionList())
 	if err == nil {
 		err = replaceFile(path, data)
 	}
@@ -874,8 +877,8 @@ const maxTxnFloors = 5
 // of the rest, then a heraldpb.TxnState.
 var txnStateMagic = []byte("HTXN")
 
-func encodeTxnState(floors []txnFloor, ended []*heraldpb.TxnEnded) ([]byte, error) {
-	st := &heraldpb.TxnState{Ended: ended}
+func encodeTxnState(floors []txnFloor, ended []*heraldpb.TxnEnded, fences []*heraldpb.TxnSessionFence) ([]byte, error) {
+	st := &heraldpb.TxnState{Ended: ended, SessionFences: fences}
 	for _, f := range floors {
 		st.Floors = append(st.Floors, &heraldpb.TxnFloor{Floor: f.floor, Through: f.through})
 	}
@@ -890,39 +893,39 @@ func encodeTxnState(floors []txnFloor, ended []*heraldpb.TxnEnded) ([]byte, erro
 
 // decodeTxnState reads a transaction state file; a damaged one is an
 // error, never a panic. Floors come oldest first, each with a through
-// above the one before.
-func decodeTxnState(b []byte) ([]txnFloor, []*heraldpb.TxnEnded, error) {
+// above the one before; session fences oldest first.
+func decodeTxnState(b []byte) ([]txnFloor, []*heraldpb.TxnEnded, []*heraldpb.TxnSessionFence, error) {
 	if len(b) < 9 || !bytes.Equal(b[:4], txnStateMagic) || b[4] != 2 || crc32.Checksum(b[9:], castagnoli) != binary.LittleEndian.Uint32(b[5:]) {
-		return nil, nil, fmt.Errorf("bad transaction state file (%d bytes)", len(b))
+		return nil, nil, nil, fmt.Errorf("bad transaction state file (%d bytes)", len(b))
 	}
 	var st heraldpb.TxnState
 	if err := proto.Unmarshal(b[9:], &st); err != nil {
-		return nil, nil, fmt.Errorf("bad transaction state file: %w", err)
+		return nil, nil, nil, fmt.Errorf("bad transaction state file: %w", err)
 	}
 	var floors []txnFloor
 	for _, f := range st.Floors {
 		if n := len(floors); f.GetFloor() == 0 || n > 0 && f.GetThrough() <= floors[n-1].through {
-			return nil, nil, fmt.Errorf("bad transaction state file: floor %d through %d", f.GetFloor(), f.GetThrough())
+			return nil, nil, nil, fmt.Errorf("bad transaction state file: floor %d through %d", f.GetFloor(), f.GetThrough())
 		}
 		floors = append(floors, txnFloor{floor: f.GetFloor(), through: f.GetThrough()})
 	}
-	if len(floors) > maxTxnFloors || len(st.Ended) > maxEnded {
-		return nil, nil, fmt.Errorf("bad transaction state file: %d floors, %d producers", len(floors), len(st.Ended))
+	if len(floors) > maxTxnFloors || len(st.Ended) > maxEnded || len(st.SessionFences) > maxSessionFences {
+		return nil, nil, nil, fmt.Errorf("bad transaction state file: %d floors, %d producers, %d session fences", len(floors), len(st.Ended), len(st.SessionFences))
 	}
-	return floors, st.Ended, nil
+	return floors, st.Ended, st.SessionFences, nil
 }
 
 // loadTxnState reads the file at path ("" or missing: nothing, no error).
-func loadTxnState(path string) ([]txnFloor, []*heraldpb.TxnEnded, error) {
+func loadTxnState(path string) ([]txnFloor, []*heraldpb.TxnEnded, []*heraldpb.TxnSessionFence, error) {
 	if path == "" {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	return decodeTxnState(b)
 }
@@ -936,7 +939,7 @@ const maxListedTxns = 10_000
 func (a *Actor) onListOpenTxns(ctx actor.Context, f *heraldpb.Frame) {
 	req := f.GetListOpenTxns()
 	if req.FenceProducerId != 0 {
-		a.fenceSession(req.FenceProducerId, req.FenceEpoch) // (true on any replica: sessions only move on)
+		a.onSessionFence(req.FenceProducerId, req.FenceEpoch) // (true on any replica: sessions only move on)
 	}
 	switch {
 	case a.rn == nil:

@@ -203,12 +203,10 @@ func TestRetentionKeepsOpenTxnBatches(t *testing.T) {
 	checkFor(t, 10*time.Second, "retention passes the committed transaction", func() bool { return p.stats.StartOffset.Load() >= 21 })
 }
 
-// In a replicated group every replica holds the open transactions as it
-// applies the log: after the leader is lost, the new leader knows the
-// batches written before (a retry is a duplicate, a late batch of an ended
-// epoch is refused) and commits them; every live replica then reads the
-// same records at the same offsets.
-func TestTxnAcrossLeaderLoss(t *testing.T) {
+// txnGroup starts a group of three replicas and its leader, with an
+// inbox and askRetry, which asks a replica until it can answer (not while
+// it is electing or applying).
+func txnGroup(t *testing.T) (*actor.ActorSystem, []*replica, map[uint64]bool, *replica, *inbox, func(*replica, func() *heraldpb.Frame) *heraldpb.Frame) {
 	sys := actor.NewActorSystem()
 	reps := spawnGroup(t, sys, 3)
 	live := map[uint64]bool{1: true, 2: true, 3: true}
@@ -218,6 +216,16 @@ func TestTxnAcrossLeaderLoss(t *testing.T) {
 		t.Helper()
 		return askRetrying(t, sys, func() *actor.PID { return to.pid }, in, mk)
 	}
+	return sys, reps, live, leader, in, askRetry
+}
+
+// In a replicated group every replica holds the open transactions as it
+// applies the log: after the leader is lost, the new leader knows the
+// batches written before (a retry is a duplicate, a late batch of an ended
+// epoch is refused) and commits them; every live replica then reads the
+// same records at the same offsets.
+func TestTxnAcrossLeaderLoss(t *testing.T) {
+	sys, reps, live, leader, in, askRetry := txnGroup(t)
 	produceRetrying(t, sys, leader.pid, in, heraldpb.Acks_ACKS_ALL, "p0")
 	mustProduce(t, askRetry(leader, func() *heraldpb.Frame { return txnBatchFrame(7, 1, 0, "a", "b") }), -1, false)
 	mustProduce(t, askRetry(leader, func() *heraldpb.Frame { return txnBatchFrame(8, 1, 0, "x") }), -1, false)
@@ -246,21 +254,22 @@ func TestTxnAcrossLeaderLoss(t *testing.T) {
 // and what it accepts encodes back to a file that decodes the same
 // (testdata/fuzz/FuzzDecodeTxnState).
 func FuzzDecodeTxnState(f *testing.F) {
-	b, _ := encodeTxnState([]txnFloor{{3, 10}, {12, 40}}, []*heraldpb.TxnEnded{{ProducerId: 7, Epoch: 2, Committed: true, BaseOffset: 5, Count: 3}})
+	b, _ := encodeTxnState([]txnFloor{{3, 10}, {12, 40}}, []*heraldpb.TxnEnded{{ProducerId: 7, Epoch: 2, Committed: true, BaseOffset: 5, Count: 3}},
+		[]*heraldpb.TxnSessionFence{{ProducerId: 7, Epoch: 40}, {ProducerId: 9, Epoch: 3}})
 	f.Add(b)
 	f.Add([]byte("HTXN"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		floors, ended, err := decodeTxnState(b)
+		floors, ended, fences, err := decodeTxnState(b)
 		if err != nil {
 			return
 		}
-		again, err := encodeTxnState(floors, ended)
+		again, err := encodeTxnState(floors, ended, fences)
 		if err != nil {
 			t.Fatal(err)
 		}
-		floors2, ended2, err := decodeTxnState(again)
-		if err != nil || !slices.Equal(floors, floors2) || len(ended) != len(ended2) {
-			t.Fatalf("%x decodes to %v %v, which encodes to a file that decodes to %v %v (%v)", b, floors, ended, floors2, ended2, err)
+		floors2, ended2, fences2, err := decodeTxnState(again)
+		if err != nil || !slices.Equal(floors, floors2) || len(ended) != len(ended2) || len(fences) != len(fences2) {
+			t.Fatalf("%x decodes to %v %v %v, which encodes to a file that decodes to %v %v %v (%v)", b, floors, ended, fences, floors2, ended2, fences2, err)
 		}
 	})
 }

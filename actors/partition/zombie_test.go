@@ -1,8 +1,11 @@
 package partition
 
 import (
+	"fmt"
+	"os"
 	"testing"
 
+	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
@@ -40,4 +43,65 @@ func TestSessionFences(t *testing.T) {
 	if e := a.checkSession(100+maxSessionFences-1, 0); e == nil {
 		t.Fatal("the newest floor was forgotten")
 	}
+}
+
+// sessionFenceFrame is the coordinator's sweep telling the partition that a new
+// session of producer pid's transactional id starts at epoch.
+func sessionFenceFrame(pid uint64, epoch uint32) *heraldpb.Frame {
+	return &heraldpb.Frame{Id: frameIDs.Add(1), Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{
+		Topic: "t", FenceProducerId: pid, FenceEpoch: epoch}}}
+}
+
+// A session fence is written to the log: it holds after a restart (from
+// the transaction state file, or from the log without it), and on a
+// replica that becomes the leader after the one told. Before it was
+// written, a new leader, or the same one restarted, took the zombie's
+// batches.
+func TestSessionFencesAreDurable(t *testing.T) {
+	t.Run("restarts", func(t *testing.T) {
+		for _, withFile := range []bool{true, false} {
+			t.Run(fmt.Sprintf("state file %v", withFile), func(t *testing.T) {
+				sys := actor.NewActorSystem()
+				ip := &idemPartition{t: t, sys: sys, topic: "fence-durable", dir: t.TempDir()}
+				ip.start()
+				defer func() { ip.stop() }()
+				mustProduce(t, ip.ask(txnBatchFrame(7, 5, 0, "a")), -1, false)
+				if f := ip.ask(sessionFenceFrame(7, 40)); f.GetListOpenTxnsResponse() == nil {
+					t.Fatalf("the sweep answered %v", f)
+				}
+				mustFail(t, ip.ask(txnBatchFrame(7, 5, 1, "b")), heraldpb.ErrorCode_PRODUCER_FENCED)
+				mustProduce(t, ip.ask(txnBatchFrame(7, 40, 0, "n")), -1, false)
+				mustProduce(t, ip.ask(markerFrame(7, 5, false, 0)), -1, false) // (the sweep's abort)
+				mustProduce(t, ip.ask(produceFrame("t", heraldpb.Acks_ACKS_ALL, "p0")), 0, false)
+				for round := range 2 {
+					ip.stop()
+					if !withFile {
+						if err := os.Remove(ip.statePath() + ".txn"); err != nil {
+							t.Fatal(err)
+						}
+					}
+					ip.start()
+					mustFail(t, askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return txnBatchFrame(7, 6, 0, "z") }),
+						heraldpb.ErrorCode_PRODUCER_FENCED)
+					mustProduce(t, ip.ask(txnBatchFrame(7, 40, 0, "n")), -1, true)
+					mustProduce(t, ip.ask(txnBatchFrame(7, 40, int64(1+round), fmt.Sprint("n", round))), -1, false)
+				}
+			})
+		}
+	})
+	t.Run("leader loss", func(t *testing.T) {
+		sys, reps, live, leader, in, askRetry := txnGroup(t)
+		mustProduce(t, askRetry(leader, func() *heraldpb.Frame { return txnBatchFrame(7, 5, 0, "a") }), -1, false)
+		if f := askRetry(leader, func() *heraldpb.Frame { return sessionFenceFrame(7, 40) }); f.GetListOpenTxnsResponse() == nil {
+			t.Fatalf("the sweep answered %v", f)
+		}
+		// Committed after the fence's entry: the fence is committed too.
+		produceRetrying(t, sys, leader.pid, in, heraldpb.Acks_ACKS_ALL, "p0")
+		sys.Root.StopFuture(leader.pid).Wait()
+		delete(live, leader.id)
+		next := leaderOf(t, reps, live)
+		mustFail(t, askRetry(next, func() *heraldpb.Frame { return txnBatchFrame(7, 5, 1, "b") }), heraldpb.ErrorCode_PRODUCER_FENCED)
+		mustFail(t, askRetry(next, func() *heraldpb.Frame { return txnBatchFrame(7, 6, 0, "z") }), heraldpb.ErrorCode_PRODUCER_FENCED)
+		mustProduce(t, askRetry(next, func() *heraldpb.Frame { return txnBatchFrame(7, 40, 0, "n") }), -1, false)
+	})
 }
