@@ -955,7 +955,7 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 		return
 	}
 	if h.SessionFence > 0 {
-		a.applySessionFence(h)
+		a.applySessionFence(ctx, h)
 		return
 	}
 	if h.TxnBatch() {

@@ -32,7 +32,7 @@ import (
 // maybeQuiesce quiesces an idle leader (called on each tick).
 func (a *Actor) maybeQuiesce() {
 	if a.cfg.Liveness == nil || !a.isLeader || a.quiesced || a.ticks-a.lastBusy < a.cfg.QuiesceTicks ||
-		len(a.pending) > 0 || len(a.txn.batchWait) > 0 || len(a.txn.closing) > 0 || a.appendsQueued > 0 || !a.stampReady || len(a.target) > 0 {
+		len(a.pending) > 0 || len(a.txn.batchWait) > 0 || len(a.txn.closing) > 0 || len(a.sessions.waiting) > 0 || a.appendsQueued > 0 || !a.stampReady || len(a.target) > 0 {
 		return
 	}
 	st := a.rn.Status()

@@ -724,6 +724,11 @@ func (a *Actor) failTxnPending(ctx actor.Context, why *heraldpb.Error) {
 	t.markers = t.markers[:0]
 	clear(t.inflight)
 	t.inBytes = 0
+	for _, w := range a.sessions.waiting {
+		a.reply(ctx, w.replyTo, heraldpb.ErrorFrame(w.frameID, why))
+	}
+	a.sessions.waiting = nil
+	clear(a.sessions.proposed)
 }
 
 // publishTxn updates the transaction metrics.
@@ -938,9 +943,7 @@ const maxListedTxns = 10_000
 // has applied its log knows them all.
 func (a *Actor) onListOpenTxns(ctx actor.Context, f *heraldpb.Frame) {
 	req := f.GetListOpenTxns()
-	if req.FenceProducerId != 0 {
-		a.onSessionFence(req.FenceProducerId, req.FenceEpoch) // (true on any replica: sessions only move on)
-	}
+	raised := req.FenceProducerId != 0 && a.fenceSession(req.FenceProducerId, req.FenceEpoch) // (true on any replica: sessions only move on)
 	switch {
 	case a.rn == nil:
 		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, storageError(a.failure)))
@@ -952,8 +955,17 @@ func (a *Actor) onListOpenTxns(ctx actor.Context, f *heraldpb.Frame) {
 		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, a.txnError(heraldpb.ErrorCode_THROTTLED, "new leader has not applied its log yet")))
 		return
 	}
+	if req.FenceProducerId != 0 && a.awaitSessionFence(ctx, ctx.Sender(), f.Id, req, raised) {
+		return // answered once the fence is applied (zombie.go)
+	}
+	a.reply(ctx, ctx.Sender(), a.openTxnsFrame(f.Id, req.OlderThanMs))
+}
+
+// openTxnsFrame is the answer to a ListOpenTxns: the transactions open here
+// for at least olderThanMs, oldest first.
+func (a *Actor) openTxnsFrame(id uint64, olderThanMs uint32) *heraldpb.Frame {
 	now := a.cfg.Clock.Now()
-	minAge := time.Duration(req.OlderThanMs) * time.Millisecond
+	minAge := time.Duration(olderThanMs) * time.Millisecond
 	var out []*heraldpb.OpenTxn
 	for k, o := range a.txn.open {
 		if age := now.Sub(o.since); age >= minAge {
@@ -969,5 +981,5 @@ func (a *Actor) onListOpenTxns(ctx actor.Context, f *heraldpb.Frame) {
 	if len(out) > maxListedTxns {
 		out = out[:maxListedTxns]
 	}
-	a.reply(ctx, ctx.Sender(), &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_ListOpenTxnsResponse{ListOpenTxnsResponse: &heraldpb.ListOpenTxnsResponse{Txns: out}}})
+	return &heraldpb.Frame{Id: id, Body: &heraldpb.Frame_ListOpenTxnsResponse{ListOpenTxnsResponse: &heraldpb.ListOpenTxnsResponse{Txns: out}}}
 }

@@ -1,6 +1,9 @@
 package partition
 
-import heraldpb "github.com/heraldmq/herald/proto"
+import (
+	"github.com/asynkron/protoactor-go/actor"
+	heraldpb "github.com/heraldmq/herald/proto"
+)
 
 // Zombie writes, written once. A transactional batch is written to its
 // partition by its producer, without the coordinator (txnlog.go), so a
@@ -28,7 +31,25 @@ const maxSessionFences = 10_000
 type sessionFences struct {
 	floor map[uint64]uint32
 	order []uint64
+	// The leader's: the floors it proposed and has not applied, and the
+	// sweeps that wait for them (answered once applied, so that a sweep
+	// answered is a fence every later leader knows).
+	proposed map[uint64]uint32
+	waiting  []fenceWaiter
 }
+
+// fenceWaiter is a sweep waiting for its session fence to be applied.
+type fenceWaiter struct {
+	replyTo     *actor.PID
+	frameID     uint64
+	pid         uint64
+	epoch       uint32
+	olderThanMs uint32
+}
+
+// maxFenceWaiters bounds the sweeps waiting for their fence; past it a
+// sweep is answered THROTTLED (the coordinator sends it again).
+const maxFenceWaiters = 10_000
 
 // fenceSession refuses producer pid's batches of epochs below epoch, and
 // reports whether that raised its floor.
@@ -51,24 +72,58 @@ func (a *Actor) fenceSession(pid uint64, epoch uint32) bool {
 	return true
 }
 
-// onSessionFence is the sweep's news of a new session of producer pid's
-// transactional id: its batches below epoch are refused here at once,
-// and a leader writes the floor, so that every replica keeps it.
-func (a *Actor) onSessionFence(pid uint64, epoch uint32) {
-	if !a.fenceSession(pid, epoch) || !a.isLeader || a.rn == nil || !a.stampReady {
-		return // (a replica that is not the leader learns it from the leader's entry)
+// awaitSessionFence writes the floor of a sweep's new session (req) to
+// the log when it raised it here, and reports whether the sweep waits for
+// it: until the entry that holds it (this one, or one proposed before)
+// is applied. A leader that loses its term answers the waiting sweeps
+// NOT_LEADER (failTxnPending), and the coordinator asks the next.
+func (a *Actor) awaitSessionFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *heraldpb.ListOpenTxnsRequest, raised bool) bool {
+	s := &a.sessions
+	pid, epoch := req.FenceProducerId, req.FenceEpoch
+	if raised {
+		e := a.proposeEntry(&heraldpb.LogEntry{ProducerId: pid, SessionFence: epoch, BaseOffset: a.tail, AppendTimeMs: a.cfg.Clock.Now().UnixMilli()})
+		if e != nil {
+			// Kept in memory only: answered now, and a later leader may not
+			// know it (its zombie's batches are then never readable, their
+			// transactions aborted by the sweep).
+			a.log.Warn("writing a session fence", "producer", pid, "epoch", epoch, "err", e.GetMessage())
+			return false
+		}
+		if s.proposed == nil {
+			s.proposed = map[uint64]uint32{}
+		}
+		s.proposed[pid] = max(s.proposed[pid], epoch)
 	}
-	if e := a.proposeEntry(&heraldpb.LogEntry{ProducerId: pid, SessionFence: epoch, BaseOffset: a.tail, AppendTimeMs: a.cfg.Clock.Now().UnixMilli()}); e != nil {
-		// Kept in memory: the next leader may not know it (as before
-		// floors were written).
-		a.log.Warn("writing a session fence", "producer", pid, "epoch", epoch, "err", e.GetMessage())
+	if p, ok := s.proposed[pid]; !ok || p < epoch {
+		return false // (applied already)
 	}
+	if len(s.waiting) >= maxFenceWaiters {
+		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, a.txnError(heraldpb.ErrorCode_THROTTLED, "%d sweeps wait for their session fences", len(s.waiting))))
+		return true
+	}
+	s.waiting = append(s.waiting, fenceWaiter{replyTo: replyTo, frameID: id, pid: pid, epoch: epoch, olderThanMs: req.OlderThanMs})
+	return true
 }
 
-// applySessionFence applies a session fence entry.
-func (a *Actor) applySessionFence(h heraldpb.LogEntryHeader) {
+// applySessionFence applies a session fence entry, and answers the sweeps
+// that waited for it.
+func (a *Actor) applySessionFence(ctx actor.Context, h heraldpb.LogEntryHeader) {
 	a.fenceSession(h.ProducerID, h.SessionFence)
 	a.txn.endedDirty = true // (saved with the state file, even if this replica knew it: the log's copy may be cut)
+	s := &a.sessions
+	if p, ok := s.proposed[h.ProducerID]; ok && p <= h.SessionFence {
+		delete(s.proposed, h.ProducerID)
+	}
+	kept := s.waiting[:0]
+	for _, w := range s.waiting {
+		if w.pid == h.ProducerID && w.epoch <= h.SessionFence {
+			a.reply(ctx, w.replyTo, a.openTxnsFrame(w.frameID, w.olderThanMs))
+			continue
+		}
+		kept = append(kept, w)
+	}
+	clear(s.waiting[len(kept):])
+	s.waiting = kept
 }
 
 // sessionList is the session fences, oldest first (the state file's and
