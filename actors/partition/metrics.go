@@ -108,6 +108,9 @@ var (
 	sessionFenceCount = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "herald_partition_txn_session_fences", Help: "Producers of replaced transaction sessions whose older epochs the partition refuses (bounded by 10,000; the oldest is forgotten past it).",
 	}, labels)
+	sessionFenceWaiting = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_partition_txn_session_fence_waiting", Help: "The coordinator's sweeps waiting for the session fence they raised to be applied (bounded by 10,000; THROTTLED past it).",
+	}, labels)
 	readerQueueDepth = promauto.NewGauge(prometheus.GaugeOpts{
 		Name: "herald_log_reader_queue_depth", Help: "Catch-up fetches queued for the log reader pool.",
 	})
@@ -118,7 +121,7 @@ type partMetrics struct {
 	produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas prometheus.Counter
 	idemEvictions, duplicates, outOfOrder                                                                 prometheus.Counter
 	start, end, hw, mailbox, parked, leader, writerQueue, quiesced, producers, held, damaged              prometheus.Gauge
-	txnOpen, txnOpenBytes, sessionFences                                                                  prometheus.Gauge
+	txnOpen, txnOpenBytes, sessionFences, fenceWaiting                                                    prometheus.Gauge
 	txnMarkers                                                                                            *prometheus.CounterVec
 	markerCounters                                                                                        [2]prometheus.Counter // abort, commit: resolved at first use
 	markersPerEntry                                                                                       prometheus.Observer
@@ -153,6 +156,7 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		txnFenced:         txnFenced,
 		zombieRefused:     zombieRefused,
 		sessionFences:     sessionFenceCount.WithLabelValues(lv...),
+		fenceWaiting:      sessionFenceWaiting.WithLabelValues(lv...),
 		idemEvictions:     idemEvictions.WithLabelValues(lv...),
 		txnOpen:           txnOpen.WithLabelValues(lv...),
 		txnOpenBytes:      txnOpenBytes.WithLabelValues(lv...),
@@ -169,7 +173,7 @@ func DeleteMetrics(topic string, part uint32) {
 	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas, idemEvictions, produceDuplicates, produceOutOfOrder} {
 		v.DeleteLabelValues(lv...)
 	}
-	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers, heldBatches, partitionDamaged, txnOpen, txnOpenBytes, sessionFenceCount} {
+	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers, heldBatches, partitionDamaged, txnOpen, txnOpenBytes, sessionFenceCount, sessionFenceWaiting} {
 		v.DeleteLabelValues(lv...)
 	}
 	txnMarkers.DeletePartialMatch(prometheus.Labels{"topic": topic, "partition": lv[1]})

@@ -728,6 +728,7 @@ func (a *Actor) failTxnPending(ctx actor.Context, why *heraldpb.Error) {
 		a.reply(ctx, w.replyTo, heraldpb.ErrorFrame(w.frameID, why))
 	}
 	a.sessions.waiting = nil
+	a.m.fenceWaiting.Set(0)
 	clear(a.sessions.proposed)
 }
 

@@ -102,6 +102,7 @@ func (a *Actor) awaitSessionFence(ctx actor.Context, replyTo *actor.PID, id uint
 		return true
 	}
 	s.waiting = append(s.waiting, fenceWaiter{replyTo: replyTo, frameID: id, pid: pid, epoch: epoch, olderThanMs: req.OlderThanMs})
+	a.m.fenceWaiting.Set(float64(len(s.waiting)))
 	return true
 }
 
@@ -124,6 +125,7 @@ func (a *Actor) applySessionFence(ctx actor.Context, h heraldpb.LogEntryHeader) 
 	}
 	clear(s.waiting[len(kept):])
 	s.waiting = kept
+	a.m.fenceWaiting.Set(float64(len(s.waiting)))
 }
 
 // sessionList is the session fences, oldest first (the state file's and
