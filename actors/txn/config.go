@@ -94,6 +94,9 @@ type Options struct {
 	// interceptAppend (tests) is shown each append before it is sent to
 	// partition pid; true keeps it from being sent (the test holds it).
 	interceptAppend func(pid *actor.PID, f *heraldpb.Frame) bool
+	// failSweep (tests) is shown each sweep before it is sent; true fails
+	// it as a leader that did not answer would.
+	failSweep func(req *heraldpb.ListOpenTxnsRequest) bool
 }
 
 func (o *Options) ensureDefaults() {

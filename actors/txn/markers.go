@@ -374,18 +374,42 @@ func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint
 			continue // internal topics take no transactions
 		}
 		for p := range e.Partitions {
-			tp := topicPart{e.Name, uint32(p)}
-			req := &heraldpb.Frame{Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{Topic: tp.topic, Partition: tp.part, OlderThanMs: minAge,
-				FenceProducerId: pid, FenceEpoch: fence}}}
-			c.request(ctx, e.Writer(p), req, callTimeout, func(f *heraldpb.Frame) {
-				for _, o := range f.GetListOpenTxnsResponse().GetTxns() {
-					if pid == 0 || o.ProducerId == pid {
-						c.resolveOpen(ctx, tp, o, byPid[o.ProducerId])
-					}
-				}
-			})
+			c.sweepPartition(ctx, topicPart{e.Name, uint32(p)}, minAge, pid, fence, byPid, 20*time.Millisecond)
 		}
 	}
+}
+
+// sweepPartition is sweepPartitions' request to one partition's leader. A
+// sweep that fences is asked again, with backoff, until the leader
+// answers (it answers once the fence is in its log, so that a later
+// leader knows it too), while this coordinator leads __txn and the topic
+// is there; the periodic sweep is not (the next one comes anyway).
+func (c *Coordinator) sweepPartition(ctx actor.Context, tp topicPart, minAge uint32, pid uint64, fence uint32, byPid map[uint64]*txnMeta, backoff time.Duration) {
+	e := c.o.Topics.Get(tp.topic)
+	if e == nil || int(tp.part) >= len(e.Partitions) || !c.leadsTxn() {
+		return
+	}
+	req := &heraldpb.Frame{Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{Topic: tp.topic, Partition: tp.part, OlderThanMs: minAge,
+		FenceProducerId: pid, FenceEpoch: fence}}}
+	answer := func(f *heraldpb.Frame) {
+		r := f.GetListOpenTxnsResponse()
+		if r == nil && pid != 0 {
+			c.log.Debug("fencing a replaced session's producer on a partition; retrying", "topic", tp.topic, "partition", tp.part, "producer", pid,
+				"err", f.GetError().GetMessage(), "in", backoff)
+			c.after(backoff, &retryStep{fn: func() { c.sweepPartition(ctx, tp, minAge, pid, fence, byPid, min(2*backoff, markerMaxBackoff)) }})
+			return
+		}
+		for _, o := range r.GetTxns() {
+			if pid == 0 || o.ProducerId == pid {
+				c.resolveOpen(ctx, tp, o, byPid[o.ProducerId])
+			}
+		}
+	}
+	if c.o.failSweep != nil && c.o.failSweep(req.GetListOpenTxns()) {
+		answer(heraldpb.ErrorFrame(0, heraldpb.NewError(heraldpb.ErrorCode_TIMEOUT, "failed by the test")))
+		return
+	}
+	c.request(ctx, e.Writer(int(tp.part)), req, callTimeout, answer)
 }
 
 // resolveOpen ends (or leaves) one transaction found open on tp.

@@ -249,6 +249,32 @@ func TestNewSessionAbortsTheZombiesTransactions(t *testing.T) {
 	r.waitValues("only the new session's record", []string{"fresh"})
 }
 
+// TestFenceSweepIsRetried: the sweep that tells a partition of a new
+// session is sent again until the partition answers it (which it does once
+// the fence is in its log). The first attempts fail here before reaching
+// the partition: without the retry the zombie's next write was taken.
+func TestFenceSweepIsRetried(t *testing.T) {
+	var failed atomic.Int32
+	r := newRig(t, t.TempDir(), Options{OpenTxnSweep: time.Hour, failSweep: func(req *heraldpb.ListOpenTxnsRequest) bool {
+		return req.FenceProducerId != 0 && failed.Add(1) <= 3
+	}})
+	zombie := r.session("z")
+	zombie.writeOnce("zombie")
+	fresh := r.session("z")
+	waitFor(t, "the zombie's write refused", func() error {
+		if f := zombie.writeOnce("more"); f.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
+			return fmt.Errorf("answered %v", f)
+		}
+		return nil
+	})
+	if n := failed.Load(); n < 4 {
+		t.Fatalf("the fence went through after %d attempts; the test fails the first 3", n)
+	}
+	fresh.writeOnce("fresh")
+	fresh.endWritten(true)
+	r.waitValues("only the new session's record", []string{"fresh"})
+}
+
 // TestNewSessionEpochIsPastThePipelinedOnes: a producer with commits in
 // flight writes and commits transactions of epochs past the current one
 // before it hears of them. A new session of its id must get an epoch
