@@ -65,6 +65,11 @@ type Options struct {
 	// leader for the transactions written once open there longer than
 	// this, and ends the ones nobody will (markers.go). Default 10 s.
 	OpenTxnSweep time.Duration
+	// FenceWait bounds how long InitProducerId of a new session waits for
+	// every partition's leader to hold the fence of the session it
+	// replaces (default 5 s); past it the session starts, and the
+	// partitions not reached yet are fenced as their leaders answer.
+	FenceWait time.Duration
 	// Now is the clock; nil = time.Now.
 	Now func() time.Time
 	// GroupOffsets applies a committed transaction's offsets of one
@@ -140,6 +145,9 @@ func (o *Options) ensureDefaults() {
 		o.MaxTxnTimeout = 15 * time.Minute
 	}
 	o.MaxTxnTimeout = max(o.MaxTxnTimeout, o.TxnTimeout)
+	if o.FenceWait <= 0 {
+		o.FenceWait = 5 * time.Second
+	}
 	if o.OpenTxnSweep <= 0 {
 		o.OpenTxnSweep = 10 * time.Second
 	}

@@ -345,7 +345,7 @@ func (c *Coordinator) sweepOpen(ctx actor.Context) {
 	if !c.loaded || !c.leadsTxn() {
 		return
 	}
-	c.sweepPartitions(ctx, uint32(min(c.o.OpenTxnSweep.Milliseconds(), 1<<31)), 0, 0)
+	c.sweepPartitions(ctx, uint32(min(c.o.OpenTxnSweep.Milliseconds(), 1<<31)), 0, 0, nil)
 }
 
 // sweepProducer ends, at once, the transactions of producer pid open on
@@ -355,16 +355,46 @@ func (c *Coordinator) sweepOpen(ctx actor.Context) {
 // also refuses pid's batches of an epoch below fence from then on, on
 // partitions the old session had not written to as well (zombie.go in
 // the partition package).
-func (c *Coordinator) sweepProducer(ctx actor.Context, pid uint64, fence uint32) {
-	if c.leadsTxn() {
-		c.sweepPartitions(ctx, 0, pid, fence)
+//
+// fenced runs once every partition's leader has answered (so holds the
+// fence in its log), or after fenceWait, whichever is first.
+func (c *Coordinator) sweepProducer(ctx actor.Context, pid uint64, fence uint32, fenced func()) {
+	if !c.leadsTxn() {
+		fenced()
+		return
 	}
+	done := false
+	once := func() {
+		if !done {
+			done = true
+			fenced()
+		}
+	}
+	sending, early, left := true, 0, 0
+	n := c.sweepPartitions(ctx, 0, pid, fence, func() {
+		if sending {
+			early++ // (answered while the others were being sent)
+			return
+		}
+		if left--; left == 0 {
+			once()
+		}
+	})
+	sending, left = false, n-early
+	if left <= 0 {
+		once()
+		return
+	}
+	c.after(c.o.FenceWait, &retryStep{fn: once})
 }
 
 // sweepPartitions asks every partition's leader for the transactions open
 // there for at least minAge ms (of producer pid only, when not 0) and
 // resolves each; with pid, the leader fences pid's epochs below fence.
-func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint64, fence uint32) {
+// It returns how many partitions it asked; answered (if not nil) runs as
+// each answers.
+func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint64, fence uint32, answered func()) int {
+	n := 0
 	byPid := make(map[uint64]*txnMeta, len(c.txns)) // (checked again when an answer comes)
 	for _, m := range c.txns {
 		byPid[m.pid] = m
@@ -374,9 +404,11 @@ func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint
 			continue // internal topics take no transactions
 		}
 		for p := range e.Partitions {
-			c.sweepPartition(ctx, topicPart{e.Name, uint32(p)}, minAge, pid, fence, byPid, 20*time.Millisecond)
+			c.sweepPartition(ctx, topicPart{e.Name, uint32(p)}, minAge, pid, fence, byPid, 20*time.Millisecond, answered)
+			n++
 		}
 	}
+	return n
 }
 
 // sweepPartition is sweepPartitions' request to one partition's leader. A
@@ -384,9 +416,12 @@ func (c *Coordinator) sweepPartitions(ctx actor.Context, minAge uint32, pid uint
 // answers (it answers once the fence is in its log, so that a later
 // leader knows it too), while this coordinator leads __txn and the topic
 // is there; the periodic sweep is not (the next one comes anyway).
-func (c *Coordinator) sweepPartition(ctx actor.Context, tp topicPart, minAge uint32, pid uint64, fence uint32, byPid map[uint64]*txnMeta, backoff time.Duration) {
+func (c *Coordinator) sweepPartition(ctx actor.Context, tp topicPart, minAge uint32, pid uint64, fence uint32, byPid map[uint64]*txnMeta, backoff time.Duration, answered func()) {
 	e := c.o.Topics.Get(tp.topic)
 	if e == nil || int(tp.part) >= len(e.Partitions) || !c.leadsTxn() {
+		if answered != nil {
+			answered() // (nobody to fence there, or no longer this coordinator's to do)
+		}
 		return
 	}
 	req := &heraldpb.Frame{Body: &heraldpb.Frame_ListOpenTxns{ListOpenTxns: &heraldpb.ListOpenTxnsRequest{Topic: tp.topic, Partition: tp.part, OlderThanMs: minAge,
@@ -396,8 +431,13 @@ func (c *Coordinator) sweepPartition(ctx actor.Context, tp topicPart, minAge uin
 		if r == nil && pid != 0 {
 			c.log.Debug("fencing a replaced session's producer on a partition; retrying", "topic", tp.topic, "partition", tp.part, "producer", pid,
 				"err", f.GetError().GetMessage(), "in", backoff)
-			c.after(backoff, &retryStep{fn: func() { c.sweepPartition(ctx, tp, minAge, pid, fence, byPid, min(2*backoff, markerMaxBackoff)) }})
+			c.after(backoff, &retryStep{fn: func() {
+				c.sweepPartition(ctx, tp, minAge, pid, fence, byPid, min(2*backoff, markerMaxBackoff), answered)
+			}})
 			return
+		}
+		if answered != nil {
+			answered()
 		}
 		for _, o := range r.GetTxns() {
 			if pid == 0 || o.ProducerId == pid {

@@ -251,28 +251,39 @@ func TestNewSessionAbortsTheZombiesTransactions(t *testing.T) {
 
 // TestFenceSweepIsRetried: the sweep that tells a partition of a new
 // session is sent again until the partition answers it (which it does once
-// the fence is in its log). The first attempts fail here before reaching
-// the partition: without the retry the zombie's next write was taken.
+// the fence is in its log), and the new session's InitProducerId is
+// answered only then, so the zombie's next write is refused at once. The
+// first attempts fail here before reaching the partition: without the
+// retry the zombie's next write was taken, and without the wait it was
+// taken right after the Init. If a partition never answers, the Init is
+// answered after FenceWait.
 func TestFenceSweepIsRetried(t *testing.T) {
 	var failed atomic.Int32
-	r := newRig(t, t.TempDir(), Options{OpenTxnSweep: time.Hour, failSweep: func(req *heraldpb.ListOpenTxnsRequest) bool {
-		return req.FenceProducerId != 0 && failed.Add(1) <= 3
+	var always atomic.Bool
+	r := newRig(t, t.TempDir(), Options{OpenTxnSweep: time.Hour, FenceWait: 500 * time.Millisecond, failSweep: func(req *heraldpb.ListOpenTxnsRequest) bool {
+		return req.FenceProducerId != 0 && (failed.Add(1) <= 3 || always.Load())
 	}})
 	zombie := r.session("z")
 	zombie.writeOnce("zombie")
 	fresh := r.session("z")
-	waitFor(t, "the zombie's write refused", func() error {
-		if f := zombie.writeOnce("more"); f.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
-			return fmt.Errorf("answered %v", f)
-		}
-		return nil
-	})
+	if f := zombie.writeOnce("more"); f.GetError().GetCode() != heraldpb.ErrorCode_PRODUCER_FENCED {
+		t.Fatalf("right after the new session's Init the zombie's write is answered %v", f)
+	}
 	if n := failed.Load(); n < 4 {
 		t.Fatalf("the fence went through after %d attempts; the test fails the first 3", n)
 	}
 	fresh.writeOnce("fresh")
 	fresh.endWritten(true)
 	r.waitValues("only the new session's record", []string{"fresh"})
+
+	// A partition that never takes the fence holds the Init up to
+	// FenceWait, not longer.
+	always.Store(true)
+	start := time.Now()
+	r.session("z")
+	if d := time.Since(start); d < 400*time.Millisecond || d > 5*time.Second {
+		t.Fatalf("the Init with a partition that never answers took %v; FenceWait is 500ms", d)
+	}
 }
 
 // TestNewSessionEpochIsPastThePipelinedOnes: a producer with commits in

@@ -549,24 +549,31 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 			}
 			c.applyTxn(uint64(base)+uint64(i), ev, c.nowMs())
 		}
-		if oldPid != 0 {
-			fence := uint32(math.MaxUint32) // a new producer id: every epoch of the old one
-			if oldPid == pid {
-				fence = epoch
-			}
-			c.sweepProducer(ctx, oldPid, fence)
-		}
 		mTxnIDs.Set(float64(len(c.txns)))
 		c.gaugeOpen()
 		res := &heraldpb.InitProducerIdResponse{ProducerId: pid, ProducerEpoch: epoch}
-		if m := c.txns[req.TransactionalId]; m != nil && len(m.completing) > 0 {
-			// The old session's last commit is still appending: the
-			// answer waits for it (completeTxn).
-			m.initWaiters = append(m.initWaiters, endWaiter{to: to, id: f.Id})
-			m.initAnswer = res
+		answer := func() {
+			if m := c.txns[req.TransactionalId]; m != nil && len(m.completing) > 0 {
+				// The old session's last commit is still appending: the
+				// answer waits for it (completeTxn).
+				m.initWaiters = append(m.initWaiters, endWaiter{to: to, id: f.Id})
+				m.initAnswer = res
+				return
+			}
+			respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_InitProducerIdResponse{InitProducerIdResponse: res}})
+		}
+		if oldPid == 0 {
+			answer()
 			return
 		}
-		respond(ctx, to, &heraldpb.Frame{Id: f.Id, Body: &heraldpb.Frame_InitProducerIdResponse{InitProducerIdResponse: res}})
+		fence := uint32(math.MaxUint32) // a new producer id: every epoch of the old one
+		if oldPid == pid {
+			fence = epoch
+		}
+		// Answered once every partition holds the fence (or after
+		// fenceWait): from then on the old session's batches written once
+		// are refused everywhere, as its staged writes are here.
+		c.sweepProducer(ctx, oldPid, fence, answer)
 	}})
 	c.flushWrites(ctx)
 }
