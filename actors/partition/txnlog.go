@@ -801,7 +801,7 @@ func (a *Actor) openTxnLog(applied uint64) error {
 			k := pidEpoch{h.ProducerID, h.ProducerEpoch}
 			switch {
 			case h.SessionFence > 0:
-				a.fenceSession(h.ProducerID, h.SessionFence)
+				a.logSessionFence(h.ProducerID, h.SessionFence)
 			case h.TxnBatch():
 				if end, ok := a.txn.ended[k.pid]; ok && k.epoch <= end.epoch && a.txn.open[k] == nil {
 					continue
@@ -944,7 +944,9 @@ const maxListedTxns = 10_000
 // has applied its log knows them all.
 func (a *Actor) onListOpenTxns(ctx actor.Context, f *heraldpb.Frame) {
 	req := f.GetListOpenTxns()
-	raised := req.FenceProducerId != 0 && a.fenceSession(req.FenceProducerId, req.FenceEpoch) // (true on any replica: sessions only move on)
+	if req.FenceProducerId != 0 {
+		a.fenceSession(req.FenceProducerId, req.FenceEpoch) // (true on any replica: sessions only move on)
+	}
 	switch {
 	case a.rn == nil:
 		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, storageError(a.failure)))
@@ -956,7 +958,7 @@ func (a *Actor) onListOpenTxns(ctx actor.Context, f *heraldpb.Frame) {
 		a.reply(ctx, ctx.Sender(), heraldpb.ErrorFrame(f.Id, a.txnError(heraldpb.ErrorCode_THROTTLED, "new leader has not applied its log yet")))
 		return
 	}
-	if req.FenceProducerId != 0 && a.awaitSessionFence(ctx, ctx.Sender(), f.Id, req, raised) {
+	if req.FenceProducerId != 0 && a.awaitSessionFence(ctx, ctx.Sender(), f.Id, req) {
 		return // answered once the fence is applied (zombie.go)
 	}
 	a.reply(ctx, ctx.Sender(), a.openTxnsFrame(f.Id, req.OlderThanMs))

@@ -31,6 +31,10 @@ const maxSessionFences = 10_000
 type sessionFences struct {
 	floor map[uint64]uint32
 	order []uint64
+	// logged: the floors known to be in the log (applied from it, or
+	// restored from the state file or a snapshot), which every later leader
+	// knows; floor may be ahead of it (set by a sweep, not written yet).
+	logged map[uint64]uint32
 	// The leader's: the floors it proposed and has not applied, and the
 	// sweeps that wait for them (answered once applied, so that a sweep
 	// answered is a fence every later leader knows).
@@ -47,8 +51,9 @@ type fenceWaiter struct {
 	olderThanMs uint32
 }
 
-// maxFenceWaiters bounds the sweeps waiting for their fence; past it a
-// sweep is answered THROTTLED (the coordinator sends it again).
+// maxFenceWaiters bounds the sweeps waiting for their fence (and so the
+// fences proposed and not applied); past it a sweep is answered THROTTLED
+// (the coordinator sends it again).
 const maxFenceWaiters = 10_000
 
 // fenceSession refuses producer pid's batches of epochs below epoch, and
@@ -64,6 +69,7 @@ func (a *Actor) fenceSession(pid uint64, epoch uint32) bool {
 	}
 	if len(s.order) >= maxSessionFences {
 		delete(s.floor, s.order[0])
+		delete(s.logged, s.order[0])
 		s.order = s.order[1:]
 	}
 	s.floor[pid] = epoch
@@ -73,33 +79,30 @@ func (a *Actor) fenceSession(pid uint64, epoch uint32) bool {
 }
 
 // awaitSessionFence writes the floor of a sweep's new session (req) to
-// the log when it raised it here, and reports whether the sweep waits for
-// it: until the entry that holds it (this one, or one proposed before)
-// is applied. A leader that loses its term answers the waiting sweeps
+// the log unless the log holds it (or a proposal of it is on its way),
+// and reports whether the sweep waits for it: until the entry that holds
+// it is applied. A leader that loses its term answers the waiting sweeps
 // NOT_LEADER (failTxnPending), and the coordinator asks the next.
-func (a *Actor) awaitSessionFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *heraldpb.ListOpenTxnsRequest, raised bool) bool {
+func (a *Actor) awaitSessionFence(ctx actor.Context, replyTo *actor.PID, id uint64, req *heraldpb.ListOpenTxnsRequest) bool {
 	s := &a.sessions
 	pid, epoch := req.FenceProducerId, req.FenceEpoch
-	if raised {
-		e := a.proposeEntry(&heraldpb.LogEntry{ProducerId: pid, SessionFence: epoch, BaseOffset: a.tail, AppendTimeMs: a.cfg.Clock.Now().UnixMilli()})
-		if e != nil {
-			// Kept in memory only: answered now, and a later leader may not
-			// know it (its zombie's batches are then never readable, their
-			// transactions aborted by the sweep).
-			a.log.Warn("writing a session fence", "producer", pid, "epoch", epoch, "err", e.GetMessage())
-			return false
-		}
-		if s.proposed == nil {
-			s.proposed = map[uint64]uint32{}
-		}
-		s.proposed[pid] = max(s.proposed[pid], epoch)
-	}
-	if p, ok := s.proposed[pid]; !ok || p < epoch {
-		return false // (applied already)
+	if s.logged[pid] >= epoch {
+		return false // (in the log already)
 	}
 	if len(s.waiting) >= maxFenceWaiters {
 		a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, a.txnError(heraldpb.ErrorCode_THROTTLED, "%d sweeps wait for their session fences", len(s.waiting))))
 		return true
+	}
+	if s.proposed[pid] < epoch {
+		e := a.proposeEntry(&heraldpb.LogEntry{ProducerId: pid, SessionFence: epoch, BaseOffset: a.tail, AppendTimeMs: a.cfg.Clock.Now().UnixMilli()})
+		if e != nil {
+			a.reply(ctx, replyTo, heraldpb.ErrorFrame(id, e)) // (the coordinator sends it again)
+			return true
+		}
+		if s.proposed == nil {
+			s.proposed = map[uint64]uint32{}
+		}
+		s.proposed[pid] = epoch
 	}
 	s.waiting = append(s.waiting, fenceWaiter{replyTo: replyTo, frameID: id, pid: pid, epoch: epoch, olderThanMs: req.OlderThanMs})
 	a.m.fenceWaiting.Set(float64(len(s.waiting)))
@@ -109,7 +112,7 @@ func (a *Actor) awaitSessionFence(ctx actor.Context, replyTo *actor.PID, id uint
 // applySessionFence applies a session fence entry, and answers the sweeps
 // that waited for it.
 func (a *Actor) applySessionFence(ctx actor.Context, h heraldpb.LogEntryHeader) {
-	a.fenceSession(h.ProducerID, h.SessionFence)
+	a.logSessionFence(h.ProducerID, h.SessionFence)
 	a.txn.endedDirty = true // (saved with the state file, even if this replica knew it: the log's copy may be cut)
 	s := &a.sessions
 	if p, ok := s.proposed[h.ProducerID]; ok && p <= h.SessionFence {
@@ -128,22 +131,40 @@ func (a *Actor) applySessionFence(ctx actor.Context, h heraldpb.LogEntryHeader) 
 	a.m.fenceWaiting.Set(float64(len(s.waiting)))
 }
 
-// sessionList is the session fences, oldest first (the state file's and
-// the snapshots' form).
+// sessionList is the session fences the log holds, oldest first (the
+// state file's and the snapshots' form). A floor a sweep set and no entry
+// holds yet is left out: it is the leader's to write, and a replica that
+// restarts with it must not take it for written.
 func (a *Actor) sessionList() []*heraldpb.TxnSessionFence {
 	s := &a.sessions
-	out := make([]*heraldpb.TxnSessionFence, 0, len(s.order))
+	out := make([]*heraldpb.TxnSessionFence, 0, len(s.logged))
 	for _, pid := range s.order {
-		out = append(out, &heraldpb.TxnSessionFence{ProducerId: pid, Epoch: s.floor[pid]})
+		if e, ok := s.logged[pid]; ok {
+			out = append(out, &heraldpb.TxnSessionFence{ProducerId: pid, Epoch: e})
+		}
 	}
 	return out
 }
 
-// restoreSessions adds fences (oldest first) to the session fences.
+// logSessionFence sets a floor the log holds.
+func (a *Actor) logSessionFence(pid uint64, epoch uint32) {
+	a.fenceSession(pid, epoch)
+	s := &a.sessions
+	if _, ok := s.floor[pid]; !ok {
+		return // (forgotten at once: the bound is full of newer ones)
+	}
+	if s.logged == nil {
+		s.logged = map[uint64]uint32{}
+	}
+	s.logged[pid] = max(s.logged[pid], epoch)
+}
+
+// restoreSessions adds fences (oldest first) that the log holds to the
+// session fences.
 func (a *Actor) restoreSessions(fences []*heraldpb.TxnSessionFence) {
 	for _, f := range fences {
 		if f.GetProducerId() != 0 {
-			a.fenceSession(f.GetProducerId(), f.GetEpoch())
+			a.logSessionFence(f.GetProducerId(), f.GetEpoch())
 		}
 	}
 	a.m.sessionFences.Set(float64(len(a.sessions.floor)))

@@ -105,3 +105,42 @@ func TestSessionFencesAreDurable(t *testing.T) {
 		mustProduce(t, askRetry(next, func() *heraldpb.Frame { return txnBatchFrame(7, 40, 0, "n") }), -1, false)
 	})
 }
+
+// A floor a sweep set on a replica that was not the leader is not taken
+// for written: when that replica leads and the sweep comes again, it
+// writes the floor before answering, so the leader after it knows it too.
+// (Five replicas, the sweep told to one follower first; the check bites
+// when that follower is the one elected.)
+func TestSessionFenceToldToAFollower(t *testing.T) {
+	sys := actor.NewActorSystem()
+	reps := spawnGroup(t, sys, 5)
+	live := map[uint64]bool{1: true, 2: true, 3: true, 4: true, 5: true}
+	leader := leaderOf(t, reps, live)
+	in := newInbox(sys)
+	askRetry := func(to *replica, mk func() *heraldpb.Frame) *heraldpb.Frame {
+		t.Helper()
+		return askRetrying(t, sys, func() *actor.PID { return to.pid }, in, mk)
+	}
+	mustProduce(t, askRetry(leader, func() *heraldpb.Frame { return txnBatchFrame(7, 5, 0, "a") }), -1, false)
+	var told *replica
+	for _, r := range reps {
+		if r != leader {
+			told = r
+			break
+		}
+	}
+	if f := ask(t, sys, told.pid, in, sessionFenceFrame(7, 40)); f.GetError().GetCode() != heraldpb.ErrorCode_NOT_LEADER {
+		t.Fatalf("a follower answered the sweep %v", f)
+	}
+	sys.Root.StopFuture(leader.pid).Wait()
+	delete(live, leader.id)
+	next := leaderOf(t, reps, live)
+	if f := askRetry(next, func() *heraldpb.Frame { return sessionFenceFrame(7, 40) }); f.GetListOpenTxnsResponse() == nil {
+		t.Fatalf("the sweep answered %v", f)
+	}
+	t.Logf("the follower told first (%d) leads: %v", told.id, next == told)
+	sys.Root.StopFuture(next.pid).Wait()
+	delete(live, next.id)
+	last := leaderOf(t, reps, live)
+	mustFail(t, askRetry(last, func() *heraldpb.Frame { return txnBatchFrame(7, 6, 0, "z") }), heraldpb.ErrorCode_PRODUCER_FENCED)
+}
