@@ -203,13 +203,16 @@ func TestRetentionKeepsOpenTxnBatches(t *testing.T) {
 	checkFor(t, 10*time.Second, "retention passes the committed transaction", func() bool { return p.stats.StartOffset.Load() >= 21 })
 }
 
-// txnGroup starts a group of three replicas and its leader, with an
-// inbox and askRetry, which asks a replica until it can answer (not while
-// it is electing or applying).
-func txnGroup(t *testing.T) (*actor.ActorSystem, []*replica, map[uint64]bool, *replica, *inbox, func(*replica, func() *heraldpb.Frame) *heraldpb.Frame) {
+// txnGroup starts a group of n replicas and its leader, with an inbox and
+// askRetry, which asks a replica until it can answer (not while it is
+// electing or applying).
+func txnGroup(t *testing.T, n int) (*actor.ActorSystem, []*replica, map[uint64]bool, *replica, *inbox, func(*replica, func() *heraldpb.Frame) *heraldpb.Frame) {
 	sys := actor.NewActorSystem()
-	reps := spawnGroup(t, sys, 3)
-	live := map[uint64]bool{1: true, 2: true, 3: true}
+	reps := spawnGroup(t, sys, n)
+	live := map[uint64]bool{}
+	for _, r := range reps {
+		live[r.id] = true
+	}
 	leader := leaderOf(t, reps, live)
 	in := newInbox(sys)
 	askRetry := func(to *replica, mk func() *heraldpb.Frame) *heraldpb.Frame {
@@ -225,7 +228,7 @@ func txnGroup(t *testing.T) (*actor.ActorSystem, []*replica, map[uint64]bool, *r
 // epoch is refused) and commits them; every live replica then reads the
 // same records at the same offsets.
 func TestTxnAcrossLeaderLoss(t *testing.T) {
-	sys, reps, live, leader, in, askRetry := txnGroup(t)
+	sys, reps, live, leader, in, askRetry := txnGroup(t, 3)
 	produceRetrying(t, sys, leader.pid, in, heraldpb.Acks_ACKS_ALL, "p0")
 	mustProduce(t, askRetry(leader, func() *heraldpb.Frame { return txnBatchFrame(7, 1, 0, "a", "b") }), -1, false)
 	mustProduce(t, askRetry(leader, func() *heraldpb.Frame { return txnBatchFrame(8, 1, 0, "x") }), -1, false)

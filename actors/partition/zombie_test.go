@@ -90,7 +90,7 @@ func TestSessionFencesAreDurable(t *testing.T) {
 		}
 	})
 	t.Run("leader loss", func(t *testing.T) {
-		sys, reps, live, leader, _, askRetry := txnGroup(t)
+		sys, reps, live, leader, _, askRetry := txnGroup(t, 3)
 		mustProduce(t, askRetry(leader, func() *heraldpb.Frame { return txnBatchFrame(7, 5, 0, "a") }), -1, false)
 		if f := askRetry(leader, func() *heraldpb.Frame { return sessionFenceFrame(7, 40) }); f.GetListOpenTxnsResponse() == nil {
 			t.Fatalf("the sweep answered %v", f)
@@ -112,15 +112,7 @@ func TestSessionFencesAreDurable(t *testing.T) {
 // (Five replicas, the sweep told to one follower first; the check bites
 // when that follower is the one elected.)
 func TestSessionFenceToldToAFollower(t *testing.T) {
-	sys := actor.NewActorSystem()
-	reps := spawnGroup(t, sys, 5)
-	live := map[uint64]bool{1: true, 2: true, 3: true, 4: true, 5: true}
-	leader := leaderOf(t, reps, live)
-	in := newInbox(sys)
-	askRetry := func(to *replica, mk func() *heraldpb.Frame) *heraldpb.Frame {
-		t.Helper()
-		return askRetrying(t, sys, func() *actor.PID { return to.pid }, in, mk)
-	}
+	sys, reps, live, leader, in, askRetry := txnGroup(t, 5)
 	mustProduce(t, askRetry(leader, func() *heraldpb.Frame { return txnBatchFrame(7, 5, 0, "a") }), -1, false)
 	var told *replica
 	for _, r := range reps {
