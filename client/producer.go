@@ -161,12 +161,26 @@ type batch struct {
 	// own is (or once it failed before that).
 	turn, queued chan struct{}
 	queuedOnce   sync.Once
+	// commit: a transaction's last batch, which commits it on its only
+	// partition (ProduceRequest.commit_txn; markCommitLast), after the
+	// producer's transaction of epoch after (if not nil) there; onQueued
+	// runs once it is on the connection.
+	commit   bool
+	after    *uint32
+	onQueued func()
 }
 
 // markQueued lets the partition's next batch go to the connection.
 func (bt *batch) markQueued() {
-	if bt.queued != nil {
-		bt.queuedOnce.Do(func() { close(bt.queued) })
+	if bt.queued != nil || bt.onQueued != nil {
+		bt.queuedOnce.Do(func() {
+			if bt.queued != nil {
+				close(bt.queued)
+			}
+			if bt.onQueued != nil {
+				bt.onQueued()
+			}
+		})
 	}
 }
 
@@ -566,6 +580,9 @@ func (p *Producer) drainLocked(b *batcher) {
 			bt.pid, bt.seq = p.delayedPid, p.delayedSeq
 			p.delayedSeq++
 		}
+		if t := p.txn; t != nil && t.commitLast && len(b.ready) == 0 && (b.cur == nil || len(b.cur.recs) == 0) {
+			bt.commit, bt.after, bt.onQueued = true, t.after, t.onQueued
+		}
 		b.inFlight++
 		go p.run(b, bt)
 	}
@@ -655,6 +672,7 @@ func (p *Producer) produce(key batchKey, bt *batch) (*heraldpb.ProduceResponse, 
 	}
 	if t := p.txn; t != nil {
 		req.TxnBatch, req.TransactionalId, req.ProducerEpoch = true, t.id, t.epoch
+		req.CommitTxn, req.TxnCommitAfter = bt.commit, bt.after
 	}
 	if t := p.c.cfg.requestTimeout; t > 0 {
 		req.TimeoutMs = uint32(t / time.Millisecond)
@@ -907,4 +925,45 @@ func (p *Producer) Buffered() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.records
+}
+
+// onlyPartition is the one partition a transaction's writer has records
+// for (sent or not), if there is exactly one.
+func (p *Producer) onlyPartition() (txnPart, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var key batchKey
+	n := 0
+	for k := range p.seqs {
+		key, n = k, n+1
+	}
+	for k := range p.batchers {
+		if _, ok := p.seqs[k]; !ok {
+			key, n = k, n+1
+		}
+	}
+	if n != 1 || key.partition < 0 {
+		return txnPart{}, false
+	}
+	return txnPart{key.topic, key.partition}, true
+}
+
+// markCommitLast makes the transaction's last batch commit it (a
+// transaction's writer, with one partition: onlyPartition), after the
+// producer's transaction of epoch after there (if not nil); queued (if
+// not nil) runs once that batch is on the connection. It reports whether
+// it could: not once that partition's last batch was sent.
+func (p *Producer) markCommitLast(after *uint32, queued func()) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.batchers) != 1 {
+		return false
+	}
+	for _, b := range p.batchers {
+		if len(b.ready) == 0 && (b.cur == nil || len(b.cur.recs) == 0) {
+			return false
+		}
+	}
+	p.txn.commitLast, p.txn.after, p.txn.onQueued = true, after, queued
+	return true
 }

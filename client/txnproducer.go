@@ -171,6 +171,7 @@ type TransactionalProducer struct {
 	once      *onceTxn
 	commitQ   []*pendingCommit
 	committer bool
+	op        onePhase  // single-partition commits (onephase.go)
 	bufs      sync.Pool // the writers' batch buffers
 }
 
@@ -234,8 +235,9 @@ func (p *TransactionalProducer) TransactionalID() string { return p.id }
 // initSession sends InitProducerId and takes the session it answers.
 func (p *TransactionalProducer) initSession(ctx context.Context) error {
 	ms := uint32((p.cfg.timeout + time.Millisecond - 1) / time.Millisecond)
+	sent := time.Now()
 	f, err := p.c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{
-		TransactionalId: p.id, TransactionTimeoutMs: ms,
+		TransactionalId: p.id, TransactionTimeoutMs: ms, OnePhase: p.cfg.writeOnce,
 	}}}, true)
 	if err != nil {
 		return err
@@ -246,6 +248,7 @@ func (p *TransactionalProducer) initSession(ctx context.Context) error {
 	}
 	p.mu.Lock()
 	p.pid, p.epoch, p.needInit = r.GetProducerId(), r.GetProducerEpoch(), false
+	p.op.reset(p.epoch, r.GetOnePhaseEpochs(), r.GetOnePhaseLeaseMs(), sent)
 	p.mu.Unlock()
 	return nil
 }
@@ -979,10 +982,17 @@ func (p *TransactionalProducer) endWith(ctx context.Context, commit bool, writte
 	if commit {
 		offs = p.offsetsLocked()
 	}
-	p.mu.Unlock()
-	f, err := p.c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
+	req := &heraldpb.EndTxnRequest{
 		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: epoch, Commit: commit, GroupOffsets: offs, Written: written,
-	}}}, true)
+	}
+	if p.cfg.writeOnce && epoch != p.op.from {
+		// (No commit is in flight: Commit and Abort wait for them.)
+		from := p.op.from
+		req.OnePhaseFrom = &from
+	}
+	p.mu.Unlock()
+	sent := time.Now()
+	f, err := p.c.callTxn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: req}}, true)
 	var r *heraldpb.EndTxnResponse
 	if err == nil {
 		if r = f.GetEndTxnResponse(); r == nil {
@@ -999,6 +1009,13 @@ func (p *TransactionalProducer) endWith(ctx context.Context, commit bool, writte
 	case err == nil:
 		if next := r.GetNextEpoch(); next > epoch {
 			p.epoch = next
+			p.op.from = next
+			p.op.answered(next, sent)
+			for _, w := range written {
+				if commit { // (a later commit there comes after this one; an abort leaves nothing to wait for)
+					p.op.lastAt[txnPart{w.Topic, int32(w.Partition)}] = epoch
+				}
+			}
 		} else {
 			p.needInit = true
 		}

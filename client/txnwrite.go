@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
 )
@@ -31,6 +32,11 @@ import (
 type txnStamp struct {
 	id    string // the transactional id
 	epoch uint32 // the transaction's
+	// commitLast: the last batch commits the transaction, after the
+	// producer's transaction of epoch after there (markCommitLast).
+	commitLast bool
+	after      *uint32
+	onQueued   func()
 }
 
 // WithTxnWrittenOnce writes the transaction's records once, straight to
@@ -49,6 +55,9 @@ type onceTxn struct {
 	w      *Producer
 	counts map[txnPart]uint32 // records written, per partition
 	failed error              // the first record that failed
+	// committed: a record was answered with an offset, which only a
+	// commit gives (commitAlone).
+	committed bool
 }
 
 type txnPart struct {
@@ -74,9 +83,17 @@ func (o *onceTxn) written() []*heraldpb.TxnWritten {
 	return out
 }
 
-// newTxnWriter is the writer of the transaction of epoch.
+// holdForCommit is the linger of a writer whose transaction may commit
+// on its partition alone: a batch goes when it is full, or at the commit.
+const holdForCommit = time.Hour
+
+// newTxnWriter is the writer of the transaction of epoch (p.mu held).
 func (p *TransactionalProducer) newTxnWriter(pid uint64, epoch uint32) *Producer {
-	w := p.c.NewProducer(WithLinger(p.cfg.linger), WithBatchBytes(p.cfg.batchBytes), WithBufferBytes(p.cfg.bufferBytes),
+	linger := p.cfg.linger
+	if p.op.epochs > 0 {
+		linger = holdForCommit // (a partition's last batch may carry the commit: onephase.go)
+	}
+	w := p.c.NewProducer(WithLinger(linger), WithBatchBytes(p.cfg.batchBytes), WithBufferBytes(p.cfg.bufferBytes),
 		WithPartitionInFlight(maxIdempotentInFlight))
 	w.pid, w.txn = pid, &txnStamp{id: p.id, epoch: epoch}
 	w.bufs = &p.bufs // (a new writer per transaction: its batches reuse the last ones' buffers)
@@ -110,6 +127,7 @@ func (p *TransactionalProducer) sendOnce(ctx context.Context, m *Message, cb fun
 		switch {
 		case err == nil:
 			o.counts[txnPart{topic, r.Partition}]++
+			o.committed = o.committed || r.Offset >= 0
 		case o.failed == nil:
 			o.failed = err
 		}
@@ -153,6 +171,28 @@ func (p *TransactionalProducer) endOnce(ctx context.Context, commit bool) (TxnEn
 	p.mu.Unlock()
 	if err != nil {
 		return TxnEnd{}, err
+	}
+	p.mu.Lock()
+	alone := commit && o != nil && p.phase == txnCommitting && len(p.offsets) == 0
+	epoch := p.epoch
+	p.mu.Unlock()
+	if alone {
+		if done, end, err := p.commitAlone(ctx, o, epoch, nil); done {
+			p.mu.Lock()
+			if err != nil {
+				// (Its outcome may be unknown: a new session aborts it
+				// if it was not committed.)
+				p.needInit = true
+				p.failLocked(err)
+				p.mu.Unlock()
+				return TxnEnd{}, fmt.Errorf("%w: %w", ErrTxnFailed, err)
+			}
+			p.epoch++
+			p.resetLocked()
+			p.mu.Unlock()
+			p.dropOnce(o)
+			return end, nil
+		}
 	}
 	if o != nil {
 		if err := o.w.Flush(ctx); err != nil {
@@ -347,6 +387,30 @@ func (p *TransactionalProducer) commitOne(pc *pendingCommit, pid uint64) {
 		pc.err, pc.unsent = err, true
 		close(pc.queued)
 	}
+	if pc.o != nil && len(pc.offsets) == 0 {
+		// Alone on its partition if it can: right behind the commit
+		// before it.
+		if prev != nil {
+			select {
+			case <-prev.queued:
+			case <-ctx.Done():
+				unsent(ctx.Err())
+				return
+			}
+			if prev.unsent {
+				unsent(fmt.Errorf("%w: the transaction committed before it failed", ErrTxnFailed))
+				return
+			}
+		}
+		done, end, err := p.commitAlone(ctx, pc.o, pc.epoch, func() { close(pc.queued) })
+		if done {
+			if err != nil {
+				pc.err = fmt.Errorf("%w: %w", ErrTxnFailed, err)
+			}
+			pc.end = end
+			return
+		}
+	}
 	var written []*heraldpb.TxnWritten
 	if pc.o != nil {
 		if err := pc.o.w.Flush(ctx); err != nil {
@@ -376,9 +440,38 @@ func (p *TransactionalProducer) commitOne(pc *pendingCommit, pid uint64) {
 		}
 		turn = prev.queued
 	}
-	f, err := p.c.callTxnTurn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: &heraldpb.EndTxnRequest{
+	req := &heraldpb.EndTxnRequest{
 		TransactionalId: p.id, ProducerId: pid, ProducerEpoch: pc.epoch, Commit: true, GroupOffsets: pc.offsets, Written: written,
-	}}}, true, turn, pc.queued)
+	}
+	p.mu.Lock()
+	if pc.epoch != p.op.from {
+		// Transactions committed alone since the last EndTxn: the
+		// coordinator hears of them once every commit before is answered.
+		if err := p.waitUntilLocked(ctx, func() bool { return p.op.outstanding == 0 }); err != nil {
+			p.mu.Unlock()
+			unsent(err)
+			return
+		}
+		if err := p.op.failed; err != nil {
+			p.mu.Unlock()
+			unsent(fmt.Errorf("%w: a transaction committed before it failed: %w", ErrTxnFailed, err))
+			return
+		}
+		from := p.op.from
+		req.OnePhaseFrom = &from
+	}
+	for _, w := range written {
+		p.op.lastAt[txnPart{w.Topic, int32(w.Partition)}] = pc.epoch
+	}
+	p.op.from = pc.epoch + 1
+	p.op.outstanding++
+	p.mu.Unlock()
+	sent := time.Now()
+	f, err := p.c.callTxnTurn(ctx, &heraldpb.Frame{Body: &heraldpb.Frame_EndTxn{EndTxn: req}}, true, turn, pc.queued)
+	p.mu.Lock()
+	p.op.outstanding--
+	p.changedLocked()
+	p.mu.Unlock()
 	if err != nil {
 		pc.err = err
 		return
@@ -389,6 +482,9 @@ func (p *TransactionalProducer) commitOne(pc *pendingCommit, pid uint64) {
 	case r.GetNextEpoch() != pc.epoch+1:
 		pc.err = fmt.Errorf("herald: the commit of %q (epoch %d) moved the epoch to %d, not %d", p.id, pc.epoch, r.GetNextEpoch(), pc.epoch+1)
 	default:
+		p.mu.Lock()
+		p.op.answered(r.GetNextEpoch(), sent)
+		p.mu.Unlock()
 		pc.end = TxnEnd{Records: int(r.GetRecords()), Partitions: r.GetPartitions(), AlreadyEnded: r.GetAlreadyEnded()}
 	}
 }

@@ -842,3 +842,125 @@ func testTxnSDKManualAbort(t *testing.T, once bool, opts ...client.TxnOpt) {
 		})
 	}
 }
+
+// TestTxnSDKCommitAlone: a producer writing once commits a transaction
+// that wrote one partition on that partition alone (its last batch
+// carries the commit), and one over two partitions through the
+// coordinator, which then hears of the ones committed alone since
+// (one_phase_from). 150 transactions, up to 8 in flight (CommitAsync),
+// every fifth over both partitions: every record appears once, each
+// partition holds the transactions in their order, and the partitions
+// committed the single-partition ones themselves. A second session of
+// the id then fences the first: its next commit alone is refused with
+// ErrProducerFenced, and nothing of it appears.
+func TestTxnSDKCommitAlone(t *testing.T) {
+	n := startProc(t, t.TempDir())
+	c := dial(t, n)
+	createTopic(t, c, "out", 2)
+	ctx := ctxT(t, 60*time.Second)
+	keyFor := [2][]byte{}
+	for i := 0; keyFor[0] == nil || keyFor[1] == nil; i++ {
+		k := []byte(fmt.Sprintf("k%d", i))
+		keyFor[client.PartitionForKey(k, 2)] = k
+	}
+	p := newTxnProducer(t, c, "alone", client.WithTxnWrittenOnce())
+	var mu sync.Mutex
+	committed := map[string]bool{}
+	var failures []string
+	const txns = 150
+	for i := range txns {
+		if err := p.Begin(); err != nil {
+			t.Fatal(err)
+		}
+		var vals []string
+		for j := range 3 {
+			part := i % 2
+			if i%5 == 0 && j == 2 {
+				part = 1 - part // over both partitions: through the coordinator
+			}
+			v := fmt.Sprintf("a-%03d-%d", i, j)
+			vals = append(vals, v)
+			p.SendAsync(ctx, &client.Message{Topic: "out", Key: keyFor[part], Value: []byte(v)}, nil)
+		}
+		if err := p.CommitAsync(ctx, func(_ client.TxnEnd, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failures = append(failures, fmt.Sprintf("%d: %v", i, err))
+				return
+			}
+			for _, v := range vals {
+				committed[v] = true
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(committed) != 3*txns || len(failures) > 0 {
+		t.Fatalf("%d records reported committed; failures: %q", len(committed), failures)
+	}
+	mu.Unlock()
+	waitValues(t, n, "out", 2, func(got map[string]int) error {
+		for v := range committed {
+			if got[v] != 1 {
+				return fmt.Errorf("%s appears %d times (%d values)", v, got[v], len(got))
+			}
+		}
+		if len(got) != len(committed) {
+			return fmt.Errorf("%d values, %d committed", len(got), len(committed))
+		}
+		return nil
+	})
+	for part := range int32(2) {
+		last := -1
+		for _, m := range readPartition(t, c, "out", part) {
+			var i, j int
+			if _, err := fmt.Sscanf(string(m.Value), "a-%d-%d", &i, &j); err != nil {
+				t.Fatal(err)
+			}
+			if i < last {
+				t.Fatalf("partition %d holds transaction %d after %d", part, i, last)
+			}
+			last = i
+		}
+	}
+	alone := 0.0
+	for part := range 2 {
+		alone += metricValue(t, n, fmt.Sprintf(`herald_partition_txn_commits_alone_total{partition="%d",topic="out"}`, part))
+	}
+	if want := float64(txns - txns/5); alone != want {
+		t.Fatalf("the partitions committed %v transactions alone, want %v", alone, want)
+	}
+
+	// A new session fences the old one's commits alone.
+	old := newTxnProducer(t, c, "alone-2", client.WithTxnWrittenOnce())
+	if err := old.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	old.SendAsync(ctx, &client.Message{Topic: "out", Key: keyFor[0], Value: []byte("before")}, nil)
+	if _, err := old.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	np := newTxnProducer(t, dial(t, n), "alone-2", client.WithTxnWrittenOnce())
+	defer np.Close(ctx)
+	if err := old.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	old.SendAsync(ctx, &client.Message{Topic: "out", Key: keyFor[0], Value: []byte("zombie")}, nil)
+	if _, err := old.Commit(ctx); !errors.Is(err, client.ErrProducerFenced) {
+		t.Fatalf("the old session's commit alone after a new session: %v", err)
+	}
+	got := waitValues(t, n, "out", 2, func(got map[string]int) error {
+		if got["before"] != 1 {
+			return fmt.Errorf("before appears %d times", got["before"])
+		}
+		return nil
+	})
+	if got["zombie"] != 0 {
+		t.Fatalf("the fenced session's record appears %d times", got["zombie"])
+	}
+}

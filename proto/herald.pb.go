@@ -5321,9 +5321,15 @@ type ProduceRequest struct {
 	// (fences, checks and resets are per fencer): the transaction
 	// coordinator (the term of __txn) and the scheduler (the term of
 	// __schedule).
-	Fencer        Fencer `protobuf:"varint,25,opt,name=fencer,proto3,enum=herald.v1.Fencer" json:"fencer,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Fencer Fencer `protobuf:"varint,25,opt,name=fencer,proto3,enum=herald.v1.Fencer" json:"fencer,omitempty"`
+	// With txn_batch and commit_txn (a single-partition commit): the epoch
+	// of the producer's transaction before this one that wrote to this
+	// partition, if any. The commit waits (THROTTLED) until that
+	// transaction's batches are here and it has ended or is ending, so that
+	// a producer's transactions commit on a partition in their order.
+	TxnCommitAfter *uint32 `protobuf:"varint,26,opt,name=txn_commit_after,json=txnCommitAfter,proto3,oneof" json:"txn_commit_after,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ProduceRequest) Reset() {
@@ -5529,6 +5535,13 @@ func (x *ProduceRequest) GetFencer() Fencer {
 		return x.Fencer
 	}
 	return Fencer_FENCER_TXN_COORDINATOR
+}
+
+func (x *ProduceRequest) GetTxnCommitAfter() uint32 {
+	if x != nil && x.TxnCommitAfter != nil {
+		return *x.TxnCommitAfter
+	}
+	return 0
 }
 
 // How the broker resolves a half message nobody ends.
@@ -9351,8 +9364,13 @@ type InitProducerIdRequest struct {
 	// Abort a transaction open longer than this. 0: the broker's default
 	// (60 s); at most the broker's maximum.
 	TransactionTimeoutMs uint32 `protobuf:"varint,2,opt,name=transaction_timeout_ms,json=transactionTimeoutMs,proto3" json:"transaction_timeout_ms,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The producer writes once and may commit single-partition transactions
+	// on their partition (InitProducerIdResponse.one_phase_epochs): a later
+	// session then waits for this one's lease when its fence cannot reach
+	// every partition.
+	OnePhase      bool `protobuf:"varint,3,opt,name=one_phase,json=onePhase,proto3" json:"one_phase,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *InitProducerIdRequest) Reset() {
@@ -9399,12 +9417,29 @@ func (x *InitProducerIdRequest) GetTransactionTimeoutMs() uint32 {
 	return 0
 }
 
+func (x *InitProducerIdRequest) GetOnePhase() bool {
+	if x != nil {
+		return x.OnePhase
+	}
+	return false
+}
+
 type InitProducerIdResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ProducerId    uint64                 `protobuf:"varint,1,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
 	ProducerEpoch uint32                 `protobuf:"varint,2,opt,name=producer_epoch,json=producerEpoch,proto3" json:"producer_epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Single-partition commits (ProduceRequest.commit_txn with txn_batch):
+	// a producer writing once may commit a transaction that wrote one
+	// partition on that partition alone, without EndTxn, for epochs below
+	// the epoch the coordinator last answered (this one, or an
+	// EndTxnResponse.next_epoch) plus one_phase_epochs, and for
+	// one_phase_lease_ms from when it sent that request. 0: it may not (a
+	// broker without them). EndTxnRequest.one_phase_from tells the
+	// coordinator of the epochs so ended.
+	OnePhaseEpochs  uint32 `protobuf:"varint,3,opt,name=one_phase_epochs,json=onePhaseEpochs,proto3" json:"one_phase_epochs,omitempty"`
+	OnePhaseLeaseMs uint32 `protobuf:"varint,4,opt,name=one_phase_lease_ms,json=onePhaseLeaseMs,proto3" json:"one_phase_lease_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *InitProducerIdResponse) Reset() {
@@ -9451,6 +9486,20 @@ func (x *InitProducerIdResponse) GetProducerEpoch() uint32 {
 	return 0
 }
 
+func (x *InitProducerIdResponse) GetOnePhaseEpochs() uint32 {
+	if x != nil {
+		return x.OnePhaseEpochs
+	}
+	return 0
+}
+
+func (x *InitProducerIdResponse) GetOnePhaseLeaseMs() uint32 {
+	if x != nil {
+		return x.OnePhaseLeaseMs
+	}
+	return 0
+}
+
 // Commits or aborts the open transaction of a transactional id. A commit
 // is answered once every staged record is on its topic; the epoch is then
 // bumped, and the producer's next transaction uses next_epoch, so that a
@@ -9475,7 +9524,12 @@ type EndTxnRequest struct {
 	// abort marker to each (and again after a failover, until each partition
 	// has it). A transaction either stages its records or writes them once,
 	// not both.
-	Written       []*TxnWritten `protobuf:"bytes,7,rep,name=written,proto3" json:"written,omitempty"`
+	Written []*TxnWritten `protobuf:"bytes,7,rep,name=written,proto3" json:"written,omitempty"`
+	// The transactions of epochs from one_phase_from up to producer_epoch
+	// (excluded) ended on their partitions, single-partition commits
+	// (InitProducerIdResponse.one_phase_epochs): one_phase_from is the epoch
+	// the coordinator last answered. Written once only.
+	OnePhaseFrom  *uint32 `protobuf:"varint,8,opt,name=one_phase_from,json=onePhaseFrom,proto3,oneof" json:"one_phase_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -9557,6 +9611,13 @@ func (x *EndTxnRequest) GetWritten() []*TxnWritten {
 		return x.Written
 	}
 	return nil
+}
+
+func (x *EndTxnRequest) GetOnePhaseFrom() uint32 {
+	if x != nil && x.OnePhaseFrom != nil {
+		return *x.OnePhaseFrom
+	}
+	return 0
 }
 
 // A partition a transaction wrote its batches to once, and how many
@@ -10495,7 +10556,7 @@ const file_herald_proto_rawDesc = "" +
 	"baseOffset\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12$\n" +
 	"\x0eappend_time_ms\x18\x03 \x01(\x03R\fappendTimeMs\x12\x18\n" +
-	"\arecords\x18\x04 \x01(\fR\arecords\"\xc0\a\n" +
+	"\arecords\x18\x04 \x01(\fR\arecords\"\x84\b\n" +
 	"\x0eProduceRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12#\n" +
@@ -10527,9 +10588,11 @@ const file_herald_proto_rawDesc = "" +
 	"txn_marker\x18\x17 \x01(\x0e2\x14.herald.v1.TxnMarkerR\ttxnMarker\x12\x1f\n" +
 	"\vtxn_records\x18\x18 \x01(\rR\n" +
 	"txnRecords\x12)\n" +
-	"\x06fencer\x18\x19 \x01(\x0e2\x11.herald.v1.FencerR\x06fencerB\f\n" +
+	"\x06fencer\x18\x19 \x01(\x0e2\x11.herald.v1.FencerR\x06fencer\x12-\n" +
+	"\x10txn_commit_after\x18\x1a \x01(\rH\x01R\x0etxnCommitAfter\x88\x01\x01B\f\n" +
 	"\n" +
-	"_partition\"\xc2\x01\n" +
+	"_partitionB\x13\n" +
+	"\x11_txn_commit_after\"\xc2\x01\n" +
 	"\vHalfOptions\x12%\n" +
 	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12*\n" +
 	"\x11check_interval_ms\x18\x02 \x01(\rR\x0fcheckIntervalMs\x12\x1d\n" +
@@ -10848,14 +10911,17 @@ const file_herald_proto_rawDesc = "" +
 	"\x0fListTxnResponse\x12+\n" +
 	"\x06halves\x18\x01 \x03(\v2\x13.herald.v1.HalfInfoR\x06halves\x12\x14\n" +
 	"\x05total\x18\x02 \x01(\rR\x05total\x126\n" +
-	"\ftransactions\x18\x03 \x03(\v2\x12.herald.v1.TxnInfoR\ftransactions\"x\n" +
+	"\ftransactions\x18\x03 \x03(\v2\x12.herald.v1.TxnInfoR\ftransactions\"\x95\x01\n" +
 	"\x15InitProducerIdRequest\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x124\n" +
-	"\x16transaction_timeout_ms\x18\x02 \x01(\rR\x14transactionTimeoutMs\"`\n" +
+	"\x16transaction_timeout_ms\x18\x02 \x01(\rR\x14transactionTimeoutMs\x12\x1b\n" +
+	"\tone_phase\x18\x03 \x01(\bR\bonePhase\"\xb7\x01\n" +
 	"\x16InitProducerIdResponse\x12\x1f\n" +
 	"\vproducer_id\x18\x01 \x01(\x04R\n" +
 	"producerId\x12%\n" +
-	"\x0eproducer_epoch\x18\x02 \x01(\rR\rproducerEpoch\"\xa4\x02\n" +
+	"\x0eproducer_epoch\x18\x02 \x01(\rR\rproducerEpoch\x12(\n" +
+	"\x10one_phase_epochs\x18\x03 \x01(\rR\x0eonePhaseEpochs\x12+\n" +
+	"\x12one_phase_lease_ms\x18\x04 \x01(\rR\x0fonePhaseLeaseMs\"\xe2\x02\n" +
 	"\rEndTxnRequest\x12)\n" +
 	"\x10transactional_id\x18\x01 \x01(\tR\x0ftransactionalId\x12\x1f\n" +
 	"\vproducer_id\x18\x02 \x01(\x04R\n" +
@@ -10864,7 +10930,9 @@ const file_herald_proto_rawDesc = "" +
 	"\x06commit\x18\x04 \x01(\bR\x06commit\x12\x16\n" +
 	"\x06manual\x18\x05 \x01(\bR\x06manual\x12?\n" +
 	"\rgroup_offsets\x18\x06 \x03(\v2\x1a.herald.v1.TxnGroupOffsetsR\fgroupOffsets\x12/\n" +
-	"\awritten\x18\a \x03(\v2\x15.herald.v1.TxnWrittenR\awritten\"Z\n" +
+	"\awritten\x18\a \x03(\v2\x15.herald.v1.TxnWrittenR\awritten\x12)\n" +
+	"\x0eone_phase_from\x18\b \x01(\rH\x00R\fonePhaseFrom\x88\x01\x01B\x11\n" +
+	"\x0f_one_phase_from\"Z\n" +
 	"\n" +
 	"TxnWritten\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
@@ -11449,6 +11517,7 @@ func file_herald_proto_init() {
 		(*StartPosition_TimestampMs)(nil),
 	}
 	file_herald_proto_msgTypes[56].OneofWrappers = []any{}
+	file_herald_proto_msgTypes[99].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

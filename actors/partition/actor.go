@@ -496,6 +496,9 @@ func (a *Actor) onTick(ctx actor.Context) {
 		return
 	}
 	a.checkRebuilt()
+	if len(a.txn.parked) > 0 {
+		a.expireParked(ctx, nil)
+	}
 	if a.leader != 0 {
 		a.leaderSeenTick = a.ticks
 	}

@@ -65,6 +65,12 @@ var (
 	txnMarkers = promauto.NewCounterVec(prometheus.CounterOpts{
 		Name: "herald_partition_txn_markers_total", Help: "Transaction markers applied on the partition, by outcome.",
 	}, append(slices.Clone(labels), "marker"))
+	txnCommitsAlone = promauto.NewCounterVec(prometheus.CounterOpts{
+		Name: "herald_partition_txn_commits_alone_total", Help: "Transactions that wrote only this partition committed by their last batch (commit_txn), without their coordinator; counted by the leader as it proposes the commit.",
+	}, labels)
+	txnCommitsWaiting = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_partition_txn_commits_waiting", Help: "Single-partition commits the leader holds until an earlier transaction of their producer ends (at most 4096; THROTTLED past it).",
+	}, labels)
 	markersPerEntry = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name: "herald_partition_txn_markers_per_entry", Help: "Transaction markers a partition's leader wrote together in one log entry (the markers that reached it together, at most 256).",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 9),
@@ -125,6 +131,8 @@ type partMetrics struct {
 	txnMarkers                                                                                            *prometheus.CounterVec
 	markerCounters                                                                                        [2]prometheus.Counter // abort, commit: resolved at first use
 	markersPerEntry                                                                                       prometheus.Observer
+	commitsAlone                                                                                          prometheus.Counter
+	commitsWaiting                                                                                        prometheus.Gauge
 	votesWithheld, followerResets, txnFenced, zombieRefused                                               prometheus.Counter
 	lv                                                                                                    []string
 }
@@ -162,6 +170,8 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		txnOpenBytes:      txnOpenBytes.WithLabelValues(lv...),
 		txnMarkers:        txnMarkers,
 		markersPerEntry:   markersPerEntry,
+		commitsAlone:      txnCommitsAlone.WithLabelValues(lv...),
+		commitsWaiting:    txnCommitsWaiting.WithLabelValues(lv...),
 		duplicates:        produceDuplicates.WithLabelValues(lv...),
 		outOfOrder:        produceOutOfOrder.WithLabelValues(lv...),
 	}
@@ -170,10 +180,10 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 // DeleteMetrics removes a deleted partition's series.
 func DeleteMetrics(topic string, part uint32) {
 	lv := []string{topic, strconv.FormatUint(uint64(part), 10)}
-	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas, idemEvictions, produceDuplicates, produceOutOfOrder} {
+	for _, v := range []*prometheus.CounterVec{produceRecords, produceBytes, fetchRecords, fetchBytes, throttled, storageFailures, notEnoughReplicas, idemEvictions, produceDuplicates, produceOutOfOrder, txnCommitsAlone} {
 		v.DeleteLabelValues(lv...)
 	}
-	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers, heldBatches, partitionDamaged, txnOpen, txnOpenBytes, sessionFenceCount, sessionFenceWaiting} {
+	for _, v := range []*prometheus.GaugeVec{logStartOffset, logEndOffset, highWatermark, mailboxDepth, parkedFetches, isLeader, isQuiesced, writerQueueDepth, idemProducers, heldBatches, partitionDamaged, txnOpen, txnOpenBytes, sessionFenceCount, sessionFenceWaiting, txnCommitsWaiting} {
 		v.DeleteLabelValues(lv...)
 	}
 	txnMarkers.DeletePartialMatch(prometheus.Labels{"topic": topic, "partition": lv[1]})

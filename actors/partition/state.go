@@ -106,6 +106,15 @@ type proposal struct {
 	// (its answer says so); dups are more such retries, answered with it.
 	duplicate bool
 	dups      []waiter
+	// txnCommit: a transactional batch that commits its transaction here
+	// once applied (ProduceRequest.commit_txn, a single-partition
+	// transaction); answered with the commit marker's offsets. txnAfter:
+	// its txn_commit_after + 1 (0: none).
+	txnCommit bool
+	txnAfter  uint64
+	// txnEnd: a transaction end being proposed (txnLog.closing), commit or
+	// abort.
+	txnEnd heraldpb.TxnMarker
 }
 
 // waiter is a request to answer: its session and frame id.

@@ -124,6 +124,11 @@ type txnLog struct {
 	// flushQueued is set while a flushMarkersMsg is on its way.
 	markers     []queuedMarker
 	flushQueued bool
+	// parked: single-partition commits waiting for an earlier transaction
+	// of their producer here to end or be ending (onephase.go);
+	// unparking guards unparkCommits against itself.
+	parked               map[pidEpoch]parkedCommit
+	unparking, unparkRan bool
 
 	// The state file (saveTxnState): the floors saved, newest last, and
 	// whether ended changed since.
@@ -142,7 +147,7 @@ const maxEnded = 100_000
 
 func newTxnLog() txnLog {
 	return txnLog{open: map[pidEpoch]*openTxn{}, perPid: map[uint64]int{}, ended: map[uint64]txnEnd{}, inflight: map[pidEpoch][]seqRange{},
-		batchWait: map[txnSeqKey]proposal{}, closing: map[pidEpoch]*proposal{}}
+		batchWait: map[txnSeqKey]proposal{}, closing: map[pidEpoch]*proposal{}, parked: map[pidEpoch]parkedCommit{}}
 }
 
 // minOpenIndex is the raft index of the oldest open batch (^0: none).
@@ -269,6 +274,9 @@ func (a *Actor) onTxnProduce(ctx actor.Context, replyTo *actor.PID, id uint64, r
 	case req.TxnBatch && req.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE:
 		fail(a.txnError(heraldpb.ErrorCode_INVALID_REQUEST, "a write is a transactional batch or a marker, not both"))
 		return
+	case req.CommitTxn && !req.TxnBatch, len(req.TxnGroupOffsets) > 0:
+		fail(a.txnError(heraldpb.ErrorCode_INVALID_REQUEST, "commit_txn goes with a transactional batch, and group offsets with EndTxn"))
+		return
 	case req.TxnEpoch != 0 || req.NotBeforeMs != 0 || req.HoldUs != 0 || req.DeliverAtMs != 0 || req.DelayMs != 0:
 		fail(a.txnError(heraldpb.ErrorCode_INVALID_REQUEST, "a transactional write cannot be held, delayed or a coordinator's append"))
 		return
@@ -309,15 +317,42 @@ func (a *Actor) onTxnBatch(ctx actor.Context, replyTo *actor.PID, id uint64, req
 	t := &a.txn
 	k := pidEpoch{req.ProducerId, req.ProducerEpoch}
 	count := uint32(info.Count)
+	var after uint64
+	if req.TxnCommitAfter != nil {
+		if !req.CommitTxn || *req.TxnCommitAfter >= k.epoch {
+			fail(a.txnError(heraldpb.ErrorCode_INVALID_REQUEST, "txn_commit_after %d goes with commit_txn, and names an epoch before %d", *req.TxnCommitAfter, k.epoch))
+			return
+		}
+		after = uint64(*req.TxnCommitAfter) + 1
+	}
 	o := t.open[k]
 	if o == nil {
 		if end, ok := t.ended[k.pid]; ok && k.epoch <= end.epoch {
+			if req.CommitTxn && k.epoch == end.epoch && end.committed && len(t.inflight[k]) == 0 {
+				// A retry of a commit batch that committed (its answer lost).
+				a.m.duplicates.Inc()
+				a.reply(ctx, replyTo, produced(id, a.cfg.Partition, end.base, proposal{count: end.count, duplicate: true}))
+				return
+			}
 			fail(a.txnError(heraldpb.ErrorCode_INVALID_TXN_STATE, "producer %d's transaction of epoch %d ended here (its latest end: epoch %d)", k.pid, k.epoch, end.epoch))
 			return
 		}
 	}
-	if t.closing[k] != nil {
+	if p := t.closing[k]; p != nil {
+		if req.CommitTxn && p.txnEnd == heraldpb.TxnMarker_TXN_MARKER_COMMIT {
+			// A retry of a commit batch whose commit is on its way.
+			p.dups = append(p.dups, waiter{replyTo: replyTo, frameID: id})
+			a.m.duplicates.Inc()
+			return
+		}
 		fail(a.txnError(heraldpb.ErrorCode_INVALID_TXN_STATE, "producer %d's transaction of epoch %d is ending here", k.pid, k.epoch))
+		return
+	}
+	if w, ok := t.parked[k]; ok && req.CommitTxn {
+		// A retry of a commit batch that waits for an earlier transaction.
+		w.p.dups = append(w.p.dups, waiter{replyTo: replyTo, frameID: id})
+		t.parked[k] = w
+		a.m.duplicates.Inc()
 		return
 	}
 	if o != nil && req.BaseSequence < o.nextSeq() {
@@ -325,6 +360,12 @@ func (a *Actor) onTxnBatch(ctx actor.Context, replyTo *actor.PID, id uint64, req
 		i, found := slices.BinarySearchFunc(o.batches, req.BaseSequence, func(b txnBatchRef, seq int64) int { return cmp.Compare(b.seq, seq) })
 		if found && o.batches[i].count == count {
 			a.m.duplicates.Inc()
+			if req.CommitTxn && i == len(o.batches)-1 {
+				// A commit batch written, its commit not: the commit
+				// again (it was refused, or its answer lost).
+				a.commitOnePhase(ctx, k, proposal{replyTo: replyTo, frameID: id, acks: req.Acks, count: count, duplicate: true, txnCommit: true, txnAfter: after})
+				return
+			}
 			a.reply(ctx, replyTo, produced(id, a.cfg.Partition, -1, proposal{count: count, duplicate: true}))
 			return
 		}
@@ -370,7 +411,8 @@ func (a *Actor) onTxnBatch(ctx actor.Context, replyTo *actor.PID, id uint64, req
 	}
 	t.inflight[k] = append(t.inflight[k], seqRange{seq: req.BaseSequence, count: count, bytes: len(req.Records)})
 	t.inBytes += len(req.Records)
-	t.batchWait[txnSeqKey{k, req.BaseSequence}] = proposal{replyTo: replyTo, frameID: id, acks: req.Acks, count: count, appendTime: now, bytes: len(req.Records)}
+	t.batchWait[txnSeqKey{k, req.BaseSequence}] = proposal{replyTo: replyTo, frameID: id, acks: req.Acks, count: count, appendTime: now, bytes: len(req.Records),
+		txnCommit: req.CommitTxn, txnAfter: after}
 }
 
 func (o *openTxn) recordsOrZero() uint32 {
@@ -404,6 +446,12 @@ func (a *Actor) onTxnMarker(ctx actor.Context, replyTo *actor.PID, id uint64, re
 	t := &a.txn
 	k := pidEpoch{req.ProducerId, req.ProducerEpoch}
 	if p := t.closing[k]; p != nil {
+		if p.txnEnd != req.TxnMarker {
+			// (A single-partition commit came first: the abort is refused,
+			// as it is once that commit is applied.)
+			fail(a.txnError(heraldpb.ErrorCode_INVALID_TXN_STATE, "producer %d's transaction of epoch %d is ending here the other way", k.pid, k.epoch))
+			return
+		}
 		p.dups = append(p.dups, waiter{replyTo: replyTo, frameID: id})
 		return
 	}
@@ -448,8 +496,24 @@ func (a *Actor) onTxnMarker(ctx actor.Context, replyTo *actor.PID, id uint64, re
 	}
 	// Queued, and proposed with the markers that reach the partition
 	// with it (flushMarkers): one entry for all of them.
-	t.closing[k] = &proposal{replyTo: replyTo, frameID: id, acks: req.Acks, count: count, appendTime: a.cfg.Clock.Now().UnixMilli()}
-	t.markers = append(t.markers, queuedMarker{k: k, marker: req.TxnMarker, count: count})
+	if w, ok := t.parked[k]; ok && !commit {
+		// The coordinator ends it (a timeout, a new session) while its
+		// commit alone waits: the abort wins.
+		delete(t.parked, k)
+		a.answer(ctx, w.p, func(id uint64, _ bool) *heraldpb.Frame {
+			return heraldpb.ErrorFrame(id, a.txnError(heraldpb.ErrorCode_INVALID_TXN_STATE, "producer %d's transaction of epoch %d was aborted here while its commit waited", k.pid, k.epoch))
+		})
+	}
+	t.closing[k] = &proposal{replyTo: replyTo, frameID: id, acks: req.Acks, count: count, appendTime: a.cfg.Clock.Now().UnixMilli(), txnEnd: req.TxnMarker}
+	a.queueMarker(ctx, queuedMarker{k: k, marker: req.TxnMarker, count: count})
+	a.unparkCommits(ctx, k.pid)
+}
+
+// queueMarker queues q (its proposal in closing) to be proposed with the
+// markers that reach the partition with it.
+func (a *Actor) queueMarker(ctx actor.Context, q queuedMarker) {
+	t := &a.txn
+	t.markers = append(t.markers, q)
 	switch {
 	case len(t.markers) >= maxMarkersPerEntry:
 		a.flushMarkers(ctx)
@@ -580,6 +644,10 @@ func (a *Actor) applyTxnBatch(ctx actor.Context, e raftpb.Entry, h heraldpb.LogE
 	}
 	t.addBatch(k, e.Index, h, records, true, a.cfg.Clock.Now())
 	a.publishTxn()
+	if waiting && p.txnCommit {
+		a.commitOnePhase(ctx, k, p)
+		return
+	}
 	if waiting {
 		a.answer(ctx, p, func(id uint64, dup bool) *heraldpb.Frame {
 			q := p
@@ -620,6 +688,7 @@ func (a *Actor) applyTxnEnd(ctx actor.Context, e raftpb.Entry, appendMs int64, m
 	}
 	commit := m.Marker == heraldpb.TxnMarker_TXN_MARKER_COMMIT
 	t.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: commit, base: base, count: m.Count})
+	defer a.unparkCommits(ctx, k.pid)
 	a.m.marker(commit)
 	var p *proposal
 	if q := t.closing[k]; q != nil && e.Term == a.term {
@@ -722,6 +791,7 @@ func (a *Actor) failTxnPending(ctx actor.Context, why *heraldpb.Error) {
 		delete(t.closing, k)
 	}
 	t.markers = t.markers[:0]
+	a.expireParked(ctx, why)
 	clear(t.inflight)
 	t.inBytes = 0
 	for _, w := range a.sessions.waiting {

@@ -84,8 +84,9 @@ type Coordinator struct {
 	sys  *actor.ActorSystem
 	dead bool // stopping or restarting: continuations of this incarnation do nothing
 
-	loaded bool
-	queue  []stashed // requests that arrived while loading
+	loaded   bool
+	loadedAt time.Time // (onephase.go)
+	queue    []stashed // requests that arrived while loading
 	// epoch is the term in which this node's replica of __txn was elected,
 	// read when the coordinator loads: it stamps every append and fences
 	// each partition before a recovery scan reads it (fence.go).
@@ -406,7 +407,7 @@ func (c *Coordinator) finishLoad(ctx actor.Context) {
 	if c.loaded {
 		return
 	}
-	c.loaded = true
+	c.loaded, c.loadedAt = true, c.o.Now()
 	c.armOpenSweep()
 	now := c.nowMs()
 	for _, h := range c.halves {

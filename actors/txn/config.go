@@ -102,6 +102,8 @@ type Options struct {
 	// failSweep (tests) is shown each sweep before it is sent; true fails
 	// it as a leader that did not answer would.
 	failSweep func(req *heraldpb.ListOpenTxnsRequest) bool
+	// onePhaseLease (tests) replaces onePhaseLease.
+	onePhaseLease time.Duration
 }
 
 func (o *Options) ensureDefaults() {

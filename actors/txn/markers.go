@@ -113,6 +113,15 @@ func (c *Coordinator) writeMarker(ctx actor.Context, pid uint64, epoch uint32, c
 				// Never accepted as it is: the partition holds a different
 				// count of the transaction's records, or ended it the
 				// other way. Logged and counted, not retried for ever.
+				if !commit && f.GetError().GetCode() == heraldpb.ErrorCode_INVALID_TXN_STATE {
+					// (An abort of a transaction its partition committed
+					// alone first: onephase.go.)
+					c.log.Warn("a transaction's abort marker refused: its partition ended it otherwise", "topic", tp.topic, "partition", part, "producer", pid, "epoch", epoch,
+						"err", f.GetError().GetMessage())
+					mTxnMarkers.WithLabelValues("refused").Inc()
+					done()
+					return
+				}
 				c.log.Error("a transaction's marker refused for good by its partition", "topic", tp.topic, "partition", part, "producer", pid, "epoch", epoch,
 					"commit", commit, "err", f.GetError().GetMessage())
 				mTxnMarkers.WithLabelValues("refused").Inc()
@@ -184,10 +193,11 @@ type pipedEnd struct {
 const maxPiped = 32
 
 // sessionEpochGap is how far a new session's epoch is past the current
-// one: past the epochs of the old session's commits in flight (maxPiped)
-// and of the transaction it writes behind them, so that none of its late
+// one: past the epochs the old session may commit on a partition alone
+// (onePhaseEpochs, onephase.go), of its commits in flight (maxPiped) and
+// of the transaction it writes behind them, so that none of its late
 // requests carries the new session's epoch.
-const sessionEpochGap = maxPiped + 2
+const sessionEpochGap = onePhaseEpochs + maxPiped + 2
 
 // pipeEnd queues req, a commit of a transaction written once whose epoch
 // is past m's current one, behind the commit being decided; it reports
@@ -357,8 +367,10 @@ func (c *Coordinator) sweepOpen(ctx actor.Context) {
 // the partition package).
 //
 // fenced runs once every partition's leader has answered (so holds the
-// fence in its log), or after fenceWait, whichever is first.
-func (c *Coordinator) sweepProducer(ctx actor.Context, pid uint64, fence uint32, fenced func()) {
+// fence in its log), or after FenceWait and lease (the old session's
+// time left to commit on a partition alone, onephase.go), whichever is
+// first.
+func (c *Coordinator) sweepProducer(ctx actor.Context, pid uint64, fence uint32, lease time.Duration, fenced func()) {
 	if !c.leadsTxn() {
 		fenced()
 		return
@@ -385,7 +397,7 @@ func (c *Coordinator) sweepProducer(ctx actor.Context, pid uint64, fence uint32,
 		once()
 		return
 	}
-	c.after(c.o.FenceWait, &retryStep{fn: once})
+	c.after(max(c.o.FenceWait, lease), &retryStep{fn: once})
 }
 
 // sweepPartitions asks every partition's leader for the transactions open
@@ -476,7 +488,7 @@ func (c *Coordinator) resolveOpen(ctx actor.Context, tp topicPart, o *heraldpb.O
 		}
 		return
 	}
-	pending := slices.ContainsFunc(m.completing, func(j *commitJob) bool { return j.epoch == o.Epoch }) ||
+	pending := m.jumping || slices.ContainsFunc(m.completing, func(j *commitJob) bool { return j.epoch == o.Epoch }) ||
 		slices.ContainsFunc(m.piped, func(p pipedEnd) bool { return p.epoch == o.Epoch }) ||
 		(m.deciding && o.Epoch >= m.epoch && o.Epoch <= max(m.decidingThrough, m.epoch))
 	switch {

@@ -136,6 +136,16 @@ type txnMeta struct {
 	// the next one, which may stage and be decided meanwhile.
 	completing []*commitJob
 
+	// Single-partition commits (onephase.go): when the session's lease to
+	// commit so may end at the latest, and whether its epoch is being
+	// moved past the ones it ended so.
+	leaseUntil time.Time
+	jumping    bool
+	afterJump  []func() // EndTxns that came meanwhile, handled after it
+	// onePhase: what the session said (known once it did, to this
+	// coordinator; memory only).
+	onePhase, onePhaseKnown bool
+
 	// the last transaction ended
 	hasLast    bool
 	lastEpoch  uint32
@@ -468,6 +478,9 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	case m == nil && len(c.txns) >= maxTxnIDs:
 		respond(ctx, to, heraldpb.ErrorFrame(f.Id, throttledErr("too many transactional ids")))
 		return
+	case m != nil && m.jumping:
+		respond(ctx, to, heraldpb.ErrorFrame(f.Id, throttledErr(fmt.Sprintf("transactional id %q: the last session's epoch is being written", req.TransactionalId))))
+		return
 	case m != nil && m.deciding && !m.queuedCommit:
 		// Once this decision is written the new session goes first: the
 		// commits queued behind it are fenced now, and the ones sent
@@ -531,8 +544,9 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 	}
 	c.initing[req.TransactionalId] = true
 	var oldPid uint64 // the previous session's producer (its transactions written once are swept)
+	var oldLease time.Duration
 	if m != nil {
-		oldPid = m.pid
+		oldPid, oldLease = m.pid, c.leaseLeft(m)
 	}
 	c.write(writeOp{events: raw, client: true, done: func(base int64, err *heraldpb.Error) {
 		delete(c.initing, req.TransactionalId)
@@ -552,6 +566,14 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		mTxnIDs.Set(float64(len(c.txns)))
 		c.gaugeOpen()
 		res := &heraldpb.InitProducerIdResponse{ProducerId: pid, ProducerEpoch: epoch}
+		if req.OnePhase {
+			granted, _ := c.lease()
+			res.OnePhaseEpochs, res.OnePhaseLeaseMs = onePhaseEpochs, uint32(granted.Milliseconds())
+		}
+		if m := c.txns[req.TransactionalId]; m != nil {
+			c.renewLease(m) // (the new session's)
+			m.onePhase, m.onePhaseKnown = req.OnePhase, true
+		}
 		answer := func() {
 			if m := c.txns[req.TransactionalId]; m != nil && len(m.completing) > 0 {
 				// The old session's last commit is still appending: the
@@ -573,7 +595,7 @@ func (c *Coordinator) onInit(ctx actor.Context, f *heraldpb.Frame, req *heraldpb
 		// Answered once every partition holds the fence (or after
 		// fenceWait): from then on the old session's batches written once
 		// are refused everywhere, as its staged writes are here.
-		c.sweepProducer(ctx, oldPid, fence, answer)
+		c.sweepProducer(ctx, oldPid, fence, oldLease, answer)
 	}})
 	c.flushWrites(ctx)
 }
@@ -763,6 +785,16 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 		w.fail(ctx, heraldpb.NewError(heraldpb.ErrorCode_TXN_NOT_FOUND, "transactional id %q is not known", req.TransactionalId))
 		return
 	}
+	if m.jumping {
+		// Behind the session's EndTxn that moves its epoch (onephase.go):
+		// handled in order once it is written.
+		if len(m.afterJump) >= maxPiped {
+			w.fail(ctx, throttledErr("too many ends of the transactional id queued"))
+			return
+		}
+		m.afterJump = append(m.afterJump, func() { c.onEndTxn(ctx, f, req, to) })
+		return
+	}
 	if req.Manual {
 		switch m.state {
 		case txnEmpty:
@@ -775,6 +807,12 @@ func (c *Coordinator) onEndTxn(ctx actor.Context, f *heraldpb.Frame, req *herald
 	if newSessionWaits(m) {
 		mTxnFenced.Inc()
 		w.fail(ctx, heraldpb.NewError(heraldpb.ErrorCode_PRODUCER_FENCED, "transactional id %q: a new session is starting", m.id))
+		return
+	}
+	if req.ProducerId == m.pid && req.ProducerEpoch >= m.session {
+		c.renewLease(m)
+	}
+	if req.OnePhaseFrom != nil && c.jumpOnePhase(ctx, m, f, req, to, w) {
 		return
 	}
 	if c.pipeEnd(ctx, m, req, w) {
@@ -823,15 +861,45 @@ func (c *Coordinator) abortWrittenOpen(ctx actor.Context, m *txnMeta, w endWaite
 			return
 		}
 		var written []*heraldpb.TxnWritten
+		ahead := map[uint32][]*heraldpb.TxnWritten{} // (a session committing alone: onephase.go)
 		for _, ti := range m.writtenOpen(open[m.pid], time.Now()) {
-			if ti.ProducerEpoch != m.epoch {
+			e := ti.ProducerEpoch
+			if e != m.epoch && (len(m.piped) > 0 || m.deciding || e < m.epoch || e-m.epoch > onePhaseEpochs+maxPiped) {
 				continue // (a transaction after the current one: ended with it, see decidePiped)
 			}
 			for _, o := range open[m.pid] {
-				if o.epoch == m.epoch {
-					written = append(written, &heraldpb.TxnWritten{Topic: o.tp.topic, Partition: o.tp.part, Records: o.records})
+				if o.epoch != e {
+					continue
+				}
+				tw := &heraldpb.TxnWritten{Topic: o.tp.topic, Partition: o.tp.part, Records: o.records}
+				if e == m.epoch {
+					written = append(written, tw)
+				} else {
+					ahead[e] = append(ahead[e], tw)
 				}
 			}
+		}
+		if len(written) == 0 && len(ahead) > 0 && m.state == txnEmpty {
+			// Transactions past the coordinator's epoch, which their
+			// partitions would commit alone: their abort markers end them
+			// there (the producer's commit is then refused).
+			left := len(ahead)
+			res := &heraldpb.EndTxnResponse{NextEpoch: m.epoch}
+			for e, tws := range ahead {
+				for _, tw := range tws {
+					res.Records += tw.Records
+					res.Partitions = append(res.Partitions, topicPart{tw.Topic, tw.Partition}.String())
+				}
+				c.log.Warn("aborting by hand a transaction its partition would commit alone", "transactional_id", m.id, "epoch", e)
+				mTxnEnded.WithLabelValues("abort", "manual").Inc()
+				c.writeMarkers(ctx, m.pid, e, false, tws, func() {
+					if left--; left == 0 {
+						slices.Sort(res.Partitions)
+						w.answer(ctx, res)
+					}
+				})
+			}
+			return
 		}
 		switch {
 		case len(written) == 0 || m.state != txnEmpty:
