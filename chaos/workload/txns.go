@@ -2,12 +2,15 @@ package workload
 
 // The transaction workload: a transactional producer whose transactions
 // each stage a few records over the topic's partitions, then commit (four
-// in five) or abort.
+// in five) or abort. Written once, every other transaction puts its
+// records on one partition (one key) without waiting for each, so that
+// its partition commits it alone (single-partition commits).
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/heraldmq/herald/chaos/history"
@@ -46,7 +49,7 @@ func (w *Workload) startTxns(ctx, genCtx context.Context, tx scenario.Txns) erro
 				return
 			case <-t.C:
 			}
-			if !w.txn(p, n, size) {
+			if !w.txn(p, n, size, tx.WrittenOnce && n%2 == 1) {
 				return
 			}
 		}
@@ -55,32 +58,57 @@ func (w *Workload) startTxns(ctx, genCtx context.Context, tx scenario.Txns) erro
 }
 
 // txn runs transaction n: stages size records, then commits it (or, one
-// in five, aborts it), recording each step. It reports false when the
-// producer is fenced for good.
-func (w *Workload) txn(p *client.TransactionalProducer, n int64, size int) bool {
+// in five, aborts it), recording each step; alone: on one partition, each
+// record sent without waiting (Commit waits for them). It reports false
+// when the producer is fenced for good.
+func (w *Workload) txn(p *client.TransactionalProducer, n int64, size int, alone bool) bool {
 	id := fmt.Sprintf("txn-%d", n)
 	if err := p.Begin(); err != nil {
 		w.noteErr(fmt.Errorf("workload: beginning %s: %w", id, err))
 		return !errors.Is(err, client.ErrProducerFenced)
 	}
 	failed := false
+	var sent sync.WaitGroup
+	var mu sync.Mutex
 	for k := range size {
 		v := fmt.Sprintf("t%d-%d", n, k)
 		op := history.Op{Process: "txn-0", Type: history.Invoke, F: history.TxnSend, Topic: w.cfg.Topic, Value: v, RequestID: id, Seq: int64(k), Idempotent: true}
 		w.record(op)
+		done := func(r client.Result, err error) {
+			if err != nil {
+				op.Type, op.Error = outcome(err), err.Error()
+				mu.Lock()
+				failed = true
+				mu.Unlock()
+			} else {
+				op.Type, op.Partition = history.OK, r.Partition
+			}
+			w.record(op)
+		}
+		if alone {
+			sent.Add(1)
+			ctx, cancel := context.WithTimeout(context.Background(), w.cfg.OpTimeout)
+			p.SendAsync(ctx, &client.Message{Topic: w.cfg.Topic, Key: []byte(id), Value: []byte(v)}, func(r client.Result, err error) {
+				cancel()
+				done(r, err)
+				sent.Done()
+			})
+			continue
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), w.cfg.OpTimeout)
 		r, err := p.Send(ctx, &client.Message{Topic: w.cfg.Topic, Key: []byte(v), Value: []byte(v)})
 		cancel()
-		if err != nil {
-			op.Type, op.Error = outcome(err), err.Error()
-			w.record(op)
-			failed = true
+		done(r, err)
+		if failed {
 			break
 		}
-		op.Type, op.Partition = history.OK, r.Partition
-		w.record(op)
 	}
+	// (Sent without waiting, the records' outcomes are recorded as they
+	// come, by the time Commit or Abort returns, which wait for them.)
+	defer sent.Wait()
+	mu.Lock()
 	commit := !failed && n%5 != 4
+	mu.Unlock()
 	out := history.OutcomeRollback
 	if commit {
 		out = history.OutcomeCommit
