@@ -50,6 +50,9 @@ type logHeader struct {
 	// sessionFence: a session fence (LogEntry.session_fence), transactional
 	// state a partition rebuilds from the log like batches and markers.
 	sessionFence bool
+	// txnInline: a transaction committed with its records
+	// (LogEntry.txn_commit_inline), transactional like the above.
+	txnInline bool
 }
 
 // framedSize is the number of bytes tidwall/wal's binary format uses for a
@@ -118,7 +121,7 @@ func entryMetaOf(e *raftpb.Entry) (entryMeta, []byte, error) {
 	}
 	m.base, m.count, m.appendMs, m.maxTsMs = h.base, h.count, h.appendMs, h.maxTsMs
 	m.hasRecords = h.count > 0
-	m.txnCount, m.refs, m.txn = h.txnCount, h.refs, h.txnCount > 0 || h.marker || h.sessionFence
+	m.txnCount, m.refs, m.txn = h.txnCount, h.refs, h.txnCount > 0 || h.marker || h.sessionFence || h.txnInline
 	return m, records, nil
 }
 
@@ -129,7 +132,7 @@ func decodeLogEntry(b []byte) (h logHeader, records []byte, err error) {
 		return h, nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	h = logHeader{base: ph.BaseOffset, count: ph.Count, appendMs: ph.AppendTimeMs, maxTsMs: ph.MaxTimestampMs, txnCount: ph.TxnCount,
-		marker: ph.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE, sessionFence: ph.SessionFence > 0}
+		marker: ph.TxnMarker != heraldpb.TxnMarker_TXN_MARKER_NONE, sessionFence: ph.SessionFence > 0, txnInline: ph.TxnCommitInline}
 	if ph.RefCount > 0 {
 		h.refs = ph.AppendRefs(make([]uint64, 0, ph.RefCount))
 	}

@@ -109,9 +109,16 @@ type LogEntry struct {
 	// coordinator tells it a newer session of the producer's transactional
 	// id started (ListOpenTxnsRequest.fence_producer_id), so that every
 	// replica, a later leader and a restarted one know it.
-	SessionFence  uint32 `protobuf:"varint,20,opt,name=session_fence,json=sessionFence,proto3" json:"session_fence,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SessionFence uint32 `protobuf:"varint,20,opt,name=session_fence,json=sessionFence,proto3" json:"session_fence,omitempty"`
+	// A whole transaction of producer_id and producer_epoch, committed in
+	// this entry: its only batch on the partition, whose records take
+	// offsets here as a plain produce's do (base_offset, count, records).
+	// The leader writes one for a single-partition commit whose batch is
+	// the transaction's only one here (ProduceRequest.commit_txn); every
+	// replica notes the epoch as ended, committed.
+	TxnCommitInline bool `protobuf:"varint,21,opt,name=txn_commit_inline,json=txnCommitInline,proto3" json:"txn_commit_inline,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *LogEntry) Reset() {
@@ -282,6 +289,13 @@ func (x *LogEntry) GetSessionFence() uint32 {
 		return x.SessionFence
 	}
 	return 0
+}
+
+func (x *LogEntry) GetTxnCommitInline() bool {
+	if x != nil {
+		return x.TxnCommitInline
+	}
+	return false
 }
 
 // TxnMarkerItem is one more transaction end in a marker entry
@@ -1085,7 +1099,7 @@ var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
 	"\n" +
-	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\xf1\x05\n" +
+	"\tlog.proto\x12\therald.v1\x1a\fherald.proto\"\x9d\x06\n" +
 	"\bLogEntry\x12\x1f\n" +
 	"\vbase_offset\x18\x01 \x01(\x03R\n" +
 	"baseOffset\x12\x14\n" +
@@ -1111,7 +1125,8 @@ const file_log_proto_rawDesc = "" +
 	"\x06fencer\x18\x12 \x01(\x0e2\x11.herald.v1.FencerR\x06fencer\x129\n" +
 	"\vtxn_markers\x18\x13 \x03(\v2\x18.herald.v1.TxnMarkerItemR\n" +
 	"txnMarkers\x12#\n" +
-	"\rsession_fence\x18\x14 \x01(\rR\fsessionFence\"\xaf\x01\n" +
+	"\rsession_fence\x18\x14 \x01(\rR\fsessionFence\x12*\n" +
+	"\x11txn_commit_inline\x18\x15 \x01(\bR\x0ftxnCommitInline\"\xaf\x01\n" +
 	"\rTxnMarkerItem\x12\x1f\n" +
 	"\vproducer_id\x18\x01 \x01(\x04R\n" +
 	"producerId\x12%\n" +

@@ -63,6 +63,9 @@ type LogEntryHeader struct {
 	// SessionFence > 0: the entry fences ProducerID's transactional
 	// batches of epochs below it (LogEntry.session_fence).
 	SessionFence uint32
+	// TxnCommitInline: the entry is a whole transaction of ProducerID and
+	// ProducerEpoch, committed with its records (LogEntry.txn_commit_inline).
+	TxnCommitInline bool
 }
 
 // MarkerItem is one transaction end of a marker entry: its producer id
@@ -131,7 +134,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		}
 		b = b[n:]
 		switch {
-		case (num >= 1 && num <= 4 || num >= 6 && num <= 16 || num == 18 || num == 20) && typ == protowire.VarintType:
+		case (num >= 1 && num <= 4 || num >= 6 && num <= 16 || num == 18 || num == 20 || num == 21) && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return h, nil, badEntry("log entry field %d: %v", num, protowire.ParseError(n))
@@ -172,6 +175,8 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 				h.Fencer = Fencer(min(v, math.MaxInt32))
 			case 20:
 				h.SessionFence = uint32(min(v, math.MaxUint32))
+			case 21:
+				h.TxnCommitInline = v != 0
 			}
 		case num == 17 && typ == protowire.BytesType:
 			v, n := protowire.ConsumeBytes(b)
@@ -213,7 +218,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		case num == 17 && typ == protowire.VarintType:
 			// (an unpacked ref, which proto3 encoders do not write)
 			return h, nil, badEntry("log entry txn refs are not packed")
-		case num >= 1 && num <= 20:
+		case num >= 1 && num <= 21:
 			return h, nil, badEntry("log entry field %d has wire type %d", num, typ)
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)
@@ -240,6 +245,9 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		return h, nil, badEntry("log entry txn marker %d is unknown", h.TxnMarker)
 	case h.Fencer >= NumFencers:
 		return h, nil, badEntry("log entry fencer %d is unknown", h.Fencer)
+	case h.TxnCommitInline && (h.ProducerID == 0 || h.Count == 0 || len(records) == 0 || h.TxnCount > 0 || h.TxnMarker != TxnMarker_TXN_MARKER_NONE || h.TxnEpoch != 0 || h.SessionFence > 0):
+		return h, nil, badEntry("log entry is a transaction committed inline of producer %d with %d bytes of records, count %d, txn count %d, marker %d, epoch %d, fence %d",
+			h.ProducerID, len(records), h.Count, h.TxnCount, h.TxnMarker, h.TxnEpoch, h.SessionFence)
 	case h.SessionFence > 0 && (h.ProducerID == 0 || len(records) > 0 || h.Count > 0 || h.TxnCount > 0 || h.TxnMarker != TxnMarker_TXN_MARKER_NONE || h.TxnEpoch != 0):
 		return h, nil, badEntry("log entry is a session fence of producer %d with %d bytes of records, count %d, txn count %d, marker %d, epoch %d",
 			h.ProducerID, len(records), h.Count, h.TxnCount, h.TxnMarker, h.TxnEpoch)

@@ -85,7 +85,7 @@ func FuzzScanLogEntry(f *testing.F) {
 		}
 		got := LogEntryHeader{BaseOffset: e.BaseOffset, Count: e.Count, AppendTimeMs: e.AppendTimeMs, MaxTimestampMs: e.MaxTimestampMs,
 			MaxPriority: e.MaxPriority, ProducerID: e.ProducerId, BaseSequence: e.BaseSequence, NotBeforeMs: e.NotBeforeMs, HoldUs: e.HoldUs, TxnEpoch: e.TxnEpoch, TxnEpochResetFrom: e.TxnEpochResetFrom, TxnEpochResetIndex: e.TxnEpochResetIndex,
-			Fencer: e.Fencer, TxnCount: e.TxnCount, ProducerEpoch: e.ProducerEpoch, TxnMarker: e.TxnMarker, RefCount: len(e.TxnRefs), SessionFence: e.SessionFence}
+			Fencer: e.Fencer, TxnCount: e.TxnCount, ProducerEpoch: e.ProducerEpoch, TxnMarker: e.TxnMarker, RefCount: len(e.TxnRefs), SessionFence: e.SessionFence, TxnCommitInline: e.TxnCommitInline}
 		for _, m := range e.TxnMarkers {
 			got.More = append(got.More, MarkerItem{ProducerID: m.ProducerId, ProducerEpoch: m.ProducerEpoch, Marker: m.Marker, Count: m.Count, Refs: int(m.Refs)})
 		}
@@ -138,6 +138,10 @@ func TestScanLogEntryTxn(t *testing.T) {
 	if h, _, err = scan(&LogEntry{BaseOffset: 12, ProducerId: 7, SessionFence: 40}); err != nil || h.SessionFence != 40 || h.ProducerID != 7 || h.TxnBatch() || h.Fence() || h.Count != 0 {
 		t.Fatalf("session fence scanned as %+v %v", h, err)
 	}
+	if h, recs, err = scan(&LogEntry{BaseOffset: 12, Count: 2, ProducerId: 7, ProducerEpoch: 3, TxnCommitInline: true, Records: []byte{9}}); err != nil || !h.TxnCommitInline || h.TxnBatch() ||
+		h.TxnMarker != TxnMarker_TXN_MARKER_NONE || h.Count != 2 || h.ProducerEpoch != 3 || string(recs) != "\x09" {
+		t.Fatalf("a transaction committed inline scanned as %+v %v %v", h, recs, err)
+	}
 	// Several transactions' ends in one entry: the first from the entry's
 	// fields, the rest after it, each with its share of records and refs.
 	h, _, err = scan(multiMarker())
@@ -187,6 +191,12 @@ func TestScanLogEntryTxn(t *testing.T) {
 		"a session fence with a count": {ProducerId: 7, SessionFence: 4, Count: 1},
 		"a session fence that ends":    {ProducerId: 7, SessionFence: 4, TxnMarker: TxnMarker_TXN_MARKER_ABORT},
 		"a session fence, epoch fence": {ProducerId: 7, SessionFence: 4, TxnEpoch: 2},
+		"inline, no producer":          {Count: 1, TxnCommitInline: true, Records: []byte{1}},
+		"inline, no records":           {ProducerId: 7, Count: 1, TxnCommitInline: true},
+		"inline, no count":             {ProducerId: 7, TxnCommitInline: true, Records: []byte{1}},
+		"inline and a batch":           {ProducerId: 7, TxnCount: 1, TxnCommitInline: true, Records: []byte{1}},
+		"inline and a marker":          {ProducerId: 7, Count: 1, TxnCommitInline: true, TxnMarker: TxnMarker_TXN_MARKER_COMMIT, TxnRefs: []uint64{1}},
+		"inline and a fence":           {ProducerId: 7, Count: 1, TxnCommitInline: true, Records: []byte{1}, SessionFence: 2},
 	} {
 		if h, _, err := scan(e); !errors.Is(err, ErrBadLogEntry) {
 			t.Errorf("%s: scanned as %+v, %v", name, h, err)

@@ -942,6 +942,34 @@ func (a *Actor) applyConfState(index uint64, cs *raftpb.ConfState) {
 	a.stats.Conf.Store(&c)
 }
 
+// applyRecords makes an applied entry's records readable: the high
+// watermark moves past them, the window and the priority sub-queues take
+// them. It reports false for an entry below a snapshot this replica
+// installed (skipped).
+func (a *Actor) applyRecords(e raftpb.Entry, h heraldpb.LogEntryHeader, records []byte) bool {
+	if h.Count > 0 && h.BaseOffset+int64(h.Count) <= a.hw && h.BaseOffset < a.hw {
+		// Below the start of a snapshot this replica installed: a leader
+		// whose retention cut a transaction's span starts its log after
+		// the transaction, and keeps the entries below until its next
+		// truncation (persistence.Log.Retain). Anything else is a bug.
+		a.log.Warn("committed entry lies below the high watermark; skipped", "index", e.Index, "base", h.BaseOffset, "count", h.Count, "hw", a.hw,
+			"log_start", a.store.StartOffset())
+		return false
+	}
+	if h.BaseOffset != a.hw && !a.acceptedGap(a.hw, h.BaseOffset) {
+		a.log.Error("committed entry's base offset does not follow the high watermark",
+			"index", e.Index, "base", h.BaseOffset, "hw", a.hw)
+	}
+	a.hw = h.BaseOffset + int64(h.Count)
+	if h.MaxPriority > 0 && a.prio.add(h.BaseOffset, records) != 0 {
+		a.publishPrio()
+	}
+	a.win.add(&heraldpb.StoredBatch{BaseOffset: h.BaseOffset, Count: h.Count, AppendTimeMs: h.AppendTimeMs, Records: records})
+	a.m.produceRecords.Add(float64(h.Count))
+	a.m.produceBytes.Add(float64(len(records)))
+	return true
+}
+
 func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 	// The window aliases the entry's data (immutable once saved) instead of
 	// copying the records.
@@ -969,26 +997,13 @@ func (a *Actor) applyBatch(ctx actor.Context, e raftpb.Entry) {
 		a.applyTxnMarker(ctx, e, h)
 		return
 	}
-	if h.Count > 0 && h.BaseOffset+int64(h.Count) <= a.hw && h.BaseOffset < a.hw {
-		// Below the start of a snapshot this replica installed: a leader
-		// whose retention cut a transaction's span starts its log after
-		// the transaction, and keeps the entries below until its next
-		// truncation (persistence.Log.Retain). Anything else is a bug.
-		a.log.Warn("committed entry lies below the high watermark; skipped", "index", e.Index, "base", h.BaseOffset, "count", h.Count, "hw", a.hw,
-			"log_start", a.store.StartOffset())
+	if h.TxnCommitInline {
+		a.applyTxnInline(ctx, e, h, records)
 		return
 	}
-	if h.BaseOffset != a.hw && !a.acceptedGap(a.hw, h.BaseOffset) {
-		a.log.Error("committed entry's base offset does not follow the high watermark",
-			"index", e.Index, "base", h.BaseOffset, "hw", a.hw)
+	if !a.applyRecords(e, h, records) {
+		return
 	}
-	a.hw = h.BaseOffset + int64(h.Count)
-	if h.MaxPriority > 0 && a.prio.add(h.BaseOffset, records) != 0 {
-		a.publishPrio()
-	}
-	a.win.add(&heraldpb.StoredBatch{BaseOffset: h.BaseOffset, Count: h.Count, AppendTimeMs: h.AppendTimeMs, Records: records})
-	a.m.produceRecords.Add(float64(h.Count))
-	a.m.produceBytes.Add(float64(len(records)))
 	if h.ProducerID != 0 {
 		a.applyProducerBatch(e, h)
 	}

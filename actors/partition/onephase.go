@@ -1,11 +1,13 @@
 package partition
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // Single-partition commits. A transaction that wrote only this partition
@@ -58,30 +60,105 @@ func (a *Actor) commitOnePhase(ctx actor.Context, k pidEpoch, p proposal) {
 		fail(e)
 		return
 	}
-	if e := t.earlierOpen(k); e != nil {
-		a.parkCommit(ctx, k, p, "producer %d's transaction of epoch %d is still open here, before epoch %d", k.pid, *e, k.epoch)
+	if wait, e := a.commitWaits(k, p.txnAfter); e != nil {
+		fail(e)
 		return
-	}
-	if p.txnAfter > 0 {
-		// The producer's transaction before it here: its batches must be
-		// here, and it ended (committed) or is ending, so that a late
-		// batch of it is never refused as of an epoch that ended after it.
-		prev := pidEpoch{k.pid, uint32(p.txnAfter - 1)}
-		end, ended := t.ended[k.pid]
-		switch c := t.closing[prev]; {
-		case c != nil && c.txnEnd == heraldpb.TxnMarker_TXN_MARKER_COMMIT:
-		case c != nil || ended && end.epoch == prev.epoch && !end.committed:
-			fail(a.txnError(heraldpb.ErrorCode_INVALID_TXN_STATE, "producer %d's transaction of epoch %d, before epoch %d here, did not commit", k.pid, prev.epoch, k.epoch))
-			return
-		case !ended || end.epoch < prev.epoch:
-			a.parkCommit(ctx, k, p, "producer %d's transaction of epoch %d waits for its epoch %d here", k.pid, k.epoch, prev.epoch)
-			return
-		}
+	} else if wait != "" {
+		a.parkCommit(ctx, k, p, "%s", wait)
+		return
 	}
 	p.count, p.appendTime, p.txnEnd = o.records, a.cfg.Clock.Now().UnixMilli(), heraldpb.TxnMarker_TXN_MARKER_COMMIT
 	t.closing[k] = &p
 	a.m.commitsAlone.Inc()
 	a.queueMarker(ctx, queuedMarker{k: k, marker: heraldpb.TxnMarker_TXN_MARKER_COMMIT, count: o.records})
+	a.unparkCommits(ctx, k.pid)
+}
+
+// commitWaits reports why k's commit must wait (an earlier transaction
+// of its producer open here with no end proposed, or the one it names
+// with after, its txn_commit_after + 1, not here or not ended yet), or
+// the error that refuses it (the one it names did not commit); neither:
+// it may commit now.
+func (a *Actor) commitWaits(k pidEpoch, after uint64) (string, *heraldpb.Error) {
+	t := &a.txn
+	if e := t.earlierOpen(k); e != nil {
+		return fmt.Sprintf("producer %d's transaction of epoch %d is still open here, before epoch %d", k.pid, *e, k.epoch), nil
+	}
+	if after == 0 {
+		return "", nil
+	}
+	// The producer's transaction before it here: its batches must be
+	// here, and it ended (committed) or is ending, so that a late batch of
+	// it is never refused as of an epoch that ended after it.
+	prev := pidEpoch{k.pid, uint32(after - 1)}
+	end, ended := t.ended[k.pid]
+	switch c := t.closing[prev]; {
+	case c != nil && c.txnEnd == heraldpb.TxnMarker_TXN_MARKER_COMMIT:
+	case c != nil || ended && end.epoch == prev.epoch && !end.committed:
+		return "", a.txnError(heraldpb.ErrorCode_INVALID_TXN_STATE, "producer %d's transaction of epoch %d, before epoch %d here, did not commit", k.pid, prev.epoch, k.epoch)
+	case !ended || end.epoch < prev.epoch:
+		return fmt.Sprintf("producer %d's transaction of epoch %d waits for its epoch %d here", k.pid, k.epoch, prev.epoch), nil
+	}
+	return "", nil
+}
+
+// commitInline commits k's transaction in one entry with its only batch
+// (req's records, info), as a plain produce's records take offsets
+// (LogEntry.txn_commit_inline), when it may commit now: one synced write
+// for the whole transaction. It reports whether it did (or failed it);
+// false: the batch goes as any, and commits once applied.
+func (a *Actor) commitInline(ctx actor.Context, k pidEpoch, p proposal, req *heraldpb.ProduceRequest, info heraldpb.BatchInfo) bool {
+	t := &a.txn
+	if t.open[k] != nil || len(t.inflight[k]) > 0 || req.BaseSequence != 0 || t.closing[k] != nil {
+		return false
+	}
+	if _, ok := t.parked[k]; ok {
+		return false
+	}
+	if wait, e := a.commitWaits(k, p.txnAfter); e != nil || wait != "" {
+		return false // (waits, or is refused, once its batch is applied)
+	}
+	a.flushMarkers(ctx) // (queued markers take their offsets first)
+	now := a.cfg.Clock.Now().UnixMilli()
+	maxTs := info.MaxTimestamp
+	if maxTs == 0 {
+		maxTs = now
+	}
+	base := a.tail
+	if e := a.proposeEntry(&heraldpb.LogEntry{BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: now, MaxTimestampMs: maxTs, MaxPriority: uint32(info.MaxPriority),
+		Records: req.Records, ProducerId: k.pid, ProducerEpoch: k.epoch, TxnCommitInline: true}); e != nil {
+		a.answer(ctx, p, func(id uint64, _ bool) *heraldpb.Frame { return heraldpb.ErrorFrame(id, e) })
+		return true
+	}
+	a.tail = base + int64(info.Count)
+	p.count, p.appendTime, p.txnEnd = uint32(info.Count), now, heraldpb.TxnMarker_TXN_MARKER_COMMIT
+	t.closing[k] = &p
+	a.m.commitsAlone.Inc()
+	return true
+}
+
+// applyTxnInline applies a transaction committed with its records: they
+// become readable as a plain produce's, and its epoch has ended here,
+// committed.
+func (a *Actor) applyTxnInline(ctx actor.Context, e raftpb.Entry, h heraldpb.LogEntryHeader, records []byte) {
+	t := &a.txn
+	k := pidEpoch{h.ProducerID, h.ProducerEpoch}
+	if end, ok := t.ended[k.pid]; ok && end.epoch >= k.epoch {
+		a.log.Error("a transaction committed inline of an epoch that ended already", "index", e.Index, "producer", k.pid, "epoch", k.epoch, "ended", end.epoch)
+	}
+	t.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: true, base: h.BaseOffset, count: h.Count})
+	a.m.marker(true)
+	a.applyRecords(e, h, records)
+	q := t.closing[k]
+	delete(t.closing, k)
+	if q != nil && e.Term == a.term {
+		a.answer(ctx, *q, func(id uint64, dup bool) *heraldpb.Frame {
+			r := *q
+			r.duplicate = dup
+			return produced(id, a.cfg.Partition, h.BaseOffset, r)
+		})
+	}
+	a.publishTxn()
 	a.unparkCommits(ctx, k.pid)
 }
 

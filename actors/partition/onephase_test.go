@@ -2,6 +2,7 @@ package partition
 
 import (
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -113,4 +114,50 @@ func TestTxnCommitAlone(t *testing.T) {
 	}
 	mustCommit(t, askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return commitBatchFrame(8, 2, 0, epochPtr(1), "y") }), 8, 1, true)
 	mustFail(t, ip.ask(txnBatchFrame(8, 2, 1, "late")), heraldpb.ErrorCode_INVALID_TXN_STATE)
+
+	// Without the transaction state file, the log alone says how they
+	// ended, those committed in their batch's own entry too (producer 11's
+	// here, and producer 7's epochs 1 and 3): a retry of the last is
+	// answered as before, an older one refused, and none is committed
+	// again.
+	mustCommit(t, ip.ask(commitBatchFrame(11, 1, 0, nil, "i")), 9, 1, false)
+	ip.stop()
+	if err := os.Remove(ip.statePath() + ".txn"); err != nil {
+		t.Fatal(err)
+	}
+	ip.start()
+	mustCommit(t, askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return commitBatchFrame(11, 1, 0, nil, "i") }), 9, 1, true)
+	mustFail(t, ip.ask(commitBatchFrame(7, 1, 0, nil, "a", "b")), heraldpb.ErrorCode_INVALID_TXN_STATE)
+	mustFail(t, ip.ask(commitBatchFrame(7, 3, 0, epochPtr(2), "e")), heraldpb.ErrorCode_INVALID_TXN_STATE)
+	mustFail(t, ip.ask(txnBatchFrame(11, 1, 1, "late")), heraldpb.ErrorCode_INVALID_TXN_STATE)
+	want = "[p0 a b c d e f x y i]"
+	checkFor(t, 5*time.Second, "hw 10 after a restart without the state file", func() bool { return ip.stats.HighWatermark.Load() == 10 })
+	if got := readAll(t, sys, ip.pid, 10); fmt.Sprint(got) != want {
+		t.Fatalf("after a restart without the state file the log reads %v, want %v", got, want)
+	}
+}
+
+// A log whose only transaction was committed in its batch's own entry:
+// that entry counts as transactional, so that a restart without the
+// transaction state file reads it and knows the epoch ended (a retry is
+// answered as a duplicate, not committed again).
+func TestTxnCommitInlineSurvivesRestart(t *testing.T) {
+	sys := actor.NewActorSystem()
+	DeleteMetrics("txn-inline", 0)
+	ip := &idemPartition{t: t, sys: sys, topic: "txn-inline", dir: t.TempDir()}
+	ip.start()
+	defer func() { ip.stop() }()
+	mustProduce(t, ip.ask(produceFrame("t", heraldpb.Acks_ACKS_ALL, "p0")), 0, false)
+	mustCommit(t, ip.ask(commitBatchFrame(7, 1, 0, nil, "a", "b")), 1, 2, false)
+	mustProduce(t, ip.ask(produceFrame("t", heraldpb.Acks_ACKS_ALL, "p1")), 3, false)
+	ip.stop()
+	if err := os.Remove(ip.statePath() + ".txn"); err != nil {
+		t.Fatal(err)
+	}
+	ip.start()
+	mustCommit(t, askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return commitBatchFrame(7, 1, 0, nil, "a", "b") }), 1, 2, true)
+	mustProduce(t, ip.ask(produceFrame("t", heraldpb.Acks_ACKS_ALL, "p2")), 4, false)
+	if got := readAll(t, sys, ip.pid, 5); fmt.Sprint(got) != "[p0 a b p1 p2]" {
+		t.Fatalf("the log reads %v", got)
+	}
 }

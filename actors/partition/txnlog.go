@@ -388,6 +388,9 @@ func (a *Actor) onTxnBatch(ctx actor.Context, replyTo *actor.PID, id uint64, req
 		fail(a.txnError(heraldpb.ErrorCode_OUT_OF_ORDER_SEQUENCE, "producer %d's transaction of epoch %d expects sequence %d here, got %d", k.pid, k.epoch, expected, req.BaseSequence))
 		return
 	}
+	if req.CommitTxn && a.commitInline(ctx, k, proposal{replyTo: replyTo, frameID: id, acks: req.Acks, bytes: len(req.Records), txnCommit: true, txnAfter: after}, req, info) {
+		return
+	}
 	switch {
 	case o == nil && len(t.inflight[k]) == 0 && t.openOf(k.pid) >= a.cfg.MaxTxnOpenPerProducer:
 		fail(a.txnError(heraldpb.ErrorCode_THROTTLED, "producer %d has %d transactions open here", k.pid, a.cfg.MaxTxnOpenPerProducer))
@@ -872,6 +875,8 @@ func (a *Actor) openTxnLog(applied uint64) error {
 			switch {
 			case h.SessionFence > 0:
 				a.logSessionFence(h.ProducerID, h.SessionFence)
+			case h.TxnCommitInline:
+				a.txn.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: true, base: h.BaseOffset, count: h.Count})
 			case h.TxnBatch():
 				if end, ok := a.txn.ended[k.pid]; ok && k.epoch <= end.epoch && a.txn.open[k] == nil {
 					continue
