@@ -387,20 +387,29 @@ func (p *TransactionalProducer) commitOne(pc *pendingCommit, pid uint64) {
 		pc.err, pc.unsent = err, true
 		close(pc.queued)
 	}
+	// afterPrev waits until the commit before it is on its way; false: pc
+	// failed (answered unsent).
+	afterPrev := func() bool {
+		if prev == nil {
+			return true
+		}
+		select {
+		case <-prev.queued:
+		case <-ctx.Done():
+			unsent(ctx.Err())
+			return false
+		}
+		if prev.unsent {
+			unsent(fmt.Errorf("%w: the transaction committed before it failed", ErrTxnFailed))
+			return false
+		}
+		return true
+	}
 	if pc.o != nil && len(pc.offsets) == 0 {
 		// Alone on its partition if it can: right behind the commit
 		// before it.
-		if prev != nil {
-			select {
-			case <-prev.queued:
-			case <-ctx.Done():
-				unsent(ctx.Err())
-				return
-			}
-			if prev.unsent {
-				unsent(fmt.Errorf("%w: the transaction committed before it failed", ErrTxnFailed))
-				return
-			}
+		if !afterPrev() {
+			return
 		}
 		done, end, err := p.commitAlone(ctx, pc.o, pc.epoch, func() { close(pc.queued) })
 		if done {
@@ -427,17 +436,10 @@ func (p *TransactionalProducer) commitOne(pc *pendingCommit, pid uint64) {
 		written = w
 	}
 	var turn <-chan struct{}
+	if !afterPrev() {
+		return
+	}
 	if prev != nil {
-		select {
-		case <-prev.queued:
-		case <-ctx.Done():
-			unsent(ctx.Err())
-			return
-		}
-		if prev.unsent {
-			unsent(fmt.Errorf("%w: the transaction committed before it failed", ErrTxnFailed))
-			return
-		}
 		turn = prev.queued
 	}
 	req := &heraldpb.EndTxnRequest{

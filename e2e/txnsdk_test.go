@@ -658,17 +658,7 @@ func TestTxnSDKCommitAsync(t *testing.T) {
 		t.Fatalf("%d records reported committed, %d transactions failed", len(committed), failed)
 	}
 	mu.Unlock()
-	waitValues(t, n, "out", 3, func(got map[string]int) error {
-		for v := range committed {
-			if got[v] != 1 {
-				return fmt.Errorf("%s appears %d times (%d values)", v, got[v], len(got))
-			}
-		}
-		if len(got) != len(committed) {
-			return fmt.Errorf("%d values, %d committed", len(got), len(committed))
-		}
-		return nil
-	})
+	waitCommittedOnce(t, n, "out", 3, committed)
 
 	// Fenced with commits in flight.
 	old := newTxnProducer(t, c, "async-2", client.WithTxnWrittenOnce())
@@ -904,17 +894,7 @@ func TestTxnSDKCommitAlone(t *testing.T) {
 		t.Fatalf("%d records reported committed; failures: %q", len(committed), failures)
 	}
 	mu.Unlock()
-	waitValues(t, n, "out", 2, func(got map[string]int) error {
-		for v := range committed {
-			if got[v] != 1 {
-				return fmt.Errorf("%s appears %d times (%d values)", v, got[v], len(got))
-			}
-		}
-		if len(got) != len(committed) {
-			return fmt.Errorf("%d values, %d committed", len(got), len(committed))
-		}
-		return nil
-	})
+	waitCommittedOnce(t, n, "out", 2, committed)
 	for part := range int32(2) {
 		last := -1
 		for _, m := range readPartition(t, c, "out", part) {
@@ -963,4 +943,21 @@ func TestTxnSDKCommitAlone(t *testing.T) {
 	if got["zombie"] != 0 {
 		t.Fatalf("the fenced session's record appears %d times", got["zombie"])
 	}
+}
+
+// waitCommittedOnce waits until topic holds every value of committed once,
+// and nothing else.
+func waitCommittedOnce(t *testing.T, n node, topic string, parts int32, committed map[string]bool) {
+	t.Helper()
+	waitValues(t, n, topic, parts, func(got map[string]int) error {
+		for v := range committed {
+			if got[v] != 1 {
+				return fmt.Errorf("%s appears %d times (%d values)", v, got[v], len(got))
+			}
+		}
+		if len(got) != len(committed) {
+			return fmt.Errorf("%d values, %d committed", len(got), len(committed))
+		}
+		return nil
+	})
 }

@@ -18,17 +18,24 @@ import (
 // t-0 (written once: no offset until the commit marker).
 func (s *txnSession) writeOnce(vs ...string) *heraldpb.Frame {
 	s.r.t.Helper()
+	f := s.write(false, vs...)
+	if f.GetError() == nil {
+		s.seq += int64(len(vs))
+	}
+	return f
+}
+
+// write sends vs to t-0 as a batch of s's transaction written once, the
+// last one that commits it there alone (commit_txn) if commit.
+func (s *txnSession) write(commit bool, vs ...string) *heraldpb.Frame {
+	s.r.t.Helper()
 	b := &heraldpb.RecordBatch{}
 	for _, v := range vs {
 		b.Records = append(b.Records, &heraldpb.Record{Value: []byte(v)})
 	}
 	raw, _ := proto.Marshal(b)
-	f := s.r.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Partition: proto.Uint32(0), Records: raw,
-		ProducerId: s.pid, ProducerEpoch: s.epoch, BaseSequence: s.seq, Acks: heraldpb.Acks_ACKS_ALL, TxnBatch: true}}}, s.r.reg.Get("t").Writer(0))
-	if f.GetError() == nil {
-		s.seq += int64(len(vs))
-	}
-	return f
+	return s.r.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Partition: proto.Uint32(0), Records: raw,
+		ProducerId: s.pid, ProducerEpoch: s.epoch, BaseSequence: s.seq, Acks: heraldpb.Acks_ACKS_ALL, TxnBatch: true, CommitTxn: commit}}}, s.r.reg.Get("t").Writer(0))
 }
 
 // endWritten ends s's transaction, listing t-0 with its records.

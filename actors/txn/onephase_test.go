@@ -6,20 +6,13 @@ import (
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
-	"google.golang.org/protobuf/proto"
 )
 
 // commitAlone writes s's transaction as one batch that commits it on t-0
 // alone (commit_txn), and moves s to its next epoch if it did.
 func (s *txnSession) commitAlone(vs ...string) *heraldpb.Frame {
 	s.r.t.Helper()
-	b := &heraldpb.RecordBatch{}
-	for _, v := range vs {
-		b.Records = append(b.Records, &heraldpb.Record{Value: []byte(v)})
-	}
-	raw, _ := proto.Marshal(b)
-	f := s.r.call(&heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{Topic: "t", Partition: proto.Uint32(0), Records: raw,
-		ProducerId: s.pid, ProducerEpoch: s.epoch, Acks: heraldpb.Acks_ACKS_ALL, TxnBatch: true, CommitTxn: true}}}, s.r.reg.Get("t").Writer(0))
+	f := s.write(true, vs...)
 	if f.GetProduceResponse() != nil {
 		s.epoch, s.seq = s.epoch+1, 0
 	}
