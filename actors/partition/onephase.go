@@ -47,6 +47,17 @@ func (a *Actor) commitOnePhase(ctx actor.Context, k pidEpoch, p proposal) {
 	fail := func(e *heraldpb.Error) {
 		a.answer(ctx, p, func(id uint64, _ bool) *heraldpb.Frame { return heraldpb.ErrorFrame(id, e) })
 	}
+	if c := t.closing[k]; c != nil {
+		// Its end is on its way already (a marker of its coordinator's):
+		// answered with it if it commits, never a second end.
+		if c.txnEnd == heraldpb.TxnMarker_TXN_MARKER_COMMIT {
+			c.dups = append(c.dups, waiter{replyTo: p.replyTo, frameID: p.frameID})
+			c.dups = append(c.dups, p.dups...)
+			return
+		}
+		fail(a.txnError(heraldpb.ErrorCode_INVALID_TXN_STATE, "producer %d's transaction of epoch %d is ending here the other way", k.pid, k.epoch))
+		return
+	}
 	o := t.open[k]
 	switch {
 	case o == nil:

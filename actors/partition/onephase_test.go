@@ -83,6 +83,13 @@ func TestTxnCommitAlone(t *testing.T) {
 	mustFail(t, parked.next(t), heraldpb.ErrorCode_INVALID_TXN_STATE)
 	mustProduce(t, ip.ask(markerFrame(10, 1, false, 0)), -1, false)
 
+	// Its coordinator's commit marker comes while a commit alone waits (for
+	// the epoch before it, not here): one end, both answered with it.
+	sys.Root.RequestWithCustomSender(ip.pid, commitBatchFrame(12, 2, 0, epochPtr(1), "m"), parked.pid)
+	checkFor(t, 5*time.Second, "the commit of producer 12's epoch 2 waiting", func() bool { return waitingCommits("txn-alone") == 1 })
+	mustCommit(t, ip.ask(markerFrame(12, 2, true, 1)), 9, 1, false)
+	mustCommit(t, parked.next(t), 9, 1, true)
+
 	// A replaced session's commit is refused.
 	if f := ip.ask(sessionFenceFrame(9, 5)); f.GetListOpenTxnsResponse() == nil {
 		t.Fatalf("fencing producer 9: %v", f)
@@ -101,15 +108,15 @@ func TestTxnCommitAlone(t *testing.T) {
 	f.GetProduce().CommitTxn = true
 	mustFail(t, ip.ask(f), heraldpb.ErrorCode_INVALID_REQUEST)
 
-	want := "[p0 a b c d e f x y]"
-	checkFor(t, 5*time.Second, "hw 9", func() bool { return ip.stats.HighWatermark.Load() == 9 })
-	if got := readAll(t, sys, ip.pid, 9); fmt.Sprint(got) != want {
+	want := "[p0 a b c d e f x y m]"
+	checkFor(t, 5*time.Second, "hw 10", func() bool { return ip.stats.HighWatermark.Load() == 10 })
+	if got := readAll(t, sys, ip.pid, 10); fmt.Sprint(got) != want {
 		t.Fatalf("the log reads %v, want %v", got, want)
 	}
 	ip.stop()
 	ip.start()
-	checkFor(t, 5*time.Second, "hw 9 after a restart", func() bool { return ip.stats.HighWatermark.Load() == 9 })
-	if got := readAll(t, sys, ip.pid, 9); fmt.Sprint(got) != want {
+	checkFor(t, 5*time.Second, "hw 10 after a restart", func() bool { return ip.stats.HighWatermark.Load() == 10 })
+	if got := readAll(t, sys, ip.pid, 10); fmt.Sprint(got) != want {
 		t.Fatalf("after a restart the log reads %v, want %v", got, want)
 	}
 	mustCommit(t, askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return commitBatchFrame(8, 2, 0, epochPtr(1), "y") }), 8, 1, true)
@@ -120,19 +127,19 @@ func TestTxnCommitAlone(t *testing.T) {
 	// here, and producer 7's epochs 1 and 3): a retry of the last is
 	// answered as before, an older one refused, and none is committed
 	// again.
-	mustCommit(t, ip.ask(commitBatchFrame(11, 1, 0, nil, "i")), 9, 1, false)
+	mustCommit(t, ip.ask(commitBatchFrame(11, 1, 0, nil, "i")), 10, 1, false)
 	ip.stop()
 	if err := os.Remove(ip.statePath() + ".txn"); err != nil {
 		t.Fatal(err)
 	}
 	ip.start()
-	mustCommit(t, askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return commitBatchFrame(11, 1, 0, nil, "i") }), 9, 1, true)
+	mustCommit(t, askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return commitBatchFrame(11, 1, 0, nil, "i") }), 10, 1, true)
 	mustFail(t, ip.ask(commitBatchFrame(7, 1, 0, nil, "a", "b")), heraldpb.ErrorCode_INVALID_TXN_STATE)
 	mustFail(t, ip.ask(commitBatchFrame(7, 3, 0, epochPtr(2), "e")), heraldpb.ErrorCode_INVALID_TXN_STATE)
 	mustFail(t, ip.ask(txnBatchFrame(11, 1, 1, "late")), heraldpb.ErrorCode_INVALID_TXN_STATE)
-	want = "[p0 a b c d e f x y i]"
-	checkFor(t, 5*time.Second, "hw 10 after a restart without the state file", func() bool { return ip.stats.HighWatermark.Load() == 10 })
-	if got := readAll(t, sys, ip.pid, 10); fmt.Sprint(got) != want {
+	want = "[p0 a b c d e f x y m i]"
+	checkFor(t, 5*time.Second, "hw 11 after a restart without the state file", func() bool { return ip.stats.HighWatermark.Load() == 11 })
+	if got := readAll(t, sys, ip.pid, 11); fmt.Sprint(got) != want {
 		t.Fatalf("after a restart without the state file the log reads %v, want %v", got, want)
 	}
 }

@@ -503,6 +503,7 @@ func (a *Actor) onTxnMarker(ctx actor.Context, replyTo *actor.PID, id uint64, re
 		// The coordinator ends it (a timeout, a new session) while its
 		// commit alone waits: the abort wins.
 		delete(t.parked, k)
+		a.m.commitsWaiting.Set(float64(len(t.parked)))
 		a.answer(ctx, w.p, func(id uint64, _ bool) *heraldpb.Frame {
 			return heraldpb.ErrorFrame(id, a.txnError(heraldpb.ErrorCode_INVALID_TXN_STATE, "producer %d's transaction of epoch %d was aborted here while its commit waited", k.pid, k.epoch))
 		})
