@@ -462,6 +462,16 @@ func (p *Producer) reserve(ctx context.Context, size int64) error {
 			p.mu.Unlock()
 			return ErrBufferFull
 		}
+		if p.txn != nil {
+			// A transaction's writer holds its last batches for the commit
+			// (holdForCommit): a full buffer sends them.
+			for _, b := range p.batchers {
+				if b.cur != nil && len(b.cur.recs) > 0 {
+					b.lingerDue = true
+					p.drainLocked(b)
+				}
+			}
+		}
 		freed := p.freed
 		p.mu.Unlock()
 		select {

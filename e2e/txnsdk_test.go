@@ -916,6 +916,23 @@ func TestTxnSDKCommitAlone(t *testing.T) {
 		t.Fatalf("the partitions committed %v transactions alone, want %v", alone, want)
 	}
 
+	// A transaction larger than the producer's buffer: the batches held
+	// for the commit go when the buffer fills (before, Send waited for
+	// room that never came).
+	big := newTxnProducer(t, c, "alone-big", client.WithTxnWrittenOnce(), client.WithTxnBufferBytes(16<<10))
+	if err := big.Begin(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		v := fmt.Sprintf("big-%03d-%s", i, strings.Repeat("x", 1000))
+		big.SendAsync(ctx, &client.Message{Topic: "out", Key: keyFor[i%2], Value: []byte(v)}, nil)
+		committed[v] = true
+	}
+	if _, err := big.Commit(ctx); err != nil {
+		t.Fatalf("a transaction larger than the buffer: %v", err)
+	}
+	waitCommittedOnce(t, n, "out", 2, committed)
+
 	// A new session fences the old one's commits alone.
 	old := newTxnProducer(t, c, "alone-2", client.WithTxnWrittenOnce())
 	if err := old.Begin(); err != nil {
