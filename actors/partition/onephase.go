@@ -132,9 +132,6 @@ func (a *Actor) commitInline(ctx actor.Context, k pidEpoch, p proposal, req *her
 	if len(t.markers) > 0 {
 		a.flushMarkers(ctx) // (the markers queued before it take their offsets first)
 	}
-	if len(t.inline) > 0 && t.inlineBytes+len(req.Records) > maxInlineBytes {
-		a.flushInline(ctx) // (an entry holds at most maxInlineBytes, or one batch)
-	}
 	p.count, p.appendTime, p.txnEnd = uint32(info.Count), a.cfg.Clock.Now().UnixMilli(), heraldpb.TxnMarker_TXN_MARKER_COMMIT
 	t.closing[k] = &p
 	t.inline = append(t.inline, queuedInline{k: k, records: req.Records, info: info})
