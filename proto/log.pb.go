@@ -115,11 +115,7 @@ type LogEntry struct {
 	// offsets here as a plain produce's do (base_offset, count, records).
 	// The leader writes one for a single-partition commit whose batch is
 	// the transaction's only one here (ProduceRequest.commit_txn); every
-	// replica notes the epoch as ended, committed. Those that reach the
-	// leader together share one entry: the first is the entry's
-	// producer_id and producer_epoch, the others follow in txn_markers
-	// (marker commit, their count of the records, no refs), their records
-	// after its in records, in the same order.
+	// replica notes the epoch as ended, committed.
 	TxnCommitInline bool `protobuf:"varint,21,opt,name=txn_commit_inline,json=txnCommitInline,proto3" json:"txn_commit_inline,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache

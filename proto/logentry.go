@@ -95,20 +95,6 @@ func (h LogEntryHeader) Markers() []MarkerItem {
 	return append([]MarkerItem{first}, h.More...)
 }
 
-// InlineEnds lists the transactions an entry commits with their records
-// (LogEntry.txn_commit_inline), in offset order: the first from the
-// entry's own fields, the rest after it (More), each with its records.
-func (h LogEntryHeader) InlineEnds() []MarkerItem {
-	if !h.TxnCommitInline {
-		return nil
-	}
-	first := MarkerItem{ProducerID: h.ProducerID, ProducerEpoch: h.ProducerEpoch, Marker: TxnMarker_TXN_MARKER_COMMIT, Count: h.Count}
-	for _, m := range h.More {
-		first.Count -= m.Count // (ScanLogEntry checked the sums)
-	}
-	return append([]MarkerItem{first}, h.More...)
-}
-
 // TxnBatch reports whether the entry is a transactional batch that holds
 // no offset (yet).
 func (h LogEntryHeader) TxnBatch() bool { return h.TxnCount > 0 }
@@ -253,7 +239,7 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 		return h, nil, badEntry("log entry is a transactional batch of %d records with count %d and marker %d", h.TxnCount, h.Count, h.TxnMarker)
 	case h.TxnMarker != TxnMarker_TXN_MARKER_NONE && (len(records) > 0 || h.ProducerID == 0):
 		return h, nil, badEntry("log entry is a transaction marker with %d bytes of records, producer %d", len(records), h.ProducerID)
-	case h.TxnMarker == TxnMarker_TXN_MARKER_NONE && (h.RefCount > 0 || len(h.More) > 0 && !h.TxnCommitInline):
+	case h.TxnMarker == TxnMarker_TXN_MARKER_NONE && (h.RefCount > 0 || len(h.More) > 0):
 		return h, nil, badEntry("log entry has %d txn refs and %d more markers, and no marker", h.RefCount, len(h.More))
 	case h.TxnMarker > TxnMarker_TXN_MARKER_ABORT:
 		return h, nil, badEntry("log entry txn marker %d is unknown", h.TxnMarker)
@@ -265,18 +251,6 @@ func ScanLogEntry(b []byte) (h LogEntryHeader, records []byte, err error) {
 	case h.SessionFence > 0 && (h.ProducerID == 0 || len(records) > 0 || h.Count > 0 || h.TxnCount > 0 || h.TxnMarker != TxnMarker_TXN_MARKER_NONE || h.TxnEpoch != 0):
 		return h, nil, badEntry("log entry is a session fence of producer %d with %d bytes of records, count %d, txn count %d, marker %d, epoch %d",
 			h.ProducerID, len(records), h.Count, h.TxnCount, h.TxnMarker, h.TxnEpoch)
-	}
-	if h.TxnCommitInline && len(h.More) > 0 {
-		var count uint64
-		for i, m := range h.More {
-			if m.ProducerID == 0 || m.Marker != TxnMarker_TXN_MARKER_COMMIT || m.Count == 0 || m.Refs != 0 {
-				return h, nil, badEntry("log entry's transaction committed inline %d: producer %d, marker %d, count %d, refs %d", i+1, m.ProducerID, m.Marker, m.Count, m.Refs)
-			}
-			count += uint64(m.Count)
-		}
-		if count >= uint64(h.Count) {
-			return h, nil, badEntry("log entry's transactions committed inline after the first count %d records of its %d", count, h.Count)
-		}
 	}
 	if h.TxnMarker != TxnMarker_TXN_MARKER_NONE {
 		var count uint64

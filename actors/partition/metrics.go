@@ -71,10 +71,6 @@ var (
 	txnCommitsWaiting = promauto.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "herald_partition_txn_commits_waiting", Help: "Single-partition commits the leader holds until an earlier transaction of their producer ends (at most 4096; THROTTLED past it).",
 	}, labels)
-	inlinePerEntry = promauto.NewHistogram(prometheus.HistogramOpts{
-		Name: "herald_partition_txn_inline_per_entry", Help: "Single-partition transactions a partition's leader committed together in one log entry with their records (those that reached it together, at most 256 or 1 MiB).",
-		Buckets: prometheus.ExponentialBuckets(1, 2, 9),
-	})
 	markersPerEntry = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name: "herald_partition_txn_markers_per_entry", Help: "Transaction markers a partition's leader wrote together in one log entry (the markers that reached it together, at most 256).",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 9),
@@ -135,7 +131,6 @@ type partMetrics struct {
 	txnMarkers                                                                                            *prometheus.CounterVec
 	markerCounters                                                                                        [2]prometheus.Counter // abort, commit: resolved at first use
 	markersPerEntry                                                                                       prometheus.Observer
-	inlinePerEntry                                                                                        prometheus.Observer
 	commitsAlone                                                                                          prometheus.Counter
 	commitsWaiting                                                                                        prometheus.Gauge
 	votesWithheld, followerResets, txnFenced, zombieRefused                                               prometheus.Counter
@@ -175,7 +170,6 @@ func newPartMetrics(topic string, part uint32) *partMetrics {
 		txnOpenBytes:      txnOpenBytes.WithLabelValues(lv...),
 		txnMarkers:        txnMarkers,
 		markersPerEntry:   markersPerEntry,
-		inlinePerEntry:    inlinePerEntry,
 		commitsAlone:      txnCommitsAlone.WithLabelValues(lv...),
 		commitsWaiting:    txnCommitsWaiting.WithLabelValues(lv...),
 		duplicates:        produceDuplicates.WithLabelValues(lv...),

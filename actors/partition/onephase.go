@@ -129,124 +129,48 @@ func (a *Actor) commitInline(ctx actor.Context, k pidEpoch, p proposal, req *her
 	if wait, e := a.commitWaits(k, p.txnAfter); e != nil || wait != "" {
 		return false // (waits, or is refused, once its batch is applied)
 	}
-	if len(t.markers) > 0 {
-		a.flushMarkers(ctx) // (the markers queued before it take their offsets first)
+	a.flushMarkers(ctx) // (queued markers take their offsets first)
+	now := a.cfg.Clock.Now().UnixMilli()
+	maxTs := info.MaxTimestamp
+	if maxTs == 0 {
+		maxTs = now
 	}
-	p.count, p.appendTime, p.txnEnd = uint32(info.Count), a.cfg.Clock.Now().UnixMilli(), heraldpb.TxnMarker_TXN_MARKER_COMMIT
+	base := a.tail
+	if e := a.proposeEntry(&heraldpb.LogEntry{BaseOffset: base, Count: uint32(info.Count), AppendTimeMs: now, MaxTimestampMs: maxTs, MaxPriority: uint32(info.MaxPriority),
+		Records: req.Records, ProducerId: k.pid, ProducerEpoch: k.epoch, TxnCommitInline: true}); e != nil {
+		a.answer(ctx, p, func(id uint64, _ bool) *heraldpb.Frame { return heraldpb.ErrorFrame(id, e) })
+		return true
+	}
+	a.tail = base + int64(info.Count)
+	p.count, p.appendTime, p.txnEnd = uint32(info.Count), now, heraldpb.TxnMarker_TXN_MARKER_COMMIT
 	t.closing[k] = &p
-	t.inline = append(t.inline, queuedInline{k: k, records: req.Records, info: info})
-	t.inlineBytes += len(req.Records)
 	a.m.commitsAlone.Inc()
-	switch {
-	case len(t.inline) >= maxMarkersPerEntry || t.inlineBytes >= maxInlineBytes:
-		a.flushInline(ctx)
-	case !t.flushQueued:
-		// After the messages already in the mailbox: the commits among
-		// them join this entry.
-		t.flushQueued = true
-		ctx.Send(ctx.Self(), flushMarkersMsg{})
-	}
 	return true
 }
 
-// maxInlineBytes bounds the records of one entry of transactions
-// committed inline.
-const maxInlineBytes = 1 << 20
-
-// queuedInline is a transaction to commit inline, queued to share an
-// entry with the others that reach the leader with it (flushInline).
-type queuedInline struct {
-	k       pidEpoch
-	records []byte
-	info    heraldpb.BatchInfo
-}
-
-// flushInline proposes the queued inline commits as one entry
-// (LogEntry.txn_commit_inline): the first in the entry's fields, the rest
-// after it in txn_markers, their records one after the other (encoded
-// record batches concatenate into one).
-func (a *Actor) flushInline(ctx actor.Context) {
-	t := &a.txn
-	queued := t.inline
-	t.inline, t.inlineBytes = nil, 0
-	var ks []pidEpoch
-	now := a.cfg.Clock.Now().UnixMilli()
-	le := &heraldpb.LogEntry{BaseOffset: a.tail, AppendTimeMs: now, TxnCommitInline: true}
-	size := 0
-	for _, q := range queued {
-		if t.closing[q.k] == nil {
-			continue // (answered since)
-		}
-		size += len(q.records)
-	}
-	le.Records = make([]byte, 0, size)
-	for _, q := range queued {
-		if t.closing[q.k] == nil {
-			continue
-		}
-		count := uint32(q.info.Count)
-		if len(ks) == 0 {
-			le.ProducerId, le.ProducerEpoch = q.k.pid, q.k.epoch
-		} else {
-			le.TxnMarkers = append(le.TxnMarkers, &heraldpb.TxnMarkerItem{ProducerId: q.k.pid, ProducerEpoch: q.k.epoch, Marker: heraldpb.TxnMarker_TXN_MARKER_COMMIT, Count: count})
-		}
-		le.Count += count
-		le.Records = append(le.Records, q.records...)
-		ts := q.info.MaxTimestamp
-		if ts == 0 {
-			ts = now
-		}
-		le.MaxTimestampMs = max(le.MaxTimestampMs, ts)
-		le.MaxPriority = max(le.MaxPriority, uint32(q.info.MaxPriority))
-		ks = append(ks, q.k)
-	}
-	if len(ks) == 0 {
-		return
-	}
-	if e := a.proposeEntry(le); e != nil {
-		for _, k := range ks {
-			p := t.closing[k]
-			delete(t.closing, k)
-			a.answer(ctx, *p, func(id uint64, _ bool) *heraldpb.Frame { return heraldpb.ErrorFrame(id, e) })
-		}
-		return
-	}
-	a.tail += int64(le.Count)
-	a.m.inlinePerEntry.Observe(float64(len(ks)))
-}
-
-// applyTxnInline applies an entry of transactions committed with their
-// records: they become readable as a plain produce's, and each one's
-// epoch has ended here, committed.
+// applyTxnInline applies a transaction committed with its records: they
+// become readable as a plain produce's, and its epoch has ended here,
+// committed.
 func (a *Actor) applyTxnInline(ctx actor.Context, e raftpb.Entry, h heraldpb.LogEntryHeader, records []byte) {
 	t := &a.txn
-	if !a.applyRecords(e, h, records) {
-		return
+	k := pidEpoch{h.ProducerID, h.ProducerEpoch}
+	if end, ok := t.ended[k.pid]; ok && end.epoch >= k.epoch {
+		a.log.Error("a transaction committed inline of an epoch that ended already", "index", e.Index, "producer", k.pid, "epoch", k.epoch, "ended", end.epoch)
 	}
-	base := h.BaseOffset
-	for _, m := range h.InlineEnds() {
-		k := pidEpoch{m.ProducerID, m.ProducerEpoch}
-		if end, ok := t.ended[k.pid]; ok && end.epoch >= k.epoch {
-			a.log.Error("a transaction committed inline of an epoch that ended already", "index", e.Index, "producer", k.pid, "epoch", k.epoch, "ended", end.epoch)
-		}
-		t.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: true, base: base, count: m.Count})
-		a.m.marker(true)
-		q := t.closing[k]
-		delete(t.closing, k)
-		if q != nil && e.Term == a.term {
-			at := base
-			a.answer(ctx, *q, func(id uint64, dup bool) *heraldpb.Frame {
-				r := *q
-				r.duplicate = dup
-				return produced(id, a.cfg.Partition, at, r)
-			})
-		}
-		base += int64(m.Count)
+	t.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: true, base: h.BaseOffset, count: h.Count})
+	a.m.marker(true)
+	a.applyRecords(e, h, records)
+	q := t.closing[k]
+	delete(t.closing, k)
+	if q != nil && e.Term == a.term {
+		a.answer(ctx, *q, func(id uint64, dup bool) *heraldpb.Frame {
+			r := *q
+			r.duplicate = dup
+			return produced(id, a.cfg.Partition, h.BaseOffset, r)
+		})
 	}
 	a.publishTxn()
-	for _, m := range h.InlineEnds() {
-		a.unparkCommits(ctx, m.ProducerID)
-	}
+	a.unparkCommits(ctx, k.pid)
 }
 
 // parkCommit holds p, k's commit, until an earlier transaction of its

@@ -8,9 +8,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
 )
 
 // commitBatchFrame is the last batch of producer pid's transaction of
@@ -168,79 +166,5 @@ func TestTxnCommitInlineSurvivesRestart(t *testing.T) {
 	mustProduce(t, ip.ask(produceFrame("t", heraldpb.Acks_ACKS_ALL, "p2")), 4, false)
 	if got := readAll(t, sys, ip.pid, 5); fmt.Sprint(got) != "[p0 a b p1 p2]" {
 		t.Fatalf("the log reads %v", got)
-	}
-}
-
-// inlineShared is how many inline commits shared entries with others so
-// far: the histogram's sum less its count.
-func inlineShared(t *testing.T) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := inlinePerEntry.(prometheus.Histogram).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetHistogram().GetSampleSum() - float64(m.GetHistogram().GetSampleCount())
-}
-
-// Single-partition commits that reach the leader together share one
-// entry, their records one after the other: each is answered with its
-// own offsets, reads see them in that order, and a restart without the
-// transaction state file knows every one of them ended (a retry of each
-// is answered as a duplicate).
-func TestTxnCommitsInlineTogether(t *testing.T) {
-	sys := actor.NewActorSystem()
-	DeleteMetrics("txn-inline-together", 0)
-	ip := &idemPartition{t: t, sys: sys, topic: "txn-inline-together", dir: t.TempDir()}
-	ip.start()
-	defer func() { ip.stop() }()
-	mustProduce(t, ip.ask(produceFrame("t", heraldpb.Acks_ACKS_ALL, "p0")), 0, false)
-	in := newInbox(sys)
-	answered := map[int64]bool{} // the offsets the commits were answered with
-	shared := inlineShared(t)
-	for round := 0; round < 5 && inlineShared(t) == shared; round++ {
-		const n = 8
-		for i := range n {
-			pid := uint64(100 + round*n + i)
-			sys.Root.RequestWithCustomSender(ip.pid, commitBatchFrame(pid, 1, 0, nil, fmt.Sprintf("v%d", pid)), in.pid)
-		}
-		for range n {
-			f := in.next(t)
-			r := f.GetProduceResponse()
-			if r == nil || r.Count != 1 || r.Duplicate {
-				t.Fatalf("a commit answered %v", f)
-			}
-			answered[r.BaseOffset] = true
-		}
-		end := int64(len(answered)) + 1
-		checkFor(t, 5*time.Second, "the commits readable", func() bool { return ip.stats.HighWatermark.Load() == end })
-	}
-	if inlineShared(t) == shared {
-		t.Fatal("in 5 rounds of 8 commits sent together, no two shared an entry")
-	}
-	total := int64(len(answered)) + 1
-	got := readAll(t, sys, ip.pid, total)
-	if len(got) != int(total) || got[0] != "p0" {
-		t.Fatalf("the log reads %v", got)
-	}
-	for off := int64(1); off < total; off++ {
-		if !answered[off] {
-			t.Fatalf("no commit was answered with offset %d (the log reads %v)", off, got)
-		}
-	}
-	want := got
-	ip.stop()
-	if err := os.Remove(ip.statePath() + ".txn"); err != nil {
-		t.Fatal(err)
-	}
-	ip.start()
-	for off := int64(1); off < total; off++ {
-		var pid uint64
-		if _, err := fmt.Sscanf(want[off], "v%d", &pid); err != nil {
-			t.Fatal(err)
-		}
-		mustCommit(t, askRetrying(t, sys, ip.self, ip.in, func() *heraldpb.Frame { return commitBatchFrame(pid, 1, 0, nil, want[off]) }), off, 1, true)
-	}
-	if got := readAll(t, sys, ip.pid, total); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("after the restart the log reads %v, want %v", got, want)
 	}
 }

@@ -129,11 +129,6 @@ type txnLog struct {
 	// unparking guards unparkCommits against itself.
 	parked               map[pidEpoch]parkedCommit
 	unparking, unparkRan bool
-	// inline: single-partition commits to write with their records,
-	// queued to share an entry (flushInline). Either it or markers is
-	// empty: queueing one kind proposes the other first.
-	inline      []queuedInline
-	inlineBytes int
 
 	// The state file (saveTxnState): the floors saved, newest last, and
 	// whether ended changed since.
@@ -522,9 +517,6 @@ func (a *Actor) onTxnMarker(ctx actor.Context, replyTo *actor.PID, id uint64, re
 // markers that reach the partition with it.
 func (a *Actor) queueMarker(ctx actor.Context, q queuedMarker) {
 	t := &a.txn
-	if len(t.inline) > 0 {
-		a.flushInline(ctx) // (the commits queued before it take their offsets first)
-	}
 	t.markers = append(t.markers, q)
 	switch {
 	case len(t.markers) >= maxMarkersPerEntry:
@@ -560,9 +552,6 @@ type flushMarkersMsg struct{}
 // and answered as the end it already is.
 func (a *Actor) flushMarkers(ctx actor.Context) {
 	t := &a.txn
-	if len(t.inline) > 0 {
-		a.flushInline(ctx)
-	}
 	queued := t.markers
 	t.markers = t.markers[:0]
 	if len(queued) == 0 {
@@ -806,7 +795,6 @@ func (a *Actor) failTxnPending(ctx actor.Context, why *heraldpb.Error) {
 		delete(t.closing, k)
 	}
 	t.markers = t.markers[:0]
-	t.inline, t.inlineBytes = nil, 0
 	a.expireParked(ctx, why)
 	clear(t.inflight)
 	t.inBytes = 0
@@ -889,11 +877,7 @@ func (a *Actor) openTxnLog(applied uint64) error {
 			case h.SessionFence > 0:
 				a.logSessionFence(h.ProducerID, h.SessionFence)
 			case h.TxnCommitInline:
-				base := h.BaseOffset
-				for _, m := range h.InlineEnds() {
-					a.txn.noteEnd(m.ProducerID, txnEnd{epoch: m.ProducerEpoch, committed: true, base: base, count: m.Count})
-					base += int64(m.Count)
-				}
+				a.txn.noteEnd(k.pid, txnEnd{epoch: k.epoch, committed: true, base: h.BaseOffset, count: h.Count})
 			case h.TxnBatch():
 				if end, ok := a.txn.ended[k.pid]; ok && k.epoch <= end.epoch && a.txn.open[k] == nil {
 					continue
