@@ -94,7 +94,7 @@ func TestOnePhaseCommits(t *testing.T) {
 // waited for.
 func TestOnePhaseLeaseHoldsANewSession(t *testing.T) {
 	var failing atomic.Bool
-	const lease = 600 * time.Millisecond
+	const lease = time.Second
 	r := newRig(t, t.TempDir(), Options{FenceWait: 50 * time.Millisecond, onePhaseLease: lease,
 		failSweep: func(req *heraldpb.ListOpenTxnsRequest) bool { return failing.Load() && req.FenceProducerId != 0 }})
 	init := func(onePhase bool) time.Duration {
