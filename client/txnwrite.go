@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	heraldpb "github.com/heraldmq/herald/proto"
@@ -411,8 +412,11 @@ func (p *TransactionalProducer) commitOne(pc *pendingCommit, pid uint64) {
 		if !afterPrev() {
 			return
 		}
-		done, end, err := p.commitAlone(ctx, pc.o, pc.epoch, func() { close(pc.queued) })
+		var once sync.Once
+		queued := func() { once.Do(func() { close(pc.queued) }) }
+		done, end, err := p.commitAlone(ctx, pc.o, pc.epoch, queued)
 		if done {
+			queued() // (if its batch never reached the connection: the next commit need not wait for it)
 			if err != nil {
 				pc.err = fmt.Errorf("%w: %w", ErrTxnFailed, err)
 			}
