@@ -276,13 +276,10 @@ func (c *coordinator) join(ctx actor.Context, m *subscribeMsg) {
 	maxFrame, push, writer := m.maxFrame, c.o.Push, c.o.Writer
 	mb.transit = new(atomic.Int64)
 	transit := mb.transit
-	mb.session = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
-		return &memberSession{member: mid, subID: subID, conn: m.replyTo, maxFrame: maxFrame, hello: hello, push: push, writer: writer, transit: transit}
-	}), "m")
-	l.members[mid] = mb
-	l.bySub[subID] = mb
+	// In the directory before the session answers the subscribe (its
+	// hello): a call sent once the subscribe is answered finds the
+	// responder (the call reaches this coordinator after this message).
 	c.o.Dir.addSub(subID, c.self, m.replyTo.Id)
-	_ = l.sub.Request(mid, int(req.Credits))
 	if mb.responder {
 		l.responders++
 		if l.responders == 1 {
@@ -290,6 +287,12 @@ func (c *coordinator) join(ctx actor.Context, m *subscribeMsg) {
 			c.o.Dir.setResponder(l.topic, l.lane, true)
 		}
 	}
+	mb.session = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
+		return &memberSession{member: mid, subID: subID, conn: m.replyTo, maxFrame: maxFrame, hello: hello, push: push, writer: writer, transit: transit}
+	}), "m")
+	l.members[mid] = mb
+	l.bySub[subID] = mb
+	_ = l.sub.Request(mid, int(req.Credits))
 	mMembers.WithLabelValues(c.group).Set(float64(len(l.members)))
 	c.applyPlan(ctx, pl)
 	c.updateSummary()
