@@ -63,6 +63,9 @@ type Log struct {
 	failed error
 	hs     raftpb.HardState
 	cs     raftpb.ConfState
+	// noted is the membership the owner's raft node applied and the log
+	// has not saved yet (NoteConfState); index 0: none.
+	noted  confAt
 	snap   diskState // snapshot point (snapIndex, snapTerm, snapOffset)
 	first  uint64    // FirstIndex = snap.snapIndex+1
 	last   uint64    // LastIndex
@@ -623,6 +626,21 @@ func (l *Log) readEntry(i uint64) (*cachedEntry, error) {
 	return &cachedEntry{e: e, m: m, records: records}, nil
 }
 
+// NoteConfState tells the log the membership the owner's raft node has
+// just applied at raft index index, before SetConfState saves it. Raft
+// tracks a replica from the moment the change is applied and may ask for
+// a snapshot to send it at once; the snapshot must name that replica, or
+// the replica refuses it ("not in the ConfState"). The note lasts until
+// SetConfState saves the change or a snapshot installed covers it. Safe
+// from any goroutine.
+func (l *Log) NoteConfState(index uint64, cs raftpb.ConfState) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if index > l.noted.index && index > l.snap.snapIndex {
+		l.noted = confAt{index: index, cs: cs}
+	}
+}
+
 // SetConfState records the ConfState after the owner applied the
 // configuration change at raft index index, writing the state file (one
 // fsync) if it changed. The log keeps the membership after each change
@@ -636,6 +654,9 @@ func (l *Log) SetConfState(index uint64, cs raftpb.ConfState) error {
 	}
 	l.mu.Lock()
 	l.cs = cs
+	if l.noted.index <= index {
+		l.noted = confAt{}
+	}
 	if index > l.snap.snapIndex {
 		h := l.snap.confs
 		for len(h) > 0 && h[len(h)-1].index >= index {
@@ -880,7 +901,9 @@ func (l *Log) Snapshot() (raftpb.Snapshot, error) {
 // added. Raft installs a snapshot only on a replica its membership names,
 // and a replica added after the point (a move's new learner, which is
 // exactly who needs the snapshot) would otherwise refuse it; replaying
-// its addition as a learner, or its promotion, onto that is harmless.
+// its addition as a learner, or its promotion, onto that is harmless. A
+// change raft applied and the writer has not saved yet counts too
+// (NoteConfState).
 func (l *Log) snapshotMembership() raftpb.ConfState {
 	cs := l.snap.snapCS
 	cs.Voters, cs.Learners = slices.Clone(cs.Voters), slices.Clone(cs.Learners)
@@ -893,6 +916,9 @@ func (l *Log) snapshotMembership() raftpb.ConfState {
 		later = append(later, c.cs)
 	}
 	later = append(later, l.cs)
+	if l.noted.index > 0 {
+		later = append(later, l.noted.cs)
+	}
 	for _, c := range later {
 		for _, set := range [][]uint64{c.Voters, c.VotersOutgoing, c.Learners, c.LearnersNext} {
 			for _, id := range set {
@@ -942,6 +968,9 @@ func (l *Log) ApplySnapshot(snap raftpb.Snapshot) error {
 	if err == nil {
 		st.resetting = false
 		l.snap, l.hs, l.cs = st, st.hs, st.cs
+		if l.noted.index <= md.Index {
+			l.noted = confAt{}
+		}
 		l.first, l.last = md.Index+1, md.Index
 		l.ix = indexes{startOffset: sd.NextOffset, endOffset: sd.NextOffset}
 		l.cache.reset()

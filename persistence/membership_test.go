@@ -174,3 +174,53 @@ func TestLargeMembershipHistoryFitsTheSlot(t *testing.T) {
 		t.Fatalf("after a reopen the membership is %v", cs.Voters)
 	}
 }
+
+// TestSnapshotNamesAReplicaAddedButNotSaved: raft tracks a replica from
+// the moment its addition is applied, and may ask for a snapshot for it
+// before the log writer saved the change. The snapshot names it from the
+// note on (TestControllerCheckpoints once saw node 4 refuse a snapshot
+// "not in the ConfState" and never join); a note the save or an installed
+// snapshot covers is dropped.
+func TestSnapshotNamesAReplicaAddedButNotSaved(t *testing.T) {
+	opts, _ := testOptions(t, t.TempDir())
+	l := mustOpen(t, opts)
+	defer l.Close()
+	g := &gen{term: 2, recLen: 50, nowMs: 5}
+	mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1, Commit: 100}, g.entries(1, 100, 3))
+	if err := l.SetConfState(1, voters(1, 2, 3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.DeleteBefore(3*59, 100); err != nil {
+		t.Fatal(err)
+	}
+	learners := func() []uint64 {
+		t.Helper()
+		snap, err := l.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap.Metadata.ConfState.Learners
+	}
+	if got := learners(); len(got) != 0 {
+		t.Fatalf("learners %v before any addition", got)
+	}
+	added := raftpb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}}
+	l.NoteConfState(90, added)
+	if got := learners(); !slices.Equal(got, []uint64{4}) {
+		t.Fatalf("learners %v after the addition was applied, unsaved; want [4]", got)
+	}
+	if err := l.SetConfState(90, added); err != nil {
+		t.Fatal(err)
+	}
+	if l.noted.index != 0 {
+		t.Fatalf("the note at %d outlived the save", l.noted.index)
+	}
+	if got := learners(); !slices.Equal(got, []uint64{4}) {
+		t.Fatalf("learners %v after the save; want [4]", got)
+	}
+	// A note older than the snapshot point is ignored.
+	l.NoteConfState(10, raftpb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{9}})
+	if got := learners(); !slices.Equal(got, []uint64{4}) {
+		t.Fatalf("learners %v after a note below the snapshot point; want [4]", got)
+	}
+}

@@ -864,6 +864,14 @@ func (a *Actor) send(ctx actor.Context, m raftpb.Message) {
 		return
 	}
 	a.sendRaft(m.To, &raftwire.Message{Group: a.group(), Raft: m})
+	if m.Type == raftpb.MsgSnap {
+		// The transport gives no receipt, and raft holds the replica in
+		// StateSnapshot until told: report the snapshot sent, so raft
+		// probes the replica next. If the replica dropped or refused it,
+		// the probe fails and raft sends a snapshot again, rather than
+		// waiting forever for a report.
+		a.rn.ReportSnapshot(m.To, raft.SnapshotFinish)
+	}
 }
 
 // sendRaft hands rm to replica to: through the transport, or to its PID.
@@ -930,6 +938,7 @@ func (a *Actor) apply(ctx actor.Context, ents []raftpb.Entry) {
 
 func (a *Actor) applyConfState(index uint64, cs *raftpb.ConfState) {
 	store, log, saved := a.store, a.log, *cs
+	store.NoteConfState(index, saved)
 	a.writer.do(func(failed bool) {
 		if failed {
 			return

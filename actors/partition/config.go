@@ -34,6 +34,10 @@ type Storage interface {
 	Flush() error
 	// SetConfState records the membership after the change at index.
 	SetConfState(index uint64, cs raftpb.ConfState) error
+	// NoteConfState tells the log, at once, the membership raft applied
+	// at index, before the writer's SetConfState saves it: a snapshot
+	// asked for meanwhile must name a replica the change added.
+	NoteConfState(index uint64, cs raftpb.ConfState)
 	ApplySnapshot(snap raftpb.Snapshot) error
 	StartOffset() int64
 	EndOffset() int64

@@ -308,3 +308,49 @@ func TestEmptyRestartedReplicaIsAddedAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestDroppedSnapshotIsSentAgain: a learner whose first snapshot is lost
+// (the transport gives no receipt) gets another. Raft holds a replica in
+// StateSnapshot until the snapshot is reported; without the report the
+// leader waited for one forever, as node 4 of TestControllerCheckpoints
+// did once after refusing a snapshot that did not name it.
+func TestDroppedSnapshotIsSentAgain(t *testing.T) {
+	g := newMoveGroup(t)
+	for n := uint64(1); n <= 3; n++ {
+		g.start(n, n, "")
+	}
+	acked := map[int64]string{}
+	g.produce(acked, "before", 20, 1, 2, 3)
+	for n := uint64(1); n <= 3; n++ {
+		res, err := g.sys.Root.RequestFuture(g.live[n].pid, &DeleteBefore{Offset: 15}, 10*time.Second).Result()
+		if err != nil || res.(*DeleteBeforeResult).Err != nil {
+			t.Fatalf("DeleteBefore on node %d: %v %v", n, err, res)
+		}
+	}
+	checkFor(t, 10*time.Second, "the log truncated on every replica", func() bool {
+		for n := uint64(1); n <= 3; n++ {
+			if g.live[n].stats.StartOffset.Load() == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	id4 := heraldpb.ReplicaRaftID(4, 1)
+	var dropped atomic.Int64
+	g.nw.setCut(func(from, to uint64, m raftpb.Message) bool {
+		return to == id4 && m.Type == raftpb.MsgSnap && dropped.CompareAndSwap(0, 1)
+	})
+	r4 := g.start(4, id4, "m1", 1, 2, 3)
+	joined := map[uint64]string{4: "m1"}
+	target := []uint64{1, 2, id4}
+	g.setTarget(target, joined)
+	g.awaitTarget(target)
+	if dropped.Load() != 1 {
+		t.Fatal("no snapshot was sent to the learner: the test did not exercise a lost snapshot")
+	}
+	g.produce(acked, "moved", 5, 1, 2, 4)
+	end := g.leader(1, 2, 4).stats.HighWatermark.Load()
+	checkFor(t, 15*time.Second, fmt.Sprintf("the new replica at hw %d", end), func() bool {
+		return r4.stats.HighWatermark.Load() >= end
+	})
+}
