@@ -65,12 +65,12 @@ type Log struct {
 	cs     raftpb.ConfState
 	// noted is the membership the owner's raft node applied and the log
 	// has not saved yet (NoteConfState); index 0: none.
-	noted  confAt
-	snap   diskState // snapshot point (snapIndex, snapTerm, snapOffset)
-	first  uint64    // FirstIndex = snap.snapIndex+1
-	last   uint64    // LastIndex
-	ix     indexes
-	cache  entryCache
+	noted confAt
+	snap  diskState // snapshot point (snapIndex, snapTerm, snapOffset)
+	first uint64    // FirstIndex = snap.snapIndex+1
+	last  uint64    // LastIndex
+	ix    indexes
+	cache entryCache
 	// damage is the log's damage record (damage.go); nil if whole.
 	damage *Damage
 	// commitCap, when set, bounds the commit index written (AcceptDamage,
