@@ -78,9 +78,7 @@ func (a *Actor) commitOnePhase(ctx actor.Context, k pidEpoch, p proposal) {
 		a.parkCommit(ctx, k, p, "%s", wait)
 		return
 	}
-	p.count, p.appendTime, p.txnEnd = o.records, a.cfg.Clock.Now().UnixMilli(), heraldpb.TxnMarker_TXN_MARKER_COMMIT
-	t.closing[k] = &p
-	a.m.commitsAlone.Inc()
+	a.closeAlone(k, p, o.records, a.cfg.Clock.Now().UnixMilli())
 	a.queueMarker(ctx, queuedMarker{k: k, marker: heraldpb.TxnMarker_TXN_MARKER_COMMIT, count: o.records})
 	a.unparkCommits(ctx, k.pid)
 }
@@ -142,10 +140,16 @@ func (a *Actor) commitInline(ctx actor.Context, k pidEpoch, p proposal, req *her
 		return true
 	}
 	a.tail = base + int64(info.Count)
-	p.count, p.appendTime, p.txnEnd = uint32(info.Count), now, heraldpb.TxnMarker_TXN_MARKER_COMMIT
-	t.closing[k] = &p
-	a.m.commitsAlone.Inc()
+	a.closeAlone(k, p, uint32(info.Count), now)
 	return true
+}
+
+// closeAlone notes p, k's commit alone of count records at now, as the
+// end on its way (closing): its apply answers it.
+func (a *Actor) closeAlone(k pidEpoch, p proposal, count uint32, now int64) {
+	p.count, p.appendTime, p.txnEnd = count, now, heraldpb.TxnMarker_TXN_MARKER_COMMIT
+	a.txn.closing[k] = &p
+	a.m.commitsAlone.Inc()
 }
 
 // applyTxnInline applies a transaction committed with its records: they
