@@ -7,10 +7,20 @@
 fresh_broker() {
   local bin=$1 log=$2
   shift 2
+  if "$bin" topic list > /dev/null 2>&1; then
+    # (the client port is SO_REUSEPORT: a second broker would share it)
+    echo "a broker already answers on the default port: stop it first" >&2
+    return 1
+  fi
   broker_dir=$(mktemp -d ${DATA_BASE:+-p "$DATA_BASE"})
   "$bin" serve --data "$broker_dir" "$@" > "$log" 2>&1 &
   broker_pid=$!
-  for _ in $(seq 1 50); do "$bin" topic list > /dev/null 2>&1 && return 0; sleep 0.2; done
+  for _ in $(seq 1 50); do
+    # (its own process: another broker left on the port would answer too)
+    kill -0 "$broker_pid" 2> /dev/null || break
+    "$bin" topic list > /dev/null 2>&1 && kill -0 "$broker_pid" 2> /dev/null && return 0
+    sleep 0.2
+  done
   echo "broker did not start: $(tail -3 "$log")" >&2
   return 1
 }
