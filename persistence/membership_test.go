@@ -9,6 +9,17 @@ import (
 
 func voters(ids ...uint64) raftpb.ConfState { return raftpb.ConfState{Voters: ids} }
 
+// logOfEntries opens a new log holding entries 1 to n of term 2, all
+// committed, three records each.
+func logOfEntries(t *testing.T, n uint64) (*Log, Options) {
+	t.Helper()
+	opts, _ := testOptions(t, t.TempDir())
+	l := mustOpen(t, opts)
+	g := &gen{term: 2, recLen: 50, nowMs: 5}
+	mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1, Commit: n}, g.entries(1, int(n), 3))
+	return l, opts
+}
+
 // snapshotVoters returns the voters a raft snapshot of l would carry, and
 // its index.
 func snapshotVoters(t *testing.T, l *Log) ([]uint64, uint64) {
@@ -69,11 +80,8 @@ func TestSnapshotCarriesMembershipAsOfItsIndex(t *testing.T) {
 // truncated inside the span whose membership is no longer known; past it,
 // the snapshot is exact again.
 func TestForgottenMembershipSpanIsNotTruncated(t *testing.T) {
-	opts, _ := testOptions(t, t.TempDir())
-	l := mustOpen(t, opts)
+	l, _ := logOfEntries(t, 200)
 	defer l.Close()
-	g := &gen{term: 2, recLen: 50, nowMs: 5}
-	mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1, Commit: 200}, g.entries(1, 200, 3))
 	// Changes at 2, 4, ..., 2*(maxConfHistory+2): the first two are forgotten.
 	n := maxConfHistory + 2
 	for k := 1; k <= n; k++ {
@@ -106,11 +114,8 @@ func TestForgottenMembershipSpanIsNotTruncated(t *testing.T) {
 // snapshot point (the one that needs the snapshot) is in the snapshot's
 // membership as a learner, or raft would not install it there.
 func TestSnapshotNamesReplicasAddedAfterIt(t *testing.T) {
-	opts, _ := testOptions(t, t.TempDir())
-	l := mustOpen(t, opts)
+	l, _ := logOfEntries(t, 100)
 	defer l.Close()
-	g := &gen{term: 2, recLen: 50, nowMs: 5}
-	mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1, Commit: 100}, g.entries(1, 100, 3))
 	steps := []struct {
 		index uint64
 		cs    raftpb.ConfState
@@ -143,10 +148,7 @@ func TestSnapshotNamesReplicasAddedAfterIt(t *testing.T) {
 // maxConfHistory changes: the oldest are forgotten instead, every change
 // is stored, and the latest membership survives a reopen.
 func TestLargeMembershipHistoryFitsTheSlot(t *testing.T) {
-	opts, _ := testOptions(t, t.TempDir())
-	l := mustOpen(t, opts)
-	g := &gen{term: 2, recLen: 50, nowMs: 5}
-	mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1, Commit: 200}, g.entries(1, 200, 3))
+	l, opts := logOfEntries(t, 200)
 	big := func(k int) raftpb.ConfState {
 		var cs raftpb.ConfState
 		for n := 0; n < 20; n++ {
@@ -182,11 +184,8 @@ func TestLargeMembershipHistoryFitsTheSlot(t *testing.T) {
 // "not in the ConfState" and never join); a note the save or an installed
 // snapshot covers is dropped.
 func TestSnapshotNamesAReplicaAddedButNotSaved(t *testing.T) {
-	opts, _ := testOptions(t, t.TempDir())
-	l := mustOpen(t, opts)
+	l, _ := logOfEntries(t, 100)
 	defer l.Close()
-	g := &gen{term: 2, recLen: 50, nowMs: 5}
-	mustSave(t, l, raftpb.HardState{Term: 2, Vote: 1, Commit: 100}, g.entries(1, 100, 3))
 	if err := l.SetConfState(1, voters(1, 2, 3)); err != nil {
 		t.Fatal(err)
 	}
