@@ -645,12 +645,24 @@ func (c *Cluster) logTail(id uint64) string {
 		return ""
 	}
 	lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
+	// Before the tail, the warnings, errors and leadership changes from
+	// earlier (a failed run's nodes are deleted with its directory; these
+	// are what its log keeps to explain it).
+	var notable []string
+	for _, l := range lines[:max(0, len(lines)-15)] {
+		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") && !strings.Contains(l, "EndpointWriter") ||
+			strings.Contains(l, "leader") || strings.Contains(l, "snapshot") {
+			notable = append(notable, l)
+		}
+	}
+	notable = notable[max(0, len(notable)-40):]
 	lines = lines[max(0, len(lines)-15):]
-	return fmt.Sprintf("\n--- last lines of node %d's log %s:\n%s", id, n.LogPath, strings.Join(lines, "\n"))
+	return fmt.Sprintf("\n--- node %d's log %s: its last %d warnings, errors and leadership lines before its last lines:\n%s\n--- its last lines:\n%s",
+		id, n.LogPath, len(notable), strings.Join(notable, "\n"), strings.Join(lines, "\n"))
 }
 
-// LogTails is the last lines of every node's log, for a failed test or
-// run to show.
+// LogTails is the last lines of every node's log, and its notable lines
+// before them, for a failed test or run to show.
 func (c *Cluster) LogTails() string {
 	var b bytes.Buffer
 	for _, id := range c.IDs() {
