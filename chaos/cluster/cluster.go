@@ -648,15 +648,17 @@ func (c *Cluster) logTail(id uint64) string {
 	// Before the tail, the warnings, errors and leadership changes from
 	// earlier (a failed run's nodes are deleted with its directory; these
 	// are what its log keeps to explain it).
+	cut := max(0, len(lines)-15)
 	var notable []string
-	for _, l := range lines[:max(0, len(lines)-15)] {
-		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") && !strings.Contains(l, "EndpointWriter") ||
-			strings.Contains(l, "leader") || strings.Contains(l, "snapshot") {
+	for _, l := range lines[:cut] {
+		noise := strings.Contains(l, "level=ERROR") && strings.Contains(l, "EndpointWriter")
+		if !noise && (strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") ||
+			strings.Contains(l, "leader") || strings.Contains(l, "snapshot")) {
 			notable = append(notable, l)
 		}
 	}
 	notable = notable[max(0, len(notable)-40):]
-	lines = lines[max(0, len(lines)-15):]
+	lines = lines[cut:]
 	return fmt.Sprintf("\n--- node %d's log %s: its last %d warnings, errors and leadership lines before its last lines:\n%s\n--- its last lines:\n%s",
 		id, n.LogPath, len(notable), strings.Join(notable, "\n"), strings.Join(lines, "\n"))
 }
