@@ -868,3 +868,63 @@ func TestDialFailures(t *testing.T) {
 		t.Fatalf("dial with bad version: %v", err)
 	}
 }
+
+// A transaction's commit batch goes past a connection's produce gate: a
+// partition may hold it, written, until the producer's commit before it
+// arrives, and held at the gate's last slot it kept that one out (both
+// waited for the partition to give up on it, 10 s). Other produces still
+// wait for the gate.
+func TestCommitBatchSkipsTheGate(t *testing.T) {
+	b := newBroker(t, fakebroker.Topic("t", 1))
+	c := dial(t, b)
+	p := c.NewProducer()
+	cn, err := c.leaderConn(testCtx(t), "t", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cn.gate.mu.Lock()
+	cn.gate.until = time.Now().Add(time.Hour) // as after a THROTTLED with a long retry-after
+	cn.gate.mu.Unlock()
+	part := uint32(0)
+	key := batchKey{topic: "t", partition: 0}
+	plain := make(chan error, 1)
+	go func() {
+		_, _, err := p.produceOnce(&heraldpb.ProduceRequest{Topic: "t", Partition: &part, Acks: heraldpb.Acks_ACKS_ALL}, key, func() {})
+		plain <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cn.gate.mu.Lock()
+		waiting := cn.gate.changed != nil
+		cn.gate.mu.Unlock()
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the plain produce never waited at the gate")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	commit := make(chan error, 1)
+	go func() {
+		_, sent, err := p.produceOnce(&heraldpb.ProduceRequest{Topic: "t", Partition: &part, Acks: heraldpb.Acks_ACKS_ALL,
+			TxnBatch: true, TransactionalId: "x", ProducerId: 1, CommitTxn: true}, key, func() {})
+		if !sent {
+			err = fmt.Errorf("not sent: %v", err)
+		}
+		commit <- err
+	}()
+	select {
+	case err := <-commit:
+		var he *Error
+		if err != nil && !errors.As(err, &he) {
+			t.Fatalf("the commit batch: %v", err) // (the broker's refusal is an answer)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the commit batch waited at the closed gate")
+	}
+	_ = p.Close(testCtx(t))
+	if err := <-plain; !errors.Is(err, ErrClosed) {
+		t.Fatalf("the plain produce: %v, want ErrClosed (held at the gate until the producer closed)", err)
+	}
+}

@@ -813,11 +813,23 @@ func (p *Producer) produceOnce(req *heraldpb.ProduceRequest, key batchKey, queue
 	if err != nil {
 		return nil, false, err
 	}
-	if err := cn.gate.acquire(p.ctx); err != nil {
-		return nil, false, ErrClosed
+	// A transaction's commit batch does not wait at the gate: a partition
+	// may hold it, written, until the producer's commit before it there
+	// arrives, and held it would keep the gate's last slot from that one
+	// after a THROTTLED (both then waited for the partition to give up on
+	// it, 10 s). The transactions a producer has in flight bound them.
+	gated := !req.CommitTxn
+	if gated {
+		if err := cn.gate.acquire(p.ctx); err != nil {
+			return nil, false, ErrClosed
+		}
 	}
 	throttled := false
-	defer func() { cn.gate.release(throttled, retryAfter(err)) }()
+	defer func() {
+		if gated {
+			cn.gate.release(throttled, retryAfter(err))
+		}
+	}()
 	frame := &heraldpb.Frame{Body: &heraldpb.Frame_Produce{Produce: req}}
 	ch, err := cn.send(p.ctx, func(dst []byte, id uint64) ([]byte, error) {
 		frame.Id = id

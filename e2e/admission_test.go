@@ -418,3 +418,72 @@ func watchMax(t *testing.T, n node, metric string, d time.Duration) func() int64
 		return most.Load()
 	}
 }
+
+// TestParkedCommitFreesItsAdmission: a transaction's commit batch that
+// arrives before the commit it names (txn_commit_after) waits at the
+// partition, written. Its bytes stop counting against its connection's
+// fair share then (ProduceDrained), so the commit it waits for, sent next
+// on the same connection, is admitted and both commit at once. Before,
+// the waiting one kept its bytes admitted: with a limit under two such
+// batches, the one it waited for was THROTTLED again and again until the
+// partition gave up on the waiting one (10 s), and the producer stalled.
+func TestParkedCommitFreesItsAdmission(t *testing.T) {
+	n := startProc(t, t.TempDir(), "--max-inflight-produce-bytes=12288", "--max-produce-defer=100ms")
+	admin := dial(t, n)
+	createTopic(t, admin, "parked", 1)
+	tc := dialTxn(t, n)
+	init := tc.call(&heraldpb.Frame{Body: &heraldpb.Frame_InitProducerId{InitProducerId: &heraldpb.InitProducerIdRequest{TransactionalId: "parked-1", OnePhase: true}}}).GetInitProducerIdResponse()
+	if init == nil || init.OnePhaseEpochs < 2 {
+		t.Fatalf("InitProducerId: %v", init)
+	}
+	part, value := uint32(0), bytes.Repeat([]byte("p"), 8000) // a frame is over half the limit
+	commitBatch := func(epoch uint32, after *uint32) *heraldpb.Frame {
+		tc.next++
+		return &heraldpb.Frame{Id: tc.next, Body: &heraldpb.Frame_Produce{Produce: &heraldpb.ProduceRequest{
+			Topic: "parked", Partition: &part, Acks: heraldpb.Acks_ACKS_ALL, Records: oneRecord(string(value)),
+			TxnBatch: true, TransactionalId: "parked-1", ProducerId: init.ProducerId, ProducerEpoch: epoch,
+			CommitTxn: true, TxnCommitAfter: after}}}
+	}
+	first := init.ProducerEpoch
+	later := commitBatch(first+1, &first)
+	tc.send(later)
+	deadline := time.Now().Add(10 * time.Second)
+	for metricSum(t, n, "herald_partition_txn_commits_waiting") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the later commit never waited at the partition")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	earlier := commitBatch(first, nil)
+	tc.send(earlier)
+	answered := map[uint64]*heraldpb.ProduceResponse{}
+	throttled := 0
+	for len(answered) < 2 {
+		f := tc.read()
+		if f == nil {
+			t.Fatal("connection closed")
+		}
+		switch {
+		case f.Id != earlier.Id && f.Id != later.Id:
+		case f.GetProduceResponse() != nil:
+			answered[f.Id] = f.GetProduceResponse()
+		case f.GetError().GetCode() == heraldpb.ErrorCode_THROTTLED && f.Id == earlier.Id:
+			// What a client does: send it again (same epoch and sequence).
+			throttled++
+			tc.send(earlier)
+		default:
+			t.Fatalf("frame %d answered %v", f.Id, f)
+		}
+	}
+	took := time.Since(start)
+	if a, b := answered[earlier.Id].GetBaseOffset(), answered[later.Id].GetBaseOffset(); a < 0 || b <= a {
+		t.Fatalf("the earlier transaction committed at %d, the later at %d: not in their order", a, b)
+	}
+	if throttled > 0 || took > 5*time.Second {
+		t.Fatalf("the earlier commit was THROTTLED %d times, and both took %v: the waiting commit held its connection's share", throttled, took)
+	}
+	if metricSum(t, n, "herald_produce_drained_total") < 1 {
+		t.Fatal("herald_produce_drained_total did not count the waiting commit")
+	}
+}

@@ -536,21 +536,48 @@ func (c *conn) answer(id uint64) (ok bool, est int64) {
 		c.pending[id] = p
 	}
 	c.mu.Unlock()
-	c.s.releaseQueued(size)
-	if produce > 0 {
-		now := time.Now().UnixNano()
-		if sparseAt > 0 {
-			c.s.adm.sampleSparse(now-sparseAt, now)
-		}
-		c.s.adm.release(&c.adm, produce, now)
-		if c.deferred.CompareAndSwap(true, false) {
-			_ = c.gc.Wake(nil) // its deferred produce may fit now
-		}
-		c.s.admq.wakeNext() // the freed bytes may fit the next in line
-		mProduceInflight.Sub(float64(produce))
-		mProduceDrainRate.Set(float64(c.s.adm.drainRate()))
-	}
+	c.releaseRequest(size, produce, sparseAt)
 	return true, est
+}
+
+// drained stops counting the bytes of pending request id, whose answer
+// comes later (a partition holds it, written: ProduceDrained), as queued
+// and admitted. Once per request: its answer then releases only its slot.
+// An id in flight twice (a client that reuses ids) is left as it is:
+// which one is drained is not known.
+func (c *conn) drained(id uint64) {
+	c.mu.Lock()
+	p, ok := c.pending[id]
+	if !ok || p.n != 1 || p.size == 0 && p.produce == 0 {
+		c.mu.Unlock()
+		return
+	}
+	size, produce := p.size, p.produce
+	p.size, p.produce, p.sparseAt = 0, 0, 0 // (its wait is not the partition's latency)
+	c.pending[id] = p
+	c.mu.Unlock()
+	mProduceDrained.Inc()
+	c.releaseRequest(size, produce, 0)
+}
+
+// releaseRequest releases a request's size queued bytes and its produce
+// admitted ones (a sparse produce admitted at sparseAt samples the latency).
+func (c *conn) releaseRequest(size, produce, sparseAt int64) {
+	c.s.releaseQueued(size)
+	if produce <= 0 {
+		return
+	}
+	now := time.Now().UnixNano()
+	if sparseAt > 0 {
+		c.s.adm.sampleSparse(now-sparseAt, now)
+	}
+	c.s.adm.release(&c.adm, produce, now)
+	if c.deferred.CompareAndSwap(true, false) {
+		_ = c.gc.Wake(nil) // its deferred produce may fit now
+	}
+	c.s.admq.wakeNext() // the freed bytes may fit the next in line
+	mProduceInflight.Sub(float64(produce))
+	mProduceDrainRate.Set(float64(c.s.adm.drainRate()))
 }
 
 // release frees one in-flight slot once its response is written (or can no
@@ -608,6 +635,8 @@ func (a *session) Receive(ctx actor.Context) {
 		a.onFrame(m)
 	case RawPush:
 		a.onRaw(m)
+	case *heraldpb.ProduceDrained:
+		a.c.drained(m.FrameId)
 	case *WriteThen:
 		a.onFrame(m.Frame)
 		if m.Done != nil {

@@ -56,6 +56,10 @@ var (
 		Name: "herald_produce_inflight_bytes",
 		Help: "Bytes of produce requests admitted and not yet answered, all connections (admission control).",
 	})
+	mProduceDrained = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_produce_drained_total",
+		Help: "Produce requests a partition held written, unanswered (a transaction's commit waiting for an earlier one of its producer), whose bytes stopped counting as admitted before their answer.",
+	})
 	mProduceDeferred = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_produce_deferred_total",
 		Help: "Times a produce frame over its connection's fair share was left unread until the connection's turn (admission control; THROTTLED only after --max-produce-defer).",

@@ -1095,6 +1095,57 @@ func (x *TxnFloor) GetThrough() uint64 {
 	return 0
 }
 
+// ProduceDrained: a partition tells the sender of produce request
+// frame_id (a connection's session, netio) that the request is written
+// and its bytes are held no more, though its answer comes later: a
+// transaction's commit batch applied, its commit waiting for an earlier
+// transaction of its producer (actors/partition onephase.go). The session
+// stops counting the bytes as admitted, so that the commit it waits for
+// is admitted on the same connection.
+type ProduceDrained struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FrameId       uint64                 `protobuf:"varint,1,opt,name=frame_id,json=frameId,proto3" json:"frame_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProduceDrained) Reset() {
+	*x = ProduceDrained{}
+	mi := &file_log_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProduceDrained) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProduceDrained) ProtoMessage() {}
+
+func (x *ProduceDrained) ProtoReflect() protoreflect.Message {
+	mi := &file_log_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProduceDrained.ProtoReflect.Descriptor instead.
+func (*ProduceDrained) Descriptor() ([]byte, []int) {
+	return file_log_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ProduceDrained) GetFrameId() uint64 {
+	if x != nil {
+		return x.FrameId
+	}
+	return 0
+}
+
 var File_log_proto protoreflect.FileDescriptor
 
 const file_log_proto_rawDesc = "" +
@@ -1183,7 +1234,9 @@ const file_log_proto_rawDesc = "" +
 	"\x0esession_fences\x18\x03 \x03(\v2\x1a.herald.v1.TxnSessionFenceR\rsessionFences\":\n" +
 	"\bTxnFloor\x12\x14\n" +
 	"\x05floor\x18\x01 \x01(\x04R\x05floor\x12\x18\n" +
-	"\athrough\x18\x02 \x01(\x04R\athroughB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
+	"\athrough\x18\x02 \x01(\x04R\athrough\"+\n" +
+	"\x0eProduceDrained\x12\x19\n" +
+	"\bframe_id\x18\x01 \x01(\x04R\aframeIdB+Z)github.com/heraldmq/herald/proto;heraldpbb\x06proto3"
 
 var (
 	file_log_proto_rawDescOnce sync.Once
@@ -1197,7 +1250,7 @@ func file_log_proto_rawDescGZIP() []byte {
 	return file_log_proto_rawDescData
 }
 
-var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_log_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_log_proto_goTypes = []any{
 	(*LogEntry)(nil),        // 0: herald.v1.LogEntry
 	(*TxnMarkerItem)(nil),   // 1: herald.v1.TxnMarkerItem
@@ -1212,21 +1265,22 @@ var file_log_proto_goTypes = []any{
 	(*Forward)(nil),         // 10: herald.v1.Forward
 	(*TxnState)(nil),        // 11: herald.v1.TxnState
 	(*TxnFloor)(nil),        // 12: herald.v1.TxnFloor
-	(TxnMarker)(0),          // 13: herald.v1.TxnMarker
-	(Fencer)(0),             // 14: herald.v1.Fencer
-	(*Frame)(nil),           // 15: herald.v1.Frame
+	(*ProduceDrained)(nil),  // 13: herald.v1.ProduceDrained
+	(TxnMarker)(0),          // 14: herald.v1.TxnMarker
+	(Fencer)(0),             // 15: herald.v1.Fencer
+	(*Frame)(nil),           // 16: herald.v1.Frame
 }
 var file_log_proto_depIdxs = []int32{
-	13, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
-	14, // 1: herald.v1.LogEntry.fencer:type_name -> herald.v1.Fencer
+	14, // 0: herald.v1.LogEntry.txn_marker:type_name -> herald.v1.TxnMarker
+	15, // 1: herald.v1.LogEntry.fencer:type_name -> herald.v1.Fencer
 	1,  // 2: herald.v1.LogEntry.txn_markers:type_name -> herald.v1.TxnMarkerItem
-	13, // 3: herald.v1.TxnMarkerItem.marker:type_name -> herald.v1.TxnMarker
+	14, // 3: herald.v1.TxnMarkerItem.marker:type_name -> herald.v1.TxnMarker
 	5,  // 4: herald.v1.RaftMessage.quiesce:type_name -> herald.v1.Quiesce
 	4,  // 5: herald.v1.RaftMessage.joining:type_name -> herald.v1.Joining
 	3,  // 6: herald.v1.RaftMessage.entries:type_name -> herald.v1.RaftEntry
 	9,  // 7: herald.v1.SnapshotData.txn_ended:type_name -> herald.v1.TxnEnded
 	8,  // 8: herald.v1.SnapshotData.session_fences:type_name -> herald.v1.TxnSessionFence
-	15, // 9: herald.v1.Forward.frame:type_name -> herald.v1.Frame
+	16, // 9: herald.v1.Forward.frame:type_name -> herald.v1.Frame
 	12, // 10: herald.v1.TxnState.floors:type_name -> herald.v1.TxnFloor
 	9,  // 11: herald.v1.TxnState.ended:type_name -> herald.v1.TxnEnded
 	8,  // 12: herald.v1.TxnState.session_fences:type_name -> herald.v1.TxnSessionFence
@@ -1249,7 +1303,7 @@ func file_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_log_proto_rawDesc), len(file_log_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

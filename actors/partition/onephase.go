@@ -26,7 +26,10 @@ import (
 // commit. It waits parked, not refused, so that the producer's commits
 // behind it keep flowing: at most maxParkedCommits, each at most
 // parkedCommitWait, then answered THROTTLED (the producer sends it
-// again).
+// again). Its batch is written by then, so its sender is told at once
+// (ProduceDrained) that its bytes are no longer held: admission stops
+// counting them, and the commit it waits for, which may come on the same
+// connection, is not refused over that connection's share.
 
 // maxParkedCommits bounds the commits a partition's leader holds waiting.
 const maxParkedCommits = 4096
@@ -184,6 +187,7 @@ func (a *Actor) parkCommit(ctx actor.Context, k pidEpoch, p proposal, why string
 	t := &a.txn
 	if w, ok := t.parked[k]; ok {
 		// (a retry that was not joined to it: answered with it)
+		a.drained(ctx, p)
 		w.p.dups = append(w.p.dups, waiter{replyTo: p.replyTo, frameID: p.frameID})
 		w.p.dups = append(w.p.dups, p.dups...)
 		t.parked[k] = w
@@ -194,8 +198,28 @@ func (a *Actor) parkCommit(ctx actor.Context, k pidEpoch, p proposal, why string
 		a.answer(ctx, p, func(id uint64, _ bool) *heraldpb.Frame { return heraldpb.ErrorFrame(id, e) })
 		return
 	}
+	a.drained(ctx, p)
+	p.drained = true // (retries joining it from now on are told as they join)
 	t.parked[k] = parkedCommit{p: p, since: a.cfg.Clock.Now()}
 	a.m.commitsWaiting.Set(float64(len(t.parked)))
+}
+
+// drained tells p's senders (its own and its dups', unless told already)
+// that their requests' bytes are held no more (ProduceDrained): p parks.
+func (a *Actor) drained(ctx actor.Context, p proposal) {
+	if p.drained {
+		return
+	}
+	tellDrained(ctx, waiter{replyTo: p.replyTo, frameID: p.frameID})
+	for _, w := range p.dups {
+		tellDrained(ctx, w)
+	}
+}
+
+func tellDrained(ctx actor.Context, w waiter) {
+	if w.replyTo != nil {
+		ctx.Send(w.replyTo, &heraldpb.ProduceDrained{FrameId: w.frameID})
+	}
 }
 
 // unparkCommits tries again the commits of producer pid that wait,

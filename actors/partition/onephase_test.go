@@ -54,11 +54,21 @@ func TestTxnCommitAlone(t *testing.T) {
 	mustCommit(t, ip.ask(commitBatchFrame(7, 2, 1, epochPtr(1), "d")), 3, 2, false)
 
 	// Epoch 4 comes before epoch 3, which it names: it waits (parked; a
-	// retry joins it), then commits after it.
+	// retry joins it), then commits after it. Parked, its batch written,
+	// each request's sender is told its bytes are held no more (the
+	// session then stops counting them as admitted: epoch 3's commit may
+	// come on the same connection).
 	parked := newInbox(sys)
-	sys.Root.RequestWithCustomSender(ip.pid, commitBatchFrame(7, 4, 0, epochPtr(3), "f"), parked.pid)
+	first, retry := commitBatchFrame(7, 4, 0, epochPtr(3), "f"), commitBatchFrame(7, 4, 0, epochPtr(3), "f")
+	sys.Root.RequestWithCustomSender(ip.pid, first, parked.pid)
 	checkFor(t, 5*time.Second, "the commit of epoch 4 waiting", func() bool { return waitingCommits("txn-alone") == 1 })
-	sys.Root.RequestWithCustomSender(ip.pid, commitBatchFrame(7, 4, 0, epochPtr(3), "f"), parked.pid)
+	if id := parked.nextDrained(t); id != first.Id {
+		t.Fatalf("drained frame %d, want %d", id, first.Id)
+	}
+	sys.Root.RequestWithCustomSender(ip.pid, retry, parked.pid)
+	if id := parked.nextDrained(t); id != retry.Id {
+		t.Fatalf("drained frame %d, want the retry's %d", id, retry.Id)
+	}
 	mustCommit(t, ip.ask(commitBatchFrame(7, 3, 0, epochPtr(2), "e")), 5, 1, false)
 	mustCommit(t, parked.next(t), 6, 1, false)
 	mustCommit(t, parked.next(t), 6, 1, true)

@@ -25,17 +25,22 @@ func checkFor(t *testing.T, total time.Duration, what string, cond func() bool) 
 	}
 }
 
-// inbox is a test session: an actor that collects the frames sent to it.
+// inbox is a test session: an actor that collects the frames sent to it,
+// and the frame ids it is told are drained (ProduceDrained).
 type inbox struct {
-	pid    *actor.PID
-	frames chan *heraldpb.Frame
+	pid     *actor.PID
+	frames  chan *heraldpb.Frame
+	drained chan uint64
 }
 
 func newInbox(sys *actor.ActorSystem) *inbox {
-	in := &inbox{frames: make(chan *heraldpb.Frame, 4096)}
+	in := &inbox{frames: make(chan *heraldpb.Frame, 4096), drained: make(chan uint64, 4096)}
 	in.pid = sys.Root.Spawn(actor.PropsFromFunc(func(ctx actor.Context) {
-		if f, ok := ctx.Message().(*heraldpb.Frame); ok {
-			in.frames <- f
+		switch m := ctx.Message().(type) {
+		case *heraldpb.Frame:
+			in.frames <- m
+		case *heraldpb.ProduceDrained:
+			in.drained <- m.FrameId
 		}
 	}))
 	return in
@@ -43,12 +48,25 @@ func newInbox(sys *actor.ActorSystem) *inbox {
 
 func (in *inbox) next(t *testing.T) *heraldpb.Frame {
 	t.Helper()
+	return within(t, in.frames, "reply")
+}
+
+// nextDrained is the next frame id the inbox is told is drained.
+func (in *inbox) nextDrained(t *testing.T) uint64 {
+	t.Helper()
+	return within(t, in.drained, "ProduceDrained")
+}
+
+// within receives what from ch within 10 s.
+func within[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
 	select {
-	case f := <-in.frames:
-		return f
+	case v := <-ch:
+		return v
 	case <-time.After(10 * time.Second):
-		t.Fatal("no reply within 10s")
-		return nil
+		t.Fatalf("no %s within 10s", what)
+		var zero T
+		return zero
 	}
 }
 

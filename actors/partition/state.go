@@ -115,6 +115,9 @@ type proposal struct {
 	// txnEnd: a transaction end being proposed (txnLog.closing), commit or
 	// abort.
 	txnEnd heraldpb.TxnMarker
+	// drained: its senders were told its bytes are held no more (a parked
+	// commit's, onephase.go).
+	drained bool
 }
 
 // waiter is a request to answer: its session and frame id.

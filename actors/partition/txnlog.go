@@ -350,6 +350,7 @@ func (a *Actor) onTxnBatch(ctx actor.Context, replyTo *actor.PID, id uint64, req
 	}
 	if w, ok := t.parked[k]; ok && req.CommitTxn {
 		// A retry of a commit batch that waits for an earlier transaction.
+		tellDrained(ctx, waiter{replyTo: replyTo, frameID: id})
 		w.p.dups = append(w.p.dups, waiter{replyTo: replyTo, frameID: id})
 		t.parked[k] = w
 		a.m.duplicates.Inc()
