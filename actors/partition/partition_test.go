@@ -121,6 +121,7 @@ type replica struct {
 	dir   string
 	pid   *actor.PID
 	stats *Stats
+	props *actor.Props // (to start it again: restartReplica)
 }
 
 // spawnGroup starts n replicas of partition t-0 in one actor system, wired
@@ -164,7 +165,7 @@ func spawnGroupWith(t testing.TB, sys *actor.ActorSystem, n int, tune func(r *re
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.pid = pid
+		r.pid, r.props = pid, props
 	}
 	t.Cleanup(func() {
 		for _, r := range reps {

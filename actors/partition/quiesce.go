@@ -120,7 +120,19 @@ func (a *Actor) wake() {
 	}
 	a.setQuiesced(false)
 	a.quiesceAt = nil
+	// The periods spent quiet count now, not in the next tick: that tick
+	// is one period.
+	a.ticks += int(a.elapsed.Swap(0))
 	if a.isLeader {
+		// Awake for QuiesceTicks at least, heartbeating: a follower that
+		// woke it (a restarted one campaigns: it knows no leader) learns
+		// of it before it quiesces again, and then quiesces with it.
+		// Before, the leader's first tick carried the periods it had been
+		// quiet, so it quiesced again at once and sent its followers
+		// Quiesce before any heartbeat; such a follower ignored it and
+		// campaigned again an election timeout later, knowing no leader
+		// meanwhile, for as long as the group stayed idle.
+		a.lastBusy = a.ticks
 		// (A follower whose node left the membership meanwhile is not.)
 		a.rn.WithProgress(func(id uint64, _ raft.ProgressType, _ tracker.Progress) {
 			if id == a.cfg.ReplicaID || a.cfg.Liveness == nil || a.cfg.Liveness(heraldpb.ReplicaNode(id)) {

@@ -156,3 +156,68 @@ func TestQuiescedLeaderCountsCaughtUpFollowersInSync(t *testing.T) {
 		return leader.stats.Quiesced.Load() && slices.Equal(inSync(), all)
 	})
 }
+
+// A follower of an idle, quiesced group restarts (its actor stops and
+// starts again from its log): it knows no leader, so it campaigns, which
+// wakes the leader; it learns of the leader from its heartbeats and
+// quiesces with it, and from then on always names the leader. The woken
+// leader used to count the periods it had been quiet in its first tick and
+// quiesce again at once, sending Quiesce before any heartbeat: the
+// restarted follower, still campaigning, ignored it, learned of the leader
+// from the heartbeat after, and campaigned again an election timeout
+// later, knowing no leader meanwhile, for as long as the group stayed
+// idle (a node restarted in a cluster of idle partitions reported some
+// without a leader again and again; chaos/nemesis TestProcessNemeses
+// failed once on such a partition after a rolling restart).
+func TestQuiescedGroupTakesARestartedFollowerBack(t *testing.T) {
+	sys := actor.NewActorSystem()
+	var mu sync.Mutex
+	down := map[uint64]bool{}
+	alive := func(id uint64) bool { mu.Lock(); defer mu.Unlock(); return !down[id] }
+	setDown := func(id uint64, d bool) { mu.Lock(); defer mu.Unlock(); down[id] = d }
+	reps := spawnGroupWith(t, sys, 3, func(_ *replica, cfg *Config) {
+		cfg.Liveness = alive
+		cfg.ElectionTicks, cfg.QuiesceTicks = 10, 3
+	})
+	live := map[uint64]bool{1: true, 2: true, 3: true}
+	leader := leaderOf(t, reps, live)
+	produceRetrying(t, sys, leader.pid, newInbox(sys), heraldpb.Acks_ACKS_ALL, "first")
+	quiesced := func(what string) {
+		t.Helper()
+		checkFor(t, 10*time.Second, what, func() bool {
+			for _, r := range reps {
+				if !r.stats.Quiesced.Load() || r.stats.Leader.Load() != leader.id {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	quiesced("the idle group quiesced")
+
+	f := reps[leader.id%3] // a follower
+	sys.Root.StopFuture(f.pid).Wait()
+	setDown(f.id, true)
+	// Quiet for many ticks meanwhile (the leader's clock stands still).
+	checkFor(t, 10*time.Second, "the leader quiet", func() bool { return leader.stats.Quiesced.Load() })
+	time.Sleep(300 * time.Millisecond)
+	f.stats.Leader.Store(0)
+	pid, err := sys.Root.SpawnNamed(f.props, f.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.pid = pid
+	setDown(f.id, false)
+	quiesced("the restarted follower quiesced with the group")
+	// Ten election timeouts and more: it never campaigns again.
+	var without []int
+	for i := range 300 {
+		if f.stats.Leader.Load() != leader.id {
+			without = append(without, i)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(without) > 0 {
+		t.Fatalf("the restarted follower named no leader in %d of 300 samples 10 ms apart (at %v)", len(without), without)
+	}
+}
