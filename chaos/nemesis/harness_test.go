@@ -3,6 +3,8 @@ package nemesis
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -88,6 +90,11 @@ func newWorld(t *testing.T, cfg cluster.Config) *world {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Log(c.LogTails())
+			if out := os.Getenv("HERALD_CHAOS_OUT"); out != "" {
+				// The nodes' data and logs, which the test's temp dir loses.
+				keep := filepath.Join(out, fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), time.Now().UnixNano()))
+				t.Logf("kept the nodes' files in %s (%v)", keep, os.CopyFS(keep, os.DirFS(cfg.Dir)))
+			}
 		}
 		if err := c.Stop(); err != nil {
 			t.Errorf("stopping the cluster: %v", err)
