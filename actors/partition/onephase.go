@@ -216,6 +216,10 @@ func (a *Actor) drained(ctx actor.Context, p proposal) {
 	}
 }
 
+// tellDrained sends ProduceDrained to w. Only a connection's session
+// gets it: a commit batch comes from a client's connection alone (the
+// cluster relay, whose futures take any answer as the answer, refuses
+// produces with a producer id: actors/topic cluster.go).
 func tellDrained(ctx actor.Context, w waiter) {
 	if w.replyTo != nil {
 		ctx.Send(w.replyTo, &heraldpb.ProduceDrained{FrameId: w.frameID})
