@@ -130,8 +130,8 @@ func (a *Actor) wake() {
 		// Before, the leader's first tick carried the periods it had been
 		// quiet, so it quiesced again at once and sent its followers
 		// Quiesce before any heartbeat; such a follower ignored it and
-		// campaigned again an election timeout later, knowing no leader
-		// meanwhile, for as long as the group stayed idle.
+		// campaigned again an election timeout later, and again, knowing
+		// no leader for a moment each time.
 		a.lastBusy = a.ticks
 		// (A follower whose node left the membership meanwhile is not.)
 		a.rn.WithProgress(func(id uint64, _ raft.ProgressType, _ tracker.Progress) {
