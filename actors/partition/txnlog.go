@@ -348,11 +348,10 @@ func (a *Actor) onTxnBatch(ctx actor.Context, replyTo *actor.PID, id uint64, req
 		fail(a.txnError(heraldpb.ErrorCode_INVALID_TXN_STATE, "producer %d's transaction of epoch %d is ending here", k.pid, k.epoch))
 		return
 	}
-	if w, ok := t.parked[k]; ok && req.CommitTxn {
-		// A retry of a commit batch that waits for an earlier transaction.
-		tellDrained(ctx, waiter{replyTo: replyTo, frameID: id})
-		w.p.dups = append(w.p.dups, waiter{replyTo: replyTo, frameID: id})
-		t.parked[k] = w
+	if _, ok := t.parked[k]; ok && req.CommitTxn {
+		// A retry of a commit batch that waits for an earlier transaction:
+		// it joins it.
+		a.parkCommit(ctx, k, proposal{replyTo: replyTo, frameID: id}, "")
 		a.m.duplicates.Inc()
 		return
 	}
