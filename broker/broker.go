@@ -158,7 +158,7 @@ func Start(cfg Config, logger *slog.Logger) (*Broker, error) {
 		Flush: cfg.flush, SegmentBytes: cfg.SegmentBytes,
 		DefaultPartitions: uint32(cfg.DefaultParts), MaxMessageBytes: uint32(cfg.MaxMessageBytes),
 		RetentionCheck: cfg.RetentionCheck, MailboxLimit: cfg.PartitionMailbox, WindowBytes: cfg.WindowBytes,
-		Readers: b.readers, Logger: logger, OnIdleRelease: b.reclaim.request,
+		SyncPace: cfg.syncPace(), Readers: b.readers, Logger: logger, OnIdleRelease: b.reclaim.request,
 		Clustered: cfg.Cluster != "" && len(cfg.peers) > 0,
 	})
 	if err != nil {

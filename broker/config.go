@@ -61,11 +61,15 @@ type Config struct {
 	BootstrapPasswordFile string
 	NodeID                uint64
 	Flush                 string
-	SegmentBytes          int
-	MaxFrameBytes         int
-	MaxConnections        int
-	IdleTimeout           time.Duration
-	MaxInFlight           int
+	// LogSyncPace: a partition's log writer whose last sync carried
+	// several entries starts its next sync no sooner than this after it
+	// (partition.Config.SyncPace); 0 = off. Only with Flush "always".
+	LogSyncPace    time.Duration
+	SegmentBytes   int
+	MaxFrameBytes  int
+	MaxConnections int
+	IdleTimeout    time.Duration
+	MaxInFlight    int
 	// Flow control of client connections (netio.Config has the details).
 	MaxPendingOutput         int
 	MaxPendingOutputHard     int // 0 = the larger of 64 MiB and MaxPendingOutput + 2*MaxFrameBytes
@@ -160,7 +164,7 @@ type Config struct {
 // Default returns the embedded defaults of `herald serve`.
 func Default() Config {
 	return Config{
-		DataDir: "./data", Listen: "127.0.0.1:7420", Admin: "127.0.0.1:7480", Flush: "always",
+		DataDir: "./data", Listen: "127.0.0.1:7420", Admin: "127.0.0.1:7480", Flush: "always", LogSyncPace: 2 * time.Millisecond,
 		SegmentBytes: 4 << 20, MaxFrameBytes: 16 << 20, MaxConnections: 10000, IdleTimeout: 5 * time.Minute,
 		MaxInFlight: 1024, MaxPendingOutput: 8 << 20, WriteStallTimeout: 30 * time.Second,
 		MaxQueuedRequestBytes: 64 << 20, FrameTimeout: 30 * time.Second, MaxFrameBytesBeforeHello: 64 << 10,
@@ -177,6 +181,15 @@ func Default() Config {
 
 // Validate checks every setting and reports all problems at once, each
 // naming its setting.
+// syncPace is the partitions' sync pace: LogSyncPace, or 0 when the flush
+// policy syncs in the background anyway (an interval).
+func (c *Config) syncPace() time.Duration {
+	if c.flush.Interval > 0 {
+		return 0
+	}
+	return c.LogSyncPace
+}
+
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(name, format string, args ...any) {
@@ -277,6 +290,9 @@ func (c *Config) Validate() error {
 	}
 	if c.WindowBytes < 0 {
 		bad("window-bytes", "must not be negative")
+	}
+	if c.LogSyncPace < 0 || c.LogSyncPace > partition.MaxSyncPace {
+		bad("log-sync-pace", "%v must be between 0 (off) and %v", c.LogSyncPace, partition.MaxSyncPace)
 	}
 	if c.RetentionCheck <= 0 {
 		bad("retention-check", "must be positive")

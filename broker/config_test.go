@@ -3,6 +3,9 @@ package broker
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/heraldmq/herald/actors/partition"
 )
 
 // The cluster settings are checked with the node's own id when it is
@@ -34,5 +37,26 @@ func TestValidateClusterPeers(t *testing.T) {
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `setting "cluster"`) {
 			t.Errorf("%s: Validate() = %v", name, err)
 		}
+	}
+}
+
+// The sync pace is between 0 (off) and partition.MaxSyncPace, and it
+// reaches the partitions only when the flush policy syncs before the ack
+// (an interval policy syncs in the background: nothing to pace).
+func TestLogSyncPace(t *testing.T) {
+	for _, d := range []time.Duration{-time.Millisecond, partition.MaxSyncPace + time.Millisecond} {
+		c := Default()
+		c.LogSyncPace = d
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `"log-sync-pace"`) {
+			t.Errorf("pace %v: Validate() = %v", d, err)
+		}
+	}
+	c := Default()
+	if err := c.Validate(); err != nil || c.syncPace() != 2*time.Millisecond {
+		t.Fatalf("default: Validate() = %v, pace %v", err, c.syncPace())
+	}
+	c.Flush = "interval:50ms"
+	if err := c.Validate(); err != nil || c.syncPace() != 0 {
+		t.Fatalf("interval flush: Validate() = %v, pace %v", err, c.syncPace())
 	}
 }

@@ -362,7 +362,7 @@ func (a *Actor) open() error {
 	// keeps its mailbox, which may still hold its predecessor's reports.
 	a.gen = writerGens.Add(1)
 	gen, sys, self := a.gen, a.sys, a.self
-	a.writer = startWriter(store, gen, a.cfg.WriterQueue, a.m.writerQueue, func(m any) { sys.Root.Send(self, m) })
+	a.writer = startWriter(store, gen, a.cfg.WriterQueue, a.cfg.SyncPace, a.m.writerQueue, func(m any) { sys.Root.Send(self, m) })
 	a.appendsQueued, a.stampReady, a.clearing = 0, false, false
 	a.applied = applied
 	// (never below the log's start: retention that cut a transaction's

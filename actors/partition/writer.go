@@ -1,6 +1,8 @@
 package partition
 
 import (
+	"time"
+
 	"github.com/asynkron/protoactor-go/actor"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,9 +11,21 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 )
 
-var writerQueueDepth = promauto.NewGaugeVec(prometheus.GaugeOpts{
-	Name: "herald_log_writer_queue_depth", Help: "Raft append messages waiting for the partition's log writer.",
-}, labels)
+var (
+	writerQueueDepth = promauto.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "herald_log_writer_queue_depth", Help: "Raft append messages waiting for the partition's log writer.",
+	}, labels)
+	syncsPaced = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_log_syncs_paced_total", Help: "Log syncs a partition's writer held back to its sync pace (Config.SyncPace), so that the appends arriving meanwhile join them.",
+	})
+	syncPacedSeconds = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_log_sync_paced_seconds_total", Help: "Time partitions' log writers held syncs back to their sync pace.",
+	})
+)
+
+// MaxSyncPace bounds Config.SyncPace: a sync held longer would add more
+// to every acknowledgement than it saves.
+const MaxSyncPace = 20 * time.Millisecond
 
 // appendDone reports that a writer made a run of MsgStorageAppend messages
 // durable (under the flush policy), or failed to.
@@ -64,10 +78,16 @@ type (
 type logWriter struct {
 	store Storage
 	gen   uint64
-	in    chan writerItem
-	done  chan struct{}
-	send  func(any)
-	depth prometheus.Gauge
+	// pace is Config.SyncPace; lastSync is when the last sync began, and
+	// entries the moving average of the entries a sync carried (the
+	// writer's goroutine only).
+	pace     time.Duration
+	lastSync time.Time
+	entries  float64
+	in       chan writerItem
+	done     chan struct{}
+	send     func(any)
+	depth    prometheus.Gauge
 	// backlog holds what the full queue did not take, in order; the
 	// actor's goroutine only (submit, do, drain).
 	backlog []writerItem
@@ -83,8 +103,8 @@ type writerItem struct {
 
 const maxWriterBatch = 256
 
-func startWriter(store Storage, gen uint64, queue int, depth prometheus.Gauge, send func(any)) *logWriter {
-	w := &logWriter{store: store, gen: gen, in: make(chan writerItem, queue), done: make(chan struct{}), send: send, depth: depth}
+func startWriter(store Storage, gen uint64, queue int, pace time.Duration, depth prometheus.Gauge, send func(any)) *logWriter {
+	w := &logWriter{store: store, gen: gen, pace: pace, in: make(chan writerItem, queue), done: make(chan struct{}), send: send, depth: depth}
 	go w.run()
 	return w
 }
@@ -144,6 +164,7 @@ func (w *logWriter) run() {
 	defer close(w.done)
 	failed := false
 	for it := range w.in {
+		w.hold()
 		items := []writerItem{it}
 	drain:
 		for len(items) < maxWriterBatch {
@@ -171,6 +192,27 @@ func (w *logWriter) run() {
 	}
 }
 
+// paceFrom is the average of entries per sync from which the writer
+// paces its syncs: appends arrive faster than one a sync, concurrently.
+const paceFrom = 2
+
+// hold waits, before the writer takes what is queued, until its sync
+// pace lets the next sync begin: only while its syncs carry paceFrom
+// entries or more on average (appends arrive concurrently, faster than
+// the syncs), and no longer than the pace after the last sync began.
+// What arrives meanwhile joins the next sync. Under a lighter load (one
+// entry a sync, the average falling back) nothing is held.
+func (w *logWriter) hold() {
+	if w.pace <= 0 || w.entries < paceFrom {
+		return
+	}
+	if wait := time.Until(w.lastSync.Add(w.pace)); wait > 0 {
+		time.Sleep(wait)
+		syncsPaced.Inc()
+		syncPacedSeconds.Add(wait.Seconds())
+	}
+}
+
 // flush writes a run of appends, makes them durable with one Flush and
 // reports; it returns whether the log has failed.
 func (w *logWriter) flush(batch []raftpb.Message, failed bool) bool {
@@ -178,6 +220,8 @@ func (w *logWriter) flush(batch []raftpb.Message, failed bool) bool {
 		return failed // after a failure the actor is tearing the log down
 	}
 	res := appendDone{gen: w.gen, n: len(batch)}
+	w.lastSync = time.Now()
+	defer func() { w.entries += (float64(len(res.entries)) - w.entries) / 8 }()
 	var run appendRun
 	for i := range batch {
 		m := &batch[i]

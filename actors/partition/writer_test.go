@@ -3,6 +3,7 @@ package partition
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/heraldmq/herald/persistence"
 	heraldpb "github.com/heraldmq/herald/proto"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -155,5 +157,98 @@ func TestAppendRunMerges(t *testing.T) {
 				t.Fatalf("writes %s, want %s", s, tc.want)
 			}
 		})
+	}
+}
+
+// timingStore records when each Write began (the sync that follows it is
+// the writer's next step).
+type timingStore struct {
+	Storage
+	mu     sync.Mutex
+	writes []time.Time
+}
+
+func (s *timingStore) Flush() error { return nil }
+
+func (s *timingStore) Write(raftpb.HardState, []raftpb.Entry) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writes = append(s.writes, time.Now())
+	return nil
+}
+
+func (s *timingStore) gaps() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []time.Duration
+	for i := 1; i < len(s.writes); i++ {
+		out = append(out, s.writes[i].Sub(s.writes[i-1]))
+	}
+	return out
+}
+
+// The sync pace (Config.SyncPace): while a writer's syncs carry two or
+// more entries on average (concurrent appends), the next sync begins no
+// sooner than the pace after the last began; once the syncs carry one
+// entry each again (a lone producer), none is held.
+func TestSyncPaceHoldsOnlyConcurrentAppends(t *testing.T) {
+	const pace = 20 * time.Millisecond
+	s := &timingStore{}
+	done := make(chan appendDone, 1)
+	w := startWriter(s, 1, 8, pace, writerQueueDepth.WithLabelValues("pace-test", "0"), func(m any) { done <- m.(appendDone) })
+	t.Cleanup(w.stop)
+	next := uint64(1)
+	appendOf := func(entries int) {
+		t.Helper()
+		m := raftpb.Message{Type: raftpb.MsgStorageAppend}
+		for range entries {
+			m.Entries = append(m.Entries, raftpb.Entry{Index: next, Term: 1})
+			next++
+		}
+		w.submit(m)
+		select {
+		case d := <-done:
+			if d.err != nil || len(d.entries) != entries {
+				t.Fatalf("append of %d entries: %d written, err %v", entries, len(d.entries), d.err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no report of the append")
+		}
+	}
+	paced := func() float64 { return testutil.ToFloat64(syncsPaced) }
+
+	// One entry a sync: nothing held.
+	before := paced()
+	for range 20 {
+		appendOf(1)
+	}
+	if got := paced(); got != before {
+		t.Fatalf("%v syncs held with one entry a sync", got-before)
+	}
+	// Three entries a sync: held once the average reaches two (the 9th),
+	// each sync from then on at least the pace after the one before.
+	for range 20 {
+		appendOf(3)
+	}
+	gaps := s.gaps()
+	for i, g := range gaps[len(gaps)-10:] {
+		if g < pace-time.Millisecond {
+			t.Fatalf("sync %d of the last 10 began %v after the one before, under the pace %v (gaps %v)", i, g, pace, gaps[len(gaps)-10:])
+		}
+	}
+	if got := paced() - before; got < 10 {
+		t.Fatalf("%v syncs held, want at least 10", got)
+	}
+	// Back to one entry a sync: the average falls under two and nothing
+	// is held any more.
+	for range 10 {
+		appendOf(1)
+	}
+	before = paced()
+	for range 10 {
+		appendOf(1)
+	}
+	if got := paced(); got != before {
+		t.Fatalf("%v syncs still held after the load fell to one entry a sync", got-before)
 	}
 }

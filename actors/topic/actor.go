@@ -299,6 +299,7 @@ func (m *Manager) partitionConfig(name string, p uint32, cfg *heraldpb.TopicConf
 		TickInterval:      m.cfg.TickInterval,
 		MailboxLimit:      m.cfg.MailboxLimit,
 		WindowBytes:       m.cfg.WindowBytes,
+		SyncPace:          m.cfg.SyncPace,
 		Readers:           m.cfg.Readers,
 		OnRelease:         m.cfg.OnIdleRelease,
 		Clock:             m.cfg.Clock,

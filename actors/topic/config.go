@@ -54,6 +54,7 @@ type Config struct {
 	RetentionCheck time.Duration
 	MailboxLimit   int
 	WindowBytes    int
+	SyncPace       time.Duration
 
 	// OnIdleRelease is passed to every partition (partition.Config.OnRelease).
 	OnIdleRelease func()

@@ -34,12 +34,12 @@ func TestServeConfigPrecedence(t *testing.T) {
 // TestServeConfigErrors checks that every bad setting is named, all at
 // once, and that bad values are usage errors (exit 2).
 func TestServeConfigErrors(t *testing.T) {
-	_, err := loadServeConfig([]string{"--listen", "nope", "--flush", "sometimes", "--max-in-flight", "0"}, env(nil))
+	_, err := loadServeConfig([]string{"--listen", "nope", "--flush", "sometimes", "--max-in-flight", "0", "--log-sync-pace", "1s"}, env(nil))
 	var ue usageError
 	if !errors.As(err, &ue) {
 		t.Fatalf("want a usage error, got %v", err)
 	}
-	for _, name := range []string{`"listen"`, `"flush"`, `"max-in-flight"`} {
+	for _, name := range []string{`"listen"`, `"flush"`, `"max-in-flight"`, `"log-sync-pace"`} {
 		if !strings.Contains(err.Error(), name) {
 			t.Fatalf("error does not name setting %s: %v", name, err)
 		}
