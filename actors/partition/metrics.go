@@ -105,6 +105,12 @@ var (
 	followerResets = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_raft_follower_resets_total", Help: "Followers a leader found to have lost entries they had acknowledged (a damaged log); each makes it hand its leadership over, or start a new term, so that they are sent them again.",
 	})
+	syncsPaced = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_log_syncs_paced_total", Help: "Log syncs a partition's writer held back to its sync pace (Config.SyncPace), so that the appends arriving meanwhile join them.",
+	})
+	syncPacedSeconds = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "herald_log_sync_paced_seconds_total", Help: "Time partitions' log writers held syncs back to their sync pace.",
+	})
 	txnFenced = promauto.NewCounter(prometheus.CounterOpts{
 		Name: "herald_partition_txn_fenced_total", Help: "Appends and fences of a transaction coordinator refused (PRODUCER_FENCED) because a newer coordinator had fenced the partition.",
 	})

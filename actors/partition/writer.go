@@ -11,17 +11,9 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 )
 
-var (
-	writerQueueDepth = promauto.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "herald_log_writer_queue_depth", Help: "Raft append messages waiting for the partition's log writer.",
-	}, labels)
-	syncsPaced = promauto.NewCounter(prometheus.CounterOpts{
-		Name: "herald_log_syncs_paced_total", Help: "Log syncs a partition's writer held back to its sync pace (Config.SyncPace), so that the appends arriving meanwhile join them.",
-	})
-	syncPacedSeconds = promauto.NewCounter(prometheus.CounterOpts{
-		Name: "herald_log_sync_paced_seconds_total", Help: "Time partitions' log writers held syncs back to their sync pace.",
-	})
-)
+var writerQueueDepth = promauto.NewGaugeVec(prometheus.GaugeOpts{
+	Name: "herald_log_writer_queue_depth", Help: "Raft append messages waiting for the partition's log writer.",
+}, labels)
 
 // MaxSyncPace bounds Config.SyncPace: a sync held longer would add more
 // to every acknowledgement than it saves.
