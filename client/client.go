@@ -243,6 +243,17 @@ func (c *Client) anyConnExcept(ctx context.Context, except string) (*conn, error
 		c.mu.Unlock()
 		return nil, ErrClosed
 	}
+	// The usual answer, without building the list (a request's path on
+	// a single broker): the first address, when it is good and its
+	// connection is up, is the one the list below would give.
+	if len(c.addrs) > 0 {
+		if a := c.addrs[0]; a != except && !c.suspectLocked(a) {
+			if cn := c.conns[a]; cn != nil && cn.alive() {
+				c.mu.Unlock()
+				return cn, nil
+			}
+		}
+	}
 	addrs := c.knownAddrsLocked()
 	var good, bad []string
 	for _, a := range addrs {
