@@ -10,8 +10,9 @@ import (
 	heraldpb "github.com/heraldmq/herald/proto"
 )
 
-// Paced syncs on a real broker (--log-sync-pace, default 2ms): a lone
-// producer's appends, one entry a sync, are never held; many producers'
+// Paced syncs on a real broker (--log-sync-pace, default 2ms): a
+// producer that waits for each acknowledgement (one entry a sync) is
+// never held; many producers'
 // appends at once are (herald_log_syncs_paced_total moves). Every record
 // is acknowledged only once synced: a SIGKILL right after the load loses
 // none of them.

@@ -176,14 +176,16 @@ type Config struct {
 	// WriterQueue bounds the raft append messages waiting for the log
 	// writer. Default 1024.
 	WriterQueue int
-	// SyncPace paces the log writer's syncs under concurrent load: a
-	// writer whose last sync carried two or more entries starts the next
-	// no sooner than SyncPace after that one began, and what arrives
+	// SyncPace paces the log writer's syncs under concurrent load: while
+	// its syncs carry two or more entries on average, a writer starts the
+	// next no sooner than SyncPace after the last began, and what arrives
 	// meanwhile joins it. A sync costs the kernel about the same processor
 	// time whatever it carries, so small concurrent appends (transactions
-	// of a few records) share fewer syncs; a lone producer's appends
-	// (one entry a sync) are never held. 0 = off (sync as soon as the last
-	// sync ends); at most MaxSyncPace.
+	// of a few records) share fewer syncs. Appends of one entry a sync (a
+	// producer that waits for each acknowledgement) are never held; a
+	// producer with several requests in flight, or a follower taking
+	// several entries at a time, counts as concurrent. 0 = off (sync as
+	// soon as the last sync ends); at most MaxSyncPace.
 	SyncPace time.Duration
 	// MaxParkedFetches bounds the long-poll fetches waiting for data; past it
 	// a fetch is answered at once, empty. Default 1024.

@@ -193,9 +193,11 @@ const paceFrom = 2
 // entries or more on average (appends arrive concurrently, faster than
 // the syncs), and no longer than the pace after the last sync began.
 // What arrives meanwhile joins the next sync. Under a lighter load (one
-// entry a sync, the average falling back) nothing is held.
+// entry a sync, the average falling back) nothing is held, nor when a
+// whole batch waits already (the writer is behind: holding would only
+// cap it).
 func (w *logWriter) hold() {
-	if w.pace <= 0 || w.entries < paceFrom {
+	if w.pace <= 0 || w.entries < paceFrom || len(w.in) >= maxWriterBatch-1 {
 		return
 	}
 	if wait := time.Until(w.lastSync.Add(w.pace)); wait > 0 {
