@@ -61,9 +61,10 @@ type Config struct {
 	BootstrapPasswordFile string
 	NodeID                uint64
 	Flush                 string
-	// LogSyncPace: a partition's log writer whose last sync carried
-	// several entries starts its next sync no sooner than this after it
-	// (partition.Config.SyncPace); 0 = off. Only with Flush "always".
+	// LogSyncPace: while a partition's syncs carry two or more entries on
+	// average, its log writer starts the next no sooner than this after
+	// the last began (partition.Config.SyncPace); 0 = off. Only with
+	// Flush "always".
 	LogSyncPace    time.Duration
 	SegmentBytes   int
 	MaxFrameBytes  int
@@ -179,8 +180,6 @@ func Default() Config {
 	}
 }
 
-// Validate checks every setting and reports all problems at once, each
-// naming its setting.
 // syncPace is the partitions' sync pace: LogSyncPace, or 0 when the flush
 // policy syncs in the background anyway (an interval).
 func (c *Config) syncPace() time.Duration {
@@ -190,6 +189,8 @@ func (c *Config) syncPace() time.Duration {
 	return c.LogSyncPace
 }
 
+// Validate checks every setting and reports all problems at once, each
+// naming its setting.
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(name, format string, args ...any) {
