@@ -12,10 +12,9 @@ import (
 
 // Paced syncs on a real broker (--log-sync-pace, default 2ms): a
 // producer that waits for each acknowledgement (one entry a sync) is
-// never held; many producers'
-// appends at once are (herald_log_syncs_paced_total moves). Every record
-// is acknowledged only once synced: a SIGKILL right after the load loses
-// none of them.
+// never held; many producers' appends at once are
+// (herald_log_syncs_paced_total moves). Every record is acknowledged only
+// once synced: a SIGKILL right after the load loses none of them.
 func TestSyncPaceEndToEnd(t *testing.T) {
 	n := startProc(t, t.TempDir())
 	c := dial(t, n)

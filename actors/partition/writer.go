@@ -215,7 +215,6 @@ func (w *logWriter) flush(batch []raftpb.Message, failed bool) bool {
 	}
 	res := appendDone{gen: w.gen, n: len(batch)}
 	w.lastSync = time.Now()
-	defer func() { w.entries += (float64(len(res.entries)) - w.entries) / 8 }()
 	var run appendRun
 	for i := range batch {
 		m := &batch[i]
@@ -245,6 +244,7 @@ func (w *logWriter) flush(batch []raftpb.Message, failed bool) bool {
 		failed = true
 		res.entries, res.responses = nil, nil
 	}
+	w.entries += (float64(len(res.entries)) - w.entries) / 8 // (the sync pace's moving average)
 	w.send(res)
 	return failed
 }

@@ -84,7 +84,7 @@ func settings() []setting {
 		{"flush", "fsync policy: always (fsync before ack) or interval:<duration>", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.StringVar(&c.Flush, "flush", d.Flush, "")
 		}},
-		{"log-sync-pace", "under concurrent load, a partition's log syncs at most once per this, to carry more per sync (0 = off; with flush always)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
+		{"log-sync-pace", "while a partition's syncs carry two or more entries on average, its next sync begins no sooner than this after the last began, so more appends share it (0 = off; at most 20ms; with flush always)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
 			fs.DurationVar(&c.LogSyncPace, "log-sync-pace", d.LogSyncPace, "")
 		}},
 		{"segment-bytes", "log segment size in bytes (the tail segment is held in memory)", func(fs *flag.FlagSet, c *broker.Config, d broker.Config) {
