@@ -487,3 +487,59 @@ func TestParkedCommitFreesItsAdmission(t *testing.T) {
 		t.Fatal("herald_produce_drained_total did not count the waiting commit")
 	}
 }
+
+// TestPipelinedTransactionsAreNotSparse: a producer with many small
+// transactions in flight (CommitAsync, 32 at a time, 10 KiB each) is a
+// heavy producer, though a sync answers the commits it carried all at
+// once and leaves its connection with almost nothing in flight right
+// after. The latency control took its next commit for a light producer's
+// (sparse), and with a 1 µs target every such sample cut the admission
+// limit: the producer's own load throttled it, thousands of samples a
+// second. A produce is sparse only on a connection that stayed light for
+// two latency windows, so past the producer's first requests none is.
+func TestPipelinedTransactionsAreNotSparse(t *testing.T) {
+	n := startProc(t, t.TempDir(), "--produce-latency-target=1us")
+	c := dial(t, n)
+	createTopic(t, c, "tx", 2)
+	ctx := ctxT(t, 60*time.Second)
+	p := newTxnProducer(t, c, "pipelined", client.WithTxnWrittenOnce())
+	var failed atomic.Int64
+	var committed atomic.Int64
+	val := bytes.Repeat([]byte("x"), 1024)
+	run := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			if err := p.Begin(); err != nil {
+				t.Fatal(err)
+			}
+			for range 10 {
+				p.SendAsync(ctx, &client.Message{Topic: "tx", Value: val}, nil)
+			}
+			err := p.CommitAsync(ctx, func(_ client.TxnEnd, err error) {
+				if err != nil {
+					failed.Add(1)
+				} else {
+					committed.Add(1)
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sparse := func() float64 { return metricSum(t, n, "herald_produce_sparse_latency_seconds_count") }
+	run(time.Second) // (its first requests, before 64 KiB are in flight, are sparse)
+	before, cutsBefore := sparse(), metricSum(t, n, "herald_produce_limit_cuts_total")
+	run(2 * time.Second)
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after, cuts := sparse()-before, metricSum(t, n, "herald_produce_limit_cuts_total")-cutsBefore
+	if failed.Load() > 0 || committed.Load() == 0 {
+		t.Fatalf("%d transactions committed, %d failed", committed.Load(), failed.Load())
+	}
+	// (Close drains the last commits: the last may be sparse.)
+	if after > 4 || cuts > 4 {
+		t.Errorf("%v of the pipelining producer's produces taken for sparse in 2 s, %v limit cuts", after, cuts)
+	}
+	t.Logf("%d transactions committed; %v sparse produces and %v cuts after the first second", committed.Load(), after, cuts)
+}

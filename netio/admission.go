@@ -101,8 +101,53 @@ type admission struct {
 	rate        atomic.Int64 // bytes/s; 0 = not measured yet
 }
 
-// admitCounter is one connection's produce bytes in flight.
-type admitCounter struct{ own atomic.Int64 }
+// admitCounter is one connection's produce bytes in flight, and the most
+// it had in flight at once lately: a connection is light (latency.go)
+// only while both are small, so that a heavy producer whose answers come
+// in bursts (a sync answers all it carried) is not taken for a light one
+// each time its bytes in flight dip.
+type admitCounter struct {
+	own atomic.Int64
+	// peak is the most own reached in the window that began at peakAt
+	// (latencyWindow long), prevPeak in the window before it. Written
+	// where bytes are taken, on the connection's event loop.
+	peak, prevPeak, peakAt atomic.Int64
+}
+
+// rotate starts a new peak window if the current one is over at now.
+func (c *admitCounter) rotate(now int64) {
+	at := c.peakAt.Load()
+	d := now - at
+	if d < int64(latencyWindow) {
+		return
+	}
+	prev := int64(0)
+	if d < 2*int64(latencyWindow) {
+		prev = c.peak.Load()
+	}
+	c.prevPeak.Store(prev)
+	c.peak.Store(0)
+	c.peakAt.Store(now)
+}
+
+// notePeak counts own, c's bytes in flight at now, in its peak window.
+func (c *admitCounter) notePeak(own, now int64) {
+	c.rotate(now)
+	if own > c.peak.Load() {
+		c.peak.Store(own)
+	}
+}
+
+// light reports whether c, with size more bytes in flight, stays a light
+// producer: at most sparseBytes in flight now and at any time in this
+// peak window and the one before.
+func (c *admitCounter) light(size, now int64) bool {
+	if c.own.Load()+size > sparseBytes {
+		return false
+	}
+	c.rotate(now)
+	return c.peak.Load() <= sparseBytes && c.prevPeak.Load() <= sparseBytes
+}
 
 func newAdmission(limit int64, target time.Duration) *admission {
 	limit = max(limit, 0)
@@ -119,7 +164,7 @@ func newAdmission(limit int64, target time.Duration) *admission {
 func (a *admission) admit(c *admitCounter, size, now int64) (verdict, time.Duration) {
 	v, wait := a.decide(c, size, now, true)
 	if v == admitted {
-		a.take(c, size)
+		a.take(c, size, now)
 	}
 	return v, wait
 }
@@ -135,7 +180,7 @@ func (a *admission) decide(c *admitCounter, size, now int64, turn bool) (verdict
 	}
 	limit := a.limit.Load()
 	total, own := a.inflight.Load(), c.own.Load()
-	if wait := a.paced(own, size, now); wait > 0 {
+	if wait := a.paced(c, size, now); wait > 0 {
 		return throttledLimit, min(wait, maxRetryAfter)
 	}
 	if total+size <= limit/2 {
@@ -158,13 +203,15 @@ func (a *admission) decide(c *admitCounter, size, now int64, turn bool) (verdict
 	return v, a.retryAfter(own+size-share, act)
 }
 
-// take counts size admitted bytes on c.
-func (a *admission) take(c *admitCounter, size int64) {
-	a.spend(c.own.Load(), size)
+// take counts size admitted bytes on c at now.
+func (a *admission) take(c *admitCounter, size, now int64) {
+	a.spend(c, size, now)
 	a.inflight.Add(size)
-	if c.own.Add(size) == size && size > 0 {
+	own := c.own.Add(size)
+	if own == size && size > 0 {
 		a.active.Add(1)
 	}
+	c.notePeak(own, now)
 }
 
 // release uncounts size bytes of c whose response was sent, and counts
@@ -250,7 +297,7 @@ func (c *conn) deferProduce(gc gnet.Conn, payload []byte, n int) bool {
 	v, wait := c.s.adm.decide(&c.adm, int64(n), now, front || c.s.admq.empty())
 	if v == admitted {
 		// Counted now: another loop could take the room before onFrame.
-		c.s.adm.take(&c.adm, int64(n))
+		c.s.adm.take(&c.adm, int64(n), now)
 		c.preAdmitted = int64(n)
 		c.deferSince = 0
 		if front {

@@ -162,7 +162,10 @@ func TestLatencyControl(t *testing.T) {
 	if a.floor != 256<<10 {
 		t.Fatalf("floor %d, want 256 KiB (16 MiB / 64)", a.floor)
 	}
-	if !a.sparse(64<<10) || a.sparse(64<<10+1) {
+	lightC, heavyC := &admitCounter{}, &admitCounter{}
+	lightC.own.Store(64 << 10)
+	heavyC.own.Store(64<<10 + 1)
+	if !a.sparse(lightC, 0) || a.sparse(heavyC, 0) {
 		t.Fatal("sparse: a connection with at most 64 KiB in flight")
 	}
 	now := int64(time.Second)
@@ -204,18 +207,18 @@ func TestLatencyControl(t *testing.T) {
 	// for its bytes; a sparse one goes at once.
 	a.lat.tokens.Store(0)
 	a.lat.tokAt.Store(now)
-	if wait := a.paced(0, 256<<10, now); wait <= 0 {
+	if wait := a.paced(&admitCounter{}, 256<<10, now); wait <= 0 {
 		t.Fatal("a 256 KiB produce not paced with an empty bucket")
 	}
-	if wait := a.paced(0, 8<<10, now); wait != 0 {
+	if wait := a.paced(&admitCounter{}, 8<<10, now); wait != 0 {
 		t.Fatalf("a sparse produce paced (%v)", wait)
 	}
 	now += int64(100 * time.Millisecond) // 400 KiB at 4 MiB/s
-	if wait := a.paced(0, 256<<10, now); wait != 0 {
+	if wait := a.paced(&admitCounter{}, 256<<10, now); wait != 0 {
 		t.Fatalf("a 256 KiB produce waits %v with 400 KiB in the bucket", wait)
 	}
-	a.take(c, 256<<10)
-	if wait := a.paced(c.own.Load(), 256<<10, now); wait <= 0 {
+	a.take(c, 256<<10, now)
+	if wait := a.paced(c, 256<<10, now); wait <= 0 {
 		t.Fatal("the bucket did not pay for the produce admitted")
 	}
 	// A window without a slow sparse produce (this answer ends one)
@@ -257,8 +260,60 @@ func TestLatencyControl(t *testing.T) {
 	off := newAdmission(16*mib, 0)
 	off.sampleSparse(time.Second.Nanoseconds(), now)
 	off.adjust(now + time.Hour.Nanoseconds())
-	if off.sparse(0) || off.limit.Load() != 16*mib {
+	if off.sparse(&admitCounter{}, now) || off.limit.Load() != 16*mib {
 		t.Fatal("latency control off moved the limit")
+	}
+}
+
+// TestSparseNeedsALightConnection: a produce is sparse only on a
+// connection that had at most 64 KiB in flight all through this latency
+// window and the last. A heavy producer whose answers come in bursts (a
+// sync answers every batch it carried) has almost nothing in flight right
+// after each burst; its next produce was taken for a light producer's,
+// and its latency (which includes waiting for the next sync) cut the
+// limit in force under the producer's own load. Pacing exempts the same
+// light connections.
+func TestSparseNeedsALightConnection(t *testing.T) {
+	const mib = 1 << 20
+	a := newAdmission(16*mib, 10*time.Millisecond)
+	now := int64(time.Second)
+	heavy, light := &admitCounter{}, &admitCounter{}
+	for range 32 { // a pipelining producer: 32 batches of 32 KiB in flight
+		if v, _ := a.admit(heavy, 32<<10, now); v != admitted {
+			t.Fatalf("verdict %d under the soft limit", v)
+		}
+	}
+	a.release(heavy, 32*32<<10, now) // one sync answers them all
+	if v, _ := a.admit(heavy, 32<<10, now+ms); v != admitted || a.sparse(heavy, now+ms) {
+		t.Fatal("the heavy producer's next batch, right after its burst of answers, was taken for a light producer's")
+	}
+	if v, _ := a.admit(light, 4<<10, now+ms); v != admitted || !a.sparse(light, now+ms) {
+		t.Fatal("a light producer's produce was not sparse")
+	}
+	// Pacing: the heavy connection's small batch is paced, the light one's
+	// is not.
+	a.setPace(4 * mib)
+	a.lat.tokens.Store(0)
+	a.lat.tokAt.Store(now + ms)
+	if wait := a.paced(heavy, 4<<10, now+ms); wait <= 0 {
+		t.Fatal("a heavy connection's small batch escaped pacing")
+	}
+	if wait := a.paced(light, 4<<10, now+ms); wait != 0 {
+		t.Fatalf("a light connection's produce paced (%v)", wait)
+	}
+	a.setPace(0)
+	// Light again once a whole window and the one before passed with at
+	// most 64 KiB in flight.
+	a.release(heavy, 32<<10, now+2*ms)
+	later := now + ms
+	for i := range 3 {
+		later += int64(latencyWindow)
+		a.admit(heavy, 16<<10, later)
+		sparse := a.sparse(heavy, later)
+		a.release(heavy, 16<<10, later)
+		if want := i >= 1; sparse != want {
+			t.Fatalf("%d windows after the burst: sparse %v, want %v", i+1, sparse, want)
+		}
 	}
 }
 

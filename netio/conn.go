@@ -170,7 +170,7 @@ func (c *conn) onFrame(gc gnet.Conn, out []byte, f *heraldpb.Frame, derr error, 
 		mProduceInflight.Add(float64(produce))
 	}
 	var sparseAt int64
-	if produce > 0 && c.s.adm.sparse(c.adm.own.Load()) {
+	if produce > 0 && c.s.adm.sparse(&c.adm, now) {
 		sparseAt = now
 	}
 	if !c.acquire(f.Id, responseEstimate(f, c.maxFrame.Load()), int64(size), produce, sparseAt) {

@@ -17,7 +17,11 @@ import (
 // producer's latency low, and only the broker sees both.
 //
 // A produce is sparse when its connection, with it, has at most
-// sparseBytes in flight: a producer that sends little, rarely. Admission
+// sparseBytes in flight, and had at most that in flight at any time in the
+// last 100 to 200 ms (two latencyWindows): a producer that sends little,
+// rarely. (A heavy producer's bytes in flight dip each time a sync
+// answers the batches it carried; its next produce is not a light
+// producer's.) Admission
 // stamps it, and its answer samples how long it took (admission to
 // answer). Every latencyWindow the limit in force moves:
 //
@@ -91,12 +95,12 @@ type latencyControl struct {
 	tokAt  atomic.Int64 // unix nanos the bucket was last filled
 }
 
-// paced reports how long a produce of size bytes, its connection having
-// own in flight, must wait for the pacing rate; 0: it may go now. Sparse
-// produces are never paced.
-func (a *admission) paced(own, size, now int64) time.Duration {
+// paced reports how long a produce of size bytes on connection c must
+// wait for the pacing rate; 0: it may go now. Sparse produces (a light
+// connection's) are never paced.
+func (a *admission) paced(c *admitCounter, size, now int64) time.Duration {
 	p := a.lat.pace.Load()
-	if p == 0 || own+size <= sparseBytes {
+	if p == 0 || c.light(size, now) {
 		return 0
 	}
 	burst := max(p/10, minLatencyLimit)
@@ -118,9 +122,10 @@ func (a *admission) paced(own, size, now int64) time.Duration {
 	return max(time.Duration(float64(need-t)/float64(p)*1e9), minRetryAfter)
 }
 
-// spend takes an admitted produce's bytes from the pacing bucket.
-func (a *admission) spend(own, size int64) {
-	if a.lat.pace.Load() > 0 && own+size > sparseBytes {
+// spend takes an admitted produce's bytes (size, on c) from the pacing
+// bucket.
+func (a *admission) spend(c *admitCounter, size, now int64) {
+	if a.lat.pace.Load() > 0 && !c.light(size, now) {
 		a.lat.tokens.Add(-size)
 	}
 }
@@ -131,10 +136,10 @@ func (a *admission) setPace(p int64) {
 	mProducePace.Set(float64(p))
 }
 
-// sparse reports whether a produce whose connection has own bytes in
-// flight with it is sampled.
-func (a *admission) sparse(own int64) bool {
-	return a.lat.target > 0 && a.max > 0 && own <= sparseBytes
+// sparse reports whether a produce just admitted on connection c (its
+// bytes counted) is sampled: c is light (admitCounter.light).
+func (a *admission) sparse(c *admitCounter, now int64) bool {
+	return a.lat.target > 0 && a.max > 0 && c.light(0, now)
 }
 
 // sampleSparse records a sparse produce answered after lat nanoseconds.

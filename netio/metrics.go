@@ -74,7 +74,7 @@ var (
 	})
 	mSparseLatency = promauto.NewHistogram(prometheus.HistogramOpts{
 		Name:    "herald_produce_sparse_latency_seconds",
-		Help:    "Time from admission to answer of sparse produces (a connection with at most 64 KiB of produces in flight: a light producer's), which the latency control keeps under --produce-latency-target.",
+		Help:    "Time from admission to answer of sparse produces (a connection with at most 64 KiB of produces in flight, now and all through the last 100-200 ms: a light producer's), which the latency control keeps under --produce-latency-target.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 1.5, 22),
 	})
 	mProducePace = promauto.NewGauge(prometheus.GaugeOpts{
