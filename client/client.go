@@ -489,6 +489,9 @@ func (c *Client) callLeader(ctx context.Context, topic string, partition int32, 
 // it names is returned, and set as err's Leader; 0 when err is something
 // else, or when no other broker knows better either.
 func (c *Client) unknownLeaderMoved(ctx context.Context, cn *conn, topic string, partition int32, err error) uint32 {
+	if err == nil {
+		return 0 // (before he: every success allocates nothing)
+	}
 	var he *Error
 	if partition < 0 || !errors.As(err, &he) || he.Code != heraldpb.ErrorCode_NOT_LEADER || he.Leader != 0 {
 		return 0

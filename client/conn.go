@@ -566,32 +566,43 @@ func (c *conn) awaitWatched(ctx context.Context, ch chan *heraldpb.Frame, timeou
 // rather than after every: a long-polling fetch is not checked while the
 // broker may legitimately hold it.
 func (c *conn) awaitWatchedAfter(ctx context.Context, ch chan *heraldpb.Frame, timeout, first, every time.Duration, check func() error) (*heraldpb.Frame, error) {
-	var timer <-chan time.Time
-	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		timer = t.C
+	// One timer for both the checks and the timeout (a request in flight
+	// costs one timer, not two): it fires at whichever comes first.
+	start := time.Now()
+	next := first // since start: when the next check is due
+	wait := func(elapsed time.Duration) time.Duration {
+		d := next - elapsed
+		if timeout > 0 {
+			d = min(d, timeout-elapsed)
+		}
+		return max(d, 0)
 	}
-	tick := time.NewTimer(first)
-	defer tick.Stop()
+	t := time.NewTimer(wait(0))
+	defer t.Stop()
 	for {
 		select {
 		case f := <-ch:
 			return c.response(ch, f)
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-timer:
-			return nil, c.timedOut(timeout)
-		case <-tick.C:
-			tick.Reset(every)
-			if err := check(); err != nil {
-				select {
-				case f := <-ch: // it answered meanwhile after all
-					return c.response(ch, f)
-				default:
-				}
-				return nil, err
+		case <-t.C:
+			elapsed := time.Since(start)
+			if timeout > 0 && elapsed >= timeout {
+				return nil, c.timedOut(timeout)
 			}
+			if elapsed >= next {
+				next = elapsed + every
+				if err := check(); err != nil {
+					select {
+					case f := <-ch: // it answered meanwhile after all
+						return c.response(ch, f)
+					default:
+					}
+					return nil, err
+				}
+				elapsed = time.Since(start)
+			}
+			t.Reset(wait(elapsed))
 		}
 	}
 }

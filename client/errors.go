@@ -158,6 +158,9 @@ func IsOutcomeUnknown(err error) bool {
 
 // IsCode reports whether err is (or wraps) a broker Error with code.
 func IsCode(err error, code heraldpb.ErrorCode) bool {
+	if err == nil {
+		return false // (before he: a nil error, every success, allocates nothing)
+	}
 	var he *Error
 	return errors.As(err, &he) && he.Code == code
 }

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -120,4 +121,4 @@ func (p *TransactionalProducer) commitAlone(ctx context.Context, o *onceTxn, epo
 }
 
 // String names the partition as EndTxnResponse.partitions do.
-func (t txnPart) String() string { return fmt.Sprintf("%s/%d", t.topic, t.part) }
+func (t txnPart) String() string { return t.topic + "/" + strconv.Itoa(int(t.part)) }

@@ -949,6 +949,9 @@ func (p *TransactionalProducer) SendOffsets(group, topic string, offsets map[int
 
 // offsetsLocked is the commit's group offsets, in a stable order.
 func (p *TransactionalProducer) offsetsLocked() []*heraldpb.TxnGroupOffsets {
+	if len(p.offsets) == 0 {
+		return nil
+	}
 	var out []*heraldpb.TxnGroupOffsets
 	keys := slices.SortedFunc(maps.Keys(p.offsets), func(a, b offsetsKey) int {
 		return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(a.topic, b.topic))
