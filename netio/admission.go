@@ -109,8 +109,9 @@ type admission struct {
 type admitCounter struct {
 	own atomic.Int64
 	// peak is the most own reached in the window that began at peakAt
-	// (latencyWindow long), prevPeak in the window before it. Written
-	// where bytes are taken, on the connection's event loop.
+	// (latencyWindow long), prevPeak in the window before it. Written on
+	// the connection's event loop only: where bytes are taken (notePeak)
+	// and where a check finds the window over (rotate).
 	peak, prevPeak, peakAt atomic.Int64
 }
 
