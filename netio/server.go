@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/heraldmq/herald/internal/dispatch"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/panjf2000/gnet/v2/pkg/logging"
@@ -378,7 +379,7 @@ func (h *handler) OnOpen(gc gnet.Conn) ([]byte, gnet.Action) {
 			"broker is at its limit of %d connections", s.cfg.MaxConnections)), gnet.Close
 	}
 	c := newConn(s, gc)
-	c.pid = s.system.Root.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor { return &session{c: c} }), "netio/session")
+	c.pid = s.system.Root.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor { return &session{c: c} }, actor.WithDispatcher(dispatch.Shared())), "netio/session")
 	gc.SetContext(c)
 	s.regMu.Lock()
 	s.registry[c] = struct{}{}

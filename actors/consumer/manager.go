@@ -8,6 +8,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
+	"github.com/heraldmq/herald/internal/dispatch"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"google.golang.org/protobuf/proto"
 )
@@ -329,7 +330,7 @@ func (m *Manager) spawn(ctx actor.Context, group string, recs map[storeKey]*hera
 // start spawns group's coordinator on h's store.
 func (m *Manager) start(ctx actor.Context, group string, h *groupHandle) bool {
 	o, st := m.o, h.st
-	pid, err := ctx.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return newCoordinator(o, group, st) }), "g/"+group)
+	pid, err := ctx.SpawnNamed(actor.PropsFromProducer(func() actor.Actor { return newCoordinator(o, group, st) }, actor.WithDispatcher(dispatch.Shared())), "g/"+group)
 	if err != nil {
 		m.o.Logger.Error("spawning group coordinator", "group", group, "err", err)
 		return false

@@ -12,6 +12,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/filter"
+	"github.com/heraldmq/herald/internal/dispatch"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
 	"github.com/heraldmq/herald/retry"
@@ -289,7 +290,7 @@ func (c *coordinator) join(ctx actor.Context, m *subscribeMsg) {
 	}
 	mb.session = ctx.SpawnPrefix(actor.PropsFromProducer(func() actor.Actor {
 		return &memberSession{member: mid, subID: subID, conn: m.replyTo, maxFrame: maxFrame, hello: hello, push: push, writer: writer, transit: transit}
-	}), "m")
+	}, actor.WithDispatcher(dispatch.Shared())), "m")
 	l.members[mid] = mb
 	l.bySub[subID] = mb
 	_ = l.sub.Request(mid, int(req.Credits))

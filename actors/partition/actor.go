@@ -11,6 +11,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/mailbox"
+	"github.com/heraldmq/herald/internal/dispatch"
 	"github.com/heraldmq/herald/internal/raftwire"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"go.etcd.io/raft/v3"
@@ -199,7 +200,7 @@ func Props(sys *actor.ActorSystem, cfg Config, stats *Stats) (*actor.Props, erro
 		return &Actor{cfg: cfg, sys: sys, stats: stats, mb: mb, m: m,
 			log: cfg.Logger.With("topic", cfg.Topic, "partition", cfg.Partition, "replica", cfg.ReplicaID)}
 	}
-	return actor.PropsFromProducer(producer, actor.WithMailbox(mb.Producer())), nil
+	return actor.PropsFromProducer(producer, actor.WithMailbox(mb.Producer()), actor.WithDispatcher(dispatch.Shared())), nil
 }
 
 // Receive is the actor's one entry point.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
+	"github.com/heraldmq/herald/internal/dispatch"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
 	"github.com/heraldmq/herald/timewheel"
@@ -55,7 +56,7 @@ func Props(o Options) *actor.Props {
 	sh := &incarnations{}
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Scheduler{o: &o, sh: sh, log: o.Logger.With("component", "scheduler")}
-	})
+	}, actor.WithDispatcher(dispatch.Shared()))
 }
 
 // incarnations is what one incarnation of the actor leaves the next when

@@ -23,6 +23,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/heraldmq/herald/actors/partition"
+	"github.com/heraldmq/herald/internal/dispatch"
 	heraldpb "github.com/heraldmq/herald/proto"
 	"github.com/heraldmq/herald/registry"
 	"google.golang.org/protobuf/proto"
@@ -56,7 +57,7 @@ func Props(o Options) *actor.Props {
 	sh := &shared{}
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Coordinator{o: &o, sh: sh, log: o.Logger.With("component", "txn")}
-	})
+	}, actor.WithDispatcher(dispatch.Shared()))
 }
 
 // shared is what one incarnation of the actor leaves the next (after a

@@ -24,16 +24,18 @@ var rules = map[string][]string{
 	"persistence/...":  {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "registry", "retry", "timewheel", "filter"},
 	"actors/partition": {"actors/topic", "actors/consumer", "actors/scheduler", "actors/txn", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "registry", "retry", "timewheel", "filter"},
 	"actors/mailbox":   {"..."},
-	"registry":         {"actors/topic", "actors/consumer", "actors/scheduler", "actors/txn", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/..."},
-	"retry":            {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/..."},
-	"timewheel":        {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/..."},
-	"filter":           {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/..."},
-	"netio":            {"actors/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/...", "chaos/..."},
-	"cluster/...":      {"broker/...", "netio/...", "client/...", "cmd/...", "actors/topic", "actors/consumer", "actors/scheduler", "actors/txn", "chaos/..."},
-	"client/...":       {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "filter", "internal/...", "auth"},
-	"auth/...":         {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "filter", "internal/...", "chaos/..."},
-	"cmd/...":          {"actors/...", "netio/...", "cluster/...", "persistence/...", "registry", "timewheel"},
-	"examples/...":     {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "filter", "internal/..."},
+	// The actors' dispatcher pool: a leaf every room and netio may use.
+	"internal/dispatch": {"..."},
+	"registry":          {"actors/topic", "actors/consumer", "actors/scheduler", "actors/txn", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/..."},
+	"retry":             {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/..."},
+	"timewheel":         {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/..."},
+	"filter":            {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/..."},
+	"netio":             {"actors/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/...", "chaos/..."},
+	"cluster/...":       {"broker/...", "netio/...", "client/...", "cmd/...", "actors/topic", "actors/consumer", "actors/scheduler", "actors/txn", "chaos/..."},
+	"client/...":        {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "filter", "internal/...", "auth"},
+	"auth/...":          {"actors/...", "netio/...", "broker/...", "cluster/...", "client/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "filter", "internal/...", "chaos/..."},
+	"cmd/...":           {"actors/...", "netio/...", "cluster/...", "persistence/...", "registry", "timewheel"},
+	"examples/...":      {"actors/...", "netio/...", "broker/...", "cluster/...", "cmd/...", "persistence/...", "registry", "retry", "timewheel", "filter", "internal/..."},
 	// The admin API reads the cluster as a client of its node (the SDK)
 	// and is told the membership through an interface: the broker
 	// mounts it, the CLI shares its types.
