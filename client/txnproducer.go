@@ -171,8 +171,12 @@ type TransactionalProducer struct {
 	once      *onceTxn
 	commitQ   []*pendingCommit
 	committer bool
-	op        onePhase  // single-partition commits (onephase.go)
-	bufs      sync.Pool // the writers' batch buffers
+	// commitCtx is the context the commits CommitAsync queues until
+	// commitCtxUntil share (commitCtxLocked).
+	commitCtx      context.Context
+	commitCtxUntil time.Time
+	op             onePhase  // single-partition commits (onephase.go)
+	bufs           sync.Pool // the writers' batch buffers
 }
 
 type offsetsKey struct{ group, topic string }
