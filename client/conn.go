@@ -577,8 +577,8 @@ func (c *conn) awaitWatchedAfter(ctx context.Context, ch chan *heraldpb.Frame, t
 		}
 		return max(d, 0)
 	}
-	t := time.NewTimer(wait(0))
-	defer t.Stop()
+	t := getTimer(wait(0))
+	defer putTimer(t)
 	for {
 		select {
 		case f := <-ch:
@@ -622,8 +622,8 @@ func (c *conn) exchange(ctx context.Context, enc func(dst []byte, id uint64) ([]
 func (c *conn) await(ctx context.Context, ch chan *heraldpb.Frame, timeout time.Duration) (*heraldpb.Frame, error) {
 	var timer <-chan time.Time
 	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
+		t := getTimer(timeout)
+		defer putTimer(t)
 		timer = t.C
 	}
 	select {
@@ -716,6 +716,25 @@ func (c *conn) timedOut(timeout time.Duration) error {
 }
 
 func (c *conn) close() { c.fail(ErrClosed) }
+
+// timers recycles the timers of requests answered: a request in flight
+// costs a timer, and a new one three allocations. A stopped timer's
+// channel holds nothing (Go 1.23 timers), so one taken from here fires
+// only for its new duration.
+var timers sync.Pool
+
+func getTimer(d time.Duration) *time.Timer {
+	if t, ok := timers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+func putTimer(t *time.Timer) {
+	t.Stop()
+	timers.Put(t)
+}
 
 // respChans recycles the response channels of completed requests. A channel
 // is only put back after its one response was received, so it is empty and

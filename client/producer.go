@@ -71,7 +71,7 @@ type Producer struct {
 	sticky       map[string]*sticky // idempotence: partition of records without key, per topic
 	buffered     int64              // estimated bytes of accepted, unfinished records
 	records      int                // accepted, unfinished records
-	freed        chan struct{}      // closed (and replaced) whenever records finish
+	freed        chan struct{}      // closed (and dropped) whenever records finish; made by a waiter (freedLocked)
 	flushing     int                // Flush calls in progress: linger is ignored
 	closed       bool
 
@@ -207,14 +207,19 @@ func (c *Client) NewProducer(opts ...ProducerOpt) *Producer {
 	for _, o := range opts {
 		o.applyProducer(&cfg)
 	}
+	return c.newProducer(cfg, &sync.Pool{})
+}
+
+// newProducer is NewProducer with its configuration made and its batch
+// buffers' pool (a transaction's writer shares its producer's).
+func (c *Client) newProducer(cfg producerConfig, bufs *sync.Pool) *Producer {
 	p := &Producer{
 		c:        c,
 		cfg:      cfg,
 		batchers: make(map[batchKey]*batcher),
 		seqs:     make(map[batchKey]*seqState),
 		sticky:   make(map[string]*sticky),
-		freed:    make(chan struct{}),
-		bufs:     &sync.Pool{},
+		bufs:     bufs,
 	}
 	if cfg.idempotent {
 		p.pid = newProducerID()
@@ -472,7 +477,7 @@ func (p *Producer) reserve(ctx context.Context, size int64) error {
 				}
 			}
 		}
-		freed := p.freed
+		freed := p.freedLocked()
 		p.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -486,8 +491,19 @@ func (p *Producer) reserve(ctx context.Context, size int64) error {
 func (p *Producer) releaseLocked(size int64, records int) {
 	p.buffered -= size
 	p.records -= records
-	close(p.freed)
-	p.freed = make(chan struct{})
+	if p.freed != nil {
+		close(p.freed)
+		p.freed = nil
+	}
+}
+
+// freedLocked is the channel the next release closes, made on demand:
+// most releases have no one waiting.
+func (p *Producer) freedLocked() chan struct{} {
+	if p.freed == nil {
+		p.freed = make(chan struct{})
+	}
+	return p.freed
 }
 
 // getBuf returns an empty batch buffer, reused when one is available, or
@@ -517,10 +533,12 @@ func (p *Producer) openLocked(b *batcher) {
 	bt := &batch{data: p.getBuf(b.lastBytes)}
 	if b.lastRecs > 0 {
 		bt.recs = make([]pendingRecord, 0, b.lastRecs+b.lastRecs/8)
+	} else {
+		bt.recs = make([]pendingRecord, 0, 16) // (a new batcher: one allocation for a small batch)
 	}
 	b.cur = bt
 	b.lingerDue = p.cfg.linger <= 0
-	if p.cfg.linger > 0 {
+	if p.cfg.linger > 0 && p.cfg.linger < holdForCommit { // (held for the commit: no timer)
 		b.timer = time.AfterFunc(p.cfg.linger, func() {
 			p.mu.Lock()
 			defer p.mu.Unlock()
@@ -896,7 +914,7 @@ func (p *Producer) Flush(ctx context.Context) error {
 			p.mu.Unlock()
 			return nil
 		}
-		freed := p.freed
+		freed := p.freedLocked()
 		p.mu.Unlock()
 		select {
 		case <-ctx.Done():

@@ -224,7 +224,7 @@ func (c *Client) NewTransactionalProducer(ctx context.Context, transactionalID s
 	case cfg.timeout < 0 || cfg.timeout/time.Millisecond >= math.MaxUint32:
 		return nil, fmt.Errorf("herald: transaction timeout %s out of range", cfg.timeout)
 	}
-	p := &TransactionalProducer{c: c, id: transactionalID, cfg: cfg, open: map[txnKey]*txnBatch{}, changed: make(chan struct{})}
+	p := &TransactionalProducer{c: c, id: transactionalID, cfg: cfg, open: map[txnKey]*txnBatch{}}
 	p.ctx, p.cancel = context.WithCancel(c.ctx)
 	if err := p.initSession(ctx); err != nil {
 		p.cancel()
@@ -338,14 +338,16 @@ func (p *TransactionalProducer) Send(ctx context.Context, m *Message) (Result, e
 // wait on ctx for the topic's metadata. A refused message, like one that
 // failed to stage, fails the transaction. Do not modify m until cb runs.
 func (p *TransactionalProducer) SendAsync(ctx context.Context, m *Message, cb func(Result, error)) {
-	if cb == nil {
-		cb = func(Result, error) {}
-	}
 	p.send(ctx, m, cb, false)
 }
 
-// send adds m to its batch; now: seal the batch at once (Send).
-func (p *TransactionalProducer) send(ctx context.Context, m *Message, cb func(Result, error), now bool) {
+// send adds m to its batch; now: seal the batch at once (Send). cb may be
+// nil.
+func (p *TransactionalProducer) send(ctx context.Context, m *Message, userCb func(Result, error), now bool) {
+	cb := userCb
+	if cb == nil {
+		cb = func(Result, error) {}
+	}
 	refuse := func(err error) {
 		p.mu.Lock()
 		p.failLocked(err)
@@ -366,7 +368,7 @@ func (p *TransactionalProducer) send(ctx context.Context, m *Message, cb func(Re
 		refuse(errors.New("herald: a message in a transaction cannot be delayed (DeliverAt, Delay)"))
 		return
 	case p.cfg.writeOnce:
-		p.sendOnce(ctx, m, cb, now)
+		p.sendOnce(ctx, m, userCb, now)
 		return
 	}
 	part := int32(-1)
@@ -399,7 +401,7 @@ func (p *TransactionalProducer) send(ctx context.Context, m *Message, cb func(Re
 		}
 		p.sealAllLocked() // what fills the buffer goes now
 		p.kickLocked()
-		changed := p.changed
+		changed := p.changedChLocked()
 		p.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -586,8 +588,19 @@ func (p *TransactionalProducer) finish(b *txnBatch, r *heraldpb.ProduceResponse,
 }
 
 func (p *TransactionalProducer) changedLocked() {
-	close(p.changed)
-	p.changed = make(chan struct{})
+	if p.changed != nil {
+		close(p.changed)
+		p.changed = nil
+	}
+}
+
+// changedChLocked is the channel the next changedLocked closes, made on
+// demand: most changes have no one waiting for them.
+func (p *TransactionalProducer) changedChLocked() chan struct{} {
+	if p.changed == nil {
+		p.changed = make(chan struct{})
+	}
+	return p.changed
 }
 
 // failLocked notes that a record of the transaction failed with err.
@@ -613,7 +626,7 @@ func (p *TransactionalProducer) waitLocked(ctx context.Context) error {
 // with p.mu held) or ctx ends.
 func (p *TransactionalProducer) waitUntilLocked(ctx context.Context, done func() bool) error {
 	for !done() {
-		changed := p.changed
+		changed := p.changedChLocked()
 		p.mu.Unlock()
 		select {
 		case <-ctx.Done():

@@ -59,6 +59,10 @@ type onceTxn struct {
 	// committed: a record was answered with an offset, which only a
 	// commit gives (commitAlone).
 	committed bool
+	// quiet is the callback of its last topic's records sent without one
+	// (recordDone).
+	quiet      func(Result, error)
+	quietTopic string
 }
 
 type txnPart struct {
@@ -94,26 +98,31 @@ func (p *TransactionalProducer) newTxnWriter(pid uint64, epoch uint32) *Producer
 	if p.op.epochs > 0 {
 		linger = holdForCommit // (a partition's last batch may carry the commit: onephase.go)
 	}
-	w := p.c.NewProducer(WithLinger(linger), WithBatchBytes(p.cfg.batchBytes), WithBufferBytes(p.cfg.bufferBytes),
-		WithPartitionInFlight(maxIdempotentInFlight))
+	cfg := defaultProducerConfig()
+	cfg.linger, cfg.batchBytes, cfg.bufferBytes, cfg.partInFlight = linger, p.cfg.batchBytes, p.cfg.bufferBytes, maxIdempotentInFlight
+	w := p.c.newProducer(cfg, &p.bufs) // (a new writer per transaction: its batches reuse the last ones' buffers)
 	w.pid, w.txn = pid, &txnStamp{id: p.id, epoch: epoch}
-	w.bufs = &p.bufs // (a new writer per transaction: its batches reuse the last ones' buffers)
 	return w
 }
 
-// sendOnce writes m in the open transaction; now: at once (Send).
+// sendOnce writes m in the open transaction; now: at once (Send). cb may
+// be nil.
 func (p *TransactionalProducer) sendOnce(ctx context.Context, m *Message, cb func(Result, error), now bool) {
 	if err := p.ensureSession(ctx); err != nil {
 		p.mu.Lock()
 		p.failLocked(err)
 		p.mu.Unlock()
-		cb(Result{}, err)
+		if cb != nil {
+			cb(Result{}, err)
+		}
 		return
 	}
 	p.mu.Lock()
 	if err := p.acceptErrLocked(); err != nil {
 		p.mu.Unlock()
-		cb(Result{}, err)
+		if cb != nil {
+			cb(Result{}, err)
+		}
 		return
 	}
 	o := p.once
@@ -121,9 +130,19 @@ func (p *TransactionalProducer) sendOnce(ctx context.Context, m *Message, cb fun
 		o = &onceTxn{w: p.newTxnWriter(p.pid, p.epoch), counts: map[txnPart]uint32{}}
 		p.once = o
 	}
+	done := o.recordDone(p, m.Topic, cb)
 	p.mu.Unlock()
-	topic := m.Topic
-	o.w.send(ctx, m, func(r Result, err error) {
+	o.w.send(ctx, m, done, now)
+}
+
+// recordDone is the callback of a record of o's to topic: it counts the
+// record in o, then calls cb (if not nil). Records without cb share one
+// per topic (p.mu held).
+func (o *onceTxn) recordDone(p *TransactionalProducer, topic string, cb func(Result, error)) func(Result, error) {
+	if cb == nil && o.quiet != nil && o.quietTopic == topic {
+		return o.quiet
+	}
+	done := func(r Result, err error) {
 		p.mu.Lock()
 		switch {
 		case err == nil:
@@ -136,8 +155,14 @@ func (p *TransactionalProducer) sendOnce(ctx context.Context, m *Message, cb fun
 			p.failLocked(err)
 		}
 		p.mu.Unlock()
-		cb(Result{Partition: r.Partition, Offset: -1}, err)
-	}, now)
+		if cb != nil {
+			cb(Result{Partition: r.Partition, Offset: -1}, err)
+		}
+	}
+	if cb == nil {
+		o.quiet, o.quietTopic = done, topic
+	}
+	return done
 }
 
 // flushOnce waits until every record sent in the open transaction is

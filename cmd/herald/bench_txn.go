@@ -74,24 +74,29 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 		}
 	}
 	commit := func() {
-		cctx, cancel := context.WithTimeout(ctx, bc.drainTimeout)
-		defer cancel()
 		t0 := time.Now()
 		if bc.txnInFlight > 1 {
 			st, sq := slices.Clone(stamps), slices.Clone(seqs)
 			// (Its callback runs on the producer's goroutine: a failure
 			// there fails the open transaction, whose CommitAsync then
-			// fails and aborts it here.)
-			if err := tp.CommitAsync(cctx, func(_ client.TxnEnd, err error) { done(st, sq, time.Since(t0), err) }); err != nil {
+			// fails and aborts it here. CommitAsync waits on ctx only for
+			// room among the commits in flight, each bounded by the
+			// transaction timeout: no context of its own each.)
+			if err := tp.CommitAsync(ctx, func(_ client.TxnEnd, err error) { done(st, sq, time.Since(t0), err) }); err != nil {
 				done(st, sq, time.Since(t0), err)
-				_ = tp.Abort(cctx)
+				actx, cancel := context.WithTimeout(ctx, bc.drainTimeout)
+				_ = tp.Abort(actx)
+				cancel()
 			}
-		} else {
-			_, err := tp.Commit(cctx)
-			done(stamps, seqs, time.Since(t0), err)
-			if err != nil {
-				_ = tp.Abort(cctx)
-			}
+			stamps, seqs = stamps[:0], seqs[:0]
+			return
+		}
+		cctx, cancel := context.WithTimeout(ctx, bc.drainTimeout)
+		defer cancel()
+		_, err := tp.Commit(cctx)
+		done(stamps, seqs, time.Since(t0), err)
+		if err != nil {
+			_ = tp.Abort(cctx)
 		}
 		stamps, seqs = stamps[:0], seqs[:0]
 	}

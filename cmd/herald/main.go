@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"text/tabwriter"
@@ -42,10 +43,27 @@ func main() {
 	os.Exit(profiled(func() int { return run(os.Args[1:]) }))
 }
 
-// profiled runs fn under a CPU profile written to $HERALD_CPUPROFILE, if
-// set: a diagnostic for the client side of `herald bench` (the broker's
-// profile is on its admin listener, /debug/pprof/profile).
+// profiled runs fn under a CPU profile written to $HERALD_CPUPROFILE, and
+// records its allocations into $HERALD_MEMPROFILE (pprof's allocs
+// profile, at the end), if set: diagnostics for the client side of
+// `herald bench` (the broker's profiles are on its admin listener,
+// /debug/pprof/).
 func profiled(fn func() int) int {
+	if path := os.Getenv("HERALD_MEMPROFILE"); path != "" {
+		runtime.MemProfileRate = 64 << 10
+		defer func() {
+			f, err := os.Create(path)
+			if err == nil {
+				err = pprof.Lookup("allocs").WriteTo(f, 0)
+				if cerr := f.Close(); err == nil {
+					err = cerr
+				}
+			}
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "herald: HERALD_MEMPROFILE: %v\n", err)
+			}
+		}()
+	}
 	path := os.Getenv("HERALD_CPUPROFILE")
 	if path == "" {
 		return fn()
