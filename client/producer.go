@@ -71,7 +71,7 @@ type Producer struct {
 	sticky       map[string]*sticky // idempotence: partition of records without key, per topic
 	buffered     int64              // estimated bytes of accepted, unfinished records
 	records      int                // accepted, unfinished records
-	freed        chan struct{}      // closed (and dropped) whenever records finish; made by a waiter (freedLocked)
+	freed        signal             // fired whenever records finish
 	flushing     int                // Flush calls in progress: linger is ignored
 	closed       bool
 
@@ -477,7 +477,7 @@ func (p *Producer) reserve(ctx context.Context, size int64) error {
 				}
 			}
 		}
-		freed := p.freedLocked()
+		freed := p.freed.wait()
 		p.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -491,19 +491,28 @@ func (p *Producer) reserve(ctx context.Context, size int64) error {
 func (p *Producer) releaseLocked(size int64, records int) {
 	p.buffered -= size
 	p.records -= records
-	if p.freed != nil {
-		close(p.freed)
-		p.freed = nil
+	p.freed.fire()
+}
+
+// signal tells its waiters that something changed: a waiter takes wait's
+// channel, and fire closes it. The channel is made only when someone
+// waits (most changes have no one waiting), under its owner's lock.
+type signal struct{ ch chan struct{} }
+
+// fire wakes the waiters, if any.
+func (s *signal) fire() {
+	if s.ch != nil {
+		close(s.ch)
+		s.ch = nil
 	}
 }
 
-// freedLocked is the channel the next release closes, made on demand:
-// most releases have no one waiting.
-func (p *Producer) freedLocked() chan struct{} {
-	if p.freed == nil {
-		p.freed = make(chan struct{})
+// wait is the channel the next fire closes.
+func (s *signal) wait() <-chan struct{} {
+	if s.ch == nil {
+		s.ch = make(chan struct{})
 	}
-	return p.freed
+	return s.ch
 }
 
 // getBuf returns an empty batch buffer, reused when one is available, or
@@ -914,7 +923,7 @@ func (p *Producer) Flush(ctx context.Context) error {
 			p.mu.Unlock()
 			return nil
 		}
-		freed := p.freedLocked()
+		freed := p.freed.wait()
 		p.mu.Unlock()
 		select {
 		case <-ctx.Done():

@@ -158,7 +158,7 @@ type TransactionalProducer struct {
 	sending  bool        // run is working
 	pending  int         // records accepted and not yet staged, failed or dropped
 	buffered int64       // their estimated bytes
-	changed  chan struct{}
+	changed  signal
 	// last: the batch Commit sends with the commit, kept while its
 	// outcome is unknown (Commit sends it again, Abort drops it).
 	last      *txnBatch
@@ -401,7 +401,7 @@ func (p *TransactionalProducer) send(ctx context.Context, m *Message, userCb fun
 		}
 		p.sealAllLocked() // what fills the buffer goes now
 		p.kickLocked()
-		changed := p.changedChLocked()
+		changed := p.changed.wait()
 		p.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -587,21 +587,7 @@ func (p *TransactionalProducer) finish(b *txnBatch, r *heraldpb.ProduceResponse,
 	}
 }
 
-func (p *TransactionalProducer) changedLocked() {
-	if p.changed != nil {
-		close(p.changed)
-		p.changed = nil
-	}
-}
-
-// changedChLocked is the channel the next changedLocked closes, made on
-// demand: most changes have no one waiting for them.
-func (p *TransactionalProducer) changedChLocked() chan struct{} {
-	if p.changed == nil {
-		p.changed = make(chan struct{})
-	}
-	return p.changed
-}
+func (p *TransactionalProducer) changedLocked() { p.changed.fire() }
 
 // failLocked notes that a record of the transaction failed with err.
 func (p *TransactionalProducer) failLocked(err error) {
@@ -626,7 +612,7 @@ func (p *TransactionalProducer) waitLocked(ctx context.Context) error {
 // with p.mu held) or ctx ends.
 func (p *TransactionalProducer) waitUntilLocked(ctx context.Context, done func() bool) error {
 	for !done() {
-		changed := p.changedChLocked()
+		changed := p.changed.wait()
 		p.mu.Unlock()
 		select {
 		case <-ctx.Done():
