@@ -718,9 +718,9 @@ func (c *conn) timedOut(timeout time.Duration) error {
 func (c *conn) close() { c.fail(ErrClosed) }
 
 // timers recycles the timers of requests answered: a request in flight
-// costs a timer, and a new one three allocations. A stopped timer's
-// channel holds nothing (Go 1.23 timers), so one taken from here fires
-// only for its new duration.
+// costs a timer, and a new one three allocations. A timer goes back
+// stopped with its channel empty, so one taken from here fires only for
+// its new duration.
 var timers sync.Pool
 
 func getTimer(d time.Duration) *time.Timer {
@@ -732,7 +732,15 @@ func getTimer(d time.Duration) *time.Timer {
 }
 
 func putTimer(t *time.Timer) {
-	t.Stop()
+	if !t.Stop() {
+		// (Fired and not received: with Go 1.23's timers the channel is
+		// empty after Stop anyway; under GODEBUG=asynctimerchan=1 the
+		// value would still be there.)
+		select {
+		case <-t.C:
+		default:
+		}
+	}
 	timers.Put(t)
 }
 
