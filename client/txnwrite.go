@@ -351,7 +351,7 @@ func (p *TransactionalProducer) CommitAsync(ctx context.Context, cb func(TxnEnd,
 	p.once = nil
 	p.epoch++ // the next transaction's: the coordinator moves one epoch per commit
 	p.resetLocked()
-	go p.commitOne(pc, p.pid, p.commitCtxLocked())
+	go p.commitOne(p.commitCtxLocked(), pc, p.pid)
 	if !p.committer {
 		p.committer = true
 		go p.runCommits()
@@ -419,8 +419,8 @@ func (p *TransactionalProducer) runCommits() {
 }
 
 // commitOne waits for pc's records, then commits it, right behind the
-// commit before it.
-func (p *TransactionalProducer) commitOne(pc *pendingCommit, pid uint64, ctx context.Context) {
+// commit before it, within ctx (commitCtxLocked).
+func (p *TransactionalProducer) commitOne(ctx context.Context, pc *pendingCommit, pid uint64) {
 	defer close(pc.done)
 	prev := pc.prev
 	pc.prev = nil // (only this goroutine reads it: the chain of commits is not kept)
