@@ -69,8 +69,10 @@ func New(max, throughput int) *Pool {
 
 // Shared is the process's pool, which every actor of every broker in the
 // process shares: at most 32 workers per processor (GOMAXPROCS at first
-// use), enough for every partition, session and coordinator busy at once
-// on a node, and a bound on the goroutines parked when idle.
+// use). Mailbox runs busy at once past that (many connections' sessions
+// at a time) get goroutines of their own, counted by
+// herald_dispatch_overflow_total; the bound caps the goroutines parked
+// when idle.
 var Shared = sync.OnceValue(func() *Pool {
 	p := New(32*runtime.GOMAXPROCS(0), DefaultThroughput)
 	limitGauge.Set(float64(p.max))
