@@ -74,6 +74,7 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 		}
 	}
 	commit := func() {
+		defer func() { stamps, seqs = stamps[:0], seqs[:0] }()
 		t0 := time.Now()
 		if bc.txnInFlight > 1 {
 			st, sq := slices.Clone(stamps), slices.Clone(seqs)
@@ -88,7 +89,6 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 				_ = tp.Abort(actx)
 				cancel()
 			}
-			stamps, seqs = stamps[:0], seqs[:0]
 			return
 		}
 		cctx, cancel := context.WithTimeout(ctx, bc.drainTimeout)
@@ -98,7 +98,6 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 		if err != nil {
 			_ = tp.Abort(cctx)
 		}
-		stamps, seqs = stamps[:0], seqs[:0]
 	}
 	for seq := int64(0); n < 0 || seq < n; seq++ {
 		if prodCtx.Err() != nil {
