@@ -296,7 +296,7 @@ func (p *TransactionalProducer) closeOnceLocked() {
 // MaxTxnCommitsInFlight is how many transactions CommitAsync lets wait for
 // their commit at once (the coordinator queues as many behind the one it
 // decides).
-const MaxTxnCommitsInFlight = 32
+const MaxTxnCommitsInFlight = 64
 
 // pendingCommit is a transaction CommitAsync queued. Its commit runs on
 // its own goroutine (commitOne): it waits for its records, then for the

@@ -216,9 +216,9 @@ type Config struct {
 	// MaxTxnOpenPerProducer bounds the transactions (epochs) of one
 	// producer open on the partition at once (THROTTLED past it): a
 	// producer that keeps batches in flight across transactions has the
-	// ones whose markers are on their way open too: up to 32 commits in
+	// ones whose markers are on their way open too: up to 64 commits in
 	// flight (client.MaxTxnCommitsInFlight) plus the transactions whose
-	// markers follow. Default 64.
+	// markers follow. Default 128.
 	MaxTxnOpenPerProducer int
 	// MaxProducers bounds the idempotent producers whose recent batches the
 	// partition remembers; past it the least recently written one is
@@ -263,7 +263,7 @@ func (c *Config) EnsureDefaults() {
 		c.MaxTxnOpenBytes = 64 << 20
 	}
 	if c.MaxTxnOpenPerProducer == 0 {
-		c.MaxTxnOpenPerProducer = 64
+		c.MaxTxnOpenPerProducer = 128
 	}
 	if c.QuiesceTicks == 0 {
 		c.QuiesceTicks = 5

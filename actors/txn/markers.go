@@ -190,7 +190,7 @@ type pipedEnd struct {
 
 // maxPiped bounds the commits of one transactional id queued behind the
 // one being decided (client.MaxTxnCommitsInFlight must not exceed it).
-const maxPiped = 32
+const maxPiped = 64
 
 // sessionEpochGap is how far a new session's epoch is past the current
 // one: past the epochs the old session may commit on a partition alone

@@ -134,7 +134,7 @@ func benchCmd(ctx context.Context, args []string, io cliIO) error {
 	fs.StringVar(&bc.ackLog, "ack-log", "", "write which records were acknowledged to this file, for `herald verify`")
 	fs.IntVar(&bc.txnSize, "txn-size", 0, "records per transaction: each producer is a transactional producer (id herald-bench-N) committing every N records; latency to ack is then to the commit (0 = no transactions)")
 	fs.BoolVar(&bc.txnOnce, "txn-written-once", false, "with --txn-size: write each transaction's records once, to their partitions, instead of staging them with the coordinator")
-	fs.IntVar(&bc.txnInFlight, "txn-in-flight", 1, "with --txn-written-once: commits each producer keeps in flight (above 1: CommitAsync, the next transaction written while the last ones commit; at most 32)")
+	fs.IntVar(&bc.txnInFlight, "txn-in-flight", 1, fmt.Sprintf("with --txn-written-once: commits each producer keeps in flight (above 1: CommitAsync, the next transaction written while the last ones commit; at most %d)", client.MaxTxnCommitsInFlight))
 	fs.StringVar(&bc.isolation, "isolation", isolationCommitted, isolationUsage)
 	fs.StringVar(&bc.group, "group", "", "consume by push, as members of this consumer group (default: pull, fetching each partition)")
 	mode := fs.String("mode", "shared", "group mode: shared, clustering or key-shared (with --group)")
@@ -328,8 +328,11 @@ type benchSummary struct {
 	// records are in ProduceErrors); the commit latency is Commit's (the
 	// flush of the records not staged yet, then EndTxn), over the
 	// successful ones. Produced counts only committed records, and the
-	// ack latency runs to their transaction's commit.
+	// ack latency runs to their transaction's commit. TxnInFlightMax is
+	// the most commits one producer had in flight at once (CommitAsync,
+	// --txn-in-flight above 1).
 	TxnSize            int     `json:"txn_size,omitempty"`
+	TxnInFlightMax     int64   `json:"txn_in_flight_max,omitempty"`
 	Transactions       int64   `json:"transactions,omitempty"`
 	TxnFailed          int64   `json:"txn_failed,omitempty"`
 	TransactionsPerSec float64 `json:"transactions_per_sec,omitempty"`
@@ -452,6 +455,7 @@ type benchStats struct {
 	acks                    []*benchSink // produce-to-ack latencies, one per producer
 	commits                 []*benchSink // --txn-size: commit latencies, one per producer
 	transactions, txnFailed atomic.Int64
+	txnInFlightMax          atomic.Int64 // the most commits one producer had in flight
 	consumeErrs             benchErrors
 	ignored                 atomic.Int64
 
@@ -924,6 +928,7 @@ wait:
 			k.mu.Unlock()
 		}
 		sum.TxnSize, sum.Transactions, sum.TxnFailed = bc.txnSize, stats.transactions.Load(), stats.txnFailed.Load()
+		sum.TxnInFlightMax = stats.txnInFlightMax.Load()
 		sum.TransactionsPerSec = perSec(float64(sum.Transactions), sec)
 		sum.CommitP50Ms, sum.CommitP90Ms, sum.CommitP99Ms = usToMs(h.ValueAtQuantile(50)), usToMs(h.ValueAtQuantile(90)), usToMs(h.ValueAtQuantile(99))
 		sum.CommitMaxMs = usToMs(h.Max())

@@ -329,6 +329,14 @@ func TestBenchTxn(t *testing.T) {
 	if sum.Produced != 100 || sum.Transactions != 15 || sum.Consumed != 100 || sum.UnexpectedDuplicates != 0 || sum.Isolation != "read_committed" {
 		t.Fatalf("keyed txn: %+v", sum)
 	}
+	// Written once, with commits in flight: never more than --txn-in-flight
+	// at a time.
+	sum = benchSummary{}
+	benchJSON(t, ctx, addr, &sum, "--count", "600", "--txn-size", "10", "--txn-written-once", "--txn-in-flight", "3", "--size", "64", "--topic", "piped", "--partitions", "2")
+	if sum.Produced != 600 || sum.Transactions != 60 || sum.TxnFailed != 0 || sum.Consumed != 600 || sum.UnexpectedDuplicates != 0 ||
+		sum.TxnInFlightMax < 1 || sum.TxnInFlightMax > 3 {
+		t.Fatalf("txn written once, 3 in flight: %+v", sum)
+	}
 	c := dialT(t, ctx, addr)
 	infos, _, err := c.ListTransactions(ctx, "herald-bench-0", 0)
 	if err != nil || len(infos) != 1 || infos[0].GetState() != "empty" {

@@ -41,6 +41,9 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 	}
 	recs := newBenchRecords(bc, id)
 	var stamps, seqs []int64 // of the open transaction's records
+	// window holds a token per commit in flight (--txn-in-flight above 1):
+	// CommitAsync itself lets up to client.MaxTxnCommitsInFlight wait.
+	window := make(chan struct{}, max(bc.txnInFlight, 1))
 	done := func(stamps, seqs []int64, took time.Duration, err error) {
 		if err != nil {
 			if ctx.Err() == nil {
@@ -78,12 +81,27 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 		t0 := time.Now()
 		if bc.txnInFlight > 1 {
 			st, sq := slices.Clone(stamps), slices.Clone(seqs)
+			select {
+			case window <- struct{}{}:
+			case <-ctx.Done():
+				done(st, sq, time.Since(t0), ctx.Err())
+				return
+			}
+			for held := int64(len(window)); ; {
+				if m := stats.txnInFlightMax.Load(); m >= held || stats.txnInFlightMax.CompareAndSwap(m, held) {
+					break
+				}
+			}
 			// (Its callback runs on the producer's goroutine: a failure
 			// there fails the open transaction, whose CommitAsync then
 			// fails and aborts it here. CommitAsync waits on ctx only for
 			// room among the commits in flight, each bounded by the
 			// transaction timeout: no context of its own each.)
-			if err := tp.CommitAsync(ctx, func(_ client.TxnEnd, err error) { done(st, sq, time.Since(t0), err) }); err != nil {
+			if err := tp.CommitAsync(ctx, func(_ client.TxnEnd, err error) {
+				<-window
+				done(st, sq, time.Since(t0), err)
+			}); err != nil {
+				<-window
 				done(st, sq, time.Since(t0), err)
 				actx, cancel := context.WithTimeout(ctx, bc.drainTimeout)
 				_ = tp.Abort(actx)
