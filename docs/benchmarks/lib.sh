@@ -31,3 +31,10 @@ stop_broker() {
   wait "$broker_pid" 2> /dev/null || true
   rm -rf "$broker_dir"
 }
+
+# cpu_of PID: the user and system clock ticks PID has spent.
+cpu_of() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+# machine_cpu: the machine's clock ticks in all (user to steal), idle (with
+# iowait) and stolen, from /proc/stat.
+machine_cpu() { awk '/^cpu /{t = 0; for (i = 2; i <= 9; i++) t += $i; print t, $5 + $6, $9}' /proc/stat; }
