@@ -189,11 +189,12 @@ const writeThroughMax = 64 << 10
 // included) for a sender still to write its own frame. Past it the
 // connection is pipelined: the broker's work for the requests ahead is
 // most of this one's wait, a goroutine handoff (microseconds) little of
-// it, and the frames other senders queue meanwhile share the write. A loopback write carries a fixed cost (the wakeup of the
-// reader, the segment) that a 10 KiB request pays in full: 10-record
-// transactions with 64 commits in flight made 30,000 writes a second,
-// about 6,700 this way, and 4-10 % more transactions
-// (docs/benchmarks/runs.md, 2026-12-05 21:48).
+// it, and the frames other senders queue meanwhile share the write. A
+// loopback write carries a fixed cost (the segment, the wakeup of the
+// reader) that a 10 KiB request pays in full: 10-record transactions with
+// 64 commits in flight made 30,000 writes a second, this way about 6,700,
+// and ran at 0.559x of plain produce instead of 0.474x (medians of 3
+// rounds, docs/benchmarks/runs.md, 2026-12-05 21:48).
 const writeBehind = 1
 
 // flushWrites writes everything queued. The caller holds wmu.
