@@ -69,10 +69,8 @@ type conn struct {
 	// sender writing its own frame when nobody else is and no other
 	// request waits for its response (write-through: one goroutine
 	// handoff less per request when the connection is idle). Under load,
-	// and while requests are in flight, senders queue and the writer
-	// batches: the frames queued while its goroutine wakes go out in one
-	// write (pipelined 10 KiB requests: about 4.5 a write instead of 1,
-	// see writeBehind).
+	// and while requests are in flight (writeBehind), senders queue and
+	// the writer batches.
 	wmu   sync.Mutex
 	spare []byte // the buffer wbuf swaps with; guarded by wmu
 }

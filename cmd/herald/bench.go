@@ -470,6 +470,12 @@ type benchStats struct {
 	scratch *hdrhistogram.Histogram // the interval being collected
 }
 
+// sawTxnInFlight records that a producer had at most n commits in flight.
+func (s *benchStats) sawTxnInFlight(n int64) {
+	for m := s.txnInFlightMax.Load(); n > m && !s.txnInFlightMax.CompareAndSwap(m, n); m = s.txnInFlightMax.Load() {
+	}
+}
+
 func newBenchStats(valid benchValid, latency bool) *benchStats {
 	return &benchStats{valid: valid, latency: latency, total: newBenchHistogram(), scratch: newBenchHistogram()}
 }

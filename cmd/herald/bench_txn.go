@@ -44,6 +44,8 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 	// window holds a token per commit in flight (--txn-in-flight above 1):
 	// CommitAsync itself lets up to client.MaxTxnCommitsInFlight wait.
 	window := make(chan struct{}, max(bc.txnInFlight, 1))
+	var inFlightMax int64 // the most tokens it held at once
+	defer func() { stats.sawTxnInFlight(inFlightMax) }()
 	done := func(stamps, seqs []int64, took time.Duration, err error) {
 		if err != nil {
 			if ctx.Err() == nil {
@@ -87,11 +89,7 @@ func benchProduceTxn(prodCtx, ctx context.Context, c *client.Client, bc *benchCo
 				done(st, sq, time.Since(t0), ctx.Err())
 				return
 			}
-			for held := int64(len(window)); ; {
-				if m := stats.txnInFlightMax.Load(); m >= held || stats.txnInFlightMax.CompareAndSwap(m, held) {
-					break
-				}
-			}
+			inFlightMax = max(inFlightMax, int64(len(window)))
 			// (Its callback runs on the producer's goroutine: a failure
 			// there fails the open transaction, whose CommitAsync then
 			// fails and aborts it here. CommitAsync waits on ctx only for

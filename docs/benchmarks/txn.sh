@@ -48,7 +48,6 @@ for r in $(seq 1 "$rounds"); do
     [ -n "$prof" ] && wait "$prof"
     b1=$(cpu_of "$broker_pid") m1=$(machine_cpu)
     stop_broker
-    # shellcheck disable=SC2086 # m0 and m1 are words on purpose
     awk -v b0="$b0" -v b1="$b1" -v hz="$(getconf CLK_TCK)" -v m0="$m0" -v m1="$m1" '{
       split(m0, a, " "); split(m1, z, " ")
       total = z[1] - a[1]
